@@ -1,0 +1,5 @@
+"""``python -m gpuflame``."""
+
+from gpuflame.cli.main import main
+
+raise SystemExit(main())

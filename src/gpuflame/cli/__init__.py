@@ -1,0 +1,1 @@
+"""Command-line interface: ``gpuflame COMMAND``; one module per command."""

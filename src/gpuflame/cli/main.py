@@ -1,0 +1,91 @@
+"""The ``gpuflame`` command: one module per subcommand, as memray does."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from types import ModuleType
+from typing import NoReturn, Sequence
+
+from gpuflame import __version__
+from gpuflame.errors import GpuflameError
+
+# Order is the order of ``gpuflame --help``.
+COMMANDS = ("report", "top", "explain", "diff", "export", "convert")
+
+DESCRIPTION = """\
+Which Python functions hold the GPU memory?
+
+gpuflame reads GPU-memory profiles (gzip pprof *.pb.gz, folded stacks, or a
+PyTorch CUDA memory snapshot pickle) and answers with a report, a top table,
+call chains and flame-graph files.
+
+Start with:
+  gpuflame report PROFILE          what holds the memory, on one screen
+  gpuflame explain PROFILE NAME    why a function allocates (its call chains)
+"""
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse that reports a wrong flag in one line instead of a usage dump."""
+
+    def error(self, message: str) -> NoReturn:
+        sys.stderr.write(f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        raise SystemExit(2)
+
+
+def command_module(name: str) -> ModuleType:
+    return importlib.import_module(f"gpuflame.cli.{name.replace('-', '_')}")
+
+
+def build_parser() -> ArgumentParser:
+    parser = ArgumentParser(
+        prog="gpuflame",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"gpuflame {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=ArgumentParser)
+    for name in COMMANDS:
+        module = command_module(name)
+        cmd = sub.add_parser(
+            name,
+            help=module.HELP,
+            description=getattr(module, "DESCRIPTION", module.HELP),
+            epilog=getattr(module, "EPILOG", None),
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        module.add_arguments(cmd)
+        cmd.set_defaults(handler=module.run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "command", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.handler(args) or 0)
+    except GpuflameError as exc:
+        sys.stderr.write(f"gpuflame {args.command}: error: {exc}\n")
+        return 2
+    except KeyboardInterrupt:
+        sys.stderr.write("gpuflame: interrupted\n")
+        return 130
+    except BrokenPipeError:
+        # `gpuflame report x | head` closed the pipe: not an error worth a word.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
+    except Exception as exc:  # a bug in gpuflame: still one line, unless asked
+        if os.environ.get("GPUFLAME_DEBUG"):
+            raise
+        sys.stderr.write(
+            f"gpuflame {args.command}: internal error: {type(exc).__name__}: {exc} "
+            "(set GPUFLAME_DEBUG=1 for a traceback, and please report it)\n"
+        )
+        return 3

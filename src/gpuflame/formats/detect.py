@@ -1,0 +1,125 @@
+"""Format detection, and load/save by format name."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import zlib
+
+from gpuflame.errors import ProfileFormatError
+from gpuflame.files import atomic_write, read_bytes
+from gpuflame.profile.model import Profile
+
+# Formats gpuflame can write.
+FORMATS = ("pprof", "folded", "speedscope", "json")
+
+GZIP_MAGIC = b"\x1f\x8b"
+
+
+def detect(data: bytes) -> str:
+    """``pprof``, ``torch-snapshot``, ``folded`` or ``json``; raises if none fits."""
+    if not data:
+        raise ProfileFormatError("the file is empty")
+    head = data[:2]
+    if head == GZIP_MAGIC:
+        inner = _gunzip_head(data)
+        if inner[:1] == b"\x80":
+            return "torch-snapshot"
+        return "pprof"
+    if data[:1] == b"\x80":
+        return "torch-snapshot"
+    stripped = data.lstrip()[:1]
+    if stripped == b"{":
+        return "json"
+    if _looks_like_text(data[:4096]):
+        return "folded"
+    if data[:1] in (b"\x0a", b"\x12", b"\x1a", b"\x22", b"\x2a", b"\x32", b"\x08"):
+        return "pprof"
+    raise ProfileFormatError(
+        "not a profile gpuflame can read (expected gzip pprof, folded stacks, "
+        "or a PyTorch memory snapshot pickle)"
+    )
+
+
+def _gunzip_head(data: bytes) -> bytes:
+    try:
+        return zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(data[:65536], 16)
+    except zlib.error as exc:
+        raise ProfileFormatError(f"corrupt gzip data ({exc})") from None
+
+
+def _looks_like_text(chunk: bytes) -> bool:
+    try:
+        text = chunk.decode("utf-8")
+    except UnicodeDecodeError:
+        # a multi-byte character cut at the chunk's end is still text
+        try:
+            text = chunk[:-3].decode("utf-8")
+        except UnicodeDecodeError:
+            return False
+    return all(c.isprintable() or c in "\t\r\n" for c in text)
+
+
+def gunzip(data: bytes) -> bytes:
+    """Decompress with a plain-worded error for truncated or corrupt data."""
+    try:
+        return gzip.decompress(data)
+    except EOFError:
+        raise ProfileFormatError("the gzip data is truncated (the file was cut short)") from None
+    except (OSError, zlib.error) as exc:
+        raise ProfileFormatError(f"corrupt gzip data ({exc})") from None
+
+
+def loads(data: bytes, source: str = "<bytes>") -> Profile:
+    """Parse a profile in any supported format from bytes."""
+    fmt = detect(data)
+    try:
+        if fmt == "pprof":
+            from gpuflame.formats import pprof
+
+            return pprof.decode(data)
+        if fmt == "torch-snapshot":
+            from gpuflame.formats import torch_snapshot
+
+            return torch_snapshot.decode(data)
+        if fmt == "folded":
+            from gpuflame.formats import folded
+
+            return folded.decode(data.decode("utf-8", errors="replace"))
+        raise ProfileFormatError(
+            "this is a JSON file (speedscope or a flame tree); gpuflame writes those "
+            "but reads pprof, folded stacks and PyTorch snapshots"
+        )
+    except ProfileFormatError as exc:
+        raise ProfileFormatError(f"{source}: {exc}") from None
+
+
+def load(path: str | os.PathLike[str]) -> Profile:
+    """Read a profile file of any supported format."""
+    return loads(read_bytes(path), source=str(path))
+
+
+def save(profile: Profile, path: str | os.PathLike[str], fmt: str = "pprof", type_name: str | None = None) -> None:
+    """Write *profile* atomically; text formats carry one sample type (*type_name*)."""
+    atomic_write(path, dumps(profile, fmt, type_name))
+
+
+def dumps(profile: Profile, fmt: str = "pprof", type_name: str | None = None) -> bytes:
+    if fmt == "pprof":
+        from gpuflame.formats import pprof
+
+        return pprof.encode(profile)
+    index = profile.pick_type(type_name)
+    if fmt == "folded":
+        from gpuflame.formats import folded
+
+        return folded.encode(profile, index).encode("utf-8")
+    if fmt == "speedscope":
+        from gpuflame.formats import speedscope
+
+        return speedscope.encode(profile, index).encode("utf-8")
+    if fmt == "json":
+        from gpuflame.render import flame_json
+
+        return flame_json.encode(profile, index).encode("utf-8")
+    raise ValueError(f"unknown format {fmt!r}")

@@ -1,0 +1,51 @@
+"""Merge: many profiles into one (pprof's Merge verb)."""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+from gpuflame.profile.model import Profile, Sample, SampleType, make_labels
+
+
+def merge(
+    profiles: Sequence[Profile],
+    labels: Sequence[Mapping[str, object] | None] | None = None,
+) -> Profile:
+    """One profile holding every sample of *profiles*.
+
+    Sample types are the union by type name, in order of first appearance; a
+    profile lacking a type contributes 0 to it. *labels*, one mapping per
+    profile, are added to that profile's samples (e.g. ``{"pid": 123}`` when
+    merging per-process files), without replacing labels the samples have.
+    """
+    if labels is not None and len(labels) != len(profiles):
+        raise ValueError("give one labels mapping per profile")
+    types: list[SampleType] = []
+    for p in profiles:
+        for st in p.sample_types:
+            if st.type not in [t.type for t in types]:
+                types.append(st)
+    out = Profile(sample_types=types)
+    first = profiles[0] if profiles else None
+    if first is not None:
+        out.default_type = first.default_type
+        out.time_nanos = min((p.time_nanos for p in profiles if p.time_nanos), default=0)
+        out.duration_nanos = max(p.duration_nanos for p in profiles)
+    names = [t.type for t in types]
+    for n, p in enumerate(profiles):
+        for c in p.comments:
+            if c not in out.comments:
+                out.comments.append(c)
+        slots = [names.index(st.type) for st in p.sample_types]
+        extra = make_labels(labels[n]) if labels else ()
+        remap = [out.frame_id(f) for f in p.frames]
+        for s in p.samples:
+            row = [0] * len(types)
+            for i, v in zip(slots, s.values):
+                row[i] += v
+            lab = s.labels
+            if extra:
+                have = {k for k, _ in lab}
+                lab = tuple(sorted(lab + tuple((k, v) for k, v in extra if k not in have)))
+            out.samples.append(Sample(tuple(remap[f] for f in s.stack), tuple(row), lab))
+    return out

@@ -1,0 +1,257 @@
+"""The profile model every stage of gpuflame talks through.
+
+Shaped like pprof so that writing ``*.pb.gz`` is a direct mapping: a profile
+holds a table of distinct frames and a list of samples; a sample is a stack of
+frame ids (leaf first), one value per sample type, and labels. Stacks are
+tuples of small ints rather than frame objects because profiles of hundreds of
+thousands of samples are hashed and walked often, and int tuples are what
+CPython hashes and compares fastest.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Iterator, Mapping, NamedTuple, Sequence
+
+from gpuflame.errors import UnknownSampleTypeError
+
+# Frame kinds. Plain strings (not an Enum) because frames are hashed millions
+# of times and Enum hashing runs Python code.
+PYTHON = "python"
+NATIVE = "native"
+TRAMPOLINE = "trampoline"
+SYNTHETIC = "synthetic"
+FRAME_KINDS = (PYTHON, NATIVE, TRAMPOLINE, SYNTHETIC)
+
+
+class Frame(NamedTuple):
+    """One function in a stack, named per the seed's table (``Foo > bar``)."""
+
+    name: str
+    file: str = ""
+    line: int = 0
+    kind: str = PYTHON
+
+    def location(self) -> str:
+        """``file:line`` for tooltips and reports; empty when unknown."""
+        if not self.file:
+            return ""
+        return f"{self.file}:{self.line}" if self.line else self.file
+
+
+class SampleType(NamedTuple):
+    """A pprof sample type such as ``peak_space/bytes``."""
+
+    type: str
+    unit: str
+
+    def __str__(self) -> str:
+        return f"{self.type}/{self.unit}"
+
+
+Labels = tuple[tuple[str, str], ...]
+
+
+class Sample:
+    """Stack (frame ids, leaf first), one value per sample type, labels."""
+
+    __slots__ = ("stack", "values", "labels")
+
+    def __init__(self, stack: tuple[int, ...], values: tuple[int, ...], labels: Labels = ()) -> None:
+        self.stack = stack
+        self.values = values
+        self.labels = labels
+
+    def label(self, key: str, default: str | None = None) -> str | None:
+        for k, v in self.labels:
+            if k == key:
+                return v
+        return default
+
+    def __repr__(self) -> str:
+        return f"Sample(stack={self.stack!r}, values={self.values!r}, labels={self.labels!r})"
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sample):
+            return NotImplemented
+        return (self.stack, self.values, self.labels) == (other.stack, other.values, other.labels)
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def make_labels(labels: Mapping[str, object] | Iterable[tuple[str, object]] | None) -> Labels:
+    """Canonical label tuple: string values, sorted by key, so equal sets compare equal."""
+    if not labels:
+        return ()
+    items = labels.items() if isinstance(labels, Mapping) else labels
+    return tuple(sorted((str(k), str(v)) for k, v in items))
+
+
+@dataclass
+class Profile:
+    """Samples over a shared frame table, with one value per sample type."""
+
+    sample_types: list[SampleType]
+    frames: list[Frame] = field(default_factory=list)
+    samples: list[Sample] = field(default_factory=list)
+    comments: list[str] = field(default_factory=list)
+    default_type: str | None = None
+    time_nanos: int = 0
+    duration_nanos: int = 0
+    _frame_ids: dict[Frame, int] = field(default_factory=dict, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self.sample_types = [SampleType(*st) for st in self.sample_types]
+        self._frame_ids = {f: i for i, f in enumerate(self.frames)}
+
+    # -- building ---------------------------------------------------------
+
+    def frame_id(self, frame: Frame) -> int:
+        """Id of *frame* in this profile's table, adding it if new."""
+        fid = self._frame_ids.get(frame)
+        if fid is None:
+            fid = len(self.frames)
+            self.frames.append(frame)
+            self._frame_ids[frame] = fid
+        return fid
+
+    def add(
+        self,
+        stack: Sequence[Frame],
+        values: Sequence[int] | Mapping[str, int],
+        labels: Mapping[str, object] | None = None,
+    ) -> Sample:
+        """Add a sample; *stack* is leaf first, *values* by position or type name."""
+        if isinstance(values, Mapping):
+            row = [0] * len(self.sample_types)
+            for name, v in values.items():
+                row[self.type_index(name)] = int(v)
+            vals = tuple(row)
+        else:
+            vals = tuple(int(v) for v in values)
+            if len(vals) != len(self.sample_types):
+                raise ValueError(f"expected {len(self.sample_types)} values, got {len(vals)}")
+        sample = Sample(tuple(self.frame_id(f) for f in stack), vals, make_labels(labels))
+        self.samples.append(sample)
+        return sample
+
+    # -- sample types -----------------------------------------------------
+
+    def type_names(self) -> list[str]:
+        return [st.type for st in self.sample_types]
+
+    def type_index(self, name: str) -> int:
+        """Index of a sample type given as ``peak_space`` or ``peak_space/bytes``."""
+        wanted = name.split("/", 1)[0]
+        for i, st in enumerate(self.sample_types):
+            if st.type == wanted:
+                return i
+        have = ", ".join(self.type_names()) or "none"
+        raise UnknownSampleTypeError(f"this profile has no sample type {name!r} (it has: {have})")
+
+    def pick_type(self, name: str | None = None) -> int:
+        """The type the user asked for, else the profile's default, else by preference.
+
+        Preference follows DESIGN.md: peak (the OOM question), then in-use,
+        then allocated, then whatever comes first.
+        """
+        if name:
+            return self.type_index(name)
+        names = self.type_names()
+        if self.default_type and self.default_type in names:
+            return names.index(self.default_type)
+        for preferred in ("peak_space", "inuse_space", "alloc_space"):
+            if preferred in names:
+                return names.index(preferred)
+        if not names:
+            raise UnknownSampleTypeError("this profile has no sample types")
+        return 0
+
+    # -- reading ----------------------------------------------------------
+
+    def stack_frames(self, sample: Sample) -> list[Frame]:
+        """The frames of a sample's stack, leaf first."""
+        frames = self.frames
+        return [frames[i] for i in sample.stack]
+
+    def totals(self) -> dict[str, int]:
+        """Sum of every sample type over all samples."""
+        sums = [0] * len(self.sample_types)
+        for s in self.samples:
+            for i, v in enumerate(s.values):
+                sums[i] += v
+        return {st.type: sums[i] for i, st in enumerate(self.sample_types)}
+
+    def label_values(self, key: str) -> list[str]:
+        """Distinct values of one label, sorted."""
+        return sorted({v for s in self.samples for k, v in s.labels if k == key})
+
+    def label_keys(self) -> list[str]:
+        return sorted({k for s in self.samples for k, _ in s.labels})
+
+    def __iter__(self) -> Iterator[Sample]:
+        return iter(self.samples)
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    # -- housekeeping -----------------------------------------------------
+
+    def empty_like(self) -> "Profile":
+        """A profile with the same types and metadata and no samples."""
+        return Profile(
+            sample_types=list(self.sample_types),
+            comments=list(self.comments),
+            default_type=self.default_type,
+            time_nanos=self.time_nanos,
+            duration_nanos=self.duration_nanos,
+        )
+
+    def derive(
+        self,
+        samples: list[Sample] | None = None,
+        sample_types: list[SampleType] | None = None,
+    ) -> "Profile":
+        """A profile over the same frame table and metadata with other samples.
+
+        The verbs (filter, diff, prune) use it to keep frame ids valid without
+        copying stacks; call :meth:`compact` to drop frames no longer used.
+        """
+        out = self.empty_like()
+        if sample_types is not None:
+            out.sample_types = list(sample_types)
+            if out.default_type not in [t.type for t in out.sample_types]:
+                out.default_type = None
+        out.frames = list(self.frames)
+        out._frame_ids = dict(self._frame_ids)
+        out.samples = samples if samples is not None else list(self.samples)
+        return out
+
+    def compact(self) -> "Profile":
+        """Merge samples with equal stack and labels, drop all-zero samples and unused frames.
+
+        Returns a new profile; frames are renumbered in order of first use.
+        """
+        sums: dict[tuple[tuple[int, ...], Labels], list[int]] = {}
+        width = len(self.sample_types)
+        for s in self.samples:
+            key = (s.stack, s.labels)
+            row = sums.get(key)
+            if row is None:
+                sums[key] = list(s.values)
+            else:
+                for i in range(width):
+                    row[i] += s.values[i]
+        out = self.empty_like()
+        remap: dict[int, int] = {}
+        for (stack, labels), row in sums.items():
+            if not any(row):
+                continue
+            new_stack = []
+            for fid in stack:
+                nid = remap.get(fid)
+                if nid is None:
+                    nid = remap[fid] = out.frame_id(self.frames[fid])
+                new_stack.append(nid)
+            out.samples.append(Sample(tuple(new_stack), tuple(row), labels))
+        return out

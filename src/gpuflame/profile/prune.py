@@ -1,0 +1,59 @@
+"""Prune framework frames so the user's own code stands out.
+
+A stack through PyTorch looks like ``user -> Module._call_impl ->
+Module._wrapped_call_impl -> user -> Linear.__init__ -> reset_parameters ->
+kaiming_uniform_``. The frames between two user frames say nothing about
+*why* memory was taken, so they go; below the last user frame only the
+framework function the user called is kept (``Linear > __init__``), the
+allocation itself being attributed to it.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Iterable
+
+from gpuflame.profile.model import PYTHON, Frame, Profile, Sample
+
+DEFAULT_FRAMEWORKS = ("torch", "jax", "jaxlib")
+
+
+def framework_regex(packages: Iterable[str]) -> "re.Pattern[str]":
+    """Paths of installed packages: ``.../torch/nn/...`` or ``torch/nn/...``."""
+    names = "|".join(re.escape(p.strip("/")) for p in packages if p.strip("/"))
+    return re.compile(rf"(^|[/\\])({names})[/\\]")
+
+
+def is_framework(frame: Frame, regex: "re.Pattern[str]") -> bool:
+    return frame.kind == PYTHON and bool(frame.file) and regex.search(frame.file) is not None
+
+
+def prune_framework(
+    profile: Profile,
+    packages: Iterable[str] = DEFAULT_FRAMEWORKS,
+    keep_entry: bool = True,
+) -> Profile:
+    """Drop framework frames sandwiched between user frames.
+
+    Runs of framework frames at the leaf end collapse to their outermost frame
+    (the API the user called) when *keep_entry*, else disappear with their
+    bytes attributed to the calling user frame. Stacks made only of framework
+    frames are left whole: there is no user frame to attribute them to.
+    """
+    regex = framework_regex(packages)
+    fw = [is_framework(f, regex) for f in profile.frames]
+    out: list[Sample] = []
+    for s in profile.samples:
+        stack = s.stack
+        users = [i for i, f in enumerate(stack) if not fw[f]]
+        if not users or len(users) == len(stack):
+            out.append(s)
+            continue
+        first_user, last_user = users[0], users[-1]  # leaf-most, root-most
+        kept: list[int] = []
+        if first_user and keep_entry:
+            kept.append(stack[first_user - 1])
+        kept.extend(f for f in stack[first_user : last_user + 1] if not fw[f])
+        kept.extend(stack[last_user + 1 :])
+        out.append(Sample(tuple(kept), s.values, s.labels))
+    return profile.derive(out)

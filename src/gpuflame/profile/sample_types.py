@@ -1,0 +1,35 @@
+"""The sample types of a GPU-memory profile, named as Go's heap profiles are."""
+
+from __future__ import annotations
+
+from gpuflame.profile.model import SampleType
+
+PEAK_SPACE = SampleType("peak_space", "bytes")
+PEAK_OBJECTS = SampleType("peak_objects", "count")
+INUSE_SPACE = SampleType("inuse_space", "bytes")
+INUSE_OBJECTS = SampleType("inuse_objects", "count")
+ALLOC_SPACE = SampleType("alloc_space", "bytes")
+ALLOC_OBJECTS = SampleType("alloc_objects", "count")
+
+ALL = (PEAK_SPACE, PEAK_OBJECTS, INUSE_SPACE, INUSE_OBJECTS, ALLOC_SPACE, ALLOC_OBJECTS)
+
+DESCRIPTIONS = {
+    "peak_space": "live at the moment of the highest total (the OOM question)",
+    "peak_objects": "allocations live at the peak",
+    "inuse_space": "live at the end of the window (leaks, steady state)",
+    "inuse_objects": "allocations live at the end of the window",
+    "alloc_space": "everything allocated in the window, frees ignored",
+    "alloc_objects": "allocations made in the window",
+}
+
+
+def memory_sample_types(peak: bool = True, inuse: bool = True, alloc: bool = True) -> list[SampleType]:
+    """The space/objects pairs a memory profile carries, peak first."""
+    out: list[SampleType] = []
+    if peak:
+        out += [PEAK_SPACE, PEAK_OBJECTS]
+    if inuse:
+        out += [INUSE_SPACE, INUSE_OBJECTS]
+    if alloc:
+        out += [ALLOC_SPACE, ALLOC_OBJECTS]
+    return out

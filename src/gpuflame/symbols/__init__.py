@@ -1,0 +1,25 @@
+"""Frame naming: the seed's table, qualname recovery, and frame kinds."""
+
+from gpuflame.symbols.names import (
+    CACHED_FREE,
+    MODULE,
+    OUTSIDE_FRAMEWORK,
+    SEPARATOR,
+    TRAMPOLINE,
+    display_name,
+    matches,
+    matches_exactly,
+    normalize,
+)
+
+__all__ = [
+    "CACHED_FREE",
+    "MODULE",
+    "OUTSIDE_FRAMEWORK",
+    "SEPARATOR",
+    "TRAMPOLINE",
+    "display_name",
+    "matches",
+    "matches_exactly",
+    "normalize",
+]

@@ -1,0 +1,30 @@
+"""Byte counts for humans (binary units, as nvidia-smi and PyTorch use)."""
+
+from __future__ import annotations
+
+_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+
+
+def format_bytes(n: int | float, signed: bool = False) -> str:
+    """``1536 -> '1.5 KiB'``; with *signed*, positive values get a ``+``."""
+    sign = "-" if n < 0 else ("+" if signed and n > 0 else "")
+    value = float(abs(n))
+    unit = 0
+    while value >= 1024 and unit < len(_UNITS) - 1:
+        value /= 1024
+        unit += 1
+    if unit == 0:
+        return f"{sign}{int(value)} B"
+    return f"{sign}{value:.2f} {_UNITS[unit]}" if value < 10 else f"{sign}{value:.1f} {_UNITS[unit]}"
+
+
+def format_count(n: int, unit: str) -> str:
+    """Format a sample value in its pprof unit (bytes get binary units)."""
+    if unit == "bytes":
+        return format_bytes(n)
+    return f"{n:,}"
+
+
+def percent(part: int | float, whole: int | float) -> float:
+    """Share of *whole* in percent; 0 when there is nothing to share."""
+    return 100.0 * part / whole if whole else 0.0
