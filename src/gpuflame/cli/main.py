@@ -13,7 +13,7 @@ from gpuflame import __version__
 from gpuflame.errors import GpuflameError
 
 # Order is the order of ``gpuflame --help``.
-COMMANDS = ("report", "top", "explain", "diff", "export", "convert")
+COMMANDS = ("report", "flame", "top", "explain", "diff", "export", "convert")
 
 DESCRIPTION = """\
 Which Python functions hold the GPU memory?
@@ -24,6 +24,7 @@ call chains and flame-graph files.
 
 Start with:
   gpuflame report PROFILE          what holds the memory, on one screen
+  gpuflame flame PROFILE           the flame graph in the terminal
   gpuflame explain PROFILE NAME    why a function allocates (its call chains)
 """
 
