@@ -1,0 +1,28 @@
+"""Run every benchmark in bench/ in turn (``make bench``)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+STEPS = [
+    ["bench/make_snapshot.py"],
+    ["bench/bench_convert.py"],
+    ["bench/bench_profile.py"],
+]
+
+
+def main() -> int:
+    for step in STEPS:
+        print(f"$ python {' '.join(step)}", flush=True)
+        rc = subprocess.call([sys.executable, *step], cwd=ROOT)
+        if rc:
+            return rc
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,137 @@
+"""Folded stacks, as ``flamegraph.pl --countname bytes`` and speedscope read them.
+
+One line per distinct stack, root first, frames joined by ``;``, then a space
+and the summed value of one sample type::
+
+    <module>;main;LlamaMLP > forward 12345
+
+Writing (:func:`encode`):
+
+- stacks with equal frame names are summed; stacks that sum to zero are
+  left out; lines are sorted, as the ``stackcollapse`` scripts sort them.
+- a ``;`` in a name becomes ``,`` and a line break a space, so every line
+  stays one stack; an empty name becomes ``<unknown>``. flamegraph.pl splits
+  the count off at the last whitespace, so other spaces in names are fine.
+- with ``locations=True`` each frame is written py-spy style,
+  ``name (file:line)``, when its file is known.
+- values can be negative only in a diff profile (``gpuflame diff``).
+  flamegraph.pl skips such lines; gpuflame reads them back.
+
+Reading (:func:`decode`):
+
+- blank lines and trailing whitespace (``\\r`` included) are ignored; the
+  count is the text after the last whitespace and must be a whole number,
+  optionally negative (a diff), unless ``allow_negative=False``.
+- a frame written py-spy style, ``name (file.py:12)``, keeps its file and
+  line; the kind comes from :func:`gpuflame.symbols.kinds.guess_kind`.
+  Names are kept as written (py-spy's ``Model.forward`` is not respelled
+  ``Model > forward``; search finds either spelling).
+- every line becomes one sample of one sample type, ``inuse_space/bytes``
+  unless told otherwise.
+"""
+
+from __future__ import annotations
+
+import re
+
+from gpuflame.errors import ProfileFormatError
+from gpuflame.profile.model import Frame, Profile, Sample, SampleType
+from gpuflame.symbols.kinds import guess_kind
+from gpuflame.symbols.names import UNKNOWN
+
+DEFAULT_SAMPLE_TYPE = SampleType("inuse_space", "bytes")
+
+# counts are stored as pprof int64 values
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+_UNSAFE = str.maketrans({";": ",", "\n": " ", "\r": " "})
+_LINE = re.compile(r"(.*)\s(-?[0-9]+)")
+_PYSPY = re.compile(r"(.*) \(([^()]*):([0-9]+)\)")
+
+
+def frame_label(frame: Frame, locations: bool = False) -> str:
+    """One frame as folded text: its name, made safe, plus ``(file:line)`` if asked."""
+    name = frame.name.translate(_UNSAFE) or UNKNOWN
+    if locations and frame.file:
+        return f"{name} ({frame.file.translate(_UNSAFE)}:{frame.line})"
+    return name
+
+
+def encode(profile: Profile, type_index: int, locations: bool = False) -> str:
+    """Folded stacks of one sample type, one line per distinct stack, root first."""
+    label = [frame_label(f, locations) for f in profile.frames].__getitem__
+    by_ids: dict[tuple[int, ...], int] = {}
+    for s in profile.samples:
+        by_ids[s.stack] = by_ids.get(s.stack, 0) + s.values[type_index]
+    # two frames can share a label (same name, other file), so sum again by text
+    by_text: dict[str, int] = {}
+    join = ";".join
+    for stack, value in by_ids.items():
+        text = join(map(label, reversed(stack)))
+        by_text[text] = by_text.get(text, 0) + value
+    lines = [f"{text} {value}\n" for text, value in sorted(by_text.items()) if value]
+    return "".join(lines)
+
+
+class _FrameIds(dict):  # type: ignore[type-arg]
+    """``folded frame text -> frame id`` in *profile*, parsing each distinct text once."""
+
+    def __init__(self, profile: Profile) -> None:
+        super().__init__()
+        self._profile = profile
+
+    def __missing__(self, text: str) -> int:
+        m = _PYSPY.fullmatch(text)
+        if m:
+            name, file, line = m.group(1), m.group(2), int(m.group(3))
+        else:
+            name, file, line = text, "", 0
+        fid = self[text] = self._profile.frame_id(Frame(name, file, line, guess_kind(name, file)))
+        return fid
+
+
+def decode(
+    text: str,
+    sample_type: SampleType | tuple[str, str] | str = DEFAULT_SAMPLE_TYPE,
+    allow_negative: bool = True,
+) -> Profile:
+    """Read folded stacks; each line becomes one sample of *sample_type* (``type/unit``)."""
+    profile = Profile(sample_types=[_sample_type(sample_type)])
+    frame_ids = _FrameIds(profile)
+    lookup = frame_ids.__getitem__
+    samples = profile.samples
+    for number, raw in enumerate(text.split("\n"), start=1):
+        line = raw.rstrip()
+        if not line:
+            continue
+        m = _LINE.fullmatch(line)
+        if m is None:
+            raise ProfileFormatError(_bad_count(number, line))
+        stack_text, count_text = m.groups()
+        # int() refuses very long digit strings (ValueError); no int64 has over 19 digits
+        too_long = len(count_text.lstrip("-").lstrip("0")) > 19
+        count = _INT64_MAX + 1 if too_long else int(count_text)
+        if count < 0 and not allow_negative:
+            raise ProfileFormatError(f"folded stacks, line {number}: the count {count} is negative")
+        if not _INT64_MIN <= count <= _INT64_MAX:
+            shown = count_text if len(count_text) <= 40 else count_text[:37] + "..."
+            raise ProfileFormatError(f"folded stacks, line {number}: the count {shown} is too large")
+        names = stack_text.split(";") if stack_text else []
+        names.reverse()
+        samples.append(Sample(tuple(map(lookup, names)), (count,)))
+    return profile
+
+
+def _sample_type(spec: SampleType | tuple[str, str] | str) -> SampleType:
+    if isinstance(spec, str):
+        kind, _, unit = spec.partition("/")
+        return SampleType(kind, unit or "count")
+    return SampleType(*spec)
+
+
+def _bad_count(number: int, line: str) -> str:
+    last = line.rsplit(None, 1)[-1]
+    shown = last if len(last) <= 40 else last[:37] + "..."
+    if len(line.split(None, 1)) < 2 and not line[:1].isspace():
+        return f"folded stacks, line {number}: missing count (expected 'frame;frame;... COUNT')"
+    return f"folded stacks, line {number}: the count {shown!r} is not a whole number"

@@ -1,0 +1,94 @@
+"""Shared pytest fixtures. Each section belongs to one part of the code base."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from gpuflame.profile import Frame, Profile, memory_sample_types
+
+TESTS = Path(__file__).resolve().parent
+
+# =============================================================================
+# formats: pprof / folded / speedscope readers and writers
+# =============================================================================
+
+
+@pytest.fixture(scope="session")
+def profile_pb2(tmp_path_factory: pytest.TempPathFactory) -> ModuleType:
+    """Google protobuf classes for tests/proto/profile.proto: a decoder independent of ours.
+
+    Compiled with grpc_tools' protoc into a temporary folder. If the
+    generated code refuses the installed protobuf runtime (its version
+    guard), the guard is removed: the tests only need the message classes.
+    """
+    pytest.importorskip("google.protobuf")
+    pytest.importorskip("grpc_tools")
+    out = tmp_path_factory.mktemp("pb2")
+    proto = TESTS / "proto"
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "grpc_tools.protoc",
+            f"-I{proto}",
+            f"--python_out={out}",
+            str(proto / "profile.proto"),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    path = out / "profile_pb2.py"
+    try:
+        return _import_file("gpuflame_test_profile_pb2", path)
+    except Exception as exc:  # google.protobuf.runtime_version.VersionError
+        if "version" not in str(exc).lower():
+            raise
+        source = path.read_text()
+        path.write_text(re.sub(r"_runtime_version\.ValidateProtobufRuntimeVersion\([^)]*\)", "", source))
+        return _import_file("gpuflame_test_profile_pb2_unchecked", path)
+
+
+def _import_file(name: str, path: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def build_rich_profile() -> Profile:
+    """A small profile using every feature the writers map: kinds, labels, negatives, metadata."""
+    p = Profile(sample_types=memory_sample_types())
+    p.default_type = "inuse_space"
+    p.comments = ["made by the tests", "ünïcode ✓"]
+    p.time_nanos = 1_700_000_000_123_456_789
+    p.duration_nanos = 42_000_000_000
+    module = Frame("<module>", "/app/train.py", 1)
+    forward = Frame("LlamaMLP > forward", "/app/modeling_llama.py", 123)
+    init = Frame("LlamaMLP > __init__", "/app/modeling_llama.py", 99)
+    trampoline = Frame("<interpreter trampoline>", "", 0, "trampoline")
+    native_addr = Frame("0x7f15deadbeef", "/usr/lib/libcuda.so.1", 0, "native")
+    native_sym = Frame("cudaMalloc", "", 0, "native")
+    cached = Frame("<cached free blocks>", "", 0, "synthetic")
+    p.add(
+        [native_addr, native_sym, forward, trampoline, module],
+        [1 << 30, 1, 1 << 29, 1, 3 << 30, 3],
+        {"pid": 4242, "device": "cuda:0"},
+    )
+    p.add([init, module], [512, 2, 0, 0, 512, 2], {"pid": 4242, "device": "cuda:1"})
+    p.add([cached], [0, 0, 2 << 20, 1, 0, 0], {"pid": 7, "device": "cuda:0"})
+    p.add([forward, module], [-(5 << 32), -1, 7, 1, 0, 0])
+    p.add([], [0, 0, 0, 0, 0, 0])
+    return p
+
+
+@pytest.fixture
+def rich_profile() -> Profile:
+    return build_rich_profile()

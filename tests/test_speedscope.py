@@ -1,0 +1,194 @@
+"""speedscope JSON, validated against speedscope's own file-format schema.
+
+tests/data/speedscope-file-format-schema.json is shipped in the npm package
+``speedscope`` (see tests/data/speedscope-LICENSE.txt). jsonschema is not a
+dependency, so a validator for the keywords that schema uses ($ref, type,
+properties, required, items, enum, const, anyOf) is written out below; a
+keyword it does not know fails the test rather than passing silently.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from gpuflame.errors import GpuflameError
+from gpuflame.formats import speedscope
+from gpuflame.formats.detect import dumps
+from gpuflame.profile import Frame, Profile, SampleType
+
+SCHEMA = json.loads((Path(__file__).parent / "data" / "speedscope-file-format-schema.json").read_text())
+KNOWN = {
+    "$schema",
+    "$ref",
+    "definitions",
+    "title",
+    "type",
+    "properties",
+    "required",
+    "items",
+    "enum",
+    "const",
+    "anyOf",
+}
+TYPES = {
+    "object": dict,
+    "array": list,
+    "string": str,
+    "number": (int, float),
+}
+
+
+def schema_errors(value: object, schema: dict, path: str = "$") -> list[str]:
+    """Every way *value* breaks *schema* (the subset of draft-07 the speedscope schema uses)."""
+    unknown = set(schema) - KNOWN
+    assert not unknown, f"validator does not know {unknown}"
+    if "$ref" in schema:
+        name = schema["$ref"].removeprefix("#/definitions/")
+        return schema_errors(value, SCHEMA["definitions"][name], path)
+    if "anyOf" in schema:
+        options = [schema_errors(value, option, path) for option in schema["anyOf"]]
+        return [] if any(not o for o in options) else [f"{path}: matches no anyOf option: {options}"]
+    errors: list[str] = []
+    kind = schema.get("type")
+    if kind is not None:
+        ok = isinstance(value, TYPES[kind]) and not isinstance(value, bool)
+        if not ok:
+            return [f"{path}: expected {kind}, got {type(value).__name__}"]
+    if "const" in schema and value != schema["const"]:
+        errors.append(f"{path}: expected {schema['const']!r}")
+    if "enum" in schema and value not in schema["enum"]:
+        errors.append(f"{path}: {value!r} not in {schema['enum']}")
+    if isinstance(value, dict):
+        for key in schema.get("required", []):
+            if key not in value:
+                errors.append(f"{path}: missing {key}")
+        for key, sub in schema.get("properties", {}).items():
+            if key in value:
+                errors += schema_errors(value[key], sub, f"{path}.{key}")
+    if isinstance(value, list) and "items" in schema:
+        for i, item in enumerate(value):
+            errors += schema_errors(item, schema["items"], f"{path}[{i}]")
+    return errors
+
+
+def test_the_validator_catches_broken_documents() -> None:
+    good = {"$schema": speedscope.SCHEMA, "shared": {"frames": [{"name": "a"}]}, "profiles": []}
+    assert schema_errors(good, SCHEMA) == []
+    bad_unit = {
+        **good,
+        "profiles": [
+            {
+                "type": "sampled",
+                "name": "x",
+                "unit": "kilobytes",
+                "startValue": 0,
+                "endValue": 1,
+                "samples": [[0]],
+                "weights": [1],
+            }
+        ],
+    }
+    assert schema_errors(bad_unit, SCHEMA)
+    assert schema_errors({**good, "shared": {"frames": [{"file": "x"}]}}, SCHEMA)
+    assert schema_errors({**good, "$schema": "other"}, SCHEMA)
+
+
+def _check_structure(doc: dict) -> None:
+    """What speedscope's importer relies on beyond the schema: indices in range, one weight per sample."""
+    n_frames = len(doc["shared"]["frames"])
+    for prof in doc["profiles"]:
+        assert len(prof["samples"]) == len(prof["weights"])
+        assert all(0 <= i < n_frames for stack in prof["samples"] for i in stack)
+        assert prof["endValue"] - prof["startValue"] == sum(prof["weights"])
+        assert all(w > 0 for w in prof["weights"])
+    assert 0 <= doc.get("activeProfileIndex", 0) < max(1, len(doc["profiles"]))
+
+
+def _sums(doc: dict, prof: dict) -> Counter:
+    frames = doc["shared"]["frames"]
+    out: Counter = Counter()
+    for stack, weight in zip(prof["samples"], prof["weights"], strict=True):
+        out[
+            tuple((frames[i]["name"], frames[i].get("file", ""), frames[i].get("line", 0)) for i in stack)
+        ] += weight
+    return out
+
+
+def _expected(p: Profile, index: int, pid: str | None) -> Counter:
+    out: Counter = Counter()
+    for s in p.samples:
+        if s.label("pid") == pid:
+            out[tuple((f.name, f.file, f.line) for f in reversed(p.stack_frames(s)))] += s.values[index]
+    return Counter({k: v for k, v in out.items() if v})
+
+
+def test_output_validates_and_splits_by_pid(rich_profile: Profile) -> None:
+    index = rich_profile.type_index("inuse_space")
+    doc = json.loads(speedscope.encode(rich_profile, index))
+    assert schema_errors(doc, SCHEMA) == []
+    _check_structure(doc)
+    assert doc["$schema"] == "https://www.speedscope.app/file-format-schema.json"
+    assert [p["name"] for p in doc["profiles"]] == ["pid 7", "pid 4242", "no pid"]
+    assert {p["unit"] for p in doc["profiles"]} == {"bytes"}
+    assert {p["type"] for p in doc["profiles"]} == {"sampled"}
+    for prof, pid in zip(doc["profiles"], ["7", "4242", None], strict=True):
+        assert _sums(doc, prof) == _expected(rich_profile, index, pid)
+    names = [f["name"] for f in doc["shared"]["frames"]]
+    assert len(names) == len(set(names)), "frames are shared, each once"
+    assert "peak" not in json.dumps(doc["profiles"]), "only the chosen type is written"
+
+
+def test_frames_carry_file_and_line_when_known(rich_profile: Profile) -> None:
+    doc = json.loads(speedscope.encode(rich_profile, rich_profile.type_index("inuse_space")))
+    by_name = {f["name"]: f for f in doc["shared"]["frames"]}
+    assert by_name["LlamaMLP > forward"] == {
+        "name": "LlamaMLP > forward",
+        "file": "/app/modeling_llama.py",
+        "line": 123,
+    }
+    assert by_name["<cached free blocks>"] == {"name": "<cached free blocks>"}
+
+
+def test_single_profile_without_pid_and_unit_none_for_counts() -> None:
+    p = Profile(sample_types=[SampleType("alloc_space", "bytes"), SampleType("alloc_objects", "count")])
+    a, b = Frame("main", "/x.py", 3), Frame("work", "/x.py", 9)
+    p.add([b, a], [100, 1])
+    p.add([b, a], [50, 2])
+    p.add([a], [0, 0])
+    doc = json.loads(speedscope.encode(p, 1))
+    assert schema_errors(doc, SCHEMA) == []
+    _check_structure(doc)
+    [prof] = doc["profiles"]
+    assert (prof["name"], prof["unit"]) == ("alloc_objects/count", "none")
+    assert _sums(doc, prof) == Counter({(("main", "/x.py", 3), ("work", "/x.py", 9)): 3})
+    assert json.loads(speedscope.encode(p, 0))["profiles"][0]["unit"] == "bytes"
+
+
+def test_empty_profile_is_still_valid() -> None:
+    doc = json.loads(speedscope.encode(Profile(sample_types=[SampleType("inuse_space", "bytes")]), 0))
+    assert schema_errors(doc, SCHEMA) == []
+    _check_structure(doc)
+
+
+def test_negative_values_are_refused_with_a_plain_message(rich_profile: Profile) -> None:
+    with pytest.raises(GpuflameError, match="negative values"):
+        speedscope.encode(rich_profile, rich_profile.type_index("peak_space"))
+
+
+def test_unicode_names_survive(rich_profile: Profile) -> None:
+    p = Profile(sample_types=[SampleType("inuse_space", "bytes")])
+    p.add([Frame("Überschicht > vorwärts ✓", "/ü.py", 1)], [1])
+    doc = json.loads(dumps(p, "speedscope").decode("utf-8"))
+    assert doc["shared"]["frames"][0]["name"] == "Überschicht > vorwärts ✓"
+
+
+@pytest.mark.parametrize(
+    ("unit", "expected"), [("bytes", "bytes"), ("nanoseconds", "nanoseconds"), ("count", "none")]
+)
+def test_units(unit: str, expected: str) -> None:
+    assert speedscope.unit_of(unit) == expected
+    assert expected in SCHEMA["definitions"]["FileFormat.ValueUnit"]["enum"]
