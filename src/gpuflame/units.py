@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 
 
@@ -28,3 +30,21 @@ def format_count(n: int, unit: str) -> str:
 def percent(part: int | float, whole: int | float) -> float:
     """Share of *whole* in percent; 0 when there is nothing to share."""
     return 100.0 * part / whole if whole else 0.0
+
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(?:([kmgtp])(i)?)?(b)?\s*$", re.IGNORECASE)
+_POWERS = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4, "p": 5}
+
+
+def parse_size(text: str) -> int:
+    """``'10MiB'``, ``'1.5G'``, ``'4096'`` -> bytes.
+
+    Units are binary (``1K`` = ``1KiB`` = 1024 bytes) with or without ``i``
+    and ``B``, because every size gpuflame prints is binary and a user
+    copies them back.
+    """
+    m = _SIZE.match(text)
+    if not m:
+        raise ValueError(f"not a size: {text!r} (examples: 4096, 512KiB, 10MiB, 1.5G)")
+    number, unit = float(m.group(1)), (m.group(2) or "").lower()
+    return int(round(number * 1024 ** _POWERS[unit]))

@@ -43,7 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     loaded = load_for_analysis(args, args.files)
-    tree = build_tree(loaded.profile, loaded.type_index, group_by=args.group_by)
+    tree = build_tree(loaded.profile, loaded.type_index, group_by=args.group_by, lines=args.lines)
     lines = flame_lines(tree, max(0.0, args.min_percent), args.depth, args.expand)
     sample_type = tree.table.sample_type
     if args.json:

@@ -76,25 +76,50 @@ def drop_small(profile: Profile, min_value: int, type_index: int) -> Profile:
     ``<frames under N>`` leaf, so totals and the remaining frames' self
     values stay exact.
     """
-    totals: dict[tuple[int, ...], int] = {}
-    for s in profile.samples:
-        v = s.values[type_index]
-        root_first = s.stack[::-1]
-        for depth in range(1, len(root_first) + 1):
-            key = root_first[:depth]
-            totals[key] = totals.get(key, 0) + v
+    cuts = _cut_depths(profile.samples, min_value, type_index)
     out = profile.derive([])
     small = Frame(f"<frames under {format_bytes(min_value)}>", kind=SYNTHETIC)
-    for s in profile.samples:
-        root_first = s.stack[::-1]
-        keep = len(root_first)
-        for depth in range(1, len(root_first) + 1):
-            if abs(totals[root_first[:depth]]) < min_value:
-                keep = depth - 1
-                break
-        if keep == len(root_first):
+    for s, depth in zip(profile.samples, cuts, strict=True):
+        if depth < 0:
             out.samples.append(s)
         else:
-            stack = (out.frame_id(small),) + tuple(reversed(root_first[:keep]))
-            out.samples.append(Sample(stack, s.values, s.labels))
+            kept = s.stack[len(s.stack) - depth :] if depth else ()
+            out.samples.append(Sample((out.frame_id(small),) + kept, s.values, s.labels))
     return out
+
+
+def _cut_depths(samples: list[Sample], min_value: int, type_index: int) -> list[int]:
+    """For each sample, the depth (0 = root) of its root-most prefix under *min_value*; -1 if none.
+
+    Prefixes are grouped one depth at a time, and a sample leaves the work
+    list once it is cut or its stack ends, so the cost is the frames above
+    the cut rather than every frame of every stack (prefixes are never
+    copied or hashed whole).
+    """
+    cuts = [-1] * len(samples)
+    group = [0] * len(samples)  # the sample's prefix group at the previous depth
+    alive = [i for i, s in enumerate(samples) if s.stack]
+    depth = 0
+    while alive:
+        ids: dict[tuple[int, int], int] = {}
+        totals: list[int] = []
+        members = []
+        for i in alive:
+            s = samples[i]
+            key = (group[i], s.stack[-1 - depth])
+            g = ids.get(key)
+            if g is None:
+                g = ids[key] = len(totals)
+                totals.append(0)
+            totals[g] += s.values[type_index]
+            members.append(g)
+        still = []
+        for i, g in zip(alive, members, strict=True):
+            if abs(totals[g]) < min_value:
+                cuts[i] = depth
+            elif len(samples[i].stack) > depth + 1:
+                group[i] = g
+                still.append(i)
+        alive = still
+        depth += 1
+    return cuts

@@ -1,0 +1,203 @@
+"""Options every analysis command shares, and loading a profile with them applied.
+
+Filters apply in one fixed order (:data:`FILTER_ORDER`), whatever their order
+on the command line, so a command line means one thing: first choose which
+samples count, then reshape the stacks, and cut small bars last, once the
+tree they are measured in is final.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gpuflame.analysis.chains import no_match_message
+from gpuflame.errors import GpuflameError
+from gpuflame.formats import load
+from gpuflame.profile import (
+    DEFAULT_FRAMEWORKS,
+    drop_small,
+    focus,
+    hide,
+    ignore,
+    merge,
+    prune_framework,
+    select_labels,
+)
+from gpuflame.profile.model import Profile
+from gpuflame.symbols.names import CACHED_FREE, TRAMPOLINE
+from gpuflame.units import parse_size
+
+TYPE_ALIASES = {"peak": "peak_space", "inuse": "inuse_space", "alloc": "alloc_space"}
+
+FILTER_ORDER = """\
+filters, applied in this order whatever their order on the command line:
+  1. --label KEY=VALUE       keep one process, device, ... (repeat: same key = any of, keys = all of)
+  2. --no-cached             drop <cached free blocks> (reserved by the allocator, not in use)
+  3. --ignore PATTERN        drop the samples whose stack passes through a matching frame
+  4. --focus NAME            keep the samples through NAME; NAME becomes the root
+  5. --hide PATTERN, --hide-trampolines
+                             remove matching frames; their bytes stay with the callers
+  6. --prune-framework       remove framework frames (torch, jax) between your own frames
+  7. --min-size SIZE         fold bars narrower than SIZE into one <frames under SIZE> bar
+Names match either spelling (Foo.bar or "Foo > bar"), anywhere in the name, ignoring case."""
+
+
+def add_type_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--type",
+        metavar="TYPE",
+        help="sample type: peak_space, inuse_space, alloc_space, *_objects, or peak/inuse/alloc "
+        "(default: peak where present, else inuse, else alloc)",
+    )
+
+
+def add_json_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print JSON (exact values) instead of tables")
+
+
+def add_filter_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("filters (see the order below)")
+    group.add_argument(
+        "--label",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        type=label_pair,
+        help="keep samples with this label, e.g. pid=1234 or device=cuda:0",
+    )
+    group.add_argument("--no-cached", action="store_true", help="drop <cached free blocks>")
+    group.add_argument(
+        "--ignore",
+        action="append",
+        default=[],
+        metavar="PATTERN",
+        help="drop samples through a matching frame (repeatable)",
+    )
+    group.add_argument("--focus", metavar="NAME", help="keep samples through NAME, with NAME as the root")
+    group.add_argument(
+        "--hide",
+        action="append",
+        default=[],
+        metavar="PATTERN",
+        help="remove matching frames, keeping their bytes (repeatable)",
+    )
+    group.add_argument(
+        "--hide-trampolines", action="store_true", help="remove <interpreter trampoline> frames"
+    )
+    group.add_argument(
+        "--prune-framework",
+        nargs="?",
+        const=",".join(DEFAULT_FRAMEWORKS),
+        metavar="PKGS",
+        help="remove framework frames between user frames; name packages as --prune-framework=PKGS, "
+        f"a comma list (default {','.join(DEFAULT_FRAMEWORKS)})",
+    )
+    group.add_argument(
+        "--min-size",
+        type=size_arg,
+        metavar="SIZE",
+        help="fold bars under SIZE (4096, 512KiB, 10MiB, 1.5G; units are binary)",
+    )
+
+
+def add_lines_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--lines", action="store_true",
+                        help="one bar per source line instead of one per function")
+
+
+def add_analysis_options(parser: argparse.ArgumentParser) -> None:
+    """``--type``, ``--json``, ``--lines`` and the filters."""
+    add_type_option(parser)
+    add_json_option(parser)
+    add_lines_option(parser)
+    add_filter_options(parser)
+
+
+def label_pair(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key, value
+
+
+def size_arg(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def load_profile(paths: Sequence[str]) -> Profile:
+    """Read one profile, or several merged into one (e.g. one file per process)."""
+    profiles = [load(p) for p in paths]
+    return profiles[0] if len(profiles) == 1 else merge(profiles)
+
+
+def pick_type(profile: Profile, name: str | None) -> int:
+    """The sample type asked for (``peak`` means ``peak_space``), else the default."""
+    return profile.pick_type(TYPE_ALIASES.get(name, name) if name else None)
+
+
+def apply_filters(profile: Profile, args: argparse.Namespace, type_index: int) -> Profile:
+    """The filters of *args*, in :data:`FILTER_ORDER`."""
+    profile = _select_labels(profile, args.label)
+    if args.no_cached:
+        profile = ignore(profile, CACHED_FREE)
+    for pattern in args.ignore:
+        profile = ignore(profile, pattern)
+    if args.focus:
+        profile = _focus(profile, args.focus)
+    for pattern in args.hide + ([TRAMPOLINE] if args.hide_trampolines else []):
+        profile = hide(profile, pattern)
+    if args.prune_framework:
+        profile = prune_framework(profile, [p for p in args.prune_framework.split(",") if p.strip()])
+    if args.min_size:
+        profile = drop_small(profile, args.min_size, type_index)
+    return profile
+
+
+def _select_labels(profile: Profile, pairs: list[tuple[str, str]]) -> Profile:
+    wanted: dict[str, set[str]] = {}
+    for key, value in pairs:
+        wanted.setdefault(key, set()).add(value)
+    for key, values in wanted.items():
+        selected = select_labels(profile, key, values)
+        if not selected.samples and profile.samples:
+            have = ", ".join(profile.label_values(key)) or "none"
+            raise GpuflameError(
+                f"no sample has label {key}={'|'.join(sorted(values))} ({key} values here: {have})"
+            )
+        profile = selected
+    return profile
+
+
+def _focus(profile: Profile, name: str) -> Profile:
+    focused = focus(profile, name)
+    if not focused.samples and profile.samples:
+        raise GpuflameError(f"--focus: {no_match_message(profile.frames, name)}")
+    return focused
+
+
+@dataclass
+class Loaded:
+    """A profile read and filtered for one command, with the sample type it shows."""
+
+    profile: Profile
+    type_index: int
+    source: str
+
+
+def load_for_analysis(args: argparse.Namespace, paths: Sequence[str]) -> Loaded:
+    """Read *paths*, pick ``--type``, apply the filters: what every analysis command starts with."""
+    profile = load_profile(paths)
+    index = pick_type(profile, args.type)
+    return Loaded(apply_filters(profile, args, index), index, ", ".join(paths))
+
+
+def print_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2) + "\n")

@@ -1,0 +1,65 @@
+"""``gpuflame diff``: what grew and what shrank between two profiles, by function."""
+
+from __future__ import annotations
+
+import argparse
+
+from gpuflame.analysis.compare import compare
+from gpuflame.cli.common import (
+    FILTER_ORDER,
+    TYPE_ALIASES,
+    add_analysis_options,
+    apply_filters,
+    load_profile,
+    pick_type,
+    print_json,
+)
+from gpuflame.render.terminal import make_console, render_comparison
+
+HELP = "what grew and what shrank between two profiles"
+
+DESCRIPTION = """\
+Compare two profiles of the same program (before and after a change, two
+batch sizes, two ranks) function by function: new minus base.
+
+For each function: its value in BASE and in NEW, the difference, and the
+change in percent. [new] marks a function absent from BASE, [vanished] one
+absent from NEW. By default functions are compared by total (the function
+and all it calls: who is responsible for the growth); --by self compares
+what each function allocated itself (where the growth is taken).
+
+Only sample types present in both files are compared; the same filters
+apply to both files."""
+
+EPILOG = f"""\
+examples:
+  gpuflame diff before.pb.gz after.pb.gz
+  gpuflame diff before.pb.gz after.pb.gz --by self -n 20
+  gpuflame diff rank0.pb.gz rank1.pb.gz --type inuse --no-cached --json
+
+{FILTER_ORDER}"""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("base", metavar="BASE", help="the profile to compare against")
+    parser.add_argument("new", metavar="NEW", help="the profile to compare")
+    parser.add_argument(
+        "--by", choices=("total", "self"), default="total", help="compare by total or self (default total)"
+    )
+    parser.add_argument(
+        "-n", "--limit", type=int, default=10, metavar="N", help="functions per direction (default 10)"
+    )
+    add_analysis_options(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    base, new = load_profile([args.base]), load_profile([args.new])
+    type_name = TYPE_ALIASES.get(args.type, args.type) if args.type else None
+    base = apply_filters(base, args, pick_type(base, type_name))
+    new = apply_filters(new, args, pick_type(new, type_name))
+    comparison = compare(base, new, type_name, by=args.by, limit=max(1, args.limit), lines=args.lines)
+    if args.json:
+        print_json(comparison.to_dict())
+    else:
+        render_comparison(make_console(), comparison, args.base, args.new)
+    return 0

@@ -1,0 +1,69 @@
+"""``gpuflame explain``: why a function allocates, as the call chains leading to it."""
+
+from __future__ import annotations
+
+import argparse
+
+from gpuflame.analysis.chains import explain
+from gpuflame.analysis.tree import build_tree
+from gpuflame.cli.common import FILTER_ORDER, add_analysis_options, load_for_analysis, print_json
+from gpuflame.render.terminal import make_console, print_comments, render_explanation
+
+HELP = "the call chains that lead to a function"
+
+DESCRIPTION = """\
+Why does a function allocate? Every distinct call chain that leads to it,
+widest first, read bottom-up as a flame graph's stack is read: the entry
+point first (native entry, <interpreter trampoline>, <module>), then each
+caller, down to the function you named, for example
+
+  <module>                                  script top level
+  -> EngineCoreProc > run_engine_core       engine startup
+  -> EngineCore > _initialize_kv_caches     KV cache setup
+  -> GPUModelRunner > _allocate_kv_cache_tensors   the allocation
+
+Each step shows its total (it and all it calls, on this chain) and its self
+(allocated by it). Steps with zero self only pass the call on; the step
+where self appears is where the memory is taken. Under the last step, the
+widest functions it calls are listed.
+
+FUNCTION matches either spelling: GPUModelRunner._allocate_kv_cache_tensors
+or "GPUModelRunner > _allocate_kv_cache_tensors", or just the method name.
+A whole-name match wins over a match inside longer names."""
+
+EPILOG = f"""\
+examples:
+  gpuflame explain run.pb.gz GPUModelRunner._allocate_kv_cache_tensors
+  gpuflame explain run.pb.gz "LlamaMLP > __init__" --chains 10
+  gpuflame explain run.pb.gz forward --hide-trampolines --json
+
+{FILTER_ORDER}"""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("file", metavar="FILE", help="profile: pprof (.pb.gz), folded, or PyTorch snapshot")
+    parser.add_argument("function", metavar="FUNCTION", help="function name, Foo.bar or 'Foo > bar'")
+    parser.add_argument("--chains", type=int, default=5, metavar="N", help="chains shown in full (default 5)")
+    add_analysis_options(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    loaded = load_for_analysis(args, [args.file])
+    tree = build_tree(loaded.profile, loaded.type_index, lines=args.lines)
+    explanation = explain(tree, args.function, limit=max(1, args.chains))
+    sample_type = tree.table.sample_type
+    if args.json:
+        print_json(
+            {
+                "sample_type": sample_type.type,
+                "unit": sample_type.unit,
+                "profile_total": tree.total,
+                "comments": loaded.profile.comments,
+                **explanation.to_dict(),
+            }
+        )
+        return 0
+    console = make_console()
+    print_comments(console, loaded.profile.comments)
+    render_explanation(console, explanation, sample_type.type, sample_type.unit)
+    return 0

@@ -1,0 +1,92 @@
+"""``gpuflame export``: write a profile as pprof, folded stacks, speedscope or flame-tree JSON."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from gpuflame.cli.common import (
+    FILTER_ORDER,
+    add_filter_options,
+    add_type_option,
+    load_for_analysis,
+    print_json,
+)
+from gpuflame.errors import GpuflameError
+from gpuflame.formats import FORMATS, save
+from gpuflame.units import format_bytes
+
+HELP = "write pprof, folded, speedscope or flame-tree JSON"
+
+DESCRIPTION = """\
+Write the profile, after the filters, in another format:
+
+  pprof        gzip protobuf, every sample type (go tool pprof, Pyroscope, Grafana)
+  folded       "a;b;c 123" lines for flamegraph.pl --countname bytes (one sample type)
+  speedscope   speedscope.app JSON, unit bytes (one sample type)
+  json         the flame tree: name, file, line, kind, self, total, children
+
+Text formats carry one sample type (--type; default peak, else inuse, else
+alloc). The file is written to a temporary name and renamed into place, so
+a failed export never leaves a partial file and never damages an existing
+one. Without --format, the format follows OUT's name (.pb.gz, .folded,
+.speedscope.json, .json)."""
+
+EPILOG = f"""\
+examples:
+  gpuflame export run.pb.gz --format folded -o run.folded
+  flamegraph.pl --countname bytes run.folded > run.svg
+  gpuflame export snapshot.pickle -o run.pb.gz
+  gpuflame export run.pb.gz --type inuse --no-cached -o run.speedscope.json
+  gpuflame export run.pb.gz --format json -o tree.json
+
+{FILTER_ORDER}"""
+
+SUFFIXES = (
+    (".speedscope.json", "speedscope"),
+    (".pb.gz", "pprof"),
+    (".pb", "pprof"),
+    (".pprof", "pprof"),
+    (".folded", "folded"),
+    (".txt", "folded"),
+    (".json", "json"),
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("file", metavar="FILE", help="profile: pprof (.pb.gz), folded, or PyTorch snapshot")
+    parser.add_argument("-o", "--output", required=True, metavar="OUT", help="file to write")
+    parser.add_argument("--format", choices=FORMATS, help="output format (default: from OUT's name)")
+    add_type_option(parser)
+    parser.add_argument("--json", action="store_true", help="describe what was written as JSON")
+    add_filter_options(parser)
+
+
+def format_for(path: str) -> str:
+    name = path.lower()
+    for suffix, fmt in SUFFIXES:
+        if name.endswith(suffix):
+            return fmt
+    raise GpuflameError(f"cannot tell the format from {path!r}; add --format {'|'.join(FORMATS)}")
+
+
+def run(args: argparse.Namespace) -> int:
+    fmt = args.format or format_for(args.output)
+    loaded = load_for_analysis(args, [args.file])
+    type_name = loaded.profile.sample_types[loaded.type_index].type
+    save(loaded.profile, args.output, fmt, type_name)
+    size = os.path.getsize(args.output)
+    written = {
+        "output": args.output,
+        "format": fmt,
+        "bytes": size,
+        "samples": len(loaded.profile.samples),
+        "sample_type": None if fmt == "pprof" else type_name,
+    }
+    if args.json:
+        print_json(written)
+    else:
+        what = "all sample types" if fmt == "pprof" else type_name
+        samples = len(loaded.profile.samples)
+        print(f"wrote {args.output} ({fmt}, {what}, {samples} samples, {format_bytes(size)})")
+    return 0

@@ -1,0 +1,64 @@
+"""``gpuflame report``: one screen that answers the seed's quick-reference table."""
+
+from __future__ import annotations
+
+import argparse
+
+from gpuflame.analysis.hotspots import build_report
+from gpuflame.analysis.tree import build_tree
+from gpuflame.cli.common import FILTER_ORDER, add_analysis_options, load_for_analysis, print_json
+from gpuflame.render.terminal import make_console, render_report
+
+HELP = "what holds the memory, on one screen"
+
+DESCRIPTION = """\
+What holds the GPU memory? One screen answering the four questions of a
+flame graph's quick-reference table, for one sample type (peak by default):
+
+  what allocates the most       the widest leaf bars: functions by self
+  what is responsible           the widest bars at the bottom, followed up
+                                to where their width splits into branches
+  optimisation targets          wide bars whose width is mostly their own
+                                allocation (high self / total)
+  what you can skip             wide bars with ~zero self: they only call
+                                others (orchestration, <module>, wrappers)
+
+Total = the function and everything it calls; self = what it allocated
+itself. Start from the leaves; skip wide zero-self bars; wide high-self bars
+are the targets; read a stack bottom-up (gpuflame explain) to learn why.
+Warnings recorded in the profile (for example a trace that overflowed, so
+the peak covers only the recorded window) are printed first."""
+
+EPILOG = f"""\
+examples:
+  gpuflame report run.pb.gz
+  gpuflame report run.pb.gz --type inuse --no-cached
+  gpuflame report run.pb.gz --label device=cuda:0 --hide-trampolines -n 5
+  gpuflame report rank0.pb.gz rank1.pb.gz          # several files are merged
+  gpuflame report run.pb.gz --json | jq '.widest_leaves[0]'
+
+{FILTER_ORDER}"""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "files", nargs="+", metavar="FILE", help="profile: pprof (.pb.gz), folded, or PyTorch snapshot"
+    )
+    parser.add_argument(
+        "-n", "--limit", type=int, default=10, metavar="N", help="entries per section (default 10)"
+    )
+    parser.add_argument(
+        "--group-by", metavar="LABEL", help="one subtree per value of a label (pid, device, ...)"
+    )
+    add_analysis_options(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    loaded = load_for_analysis(args, args.files)
+    tree = build_tree(loaded.profile, loaded.type_index, group_by=args.group_by, lines=args.lines)
+    report = build_report(loaded.profile, tree, limit=max(1, args.limit))
+    if args.json:
+        print_json(report.to_dict())
+    else:
+        render_report(make_console(), report, loaded.source)
+    return 0

@@ -1,0 +1,1 @@
+"""Renderers: the terminal (rich) and the flame tree as JSON."""

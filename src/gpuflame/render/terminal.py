@@ -1,0 +1,364 @@
+"""Report, top, explain and diff as rich tables: human units, file:line dim.
+
+Everything stays readable without colour (pipes, ``NO_COLOR``, CI logs):
+colour only repeats what the words and the column headers already say.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from gpuflame.analysis.chains import Chain, Explanation
+from gpuflame.analysis.compare import NEW, VANISHED, Change, Comparison
+from gpuflame.analysis.hotspots import Entry, Report, Root
+from gpuflame.profile.model import Frame
+from gpuflame.profile.sample_types import DESCRIPTIONS
+from gpuflame.units import format_bytes, format_count
+
+# Width used when output is not a terminal and COLUMNS is unset: long
+# qualified names and paths fit without folding in logs and files.
+PIPE_WIDTH = 132
+# file:line longer than this keeps its end (the file name and line) after an ellipsis.
+WHERE_WIDTH = 48
+# Trunks longer than this show their first frame, a count, and the last frames.
+TRUNK_SHOWN = 4
+
+READING_HINT = (
+    "Read it like a flame graph: start from the leaves; skip wide bars with zero self (they only "
+    "call others); wide bars with high self are the targets; read a stack bottom-up to learn why "
+    "(gpuflame explain FILE FUNCTION)."
+)
+
+_SITE = re.compile(r".*[/\\](?:site|dist)-packages[/\\]")
+
+
+def make_console() -> Console:
+    """A console on stdout; wider than rich's 80 columns when writing to a pipe."""
+    console = Console(highlight=False)
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        console = Console(highlight=False, width=PIPE_WIDTH)
+    return console
+
+
+def short_path(path: str) -> str:
+    """A path as a reader locates it: installed packages from their package name on."""
+    return _SITE.sub("", path)
+
+
+def where(frame: Frame) -> Text:
+    """``file:line``, dim: it is there to find the code, not to be read first."""
+    if not frame.file:
+        return Text("")
+    text = short_path(frame.file) + (f":{frame.line}" if frame.line else "")
+    if len(text) > WHERE_WIDTH:
+        text = "..." + text[-(WHERE_WIDTH - 3) :]
+    return Text(text, style="dim")
+
+
+def amount(value: int, unit: str, signed: bool = False) -> str:
+    if unit == "bytes":
+        return format_bytes(value, signed=signed)
+    text = format_count(value, unit)
+    return f"+{text}" if signed and value > 0 else text
+
+
+def pct(value: float | None, signed: bool = False) -> str:
+    if value is None:
+        return "new"
+    return f"{value:+.1f}%" if signed else f"{value:.1f}%"
+
+
+def type_title(type_name: str, unit: str, total: int) -> Text:
+    text = Text.assemble((type_name, "bold"), f"  {amount(total, unit)}")
+    description = DESCRIPTIONS.get(type_name)
+    if description:
+        text.append(f"  {description}", style="dim")
+    return text
+
+
+def print_comments(console: Console, comments: Iterable[str]) -> None:
+    """The profile's own caveats, where they cannot be missed."""
+    for comment in comments:
+        console.print(Text.assemble(("warning: ", "bold yellow"), comment))
+
+
+NUMERIC_COLUMNS = {
+    "#",
+    "self",
+    "total",
+    "%",
+    "self %",
+    "total %",
+    "self/total",
+    "delta",
+    "base",
+    "new",
+    "change",
+}
+
+
+def _table(title: str, *columns: str) -> Table:
+    """A borderless table: numbers right-aligned and never wrapped, names left."""
+    table = Table(
+        title=title,
+        title_justify="left",
+        title_style="bold",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        show_edge=False,
+        padding=(0, 1, 0, 0),
+    )
+    for name in columns:
+        if name in NUMERIC_COLUMNS:
+            table.add_column(name, justify="right", no_wrap=True)
+        else:
+            # names stay whole; a long path folds instead
+            table.add_column(name, no_wrap=name != "file:line", overflow="fold")
+    return table
+
+
+# -- report ------------------------------------------------------------------
+
+
+def render_report(console: Console, report: Report, source: str) -> None:
+    console.print(Text.assemble(("gpuflame report ", "bold"), source))
+    console.print(type_title(report.type, report.unit, report.total))
+    print_comments(console, report.comments)
+    if not report.total:
+        console.print(f"No {report.type} in this profile (after filters): nothing to report.")
+        return
+    sections = (
+        _totals_table(report),
+        _entries_table(
+            "What allocates the most: widest leaf bars (by self)", report.leaves, report.unit, "self"
+        ),
+        _roots_table(report.roots, report.unit),
+        _targets_table(report.targets, report.unit),
+        _wrappers_table(report.wrappers, report.unit),
+    )
+    for table in sections:
+        console.print()
+        console.print(table)
+    console.print()
+    console.print(Text(READING_HINT, style="dim"))
+
+
+def _totals_table(report: Report) -> Table:
+    table = _table("Totals by sample type", "type", "total", "")
+    for t in report.totals:
+        mark = "<- shown below" if t.type == report.type else ""
+        table.add_row(t.type, amount(t.total, t.unit), Text(mark, style="dim"))
+    return table
+
+
+def _entries_table(title: str, entries: list[Entry], unit: str, by: str) -> Table:
+    table = _table(title, "#", by, "%", "function", "file:line")
+    for i, e in enumerate(entries, 1):
+        table.add_row(str(i), amount(getattr(e, by), unit), pct(e.percent), e.frame.name, where(e.frame))
+    if not entries:
+        table.add_row("", "", "", Text("(none)", style="dim"), "")
+    return table
+
+
+def _roots_table(roots: list[Root], unit: str) -> Table:
+    table = _table(
+        "What is responsible: widest bars at the bottom, followed up to where they split",
+        "total",
+        "%",
+        "function",
+        "file:line",
+    )
+    for n, root in enumerate(roots):
+        if n:
+            table.add_row("", "", "", "")
+        for e, label in _trunk_rows(root):
+            table.add_row(
+                amount(e.total, unit) if e else "",
+                pct(e.percent) if e else "",
+                label,
+                where(e.frame) if e else "",
+            )
+        for b in root.branches:
+            table.add_row(amount(b.total, unit), pct(b.percent), f"    +- {b.frame.name}", where(b.frame))
+        if root.branches and root.rest:
+            table.add_row(
+                amount(root.rest, unit), "", Text("    +- (self and smaller branches)", style="dim"), ""
+            )
+    return table
+
+
+def _trunk_rows(root: Root) -> list[tuple[Entry | None, str | Text]]:
+    """The trunk root first; a long trunk shows its ends and says how many frames it skips."""
+    trunk = root.trunk
+    rows: list[tuple[Entry | None, str | Text]] = []
+    shown = trunk if len(trunk) <= TRUNK_SHOWN else [trunk[0], None, *trunk[-2:]]
+    for i, e in enumerate(shown):
+        if e is None:
+            skipped = len(trunk) - 3
+            rows.append((None, Text(f"  ... {skipped} frames of the same width ...", style="dim")))
+            continue
+        prefix = "" if i == 0 else "  ^ "
+        rows.append((e, prefix + e.frame.name))
+    if root.branches:
+        last_entry, label = rows[-1]
+        rows[-1] = (last_entry, Text.assemble(str(label), ("   <- splits here", "bold")))
+    return rows
+
+
+def _targets_table(entries: list[Entry], unit: str) -> Table:
+    table = _table(
+        "Optimisation targets: wide bars with high self",
+        "#",
+        "self",
+        "%",
+        "self/total",
+        "function",
+        "file:line",
+    )
+    for i, e in enumerate(entries, 1):
+        ratio = f"{100 * e.self / e.total:.0f}%" if e.total else ""
+        table.add_row(str(i), amount(e.self, unit), pct(e.percent), ratio, e.frame.name, where(e.frame))
+    if not entries:
+        table.add_row("", "", "", "", Text("(no wide bar allocates most of its own width)", style="dim"), "")
+    return table
+
+
+def _wrappers_table(entries: list[Entry], unit: str) -> Table:
+    table = _table(
+        "Skippable: wide bars with ~zero self (they only call others)",
+        "#",
+        "total",
+        "%",
+        "self",
+        "function",
+        "file:line",
+    )
+    for i, e in enumerate(entries, 1):
+        table.add_row(
+            str(i), amount(e.total, unit), pct(e.percent), amount(e.self, unit), e.frame.name, where(e.frame)
+        )
+    if not entries:
+        table.add_row("", "", "", "", Text("(none)", style="dim"), "")
+    return table
+
+
+# -- top ---------------------------------------------------------------------
+
+
+def render_top(
+    console: Console, entries: list[Entry], by: str, type_name: str, unit: str, total: int
+) -> None:
+    console.print(type_title(type_name, unit, total))
+    console.print()
+    table = _table(
+        f"Top functions by {by}", "#", "self", "self %", "total", "total %", "function", "file:line"
+    )
+    for i, e in enumerate(entries, 1):
+        table.add_row(
+            str(i),
+            amount(e.self, unit),
+            pct(100 * e.self / total if total else 0.0),
+            amount(e.total, unit),
+            pct(100 * e.total / total if total else 0.0),
+            e.frame.name,
+            where(e.frame),
+        )
+    console.print(table)
+
+
+# -- explain -----------------------------------------------------------------
+
+
+def render_explanation(console: Console, ex: Explanation, type_name: str, unit: str) -> None:
+    names = ", ".join(sorted({f.name for f in ex.functions}))
+    header = Text.assemble(("explain ", "bold"), repr(ex.query), " matches ", (names, "bold"))
+    if len(ex.functions) == 1 and ex.functions[0].file:
+        header.append("  ").append_text(where(ex.functions[0]))
+    console.print(header)
+    chains = len(ex.chains) + ex.more_chains
+    console.print(
+        f"total {amount(ex.total, unit)} ({pct(ex.percent)} of {type_name}), "
+        f"self {amount(ex.self, unit)}, through {chains} distinct call chain{'s' if chains != 1 else ''}"
+    )
+    for n, chain in enumerate(ex.chains, 1):
+        console.print()
+        console.print(_chain_table(n, chains, chain, unit))
+    if ex.more_chains:
+        console.print()
+        console.print(
+            Text(
+                f"... and {ex.more_chains} narrower chains holding {amount(ex.more_total, unit)}", style="dim"
+            )
+        )
+    console.print(
+        Text("Each chain reads bottom-up: the entry point first, the matched function last.", style="dim")
+    )
+
+
+def _chain_table(n: int, count: int, chain: Chain, unit: str) -> Table:
+    title = f"Chain {n} of {count}: {amount(chain.total, unit)} ({pct(chain.percent)})"
+    table = _table(title, "total", "self", "frame", "file:line")
+    last = len(chain.steps) - 1
+    for i, step in enumerate(chain.steps):
+        label: str | Text = ("" if i == 0 else "-> ") + step.frame.name
+        if i == last:
+            label = Text(str(label), style="bold")
+        table.add_row(amount(step.total, unit), amount(step.self, unit), label, where(step.frame))
+    for callee in chain.callees:
+        table.add_row(
+            amount(callee.total, unit),
+            amount(callee.self, unit),
+            f"     calls {callee.frame.name}",
+            where(callee.frame),
+        )
+    if chain.callees and chain.other_callees:
+        table.add_row(amount(chain.other_callees, unit), "", Text("     calls (others)", style="dim"), "")
+    return table
+
+
+# -- diff --------------------------------------------------------------------
+
+
+def render_comparison(console: Console, cmp: Comparison, base: str, new: str) -> None:
+    change = 100.0 * cmp.delta / cmp.base_total if cmp.base_total else None
+    console.print(Text.assemble(("gpuflame diff ", "bold"), f"{base} -> {new}"))
+    console.print(
+        Text.assemble(
+            (cmp.type, "bold"),
+            f"  base {amount(cmp.base_total, cmp.unit)} -> new {amount(cmp.new_total, cmp.unit)}"
+            f"  ({amount(cmp.delta, cmp.unit, signed=True)}, {pct(change, signed=True)}), by {cmp.by}",
+        )
+    )
+    console.print(_changes_table("Grew", cmp.grew, cmp.unit))
+    console.print(_changes_table("Shrank", cmp.shrank, cmp.unit))
+    if cmp.changed > len(cmp.grew) + len(cmp.shrank):
+        console.print(
+            Text(f"{cmp.changed} functions changed in all; showing the largest changes.", style="dim")
+        )
+
+
+def _changes_table(title: str, changes: list[Change], unit: str) -> Table:
+    table = _table(title, "delta", "base", "new", "change", "function", "file:line")
+    for c in changes:
+        name = Text(c.frame.name)
+        if c.status in (NEW, VANISHED):
+            name.append(f"  [{c.status}]", style="bold")
+        style = "red" if c.delta > 0 else "green"
+        table.add_row(
+            Text(amount(c.delta, unit, signed=True), style=style),
+            amount(c.base, unit),
+            amount(c.new, unit),
+            pct(c.percent, signed=True),
+            name,
+            where(c.frame),
+        )
+    if not changes:
+        table.add_row("", "", "", "", Text("(none)", style="dim"), "")
+    return table
