@@ -1,0 +1,410 @@
+"""A pickle reader that accepts plain data only and never runs code.
+
+PyTorch writes memory snapshots with ``pickle.dump`` of a dict built from
+dicts, lists, tuples, strings, ints, floats, bools and None; nothing in a
+snapshot needs a class. A pickle, though, can import and call anything, so a
+snapshot from someone else is read here in two steps:
+
+1. :func:`scan` walks the opcode stream once, without building anything. It
+   rejects opcodes that construct objects or reach outside the data (BUILD,
+   INST, OBJ, NEWOBJ, EXT, persistent ids, an import of anything but the few
+   plain types below), reports truncation with a byte offset, and rejects memo
+   indices larger than the pickle itself (CPython's unpickler sizes its memo
+   table by the largest index, so a 20-byte pickle could otherwise ask for
+   tens of GiB).
+2. CPython's C unpickler builds the data, with :meth:`find_class` allowing
+   only ``set``, ``frozenset``, ``bytes``, ``bytearray`` and
+   ``_codecs.encode`` (how protocols 0-2 spell sets and bytes), each through a
+   wrapper that accepts only plain arguments. Everything it could raise on a
+   damaged pickle becomes :class:`ProfileFormatError`.
+
+The C unpickler is iterative, so deeply nested lists cannot exhaust the
+Python stack, and lengths are checked against the bytes present before
+anything is allocated. Deeply nested tuples are the exception: CPython
+hashes a tuple (a dict key) by recursing into it unguarded, so a key nested a
+few hundred thousand tuples deep would crash the interpreter mid-load. A
+pickle with few tuple opcodes cannot nest that deep; one with many (more than
+any snapshot has) gets an exact, slower check of tuple nesting first.
+"""
+
+from __future__ import annotations
+
+import gc
+import io
+import pickle
+import pickletools
+import re
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import NoReturn
+
+from gpuflame.errors import ProfileFormatError, UnsafePickleError
+
+PLAIN_DATA = "a memory snapshot contains only plain data (dicts, lists, strings, numbers)"
+
+
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """Hold off the cyclic garbage collector while building millions of acyclic objects.
+
+    Unpickling a snapshot (and converting it) allocates dicts and lists by the
+    million; each allocation burst triggers a collection that walks every
+    object already built, for no gain: plain data has no reference cycles.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def loads(data: bytes) -> object:
+    """Unpickle *data* if it is plain data; never imports or calls anything else."""
+    scan(data)
+    try:
+        with gc_paused():
+            return _PlainUnpickler(io.BytesIO(data)).load()
+    except (UnsafePickleError, ProfileFormatError):
+        raise
+    except MemoryError:
+        raise ProfileFormatError("the pickle is too large to load (out of memory)") from None
+    except RecursionError:
+        raise ProfileFormatError("the pickle is nested too deeply") from None
+    except EOFError:
+        raise ProfileFormatError("the pickle is truncated (the file was cut short)") from None
+    except Exception as exc:  # any other failure of the C unpickler means damaged data
+        raise ProfileFormatError(f"corrupt pickle ({_short(exc)})") from None
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc) or type(exc).__name__
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+# -- allowed globals -----------------------------------------------------------
+
+
+def _plain_set(items: object = ()) -> set[object]:
+    _require(isinstance(items, (list, tuple, set, frozenset)), "set")
+    return set(items)  # type: ignore[arg-type]
+
+
+def _plain_frozenset(items: object = ()) -> frozenset[object]:
+    _require(isinstance(items, (list, tuple, set, frozenset)), "frozenset")
+    return frozenset(items)  # type: ignore[arg-type]
+
+
+def _plain_bytes(value: object = b"") -> bytes:
+    # bytes(10**12) would allocate a terabyte: only copies of bytes are allowed
+    _require(isinstance(value, (bytes, bytearray)), "bytes")
+    return bytes(value)  # type: ignore[arg-type]
+
+
+def _plain_bytearray(value: object = b"") -> bytearray:
+    _require(isinstance(value, (bytes, bytearray)), "bytearray")
+    return bytearray(value)  # type: ignore[arg-type]
+
+
+def _latin1_encode(text: object, encoding: object = "latin1") -> bytes:
+    """How protocols 0-2 pickle ``bytes``: ``_codecs.encode(str, 'latin1')``."""
+    _require(isinstance(text, str) and encoding in ("latin1", "latin-1"), "_codecs.encode")
+    return text.encode("latin1")  # type: ignore[union-attr]
+
+
+def _require(ok: bool, what: str) -> None:
+    if not ok:
+        raise ProfileFormatError(f"corrupt pickle ({what} called with arguments that are not plain data)")
+
+
+_ALLOWED: dict[tuple[str, str], Callable[..., object]] = {}
+for _module in ("builtins", "__builtin__"):
+    _ALLOWED[(_module, "set")] = _plain_set
+    _ALLOWED[(_module, "frozenset")] = _plain_frozenset
+    _ALLOWED[(_module, "bytes")] = _plain_bytes
+    _ALLOWED[(_module, "bytearray")] = _plain_bytearray
+_ALLOWED[("_codecs", "encode")] = _latin1_encode
+
+
+def refuse_import(module: str, name: str, purpose: str = "") -> NoReturn:
+    raise UnsafePickleError(
+        f"refusing to load: the pickle asks to import {module}.{name}{purpose} — {PLAIN_DATA}"
+    )
+
+
+_COPYREG = ("copy_reg", "copyreg")
+_NEXT_GLOBAL = re.compile(rb"c([\w.]+)\n([\w.]+)\n")
+
+
+def _built_class(data: bytes, pos: int) -> str:
+    """Protocols 0-1 build an instance through copyreg; name the class it is given, for the message."""
+    m = _NEXT_GLOBAL.search(data, pos, pos + 512)
+    return f" (to build a {m[1].decode()}.{m[2].decode()})" if m else ""
+
+
+class _PlainUnpickler(pickle.Unpickler):
+    """The C unpickler, with imports limited to plain-data constructors."""
+
+    def find_class(self, module: str, name: str) -> Callable[..., object]:
+        allowed = _ALLOWED.get((module, name))
+        if allowed is None:
+            refuse_import(module, name)
+        return allowed
+
+    def persistent_load(self, pid: object) -> NoReturn:
+        raise UnsafePickleError(
+            f"refusing to load: the pickle refers to an external object ({_short(ValueError(repr(pid)))}) — "
+            f"{PLAIN_DATA}"
+        )
+
+
+# -- the opcode scan -----------------------------------------------------------
+
+# Runs of fixed-size, harmless opcodes are skipped in C by one regular
+# expression; only strings, text arguments and the opcodes to check reach the
+# Python loop. Possessive repetition keeps the regex from saving a backtrack
+# point per opcode, which makes it several times faster on long runs.
+_LONG1_SHORT = b"|".join(rb"\x8a" + re.escape(bytes([k])) + (rb".{%d}" % k if k else b"") for k in range(10))
+# (Python 3.10 has no possessive repetition: runs are capped there instead, so
+# the saved backtrack points stay few.)
+_RUN = rb"*+" if sys.version_info >= (3, 11) else rb"{0,4096}"
+_FAST = re.compile(
+    rb"(?:h.|[\x94\x88\x89N\)\]\}\(eusal0d12\x8f\x90R]"
+    rb"|[qK\x80].|M..|[Jj]....|G.{8}|\x95.{8}|" + _LONG1_SHORT + rb")" + _RUN,
+    re.S,
+)
+
+# opcode -> width of its length prefix, for length-prefixed arguments
+_SIZED = {
+    0x8C: 1,  # SHORT_BINUNICODE
+    0x43: 1,  # SHORT_BINBYTES
+    0x55: 1,  # SHORT_BINSTRING
+    0x8A: 1,  # LONG1
+    0x58: 4,  # BINUNICODE
+    0x42: 4,  # BINBYTES
+    0x54: 4,  # BINSTRING
+    0x8B: 4,  # LONG4
+    0x8D: 8,  # BINUNICODE8
+    0x8E: 8,  # BINBYTES8
+    0x96: 8,  # BYTEARRAY8
+}
+_STRINGS = frozenset((0x8C, 0x58, 0x8D))
+# fixed-size opcodes the fast path skips (width of their argument): the loop
+# sees one only when a run was cut short (truncated data) or capped (3.10)
+_FIXED = {op: 0 for op in b"\x94\x88\x89N)]}(eusal0d12\x8f\x90R"}
+_FIXED.update({ord("h"): 1, ord("q"): 1, ord("K"): 1, 0x80: 1, ord("M"): 2, ord("J"): 4, ord("j"): 4})
+_FIXED.update({ord("G"): 8, 0x95: 8})
+# opcodes with one newline-terminated text argument (protocol 0)
+_LINE = frozenset(b"ILSVFg")
+# opcodes that build objects or reach outside the data: never in a snapshot
+_CONSTRUCTORS = {
+    ord("b"): "BUILD",
+    ord("o"): "OBJ",
+    0x81: "NEWOBJ",
+    0x92: "NEWOBJ_EX",
+    0x82: "EXT1",
+    0x83: "EXT2",
+    0x84: "EXT4",
+    ord("P"): "PERSID",
+    ord("Q"): "BINPERSID",
+    ord("i"): "INST",
+}
+_BUFFERS = frozenset((0x97, 0x98))  # NEXT_BUFFER, READONLY_BUFFER: out-of-band data
+
+# TUPLE, TUPLE1-3, FROZENSET: the hashable containers. CPython hashes a tuple
+# by recursing into it with no depth guard, so a dict key nested a few hundred
+# thousand tuples deep crashes the interpreter while it unpickles. A pickle
+# with few such opcodes cannot nest deeply; one with many is checked exactly.
+_HASHABLE_BUILDERS = frozenset((ord("t"), 0x85, 0x86, 0x87, 0x91))
+HASHABLE_OPCODES_UNCHECKED = 10_000
+MAX_HASHABLE_DEPTH = 100
+
+
+class _Scan:
+    """State of one walk over the opcodes; see :func:`scan`."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.n = len(data)
+        self.recent: list[str] = []  # the last literal strings, to name a STACK_GLOBAL
+
+    def truncated(self, pos: int) -> NoReturn:
+        raise ProfileFormatError(
+            f"the pickle is truncated at byte {pos} of {self.n} (the file was cut short)"
+        )
+
+    def sized(self, pos: int, op: int, width: int) -> int:
+        """Skip a length-prefixed argument; return the position after it."""
+        start = pos + 1 + width
+        if start > self.n:
+            self.truncated(self.n)
+        size = int.from_bytes(self.data[pos + 1 : start], "little", signed=width == 4)
+        if size < 0:
+            raise ProfileFormatError(f"corrupt pickle (negative length at byte {pos})")
+        end = start + size
+        if end > self.n:
+            self.truncated(self.n)
+        if op in _STRINGS and size <= 200:
+            self.recent = [*self.recent[-1:], self.data[start:end].decode("utf-8", "replace")]
+        return end
+
+    def line(self, pos: int) -> tuple[bytes, int]:
+        end = self.data.find(b"\n", pos)
+        if end < 0:
+            self.truncated(self.n)
+        return self.data[pos:end], end + 1
+
+    def memo_index(self, index: int, pos: int) -> None:
+        # a real pickle numbers its memo entries in order, so no index can
+        # exceed the number of opcodes, let alone the number of bytes
+        if index > self.n:
+            raise ProfileFormatError(f"corrupt pickle (memo index {index} at byte {pos} is out of range)")
+
+    def global_name(self, pos: int) -> tuple[str, str, int]:
+        module, pos = self.line(pos)
+        name, pos = self.line(pos)
+        return module.decode("utf-8", "replace"), name.decode("utf-8", "replace"), pos
+
+    def refuse_constructor(self, op: int, pos: int) -> NoReturn:
+        what = _CONSTRUCTORS[op]
+        if op == ord("i"):
+            module, name, _ = self.global_name(pos + 1)
+            refuse_import(module, name)
+        if what.startswith("EXT"):
+            detail = f"a class registered with copyreg (opcode {what})"
+        elif what.endswith("PERSID"):
+            detail = "an external object (persistent id)"
+        elif len(self.recent) == 2:
+            detail = f"an object of {self.recent[0]}.{self.recent[1]} (opcode {what})"
+        else:
+            detail = f"an object (opcode {what})"
+        raise UnsafePickleError(f"refusing to load: the pickle asks to construct {detail} — {PLAIN_DATA}")
+
+
+def scan(data: bytes) -> None:
+    """Walk the opcodes of *data* without building anything; raise if unsafe or damaged."""
+    if not data:
+        raise ProfileFormatError("the pickle is empty")
+    s = _Scan(data)
+    n = s.n
+    pos = 0
+    hashables = 0
+    match = _FAST.match
+    while True:
+        pos = match(data, pos).end()
+        if pos >= n:
+            s.truncated(n)
+        op = data[pos]
+        width = _SIZED.get(op)
+        if width is not None:
+            pos = s.sized(pos, op, width)
+        elif op in _HASHABLE_BUILDERS:
+            hashables += 1
+            pos += 1
+        elif op == 0x2E:  # STOP
+            if hashables > HASHABLE_OPCODES_UNCHECKED:
+                check_nesting(data)
+            return
+        elif op in _LINE:
+            pos = s.line(pos + 1)[1]
+        elif op == ord("p"):  # PUT
+            text, pos = s.line(pos + 1)
+            s.memo_index(_decimal(text, pos), pos)
+        elif op == ord("r"):  # LONG_BINPUT
+            if pos + 5 > n:
+                s.truncated(n)
+            s.memo_index(int.from_bytes(data[pos + 1 : pos + 5], "little"), pos)
+            pos += 5
+        elif op == ord("c"):  # GLOBAL: the name is right here
+            module, name, pos = s.global_name(pos + 1)
+            if (module, name) not in _ALLOWED:
+                refuse_import(module, name, _built_class(data, pos) if module in _COPYREG else "")
+        elif op == 0x93:  # STACK_GLOBAL: checked by find_class when loading
+            pos += 1
+        elif op in _CONSTRUCTORS:
+            s.refuse_constructor(op, pos)
+        elif op in _FIXED:
+            pos += 1 + _FIXED[op]
+            if pos > n:
+                s.truncated(n)
+        elif op in _BUFFERS:
+            raise UnsafePickleError(
+                f"refusing to load: the pickle refers to out-of-band buffers — {PLAIN_DATA}"
+            )
+        else:
+            raise ProfileFormatError(f"corrupt pickle (unknown opcode 0x{op:02x} at byte {pos})")
+
+
+def check_nesting(data: bytes) -> None:
+    """Simulate the unpickler's stack, tracking only how deep hashable containers nest.
+
+    Slow (pure Python over every opcode), so :func:`scan` calls it only for
+    pickles with many tuples; a real snapshot's tuples are flat pairs.
+    """
+    stack: list[int] = []  # nesting depth of tuples/frozensets in each slot; 0 for anything else
+    marks: list[int] = []
+    memo: dict[int, int] = {}
+    try:
+        for opcode, arg, pos in pickletools.genops(data):
+            name = opcode.name
+            if name == "MARK":
+                marks.append(len(stack))
+                continue
+            depth = _nesting_effect(name, arg, stack, marks, memo)
+            if depth > MAX_HASHABLE_DEPTH:
+                raise ProfileFormatError(
+                    f"corrupt pickle (tuples nested more than {MAX_HASHABLE_DEPTH} deep at byte {pos})"
+                )
+    except (ValueError, IndexError, KeyError) as exc:
+        raise ProfileFormatError(f"corrupt pickle ({_short(exc)})") from None
+
+
+def _nesting_effect(name: str, arg: object, stack: list[int], marks: list[int], memo: dict[int, int]) -> int:
+    """Apply one opcode's stack effect; return the depth of what it pushed (0 if nothing)."""
+    if name in ("TUPLE1", "TUPLE2", "TUPLE3"):
+        k = int(name[-1])
+        items = stack[-k:]
+        del stack[-k:]
+        if len(items) < k:
+            raise IndexError("stack underflow")
+        stack.append(1 + max(items))
+    elif name in ("TUPLE", "FROZENSET", "LIST", "DICT", "APPENDS", "SETITEMS", "ADDITEMS", "POP_MARK"):
+        start = marks.pop()
+        items = stack[start:]
+        del stack[start:]
+        if name in ("TUPLE", "FROZENSET"):
+            stack.append(1 + max(items, default=0))
+        elif name in ("LIST", "DICT"):
+            stack.append(0)
+    elif name in ("APPEND", "POP", "BUILD"):
+        stack.pop()
+    elif name == "SETITEM":
+        del stack[-2:]
+    elif name in ("REDUCE", "STACK_GLOBAL"):
+        args = stack.pop()
+        stack.pop()
+        stack.append(args + 1)  # frozenset(items) nests its items once more
+    elif name == "DUP":
+        stack.append(stack[-1])
+    elif name in ("GET", "BINGET", "LONG_BINGET"):
+        stack.append(memo.get(int(arg), 0))  # type: ignore[call-overload]
+    elif name in ("PUT", "BINPUT", "LONG_BINPUT"):
+        memo[int(arg)] = stack[-1]  # type: ignore[call-overload]
+    elif name == "MEMOIZE":
+        memo[len(memo)] = stack[-1]
+    elif name in ("PROTO", "FRAME", "STOP"):
+        pass
+    elif name == "EMPTY_TUPLE":
+        stack.append(1)
+    else:  # every other opcode allowed here pushes one plain value
+        stack.append(0)
+    return stack[-1] if stack else 0
+
+
+def _decimal(text: bytes, pos: int) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise ProfileFormatError(f"corrupt pickle (bad number before byte {pos})") from None

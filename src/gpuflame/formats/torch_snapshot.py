@@ -1,0 +1,684 @@
+"""PyTorch CUDA memory snapshots (``torch.cuda.memory._dump_snapshot``) as profiles.
+
+A snapshot is the caching allocator's state when it was taken: ``segments``
+(each ``cudaMalloc``'d range, with ``device`` and ``total_size``) split into
+``blocks`` (``size``, ``requested_size``, ``address``, ``state`` and the
+``frames`` of the allocation's call stack, leaf first), plus, when
+``_record_memory_history`` was on, ``device_traces``: one list per device of
+the allocator's recent actions (``alloc``, ``free_requested``,
+``free_completed``, ``segment_alloc``, ``segment_free``, ``segment_map``,
+``segment_unmap``, ``oom``, ``snapshot``), each with ``addr``, ``size``,
+``time_us`` and ``frames``. No torch import is needed.
+
+What the profile holds, per device (label ``device=cuda:N``):
+
+``inuse_*``
+    Every active block (``active_allocated`` or ``active_pending_free``) at its
+    block ``size``, under the stack that allocated it; inactive blocks (cached
+    by the allocator, free for reuse) as one sample under the synthetic frame
+    ``<cached free blocks>`` (objects 0). So the in-use total is exactly what
+    the allocator reserved (the sum of the segments' ``total_size``), and
+    ``filter.ignore(profile, "<cached free blocks>")`` leaves the live
+    tensors.
+
+``alloc_*``
+    Every ``alloc`` in the trace, frees ignored, at the size it asked for.
+
+``peak_*``
+    The trace replayed, in order, to find the moment the allocations alive on
+    the device add up to the most; the samples are what was alive then. An
+    allocation is alive from its ``alloc`` until its ``free_completed`` (as
+    ``inuse`` counts ``active_pending_free`` blocks); sizes are the requested
+    bytes the trace records. Allocations older than the trace are recovered:
+    a block alive at the end with no ``alloc`` in the trace was alive all
+    along (its stack is known), and a free of an address the trace never
+    allocated belongs to an allocation made before the trace began (shown
+    under ``<allocated before the trace>``). If several moments tie, the
+    first wins. ``<cached free blocks>`` at the peak is the memory reserved
+    then (the end's reserved total with the trace's segment events undone)
+    minus the live allocations; it includes the allocator's rounding, and is
+    left out, with a comment, when the trace does not add up.
+
+Comments record what qualifies the numbers: a trace that does not reach back
+to the start (ring buffer overwritten, or recording started late), each
+out-of-memory event with the bytes asked for and free, and devices without a
+trace.
+"""
+
+from __future__ import annotations
+
+import operator
+import re
+from collections.abc import Mapping
+from datetime import datetime, timezone
+from itertools import islice
+from typing import Any
+
+from gpuflame.errors import GpuflameError, ProfileFormatError
+from gpuflame.formats import safe_pickle
+from gpuflame.formats.detect import GZIP_MAGIC, gunzip
+from gpuflame.profile.model import NATIVE, PYTHON, SYNTHETIC, TRAMPOLINE, Frame, Labels, Profile, Sample
+from gpuflame.profile.sample_types import memory_sample_types
+from gpuflame.symbols import names
+from gpuflame.symbols.qualnames import Resolver
+from gpuflame.units import format_bytes
+
+CACHED_FREE_FRAME = Frame(names.CACHED_FREE, kind=SYNTHETIC)
+BEFORE_TRACE_FRAME = Frame("<allocated before the trace>", kind=SYNTHETIC)
+NO_STACK_FRAME = Frame("<no stack recorded>", kind=SYNTHETIC)
+TRAMPOLINE_FRAME = Frame(names.TRAMPOLINE, kind=TRAMPOLINE)
+
+INT64_MAX = (1 << 63) - 1  # what pprof can store
+
+# "active_awaiting_free" is how torch's docstring spells the state the C++ code writes
+# as "active_pending_free"; accept both.
+ACTIVE_STATES = frozenset(("active_allocated", "active_pending_free", "active_awaiting_free"))
+
+# Torch's stack capture itself, at the leaf of every C++ stack (stacks="all").
+_RECORDING = re.compile(r"unwind::unwind|CapturedTraceback::|gather_with_cpp")
+# CPython's own dispatch between Python frames: the seed's <interpreter trampoline>.
+_CPYTHON_NAME = re.compile(
+    r"^_?Py(Eval|Object|Function|Vectorcall|CFunction|Method|Run|_RunMain|_BytesMain)"
+    r"|^(cfunction_|method_vectorcall|slot_tp_|vectorcall_|pymain_|run_mod$|run_eval_code_obj|builtin_exec)"
+)
+_CPYTHON_FILE = re.compile(
+    r"(^|/)(Python|Objects|Modules|Include(/internal|/cpython)?)/"
+    r"(ceval|call|methodobject|classobject|descrobject|typeobject|pythonrun|main|genobject|bytecodes"
+    r"|pycore_ceval|pycore_call|abstract|ceval_macros|generated_cases\.c)\.[ch]$"
+)
+_NATIVE_FILE = re.compile(r"\.(c|cc|cpp|cxx|h|hh|hpp|hxx|cu|cuh|inl|s|S)$|\.so(\.[0-9.]+)?$|^\?\?$")
+_PYTHON_FILE = re.compile(r"\.(py|pyw|pyx|pyi)$|^<")
+
+
+def decode(data: bytes) -> Profile:
+    """Read a snapshot pickle (gzip-compressed or not) without running any code."""
+    if data[:2] == GZIP_MAGIC:
+        data = gunzip(data)
+    snapshot = safe_pickle.loads(data)
+    if isinstance(snapshot, list):  # a bare segment list, as _memory_viz also accepts
+        snapshot = {"segments": snapshot}
+    if not isinstance(snapshot, dict) or not isinstance(snapshot.get("segments"), list):
+        raise ProfileFormatError(
+            "this pickle is not a PyTorch memory snapshot (expected a dict with 'segments', "
+            "as torch.cuda.memory._dump_snapshot writes)"
+        )
+    return from_snapshot(snapshot)
+
+
+def from_snapshot(
+    snapshot: Mapping[str, Any],
+    *,
+    max_entries: int | None = None,
+    device_type: str = "cuda",
+    resolver: Resolver | None = None,
+) -> Profile:
+    """Build a profile from a snapshot dict (see the module docstring).
+
+    *max_entries* is the ``_record_memory_history`` ring-buffer size when the
+    caller knows it (the snapshot does not record it); a trace that long has
+    overflowed. A snapshot may also carry it under the key ``max_entries``.
+    """
+    try:
+        with safe_pickle.gc_paused():
+            return _Converter(snapshot, max_entries, device_type, resolver or Resolver()).run()
+    except GpuflameError:
+        raise
+    except RecursionError:
+        raise ProfileFormatError("not a valid PyTorch memory snapshot (values nested too deeply)") from None
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError, OverflowError) as exc:
+        raise ProfileFormatError(
+            f"not a valid PyTorch memory snapshot ({type(exc).__name__}: {_short(exc)})"
+        ) from None
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc)
+    return text if len(text) <= 100 else text[:97] + "..."
+
+
+# -- stacks --------------------------------------------------------------------
+
+
+class _Stacks:
+    """Frame lists -> profile stacks (tuples of frame ids, leaf first), memoized.
+
+    A snapshot repeats the same stacks across blocks and trace entries, and
+    PyTorch shares one dict per distinct frame (and one list per captured
+    stack, shared by a block and its trace entry), which survives pickling.
+    So a list is looked up by its identity first (the snapshot keeps every
+    object alive while we run), then by a cheap key (the identities of its
+    leaf, middle and root frames) with a full comparison, which is an
+    identity check per frame when frames are shared; only new stacks are
+    converted frame by frame.
+    """
+
+    def __init__(self, profile: Profile, resolver: Resolver) -> None:
+        self.profile = profile
+        self.resolver = resolver
+        self.by_list: dict[int, tuple[int, ...]] = {}
+        self._by_shape: dict[int, list[tuple[list[Any], tuple[int, ...]]]] = {}
+        self._token_by_id: dict[int, int] = {}
+        self._token_by_key: dict[tuple[str, int, str], int] = {}
+        self._recording: dict[int, Frame] = {}  # negative token -> frame, dropped at the leaf
+        self.no_stack = (profile.frame_id(NO_STACK_FRAME),)
+        self.trampoline = -1
+
+    def stack(self, frames: Any) -> tuple[int, ...]:
+        """The stack of a ``frames`` list taken from the snapshot."""
+        found = self.by_list.get(id(frames))
+        if found is None:
+            found = self.by_list[id(frames)] = self.stack_of(frames)
+        return found
+
+    def stack_of(self, frames: Any) -> tuple[int, ...]:
+        """The stack of a frames list, without the identity memo (see :meth:`stack`)."""
+        if not frames:
+            return self.no_stack
+        if type(frames) is not list:
+            raise ProfileFormatError("a 'frames' entry is not a list")
+        key = id(frames[0]) ^ (id(frames[-1]) << 1) ^ (id(frames[len(frames) >> 1]) << 2)
+        bucket = self._by_shape.get(key)
+        if bucket is None:
+            bucket = self._by_shape[key] = []
+        for seen, found in bucket:
+            if seen is frames or seen == frames:  # an identity check per frame when they are shared
+                return found
+        known = self._token_by_id.get
+        tokens = [known(id(f)) for f in frames]
+        if None in tokens:
+            token = self._token
+            tokens = [token(f) for f in frames]
+        found = self._clean(tokens)  # type: ignore[arg-type]
+        bucket.append((frames, found))
+        return found
+
+    def _token(self, frame: Any) -> int:
+        tok = self._token_by_id.get(id(frame))
+        if tok is None:
+            if type(frame) is not dict:
+                raise ProfileFormatError("a stack frame is not a dict")
+            # only str and int go into keys: hashing untrusted nested values is unsafe
+            file = frame.get("filename")
+            line = frame.get("line")
+            name = frame.get("name")
+            key = (
+                file if type(file) is str else "",
+                line if type(line) is int else 0,
+                name if type(name) is str else "",
+            )
+            tok = self._token_by_key.get(key)
+            if tok is None:
+                tok = self._token_by_key[key] = self._new_token(*key)
+            self._token_by_id[id(frame)] = tok
+        return tok
+
+    def _new_token(self, file: str, line: int, name: str) -> int:
+        if not is_python_frame(file, name):
+            return self._native_token(file, line, name)
+        label = self.resolver.display(file, line, name) if name else names.UNKNOWN
+        return self.profile.frame_id(Frame(label, file, line, PYTHON))
+
+    def _native_token(self, file: str, line: int, name: str) -> int:
+        if _CPYTHON_NAME.search(name) or _CPYTHON_FILE.search(file):
+            if self.trampoline < 0:
+                self.trampoline = self.profile.frame_id(TRAMPOLINE_FRAME)
+            return self.trampoline
+        frame = Frame(name or "??", "" if file == "??" else file, line, NATIVE)
+        if _RECORDING.search(name):
+            tok = -1 - len(self._recording)
+            self._recording[tok] = frame
+            return tok
+        return self.profile.frame_id(frame)
+
+    def _clean(self, tokens: list[int]) -> tuple[int, ...]:
+        """Drop the recording machinery at the leaf; one trampoline per run of them."""
+        start = 0
+        while start < len(tokens) and tokens[start] < 0:
+            start += 1
+        out: list[int] = []
+        tramp = self.trampoline
+        for tok in tokens[start:]:
+            if tok < 0:  # recording machinery away from the leaf: keep it
+                tok = self.profile.frame_id(self._recording[tok])
+            elif tok == tramp and out and out[-1] == tramp:
+                continue
+            out.append(tok)
+        return tuple(out) if out else self.no_stack
+
+
+def is_python_frame(file: str, name: str) -> bool:
+    """Python frames carry a source file; C++ frames a C/C++ file, a library, or ``??``."""
+    if _PYTHON_FILE.search(file):
+        return True
+    if not file or _NATIVE_FILE.search(file):
+        return False
+    return "::" not in name and "(" not in name
+
+
+# -- conversion ----------------------------------------------------------------
+
+
+class _Converter:
+    """One snapshot -> one profile."""
+
+    def __init__(
+        self, snapshot: Mapping[str, Any], max_entries: int | None, device_type: str, resolver: Resolver
+    ):
+        if not isinstance(snapshot, Mapping):
+            raise ProfileFormatError("a memory snapshot must be a dict")
+        self.snapshot = snapshot
+        segments = snapshot.get("segments")
+        if not isinstance(segments, list):
+            raise ProfileFormatError("the snapshot has no 'segments' list")
+        self.segments: list[Any] = segments
+        traces = snapshot.get("device_traces") or []
+        if not isinstance(traces, list):
+            raise ProfileFormatError("the snapshot's 'device_traces' is not a list")
+        self.traces: list[Any] = traces
+        limit = max_entries if max_entries is not None else snapshot.get("max_entries")
+        self.max_entries = limit if isinstance(limit, int) and limit > 0 else None
+        self.device_type = device_type
+        self.has_trace = any(isinstance(t, list) and t for t in traces)
+        types = memory_sample_types(peak=self.has_trace, inuse=True, alloc=self.has_trace)
+        self.profile = Profile(
+            sample_types=types, default_type="peak_space" if self.has_trace else "inuse_space"
+        )
+        names_ = [t.type for t in types]
+        self.col = {name: i for i, name in enumerate(names_)}
+        self.width = len(types)
+        self.rows: dict[tuple[tuple[int, ...], Labels], list[int]] = {}
+        self.stacks = _Stacks(self.profile, resolver)
+        self.labels: dict[int, Labels] = {}
+        self.reserved: dict[int, int] = {}
+        self.active: dict[int, dict[int, Any]] = {}  # device -> address -> active block
+
+    def run(self) -> Profile:
+        self._segments()
+        times: list[tuple[int, int]] = []
+        for device, trace in enumerate(self.traces):
+            if isinstance(trace, list) and trace:
+                window = _DeviceTrace(self, device, trace).replay()
+                if window:
+                    times.append(window)
+        self._devices_without_trace()
+        if times:
+            first = min(t for t, _ in times)
+            last = max(t for _, t in times)
+            self.profile.time_nanos = first * 1000
+            self.profile.duration_nanos = max(0, last - first) * 1000
+        self.profile.samples = [
+            Sample(stack, tuple(row), labels) for (stack, labels), row in self.rows.items()
+        ]
+        if any(v < 0 or v > INT64_MAX for row in self.rows.values() for v in row):
+            raise ProfileFormatError("sizes in the snapshot are out of range (a damaged file?)")
+        return self.profile
+
+    # -- helpers used by the device replays --------------------------------
+
+    def label(self, device: int) -> Labels:
+        found = self.labels.get(device)
+        if found is None:
+            found = self.labels[device] = (("device", f"{self.device_type}:{device}"),)
+        return found
+
+    def add(self, stack: tuple[int, ...], device: int, space: str, size: int, count: int) -> None:
+        key = (stack, self.label(device))
+        row = self.rows.get(key)
+        if row is None:
+            row = self.rows[key] = [0] * self.width
+        i = self.col[space]
+        row[i] += size
+        row[i + 1] += count
+
+    def comment(self, text: str) -> None:
+        self.profile.comments.append(text)
+
+    def device_name(self, device: int) -> str:
+        return f"{self.device_type}:{device}"
+
+    # -- in use -------------------------------------------------------------
+
+    def _segments(self) -> None:
+        cached: dict[int, int] = {}
+        stack_of = self.stacks.stack_of
+        by_list = self.stacks.by_list
+        inuse_by_device: dict[int, dict[tuple[int, ...], list[int]]] = {}
+        for seg in self.segments:
+            device = _int(seg.get("device", 0), "segment device")
+            total = _int(seg["total_size"], "segment total_size")
+            self.reserved[device] = self.reserved.get(device, 0) + total
+            active = self.active.setdefault(device, {})
+            inuse = inuse_by_device.setdefault(device, {})
+            address = seg.get("address", 0)
+            covered = 0
+            for block in seg["blocks"]:
+                size = block["size"]
+                state = block["state"]
+                if type(size) is not int or type(state) is not str or size < 0:
+                    raise ProfileFormatError("a block's size or state is not a size/string")
+                if state in ACTIVE_STATES:
+                    addr = block.get("address")
+                    if addr is None:  # older snapshots: blocks follow each other in the segment
+                        addr = covered + address
+                    if type(addr) is not int:
+                        raise ProfileFormatError("a block's address is not an integer")
+                    active[addr] = block
+                    frames = block.get("frames")
+                    st = by_list.get(id(frames))
+                    if st is None:
+                        frames = _block_frames(block)
+                        st = by_list[id(frames)] = stack_of(frames)
+                    row = inuse.get(st)
+                    if row is None:
+                        inuse[st] = [size, 1]
+                    else:
+                        row[0] += size
+                        row[1] += 1
+                else:
+                    cached[device] = cached.get(device, 0) + size
+                covered += size
+            if total > covered:  # a segment whose blocks do not cover it: reserved, unused
+                cached[device] = cached.get(device, 0) + total - covered
+        for device, inuse in inuse_by_device.items():
+            for st, (size, count) in inuse.items():
+                self.add(st, device, "inuse_space", size, count)
+        cached_stack = (self.profile.frame_id(CACHED_FREE_FRAME),)
+        for device, size in sorted(cached.items()):
+            if size:
+                self.add(cached_stack, device, "inuse_space", size, 0)
+
+    def _devices_without_trace(self) -> None:
+        """A device with blocks but no trace: its peak is the state at the snapshot."""
+        if not self.has_trace:
+            return
+        traced = {d for d, t in enumerate(self.traces) if isinstance(t, list) and t}
+        inuse, peak = self.col["inuse_space"], self.col["peak_space"]
+        for device in sorted(set(self.reserved) - traced):
+            label = self.label(device)
+            for (_, labels), row in self.rows.items():
+                if labels == label:
+                    row[peak] += row[inuse]
+                    row[peak + 1] += row[inuse + 1]
+            self.comment(
+                f"{self.device_name(device)}: no allocation trace was recorded for this device; "
+                "its peak_* values are the memory in use when the snapshot was taken"
+            )
+
+
+def _block_frames(block: Mapping[str, Any]) -> Any:
+    frames = block.get("frames")
+    if frames is None and "history" in block:  # snapshots before torch 2.1
+        history = block["history"]
+        if isinstance(history, list) and history and isinstance(history[0], dict):
+            return history[0].get("frames")
+    return frames
+
+
+def _int(value: Any, what: str) -> int:
+    """A size, count or index from the snapshot: a non-negative integer pprof can hold."""
+    if type(value) is int and 0 <= value <= INT64_MAX:
+        return value
+    raise ProfileFormatError(f"{what} is not a non-negative integer ({type(value).__name__})")
+
+
+# -- the trace replay ----------------------------------------------------------
+
+
+class _DeviceTrace:
+    """One device's trace: alloc samples, the peak, and what qualifies them."""
+
+    def __init__(self, conv: _Converter, device: int, trace: list[Any]) -> None:
+        self.conv = conv
+        self.device = device
+        self.trace = _in_time_order(trace)
+        self.name = conv.device_name(device)
+
+    def replay(self) -> tuple[int, int] | None:
+        """Walk the trace once; add alloc and peak samples; return its time window."""
+        trace = self.trace
+        conv = self.conv
+        release_on_request = not any(e.get("action") == "free_completed" for e in trace)
+
+        live: dict[Any, tuple[int, int, Any]] = {}  # addr -> (start index, size, entry or None)
+        closed_at_peak: list[tuple[int, int, Any]] = []  # freed since the peak, alive at it
+        allocs: dict[int, list[Any]] = {}  # stack key -> [frames, bytes, count]
+        others: list[tuple[Any, int]] = []  # allocations whose key clashed with another stack
+        before_bytes = 0  # allocations older than the trace, known from their frees
+        freed_unknown = 0
+        delta = best = 0
+        best_i = -1
+        seg = seg_at_best = 0
+        ooms: list[tuple[int, Any, int, int]] = []
+        unknown = 0
+
+        for i, e in enumerate(trace):
+            action = e["action"]
+            if action == "alloc":
+                addr = e["addr"]
+                size = e["size"]
+                if type(addr) is not int or type(size) is not int or size < 0:
+                    raise ProfileFormatError(f"trace event {i + 1}: addr or size is not an integer")
+                old = live.get(addr)
+                if old is not None:  # the address came back without a recorded free
+                    delta -= old[1]
+                    if old[0] <= best_i:
+                        closed_at_peak.append(old)
+                live[addr] = (i, size, e)
+                delta += size
+                # group by stack without converting it: a cheap key from three
+                # frames' identities, then list equality (an identity check per
+                # frame, as torch shares frame dicts); a clash goes to `others`
+                frames = e.get("frames")
+                if type(frames) is list and frames:
+                    key = id(frames[0]) ^ (id(frames[-1]) << 1) ^ (id(frames[len(frames) >> 1]) << 2)
+                else:
+                    key = id(frames)
+                row = allocs.get(key)
+                if row is None:
+                    allocs[key] = [frames, size, 1]
+                elif row[0] is frames or row[0] == frames:
+                    row[1] += size
+                    row[2] += 1
+                else:
+                    others.append((frames, size))
+                if delta > best:
+                    best = delta
+                    best_i = i
+                    seg_at_best = seg
+                    closed_at_peak.clear()
+            elif action == "free_completed" or (action == "free_requested" and release_on_request):
+                addr = e["addr"]
+                if type(addr) is not int:
+                    raise ProfileFormatError(f"trace event {i + 1}: addr is not an integer")
+                old = live.pop(addr, None)
+                if old is None:  # allocated before the trace began
+                    size = _int(e["size"], f"trace event {i + 1} size")
+                    before_bytes += size
+                    freed_unknown += 1
+                    delta -= size
+                    closed_at_peak.append((-1, size, None))
+                else:
+                    delta -= old[1]
+                    if old[0] <= best_i:
+                        closed_at_peak.append(old)
+            elif action == "free_requested":
+                # nothing changes: an allocation counts until its free completes;
+                # one the trace never saw allocated is picked up at completion, or
+                # from the blocks when it is still pending at the end
+                pass
+            elif action == "segment_alloc" or action == "segment_map":
+                seg += _int(e["size"], f"trace event {i + 1} size")
+            elif action == "segment_free" or action == "segment_unmap":
+                seg -= _int(e["size"], f"trace event {i + 1} size")
+            elif action == "oom":
+                ooms.append((i, e, delta, seg))
+            elif action != "snapshot":
+                unknown += 1
+
+        always = self._alive_throughout(live)
+        before_bytes += sum(size for _, size, _ in always)
+        peak_set = closed_at_peak + [v for v in live.values() if v[0] <= best_i] + always
+        # reserved at a moment = reserved at the end minus segments added since
+        reserved_end = conv.reserved.get(self.device, 0)
+        reserved_start = reserved_end - seg
+        self._add_allocs(allocs, others)
+        self._add_peak(
+            peak_set, before_bytes + best, reserved_end - (seg - seg_at_best), reserved_start >= before_bytes
+        )
+        window = self._window()
+        self._comment_window(window, freed_unknown)
+        for i, e, d, s in ooms:
+            self._comment_oom(i, e, before_bytes + d, reserved_end - (seg - s))
+        if unknown:
+            conv.comment(f"{self.name}: ignored {unknown} trace events of unknown kinds")
+        return window
+
+    def _alive_throughout(self, live: dict[Any, tuple[int, int, Any]]) -> list[tuple[int, int, Any]]:
+        """Blocks active at the end that the trace never allocated: older than it, never freed.
+
+        A block whose address the trace did allocate but no longer holds is
+        one whose free was requested and not completed, replayed as freed
+        (a trace recorded without ``free_completed`` events): not counted again.
+        """
+        out = []
+        allocated: set[Any] | None = None
+        for addr, block in self.conv.active.get(self.device, {}).items():
+            if addr in live:
+                continue
+            if allocated is None:
+                allocated = {e["addr"] for e in self.trace if e["action"] == "alloc"}
+            if addr not in allocated:
+                size = block.get("requested_size", block["size"])
+                out.append((-1, _int(size, "block requested_size"), block))
+        return out
+
+    def _add_allocs(self, allocs: dict[int, list[Any]], others: list[tuple[Any, int]]) -> None:
+        stack_of = self.conv.stacks.stack
+        for frames, size, count in allocs.values():
+            self.conv.add(stack_of(frames), self.device, "alloc_space", size, count)
+        for frames, size in others:
+            self.conv.add(stack_of(frames), self.device, "alloc_space", size, 1)
+
+    def _add_peak(
+        self, peak_set: list[tuple[int, int, Any]], allocated: int, reserved: int, sound: bool
+    ) -> None:
+        """Samples for what was alive at the peak, and the reserved rest.
+
+        *reserved* is what the allocator held at the peak; *sound* says the
+        trace's segment events add up (the memory reserved at the start holds
+        the allocations alive at the start).
+        """
+        conv = self.conv
+        stack_of = conv.stacks.stack
+        before = (conv.profile.frame_id(BEFORE_TRACE_FRAME),)
+        by_stack: dict[tuple[int, ...], list[int]] = {}
+        for _, size, source in peak_set:
+            if source is None:
+                st = before
+            elif "action" in source:  # a trace entry
+                st = stack_of(source.get("frames"))
+            else:  # a block
+                st = stack_of(_block_frames(source))
+            row = by_stack.get(st)
+            if row is None:
+                by_stack[st] = [size, 1]
+            else:
+                row[0] += size
+                row[1] += 1
+        for st, (size, count) in by_stack.items():
+            conv.add(st, self.device, "peak_space", size, count)
+        cached = reserved - allocated
+        if sound and cached > 0:
+            conv.add((conv.profile.frame_id(CACHED_FREE_FRAME),), self.device, "peak_space", cached, 0)
+        elif not sound or cached < 0:
+            conv.comment(
+                f"{self.name}: the memory reserved at the peak could not be reconstructed from the trace "
+                f"(segment events missing?); peak_* shows the live allocations only"
+            )
+
+    def _window(self) -> tuple[int, int] | None:
+        """First and last ``time_us``, if they are plausible times (they become pprof nanoseconds)."""
+        first = self.trace[0].get("time_us")
+        last = self.trace[-1].get("time_us")
+        if type(first) is int and type(last) is int and 0 <= first <= last <= INT64_MAX // 1000:
+            return first, last
+        return None
+
+    def _comment_window(self, window: tuple[int, int] | None, freed_unknown: int) -> None:
+        n = len(self.trace)
+        full = self.conv.max_entries is not None and n >= self.conv.max_entries
+        if not freed_unknown and not full:
+            return
+        span = f" from {_when(window[0])} to {_when(window[1])}" if window else ""
+        why = []
+        if full:
+            limit = self.conv.max_entries
+            why.append(f"it is full ({n:,} of max_entries {limit:,}), so older events were overwritten")
+        if freed_unknown:
+            why.append(
+                f"{freed_unknown:,} frees in it are of allocations made before it began, "
+                f"so at least {freed_unknown:,} earlier events are lost"
+            )
+        self.conv.comment(
+            f"{self.name}: the allocator trace does not reach back to the start of the run: it holds "
+            f"{n:,} events{span}; " + "; ".join(why) + ". peak_* is the highest point within this "
+            "recorded window only; an earlier, higher peak is possible"
+        )
+
+    def _comment_oom(self, index: int, entry: Mapping[str, Any], allocated: int, reserved: int) -> None:
+        size = entry.get("size")
+        free = entry.get("device_free")
+        when = entry.get("time_us")
+        parts = [f"{self.name}: out of memory"]
+        if isinstance(when, int):
+            parts.append(f" at {_when(when)}")
+        parts.append(f" (trace event {index + 1:,} of {len(self.trace):,})")
+        if isinstance(size, int):
+            parts.append(f": asked for {format_bytes(size)}")
+        if isinstance(free, int):
+            parts.append(f" with {format_bytes(free)} free on the device")
+        if allocated >= 0 and reserved >= allocated:
+            parts.append(
+                f"; PyTorch had {format_bytes(allocated)} allocated of {format_bytes(reserved)} reserved"
+            )
+        where = self._leaf_python(entry.get("frames"))
+        if where:
+            parts.append(f"; in {where}")
+        self.conv.comment("".join(parts))
+
+    def _leaf_python(self, frames: Any) -> str:
+        """The innermost Python frame of a stack, as ``name (file:line)``."""
+        profile = self.conv.profile
+        for fid in self.conv.stacks.stack(frames):
+            frame = profile.frames[fid]
+            if frame.kind == PYTHON:
+                return f"{frame.name} ({frame.location()})" if frame.file else frame.name
+        return ""
+
+
+def _in_time_order(trace: list[Any]) -> list[Any]:
+    """The ring buffer hands entries out oldest first; re-sort only if they are not.
+
+    Sorting is stable, so events recorded within the same microsecond keep
+    the order the allocator recorded them in.
+    """
+    try:
+        times = [e["time_us"] for e in trace]
+        if all(map(operator.le, times, islice(times, 1, None))):
+            return trace
+        if any(type(t) is not int for t in times):
+            return trace
+    except (KeyError, TypeError, RecursionError):  # no usable times: keep the recorded order
+        return trace
+    return sorted(trace, key=lambda e: e["time_us"])
+
+
+def _when(time_us: int) -> str:
+    """Epoch microseconds as a UTC time; the raw number if it is not a plausible time."""
+    try:
+        moment = datetime.fromtimestamp(time_us / 1e6, tz=timezone.utc)
+    except (OverflowError, OSError, ValueError):
+        return f"t={time_us} us"
+    if moment.year < 2000:
+        return f"t={time_us} us"
+    return moment.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + " UTC"
