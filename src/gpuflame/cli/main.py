@@ -13,7 +13,7 @@ from gpuflame import __version__
 from gpuflame.errors import GpuflameError
 
 # Order is the order of ``gpuflame --help``.
-COMMANDS = ("report", "flame", "top", "explain", "diff", "export", "convert")
+COMMANDS = ("run", "report", "flame", "top", "explain", "diff", "export", "convert")
 
 DESCRIPTION = """\
 Which Python functions hold the GPU memory?

@@ -1,0 +1,169 @@
+"""Slowdown of the demo's generate loop on the CPU under the ``torch`` backend and under torch.profiler.
+
+One process, one model, the three ways interleaved round by round (so a
+noisy, shared machine slows them alike), best of --repeat:
+
+* bare: the generate loop alone;
+* gpuflame's ``torch`` backend (:class:`TorchTensorRecorder`), with and
+  without building the profile at the end;
+* ``torch.profiler.profile(profile_memory=True, with_stack=True)``, the
+  peer that also gives allocations with Python stacks, with and without its
+  exit (where it builds its event tree).
+
+The workload is ``examples/demo.py``'s ``ModelRunner.generate`` (a small
+Llama built from a config, random weights, static KV cache); ``--model
+tiny`` uses a 64-wide, 2-layer Llama instead, where every op is tiny and the
+per-op cost of any Python-level hook shows most. Goals (issue 3): under
+1.3x, and a slowdown under half of torch.profiler's.
+
+    python bench/bench_capture_torch.py [--model demo|tiny] [--repeat 5] [--threads 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+import torch  # noqa: E402
+
+from gpuflame.capture.torch_tensors import TorchTensorRecorder  # noqa: E402
+
+
+def demo_workload(batch: int, prompt_len: int, new_tokens: int) -> Callable[[], Any]:
+    """The demo's runner (examples/demo.py), generating once per call."""
+    spec = importlib.util.spec_from_file_location("gpuflame_demo", ROOT / "examples" / "demo.py")
+    assert spec is not None and spec.loader is not None
+    demo = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(demo)
+    runner = demo.ModelRunner(torch.device("cpu"), batch, prompt_len + new_tokens)
+    generator = torch.Generator().manual_seed(1)
+    vocab = runner.model.config.vocab_size
+    prompts = torch.randint(1, vocab, (batch, prompt_len), generator=generator)
+    return lambda: runner.generate(prompts, new_tokens)
+
+
+def tiny_workload(batch: int, prompt_len: int, new_tokens: int) -> Callable[[], Any]:
+    """A 64-wide, 2-layer Llama with a static cache: the smallest ops, the worst case for a hook."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=128,
+        max_position_embeddings=256,
+    )
+    model = LlamaForCausalLM(config).eval()
+    prompts = torch.randint(1, 128, (batch, prompt_len))
+
+    def run() -> Any:
+        with torch.inference_mode():
+            return model.generate(
+                prompts,
+                max_new_tokens=new_tokens,
+                do_sample=False,
+                cache_implementation="static",
+                pad_token_id=0,
+            )
+
+    return run
+
+
+def bare(work: Callable[[], Any]) -> dict[str, float]:
+    start = time.perf_counter()
+    work()
+    return {"loop": time.perf_counter() - start}
+
+
+def gpuflame_torch(work: Callable[[], Any]) -> dict[str, float]:
+    rec = TorchTensorRecorder()
+    start = time.perf_counter()
+    rec.start()
+    work()
+    rec.stop()
+    loop = time.perf_counter() - start
+    profile = rec.snapshot()
+    total = time.perf_counter() - start
+    if rec.errors or not profile.samples:
+        raise SystemExit(f"the recorder failed: {rec.errors}")
+    return {"loop": loop, "with profile": total}
+
+
+def torch_profiler(work: Callable[[], Any]) -> dict[str, float]:
+    from torch.profiler import ProfilerActivity, profile
+
+    prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True, with_stack=True)
+    start = time.perf_counter()
+    prof.__enter__()
+    work()
+    loop = time.perf_counter() - start
+    prof.__exit__(None, None, None)
+    total = time.perf_counter() - start
+    return {"loop": loop, "with profile": total}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", choices=["demo", "tiny"], default="demo")
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (1: steadiest ratios)")
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--prompt-len", type=int, default=32)
+    parser.add_argument("--new-tokens", type=int, default=16)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    make = demo_workload if args.model == "demo" else tiny_workload
+    work = make(args.batch, args.prompt_len, args.new_tokens)
+    work()  # warm up: first-call costs are nobody's overhead
+
+    ways: dict[str, Callable[[Callable[[], Any]], dict[str, float]]] = {
+        "bare": bare,
+        "gpuflame torch": gpuflame_torch,
+        "torch.profiler": torch_profiler,
+    }
+    times: dict[str, dict[str, list[float]]] = {name: {} for name in ways}
+    for _ in range(args.repeat):
+        for name, way in ways.items():
+            for key, value in way(work).items():
+                times[name].setdefault(key, []).append(value)
+
+    base = min(times["bare"]["loop"])
+    print(
+        f"workload: {args.model} generate, batch {args.batch}, {args.prompt_len}+{args.new_tokens} tokens, "
+        f"{args.threads} thread(s), best of {args.repeat}"
+    )
+    print(f"{'':16} {'best':>9} {'median':>9} {'ratio':>7}   {'incl. profile':>13} {'ratio':>7}")
+    ratios: dict[str, float] = {}
+    for name, columns in times.items():
+        loop = columns["loop"]
+        best, median = min(loop), statistics.median(loop)
+        line = f"{name:16} {best * 1e3:7.1f}ms {median * 1e3:7.1f}ms {best / base:6.2f}x"
+        ratios[name] = min(loop) / base
+        if "with profile" in columns:
+            full = min(columns["with profile"])
+            line += f"   {full * 1e3:11.1f}ms {full / base:6.2f}x"
+            ratios[name + " incl"] = full / base
+        print(line)
+    ours, peer = ratios["gpuflame torch"] - 1, ratios["torch.profiler"] - 1
+    peer_incl = ratios["torch.profiler incl"] - 1
+    print(
+        f"gpuflame torch slowdown / torch.profiler slowdown: {ours / peer:.2f} in the loop, "
+        f"{(ratios['gpuflame torch incl'] - 1) / peer_incl:.2f} including building the profile (goal < 0.5)"
+    )
+    print(f"gpuflame torch ratio {ratios['gpuflame torch']:.2f}x (goal < 1.3x)")
+
+
+if __name__ == "__main__":
+    main()

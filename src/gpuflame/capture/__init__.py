@@ -1,0 +1,1 @@
+"""Capture: one module per source of memory events, and the session that writes them."""

@@ -1,0 +1,75 @@
+"""Start profiling in a process from the environment (``gpuflame run``, the webhook).
+
+Called by the bootstrap ``sitecustomize`` before the workload's first line.
+Nothing framework-specific is imported here: each backend starts right
+after the workload imports its framework.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from types import ModuleType
+
+from gpuflame.capture import backends
+from gpuflame.capture.post_import import when_imported
+from gpuflame.capture.session import Session
+from gpuflame.capture.settings import Settings
+
+_session: Session | None = None
+
+BOOTSTRAP_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "inject", "bootstrap")
+
+
+def current_session() -> Session | None:
+    return _session
+
+
+def start_from_env() -> Session | None:
+    """Start the session the environment asks for; None when profiling is off."""
+    global _session
+    settings = Settings.from_env()
+    if not settings.enabled or _session is not None:
+        return _session
+    session = Session(settings)
+    session.install_exit_hooks()
+    watch(session, settings.backend)
+    if not settings.follow:
+        stop_following()
+    _session = session
+    return session
+
+
+def watch(session: Session, backend: str) -> None:
+    """Start the backend(s) once the workload imports their framework."""
+    if backend in ("auto", "torch", "torch-cuda"):
+        when_imported("torch", lambda torch: _start_torch(session, backend, torch))
+    if backend in ("auto", "jax"):
+        when_imported("jax", lambda jax: _add(session, "jax"))
+
+
+def _start_torch(session: Session, backend: str, torch: ModuleType) -> None:
+    if backend == "auto":
+        backend = "torch-cuda" if backends.cuda_available(torch) else "torch"
+    _add(session, backend)
+
+
+def _add(session: Session, name: str) -> None:
+    try:
+        recorder = backends.create(name, session)
+    except Exception as exc:
+        session.report(f"the {name} backend is not available ({exc}); nothing is recorded by it")
+        return
+    session.add(recorder)
+
+
+def stop_following() -> None:
+    """Children of this process start without the profiler (``--no-follow``)."""
+    parts = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != BOOTSTRAP_DIR]
+    if parts:
+        os.environ["PYTHONPATH"] = os.pathsep.join(parts)
+    else:
+        os.environ.pop("PYTHONPATH", None)
+    os.environ.pop("GPUFLAME_SESSION_DIR", None)
+
+

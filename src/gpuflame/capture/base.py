@@ -1,0 +1,157 @@
+"""What every capture source is: a :class:`Recorder`, and the rule that it never breaks the workload.
+
+A recorder runs inside someone else's program. A bug in gpuflame, a backend
+that changed under us, a full disk: none of it may change what the workload
+computes or whether it finishes. So a recorder catches every internal error,
+keeps it in :attr:`Recorder.errors`, prints the first one on stderr as
+``gpuflame: <what failed>; <what is lost>``, and degrades (stops recording)
+while the workload goes on. What it had recorded up to then stays available
+through :meth:`Recorder.snapshot`. Only ``Exception`` is caught: Ctrl-C and
+``SystemExit`` belong to the workload and pass through.
+
+The profile a recorder hands out carries the sample types of DESIGN.md
+(``peak_*``, ``inuse_*``, ``alloc_*`` where known), the labels ``device``
+and ``pid`` on every sample, and ``default_type = "peak_space"``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from abc import ABC, abstractmethod
+from types import TracebackType
+
+from gpuflame.profile.model import Profile
+from gpuflame.profile.sample_types import memory_sample_types
+
+DEFAULT_TYPE = "peak_space"
+
+
+class Recorder(ABC):
+    """A capture source: ``start()``, ``stop()``, ``snapshot()`` any number of times.
+
+    Subclasses implement :meth:`_start`, :meth:`_stop` and :meth:`_snapshot`;
+    the public methods wrap them so that no exception reaches the caller.
+    ``snapshot()`` works while running and after ``stop()``: it returns what
+    is known so far (an empty profile if nothing is).
+    """
+
+    name: str = "recorder"
+
+    def __init__(self) -> None:
+        self.errors: list[str] = []
+        self.running = False
+        self.degraded = False
+        self.started_ns = 0
+        self.stopped_ns = 0
+        self._error_lock = threading.Lock()
+
+    # -- the interface ------------------------------------------------------
+
+    def start(self) -> None:
+        """Begin recording; a no-op when already running or degraded."""
+        if self.running or self.degraded:
+            return
+        try:
+            self._start()
+        except Exception as exc:  # noqa: BLE001 - the workload must go on
+            self.fail("could not start recording", "nothing is recorded", exc)
+            return
+        self.started_ns = time.time_ns()
+        self.stopped_ns = 0
+        self.running = True
+
+    def stop(self) -> None:
+        """End the recording window; what was recorded stays for :meth:`snapshot`."""
+        if not self.running:
+            return
+        self.running = False
+        self.stopped_ns = time.time_ns()
+        try:
+            self._stop()
+        except Exception as exc:  # noqa: BLE001
+            self.fail("could not stop recording cleanly", "the profile may miss its last events", exc)
+
+    def snapshot(self) -> Profile:
+        """What is known so far, as a profile; never raises."""
+        try:
+            profile = self._snapshot()
+        except Exception as exc:  # noqa: BLE001
+            self.fail("could not build the profile", "this snapshot is empty", exc, degrade=False)
+            profile = empty_profile()
+        self._stamp(profile)
+        return profile
+
+    # -- for subclasses -----------------------------------------------------
+
+    @abstractmethod
+    def _start(self) -> None: ...
+
+    @abstractmethod
+    def _stop(self) -> None: ...
+
+    @abstractmethod
+    def _snapshot(self) -> Profile: ...
+
+    def _degrade(self) -> None:  # noqa: B027 - optional hook, most recorders need nothing
+        """Stop recording after an internal error; must not raise. Default: nothing."""
+
+    def fail(self, what: str, lost: str, exc: BaseException | None = None, degrade: bool = True) -> None:
+        """Count an internal error, report the first one on stderr, and degrade.
+
+        Safe to call from any thread and from inside hooks: it never raises.
+        *degrade* False keeps recording (the failure lost one result only).
+        """
+        try:
+            detail = f" ({type(exc).__name__}: {exc})" if exc is not None else ""
+            message = f"gpuflame: {what}{detail}; {lost}"
+            with self._error_lock:
+                first = not self.errors
+                self.errors.append(message)
+            if first:
+                print(message, file=sys.stderr, flush=True)
+            if degrade and not self.degraded:
+                self.degraded = True
+                self._degrade()
+        except Exception:  # noqa: BLE001 - even reporting must not break the workload
+            self.degraded = True
+
+    def _stamp(self, profile: Profile) -> None:
+        """Times and error notes every profile of this recorder carries."""
+        if self.started_ns and not profile.time_nanos:
+            profile.time_nanos = self.started_ns
+            end = self.stopped_ns or time.time_ns()
+            profile.duration_nanos = max(0, end - self.started_ns)
+        if self.errors:
+            note = f"gpuflame {self.name}: recording degraded after an internal error: {self.errors[0]}"
+            if note not in profile.comments:
+                profile.comments.append(note)
+
+    # -- context manager ----------------------------------------------------
+
+    def __enter__(self) -> Recorder:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+def empty_profile(peak: bool = True, inuse: bool = True, alloc: bool = True) -> Profile:
+    """A memory profile with the standard sample types and no samples."""
+    return Profile(
+        sample_types=memory_sample_types(peak, inuse, alloc),
+        default_type=DEFAULT_TYPE if peak else None,
+    )
+
+
+def process_labels(device: str) -> dict[str, str]:
+    """The labels every sample of this process carries."""
+    return {"device": device, "pid": str(os.getpid())}

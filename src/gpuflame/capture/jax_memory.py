@@ -1,0 +1,180 @@
+"""Backend ``jax``: JAX's live-buffer profile, sampled, in the seed's names.
+
+``jax.profiler.device_memory_profile()`` returns a gzipped pprof of every
+live ``jax.Array`` buffer (and executable) with the Python stack that made
+it. Each :meth:`JaxMemoryRecorder.sample` takes one; a profile holds
+
+- ``inuse_*`` from the latest sample;
+- ``peak_*`` from the sample with the highest total seen (so the peak is as
+  fine as the sampling: call ``sample()`` at an interval, or where it matters);
+- no ``alloc_*``: JAX's profile lists live buffers only, never freed ones, so
+  the allocation totals cannot be known (a profile comment says so).
+
+JAX names frames by function name only (``make``); the class comes from the
+source file and line (:mod:`gpuflame.symbols.qualnames`), giving ``Model >
+make``. Frames inside JAX itself (``jax/``, ``jaxlib/``) are pruned by
+default: only the JAX function the user called stays at the leaf
+(``Model > make`` -> ``ones``); ``keep_framework=True`` keeps them all.
+
+The profile covers every live buffer of the process, including arrays made
+before ``start()``: JAX does not say when a buffer was made.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+
+from gpuflame.capture.base import Recorder, empty_profile
+from gpuflame.profile.model import PYTHON, Frame, Labels, Profile
+from gpuflame.profile.prune import prune_framework
+from gpuflame.symbols.names import display_name
+from gpuflame.symbols.qualnames import Resolver
+
+JAX_PACKAGES = ("jax", "jaxlib")
+
+# one sample, reduced to what the recorder keeps: (stack, labels) -> [bytes, buffers]
+Rows = dict[tuple[tuple[Frame, ...], Labels], list[int]]
+
+
+class JaxMemoryRecorder(Recorder):
+    """Samples of JAX's live buffers: peak (highest sampled total) and in-use (latest)."""
+
+    name = "jax"
+
+    def __init__(
+        self,
+        keep_framework: bool = False,
+        backend: str | None = None,
+        source: Callable[[], bytes] | None = None,
+    ) -> None:
+        """*source* returns one gzipped pprof (default: JAX's ``device_memory_profile``)."""
+        super().__init__()
+        self.keep_framework = keep_framework
+        self.backend = backend
+        self._source = source
+        self._resolver = Resolver()
+        self._latest: Rows = {}
+        self._peak: Rows = {}
+        self._peak_total = -1
+        self.samples_taken = 0
+        self._lock = threading.Lock()  # samples come from a timer thread and from snapshot()
+
+    # -- Recorder -------------------------------------------------------------
+
+    def _start(self) -> None:
+        if self._source is None:
+            import jax.profiler  # ImportError is reported by start()
+
+            backend = self.backend
+            self._source = lambda: jax.profiler.device_memory_profile(backend)
+        self._take()
+
+    def _stop(self) -> None:
+        self._take()
+
+    def _snapshot(self) -> Profile:
+        if self.running:
+            self.sample()
+        with self._lock:
+            peak, latest = self._peak, self._latest
+        profile = empty_profile(alloc=False)
+        for (stack, labels), (nbytes, count) in peak.items():
+            profile.add(list(stack), [nbytes, count, 0, 0], dict(labels))
+        for (stack, labels), (nbytes, count) in latest.items():
+            profile.add(list(stack), [0, 0, nbytes, count], dict(labels))
+        out = profile.compact()
+        out.default_type = profile.default_type
+        out.comments = self._comments()
+        return out
+
+    def _degrade(self) -> None:
+        self._source = None
+
+    # -- sampling -------------------------------------------------------------
+
+    def sample(self) -> None:
+        """Take one sample of JAX's live buffers now; never raises."""
+        if not self.running or self.degraded:
+            return
+        try:
+            self._take()
+        except Exception as exc:  # noqa: BLE001 - the workload must go on
+            self.fail("could not read JAX's device memory profile", "no further JAX samples are taken", exc)
+
+    def _take(self) -> None:
+        source = self._source
+        if source is None:
+            return
+        rows = self.convert(source())
+        total = sum(v[0] for v in rows.values())
+        with self._lock:
+            self.samples_taken += 1
+            self._latest = rows
+            if total > self._peak_total:
+                self._peak_total = total
+                self._peak = rows
+
+    def convert(self, data: bytes) -> Rows:
+        """One JAX pprof -> rows in the seed's names, framework frames pruned unless kept."""
+        from gpuflame.formats import pprof
+
+        raw = pprof.decode(data)
+        space, count = _columns(raw)
+        if not self.keep_framework:
+            raw = prune_framework(raw, JAX_PACKAGES)
+        names = [self._rename(f) for f in raw.frames]
+        pid = str(os.getpid())
+        rows: Rows = {}
+        for s in raw.samples:
+            nbytes = s.values[space]
+            if not nbytes:
+                continue  # executables and empty buffers: nothing held
+            labels = dict(s.labels)
+            labels.setdefault("device", "unknown")
+            labels["pid"] = pid
+            key = (tuple(names[i] for i in s.stack), tuple(sorted(labels.items())))
+            row = rows.setdefault(key, [0, 0])
+            row[0] += nbytes
+            row[1] += s.values[count]
+        return rows
+
+    def _rename(self, frame: Frame) -> Frame:
+        """``make`` at ``model.py:12`` -> ``Model > make``; names already dotted keep their owner."""
+        if frame.kind != PYTHON or not frame.name:
+            return frame
+        if "." in frame.name and not frame.name.startswith("<"):
+            name = display_name(frame.name)
+        else:
+            name = self._resolver.display(frame.file, frame.line, frame.name)
+        return frame._replace(name=name)
+
+    def _comments(self) -> list[str]:
+        return [
+            "gpuflame jax backend: JAX's device memory profile (live jax.Array buffers of the whole "
+            f"process, including those made before start()); {self.samples_taken} samples taken",
+            "peak: the sample with the highest total, so only as fine as the sampling; "
+            "inuse: the latest sample",
+            "no alloc_* types: JAX reports live buffers only, so allocations since start cannot be counted",
+        ]
+
+
+def _columns(raw: Profile) -> tuple[int, int]:
+    """Where JAX's profile keeps bytes (``space/bytes``) and buffer counts (``allocations/count``)."""
+    units = [t.unit for t in raw.sample_types]
+    names = raw.type_names()
+    space = names.index("space") if "space" in names else units.index("bytes")
+    count = names.index("allocations") if "allocations" in names else units.index("count")
+    return space, count
+
+
+JaxRecorder = JaxMemoryRecorder  # the name the launcher's backend table uses
+
+
+def take_profile(keep_framework: bool = False, backend: str | None = None) -> Profile:
+    """One JAX memory profile right now (a recorder started, sampled once and stopped)."""
+    rec = JaxMemoryRecorder(keep_framework=keep_framework, backend=backend)
+    rec.start()
+    rec.stop()
+    return rec.snapshot()

@@ -1,0 +1,65 @@
+"""What a profiled process is told to do, carried in environment variables.
+
+The launcher (``gpuflame run``) and the Kubernetes webhook configure the
+profiler only through the environment, because that is what reaches every
+child process: console scripts, ``subprocess`` children, multiprocessing
+spawn and forkserver workers.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields
+from typing import Mapping
+
+PREFIX = "GPUFLAME_"
+BACKENDS = ("auto", "torch-cuda", "torch", "jax")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The profiler's settings for one run (shared by all its processes)."""
+
+    session_dir: str = ""  # where each process writes proc-<pid>.pb.gz
+    backend: str = "auto"
+    interval: float = 0.0  # seconds between periodic snapshots; 0 = only at exit
+    follow: bool = True  # profile child processes too
+    native: bool = False  # native frames where the backend can give them
+    root_pid: int = 0  # the process gpuflame run started
+
+    def to_env(self) -> dict[str, str]:
+        """The variables that carry these settings to a child process."""
+        out = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            out[PREFIX + f.name.upper()] = ("1" if value else "0") if isinstance(value, bool) else str(value)
+        return out
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
+        """Settings from the environment; bad values fall back to defaults (never raise)."""
+        env = os.environ if env is None else env
+        values: dict[str, object] = {}
+        for f in fields(cls):
+            raw = env.get(PREFIX + f.name.upper())
+            if raw is None:
+                continue
+            default = getattr(cls, f.name)
+            try:
+                if isinstance(default, bool):
+                    values[f.name] = raw.strip().lower() in ("1", "true", "yes", "on")
+                elif isinstance(default, int):
+                    values[f.name] = int(raw)
+                elif isinstance(default, float):
+                    values[f.name] = float(raw)
+                else:
+                    values[f.name] = raw
+            except ValueError:
+                continue
+        if values.get("backend") not in BACKENDS:
+            values.pop("backend", None)
+        return cls(**values)  # type: ignore[arg-type]
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.session_dir)

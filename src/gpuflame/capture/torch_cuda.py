@@ -1,0 +1,157 @@
+"""Backend ``torch-cuda``: PyTorch's caching-allocator history on CUDA devices.
+
+PyTorch records every allocator action with its Python stack when
+``torch.cuda.memory._record_memory_history`` is on; ``_snapshot()`` returns
+the allocator's state and that trace. The conversion into a profile (peak by
+replaying the trace, in use, allocated, cached free blocks) is the same one
+``gpuflame convert`` uses on a saved snapshot, so a live run and a file read
+give the same numbers.
+
+Two things only a live process can add:
+
+* ``<outside framework>``: what the device holds for this process beyond
+  what PyTorch reserved (CUDA context, NCCL, cuBLAS workspaces), from NVML
+  (``nvidia-ml-py``) when it is installed, so the in-use total matches what
+  ``nvidia-smi`` shows for the process;
+* the profile at the moment of an out-of-memory error, written from the
+  allocator's OOM observer: the most useful file a user can get.
+
+This backend needs a GPU and is tested in ``tests/gpu/``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable
+
+from gpuflame.capture.base import Recorder, empty_profile
+from gpuflame.formats.torch_snapshot import from_snapshot
+from gpuflame.profile import SYNTHETIC, Frame, Profile
+from gpuflame.symbols.names import OUTSIDE_FRAMEWORK
+
+# Trace entries kept by PyTorch's ring buffer: about 100 bytes each plus the
+# stacks, shared. Enough for minutes of a training step; a comment in the
+# profile says when it overflowed.
+DEFAULT_MAX_ENTRIES = 200_000
+
+
+class TorchCudaRecorder(Recorder):
+    """Caching-allocator history with Python stacks, snapshots on demand and at OOM."""
+
+    name = "torch-cuda"
+
+    def __init__(
+        self,
+        on_oom: Callable[[], object] | None = None,
+        max_entries: int = DEFAULT_MAX_ENTRIES,
+        native: bool = False,
+    ) -> None:
+        super().__init__()
+        self.on_oom = on_oom
+        self.max_entries = max_entries
+        self.native = native
+        self.oom_events: list[str] = []
+
+    def _start(self) -> None:
+        import torch
+
+        torch.cuda.memory._record_memory_history(
+            enabled="all",
+            context="all",
+            stacks="all" if self.native else "python",
+            max_entries=self.max_entries,
+        )
+        attach = getattr(torch._C, "_cuda_attach_out_of_memory_observer", None)
+        if attach is not None:
+            attach(self._on_oom)
+
+    def _stop(self) -> None:
+        import torch
+
+        torch.cuda.memory._record_memory_history(enabled=None)
+
+    def _snapshot(self) -> Profile:
+        import torch
+
+        if not torch.cuda.is_initialized():
+            return empty_profile()
+        profile = from_snapshot(torch.cuda.memory._snapshot())
+        add_outside_framework(profile, outside_framework_bytes(torch))
+        for note in self.oom_events:
+            if note not in profile.comments:
+                profile.comments.append(note)
+        return profile
+
+    def _on_oom(self, device: int, alloc: int, device_alloc: int, device_free: int) -> None:
+        """Called by the allocator when an allocation fails: write the profile now."""
+        try:
+            self.oom_events.append(
+                f"CUDA out of memory on cuda:{device}: asked for {alloc} bytes with "
+                f"{device_alloc} allocated and {device_free} free on the device"
+            )
+            if self.on_oom is not None:
+                self.on_oom()
+        except BaseException as exc:  # noqa: BLE001 - the OOM error itself must reach the workload
+            self.fail("could not write the profile at the out-of-memory error", "the OOM profile", exc, degrade=False)
+
+
+def outside_framework_bytes(torch: Any) -> dict[int, int]:
+    """Per device index: this process's device memory (NVML) minus PyTorch's reserved bytes."""
+    try:
+        import pynvml
+    except ImportError:
+        return {}
+    out: dict[int, int] = {}
+    try:
+        pynvml.nvmlInit()
+    except Exception:
+        return {}
+    try:
+        pid = os.getpid()
+        for index in range(torch.cuda.device_count()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(_physical_index(index))
+            used = sum(
+                p.usedGpuMemory or 0
+                for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+                if p.pid == pid
+            )
+            reserved = torch.cuda.memory_reserved(index)
+            if used > reserved:
+                out[index] = used - reserved
+    except Exception:
+        return out
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:
+            pass
+    return out
+
+
+def _physical_index(index: int) -> int:
+    """NVML counts every GPU; CUDA_VISIBLE_DEVICES renumbers the ones torch sees."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    parts = [p.strip() for p in visible.split(",") if p.strip()]
+    if index < len(parts) and parts[index].isdigit():
+        return int(parts[index])
+    return index
+
+
+def add_outside_framework(profile: Profile, outside: dict[int, int]) -> None:
+    """Add ``<outside framework>`` to the in-use and peak views of each device.
+
+    The CUDA context and library workspaces are made once, early, and live as
+    long as the process, so the same bytes stand in the peak as at the end.
+    """
+    if not outside:
+        return
+    frame = Frame(OUTSIDE_FRAMEWORK, kind=SYNTHETIC)
+    names = profile.type_names()
+    for index, size in sorted(outside.items()):
+        values = {t: size for t in ("inuse_space", "peak_space") if t in names}
+        if values:
+            profile.add([frame], values, {"device": f"cuda:{index}", "pid": os.getpid()})
+    profile.comments.append(
+        "<outside framework> is device memory of this process that PyTorch did not reserve "
+        "(CUDA context, NCCL, cuBLAS workspaces), from NVML; it is counted in the peak as at the end"
+    )

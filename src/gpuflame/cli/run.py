@@ -1,0 +1,213 @@
+"""``gpuflame run``: profile a Python program and its children, with no change to it."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import gpuflame
+from gpuflame.capture.autostart import BOOTSTRAP_DIR
+from gpuflame.capture.session import LOST_FILE, PROCESS_FILE
+from gpuflame.capture.settings import BACKENDS, Settings
+from gpuflame.capture.store import PROCESSES_DIR, PROFILE_NAME, RunMeta, new_run_folder, store_root
+from gpuflame.errors import GpuflameError
+from gpuflame.formats import load, save
+from gpuflame.profile import Profile, merge
+from gpuflame.units import format_bytes
+
+HELP = "profile a Python program (and its child processes)"
+
+DESCRIPTION = """\
+Run a program with gpuflame recording which Python functions hold memory, then
+write one profile for the whole run (every process, with a pid label each).
+
+  gpuflame run train.py --epochs 1          a script and its arguments
+  gpuflame run -m vllm.entrypoints.cli.main serve ...   a module
+  gpuflame run -- vllm serve facebook/opt-125m           any command that starts Python
+
+Nothing in the program changes: gpuflame starts through a sitecustomize on
+PYTHONPATH, so it also follows subprocess and multiprocessing children
+(spawn, fork, forkserver). Each process writes its own profile at exit (also
+on SIGTERM, at every --interval, and at a CUDA out-of-memory error); the run
+merges them. The exit code is the program's.
+
+Backends (--backend): torch-cuda (PyTorch's caching-allocator history: peak,
+in use, allocated, cached free blocks), torch (tensor storages on any torch
+device, CPU included), jax (JAX's live buffers). auto picks torch-cuda when
+CUDA is available, else torch, plus jax when the program imports it."""
+
+EPILOG = """\
+examples:
+  gpuflame run demo.py                      # profile goes to the local store
+  gpuflame run -o run.pb.gz train.py        # profile to a file (per-process files beside it)
+  gpuflame run --interval 30s -- python serve.py
+  gpuflame run --backend torch --no-follow worker.py
+
+then: gpuflame report run.pb.gz"""
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*(ms|s|m|h)?\s*$")
+
+
+def duration(text: str) -> float:
+    """``15s``, ``500ms``, ``2m``, ``1.5`` (seconds) -> seconds."""
+    m = _DURATION.match(text)
+    if not m:
+        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (examples: 15s, 500ms, 2m)")
+    scale = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}[m.group(2) or "s"]
+    return float(m.group(1)) * scale
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-o", "--output", metavar="FILE", help="write the merged profile here (.pb.gz)")
+    parser.add_argument("--backend", choices=BACKENDS, default="auto", help="what to record (default auto)")
+    parser.add_argument("--interval", type=duration, default=0.0, metavar="DURATION",
+                        help="also write each process's profile every DURATION (15s, 500ms); default: only at exit")
+    parser.add_argument("--no-follow", action="store_true", help="do not profile child processes")
+    parser.add_argument("--native", action="store_true", help="native frames where the backend can give them")
+    parser.add_argument("--store", metavar="DIR", help=f"store folder for runs without -o (default {store_root()})")
+    parser.add_argument("--json", action="store_true", help="print a JSON summary at the end (on stdout)")
+    parser.add_argument("-m", dest="module", metavar="MODULE", help="run a module, like python -m")
+    parser.add_argument("target", nargs=argparse.REMAINDER, metavar="script.py | -- COMMAND",
+                        help="the script and its arguments, or -- and any command")
+
+
+def command_line(args: argparse.Namespace) -> list[str]:
+    """The command to start, from ``script.py args``, ``-m module args`` or ``-- cmd args``."""
+    rest = list(args.target)
+    if args.module:
+        return [sys.executable, "-m", args.module, *rest]
+    if rest and rest[0] == "--":
+        if len(rest) == 1:
+            raise GpuflameError("nothing to run after --")
+        return rest[1:]
+    if not rest:
+        raise GpuflameError("nothing to run: give a script, -m MODULE, or -- COMMAND")
+    script = rest[0]
+    if not os.path.exists(script):
+        raise GpuflameError(f"{script}: no such script (to run a command, write: gpuflame run -- {script} ...)")
+    return [sys.executable, *rest]
+
+
+def profiler_env(settings: Settings) -> dict[str, str]:
+    """The environment that starts gpuflame in the program and its children."""
+    env = dict(os.environ)
+    home = str(Path(gpuflame.__file__).resolve().parents[1])
+    paths = [BOOTSTRAP_DIR] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env["PYTHONPATH"] = os.pathsep.join(paths)
+    env["GPUFLAME_HOME"] = home
+    env.update(settings.to_env())
+    return env
+
+
+def run(args: argparse.Namespace) -> int:
+    command = command_line(args)
+    started = time.time()
+    if args.output:
+        output = Path(args.output)
+        folder = output.with_name(output.name + ".processes")
+        folder.mkdir(parents=True, exist_ok=True)
+        run_dir = None
+    else:
+        asked = [args.module] if args.module else [w for w in args.target if w != "--"]
+        run_dir = new_run_folder(Path(args.store) if args.store else store_root(), asked, started)
+        folder = run_dir / PROCESSES_DIR
+        folder.mkdir()
+        output = run_dir / PROFILE_NAME
+    settings = Settings(
+        session_dir=str(folder.resolve()),
+        backend=args.backend,
+        interval=args.interval,
+        follow=not args.no_follow,
+        native=args.native,
+    )
+    exit_code = _run_program(command, profiler_env(settings))
+    meta = RunMeta(command=command, started=started, ended=time.time(), exit_code=exit_code, backend=args.backend)
+    _collect(folder, output, meta)
+    if run_dir is not None:
+        _write_meta(meta, run_dir)
+    _say_where(args, output, meta)
+    return exit_code
+
+
+def _run_program(command: list[str], env: dict[str, str]) -> int:
+    """Start the program, pass it our SIGINT/SIGTERM, and return its exit code as a shell would."""
+    try:
+        child = subprocess.Popen(command, env=env)
+    except FileNotFoundError:
+        raise GpuflameError(f"{command[0]}: command not found") from None
+    except PermissionError:
+        raise GpuflameError(f"{command[0]}: permission denied") from None
+
+    def forward(signum: int, _frame: object) -> None:
+        if child.poll() is None:
+            child.send_signal(signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        code = child.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return 128 - code if code < 0 else code
+
+
+def _collect(folder: Path, output: Path, meta: RunMeta) -> Profile | None:
+    """Merge the per-process profiles into *output*; note what was lost."""
+    profiles = []
+    for path in sorted(folder.glob(PROCESS_FILE.format(pid="*"))):
+        try:
+            profiles.append(load(path))
+        except GpuflameError as exc:
+            meta.lost.append(f"unreadable process profile: {exc}")
+    for notes in sorted(folder.glob(LOST_FILE.format(pid="*"))):
+        pid = notes.stem.split("-", 1)[1]
+        meta.lost.extend(f"pid {pid}: {line}" for line in notes.read_text().splitlines() if line.strip())
+    if not profiles:
+        return None
+    merged = merge(profiles)
+    for message in meta.lost:
+        if not any(message.endswith(c) or c.endswith(message) for c in merged.comments):
+            merged.comments.append(message)
+    save(merged, output)
+    meta.processes = sorted({int(v) for v in merged.label_values("pid") if v.isdigit()})
+    meta.totals = merged.totals()
+    return merged
+
+
+def _write_meta(meta: RunMeta, run_dir: Path) -> None:
+    try:
+        meta.write(run_dir)
+    except GpuflameError as exc:
+        sys.stderr.write(f"gpuflame: could not write the run's metadata ({exc})\n")
+
+
+def _say_where(args: argparse.Namespace, output: Path, meta: RunMeta) -> None:
+    for message in meta.lost:
+        sys.stderr.write(f"gpuflame: lost: {message}\n")
+    if args.json:
+        sys.stdout.write(json.dumps({"profile": str(output) if meta.processes else None, **meta.__dict__}) + "\n")
+        return
+    if not meta.processes:
+        sys.stderr.write(
+            "gpuflame: no profile was written: no process imported a framework gpuflame records "
+            f"(backend {args.backend}: torch or jax)\n"
+        )
+        return
+    shown = next((t for t in ("peak_space", "inuse_space", "alloc_space") if t in meta.totals), None)
+    size = f", {shown.split('_')[0]} {format_bytes(meta.totals[shown])}" if shown else ""
+    procs = len(meta.processes)
+    sys.stderr.write(
+        f"gpuflame: profile of {procs} process{'es' if procs > 1 else ''}{size}: {output}\n"
+        f"gpuflame: next: gpuflame report {_shell_word(str(output))}\n"
+    )
+
+
+def _shell_word(text: str) -> str:
+    return text if re.fullmatch(r"[\w./:@%+=,-]+", text) else "'" + text.replace("'", "'\\''") + "'"

@@ -1,0 +1,1 @@
+"""The bootstrap that starts gpuflame inside a program and its children."""

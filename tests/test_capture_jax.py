@@ -1,0 +1,131 @@
+"""The ``jax`` capture backend on JAX's CPU backend: live buffers in the seed's names."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+jax = pytest.importorskip("jax")
+jnp = pytest.importorskip("jax.numpy")
+
+from gpuflame.capture.jax_memory import JaxMemoryRecorder, take_profile  # noqa: E402
+from gpuflame.profile import Profile  # noqa: E402
+
+PEAK, PEAK_N, INUSE, INUSE_N = range(4)
+
+
+class Model:
+    def make(self, n: int) -> Any:
+        return jnp.ones((n, 256), dtype=jnp.float32)
+
+    def make_nested(self) -> Any:
+        def inner() -> Any:
+            return jnp.zeros(1000, dtype=jnp.int32)
+
+        return inner()
+
+
+def at(profile: Profile, name: str, column: int) -> int:
+    """Sum of *column* over samples with a frame named *name*."""
+    return sum(
+        s.values[column] for s in profile.samples if any(f.name == name for f in profile.stack_frames(s))
+    )
+
+
+def test_arrays_made_in_a_method_land_on_class_and_method() -> None:
+    rec = JaxMemoryRecorder()
+    rec.start()
+    x = Model().make(128)
+    y = Model().make_nested()
+    profile = rec.snapshot()
+    rec.stop()
+    assert rec.errors == []
+    assert at(profile, "Model > make", INUSE) == x.nbytes == 128 * 256 * 4
+    assert at(profile, "Model > make", INUSE_N) == 1
+    assert at(profile, "Model > make_nested > inner", INUSE) == y.nbytes == 4000
+    sample = next(
+        s for s in profile.samples if any(f.name == "Model > make" for f in profile.stack_frames(s))
+    )
+    frames = profile.stack_frames(sample)
+    make = next(f for f in frames if f.name == "Model > make")
+    assert make.file == __file__ and make.line > 0
+    labels = dict(sample.labels)
+    assert labels["device"].startswith("cpu") and labels["pid"] == str(os.getpid())
+    assert profile.default_type == "peak_space"
+    assert [t.type for t in profile.sample_types] == [
+        "peak_space",
+        "peak_objects",
+        "inuse_space",
+        "inuse_objects",
+    ]
+    assert any("alloc" in c for c in profile.comments)
+
+
+def test_framework_frames_are_pruned_unless_kept() -> None:
+    x = Model().make(64)
+    pruned = take_profile()
+    kept = take_profile(keep_framework=True)
+
+    def stack_of(profile: Profile) -> list[Any]:
+        sample = next(
+            s for s in profile.samples if any(f.name == "Model > make" for f in profile.stack_frames(s))
+        )
+        return profile.stack_frames(sample)
+
+    def in_jax(f: Any) -> bool:
+        return f"{os.sep}jax{os.sep}" in f.file or f"{os.sep}jaxlib{os.sep}" in f.file
+
+    short, full = stack_of(pruned), stack_of(kept)
+    assert sum(in_jax(f) for f in short) == 1  # the JAX function the user called
+    assert in_jax(short[0]) and short[1].name == "Model > make"
+    assert sum(in_jax(f) for f in full) > 3
+    assert at(pruned, "Model > make", INUSE) == at(kept, "Model > make", INUSE) == x.nbytes
+
+
+def test_peak_is_the_highest_sample_and_inuse_the_latest() -> None:
+    rec = JaxMemoryRecorder()
+    rec.start()
+    big = Model().make(1024)
+    big_bytes = big.nbytes
+    rec.sample()
+    del big
+    small = Model().make(8)
+    profile = rec.snapshot()
+    rec.stop()
+    assert at(profile, "Model > make", PEAK) == big_bytes
+    assert at(profile, "Model > make", INUSE) == small.nbytes
+    assert rec.samples_taken >= 3
+
+
+def test_a_failing_profile_source_is_reported_once(capsys: pytest.CaptureFixture[str]) -> None:
+    calls = [0]
+
+    def broken() -> bytes:
+        calls[0] += 1
+        if calls[0] > 1:
+            raise RuntimeError("injected fault")
+        return jax.profiler.device_memory_profile()
+
+    rec = JaxMemoryRecorder(source=broken)
+    rec.start()
+    x = Model().make(16)
+    rec.sample()
+    rec.sample()
+    profile = rec.snapshot()
+    rec.stop()
+    assert float(x.sum()) == 16 * 256
+    err = capsys.readouterr().err
+    assert err.count("gpuflame:") == 1 and "injected fault" in err
+    assert rec.degraded and calls[0] == 2
+    assert isinstance(profile, Profile)
+
+
+def test_missing_jax_profile_is_reported_not_raised(capsys: pytest.CaptureFixture[str]) -> None:
+    rec = JaxMemoryRecorder(source=lambda: b"not a profile")
+    rec.start()
+    rec.stop()
+    assert len(rec.snapshot()) == 0
+    assert "could not start recording" in capsys.readouterr().err

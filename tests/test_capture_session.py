@@ -1,0 +1,151 @@
+"""The session of one profiled process: writing, failures, signals, post-import hooks.
+
+The recorders here are small stand-ins written for these tests, so the
+session's own logic (what it writes, when, and what it does when a recorder
+or the disk fails) is checked apart from any backend; the backends have
+their own tests against real torch and JAX.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from gpuflame.capture.post_import import when_imported
+from gpuflame.capture.session import Session
+from gpuflame.capture.settings import Settings
+from gpuflame.formats import load
+from gpuflame.profile import Frame, Profile, memory_sample_types
+
+
+class StandInRecorder:
+    """Reports one fixed allocation; can be told to fail at each step."""
+
+    name = "stand-in"
+
+    def __init__(self, fail_on: str = "") -> None:
+        self.fail_on = fail_on
+        self.started = self.stopped = False
+
+    def start(self) -> None:
+        if self.fail_on == "start":
+            raise RuntimeError("boom at start")
+        self.started = True
+
+    def stop(self) -> None:
+        if self.fail_on == "stop":
+            raise RuntimeError("boom at stop")
+        self.stopped = True
+
+    def snapshot(self) -> Profile:
+        if self.fail_on == "snapshot":
+            raise RuntimeError("boom at snapshot")
+        p = Profile(sample_types=memory_sample_types())
+        p.add([Frame("Cache > grow", "/app/cache.py", 7)], [4096, 1, 1024, 1, 8192, 2], {"device": "cpu"})
+        return p
+
+
+def session(tmp_path: Path, **kw: object) -> Session:
+    return Session(Settings(session_dir=str(tmp_path), **kw))  # type: ignore[arg-type]
+
+
+def test_finish_writes_the_profile_with_the_pid_label_once(tmp_path: Path) -> None:
+    s = session(tmp_path)
+    rec = StandInRecorder()
+    s.add(rec)
+    s.finish()
+    s.finish()
+    p = load(s.path)
+    assert p.totals()["peak_space"] == 4096
+    assert p.label_values("pid") == [str(os.getpid())]
+    assert rec.stopped
+    assert not s.lost
+
+
+@pytest.mark.parametrize("step", ["start", "snapshot", "stop"])
+def test_a_failing_recorder_is_reported_once_and_never_raises(tmp_path: Path, step: str, capsys) -> None:
+    s = session(tmp_path)
+    s.add(StandInRecorder(fail_on=step))
+    s.write()
+    s.finish()
+    err = capsys.readouterr().err
+    assert err.count("gpuflame:") == 1 and f"boom at {step}" in err
+    notes = (tmp_path / f"lost-{os.getpid()}.txt").read_text()
+    assert f"boom at {step}" in notes
+
+
+def test_an_unwritable_folder_loses_the_profile_but_not_the_program(tmp_path: Path, capsys) -> None:
+    s = Session(Settings(session_dir=str(tmp_path / "missing" / "dir")))
+    s.add(StandInRecorder())
+    assert s.write() is False
+    assert "profile is lost" in capsys.readouterr().err
+
+
+def test_a_full_disk_is_reported(tmp_path: Path, capsys) -> None:
+    def full(profile: Profile, path: Path) -> None:
+        raise OSError(28, "No space left on device")
+
+    s = Session(Settings(session_dir=str(tmp_path)), write=full)
+    s.add(StandInRecorder())
+    s.finish()
+    assert "No space left on device" in capsys.readouterr().err
+
+
+def test_when_imported_runs_after_the_module_body(tmp_path: Path, monkeypatch) -> None:
+    (tmp_path / "gpuflame_probe_mod.py").write_text("VALUE = 41\nVALUE += 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    seen = []
+    when_imported("gpuflame_probe_mod", lambda m: seen.append(m.VALUE))
+    assert seen == []
+    import gpuflame_probe_mod  # noqa: F401
+
+    assert seen == [42]
+    when_imported("gpuflame_probe_mod", lambda m: seen.append("again"))
+    assert seen == [42, "again"]  # already imported: called at once
+
+
+def test_a_failing_callback_does_not_break_the_import(tmp_path: Path, monkeypatch, capsys) -> None:
+    (tmp_path / "gpuflame_probe_mod2.py").write_text("OK = True\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    def bad(_m: object) -> None:
+        raise RuntimeError("callback failed")
+
+    when_imported("gpuflame_probe_mod2", bad)
+    import gpuflame_probe_mod2
+
+    assert gpuflame_probe_mod2.OK
+    assert "callback failed" in capsys.readouterr().err
+
+
+def test_settings_round_trip_through_the_environment() -> None:
+    s = Settings(session_dir="/x", backend="jax", interval=2.5, follow=False, native=True, root_pid=7)
+    assert Settings.from_env(s.to_env()) == s
+    assert Settings.from_env({"GPUFLAME_INTERVAL": "soon", "GPUFLAME_BACKEND": "bogus"}) == Settings()
+
+
+def test_sigterm_writes_the_profile_and_the_process_still_dies_of_sigterm(tmp_path: Path) -> None:
+    script = tmp_path / "victim.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys, time
+        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        from test_capture_session import StandInRecorder
+        from gpuflame.capture.session import Session
+        from gpuflame.capture.settings import Settings
+        s = Session(Settings(session_dir={str(tmp_path)!r}))
+        s.install_exit_hooks()
+        s.add(StandInRecorder())
+        print("ready", flush=True)
+        time.sleep(30)
+    """))
+    child = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+    child.send_signal(signal.SIGTERM)
+    assert child.wait(timeout=20) == -signal.SIGTERM
+    assert load(tmp_path / f"proc-{child.pid}.pb.gz").totals()["inuse_space"] == 1024
