@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from gpuflame.profile import Frame, Profile, memory_sample_types  # noqa: E402
+from gpuflame.model import Frame, Profile, memory_sample_types  # noqa: E402
 
 
 def make_profile(samples: int = 200_000, depth: int = 40, functions: int = 4000, seed: int = 1) -> Profile:

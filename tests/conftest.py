@@ -11,7 +11,7 @@ from types import ModuleType
 
 import pytest
 
-from gpuflame.profile import Frame, Profile, memory_sample_types
+from gpuflame.model import Frame, Profile, memory_sample_types
 
 TESTS = Path(__file__).resolve().parent
 

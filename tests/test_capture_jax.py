@@ -12,7 +12,7 @@ jax = pytest.importorskip("jax")
 jnp = pytest.importorskip("jax.numpy")
 
 from gpuflame.capture.jax_memory import JaxMemoryRecorder, take_profile  # noqa: E402
-from gpuflame.profile import Profile  # noqa: E402
+from gpuflame.model import Profile  # noqa: E402
 
 PEAK, PEAK_N, INUSE, INUSE_N = range(4)
 

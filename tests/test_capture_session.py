@@ -21,7 +21,7 @@ from gpuflame.capture.post_import import when_imported
 from gpuflame.capture.session import Session
 from gpuflame.capture.settings import Settings
 from gpuflame.formats import load
-from gpuflame.profile import Frame, Profile, memory_sample_types
+from gpuflame.model import Frame, Profile, memory_sample_types
 
 
 class StandInRecorder:

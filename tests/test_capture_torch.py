@@ -24,7 +24,7 @@ torch = pytest.importorskip("torch")
 from gpuflame.capture import torch_tensors  # noqa: E402
 from gpuflame.capture.torch_tensors import TorchTensorRecorder  # noqa: E402
 from gpuflame.formats import pprof  # noqa: E402
-from gpuflame.profile import Profile  # noqa: E402
+from gpuflame.model import Profile  # noqa: E402
 
 PEAK, PEAK_N, INUSE, INUSE_N, ALLOC, ALLOC_N = range(6)
 TYPES = ["peak_space", "peak_objects", "inuse_space", "inuse_objects", "alloc_space", "alloc_objects"]

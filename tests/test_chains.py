@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from gpuflame.analysis.chains import NoSuchFunctionError, explain, match_functions
 from gpuflame.analysis.tree import build_tree
 from gpuflame.errors import GpuflameError
-from gpuflame.profile import Frame, Profile, memory_sample_types
+from gpuflame.model import Frame, Profile, memory_sample_types
 from test_hotspots import GiB, seed_profile
 
 SEED_CHAIN = [

@@ -18,7 +18,7 @@ import pytest
 
 from gpuflame.cli.main import COMMANDS, main
 from gpuflame.formats import load, save
-from gpuflame.profile import Frame, Profile
+from gpuflame.model import Frame, Profile
 from gpuflame.units import format_bytes
 from test_hotspots import GiB, seed_profile
 
@@ -80,7 +80,7 @@ def total(profile: Profile, type_name: str, keep=lambda names: True) -> int:
 def test_report_text_answers_the_quick_reference_table(capsys, seed_file, seed):
     rc, out, err = run(capsys, "report", seed_file)
     assert rc == 0 and err == ""
-    assert "warning: trace ring buffer overflowed; peak only over the recorded window" in out
+    assert "note: trace ring buffer overflowed; peak only over the recorded window" in out
     for title in ("What allocates the most", "What is responsible", "Optimisation targets", "Skippable"):
         assert title in out
     leaf, leaf_bytes = by_self(seed, seed.type_index("peak_space")).most_common(1)[0]

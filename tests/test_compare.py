@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from gpuflame.analysis.compare import GREW, NEW, SHRANK, VANISHED, compare
 from gpuflame.errors import GpuflameError
-from gpuflame.profile import Frame, Profile, SampleType, memory_sample_types
+from gpuflame.model import Frame, Profile, SampleType, memory_sample_types
 
 FRAMES = [Frame(n, "c.py", i) for i, n in enumerate(["main", "A > f", "B > g", "h"])]
 
@@ -87,9 +87,9 @@ def test_type_choice_and_errors():
 def test_diff_matches_a_function_seen_at_different_lines_in_each_profile() -> None:
     """The base shows the function at lines 12 and 15, the new one only at 15: same function."""
     from gpuflame.analysis.compare import compare as compare_
-    from gpuflame.profile import Frame as F
-    from gpuflame.profile import Profile as P
-    from gpuflame.profile import SampleType as T
+    from gpuflame.model import Frame as F
+    from gpuflame.model import Profile as P
+    from gpuflame.model import SampleType as T
 
     base = P(sample_types=[T("inuse_space", "bytes")])
     base.add([F("Cache > grow", "/app/c.py", 12)], [100])

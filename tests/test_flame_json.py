@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuflame.formats.detect import dumps
-from gpuflame.profile import Frame, Profile, memory_sample_types
-from gpuflame.profile.model import NATIVE
+from gpuflame.model import Frame, Profile, memory_sample_types
+from gpuflame.model.profile import NATIVE
 from gpuflame.render.flame_json import FORMAT, encode
 from test_hotspots import seed_profile
 

@@ -8,7 +8,7 @@ import random
 from gpuflame.analysis.tree import build_tree
 from gpuflame.cli.main import main
 from gpuflame.formats import save
-from gpuflame.profile import Frame, Profile, SampleType
+from gpuflame.model import Frame, Profile, SampleType
 from gpuflame.render.flame_text import flame_lines
 
 F = {n: Frame(n, f"/app/{n.split(' ')[0].lower()}.py", 10 + i) for i, n in enumerate(

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from gpuflame.errors import ProfileFormatError
 from gpuflame.formats import folded, loads
-from gpuflame.profile import Frame, Profile, SampleType
+from gpuflame.model import Frame, Profile, SampleType
 from gpuflame.symbols.kinds import guess_kind
 
 # flamegraph.pl reads each line with this pattern (stack, then whitespace, then

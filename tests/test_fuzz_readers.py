@@ -24,7 +24,7 @@ import pytest
 from gpuflame.errors import ProfileFormatError
 from gpuflame.formats import detect, folded, loads, pprof
 from gpuflame.formats import protobuf_wire as wire
-from gpuflame.profile import FRAME_KINDS, Frame, Profile, SampleType
+from gpuflame.model import FRAME_KINDS, Frame, Profile, SampleType
 
 FIXTURES = sorted((Path(__file__).parent / "fixtures").glob("*.pickle"))
 SNAPSHOT_READER = importlib.util.find_spec("gpuflame.formats.torch_snapshot") is not None

@@ -17,8 +17,8 @@ from gpuflame.analysis.hotspots import (
     top_functions,
 )
 from gpuflame.analysis.tree import NO_STACK, build_table, build_tree
-from gpuflame.profile import Frame, Profile, memory_sample_types
-from gpuflame.profile.model import NATIVE, SYNTHETIC, TRAMPOLINE
+from gpuflame.model import Frame, Profile, memory_sample_types
+from gpuflame.model.profile import NATIVE, SYNTHETIC, TRAMPOLINE
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -228,9 +228,9 @@ def test_a_function_at_two_lines_is_one_function_unless_lines_are_asked_for() ->
     """A bar is a function (as in Grafana and pprof): lines of one function add up."""
     from gpuflame.analysis.hotspots import function_stats as stats_of
     from gpuflame.analysis.tree import build_table as table_of
-    from gpuflame.profile import Frame as F
-    from gpuflame.profile import Profile as P
-    from gpuflame.profile import SampleType as T
+    from gpuflame.model import Frame as F
+    from gpuflame.model import Profile as P
+    from gpuflame.model import SampleType as T
 
     p = P(sample_types=[T("inuse_space", "bytes")])
     main_ = F("main", "/app/run.py", 3)

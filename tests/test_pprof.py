@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from gpuflame.errors import GpuflameError, ProfileFormatError
 from gpuflame.formats import load, loads, pprof
 from gpuflame.formats import protobuf_wire as wire
-from gpuflame.profile import FRAME_KINDS, NATIVE, PYTHON, Frame, Profile, SampleType, make_labels
+from gpuflame.model import FRAME_KINDS, NATIVE, PYTHON, Frame, Profile, SampleType, make_labels
 from gpuflame.symbols.kinds import guess_kind
 from gpuflame.symbols.names import native_address_name
 

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuflame.errors import GpuflameError
-from gpuflame.profile import (
+from gpuflame.model import (
     Frame,
     Profile,
     SampleType,
@@ -26,7 +26,7 @@ from gpuflame.profile import (
     select_labels,
     select_types,
 )
-from gpuflame.profile.model import SYNTHETIC, TRAMPOLINE
+from gpuflame.model.profile import SYNTHETIC, TRAMPOLINE
 
 PEAK = SampleType("peak_space", "bytes")
 ALLOC = SampleType("alloc_space", "bytes")

@@ -18,7 +18,7 @@ import pytest
 from gpuflame.errors import GpuflameError
 from gpuflame.formats import speedscope
 from gpuflame.formats.detect import dumps
-from gpuflame.profile import Frame, Profile, SampleType
+from gpuflame.model import Frame, Profile, SampleType
 
 SCHEMA = json.loads((Path(__file__).parent / "data" / "speedscope-file-format-schema.json").read_text())
 KNOWN = {

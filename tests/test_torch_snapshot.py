@@ -23,9 +23,9 @@ import pytest
 
 from gpuflame.errors import ProfileFormatError
 from gpuflame.formats import loads, torch_snapshot
-from gpuflame.profile import Profile
-from gpuflame.profile import filter as pfilter
-from gpuflame.profile.model import NATIVE, PYTHON, SYNTHETIC, TRAMPOLINE
+from gpuflame.model import Profile
+from gpuflame.model import filter as pfilter
+from gpuflame.model.profile import NATIVE, PYTHON, SYNTHETIC, TRAMPOLINE
 from gpuflame.symbols.names import CACHED_FREE, display_name
 from gpuflame.symbols.names import TRAMPOLINE as TRAMPOLINE_NAME
 

@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from gpuflame.analysis.tree import NO_STACK, FlameTree, build_table, build_tree, group_frame
 from gpuflame.errors import GpuflameError
-from gpuflame.profile import Frame, Profile, SampleType
-from gpuflame.profile.model import SYNTHETIC
+from gpuflame.model import Frame, Profile, SampleType
+from gpuflame.model.profile import SYNTHETIC
 
 FRAMES = [
     Frame(name, "m.py", i + 1) for i, name in enumerate(["main", "A > f", "B > g", "h", "zeta", "alpha"])
@@ -140,7 +140,7 @@ def test_duplicate_frames_in_the_table_are_one_function():
     f = Frame("dup", "d.py", 3)
     profile = Profile(sample_types=TYPES, frames=[f, Frame("x"), f])
     profile.samples = []
-    from gpuflame.profile.model import Sample
+    from gpuflame.model.profile import Sample
 
     profile.samples = [Sample((0,), (4, 0)), Sample((2,), (6, 0))]
     tree = build_tree(profile, 0)

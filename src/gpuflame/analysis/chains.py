@@ -16,7 +16,7 @@ import numpy as np
 
 from gpuflame.analysis.tree import CHUNK_ROWS, FlameTree, Node, frame_dict
 from gpuflame.errors import GpuflameError
-from gpuflame.profile.model import Frame
+from gpuflame.model.profile import Frame
 from gpuflame.symbols.names import compile_query, matches_exactly, normalize
 from gpuflame.units import percent
 

@@ -1,6 +1,6 @@
 """What grew and what shrank between two profiles, by function.
 
-The per-stack difference comes from :func:`gpuflame.profile.diff.diff`
+The per-stack difference comes from :func:`gpuflame.model.diff.diff`
 (``new - base``); a function's change is then the change of its self or
 once-per-sample total, which is exact because both are sums over samples.
 """
@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 from gpuflame.analysis.hotspots import FunctionStats, function_stats
 from gpuflame.analysis.tree import build_table, frame_dict, function_key
-from gpuflame.profile.diff import diff
-from gpuflame.profile.model import Frame, Profile
+from gpuflame.model.diff import diff
+from gpuflame.model.profile import Frame, Profile
 
 GREW, SHRANK, NEW, VANISHED = "grew", "shrank", "new", "vanished"
 

@@ -7,7 +7,7 @@
 | optimisation targets              | wide bars with high self       | ``targets``      |
 | frames you can skip               | wide bars with zero self       | ``wrappers``     |
 
-A function is one :class:`~gpuflame.profile.model.Frame`. Its **self** is
+A function is one :class:`~gpuflame.model.profile.Frame`. Its **self** is
 summed over every node it has in the tree; its **total** counts each sample
 once even when recursion puts the function twice in the stack, so a
 function's total is never more than the profile's.
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from gpuflame.analysis.tree import CHUNK_ROWS, FlameTree, Node, StackTable, frame_dict, weighted_sum
-from gpuflame.profile.model import SYNTHETIC, TRAMPOLINE, Frame, Profile
+from gpuflame.model.profile import SYNTHETIC, TRAMPOLINE, Frame, Profile
 from gpuflame.units import percent
 
 # A bar is "wide" for a target when its self is at least this share of the

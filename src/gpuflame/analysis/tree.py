@@ -31,7 +31,7 @@ from typing import NamedTuple
 import numpy as np
 
 from gpuflame.errors import GpuflameError
-from gpuflame.profile.model import SYNTHETIC, Frame, Profile, Sample, SampleType
+from gpuflame.model.profile import SYNTHETIC, Frame, Profile, Sample, SampleType
 from gpuflame.symbols.names import UNKNOWN
 
 # Rows are converted from Python tuples this many at a time, so the

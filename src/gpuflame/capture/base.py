@@ -23,8 +23,8 @@ import time
 from abc import ABC, abstractmethod
 from types import TracebackType
 
-from gpuflame.profile.model import Profile
-from gpuflame.profile.sample_types import memory_sample_types
+from gpuflame.model.profile import Profile
+from gpuflame.model.sample_types import memory_sample_types
 
 DEFAULT_TYPE = "peak_space"
 

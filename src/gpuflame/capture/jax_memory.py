@@ -27,8 +27,8 @@ import threading
 from collections.abc import Callable
 
 from gpuflame.capture.base import Recorder, empty_profile
-from gpuflame.profile.model import PYTHON, Frame, Labels, Profile
-from gpuflame.profile.prune import prune_framework
+from gpuflame.model.profile import PYTHON, Frame, Labels, Profile
+from gpuflame.model.prune import prune_framework
 from gpuflame.symbols.names import display_name
 from gpuflame.symbols.qualnames import Resolver
 

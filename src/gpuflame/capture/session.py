@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 from gpuflame.capture.base import Recorder
 from gpuflame.capture.settings import Settings
-from gpuflame.profile import Profile, merge
+from gpuflame.model import Profile, merge
 
 PROCESS_FILE = "proc-{pid}.pb.gz"
 LOST_FILE = "lost-{pid}.txt"
@@ -30,8 +30,14 @@ LOST_FILE = "lost-{pid}.txt"
 class Session:
     """Recorders of one process and the file they end up in."""
 
-    def __init__(self, settings: Settings, write: Callable[[Profile, Path], None] | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        write: Callable[[Profile, Path], None] | None = None,
+        path: Path | None = None,
+    ) -> None:
         self.settings = settings
+        self._path = path
         self.recorders: list[Recorder] = []
         self.pid = os.getpid()
         self.lost: list[str] = []
@@ -41,6 +47,7 @@ class Session:
         self._timer: threading.Thread | None = None
         self._stop_timer = threading.Event()
         self._previous_sigterm: Any = None
+        self._forked = False
 
     # -- life cycle --------------------------------------------------------
 
@@ -88,6 +95,9 @@ class Session:
 
     @property
     def path(self) -> Path:
+        """Where this process's profile goes: the API's file, else one file per pid."""
+        if self._path is not None and self.pid == os.getpid() and not self._forked:
+            return self._path
         return Path(self.settings.session_dir) / PROCESS_FILE.format(pid=self.pid)
 
     def profile(self) -> Profile | None:
@@ -177,6 +187,7 @@ class Session:
     def _after_fork(self) -> None:
         """A forked child is a new process: its own pid, file and (fresh) timer."""
         self.pid = os.getpid()
+        self._forked = True
         self.lost = []
         self._lock = threading.RLock()
         self._finished = not self.settings.follow

@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 from gpuflame.capture.base import Recorder, empty_profile
 from gpuflame.formats.torch_snapshot import from_snapshot
-from gpuflame.profile import SYNTHETIC, Frame, Profile
+from gpuflame.model import SYNTHETIC, Frame, Profile
 from gpuflame.symbols.names import OUTSIDE_FRAMEWORK
 
 # Trace entries kept by PyTorch's ring buffer: about 100 bytes each plus the

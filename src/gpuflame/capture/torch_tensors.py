@@ -62,7 +62,7 @@ from types import CodeType, FrameType
 from typing import Any
 
 from gpuflame.capture.base import Recorder, empty_profile
-from gpuflame.profile.model import Frame, Profile
+from gpuflame.model.profile import Frame, Profile
 from gpuflame.symbols.names import display_name
 
 _GPUFLAME_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
@@ -503,10 +503,28 @@ class TorchTensorRecorder(Recorder):
         _LIVE_RECORDERS.add(self)
 
     def after_fork(self) -> None:
-        """In a forked child: new locks (another thread may have held one at the fork)."""
-        self.ledger.lock = threading.Lock()
+        """In a forked child: new locks, and a new window.
+
+        Locks are remade because another thread may have held one at the
+        fork. The child's window starts at the fork: what the parent made
+        before it is the parent's (in the parent's profile), so the child
+        starts an empty ledger over the same sites; the parent's storages
+        report their deaths to the old ledger, which nobody reads.
+        """
         self.stacks.lock = threading.Lock()
         self._error_lock = threading.Lock()
+        old = self.ledger
+        ledger = Ledger()
+        ledger.alloc_bytes = [0] * len(old.alloc_bytes)
+        ledger.alloc_count = [0] * len(old.alloc_count)
+        ledger.frozen = old.frozen
+        self.ledger = ledger
+        mode = self._mode
+        if mode is not None:
+            mode.ledger = ledger
+            mode.tracked = ledger.tracked
+            mode.events = ledger.events
+            mode.on_event = ledger.on_event
 
     # -- Recorder -------------------------------------------------------------
 

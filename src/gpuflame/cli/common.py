@@ -18,7 +18,7 @@ from typing import Any
 from gpuflame.analysis.chains import no_match_message
 from gpuflame.errors import GpuflameError
 from gpuflame.formats import load
-from gpuflame.profile import (
+from gpuflame.model import (
     DEFAULT_FRAMEWORKS,
     drop_small,
     focus,
@@ -28,7 +28,7 @@ from gpuflame.profile import (
     prune_framework,
     select_labels,
 )
-from gpuflame.profile.model import Profile
+from gpuflame.model.profile import Profile
 from gpuflame.symbols.names import CACHED_FREE, TRAMPOLINE
 from gpuflame.units import parse_size
 

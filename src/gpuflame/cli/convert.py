@@ -15,7 +15,7 @@ import sys
 from typing import Any
 
 from gpuflame.formats.detect import FORMATS, load, save
-from gpuflame.profile.model import Profile
+from gpuflame.model.profile import Profile
 from gpuflame.units import format_count
 
 HELP = "convert a PyTorch memory snapshot or a profile to pprof, folded, speedscope or JSON"

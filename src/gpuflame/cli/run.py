@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import gpuflame
@@ -19,7 +20,7 @@ from gpuflame.capture.settings import BACKENDS, Settings
 from gpuflame.capture.store import PROCESSES_DIR, PROFILE_NAME, RunMeta, new_run_folder, store_root
 from gpuflame.errors import GpuflameError
 from gpuflame.formats import load, save
-from gpuflame.profile import Profile, merge
+from gpuflame.model import Profile, merge
 from gpuflame.units import format_bytes
 
 HELP = "profile a Python program (and its child processes)"
@@ -192,7 +193,8 @@ def _say_where(args: argparse.Namespace, output: Path, meta: RunMeta) -> None:
     for message in meta.lost:
         sys.stderr.write(f"gpuflame: lost: {message}\n")
     if args.json:
-        sys.stdout.write(json.dumps({"profile": str(output) if meta.processes else None, **meta.__dict__}) + "\n")
+        summary = {**asdict(meta), "profile": str(output.resolve()) if meta.processes else None}
+        sys.stdout.write(json.dumps(summary) + "\n")
         return
     if not meta.processes:
         sys.stderr.write(

@@ -8,7 +8,7 @@ import zlib
 
 from gpuflame.errors import ProfileFormatError
 from gpuflame.files import atomic_write, read_bytes
-from gpuflame.profile.model import Profile
+from gpuflame.model.profile import Profile
 
 # Formats gpuflame can write.
 FORMATS = ("pprof", "folded", "speedscope", "json")

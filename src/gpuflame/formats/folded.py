@@ -35,7 +35,7 @@ from __future__ import annotations
 import re
 
 from gpuflame.errors import ProfileFormatError
-from gpuflame.profile.model import Frame, Profile, Sample, SampleType
+from gpuflame.model.profile import Frame, Profile, Sample, SampleType
 from gpuflame.symbols.kinds import guess_kind
 from gpuflame.symbols.names import UNKNOWN
 

@@ -82,7 +82,7 @@ from gpuflame.formats.protobuf_wire import (
     tag,
     to_int64,
 )
-from gpuflame.profile.model import NATIVE, PYTHON, Frame, Labels, Profile, Sample, SampleType
+from gpuflame.model.profile import NATIVE, PYTHON, Frame, Labels, Profile, Sample, SampleType
 from gpuflame.symbols.kinds import guess_kind
 from gpuflame.symbols.names import SEPARATOR, UNKNOWN, native_address_name
 

@@ -22,7 +22,7 @@ import json
 
 from gpuflame import __version__
 from gpuflame.errors import GpuflameError
-from gpuflame.profile.model import Frame, Profile
+from gpuflame.model.profile import Frame, Profile
 
 SCHEMA = "https://www.speedscope.app/file-format-schema.json"
 PID_LABEL = "pid"

@@ -57,8 +57,8 @@ from typing import Any
 from gpuflame.errors import GpuflameError, ProfileFormatError
 from gpuflame.formats import safe_pickle
 from gpuflame.formats.detect import GZIP_MAGIC, gunzip
-from gpuflame.profile.model import NATIVE, PYTHON, SYNTHETIC, TRAMPOLINE, Frame, Labels, Profile, Sample
-from gpuflame.profile.sample_types import memory_sample_types
+from gpuflame.model.profile import NATIVE, PYTHON, SYNTHETIC, TRAMPOLINE, Frame, Labels, Profile, Sample
+from gpuflame.model.sample_types import memory_sample_types
 from gpuflame.symbols import names
 from gpuflame.symbols.qualnames import Resolver
 from gpuflame.units import format_bytes

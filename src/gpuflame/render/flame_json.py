@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 
 from gpuflame.analysis.tree import FlameTree, build_tree, frame_dict
-from gpuflame.profile.model import Frame, Profile
+from gpuflame.model.profile import Frame, Profile
 
 FORMAT = "gpuflame-flame-tree"
 VERSION = 1

@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.text import Text
 
 from gpuflame.analysis.tree import FlameTree, Node
-from gpuflame.profile.model import Frame
+from gpuflame.model.profile import Frame
 from gpuflame.render.terminal import where
 from gpuflame.units import format_count, percent
 

@@ -18,8 +18,8 @@ from rich.text import Text
 from gpuflame.analysis.chains import Chain, Explanation
 from gpuflame.analysis.compare import NEW, VANISHED, Change, Comparison
 from gpuflame.analysis.hotspots import Entry, Report, Root
-from gpuflame.profile.model import Frame
-from gpuflame.profile.sample_types import DESCRIPTIONS
+from gpuflame.model.profile import Frame
+from gpuflame.model.sample_types import DESCRIPTIONS
 from gpuflame.units import format_bytes, format_count
 
 # Width used when output is not a terminal and COLUMNS is unset: long
@@ -86,7 +86,7 @@ def type_title(type_name: str, unit: str, total: int) -> Text:
 def print_comments(console: Console, comments: Iterable[str]) -> None:
     """The profile's own caveats, where they cannot be missed."""
     for comment in comments:
-        console.print(Text.assemble(("warning: ", "bold yellow"), comment))
+        console.print(Text.assemble(("note: ", "bold yellow"), comment))
 
 
 NUMERIC_COLUMNS = {

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from gpuflame.profile.model import NATIVE, PYTHON, SYNTHETIC, TRAMPOLINE
+from gpuflame.model.profile import NATIVE, PYTHON, SYNTHETIC, TRAMPOLINE
 from gpuflame.symbols.names import MODULE, TRAMPOLINE as TRAMPOLINE_NAME
 
 _ADDRESS = re.compile(r"^(0x)?[0-9a-fA-F]{6,}$")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
-from gpuflame.profile.model import Profile, Sample, SampleType, make_labels
+from gpuflame.model.profile import Profile, Sample, SampleType, make_labels
 
 
 def merge(

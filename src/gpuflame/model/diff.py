@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from gpuflame.errors import GpuflameError
-from gpuflame.profile.merge import merge
-from gpuflame.profile.model import Profile, Sample, SampleType
+from gpuflame.model.merge import merge
+from gpuflame.model.profile import Profile, Sample, SampleType
 
 
 def negate(profile: Profile) -> Profile:

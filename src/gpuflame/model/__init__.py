@@ -1,9 +1,9 @@
 """The profile model and its verbs (merge, filter, diff, prune)."""
 
-from gpuflame.profile.diff import diff, negate, select_types
-from gpuflame.profile.filter import drop_small, focus, hide, ignore, select_labels
-from gpuflame.profile.merge import merge
-from gpuflame.profile.model import (
+from gpuflame.model.diff import diff, negate, select_types
+from gpuflame.model.filter import drop_small, focus, hide, ignore, select_labels
+from gpuflame.model.merge import merge
+from gpuflame.model.profile import (
     FRAME_KINDS,
     NATIVE,
     PYTHON,
@@ -15,8 +15,8 @@ from gpuflame.profile.model import (
     SampleType,
     make_labels,
 )
-from gpuflame.profile.prune import DEFAULT_FRAMEWORKS, prune_framework
-from gpuflame.profile.sample_types import memory_sample_types
+from gpuflame.model.prune import DEFAULT_FRAMEWORKS, prune_framework
+from gpuflame.model.sample_types import memory_sample_types
 
 __all__ = [
     "DEFAULT_FRAMEWORKS",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from gpuflame.profile.model import SYNTHETIC, Frame, Profile, Sample
+from gpuflame.model.profile import SYNTHETIC, Frame, Profile, Sample
 from gpuflame.symbols.names import compile_query, normalize
 from gpuflame.units import format_bytes
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from typing import Iterable
 
-from gpuflame.profile.model import PYTHON, Frame, Profile, Sample
+from gpuflame.model.profile import PYTHON, Frame, Profile, Sample
 
 DEFAULT_FRAMEWORKS = ("torch", "jax", "jaxlib")
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpuflame.profile.model import SampleType
+from gpuflame.model.profile import SampleType
 
 PEAK_SPACE = SampleType("peak_space", "bytes")
 PEAK_OBJECTS = SampleType("peak_objects", "count")

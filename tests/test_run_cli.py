@@ -1,0 +1,213 @@
+"""``gpuflame run`` end to end: real Python processes, real torch (CPU) recording.
+
+Every test starts ``python -m gpuflame run`` as a user would and reads the
+profile it leaves behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from gpuflame.formats import load
+from gpuflame.model import Profile
+
+KIB = 1024
+
+
+def gpuflame_run(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 180) -> subprocess.CompletedProcess:
+    full_env = dict(os.environ)
+    full_env.pop("PYTHONPATH", None)
+    full_env["GPUFLAME_STORE"] = str(cwd / "store")
+    full_env.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-m", "gpuflame", "run", *args],
+        cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout,
+    )
+
+
+def write(path: Path, *parts: str) -> Path:
+    """Write a script made of dedented parts (the shared head, then the test's own lines)."""
+    path.write_text("\n".join(textwrap.dedent(p) for p in parts))
+    return path
+
+
+def bytes_by_function(profile: Profile, type_name: str = "inuse_space", pid: int | None = None) -> dict[str, int]:
+    """Self bytes per leaf function name (optionally of one process)."""
+    idx = profile.type_index(type_name)
+    out: dict[str, int] = {}
+    for s in profile.samples:
+        if pid is not None and s.label("pid") != str(pid):
+            continue
+        leaf = profile.frames[s.stack[0]].name if s.stack else ""
+        out[leaf] = out.get(leaf, 0) + s.values[idx]
+    return out
+
+
+ALLOCATE = """
+    import os, sys, torch
+
+    class Holder:
+        def make(self, kib):
+            return torch.zeros(kib * 256, dtype=torch.float32)  # kib KiB
+
+    def child_work(kib):
+        keep = Holder().make(kib)
+        print(f"child {os.getpid()}", flush=True)
+        return keep
+"""
+
+
+def test_exit_code_output_and_next_command(tmp_path: Path) -> None:
+    script = write(tmp_path / "job.py", ALLOCATE, """
+    kept = Holder().make(64)
+    print("done", flush=True)
+    sys.exit(3)
+    """)
+    result = gpuflame_run("-o", "out.pb.gz", script.name, cwd=tmp_path)
+    assert result.returncode == 3, result.stderr
+    assert result.stdout == "done\n"  # the program's output, untouched
+    assert "gpuflame: next: gpuflame report out.pb.gz" in result.stderr
+    profile = load(tmp_path / "out.pb.gz")
+    assert bytes_by_function(profile)["Holder > make"] == 64 * KIB
+    assert len(list((tmp_path / "out.pb.gz.processes").glob("proc-*.pb.gz"))) == 1
+
+
+def test_module_and_command_forms(tmp_path: Path) -> None:
+    write(tmp_path / "jobmod.py", ALLOCATE, "\nkept = Holder().make(8)\n")
+    as_module = gpuflame_run("-o", "m.pb.gz", "-m", "jobmod", cwd=tmp_path, env={"PYTHONPATH": str(tmp_path)})
+    assert as_module.returncode == 0, as_module.stderr
+    assert bytes_by_function(load(tmp_path / "m.pb.gz"))["Holder > make"] == 8 * KIB
+    as_command = gpuflame_run("-o", "c.pb.gz", "--", sys.executable, "jobmod.py", cwd=tmp_path)
+    assert as_command.returncode == 0, as_command.stderr
+    assert bytes_by_function(load(tmp_path / "c.pb.gz"))["Holder > make"] == 8 * KIB
+
+
+@pytest.mark.parametrize("method", ["spawn", "fork", "forkserver"])
+def test_multiprocessing_children_are_profiled_with_their_pid(tmp_path: Path, method: str) -> None:
+    write(tmp_path / "jobmp.py", ALLOCATE)
+    script = write(tmp_path / "parent.py", f"""
+    import multiprocessing as mp, os, torch
+    from jobmp import Holder, child_work
+
+    if __name__ == "__main__":
+        ctx = mp.get_context({method!r})
+        parent_keep = Holder().make(16)
+        p = ctx.Process(target=child_work, args=(32,))
+        p.start()
+        p.join()
+        print(f"parent {{os.getpid()}} child {{p.pid}}", flush=True)
+    """)
+    result = gpuflame_run("-o", "mp.pb.gz", script.name, cwd=tmp_path, env={"PYTHONPATH": str(tmp_path)})
+    assert result.returncode == 0, result.stderr
+    parent_pid, child_pid = (int(w) for w in result.stdout.strip().splitlines()[-1].split()[1::2])
+    profile = load(tmp_path / "mp.pb.gz")
+    assert bytes_by_function(profile, "alloc_space", pid=parent_pid).get("Holder > make") == 16 * KIB
+    assert bytes_by_function(profile, "alloc_space", pid=child_pid).get("Holder > make") == 32 * KIB
+    kept = {p.name for p in (tmp_path / "mp.pb.gz.processes").glob("proc-*.pb.gz")}
+    assert {f"proc-{parent_pid}.pb.gz", f"proc-{child_pid}.pb.gz"} <= kept
+
+
+def test_subprocess_children_are_followed_unless_no_follow(tmp_path: Path) -> None:
+    write(tmp_path / "kid.py", ALLOCATE, "\nkeep = child_work(24)\n")
+    script = write(tmp_path / "boss.py", """
+    import subprocess, sys
+    subprocess.run([sys.executable, "kid.py"], check=True)
+    """)
+    followed = gpuflame_run("-o", "f.pb.gz", script.name, cwd=tmp_path)
+    assert followed.returncode == 0, followed.stderr
+    kid_pid = int(followed.stdout.split()[1])
+    assert bytes_by_function(load(tmp_path / "f.pb.gz"), pid=kid_pid)["Holder > make"] == 24 * KIB
+    alone = gpuflame_run("-o", "n.pb.gz", "--no-follow", script.name, cwd=tmp_path)
+    assert alone.returncode == 0
+    # the parent never imported torch and the child was not followed: nothing to write
+    assert "no profile was written" in alone.stderr
+    assert not (tmp_path / "n.pb.gz").exists()
+
+
+def test_an_existing_sitecustomize_still_runs(tmp_path: Path) -> None:
+    site = tmp_path / "site"
+    site.mkdir()
+    write(site / "sitecustomize.py", "import os\nos.environ['USER_SITECUSTOMIZE_RAN'] = 'yes'\n")
+    script = write(tmp_path / "check.py", ALLOCATE, """
+    kept = Holder().make(4)
+    print(os.environ.get("USER_SITECUSTOMIZE_RAN"))
+    """)
+    result = gpuflame_run("-o", "s.pb.gz", script.name, cwd=tmp_path, env={"PYTHONPATH": str(site)})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "yes"
+    assert bytes_by_function(load(tmp_path / "s.pb.gz"))["Holder > make"] == 4 * KIB
+
+
+def test_a_lost_profile_never_changes_the_workload(tmp_path: Path) -> None:
+    """The program removes gpuflame's folder: the write fails, the program's exit code stays."""
+    script = write(tmp_path / "vandal.py", ALLOCATE, """
+    import shutil
+    kept = Holder().make(4)
+    shutil.rmtree("v.pb.gz.processes")
+    print("still here", flush=True)
+    sys.exit(7)
+    """)
+    result = gpuflame_run("-o", "v.pb.gz", script.name, cwd=tmp_path)
+    assert result.returncode == 7
+    assert result.stdout == "still here\n"
+    assert "could not write the profile" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_runs_without_output_go_to_the_store_with_metadata(tmp_path: Path) -> None:
+    script = write(tmp_path / "stored.py", ALLOCATE, "\nkept = Holder().make(12)\n")
+    result = gpuflame_run("--json", script.name, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    folder = Path(summary["profile"]).parent
+    assert folder.parent == tmp_path / "store" and folder.name.endswith("-stored.py")
+    meta = json.loads((folder / "meta.json").read_text())
+    assert meta["exit_code"] == 0 and meta["totals"]["alloc_space"] >= 12 * KIB
+    assert meta["processes"] == summary["processes"] and len(meta["processes"]) == 1
+    assert bytes_by_function(load(folder / "profile.pb.gz"))["Holder > make"] == 12 * KIB
+
+
+def test_sigterm_is_passed_on_and_the_profile_is_still_written(tmp_path: Path) -> None:
+    script = write(tmp_path / "server.py", ALLOCATE, """
+    import time
+    kept = Holder().make(20)
+    print("serving", flush=True)
+    time.sleep(60)
+    """)
+    env = dict(os.environ, GPUFLAME_STORE=str(tmp_path / "store"))
+    env.pop("PYTHONPATH", None)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpuflame", "run", "-o", "t.pb.gz", script.name],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "serving"
+    time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+    assert bytes_by_function(load(tmp_path / "t.pb.gz"))["Holder > make"] == 20 * KIB
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ((), "nothing to run"),
+        (("missing.py",), "missing.py: no such script"),
+        (("--", "no-such-command-xyz"), "no-such-command-xyz: command not found"),
+        (("--backend", "cobol", "x.py"), "invalid choice"),
+        (("--interval", "soon", "x.py"), "not a duration"),
+    ],
+)
+def test_bad_invocations_get_one_line_and_exit_2(tmp_path: Path, args: tuple[str, ...], message: str) -> None:
+    result = gpuflame_run(*args, cwd=tmp_path)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], result.stderr
