@@ -18,8 +18,16 @@ $(VENV)/.installed: $(BIN)/activate pyproject.toml
 
 venv: $(VENV)/.installed
 
+# The main job: profile the demo workload (a small Llama generating with a
+# static KV cache, on the GPU if there is one, else the CPU), then show the
+# report and the flame graph, and write flame-graph files.
 demo: venv
-	$(BIN)/python examples/demo.py
+	@mkdir -p out
+	$(BIN)/gpuflame run -o out/demo.pb.gz examples/demo.py
+	$(BIN)/gpuflame report out/demo.pb.gz --hide-trampolines
+	$(BIN)/gpuflame flame out/demo.pb.gz --hide-trampolines
+	$(BIN)/gpuflame export out/demo.pb.gz --format speedscope -o out/demo.speedscope.json
+	$(BIN)/gpuflame export out/demo.pb.gz --format folded -o out/demo.folded
 
 test: venv
 	$(BIN)/python -m pytest -q

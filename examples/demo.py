@@ -45,7 +45,17 @@ class ModelRunner:
         return model.eval()
 
     def _allocate_kv_cache_tensors(self) -> StaticCache:
-        return StaticCache(config=self.model.config, max_cache_len=self.max_len)
+        """The whole KV cache up front, as a serving engine reserves it at start-up."""
+        config = self.model.config
+        cache = StaticCache(config=config, max_cache_len=self.max_len)
+        cache.early_initialization(
+            batch_size=self.max_batch,
+            num_heads=config.num_key_value_heads,
+            head_dim=config.hidden_size // config.num_attention_heads,
+            dtype=self.model.dtype,
+            device=self.device,
+        )
+        return cache
 
     @torch.inference_mode()
     def generate(self, prompts: torch.Tensor, new_tokens: int) -> torch.Tensor:
