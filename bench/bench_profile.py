@@ -21,8 +21,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
@@ -70,9 +71,8 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
     if not args.profile.exists():
-        from make_profile import make_profile
-
         from gpuflame.formats import save
+        from make_profile import make_profile
 
         print(f"generating {args.profile} (200k samples, 40 deep) ...", flush=True)
         args.profile.parent.mkdir(parents=True, exist_ok=True)
@@ -91,7 +91,8 @@ def main() -> None:
     Profile = google_profile_class()
     t_google, _ = best(lambda: Profile.FromString(gzip.decompress(data)), args.repeat)
     print(f"load   gpuflame decode (pure Python)      {t_ours:7.3f} s")
-    print(f"load   google protobuf parse (C upb)      {t_google:7.3f} s   ratio gpuflame/google {t_ours / t_google:5.1f}x"
+    ratio = t_ours / t_google
+    print(f"load   google protobuf parse (C upb)      {t_google:7.3f} s   ratio gpuflame/google {ratio:5.1f}x"
           f"   (gunzip alone {t_gunzip:.3f} s)")
 
     for name, argv in (

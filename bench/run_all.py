@@ -12,6 +12,7 @@ STEPS = [
     ["bench/make_snapshot.py"],
     ["bench/bench_convert.py"],
     ["bench/bench_profile.py"],
+    ["bench/bench_capture_torch.py"],
 ]
 
 

@@ -38,7 +38,7 @@ def test_the_file_is_written_when_the_block_raises(tmp_path: Path) -> None:
     with pytest.raises(ZeroDivisionError):
         with gpuflame.profile(out, backend="torch"):
             kept = Buffers().allocate(2048)  # noqa: F841
-            1 / 0
+            raise ZeroDivisionError("inside the block")
     assert leaf_bytes(out, "Buffers > allocate") == 2048
 
 

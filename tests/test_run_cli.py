@@ -23,7 +23,9 @@ from gpuflame.model import Profile
 KIB = 1024
 
 
-def gpuflame_run(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 180) -> subprocess.CompletedProcess:
+def gpuflame_run(
+    *args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 180
+) -> subprocess.CompletedProcess:
     full_env = dict(os.environ)
     full_env.pop("PYTHONPATH", None)
     full_env["GPUFLAME_STORE"] = str(cwd / "store")

@@ -19,8 +19,8 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from gpuflame.capture.autostart import watch
 from gpuflame.capture.session import Session

@@ -8,7 +8,6 @@ after the workload imports its framework.
 from __future__ import annotations
 
 import os
-import sys
 from types import ModuleType
 
 from gpuflame.capture import backends

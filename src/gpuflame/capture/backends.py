@@ -9,7 +9,7 @@ if TYPE_CHECKING:
     from gpuflame.capture.session import Recorder, Session
 
 
-def create(name: str, session: "Session") -> "Recorder":
+def create(name: str, session: Session) -> Recorder:
     """A new, not yet started recorder for backend *name*."""
     if name == "torch":
         from gpuflame.capture.torch_tensors import TorchTensorRecorder

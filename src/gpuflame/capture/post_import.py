@@ -12,14 +12,14 @@ import importlib.abc
 import importlib.machinery
 import sys
 import threading
+from collections.abc import Callable, Sequence
 from types import ModuleType
-from typing import Callable, Sequence
 
 Callback = Callable[[ModuleType], None]
 
 _lock = threading.Lock()
 _callbacks: dict[str, list[Callback]] = {}
-_finder: "_PostImportFinder | None" = None
+_finder: _PostImportFinder | None = None
 
 
 def when_imported(name: str, callback: Callback) -> None:

@@ -15,9 +15,10 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
-from typing import Any, Callable
+from typing import Any
 
 from gpuflame.capture.base import Recorder
 from gpuflame.capture.settings import Settings

@@ -9,8 +9,8 @@ spawn and forkserver workers.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import Mapping
 
 PREFIX = "GPUFLAME_"
 BACKENDS = ("auto", "torch-cuda", "torch", "jax")
@@ -36,7 +36,7 @@ class Settings:
         return out
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
         """Settings from the environment; bad values fall back to defaults (never raise)."""
         env = os.environ if env is None else env
         values: dict[str, object] = {}

@@ -78,7 +78,7 @@ class RunMeta:
         atomic_write(folder / META_NAME, json.dumps(asdict(self), indent=2) + "\n")
 
     @classmethod
-    def read(cls, folder: Path) -> "RunMeta":
+    def read(cls, folder: Path) -> RunMeta:
         data = json.loads((folder / META_NAME).read_text())
         known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
         return cls(**known)

@@ -22,7 +22,8 @@ This backend needs a GPU and is tested in ``tests/gpu/``.
 from __future__ import annotations
 
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from gpuflame.capture.base import Recorder, empty_profile
 from gpuflame.formats.torch_snapshot import from_snapshot

@@ -6,8 +6,9 @@ import argparse
 import importlib
 import os
 import sys
+from collections.abc import Sequence
 from types import ModuleType
-from typing import NoReturn, Sequence
+from typing import NoReturn
 
 from gpuflame import __version__
 from gpuflame.errors import GpuflameError

@@ -49,12 +49,10 @@ frames, doc_url and the rest of Mapping are ignored).
 
 from __future__ import annotations
 
-import gc
 import gzip
 import struct
 import sys
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from itertools import chain
 from operator import itemgetter
 from typing import Any, NamedTuple
@@ -82,6 +80,7 @@ from gpuflame.formats.protobuf_wire import (
     tag,
     to_int64,
 )
+from gpuflame.gcpause import gc_paused
 from gpuflame.model.profile import NATIVE, PYTHON, Frame, Labels, Profile, Sample, SampleType
 from gpuflame.symbols.kinds import guess_kind
 from gpuflame.symbols.names import SEPARATOR, UNKNOWN, native_address_name
@@ -318,25 +317,8 @@ def decode(data: bytes) -> Profile:
         data = bytes(data)
     if data[:2] == GZIP_MAGIC:
         data = gunzip(data)
-    with _gc_paused():
+    with gc_paused():
         return _decode_raw(data)
-
-
-@contextmanager
-def _gc_paused() -> Iterator[None]:
-    """Pause the cycle collector while building samples.
-
-    Decoding allocates hundreds of thousands of Sample objects and tuples, none
-    of them in cycles; each allocation burst would otherwise trigger
-    collections that walk all of them again (about 15% of decode time).
-    """
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def _decode_raw(data: bytes) -> Profile:

@@ -29,36 +29,18 @@ any snapshot has) gets an exact, slower check of tuple nesting first.
 
 from __future__ import annotations
 
-import gc
 import io
 import pickle
 import pickletools
 import re
 import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import NoReturn
 
 from gpuflame.errors import ProfileFormatError, UnsafePickleError
+from gpuflame.gcpause import gc_paused
 
 PLAIN_DATA = "a memory snapshot contains only plain data (dicts, lists, strings, numbers)"
-
-
-@contextmanager
-def gc_paused() -> Iterator[None]:
-    """Hold off the cyclic garbage collector while building millions of acyclic objects.
-
-    Unpickling a snapshot (and converting it) allocates dicts and lists by the
-    million; each allocation burst triggers a collection that walks every
-    object already built, for no gain: plain data has no reference cycles.
-    """
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def loads(data: bytes) -> object:

@@ -57,6 +57,7 @@ from typing import Any
 from gpuflame.errors import GpuflameError, ProfileFormatError
 from gpuflame.formats import safe_pickle
 from gpuflame.formats.detect import GZIP_MAGIC, gunzip
+from gpuflame.gcpause import gc_paused
 from gpuflame.model.profile import NATIVE, PYTHON, SYNTHETIC, TRAMPOLINE, Frame, Labels, Profile, Sample
 from gpuflame.model.sample_types import memory_sample_types
 from gpuflame.symbols import names
@@ -119,7 +120,7 @@ def from_snapshot(
     overflowed. A snapshot may also carry it under the key ``max_entries``.
     """
     try:
-        with safe_pickle.gc_paused():
+        with gc_paused():
             return _Converter(snapshot, max_entries, device_type, resolver or Resolver()).run()
     except GpuflameError:
         raise

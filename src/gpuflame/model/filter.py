@@ -7,7 +7,7 @@ shed unused frames). Frame patterns accept either spelling of a method
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from gpuflame.model.profile import SYNTHETIC, Frame, Profile, Sample
 from gpuflame.symbols.names import compile_query, normalize

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from gpuflame.model.profile import Profile, Sample, SampleType, make_labels
 
@@ -41,7 +41,7 @@ def merge(
         remap = [out.frame_id(f) for f in p.frames]
         for s in p.samples:
             row = [0] * len(types)
-            for i, v in zip(slots, s.values):
+            for i, v in zip(slots, s.values, strict=True):
                 row[i] += v
             lab = s.labels
             if extra:

@@ -10,8 +10,9 @@ CPython hashes and compares fastest.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator, Mapping, NamedTuple, Sequence
+from typing import NamedTuple
 
 from gpuflame.errors import UnknownSampleTypeError
 
@@ -197,7 +198,7 @@ class Profile:
 
     # -- housekeeping -----------------------------------------------------
 
-    def empty_like(self) -> "Profile":
+    def empty_like(self) -> Profile:
         """A profile with the same types and metadata and no samples."""
         return Profile(
             sample_types=list(self.sample_types),
@@ -211,7 +212,7 @@ class Profile:
         self,
         samples: list[Sample] | None = None,
         sample_types: list[SampleType] | None = None,
-    ) -> "Profile":
+    ) -> Profile:
         """A profile over the same frame table and metadata with other samples.
 
         The verbs (filter, diff, prune) use it to keep frame ids valid without
@@ -227,7 +228,7 @@ class Profile:
         out.samples = samples if samples is not None else list(self.samples)
         return out
 
-    def compact(self) -> "Profile":
+    def compact(self) -> Profile:
         """Merge samples with equal stack and labels, drop all-zero samples and unused frames.
 
         Returns a new profile; frames are renumbered in order of first use.

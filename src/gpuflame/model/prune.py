@@ -11,20 +11,20 @@ allocation itself being attributed to it.
 from __future__ import annotations
 
 import re
-from typing import Iterable
+from collections.abc import Iterable
 
 from gpuflame.model.profile import PYTHON, Frame, Profile, Sample
 
 DEFAULT_FRAMEWORKS = ("torch", "jax", "jaxlib")
 
 
-def framework_regex(packages: Iterable[str]) -> "re.Pattern[str]":
+def framework_regex(packages: Iterable[str]) -> re.Pattern[str]:
     """Paths of installed packages: ``.../torch/nn/...`` or ``torch/nn/...``."""
     names = "|".join(re.escape(p.strip("/")) for p in packages if p.strip("/"))
     return re.compile(rf"(^|[/\\])({names})[/\\]")
 
 
-def is_framework(frame: Frame, regex: "re.Pattern[str]") -> bool:
+def is_framework(frame: Frame, regex: re.Pattern[str]) -> bool:
     return frame.kind == PYTHON and bool(frame.file) and regex.search(frame.file) is not None
 
 

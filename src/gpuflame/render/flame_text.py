@@ -34,7 +34,7 @@ class FlameLine:
     total: int
     self: int
     hidden: int = 0  # for an "other" line: how many bars were folded into it
-    children: list["FlameLine"] = field(default_factory=list)
+    children: list[FlameLine] = field(default_factory=list)
 
     @property
     def frame(self) -> Frame:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import re
 
 from gpuflame.model.profile import NATIVE, PYTHON, SYNTHETIC, TRAMPOLINE
-from gpuflame.symbols.names import MODULE, TRAMPOLINE as TRAMPOLINE_NAME
+from gpuflame.symbols.names import MODULE
+from gpuflame.symbols.names import TRAMPOLINE as TRAMPOLINE_NAME
 
 _ADDRESS = re.compile(r"^(0x)?[0-9a-fA-F]{6,}$")
 _PYTHON_FILE = re.compile(r"\.(py|pyw|pyx|ipynb)$|^<(frozen |string|stdin|ipython)")

@@ -62,7 +62,7 @@ def matches_exactly(name: str, query: str) -> bool:
     return n == q or n.endswith("." + q)
 
 
-def compile_query(query: str) -> "re.Pattern[str]":
+def compile_query(query: str) -> re.Pattern[str]:
     """A regular expression over normalized names; plain text is matched literally.
 
     Users type ``LlamaMLP.forward`` far more often than regexes, so a query is
