@@ -213,3 +213,22 @@ def test_bad_invocations_get_one_line_and_exit_2(tmp_path: Path, args: tuple[str
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], result.stderr
+
+
+def test_a_backend_that_cannot_start_is_reported_and_the_program_runs(tmp_path: Path) -> None:
+    """A broken framework install (a ``jax`` without ``jax.profiler``): one line, normal exit."""
+    fake = tmp_path / "fakes" / "jax"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("VERSION = 'broken'\n")
+    script = write(tmp_path / "usesjax.py", """
+    import sys, jax
+    print("ran with", jax.VERSION, flush=True)
+    sys.exit(4)
+    """)
+    result = gpuflame_run("-o", "j.pb.gz", "--backend", "jax", script.name, cwd=tmp_path,
+                          env={"PYTHONPATH": str(tmp_path / "fakes")})
+    assert result.returncode == 4
+    assert result.stdout == "ran with broken\n"
+    assert "Traceback" not in result.stderr
+    assert "gpuflame: jax backend: could not start recording" in result.stderr
+    assert "the profile is empty (see what was lost above)" in result.stderr

@@ -106,7 +106,7 @@ class Recorder(ABC):
         """
         try:
             detail = f" ({type(exc).__name__}: {exc})" if exc is not None else ""
-            message = f"gpuflame: {what}{detail}; {lost}"
+            message = f"gpuflame: {self.name} backend: {what}{detail}; {lost}"
             with self._error_lock:
                 first = not self.errors
                 self.errors.append(message)

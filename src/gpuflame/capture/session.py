@@ -61,6 +61,7 @@ class Session:
             return
         with self._lock:
             self.recorders.append(recorder)
+        self._note_recorder_errors()
         if self.settings.interval > 0 and self._timer is None:
             self._start_timer()
 
@@ -119,6 +120,7 @@ class Session:
         with self._lock:
             try:
                 profile = self.profile()
+                self._note_recorder_errors()
                 if profile is None:
                     return False
                 for message in self.lost:
@@ -131,22 +133,29 @@ class Session:
 
     # -- failures -----------------------------------------------------------
 
-    def report(self, message: str) -> None:
+    def report(self, message: str, say: bool = True) -> None:
         """Say once on stderr what failed and what was lost; leave a note for the launcher."""
         if message in self.lost:
             return
         self.lost.append(message)
-        try:
-            sys.stderr.write(f"gpuflame: {message}\n")
-            sys.stderr.flush()
-        except Exception:
-            pass
+        if say:
+            try:
+                sys.stderr.write(f"gpuflame: {message}\n")
+                sys.stderr.flush()
+            except Exception:
+                pass
         try:
             if self.settings.session_dir:
                 with open(Path(self.settings.session_dir) / LOST_FILE.format(pid=self.pid), "a") as notes:
                     notes.write(message + "\n")
         except Exception:
             pass
+
+    def _note_recorder_errors(self) -> None:
+        """Recorders print their own first error; the launcher still needs to hear of it."""
+        for recorder in list(self.recorders):
+            for error in getattr(recorder, "errors", [])[:1]:
+                self.report(error.removeprefix("gpuflame: "), say=False)
 
     # -- periodic snapshots ---------------------------------------------------
 

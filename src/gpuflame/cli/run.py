@@ -177,7 +177,7 @@ def _collect(folder: Path, output: Path, meta: RunMeta) -> Profile | None:
         if not any(message.endswith(c) or c.endswith(message) for c in merged.comments):
             merged.comments.append(message)
     save(merged, output)
-    meta.processes = sorted({int(v) for v in merged.label_values("pid") if v.isdigit()})
+    meta.processes = sorted(int(p.name.split("-")[1].split(".")[0]) for p in folder.glob(PROCESS_FILE.format(pid="*")))
     meta.totals = merged.totals()
     return merged
 
@@ -197,10 +197,12 @@ def _say_where(args: argparse.Namespace, output: Path, meta: RunMeta) -> None:
         sys.stdout.write(json.dumps(summary) + "\n")
         return
     if not meta.processes:
-        sys.stderr.write(
-            "gpuflame: no profile was written: no process imported a framework gpuflame records "
-            f"(backend {args.backend}: torch or jax)\n"
-        )
+        why = "see what was lost above" if meta.lost else f"no process imported torch or jax (backend {args.backend})"
+        sys.stderr.write(f"gpuflame: no profile was written: {why}\n")
+        return
+    if not any(meta.totals.values()):
+        why = "see what was lost above" if meta.lost else "nothing was allocated while recording"
+        sys.stderr.write(f"gpuflame: the profile is empty ({why}): {output}\n")
         return
     shown = next((t for t in ("peak_space", "inuse_space", "alloc_space") if t in meta.totals), None)
     size = f", {shown.split('_')[0]} {format_bytes(meta.totals[shown])}" if shown else ""
