@@ -19,11 +19,13 @@ COMMANDS = ("run", "report", "flame", "top", "explain", "diff", "export", "conve
 DESCRIPTION = """\
 Which Python functions hold the GPU memory?
 
-gpuflame reads GPU-memory profiles (gzip pprof *.pb.gz, folded stacks, or a
-PyTorch CUDA memory snapshot pickle) and answers with a report, a top table,
-call chains and flame-graph files.
+gpuflame records memory allocations with the Python stack that made them
+(PyTorch on CUDA or any device, JAX), reads GPU-memory profiles (gzip pprof
+*.pb.gz, folded stacks, PyTorch CUDA memory snapshots), and answers with a
+report, a flame graph, call chains and files for other viewers.
 
 Start with:
+  gpuflame run script.py           profile a program (and its child processes)
   gpuflame report PROFILE          what holds the memory, on one screen
   gpuflame flame PROFILE           the flame graph in the terminal
   gpuflame explain PROFILE NAME    why a function allocates (its call chains)

@@ -72,8 +72,8 @@ def gunzip(data: bytes) -> bytes:
 
 def loads(data: bytes, source: str = "<bytes>") -> Profile:
     """Parse a profile in any supported format from bytes."""
-    fmt = detect(data)
     try:
+        fmt = detect(data)
         if fmt == "pprof":
             from gpuflame.formats import pprof
 
