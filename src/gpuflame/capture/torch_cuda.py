@@ -7,6 +7,11 @@ replaying the trace, in use, allocated, cached free blocks) is the same one
 ``gpuflame convert`` uses on a saved snapshot, so a live run and a file read
 give the same numbers.
 
+A live process keeps taking snapshots (every ``--interval``, at exit, at an
+OOM), and :class:`~gpuflame.capture.cuda_history.SnapshotHistory` folds them
+so that peak and allocated cover the whole run although PyTorch's ring
+buffer holds only the last ``max_entries`` events.
+
 Two things only a live process can add:
 
 * ``<outside framework>``: what the device holds for this process beyond
@@ -26,7 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gpuflame.capture.base import Recorder, empty_profile
-from gpuflame.formats.torch_snapshot import from_snapshot
+from gpuflame.capture.cuda_history import SnapshotHistory
 from gpuflame.model import SYNTHETIC, Frame, Profile
 from gpuflame.symbols.names import OUTSIDE_FRAMEWORK
 
@@ -52,6 +57,7 @@ class TorchCudaRecorder(Recorder):
         self.max_entries = max_entries
         self.native = native
         self.oom_events: list[str] = []
+        self.history = SnapshotHistory(max_entries)
 
     def _start(self) -> None:
         import torch
@@ -76,7 +82,7 @@ class TorchCudaRecorder(Recorder):
 
         if not torch.cuda.is_initialized():
             return empty_profile()
-        profile = from_snapshot(torch.cuda.memory._snapshot())
+        profile = self.history.add(torch.cuda.memory._snapshot())
         add_outside_framework(profile, outside_framework_bytes(torch))
         for note in self.oom_events:
             if note not in profile.comments:
