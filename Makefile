@@ -37,6 +37,7 @@ lint: venv
 	$(BIN)/ruff check src tests bench
 
 bench: venv
+	$(BIN)/pip install --quiet -e '.[test,bench]'
 	$(BIN)/python bench/run_all.py
 
 clean:

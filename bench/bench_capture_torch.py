@@ -8,7 +8,9 @@ noisy, shared machine slows them alike), best of --repeat:
   without building the profile at the end;
 * ``torch.profiler.profile(profile_memory=True, with_stack=True)``, the
   peer that also gives allocations with Python stacks, with and without its
-  exit (where it builds its event tree).
+  exit (where it builds its event tree);
+* memray's ``Tracker`` (every malloc with its Python stack, CPU memory
+  only), when memray is installed (``pip install memray``).
 
 The workload is ``examples/demo.py``'s ``ModelRunner.generate`` (a small
 Llama built from a config, random weights, static KV cache); ``--model
@@ -114,6 +116,23 @@ def torch_profiler(work: Callable[[], Any]) -> dict[str, float]:
     return {"loop": loop, "with profile": total}
 
 
+def memray_tracker(work: Callable[[], Any]) -> dict[str, float]:
+    """memray's in-process tracker: every malloc with its Python stack, written to a file."""
+    import tempfile
+
+    import memray
+
+    with tempfile.TemporaryDirectory() as tmp:
+        tracker = memray.Tracker(Path(tmp) / "bench.bin")
+        start = time.perf_counter()
+        tracker.__enter__()
+        work()
+        loop = time.perf_counter() - start
+        tracker.__exit__(None, None, None)
+        total = time.perf_counter() - start
+    return {"loop": loop, "with profile": total}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", choices=["demo", "tiny"], default="demo")
@@ -133,6 +152,8 @@ def main() -> None:
         "gpuflame torch": gpuflame_torch,
         "torch.profiler": torch_profiler,
     }
+    if importlib.util.find_spec("memray") is not None:
+        ways["memray"] = memray_tracker
     times: dict[str, dict[str, list[float]]] = {name: {} for name in ways}
     for _ in range(args.repeat):
         for name, way in ways.items():
@@ -163,6 +184,8 @@ def main() -> None:
         f"{(ratios['gpuflame torch incl'] - 1) / peer_incl:.2f} including building the profile (goal < 0.5)"
     )
     print(f"gpuflame torch ratio {ratios['gpuflame torch']:.2f}x (goal < 1.3x)")
+    if "memray" in ratios:
+        print(f"gpuflame torch slowdown / memray slowdown: {ours / (ratios['memray'] - 1):.2f} in the loop")
 
 
 if __name__ == "__main__":
