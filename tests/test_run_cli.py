@@ -232,3 +232,46 @@ def test_a_backend_that_cannot_start_is_reported_and_the_program_runs(tmp_path: 
     assert "Traceback" not in result.stderr
     assert "gpuflame: jax backend: could not start recording" in result.stderr
     assert "the profile is empty (see what was lost above)" in result.stderr
+
+
+JAX_SCRIPT = """
+import jax.numpy as jnp
+
+class Model:
+    def make(self):
+        return jnp.ones((256, 256), dtype=jnp.float32)
+
+kept = Model().make()
+kept.block_until_ready()
+"""
+
+
+def test_jax_runs_name_the_method_and_prune_jax_unless_asked(tmp_path: Path) -> None:
+    script = write(tmp_path / "jaxjob.py", JAX_SCRIPT)
+    env = {"JAX_PLATFORMS": "cpu"}
+
+    def jax_frames_per_stack(profile: Profile) -> int:
+        return max(sum("/jax/" in profile.frames[f].file for f in s.stack) for s in profile.samples)
+
+    pruned = gpuflame_run("-o", "p.pb.gz", "--backend", "jax", script.name, cwd=tmp_path, env=env)
+    assert pruned.returncode == 0, pruned.stderr
+    profile = load(tmp_path / "p.pb.gz")
+    idx = profile.type_index("inuse_space")
+    (sample,) = [s for s in profile.samples if s.values[idx]]
+    names = [profile.frames[f].name for f in sample.stack]
+    # the jax function the user called stays as the leaf; jax's insides are gone
+    assert names[1] == "Model > make" and sample.values[idx] == 256 * 256 * 4
+    assert jax_frames_per_stack(profile) == 1
+    kept = gpuflame_run("-o", "k.pb.gz", "--backend", "jax", "--keep-framework", script.name, cwd=tmp_path, env=env)
+    assert kept.returncode == 0, kept.stderr
+    assert jax_frames_per_stack(load(tmp_path / "k.pb.gz")) > 1
+
+
+def test_a_second_run_to_the_same_output_does_not_merge_the_first(tmp_path: Path) -> None:
+    script = write(tmp_path / "again.py", ALLOCATE, "\nkept = Holder().make(8)\n")
+    for _ in range(2):
+        result = gpuflame_run("-o", "a.pb.gz", script.name, cwd=tmp_path)
+        assert result.returncode == 0, result.stderr
+    profile = load(tmp_path / "a.pb.gz")
+    assert len(profile.label_values("pid")) == 1
+    assert bytes_by_function(profile)["Holder > make"] == 8 * KIB

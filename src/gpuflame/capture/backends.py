@@ -20,9 +20,9 @@ def create(name: str, session: Session) -> Recorder:
 
         return TorchCudaRecorder(on_oom=session.write, native=session.settings.native)
     if name == "jax":
-        from gpuflame.capture.jax_memory import JaxRecorder
+        from gpuflame.capture.jax_memory import JaxMemoryRecorder
 
-        return JaxRecorder()
+        return JaxMemoryRecorder(keep_framework=session.settings.keep_framework)
     raise ValueError(f"unknown backend {name!r}")
 
 

@@ -169,7 +169,6 @@ def _columns(raw: Profile) -> tuple[int, int]:
     return space, count
 
 
-JaxRecorder = JaxMemoryRecorder  # the name the launcher's backend table uses
 
 
 def take_profile(keep_framework: bool = False, backend: str | None = None) -> Profile:

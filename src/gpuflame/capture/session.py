@@ -62,6 +62,10 @@ class Session:
         with self._lock:
             self.recorders.append(recorder)
         self._note_recorder_errors()
+        # The framework just imported has registered its own exit handlers
+        # (JAX frees its buffers at exit); atexit runs the latest first, so
+        # finishing from here writes the profile before they run.
+        atexit.register(self.finish)
         if self.settings.interval > 0 and self._timer is None:
             self._start_timer()
 

@@ -25,6 +25,7 @@ class Settings:
     interval: float = 0.0  # seconds between periodic snapshots; 0 = only at exit
     follow: bool = True  # profile child processes too
     native: bool = False  # native frames where the backend can give them
+    keep_framework: bool = False  # keep framework-internal frames (jax/, jaxlib/) the jax backend prunes
     root_pid: int = 0  # the process gpuflame run started
 
     def to_env(self) -> dict[str, str]:

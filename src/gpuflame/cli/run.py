@@ -72,6 +72,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also write each process's profile every DURATION (15s, 500ms); default: only at exit")
     parser.add_argument("--no-follow", action="store_true", help="do not profile child processes")
     parser.add_argument("--native", action="store_true", help="native frames where the backend can give them")
+    parser.add_argument("--keep-framework", action="store_true",
+                        help="keep framework-internal frames (jax/, jaxlib/) that the jax backend prunes")
     parser.add_argument("--store", metavar="DIR", help=f"store folder for runs without -o (default {store_root()})")
     parser.add_argument("--json", action="store_true", help="print a JSON summary at the end (on stdout)")
     parser.add_argument("-m", dest="module", metavar="MODULE", help="run a module, like python -m")
@@ -114,6 +116,7 @@ def run(args: argparse.Namespace) -> int:
         output = Path(args.output)
         folder = output.with_name(output.name + ".processes")
         folder.mkdir(parents=True, exist_ok=True)
+        _clear_previous_run(folder)
         run_dir = None
     else:
         asked = [args.module] if args.module else [w for w in args.target if w != "--"]
@@ -127,6 +130,7 @@ def run(args: argparse.Namespace) -> int:
         interval=args.interval,
         follow=not args.no_follow,
         native=args.native,
+        keep_framework=args.keep_framework,
     )
     exit_code = _run_program(command, profiler_env(settings))
     meta = RunMeta(command=command, started=started, ended=time.time(), exit_code=exit_code, backend=args.backend)
@@ -135,6 +139,16 @@ def run(args: argparse.Namespace) -> int:
         _write_meta(meta, run_dir)
     _say_where(args, output, meta)
     return exit_code
+
+
+def _clear_previous_run(folder: Path) -> None:
+    """A folder reused by ``-o``: last run's process files must not join this run."""
+    for pattern in (PROCESS_FILE, LOST_FILE):
+        for path in folder.glob(pattern.format(pid="*")):
+            try:
+                path.unlink()
+            except OSError as exc:
+                raise GpuflameError(f"{path}: cannot remove the previous run's file ({exc.strerror})") from None
 
 
 def _run_program(command: list[str], env: dict[str, str]) -> int:
