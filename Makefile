@@ -26,6 +26,7 @@ demo: venv
 	$(BIN)/gpuflame run -o out/demo.pb.gz examples/demo.py
 	$(BIN)/gpuflame report out/demo.pb.gz --hide-trampolines
 	$(BIN)/gpuflame flame out/demo.pb.gz --hide-trampolines
+	$(BIN)/gpuflame view out/demo.pb.gz -o out/demo.html
 	$(BIN)/gpuflame export out/demo.pb.gz --format speedscope -o out/demo.speedscope.json
 	$(BIN)/gpuflame export out/demo.pb.gz --format folded -o out/demo.folded
 

@@ -256,7 +256,7 @@ def test_export_other_formats(capsys, tmp_path, seed_file, seed, fmt, suffix):
 def test_export_format_from_the_name(capsys, tmp_path, seed_file):
     rc, out, _ = run(capsys, "export", seed_file, "-o", tmp_path / "x.folded")
     assert rc == 0 and "folded" in out
-    rc, _, err = run(capsys, "export", seed_file, "-o", tmp_path / "x.svg")
+    rc, _, err = run(capsys, "export", seed_file, "-o", tmp_path / "x.png")
     assert rc == 2 and "--format" in err and len(err.strip().splitlines()) == 1
 
 

@@ -17,7 +17,8 @@ Memory stays bounded: the sums are per distinct stack, not per event.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from gpuflame.formats.torch_snapshot import from_snapshot
 from gpuflame.model import Profile, merge, select_types

@@ -14,7 +14,7 @@ import shlex
 import sys
 from typing import Any
 
-from gpuflame.formats.detect import FORMATS, load, save
+from gpuflame.formats.detect import FORMATS, format_from_name, load, save
 from gpuflame.model.profile import Profile
 from gpuflame.units import format_count
 
@@ -44,18 +44,6 @@ The format follows the output name (.pb.gz, .folded, .speedscope.json,
 .json) unless --format says otherwise; pprof when the name says nothing.
 """
 
-_SUFFIXES = (
-    (".speedscope.json", "speedscope"),
-    (".json", "json"),
-    (".folded", "folded"),
-    (".collapsed", "folded"),
-    (".txt", "folded"),
-    (".pb.gz", "pprof"),
-    (".pb", "pprof"),
-    (".pprof", "pprof"),
-)
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("input", metavar="INPUT", help="snapshot pickle, pprof (.pb.gz) or folded file")
     parser.add_argument("-o", "--output", required=True, metavar="OUTPUT", help="file to write (atomically)")
@@ -75,13 +63,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def output_format(path: str, requested: str | None) -> str:
     """The format asked for, else the one the output name implies, else pprof."""
-    if requested:
-        return requested
-    name = os.path.basename(path).lower()
-    for suffix, fmt in _SUFFIXES:
-        if name.endswith(suffix):
-            return fmt
-    return "pprof"
+    return requested or format_from_name(path) or "pprof"
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,4 +1,4 @@
-"""``gpuflame export``: write a profile as pprof, folded stacks, speedscope or flame-tree JSON."""
+"""``gpuflame export``: write a profile as pprof, folded stacks, speedscope, flame-tree JSON or an SVG picture."""
 
 from __future__ import annotations
 
@@ -14,9 +14,10 @@ from gpuflame.cli.common import (
 )
 from gpuflame.errors import GpuflameError
 from gpuflame.formats import FORMATS, save
+from gpuflame.formats.detect import format_from_name
 from gpuflame.units import format_bytes
 
-HELP = "write pprof, folded, speedscope or flame-tree JSON"
+HELP = "write pprof, folded, speedscope, flame-tree JSON or an SVG flame graph"
 
 DESCRIPTION = """\
 Write the profile, after the filters, in another format:
@@ -25,12 +26,14 @@ Write the profile, after the filters, in another format:
   folded       "a;b;c 123" lines for flamegraph.pl --countname bytes (one sample type)
   speedscope   speedscope.app JSON, unit bytes (one sample type)
   json         the flame tree: name, file, line, kind, self, total, children
+  svg          a static flame graph picture (roots at the bottom, tooltips with
+               self and total), for CI logs, reports and pull requests
 
 Text formats carry one sample type (--type; default peak, else inuse, else
 alloc). The file is written to a temporary name and renamed into place, so
 a failed export never leaves a partial file and never damages an existing
 one. Without --format, the format follows OUT's name (.pb.gz, .folded,
-.speedscope.json, .json)."""
+.speedscope.json, .json, .svg)."""
 
 EPILOG = f"""\
 examples:
@@ -39,19 +42,9 @@ examples:
   gpuflame export snapshot.pickle -o run.pb.gz
   gpuflame export run.pb.gz --type inuse --no-cached -o run.speedscope.json
   gpuflame export run.pb.gz --format json -o tree.json
+  gpuflame export run.pb.gz --type inuse -o flame.svg
 
 {FILTER_ORDER}"""
-
-SUFFIXES = (
-    (".speedscope.json", "speedscope"),
-    (".pb.gz", "pprof"),
-    (".pb", "pprof"),
-    (".pprof", "pprof"),
-    (".folded", "folded"),
-    (".txt", "folded"),
-    (".json", "json"),
-)
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("file", metavar="FILE", help="profile: pprof (.pb.gz), folded, or PyTorch snapshot")
@@ -63,11 +56,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def format_for(path: str) -> str:
-    name = path.lower()
-    for suffix, fmt in SUFFIXES:
-        if name.endswith(suffix):
-            return fmt
-    raise GpuflameError(f"cannot tell the format from {path!r}; add --format {'|'.join(FORMATS)}")
+    fmt = format_from_name(path)
+    if fmt is None:
+        raise GpuflameError(f"cannot tell the format from {path!r}; add --format {'|'.join(FORMATS)}")
+    return fmt
 
 
 def run(args: argparse.Namespace) -> int:

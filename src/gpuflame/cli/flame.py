@@ -6,6 +6,8 @@ import argparse
 
 from gpuflame.analysis.tree import build_tree, frame_dict
 from gpuflame.cli.common import FILTER_ORDER, add_analysis_options, load_for_analysis, print_json
+from gpuflame.files import atomic_write
+from gpuflame.render import svg
 from gpuflame.render.flame_text import flame_lines, render_flame
 from gpuflame.render.terminal import make_console, print_comments, type_title
 
@@ -19,7 +21,10 @@ The bar is the frame's total, its solid red part the frame's self.
 Runs of frames that have a single callee and allocate nothing themselves are
 collapsed into one line ("A ⋯ N frames ⋯ B"), as Grafana groups them;
 --expand shows every frame. Bars under --min-percent of the total are
-summed into one "… N more" line."""
+summed into one "… N more" line.
+
+--svg OUT also writes the same profile, after the same filters, as a static
+SVG flame graph picture (roots at the bottom, a tooltip per bar)."""
 
 EPILOG = f"""\
 examples:
@@ -27,6 +32,7 @@ examples:
   gpuflame flame run.pb.gz --focus GPUModelRunner.initialize_kv_cache --expand
   gpuflame flame run.pb.gz --type inuse --no-cached --min-percent 0.1 --depth 12
   gpuflame flame run.pb.gz --group-by pid
+  gpuflame flame run.pb.gz --no-cached --svg flame.svg
 
 {FILTER_ORDER}"""
 
@@ -38,6 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--depth", type=int, metavar="N", help="show at most N levels")
     parser.add_argument("--expand", action="store_true", help="expand all groups: one line per frame")
     parser.add_argument("--group-by", metavar="LABEL", help="one subtree per value of a label (pid, device, ...)")
+    parser.add_argument("--svg", metavar="OUT", help="also write the flame graph as an SVG picture to OUT")
     add_analysis_options(parser)
 
 
@@ -46,6 +53,8 @@ def run(args: argparse.Namespace) -> int:
     tree = build_tree(loaded.profile, loaded.type_index, group_by=args.group_by, lines=args.lines)
     lines = flame_lines(tree, max(0.0, args.min_percent), args.depth, args.expand)
     sample_type = tree.table.sample_type
+    if args.svg:
+        atomic_write(args.svg, svg.render(tree, loaded.profile.comments))  # before any output
     if args.json:
         print_json(
             {
@@ -69,4 +78,7 @@ def run(args: argparse.Namespace) -> int:
     console = make_console()
     print_comments(console, loaded.profile.comments)
     render_flame(console, tree, lines, type_title(sample_type.type, sample_type.unit, tree.total))
+    if args.svg:
+        console.print(f"wrote {args.svg} (svg)", style="dim", markup=False, soft_wrap=True)
     return 0
+

@@ -11,9 +11,31 @@ from gpuflame.files import atomic_write, read_bytes
 from gpuflame.model.profile import Profile
 
 # Formats gpuflame can write.
-FORMATS = ("pprof", "folded", "speedscope", "json")
+FORMATS = ("pprof", "folded", "speedscope", "json", "svg")
 
 GZIP_MAGIC = b"\x1f\x8b"
+
+# Output names and the format they imply; the first match wins.
+SUFFIXES = (
+    (".speedscope.json", "speedscope"),
+    (".json", "json"),
+    (".folded", "folded"),
+    (".collapsed", "folded"),
+    (".txt", "folded"),
+    (".pb.gz", "pprof"),
+    (".pb", "pprof"),
+    (".pprof", "pprof"),
+    (".svg", "svg"),
+)
+
+
+def format_from_name(path: str | os.PathLike[str]) -> str | None:
+    """The format an output file's name implies (``run.folded`` -> ``folded``), or None."""
+    name = os.path.basename(os.fspath(path)).lower()
+    for suffix, fmt in SUFFIXES:
+        if name.endswith(suffix):
+            return fmt
+    return None
 
 
 def detect(data: bytes) -> str:
@@ -122,4 +144,8 @@ def dumps(profile: Profile, fmt: str = "pprof", type_name: str | None = None) ->
         from gpuflame.render import flame_json
 
         return flame_json.encode(profile, index).encode("utf-8")
+    if fmt == "svg":
+        from gpuflame.render import svg
+
+        return svg.encode(profile, index).encode("utf-8")
     raise ValueError(f"unknown format {fmt!r}")

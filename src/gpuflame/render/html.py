@@ -1,0 +1,130 @@
+"""One self-contained HTML file: the viewer's assets with the profile inside.
+
+The page must open from ``file://`` with no network at all, and frame names
+come from user code, so:
+
+- the CSS and JavaScript of ``gpuflame/viewer/`` are inlined at build time;
+  a Content-Security-Policy allows only that exact script (by its SHA-256)
+  and no fetches, so even a name that somehow became markup could not run;
+- the profile is a compact JSON, gzip-compressed and base64-encoded inside a
+  non-executable ``<script type="application/octet-stream">``. Base64 has no
+  ``<``, so ``</script>`` or ``<!--`` inside a name cannot end the element;
+  the page decompresses it with the browser's ``DecompressionStream``.
+
+The JSON holds the frame table once and every sample with all its sample
+types and labels, so the page switches type, label and trampoline hiding
+without a rebuild. Frames that differ only in their line are one function,
+as in the flame tree (:func:`gpuflame.analysis.tree.function_frames`).
+"""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import hashlib
+import json
+import re
+from importlib import resources
+
+from gpuflame.analysis.tree import frame_sort_key, function_frames
+from gpuflame.model.profile import FRAME_KINDS, Frame, Profile
+
+FORMAT = "gpuflame-viewer"
+VERSION = 1
+
+# Placeholders in template.html, each replaced once, in one pass, so text
+# put in by one replacement is never scanned for another.
+_PLACEHOLDER = re.compile(r"/\*GPUFLAME:(CSS|JS|CSP_SCRIPT|DATA)\*/")
+
+
+def viewer_asset(name: str) -> str:
+    """A file of ``gpuflame/viewer/`` (template.html, viewer.js, viewer.css)."""
+    return (resources.files("gpuflame") / "viewer" / name).read_text(encoding="utf-8")
+
+
+def viewer_data(profile: Profile, title: str, type_index: int | None = None) -> dict[str, object]:
+    """The profile as the viewer reads it: frame table, stacks (root first), samples.
+
+    The profile is compacted first, so frames that filters left unused are
+    not shipped and equal (stack, labels) samples are one; samples with the
+    same stack share one stack entry.
+    """
+    profile = profile.compact()
+    frames, frame_code = _function_table(profile)
+    files = sorted({f.file for f in frames})
+    file_index = {f: i for i, f in enumerate(files)}
+    stack_index: dict[tuple[int, ...], int] = {}
+    stack_lengths: list[int] = []
+    stack_ids: list[int] = []
+    label_index: dict[tuple[tuple[str, str], ...], int] = {}
+    sample_stacks: list[int] = []
+    sample_labels: list[int] = []
+    values: list[list[int]] = [[] for _ in profile.sample_types]
+    for sample in profile.samples:
+        if not any(sample.values):
+            continue
+        stack = tuple(frame_code[fid] for fid in reversed(sample.stack))
+        sid = stack_index.get(stack)
+        if sid is None:
+            sid = stack_index[stack] = len(stack_lengths)
+            stack_lengths.append(len(stack))
+            stack_ids.extend(stack)
+        sample_stacks.append(sid)
+        sample_labels.append(label_index.setdefault(sample.labels, len(label_index)))
+        for column, value in zip(values, sample.values, strict=True):
+            column.append(value)
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "title": title,
+        "comments": list(profile.comments),
+        "types": [[st.type, st.unit] for st in profile.sample_types],
+        "defaultType": profile.pick_type() if type_index is None else type_index,
+        "kinds": list(FRAME_KINDS),
+        "frames": {
+            "name": [f.name for f in frames],
+            "file": [file_index[f.file] for f in frames],
+            "line": [f.line for f in frames],
+            "kind": [FRAME_KINDS.index(f.kind) if f.kind in FRAME_KINDS else 0 for f in frames],
+        },
+        "files": files,
+        "stacks": {"length": stack_lengths, "frames": stack_ids},
+        "samples": {"stack": sample_stacks, "labels": sample_labels, "values": values},
+        "labelSets": [[list(pair) for pair in labels] for labels in label_index],
+    }
+
+
+def _function_table(profile: Profile) -> tuple[list[Frame], list[int]]:
+    """Distinct function frames sorted by name, and each profile frame id's index among them.
+
+    Sorted here so the page can order children by frame index (as the flame
+    tree does, by name) without sorting 100k strings itself.
+    """
+    shown = function_frames(profile.frames)
+    table = sorted(set(shown), key=frame_sort_key)
+    index = {f: i for i, f in enumerate(table)}
+    return table, [index[f] for f in shown]
+
+
+def encode_payload(data: dict[str, object]) -> str:
+    """Compact JSON, gzip (fixed mtime, so equal input gives equal output), base64."""
+    text = json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+    return base64.b64encode(gzip.compress(text.encode("utf-8"), compresslevel=9, mtime=0)).decode("ascii")
+
+
+def script_hash(script: str) -> str:
+    """The CSP source that allows exactly this inline script."""
+    digest = hashlib.sha256(script.encode("utf-8")).digest()
+    return "'sha256-" + base64.b64encode(digest).decode("ascii") + "'"
+
+
+def render_html(profile: Profile, title: str, type_index: int | None = None) -> str:
+    """The whole viewer page for *profile*."""
+    script = viewer_asset("viewer.js")
+    parts = {
+        "CSS": viewer_asset("viewer.css"),
+        "JS": script,
+        "CSP_SCRIPT": script_hash(script),
+        "DATA": encode_payload(viewer_data(profile, title, type_index)),
+    }
+    return _PLACEHOLDER.sub(lambda m: parts[m.group(1)], viewer_asset("template.html"))

@@ -1,0 +1,207 @@
+"""The HTML viewer in a real headless Chromium, opened from file:// as a user would.
+
+Driven over the DevTools protocol (chrome_pipe.py). Skipped when no Chromium
+is installed; .ci/run installs Debian's.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from chrome_pipe import Chrome, find_chromium
+
+from gpuflame.cli.main import main
+from gpuflame.formats import save
+from viewer_profiles import INUSE_TOTAL, MLP_PEAK, NATIVE, PEAK_TOTAL, XSS_IMG, XSS_SCRIPT, viewer_profile
+
+CHROMIUM = find_chromium()
+pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no chromium installed (apt-get install chromium)")
+
+READY = "window.gpuflameState && (window.gpuflameState.ready || window.gpuflameState.error) && window.gpuflameState"
+
+
+@pytest.fixture(scope="module")
+def html_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("viewer")
+    profile = folder / "run.pb.gz"
+    save(viewer_profile(), profile)
+    assert main(["view", str(profile)]) == 0
+    return folder / "run.html"
+
+
+@pytest.fixture(scope="module")
+def chrome() -> Iterator[Chrome]:
+    assert CHROMIUM is not None
+    browser = Chrome(CHROMIUM)
+    try:
+        for domain in ("Page", "Network", "Runtime"):
+            browser.send(f"{domain}.enable")
+        yield browser
+    finally:
+        browser.close()
+
+
+@pytest.fixture
+def page(chrome: Chrome, html_file: Path) -> Chrome:
+    """The viewer freshly loaded from file://, with the event log cleared."""
+    chrome.events.clear()
+    chrome.send("Page.navigate", {"url": html_file.as_uri()})
+    state = chrome.wait_for(READY)
+    assert state["error"] is None, state["error"]
+    return chrome
+
+
+def state(chrome: Chrome) -> dict:
+    return chrome.evaluate("window.gpuflameState")
+
+
+def search(chrome: Chrome, text: str) -> dict:
+    chrome.evaluate("(() => { const s = document.getElementById('search'); s.value = ''; s.focus(); "
+                    "s.dispatchEvent(new Event('input')); })()")
+    chrome.type_text(text)
+    return chrome.wait_for(f"window.gpuflameState.query === {json.dumps(text)} && window.gpuflameState")
+
+
+def choose(chrome: Chrome, select_id: str, value: str) -> None:
+    chrome.evaluate(f"(() => {{ const s = document.getElementById({json.dumps(select_id)}); "
+                    f"s.value = {json.dumps(value)}; s.dispatchEvent(new Event('change')); }})()")
+
+
+def click_bar(chrome: Chrome, name: str) -> None:
+    centre = chrome.wait_for(f"window.gpuflameBarCenter({json.dumps(name)})")
+    chrome.click(centre["x"], centre["y"])
+
+
+def settle(chrome: Chrome) -> dict:
+    """The state after the next animation frame (drawing is batched to frames)."""
+    chrome.evaluate("new Promise((r) => requestAnimationFrame(() => requestAnimationFrame(r)))")
+    return state(chrome)
+
+
+def test_draws_the_graph_from_file_url_without_network(page: Chrome, html_file: Path) -> None:
+    s = state(page)
+    assert s["ready"] and s["drawnRects"] >= 10
+    assert s["total"] == PEAK_TOTAL and s["type"] == "peak_space"
+    assert len(s["types"]) == 6
+    urls = [e["params"]["request"]["url"] for e in page.events_named("Network.requestWillBeSent")]
+    assert urls == [html_file.as_uri()]
+    assert not page.events_named("Runtime.exceptionThrown")
+    assert page.evaluate("document.title") == "gpuflame: run.pb.gz"
+
+
+def test_search_either_spelling_shows_the_share(page: Chrome) -> None:
+    for query in ("LlamaMLP.__init__", "LlamaMLP > __init__", "llamamlp>__init__"):
+        s = search(page, query)
+        assert s["matchTotal"] == MLP_PEAK, query
+        assert "30.0%" in s["matchText"]
+        assert page.evaluate("document.getElementById('match-share').textContent") == s["matchText"]
+    s = search(page, "")
+    assert s["matchShare"] is None
+
+
+def test_click_focuses_a_block_and_the_breadcrumb_goes_back(page: Chrome) -> None:
+    click_bar(page, "GPUModelRunner > initialize_kv_cache")
+    s = settle(page)
+    assert s["focus"] == "GPUModelRunner > initialize_kv_cache"
+    assert s["focusPath"] == ["<module>", "main", "GPUModelRunner > initialize_kv_cache"]
+    crumbs = page.evaluate("[...document.querySelectorAll('#breadcrumb button')].map(b => b.textContent)")
+    assert crumbs == ["total", "<module>", "main", "GPUModelRunner > initialize_kv_cache"]
+    page.evaluate("document.querySelector('#breadcrumb button').click()")
+    assert settle(page)["focus"] == "total"
+
+
+def test_switching_sample_type_changes_the_total_and_keeps_focus(page: Chrome) -> None:
+    click_bar(page, "main")
+    assert settle(page)["focus"] == "main"
+    choose(page, "type-select", "2")  # inuse_space
+    s = settle(page)
+    assert s["type"] == "inuse_space" and s["total"] == INUSE_TOTAL
+    assert s["focus"] == "main"
+    choose(page, "type-select", "1")  # peak_objects: counts, not bytes
+    s = settle(page)
+    assert s["total"] == 6
+    assert "6 in" in page.evaluate("document.getElementById('status').textContent")
+
+
+def test_label_selector_keeps_one_process(page: Chrome) -> None:
+    options = page.evaluate("[...document.querySelectorAll('#label-select option')].map(o => [o.value, o.textContent])")
+    value = next(v for v, text in options if text == "pid=2")
+    choose(page, "label-select", value)
+    assert settle(page)["total"] == 10 * 1024 * 1024
+
+
+def test_top_table_sorts_and_links_to_the_graph(page: Chrome) -> None:
+    page.evaluate("document.getElementById('table-toggle').click()")
+    s = settle(page)
+    assert s["tableSort"] == "self"
+    assert s["tableRows"][0] == NATIVE.name  # the leaf under the KV cache: 55 MiB self
+    page.evaluate("document.querySelector('#top-table th button[data-sort=total]').click()")
+    s = settle(page)
+    assert s["tableSort"] == "total" and s["tableRows"][:2] == ["<module>", "main"]
+    page.evaluate("document.querySelector('#top-table th button[data-sort=self]').click()")
+    row = page.evaluate("(() => { const r = document.querySelector('#top-table tbody tr'); r.click(); "
+                        "return r.firstChild.textContent; })()")
+    s = settle(page)
+    assert row == NATIVE.name
+    assert s["focus"] == row and s["matchShare"] == pytest.approx(0.55)
+
+
+def test_hiding_trampolines_keeps_the_bytes(page: Chrome) -> None:
+    before = state(page)
+    page.evaluate("document.getElementById('hide-trampolines').click()")
+    after = settle(page)
+    assert after["hideTrampolines"] and after["nodes"] < before["nodes"]
+    assert after["total"] == before["total"]
+
+
+def test_icicle_toggle_redraws(page: Chrome) -> None:
+    page.evaluate("document.getElementById('icicle').click()")
+    s = settle(page)
+    assert s["icicle"] and s["drawnRects"] >= 10
+
+
+def test_hostile_names_are_text_and_nothing_runs(page: Chrome) -> None:
+    s = search(page, XSS_IMG)
+    assert s["matchTotal"] == 5 * 1024 * 1024
+    page.evaluate("document.getElementById('table-toggle').click()")
+    cells = page.evaluate("[...document.querySelectorAll('#top-table tbody td:first-child')].map(td => td.textContent)")
+    assert cells == [XSS_IMG]
+    search(page, "alert(2)")
+    cells = page.evaluate("[...document.querySelectorAll('#top-table tbody td:first-child')].map(td => td.textContent)")
+    assert cells == [XSS_SCRIPT]
+    labels = page.evaluate("[...document.querySelectorAll('#label-select option')].map(o => o.textContent)")
+    assert "device=<svg onload=alert(3)>" in labels
+    click_bar(page, XSS_SCRIPT)
+    settle(page)
+    assert page.evaluate("document.querySelectorAll('img, svg, iframe, object').length") == 0
+    assert page.evaluate("document.scripts.length") == 2
+    assert not page.events_named("Page.javascriptDialogOpening")
+    assert not page.events_named("Runtime.exceptionThrown")
+
+
+def test_screenshot_is_a_non_blank_png(page: Chrome, tmp_path: Path) -> None:
+    png = page.screenshot()
+    (tmp_path / "viewer.png").write_bytes(png)
+    width, height, pixels = decode_png_rows(png)
+    assert width >= 800 and height >= 600
+    assert len(set(pixels)) > 50  # many distinct bytes: bars, text and background, not one colour
+
+
+def decode_png_rows(png: bytes) -> tuple[int, int, bytes]:
+    """Width, height and the raw (filtered) scanlines of a PNG: enough to tell it is not blank."""
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    pos, idat, width, height = 8, b"", 0, 0
+    while pos < len(png):
+        (length,) = struct.unpack(">I", png[pos : pos + 4])
+        kind, body = png[pos + 4 : pos + 8], png[pos + 8 : pos + 8 + length]
+        if kind == b"IHDR":
+            width, height = struct.unpack(">II", body[:8])
+        elif kind == b"IDAT":
+            idat += body
+        pos += 12 + length
+    return width, height, zlib.decompress(idat)

@@ -1,0 +1,164 @@
+"""``gpuflame view``: the HTML file itself, without a browser (tests/browser/ runs it)."""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import hashlib
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from gpuflame.cli.main import main
+from gpuflame.cli.view import default_output
+from gpuflame.formats import save
+from viewer_profiles import XSS_COMMENT_FILE, XSS_IMG, XSS_LABEL, XSS_SCRIPT, viewer_profile
+
+DATA_ELEMENT = re.compile(r'<script type="application/octet-stream" id="gpuflame-data">([A-Za-z0-9+/=]*)</script>')
+
+
+def run(capsys, *argv: object) -> tuple[int, str, str]:
+    try:
+        rc = main([str(a) for a in argv])
+    except SystemExit as exc:
+        rc = int(exc.code or 0)
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+@pytest.fixture
+def profile_file(tmp_path: Path) -> Path:
+    path = tmp_path / "run.pb.gz"
+    save(viewer_profile(), path)
+    return path
+
+
+@pytest.fixture
+def page(profile_file: Path, capsys) -> str:
+    rc, _, err = run(capsys, "view", profile_file)
+    assert rc == 0, err
+    return profile_file.with_name("run.html").read_text(encoding="utf-8")
+
+
+def embedded(html: str) -> dict:
+    match = DATA_ELEMENT.search(html)
+    assert match, "no data element"
+    return json.loads(gzip.decompress(base64.b64decode(match.group(1))))
+
+
+def test_writes_one_file_next_to_the_input_and_says_where(profile_file: Path, capsys) -> None:
+    rc, out, err = run(capsys, "view", profile_file)
+    assert rc == 0 and not err
+    html = profile_file.with_name("run.html")
+    assert sorted(p.name for p in profile_file.parent.iterdir()) == ["run.html", "run.pb.gz"]
+    assert str(html) in out and html.resolve().as_uri() in out
+
+
+def test_output_option(profile_file: Path, tmp_path: Path, capsys) -> None:
+    out_path = tmp_path / "sub.html"
+    rc, out, _ = run(capsys, "view", profile_file, "-o", out_path)
+    assert rc == 0 and out_path.exists() and str(out_path) in out
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [("run.pb.gz", "run.html"), ("a/b.folded", "a/b.html"), ("snap.pickle", "snap.html"), ("x", "x.html")],
+)
+def test_default_output_name(given: str, expected: str) -> None:
+    assert default_output(given) == expected
+
+
+def test_no_url_outside_comments(page: str) -> None:
+    without_comments = re.sub(r"<!--.*?-->", "", page, flags=re.S)
+    without_comments = re.sub(r"/\*.*?\*/", "", without_comments, flags=re.S)
+    assert not re.search(r"https?://", without_comments)
+    assert "src=" not in without_comments.replace("'none'", "")  # no external script, image or frame
+
+
+def test_one_inline_script_allowed_by_its_hash(page: str) -> None:
+    scripts = re.findall(r"<script>(.*?)</script>", page, flags=re.S)
+    assert len(scripts) == 1
+    digest = base64.b64encode(hashlib.sha256(scripts[0].encode()).digest()).decode()
+    assert f"script-src 'sha256-{digest}'" in page
+    assert "default-src 'none'" in page and "connect-src 'none'" in page
+
+
+def test_embeds_every_sample_type_and_label(page: str) -> None:
+    data = embedded(page)
+    assert [t for t, _ in data["types"]] == [
+        "peak_space", "peak_objects", "inuse_space", "inuse_objects", "alloc_space", "alloc_objects",
+    ]
+    assert len(data["samples"]["values"]) == 6
+    assert all(len(col) == len(data["samples"]["stack"]) for col in data["samples"]["values"])
+    labels = {tuple(pair) for s in data["labelSets"] for pair in s}
+    assert ("device", XSS_LABEL) in labels and ("pid", "2") in labels
+    assert "LlamaMLP > __init__" in data["frames"]["name"]
+    assert data["types"][data["defaultType"]][0] == "peak_space"
+
+
+def test_type_option_sets_the_first_shown(profile_file: Path, capsys) -> None:
+    rc, _, err = run(capsys, "view", profile_file, "--type", "inuse")
+    assert rc == 0, err
+    data = embedded(profile_file.with_name("run.html").read_text())
+    assert data["types"][data["defaultType"]][0] == "inuse_space"
+
+
+def test_user_text_never_appears_raw(page: str) -> None:
+    for text in (XSS_IMG, XSS_SCRIPT, XSS_LABEL, XSS_COMMENT_FILE, "alert("):
+        assert text not in page
+    assert page.count("</script>") == 2  # the data element and the viewer script
+    data = embedded(page)
+    assert XSS_IMG in data["frames"]["name"] and XSS_SCRIPT in data["frames"]["name"]
+
+
+def test_filters_apply(profile_file: Path, capsys) -> None:
+    rc, _, err = run(capsys, "view", profile_file, "--hide-trampolines", "--label", "pid=1")
+    assert rc == 0, err
+    data = embedded(profile_file.with_name("run.html").read_text())
+    assert "<interpreter trampoline>" not in data["frames"]["name"]
+    assert XSS_IMG not in data["frames"]["name"]
+
+
+def test_same_input_same_output(profile_file: Path, capsys) -> None:
+    run(capsys, "view", profile_file)
+    first = profile_file.with_name("run.html").read_bytes()
+    run(capsys, "view", profile_file)
+    assert profile_file.with_name("run.html").read_bytes() == first
+
+
+@pytest.mark.parametrize("content", [b"\x00\x01garbage\xff\xfe", b"not a profile at all\n"])
+def test_bad_input_is_exit_2_and_one_line(tmp_path: Path, capsys, content: bytes) -> None:
+    bad = tmp_path / "bad.pb.gz"
+    bad.write_bytes(content)
+    rc, out, err = run(capsys, "view", bad)
+    assert rc == 2 and not out
+    assert err.count("\n") == 1 and err.startswith("gpuflame view: error:")
+    assert not (tmp_path / "bad.html").exists()
+
+
+def test_missing_file_is_exit_2(tmp_path: Path, capsys) -> None:
+    rc, _, err = run(capsys, "view", tmp_path / "nope.pb.gz")
+    assert rc == 2 and err.count("\n") == 1
+
+
+def test_unwritable_output_is_exit_2(profile_file: Path, tmp_path: Path, capsys) -> None:
+    rc, _, err = run(capsys, "view", profile_file, "-o", tmp_path / "no" / "such" / "dir.html")
+    assert rc == 2 and err.count("\n") == 1
+
+
+def test_view_also_writes_the_svg_picture(tmp_path) -> None:
+    import xml.etree.ElementTree as ET
+
+    from gpuflame.cli.main import main as gpuflame_main
+    from gpuflame.formats import save
+    from gpuflame.model import Frame, Profile, SampleType
+
+    p = Profile(sample_types=[SampleType("inuse_space", "bytes")])
+    p.add([Frame("LlamaMLP > __init__", "/m.py", 3), Frame("<module>", "/m.py", 1)], [4096])
+    src = tmp_path / "p.pb.gz"
+    save(p, src)
+    assert gpuflame_main(["view", str(src), "-o", str(tmp_path / "p.html"), "--svg", str(tmp_path / "p.svg")]) == 0
+    texts = [t.text for t in ET.parse(tmp_path / "p.svg").iter("{http://www.w3.org/2000/svg}title")]
+    assert any(t and t.startswith("LlamaMLP > __init__") for t in texts)
