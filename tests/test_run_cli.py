@@ -275,3 +275,13 @@ def test_a_second_run_to_the_same_output_does_not_merge_the_first(tmp_path: Path
     profile = load(tmp_path / "a.pb.gz")
     assert len(profile.label_values("pid")) == 1
     assert bytes_by_function(profile)["Holder > make"] == 8 * KIB
+
+
+def test_an_unwritable_output_keeps_the_programs_exit_code(tmp_path: Path) -> None:
+    script = write(tmp_path / "ok.py", ALLOCATE, "\nkept = Holder().make(4)\nsys.exit(6)\n")
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "out.pb.gz").mkdir()  # a folder where the profile should go
+    result = gpuflame_run("-o", "taken/out.pb.gz", script.name, cwd=tmp_path)
+    assert result.returncode == 6
+    assert "the merged profile could not be written" in result.stderr
+    assert "Traceback" not in result.stderr

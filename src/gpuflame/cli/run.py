@@ -134,7 +134,11 @@ def run(args: argparse.Namespace) -> int:
     )
     exit_code = _run_program(command, profiler_env(settings))
     meta = RunMeta(command=command, started=started, ended=time.time(), exit_code=exit_code, backend=args.backend)
-    _collect(folder, output, meta)
+    try:
+        _collect(folder, output, meta)
+    except GpuflameError as exc:  # the program's exit code still wins
+        meta.lost.append(f"the merged profile could not be written: {exc}")
+        meta.processes = []
     if run_dir is not None:
         _write_meta(meta, run_dir)
     _say_where(args, output, meta)
