@@ -39,6 +39,7 @@ lint: venv
 
 bench: venv
 	$(BIN)/pip install --quiet -e '.[test,bench]'
+	npm ci --prefix bench/viewer --no-audit --no-fund || echo "npm ci --prefix bench/viewer failed: bench_viewer.py measures gpuflame without speedscope"
 	$(BIN)/python bench/run_all.py
 
 clean:

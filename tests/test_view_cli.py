@@ -162,3 +162,45 @@ def test_view_also_writes_the_svg_picture(tmp_path) -> None:
     assert gpuflame_main(["view", str(src), "-o", str(tmp_path / "p.html"), "--svg", str(tmp_path / "p.svg")]) == 0
     texts = [t.text for t in ET.parse(tmp_path / "p.svg").iter("{http://www.w3.org/2000/svg}title")]
     assert any(t and t.startswith("LlamaMLP > __init__") for t in texts)
+
+
+def test_two_files_write_one_offline_diff_page_embedding_both(profile_file: Path, tmp_path: Path, capsys) -> None:
+    from viewer_profiles import WARMUP, base_profile
+
+    base = tmp_path / "base.pb.gz"
+    save(base_profile(), base)
+    rc, out, err = run(capsys, "view", base, profile_file)
+    assert rc == 0 and not err and "diff against" in out
+    html = profile_file.with_name("run.html").read_text(encoding="utf-8")  # named after NEW
+    data = embedded(html)
+    names = data["frames"]["name"]
+    assert WARMUP.name in names and XSS_IMG in names  # one frame table for both
+    assert len(set(names)) == len(names)
+    assert data["base"]["samples"]["values"] and len(data["base"]["samples"]["values"]) == len(data["types"])
+    assert max(data["base"]["samples"]["stack"]) < len(data["stacks"]["length"])  # one stack table too
+    assert data["title"] == "base.pb.gz \u2192 run.pb.gz"
+    test_no_url_outside_comments(html)
+    test_user_text_never_appears_raw(html)
+
+
+def test_bad_second_file_is_exit_2_and_one_line(profile_file: Path, tmp_path: Path, capsys) -> None:
+    bad = tmp_path / "new.pb.gz"
+    bad.write_bytes(b"\x00\x01garbage\xff\xfe")
+    rc, out, err = run(capsys, "view", profile_file, bad, "-o", tmp_path / "d.html")
+    assert rc == 2 and not out
+    assert err.count("\n") == 1 and err.startswith("gpuflame view: error:")
+    assert not (tmp_path / "d.html").exists()
+
+
+def test_three_files_are_exit_2(profile_file: Path, capsys) -> None:
+    rc, _, err = run(capsys, "view", profile_file, profile_file, profile_file)
+    assert rc == 2 and err.count("\n") == 1
+
+
+def test_render_html_diff_signature_for_serve() -> None:
+    from gpuflame.render.html import render_html
+    from viewer_profiles import base_profile
+
+    page = render_html(viewer_profile(), "t", base=base_profile())
+    assert embedded(page)["base"]["samples"]["stack"]
+    assert "base" not in embedded(render_html(viewer_profile(), "t"))

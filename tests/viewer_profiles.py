@@ -84,3 +84,42 @@ def wide_profile(functions: int, depth: int = 12, seed: int = 7) -> Profile:
         size = rng.randrange(1, 64) * MiB
         p.add(stack, [size, 1, size // 2, 1, size * 2, 2])
     return p
+
+
+# Diff mode: BASE against viewer_profile() as NEW. The KV cache grew (40 ->
+# 55 MiB), the Linear under LlamaMLP shrank (30 -> 20), a warm-up stack
+# vanished (7 MiB, BASE only), the cached blocks stayed at 5 MiB.
+WARMUP = Frame("Engine > warmup", "/vllm/engine.py", 50)
+BASE_STACKS = [
+    ([MODULE, MAIN, FOR_CAUSAL_LM, DECODER_LAYER, MLP_INIT, LINEAR_INIT], 30),
+    ([MODULE, MAIN, FOR_CAUSAL_LM, DECODER_LAYER, TRAMPOLINE, MLP_INIT], 10),
+    ([MODULE, MAIN, INIT_KV, ALLOC_KV, NATIVE], 40),
+    ([MODULE, MAIN, WARMUP], 7),
+    ([CACHED], 5),
+]
+BASE_PEAK_TOTAL = 92 * MiB
+
+
+def base_profile() -> Profile:
+    """The BASE of the diff tests: the same MiB in every byte type, one object per sample."""
+    p = Profile(sample_types=memory_sample_types())
+    for stack, mib in BASE_STACKS:
+        values = {
+            "peak_space": mib * MiB, "peak_objects": 1, "inuse_space": mib * MiB, "inuse_objects": 1,
+            "alloc_space": mib * MiB, "alloc_objects": 1,
+        }
+        p.add(stack[::-1], values, {"pid": "1", "device": "cuda:0"})
+    return p
+
+
+# Grouping: <module> calls "other" and a chain of five frames with one
+# callee each and no self (Chain > s1 ... Chain > s5), which calls two leaves.
+CHAIN = [Frame(f"Chain > s{i}", "/app/chain.py", i) for i in range(1, 6)]
+
+
+def chain_profile() -> Profile:
+    p = Profile(sample_types=memory_sample_types()[:1])
+    p.add([Frame("other", "/app/chain.py", 90), MODULE], [3 * MiB])
+    p.add([Frame("leaf_a", "/app/chain.py", 91), *CHAIN[::-1], MODULE], [10 * MiB])
+    p.add([Frame("leaf_b", "/app/chain.py", 92), *CHAIN[::-1], MODULE], [5 * MiB])
+    return p

@@ -164,10 +164,14 @@ class Chrome:
                 raise CdpError(f"timed out waiting for {expression}")
             time.sleep(0.05)
 
-    def click(self, x: float, y: float) -> None:
+    def click(self, x: float, y: float, modifiers: int = 0, button: str = "left") -> None:
+        """A mouse click; *modifiers* as CDP's bit field (8 = shift)."""
         for kind in ("mouseMoved", "mousePressed", "mouseReleased"):
             self.send("Input.dispatchMouseEvent",
-                      {"type": kind, "x": x, "y": y, "button": "left", "clickCount": 1})
+                      {"type": kind, "x": x, "y": y, "button": button, "clickCount": 1, "modifiers": modifiers})
+
+    def hover(self, x: float, y: float) -> None:
+        self.send("Input.dispatchMouseEvent", {"type": "mouseMoved", "x": x, "y": y})
 
     def type_text(self, text: str) -> None:
         self.send("Input.insertText", {"text": text})

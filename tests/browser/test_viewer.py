@@ -17,7 +17,22 @@ from chrome_pipe import Chrome, find_chromium
 
 from gpuflame.cli.main import main
 from gpuflame.formats import save
-from viewer_profiles import INUSE_TOTAL, MLP_PEAK, NATIVE, PEAK_TOTAL, XSS_IMG, XSS_SCRIPT, viewer_profile
+from viewer_profiles import (
+    CHAIN,
+    DECODER_LAYER,
+    INUSE_TOTAL,
+    LINEAR_INIT,
+    MLP_INIT,
+    MLP_PEAK,
+    NATIVE,
+    PEAK_TOTAL,
+    TRAMPOLINE,
+    XSS_IMG,
+    XSS_SCRIPT,
+    MiB,
+    chain_profile,
+    viewer_profile,
+)
 
 CHROMIUM = find_chromium()
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no chromium installed (apt-get install chromium)")
@@ -182,6 +197,72 @@ def test_hostile_names_are_text_and_nothing_runs(page: Chrome) -> None:
     assert page.evaluate("document.scripts.length") == 2
     assert not page.events_named("Page.javascriptDialogOpening")
     assert not page.events_named("Runtime.exceptionThrown")
+
+
+def test_sandwich_of_a_function_called_from_two_places(page: Chrome) -> None:
+    centre = page.wait_for(f"window.gpuflameBarCenter({json.dumps(MLP_INIT.name)})")
+    page.click(centre["x"], centre["y"], modifiers=8)  # shift-click
+    s = settle(page)
+    assert s["sandwich"] == MLP_INIT.name and s["sandwichTotal"] == MLP_PEAK
+    assert s["sandwichCallers"] == [
+        {"name": DECODER_LAYER.name, "total": 20 * MiB}, {"name": TRAMPOLINE.name, "total": 10 * MiB},
+    ]
+    assert s["sandwichCallees"] == [{"name": LINEAR_INIT.name, "total": 20 * MiB}]
+    me, caller, callee = (page.evaluate(f"window.gpuflameBar({json.dumps(n)})")
+                          for n in (MLP_INIT.name, DECODER_LAYER.name, LINEAR_INIT.name))
+    assert caller["y"] > me["y"] > callee["y"]  # callers below, callees above
+    assert me["width"] > 1000  # the function spans the whole width
+    page.evaluate("document.getElementById('sandwich-back').click()")
+    s = settle(page)
+    assert s["sandwich"] is None and s["focus"] == "total"
+
+
+def test_sandwich_from_the_top_table(page: Chrome) -> None:
+    page.evaluate("document.getElementById('table-toggle').click()")
+    settle(page)
+    page.evaluate("[...document.querySelectorAll('#top-table tbody tr')]"
+                  f".find(r => r.firstChild.textContent === {json.dumps(LINEAR_INIT.name)})"
+                  ".querySelector('button.sandwich').click()")
+    s = settle(page)
+    assert s["sandwich"] == LINEAR_INIT.name and s["sandwichTotal"] == 20 * MiB
+    assert s["sandwichCallers"] == [{"name": MLP_INIT.name, "total": 20 * MiB}] and s["sandwichCallees"] == []
+    assert s["focus"] == "total"  # the row's button does not also select the row
+    page.evaluate("document.getElementById('reset').click()")
+    assert settle(page)["sandwich"] is None
+
+
+@pytest.fixture(scope="module")
+def chain_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("chain")
+    save(chain_profile(), folder / "chain.pb.gz")
+    assert main(["view", str(folder / "chain.pb.gz")]) == 0
+    return folder / "chain.html"
+
+
+def test_groups_collapse_a_single_child_run_and_expand_again(chrome: Chrome, chain_file: Path) -> None:
+    chrome.send("Page.navigate", {"url": chain_file.as_uri()})
+    chrome.wait_for(READY)
+    names = [f.name for f in CHAIN]
+    group = f"{names[0]} \u22ef (3) \u22ef {names[-1]}"
+    labels = set(chrome.evaluate("window.gpuflameBarLabels()"))
+    assert set(names) <= labels and state(chrome)["groupBars"] == 0  # groups start expanded
+    chrome.evaluate("document.getElementById('collapse-groups').click()")
+    s = settle(chrome)
+    labels = chrome.evaluate("window.gpuflameBarLabels()")
+    assert s["groupsCollapsed"] and s["groupBars"] == 1
+    assert group in labels and not set(names) & set(labels)
+    assert {"leaf_a", "leaf_b", "other", "<module>"} <= set(labels)
+    bar = chrome.evaluate(f"window.gpuflameBar({json.dumps(group)})")
+    assert bar["group"] == 5 and bar["total"] == 15 * MiB
+    chrome.click(bar["x"], bar["y"])  # a click expands that group
+    s = settle(chrome)
+    assert s["groupBars"] == 0 and set(names) <= set(chrome.evaluate("window.gpuflameBarLabels()"))
+    chrome.evaluate("document.getElementById('collapse-groups').click()")
+    assert settle(chrome)["groupBars"] == 1
+    chrome.evaluate("document.getElementById('expand-groups').click()")
+    s = settle(chrome)
+    assert not s["groupsCollapsed"] and s["groupBars"] == 0
+    assert set(names) <= set(chrome.evaluate("window.gpuflameBarLabels()"))
 
 
 def test_screenshot_is_a_non_blank_png(page: Chrome, tmp_path: Path) -> None:

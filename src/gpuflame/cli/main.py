@@ -14,7 +14,7 @@ from gpuflame import __version__
 from gpuflame.errors import GpuflameError
 
 # Order is the order of ``gpuflame --help``.
-COMMANDS = ("run", "report", "flame", "view", "top", "explain", "diff", "export", "convert")
+COMMANDS = ("run", "report", "flame", "view", "serve", "top", "explain", "diff", "export", "convert")
 
 DESCRIPTION = """\
 Which Python functions hold the GPU memory?
@@ -30,6 +30,8 @@ Start with:
   gpuflame flame PROFILE           the flame graph in the terminal
   gpuflame view PROFILE            the interactive flame graph, one offline HTML file
   gpuflame explain PROFILE NAME    why a function allocates (its call chains)
+  gpuflame view PROFILE            the interactive flame graph, one offline HTML file
+  gpuflame serve                   browse your runs in a local web page
 """
 
 

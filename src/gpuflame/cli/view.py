@@ -8,6 +8,7 @@ import webbrowser
 from pathlib import Path
 
 from gpuflame.cli.common import FILTER_ORDER, add_filter_options, add_type_option, load_for_analysis
+from gpuflame.errors import GpuflameError
 from gpuflame.files import atomic_write
 from gpuflame.render import svg
 from gpuflame.render.html import render_html
@@ -24,6 +25,11 @@ switch sample type (peak, in use, allocated, objects) and label, hide
 <interpreter trampoline> frames, flip to an icicle, and open the top table
 of functions sorted by self or total.
 
+With two files, BASE NEW, the page is a diff: NEW's flame graph with each
+bar coloured by its change against BASE (red grew, green shrank; a
+colour-blind safe palette uses orange and blue); stacks only BASE has are
+listed under the graph as "vanished".
+
 Every sample type is in the file; --type only picks the one shown first.
 Without -o the file is written next to the profile (run.pb.gz -> run.html)."""
 
@@ -32,6 +38,7 @@ examples:
   gpuflame view run.pb.gz                 writes run.html next to it
   gpuflame view run.pb.gz -o /tmp/x.html --open
   gpuflame view run.pb.gz --type inuse --no-cached
+  gpuflame view base.pb.gz new.pb.gz -o diff.html   what grew, what shrank
 
 {FILTER_ORDER}"""
 
@@ -42,8 +49,13 @@ PROFILE_SUFFIXES = (
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("file", metavar="FILE", help="profile: pprof (.pb.gz), folded, or PyTorch snapshot")
-    parser.add_argument("-o", "--output", metavar="OUT", help="HTML file to write (default: FILE's name with .html)")
+    parser.add_argument(
+        "files", metavar="FILE", nargs="+",
+        help="profile: pprof (.pb.gz), folded, or PyTorch snapshot; two files (BASE NEW) show NEW's diff against BASE",
+    )
+    parser.add_argument(
+        "-o", "--output", metavar="OUT", help="HTML file to write (default: the (NEW) FILE's name with .html)"
+    )
     parser.add_argument("--open", action="store_true", help="open the page in the default browser")
     parser.add_argument("--svg", metavar="SVG", help="also write a static SVG flame graph (for CI logs and reviews)")
     add_type_option(parser)
@@ -62,15 +74,23 @@ def default_output(path: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    loaded = load_for_analysis(args, [args.file])
-    output = args.output or default_output(args.file)
+    if len(args.files) > 2:
+        raise GpuflameError(f"expected one profile, or two (BASE NEW) for a diff; got {len(args.files)}")
+    path = args.files[-1]
+    loaded = load_for_analysis(args, [path])
+    base = load_for_analysis(args, [args.files[0]]).profile if len(args.files) == 2 else None
+    output = args.output or default_output(path)
     type_index = loaded.type_index if args.type else None
-    page = render_html(loaded.profile, os.path.basename(args.file), type_index)
+    title = os.path.basename(path)
+    if base is not None:
+        title = f"{os.path.basename(args.files[0])} \u2192 {title}"
+    page = render_html(loaded.profile, title, type_index, base=base)
     atomic_write(output, page)
     uri = Path(output).resolve().as_uri()
-    print(f"wrote {output} ({format_bytes(len(page.encode('utf-8')))}, offline, all sample types)")
+    kind = "all sample types" if base is None else "diff against " + args.files[0]
+    print(f"wrote {output} ({format_bytes(len(page.encode('utf-8')))}, offline, {kind})")
     if args.svg:
-        picture = svg.encode(loaded.profile, loaded.type_index, title=os.path.basename(args.file))
+        picture = svg.encode(loaded.profile, loaded.type_index, title=os.path.basename(path))
         atomic_write(args.svg, picture)
         shown = loaded.profile.sample_types[loaded.type_index].type
         print(f"wrote {args.svg} ({format_bytes(len(picture.encode('utf-8')))}, svg, {shown})")

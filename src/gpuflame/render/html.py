@@ -27,6 +27,8 @@ import re
 from importlib import resources
 
 from gpuflame.analysis.tree import frame_sort_key, function_frames
+from gpuflame.errors import GpuflameError
+from gpuflame.model.diff import select_types
 from gpuflame.model.profile import FRAME_KINDS, Frame, Profile
 
 FORMAT = "gpuflame-viewer"
@@ -42,38 +44,40 @@ def viewer_asset(name: str) -> str:
     return (resources.files("gpuflame") / "viewer" / name).read_text(encoding="utf-8")
 
 
-def viewer_data(profile: Profile, title: str, type_index: int | None = None) -> dict[str, object]:
+def viewer_data(
+    profile: Profile, title: str, type_index: int | None = None, base: Profile | None = None
+) -> dict[str, object]:
     """The profile as the viewer reads it: frame table, stacks (root first), samples.
 
     The profile is compacted first, so frames that filters left unused are
     not shipped and equal (stack, labels) samples are one; samples with the
     same stack share one stack entry.
+
+    With *base* (diff mode) both profiles are reduced to the sample types
+    they share and share one frame table, one stack table and one label
+    table; ``samples`` are NEW's and ``base.samples`` BASE's, so the page
+    aggregates both into one tree and colours each bar by its change.
     """
-    profile = profile.compact()
-    frames, frame_code = _function_table(profile)
+    if base is not None:
+        common = [st for st in profile.sample_types if st.type in base.type_names()]
+        if not common:
+            raise GpuflameError(
+                "the two profiles share no sample type "
+                f"(base has {', '.join(base.type_names()) or 'none'}; "
+                f"new has {', '.join(profile.type_names()) or 'none'})"
+            )
+        chosen = profile.sample_types[type_index if type_index is not None else profile.pick_type()].type
+        profile, base = select_types(profile, common).compact(), select_types(base, common).compact()
+        type_index = [st.type for st in common].index(chosen) if chosen in base.type_names() else None
+    else:
+        profile = profile.compact()
+    sources = [profile] if base is None else [profile, base]
+    frames, frame_codes = _function_table(sources)
     files = sorted({f.file for f in frames})
     file_index = {f: i for i, f in enumerate(files)}
-    stack_index: dict[tuple[int, ...], int] = {}
-    stack_lengths: list[int] = []
-    stack_ids: list[int] = []
-    label_index: dict[tuple[tuple[str, str], ...], int] = {}
-    sample_stacks: list[int] = []
-    sample_labels: list[int] = []
-    values: list[list[int]] = [[] for _ in profile.sample_types]
-    for sample in profile.samples:
-        if not any(sample.values):
-            continue
-        stack = tuple(frame_code[fid] for fid in reversed(sample.stack))
-        sid = stack_index.get(stack)
-        if sid is None:
-            sid = stack_index[stack] = len(stack_lengths)
-            stack_lengths.append(len(stack))
-            stack_ids.extend(stack)
-        sample_stacks.append(sid)
-        sample_labels.append(label_index.setdefault(sample.labels, len(label_index)))
-        for column, value in zip(values, sample.values, strict=True):
-            column.append(value)
-    return {
+    tables = _Tables()
+    new_samples = tables.samples(profile, frame_codes[0])
+    data: dict[str, object] = {
         "format": FORMAT,
         "version": VERSION,
         "title": title,
@@ -88,22 +92,57 @@ def viewer_data(profile: Profile, title: str, type_index: int | None = None) -> 
             "kind": [FRAME_KINDS.index(f.kind) if f.kind in FRAME_KINDS else 0 for f in frames],
         },
         "files": files,
-        "stacks": {"length": stack_lengths, "frames": stack_ids},
-        "samples": {"stack": sample_stacks, "labels": sample_labels, "values": values},
-        "labelSets": [[list(pair) for pair in labels] for labels in label_index],
+        "samples": new_samples,
     }
+    if base is not None:
+        data["base"] = {"samples": tables.samples(base, frame_codes[1])}
+    data["stacks"] = {"length": tables.stack_lengths, "frames": tables.stack_ids}
+    data["labelSets"] = [[list(pair) for pair in labels] for labels in tables.label_index]
+    return data
 
 
-def _function_table(profile: Profile) -> tuple[list[Frame], list[int]]:
-    """Distinct function frames sorted by name, and each profile frame id's index among them.
+class _Tables:
+    """The stack and label tables, shared by every sample set put through :meth:`samples`."""
+
+    def __init__(self) -> None:
+        self.stack_index: dict[tuple[int, ...], int] = {}
+        self.stack_lengths: list[int] = []
+        self.stack_ids: list[int] = []
+        self.label_index: dict[tuple[tuple[str, str], ...], int] = {}
+
+    def stack(self, stack: tuple[int, ...]) -> int:
+        sid = self.stack_index.get(stack)
+        if sid is None:
+            sid = self.stack_index[stack] = len(self.stack_lengths)
+            self.stack_lengths.append(len(stack))
+            self.stack_ids.extend(stack)
+        return sid
+
+    def samples(self, profile: Profile, frame_code: list[int]) -> dict[str, list]:
+        """Columns of *profile*'s non-zero samples: stack id, label set id, one value list per type."""
+        stacks: list[int] = []
+        labels: list[int] = []
+        values: list[list[int]] = [[] for _ in profile.sample_types]
+        for sample in profile.samples:
+            if not any(sample.values):
+                continue
+            stacks.append(self.stack(tuple(frame_code[fid] for fid in reversed(sample.stack))))
+            labels.append(self.label_index.setdefault(sample.labels, len(self.label_index)))
+            for column, value in zip(values, sample.values, strict=True):
+                column.append(value)
+        return {"stack": stacks, "labels": labels, "values": values}
+
+
+def _function_table(profiles: list[Profile]) -> tuple[list[Frame], list[list[int]]]:
+    """Distinct function frames of all *profiles* sorted by name, and per profile each frame id's index.
 
     Sorted here so the page can order children by frame index (as the flame
     tree does, by name) without sorting 100k strings itself.
     """
-    shown = function_frames(profile.frames)
-    table = sorted(set(shown), key=frame_sort_key)
+    shown = [function_frames(p.frames) for p in profiles]
+    table = sorted({f for frames in shown for f in frames}, key=frame_sort_key)
     index = {f: i for i, f in enumerate(table)}
-    return table, [index[f] for f in shown]
+    return table, [[index[f] for f in frames] for frames in shown]
 
 
 def encode_payload(data: dict[str, object]) -> str:
@@ -118,13 +157,13 @@ def script_hash(script: str) -> str:
     return "'sha256-" + base64.b64encode(digest).decode("ascii") + "'"
 
 
-def render_html(profile: Profile, title: str, type_index: int | None = None) -> str:
-    """The whole viewer page for *profile*."""
+def render_html(profile: Profile, title: str, type_index: int | None = None, base: Profile | None = None) -> str:
+    """The whole viewer page for *profile*; with *base*, the diff of *profile* (new) against it."""
     script = viewer_asset("viewer.js")
     parts = {
         "CSS": viewer_asset("viewer.css"),
         "JS": script,
         "CSP_SCRIPT": script_hash(script),
-        "DATA": encode_payload(viewer_data(profile, title, type_index)),
+        "DATA": encode_payload(viewer_data(profile, title, type_index, base)),
     }
     return _PLACEHOLDER.sub(lambda m: parts[m.group(1)], viewer_asset("template.html"))

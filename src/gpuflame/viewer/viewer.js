@@ -8,6 +8,13 @@
  *  - large profiles (100k frames): the tree is aggregated once per (sample
  *    type, label, trampoline setting) into typed arrays, and drawing walks
  *    only nodes wider than MIN_PX, so cost follows what is visible.
+ *
+ * Diff mode (the page embeds a second sample set, "base"): one tree holds
+ * both profiles, widths are NEW's, colours say how each bar changed. A bar
+ * that only BASE has would be zero wide, so such "vanished" stacks are
+ * listed under the graph instead (widths of max(base, new) would make
+ * children overflow their parent, and base + new would no longer read as
+ * NEW's memory).
  */
 "use strict";
 (function () {
@@ -23,7 +30,9 @@
     hideTrampolines: el("hide-trampolines"), icicle: el("icicle"), tableToggle: el("table-toggle"),
     reset: el("reset"), breadcrumb: el("breadcrumb"), canvas: el("graph"), tableBox: el("table-box"),
     tableNote: el("table-note"), tableBody: document.querySelector("#top-table tbody"),
-    tooltip: el("tooltip"),
+    tooltip: el("tooltip"), paletteBox: el("palette-box"), palette: el("cb-palette"),
+    diffSummary: el("diff-summary"), vanishedBox: el("vanished-box"), vanished: el("vanished"),
+    expandGroups: el("expand-groups"), collapseGroups: el("collapse-groups"),
   };
 
   // ---- formatting --------------------------------------------------------
@@ -79,8 +88,15 @@
     return {
       data, frameCount: n, names: f.name, normalized: null, isTrampoline, nameRank,
       stackStart, stackFrames: Int32Array.from(data.stacks.frames),
-      sampleStack: Int32Array.from(data.samples.stack), sampleLabels: Int32Array.from(data.samples.labels),
-      values: data.samples.values.map((col) => Float64Array.from(col)),
+      ...sampleSet(data.samples), base: data.base ? sampleSet(data.base.samples) : null,
+    };
+  }
+
+  /** One profile's samples (NEW's, or BASE's in diff mode) as typed columns. */
+  function sampleSet(samples) {
+    return {
+      sampleStack: Int32Array.from(samples.stack), sampleLabels: Int32Array.from(samples.labels),
+      values: samples.values.map((col) => Float64Array.from(col)),
     };
   }
 
@@ -88,18 +104,47 @@
 
   /**
    * Aggregate the samples of one sample type into a tree. Node 0 is the
-   * root ("total"); a node is a (parent, frame) pair, found through an
-   * open-addressing hash table on typed arrays (a Map keyed by numbers this
-   * large is several times slower). The number of nodes is at most one per
-   * stack entry, so every array is sized once, up front.
+   * root ("total"); a node is a (parent, frame) pair (see treeBuilder).
+   * In diff mode BASE's samples go into the same tree, in node.base, so a
+   * bar's change is one subtraction and search, focus and type switches
+   * work on both at once.
    */
   function buildTree(P, typeIndex, allowedLabels, hideTrampolines) {
-    const values = P.values[typeIndex];
-    const keep = (s) => values[s] > 0 && (!allowedLabels || allowedLabels[P.sampleLabels[s]]);
+    const sets = [{ set: P, into: "total" }];
+    if (P.base) sets.push({ set: P.base, into: "base" });
+    const keep = (set, s) => set.values[typeIndex][s] > 0 && (!allowedLabels || allowedLabels[set.sampleLabels[s]]);
     let bound = 1;
-    for (let s = 0; s < values.length; s++) {
-      if (keep(s)) bound += P.stackStart[P.sampleStack[s] + 1] - P.stackStart[P.sampleStack[s]];
+    for (const { set } of sets) {
+      for (let s = 0; s < set.sampleStack.length; s++) {
+        if (keep(set, s)) bound += P.stackStart[set.sampleStack[s] + 1] - P.stackStart[set.sampleStack[s]];
+      }
     }
+    const b = treeBuilder(bound, P.base !== null);
+    for (const { set, into } of sets) {
+      const values = set.values[typeIndex], sums = b.nodes[into];
+      for (let s = 0; s < values.length; s++) {
+        if (!keep(set, s)) continue; // zero and negative values make no bar
+        const v = values[s], sid = set.sampleStack[s];
+        let cur = 0;
+        sums[0] += v;
+        for (let i = P.stackStart[sid], end = P.stackStart[sid + 1]; i < end; i++) {
+          const fid = P.stackFrames[i];
+          if (hideTrampolines && P.isTrampoline[fid]) continue;
+          cur = b.child(cur, fid);
+          sums[cur] += v;
+        }
+        if (into === "total") b.nodes.self[cur] += v;
+      }
+    }
+    return layout(P, b.nodes, b.count());
+  }
+
+  /**
+   * Typed arrays for at most `bound` nodes, and child(parent, frame) that
+   * finds or adds that node through an open-addressing hash table (a Map
+   * keyed by numbers this large is several times slower).
+   */
+  function treeBuilder(bound, withBase) {
     let slots = 1024;
     while (slots < bound * 2) slots *= 2;
     const mask = slots - 1;
@@ -107,39 +152,30 @@
     const nodes = {
       frame: new Int32Array(bound), parent: new Int32Array(bound),
       total: new Float64Array(bound), self: new Float64Array(bound),
+      base: withBase ? new Float64Array(bound) : null,
     };
     let count = 1;
     nodes.frame[0] = -1;
     nodes.parent[0] = -1;
-    for (let s = 0; s < values.length; s++) {
-      if (!keep(s)) continue; // zero and negative values make no bar
-      const v = values[s], sid = P.sampleStack[s];
-      let cur = 0;
-      nodes.total[0] += v;
-      for (let i = P.stackStart[sid], end = P.stackStart[sid + 1]; i < end; i++) {
-        const fid = P.stackFrames[i];
-        if (hideTrampolines && P.isTrampoline[fid]) continue;
-        let slot = (Math.imul(cur, 0x9e3779b1) ^ Math.imul(fid, 0x85ebca6b)) & mask;
-        let child;
-        for (;;) {
-          child = slotNode[slot];
-          if (child < 0) {
-            child = count++;
-            nodes.frame[child] = fid;
-            nodes.parent[child] = cur;
-            slotNode[slot] = child;
-            break;
-          }
-          if (nodes.parent[child] === cur && nodes.frame[child] === fid) break;
-          slot = (slot + 1) & mask;
+    function child(cur, fid) {
+      let slot = (Math.imul(cur, 0x9e3779b1) ^ Math.imul(fid, 0x85ebca6b)) & mask;
+      for (;;) {
+        let node = slotNode[slot];
+        if (node < 0) {
+          node = count++;
+          nodes.frame[node] = fid;
+          nodes.parent[node] = cur;
+          slotNode[slot] = node;
+          return node;
         }
-        nodes.total[child] += v;
-        cur = child;
+        if (nodes.parent[node] === cur && nodes.frame[node] === fid) return node;
+        slot = (slot + 1) & mask;
       }
-      nodes.self[cur] += v;
     }
-    return layout(P, nodes, count);
+    return { nodes, child, count: () => count };
   }
+
+  let treeIds = 0; // so a group's key names its tree as well as its node
 
   function layout(P, nodes, count) {
     const childCount = new Int32Array(count + 1);
@@ -173,9 +209,9 @@
       }
     }
     return {
-      count, frame: nodes.frame.subarray(0, count), parent: nodes.parent.subarray(0, count),
+      id: ++treeIds, count, frame: nodes.frame.subarray(0, count), parent: nodes.parent.subarray(0, count),
       total: nodes.total.subarray(0, count), self: nodes.self.subarray(0, count),
-      childStart, childOrder, x, depth, maxDepth,
+      base: nodes.base ? nodes.base.subarray(0, count) : null, childStart, childOrder, x, depth, maxDepth,
     };
   }
 
@@ -189,7 +225,7 @@
       const n = pending.pop(), exit = leaving.pop(), f = tree.frame[n];
       if (exit) { onStack[f]--; continue; }
       if (f >= 0) {
-        seen[f] = 1;
+        if (tree.total[n] > 0) seen[f] = 1; // in diff mode, vanished bars are listed apart
         self[f] += tree.self[n];
         if (!onStack[f]) total[f] += tree.total[n];
         onStack[f]++;
@@ -204,12 +240,72 @@
     return { self, total, rows };
   }
 
+  // ---- sandwich ----------------------------------------------------------
+
+  /**
+   * The sandwich of function f in `tree`: two trees rooted at f, one of its
+   * callers (each caller chain reversed, so the direct callers come first)
+   * and one of its callees (every call of f merged). Only the outermost call
+   * of a recursive f is taken, so f's total counts once per stack, as in
+   * the top table; deeper calls stay inside the callee tree.
+   */
+  function sandwichTrees(P, tree, f) {
+    const withBase = tree.base !== null;
+    const callers = treeBuilder(tree.count + 1, withBase), callees = treeBuilder(tree.count + 1, withBase);
+    callers.nodes.frame[0] = f;
+    callees.nodes.frame[0] = f;
+    const pending = [0];
+    while (pending.length) {
+      const n = pending.pop();
+      if (n > 0 && tree.frame[n] === f) {
+        addCallers(tree, n, callers);
+        addCallees(tree, n, callees);
+        continue;
+      }
+      for (let i = tree.childStart[n]; i < tree.childStart[n + 1]; i++) pending.push(tree.childOrder[i]);
+    }
+    callers.nodes.self[0] = callees.nodes.self[0];
+    return { callers: layout(P, callers.nodes, callers.count()), callees: layout(P, callees.nodes, callees.count()) };
+  }
+
+  /** Add node n's callers, nearest first, to the callers tree with n's totals. */
+  function addCallers(tree, n, b) {
+    const add = (node) => {
+      b.nodes.total[node] += tree.total[n];
+      if (tree.base) b.nodes.base[node] += tree.base[n];
+    };
+    add(0);
+    let cur = 0;
+    for (let p = tree.parent[n]; p > 0; p = tree.parent[p]) {
+      cur = b.child(cur, tree.frame[p]);
+      add(cur);
+    }
+  }
+
+  /** Merge node n's subtree into the callees tree, n itself onto its root. */
+  function addCallees(tree, n, b) {
+    const from = [n], to = [0];
+    while (from.length) {
+      const src = from.pop(), dst = to.pop();
+      b.nodes.total[dst] += tree.total[src];
+      b.nodes.self[dst] += tree.self[src];
+      if (tree.base) b.nodes.base[dst] += tree.base[src];
+      for (let i = tree.childStart[src]; i < tree.childStart[src + 1]; i++) {
+        const c = tree.childOrder[i];
+        from.push(c);
+        to.push(b.child(dst, tree.frame[c]));
+      }
+    }
+  }
+
   // ---- state -------------------------------------------------------------
 
   const state = {
     P: null, tree: null, table: null, typeIndex: 0, labelSet: -1, hideTrampolines: false, icicle: false,
     focus: 0, query: "", selectedFrame: -1, matches: null, matchTotal: 0,
-    sortKey: "self", entry: null, timings: {}, drawn: null, drawnCount: 0, ready: false, buildMs: 0, drawMs: 0, cache: new Map(),
+    sortKey: "self", entry: null, sandwich: -1, sandwichTrees: null, colourBlind: false,
+    // Grouping starts expanded (see groupRun); expandedGroups holds "tree/node" keys of groups opened by a click.
+    groupsCollapsed: false, expandedGroups: new Set(), vanishedRows: [], timings: {}, drawn: null, drawnCount: 0, ready: false, buildMs: 0, drawMs: 0, cache: new Map(),
   };
 
   function unitOf() { return state.P.data.types[state.typeIndex][1]; }
@@ -247,8 +343,11 @@
     state.tree = entry.tree;
     state.entry = entry;
     state.focus = nodeOnPath(path);
+    if (state.sandwich >= 0) state.sandwichTrees = sandwichTrees(state.P, state.tree, state.sandwich);
     updateMatches();
     renderTable();
+    renderDiffSummary();
+    renderVanished();
     scheduleDraw();
   }
 
@@ -308,16 +407,11 @@
       formatValue(state.matchTotal, unitOf()) + " of " + formatValue(total, unitOf()) + ")";
   }
 
-  // ---- drawing -----------------------------------------------------------
-
-  let drawPending = false;
-  function scheduleDraw() {
-    if (drawPending) return;
-    drawPending = true;
-    requestAnimationFrame(() => { drawPending = false; draw(); });
-  }
-
   const HUES = { python: [8, 44], native: [190, 230], trampoline: null, synthetic: [265, 300] };
+  const ROOT_COLOR = "#c9c9ce", DIMMED = "#e4e4e8", UNCHANGED = "hsl(0,0%,80%)";
+  // Hues for grew / shrank: red and green as Grafana and pprof use, or
+  // orange and blue, which the common red-green colour blindnesses tell apart.
+  const DIFF_HUES = { usual: { grew: 0, shrank: 120 }, colourBlind: { grew: 28, shrank: 212 } };
 
   function nameHash(s) {
     let h = 2166136261;
@@ -327,8 +421,7 @@
 
   const colorCache = new Map();
   function frameColor(fid) {
-    if (fid < 0) return "#c9c9ce";
-    if (state.matches && !state.matches[fid]) return "#e4e4e8";
+    if (fid < 0) return ROOT_COLOR;
     let c = colorCache.get(fid);
     if (!c) {
       const kind = state.P.data.kinds[state.P.data.frames.kind[fid]];
@@ -341,15 +434,137 @@
     return c;
   }
 
-  function nodeLabel(n) {
-    return n === 0 ? "total" : state.P.names[state.tree.frame[n]];
+  /**
+   * A diff bar's colour. Intensity is the change relative to the larger
+   * side, so a bar that appeared (or vanished) is at full strength and
+   * +10% is faint: the eye goes to what changed most for that bar.
+   */
+  function diffColor(newValue, baseValue) {
+    const delta = newValue - baseValue;
+    if (delta === 0) return UNCHANGED;
+    const rel = Math.min(1, Math.abs(delta) / Math.max(newValue, baseValue));
+    const hues = state.colourBlind ? DIFF_HUES.colourBlind : DIFF_HUES.usual;
+    const hue = delta > 0 ? hues.grew : hues.shrank;
+    return "hsl(" + hue + "," + Math.round(45 + 45 * rel) + "%," + Math.round(88 - 38 * rel) + "%)";
+  }
+
+  function barColor(bar) {
+    const t = bar.tree, members = bar.run || [bar.node];
+    if (state.matches && !members.some((m) => t.frame[m] >= 0 && state.matches[t.frame[m]])) return DIMMED;
+    if (t.base) return diffColor(t.total[bar.node], t.base[bar.node]);
+    return frameColor(t.frame[members[members.length - 1]]);
+  }
+
+  function nodeLabel(n, tree = state.tree) {
+    const fid = tree.frame[n];
+    return fid < 0 ? "total" : state.P.names[fid];
+  }
+
+  /** A group's label, as Grafana writes it: first ⋯ (frames hidden between) ⋯ last. */
+  function barLabel(bar) {
+    if (!bar.run) return nodeLabel(bar.node, bar.tree);
+    const first = nodeLabel(bar.run[0], bar.tree), last = nodeLabel(bar.run[bar.run.length - 1], bar.tree);
+    if (bar.run.length === 2) return first + " \u203a " + last;
+    return first + " \u22ef (" + (bar.run.length - 2) + ") \u22ef " + last;
+  }
+
+  // ---- grouping ------------------------------------------------------------
+
+  /** The one child of n that has a width, or -1 (diff mode keeps zero-wide vanished children). */
+  function onlyChild(t, n) {
+    let found = -1;
+    for (let i = t.childStart[n]; i < t.childStart[n + 1]; i++) {
+      const c = t.childOrder[i];
+      if (t.total[c] <= 0) continue;
+      if (found >= 0) return -1;
+      found = c;
+    }
+    return found;
+  }
+
+  /**
+   * The nodes one bar stands for: n alone, or, when groups are collapsed,
+   * the run from n down through frames with one child and no self (the
+   * terminal's flame_text collapses the same runs). A run is one bar only
+   * if it has two frames or more. Groups start expanded, unlike Grafana's
+   * panel: the seed has to tell users to press "Expand all groups" to read
+   * a stack bottom-up, and here every name stays visible and searchable by
+   * default; "collapse all groups" gives Grafana's view.
+   */
+  function groupRun(t, n) {
+    if (!state.groupsCollapsed || state.expandedGroups.has(t.id + "/" + n)) return null;
+    const run = [n];
+    for (let cur = n, next; t.self[cur] === 0 && (next = onlyChild(t, cur)) >= 0; cur = next) run.push(next);
+    return run.length > 1 ? run : null;
+  }
+
+  function expandGroup(bar) {
+    for (const n of bar.run) state.expandedGroups.add(bar.tree.id + "/" + n); // so no member starts a new group
+    scheduleDraw();
+  }
+
+  function setGroupsCollapsed(collapsed) {
+    state.groupsCollapsed = collapsed;
+    state.expandedGroups.clear();
+    scheduleDraw();
+  }
+
+  // ---- drawing -----------------------------------------------------------
+
+  let drawPending = false;
+  function scheduleDraw() {
+    if (drawPending) return;
+    drawPending = true;
+    requestAnimationFrame(() => { drawPending = false; draw(); });
+  }
+
+  /**
+   * The bars under `start` that are at least MIN_PX wide, start's row being
+   * row0 and each level `dir` rows further (+1 up the flame, -1 down for the
+   * sandwich's callers). A bar is {tree, node, run, x, w, row}.
+   */
+  function descendantBars(t, start, width, row0, dir, out) {
+    const scale = t.total[start] > 0 ? width / t.total[start] : 0;
+    const nodes = [], rows = [];
+    const pushChildren = (n, row) => {
+      for (let i = t.childStart[n]; i < t.childStart[n + 1]; i++) { nodes.push(t.childOrder[i]); rows.push(row); }
+    };
+    pushChildren(start, row0 + dir);
+    while (nodes.length) {
+      const n = nodes.pop(), row = rows.pop();
+      const w = t.total[n] * scale;
+      if (w < MIN_PX) continue;
+      const run = groupRun(t, n);
+      out.push({ tree: t, node: n, run, x: (t.x[n] - t.x[start]) * scale, w, row });
+      pushChildren(run ? run[run.length - 1] : n, row + dir);
+    }
+  }
+
+  /** Every bar to paint, rows counted from the bottom (row 0) of the flame graph. */
+  function collectBars(width) {
+    const bars = [];
+    if (state.sandwich >= 0) {
+      const { callers, callees } = state.sandwichTrees;
+      bars.push({ tree: callees, node: 0, run: null, x: 0, w: width, row: 0 });
+      descendantBars(callees, 0, width, 0, 1, bars);
+      descendantBars(callers, 0, width, 0, -1, bars);
+      const lowest = bars.reduce((m, b) => Math.min(m, b.row), 0);
+      bars.forEach((b) => { b.row -= lowest; });
+      return bars;
+    }
+    const t = state.tree;
+    // The focused node and its callers span the full width, as in Grafana's focus.
+    for (let n = state.focus; n >= 0; n = t.parent[n]) bars.push({ tree: t, node: n, run: null, x: 0, w: width, row: t.depth[n] });
+    descendantBars(t, state.focus, width, t.depth[state.focus], 1, bars);
+    return bars;
   }
 
   function draw() {
     const t0 = performance.now();
-    const t = state.tree, canvas = ui.canvas, ratio = window.devicePixelRatio || 1;
+    const canvas = ui.canvas, ratio = window.devicePixelRatio || 1;
     const width = canvas.clientWidth || canvas.parentElement.clientWidth || 800;
-    const rows = t.maxDepth + 1;
+    const bars = collectBars(width);
+    const rows = bars.reduce((m, b) => Math.max(m, b.row), 0) + 1;
     const height = rows * ROW;
     canvas.style.height = height + "px";
     canvas.width = Math.round(width * ratio);
@@ -360,36 +575,22 @@
     ctx.font = "12px system-ui, sans-serif";
     ctx.textBaseline = "middle";
     const charWidth = ctx.measureText("abcdefghijklmnopqrstuvwxyz_ABCDE >").width / 34;
-    const drawn = { node: [], x: [], y: [], w: [] };
-    const rowY = (d) => (state.icicle ? d * ROW : height - (d + 1) * ROW);
-    const bar = (n, x, w) => {
-      const y = rowY(t.depth[n]);
-      ctx.fillStyle = frameColor(t.frame[n]);
-      ctx.fillRect(x, y, Math.max(w - 0.5, 0.5), ROW - 1);
-      drawn.node.push(n); drawn.x.push(x); drawn.y.push(y); drawn.w.push(w);
-      if (w > 3 * charWidth + 6) {
-        let label = nodeLabel(n);
-        const fits = Math.floor((w - 6) / charWidth);
+    for (const b of bars) {
+      b.y = state.icicle ? (rows - 1 - b.row) * ROW : height - (b.row + 1) * ROW;
+      b.color = barColor(b);
+      b.label = barLabel(b);
+      ctx.fillStyle = b.color;
+      ctx.fillRect(b.x, b.y, Math.max(b.w - 0.5, 0.5), ROW - 1);
+      if (b.w > 3 * charWidth + 6) {
+        let label = b.label;
+        const fits = Math.floor((b.w - 6) / charWidth);
         if (label.length > fits) label = label.slice(0, Math.max(fits - 1, 1)) + "\u2026";
         ctx.fillStyle = "#111";
-        ctx.fillText(label, x + 3, y + ROW / 2);
+        ctx.fillText(label, b.x + 3, b.y + ROW / 2);
       }
-    };
-    // The focused node and its callers span the full width, as in Grafana's focus.
-    for (let n = state.focus; n >= 0; n = t.parent[n]) bar(n, 0, width);
-    const f = state.focus;
-    const scale = t.total[f] > 0 ? width / t.total[f] : 0;
-    const pending = [];
-    for (let i = t.childStart[f]; i < t.childStart[f + 1]; i++) pending.push(t.childOrder[i]);
-    while (pending.length) {
-      const n = pending.pop();
-      const w = t.total[n] * scale;
-      if (w < MIN_PX) continue;
-      bar(n, (t.x[n] - t.x[f]) * scale, w);
-      for (let i = t.childStart[n]; i < t.childStart[n + 1]; i++) pending.push(t.childOrder[i]);
     }
-    state.drawn = drawn;
-    state.drawnCount = drawn.node.length;
+    state.drawn = bars;
+    state.drawnCount = bars.length;
     state.drawMs = performance.now() - t0;
     renderBreadcrumb();
     if (!state.ready) {
@@ -407,19 +608,22 @@
       (d.comments.length ? "\n" + d.comments.join("\n") : "");
   }
 
-  function nodeAt(clientX, clientY) {
+  /** The drawn bar under a client point, or null. */
+  function barAt(clientX, clientY) {
     const r = ui.canvas.getBoundingClientRect();
-    const x = clientX - r.left, y = clientY - r.top, d = state.drawn;
-    if (!d) return -1;
-    for (let i = d.node.length - 1; i >= 0; i--) {
-      if (y >= d.y[i] && y < d.y[i] + ROW && x >= d.x[i] && x < d.x[i] + d.w[i]) return d.node[i];
+    const x = clientX - r.left, y = clientY - r.top, bars = state.drawn;
+    if (!bars) return null;
+    for (let i = bars.length - 1; i >= 0; i--) {
+      const b = bars[i];
+      if (y >= b.y && y < b.y + ROW && x >= b.x && x < b.x + b.w) return b;
     }
-    return -1;
+    return null;
   }
 
   // ---- breadcrumb, tooltip, table ------------------------------------------
 
   function renderBreadcrumb() {
+    if (state.sandwich >= 0) { renderSandwichCrumb(); return; }
     const parts = [];
     for (let n = state.focus; n >= 0; n = state.tree.parent[n]) parts.push(n);
     parts.reverse();
@@ -443,21 +647,59 @@
     });
   }
 
-  function showTooltip(n, clientX, clientY) {
-    const t = state.tree, unit = unitOf(), whole = t.total[0];
+  /** The sandwich's line: which function, how to read it, and the way back. */
+  function renderSandwichCrumb() {
+    const lead = document.createElement("span");
+    lead.className = "sep";
+    lead.textContent = "sandwich:";
+    const name = document.createElement("strong");
+    name.textContent = state.P.names[state.sandwich];
+    const how = document.createElement("span");
+    how.className = "sep";
+    how.textContent = state.icicle ? "(callees below, callers above)" : "(callees above, callers below)";
+    const back = document.createElement("button");
+    back.type = "button";
+    back.id = "sandwich-back";
+    back.textContent = "← back to the flame graph";
+    back.addEventListener("click", () => setSandwich(-1));
+    ui.breadcrumb.replaceChildren(lead, name, how, back);
+  }
+
+  /** "+1.50 MiB (+25.0%)": a change in the unit, and relative to the base ("new" when it had none). */
+  function formatDelta(newValue, baseValue, unit) {
+    const delta = newValue - baseValue, sign = delta > 0 ? "+" : "";
+    const rel = baseValue ? sign + (100 * delta / baseValue).toFixed(1) + "%" : (delta ? "new" : "0%");
+    return sign + formatValue(delta, unit) + " (" + rel + ")";
+  }
+
+  function tooltipLines(bar) {
+    const t = bar.tree, n = bar.node, unit = unitOf(), whole = state.tree.total[0];
+    const last = bar.run ? bar.run[bar.run.length - 1] : n;
     const lines = [
       "total " + formatValue(t.total[n], unit) + " (" + percent(t.total[n], whole) + ")",
-      "self  " + formatValue(t.self[n], unit) + " (" + percent(t.self[n], whole) + ")",
+      "self  " + formatValue(t.self[last], unit) + " (" + percent(t.self[last], whole) + ")",
     ];
-    if (n > 0) {
+    if (t.base) {
+      lines.push("base  " + formatValue(t.base[n], unit), "new   " + formatValue(t.total[n], unit),
+        "delta " + formatDelta(t.total[n], t.base[n], unit));
+    }
+    if (bar.run) {
+      lines.push("group of " + bar.run.length + " frames with one callee each (click to expand):");
+      bar.run.forEach((m) => lines.push("  " + nodeLabel(m, t)));
+    } else if (t.frame[n] >= 0) {
       const d = state.P.data, fid = t.frame[n];
       const file = d.files[d.frames.file[fid]], line = d.frames.line[fid];
       if (file) lines.push(line ? file + ":" + line : file);
-      lines.push(d.kinds[d.frames.kind[fid]] + " frame");
+      lines.push(d.kinds[d.frames.kind[fid]] + " frame; shift-click or right-click: sandwich");
     }
+    return lines;
+  }
+
+  function showTooltip(bar, clientX, clientY) {
+    const lines = tooltipLines(bar);
     const name = document.createElement("div");
     name.className = "name";
-    name.textContent = nodeLabel(n);
+    name.textContent = bar.label;
     const body = document.createElement("div");
     body.textContent = lines.join("\n");
     ui.tooltip.replaceChildren(name, body);
@@ -510,6 +752,7 @@
         cell(formatValue(tb.self[f], unit) + "  " + percent(tb.self[f], whole), "num"),
         cell(formatValue(tb.total[f], unit) + "  " + percent(tb.total[f], whole), "num"),
         cell(file ? (line ? file + ":" + line : file) : "", "loc"),
+        sandwichCell(f),
       );
       if (f === state.selectedFrame) tr.className = "selected";
       tr.addEventListener("click", () => selectFrame(f));
@@ -525,7 +768,67 @@
     state.tableRows = shown.map((f) => state.P.names[f]);
   }
 
+  function sandwichCell(f) {
+    const td = document.createElement("td");
+    const b = document.createElement("button");
+    b.type = "button";
+    b.className = "sandwich";
+    b.textContent = "sandwich";
+    b.title = "this function's callers below it and its callees above it";
+    b.addEventListener("click", (e) => { e.stopPropagation(); setSandwich(f); }); // not the row's select
+    td.append(b);
+    return td;
+  }
+
+  /** Diff mode's header: both totals and the change, for the current type and label. */
+  function renderDiffSummary() {
+    const t = state.tree;
+    ui.diffSummary.hidden = !t.base;
+    if (!t.base) return;
+    const unit = unitOf();
+    ui.diffSummary.textContent = "base " + formatValue(t.base[0], unit) + " → new " +
+      formatValue(t.total[0], unit) + ": " + formatDelta(t.total[0], t.base[0], unit);
+  }
+
+  /** Stacks only BASE has (zero wide in NEW's graph): the topmost such node of each, largest first. */
+  function vanishedNodes(t) {
+    const out = [];
+    for (let n = 1; n < t.count; n++) {
+      if (t.total[n] === 0 && t.base[n] > 0 && (t.parent[n] === 0 || t.total[t.parent[n]] > 0)) out.push(n);
+    }
+    return out.sort((a, b) => t.base[b] - t.base[a]);
+  }
+
+  function renderVanished() {
+    const t = state.tree;
+    const nodes = t.base ? vanishedNodes(t) : [];
+    ui.vanishedBox.hidden = nodes.length === 0;
+    const unit = unitOf();
+    state.vanishedRows = nodes.slice(0, TABLE_ROWS).map((n) => ({
+      path: framePath(n).map((f) => state.P.names[f]).join(" › "), base: t.base[n],
+    }));
+    ui.vanished.replaceChildren(...state.vanishedRows.map((row) => {
+      const li = document.createElement("li");
+      li.textContent = row.path + "  −" + formatValue(row.base, unit);
+      return li;
+    }));
+  }
+
   // ---- actions -----------------------------------------------------------
+
+  /** Show the sandwich of function f (-1: back to the flame graph). */
+  function setSandwich(f) {
+    state.sandwich = f;
+    state.sandwichTrees = f >= 0 ? sandwichTrees(state.P, state.tree, f) : null;
+    scheduleDraw();
+  }
+
+  function clickBar(bar, e) {
+    const fid = bar.tree.frame[bar.node];
+    if (bar.run) expandGroup(bar);
+    else if (e.shiftKey || (state.sandwich >= 0 && fid >= 0)) setSandwich(fid);
+    else if (state.sandwich < 0) setFocus(bar.node);
+  }
 
   function setFocus(n) {
     state.focus = n;
@@ -571,6 +874,7 @@
       state.query = "";
       state.selectedFrame = -1;
       state.focus = 0;
+      setSandwich(-1);
       updateMatches();
       renderTable();
       scheduleDraw();
@@ -583,15 +887,24 @@
       b.addEventListener("click", () => { state.sortKey = b.dataset.sort; renderTable(); });
     });
     ui.canvas.addEventListener("mousemove", (e) => {
-      const n = nodeAt(e.clientX, e.clientY);
-      if (n < 0) ui.tooltip.hidden = true;
-      else showTooltip(n, e.clientX, e.clientY);
+      const bar = barAt(e.clientX, e.clientY);
+      if (!bar) ui.tooltip.hidden = true;
+      else showTooltip(bar, e.clientX, e.clientY);
     });
     ui.canvas.addEventListener("mouseleave", () => { ui.tooltip.hidden = true; });
     ui.canvas.addEventListener("click", (e) => {
-      const n = nodeAt(e.clientX, e.clientY);
-      if (n >= 0) setFocus(n);
+      const bar = barAt(e.clientX, e.clientY);
+      if (bar) clickBar(bar, e);
     });
+    ui.canvas.addEventListener("contextmenu", (e) => {
+      const bar = barAt(e.clientX, e.clientY);
+      if (!bar || bar.tree.frame[bar.node] < 0) return;
+      e.preventDefault(); // the browser's menu would cover the sandwich
+      setSandwich(bar.tree.frame[bar.run ? bar.run[bar.run.length - 1] : bar.node]);
+    });
+    ui.palette.addEventListener("change", () => { state.colourBlind = ui.palette.checked; scheduleDraw(); });
+    ui.expandGroups.addEventListener("click", () => setGroupsCollapsed(false));
+    ui.collapseGroups.addEventListener("click", () => setGroupsCollapsed(true));
     window.addEventListener("resize", scheduleDraw);
   }
 
@@ -616,6 +929,7 @@
       ui.labels.append(o);
     });
     ui.labelBox.hidden = state.labelOptions.length === 0;
+    ui.paletteBox.hidden = !d.base;
   }
 
   /** A read-only summary for tests and scripts: window.gpuflameState. */
@@ -634,25 +948,52 @@
           matchShare: state.matches ? (t.total[0] ? state.matchTotal / t.total[0] : 0) : null,
           matchText: ui.share.textContent, tableRows: Object.freeze((state.tableRows || []).slice()),
           tableSort: state.sortKey, hideTrampolines: state.hideTrampolines, icicle: state.icicle,
+          diff: Boolean(state.P.base), baseTotal: t.base ? t.base[0] : null,
+          diffText: t.base ? ui.diffSummary.textContent : null, colourBlind: state.colourBlind,
+          vanished: Object.freeze(state.vanishedRows.map((r) => Object.freeze({ ...r }))),
+          sandwich: state.sandwich >= 0 ? state.P.names[state.sandwich] : null,
+          sandwichCallers: state.sandwichTrees ? topChildren(state.sandwichTrees.callers) : null,
+          sandwichCallees: state.sandwichTrees ? topChildren(state.sandwichTrees.callees) : null,
+          sandwichTotal: state.sandwichTrees ? state.sandwichTrees.callees.total[0] : null,
+          groupsCollapsed: state.groupsCollapsed, groupBars: (state.drawn || []).filter((b) => b.run).length,
           buildMs: state.buildMs, drawMs: state.drawMs, timings: Object.freeze({ ...state.timings }),
         });
       },
     });
   }
 
-  /** Where the drawn bar of a node is, for tests: {x, y} in client pixels, or null. */
-  function barCenter(name) {
-    const d = state.drawn, r = ui.canvas.getBoundingClientRect();
-    if (!d) return null;
-    for (let i = 0; i < d.node.length; i++) {
-      if (nodeLabel(d.node[i]) === name) return { x: r.left + d.x[i] + d.w[i] / 2, y: r.top + d.y[i] + ROW / 2 };
+  /** A tree's root's children, widest first, as {name, total}: the sandwich's direct callers or callees. */
+  function topChildren(t) {
+    const out = [];
+    for (let i = t.childStart[0]; i < t.childStart[1]; i++) {
+      const c = t.childOrder[i];
+      if (t.total[c] > 0) out.push(Object.freeze({ name: nodeLabel(c, t), total: t.total[c] }));
     }
-    return null;
+    return Object.freeze(out.sort((a, b) => b.total - a.total));
+  }
+
+  /** The first drawn bar labelled `name`, for tests: where it is (client pixels), its colour and values. */
+  function barInfo(name) {
+    const bars = state.drawn, r = ui.canvas.getBoundingClientRect();
+    const b = bars && bars.find((x) => x.label === name);
+    if (!b) return null;
+    const t = b.tree;
+    return Object.freeze({
+      x: r.left + b.x + b.w / 2, y: r.top + b.y + ROW / 2, width: b.w, color: b.color, group: b.run ? b.run.length : 0,
+      total: t.total[b.node], base: t.base ? t.base[b.node] : null,
+    });
+  }
+
+  function barCenter(name) {
+    const info = barInfo(name);
+    return info && { x: info.x, y: info.y };
   }
 
   async function start() {
     exposeState();
     Object.defineProperty(window, "gpuflameBarCenter", { value: barCenter });
+    Object.defineProperty(window, "gpuflameBar", { value: barInfo });
+    Object.defineProperty(window, "gpuflameBarLabels", { value: () => (state.drawn || []).map((b) => b.label) });
     try {
       let t0 = performance.now();
       const data = await decodeData();

@@ -1,0 +1,312 @@
+"""The HTTP server of ``gpuflame serve``: stdlib only, read-only, one folder.
+
+Routes (GET and HEAD only):
+
+    /                   the index of runs and profile files (newest first)
+    /view/<id>          the viewer page of one profile
+    /diff?base=&new=    the viewer's diff mode (?pick=a&pick=b redirects here)
+    /file/<id>          the profile's bytes, as a download
+    /api/runs           the index as JSON (exact byte counts, meta.json as written)
+
+Every id goes through :func:`gpuflame.serve.catalog.resolve_id`. On a
+loopback address the server also answers only requests whose Host header is
+a loopback name, so a web page cannot reach it through DNS rebinding.
+"""
+
+from __future__ import annotations
+
+import html
+import inspect
+import ipaddress
+import json
+import re
+import socket
+import sys
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, quote, unquote, urlsplit
+
+from gpuflame.errors import GpuflameError
+from gpuflame.files import read_bytes
+from gpuflame.formats import loads
+from gpuflame.model import Profile
+from gpuflame.render.html import render_html
+from gpuflame.serve import catalog, pages
+from gpuflame.serve.catalog import BadId, NotServed
+
+DATA_CSP = "default-src 'none'; sandbox; frame-ancestors 'none'"
+_META_CSP = re.compile(r'<meta http-equiv="Content-Security-Policy" content="([^"]*)"', re.IGNORECASE)
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+CACHED_PAGES = 4  # viewer pages can be megabytes each
+
+
+@dataclass
+class Response:
+    status: int
+    body: bytes
+    content_type: str
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+class ProfileUnreadable(Exception):
+    """A listed profile that fails to load: a 422 with the reason, not a crash."""
+
+
+def diff_supported() -> bool:
+    """Whether the viewer has a diff mode (``render_html(..., base=)``): the one place that asks."""
+    return "base" in inspect.signature(render_html).parameters
+
+
+def is_loopback(host: str) -> bool:
+    """``127.0.0.1``, ``::1``, ``localhost``: reachable from this machine only."""
+    name = host.strip("[]").lower()
+    if name == "localhost" or name.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+class PageCache:
+    """The last few rendered pages, keyed by the files' identity, so reopening a big run is instant."""
+
+    def __init__(self, size: int = CACHED_PAGES) -> None:
+        self._pages: OrderedDict[tuple[object, ...], bytes] = OrderedDict()
+        self._size = size
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple[object, ...], make: Callable[[], bytes]) -> bytes:
+        with self._lock:
+            if key in self._pages:
+                self._pages.move_to_end(key)
+                return self._pages[key]
+        page = make()  # outside the lock: two pages render at once
+        with self._lock:
+            self._pages[key] = page
+            while len(self._pages) > self._size:
+                self._pages.popitem(last=False)
+        return page
+
+
+class Server(ThreadingHTTPServer):
+    """One served folder (resolved), its page cache, and whether Host headers are checked."""
+
+    daemon_threads = True
+
+    def __init__(self, root: Path, host: str, port: int) -> None:
+        self.root = root
+        self.loopback_only = is_loopback(host)
+        self.cache = PageCache()
+        self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        super().__init__((host.strip("[]"), port), Handler)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A browser that closes the connection early is not worth a traceback."""
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            return
+        super().handle_error(request, client_address)
+
+    @property
+    def port(self) -> int:
+        return int(self.server_address[1])
+
+    @property
+    def url(self) -> str:
+        """The address to open in a browser (a wildcard bind is opened through loopback)."""
+        host = str(self.server_address[0])
+        if host in ("0.0.0.0", "::"):
+            host = "127.0.0.1" if host == "0.0.0.0" else "::1"
+        shown = f"[{host}]" if ":" in host else host
+        return f"http://{shown}:{self.port}/"
+
+
+def make_server(root: str | Path, host: str = "127.0.0.1", port: int = 0) -> Server:
+    """A bound server over *root* (checked and resolved); ``serve_forever`` starts it."""
+    folder = catalog.check_root(root)
+    try:
+        return Server(folder, host, port)
+    except OSError as exc:
+        raise GpuflameError(f"cannot listen on {host}:{port} ({exc.strerror or exc})") from None
+
+
+class Handler(BaseHTTPRequestHandler):
+    """Routes a request to a :class:`Response`; any failure is a page, never a dead server."""
+
+    server: Server
+    timeout = 60  # an idle or half-sent request does not hold a thread forever
+
+    def version_string(self) -> str:
+        return "gpuflame"
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+        self._answer(head=False)
+
+    def do_HEAD(self) -> None:  # noqa: N802
+        self._answer(head=True)
+
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+        """Quiet: a request log on the user's terminal is noise; failures are logged by _answer."""
+
+    def _answer(self, head: bool) -> None:
+        try:
+            response = self._route()
+        except Exception as exc:  # a bug: say so, keep serving
+            self._log(500, f"{type(exc).__name__}: {exc}")
+            response = error(500, f"internal error: {type(exc).__name__}: {exc}")
+        self.send_response(response.status)
+        headers = {**security_headers(response.content_type), **response.headers}
+        for name, value in headers.items():
+            self.send_header(name, value)
+        self.send_header("Content-Length", str(len(response.body)))
+        self.end_headers()
+        if not head:
+            self.wfile.write(response.body)
+
+    def _log(self, status: int, reason: str) -> None:
+        sys.stderr.write(_CONTROL.sub("?", f"gpuflame serve: {status} {self.path}: {reason}") + "\n")
+
+    def _route(self) -> Response:
+        if not self._host_allowed():
+            return error(403, "this server answers only to localhost names (the Host header was another)")
+        parts = urlsplit(self.path)
+        path, query = parts.path, parse_qs(parts.query, keep_blank_values=True)
+        if path == "/":
+            return html_response(pages.index_page(str(self.server.root), catalog.scan(self.server.root)))
+        if path == "/api/runs":
+            return json_response([e.to_json() for e in catalog.scan(self.server.root)])
+        if path == "/diff":
+            return self._guard(self._diff, query)
+        for prefix, serve in (("/view/", self._view), ("/file/", self._file)):
+            if path.startswith(prefix):
+                ident = unquote(path[len(prefix):])
+                return self._guard(serve, ident)
+        return error(404, "no such page")
+
+    def _host_allowed(self) -> bool:
+        host = self.headers.get("Host")
+        if not self.server.loopback_only or host is None:
+            return True
+        name = host[1:].split("]", 1)[0] if host.startswith("[") else host.rsplit(":", 1)[0]
+        return is_loopback(name)
+
+    def _guard(self, route: Callable[[Any], Response], arg: Any) -> Response:
+        """Turn the catalog's refusals and unreadable profiles into their status pages."""
+        try:
+            return route(arg)
+        except BadId as exc:
+            return error(400, str(exc))
+        except NotServed as exc:
+            return error(404, str(exc))
+        except ProfileUnreadable as exc:
+            self._log(422, str(exc))
+            return error(422, str(exc))
+
+    def _view(self, ident: str) -> Response:
+        path = catalog.resolve_id(self.server.root, ident)
+        entry = catalog.entry_for(self.server.root, ident)
+        key = ("view", *file_key(path))
+        return viewer_response(self.server.cache.get(key, lambda: render_html(load(path, ident), entry.label).encode()))
+
+    def _file(self, ident: str) -> Response:
+        data = read_or_unreadable(catalog.resolve_id(self.server.root, ident), ident)
+        name = re.sub(r"[^A-Za-z0-9._-]", "_", ident.replace("/", "-"))
+        return Response(200, data, "application/octet-stream",
+                        {"Content-Disposition": f'attachment; filename="{name}"'})
+
+    def _diff(self, query: dict[str, list[str]]) -> Response:
+        picks = query.get("pick")
+        if picks is not None:
+            return self._diff_redirect(picks)
+        base_id, new_id = query.get("base", [""])[0], query.get("new", [""])[0]
+        if not base_id or not new_id:
+            return error(400, "a diff needs two profiles: /diff?base=<id>&new=<id>")
+        base_path = catalog.resolve_id(self.server.root, base_id)
+        new_path = catalog.resolve_id(self.server.root, new_id)
+        if not diff_supported():
+            return error(501, "this gpuflame's viewer has no diff mode yet; in a terminal: gpuflame diff BASE NEW")
+        labels = [catalog.entry_for(self.server.root, i).label for i in (base_id, new_id)]
+        title = f"{labels[0]} → {labels[1]}"
+        key = ("diff", *file_key(base_path), *file_key(new_path))
+
+        def make() -> bytes:
+            base, new = load(base_path, base_id), load(new_path, new_id)
+            return render_html(new, title, base=base).encode()
+
+        return viewer_response(self.server.cache.get(key, make))
+
+    def _diff_redirect(self, picks: list[str]) -> Response:
+        """Two checkboxes of the index -> the canonical diff URL, the older profile as base."""
+        if len(picks) != 2:
+            return error(400, f"pick exactly two profiles to diff (you picked {len(picks)})")
+        older, newer = sorted((catalog.entry_for(self.server.root, p) for p in picks), key=lambda e: e.time)
+        target = f"/diff?base={quote(older.id, safe='/')}&new={quote(newer.id, safe='/')}"
+        return Response(303, b"", "text/plain; charset=utf-8", {"Location": target})
+
+
+def file_key(path: Path) -> tuple[object, ...]:
+    """What identifies a file's content for the cache: a rewritten profile renders anew."""
+    info = path.stat()
+    return str(path), info.st_mtime_ns, info.st_size
+
+
+def read_or_unreadable(path: Path, ident: str) -> bytes:
+    try:
+        return read_bytes(path)
+    except GpuflameError as exc:
+        raise ProfileUnreadable(f"{ident}: cannot read ({exc})") from None
+
+
+def load(path: Path, ident: str) -> Profile:
+    """The profile at *path*, named by its id in errors (never the server's absolute path)."""
+    try:
+        return loads(read_or_unreadable(path, ident), source=ident)
+    except GpuflameError as exc:
+        raise ProfileUnreadable(str(exc)) from None
+
+
+def error(status: int, message: str) -> Response:
+    reason = HTTPStatus(status).phrase
+    return Response(status, pages.message_page(status, reason, message).encode(), "text/html; charset=utf-8")
+
+
+def html_response(page: str | bytes) -> Response:
+    body = page.encode("utf-8") if isinstance(page, str) else page
+    return Response(200, body, "text/html; charset=utf-8")
+
+
+def viewer_response(page: bytes) -> Response:
+    return Response(200, page, "text/html; charset=utf-8", {"Content-Security-Policy": viewer_csp(page)})
+
+
+def json_response(data: object) -> Response:
+    body = (json.dumps(data, indent=2) + "\n").encode("utf-8")
+    return Response(200, body, "application/json")
+
+
+def security_headers(content_type: str) -> dict[str, str]:
+    """No sniffing, no framing, no referrer, no caching; a CSP for every kind of answer."""
+    return {
+        "Content-Type": content_type,
+        "Content-Security-Policy": DATA_CSP if not content_type.startswith("text/html") else pages.PAGE_CSP,
+        "X-Content-Type-Options": "nosniff",
+        "X-Frame-Options": "DENY",
+        "Referrer-Policy": "no-referrer",
+        "Cross-Origin-Resource-Policy": "same-origin",
+        "Cache-Control": "no-store",
+    }
+
+
+def viewer_csp(page: bytes) -> str:
+    """The viewer page's own policy (its <meta>), as a header that also forbids framing."""
+    found = _META_CSP.search(page[:16384].decode("utf-8", errors="replace"))
+    if not found:
+        return "frame-ancestors 'none'; base-uri 'none'; form-action 'none'; connect-src 'none'"
+    policy = _CONTROL.sub(" ", html.unescape(found.group(1))).strip().rstrip(";")
+    return f"{policy}; frame-ancestors 'none'"
