@@ -30,7 +30,6 @@ Start with:
   gpuflame flame PROFILE           the flame graph in the terminal
   gpuflame view PROFILE            the interactive flame graph, one offline HTML file
   gpuflame explain PROFILE NAME    why a function allocates (its call chains)
-  gpuflame view PROFILE            the interactive flame graph, one offline HTML file
   gpuflame serve                   browse your runs in a local web page
 """
 
