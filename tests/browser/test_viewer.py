@@ -286,3 +286,39 @@ def decode_png_rows(png: bytes) -> tuple[int, int, bytes]:
             idat += body
         pos += 12 + length
     return width, height, zlib.decompress(idat)
+
+
+def framework_profile():
+    """user -> torch -> user -> torch -> torch (leaf): the stack --prune-framework is for."""
+    from gpuflame.model import Frame, Profile, memory_sample_types
+
+    torch_dir = "/venv/lib/python3.11/site-packages/torch"
+    p = Profile(sample_types=memory_sample_types()[:1])
+    p.add(
+        [
+            Frame("kaiming_uniform_", f"{torch_dir}/nn/init.py", 450),
+            Frame("Linear > __init__", f"{torch_dir}/nn/modules/linear.py", 109),
+            Frame("LlamaMLP > __init__", "/app/model.py", 20),
+            Frame("Module > _call_impl", f"{torch_dir}/nn/modules/module.py", 1790),
+            Frame("main", "/app/run.py", 5),
+            Frame("<module>", "/app/run.py", 9),
+        ],
+        [8 * MiB],
+    )
+    return p
+
+
+def test_hiding_framework_frames_keeps_the_entry_and_the_bytes(chrome: Chrome, tmp_path: Path) -> None:
+    save(framework_profile(), tmp_path / "fw.pb.gz")
+    assert main(["view", str(tmp_path / "fw.pb.gz")]) == 0
+    chrome.send("Page.navigate", {"url": (tmp_path / "fw.html").as_uri()})
+    before = chrome.wait_for(READY)
+    assert {"kaiming_uniform_", "Module > _call_impl"} <= set(chrome.evaluate("window.gpuflameBarLabels()"))
+    chrome.evaluate("document.getElementById('hide-framework').click()")
+    after = settle(chrome)
+    labels = set(chrome.evaluate("window.gpuflameBarLabels()"))
+    assert after["hideFramework"] and after["total"] == before["total"]
+    # the torch function the user's code called stays, with the bytes of what it called
+    assert {"<module>", "main", "LlamaMLP > __init__", "Linear > __init__"} <= labels
+    assert not {"kaiming_uniform_", "Module > _call_impl"} & labels
+    assert chrome.evaluate("window.gpuflameBar('Linear > __init__')")["total"] == 8 * MiB

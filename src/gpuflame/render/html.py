@@ -30,6 +30,7 @@ from gpuflame.analysis.tree import frame_sort_key, function_frames
 from gpuflame.errors import GpuflameError
 from gpuflame.model.diff import select_types
 from gpuflame.model.profile import FRAME_KINDS, Frame, Profile
+from gpuflame.model.prune import DEFAULT_FRAMEWORKS, framework_regex, is_framework
 
 FORMAT = "gpuflame-viewer"
 VERSION = 1
@@ -73,6 +74,7 @@ def viewer_data(
         profile = profile.compact()
     sources = [profile] if base is None else [profile, base]
     frames, frame_codes = _function_table(sources)
+    regex = framework_regex(DEFAULT_FRAMEWORKS)
     files = sorted({f.file for f in frames})
     file_index = {f: i for i, f in enumerate(files)}
     tables = _Tables()
@@ -90,6 +92,7 @@ def viewer_data(
             "file": [file_index[f.file] for f in frames],
             "line": [f.line for f in frames],
             "kind": [FRAME_KINDS.index(f.kind) if f.kind in FRAME_KINDS else 0 for f in frames],
+            "framework": [1 if is_framework(f, regex) else 0 for f in frames],
         },
         "files": files,
         "samples": new_samples,

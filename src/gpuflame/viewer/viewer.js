@@ -27,7 +27,7 @@
   const ui = {
     status: el("status"), title: el("title"), type: el("type-select"), labels: el("label-select"),
     labelBox: el("label-box"), search: el("search"), share: el("match-share"),
-    hideTrampolines: el("hide-trampolines"), icicle: el("icicle"), tableToggle: el("table-toggle"),
+    hideTrampolines: el("hide-trampolines"), hideFramework: el("hide-framework"), icicle: el("icicle"), tableToggle: el("table-toggle"),
     reset: el("reset"), breadcrumb: el("breadcrumb"), canvas: el("graph"), tableBox: el("table-box"),
     tableNote: el("table-note"), tableBody: document.querySelector("#top-table tbody"),
     tooltip: el("tooltip"), paletteBox: el("palette-box"), palette: el("cb-palette"),
@@ -80,13 +80,14 @@
     const trampolineKind = data.kinds.indexOf(TRAMPOLINE_KIND);
     const isTrampoline = new Uint8Array(n);
     for (let i = 0; i < n; i++) isTrampoline[i] = f.kind[i] === trampolineKind ? 1 : 0;
+    const isFramework = Uint8Array.from(f.framework || new Array(n).fill(0));
     // Python sends the frame table sorted by name: a frame's index is its name rank.
     const nameRank = Int32Array.from({ length: n }, (_, i) => i);
     const lengths = data.stacks.length;
     const stackStart = new Int32Array(lengths.length + 1);
     for (let i = 0; i < lengths.length; i++) stackStart[i + 1] = stackStart[i] + lengths[i];
     return {
-      data, frameCount: n, names: f.name, normalized: null, isTrampoline, nameRank,
+      data, frameCount: n, names: f.name, normalized: null, isTrampoline, isFramework, nameRank,
       stackStart, stackFrames: Int32Array.from(data.stacks.frames),
       ...sampleSet(data.samples), base: data.base ? sampleSet(data.base.samples) : null,
     };
@@ -109,7 +110,7 @@
    * bar's change is one subtraction and search, focus and type switches
    * work on both at once.
    */
-  function buildTree(P, typeIndex, allowedLabels, hideTrampolines) {
+  function buildTree(P, typeIndex, allowedLabels, hideTrampolines, hideFramework) {
     const sets = [{ set: P, into: "total" }];
     if (P.base) sets.push({ set: P.base, into: "base" });
     const keep = (set, s) => set.values[typeIndex][s] > 0 && (!allowedLabels || allowedLabels[set.sampleLabels[s]]);
@@ -127,9 +128,12 @@
         const v = values[s], sid = set.sampleStack[s];
         let cur = 0;
         sums[0] += v;
-        for (let i = P.stackStart[sid], end = P.stackStart[sid + 1]; i < end; i++) {
+        const start = P.stackStart[sid], end = P.stackStart[sid + 1];
+        const kept = hideFramework ? frameworkKept(P, start, end) : null;
+        for (let i = start; i < end; i++) {
           const fid = P.stackFrames[i];
           if (hideTrampolines && P.isTrampoline[fid]) continue;
+          if (kept && !kept(i)) continue;
           cur = b.child(cur, fid);
           sums[cur] += v;
         }
@@ -137,6 +141,23 @@
       }
     }
     return layout(P, b.nodes, b.count());
+  }
+
+  /**
+   * Which positions of one stack (root first) stay when framework frames are
+   * hidden, as `gpuflame report --prune-framework` does: framework frames
+   * between the outermost and the innermost user frame go; below the
+   * innermost user frame only the framework function it called stays (the
+   * allocation is attributed to it); framework frames below the outermost
+   * user frame (a launcher) stay; a stack with no user frame stays whole.
+   */
+  function frameworkKept(P, start, end) {
+    let first = -1, last = -1;
+    for (let i = start; i < end; i++) {
+      if (!P.isFramework[P.stackFrames[i]]) { if (first < 0) first = i; last = i; }
+    }
+    if (first < 0) return null;
+    return (i) => !P.isFramework[P.stackFrames[i]] || i < first || i === last + 1;
   }
 
   /**
@@ -301,7 +322,8 @@
   // ---- state -------------------------------------------------------------
 
   const state = {
-    P: null, tree: null, table: null, typeIndex: 0, labelSet: -1, hideTrampolines: false, icicle: false,
+    P: null, tree: null, table: null, typeIndex: 0, labelSet: -1, hideTrampolines: false, hideFramework: false,
+    icicle: false,
     focus: 0, query: "", selectedFrame: -1, matches: null, matchTotal: 0,
     sortKey: "self", entry: null, sandwich: -1, sandwichTrees: null, colourBlind: false,
     // Grouping starts expanded (see groupRun); expandedGroups holds "tree/node" keys of groups opened by a click.
@@ -311,12 +333,12 @@
   function unitOf() { return state.P.data.types[state.typeIndex][1]; }
 
   function currentTree() {
-    const key = state.typeIndex + "/" + state.labelSet + "/" + state.hideTrampolines;
+    const key = [state.typeIndex, state.labelSet, state.hideTrampolines, state.hideFramework].join("/");
     let entry = state.cache.get(key);
     if (!entry) {
       const t0 = performance.now();
       const allowed = state.labelSet < 0 ? null : labelFilter(state.labelSet);
-      const tree = buildTree(state.P, state.typeIndex, allowed, state.hideTrampolines);
+      const tree = buildTree(state.P, state.typeIndex, allowed, state.hideTrampolines, state.hideFramework);
       entry = { tree, table: null };
       state.buildMs = performance.now() - t0;
       if (state.cache.size > 8) state.cache.clear();
@@ -868,6 +890,10 @@
       state.hideTrampolines = ui.hideTrampolines.checked;
       useTree(false);
     });
+    ui.hideFramework.addEventListener("change", () => {
+      state.hideFramework = ui.hideFramework.checked;
+      useTree(false);
+    });
     ui.icicle.addEventListener("change", () => { state.icicle = ui.icicle.checked; scheduleDraw(); });
     ui.reset.addEventListener("click", () => {
       ui.search.value = "";
@@ -947,7 +973,8 @@
           matchTotal: state.matches ? state.matchTotal : null,
           matchShare: state.matches ? (t.total[0] ? state.matchTotal / t.total[0] : 0) : null,
           matchText: ui.share.textContent, tableRows: Object.freeze((state.tableRows || []).slice()),
-          tableSort: state.sortKey, hideTrampolines: state.hideTrampolines, icicle: state.icicle,
+          tableSort: state.sortKey, hideTrampolines: state.hideTrampolines, hideFramework: state.hideFramework,
+          icicle: state.icicle,
           diff: Boolean(state.P.base), baseTotal: t.base ? t.base[0] : null,
           diffText: t.base ? ui.diffSummary.textContent : null, colourBlind: state.colourBlind,
           vanished: Object.freeze(state.vanishedRows.map((r) => Object.freeze({ ...r }))),
