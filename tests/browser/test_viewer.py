@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import struct
 import zlib
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -47,18 +46,6 @@ def html_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     save(viewer_profile(), profile)
     assert main(["view", str(profile)]) == 0
     return folder / "run.html"
-
-
-@pytest.fixture(scope="module")
-def chrome() -> Iterator[Chrome]:
-    assert CHROMIUM is not None
-    browser = Chrome(CHROMIUM)
-    try:
-        for domain in ("Page", "Network", "Runtime"):
-            browser.send(f"{domain}.enable")
-        yield browser
-    finally:
-        browser.close()
 
 
 @pytest.fixture

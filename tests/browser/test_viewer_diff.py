@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -39,18 +38,6 @@ def diff_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     save(viewer_profile(), folder / "new.pb.gz")
     assert main(["view", str(folder / "base.pb.gz"), str(folder / "new.pb.gz"), "-o", str(folder / "d.html")]) == 0
     return folder / "d.html"
-
-
-@pytest.fixture(scope="module")
-def chrome() -> Iterator[Chrome]:
-    assert CHROMIUM is not None
-    browser = Chrome(CHROMIUM)
-    try:
-        for domain in ("Page", "Network", "Runtime"):
-            browser.send(f"{domain}.enable")
-        yield browser
-    finally:
-        browser.close()
 
 
 @pytest.fixture
