@@ -533,3 +533,52 @@ def test_unpickled_snapshot_shares_frames_as_torch_does(snapshots) -> None:
     block_lists = {id(b["frames"]) for seg in snap["segments"] for b in seg["blocks"] if b["frames"]}
     entry_lists = {id(e["frames"]) for e in snap["device_traces"][0] if e["action"] == "alloc"}
     assert block_lists <= entry_lists
+
+
+# -- the timeline -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(make_snapshots.FIXTURES))
+def test_timeline_peaks_at_the_peak_and_ends_at_the_end_state(snapshots, profiles, name) -> None:
+    """Max = peak_space's live allocations (the reserved rest is not in the timeline);
+    last point = the end state's active blocks at their requested sizes, as the peak counts them."""
+    snap, profile = snapshots[name], profiles[name]
+    live_at_peak = pfilter.ignore(profile, "<cached free blocks>")
+    traced = [d for d, t in enumerate(snap["device_traces"]) if t]
+    assert profile.timeline is not None
+    assert sorted(profile.timeline.series) == [(("device", f"cuda:{d}"),) for d in traced]
+    for dev in traced:
+        points = profile.timeline.series[(("device", f"cuda:{dev}"),)]
+        assert max(b for _, b in points) == values(live_at_peak, "peak_space", f"cuda:{dev}")
+        end = sum(
+            b["requested_size"]
+            for seg in snap["segments"]
+            if seg["device"] == dev
+            for b in seg["blocks"]
+            if b["state"] in ACTIVE
+        )
+        assert points[-1][1] == end
+        times = [e["time_us"] * 1000 for e in snap["device_traces"][dev]]
+        assert points[0][0] == min(times) and points[-1][0] == max(times)
+        assert [t for t, _ in points] == sorted(t for t, _ in points)
+
+
+def test_timeline_survives_pprof_and_stays_out_of_the_comments(profiles) -> None:
+    profile = profiles["handwritten_two_devices"]
+    back = loads(save_bytes(profile))
+    assert back.timeline == profile.timeline
+    assert back.comments == profile.comments
+
+
+def test_no_timeline_without_a_trace_or_without_times(snapshots) -> None:
+    snap = copy.deepcopy(snapshots["handwritten_small_trace"])
+    assert torch_snapshot.from_snapshot({"segments": snap["segments"]}).timeline is None
+    for e in snap["device_traces"][0]:
+        e.pop("time_us")
+    assert torch_snapshot.from_snapshot(snap).timeline is None
+
+
+def save_bytes(profile: Profile) -> bytes:
+    from gpuflame.formats import pprof
+
+    return pprof.encode(profile)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import struct
+import sys
 import zlib
 from pathlib import Path
 
@@ -309,3 +310,43 @@ def test_hiding_framework_frames_keeps_the_entry_and_the_bytes(chrome: Chrome, t
     assert {"<module>", "main", "LlamaMLP > __init__", "Linear > __init__"} <= labels
     assert not {"kaiming_uniform_", "Module > _call_impl"} & labels
     assert chrome.evaluate("window.gpuflameBar('Linear > __init__')")["total"] == 8 * MiB
+
+
+# -- memory over time ---------------------------------------------------------------
+
+
+def test_a_snapshot_profile_shows_memory_over_time_with_its_peak(chrome: Chrome, tmp_path: Path) -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
+    make_snapshots = pytest.importorskip("make_snapshots")  # needs torch (a test dependency)
+    from gpuflame.formats import load, torch_snapshot
+
+    profile = torch_snapshot.from_snapshot(make_snapshots.build_all()["handwritten_small_trace"])
+    save(profile, tmp_path / "snap.pb.gz")
+    assert main(["view", str(tmp_path / "snap.pb.gz")]) == 0
+    points = load(tmp_path / "snap.pb.gz").timeline.series[(("device", "cuda:0"),)]
+    peak_time, peak_bytes = max(points, key=lambda p: p[1])
+    chrome.events.clear()
+    chrome.send("Page.navigate", {"url": (tmp_path / "snap.html").as_uri()})
+    s = chrome.wait_for(READY)
+    assert s["error"] is None and s["timeline"] is not None
+    tl = s["timeline"]
+    assert tl["visible"] and tl["peakBytes"] == peak_bytes
+    assert tl["peakTime"] == peak_time - points[0][0]
+    assert [p[1] for p in tl["points"]] == [b for _, b in points]
+    box = chrome.evaluate("(() => { const r = document.getElementById('timeline').getBoundingClientRect(); "
+                          "return {top: r.top, height: r.height, graph: document.getElementById('graph')"
+                          ".getBoundingClientRect().top}; })()")
+    assert box["height"] > 40 and box["top"] < box["graph"]  # a strip above the flame graph
+    # the peak dot is painted where the state says (red, not the line's blue)
+    pixel = chrome.evaluate(
+        "(() => { const c = document.getElementById('timeline'), r = window.devicePixelRatio || 1; "
+        f"const d = c.getContext('2d').getImageData(Math.round({tl['peakX']} * r), Math.round({tl['peakY']} * r), 1, 1).data; "
+        "return [d[0], d[1], d[2]]; })()"
+    )
+    assert pixel[0] > 150 and pixel[2] < 100, pixel
+    assert not chrome.events_named("Runtime.exceptionThrown")
+
+
+def test_a_profile_without_a_timeline_shows_no_strip(page: Chrome) -> None:
+    assert state(page)["timeline"] is None
+    assert page.evaluate("document.getElementById('timeline-box').hidden") is True

@@ -24,6 +24,9 @@ Writing (:func:`encode`) maps the model onto pprof like this:
   (``0x7f15…``) also gets ``Location.address``, and still a Line and a
   Function of that name: without one, pprof and Grafana would show the
   mapping's name instead of the seed's raw address.
+- ``profile.timeline`` (memory over time) has no pprof field: it is written as
+  one extra ``comment`` (:mod:`gpuflame.model.timeline`), which the reader
+  takes back out of the comments; a damaged one becomes a plain note.
 - Labels are string labels. Values are int64 (diffs are negative).
 - gzip level 1, as Go's runtime/pprof writes it: level 6 costs several times the
   time for a few percent of size. The gzip mtime is 0 so output is
@@ -82,6 +85,7 @@ from gpuflame.formats.protobuf_wire import (
 )
 from gpuflame.gcpause import gc_paused
 from gpuflame.model.profile import NATIVE, PYTHON, Frame, Labels, Profile, Sample, SampleType
+from gpuflame.model.timeline import split_comments
 from gpuflame.symbols.kinds import guess_kind
 from gpuflame.symbols.names import SEPARATOR, UNKNOWN, native_address_name
 
@@ -157,7 +161,8 @@ def encode_raw(profile: Profile) -> bytes:
     parts += mappings
     parts += locations
     parts += functions
-    comments = [strings[c] for c in profile.comments]
+    stored = profile.comments + ([profile.timeline.to_comment()] if profile.timeline else [])
+    comments = [strings[c] for c in stored]
     default = strings[profile.default_type] if profile.default_type else 0
     period_type = (
         _value_type(P_PERIOD_TYPE, profile.sample_types[0], strings) if profile.sample_types else b""
@@ -325,7 +330,7 @@ def _decode_raw(data: bytes) -> Profile:
     raw = _split_profile(data)
     strings = _Strings(raw.strings)
     profile = Profile(sample_types=[_read_value_type(b, strings) for b in raw.sample_types])
-    profile.comments = [strings.get(i, "comment") for i in raw.comments]
+    profile.timeline, profile.comments = split_comments([strings.get(i, "comment") for i in raw.comments])
     default = strings.get(raw.scalars.get(P_DEFAULT_SAMPLE_TYPE, 0), "default_sample_type")
     profile.default_type = default or None
     profile.time_nanos = to_int64(raw.scalars.get(P_TIME_NANOS, 0))

@@ -39,6 +39,11 @@ What the profile holds, per device (label ``device=cuda:N``):
     minus the live allocations; it includes the allocator's rounding, and is
     left out, with a comment, when the trace does not add up.
 
+The profile's timeline (:mod:`gpuflame.model.timeline`) holds, per traced
+device, the live allocated bytes (as ``peak_*`` counts them, without the
+reserved rest) after each ``alloc`` and free of the trace, starting from
+the bytes alive before the trace began, at ``time_us``.
+
 Comments record what qualifies the numbers: a trace that does not reach back
 to the start (ring buffer overwritten, or recording started late), each
 out-of-memory event with the bytes asked for and free, and devices without a
@@ -60,6 +65,7 @@ from gpuflame.formats.detect import GZIP_MAGIC, gunzip
 from gpuflame.gcpause import gc_paused
 from gpuflame.model.profile import NATIVE, PYTHON, SYNTHETIC, TRAMPOLINE, Frame, Labels, Profile, Sample
 from gpuflame.model.sample_types import memory_sample_types
+from gpuflame.model.timeline import Timeline
 from gpuflame.symbols import names
 from gpuflame.symbols.qualnames import Resolver
 from gpuflame.units import format_bytes
@@ -451,6 +457,7 @@ class _DeviceTrace:
         seg = seg_at_best = 0
         ooms: list[tuple[int, Any, int, int]] = []
         unknown = 0
+        marks: list[tuple[Any, int]] = []  # (time_us, delta) after each alloc and free: the timeline
 
         for i, e in enumerate(trace):
             action = e["action"]
@@ -482,6 +489,7 @@ class _DeviceTrace:
                     row[2] += 1
                 else:
                     others.append((frames, size))
+                marks.append((e.get("time_us"), delta))
                 if delta > best:
                     best = delta
                     best_i = i
@@ -502,6 +510,7 @@ class _DeviceTrace:
                     delta -= old[1]
                     if old[0] <= best_i:
                         closed_at_peak.append(old)
+                marks.append((e.get("time_us"), delta))
             elif action == "free_requested":
                 # nothing changes: an allocation counts until its free completes;
                 # one the trace never saw allocated is picked up at completion, or
@@ -523,6 +532,7 @@ class _DeviceTrace:
         reserved_end = conv.reserved.get(self.device, 0)
         reserved_start = reserved_end - seg
         self._add_allocs(allocs, others)
+        self._add_timeline(marks, before_bytes)
         self._add_peak(
             peak_set, before_bytes + best, reserved_end - (seg - seg_at_best), reserved_start >= before_bytes
         )
@@ -552,6 +562,32 @@ class _DeviceTrace:
                 size = block.get("requested_size", block["size"])
                 out.append((-1, _int(size, "block requested_size"), block))
         return out
+
+    def _add_timeline(self, marks: list[tuple[Any, int]], baseline: int) -> None:
+        """The live allocated bytes after each event, as the peak counts them.
+
+        *baseline* is what was alive before the trace began (allocations the
+        trace frees but never allocated, and blocks alive throughout), so
+        the series' maximum is the peak's live allocations (``peak_space``
+        without ``<cached free blocks>``) and its last point the end state's
+        live allocations, at their requested sizes. Left out when the trace
+        has no plausible times to plot against.
+        """
+        window = self._window()
+        if not marks or window is None:
+            return
+        first, last = window
+        if any(type(t) is not int or not first <= t <= last for t, _ in marks):
+            return
+        # the series spans the trace's whole window, segment and oom events included
+        points = [(first * 1000, baseline)]
+        points += [(t * 1000, baseline + d) for t, d in marks]
+        if marks[-1][0] < last:
+            points.append((last * 1000, points[-1][1]))
+        timeline = self.conv.profile.timeline
+        if timeline is None:
+            timeline = self.conv.profile.timeline = Timeline()
+        timeline.add_series(self.conv.label(self.device), points)
 
     def _add_allocs(self, allocs: dict[int, list[Any]], others: list[tuple[Any, int]]) -> None:
         stack_of = self.conv.stacks.stack

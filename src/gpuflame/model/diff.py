@@ -27,6 +27,7 @@ def diff(base: Profile, new: Profile) -> Profile:
         )
     merged = merge([select_types(new, common), negate(select_types(base, common))])
     merged.comments = ["diff: new minus base"]
+    merged.timeline = None  # a difference is no moment of either run: no memory-over-time to show
     return merged.compact()
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from gpuflame.model.profile import Profile, Sample, SampleType, make_labels
+from gpuflame.model.profile import Labels, Profile, Sample, SampleType, make_labels
+from gpuflame.model.timeline import Timeline
 
 
 def merge(
@@ -17,6 +18,12 @@ def merge(
     profile lacking a type contributes 0 to it. *labels*, one mapping per
     profile, are added to that profile's samples (e.g. ``{"pid": 123}`` when
     merging per-process files), without replacing labels the samples have.
+
+    Timelines are combined as a union of series, each relabelled with its
+    profile's *labels* like the samples. Two series that end up with the
+    same labels (merging two runs of one device without telling them apart)
+    cannot be one line, as their clocks and baselines differ: the first is
+    kept, the later one dropped, and a comment says so.
     """
     if labels is not None and len(labels) != len(profiles):
         raise ValueError("give one labels mapping per profile")
@@ -48,4 +55,28 @@ def merge(
                 have = {k for k, _ in lab}
                 lab = tuple(sorted(lab + tuple((k, v) for k, v in extra if k not in have)))
             out.samples.append(Sample(tuple(remap[f] for f in s.stack), tuple(row), lab))
+    out.timeline = _merge_timelines(out, profiles, [make_labels(x) for x in labels] if labels else None)
     return out
+
+
+def _merge_timelines(
+    out: Profile, profiles: Sequence[Profile], extras: Sequence[Labels] | None
+) -> Timeline | None:
+    """The union of the profiles' timeline series (see :func:`merge`); None when none has one."""
+    if not any(p.timeline for p in profiles):
+        return None
+    merged = Timeline()
+    dropped = 0
+    for n, p in enumerate(profiles):
+        if p.timeline is None:
+            continue
+        for key, points in p.timeline.relabelled(extras[n] if extras else ()).series.items():
+            if key in merged.series:
+                dropped += 1
+            else:
+                merged.series[key] = points
+    if dropped:
+        out.comments.append(
+            f"merge: {dropped} memory timeline series left out: another profile had one with the same labels"
+        )
+    return merged

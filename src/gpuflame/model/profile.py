@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from gpuflame.errors import UnknownSampleTypeError
+from gpuflame.model.timeline import Timeline
 
 # Frame kinds. Plain strings (not an Enum) because frames are hashed millions
 # of times and Enum hashing runs Python code.
@@ -99,6 +100,8 @@ class Profile:
     default_type: str | None = None
     time_nanos: int = 0
     duration_nanos: int = 0
+    # memory over time (model/timeline.py); None when the source has no time order
+    timeline: Timeline | None = None
     _frame_ids: dict[Frame, int] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -199,13 +202,18 @@ class Profile:
     # -- housekeeping -----------------------------------------------------
 
     def empty_like(self) -> Profile:
-        """A profile with the same types and metadata and no samples."""
+        """A profile with the same types and metadata and no samples.
+
+        The timeline is metadata too: filtering frames does not change how
+        much memory the process held over time, so derived profiles share it.
+        """
         return Profile(
             sample_types=list(self.sample_types),
             comments=list(self.comments),
             default_type=self.default_type,
             time_nanos=self.time_nanos,
             duration_nanos=self.duration_nanos,
+            timeline=self.timeline,
         )
 
     def derive(

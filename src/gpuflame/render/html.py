@@ -13,8 +13,9 @@ come from user code, so:
 
 The JSON holds the frame table once and every sample with all its sample
 types and labels, so the page switches type, label and trampoline hiding
-without a rebuild. Frames that differ only in their line are one function,
-as in the flame tree (:func:`gpuflame.analysis.tree.function_frames`).
+without a rebuild. A profile with a timeline also ships it (not in diff
+mode), drawn as memory over time above the graph. Frames that differ only
+in their line are one function, as in the flame tree (:func:`gpuflame.analysis.tree.function_frames`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from gpuflame.analysis.tree import frame_sort_key, function_frames
 from gpuflame.errors import GpuflameError
 from gpuflame.model.diff import select_types
 from gpuflame.model.profile import FRAME_KINDS, Frame, Profile
+from gpuflame.model.timeline import Timeline
 from gpuflame.model.prune import DEFAULT_FRAMEWORKS, framework_regex, is_framework
 
 FORMAT = "gpuflame-viewer"
@@ -99,9 +101,28 @@ def viewer_data(
     }
     if base is not None:
         data["base"] = {"samples": tables.samples(base, frame_codes[1])}
+    elif profile.timeline is not None and any(profile.timeline.series.values()):
+        data["timeline"] = timeline_data(profile.timeline)
     data["stacks"] = {"length": tables.stack_lengths, "frames": tables.stack_ids}
     data["labelSets"] = [[list(pair) for pair in labels] for labels in tables.label_index]
     return data
+
+
+def timeline_data(timeline: Timeline) -> dict[str, object]:
+    """The timeline with times in nanoseconds since its first point.
+
+    Epoch nanoseconds (~1.8e18) are past what a JavaScript number holds
+    exactly (2^53); offsets from the start fit for 104 days.
+    """
+    start = min(points[0][0] for points in timeline.series.values() if points)
+    return {
+        "start": start,
+        "series": [
+            {"labels": [list(pair) for pair in labels], "t": [t - start for t, _ in points], "b": [b for _, b in points]}
+            for labels, points in timeline.series.items()
+            if points
+        ],
+    }
 
 
 class _Tables:

@@ -33,6 +33,7 @@
     tooltip: el("tooltip"), paletteBox: el("palette-box"), palette: el("cb-palette"),
     diffSummary: el("diff-summary"), vanishedBox: el("vanished-box"), vanished: el("vanished"),
     expandGroups: el("expand-groups"), collapseGroups: el("collapse-groups"),
+    timelineBox: el("timeline-box"), timeline: el("timeline"),
   };
 
   // ---- formatting --------------------------------------------------------
@@ -327,7 +328,7 @@
     focus: 0, query: "", selectedFrame: -1, matches: null, matchTotal: 0,
     sortKey: "self", entry: null, sandwich: -1, sandwichTrees: null, colourBlind: false,
     // Grouping starts expanded (see groupRun); expandedGroups holds "tree/node" keys of groups opened by a click.
-    groupsCollapsed: false, expandedGroups: new Set(), vanishedRows: [], timings: {}, drawn: null, drawnCount: 0, ready: false, buildMs: 0, drawMs: 0, cache: new Map(),
+    groupsCollapsed: false, expandedGroups: new Set(), vanishedRows: [], timeline: null, timings: {}, drawn: null, drawnCount: 0, ready: false, buildMs: 0, drawMs: 0, cache: new Map(),
   };
 
   function unitOf() { return state.P.data.types[state.typeIndex][1]; }
@@ -958,6 +959,89 @@
     ui.paletteBox.hidden = !d.base;
   }
 
+  // ---- memory over time ---------------------------------------------------
+
+  /** Nanoseconds in the largest unit that keeps the number readable. */
+  function formatDuration(ns) {
+    const units = [[60e9, "min"], [1e9, "s"], [1e6, "ms"], [1e3, "\u00b5s"]];
+    for (const [size, name] of units) {
+      if (Math.abs(ns) >= size) { const v = ns / size; return (v < 10 ? v.toFixed(2) : v.toFixed(1)) + " " + name; }
+    }
+    return Math.round(ns) + " ns";
+  }
+
+  /**
+   * The timeline's series summed into one step line of [time, bytes]
+   * (times in ns since the start). Devices record at different moments,
+   * so each event sets its own series' value and the sum is taken after
+   * it; before its first point a series counts its baseline (its first
+   * value: memory alive before its trace began). The peak is the first
+   * highest point, as the converter's peak is the first of equal moments.
+   */
+  function sumTimeline(timeline) {
+    const events = [];
+    const current = timeline.series.map((s) => (s.b.length ? s.b[0] : 0));
+    timeline.series.forEach((s, k) => { for (let i = 0; i < s.t.length; i++) events.push([s.t[i], k, s.b[i]]); });
+    events.sort((a, b) => a[0] - b[0]); // stable: equal times keep their series' order
+    let total = current.reduce((a, b) => a + b, 0), peakBytes = -1, peakTime = 0;
+    const points = [];
+    for (const [t, k, b] of events) {
+      total += b - current[k];
+      current[k] = b;
+      points.push([t, total]);
+      if (total > peakBytes) { peakBytes = total; peakTime = t; }
+    }
+    return { points, peakBytes: Math.max(peakBytes, 0), peakTime, start: timeline.start };
+  }
+
+  /** The strip above the graph: total memory over time, the peak a dot with its bytes and time. */
+  function drawTimeline() {
+    const tl = state.timeline;
+    if (!tl || !tl.points.length) return;
+    const canvas = ui.timeline, ratio = window.devicePixelRatio || 1;
+    const width = canvas.clientWidth || 800, height = canvas.clientHeight || 90;
+    canvas.width = Math.round(width * ratio);
+    canvas.height = Math.round(height * ratio);
+    const ctx = canvas.getContext("2d");
+    ctx.setTransform(ratio, 0, 0, ratio, 0, 0);
+    ctx.clearRect(0, 0, width, height);
+    ctx.font = "11px system-ui, sans-serif";
+    const left = 64, right = 8, top = 14, bottom = 16;
+    const span = Math.max(tl.points[tl.points.length - 1][0], 1), top_ = Math.max(tl.peakBytes, 1);
+    const X = (t) => left + (width - left - right) * t / span;
+    const Y = (b) => height - bottom - (height - top - bottom) * b / top_;
+    ctx.strokeStyle = "#d8d8dc";
+    ctx.beginPath(); ctx.moveTo(left, top); ctx.lineTo(left, height - bottom); ctx.lineTo(width - right, height - bottom); ctx.stroke();
+    ctx.fillStyle = "#6b6b70";
+    ctx.textAlign = "right"; ctx.textBaseline = "middle";
+    ctx.fillText(formatBytes(tl.peakBytes), left - 4, Y(tl.peakBytes));
+    ctx.fillText("0 B", left - 4, height - bottom);
+    ctx.textBaseline = "top";
+    ctx.textAlign = "left"; ctx.fillText("0", left, height - bottom + 2);
+    ctx.textAlign = "right"; ctx.fillText(formatDuration(span), width - right, height - bottom + 2);
+    ctx.strokeStyle = "#2f6fdb"; ctx.lineWidth = 1.5;
+    ctx.beginPath();
+    let prevY = Y(tl.points[0][1]);
+    ctx.moveTo(X(tl.points[0][0]), prevY);
+    for (const [t, b] of tl.points) { const x = X(t); ctx.lineTo(x, prevY); prevY = Y(b); ctx.lineTo(x, prevY); }
+    ctx.stroke();
+    const px = X(tl.peakTime), py = Y(tl.peakBytes);
+    ctx.fillStyle = "#d62728";
+    ctx.beginPath(); ctx.arc(px, py, 4, 0, 2 * Math.PI); ctx.fill();
+    ctx.textBaseline = "bottom";
+    ctx.textAlign = px > width / 2 ? "right" : "left";
+    ctx.fillText("peak " + formatBytes(tl.peakBytes) + " at " + formatDuration(tl.peakTime), px + (px > width / 2 ? -6 : 6), Math.max(py - 2, 12));
+    tl.peakX = px; tl.peakY = py;
+  }
+
+  /** Show the strip when the page's profile has a timeline (never in diff mode: Python sends none there). */
+  function setupTimeline(data) {
+    state.timeline = data.timeline && data.timeline.series.length ? sumTimeline(data.timeline) : null;
+    ui.timelineBox.hidden = !state.timeline;
+    if (state.timeline) ui.timeline.title = "live allocated bytes over time" + (data.timeline.series.length > 1 ? ", summed over " + data.timeline.series.length + " devices" : "");
+    if (state.timeline) { drawTimeline(); window.addEventListener("resize", drawTimeline); }
+  }
+
   /** A read-only summary for tests and scripts: window.gpuflameState. */
   function exposeState() {
     Object.defineProperty(window, "gpuflameState", {
@@ -984,6 +1068,11 @@
           sandwichTotal: state.sandwichTrees ? state.sandwichTrees.callees.total[0] : null,
           groupsCollapsed: state.groupsCollapsed, groupBars: (state.drawn || []).filter((b) => b.run).length,
           buildMs: state.buildMs, drawMs: state.drawMs, timings: Object.freeze({ ...state.timings }),
+          timeline: state.timeline ? Object.freeze({
+            points: Object.freeze(state.timeline.points.map((p) => Object.freeze(p.slice()))),
+            peakBytes: state.timeline.peakBytes, peakTime: state.timeline.peakTime,
+            peakX: state.timeline.peakX, peakY: state.timeline.peakY, visible: !ui.timelineBox.hidden,
+          }) : null,
         });
       },
     });
@@ -1034,6 +1123,7 @@
       ui.title.title = data.title;
       fillSelectors();
       wire();
+      setupTimeline(data);
       useTree(false);
     } catch (err) {
       state.error = String(err && err.message ? err.message : err);
