@@ -340,7 +340,8 @@ def test_a_snapshot_profile_shows_memory_over_time_with_its_peak(chrome: Chrome,
     # the peak dot is painted where the state says (red, not the line's blue)
     pixel = chrome.evaluate(
         "(() => { const c = document.getElementById('timeline'), r = window.devicePixelRatio || 1; "
-        f"const d = c.getContext('2d').getImageData(Math.round({tl['peakX']} * r), Math.round({tl['peakY']} * r), 1, 1).data; "
+        f"const x = Math.round({tl['peakX']} * r), y = Math.round({tl['peakY']} * r); "
+        "const d = c.getContext('2d').getImageData(x, y, 1, 1).data; "
         "return [d[0], d[1], d[2]]; })()"
     )
     assert pixel[0] > 150 and pixel[2] < 100, pixel

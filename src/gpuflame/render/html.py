@@ -31,8 +31,8 @@ from gpuflame.analysis.tree import frame_sort_key, function_frames
 from gpuflame.errors import GpuflameError
 from gpuflame.model.diff import select_types
 from gpuflame.model.profile import FRAME_KINDS, Frame, Profile
-from gpuflame.model.timeline import Timeline
 from gpuflame.model.prune import DEFAULT_FRAMEWORKS, framework_regex, is_framework
+from gpuflame.model.timeline import Timeline
 
 FORMAT = "gpuflame-viewer"
 VERSION = 1
@@ -118,7 +118,11 @@ def timeline_data(timeline: Timeline) -> dict[str, object]:
     return {
         "start": start,
         "series": [
-            {"labels": [list(pair) for pair in labels], "t": [t - start for t, _ in points], "b": [b for _, b in points]}
+            {
+                "labels": [list(pair) for pair in labels],
+                "t": [t - start for t, _ in points],
+                "b": [b for _, b in points],
+            }
             for labels, points in timeline.series.items()
             if points
         ],

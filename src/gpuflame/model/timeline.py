@@ -1,0 +1,188 @@
+"""Memory over time: a profile's optional timeline, and how it rides in pprof.
+
+A flame graph says *what* holds the memory at one moment (the peak, or the
+end); a timeline says *when* that moment was. A timeline is one series of
+``(time_ns, bytes)`` points per label set (``device=cuda:0``), the live
+allocated bytes after each allocator event.
+
+pprof has no field for a time series, so a timeline is stored as ONE
+``comment`` line: :data:`PREFIX` followed by base64 of zlib-compressed
+compact JSON. Other pprof tools show it as an opaque comment; gpuflame's
+reader takes it back out of the comments (:func:`split_comments`), so users
+never see base64 in ``report``. A damaged timeline comment is dropped and
+replaced by a plain note: a file must always load.
+
+Series are downsampled to at most :data:`MAX_POINTS` points by keeping the
+highest point of each bucket (and the first and last point), so the peak is
+never lost and the end state stays exact; dips between peaks may be lost,
+which a memory plot drawn for the OOM question can afford.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import zlib
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+PREFIX = "gpuflame-timeline-v1:"
+MAX_POINTS = 2000
+DAMAGED_NOTE = "the memory timeline stored in this profile is damaged and was left out"
+
+# Limits on what a reader accepts: a comment is untrusted input.
+_MAX_JSON_BYTES = 64 << 20
+_MAX_SERIES = 4096
+_INT64_MAX = (1 << 63) - 1
+
+Labels = tuple[tuple[str, str], ...]
+Point = tuple[int, int]
+
+
+@dataclass
+class Timeline:
+    """Live bytes over time, one series per label set; times in epoch nanoseconds.
+
+    Treat a timeline as immutable once built: profiles derived from one
+    another (filters, ``compact``) share it, since filtering frames does not
+    change how much memory the process held.
+    """
+
+    series: dict[Labels, list[Point]] = field(default_factory=dict)
+
+    def add_series(self, labels: Labels, points: Iterable[Point], max_points: int = MAX_POINTS) -> None:
+        """Set the series of *labels*, downsampled (see :func:`downsample`)."""
+        self.series[tuple(labels)] = downsample(list(points), max_points)
+
+    def peak(self, labels: Labels) -> Point | None:
+        """The first highest point of one series, or None when it is empty."""
+        points = self.series.get(labels)
+        if not points:
+            return None
+        return max(points, key=lambda p: p[1])  # max keeps the first of equal values
+
+    def relabelled(self, extra: Labels) -> Timeline:
+        """A copy whose series keys also carry *extra* labels (as merge adds them to samples)."""
+        if not extra:
+            return Timeline(dict(self.series))
+        out = Timeline()
+        for labels, points in self.series.items():
+            have = {k for k, _ in labels}
+            key = tuple(sorted(labels + tuple((k, v) for k, v in extra if k not in have)))
+            out.series[key] = points
+        return out
+
+    def to_comment(self) -> str:
+        """The single pprof comment line that stores this timeline."""
+        payload = {"series": [_encode_series(labels, points) for labels, points in self.series.items()]}
+        text = json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+        return PREFIX + base64.b64encode(zlib.compress(text, 9)).decode("ascii")
+
+    @classmethod
+    def from_comment(cls, comment: str) -> Timeline:
+        """Parse one timeline comment; raises ValueError when it is damaged."""
+        if not comment.startswith(PREFIX):
+            raise ValueError("not a timeline comment")
+        try:
+            packed = base64.b64decode(comment[len(PREFIX) :].encode("ascii"), validate=True)
+            inflater = zlib.decompressobj()
+            text = inflater.decompress(packed, _MAX_JSON_BYTES)
+            if inflater.unconsumed_tail or not inflater.eof:
+                raise ValueError("timeline too large or truncated")
+            payload = json.loads(text)
+        except (binascii.Error, zlib.error, UnicodeError, RecursionError, json.JSONDecodeError) as exc:
+            raise ValueError(f"damaged timeline: {exc}") from None
+        return cls(_decode_payload(payload))
+
+    @classmethod
+    def from_comments(cls, comments: Sequence[str]) -> tuple[Timeline | None, list[str]]:
+        """See :func:`split_comments`."""
+        return split_comments(comments)
+
+
+def split_comments(comments: Sequence[str]) -> tuple[Timeline | None, list[str]]:
+    """The timeline stored in *comments* and the other comments, in order.
+
+    Several timeline comments (a file written by hand) are combined, later
+    series replacing earlier ones of the same labels. A damaged one is
+    replaced by :data:`DAMAGED_NOTE`, never an exception, so the profile still loads.
+    """
+    timeline: Timeline | None = None
+    rest: list[str] = []
+    for comment in comments:
+        if not comment.startswith(PREFIX):
+            rest.append(comment)
+            continue
+        try:
+            found = Timeline.from_comment(comment)
+        except ValueError:
+            if DAMAGED_NOTE not in rest:
+                rest.append(DAMAGED_NOTE)
+            continue
+        timeline = found if timeline is None else Timeline({**timeline.series, **found.series})
+    return timeline, rest
+
+
+def downsample(points: list[Point], max_points: int = MAX_POINTS) -> list[Point]:
+    """At most *max_points* points: the first, the last, and the highest of each bucket between.
+
+    Keeping each bucket's maximum (the first, on ties) means the series'
+    peak always survives, at its exact time and bytes.
+    """
+    if len(points) <= max_points:
+        return points
+    inner = points[1:-1]
+    buckets = max(max_points - 2, 1)
+    size = -(-len(inner) // buckets)  # ceiling division
+    kept = [max(inner[i : i + size], key=lambda p: p[1]) for i in range(0, len(inner), size)]
+    return [points[0], *kept, points[-1]]
+
+
+def _encode_series(labels: Labels, points: list[Point]) -> dict[str, object]:
+    """Times as differences from the previous point: small numbers compress well."""
+    times, sizes, last = [], [], 0
+    for t, b in points:
+        times.append(t - last)
+        sizes.append(b)
+        last = t
+    return {"labels": [list(pair) for pair in labels], "t": times, "b": sizes}
+
+
+def _decode_payload(payload: object) -> dict[Labels, list[Point]]:
+    """Validate the decoded JSON strictly: every value is checked, nothing is trusted."""
+    if not isinstance(payload, Mapping) or not isinstance(payload.get("series"), list):
+        raise ValueError("damaged timeline: no series list")
+    entries = payload["series"]
+    if len(entries) > _MAX_SERIES:
+        raise ValueError("damaged timeline: too many series")
+    out: dict[Labels, list[Point]] = {}
+    for entry in entries:
+        labels, points = _decode_series(entry)
+        out[labels] = points
+    return out
+
+
+def _decode_series(entry: object) -> tuple[Labels, list[Point]]:
+    if not isinstance(entry, Mapping):
+        raise ValueError("damaged timeline: a series is not an object")
+    raw_labels, times, sizes = entry.get("labels"), entry.get("t"), entry.get("b")
+    if not isinstance(raw_labels, list) or not isinstance(times, list) or not isinstance(sizes, list):
+        raise ValueError("damaged timeline: a series lacks labels, t or b")
+    if len(times) != len(sizes):
+        raise ValueError("damaged timeline: t and b differ in length")
+    labels: list[tuple[str, str]] = []
+    for pair in raw_labels:
+        if not (isinstance(pair, list) and len(pair) == 2 and all(isinstance(x, str) for x in pair)):
+            raise ValueError("damaged timeline: a label is not a [key, value] pair of strings")
+        labels.append((pair[0], pair[1]))
+    points: list[Point] = []
+    now = 0
+    for dt, b in zip(times, sizes, strict=True):
+        if type(dt) is not int or type(b) is not int or b < 0 or b > _INT64_MAX:
+            raise ValueError("damaged timeline: a point is not a pair of integers")
+        now += dt
+        if not 0 <= now <= _INT64_MAX:
+            raise ValueError("damaged timeline: a time is out of range")
+        points.append((now, b))
+    return tuple(sorted(labels)), points
