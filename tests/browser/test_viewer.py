@@ -351,3 +351,32 @@ def test_a_snapshot_profile_shows_memory_over_time_with_its_peak(chrome: Chrome,
 def test_a_profile_without_a_timeline_shows_no_strip(page: Chrome) -> None:
     assert state(page)["timeline"] is None
     assert page.evaluate("document.getElementById('timeline-box').hidden") is True
+
+
+def test_the_demo_run_renders_offline_with_the_seeds_names(chrome: Chrome, tmp_path: Path) -> None:
+    """Issue 4's check: `gpuflame run` of the demo, `gpuflame view`, headless Chromium, seed names on screen."""
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ)
+    env.pop("PYTHONPATH", None)
+    env["GPUFLAME_STORE"] = str(tmp_path / "store")
+    demo = [str(root / "examples" / "demo.py"), "--rounds", "1", "--new-tokens", "2"]
+    run = subprocess.run([sys.executable, "-m", "gpuflame", "run", "-o", str(tmp_path / "demo.pb.gz"), *demo],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert main(["view", str(tmp_path / "demo.pb.gz")]) == 0
+    html = tmp_path / "demo.html"
+    chrome.events.clear()
+    chrome.send("Page.navigate", {"url": html.as_uri()})
+    s = chrome.wait_for(READY)
+    assert s["error"] is None and s["drawnRects"] > 10
+    labels = set(chrome.evaluate("window.gpuflameBarLabels()"))
+    assert {"LlamaMLP > __init__", "Linear > __init__", "ModelRunner > load_model"} <= labels
+    urls = [e["params"]["request"]["url"] for e in chrome.events_named("Network.requestWillBeSent")]
+    assert urls == [html.as_uri()]
+    png = chrome.screenshot()
+    (tmp_path / "demo.png").write_bytes(png)
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
