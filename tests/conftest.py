@@ -22,15 +22,25 @@ TESTS = Path(__file__).resolve().parent
 
 @pytest.fixture(scope="session")
 def profile_pb2(tmp_path_factory: pytest.TempPathFactory) -> ModuleType:
-    """Google protobuf classes for tests/proto/profile.proto: a decoder independent of ours.
+    """Google protobuf classes for tests/proto/profile.proto: a decoder independent of ours."""
+    return compile_proto("profile", tmp_path_factory)
 
-    Compiled with grpc_tools' protoc into a temporary folder. If the
-    generated code refuses the installed protobuf runtime (its version
+
+@pytest.fixture(scope="session")
+def push_pb2(tmp_path_factory: pytest.TempPathFactory) -> ModuleType:
+    """Google protobuf classes for tests/proto/push.proto (Pyroscope's PushRequest)."""
+    return compile_proto("push", tmp_path_factory)
+
+
+def compile_proto(name: str, tmp_path_factory: pytest.TempPathFactory) -> ModuleType:
+    """Compile tests/proto/<name>.proto with grpc_tools' protoc and import it.
+
+    If the generated code refuses the installed protobuf runtime (its version
     guard), the guard is removed: the tests only need the message classes.
     """
     pytest.importorskip("google.protobuf")
     pytest.importorskip("grpc_tools")
-    out = tmp_path_factory.mktemp("pb2")
+    out = tmp_path_factory.mktemp(f"{name}_pb2")
     proto = TESTS / "proto"
     subprocess.run(
         [
@@ -39,20 +49,20 @@ def profile_pb2(tmp_path_factory: pytest.TempPathFactory) -> ModuleType:
             "grpc_tools.protoc",
             f"-I{proto}",
             f"--python_out={out}",
-            str(proto / "profile.proto"),
+            str(proto / f"{name}.proto"),
         ],
         check=True,
         capture_output=True,
     )
-    path = out / "profile_pb2.py"
+    path = out / f"{name}_pb2.py"
     try:
-        return _import_file("gpuflame_test_profile_pb2", path)
+        return _import_file(f"gpuflame_test_{name}_pb2", path)
     except Exception as exc:  # google.protobuf.runtime_version.VersionError
         if "version" not in str(exc).lower():
             raise
         source = path.read_text()
         path.write_text(re.sub(r"_runtime_version\.ValidateProtobufRuntimeVersion\([^)]*\)", "", source))
-        return _import_file("gpuflame_test_profile_pb2_unchecked", path)
+        return _import_file(f"gpuflame_test_{name}_pb2_unchecked", path)
 
 
 def _import_file(name: str, path: Path) -> ModuleType:

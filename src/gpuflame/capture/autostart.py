@@ -8,6 +8,7 @@ after the workload imports its framework.
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from types import ModuleType
 
 from gpuflame.capture import backends
@@ -16,6 +17,7 @@ from gpuflame.capture.session import Session
 from gpuflame.capture.settings import Settings
 
 _session: Session | None = None
+DEFAULT_PUSH_INTERVAL = 15.0  # seconds between pushes when Pyroscope is set and no interval is
 
 BOOTSTRAP_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "inject", "bootstrap")
 
@@ -30,8 +32,15 @@ def start_from_env() -> Session | None:
     settings = Settings.from_env()
     if not settings.enabled or _session is not None:
         return _session
+    if settings.pyroscope_url and settings.interval <= 0:
+        settings = replace(settings, interval=DEFAULT_PUSH_INTERVAL)
     session = Session(settings)
     session.install_exit_hooks()
+    if settings.pyroscope_url:
+        # imported only when asked: ssl and http.client cost start-up time
+        from gpuflame.ship.continuous import attach
+
+        attach(session)
     watch(session, settings.backend)
     if not settings.follow:
         stop_following()

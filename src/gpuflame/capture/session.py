@@ -49,6 +49,9 @@ class Session:
         self._stop_timer = threading.Event()
         self._previous_sigterm: Any = None
         self._forked = False
+        # continuous mode: every written snapshot, then the end (ship/continuous.py)
+        self.on_snapshot: list[Callable[[Profile], None]] = []
+        self.on_finish: list[Callable[[], None]] = []
 
     # -- life cycle --------------------------------------------------------
 
@@ -96,6 +99,11 @@ class Session:
                 recorder.stop()
             except Exception as exc:
                 self.report(f"stopping the {recorder.name} backend failed ({exc})")
+        for hook in list(self.on_finish):
+            try:
+                hook()
+            except Exception as exc:
+                self.report(f"finishing a profile consumer failed ({exc})")
 
     # -- writing ------------------------------------------------------------
 
@@ -130,10 +138,19 @@ class Session:
                 for message in self.lost:
                     profile.comments.append(f"pid {self.pid}: {message}")
                 self._write(profile, self.path)
-                return True
             except Exception as exc:
                 self.report(f"could not write the profile to {self.path} ({exc}); this process's profile is lost")
                 return False
+        self._hand_out(profile)
+        return True
+
+    def _hand_out(self, profile: Profile) -> None:
+        """Give the snapshot to the consumers (the Pyroscope pusher): they only queue it."""
+        for hook in list(self.on_snapshot):
+            try:
+                hook(profile)
+            except Exception as exc:
+                self.report(f"a profile consumer failed ({exc})")
 
     # -- failures -----------------------------------------------------------
 

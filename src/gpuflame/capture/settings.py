@@ -27,6 +27,16 @@ class Settings:
     native: bool = False  # native frames where the backend can give them
     keep_framework: bool = False  # keep framework-internal frames (jax/, jaxlib/) the jax backend prunes
     root_pid: int = 0  # the process gpuflame run started
+    # continuous mode (ship/continuous.py); secrets never travel here, only the files that hold them
+    pyroscope_url: str = ""
+    service_name: str = ""
+    tenant: str = ""  # X-Scope-OrgID
+    pyroscope_ca: str = ""  # CA file added to the system's for TLS verification
+    pyroscope_user: str = ""  # basic auth user; password/token from GPUFLAME_PYROSCOPE_{PASSWORD,TOKEN}[_FILE]
+    pyroscope_token_file: str = ""
+    pyroscope_password_file: str = ""
+    pyroscope_timeout: float = 5.0  # seconds one push may take
+    pyroscope_flush: float = 3.0  # seconds the process may spend at exit sending what is queued
 
     def to_env(self) -> dict[str, str]:
         """The variables that carry these settings to a child process."""

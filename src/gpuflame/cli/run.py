@@ -50,6 +50,7 @@ examples:
   gpuflame run -o run.pb.gz train.py        # profile to a file (per-process files beside it)
   gpuflame run --interval 30s -- python serve.py
   gpuflame run --backend torch --no-follow worker.py
+  gpuflame run --pyroscope http://pyroscope:4040 --service-name trainer train.py
 
 then: gpuflame report run.pb.gz"""
 
@@ -68,14 +69,28 @@ def duration(text: str) -> float:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-o", "--output", metavar="FILE", help="write the merged profile here (.pb.gz)")
     parser.add_argument("--backend", choices=BACKENDS, default="auto", help="what to record (default auto)")
-    parser.add_argument("--interval", type=duration, default=0.0, metavar="DURATION",
-                        help="also write each process's profile every DURATION (15s, 500ms); default: only at exit")
+    parser.add_argument("--interval", type=duration, default=None, metavar="DURATION",
+                        help="also write each process's profile every DURATION (15s, 500ms); "
+                        "default: only at exit, or 15s with --pyroscope")
     parser.add_argument("--no-follow", action="store_true", help="do not profile child processes")
     parser.add_argument("--native", action="store_true", help="native frames where the backend can give them")
     parser.add_argument("--keep-framework", action="store_true",
                         help="keep framework-internal frames (jax/, jaxlib/) that the jax backend prunes")
     parser.add_argument("--store", metavar="DIR", help=f"store folder for runs without -o (default {store_root()})")
     parser.add_argument("--json", action="store_true", help="print a JSON summary at the end (on stdout)")
+    ship = parser.add_argument_group(
+        "continuous profiling into Pyroscope",
+        "secrets only from the environment or files: GPUFLAME_PYROSCOPE_TOKEN, GPUFLAME_PYROSCOPE_PASSWORD "
+        "(or their *_FILE variants)",
+    )
+    ship.add_argument("--pyroscope", metavar="URL", help="push each process's profile to this Pyroscope every interval")
+    ship.add_argument("--service-name", metavar="NAME",
+                      help="service_name label (default: $GPUFLAME_SERVICE_NAME, the pod's workload, the script)")
+    ship.add_argument("--tenant", metavar="ID", help="X-Scope-OrgID header (multi-tenant Pyroscope)")
+    ship.add_argument("--pyroscope-ca", metavar="FILE", help="CA certificate file to verify Pyroscope's TLS with")
+    ship.add_argument("--pyroscope-user", metavar="USER", help="basic auth user (password or token: environment)")
+    ship.add_argument("--pyroscope-token-file", metavar="FILE", help="file holding the bearer token")
+    ship.add_argument("--pyroscope-password-file", metavar="FILE", help="file holding the basic auth password")
     parser.add_argument("-m", dest="module", metavar="MODULE", help="run a module, like python -m")
     parser.add_argument("target", nargs=argparse.REMAINDER, metavar="script.py | -- COMMAND",
                         help="the script and its arguments, or -- and any command")
@@ -127,10 +142,11 @@ def run(args: argparse.Namespace) -> int:
     settings = Settings(
         session_dir=str(folder.resolve()),
         backend=args.backend,
-        interval=args.interval,
+        interval=_interval(args),
         follow=not args.no_follow,
         native=args.native,
         keep_framework=args.keep_framework,
+        **_pyroscope_settings(args),
     )
     exit_code = _run_program(command, profiler_env(settings))
     meta = RunMeta(command=command, started=started, ended=time.time(), exit_code=exit_code, backend=args.backend)
@@ -143,6 +159,42 @@ def run(args: argparse.Namespace) -> int:
         _write_meta(meta, run_dir)
     _say_where(args, output, meta)
     return exit_code
+
+
+def _interval(args: argparse.Namespace) -> float:
+    if args.interval is not None:
+        return args.interval
+    return 15.0 if args.pyroscope else 0.0
+
+
+def _pyroscope_settings(args: argparse.Namespace) -> dict[str, str]:
+    """Continuous-mode settings, checked here so a bad URL or file fails before the program starts.
+
+    An option left out keeps the value already in the environment (the
+    settings' variables are written over the program's environment).
+    """
+    if not args.pyroscope:
+        return {}
+    from gpuflame.ship.pyroscope import Credentials, PyroscopeClient
+
+    given = {
+        "service_name": args.service_name,
+        "tenant": args.tenant,
+        "pyroscope_user": args.pyroscope_user,
+        "pyroscope_ca": _absolute(args.pyroscope_ca),
+        "pyroscope_token_file": _absolute(args.pyroscope_token_file),
+        "pyroscope_password_file": _absolute(args.pyroscope_password_file),
+    }
+    out = {k: v or os.environ.get("GPUFLAME_" + k.upper(), "") for k, v in given.items()}
+    credentials = Credentials.from_env(
+        user=out["pyroscope_user"], token_file=out["pyroscope_token_file"], password_file=out["pyroscope_password_file"]
+    )
+    PyroscopeClient(args.pyroscope, credentials=credentials, ca_file=out["pyroscope_ca"] or None)
+    return {"pyroscope_url": args.pyroscope, **out}
+
+
+def _absolute(path: str | None) -> str:
+    return str(Path(path).resolve()) if path else ""
 
 
 def _clear_previous_run(folder: Path) -> None:

@@ -138,20 +138,22 @@ class _StringTable(dict):  # type: ignore[type-arg]
         return b"".join(field_string(P_STRING_TABLE, s) for s in self)
 
 
-def encode(profile: Profile) -> bytes:
+def encode(profile: Profile, period_type: SampleType | None = None) -> bytes:
     """The profile as gzip-compressed pprof (``*.pb.gz``).
 
+    *period_type* replaces the default (the first sample type): Pyroscope
+    builds its profile type ids from it (``gpu_memory:inuse_space:bytes:space:bytes``).
     Raises :class:`GpuflameError` when a value or line number does not fit
     in pprof's 64-bit integers.
     """
     try:
-        raw = encode_raw(profile)
+        raw = encode_raw(profile, period_type)
     except ValueError as exc:
         raise GpuflameError(f"cannot write pprof: {exc}") from None
     return gzip.compress(raw, compresslevel=GZIP_LEVEL, mtime=0)
 
 
-def encode_raw(profile: Profile) -> bytes:
+def encode_raw(profile: Profile, period_type_override: SampleType | None = None) -> bytes:
     """The profile as an uncompressed ``perftools.profiles.Profile`` message."""
     strings = _StringTable()
     varints = VarintCache()
@@ -164,9 +166,8 @@ def encode_raw(profile: Profile) -> bytes:
     stored = profile.comments + ([profile.timeline.to_comment()] if profile.timeline else [])
     comments = [strings[c] for c in stored]
     default = strings[profile.default_type] if profile.default_type else 0
-    period_type = (
-        _value_type(P_PERIOD_TYPE, profile.sample_types[0], strings) if profile.sample_types else b""
-    )
+    period = period_type_override or (profile.sample_types[0] if profile.sample_types else None)
+    period_type = _value_type(P_PERIOD_TYPE, period, strings) if period else b""
     parts.append(strings.encoded())
     parts.append(field_varint(P_TIME_NANOS, _check_int64(profile.time_nanos, "time_nanos")))
     parts.append(field_varint(P_DURATION_NANOS, _check_int64(profile.duration_nanos, "duration_nanos")))

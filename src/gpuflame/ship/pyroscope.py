@@ -1,0 +1,327 @@
+"""Push profiles to Pyroscope through its Connect API (``/push.v1.PusherService/Push``).
+
+What Pyroscope does with a push decides how it is built:
+
+- Each pprof sample type becomes its own profile type, named
+  ``<__name__>:<sample type>:<unit>:<period type>:<period unit>``. So one pprof
+  holding all six memory types, with period type ``space/bytes``, makes Grafana
+  list ``gpu_memory:inuse_space:bytes:space:bytes``, ``...peak_space...`` and
+  ``...alloc_space...`` (plus the ``*_objects`` counts).
+- Labels on pprof *samples* are turned into series labels by the distributor.
+  Our samples carry ``pid`` and ``device``; a stray high-cardinality label
+  would multiply series. So sample labels are removed from the pushed pprof,
+  and the few that matter (``pid``, ``gpu``) become series labels, one series
+  per distinct combination, only while each has few values.
+- ``__delta__=false``: the values are already per interval (Pyroscope
+  computes deltas itself only for ``__name__=memory``; this says so anyway).
+
+The request is a ``push.v1.PushRequest`` written with gpuflame's own protobuf
+wire helpers. Secrets come from environment variables or files, are sent only
+in headers, and never appear in messages, reprs or profiles.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import re
+import ssl
+import sys
+import uuid
+from base64 import b64encode
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from gpuflame.errors import GpuflameError
+from gpuflame.formats.pprof import encode
+from gpuflame.formats.protobuf_wire import field_bytes, field_string
+from gpuflame.model import Profile, Sample, SampleType
+
+PUSH_PATH = "/push.v1.PusherService/Push"
+PROFILE_NAME = "gpu_memory"
+PERIOD_TYPE = SampleType("space", "bytes")
+MAX_LABEL_VALUES = 16  # above this a sample label is not made a series label
+SERIES_SAMPLE_LABELS = {"pid": "pid", "device": "gpu"}  # sample label -> series label
+DOWNWARD_API = {"namespace": "POD_NAMESPACE", "pod": "POD_NAME", "container": "CONTAINER_NAME", "node": "NODE_NAME"}
+ENV = "GPUFLAME_PYROSCOPE_"
+
+
+class PushError(GpuflameError):
+    """A push that did not reach Pyroscope; says whether retrying can help."""
+
+    def __init__(self, message: str, retryable: bool = True, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+        self.retry_after = retry_after
+
+
+# -- credentials ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """Who we are to Pyroscope. Secrets are kept out of repr on purpose."""
+
+    user: str = ""
+    password: str = field(default="", repr=False)
+    token: str = field(default="", repr=False)
+
+    def headers(self) -> dict[str, str]:
+        """Basic auth when a user is given (Grafana Cloud: user + token), else bearer."""
+        if self.user:
+            secret = self.password or self.token
+            return {"Authorization": "Basic " + b64encode(f"{self.user}:{secret}".encode()).decode()}
+        if self.token:
+            return {"Authorization": "Bearer " + self.token}
+        return {}
+
+    def secrets(self) -> list[str]:
+        return [s for s in (self.password, self.token) if s]
+
+    @classmethod
+    def from_env(
+        cls,
+        env: Mapping[str, str] | None = None,
+        user: str = "",
+        token_file: str = "",
+        password_file: str = "",
+    ) -> Credentials:
+        """``GPUFLAME_PYROSCOPE_{USER,TOKEN,PASSWORD}`` or their ``*_FILE`` variants."""
+        env = os.environ if env is None else env
+        return cls(
+            user=user or env.get(ENV + "USER", ""),
+            password=_secret(env, "PASSWORD", password_file),
+            token=_secret(env, "TOKEN", token_file),
+        )
+
+
+def _secret(env: Mapping[str, str], name: str, path: str) -> str:
+    """A secret from its variable, else from its file (Kubernetes mounts secrets as files)."""
+    if env.get(ENV + name):
+        return env[ENV + name].strip()
+    path = path or env.get(ENV + name + "_FILE", "")
+    if not path:
+        return ""
+    try:
+        return Path(path).read_text().strip()
+    except OSError as exc:
+        raise GpuflameError(f"cannot read the Pyroscope {name.lower()} file {path}: {exc.strerror}") from None
+
+
+# -- labels -----------------------------------------------------------------------
+
+# Kubernetes name hashes use this alphabet (no vowels, no 0/1/3).
+_HASH = "[bcdfghjklmnpqrstvwxz2456789]"
+_WORKLOAD_SUFFIXES = (
+    re.compile(rf"-{_HASH}{{6,10}}-{_HASH}{{5}}$"),  # Deployment: <name>-<replicaset hash>-<pod hash>
+    re.compile(rf"-{_HASH}{{5}}$"),  # DaemonSet, Job: <name>-<pod hash>
+    re.compile(r"-\d+$"),  # StatefulSet: <name>-<ordinal>
+)
+
+
+def workload_name(pod: str) -> str:
+    """The workload a pod belongs to, from its name: ``trainer-7d9f8b6c4-x2k9q`` -> ``trainer``."""
+    for pattern in _WORKLOAD_SUFFIXES:
+        stripped = pattern.sub("", pod)
+        if stripped != pod and stripped:
+            return stripped
+    return pod
+
+
+def service_name(option: str = "", env: Mapping[str, str] | None = None, script: str | None = None) -> str:
+    """The option, else ``GPUFLAME_SERVICE_NAME``, else the pod's workload, else the script's name."""
+    env = os.environ if env is None else env
+    if option:
+        return option
+    if env.get("GPUFLAME_SERVICE_NAME"):
+        return env["GPUFLAME_SERVICE_NAME"]
+    pod = env.get("POD_NAME") or (env.get("HOSTNAME", "") if env.get("KUBERNETES_SERVICE_HOST") else "")
+    if pod:
+        return workload_name(pod)
+    return script_name(script)
+
+
+def script_name(script: str | None = None) -> str:
+    """``train`` for ``python train.py``, the module for ``python -m pkg.mod``."""
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    if script is None and spec is not None and getattr(spec, "name", "") not in ("", "__main__"):
+        return spec.name.removesuffix(".__main__")
+    path = script if script is not None else (sys.argv[0] if sys.argv and sys.argv[0] else "python")
+    name = Path(path).name
+    for suffix in (".pb.gz", ".pb", ".py"):
+        name = name.removesuffix(suffix)
+    return name or "python"
+
+
+def base_labels(name: str, env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Series labels every push carries: service and Kubernetes placement (Downward API)."""
+    env = os.environ if env is None else env
+    labels = {"service_name": name}
+    for label, variable in DOWNWARD_API.items():
+        if env.get(variable):
+            labels[label] = env[variable]
+    return labels
+
+
+# -- the request ------------------------------------------------------------------
+
+
+def split_series(profile: Profile, labels: Mapping[str, str]) -> list[tuple[dict[str, str], Profile]]:
+    """One (series labels, label-free profile) per combination of the few-valued sample labels."""
+    kept = [k for k in SERIES_SAMPLE_LABELS if 0 < len(profile.label_values(k)) <= MAX_LABEL_VALUES]
+    groups: dict[tuple[tuple[str, str], ...], list[Sample]] = {}
+    for s in profile.samples:
+        key = tuple((SERIES_SAMPLE_LABELS[k], v) for k in kept if (v := s.label(k)) is not None)
+        groups.setdefault(key, []).append(Sample(s.stack, s.values))
+    if not groups:
+        groups[()] = []
+    out = []
+    for key, samples in groups.items():
+        series = {"__name__": PROFILE_NAME, "__delta__": "false", **labels, **dict(key)}
+        part = profile.derive(samples).compact()
+        part.timeline = None  # a viewer's aid, not something Pyroscope reads
+        out.append((series, part))
+    return out
+
+
+def push_request(profile: Profile, labels: Mapping[str, str]) -> bytes:
+    """A ``push.v1.PushRequest`` body: one RawProfileSeries per series, one gzip pprof each."""
+    series = []
+    for series_labels, part in split_series(profile, labels):
+        pairs = b"".join(
+            field_bytes(1, field_string(1, k) + field_string(2, v)) for k, v in sorted(series_labels.items())
+        )
+        sample = field_bytes(1, encode(part, PERIOD_TYPE)) + field_string(2, str(uuid.uuid4()))
+        series.append(field_bytes(1, pairs + field_bytes(2, sample)))
+    return b"".join(series)
+
+
+# -- the client -------------------------------------------------------------------
+
+
+class PyroscopeClient:
+    """One Pyroscope server; :meth:`push` is one HTTP POST."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        credentials: Credentials | None = None,
+        tenant: str | None = None,
+        ca_file: str | None = None,
+        timeout: float = 5.0,
+    ) -> None:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise GpuflameError(f"not a Pyroscope URL: {redact_url(url)!r} (example: http://pyroscope:4040)")
+        self.credentials = credentials or Credentials()
+        if parts.username and not self.credentials.user:
+            self.credentials = Credentials(parts.username, parts.password or "", self.credentials.token)
+        self.https = parts.scheme == "https"
+        self.host = parts.hostname
+        self.port = parts.port or (443 if self.https else 80)
+        self.path = parts.path.rstrip("/") + PUSH_PATH
+        self.url = redact_url(url)
+        self.tenant = tenant
+        self.timeout = timeout
+        self._ssl = _ssl_context(ca_file) if self.https else None
+
+    def headers(self) -> dict[str, str]:
+        out = {
+            "Content-Type": "application/proto",
+            "Connect-Protocol-Version": "1",
+            "User-Agent": "gpuflame",
+            **self.credentials.headers(),
+        }
+        if self.tenant:
+            out["X-Scope-OrgID"] = self.tenant
+        return out
+
+    def push(self, profile: Profile, labels: Mapping[str, str]) -> None:
+        """Send *profile* with series *labels*; raises :class:`PushError` unless Pyroscope took it."""
+        self.post(push_request(profile, labels))
+
+    def post(self, body: bytes) -> None:
+        conn = self._connection()
+        try:
+            conn.request("POST", self.path, body=body, headers=self.headers())
+            response = conn.getresponse()
+            status = response.status
+            reply = response.read(4096)
+            retry_after = response.getheader("Retry-After")
+            content_type = response.getheader("Content-Type", "")
+        except TimeoutError:
+            raise PushError(f"Pyroscope at {self.url} did not answer within {self.timeout:g}s") from None
+        except ssl.SSLError as exc:
+            raise PushError(f"TLS with Pyroscope at {self.url} failed: {exc.reason or exc}", retryable=False) from None
+        except (OSError, http.client.HTTPException) as exc:
+            raise PushError(f"cannot reach Pyroscope at {self.url}: {self._clean(_describe(exc))}") from None
+        finally:
+            conn.close()
+        if 200 <= status < 300:
+            return
+        raise self._refused(status, reply, content_type, retry_after)
+
+    def _connection(self) -> http.client.HTTPConnection:
+        if self.https:
+            return http.client.HTTPSConnection(self.host, self.port, timeout=self.timeout, context=self._ssl)
+        return http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
+
+    def _refused(self, status: int, reply: bytes, content_type: str, retry_after: str | None) -> PushError:
+        """A plain message for a non-2xx answer; Connect errors carry {"code", "message"} JSON."""
+        detail = ""
+        if "json" in content_type:
+            try:
+                body = json.loads(reply)
+                detail = ": ".join(str(body[k]) for k in ("code", "message") if body.get(k))
+            except (ValueError, TypeError, AttributeError):
+                detail = ""
+        if not detail:
+            detail = reply.decode("utf-8", "replace").strip().splitlines()[0] if reply.strip() else ""
+        detail = self._clean(detail)[:200]
+        hint = {401: " (check the token or user/password)", 403: " (check the tenant and permissions)"}.get(status, "")
+        message = f"Pyroscope at {self.url} answered HTTP {status}{hint}" + (f": {detail}" if detail else "")
+        retryable = status in (408, 429) or status >= 500
+        return PushError(message, retryable=retryable, retry_after=_seconds(retry_after))
+
+    def _clean(self, text: str) -> str:
+        """Whatever comes back from the network must not echo a secret into our logs."""
+        for secret in self.credentials.secrets():
+            text = text.replace(secret, "***")
+        return text
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(exc, http.client.RemoteDisconnected | ConnectionResetError | BrokenPipeError):
+        return "the server closed the connection"
+    return getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+
+
+def _seconds(retry_after: str | None) -> float | None:
+    """Retry-After in seconds (the HTTP-date form is rare for APIs and is ignored)."""
+    try:
+        return max(0.0, float(retry_after)) if retry_after else None
+    except ValueError:
+        return None
+
+
+def _ssl_context(ca_file: str | None) -> ssl.SSLContext:
+    """Verification always on; a CA file adds a private CA."""
+    try:
+        return ssl.create_default_context(cafile=ca_file or None)
+    except (OSError, ssl.SSLError) as exc:
+        raise GpuflameError(f"cannot use the CA file {ca_file}: {getattr(exc, 'strerror', None) or exc}") from None
+
+
+def redact_url(url: str) -> str:
+    """The URL without any user:password part, for messages."""
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    return parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]).geturl()
