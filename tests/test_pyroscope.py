@@ -21,6 +21,7 @@ from types import ModuleType
 
 import pytest
 
+from gpuflame.formats import load
 from gpuflame.model import Frame, Profile, memory_sample_types
 from gpuflame.ship.pusher import Pusher
 from gpuflame.ship.pyroscope import (
@@ -452,3 +453,25 @@ def test_push_command_uploads_a_file(server: Server, tmp_path: Path, push_pb2, p
         capture_output=True, text=True, env={**env, "GPUFLAME_PYROSCOPE_TOKEN": TOKEN}, timeout=60,
     )
     assert done.returncode == 2 and "HTTP 401" in done.stderr and TOKEN not in done.stderr
+
+
+def test_the_demo_pushes_its_kv_cache_and_weights_by_name(
+    server: Server, tmp_path: Path, push_pb2: ModuleType, profile_pb2: ModuleType
+) -> None:
+    """Issue 5's check: `gpuflame run --pyroscope` of the demo, decoded by an independent decoder."""
+    pytest.importorskip("transformers")
+    demo = Path(__file__).resolve().parents[1] / "examples" / "demo.py"
+    done, _ = run_gpuflame(tmp_path, "--pyroscope", server.url, "--service-name", "demo",
+                           str(demo), "--rounds", "1", "--new-tokens", "2")
+    assert done.returncode == 0, done.stderr
+    names: set[str] = set()
+    alloc = 0
+    for request in server.requests:
+        for labels, pprof in decode_push(request["body"], push_pb2, profile_pb2):
+            assert labels["service_name"] == "demo" and labels["__name__"] == "gpu_memory"
+            strings = pprof.string_table
+            names.update(strings[f.name] for f in pprof.function)
+            alloc += totals(pprof)["alloc_space"]
+    assert {"LlamaMLP > __init__", "Linear > __init__", "StaticLayer > lazy_initialization"} <= names
+    local = load(tmp_path / "out.pb.gz").totals()["alloc_space"]
+    assert alloc == local  # every allocation pushed once, over all the intervals
