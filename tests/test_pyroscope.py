@@ -475,3 +475,14 @@ def test_the_demo_pushes_its_kv_cache_and_weights_by_name(
     assert {"LlamaMLP > __init__", "Linear > __init__", "StaticLayer > lazy_initialization"} <= names
     local = load(tmp_path / "out.pb.gz").totals()["alloc_space"]
     assert alloc == local  # every allocation pushed once, over all the intervals
+
+
+def test_gpu_and_gpu_model_become_series_labels(server: Server, push_pb2, profile_pb2) -> None:
+    """The torch-cuda backend labels samples with the device and its model name (no GPU here: set by hand)."""
+    from gpuflame.capture.torch_cuda import label_gpu_models
+
+    p = two_device_profile()
+    label_gpu_models(p, {"cuda:0": "NVIDIA H200", "cuda:1": "NVIDIA H200"})
+    PyroscopeClient(server.url).push(p, {"service_name": "t"})
+    series = [labels for labels, _ in decode_push(server.requests[-1]["body"], push_pb2, profile_pb2)]
+    assert {(s["gpu"], s["gpu_model"]) for s in series} == {("cuda:0", "NVIDIA H200"), ("cuda:1", "NVIDIA H200")}

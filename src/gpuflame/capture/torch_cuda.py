@@ -32,7 +32,7 @@ from typing import Any
 
 from gpuflame.capture.base import Recorder, empty_profile
 from gpuflame.capture.cuda_history import SnapshotHistory
-from gpuflame.model import SYNTHETIC, Frame, Profile
+from gpuflame.model import SYNTHETIC, Frame, Profile, make_labels
 from gpuflame.symbols.names import OUTSIDE_FRAMEWORK
 
 # Trace entries kept by PyTorch's ring buffer: about 100 bytes each plus the
@@ -84,6 +84,7 @@ class TorchCudaRecorder(Recorder):
             return empty_profile()
         profile = self.history.add(torch.cuda.memory._snapshot())
         add_outside_framework(profile, outside_framework_bytes(torch))
+        label_gpu_models(profile, device_names(torch))
         for note in self.oom_events:
             if note not in profile.comments:
                 profile.comments.append(note)
@@ -133,6 +134,24 @@ def outside_framework_bytes(torch: Any) -> dict[int, int]:
         except Exception:
             pass
     return out
+
+
+def device_names(torch: Any) -> dict[str, str]:
+    """``cuda:0`` -> ``NVIDIA H200``, for the ``gpu_model`` label Grafana can group by."""
+    try:
+        return {f"cuda:{i}": torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())}
+    except Exception:
+        return {}
+
+
+def label_gpu_models(profile: Profile, names: dict[str, str]) -> None:
+    """Add ``gpu_model`` to every sample of a named device (a label with few values)."""
+    if not names:
+        return
+    for s in profile.samples:
+        model = names.get(s.label("device") or "")
+        if model and s.label("gpu_model") is None:
+            s.labels = make_labels(dict(s.labels) | {"gpu_model": model})
 
 
 def _physical_index(index: int) -> int:

@@ -44,7 +44,8 @@ PUSH_PATH = "/push.v1.PusherService/Push"
 PROFILE_NAME = "gpu_memory"
 PERIOD_TYPE = SampleType("space", "bytes")
 MAX_LABEL_VALUES = 16  # above this a sample label is not made a series label
-SERIES_SAMPLE_LABELS = {"pid": "pid", "device": "gpu"}  # sample label -> series label
+# sample label -> series label; gpu is the device (cuda:0), gpu_model its name (NVIDIA H200)
+SERIES_SAMPLE_LABELS = {"pid": "pid", "device": "gpu", "gpu_model": "gpu_model"}
 DOWNWARD_API = {"namespace": "POD_NAMESPACE", "pod": "POD_NAME", "container": "CONTAINER_NAME", "node": "NODE_NAME"}
 ENV = "GPUFLAME_PYROSCOPE_"
 
