@@ -884,3 +884,29 @@ def test_storages_held_by_autograd_views_and_grad_stay_live() -> None:
     assert len(grads) == 1  # w.grad, made inside backward(), called from this test
     names = [f.name for f in end.stack_frames(grads[0])]
     assert "test_storages_held_by_autograd_views_and_grad_stay_live" in names
+
+
+def test_gpuflames_own_threads_are_not_followed() -> None:
+    """A dispatch mode left in a gpuflame thread that outlives the interpreter aborted the process at exit."""
+    import threading
+
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+    from gpuflame.capture.torch_tensors import TorchTensorRecorder
+
+    seen: dict[str, object] = {}
+
+    def look(name: str) -> None:
+        seen[name] = _get_current_dispatch_mode()
+
+    rec = TorchTensorRecorder()
+    rec.start()
+    try:
+        for name in ("gpuflame-pyroscope", "worker"):
+            t = threading.Thread(target=look, args=(name,), name=name)
+            t.start()
+            t.join()
+    finally:
+        rec.stop()
+    assert seen["gpuflame-pyroscope"] is None
+    assert seen["worker"] is not None

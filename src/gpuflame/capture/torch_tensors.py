@@ -482,6 +482,9 @@ def _make_plan(func: Any) -> Any:
 # =============================================================================
 
 
+OWN_THREAD_PREFIX = "gpuflame-"
+
+
 class TorchTensorRecorder(Recorder):
     """Tensor storages made by torch operations after ``start()``, per Python stack and device."""
 
@@ -603,7 +606,11 @@ class TorchTensorRecorder(Recorder):
         previous = self._previous_thread_profile
         sys.setprofile(previous)
         mode = self._mode
-        if mode is not None and mode.on:
+        # gpuflame's own threads (snapshots, pushing) make no tensors; a mode
+        # left in their thread-local state is torn down by torch after the
+        # interpreter is gone when they outlive it, which aborts the process
+        ours = threading.current_thread().name.startswith(OWN_THREAD_PREFIX)
+        if mode is not None and mode.on and not ours:
             try:
                 _push_in_this_thread(mode)
             except Exception as exc:  # noqa: BLE001
