@@ -34,6 +34,7 @@ def start_from_env() -> Session | None:
         return _session
     if settings.pyroscope_url and settings.interval <= 0:
         settings = replace(settings, interval=DEFAULT_PUSH_INTERVAL)
+    _make_session_dir(settings.session_dir)
     session = Session(settings)
     session.install_exit_hooks()
     if settings.pyroscope_url:
@@ -46,6 +47,14 @@ def start_from_env() -> Session | None:
         stop_following()
     _session = session
     return session
+
+
+def _make_session_dir(path: str) -> None:
+    """The webhook names a per-container folder in a shared volume; make it on first start."""
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError:
+        pass  # the session reports the failed write, with the reason, when it saves
 
 
 def watch(session: Session, backend: str) -> None:

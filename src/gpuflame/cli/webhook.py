@@ -1,0 +1,58 @@
+"""``gpuflame webhook``: the Kubernetes mutating admission webhook that injects gpuflame."""
+
+from __future__ import annotations
+
+import argparse
+
+from gpuflame.cli.serve import port_number
+from gpuflame.webhook.admission import DEFAULT_IMAGE, DEFAULT_SECRET, Config
+from gpuflame.webhook.server import make_server
+
+HELP = "Kubernetes admission webhook: profile pods annotated gpuflame.io/inject"
+
+DESCRIPTION = """\
+Serve a mutating admission webhook over HTTPS (POST /mutate, GET /healthz).
+Every pod annotated gpuflame.io/inject: "true" gets an init container that
+copies gpuflame into an emptyDir, and its containers get PYTHONPATH (the
+bootstrap first, their own value kept), the profiler's settings and the
+Pyroscope URL and token from a Secret (by reference: the webhook never reads
+it). Pods without the annotation are left as they are; a wrong annotation is
+refused with a message that says what is wrong.
+
+Annotations:
+  gpuflame.io/inject: "true"          turn profiling on
+  gpuflame.io/interval: 30s           push every 30s (default 15s)
+  gpuflame.io/backend: auto           auto | torch-cuda | torch | jax
+  gpuflame.io/service-name: NAME      service_name label (default: the workload's name)
+  gpuflame.io/container: a,b          only these containers (default: all)
+
+The Secret (--pyroscope-secret, in the pod's namespace) has keys url, token
+and optionally tenant; pods start without it, unprofiled into Pyroscope."""
+
+EPILOG = """\
+example:
+  gpuflame webhook --tls-cert /tls/tls.crt --tls-key /tls/tls.key --image ghcr.io/you/gpuflame:0.1.0"""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--tls-cert", required=True, metavar="FILE", help="server certificate (PEM)")
+    parser.add_argument("--tls-key", required=True, metavar="FILE", help="its private key (PEM)")
+    parser.add_argument("--port", type=port_number, default=8443, metavar="N", help="port (default 8443)")
+    parser.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
+    parser.add_argument("--image", default=DEFAULT_IMAGE, help=f"init container image (default {DEFAULT_IMAGE})")
+    parser.add_argument("--pyroscope-secret", default=DEFAULT_SECRET, metavar="NAME",
+                        help=f"Secret with keys url, token, tenant (default {DEFAULT_SECRET})")
+    parser.add_argument("--quiet", action="store_true", help="no line per request")
+
+
+def run(args: argparse.Namespace) -> int:
+    config = Config(image=args.image, pyroscope_secret=args.pyroscope_secret)
+    server = make_server(args.host, args.port, args.tls_cert, args.tls_key, config, quiet=args.quiet)
+    print(f"gpuflame webhook: https://{args.host}:{server.port}/mutate (init image {config.image})", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        print("gpuflame webhook: stopped", flush=True)
+    finally:
+        server.server_close()
+    return 0

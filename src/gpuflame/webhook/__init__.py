@@ -1,0 +1,1 @@
+"""The Kubernetes mutating admission webhook: inject gpuflame into annotated pods."""
