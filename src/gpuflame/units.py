@@ -48,3 +48,20 @@ def parse_size(text: str) -> int:
         raise ValueError(f"not a size: {text!r} (examples: 4096, 512KiB, 10MiB, 1.5G)")
     number, unit = float(m.group(1)), (m.group(2) or "").lower()
     return int(round(number * 1024 ** _POWERS[unit]))
+
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*(ms|s|m|h)?\s*$")
+_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_duration(text: str) -> float:
+    """``15s``, ``500ms``, ``2m``, ``1h``, ``1.5`` (seconds) -> seconds.
+
+    One spelling for ``gpuflame run --interval`` and the webhook's
+    ``gpuflame.io/interval`` annotation, so a value copied from one works in
+    the other.
+    """
+    m = _DURATION.match(text)
+    if not m:
+        raise ValueError(f"not a duration: {text!r} (examples: 15s, 500ms, 2m)")
+    return float(m.group(1)) * _SECONDS[m.group(2) or "s"]

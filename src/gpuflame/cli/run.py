@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -21,7 +21,7 @@ from gpuflame.capture.store import PROCESSES_DIR, PROFILE_NAME, RunMeta, new_run
 from gpuflame.errors import GpuflameError
 from gpuflame.formats import load, save
 from gpuflame.model import Profile, merge
-from gpuflame.units import format_bytes
+from gpuflame.units import format_bytes, parse_duration
 
 HELP = "profile a Python program (and its child processes)"
 
@@ -54,16 +54,12 @@ examples:
 
 then: gpuflame report run.pb.gz"""
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*(ms|s|m|h)?\s*$")
-
-
 def duration(text: str) -> float:
-    """``15s``, ``500ms``, ``2m``, ``1.5`` (seconds) -> seconds."""
-    m = _DURATION.match(text)
-    if not m:
-        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (examples: 15s, 500ms, 2m)")
-    scale = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}[m.group(2) or "s"]
-    return float(m.group(1)) * scale
+    """``--interval``'s type: a duration (``15s``, ``500ms``, ``2m``) in seconds."""
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -279,9 +275,6 @@ def _say_where(args: argparse.Namespace, output: Path, meta: RunMeta) -> None:
     procs = len(meta.processes)
     sys.stderr.write(
         f"gpuflame: profile of {procs} process{'es' if procs > 1 else ''}{size}: {output}\n"
-        f"gpuflame: next: gpuflame report {_shell_word(str(output))}\n"
+        f"gpuflame: next: gpuflame report {shlex.quote(str(output))}\n"
     )
 
-
-def _shell_word(text: str) -> str:
-    return text if re.fullmatch(r"[\w./:@%+=,-]+", text) else "'" + text.replace("'", "'\\''") + "'"

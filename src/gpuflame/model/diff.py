@@ -12,12 +12,8 @@ def negate(profile: Profile) -> Profile:
     return profile.derive([Sample(s.stack, tuple(-v for v in s.values), s.labels) for s in profile.samples])
 
 
-def diff(base: Profile, new: Profile) -> Profile:
-    """``new - base`` per stack and label set: positive grew, negative shrank.
-
-    Only sample types present in both profiles are compared; stacks that did
-    not change cancel out and are dropped.
-    """
+def shared_types(base: Profile, new: Profile) -> list[SampleType]:
+    """The sample types both profiles have, in *new*'s order; an error naming both sets if none."""
     common = [st for st in new.sample_types if st.type in base.type_names()]
     if not common:
         raise GpuflameError(
@@ -25,6 +21,16 @@ def diff(base: Profile, new: Profile) -> Profile:
             f"(base has {', '.join(base.type_names()) or 'none'}; "
             f"new has {', '.join(new.type_names()) or 'none'})"
         )
+    return common
+
+
+def diff(base: Profile, new: Profile) -> Profile:
+    """``new - base`` per stack and label set: positive grew, negative shrank.
+
+    Only sample types present in both profiles are compared; stacks that did
+    not change cancel out and are dropped.
+    """
+    common = shared_types(base, new)
     merged = merge([select_types(new, common), negate(select_types(base, common))])
     merged.comments = ["diff: new minus base"]
     merged.timeline = None  # a difference is no moment of either run: no memory-over-time to show

@@ -28,8 +28,7 @@ import re
 from importlib import resources
 
 from gpuflame.analysis.tree import frame_sort_key, function_frames
-from gpuflame.errors import GpuflameError
-from gpuflame.model.diff import select_types
+from gpuflame.model.diff import select_types, shared_types
 from gpuflame.model.profile import FRAME_KINDS, Frame, Profile
 from gpuflame.model.prune import DEFAULT_FRAMEWORKS, framework_regex, is_framework
 from gpuflame.model.timeline import Timeline
@@ -62,13 +61,7 @@ def viewer_data(
     aggregates both into one tree and colours each bar by its change.
     """
     if base is not None:
-        common = [st for st in profile.sample_types if st.type in base.type_names()]
-        if not common:
-            raise GpuflameError(
-                "the two profiles share no sample type "
-                f"(base has {', '.join(base.type_names()) or 'none'}; "
-                f"new has {', '.join(profile.type_names()) or 'none'})"
-            )
+        common = shared_types(base, profile)
         chosen = profile.sample_types[type_index if type_index is not None else profile.pick_type()].type
         profile, base = select_types(profile, common).compact(), select_types(base, common).compact()
         type_index = [st.type for st in common].index(chosen) if chosen in base.type_names() else None

@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import base64
 import json
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from gpuflame.capture.settings import BACKENDS
+from gpuflame.units import parse_duration
 
 PREFIX = "gpuflame.io/"
 INJECT = PREFIX + "inject"
@@ -51,7 +51,6 @@ NONROOT_UID = 65532
 SECRET_KEYS = (("url", "GPUFLAME_PYROSCOPE_URL"), ("token", "GPUFLAME_PYROSCOPE_TOKEN"), ("tenant", "GPUFLAME_TENANT"))
 FIELD_REFS = (("POD_NAMESPACE", "metadata.namespace"), ("POD_NAME", "metadata.name"), ("NODE_NAME", "spec.nodeName"))
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*(ms|s|m|h)?\s*$")
 _TRUE = ("true", "1", "yes", "on")
 _FALSE = ("false", "0", "no", "off", "")
 
@@ -95,17 +94,17 @@ def wants_injection(annotations: Mapping[str, str]) -> bool:
     raise BadAnnotation(f'{INJECT}: {annotations[INJECT]!r} is not "true" or "false"')
 
 
-def parse_duration(text: str) -> float:
-    """``30s``, ``500ms``, ``2m``, ``1h``, ``15`` (seconds) -> seconds."""
-    m = _DURATION.match(text)
-    if not m:
-        raise BadAnnotation(f"{INTERVAL}: {text!r} is not a duration (examples: 30s, 500ms, 2m)")
-    return float(m.group(1)) * {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}[m.group(2) or "s"]
+def parse_interval(text: str) -> float:
+    """The interval annotation in seconds; a bad one is the user's to fix, not a crash."""
+    try:
+        return parse_duration(text)
+    except ValueError:
+        raise BadAnnotation(f"{INTERVAL}: {text!r} is not a duration (examples: 30s, 500ms, 2m)") from None
 
 
 def parse_request(annotations: Mapping[str, str]) -> Request:
     """The settings annotations, checked; raises BadAnnotation with a message for the user."""
-    interval = parse_duration(annotations[INTERVAL]) if INTERVAL in annotations else DEFAULT_INTERVAL
+    interval = parse_interval(annotations[INTERVAL]) if INTERVAL in annotations else DEFAULT_INTERVAL
     backend = annotations.get(BACKEND, "auto").strip()
     if backend not in BACKENDS:
         raise BadAnnotation(f"{BACKEND}: {backend!r} is not one of {', '.join(BACKENDS)}")
