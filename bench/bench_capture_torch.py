@@ -4,8 +4,10 @@ One process, one model, the three ways interleaved round by round (so a
 noisy, shared machine slows them alike), best of --repeat:
 
 * bare: the generate loop alone;
-* gpuflame's ``torch`` backend (:class:`TorchTensorRecorder`), with and
-  without building the profile at the end;
+* gpuflame's ``torch`` backend, both ways it records, with and without
+  building the profile at the end: the CPU allocator hook
+  (:class:`TorchAllocatorRecorder`, what ``auto`` picks on a CPU-only
+  machine) and the dispatch mode (:class:`TorchTensorRecorder`, any device);
 * ``torch.profiler.profile(profile_memory=True, with_stack=True)``, the
   peer that also gives allocations with Python stacks, with and without its
   exit (where it builds its event tree);
@@ -37,6 +39,9 @@ sys.path.insert(0, str(ROOT / "src"))
 
 import torch  # noqa: E402
 
+from gpuflame.capture.base import Recorder  # noqa: E402
+from gpuflame.capture.native import load_cpu_hook  # noqa: E402
+from gpuflame.capture.torch_allocator import TorchAllocatorRecorder  # noqa: E402
 from gpuflame.capture.torch_tensors import TorchTensorRecorder  # noqa: E402
 
 
@@ -89,8 +94,15 @@ def bare(work: Callable[[], Any]) -> dict[str, float]:
     return {"loop": time.perf_counter() - start}
 
 
-def gpuflame_torch(work: Callable[[], Any]) -> dict[str, float]:
-    rec = TorchTensorRecorder()
+def gpuflame_allocator(work: Callable[[], Any]) -> dict[str, float]:
+    return gpuflame_torch(TorchAllocatorRecorder(load_cpu_hook()), work)
+
+
+def gpuflame_dispatch(work: Callable[[], Any]) -> dict[str, float]:
+    return gpuflame_torch(TorchTensorRecorder(), work)
+
+
+def gpuflame_torch(rec: Recorder, work: Callable[[], Any]) -> dict[str, float]:
     start = time.perf_counter()
     rec.start()
     work()
@@ -149,7 +161,8 @@ def main() -> None:
 
     ways: dict[str, Callable[[Callable[[], Any]], dict[str, float]]] = {
         "bare": bare,
-        "gpuflame torch": gpuflame_torch,
+        "gpuflame torch": gpuflame_allocator,
+        "gpuflame dispatch": gpuflame_dispatch,
         "torch.profiler": torch_profiler,
     }
     if importlib.util.find_spec("memray") is not None:
@@ -165,12 +178,12 @@ def main() -> None:
         f"workload: {args.model} generate, batch {args.batch}, {args.prompt_len}+{args.new_tokens} tokens, "
         f"{args.threads} thread(s), best of {args.repeat}"
     )
-    print(f"{'':16} {'best':>9} {'median':>9} {'ratio':>7}   {'incl. profile':>13} {'ratio':>7}")
+    print(f"{'':17} {'best':>9} {'median':>9} {'ratio':>7}   {'incl. profile':>13} {'ratio':>7}")
     ratios: dict[str, float] = {}
     for name, columns in times.items():
         loop = columns["loop"]
         best, median = min(loop), statistics.median(loop)
-        line = f"{name:16} {best * 1e3:7.1f}ms {median * 1e3:7.1f}ms {best / base:6.2f}x"
+        line = f"{name:17} {best * 1e3:7.1f}ms {median * 1e3:7.1f}ms {best / base:6.2f}x"
         ratios[name] = min(loop) / base
         if "with profile" in columns:
             full = min(columns["with profile"])
@@ -183,7 +196,8 @@ def main() -> None:
         f"gpuflame torch slowdown / torch.profiler slowdown: {ours / peer:.2f} in the loop, "
         f"{(ratios['gpuflame torch incl'] - 1) / peer_incl:.2f} including building the profile (goal < 0.5)"
     )
-    print(f"gpuflame torch ratio {ratios['gpuflame torch']:.2f}x (goal < 1.3x)")
+    print(f"gpuflame torch ratio {ratios['gpuflame torch']:.2f}x (goal < 1.3x); "
+          f"with --torch-hook dispatch {ratios['gpuflame dispatch']:.2f}x")
     if "memray" in ratios:
         print(f"gpuflame torch slowdown / memray slowdown: {ours / (ratios['memray'] - 1):.2f} in the loop")
 

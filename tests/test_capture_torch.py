@@ -21,7 +21,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from gpuflame.capture import torch_tensors  # noqa: E402
+from gpuflame.capture import code_frames, torch_tensors  # noqa: E402
 from gpuflame.capture.torch_tensors import TorchTensorRecorder  # noqa: E402
 from gpuflame.formats import pprof  # noqa: E402
 from gpuflame.model import Profile  # noqa: E402
@@ -386,7 +386,7 @@ def expected_stack(leaf: Any) -> list[tuple[str, str, int]]:
     f = leaf
     while f is not None:
         code = f.f_code
-        if not code.co_filename.startswith(torch_tensors._GPUFLAME_DIR):
+        if not code.co_filename.startswith(code_frames.GPUFLAME_DIR):
             out.append((display_name(code.co_qualname), code.co_filename, f.f_lineno))
         f = f.f_back
     return out

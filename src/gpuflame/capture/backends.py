@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable
 from types import ModuleType
 from typing import TYPE_CHECKING
 
@@ -12,9 +14,7 @@ if TYPE_CHECKING:
 def create(name: str, session: Session) -> Recorder:
     """A new, not yet started recorder for backend *name*."""
     if name == "torch":
-        from gpuflame.capture.torch_tensors import TorchTensorRecorder
-
-        return TorchTensorRecorder()
+        return torch_recorder(session.settings.torch_hook, session.report)
     if name == "torch-cuda":
         from gpuflame.capture.torch_cuda import TorchCudaRecorder
 
@@ -24,6 +24,50 @@ def create(name: str, session: Session) -> Recorder:
 
         return JaxMemoryRecorder(keep_framework=session.settings.keep_framework)
     raise ValueError(f"unknown backend {name!r}")
+
+
+def torch_recorder(hook: str, report: Callable[[str], None]) -> Recorder:
+    """The ``torch`` backend's recorder: the CPU allocator hook where it can, else the dispatch mode.
+
+    The allocator hook is much faster but sees CPU memory only, so ``auto``
+    takes it only when torch has no accelerator here; ``dispatch`` sees
+    tensors on every device. A hook that cannot be built (no compiler) falls
+    back to the dispatch mode, said once.
+    """
+    from gpuflame.capture.torch_tensors import TorchTensorRecorder
+
+    if hook == "dispatch":
+        return TorchTensorRecorder()
+    torch = sys.modules.get("torch")
+    if hook == "auto" and torch is not None and accelerator(torch):
+        return TorchTensorRecorder()
+    from gpuflame.capture.native import NativeUnavailable, load_cpu_hook
+    from gpuflame.capture.torch_allocator import TorchAllocatorRecorder, hook_busy
+
+    if hook_busy():  # a recording inside a recording (the API inside gpuflame run)
+        return TorchTensorRecorder()
+    try:
+        return TorchAllocatorRecorder(load_cpu_hook())
+    except NativeUnavailable as exc:
+        if hook == "allocator":
+            raise
+        report(f"torch backend: the CPU allocator hook is not available ({exc}); "
+               "recording through a dispatch mode instead, which is slower")
+        return TorchTensorRecorder()
+
+
+def accelerator(torch: ModuleType) -> str:
+    """The accelerator torch can use here ('' for none), without raising."""
+    if cuda_available(torch):
+        return "cuda"
+    for name in ("mps", "xpu"):
+        try:
+            module = getattr(torch.backends, name, None) if name == "mps" else getattr(torch, name, None)
+            if module is not None and module.is_available():
+                return name
+        except Exception:
+            continue
+    return ""
 
 
 def cuda_available(torch: ModuleType) -> bool:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, fields
 
 PREFIX = "GPUFLAME_"
 BACKENDS = ("auto", "torch-cuda", "torch", "jax")
+TORCH_HOOKS = ("auto", "allocator", "dispatch")  # how the torch backend records (capture/backends.py)
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,7 @@ class Settings:
     interval: float = 0.0  # seconds between periodic snapshots; 0 = only at exit
     follow: bool = True  # profile child processes too
     native: bool = False  # native frames where the backend can give them
+    torch_hook: str = "auto"  # torch backend: allocator (CPU, fast), dispatch (any device), auto
     keep_framework: bool = False  # keep framework-internal frames (jax/, jaxlib/) the jax backend prunes
     root_pid: int = 0  # the process gpuflame run started
     # continuous mode (ship/continuous.py); secrets never travel here, only the files that hold them
@@ -69,6 +71,8 @@ class Settings:
                 continue
         if values.get("backend") not in BACKENDS:
             values.pop("backend", None)
+        if values.get("torch_hook") not in TORCH_HOOKS:
+            values.pop("torch_hook", None)
         return cls(**values)  # type: ignore[arg-type]
 
     @property

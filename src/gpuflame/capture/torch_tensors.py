@@ -62,19 +62,8 @@ from types import CodeType, FrameType
 from typing import Any
 
 from gpuflame.capture.base import Recorder, empty_profile
+from gpuflame.capture.code_frames import CodeFrames
 from gpuflame.model.profile import Frame, Profile
-from gpuflame.symbols.names import display_name
-
-_GPUFLAME_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-
-# torch files whose frames at the leaf are dispatch plumbing, not callers
-_PLUMBING = (
-    "utils/_python_dispatch.py",
-    "_ops.py",
-    "_compile.py",
-    "_dynamo/eval_frame.py",
-    "_dynamo/external_utils.py",
-)
 
 # ops that may grow the storage of a tensor they write to
 _RESIZING = frozenset({"aten::resize_", "aten::resize_as_", "aten::_resize_output_", "aten::set_"})
@@ -287,8 +276,7 @@ class Stacks:
         self.node_of: dict[tuple[int, int, int], int] = {}
         self.codes: dict[int, CodeType] = {}
         self.lock = threading.Lock()
-        self._frames: dict[tuple[int, int], Frame | None] = {}
-        self._torch_dir = _torch_dir()
+        self._frames = CodeFrames()
 
         class Tag(_Tag):
             __slots__ = ()
@@ -344,61 +332,14 @@ class Stacks:
         """The stack's frames, leaf first, without gpuflame's own frames or leaf plumbing."""
         out: list[Frame] = []
         nodes = self.nodes
+        codes = self.codes
         while node >= 0:
             parent, code_id, lasti = nodes[node]
-            frame = self._frame(code_id, lasti)
+            frame = self._frames.frame(codes.get(code_id), lasti)
             if frame is not None:
                 out.append(frame)
             node = parent
-        return self._strip_plumbing(out)
-
-    def _frame(self, code_id: int, lasti: int) -> Frame | None:
-        cache_key = (code_id, lasti)
-        if cache_key in self._frames:
-            return self._frames[cache_key]
-        code = self.codes.get(code_id)
-        frame: Frame | None = None
-        if code is not None and not code.co_filename.startswith(_GPUFLAME_DIR):
-            frame = Frame(_code_name(code), code.co_filename, _line_of(code, lasti))
-        self._frames[cache_key] = frame
-        return frame
-
-    def _strip_plumbing(self, frames: list[Frame]) -> list[Frame]:
-        start = 0
-        torch_dir = self._torch_dir
-        while start < len(frames) - 1:
-            file = frames[start].file
-            if not (torch_dir and file.startswith(torch_dir) and file[len(torch_dir) :] in _PLUMBING):
-                break
-            start += 1
-        return frames[start:]
-
-
-def _torch_dir() -> str:
-    torch = sys.modules.get("torch")
-    path = getattr(torch, "__file__", None)
-    return os.path.dirname(path) + os.sep if path else ""
-
-
-def _code_name(code: CodeType) -> str:
-    """The seed's name for a code object: ``LlamaMLP > forward``."""
-    qualname = getattr(code, "co_qualname", None)
-    if qualname:
-        return display_name(qualname)
-    from gpuflame.symbols.qualnames import display  # Python 3.10: recover from the source
-
-    return display(code.co_filename, code.co_firstlineno, code.co_name)
-
-
-def _line_of(code: CodeType, lasti: int) -> int:
-    """The source line of byte offset *lasti* in *code*."""
-    try:
-        for start, end, line in code.co_lines():
-            if start <= lasti < end and line is not None:
-                return line
-    except (AttributeError, ValueError):
-        pass
-    return code.co_firstlineno
+        return self._frames.strip_plumbing(out)
 
 
 # =============================================================================

@@ -16,7 +16,7 @@ from pathlib import Path
 import gpuflame
 from gpuflame.capture.autostart import BOOTSTRAP_DIR
 from gpuflame.capture.session import LOST_FILE, PROCESS_FILE
-from gpuflame.capture.settings import BACKENDS, Settings
+from gpuflame.capture.settings import BACKENDS, TORCH_HOOKS, Settings
 from gpuflame.capture.store import PROCESSES_DIR, PROFILE_NAME, RunMeta, new_run_folder, store_root
 from gpuflame.errors import GpuflameError
 from gpuflame.formats import load, save
@@ -40,9 +40,15 @@ on SIGTERM, at every --interval, and at a CUDA out-of-memory error); the run
 merges them. The exit code is the program's.
 
 Backends (--backend): torch-cuda (PyTorch's caching-allocator history: peak,
-in use, allocated, cached free blocks), torch (tensor storages on any torch
-device, CPU included), jax (JAX's live buffers). auto picks torch-cuda when
-CUDA is available, else torch, plus jax when the program imports it."""
+in use, allocated, cached free blocks), torch (torch memory on any device,
+CPU included), jax (JAX's live buffers). auto picks torch-cuda when CUDA is
+available, else torch, plus jax when the program imports it.
+
+How torch records (--torch-hook): allocator wraps PyTorch's CPU allocator
+with a small C++ hook compiled on first use (needs a C++ compiler; the
+fastest, CPU memory only); dispatch follows every operation through a
+TorchDispatchMode (any device, slower). auto takes allocator when torch has
+no accelerator and a compiler is there, else dispatch."""
 
 EPILOG = """\
 examples:
@@ -69,6 +75,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also write each process's profile every DURATION (15s, 500ms); "
                         "default: only at exit, or 15s with --pyroscope")
     parser.add_argument("--no-follow", action="store_true", help="do not profile child processes")
+    parser.add_argument("--torch-hook", choices=TORCH_HOOKS, default="auto",
+                        help="how the torch backend records: allocator (CPU, fast), dispatch (any device), "
+                        "auto (default)")
     parser.add_argument("--native", action="store_true", help="native frames where the backend can give them")
     parser.add_argument("--keep-framework", action="store_true",
                         help="keep framework-internal frames (jax/, jaxlib/) that the jax backend prunes")
@@ -141,6 +150,7 @@ def run(args: argparse.Namespace) -> int:
         interval=_interval(args),
         follow=not args.no_follow,
         native=args.native,
+        torch_hook=args.torch_hook,
         keep_framework=args.keep_framework,
         **_pyroscope_settings(args),
     )

@@ -1,0 +1,82 @@
+"""Frames from (code object, byte offset) pairs: how the live torch backends name what they record.
+
+Recording keeps only code objects and instruction offsets (cheap, exact);
+names (``co_qualname`` in the seed's spelling) and line numbers are worked
+out here, once per distinct pair, when a profile is built.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from types import CodeType
+
+from gpuflame.model.profile import Frame
+from gpuflame.symbols.names import display_name
+
+GPUFLAME_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+# torch files whose frames at the leaf are dispatch plumbing, not callers
+_PLUMBING = (
+    "utils/_python_dispatch.py",
+    "_ops.py",
+    "_compile.py",
+    "_dynamo/eval_frame.py",
+    "_dynamo/external_utils.py",
+)
+
+
+class CodeFrames:
+    """(code, offset) -> Frame, cached; gpuflame's own frames resolve to None (dropped)."""
+
+    def __init__(self) -> None:
+        self._cache: dict[tuple[int, int], Frame | None] = {}
+        self._torch_dir = torch_dir()
+
+    def frame(self, code: CodeType | None, lasti: int) -> Frame | None:
+        key = (id(code), lasti)
+        if key in self._cache:
+            return self._cache[key]
+        frame: Frame | None = None
+        if code is not None and not code.co_filename.startswith(GPUFLAME_DIR):
+            frame = Frame(code_name(code), code.co_filename, line_of(code, lasti))
+        self._cache[key] = frame
+        return frame
+
+    def strip_plumbing(self, frames: list[Frame]) -> list[Frame]:
+        """Drop torch's dispatch plumbing at the leaf: the caller is the user's code above it."""
+        start = 0
+        root = self._torch_dir
+        while start < len(frames) - 1:
+            file = frames[start].file
+            if not (root and file.startswith(root) and file[len(root) :] in _PLUMBING):
+                break
+            start += 1
+        return frames[start:]
+
+
+def torch_dir() -> str:
+    torch = sys.modules.get("torch")
+    path = getattr(torch, "__file__", None)
+    return os.path.dirname(path) + os.sep if path else ""
+
+
+def code_name(code: CodeType) -> str:
+    """The seed's name for a code object: ``LlamaMLP > forward``."""
+    qualname = getattr(code, "co_qualname", None)
+    if qualname:
+        return display_name(qualname)
+    from gpuflame.symbols.qualnames import display  # Python 3.10: recover from the source
+
+    return display(code.co_filename, code.co_firstlineno, code.co_name)
+
+
+def line_of(code: CodeType, lasti: int) -> int:
+    """The source line of byte offset *lasti* in *code*."""
+    try:
+        for start, end, line in code.co_lines():
+            if start <= lasti < end and line is not None:
+                return line
+    except (AttributeError, ValueError):
+        pass
+    return code.co_firstlineno

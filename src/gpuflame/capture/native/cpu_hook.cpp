@@ -1,0 +1,370 @@
+// gpuflame's CPU allocator hook: every allocation PyTorch makes through its
+// CPU allocator, with the Python stack that asked for it.
+//
+// Why an allocator and not a dispatch mode: a TorchDispatchMode costs a trip
+// through Python for every aten operation, allocating or not; this costs a
+// stack walk in C for each allocation only. It also sees what a dispatch
+// mode cannot: workspaces and temporaries a kernel allocates and frees
+// inside one operation, storages made without an operator.
+//
+// The hook wraps the allocator that was installed (normally PyTorch's
+// DefaultCPUAllocator). Its data pointers keep the wrapped allocator's
+// contract (context == data), so the "raw" allocate/deallocate interface
+// still works; only the deleter differs, and it hands the memory back to
+// the wrapped allocator's deleter after booking the free.
+//
+// Locking: one mutex guards the books. It is never held while Python runs
+// or while waiting for the GIL, so frees (any thread, no GIL) and the
+// garbage collector (which may free tensors while we build Python objects)
+// cannot deadlock with it.
+//
+// The hook object is never destroyed: storages it made may outlive
+// stop(), the module and even the interpreter, and their deleter must still
+// find it.
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <frameobject.h>
+
+#include <c10/core/Allocator.h>
+#include <c10/core/CPUAllocator.h>
+
+#include <pthread.h>
+
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace {
+
+using FrameKey = std::pair<PyObject*, int>;  // (code object, byte offset of the instruction)
+using StackKey = std::vector<FrameKey>;       // leaf first
+
+struct StackHash {
+  size_t operator()(const StackKey& s) const noexcept {
+    uint64_t h = 1469598103934665603ULL;
+    for (const auto& f : s) {
+      h ^= reinterpret_cast<uintptr_t>(f.first) + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
+      h ^= static_cast<uint64_t>(static_cast<uint32_t>(f.second)) + (h << 6) + (h >> 2);
+    }
+    return static_cast<size_t>(h);
+  }
+};
+
+struct Live {
+  uint64_t nbytes;
+  uint64_t seq;
+  uint32_t site;
+};
+
+struct SiteBooks {
+  uint64_t alloc_bytes = 0, alloc_count = 0;
+  uint64_t inuse_bytes = 0, inuse_count = 0;
+  uint64_t gone_bytes = 0, gone_count = 0;  // live at the peak, freed since
+};
+
+// Site 0: allocations made by threads that have no Python stack (PyTorch's
+// own worker threads) or while the interpreter is shutting down.
+constexpr uint32_t kNoPythonSite = 0;
+
+struct Books {
+  std::mutex lock;
+  std::unordered_map<StackKey, uint32_t, StackHash> site_of;
+  std::vector<StackKey> stacks{StackKey{}};
+  std::vector<SiteBooks> sites{SiteBooks{}};
+  std::unordered_map<void*, Live> live;
+  std::vector<uint32_t> gone_sites;  // sites whose gone_* is non-zero
+  uint64_t seq = 0, total = 0, peak = 0, peak_seq = 0;
+  uint64_t unhooked = 0;  // allocations handed out unwrapped (an unexpected data pointer)
+  bool recording = false;
+
+  void reset_window() {
+    live.clear();
+    for (auto& s : sites) s = SiteBooks{};
+    gone_sites.clear();
+    seq = total = peak = peak_seq = unhooked = 0;
+  }
+
+  void on_alloc(void* ptr, uint64_t n, uint32_t site) {
+    SiteBooks& b = sites[site];
+    b.alloc_bytes += n;
+    b.alloc_count += 1;
+    b.inuse_bytes += n;
+    b.inuse_count += 1;
+    live[ptr] = Live{n, ++seq, site};
+    total += n;
+    if (total > peak) {
+      peak = total;
+      peak_seq = seq;
+      for (uint32_t s : gone_sites) sites[s].gone_bytes = sites[s].gone_count = 0;
+      gone_sites.clear();
+    }
+  }
+
+  // false: not one of ours (made before this window) — nothing to book
+  bool on_free(void* ptr) {
+    auto it = live.find(ptr);
+    if (it == live.end()) return false;
+    Live l = it->second;
+    live.erase(it);
+    SiteBooks& b = sites[l.site];
+    b.inuse_bytes -= l.nbytes;
+    b.inuse_count -= 1;
+    total -= l.nbytes;
+    if (l.seq <= peak_seq) {
+      if (b.gone_count == 0) gone_sites.push_back(l.site);
+      b.gone_bytes += l.nbytes;
+      b.gone_count += 1;
+    }
+    return true;
+  }
+};
+
+Books* books() {
+  static Books* b = new Books();  // never destroyed: see the top of the file
+  return b;
+}
+
+std::atomic<bool> g_enabled{false};
+c10::DeleterFnPtr g_base_deleter = nullptr;
+int g_max_depth = 256;
+
+bool python_usable() {
+  if (!Py_IsInitialized()) return false;
+#if PY_VERSION_HEX >= 0x030D0000
+  if (Py_IsFinalizing()) return false;
+#else
+  if (_Py_IsFinalizing()) return false;
+#endif
+  return true;
+}
+
+// The site of the calling thread's Python stack; kNoPythonSite when it has
+// none. Takes the GIL if the thread released it (PyTorch releases it around
+// every operation), exactly as PyTorch's own CUDA memory history does.
+uint32_t capture_site() {
+  if (!python_usable() || PyGILState_GetThisThreadState() == nullptr) return kNoPythonSite;
+  thread_local StackKey stack;
+  stack.clear();
+  PyGILState_STATE gil = PyGILState_Ensure();
+  PyFrameObject* frame = PyThreadState_GetFrame(PyThreadState_Get());  // new reference
+  int depth = 0;
+  while (frame != nullptr && depth < g_max_depth) {
+    PyCodeObject* code = PyFrame_GetCode(frame);  // new reference
+#if PY_VERSION_HEX >= 0x030B0000
+    int lasti = PyFrame_GetLasti(frame);
+#else
+    int lasti = frame->f_lasti * 2;
+#endif
+    stack.emplace_back(reinterpret_cast<PyObject*>(code), lasti);
+    Py_DECREF(code);  // kept alive by the frame; an interned stack takes its own reference
+    PyFrameObject* back = PyFrame_GetBack(frame);
+    Py_DECREF(frame);
+    frame = back;
+    ++depth;
+  }
+  Py_XDECREF(frame);
+  uint32_t site = kNoPythonSite;
+  if (!stack.empty()) {
+    // intern while the GIL still keeps the code objects alive
+    Books* b = books();
+    std::lock_guard<std::mutex> guard(b->lock);
+    auto it = b->site_of.find(stack);
+    if (it != b->site_of.end()) {
+      site = it->second;
+    } else {
+      for (const auto& f : stack) Py_INCREF(f.first);
+      site = static_cast<uint32_t>(b->stacks.size());
+      b->stacks.push_back(stack);
+      b->sites.emplace_back();
+      b->site_of.emplace(stack, site);
+    }
+  }
+  PyGILState_Release(gil);
+  return site;
+}
+
+void hooked_free(void* ptr) {
+  Books* b = books();
+  {
+    std::lock_guard<std::mutex> guard(b->lock);
+    if (b->recording) b->on_free(ptr);
+    else b->live.erase(ptr);
+  }
+  g_base_deleter(ptr);
+}
+
+struct HookAllocator final : public c10::Allocator {
+  c10::Allocator* base;
+  explicit HookAllocator(c10::Allocator* b) : base(b) {}
+
+  c10::DataPtr allocate(size_t n) override {
+    c10::DataPtr dp = base->allocate(n);
+    void* ptr = dp.get();
+    if (!g_enabled.load(std::memory_order_relaxed) || n == 0 || ptr == nullptr) return dp;
+    if (dp.get_context() != ptr || dp.get_deleter() != g_base_deleter) {
+      std::lock_guard<std::mutex> guard(books()->lock);
+      books()->unhooked += 1;
+      return dp;
+    }
+    uint32_t site = capture_site();
+    c10::Device device = dp.device();
+    Books* b = books();
+    {
+      std::lock_guard<std::mutex> guard(b->lock);
+      if (b->recording) b->on_alloc(ptr, n, site);
+      else b->live[ptr] = Live{n, 0, site};  // stopped meanwhile: only remember it is ours
+    }
+    dp.release_context();
+    return c10::DataPtr(ptr, ptr, &hooked_free, device);
+  }
+
+  c10::DeleterFnPtr raw_deleter() const override { return &hooked_free; }
+
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    base->copy_data(dest, src, count);
+  }
+};
+
+HookAllocator* g_hook = nullptr;  // never destroyed
+
+void before_fork() { books()->lock.lock(); }
+void after_fork() { books()->lock.unlock(); }
+
+// -- Python interface ----------------------------------------------------------
+
+PyObject* py_start(PyObject*, PyObject*) {
+  c10::Allocator* current = c10::GetCPUAllocator();
+  if (g_hook == nullptr) {
+    if (current->raw_deleter() == nullptr) {
+      PyErr_SetString(PyExc_RuntimeError,
+                      "the installed CPU allocator does not support raw deletion; cannot wrap it");
+      return nullptr;
+    }
+    g_base_deleter = current->raw_deleter();
+    g_hook = new HookAllocator(current);
+    pthread_atfork(before_fork, after_fork, after_fork);
+  } else if (current != g_hook && current != g_hook->base) {
+    PyErr_SetString(PyExc_RuntimeError, "another CPU allocator was installed since the hook was made");
+    return nullptr;
+  }
+  {
+    std::lock_guard<std::mutex> guard(books()->lock);
+    books()->reset_window();
+    books()->recording = true;
+  }
+  g_enabled.store(true);
+  c10::SetCPUAllocator(g_hook, /*priority=*/UINT8_MAX);
+  Py_RETURN_NONE;
+}
+
+PyObject* py_stop(PyObject*, PyObject*) {
+  g_enabled.store(false);
+  if (g_hook != nullptr && c10::GetCPUAllocator() == g_hook) c10::SetCPUAllocator(g_hook->base, UINT8_MAX);
+  std::lock_guard<std::mutex> guard(books()->lock);
+  books()->recording = false;
+  Py_RETURN_NONE;
+}
+
+PyObject* py_new_window(PyObject*, PyObject*) {
+  std::lock_guard<std::mutex> guard(books()->lock);
+  books()->reset_window();
+  Py_RETURN_NONE;
+}
+
+// stacks(first): the stacks of sites first.., each a tuple of (code, offset), leaf first
+PyObject* py_stacks(PyObject*, PyObject* arg) {
+  Py_ssize_t first = PyLong_AsSsize_t(arg);
+  if (first < 0 && PyErr_Occurred()) return nullptr;
+  std::vector<StackKey> copy;
+  {
+    std::lock_guard<std::mutex> guard(books()->lock);
+    auto& stacks = books()->stacks;
+    if (static_cast<size_t>(first) < stacks.size()) copy.assign(stacks.begin() + first, stacks.end());
+  }
+  // the code objects are safe without the lock: interned stacks own a reference
+  PyObject* out = PyList_New(static_cast<Py_ssize_t>(copy.size()));
+  if (out == nullptr) return nullptr;
+  for (size_t i = 0; i < copy.size(); ++i) {
+    PyObject* stack = PyTuple_New(static_cast<Py_ssize_t>(copy[i].size()));
+    if (stack == nullptr) { Py_DECREF(out); return nullptr; }
+    for (size_t j = 0; j < copy[i].size(); ++j) {
+      PyObject* pair = Py_BuildValue("(Oi)", copy[i][j].first, copy[i][j].second);
+      if (pair == nullptr) { Py_DECREF(stack); Py_DECREF(out); return nullptr; }
+      PyTuple_SET_ITEM(stack, static_cast<Py_ssize_t>(j), pair);
+    }
+    PyList_SET_ITEM(out, static_cast<Py_ssize_t>(i), stack);
+  }
+  return out;
+}
+
+// rows(): [(site, peak bytes, peak count, inuse bytes, inuse count, alloc bytes, alloc count)]
+PyObject* py_rows(PyObject*, PyObject*) {
+  std::vector<SiteBooks> sites;
+  std::vector<std::pair<uint64_t, uint64_t>> peak;
+  {
+    Books* b = books();
+    std::lock_guard<std::mutex> guard(b->lock);
+    sites = b->sites;
+    peak.assign(sites.size(), {0, 0});
+    for (const auto& [ptr, l] : b->live) {
+      if (l.seq != 0 && l.seq <= b->peak_seq) {
+        peak[l.site].first += l.nbytes;
+        peak[l.site].second += 1;
+      }
+    }
+  }
+  PyObject* out = PyList_New(0);
+  if (out == nullptr) return nullptr;
+  for (size_t i = 0; i < sites.size(); ++i) {
+    const SiteBooks& s = sites[i];
+    uint64_t pb = peak[i].first + s.gone_bytes, pc = peak[i].second + s.gone_count;
+    if (pb == 0 && pc == 0 && s.inuse_count == 0 && s.alloc_count == 0) continue;
+    PyObject* row = Py_BuildValue("(nKKKKKK)", static_cast<Py_ssize_t>(i), pb, pc, s.inuse_bytes, s.inuse_count,
+                                  s.alloc_bytes, s.alloc_count);
+    if (row == nullptr || PyList_Append(out, row) < 0) {
+      Py_XDECREF(row);
+      Py_DECREF(out);
+      return nullptr;
+    }
+    Py_DECREF(row);
+  }
+  return out;
+}
+
+// totals(): {"inuse": .., "peak": .., "allocations": .., "live": .., "unhooked": .., "sites": ..}
+PyObject* py_totals(PyObject*, PyObject*) {
+  uint64_t total, peak, seq, live, unhooked, nsites;
+  {
+    Books* b = books();
+    std::lock_guard<std::mutex> guard(b->lock);
+    total = b->total; peak = b->peak; seq = b->seq; live = b->live.size();
+    unhooked = b->unhooked; nsites = b->sites.size();
+  }
+  return Py_BuildValue("{sKsKsKsKsKsK}", "inuse", total, "peak", peak, "allocations", seq, "live", live,
+                       "unhooked", unhooked, "sites", nsites);
+}
+
+PyObject* py_installed(PyObject*, PyObject*) {
+  return PyBool_FromLong(g_hook != nullptr && c10::GetCPUAllocator() == g_hook);
+}
+
+PyMethodDef kMethods[] = {
+    {"start", py_start, METH_NOARGS, "Wrap the CPU allocator and start a new recording window."},
+    {"stop", py_stop, METH_NOARGS, "Put the wrapped allocator back; the books stay readable."},
+    {"new_window", py_new_window, METH_NOARGS, "Forget what was recorded (a forked child's window starts)."},
+    {"stacks", py_stacks, METH_O, "Stacks of the sites from the given index on."},
+    {"rows", py_rows, METH_NOARGS, "Peak, in-use and allocated bytes and counts per site."},
+    {"totals", py_totals, METH_NOARGS, "Totals of the current window."},
+    {"installed", py_installed, METH_NOARGS, "Whether the hook is the CPU allocator now."},
+    {nullptr, nullptr, 0, nullptr},
+};
+
+PyModuleDef kModule = {PyModuleDef_HEAD_INIT, "gpuflame_cpu_hook", "gpuflame's CPU allocator hook.", -1, kMethods};
+
+}  // namespace
+
+PyMODINIT_FUNC PyInit_gpuflame_cpu_hook(void) { return PyModule_Create(&kModule); }

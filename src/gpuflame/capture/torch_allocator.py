@@ -1,0 +1,150 @@
+"""Backend ``torch`` on the CPU: every allocation of PyTorch's CPU allocator, with its Python stack.
+
+The fast way to record CPU tensors. A small C++ hook
+(``native/cpu_hook.cpp``, compiled on first use against the running torch)
+wraps the CPU allocator: each allocation books its size under the Python
+stack that asked for it, each free finds its booking. Nothing runs per
+operation, so a workload pays for its allocations only, not for its
+operations (a dispatch mode pays a trip through Python for every one).
+
+What it sees, by construction: real allocations. A view, a transpose, an
+in-place op allocate nothing and book nothing; a tensor made before
+``start()`` was not booked, so touching or freeing it books nothing;
+``resize_`` that grows a storage books the new block at its caller and frees
+the old one; temporaries a kernel allocates and frees inside one operation
+count towards the peak (they were really there). Allocations from threads
+with no Python stack (PyTorch's own worker threads) go to
+``<no Python stack>``.
+
+Blind spots: memory that does not come from PyTorch's CPU allocator
+(numpy arrays shared with ``from_numpy``, memory-mapped ``torch.load``,
+oneDNN's own caches, libraries with their own allocators); another
+allocator installed after ours. To get the stack, a thread that released
+the GIL around an operation takes it back for a moment, as PyTorch's own
+CUDA memory history does; with several Python threads busy at once this
+can slow them.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from types import ModuleType
+
+from gpuflame.capture.base import Recorder, empty_profile
+from gpuflame.capture.code_frames import CodeFrames
+from gpuflame.model.profile import SYNTHETIC, Frame, Profile
+
+NO_PYTHON_FRAME = Frame("<no Python stack>", kind=SYNTHETIC)
+
+_busy_lock = threading.Lock()
+_busy: TorchAllocatorRecorder | None = None  # the hook is one per process: one recorder at a time
+
+
+class HookBusy(RuntimeError):
+    """Another recorder of this process holds the CPU allocator hook."""
+
+
+class TorchAllocatorRecorder(Recorder):
+    """CPU allocations through PyTorch's allocator after ``start()``, per Python stack."""
+
+    name = "torch"
+
+    def __init__(self, hook: ModuleType | None = None) -> None:
+        super().__init__()
+        self._hook = hook
+        self._frames = CodeFrames()
+        self._stacks: list[list[Frame]] = []  # site -> frames, leaf first, as fetched from the hook
+
+    # -- Recorder -------------------------------------------------------------
+
+    def _start(self) -> None:
+        global _busy
+        if self._hook is None:
+            from gpuflame.capture.native import load_cpu_hook
+
+            self._hook = load_cpu_hook()
+        with _busy_lock:
+            if _busy is not None and _busy is not self:
+                raise HookBusy("another gpuflame recording holds the CPU allocator hook")
+            _busy = self
+        try:
+            self._hook.start()
+        except Exception:
+            self._release()
+            raise
+
+    def _stop(self) -> None:
+        try:
+            if self._hook is not None:
+                self._hook.stop()
+        finally:
+            self._release()
+
+    def _degrade(self) -> None:
+        try:
+            self._stop()
+        except Exception:  # noqa: BLE001 - degrading must not raise
+            pass
+
+    def _snapshot(self) -> Profile:
+        profile = empty_profile()
+        hook = self._hook
+        if hook is None:
+            return profile
+        rows = hook.rows()
+        self._fetch_stacks(hook)
+        labels = {"device": "cpu", "pid": str(os.getpid())}
+        for site, *values in rows:
+            profile.add(self._stacks[site], values, labels)
+        out = profile.compact()
+        out.default_type = profile.default_type
+        out.comments = self._comments(hook.totals())
+        return out
+
+    # -- helpers --------------------------------------------------------------
+
+    def after_fork(self) -> None:
+        """A forked child's window starts at the fork: the parent's blocks are the parent's."""
+        if self.running and self._hook is not None:
+            self._hook.new_window()
+
+    def _release(self) -> None:
+        global _busy
+        with _busy_lock:
+            if _busy is self:
+                _busy = None
+
+    def _fetch_stacks(self, hook: ModuleType) -> None:
+        frames = self._frames
+        for stack in hook.stacks(len(self._stacks)):
+            out = [f for f in (frames.frame(code, lasti) for code, lasti in stack) if f is not None]
+            self._stacks.append(frames.strip_plumbing(out) if out else [NO_PYTHON_FRAME])
+
+    def _comments(self, totals: dict[str, int]) -> list[str]:
+        notes = [
+            "gpuflame torch backend (CPU allocator hook): every allocation of PyTorch's CPU allocator "
+            "after start(), per Python stack; bytes as requested from the allocator",
+            "peak: what was live at the highest total of those allocations; blocks allocated "
+            "before start() are not counted",
+        ]
+        if totals.get("unhooked"):
+            notes.append(f"{totals['unhooked']} allocations came back from the allocator in a form "
+                         "the hook cannot follow and are not counted")
+        return notes
+
+
+def hook_busy() -> bool:
+    """Whether a recorder of this process holds the CPU allocator hook now."""
+    return _busy is not None
+
+
+
+def _after_fork_in_child() -> None:
+    recorder = _busy
+    if recorder is not None:
+        recorder.after_fork()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
