@@ -29,7 +29,9 @@ def test_profile_block_writes_the_file(tmp_path: Path) -> None:
         kept = Buffers().allocate(4096)
         before.add_(1)
     assert leaf_bytes(out, "Buffers > allocate") == 4096
-    assert load(out).totals()["alloc_space"] == 4096
+    # touching the old tensor in place holds nothing (its scalar is wrapped in a
+    # few bytes that are freed at once, which the CPU allocator hook does see)
+    assert load(out).totals()["inuse_space"] == 4096
     del kept
 
 

@@ -25,19 +25,22 @@ from gpuflame.capture import code_frames, torch_tensors  # noqa: E402
 from gpuflame.capture.torch_tensors import TorchTensorRecorder  # noqa: E402
 from gpuflame.formats import pprof  # noqa: E402
 from gpuflame.model import Profile  # noqa: E402
-
-PEAK, PEAK_N, INUSE, INUSE_N, ALLOC, ALLOC_N = range(6)
-TYPES = ["peak_space", "peak_objects", "inuse_space", "inuse_objects", "alloc_space", "alloc_objects"]
-
-
-# -----------------------------------------------------------------------------
-# helpers
-# -----------------------------------------------------------------------------
-
-
-def here() -> int:
-    """The caller's current line: ``x, line = torch.empty(3), here()``."""
-    return sys._getframe(1).f_lineno
+from torch_helpers import (  # noqa: E402
+    ALLOC,
+    ALLOC_N,
+    INUSE,
+    INUSE_N,
+    PEAK,
+    PEAK_N,
+    TYPES,
+    by_frame,
+    by_line,
+    column,
+    here,
+    leaf_most_init,
+    live_storages,
+    tiny_llama_config,
+)
 
 
 def record(fn: Callable[[], Any], **kwargs: Any) -> tuple[Profile, Any, TorchTensorRecorder]:
@@ -49,57 +52,6 @@ def record(fn: Callable[[], Any], **kwargs: Any) -> tuple[Profile, Any, TorchTen
     finally:
         rec.stop()
     return rec.snapshot(), result, rec
-
-
-def by_frame(profile: Profile, name: str, column: int, line: int | None = None) -> int:
-    """Sum of *column* over samples whose leaf frame is *name* (and on *line*, if given)."""
-    total = 0
-    for s in profile.samples:
-        leaf = profile.frames[s.stack[0]] if s.stack else None
-        if leaf is not None and leaf.name == name and (line is None or leaf.line == line):
-            total += s.values[column]
-    return total
-
-
-def by_line(profile: Profile, line: int, column: int, file: str = __file__) -> int:
-    """Sum of *column* over samples whose leaf frame is *file*:*line*."""
-    total = 0
-    for s in profile.samples:
-        leaf = profile.frames[s.stack[0]]
-        if leaf.file == file and leaf.line == line:
-            total += s.values[column]
-    return total
-
-
-def column(profile: Profile, col: int) -> int:
-    return profile.totals()[TYPES[col]]
-
-
-def live_storages() -> dict[int, Any]:
-    """Every storage reachable from a Python tensor object, by address (independent of the recorder)."""
-    out: dict[int, Any] = {}
-    for obj in gc.get_objects():
-        if issubclass(type(obj), torch.Tensor) and obj.device.type != "meta":
-            try:
-                st = obj.untyped_storage()
-            except (RuntimeError, NotImplementedError):
-                continue
-            out[st._cdata] = st
-    return out
-
-
-def tiny_llama_config() -> Any:
-    transformers = pytest.importorskip("transformers")
-    return transformers.LlamaConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=128,
-        max_position_embeddings=256,
-        tie_word_embeddings=False,
-    )
 
 
 @pytest.fixture
@@ -663,13 +615,6 @@ def test_autograd_results_unchanged_and_grads_recorded() -> None:
 # -----------------------------------------------------------------------------
 # real transformers models (random weights from a config: no download)
 # -----------------------------------------------------------------------------
-
-
-def leaf_most_init(profile: Profile, sample: Any, classes: set[str]) -> str | None:
-    for f in profile.stack_frames(sample):
-        if f.name.endswith(" > __init__") and f.name[: -len(" > __init__")] in classes:
-            return f.name
-    return None
 
 
 def test_llama_weights_land_on_their_inits_with_exact_bytes() -> None:

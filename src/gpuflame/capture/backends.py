@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 def create(name: str, session: Session) -> Recorder:
     """A new, not yet started recorder for backend *name*."""
     if name == "torch":
-        return torch_recorder(session.settings.torch_hook, session.report)
+        return torch_recorder(session.settings.torch_hook, say)
     if name == "torch-cuda":
         from gpuflame.capture.torch_cuda import TorchCudaRecorder
 
@@ -54,6 +54,14 @@ def torch_recorder(hook: str, report: Callable[[str], None]) -> Recorder:
         report(f"torch backend: the CPU allocator hook is not available ({exc}); "
                "recording through a dispatch mode instead, which is slower")
         return TorchTensorRecorder()
+
+
+def say(message: str) -> None:
+    """A note on stderr (a choice made for the user, not a loss: the launcher does not repeat it)."""
+    try:
+        print(f"gpuflame: {message}", file=sys.stderr, flush=True)
+    except Exception:
+        pass
 
 
 def accelerator(torch: ModuleType) -> str:

@@ -55,6 +55,10 @@ class TorchAllocatorRecorder(Recorder):
         self._hook = hook
         self._frames = CodeFrames()
         self._stacks: list[list[Frame]] = []  # site -> frames, leaf first, as fetched from the hook
+        # the hook's books are one per process and the next window resets them, so the
+        # books of a stopped window are copied out at stop(): (rows, totals)
+        self._final: tuple[list[tuple[int, ...]], dict[str, int]] | None = None
+        self._started = False
 
     # -- Recorder -------------------------------------------------------------
 
@@ -73,11 +77,14 @@ class TorchAllocatorRecorder(Recorder):
         except Exception:
             self._release()
             raise
+        self._final = None
+        self._started = True
 
     def _stop(self) -> None:
         try:
-            if self._hook is not None:
+            if self._hook is not None and _busy is self:
                 self._hook.stop()
+                self._final = (self._hook.rows(), self._hook.totals())
         finally:
             self._release()
 
@@ -90,16 +97,16 @@ class TorchAllocatorRecorder(Recorder):
     def _snapshot(self) -> Profile:
         profile = empty_profile()
         hook = self._hook
-        if hook is None:
+        if hook is None or not self._started:
             return profile
-        rows = hook.rows()
+        rows, totals = self._final if self._final is not None else (hook.rows(), hook.totals())
         self._fetch_stacks(hook)
         labels = {"device": "cpu", "pid": str(os.getpid())}
         for site, *values in rows:
             profile.add(self._stacks[site], values, labels)
         out = profile.compact()
         out.default_type = profile.default_type
-        out.comments = self._comments(hook.totals())
+        out.comments = self._comments(totals)
         return out
 
     # -- helpers --------------------------------------------------------------

@@ -97,7 +97,8 @@ def _built(name: str, source: Path, flags: list[str], key: str) -> Path:
         done = subprocess.run(command, capture_output=True, text=True, timeout=BUILD_TIMEOUT, check=False)
         if done.returncode != 0:
             first = next((line for line in done.stderr.splitlines() if "error" in line), done.stderr.strip()[:300])
-            raise NativeUnavailable(f"compiling {source.name} failed: {first}")
+            raise NativeUnavailable(f"compiling {source.name} with {compiler} failed: "
+                                    f"{first or f'exit code {done.returncode}'}")
         os.replace(tmp, target)
     except subprocess.TimeoutExpired:
         raise NativeUnavailable(f"compiling {source.name} took more than {BUILD_TIMEOUT:.0f} s") from None
