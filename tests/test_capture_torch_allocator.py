@@ -657,3 +657,26 @@ def test_torch_hook_dispatch_is_honoured(tmp_path: Path) -> None:
     profile = load(tmp_path / "out.pb.gz")
     assert by_frame(profile, "make", INUSE) == 10_000
     assert not any("CPU allocator hook" in c for c in profile.comments)
+
+
+def test_the_timeline_keeps_the_peak_and_ends_at_what_is_in_use() -> None:
+    def work() -> Any:
+        kept = [torch.empty(1000) for _ in range(50)]
+        big = torch.empty(1_000_000)  # the peak: 4 MB on top of 200 KB
+        del big
+        for _ in range(30_000):  # churn: many events, the series must stay bounded
+            torch.empty(10)
+        return kept
+
+    started = time.time_ns()
+    profile, _, rec = record(work)
+    ended = time.time_ns()
+    assert rec.errors == [] and profile.timeline is not None
+    points = profile.timeline.series[(("device", "cpu"),)]
+    assert 2 <= len(points) <= 2000
+    assert [t for t, _ in points] == sorted(t for t, _ in points)
+    assert started <= points[0][0] and points[-1][0] <= ended
+    assert max(b for _, b in points) == column(profile, PEAK) == 50 * 4000 + 4_000_000
+    assert points[-1][1] == column(profile, INUSE) == 50 * 4000
+    back = pprof.decode(pprof.encode(profile))  # it rides in the file
+    assert back.timeline is not None and back.timeline.series == profile.timeline.series

@@ -34,6 +34,7 @@ from types import ModuleType
 from gpuflame.capture.base import Recorder, empty_profile
 from gpuflame.capture.code_frames import CodeFrames
 from gpuflame.model.profile import SYNTHETIC, Frame, Profile
+from gpuflame.model.timeline import Timeline
 
 NO_PYTHON_FRAME = Frame("<no Python stack>", kind=SYNTHETIC)
 
@@ -57,7 +58,7 @@ class TorchAllocatorRecorder(Recorder):
         self._stacks: list[list[Frame]] = []  # site -> frames, leaf first, as fetched from the hook
         # the hook's books are one per process and the next window resets them, so the
         # books of a stopped window are copied out at stop(): (rows, totals)
-        self._final: tuple[list[tuple[int, ...]], dict[str, int]] | None = None
+        self._final: tuple[list[tuple[int, ...]], dict[str, int], list[tuple[int, int]]] | None = None
         self._started = False
 
     # -- Recorder -------------------------------------------------------------
@@ -84,7 +85,7 @@ class TorchAllocatorRecorder(Recorder):
         try:
             if self._hook is not None and _busy is self:
                 self._hook.stop()
-                self._final = (self._hook.rows(), self._hook.totals())
+                self._final = (self._hook.rows(), self._hook.totals(), self._hook.timeline())
         finally:
             self._release()
 
@@ -99,7 +100,10 @@ class TorchAllocatorRecorder(Recorder):
         hook = self._hook
         if hook is None or not self._started:
             return profile
-        rows, totals = self._final if self._final is not None else (hook.rows(), hook.totals())
+        if self._final is not None:
+            rows, totals, points = self._final
+        else:
+            rows, totals, points = hook.rows(), hook.totals(), hook.timeline()
         self._fetch_stacks(hook)
         labels = {"device": "cpu", "pid": str(os.getpid())}
         for site, *values in rows:
@@ -107,6 +111,9 @@ class TorchAllocatorRecorder(Recorder):
         out = profile.compact()
         out.default_type = profile.default_type
         out.comments = self._comments(totals)
+        if points:
+            out.timeline = Timeline()
+            out.timeline.add_series((("device", "cpu"),), points)
         return out
 
     # -- helpers --------------------------------------------------------------

@@ -32,6 +32,7 @@
 #include <pthread.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <mutex>
 #include <unordered_map>
@@ -66,6 +67,60 @@ struct SiteBooks {
   uint64_t gone_bytes = 0, gone_count = 0;  // live at the peak, freed since
 };
 
+// Live bytes over time, bounded: each bucket of `width` nanoseconds keeps
+// its highest point (at its exact time); when kMaxPoints are kept, pairs are
+// merged and the width doubles. The peak is never lost; dips between peaks
+// may be, as in model/timeline.py's downsampling.
+struct TimelineBooks {
+  static constexpr size_t kMaxPoints = 4096;
+  std::vector<std::pair<int64_t, uint64_t>> points;  // (epoch ns, live bytes)
+  int64_t width = 1000000;  // 1 ms
+  int64_t bucket_start = 0;
+  std::pair<int64_t, uint64_t> bucket_max{0, 0};
+  bool open = false;
+
+  void clear() {
+    points.clear();
+    width = 1000000;
+    open = false;
+  }
+
+  void note(uint64_t total) {
+    int64_t t = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                    std::chrono::system_clock::now().time_since_epoch()).count();
+    if (open && t < bucket_start + width) {
+      if (total > bucket_max.second) bucket_max = {t, total};
+      return;
+    }
+    if (open) keep(bucket_max);
+    bucket_start = t;
+    bucket_max = {t, total};
+    open = true;
+  }
+
+  void keep(std::pair<int64_t, uint64_t> point) {
+    points.push_back(point);
+    if (points.size() < kMaxPoints) return;
+    size_t j = 0;
+    for (size_t i = 0; i + 1 < points.size(); i += 2) {
+      points[j++] = points[i + 1].second > points[i].second ? points[i + 1] : points[i];
+    }
+    if (points.size() % 2) points[j++] = points.back();
+    points.resize(j);
+    width *= 2;
+  }
+
+  // the kept points, the open bucket's highest, and the (exact) present
+  std::vector<std::pair<int64_t, uint64_t>> read(uint64_t now_total) const {
+    auto out = points;
+    if (open) out.push_back(bucket_max);
+    int64_t t = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                    std::chrono::system_clock::now().time_since_epoch()).count();
+    out.emplace_back(t, now_total);
+    return out;
+  }
+};
+
 // Site 0: allocations made by threads that have no Python stack (PyTorch's
 // own worker threads) or while the interpreter is shutting down.
 constexpr uint32_t kNoPythonSite = 0;
@@ -80,9 +135,11 @@ struct Books {
   uint64_t seq = 0, total = 0, peak = 0, peak_seq = 0;
   uint64_t unhooked = 0;  // allocations handed out unwrapped (an unexpected data pointer)
   bool recording = false;
+  TimelineBooks timeline;
 
   void reset_window() {
     live.clear();
+    timeline.clear();
     for (auto& s : sites) s = SiteBooks{};
     gone_sites.clear();
     seq = total = peak = peak_seq = unhooked = 0;
@@ -96,6 +153,7 @@ struct Books {
     b.inuse_count += 1;
     live[ptr] = Live{n, ++seq, site};
     total += n;
+    timeline.note(total);
     if (total > peak) {
       peak = total;
       peak_seq = seq;
@@ -114,6 +172,7 @@ struct Books {
     b.inuse_bytes -= l.nbytes;
     b.inuse_count -= 1;
     total -= l.nbytes;
+    timeline.note(total);
     if (l.seq <= peak_seq) {
       if (b.gone_count == 0) gone_sites.push_back(l.site);
       b.gone_bytes += l.nbytes;
@@ -348,6 +407,25 @@ PyObject* py_totals(PyObject*, PyObject*) {
                        "unhooked", unhooked, "sites", nsites);
 }
 
+// timeline(): [(epoch ns, live bytes)], the last point being now
+PyObject* py_timeline(PyObject*, PyObject*) {
+  std::vector<std::pair<int64_t, uint64_t>> points;
+  {
+    Books* b = books();
+    std::lock_guard<std::mutex> guard(b->lock);
+    if (b->seq == 0) return PyList_New(0);
+    points = b->timeline.read(b->total);
+  }
+  PyObject* out = PyList_New(static_cast<Py_ssize_t>(points.size()));
+  if (out == nullptr) return nullptr;
+  for (size_t i = 0; i < points.size(); ++i) {
+    PyObject* point = Py_BuildValue("(LK)", static_cast<long long>(points[i].first), points[i].second);
+    if (point == nullptr) { Py_DECREF(out); return nullptr; }
+    PyList_SET_ITEM(out, static_cast<Py_ssize_t>(i), point);
+  }
+  return out;
+}
+
 PyObject* py_installed(PyObject*, PyObject*) {
   return PyBool_FromLong(g_hook != nullptr && c10::GetCPUAllocator() == g_hook);
 }
@@ -359,6 +437,7 @@ PyMethodDef kMethods[] = {
     {"stacks", py_stacks, METH_O, "Stacks of the sites from the given index on."},
     {"rows", py_rows, METH_NOARGS, "Peak, in-use and allocated bytes and counts per site."},
     {"totals", py_totals, METH_NOARGS, "Totals of the current window."},
+    {"timeline", py_timeline, METH_NOARGS, "Live bytes over time (bounded, peaks kept)."},
     {"installed", py_installed, METH_NOARGS, "Whether the hook is the CPU allocator now."},
     {nullptr, nullptr, 0, nullptr},
 };
