@@ -12,7 +12,7 @@ from __future__ import annotations
 import gc
 import sys
 import threading
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -23,7 +23,6 @@ torch = pytest.importorskip("torch")
 
 from gpuflame.capture import code_frames, torch_tensors  # noqa: E402
 from gpuflame.capture.torch_tensors import TorchTensorRecorder  # noqa: E402
-from gpuflame.formats import pprof  # noqa: E402
 from gpuflame.model import Profile  # noqa: E402
 from torch_helpers import (  # noqa: E402
     ALLOC,
@@ -31,8 +30,7 @@ from torch_helpers import (  # noqa: E402
     INUSE,
     INUSE_N,
     PEAK,
-    PEAK_N,
-    TYPES,
+    Net,
     by_frame,
     by_line,
     column,
@@ -66,26 +64,6 @@ def quiet_gc() -> Iterator[None]:
 # -----------------------------------------------------------------------------
 
 
-def test_factory_allocations_have_exact_bytes_stack_and_labels() -> None:
-    def make() -> Any:
-        a, la = torch.empty(10, dtype=torch.float16), here()
-        b, lb = torch.zeros(3, 5), here()
-        return (a, b), (la, lb)
-
-    profile, ((a, b), (la, lb)), rec = record(make)
-    assert rec.errors == []
-    assert by_line(profile, la, INUSE) == a.untyped_storage().nbytes() == 20
-    assert by_line(profile, lb, INUSE) == 60
-    assert by_line(profile, la, INUSE_N) == 1
-    sample = next(s for s in profile.samples if profile.frames[s.stack[0]].line == la)
-    frames = profile.stack_frames(sample)
-    assert frames[0].name == "test_factory_allocations_have_exact_bytes_stack_and_labels > make"
-    assert frames[0].file == __file__
-    assert frames[1].name == "record" and frames[1].line > 0
-    assert all(f.file and f.line > 0 and f.kind == "python" for f in frames)
-    assert dict(sample.labels) == {"device": "cpu", "pid": str(__import__("os").getpid())}
-    assert profile.default_type == "peak_space"
-    assert [t.type for t in profile.sample_types] == TYPES
 
 
 def test_views_and_reshapes_are_not_allocations() -> None:
@@ -182,21 +160,6 @@ def test_resize_growth_frees_the_old_bytes_and_records_the_new() -> None:
     assert by_line(profile, lx, PEAK) == 0  # freed before the peak
 
 
-def test_tensor_literals_count_and_numpy_memory_does_not() -> None:
-    np = pytest.importorskip("numpy")
-    arr = np.ones(1000)
-
-    def work() -> Any:
-        t, lt = torch.tensor([1.0, 2.0, 3.0]), here()
-        n, ln = torch.from_numpy(arr), here()
-        a, la = torch.as_tensor(arr), here()
-        return (t, n, a), (lt, ln, la)
-
-    profile, (_, (lt, ln, la)), rec = record(work)
-    assert rec.errors == []
-    assert by_line(profile, lt, INUSE) == 12
-    assert by_line(profile, ln, ALLOC) == 0
-    assert by_line(profile, la, ALLOC) == 0
 
 
 def test_meta_tensors_hold_no_memory() -> None:
@@ -204,39 +167,8 @@ def test_meta_tensors_hold_no_memory() -> None:
     assert column(profile, ALLOC) == 0
 
 
-def test_peak_is_what_was_live_at_the_highest_total() -> None:
-    def work() -> Any:
-        a, la = torch.empty(250_000), here()  # 1 MB
-        del a
-        b, lb = torch.empty(125_000), here()  # 0.5 MB
-        c, lc = torch.empty(125_000), here()  # 0.5 MB: total 1 MB again, not higher
-        d, ld = torch.empty(10), here()  # now higher: b + c + d
-        return (b, c, d), (la, lb, lc, ld)
-
-    profile, (_, (la, lb, lc, ld)), _ = record(work)
-    assert by_line(profile, la, PEAK) == 0
-    assert by_line(profile, lb, PEAK) == 500_000
-    assert by_line(profile, lc, PEAK) == 500_000
-    assert by_line(profile, ld, PEAK) == 40
-    assert column(profile, PEAK) == 1_000_040
-    assert column(profile, PEAK_N) == 3
-    assert by_line(profile, la, ALLOC) == 1_000_000
-    assert by_line(profile, la, INUSE) == 0
 
 
-def test_peak_keeps_storages_freed_after_it() -> None:
-    def work() -> Any:
-        keep, lk = torch.empty(100), here()
-        big, lb = torch.empty(10_000), here()
-        del big  # freed after the peak: still part of it
-        small, ls = torch.empty(10), here()
-        return (keep, small), (lk, lb, ls)
-
-    profile, (_, (lk, lb, ls)), _ = record(work)
-    assert by_line(profile, lb, PEAK) == 40_000
-    assert by_line(profile, lk, PEAK) == 400
-    assert by_line(profile, ls, PEAK) == 0
-    assert by_line(profile, lb, INUSE) == 0
 
 
 def test_many_events_are_replayed_in_order() -> None:
@@ -255,74 +187,13 @@ def test_many_events_are_replayed_in_order() -> None:
     assert column(profile, PEAK) == 800
 
 
-def test_snapshot_while_running_and_after_stop() -> None:
-    rec = TorchTensorRecorder()
-    assert column(rec.snapshot(), INUSE) == 0  # before start: empty, no error
-    rec.start()
-    a = torch.empty(100)
-    assert column(rec.snapshot(), INUSE) == 400
-    b = torch.empty(50)
-    del a
-    mid = rec.snapshot()
-    assert column(mid, INUSE) == 200 and column(mid, PEAK) == 600
-    rec.stop()
-    del b  # after the window: not seen
-    after = rec.snapshot()
-    assert column(after, INUSE) == 200
-    assert column(after, ALLOC) == 600
-    assert rec.errors == []
-    rec.stop()  # idempotent
 
 
-def test_profile_survives_pprof_round_trip() -> None:
-    profile, _, _ = record(lambda: torch.nn.Linear(4, 4))
-    back = pprof.decode(pprof.encode(profile))
-    assert back.totals() == profile.totals()
-    assert back.default_type == "peak_space"
 
 
 # -----------------------------------------------------------------------------
 # modules and parameters
 # -----------------------------------------------------------------------------
-
-
-class Block(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.proj = torch.nn.Linear(16, 32)
-        self.norm = torch.nn.LayerNorm(32)
-        self.register_buffer("table", torch.zeros(7, dtype=torch.float16))
-
-
-class Net(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.blocks = torch.nn.ModuleList([Block() for _ in range(3)])
-        self.head = torch.nn.Linear(32, 5, bias=False)
-
-
-def test_parameters_land_on_the_init_that_made_them() -> None:
-    profile, net, rec = record(Net)
-    assert rec.errors == []
-    linear_in_block = sum(p.numel() * p.element_size() for b in net.blocks for p in b.proj.parameters())
-    norms = sum(p.numel() * p.element_size() for b in net.blocks for p in b.norm.parameters())
-    tables = sum(b.table.numel() * b.table.element_size() for b in net.blocks)
-    head = net.head.weight.numel() * net.head.weight.element_size()
-
-    def under(leaf: str, parent: str) -> int:
-        total = 0
-        for s in profile.samples:
-            names = [f.name for f in profile.stack_frames(s)]
-            if names[0] == leaf and names[1] == parent:
-                total += s.values[INUSE]
-        return total
-
-    assert under("Linear > __init__", "Block > __init__") == linear_in_block == 3 * (16 * 32 + 32) * 4
-    assert under("LayerNorm > __init__", "Block > __init__") == norms
-    assert by_frame(profile, "Block > __init__", INUSE) == tables == 3 * 14
-    assert under("Linear > __init__", "Net > __init__") == head
-    assert column(profile, INUSE) == linear_in_block + norms + tables + head
-    assert column(profile, INUSE_N) == 3 * 5 + 1
 
 
 # -----------------------------------------------------------------------------
@@ -486,31 +357,6 @@ def test_threads_started_after_start_are_recorded() -> None:
     assert all(names[-1] == "Thread > _bootstrap" for names in stacks)
 
 
-def test_concurrent_threads_keep_exact_totals() -> None:
-    n = 2000
-    barrier = threading.Barrier(3)
-    kept: list[Any] = []
-
-    def churn(size: int) -> None:
-        barrier.wait()
-        x = None
-        for _ in range(n):
-            x = torch.empty(size)
-        kept.append(x)
-
-    def work() -> None:
-        threads = [threading.Thread(target=churn, args=(s,)) for s in (10, 20, 30)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-
-    profile, _, rec = record(work)
-    assert rec.errors == []
-    assert column(profile, ALLOC_N) == 3 * n
-    assert column(profile, ALLOC) == n * (10 + 20 + 30) * 4
-    assert column(profile, INUSE) == (10 + 20 + 30) * 4
-    assert column(profile, PEAK) <= 2 * (10 + 20 + 30) * 4
 
 
 def test_thread_profile_hooks_are_chained_and_restored() -> None:
@@ -617,39 +463,6 @@ def test_autograd_results_unchanged_and_grads_recorded() -> None:
 # -----------------------------------------------------------------------------
 
 
-def test_llama_weights_land_on_their_inits_with_exact_bytes() -> None:
-    transformers = pytest.importorskip("transformers")
-    config = tiny_llama_config()
-    torch.manual_seed(0)
-    profile, model, rec = record(lambda: transformers.LlamaForCausalLM(config))
-    assert rec.errors == []
-
-    expected: Counter[str] = Counter()
-    seen: set[int] = set()
-    for module in model.modules():
-        tensors = list(module.parameters(recurse=False)) + list(module.buffers(recurse=False))
-        for t in tensors:
-            st = t.untyped_storage()
-            if st._cdata not in seen:
-                seen.add(st._cdata)
-                expected[f"{type(module).__name__} > __init__"] += st.nbytes()
-    classes = {type(m).__name__ for m in model.modules()}
-    got: Counter[str] = Counter()
-    for s in profile.samples:
-        if s.values[INUSE]:
-            got[leaf_most_init(profile, s, classes) or "?"] += s.values[INUSE]
-    assert got == expected
-    params = sum(p.numel() * p.element_size() for p in model.parameters())
-    assert got["Linear > __init__"] + got["Embedding > __init__"] + got["LlamaRMSNorm > __init__"] == params
-    # the MLP's three projections, by stack: Linear > __init__ under LlamaMLP > __init__
-    mlp = sum(
-        s.values[INUSE]
-        for s in profile.samples
-        if [f.name for f in profile.stack_frames(s)][:2] == ["Linear > __init__", "LlamaMLP > __init__"]
-    )
-    assert mlp == sum(
-        p.numel() * p.element_size() for layer in model.model.layers for p in layer.mlp.parameters()
-    )
 
 
 def test_static_kv_cache_lands_on_the_cache_method_and_inuse_matches_live_storages(quiet_gc: None) -> None:
@@ -794,17 +607,6 @@ def test_a_forked_child_keeps_recording_without_deadlock() -> None:
     assert os.waitstatus_to_exitcode(status) == 0
 
 
-def test_a_second_window_starts_from_nothing() -> None:
-    rec = TorchTensorRecorder()
-    rec.start()
-    first = torch.empty(100)
-    rec.stop()
-    rec.start()
-    second, line = torch.empty(10), here()
-    rec.stop()
-    profile = rec.snapshot()
-    assert column(profile, ALLOC) == 40 == by_line(profile, line, INUSE)
-    assert first.numel() + second.numel() == 110
 
 
 def test_storages_held_by_autograd_views_and_grad_stay_live() -> None:

@@ -18,7 +18,6 @@ import sys
 import threading
 import time
 import warnings
-from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -39,8 +38,6 @@ from torch_helpers import (  # noqa: E402
     INUSE,
     INUSE_N,
     PEAK,
-    PEAK_N,
-    TYPES,
     by_frame,
     by_line,
     column,
@@ -74,27 +71,6 @@ def record(fn: Callable[[], Any]) -> tuple[Profile, Any, TorchAllocatorRecorder]
 # -----------------------------------------------------------------------------
 
 
-def test_factory_allocations_have_exact_bytes_stack_and_labels() -> None:
-    def make() -> Any:
-        a, la = torch.empty(10, dtype=torch.float16), here()
-        b, lb = torch.zeros(3, 5), here()
-        return (a, b), (la, lb)
-
-    profile, ((a, b), (la, lb)), rec = record(make)
-    assert rec.errors == []
-    assert by_line(profile, la, INUSE) == a.untyped_storage().nbytes() == 20
-    assert by_line(profile, lb, INUSE) == b.untyped_storage().nbytes() == 60
-    assert by_line(profile, la, INUSE_N) == 1
-    sample = next(s for s in profile.samples if profile.frames[s.stack[0]].line == la)
-    frames = profile.stack_frames(sample)
-    assert frames[0].name == "test_factory_allocations_have_exact_bytes_stack_and_labels > make"
-    assert frames[0].file == __file__
-    assert frames[1].name == "record" and frames[1].line > 0
-    assert all(f.file and f.line > 0 and f.kind == "python" for f in frames)
-    assert dict(sample.labels) == {"device": "cpu", "pid": str(os.getpid())}
-    assert profile.default_type == "peak_space"
-    assert [t.type for t in profile.sample_types] == TYPES
-    assert not any("gpuflame" in f.file for f in frames)  # gpuflame's own frames never show
 
 
 def test_views_and_reshapes_are_not_allocations() -> None:
@@ -197,53 +173,10 @@ def test_resize_growth_frees_the_old_bytes_and_records_the_new() -> None:
     assert by_line(profile, lx, PEAK) == 0  # freed before the highest total
 
 
-def test_tensor_literals_count_and_numpy_memory_does_not() -> None:
-    np = pytest.importorskip("numpy")
-    arr = np.ones(1000)
-
-    def work() -> Any:
-        t, lt = torch.tensor([1.0, 2.0, 3.0]), here()
-        n, ln = torch.from_numpy(arr), here()
-        a, la = torch.as_tensor(arr), here()
-        return (t, n, a), (lt, ln, la)
-
-    profile, (_, (lt, ln, la)), rec = record(work)
-    assert rec.errors == []
-    assert by_line(profile, lt, INUSE) == 12
-    assert by_line(profile, ln, ALLOC) == 0
-    assert by_line(profile, la, ALLOC) == 0
 
 
-def test_peak_is_what_was_live_at_the_highest_total() -> None:
-    def work() -> Any:
-        a, la = torch.empty(250_000), here()  # 1 MB
-        del a
-        b, lb = torch.empty(125_000), here()
-        c, lc = torch.empty(125_000), here()  # 1 MB again, not higher
-        d, ld = torch.empty(10), here()  # now higher: b + c + d
-        return (b, c, d), (la, lb, lc, ld)
-
-    profile, (_, (la, lb, lc, ld)), _ = record(work)
-    assert by_line(profile, la, PEAK) == 0
-    assert by_line(profile, lb, PEAK) == by_line(profile, lc, PEAK) == 500_000
-    assert by_line(profile, ld, PEAK) == 40
-    assert column(profile, PEAK) == 1_000_040 and column(profile, PEAK_N) == 3
-    assert by_line(profile, la, ALLOC) == 1_000_000 and by_line(profile, la, INUSE) == 0
 
 
-def test_peak_keeps_blocks_freed_after_it() -> None:
-    def work() -> Any:
-        keep, lk = torch.empty(100), here()
-        big, lb = torch.empty(10_000), here()
-        del big
-        small, ls = torch.empty(10), here()
-        return (keep, small), (lk, lb, ls)
-
-    profile, (_, (lk, lb, ls)), _ = record(work)
-    assert by_line(profile, lb, PEAK) == 40_000
-    assert by_line(profile, lk, PEAK) == 400
-    assert by_line(profile, ls, PEAK) == 0
-    assert by_line(profile, lb, INUSE) == 0
 
 
 def test_many_allocations_keep_exact_totals() -> None:
@@ -260,22 +193,6 @@ def test_many_allocations_keep_exact_totals() -> None:
     assert column(profile, INUSE) == 400 and column(profile, PEAK) == 800
 
 
-def test_snapshot_while_running_and_after_stop() -> None:
-    rec = TorchAllocatorRecorder(HOOK)
-    assert column(rec.snapshot(), INUSE) == 0  # before start: empty, no error
-    rec.start()
-    a = torch.empty(100)
-    assert column(rec.snapshot(), INUSE) == 400
-    b = torch.empty(50)
-    del a
-    mid = rec.snapshot()
-    assert column(mid, INUSE) == 200 and column(mid, PEAK) == 600
-    rec.stop()
-    del b  # after the window: not seen
-    after = rec.snapshot()
-    assert column(after, INUSE) == 200 and column(after, ALLOC) == 600
-    assert rec.errors == []
-    rec.stop()  # idempotent
 
 
 def test_stop_puts_the_allocator_back_and_old_blocks_still_free() -> None:
@@ -292,43 +209,8 @@ def test_stop_puts_the_allocator_back_and_old_blocks_still_free() -> None:
     assert column(rec.snapshot(), ALLOC_N) == 10 and after.numel() == 10
 
 
-def test_a_second_window_starts_from_nothing() -> None:
-    rec = TorchAllocatorRecorder(HOOK)
-    rec.start()
-    first = torch.empty(100)
-    rec.stop()
-    rec.start()
-    second, line = torch.empty(10), here()
-    del first  # made in the first window: freeing it does not touch the second
-    rec.stop()
-    profile = rec.snapshot()
-    assert column(profile, ALLOC) == 40 == by_line(profile, line, INUSE)
-    assert second.numel() == 10
 
 
-def test_profile_survives_pprof_round_trip() -> None:
-    profile, _, _ = record(lambda: torch.nn.Linear(4, 4))
-    back = pprof.decode(pprof.encode(profile))
-    assert back.totals() == profile.totals() and back.default_type == "peak_space"
-
-
-class Block(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.proj = torch.nn.Linear(16, 32)
-        self.norm = torch.nn.LayerNorm(32)
-        self.register_buffer("table", torch.zeros(7, dtype=torch.float16))
-
-
-def test_parameters_land_on_the_init_that_made_them() -> None:
-    profile, blocks, rec = record(lambda: [Block() for _ in range(3)])
-    assert rec.errors == []
-    linear = sum(p.numel() * p.element_size() for b in blocks for p in b.proj.parameters())
-    norms = sum(p.numel() * p.element_size() for b in blocks for p in b.norm.parameters())
-    assert by_frame(profile, "Linear > __init__", INUSE) == linear == 3 * (16 * 32 + 32) * 4
-    assert by_frame(profile, "LayerNorm > __init__", INUSE) == norms
-    assert by_frame(profile, "Block > __init__", INUSE) == 3 * 14
-    assert column(profile, INUSE) == linear + norms + 3 * 14
 
 
 # -----------------------------------------------------------------------------
@@ -369,31 +251,6 @@ def test_every_python_thread_is_recorded_even_one_started_before() -> None:
     assert any("test_every_python_thread_is_recorded_even_one_started_before > early" in n for n in stacks)
 
 
-def test_concurrent_threads_keep_exact_totals() -> None:
-    n = 3000
-    barrier = threading.Barrier(3)
-    kept: list[Any] = []
-
-    def churn(size: int) -> None:
-        barrier.wait()
-        x = None
-        for _ in range(n):
-            x = torch.empty(size)
-        kept.append(x)
-
-    def work() -> None:
-        threads = [threading.Thread(target=churn, args=(s,)) for s in (10, 20, 30)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-
-    profile, _, rec = record(work)
-    assert rec.errors == []
-    assert column(profile, ALLOC_N) == 3 * n
-    assert column(profile, ALLOC) == n * (10 + 20 + 30) * 4
-    assert column(profile, INUSE) == (10 + 20 + 30) * 4
-    assert column(profile, PEAK) <= 2 * (10 + 20 + 30) * 4
 
 
 def _scripted_empty(n: int) -> torch.Tensor:
@@ -425,28 +282,6 @@ def test_threads_without_a_python_stack_are_counted_as_such() -> None:
 # -----------------------------------------------------------------------------
 
 
-def test_llama_weights_land_on_their_inits_with_exact_bytes() -> None:
-    transformers = pytest.importorskip("transformers")
-    config = tiny_llama_config()
-    torch.manual_seed(0)
-    profile, model, rec = record(lambda: transformers.LlamaForCausalLM(config))
-    assert rec.errors == []
-    expected: Counter[str] = Counter()
-    seen: set[int] = set()
-    for module in model.modules():
-        for t in [*module.parameters(recurse=False), *module.buffers(recurse=False)]:
-            st = t.untyped_storage()
-            if st._cdata not in seen:
-                seen.add(st._cdata)
-                expected[f"{type(module).__name__} > __init__"] += st.nbytes()
-    classes = {type(m).__name__ for m in model.modules()}
-    got: Counter[str] = Counter()
-    for s in profile.samples:
-        if s.values[INUSE]:
-            got[leaf_most_init(profile, s, classes) or "?"] += s.values[INUSE]
-    assert got == expected
-    params = sum(p.numel() * p.element_size() for p in model.parameters())
-    assert got["Linear > __init__"] + got["Embedding > __init__"] + got["LlamaRMSNorm > __init__"] == params
 
 
 def test_static_kv_cache_lands_on_the_cache_method_and_inuse_matches_live_storages() -> None:

@@ -84,3 +84,17 @@ def leaf_most_init(profile: Profile, sample: Any, classes: set[str]) -> str | No
     return None
 
 
+# a small module tree: parameters and a buffer made in nested __init__s
+class Block(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(16, 32)
+        self.norm = torch.nn.LayerNorm(32)
+        self.register_buffer("table", torch.zeros(7, dtype=torch.float16))
+
+
+class Net(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = torch.nn.ModuleList([Block() for _ in range(3)])
+        self.head = torch.nn.Linear(32, 5, bias=False)
