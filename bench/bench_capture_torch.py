@@ -7,7 +7,8 @@ noisy, shared machine slows them alike), best of --repeat:
 * gpuflame's ``torch`` backend, both ways it records, with and without
   building the profile at the end: the CPU allocator hook
   (:class:`TorchAllocatorRecorder`, what ``auto`` picks on a CPU-only
-  machine) and the dispatch mode (:class:`TorchTensorRecorder`, any device);
+  machine), the same with C++ frames (``--native``), and the dispatch mode
+  (:class:`TorchTensorRecorder`, any device);
 * ``torch.profiler.profile(profile_memory=True, with_stack=True)``, the
   peer that also gives allocations with Python stacks, with and without its
   exit (where it builds its event tree);
@@ -98,6 +99,10 @@ def gpuflame_allocator(work: Callable[[], Any]) -> dict[str, float]:
     return gpuflame_torch(TorchAllocatorRecorder(load_cpu_hook()), work)
 
 
+def gpuflame_native(work: Callable[[], Any]) -> dict[str, float]:
+    return gpuflame_torch(TorchAllocatorRecorder(load_cpu_hook(), native=True), work)
+
+
 def gpuflame_dispatch(work: Callable[[], Any]) -> dict[str, float]:
     return gpuflame_torch(TorchTensorRecorder(), work)
 
@@ -162,6 +167,7 @@ def main() -> None:
     ways: dict[str, Callable[[Callable[[], Any]], dict[str, float]]] = {
         "bare": bare,
         "gpuflame torch": gpuflame_allocator,
+        "gpuflame --native": gpuflame_native,
         "gpuflame dispatch": gpuflame_dispatch,
         "torch.profiler": torch_profiler,
     }

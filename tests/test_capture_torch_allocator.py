@@ -28,7 +28,7 @@ torch = pytest.importorskip("torch")
 
 from gpuflame.capture import backends, native  # noqa: E402
 from gpuflame.capture.native import NativeUnavailable, load_cpu_hook  # noqa: E402
-from gpuflame.capture.torch_allocator import TorchAllocatorRecorder  # noqa: E402
+from gpuflame.capture.torch_allocator import TorchAllocatorRecorder, short_native_name  # noqa: E402
 from gpuflame.capture.torch_tensors import TorchTensorRecorder  # noqa: E402
 from gpuflame.formats import load, pprof  # noqa: E402
 from gpuflame.model import Profile  # noqa: E402
@@ -55,9 +55,9 @@ except NativeUnavailable as exc:  # no compiler on this machine
     pytest.skip(f"the CPU allocator hook cannot be built here: {exc}", allow_module_level=True)
 
 
-def record(fn: Callable[[], Any]) -> tuple[Profile, Any, TorchAllocatorRecorder]:
+def record(fn: Callable[[], Any], native: bool = False) -> tuple[Profile, Any, TorchAllocatorRecorder]:
     """Run *fn* under the hook; return the profile, fn's result (kept alive) and the recorder."""
-    rec = TorchAllocatorRecorder(HOOK)
+    rec = TorchAllocatorRecorder(HOOK, native=native)
     rec.start()
     try:
         result = fn()
@@ -515,3 +515,59 @@ def test_the_timeline_keeps_the_peak_and_ends_at_what_is_in_use() -> None:
     assert points[-1][1] == column(profile, INUSE) == 50 * 4000
     back = pprof.decode(pprof.encode(profile))  # it rides in the file
     assert back.timeline is not None and back.timeline.series == profile.timeline.series
+
+
+# -----------------------------------------------------------------------------
+# --native: the C++ frames between the allocator and the Python caller
+# -----------------------------------------------------------------------------
+
+
+def make_native_probe() -> Any:
+    return torch.empty(1000), torch.nn.functional.linear(torch.ones(2, 8), torch.ones(4, 8))
+
+
+def test_native_frames_sit_between_the_allocator_and_the_python_caller() -> None:
+    plain, _, _ = record(make_native_probe)
+    profile, _, rec = record(make_native_probe, native=True)
+    assert rec.errors == []
+    assert profile.totals() == plain.totals()  # the same allocations, only deeper stacks
+    python_stacks = set()
+    for s in profile.samples:
+        frames = profile.stack_frames(s)
+        kinds = [f.kind for f in frames]
+        first_python = kinds.index("python")
+        assert first_python > 0 and set(kinds[:first_python]) == {"native"}  # native leaf part
+        assert set(kinds[first_python:]) == {"python"}  # then only Python
+        assert frames[first_python].name == "make_native_probe"
+        assert not any("gpuflame_cpu_hook" in f.file for f in frames)  # gpuflame's own frames dropped
+        assert all(f.file.endswith(".so") or ".so." in f.file for f in frames[:first_python] if f.file)
+        python_stacks.add(tuple((f.name, f.line) for f in frames[first_python : first_python + 2]))
+    # the Python part is the one recorded without --native (up to record(), called from two lines)
+    assert python_stacks == {tuple((f.name, f.line) for f in plain.stack_frames(s)[:2]) for s in plain.samples}
+    names = {f.name for s in profile.samples for f in profile.stack_frames(s)}
+    assert any(name.startswith("at::") and "empty" in name for name in names)
+    assert any("linear" in name or "addmm" in name for name in names)  # the op that allocated
+    assert not any("(" in name for name in names if not name.startswith("0x"))  # argument lists cut
+
+
+@pytest.mark.parametrize(
+    "mangled, short",
+    [
+        ("at::native::empty_cpu(c10::ArrayRef<long>, std::optional<c10::ScalarType>)", "at::native::empty_cpu"),
+        ("void f<void (*)(int)>(void (*)(int))", "void f<void (*)(int)>"),
+        ("std::function<void ()>::operator()() const", "std::function<void ()>::operator()"),
+        ("plain_c_symbol", "plain_c_symbol"),
+        ("(anonymous namespace)::g(int)", "(anonymous namespace)::g"),
+    ],
+)
+def test_native_names_lose_their_argument_lists(mangled: str, short: str) -> None:
+    assert short_native_name(mangled) == short
+
+
+def test_gpuflame_run_native_gives_native_frames(tmp_path: Path) -> None:
+    done = run_gpuflame(tmp_path, {}, "--native")
+    assert done.returncode == 3, done.stderr
+    profile = load(tmp_path / "out.pb.gz")
+    sample = next(s for s in profile.samples if s.values[INUSE] == 10_000)
+    frames = profile.stack_frames(sample)
+    assert frames[0].kind == "native" and any(f.name == "make" for f in frames)

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 def create(name: str, session: Session) -> Recorder:
     """A new, not yet started recorder for backend *name*."""
     if name == "torch":
-        return torch_recorder(session.settings.torch_hook, say)
+        return torch_recorder(session.settings.torch_hook, say, native=session.settings.native)
     if name == "torch-cuda":
         from gpuflame.capture.torch_cuda import TorchCudaRecorder
 
@@ -26,13 +26,14 @@ def create(name: str, session: Session) -> Recorder:
     raise ValueError(f"unknown backend {name!r}")
 
 
-def torch_recorder(hook: str, report: Callable[[str], None]) -> Recorder:
+def torch_recorder(hook: str, report: Callable[[str], None], native: bool = False) -> Recorder:
     """The ``torch`` backend's recorder: the CPU allocator hook where it can, else the dispatch mode.
 
     The allocator hook is much faster but sees CPU memory only, so ``auto``
     takes it only when torch has no accelerator here; ``dispatch`` sees
     tensors on every device. A hook that cannot be built (no compiler) falls
-    back to the dispatch mode, said once.
+    back to the dispatch mode, said once. *native* (``--native``) adds the C++
+    frames below each Python caller; only the allocator hook has them.
     """
     from gpuflame.capture.torch_tensors import TorchTensorRecorder
 
@@ -47,7 +48,7 @@ def torch_recorder(hook: str, report: Callable[[str], None]) -> Recorder:
     if hook_busy():  # a recording inside a recording (the API inside gpuflame run)
         return TorchTensorRecorder()
     try:
-        return TorchAllocatorRecorder(load_cpu_hook())
+        return TorchAllocatorRecorder(load_cpu_hook(), native=native)
     except NativeUnavailable as exc:
         if hook == "allocator":
             raise

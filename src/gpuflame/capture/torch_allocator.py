@@ -33,7 +33,7 @@ from types import ModuleType
 
 from gpuflame.capture.base import Recorder, empty_profile
 from gpuflame.capture.code_frames import CodeFrames
-from gpuflame.model.profile import SYNTHETIC, Frame, Profile
+from gpuflame.model.profile import NATIVE, SYNTHETIC, Frame, Profile
 from gpuflame.model.timeline import Timeline
 
 NO_PYTHON_FRAME = Frame("<no Python stack>", kind=SYNTHETIC)
@@ -51,9 +51,11 @@ class TorchAllocatorRecorder(Recorder):
 
     name = "torch"
 
-    def __init__(self, hook: ModuleType | None = None) -> None:
+    def __init__(self, hook: ModuleType | None = None, native: bool = False) -> None:
         super().__init__()
         self._hook = hook
+        self.native = native  # also the C++ frames between the allocator and the Python caller
+        self._native_frames: dict[int, Frame] = {}
         self._frames = CodeFrames()
         self._stacks: list[list[Frame]] = []  # site -> frames, leaf first, as fetched from the hook
         # the hook's books are one per process and the next window resets them, so the
@@ -74,7 +76,7 @@ class TorchAllocatorRecorder(Recorder):
                 raise HookBusy("another gpuflame recording holds the CPU allocator hook")
             _busy = self
         try:
-            self._hook.start()
+            self._hook.start(self.native)
         except Exception:
             self._release()
             raise
@@ -132,8 +134,19 @@ class TorchAllocatorRecorder(Recorder):
     def _fetch_stacks(self, hook: ModuleType) -> None:
         frames = self._frames
         for stack in hook.stacks(len(self._stacks)):
-            out = [f for f in (frames.frame(code, lasti) for code, lasti in stack) if f is not None]
-            self._stacks.append(frames.strip_plumbing(out) if out else [NO_PYTHON_FRAME])
+            native = [self._native_frame(hook, address) for code, address in stack if code is None]
+            python = [f for f in (frames.frame(code, lasti) for code, lasti in stack if code is not None) if f]
+            out = native + frames.strip_plumbing(python) if python else native
+            self._stacks.append(out or [NO_PYTHON_FRAME])
+
+    def _native_frame(self, hook: ModuleType, address: int) -> Frame:
+        """A C++ frame: its function (demangled, without the argument list) and its library."""
+        frame = self._native_frames.get(address)
+        if frame is None:
+            name, file = hook.symbol(address)
+            frame = Frame(short_native_name(name) if name else hex(address), file, 0, NATIVE)
+            self._native_frames[address] = frame
+        return frame
 
     def _comments(self, totals: dict[str, int]) -> list[str]:
         notes = [
@@ -146,6 +159,28 @@ class TorchAllocatorRecorder(Recorder):
             notes.append(f"{totals['unhooked']} allocations came back from the allocator in a form "
                          "the hook cannot follow and are not counted")
         return notes
+
+
+def short_native_name(name: str) -> str:
+    """``at::native::empty_cpu(c10::ArrayRef<long>, ...)`` -> ``at::native::empty_cpu``.
+
+    The argument list makes names too long for a bar; overloads differ in it,
+    so bars of overloads merge, which is what a flame graph reader wants.
+    """
+    end = len(name)
+    if name.endswith(" const"):
+        end -= len(" const")
+    if end == 0 or name[end - 1] != ")":
+        return name
+    depth = 0
+    for i in range(end - 1, -1, -1):
+        if name[i] == ")":
+            depth += 1
+        elif name[i] == "(":
+            depth -= 1
+            if depth == 0:
+                return name[:i] or name
+    return name
 
 
 def hook_busy() -> bool:

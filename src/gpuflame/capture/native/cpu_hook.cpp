@@ -29,7 +29,13 @@
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
 
+#include <cxxabi.h>
+#include <dlfcn.h>
+#include <execinfo.h>
 #include <pthread.h>
+
+#include <cstdlib>
+#include <string>
 
 #include <atomic>
 #include <chrono>
@@ -41,8 +47,10 @@
 
 namespace {
 
-using FrameKey = std::pair<PyObject*, int>;  // (code object, byte offset of the instruction)
-using StackKey = std::vector<FrameKey>;       // leaf first
+// A Python frame is (code object, byte offset of the instruction); a native
+// frame (--native) is (nullptr, return address).
+using FrameKey = std::pair<PyObject*, int64_t>;
+using StackKey = std::vector<FrameKey>;  // leaf first: native frames, then Python frames
 
 struct StackHash {
   size_t operator()(const StackKey& s) const noexcept {
@@ -190,6 +198,38 @@ Books* books() {
 std::atomic<bool> g_enabled{false};
 c10::DeleterFnPtr g_base_deleter = nullptr;
 int g_max_depth = 256;
+std::atomic<bool> g_native{false};
+
+// --native: which loaded object an address is in, cached per address (under the GIL)
+enum class Image : uint8_t { kOther, kHook, kPython };
+const void* g_hook_base = nullptr;
+const void* g_python_base = nullptr;
+std::unordered_map<uintptr_t, Image>* g_images = nullptr;
+
+Image image_of(void* address) {
+  auto key = reinterpret_cast<uintptr_t>(address);
+  auto it = g_images->find(key);
+  if (it != g_images->end()) return it->second;
+  Dl_info info{};
+  Image image = Image::kOther;
+  if (dladdr(address, &info) != 0) {
+    if (info.dli_fbase == g_hook_base) image = Image::kHook;
+    else if (info.dli_fbase == g_python_base) image = Image::kPython;
+  }
+  g_images->emplace(key, image);
+  return image;
+}
+
+// The native frames between the allocator and the interpreter, leaf first:
+// gpuflame's own frames dropped, cut where the Python interpreter begins.
+void add_native_frames(StackKey& stack, void* const* addresses, int n) {
+  for (int i = 0; i < n; ++i) {
+    Image image = image_of(addresses[i]);
+    if (image == Image::kHook) continue;
+    if (image == Image::kPython) break;
+    stack.emplace_back(nullptr, static_cast<int64_t>(reinterpret_cast<uintptr_t>(addresses[i])));
+  }
+}
 
 bool python_usable() {
   if (!Py_IsInitialized()) return false;
@@ -208,15 +248,18 @@ uint32_t capture_site() {
   if (!python_usable() || PyGILState_GetThisThreadState() == nullptr) return kNoPythonSite;
   thread_local StackKey stack;
   stack.clear();
+  void* addresses[128];
+  int n_native = g_native.load(std::memory_order_relaxed) ? backtrace(addresses, 128) : 0;
   PyGILState_STATE gil = PyGILState_Ensure();
+  if (n_native > 0) add_native_frames(stack, addresses, n_native);
   PyFrameObject* frame = PyThreadState_GetFrame(PyThreadState_Get());  // new reference
   int depth = 0;
   while (frame != nullptr && depth < g_max_depth) {
     PyCodeObject* code = PyFrame_GetCode(frame);  // new reference
 #if PY_VERSION_HEX >= 0x030B0000
-    int lasti = PyFrame_GetLasti(frame);
+    int64_t lasti = PyFrame_GetLasti(frame);
 #else
-    int lasti = frame->f_lasti * 2;
+    int64_t lasti = frame->f_lasti * 2;
 #endif
     stack.emplace_back(reinterpret_cast<PyObject*>(code), lasti);
     Py_DECREF(code);  // kept alive by the frame; an interned stack takes its own reference
@@ -235,7 +278,7 @@ uint32_t capture_site() {
     if (it != b->site_of.end()) {
       site = it->second;
     } else {
-      for (const auto& f : stack) Py_INCREF(f.first);
+      for (const auto& f : stack) Py_XINCREF(f.first);
       site = static_cast<uint32_t>(b->stacks.size());
       b->stacks.push_back(stack);
       b->sites.emplace_back();
@@ -295,7 +338,30 @@ void after_fork() { books()->lock.unlock(); }
 
 // -- Python interface ----------------------------------------------------------
 
-PyObject* py_start(PyObject*, PyObject*) {
+bool prepare_native() {
+  if (g_images != nullptr) return true;
+  Dl_info hook{}, python{};
+  if (dladdr(reinterpret_cast<void*>(&prepare_native), &hook) == 0 ||
+      dladdr(reinterpret_cast<void*>(&PyEval_EvalCode), &python) == 0) {
+    return false;
+  }
+  g_hook_base = hook.dli_fbase;
+  g_python_base = python.dli_fbase;
+  void* warm[4];
+  backtrace(warm, 4);  // loads the unwinder now, not inside the first allocation
+  g_images = new std::unordered_map<uintptr_t, Image>();
+  return true;
+}
+
+// start(native=False)
+PyObject* py_start(PyObject*, PyObject* args) {
+  int native = 0;
+  if (!PyArg_ParseTuple(args, "|p", &native)) return nullptr;
+  if (native && !prepare_native()) {
+    PyErr_SetString(PyExc_RuntimeError, "native frames: cannot locate the loaded images (dladdr failed)");
+    return nullptr;
+  }
+  g_native.store(native != 0);
   c10::Allocator* current = c10::GetCPUAllocator();
   if (g_hook == nullptr) {
     if (current->raw_deleter() == nullptr) {
@@ -351,7 +417,8 @@ PyObject* py_stacks(PyObject*, PyObject* arg) {
     PyObject* stack = PyTuple_New(static_cast<Py_ssize_t>(copy[i].size()));
     if (stack == nullptr) { Py_DECREF(out); return nullptr; }
     for (size_t j = 0; j < copy[i].size(); ++j) {
-      PyObject* pair = Py_BuildValue("(Oi)", copy[i][j].first, copy[i][j].second);
+      PyObject* code = copy[i][j].first != nullptr ? copy[i][j].first : Py_None;
+      PyObject* pair = Py_BuildValue("(OL)", code, static_cast<long long>(copy[i][j].second));
       if (pair == nullptr) { Py_DECREF(stack); Py_DECREF(out); return nullptr; }
       PyTuple_SET_ITEM(stack, static_cast<Py_ssize_t>(j), pair);
     }
@@ -426,12 +493,31 @@ PyObject* py_timeline(PyObject*, PyObject*) {
   return out;
 }
 
+PyObject* py_symbol(PyObject*, PyObject* arg) {
+  unsigned long long address = PyLong_AsUnsignedLongLong(arg);
+  if (PyErr_Occurred()) return nullptr;
+  Dl_info info{};
+  std::string name, file;
+  // a return address points after the call: look up the byte before it
+  if (dladdr(reinterpret_cast<void*>(address - 1), &info) != 0) {
+    if (info.dli_fname != nullptr) file = info.dli_fname;
+    if (info.dli_sname != nullptr) {
+      int status = 0;
+      char* demangled = abi::__cxa_demangle(info.dli_sname, nullptr, nullptr, &status);
+      name = (status == 0 && demangled != nullptr) ? demangled : info.dli_sname;
+      std::free(demangled);
+    }
+  }
+  return Py_BuildValue("(ss)", name.c_str(), file.c_str());
+}
+
 PyObject* py_installed(PyObject*, PyObject*) {
   return PyBool_FromLong(g_hook != nullptr && c10::GetCPUAllocator() == g_hook);
 }
 
 PyMethodDef kMethods[] = {
-    {"start", py_start, METH_NOARGS, "Wrap the CPU allocator and start a new recording window."},
+    {"start", py_start, METH_VARARGS, "start(native=False): wrap the CPU allocator, open a new window."},
+    {"symbol", py_symbol, METH_O, "symbol(address) -> (demangled name or '', object file or '')."},
     {"stop", py_stop, METH_NOARGS, "Put the wrapped allocator back; the books stay readable."},
     {"new_window", py_new_window, METH_NOARGS, "Forget what was recorded (a forked child's window starts)."},
     {"stacks", py_stacks, METH_O, "Stacks of the sites from the given index on."},
