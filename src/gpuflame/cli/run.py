@@ -78,7 +78,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--torch-hook", choices=TORCH_HOOKS, default="auto",
                         help="how the torch backend records: allocator (CPU, fast), dispatch (any device), "
                         "auto (default)")
-    parser.add_argument("--native", action="store_true", help="C++ frames too: below each Python caller with torch's allocator hook "
+    parser.add_argument("--native", action="store_true",
+                        help="C++ frames too: below each Python caller with torch's allocator hook "
                         "(which aten op allocated), from the allocator history with torch-cuda")
     parser.add_argument("--keep-framework", action="store_true",
                         help="keep framework-internal frames (jax/, jaxlib/) that the jax backend prunes")
