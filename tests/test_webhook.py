@@ -189,6 +189,7 @@ def test_bare_pod_gets_volume_init_container_env_and_mount(server: WebhookServer
     assert env["PYTHONPATH"]["value"] == "/gpuflame/bootstrap:/gpuflame/lib"
     assert env["GPUFLAME_HOME"]["value"] == "/gpuflame/lib"
     assert env["GPUFLAME_SESSION_DIR"]["value"] == "/gpuflame/sessions/main"
+    assert env["GPUFLAME_CACHE_DIR"]["value"] == "/gpuflame/cache"  # writable, unlike a read-only home
     assert env["GPUFLAME_BACKEND"]["value"] == "auto"
     assert env["GPUFLAME_INTERVAL"]["value"] == "30"
     assert env["GPUFLAME_SERVICE_NAME"]["value"] == "vllm"

@@ -191,6 +191,8 @@ def profiler_env(container: Mapping[str, Any], request: Request, config: Config)
     env: list[dict[str, Any]] = [
         {"name": "GPUFLAME_HOME", "value": LIB},
         {"name": "GPUFLAME_SESSION_DIR", "value": f"{SESSIONS}/{name}"},
+        # the torch backend's compiled hook: the image's home may be read-only, the volume is not
+        {"name": "GPUFLAME_CACHE_DIR", "value": f"{MOUNT}/cache"},
         {"name": "GPUFLAME_BACKEND", "value": request.backend},
         {"name": "GPUFLAME_INTERVAL", "value": _seconds(request.interval)},
     ]
