@@ -420,6 +420,28 @@ def test_an_internal_error_keeps_the_workload_going(monkeypatch: pytest.MonkeyPa
     assert x.numel() == 10 and not HOOK.installed()
 
 
+def test_bookings_that_fail_inside_the_hook_lose_only_themselves() -> None:
+    """gpuflame out of memory inside the allocator: the workload gets its tensors, the profile says what it lost."""
+    expected = torch.arange(30.0).reshape(5, 6).sum(0)
+
+    def work() -> Any:
+        HOOK.inject_faults(3)
+        try:
+            lost, lost_line = [torch.empty(100) for _ in range(3)], here()  # handed out unbooked
+            kept, line = torch.empty(25), here()
+            got = torch.arange(30.0).reshape(5, 6).sum(0)
+        finally:
+            HOOK.inject_faults(0)
+        del lost  # their frees find no booking: nothing to subtract
+        return kept, (line, lost_line), got
+
+    profile, (kept, (line, lost_line), got), rec = record(work)
+    assert rec.errors == [] and torch.equal(got, expected) and kept.numel() == 25
+    assert by_line(profile, line, INUSE) == 100  # the next allocation is booked again
+    assert by_line(profile, lost_line, ALLOC) == 0  # without the faults: 3 x 400 bytes here
+    assert any("3 allocations could not be booked" in c for c in profile.comments)
+
+
 # -----------------------------------------------------------------------------
 # building the hook
 # -----------------------------------------------------------------------------

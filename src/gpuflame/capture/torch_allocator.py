@@ -155,6 +155,9 @@ class TorchAllocatorRecorder(Recorder):
             "peak: what was live at the highest total of those allocations; blocks allocated "
             "before start() are not counted",
         ]
+        if totals.get("lost"):
+            notes.append(f"{totals['lost']} allocations could not be booked (gpuflame ran out of memory) "
+                         "and are missing from this profile")
         if totals.get("unhooked"):
             notes.append(f"{totals['unhooked']} allocations came back from the allocator in a form "
                          "the hook cannot follow and are not counted")

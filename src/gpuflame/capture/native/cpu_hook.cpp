@@ -41,6 +41,8 @@
 #include <chrono>
 #include <cstdint>
 #include <mutex>
+#include <new>
+#include <stdexcept>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -142,6 +144,7 @@ struct Books {
   std::vector<uint32_t> gone_sites;  // sites whose gone_* is non-zero
   uint64_t seq = 0, total = 0, peak = 0, peak_seq = 0;
   uint64_t unhooked = 0;  // allocations handed out unwrapped (an unexpected data pointer)
+  uint64_t lost = 0;      // allocations not booked: gpuflame itself ran out of memory
   bool recording = false;
   TimelineBooks timeline;
 
@@ -150,16 +153,18 @@ struct Books {
     timeline.clear();
     for (auto& s : sites) s = SiteBooks{};
     gone_sites.clear();
-    seq = total = peak = peak_seq = unhooked = 0;
+    seq = total = peak = peak_seq = unhooked = lost = 0;
   }
 
+  // the map insert comes first: it is the only step that can throw (out of memory)
   void on_alloc(void* ptr, uint64_t n, uint32_t site) {
+    live[ptr] = Live{n, seq + 1, site};
+    ++seq;
     SiteBooks& b = sites[site];
     b.alloc_bytes += n;
     b.alloc_count += 1;
     b.inuse_bytes += n;
     b.inuse_count += 1;
-    live[ptr] = Live{n, ++seq, site};
     total += n;
     timeline.note(total);
     if (total > peak) {
@@ -199,6 +204,7 @@ std::atomic<bool> g_enabled{false};
 c10::DeleterFnPtr g_base_deleter = nullptr;
 int g_max_depth = 256;
 std::atomic<bool> g_native{false};
+std::atomic<int64_t> g_faults{0};  // tests: the next N bookings fail as if out of memory
 
 // --native: which loaded object an address is in, cached per address (under the GIL)
 enum class Image : uint8_t { kOther, kHook, kPython };
@@ -244,49 +250,66 @@ bool python_usable() {
 // The site of the calling thread's Python stack; kNoPythonSite when it has
 // none. Takes the GIL if the thread released it (PyTorch releases it around
 // every operation), exactly as PyTorch's own CUDA memory history does.
+struct GilGuard {
+  PyGILState_STATE state = PyGILState_Ensure();
+  ~GilGuard() { PyGILState_Release(state); }
+};
+
+// Walks the Python frames onto *stack*; frame references are released even
+// if the vector cannot grow.
+void add_python_frames(StackKey& stack) {
+  PyFrameObject* frame = PyThreadState_GetFrame(PyThreadState_Get());  // new reference
+  try {
+    int depth = 0;
+    while (frame != nullptr && depth < g_max_depth) {
+      PyCodeObject* code = PyFrame_GetCode(frame);  // new reference
+#if PY_VERSION_HEX >= 0x030B0000
+      int64_t lasti = PyFrame_GetLasti(frame);
+#else
+      int64_t lasti = frame->f_lasti * 2;
+#endif
+      Py_DECREF(code);  // kept alive by the frame; an interned stack takes its own reference
+      stack.emplace_back(reinterpret_cast<PyObject*>(code), lasti);
+      PyFrameObject* back = PyFrame_GetBack(frame);
+      Py_DECREF(frame);
+      frame = back;
+      ++depth;
+    }
+  } catch (...) {
+    Py_XDECREF(frame);
+    throw;
+  }
+  Py_XDECREF(frame);
+}
+
+// The site of *stack*, made on first sight. The books stay consistent if
+// this throws: a site's books come first, its key last.
+uint32_t intern(const StackKey& stack) {
+  Books* b = books();
+  std::lock_guard<std::mutex> guard(b->lock);
+  auto it = b->site_of.find(stack);
+  if (it != b->site_of.end()) return it->second;
+  auto site = static_cast<uint32_t>(b->sites.size());
+  b->sites.emplace_back();
+  b->stacks.push_back(stack);
+  for (const auto& f : stack) Py_XINCREF(f.first);
+  b->site_of.emplace(stack, site);
+  return site;
+}
+
+// The site of the calling thread's stack; kNoPythonSite when it has no
+// Python stack. Takes the GIL if the thread released it (PyTorch releases it
+// around every operation), exactly as PyTorch's own CUDA memory history does.
 uint32_t capture_site() {
   if (!python_usable() || PyGILState_GetThisThreadState() == nullptr) return kNoPythonSite;
   thread_local StackKey stack;
   stack.clear();
   void* addresses[128];
   int n_native = g_native.load(std::memory_order_relaxed) ? backtrace(addresses, 128) : 0;
-  PyGILState_STATE gil = PyGILState_Ensure();
+  GilGuard gil;
   if (n_native > 0) add_native_frames(stack, addresses, n_native);
-  PyFrameObject* frame = PyThreadState_GetFrame(PyThreadState_Get());  // new reference
-  int depth = 0;
-  while (frame != nullptr && depth < g_max_depth) {
-    PyCodeObject* code = PyFrame_GetCode(frame);  // new reference
-#if PY_VERSION_HEX >= 0x030B0000
-    int64_t lasti = PyFrame_GetLasti(frame);
-#else
-    int64_t lasti = frame->f_lasti * 2;
-#endif
-    stack.emplace_back(reinterpret_cast<PyObject*>(code), lasti);
-    Py_DECREF(code);  // kept alive by the frame; an interned stack takes its own reference
-    PyFrameObject* back = PyFrame_GetBack(frame);
-    Py_DECREF(frame);
-    frame = back;
-    ++depth;
-  }
-  Py_XDECREF(frame);
-  uint32_t site = kNoPythonSite;
-  if (!stack.empty()) {
-    // intern while the GIL still keeps the code objects alive
-    Books* b = books();
-    std::lock_guard<std::mutex> guard(b->lock);
-    auto it = b->site_of.find(stack);
-    if (it != b->site_of.end()) {
-      site = it->second;
-    } else {
-      for (const auto& f : stack) Py_XINCREF(f.first);
-      site = static_cast<uint32_t>(b->stacks.size());
-      b->stacks.push_back(stack);
-      b->sites.emplace_back();
-      b->site_of.emplace(stack, site);
-    }
-  }
-  PyGILState_Release(gil);
-  return site;
+  add_python_frames(stack);
+  return stack.empty() ? kNoPythonSite : intern(stack);  // interned under the GIL: code objects are alive
 }
 
 void hooked_free(void* ptr) {
@@ -312,14 +335,19 @@ struct HookAllocator final : public c10::Allocator {
       books()->unhooked += 1;
       return dp;
     }
-    uint32_t site = capture_site();
-    c10::Device device = dp.device();
     Books* b = books();
-    {
+    try {
+      if (g_faults.load(std::memory_order_relaxed) > 0 && g_faults.fetch_sub(1) > 0) throw std::bad_alloc();
+      uint32_t site = capture_site();
       std::lock_guard<std::mutex> guard(b->lock);
       if (b->recording) b->on_alloc(ptr, n, site);
       else b->live[ptr] = Live{n, 0, site};  // stopped meanwhile: only remember it is ours
+    } catch (...) {  // never break the workload: the block is handed out unbooked
+      std::lock_guard<std::mutex> guard(b->lock);
+      b->lost += 1;
+      return dp;
     }
+    c10::Device device = dp.device();
     dp.release_context();
     return c10::DataPtr(ptr, ptr, &hooked_free, device);
   }
@@ -463,15 +491,15 @@ PyObject* py_rows(PyObject*, PyObject*) {
 
 // totals(): {"inuse": .., "peak": .., "allocations": .., "live": .., "unhooked": .., "sites": ..}
 PyObject* py_totals(PyObject*, PyObject*) {
-  uint64_t total, peak, seq, live, unhooked, nsites;
+  uint64_t total, peak, seq, live, unhooked, lost, nsites;
   {
     Books* b = books();
     std::lock_guard<std::mutex> guard(b->lock);
     total = b->total; peak = b->peak; seq = b->seq; live = b->live.size();
-    unhooked = b->unhooked; nsites = b->sites.size();
+    unhooked = b->unhooked; lost = b->lost; nsites = b->sites.size();
   }
-  return Py_BuildValue("{sKsKsKsKsKsK}", "inuse", total, "peak", peak, "allocations", seq, "live", live,
-                       "unhooked", unhooked, "sites", nsites);
+  return Py_BuildValue("{sKsKsKsKsKsKsK}", "inuse", total, "peak", peak, "allocations", seq, "live", live,
+                       "unhooked", unhooked, "lost", lost, "sites", nsites);
 }
 
 // timeline(): [(epoch ns, live bytes)], the last point being now
@@ -515,16 +543,40 @@ PyObject* py_installed(PyObject*, PyObject*) {
   return PyBool_FromLong(g_hook != nullptr && c10::GetCPUAllocator() == g_hook);
 }
 
+// inject_faults(n): the next n bookings fail as if gpuflame were out of memory (tests)
+PyObject* py_inject_faults(PyObject*, PyObject* arg) {
+  long long n = PyLong_AsLongLong(arg);
+  if (n == -1 && PyErr_Occurred()) return nullptr;
+  g_faults.store(n);
+  Py_RETURN_NONE;
+}
+
+// C++ exceptions must not cross into the interpreter: they become Python errors
+template <PyObject* (*F)(PyObject*, PyObject*)>
+PyObject* guarded(PyObject* self, PyObject* arg) {
+  try {
+    return F(self, arg);
+  } catch (const std::bad_alloc&) {
+    return PyErr_NoMemory();
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+  } catch (...) {
+    PyErr_SetString(PyExc_RuntimeError, "gpuflame's CPU allocator hook failed");
+  }
+  return nullptr;
+}
+
 PyMethodDef kMethods[] = {
-    {"start", py_start, METH_VARARGS, "start(native=False): wrap the CPU allocator, open a new window."},
-    {"symbol", py_symbol, METH_O, "symbol(address) -> (demangled name or '', object file or '')."},
-    {"stop", py_stop, METH_NOARGS, "Put the wrapped allocator back; the books stay readable."},
-    {"new_window", py_new_window, METH_NOARGS, "Forget what was recorded (a forked child's window starts)."},
-    {"stacks", py_stacks, METH_O, "Stacks of the sites from the given index on."},
-    {"rows", py_rows, METH_NOARGS, "Peak, in-use and allocated bytes and counts per site."},
-    {"totals", py_totals, METH_NOARGS, "Totals of the current window."},
-    {"timeline", py_timeline, METH_NOARGS, "Live bytes over time (bounded, peaks kept)."},
-    {"installed", py_installed, METH_NOARGS, "Whether the hook is the CPU allocator now."},
+    {"start", guarded<py_start>, METH_VARARGS, "start(native=False): wrap the CPU allocator, open a new window."},
+    {"inject_faults", guarded<py_inject_faults>, METH_O, "Tests: fail the next n bookings."},
+    {"symbol", guarded<py_symbol>, METH_O, "symbol(address) -> (demangled name or '', object file or '')."},
+    {"stop", guarded<py_stop>, METH_NOARGS, "Put the wrapped allocator back; the books stay readable."},
+    {"new_window", guarded<py_new_window>, METH_NOARGS, "Forget what was recorded (a forked child's window starts)."},
+    {"stacks", guarded<py_stacks>, METH_O, "Stacks of the sites from the given index on."},
+    {"rows", guarded<py_rows>, METH_NOARGS, "Peak, in-use and allocated bytes and counts per site."},
+    {"totals", guarded<py_totals>, METH_NOARGS, "Totals of the current window."},
+    {"timeline", guarded<py_timeline>, METH_NOARGS, "Live bytes over time (bounded, peaks kept)."},
+    {"installed", guarded<py_installed>, METH_NOARGS, "Whether the hook is the CPU allocator now."},
     {nullptr, nullptr, 0, nullptr},
 };
 
