@@ -1,0 +1,162 @@
+"""The ``torch-cuda`` recorder's plumbing, with PyTorch's CUDA entry points replaced by stand-ins.
+
+There is no GPU where these tests run, so what CUDA would answer is played by
+stand-ins, and says so: ``torch.cuda.memory._snapshot()`` returns the
+HAND-WRITTEN snapshots of tests/fixtures/make_snapshots.py (a simulation of
+the caching allocator, see its README), NVML is a small fake ``pynvml``
+module, and the OOM observer is called by the test as the allocator would
+call it. What is checked is gpuflame's side: what it asks PyTorch for, that a
+live snapshot gives the numbers ``gpuflame convert`` gives for the same
+dict, ``<outside framework>`` from NVML (pid and CUDA_VISIBLE_DEVICES
+honoured), the ``gpu_model`` label, and the profile written at an OOM. The
+same recorder against a real GPU is tests/gpu/test_torch_cuda.py.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+sys.path.insert(0, str(Path(__file__).resolve().parent / "fixtures"))
+make_snapshots = pytest.importorskip("make_snapshots")
+
+from gpuflame.capture import backends  # noqa: E402
+from gpuflame.capture.session import Session  # noqa: E402
+from gpuflame.capture.settings import Settings  # noqa: E402
+from gpuflame.capture.torch_cuda import TorchCudaRecorder  # noqa: E402
+from gpuflame.formats import load  # noqa: E402
+from gpuflame.formats.torch_snapshot import from_snapshot  # noqa: E402
+from gpuflame.model import Profile  # noqa: E402
+from gpuflame.symbols.names import OUTSIDE_FRAMEWORK  # noqa: E402
+
+MiB = 1 << 20
+
+
+class StandInCuda:
+    """What the recorder calls in torch.cuda, answered from a hand-written snapshot."""
+
+    def __init__(self, snapshot: dict[str, Any]) -> None:
+        self.snapshot = snapshot
+        self.history_calls: list[dict[str, Any]] = []
+        self.observers: list[Any] = []
+
+    def reserved(self, device: int = 0) -> int:
+        return sum(s["total_size"] for s in self.snapshot["segments"] if s["device"] == device)
+
+    def devices(self) -> int:
+        return len(self.snapshot["device_traces"])
+
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setattr(torch.cuda.memory, "_record_memory_history", lambda **kw: self.history_calls.append(kw))
+        monkeypatch.setattr(torch.cuda.memory, "_snapshot", lambda: self.snapshot)
+        monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+        monkeypatch.setattr(torch.cuda, "device_count", self.devices)
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "NVIDIA H200")
+        monkeypatch.setattr(torch.cuda, "memory_reserved", self.reserved)
+        monkeypatch.setattr(torch._C, "_cuda_attach_out_of_memory_observer", self.observers.append, raising=False)
+
+
+def fake_nvml(used: dict[int, list[tuple[int, int]]]) -> types.ModuleType:
+    """A stand-in ``pynvml``: physical GPU index -> [(pid, used bytes)]."""
+    nvml = types.ModuleType("pynvml")
+    nvml.nvmlInit = lambda: None  # type: ignore[attr-defined]
+    nvml.nvmlShutdown = lambda: None  # type: ignore[attr-defined]
+    nvml.nvmlDeviceGetHandleByIndex = lambda index: index  # type: ignore[attr-defined]
+    nvml.nvmlDeviceGetComputeRunningProcesses = lambda handle: [  # type: ignore[attr-defined]
+        types.SimpleNamespace(pid=pid, usedGpuMemory=size) for pid, size in used.get(handle, [])
+    ]
+    return nvml
+
+
+@pytest.fixture
+def cuda(monkeypatch: pytest.MonkeyPatch) -> Iterator[StandInCuda]:
+    stand_in = StandInCuda(make_snapshots.build_all()["handwritten_small_trace"])
+    stand_in.install(monkeypatch)
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # no NVML unless a test installs one
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    yield stand_in
+
+
+def outside(profile: Profile, type_name: str) -> dict[str, int]:
+    idx = profile.type_index(type_name)
+    out: dict[str, int] = {}
+    for s in profile.samples:
+        if profile.frames[s.stack[0]].name == OUTSIDE_FRAMEWORK:
+            device = s.label("device") or ""
+            out[device] = out.get(device, 0) + s.values[idx]
+    return out
+
+
+def test_start_asks_for_history_with_python_stacks_or_native(cuda: StandInCuda) -> None:
+    TorchCudaRecorder(max_entries=1234).start()
+    TorchCudaRecorder(native=True).start()
+    assert cuda.history_calls[0] == {"enabled": "all", "context": "all", "stacks": "python", "max_entries": 1234}
+    assert cuda.history_calls[1]["stacks"] == "all"
+    assert len(cuda.observers) == 2  # each recorder listens for OOMs
+
+
+def test_a_live_snapshot_gives_what_convert_gives_for_the_same_dict(cuda: StandInCuda) -> None:
+    rec = TorchCudaRecorder()
+    rec.start()
+    live = rec.snapshot()
+    rec.stop()
+    assert cuda.history_calls[-1] == {"enabled": None}  # stop turns the history off
+    offline = from_snapshot(cuda.snapshot)
+    assert live.totals() == offline.totals() and live.totals()["peak_space"] > live.totals()["inuse_space"] > 0
+    assert {s.label("gpu_model") for s in live.samples} == {"NVIDIA H200"}
+    assert rec.errors == []
+
+
+def test_outside_framework_is_this_process_nvml_usage_beyond_reserved(
+    cuda: StandInCuda, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import os
+
+    reserved = cuda.reserved(0)
+    # physical GPU 3 is torch's cuda:0; another process on it must not count
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+    nvml = fake_nvml({3: [(os.getpid(), reserved + 300 * MiB), (os.getpid() + 1, 5000 * MiB)], 0: [(os.getpid(), 1)]})
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    profile = TorchCudaRecorder().snapshot()
+    assert outside(profile, "inuse_space") == {"cuda:0": 300 * MiB}
+    assert outside(profile, "peak_space") == {"cuda:0": 300 * MiB}
+    assert any("<outside framework>" in c and "NVML" in c for c in profile.comments)
+    # in use now adds up to what NVML says the process holds, less PyTorch's cached free blocks
+    assert profile.totals()["inuse_space"] == from_snapshot(cuda.snapshot).totals()["inuse_space"] + 300 * MiB
+
+
+def test_without_nvml_there_is_no_outside_frame_and_no_error(cuda: StandInCuda) -> None:
+    rec = TorchCudaRecorder()
+    profile = rec.snapshot()
+    assert outside(profile, "inuse_space") == {} and rec.errors == []
+
+
+def test_an_oom_writes_the_profile_at_that_moment(cuda: StandInCuda, tmp_path: Path) -> None:
+    cuda.snapshot = make_snapshots.build_all()["handwritten_oom"]
+    out = tmp_path / "oom.pb.gz"
+    session = Session(Settings(session_dir=str(tmp_path), backend="torch-cuda", follow=False), path=out)
+    session.add(backends.create("torch-cuda", session))
+    assert cuda.observers and not out.exists()
+    cuda.observers[-1](0, 40 << 30, 79 << 30, 512 * MiB)  # the allocator, on an out-of-memory error
+    profile = load(out)
+    assert any("CUDA out of memory on cuda:0: asked for 42949672960 bytes" in c for c in profile.comments)
+    assert profile.totals() == {**from_snapshot(cuda.snapshot).totals()}
+    session.finish()
+
+
+def test_a_failing_oom_write_does_not_reach_the_workload(cuda: StandInCuda, capsys: pytest.CaptureFixture[str]) -> None:
+    def broken() -> None:
+        raise OSError(28, "No space left on device")
+
+    rec = TorchCudaRecorder(on_oom=broken)
+    rec.start()
+    cuda.observers[-1](0, 1 << 30, 2 << 30, 0)  # must not raise: the OOM error itself is the workload's
+    assert len(rec.errors) == 1 and "No space left on device" in capsys.readouterr().err
+    assert not rec.degraded  # later snapshots still work
+    assert rec.snapshot().totals()["inuse_space"] > 0
