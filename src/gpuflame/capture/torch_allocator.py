@@ -59,7 +59,7 @@ class TorchAllocatorRecorder(Recorder):
         self._frames = CodeFrames()
         self._stacks: list[list[Frame]] = []  # site -> frames, leaf first, as fetched from the hook
         # the hook's books are one per process and the next window resets them, so the
-        # books of a stopped window are copied out at stop(): (rows, totals)
+        # books of a stopped window are copied out at stop(): (rows, totals, timeline)
         self._final: tuple[list[tuple[int, ...]], dict[str, int], list[tuple[int, int]]] | None = None
         self._started = False
 
@@ -193,6 +193,8 @@ def hook_busy() -> bool:
 
 
 def _after_fork_in_child() -> None:
+    global _busy_lock
+    _busy_lock = threading.Lock()  # another thread may have held it at the fork
     recorder = _busy
     if recorder is not None:
         recorder.after_fork()
