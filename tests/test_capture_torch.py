@@ -585,6 +585,7 @@ def test_torch_compile_still_compiles_while_recording() -> None:
 
 
 @pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs fork")
+@pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")  # JAX, imported by other tests, warns
 def test_a_forked_child_keeps_recording_without_deadlock() -> None:
     import os
 

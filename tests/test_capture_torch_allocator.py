@@ -340,6 +340,7 @@ def test_a_model_built_before_start_is_not_attributed_and_results_are_unchanged(
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+@pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")  # JAX, imported by other tests, warns
 def test_forks_under_allocation_churn_never_deadlock_and_children_record() -> None:
     stop = threading.Event()
 
