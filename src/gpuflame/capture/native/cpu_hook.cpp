@@ -34,15 +34,14 @@
 #include <execinfo.h>
 #include <pthread.h>
 
-#include <cstdlib>
-#include <string>
-
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <mutex>
 #include <new>
 #include <stdexcept>
+#include <string>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -580,7 +579,8 @@ PyMethodDef kMethods[] = {
     {nullptr, nullptr, 0, nullptr},
 };
 
-PyModuleDef kModule = {PyModuleDef_HEAD_INIT, "gpuflame_cpu_hook", "gpuflame's CPU allocator hook.", -1, kMethods};
+PyModuleDef kModule = {PyModuleDef_HEAD_INIT, "gpuflame_cpu_hook", "gpuflame's CPU allocator hook.", -1, kMethods,
+                     nullptr, nullptr, nullptr, nullptr};
 
 }  // namespace
 
