@@ -13,6 +13,7 @@ STEPS = [
     ["bench/bench_convert.py"],
     ["bench/bench_profile.py"],
     ["bench/bench_capture_torch.py"],
+    ["bench/bench_gil_contention.py"],
     ["bench/bench_pyroscope.py"],
     ["bench/bench_viewer.py"],
 ]
