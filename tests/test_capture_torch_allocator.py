@@ -334,6 +334,76 @@ def test_a_model_built_before_start_is_not_attributed_and_results_are_unchanged(
     assert column(profile, ALLOC) > 0
 
 
+class Zoo:
+    """Stacks of every shape: methods, nesting, a generator resumed by two callers, comprehensions, lambdas."""
+
+    def __init__(self) -> None:
+        self.gen = self.produce()
+        self.weights = torch.nn.Linear(8, 8)
+
+    def produce(self) -> Any:
+        while True:
+            yield torch.empty(3)
+
+    def via_a(self) -> Any:
+        return next(self.gen)
+
+    def via_b(self) -> Any:
+        return next(self.gen)
+
+    def nested(self, depth: int) -> Any:
+        return torch.ones(depth) if depth == 0 else [self.nested(depth - 1), torch.zeros(depth)]
+
+    def run(self) -> Any:
+        made = [self.via_a(), self.via_b(), self.via_a(), self.nested(6)]
+        made += [torch.full((i,), 1.0) for i in range(1, 4)]
+        made.append((lambda: self.weights(torch.ones(2, 8)))())
+        return made
+
+
+def test_frames_read_without_the_gil_equal_the_public_api_walk() -> None:
+    """CPython 3.11: the hook reads its own thread's frames directly; they must be the frames the API gives."""
+    if sys.version_info[:2] != (3, 11):
+        pytest.skip("the hook reads frames without the GIL on CPython 3.11 only; elsewhere it uses the API")
+    previous = HOOK.own_frames(False)
+    zoo = Zoo()
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(tiny_llama_config()).eval()
+    ids = torch.randint(0, 128, (1, 5))
+
+    def work() -> Any:
+        with torch.no_grad():
+            out = model.generate(ids, max_new_tokens=3, do_sample=False, cache_implementation="static",
+                                 pad_token_id=0)
+        return zoo.run(), out
+
+    try:
+        record(work)  # warm up: first calls take other paths
+        profiles, sites = [], []
+        for own in (False, True):  # one call site for both
+            HOOK.own_frames(own)
+            profile, _, rec = record(work)
+            assert rec.errors == []
+            profiles.append(profile)
+            sites.append(HOOK.totals()["sites"])
+    finally:
+        HOOK.own_frames(previous)
+
+    def by_stack(profile: Profile) -> dict[tuple[Any, ...], list[int]]:
+        out: dict[tuple[Any, ...], list[int]] = {}
+        for s in profile.samples:
+            key = tuple((f.name, f.file, f.line) for f in profile.stack_frames(s))
+            out[key] = [a + b for a, b in zip(out.get(key, [0] * len(s.values)), s.values, strict=True)]
+        return out
+
+    public, own = map(by_stack, profiles)
+    assert own == public and len(own) > 30
+    assert sites[1] == sites[0]  # the same keys, not just the same names: every stack was found again
+    names = {name for key in own for name, _, _ in key}
+    assert {"Zoo > produce", "Zoo > via_a", "Zoo > via_b", "Zoo > run > <listcomp>"} <= names
+
+
 # -----------------------------------------------------------------------------
 # processes, nesting, failures
 # -----------------------------------------------------------------------------

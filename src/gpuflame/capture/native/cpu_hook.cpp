@@ -26,6 +26,15 @@
 #include <Python.h>
 #include <frameobject.h>
 
+// CPython 3.11: the calling thread's frames can be read without the GIL (see
+// walk_own_frames). Other versions take the GIL and use the public frame API.
+#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030C0000
+#define GPUFLAME_OWN_FRAMES 1
+#define Py_BUILD_CORE 1
+#include <internal/pycore_frame.h>
+#undef Py_BUILD_CORE
+#endif
+
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
 
@@ -203,6 +212,7 @@ std::atomic<bool> g_enabled{false};
 c10::DeleterFnPtr g_base_deleter = nullptr;
 int g_max_depth = 256;
 std::atomic<bool> g_native{false};
+std::atomic<bool> g_own_frames{true};  // tests compare it with the public-API walk
 std::atomic<int64_t> g_faults{0};  // tests: the next N bookings fail as if out of memory
 
 // --native: which loaded object an address is in, cached per address (under the GIL)
@@ -296,15 +306,61 @@ uint32_t intern(const StackKey& stack) {
   return site;
 }
 
+#ifdef GPUFLAME_OWN_FRAMES
+// The Python frames of the calling thread, read without the GIL. Safe for
+// the thread's own frames only: while it is in here (in C code, below the
+// Python call that got it here), nothing can push, pop or change them, and
+// each frame holds a strong reference to its code object. The walk skips
+// incomplete frames exactly as PyFrame_GetBack does, and reports the same
+// offset as PyFrame_GetLasti.
+void walk_own_frames(PyThreadState* tstate, StackKey& stack) {
+  _PyInterpreterFrame* f = tstate->cframe != nullptr ? tstate->cframe->current_frame : nullptr;
+  int depth = 0;
+  while (f != nullptr && depth < g_max_depth) {
+    if (!_PyFrame_IsIncomplete(f)) {
+      int64_t lasti = static_cast<int64_t>(_PyInterpreterFrame_LASTI(f)) * sizeof(_Py_CODEUNIT);
+      stack.emplace_back(reinterpret_cast<PyObject*>(f->f_code), lasti);
+      ++depth;
+    }
+    f = f->previous;
+  }
+}
+
+// The site of a stack already seen, or kNoSite; no GIL needed: an interned
+// stack holds references to its code objects, so a pointer match is the same code.
+constexpr uint32_t kNoSite = UINT32_MAX;
+
+uint32_t known_site(const StackKey& stack) {
+  Books* b = books();
+  std::lock_guard<std::mutex> guard(b->lock);
+  auto it = b->site_of.find(stack);
+  return it == b->site_of.end() ? kNoSite : it->second;
+}
+#endif
+
 // The site of the calling thread's stack; kNoPythonSite when it has no
-// Python stack. Takes the GIL if the thread released it (PyTorch releases it
-// around every operation), exactly as PyTorch's own CUDA memory history does.
+// Python stack. On CPython 3.11 a stack seen before costs no GIL; otherwise
+// the thread takes the GIL back for a moment if it released it (PyTorch
+// releases it around every operation), as PyTorch's CUDA memory history does.
 uint32_t capture_site() {
-  if (!python_usable() || PyGILState_GetThisThreadState() == nullptr) return kNoPythonSite;
+  if (!python_usable()) return kNoPythonSite;
+  PyThreadState* tstate = PyGILState_GetThisThreadState();
+  if (tstate == nullptr) return kNoPythonSite;
   thread_local StackKey stack;
   stack.clear();
+  bool native = g_native.load(std::memory_order_relaxed);
+#ifdef GPUFLAME_OWN_FRAMES
+  if (!native && g_own_frames.load(std::memory_order_relaxed)) {
+    walk_own_frames(tstate, stack);
+    if (stack.empty()) return kNoPythonSite;
+    uint32_t site = known_site(stack);
+    if (site != kNoSite) return site;
+    GilGuard gil;  // first sight: the new stack takes references, which needs the GIL
+    return intern(stack);
+  }
+#endif
   void* addresses[128];
-  int n_native = g_native.load(std::memory_order_relaxed) ? backtrace(addresses, 128) : 0;
+  int n_native = native ? backtrace(addresses, 128) : 0;
   GilGuard gil;
   if (n_native > 0) add_native_frames(stack, addresses, n_native);
   add_python_frames(stack);
@@ -550,6 +606,18 @@ PyObject* py_inject_faults(PyObject*, PyObject* arg) {
   Py_RETURN_NONE;
 }
 
+// own_frames(on) -> previous: read the thread's frames without the GIL where
+// this CPython allows it (tests compare both walks); False where it cannot
+PyObject* py_own_frames(PyObject*, PyObject* arg) {
+  int on = PyObject_IsTrue(arg);
+  if (on < 0) return nullptr;
+#ifdef GPUFLAME_OWN_FRAMES
+  return PyBool_FromLong(g_own_frames.exchange(on != 0));
+#else
+  Py_RETURN_FALSE;
+#endif
+}
+
 // C++ exceptions must not cross into the interpreter: they become Python errors
 template <PyObject* (*F)(PyObject*, PyObject*)>
 PyObject* guarded(PyObject* self, PyObject* arg) {
@@ -567,6 +635,7 @@ PyObject* guarded(PyObject* self, PyObject* arg) {
 
 PyMethodDef kMethods[] = {
     {"start", guarded<py_start>, METH_VARARGS, "start(native=False): wrap the CPU allocator, open a new window."},
+    {"own_frames", guarded<py_own_frames>, METH_O, "Read frames without the GIL (CPython 3.11); returns the old value."},
     {"inject_faults", guarded<py_inject_faults>, METH_O, "Tests: fail the next n bookings."},
     {"symbol", guarded<py_symbol>, METH_O, "symbol(address) -> (demangled name or '', object file or '')."},
     {"stop", guarded<py_stop>, METH_NOARGS, "Put the wrapped allocator back; the books stay readable."},
