@@ -32,6 +32,7 @@ from gpuflame.capture.torch_allocator import TorchAllocatorRecorder, short_nativ
 from gpuflame.capture.torch_tensors import TorchTensorRecorder  # noqa: E402
 from gpuflame.formats import load, pprof  # noqa: E402
 from gpuflame.model import Profile  # noqa: E402
+from test_run_cli import gpuflame_run  # noqa: E402
 from torch_helpers import (  # noqa: E402
     ALLOC,
     ALLOC_N,
@@ -549,13 +550,10 @@ sys.exit(3)
 
 
 def run_gpuflame(tmp_path: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    script = tmp_path / "work.py"
-    script.write_text(SCRIPT)
-    full = {**os.environ, "GPUFLAME_CACHE_DIR": str(tmp_path / "cache"), **env}
-    return subprocess.run(
-        [sys.executable, "-m", "gpuflame", "run", "-o", str(tmp_path / "out.pb.gz"), *args, str(script)],
-        capture_output=True, text=True, env=full, timeout=300, check=False,
-    )
+    """``gpuflame run -o out.pb.gz ARGS work.py`` with a build cache of its own (the hook is compiled there)."""
+    (tmp_path / "work.py").write_text(SCRIPT)
+    return gpuflame_run("-o", "out.pb.gz", *args, "work.py", cwd=tmp_path,
+                        env={"GPUFLAME_CACHE_DIR": str(tmp_path / "cache"), **env}, timeout=300)
 
 
 def test_gpuflame_run_uses_the_hook_and_keeps_the_exit_code(tmp_path: Path) -> None:

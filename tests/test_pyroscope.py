@@ -33,6 +33,7 @@ from gpuflame.ship.pyroscope import (
     workload_name,
 )
 from gpuflame.ship.window import LOWER_BOUND_NOTE, IntervalWindow
+from test_run_cli import gpuflame_run
 
 TOKEN = "s3cret-token-0123456789"
 
@@ -358,14 +359,9 @@ sys.exit(3)
 def run_gpuflame(
     tmp_path: Path, *args: str, env: dict[str, str] | None = None
 ) -> tuple[subprocess.CompletedProcess, float]:
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("GPUFLAME_") and k != "PYTHONPATH"}
-    full_env["GPUFLAME_STORE"] = str(tmp_path / "store")
-    full_env.update(env or {})
+    """``gpuflame run --backend torch -o out.pb.gz ARGS`` and how long it took."""
     started = time.monotonic()
-    done = subprocess.run(
-        [sys.executable, "-m", "gpuflame", "run", "--backend", "torch", "-o", str(tmp_path / "out.pb.gz"), *args],
-        cwd=tmp_path, env=full_env, capture_output=True, text=True, timeout=180,
-    )
+    done = gpuflame_run("--backend", "torch", "-o", str(tmp_path / "out.pb.gz"), *args, cwd=tmp_path, env=env)
     return done, time.monotonic() - started
 
 

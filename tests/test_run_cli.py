@@ -26,8 +26,8 @@ KIB = 1024
 def gpuflame_run(
     *args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 180
 ) -> subprocess.CompletedProcess:
-    full_env = dict(os.environ)
-    full_env.pop("PYTHONPATH", None)
+    """``gpuflame run ARGS`` in a child process, in *cwd*, with a store of its own and no inherited settings."""
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("GPUFLAME_") and k != "PYTHONPATH"}
     full_env["GPUFLAME_STORE"] = str(cwd / "store")
     full_env.update(env or {})
     return subprocess.run(

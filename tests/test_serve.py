@@ -30,6 +30,7 @@ from gpuflame.serve import make_server
 from gpuflame.serve.app import Server, diff_supported
 from gpuflame.serve.catalog import BadId, NotServed, resolve_id
 from gpuflame.units import format_bytes
+from test_run_cli import gpuflame_run
 
 SCRIPT = """
     import sys, torch
@@ -50,13 +51,8 @@ def small_profile(name: str, size: int) -> Profile:
     return p
 
 
-def gpuflame_run(store: Path, cwd: Path, *args: str) -> None:
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env["GPUFLAME_STORE"] = str(store)
-    result = subprocess.run(
-        [sys.executable, "-m", "gpuflame", "run", "--backend", "torch", *args],
-        cwd=cwd, env=env, capture_output=True, text=True, timeout=180,
-    )
+def run_into_store(store: Path, cwd: Path, *args: str) -> None:
+    result = gpuflame_run("--backend", "torch", *args, cwd=cwd, env={"GPUFLAME_STORE": str(store)})
     assert result.returncode == 0, result.stderr
 
 
@@ -67,8 +63,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Path:
     base = tmp_path_factory.mktemp("serve")
     store = base / "store"
     (base / "job.py").write_text(textwrap.dedent(SCRIPT))
-    gpuflame_run(store, base, "job.py", "64", XSS)
-    gpuflame_run(store, base, "job.py", "16")
+    run_into_store(store, base, "job.py", "64", XSS)
+    run_into_store(store, base, "job.py", "16")
     save(small_profile("ServeProbe > allocate", 4096), store / "plain.pb.gz")
     (store / "broken.pb.gz").write_bytes(b"\x1f\x8b\x08\x00not really gzip at all")
     outside = base / "outside"
