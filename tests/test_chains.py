@@ -10,19 +10,7 @@ from gpuflame.analysis.chains import NoSuchFunctionError, explain, match_functio
 from gpuflame.analysis.tree import build_tree
 from gpuflame.errors import GpuflameError
 from gpuflame.model import Frame, Profile, memory_sample_types
-from test_hotspots import GiB, seed_profile
-
-SEED_CHAIN = [
-    "0x7f151",
-    "<interpreter trampoline>",
-    "<module>",
-    "EngineCoreProc > run_engine_core",
-    "EngineCore > __init__",
-    "EngineCore > _initialize_kv_caches",
-    "Worker > initialize_from_config",
-    "GPUModelRunner > initialize_kv_cache",
-    "GPUModelRunner > _allocate_kv_cache_tensors",
-]
+from test_hotspots import SEED_KV_CHAIN, GiB, seed_profile
 
 
 def seed_tree():
@@ -46,7 +34,7 @@ def test_the_seeds_example_chain_in_either_spelling(query):
     assert [f.name for f in ex.functions] == ["GPUModelRunner > _allocate_kv_cache_tensors"]
     assert len(ex.chains) == 1 and ex.more_chains == 0
     chain = ex.chains[0]
-    assert [s.frame.name for s in chain.steps] == SEED_CHAIN
+    assert [s.frame.name for s in chain.steps] == SEED_KV_CHAIN
     assert chain.total == chain.self == 55 * GiB == ex.total == ex.self
     # orchestration below the allocation has zero self
     assert all(s.self == 0 for s in chain.steps[:-1])

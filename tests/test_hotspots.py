@@ -23,6 +23,19 @@ from gpuflame.model.profile import NATIVE, SYNTHETIC, TRAMPOLINE
 GiB = 1 << 30
 MiB = 1 << 20
 
+# seed_profile's KV-cache stack, root first: the seed's own example chain
+SEED_KV_CHAIN = [
+    "0x7f151",
+    "<interpreter trampoline>",
+    "<module>",
+    "EngineCoreProc > run_engine_core",
+    "EngineCore > __init__",
+    "EngineCore > _initialize_kv_caches",
+    "Worker > initialize_from_config",
+    "GPUModelRunner > initialize_kv_cache",
+    "GPUModelRunner > _allocate_kv_cache_tensors",
+]
+
 
 def seed_profile() -> Profile:
     """A vLLM-shaped profile after the seed's example: KV cache, weights, compile, cache."""
@@ -179,13 +192,7 @@ def test_widest_root_is_followed_to_where_it_splits():
     index = profile.pick_type()
     report = build_report(profile, build_tree(profile, index))
     root = report.roots[0]
-    assert [e.frame.name for e in root.trunk] == [
-        "0x7f151",
-        "<interpreter trampoline>",
-        "<module>",
-        "EngineCoreProc > run_engine_core",
-        "EngineCore > __init__",
-    ]
+    assert [e.frame.name for e in root.trunk] == SEED_KV_CHAIN[:5]
     engine = sum(s.values[index] for s in profile.samples if len(s.stack) > 1)
     assert root.root.total == engine == root.split.total
     assert [b.frame.name for b in root.branches] == [

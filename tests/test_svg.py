@@ -19,14 +19,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuflame.cli.main import main
 from gpuflame.formats import save
 from gpuflame.formats.detect import dumps
 from gpuflame.model import Frame, Profile, SampleType
 from gpuflame.model.profile import NATIVE, SYNTHETIC, TRAMPOLINE
 from gpuflame.render.svg import CHAR_WIDTH, FRAME_HEIGHT, SIDE_PAD, TEXT_PAD, encode
 from gpuflame.units import format_bytes
-from test_hotspots import seed_profile
+from test_cli_analysis import run
+from test_hotspots import SEED_KV_CHAIN, seed_profile
 
 SVG_NS = "{http://www.w3.org/2000/svg}"
 ALLOWED = {"svg", "g", "rect", "text", "title", "style"}
@@ -171,17 +171,7 @@ def test_seed_profile_root_at_the_bottom_and_icicle_on_top():
     profile = seed_profile()
     index = profile.type_index("peak_space")
     flame = {b["name"]: b for b in bars(parse(encode(profile, index)))}
-    chain = [
-        "0x7f151",
-        "<interpreter trampoline>",
-        "<module>",
-        "EngineCoreProc > run_engine_core",
-        "EngineCore > __init__",
-        "EngineCore > _initialize_kv_caches",
-        "Worker > initialize_from_config",
-        "GPUModelRunner > initialize_kv_cache",
-        "GPUModelRunner > _allocate_kv_cache_tensors",
-    ]
+    chain = SEED_KV_CHAIN
     ys = [flame[name]["y"] for name in chain]
     assert ys == sorted(ys, reverse=True), "callers below callees"
     assert all(a - b == FRAME_HEIGHT for a, b in zip(ys, ys[1:], strict=False))
@@ -338,14 +328,6 @@ def test_characters_xml_cannot_carry_become_replacement_characters():
 
 # -- command line --------------------------------------------------------------------------
 
-
-def run(capsys, *argv) -> tuple[int, str, str]:
-    try:
-        rc = main([str(a) for a in argv])
-    except SystemExit as exc:
-        rc = int(exc.code or 0)
-    out, err = capsys.readouterr()
-    return rc, out, err
 
 
 @pytest.fixture

@@ -11,21 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from gpuflame.cli.main import main
 from gpuflame.cli.view import default_output
 from gpuflame.formats import save
+from test_cli_analysis import run
 from viewer_profiles import XSS_COMMENT_FILE, XSS_IMG, XSS_LABEL, XSS_SCRIPT, viewer_profile
 
 DATA_ELEMENT = re.compile(r'<script type="application/octet-stream" id="gpuflame-data">([A-Za-z0-9+/=]*)</script>')
 
-
-def run(capsys, *argv: object) -> tuple[int, str, str]:
-    try:
-        rc = main([str(a) for a in argv])
-    except SystemExit as exc:
-        rc = int(exc.code or 0)
-    out, err = capsys.readouterr()
-    return rc, out, err
 
 
 @pytest.fixture
