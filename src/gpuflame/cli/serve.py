@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 import webbrowser
+from socketserver import BaseServer
 
 from gpuflame.capture.store import store_root
 from gpuflame.errors import GpuflameError
@@ -58,10 +59,15 @@ def run(args: argparse.Namespace) -> int:
     _announce(server, args.host)
     if args.open:
         webbrowser.open(server.url)
+    return serve_until_interrupted(server, "serve")
+
+
+def serve_until_interrupted(server: BaseServer, command: str) -> int:
+    """Serve until Ctrl-C, then say so; the socket is closed however serving ends."""
     try:
         server.serve_forever()
     except KeyboardInterrupt:
-        print("gpuflame serve: stopped", flush=True)
+        print(f"gpuflame {command}: stopped", flush=True)
     finally:
         server.server_close()
     return 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from gpuflame.cli.serve import port_number
+from gpuflame.cli.serve import port_number, serve_until_interrupted
 from gpuflame.webhook.admission import DEFAULT_IMAGE, DEFAULT_SECRET, Config
 from gpuflame.webhook.server import make_server
 
@@ -49,10 +49,4 @@ def run(args: argparse.Namespace) -> int:
     config = Config(image=args.image, pyroscope_secret=args.pyroscope_secret)
     server = make_server(args.host, args.port, args.tls_cert, args.tls_key, config, quiet=args.quiet)
     print(f"gpuflame webhook: https://{args.host}:{server.port}/mutate (init image {config.image})", flush=True)
-    try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        print("gpuflame webhook: stopped", flush=True)
-    finally:
-        server.server_close()
-    return 0
+    return serve_until_interrupted(server, "webhook")
