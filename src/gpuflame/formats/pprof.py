@@ -55,7 +55,7 @@ from __future__ import annotations
 import gzip
 import struct
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from itertools import chain
 from operator import itemgetter
 from typing import Any, NamedTuple
@@ -485,16 +485,22 @@ def _read_mappings(raw: _Raw, strings: _Strings) -> dict[int, str]:
     return out
 
 
+def _table_id(f: dict[int, list[int | bytes]], what: str, seen: Mapping[int, object]) -> int:
+    """A table entry's id (field 1): never 0, and not already in its table."""
+    entry_id = _int(f, 1, what)
+    if entry_id == 0:
+        raise ProfileFormatError(f"malformed pprof: a {what} has id 0")
+    if entry_id in seen:
+        raise ProfileFormatError(f"malformed pprof: {what} id {entry_id} appears twice")
+    return entry_id
+
+
 def _read_functions(raw: _Raw, strings: _Strings) -> dict[int, tuple[str, str]]:
     """Function id -> (name, file); the name falls back to system_name."""
     out: dict[int, tuple[str, str]] = {}
     for data in raw.functions:
         f = _fields(data)
-        fid = _int(f, 1, "function")
-        if fid == 0:
-            raise ProfileFormatError("malformed pprof: a function has id 0")
-        if fid in out:
-            raise ProfileFormatError(f"malformed pprof: function id {fid} appears twice")
+        fid = _table_id(f, "function", out)
         name = strings.get(_int(f, 2, "function"), f"function {fid}'s name")
         if not name:
             name = strings.get(_int(f, 3, "function"), f"function {fid}'s system name")
@@ -509,11 +515,7 @@ def _read_locations(raw: _Raw, strings: _Strings, profile: Profile) -> dict[int,
     out: dict[int, tuple[int, ...]] = {}
     for data in raw.locations:
         f = _fields(data)
-        lid = _int(f, 1, "location")
-        if lid == 0:
-            raise ProfileFormatError("malformed pprof: a location has id 0")
-        if lid in out:
-            raise ProfileFormatError(f"malformed pprof: location id {lid} appears twice")
+        lid = _table_id(f, "location", out)
         mid = _int(f, 2, "location")
         if mid and mid not in mappings:
             raise ProfileFormatError(
