@@ -35,6 +35,7 @@ from gpuflame.capture.base import Recorder, empty_profile
 from gpuflame.capture.code_frames import CodeFrames
 from gpuflame.model.profile import NATIVE, SYNTHETIC, Frame, Profile
 from gpuflame.model.timeline import Timeline
+from gpuflame.symbols.names import native_address_name
 
 NO_PYTHON_FRAME = Frame("<no Python stack>", kind=SYNTHETIC)
 
@@ -144,7 +145,7 @@ class TorchAllocatorRecorder(Recorder):
         frame = self._native_frames.get(address)
         if frame is None:
             name, file = hook.symbol(address)
-            frame = Frame(short_native_name(name) if name else hex(address), file, 0, NATIVE)
+            frame = Frame(short_native_name(name) if name else native_address_name(address), file, 0, NATIVE)
             self._native_frames[address] = frame
         return frame
 
