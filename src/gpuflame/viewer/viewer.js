@@ -582,20 +582,27 @@
     return bars;
   }
 
-  function draw() {
-    const t0 = performance.now();
-    const canvas = ui.canvas, ratio = window.devicePixelRatio || 1;
-    const width = canvas.clientWidth || canvas.parentElement.clientWidth || 800;
-    const bars = collectBars(width);
-    const rows = bars.reduce((m, b) => Math.max(m, b.row), 0) + 1;
-    const height = rows * ROW;
-    canvas.style.height = height + "px";
+  // A cleared canvas with as many pixels as the screen shows, drawn on in CSS pixels.
+  function canvasContext(canvas, width, height, font) {
+    const ratio = window.devicePixelRatio || 1;
     canvas.width = Math.round(width * ratio);
     canvas.height = Math.round(height * ratio);
     const ctx = canvas.getContext("2d");
     ctx.setTransform(ratio, 0, 0, ratio, 0, 0);
     ctx.clearRect(0, 0, width, height);
-    ctx.font = "12px system-ui, sans-serif";
+    ctx.font = font;
+    return ctx;
+  }
+
+  function draw() {
+    const t0 = performance.now();
+    const canvas = ui.canvas;
+    const width = canvas.clientWidth || canvas.parentElement.clientWidth || 800;
+    const bars = collectBars(width);
+    const rows = bars.reduce((m, b) => Math.max(m, b.row), 0) + 1;
+    const height = rows * ROW;
+    canvas.style.height = height + "px";
+    const ctx = canvasContext(canvas, width, height, "12px system-ui, sans-serif");
     ctx.textBaseline = "middle";
     const charWidth = ctx.measureText("abcdefghijklmnopqrstuvwxyz_ABCDE >").width / 34;
     for (const b of bars) {
@@ -998,14 +1005,9 @@
   function drawTimeline() {
     const tl = state.timeline;
     if (!tl || !tl.points.length) return;
-    const canvas = ui.timeline, ratio = window.devicePixelRatio || 1;
+    const canvas = ui.timeline;
     const width = canvas.clientWidth || 800, height = canvas.clientHeight || 90;
-    canvas.width = Math.round(width * ratio);
-    canvas.height = Math.round(height * ratio);
-    const ctx = canvas.getContext("2d");
-    ctx.setTransform(ratio, 0, 0, ratio, 0, 0);
-    ctx.clearRect(0, 0, width, height);
-    ctx.font = "11px system-ui, sans-serif";
+    const ctx = canvasContext(canvas, width, height, "11px system-ui, sans-serif");
     const left = 64, right = 8, top = 14, bottom = 16;
     const span = Math.max(tl.points[tl.points.length - 1][0], 1), top_ = Math.max(tl.peakBytes, 1);
     const X = (t) => left + (width - left - right) * t / span;
