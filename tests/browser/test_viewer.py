@@ -11,6 +11,7 @@ import struct
 import sys
 import zlib
 from pathlib import Path
+from typing import Any
 
 import pytest
 from chrome_pipe import Chrome, find_chromium
@@ -40,6 +41,12 @@ pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no chromium installed 
 READY = "window.gpuflameState && (window.gpuflameState.ready || window.gpuflameState.error) && window.gpuflameState"
 
 
+def open_viewer(chrome: Chrome, html: Path) -> dict[str, Any]:
+    """Load a viewer page from file:// and wait until it has drawn (or failed); its state."""
+    chrome.send("Page.navigate", {"url": html.as_uri()})
+    return chrome.wait_for(READY)
+
+
 @pytest.fixture(scope="module")
 def html_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("viewer")
@@ -53,8 +60,7 @@ def html_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def page(chrome: Chrome, html_file: Path) -> Chrome:
     """The viewer freshly loaded from file://, with the event log cleared."""
     chrome.events.clear()
-    chrome.send("Page.navigate", {"url": html_file.as_uri()})
-    state = chrome.wait_for(READY)
+    state = open_viewer(chrome, html_file)
     assert state["error"] is None, state["error"]
     return chrome
 
@@ -228,8 +234,7 @@ def chain_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_groups_collapse_a_single_child_run_and_expand_again(chrome: Chrome, chain_file: Path) -> None:
-    chrome.send("Page.navigate", {"url": chain_file.as_uri()})
-    chrome.wait_for(READY)
+    open_viewer(chrome, chain_file)
     names = [f.name for f in CHAIN]
     group = f"{names[0]} \u22ef (3) \u22ef {names[-1]}"
     labels = set(chrome.evaluate("window.gpuflameBarLabels()"))
@@ -299,8 +304,7 @@ def framework_profile():
 def test_hiding_framework_frames_keeps_the_entry_and_the_bytes(chrome: Chrome, tmp_path: Path) -> None:
     save(framework_profile(), tmp_path / "fw.pb.gz")
     assert main(["view", str(tmp_path / "fw.pb.gz")]) == 0
-    chrome.send("Page.navigate", {"url": (tmp_path / "fw.html").as_uri()})
-    before = chrome.wait_for(READY)
+    before = open_viewer(chrome, tmp_path / "fw.html")
     assert {"kaiming_uniform_", "Module > _call_impl"} <= set(chrome.evaluate("window.gpuflameBarLabels()"))
     chrome.evaluate("document.getElementById('hide-framework').click()")
     after = settle(chrome)
@@ -326,8 +330,7 @@ def test_a_snapshot_profile_shows_memory_over_time_with_its_peak(chrome: Chrome,
     points = load(tmp_path / "snap.pb.gz").timeline.series[(("device", "cuda:0"),)]
     peak_time, peak_bytes = max(points, key=lambda p: p[1])
     chrome.events.clear()
-    chrome.send("Page.navigate", {"url": (tmp_path / "snap.html").as_uri()})
-    s = chrome.wait_for(READY)
+    s = open_viewer(chrome, tmp_path / "snap.html")
     assert s["error"] is None and s["timeline"] is not None
     tl = s["timeline"]
     assert tl["visible"] and tl["peakBytes"] == peak_bytes
@@ -370,8 +373,7 @@ def test_the_demo_run_renders_offline_with_the_seeds_names(chrome: Chrome, tmp_p
     assert main(["view", str(tmp_path / "demo.pb.gz")]) == 0
     html = tmp_path / "demo.html"
     chrome.events.clear()
-    chrome.send("Page.navigate", {"url": html.as_uri()})
-    s = chrome.wait_for(READY)
+    s = open_viewer(chrome, html)
     assert s["error"] is None and s["drawnRects"] > 10
     labels = set(chrome.evaluate("window.gpuflameBarLabels()"))
     assert {"LlamaMLP > __init__", "Linear > __init__", "ModelRunner > load_model"} <= labels

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from chrome_pipe import Chrome, find_chromium
-from test_viewer import READY, click_bar, search, settle, state
+from test_viewer import click_bar, open_viewer, search, settle, state
 
 from gpuflame.cli.main import main
 from gpuflame.formats import save
@@ -43,8 +43,7 @@ def diff_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def page(chrome: Chrome, diff_file: Path) -> Chrome:
     chrome.events.clear()
-    chrome.send("Page.navigate", {"url": diff_file.as_uri()})
-    s = chrome.wait_for(READY)
+    s = open_viewer(chrome, diff_file)
     assert s["error"] is None, s["error"]
     return chrome
 
