@@ -69,9 +69,8 @@ def accelerator(torch: ModuleType) -> str:
     """The accelerator torch can use here ('' for none), without raising."""
     if cuda_available(torch):
         return "cuda"
-    for name in ("mps", "xpu"):
+    for name, module in (("mps", getattr(torch.backends, "mps", None)), ("xpu", getattr(torch, "xpu", None))):
         try:
-            module = getattr(torch.backends, name, None) if name == "mps" else getattr(torch, name, None)
             if module is not None and module.is_available():
                 return name
         except Exception:

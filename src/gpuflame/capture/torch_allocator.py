@@ -62,7 +62,6 @@ class TorchAllocatorRecorder(Recorder):
         # the hook's books are one per process and the next window resets them, so the
         # books of a stopped window are copied out at stop(): (rows, totals, timeline)
         self._final: tuple[list[tuple[int, ...]], dict[str, int], list[tuple[int, int]]] | None = None
-        self._started = False
 
     # -- Recorder -------------------------------------------------------------
 
@@ -82,7 +81,6 @@ class TorchAllocatorRecorder(Recorder):
             self._release()
             raise
         self._final = None
-        self._started = True
 
     def _stop(self) -> None:
         try:
@@ -101,7 +99,7 @@ class TorchAllocatorRecorder(Recorder):
     def _snapshot(self) -> Profile:
         profile = empty_profile()
         hook = self._hook
-        if hook is None or not self._started:
+        if hook is None or not self.started_ns:  # never started: nothing of this recorder's
             return profile
         if self._final is not None:
             rows, totals, points = self._final

@@ -183,10 +183,10 @@ struct Books {
     }
   }
 
-  // false: not one of ours (made before this window) — nothing to book
-  bool on_free(void* ptr) {
+  // a block not in `live` was made before this window: nothing to book
+  void on_free(void* ptr) {
     auto it = live.find(ptr);
-    if (it == live.end()) return false;
+    if (it == live.end()) return;
     Live l = it->second;
     live.erase(it);
     SiteBooks& b = sites[l.site];
@@ -199,7 +199,6 @@ struct Books {
       b.gone_bytes += l.nbytes;
       b.gone_count += 1;
     }
-    return true;
   }
 };
 
