@@ -1,1 +1,1 @@
-"""Renderers: the terminal (rich) and the flame tree as JSON."""
+"""Renderers: the terminal (rich), SVG, the self-contained HTML page around viewer/, the flame tree as JSON."""

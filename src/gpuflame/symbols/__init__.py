@@ -1,4 +1,4 @@
-"""Frame naming: the seed's table, qualname recovery, and frame kinds."""
+"""Frame naming as the AKS flame-graph reading guide spells it, qualname recovery, and frame kinds."""
 
 from gpuflame.symbols.names import (
     CACHED_FREE,
