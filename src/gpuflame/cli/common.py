@@ -105,6 +105,14 @@ def add_filter_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_force_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="replace an existing output file that gpuflame did not write (never an input, never a folder)",
+    )
+
+
 def add_lines_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lines", action="store_true",
                         help="one bar per source line instead of one per function")

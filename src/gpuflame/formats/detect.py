@@ -7,7 +7,7 @@ import os
 import zlib
 
 from gpuflame.errors import ProfileFormatError
-from gpuflame.files import atomic_write, read_bytes
+from gpuflame.files import STDIO, read_bytes, write_output
 from gpuflame.model.profile import Profile
 
 # Formats gpuflame can write.
@@ -118,12 +118,13 @@ def loads(data: bytes, source: str = "<bytes>") -> Profile:
 
 def load(path: str | os.PathLike[str]) -> Profile:
     """Read a profile file of any supported format."""
-    return loads(read_bytes(path), source=str(path))
+    source = "<stdin>" if os.fspath(path) == STDIO else str(path)
+    return loads(read_bytes(path), source=source)
 
 
 def save(profile: Profile, path: str | os.PathLike[str], fmt: str = "pprof", type_name: str | None = None) -> None:
-    """Write *profile* atomically; text formats carry one sample type (*type_name*)."""
-    atomic_write(path, dumps(profile, fmt, type_name))
+    """Write *profile* atomically (``-``: to standard output); text formats carry one sample type (*type_name*)."""
+    write_output(path, dumps(profile, fmt, type_name))
 
 
 def dumps(profile: Profile, fmt: str = "pprof", type_name: str | None = None) -> bytes:

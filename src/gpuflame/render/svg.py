@@ -329,6 +329,7 @@ def render(
     height = int(legend_y + 10)
     out = [
         '<?xml version="1.0" encoding="UTF-8" standalone="no"?>',
+        "<!-- gpuflame flame graph -->",
         f'<svg xmlns="http://www.w3.org/2000/svg" version="1.1" width="{width}" height="{height}" '
         f'viewBox="0 0 {width} {height}">',
         f"<style>{STYLE}</style>",
