@@ -237,7 +237,7 @@ def test_empty_profile_says_so():
 
 
 def test_long_names_are_cut_to_fit_with_an_ellipsis():
-    long = Frame("VeryLongClassName > a_method_with_a_really_long_name_" + "x" * 80, "/app/x.py", 1)
+    long = Frame("VeryLongClassName > a_method_with_a_really_long_name_" + "x" * 80, "/app/x.py", 1, start_line=1)
     other = Frame("other", "/app/x.py", 2)
     profile = one_type_profile([([long], 100), ([other], 1900)])
     bar = next(d for d in bars(parse(encode(profile, 0))) if d["name"] == long.name)
@@ -284,7 +284,8 @@ def test_header_has_the_type_the_total_and_every_comment():
 def hostile_profile() -> Profile:
     p = Profile(sample_types=[SampleType("peak_space", "bytes")])
     for name in HOSTILE:
-        p.add([Frame(name, '/app/"><svg onload=alert(1)>.py', 3)], [1000], {"device": "<b onmouseover=x>"})
+        frame = Frame(name, '/app/"><svg onload=alert(1)>.py', 3, start_line=3)
+        p.add([frame], [1000], {"device": "<b onmouseover=x>"})
     p.comments = ["</text><script>alert(1)</script>", "]]>&\"'"]
     return p
 

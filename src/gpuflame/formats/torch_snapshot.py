@@ -167,6 +167,7 @@ class _Stacks:
         self._token_by_id: dict[int, int] = {}
         self._token_by_key: dict[tuple[str, int, str], int] = {}
         self._recording: dict[int, Frame] = {}  # negative token -> frame, dropped at the leaf
+        self.unknown_def_lines: set[str] = set()  # files whose functions' def lines were not found
         self.no_stack = (profile.frame_id(NO_STACK_FRAME),)
         self.trampoline = -1
 
@@ -222,8 +223,12 @@ class _Stacks:
     def _new_token(self, file: str, line: int, name: str) -> int:
         if not is_python_frame(file, name):
             return self._native_token(file, line, name)
-        label = self.resolver.display(file, line, name) if name else names.UNKNOWN
-        return self.profile.frame_id(Frame(label, file, line, PYTHON))
+        if not name:
+            return self.profile.frame_id(Frame(names.UNKNOWN, file, line, PYTHON))
+        qualname, start = self.resolver.lookup(file, line, name)
+        if not start:
+            self.unknown_def_lines.add(file)
+        return self.profile.frame_id(Frame(names.display_name(qualname), file, line, PYTHON, start))
 
     def _native_token(self, file: str, line: int, name: str) -> int:
         if _CPYTHON_NAME.search(name) or _CPYTHON_FILE.search(file):
@@ -308,6 +313,7 @@ class _Converter:
                 if window:
                     times.append(window)
         self._devices_without_trace()
+        self._note_unknown_def_lines()
         if times:
             first = min(t for t, _ in times)
             last = max(t for _, t in times)
@@ -319,6 +325,17 @@ class _Converter:
         if any(v < 0 or v > INT64_MAX for row in self.rows.values() for v in row):
             raise ProfileFormatError("sizes in the snapshot are out of range (a damaged file?)")
         return self.profile
+
+    def _note_unknown_def_lines(self) -> None:
+        """Say which files' functions show no ``def`` line: a snapshot records only call lines."""
+        files = sorted(self.stacks.unknown_def_lines)
+        if files:
+            shown = ", ".join(files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
+            self.comment(
+                f"where the functions of {shown} are defined is unknown (the snapshot records only "
+                "the lines running; the source is not here or has changed): their bars show the file "
+                "without a line, and explain still shows each call's line"
+            )
 
     # -- helpers used by the device replays --------------------------------
 

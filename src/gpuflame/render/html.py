@@ -15,7 +15,7 @@ The JSON holds the frame table once and every sample with all its sample
 types and labels, so the page switches type, label and trampoline hiding
 without a rebuild. A profile with a timeline also ships it (not in diff
 mode), drawn as memory over time above the graph. Frames that differ only
-in their line are one function, as in the flame tree (:func:`gpuflame.analysis.tree.function_frames`).
+in their line are one function, as in the flame tree (:func:`gpuflame.model.functions.function_frames`).
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from gpuflame.analysis.chains import Chain, Explanation
+from gpuflame.analysis.chains import Chain, Explanation, Step
 from gpuflame.analysis.compare import NEW, VANISHED, Change, Comparison
 from gpuflame.analysis.hotspots import Entry, Report, Root
 from gpuflame.model.profile import Frame
@@ -52,11 +52,12 @@ def short_path(path: str) -> str:
     return _SITE.sub("", path)
 
 
-def where(frame: Frame) -> Text:
-    """``file:line``, dim: it is there to find the code, not to be read first."""
+def where(frame: Frame, line: int | None = None) -> Text:
+    """``file:line`` (the frame's, or *line*), dim: it is there to find the code, not to be read first."""
     if not frame.file:
         return Text("")
-    text = short_path(frame.file) + (f":{frame.line}" if frame.line else "")
+    shown = frame.line if line is None else line
+    text = short_path(frame.file) + (f":{shown}" if shown else "")
     if len(text) > WHERE_WIDTH:
         text = "..." + text[-(WHERE_WIDTH - 3) :]
     return Text(text, style="dim")
@@ -310,17 +311,25 @@ def _chain_table(n: int, count: int, chain: Chain, unit: str) -> Table:
         label: str | Text = ("" if i == 0 else "-> ") + step.frame.name
         if i == last:
             label = Text(str(label), style="bold")
-        table.add_row(amount(step.total, unit), amount(step.self, unit), label, where(step.frame))
+        table.add_row(amount(step.total, unit), amount(step.self, unit), label, _step_where(step))
     for callee in chain.callees:
         table.add_row(
             amount(callee.total, unit),
             amount(callee.self, unit),
             f"     calls {callee.frame.name}",
-            where(callee.frame),
+            _step_where(callee),
         )
     if chain.callees and chain.other_callees:
         table.add_row(amount(chain.other_callees, unit), "", Text("     calls (others)", style="dim"), "")
     return table
+
+
+def _step_where(step: Step) -> Text:
+    """The line a step ran on this chain (the call it made, or its allocation); ``+N`` more lines."""
+    text = where(step.frame, step.line)
+    if len(step.lines) > 1:
+        text.append(f" +{len(step.lines) - 1} line{'s' if len(step.lines) > 2 else ''}", style="dim")
+    return text
 
 
 # -- diff --------------------------------------------------------------------

@@ -719,7 +719,8 @@
     } else if (t.frame[n] >= 0) {
       const d = state.P.data, fid = t.frame[n];
       const file = d.files[d.frames.file[fid]], line = d.frames.line[fid];
-      if (file) lines.push(line ? file + ":" + line : file);
+      // a bar is a function: its line is where the function is defined (its def), not a line it ran
+      if (file) lines.push(line ? "defined at " + file + ":" + line : file);
       lines.push(d.kinds[d.frames.kind[fid]] + " frame; shift-click or right-click: sandwich");
     }
     return lines;
