@@ -141,6 +141,8 @@ def no_match_message(frames: list[Frame], query: str) -> str:
 
 def explain(tree: FlameTree, query: str, limit: int = 5) -> Explanation:
     """The chains into the functions matching *query*, the *limit* widest in full."""
+    if not query.strip():
+        raise NoSuchFunctionError("the function name is empty (it would match every function)")
     codes = match_functions(tree.frames, query)
     if not codes:
         raise NoSuchFunctionError(no_match_message(tree.frames, query))

@@ -75,14 +75,18 @@ def add_filter_options(parser: argparse.ArgumentParser) -> None:
         "--ignore",
         action="append",
         default=[],
+        type=name_pattern,
         metavar="PATTERN",
         help="drop samples through a matching frame (repeatable)",
     )
-    group.add_argument("--focus", metavar="NAME", help="keep samples through NAME, with NAME as the root")
+    group.add_argument(
+        "--focus", type=name_pattern, metavar="NAME", help="keep samples through NAME, with NAME as the root"
+    )
     group.add_argument(
         "--hide",
         action="append",
         default=[],
+        type=name_pattern,
         metavar="PATTERN",
         help="remove matching frames, keeping their bytes (repeatable)",
     )
@@ -124,6 +128,24 @@ def add_analysis_options(parser: argparse.ArgumentParser) -> None:
     add_json_option(parser)
     add_lines_option(parser)
     add_filter_options(parser)
+
+
+def positive_count(text: str) -> int:
+    """A count of rows or chains: a whole number, at least 1 (``-n 0`` would show nothing)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a number of at least 1, got {value}")
+    return value
+
+
+def name_pattern(text: str) -> str:
+    """A function name or pattern: an empty one would match every frame."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("the name is empty (an empty pattern would match every function)")
+    return text
 
 
 def label_pair(text: str) -> tuple[str, str]:

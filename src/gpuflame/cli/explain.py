@@ -6,7 +6,14 @@ import argparse
 
 from gpuflame.analysis.chains import explain
 from gpuflame.analysis.tree import build_tree
-from gpuflame.cli.common import FILTER_ORDER, add_analysis_options, load_for_analysis, print_json
+from gpuflame.cli.common import (
+    FILTER_ORDER,
+    add_analysis_options,
+    load_for_analysis,
+    name_pattern,
+    positive_count,
+    print_json,
+)
 from gpuflame.render.terminal import make_console, print_comments, render_explanation
 
 HELP = "the call chains that lead to a function"
@@ -42,8 +49,12 @@ examples:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("file", metavar="FILE", help="profile: pprof (.pb.gz), folded, or PyTorch snapshot")
-    parser.add_argument("function", metavar="FUNCTION", help="function name, Foo.bar or 'Foo > bar'")
-    parser.add_argument("--chains", type=int, default=5, metavar="N", help="chains shown in full (default 5)")
+    parser.add_argument(
+        "function", type=name_pattern, metavar="FUNCTION", help="function name, Foo.bar or 'Foo > bar'"
+    )
+    parser.add_argument(
+        "--chains", type=positive_count, default=5, metavar="N", help="chains shown in full (default 5)"
+    )
     add_analysis_options(parser)
 
 
