@@ -386,3 +386,24 @@ def test_unwritable_output_is_one_line_and_exit_2(capsys, tmp_path, seed_file, a
     assert rc == 2 and out == ""
     assert len(err.strip().splitlines()) == 1 and "cannot write" in err and "Traceback" not in err
     assert os.listdir(outdir) == []
+
+
+@pytest.mark.parametrize(
+    "devices, heading",
+    [
+        (["cpu"], "CPU memory flame graph: peak_space"),
+        (["cuda:0", "cuda:1"], "GPU memory flame graph: peak_space"),
+        ([], "Memory flame graph: peak_space"),
+        (["cpu", "cuda:0"], "Memory (cpu, cuda:0) flame graph: peak_space"),
+    ],
+)
+def test_the_heading_names_the_memory_the_profile_measured(capsys, tmp_path, devices, heading):
+    p = Profile(sample_types=[SampleType("peak_space", "bytes")])
+    for device in devices or [None]:
+        p.add([Frame("main", "/app/x.py", 1)], [100], {"device": device} if device else None)
+    assert heading in "".join(parse(encode(p, 0)).itertext())
+    path = tmp_path / "p.pb.gz"
+    save(p, path)
+    rc, _, err = run(capsys, "flame", path, "--svg", tmp_path / "f.svg")
+    assert rc == 0, err
+    assert heading in "".join(parse((tmp_path / "f.svg").read_text()).itertext())

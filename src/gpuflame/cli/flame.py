@@ -57,7 +57,8 @@ def run(args: argparse.Namespace) -> int:
     lines = flame_lines(tree, max(0.0, args.min_percent), args.depth, args.expand)
     sample_type = tree.table.sample_type
     if args.svg:
-        atomic_write(args.svg, svg.render(tree, loaded.profile.comments))  # before any output
+        picture = svg.render(tree, loaded.profile.comments, devices=loaded.profile.label_values("device"))
+        atomic_write(args.svg, picture)  # before any output
     if args.json:
         print_json(
             {
