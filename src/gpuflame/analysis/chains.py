@@ -112,18 +112,21 @@ class Explanation:
         }
 
 
-def match_functions(frames: list[Frame], query: str) -> list[int]:
-    """Codes (1-based) of the frames *query* names.
+def match_functions(frames: list[Frame], query: str, present: set[int] | None = None) -> list[int]:
+    """Codes (1-based) of the frames *query* names, among the codes *present* (default: all).
 
     A whole-name match (either spelling, or the last part: ``forward`` finds
     ``LlamaMLP > forward``) wins; otherwise the query is searched inside
-    names, as the filters do.
+    names, as the filters do. Only frames that hold bytes count, so a frame
+    a filter removed (``adam`` under ``--prune-framework``) cannot shadow the
+    ones still shown (``Adam > _init_group``).
     """
-    exact = [i + 1 for i, f in enumerate(frames) if matches_exactly(f.name, query)]
+    codes = [i + 1 for i in range(len(frames)) if present is None or i + 1 in present]
+    exact = [c for c in codes if matches_exactly(frames[c - 1].name, query)]
     if exact:
         return exact
     regex = compile_query(query)
-    return [i + 1 for i, f in enumerate(frames) if regex.search(normalize(f.name))]
+    return [c for c in codes if regex.search(normalize(frames[c - 1].name))]
 
 
 def no_match_message(frames: list[Frame], query: str) -> str:
@@ -143,7 +146,8 @@ def explain(tree: FlameTree, query: str, limit: int = 5) -> Explanation:
     """The chains into the functions matching *query*, the *limit* widest in full."""
     if not query.strip():
         raise NoSuchFunctionError("the function name is empty (it would match every function)")
-    codes = match_functions(tree.frames, query)
+    present = set(np.unique(tree.table.codes).tolist()) - {0}
+    codes = match_functions(tree.frames, query, present)
     if not codes:
         raise NoSuchFunctionError(no_match_message(tree.frames, query))
     hit = np.zeros(len(tree.frames) + 1, dtype=bool)
