@@ -119,7 +119,8 @@ def add_force_option(parser: argparse.ArgumentParser) -> None:
 
 def add_lines_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lines", action="store_true",
-                        help="one bar per source line instead of one per function")
+                        help="one bar per source line instead of one per function "
+                        "(a function's file:line is where it is defined)")
 
 
 def add_analysis_options(parser: argparse.ArgumentParser) -> None:
