@@ -29,9 +29,9 @@ caller, down to the function you named, for example
   -> EngineCore > _initialize_kv_caches     KV cache setup
   -> GPUModelRunner > _allocate_kv_cache_tensors   the allocation
 
-Each step shows its total (it and all it calls, this chain's callers
-before it being the same; the chain's own share is in its title) and its
-self (allocated by it), and its file:line is the line that made the next call
+Each step shows its total (it and everything it calls, over every chain
+through it; the chain's own share is in the chain's title) and its self
+(allocated by it), and its file:line is the line that made the next call
 (or the allocation), "+N lines" when the chain runs through several lines
 of it; --json lists them all with their bytes and gives def_line, where the
 function is defined. Steps with zero self only pass the call on; the step
