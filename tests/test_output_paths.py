@@ -174,3 +174,13 @@ def test_export_to_stdout_needs_a_format(capsys, profile_file):
     rc, out, err = run(capsys, "export", profile_file, "-o", "-")
     one_error_line(rc, err, "--format")
     assert out == ""
+
+
+def test_view_from_stdin_needs_a_page_name(tmp_path, profile_file):
+    gpuflame = [sys.executable, "-m", "gpuflame"]
+    data = profile_file.read_bytes()
+    done = subprocess.run([*gpuflame, "view", "-"], input=data, capture_output=True, cwd=tmp_path)
+    assert done.returncode == 2 and b"-o OUT.html" in done.stderr
+    done = subprocess.run([*gpuflame, "view", "-", "-o", "page.html"], input=data, capture_output=True, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert b"gpuflame viewer" in (tmp_path / "page.html").read_bytes()

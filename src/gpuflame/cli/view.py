@@ -15,7 +15,7 @@ from gpuflame.cli.common import (
     load_for_analysis,
 )
 from gpuflame.errors import GpuflameError
-from gpuflame.files import atomic_write, check_output
+from gpuflame.files import STDIO, atomic_write, check_output
 from gpuflame.render import svg
 from gpuflame.render.html import render_html
 from gpuflame.units import format_bytes
@@ -84,6 +84,8 @@ def run(args: argparse.Namespace) -> int:
     if len(args.files) > 2:
         raise GpuflameError(f"expected one profile, or two (BASE NEW) for a diff; got {len(args.files)}")
     path = args.files[-1]
+    if path == STDIO and not args.output:
+        raise GpuflameError("the profile comes from standard input: name the page to write with -o OUT.html")
     output = args.output or default_output(path)
     for out in [output] + ([args.svg] if args.svg else []):
         check_output(out, args.files, force=args.force)
