@@ -184,3 +184,14 @@ def test_view_from_stdin_needs_a_page_name(tmp_path, profile_file):
     done = subprocess.run([*gpuflame, "view", "-", "-o", "page.html"], input=data, capture_output=True, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert b"gpuflame viewer" in (tmp_path / "page.html").read_bytes()
+
+
+def test_odd_command_words_are_no_inputs(tmp_path):
+    out = tmp_path / "run.pb.gz"
+    check_output(out, ["x" * 5000, "a\0b", "-c", "print(1)"])  # too long, a NUL: not paths, not an error
+    link = tmp_path / "link.py"
+    script = tmp_path / "script.py"
+    script.write_text(SCRIPT)
+    link.symlink_to(script)
+    with pytest.raises(GpuflameError, match="is an input"):
+        check_output(link, [str(script)])

@@ -135,10 +135,11 @@ def check_folder(folder: str | os.PathLike[str]) -> None:
 
 
 def _same_file(a: Path, b: Path) -> bool:
+    """Whether two paths name one existing file (links and ``..`` included); False for any odd word."""
     try:
         return a.exists() and b.exists() and os.path.samefile(a, b)
-    except OSError:
-        return a.resolve() == b.resolve()
+    except (OSError, ValueError):  # a command-line word too long or with a NUL for a path
+        return False
 
 
 def _check_folder(folder: Path, target: Path, make_folders: bool) -> None:
