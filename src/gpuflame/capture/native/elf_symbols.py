@@ -64,11 +64,12 @@ def name_of(address: int, library: str) -> str | None:
     """The demangled name of *address* in *library* (a path ``dladdr`` gave), or None."""
     if not library:
         return None
-    symbols = _symbols(os.path.realpath(library))
-    if symbols is None:
+    try:
+        symbols = _symbols(os.path.realpath(library))
+        mangled = symbols.name(address) if symbols is not None else None
+        return without_template_arguments(_CLONE.sub("", demangle(mangled))) if mangled else None
+    except Exception:  # a name is a nicety: never a failure of the profile that asked for it
         return None
-    mangled = symbols.name(address)
-    return without_template_arguments(_CLONE.sub("", demangle(mangled))) if mangled else None
 
 
 # what GCC adds to local copies and ABI variants: `f(int) [clone .constprop.0]`, `name[abi:cxx11]`
@@ -113,6 +114,7 @@ def _read(path: str, start: int) -> LibrarySymbols | None:
     with open(path, "rb") as f:
         data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
+        data.close()
         return None  # only 64-bit little-endian libraries
     phoff, shoff = struct.unpack_from("<QQ", data, 0x20)
     phentsize, phnum, shentsize, shnum = struct.unpack_from("<HHHH", data, 0x36)
@@ -123,6 +125,7 @@ def _read(path: str, start: int) -> LibrarySymbols | None:
             first_load = p_vaddr & ~(_PAGE - 1)
             break
     if first_load is None:
+        data.close()
         return None
     for k in range(shnum):
         base = shoff + k * shentsize
