@@ -91,3 +91,13 @@ def test_gzip_of_something_else_is_no_profile(capsys, tmp_path):
     rc, out, err = run(capsys, "report", path)
     one_line(rc, out, err, "not a profile gpuflame can read")
     assert "protobuf" not in err
+
+
+@pytest.mark.parametrize("obj, kind", [([1, 2], "list"), ({"a": 1}, "dict"), ("text", "str")])
+def test_a_pickle_that_is_no_snapshot_says_so(capsys, tmp_path, obj, kind):
+    import pickle
+
+    path = tmp_path / "thing.pickle"
+    path.write_bytes(pickle.dumps(obj))
+    rc, out, err = run(capsys, "top", path)
+    one_line(rc, out, err, f"not a profile: a pickle of a {kind}")

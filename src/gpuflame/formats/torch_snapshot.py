@@ -102,12 +102,12 @@ def decode(data: bytes) -> Profile:
     if data[:2] == GZIP_MAGIC:
         data = gunzip(data)
     snapshot = safe_pickle.loads(data)
-    if isinstance(snapshot, list):  # a bare segment list, as _memory_viz also accepts
-        snapshot = {"segments": snapshot}
+    if isinstance(snapshot, list) and all(isinstance(s, dict) for s in snapshot):
+        snapshot = {"segments": snapshot}  # a bare segment list, as _memory_viz also accepts
     if not isinstance(snapshot, dict) or not isinstance(snapshot.get("segments"), list):
         raise ProfileFormatError(
-            "this pickle is not a PyTorch memory snapshot (expected a dict with 'segments', "
-            "as torch.cuda.memory._dump_snapshot writes)"
+            f"not a profile: a pickle of a {type(snapshot).__name__}, not a PyTorch memory snapshot "
+            "(a dict with 'segments', as torch.cuda.memory._dump_snapshot writes)"
         )
     return from_snapshot(snapshot)
 
