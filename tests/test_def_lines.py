@@ -139,4 +139,17 @@ def test_a_snapshot_gets_def_lines_from_the_source_and_says_when_it_cannot(tmp_p
     assert not any("defined is unknown" in c for c in here.comments)
     gone = loads(snapshot_of([{"filename": "/nowhere/model.py", "line": 5, "name": "forward"}]))
     assert [f.start_line for f in gone.frames if f.name == "forward"] == [0]
-    assert any("/nowhere/model.py are defined is unknown" in c for c in gone.comments)
+    assert any(c.startswith("definition lines unknown for functions of /nowhere/model.py") for c in gone.comments)
+
+
+def test_a_profile_without_def_lines_says_why_its_bars_have_no_line(capsys, tmp_path, captured):
+    old = Profile(sample_types=[SampleType("inuse_space", "bytes")])
+    old.add([Frame("build", "/app/lines.py", 6), Frame("<module>", "/app/lines.py", 15)], [BIG])
+    path = tmp_path / "old.pb.gz"
+    path.write_bytes(pprof.encode(old))
+    notes = run_json(capsys, "top", path)["comments"]
+    assert notes == [
+        "definition lines unknown for functions of /app/lines.py (the profile records only the lines "
+        "that ran): their bars show the file without a line; --lines and explain show the lines they ran"
+    ]
+    assert not any("definition lines" in c for c in run_json(capsys, "top", captured)["comments"])

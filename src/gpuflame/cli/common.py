@@ -28,6 +28,7 @@ from gpuflame.model import (
     prune_framework,
     select_labels,
 )
+from gpuflame.model.functions import missing_def_lines_note
 from gpuflame.model.profile import Profile
 from gpuflame.symbols.names import CACHED_FREE, TRAMPOLINE
 from gpuflame.units import parse_size
@@ -226,6 +227,9 @@ class Loaded:
 def load_for_analysis(args: argparse.Namespace, paths: Sequence[str]) -> Loaded:
     """Read *paths*, pick ``--type``, apply the filters: what every analysis command starts with."""
     profile = load_profile(paths)
+    note = missing_def_lines_note(profile)
+    if note:  # older gpuflame files, py-spy's, Go's: say why a bar has no line
+        profile.comments.append(note)
     index = pick_type(profile, args.type)
     return Loaded(apply_filters(profile, args, index), index, ", ".join(paths))
 

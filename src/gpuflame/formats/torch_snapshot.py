@@ -63,6 +63,7 @@ from gpuflame.errors import GpuflameError, ProfileFormatError
 from gpuflame.formats import safe_pickle
 from gpuflame.formats.detect import GZIP_MAGIC, gunzip
 from gpuflame.gcpause import gc_paused
+from gpuflame.model.functions import def_lines_note
 from gpuflame.model.profile import NATIVE, PYTHON, SYNTHETIC, TRAMPOLINE, Frame, Labels, Profile, Sample
 from gpuflame.model.sample_types import memory_sample_types
 from gpuflame.model.timeline import Timeline
@@ -329,13 +330,8 @@ class _Converter:
     def _note_unknown_def_lines(self) -> None:
         """Say which files' functions show no ``def`` line: a snapshot records only call lines."""
         files = sorted(self.stacks.unknown_def_lines)
-        if files:
-            shown = ", ".join(files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
-            self.comment(
-                f"where the functions of {shown} are defined is unknown (the snapshot records only "
-                "the lines running; the source is not here or has changed): their bars show the file "
-                "without a line, and explain still shows each call's line"
-            )
+        if files:  # the snapshot records only the lines running; the source is not here or changed
+            self.comment(def_lines_note(files))
 
     # -- helpers used by the device replays --------------------------------
 

@@ -7,7 +7,10 @@ default; the flame tree, the viewer and the exports all ask here.
 
 from __future__ import annotations
 
-from gpuflame.model.profile import Frame
+from gpuflame.model.profile import PYTHON, Frame, Profile
+
+# How every note about missing definition lines starts (one note per profile).
+DEF_LINES_UNKNOWN = "definition lines unknown"
 
 
 def function_key(frame: Frame) -> tuple[str, str, str]:
@@ -33,3 +36,20 @@ def function_frames(frames: list[Frame]) -> list[Frame]:
         name, file, kind = key
         out[key] = Frame(name, file, line, kind, line)
     return [out[function_key(f)] for f in frames]
+
+
+def def_lines_note(files: list[str]) -> str:
+    """The note for functions of *files* whose ``def`` line is unknown: their bars show the file only."""
+    shown = ", ".join(files[:3]) + (f" and {len(files) - 3} more files" if len(files) > 3 else "")
+    return (
+        f"{DEF_LINES_UNKNOWN} for functions of {shown} (the profile records only the lines that ran): "
+        "their bars show the file without a line; --lines and explain show the lines they ran"
+    )
+
+
+def missing_def_lines_note(profile: Profile) -> str | None:
+    """A note when Python functions of *profile* have no ``def`` line and no note says so yet."""
+    if any(c.startswith(DEF_LINES_UNKNOWN) for c in profile.comments):
+        return None
+    files = sorted({f.file for f in profile.frames if f.kind == PYTHON and f.file and not f.start_line})
+    return def_lines_note(files) if files else None
