@@ -80,9 +80,9 @@ def build_rich_profile() -> Profile:
     p.comments = ["made by the tests", "ünïcode ✓"]
     p.time_nanos = 1_700_000_000_123_456_789
     p.duration_nanos = 42_000_000_000
-    module = Frame("<module>", "/app/train.py", 1)
-    forward = Frame("LlamaMLP > forward", "/app/modeling_llama.py", 123)
-    init = Frame("LlamaMLP > __init__", "/app/modeling_llama.py", 99)
+    module = Frame("<module>", "/app/train.py", 1, start_line=1)
+    forward = Frame("LlamaMLP > forward", "/app/modeling_llama.py", 123, start_line=123)
+    init = Frame("LlamaMLP > __init__", "/app/modeling_llama.py", 99, start_line=99)
     trampoline = Frame("<interpreter trampoline>", "", 0, "trampoline")
     native_addr = Frame("0x7f15deadbeef", "/usr/lib/libcuda.so.1", 0, "native")
     native_sym = Frame("cudaMalloc", "", 0, "native")

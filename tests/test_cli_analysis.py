@@ -283,8 +283,8 @@ def bad_inputs(tmp: Path, good: Path) -> dict[str, Path]:
 @pytest.mark.parametrize("command", ["report", "top", "explain", "diff", "export"])
 def test_bad_input_is_one_line_and_exit_2(capsys, tmp_path, seed_file, kind, command):
     bad = bad_inputs(tmp_path, seed_file)[kind]
-    out_file = tmp_path / "kept.json"
-    out_file.write_text("precious")
+    out_file = tmp_path / "kept.folded"
+    out_file.write_text("earlier;export 1\n")  # one gpuflame may replace: the bad input must stop it
     argv = {
         "report": ["report", bad],
         "top": ["top", bad],
@@ -297,7 +297,7 @@ def test_bad_input_is_one_line_and_exit_2(capsys, tmp_path, seed_file, kind, com
     assert out == ""
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
     assert err.startswith(f"gpuflame {command}: error: ")
-    assert out_file.read_text() == "precious"
+    assert out_file.read_text() == "earlier;export 1\n"
     assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
 
 

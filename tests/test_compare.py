@@ -12,7 +12,7 @@ from gpuflame.analysis.compare import GREW, NEW, SHRANK, VANISHED, compare
 from gpuflame.errors import GpuflameError
 from gpuflame.model import Frame, Profile, SampleType, memory_sample_types
 
-FRAMES = [Frame(n, "c.py", i) for i, n in enumerate(["main", "A > f", "B > g", "h"])]
+FRAMES = [Frame(n, "c.py", i, start_line=i) for i, n in enumerate(["main", "A > f", "B > g", "h"])]
 
 
 def totals_by_function(profile: Profile, index: int) -> Counter:

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from gpuflame.formats.detect import dumps
 from gpuflame.model import Frame, Profile, memory_sample_types
+from gpuflame.model.functions import function_frames
 from gpuflame.model.profile import NATIVE
 from gpuflame.render.flame_json import FORMAT, encode
 from test_hotspots import seed_profile
@@ -25,7 +26,7 @@ FRAMES = [
 def paths_from_json(nodes, prefix=()) -> dict:
     out = {}
     for n in nodes:
-        frame = Frame(n["name"], n["file"], n["line"], n["kind"])
+        frame = Frame(n["name"], n["file"], n["line"], n["kind"], n["def_line"])
         path = prefix + (frame,)
         out[path] = (n["self"], n["total"])
         assert n["total"] == n["self"] + sum(c["total"] for c in n["children"])
@@ -37,11 +38,12 @@ def paths_from_json(nodes, prefix=()) -> dict:
 
 def paths_from_samples(profile: Profile, index: int) -> dict:
     nodes: dict = defaultdict(lambda: [0, 0])
+    bars = function_frames(profile.frames)  # a bar is a function, at its def line
     for s in profile.samples:
         v = s.values[index]
         if not v:
             continue
-        path = tuple(reversed(profile.stack_frames(s)))
+        path = tuple(bars[i] for i in reversed(s.stack))
         for depth in range(1, len(path) + 1):
             nodes[path[:depth]][1] += v
         nodes[path][0] += v

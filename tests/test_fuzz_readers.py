@@ -138,7 +138,8 @@ def _inlined_raw() -> bytes:
 
 def seeds(rich: Profile) -> dict[str, bytes]:
     pid_types = rich.type_index("inuse_space")
-    folded_text = folded.encode(rich, pid_types, locations=True) + folded.encode(_many_frames(), 0)
+    # counts of _many_frames: its sizes go negative, which folded input refuses
+    folded_text = folded.encode(rich, pid_types, locations=True) + folded.encode(_many_frames(), 1)
     folded_text += "<module> (train.py:3);step (train.py:9) 17\n\n"
     out = {
         "pprof-gzip": pprof.encode(rich),

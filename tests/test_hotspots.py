@@ -43,24 +43,26 @@ def seed_profile() -> Profile:
     entry = [
         Frame("0x7f151", kind=NATIVE),
         Frame("<interpreter trampoline>", kind=TRAMPOLINE),
-        Frame("<module>", "/app/serve.py", 1),
-        Frame("EngineCoreProc > run_engine_core", f"{site}/engine/core.py", 500),
-        Frame("EngineCore > __init__", f"{site}/engine/core.py", 60),
+        Frame("<module>", "/app/serve.py", 1, start_line=1),
+        Frame("EngineCoreProc > run_engine_core", f"{site}/engine/core.py", 500, start_line=500),
+        Frame("EngineCore > __init__", f"{site}/engine/core.py", 60, start_line=60),
     ]
     kv = entry + [
-        Frame("EngineCore > _initialize_kv_caches", f"{site}/engine/core.py", 120),
-        Frame("Worker > initialize_from_config", f"{site}/worker/gpu_worker.py", 200),
-        Frame("GPUModelRunner > initialize_kv_cache", f"{site}/worker/gpu_model_runner.py", 2100),
-        Frame("GPUModelRunner > _allocate_kv_cache_tensors", f"{site}/worker/gpu_model_runner.py", 2010),
+        Frame("EngineCore > _initialize_kv_caches", f"{site}/engine/core.py", 120, start_line=120),
+        Frame("Worker > initialize_from_config", f"{site}/worker/gpu_worker.py", 200, start_line=200),
+        Frame("GPUModelRunner > initialize_kv_cache", f"{site}/worker/gpu_model_runner.py", 2100, start_line=2100),
+        Frame(
+            "GPUModelRunner > _allocate_kv_cache_tensors", f"{site}/worker/gpu_model_runner.py", 2010, start_line=2010
+        ),
     ]
     load = entry + [
-        Frame("Worker > load_model", f"{site}/worker/gpu_worker.py", 150),
-        Frame("LlamaForCausalLM > __init__", "/models/llama.py", 500),
-        Frame("LlamaMLP > __init__", "/models/llama.py", 80),
+        Frame("Worker > load_model", f"{site}/worker/gpu_worker.py", 150, start_line=150),
+        Frame("LlamaForCausalLM > __init__", "/models/llama.py", 500, start_line=500),
+        Frame("LlamaMLP > __init__", "/models/llama.py", 80, start_line=80),
     ]
     compile_ = entry + [
-        Frame("Worker > compile_or_warm_up_model", f"{site}/worker/gpu_worker.py", 300),
-        Frame("_compile_fx_inner", "/usr/lib/python3/site-packages/torch/_inductor/compile_fx.py", 400),
+        Frame("Worker > compile_or_warm_up_model", f"{site}/worker/gpu_worker.py", 300, start_line=300),
+        Frame("_compile_fx_inner", "/usr/lib/python3/site-packages/torch/_inductor/compile_fx.py", 400, start_line=400),
     ]
     profile = Profile(sample_types=memory_sample_types())
     profile.default_type = "peak_space"
@@ -99,7 +101,7 @@ def stats_dict(profile: Profile, type_index: int) -> tuple[dict, dict]:
     return self_, total
 
 
-FRAMES = [Frame(n, "r.py", i) for i, n in enumerate(["main", "loop", "A > f", "B > g", "leaf"])]
+FRAMES = [Frame(n, "r.py", i, start_line=i) for i, n in enumerate(["main", "loop", "A > f", "B > g", "leaf"])]
 
 
 @settings(max_examples=150, deadline=None)
@@ -122,7 +124,7 @@ def test_function_stats_match_samples(rows):
 
 def test_recursion_counts_once_in_total():
     profile = Profile(sample_types=memory_sample_types(inuse=False, alloc=False))
-    rec, main = Frame("walk", "t.py", 3), Frame("main", "t.py", 1)
+    rec, main = Frame("walk", "t.py", 3, start_line=3), Frame("main", "t.py", 1, start_line=1)
     profile.add([rec, rec, rec, main], [100, 1])
     profile.add([rec, main], [10, 1])
     self_, total = stats_dict(profile, 0)
@@ -241,13 +243,13 @@ def test_a_function_at_two_lines_is_one_function_unless_lines_are_asked_for() ->
 
     p = P(sample_types=[T("inuse_space", "bytes")])
     main_ = F("main", "/app/run.py", 3)
-    p.add([F("LlamaMLP > __init__", "/app/m.py", 12), main_], [100])
-    p.add([F("LlamaMLP > __init__", "/app/m.py", 15), main_], [40])
+    p.add([F("LlamaMLP > __init__", "/app/m.py", 12, start_line=10), main_], [100])
+    p.add([F("LlamaMLP > __init__", "/app/m.py", 15, start_line=10), main_], [40])
     p.add([F("LlamaMLP > __init__", "/other/m.py", 12), main_], [1])  # another file: another function
     by_function = stats_of(table_of(p, 0))
     names = {(by_function.frame(int(c)).file, int(by_function.self[c])) for c in by_function.ranked("self")}
     assert names == {("/app/m.py", 140), ("/other/m.py", 1)}
     shown = [by_function.frame(int(c)) for c in by_function.ranked("self")]
-    assert shown[0].line == 12  # the function's first line seen, nearest its def
+    assert shown[0].line == 10  # where the function is defined, not a line it ran
     by_line = stats_of(table_of(p, 0, lines=True))
     assert sorted(int(by_line.self[c]) for c in by_line.ranked("self")) == [1, 40, 100]

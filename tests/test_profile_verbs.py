@@ -201,7 +201,8 @@ def test_prune_framework_keeps_the_api_the_user_called():
     pruned = prune_framework(p)
     got = {tuple(f.name for f in pruned.stack_frames(s)) for s in pruned.samples}
     assert (
-        "Module > _call_impl",  # torch entry called by user code (the leaf run collapses to it)
+        "Linear > forward",  # the innermost class method of the leaf run: what the memory is
+        "Module > _call_impl",  # torch entry called by user code
         "LlamaMLP > forward",
         "Trainer > train",
         "<interpreter trampoline>",

@@ -155,7 +155,7 @@ def test_frames_carry_file_and_line_when_known(rich_profile: Profile) -> None:
 
 def test_single_profile_without_pid_and_unit_none_for_counts() -> None:
     p = Profile(sample_types=[SampleType("alloc_space", "bytes"), SampleType("alloc_objects", "count")])
-    a, b = Frame("main", "/x.py", 3), Frame("work", "/x.py", 9)
+    a, b = Frame("main", "/x.py", 3, start_line=3), Frame("work", "/x.py", 9, start_line=9)
     p.add([b, a], [100, 1])
     p.add([b, a], [50, 2])
     p.add([a], [0, 0])

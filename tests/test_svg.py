@@ -237,7 +237,7 @@ def test_empty_profile_says_so():
 
 
 def test_long_names_are_cut_to_fit_with_an_ellipsis():
-    long = Frame("VeryLongClassName > a_method_with_a_really_long_name_" + "x" * 80, "/app/x.py", 1)
+    long = Frame("VeryLongClassName > a_method_with_a_really_long_name_" + "x" * 80, "/app/x.py", 1, start_line=1)
     other = Frame("other", "/app/x.py", 2)
     profile = one_type_profile([([long], 100), ([other], 1900)])
     bar = next(d for d in bars(parse(encode(profile, 0))) if d["name"] == long.name)
@@ -284,7 +284,8 @@ def test_header_has_the_type_the_total_and_every_comment():
 def hostile_profile() -> Profile:
     p = Profile(sample_types=[SampleType("peak_space", "bytes")])
     for name in HOSTILE:
-        p.add([Frame(name, '/app/"><svg onload=alert(1)>.py', 3)], [1000], {"device": "<b onmouseover=x>"})
+        frame = Frame(name, '/app/"><svg onload=alert(1)>.py', 3, start_line=3)
+        p.add([frame], [1000], {"device": "<b onmouseover=x>"})
     p.comments = ["</text><script>alert(1)</script>", "]]>&\"'"]
     return p
 
@@ -385,3 +386,24 @@ def test_unwritable_output_is_one_line_and_exit_2(capsys, tmp_path, seed_file, a
     assert rc == 2 and out == ""
     assert len(err.strip().splitlines()) == 1 and "cannot write" in err and "Traceback" not in err
     assert os.listdir(outdir) == []
+
+
+@pytest.mark.parametrize(
+    "devices, heading",
+    [
+        (["cpu"], "CPU memory flame graph: peak_space"),
+        (["cuda:0", "cuda:1"], "GPU memory flame graph: peak_space"),
+        ([], "Memory flame graph: peak_space"),
+        (["cpu", "cuda:0"], "Memory (cpu, cuda:0) flame graph: peak_space"),
+    ],
+)
+def test_the_heading_names_the_memory_the_profile_measured(capsys, tmp_path, devices, heading):
+    p = Profile(sample_types=[SampleType("peak_space", "bytes")])
+    for device in devices or [None]:
+        p.add([Frame("main", "/app/x.py", 1)], [100], {"device": device} if device else None)
+    assert heading in "".join(parse(encode(p, 0)).itertext())
+    path = tmp_path / "p.pb.gz"
+    save(p, path)
+    rc, _, err = run(capsys, "flame", path, "--svg", tmp_path / "f.svg")
+    assert rc == 0, err
+    assert heading in "".join(parse((tmp_path / "f.svg").read_text()).itertext())

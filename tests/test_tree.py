@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from gpuflame.analysis.tree import NO_STACK, FlameTree, build_table, build_tree, group_frame
 from gpuflame.errors import GpuflameError
 from gpuflame.model import Frame, Profile, SampleType
+from gpuflame.model.functions import function_frames
 from gpuflame.model.profile import SYNTHETIC
 
 FRAMES = [
@@ -25,11 +26,12 @@ def naive_tree(
 ) -> dict[tuple[Frame, ...], list[int]]:
     """{root-first frame path: [self, total]} from the samples, one stack at a time."""
     nodes: dict[tuple[Frame, ...], list[int]] = defaultdict(lambda: [0, 0])
+    bars = function_frames(profile.frames)  # a bar is a function, at its def line
     for s in profile.samples:
         v = s.values[type_index]
         if not v:
             continue
-        path = [profile.frames[i] for i in reversed(s.stack)] or [NO_STACK]
+        path = [bars[i] for i in reversed(s.stack)] or [NO_STACK]
         if group_by:
             path.insert(0, group_frame(group_by, s.label(group_by)))
         for depth in range(len(path)):
@@ -104,7 +106,7 @@ def test_children_in_name_order_whatever_the_frame_table_order():
 
 def test_parent_and_path_read_bottom_up():
     profile = Profile(sample_types=TYPES)
-    a, b, c = (Frame(n, "m.py", 1) for n in "abc")
+    a, b, c = (Frame(n, "m.py", 1, start_line=1) for n in "abc")
     profile.add([c, b, a], [5, 0])  # leaf first: a calls b calls c
     profile.add([b, a], [3, 0])
     tree = build_tree(profile, 0)
@@ -137,7 +139,7 @@ def test_empty_stack_is_kept_as_unknown():
 
 
 def test_duplicate_frames_in_the_table_are_one_function():
-    f = Frame("dup", "d.py", 3)
+    f = Frame("dup", "d.py", 3, start_line=3)
     profile = Profile(sample_types=TYPES, frames=[f, Frame("x"), f])
     profile.samples = []
     from gpuflame.model.profile import Sample

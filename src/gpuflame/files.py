@@ -8,14 +8,25 @@ folder and is renamed into place only when complete.
 from __future__ import annotations
 
 import os
+import re
+import sys
 import tempfile
+import zlib
+from collections.abc import Iterable
 from pathlib import Path
 
 from gpuflame.errors import GpuflameError
 
+# The path that means standard input (for a profile read) or output (for one written).
+STDIO = "-"
+
 
 def read_bytes(path: str | os.PathLike[str]) -> bytes:
-    """Read a whole input file, turning OS errors into one readable line."""
+    """Read a whole input file (``-``: standard input), turning OS errors into one readable line."""
+    if os.fspath(path) == STDIO:
+        if sys.stdin is None or sys.stdin.isatty():
+            raise GpuflameError("-: standard input is a terminal; pipe a profile in (... | gpuflame report -)")
+        return sys.stdin.buffer.read()
     p = Path(path)
     try:
         return p.read_bytes()
@@ -55,8 +66,140 @@ def atomic_write(path: str | os.PathLike[str], data: bytes | str) -> None:
         raise
 
 
+def write_output(path: str | os.PathLike[str], data: bytes | str) -> None:
+    """:func:`atomic_write`, or standard output for ``-``."""
+    if os.fspath(path) != STDIO:
+        atomic_write(path, data)
+        return
+    payload = data.encode("utf-8") if isinstance(data, str) else data
+    sys.stdout.flush()
+    sys.stdout.buffer.write(payload)
+    sys.stdout.buffer.flush()
+
+
 def _remove_quietly(path: str) -> None:
     try:
         os.unlink(path)
     except OSError:
         pass
+
+
+# -- where an output may go ---------------------------------------------------
+
+# Bytes read from an existing file to tell whether gpuflame wrote it.
+_SNIFF_BYTES = 65536
+
+# What the start of each kind of file gpuflame writes looks like (besides
+# gzip pprof and folded stacks, which are recognised by their structure).
+_OWN_TEXT_MARKS = (
+    "<!-- gpuflame viewer:",  # view: the HTML page
+    "<!-- gpuflame flame graph",  # export/flame/view --svg: the SVG picture
+    '"format": "gpuflame-flame-tree"',  # export --format json
+    "https://www.speedscope.app/file-format-schema.json",  # export --format speedscope
+)
+
+
+def check_output(
+    path: str | os.PathLike[str],
+    inputs: Iterable[str | os.PathLike[str]] = (),
+    force: bool = False,
+    make_folders: bool = False,
+) -> None:
+    """Refuse an output path that would destroy something, before any work is done.
+
+    An output may replace an empty file or a file gpuflame wrote (a profile,
+    a page, a picture) — that is how a run is redone — but never one of the
+    command's inputs (the profiled script, the profile being read), never a
+    directory, and never any other file unless *force*. A folder that cannot
+    be written is said now, in one line, rather than after a long run.
+    With *make_folders* (``gpuflame run -o``), missing folders are made now.
+    """
+    p = Path(path)
+    for given in inputs:
+        if _same_file(p, Path(given)):
+            raise GpuflameError(f"{p}: is an input of this command; refusing to overwrite it")
+    if p.is_dir():
+        raise GpuflameError(f"{p}: cannot write: it is a folder (give a file name)")
+    if p.exists() and not force and not _written_by_gpuflame(p):
+        raise GpuflameError(
+            f"{p}: exists and is not a file gpuflame wrote; refusing to overwrite it "
+            "(--force replaces it)"
+        )
+    _check_folder(p.parent if str(p.parent) else Path("."), p, make_folders)
+
+
+def check_folder(folder: str | os.PathLike[str]) -> None:
+    """Refuse a folder gpuflame must make files in (the run store) that cannot be written."""
+    f = Path(folder)
+    _check_folder(f, f, make_folders=True)
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    """Whether two paths name one existing file (links and ``..`` included); False for any odd word."""
+    try:
+        return a.exists() and b.exists() and os.path.samefile(a, b)
+    except (OSError, ValueError):  # a command-line word too long or with a NUL for a path
+        return False
+
+
+def _check_folder(folder: Path, target: Path, make_folders: bool) -> None:
+    if not folder.exists():
+        if not make_folders:
+            raise GpuflameError(f"{target}: cannot write (folder {folder} does not exist)")
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise GpuflameError(f"{target}: cannot make the folder {folder} ({exc.strerror or exc})") from None
+    if not folder.is_dir():
+        raise GpuflameError(f"{target}: cannot write ({folder} is not a folder)")
+    _probe(folder, target)
+
+
+def _probe(folder: Path, target: Path) -> None:
+    """Make and remove a file in *folder*: the only sure test (``/proc``, read-only mounts)."""
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".gpuflame-probe.", dir=folder)
+    except PermissionError:
+        raise GpuflameError(f"{target}: cannot write (permission denied in {folder})") from None
+    except OSError as exc:
+        raise GpuflameError(f"{target}: cannot write in {folder} ({exc.strerror or exc})") from None
+    os.close(fd)
+    _remove_quietly(tmp)
+
+
+def _written_by_gpuflame(path: Path) -> bool:
+    """Whether an existing file is empty or looks like something gpuflame writes."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(_SNIFF_BYTES)
+    except OSError:
+        return False
+    if not head:
+        return True
+    if head[:2] == b"\x1f\x8b":
+        return _is_gzip_pprof(head)
+    text = head.decode("utf-8", errors="replace")
+    if any(mark in text for mark in _OWN_TEXT_MARKS):
+        return True
+    return _is_folded(text, complete=len(head) < _SNIFF_BYTES)
+
+
+def _is_gzip_pprof(head: bytes) -> bool:
+    """gzip whose content starts as a pprof Profile does (a sample_type, field 1)."""
+    try:
+        inner = zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(head, 16)
+    except zlib.error:
+        return False
+    return inner[:1] == b"\x0a"
+
+
+_FOLDED_LINE = re.compile(r"(#.*|.*\S\s-?[0-9]+)")
+
+
+def _is_folded(text: str, complete: bool) -> bool:
+    """Every line (but a cut last one) is ``stack COUNT``: folded stacks."""
+    lines = text.split("\n")
+    if not complete:
+        lines = lines[:-1]
+    lines = [ln.rstrip() for ln in lines if ln.strip()]
+    return bool(lines) and all(_FOLDED_LINE.fullmatch(ln) for ln in lines)

@@ -382,3 +382,50 @@ def test_the_demo_run_renders_offline_with_the_seeds_names(chrome: Chrome, tmp_p
     png = chrome.screenshot()
     (tmp_path / "demo.png").write_bytes(png)
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+
+
+def adamw_profile():
+    """AdamW's state, as the torch backend records it: user -> optimizer wrappers -> Adam's own methods."""
+    from gpuflame.model import Frame, Profile, memory_sample_types
+
+    optim = "/venv/lib/python3.11/site-packages/torch/optim"
+    p = Profile(sample_types=memory_sample_types()[:1])
+    p.add(
+        [
+            Frame("Adam > _init_group", f"{optim}/adam.py", 178, start_line=139),
+            Frame("Adam > step", f"{optim}/adam.py", 238, start_line=213),
+            Frame("_use_grad_for_differentiable > _use_grad", f"{optim}/optimizer.py", 80, start_line=74),
+            Frame("Optimizer > profile_hook_step > wrapper", f"{optim}/optimizer.py", 530, start_line=510),
+            Frame("train", "/app/train.py", 21, start_line=13),
+            Frame("<module>", "/app/train.py", 25, start_line=1),
+        ],
+        [2 * MiB],
+    )
+    p.add([Frame("train", "/app/train.py", 15, start_line=13), Frame("<module>", "/app/train.py", 25, start_line=1)],
+          [2 * MiB])
+    return p
+
+
+def test_hidden_framework_still_names_adam_and_search_finds_it(chrome: Chrome, tmp_path: Path) -> None:
+    save(adamw_profile(), tmp_path / "adamw.pb.gz")
+    assert main(["view", str(tmp_path / "adamw.pb.gz")]) == 0
+    open_viewer(chrome, tmp_path / "adamw.html")
+    chrome.evaluate("document.getElementById('hide-framework').click()")
+    settle(chrome)
+    labels = set(chrome.evaluate("window.gpuflameBarLabels()"))
+    assert {"Optimizer > profile_hook_step > wrapper", "Adam > _init_group"} <= labels  # entry and what it is
+    assert not {"_use_grad_for_differentiable > _use_grad", "Adam > step"} & labels
+    s = search(chrome, "Adam")
+    assert s["matchTotal"] == 2 * MiB and "50.0%" in s["matchText"]
+
+
+def test_tooltip_says_where_the_function_is_defined(chrome: Chrome, tmp_path: Path) -> None:
+    save(adamw_profile(), tmp_path / "adamw.pb.gz")
+    assert main(["view", str(tmp_path / "adamw.pb.gz")]) == 0
+    open_viewer(chrome, tmp_path / "adamw.html")
+    bar = chrome.wait_for("window.gpuflameBar('train')")
+    chrome.hover(bar["x"], bar["y"])
+    tip = "document.getElementById('tooltip')"
+    text = chrome.wait_for(f"!{tip}.hidden && {tip}.textContent")
+    assert "defined at /app/train.py:13" in text
+    assert "train.py:15" not in text and "train.py:21" not in text

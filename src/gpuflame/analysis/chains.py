@@ -30,14 +30,32 @@ class NoSuchFunctionError(GpuflameError):
 
 @dataclass(frozen=True)
 class Step:
-    """One frame of a chain: a node of the flame tree."""
+    """One frame of a chain: a node of the flame tree, with the lines it ran on this chain.
+
+    ``frame`` is the function bar (its line: where it is defined); ``lines``
+    are the lines of the function this chain went through, widest first:
+    where it made the call that leads on (pprof's ``Line.line``), or
+    allocated.
+    """
 
     frame: Frame
     self: int
     total: int
+    lines: tuple[tuple[int, int], ...] = ()
+
+    @property
+    def line(self) -> int:
+        """The widest line this step ran on the chain (0 when unknown)."""
+        return self.lines[0][0] if self.lines else 0
 
     def to_dict(self) -> dict[str, object]:
-        return {**frame_dict(self.frame), "self": self.self, "total": self.total}
+        return {
+            **frame_dict(self.frame),
+            "line": self.line,
+            "lines": [{"line": line, "total": total} for line, total in self.lines],
+            "self": self.self,
+            "total": self.total,
+        }
 
 
 @dataclass(frozen=True)
@@ -94,18 +112,21 @@ class Explanation:
         }
 
 
-def match_functions(frames: list[Frame], query: str) -> list[int]:
-    """Codes (1-based) of the frames *query* names.
+def match_functions(frames: list[Frame], query: str, present: set[int] | None = None) -> list[int]:
+    """Codes (1-based) of the frames *query* names, among the codes *present* (default: all).
 
     A whole-name match (either spelling, or the last part: ``forward`` finds
     ``LlamaMLP > forward``) wins; otherwise the query is searched inside
-    names, as the filters do.
+    names, as the filters do. Only frames that hold bytes count, so a frame
+    a filter removed (``adam`` under ``--prune-framework``) cannot shadow the
+    ones still shown (``Adam > _init_group``).
     """
-    exact = [i + 1 for i, f in enumerate(frames) if matches_exactly(f.name, query)]
+    codes = [i + 1 for i in range(len(frames)) if present is None or i + 1 in present]
+    exact = [c for c in codes if matches_exactly(frames[c - 1].name, query)]
     if exact:
         return exact
     regex = compile_query(query)
-    return [i + 1 for i, f in enumerate(frames) if regex.search(normalize(f.name))]
+    return [c for c in codes if regex.search(normalize(frames[c - 1].name))]
 
 
 def no_match_message(frames: list[Frame], query: str) -> str:
@@ -123,7 +144,10 @@ def no_match_message(frames: list[Frame], query: str) -> str:
 
 def explain(tree: FlameTree, query: str, limit: int = 5) -> Explanation:
     """The chains into the functions matching *query*, the *limit* widest in full."""
-    codes = match_functions(tree.frames, query)
+    if not query.strip():
+        raise NoSuchFunctionError("the function name is empty (it would match every function)")
+    present = set(np.unique(tree.table.codes).tolist()) - {0}
+    codes = match_functions(tree.frames, query, present)
     if not codes:
         raise NoSuchFunctionError(no_match_message(tree.frames, query))
     hit = np.zeros(len(tree.frames) + 1, dtype=bool)
@@ -177,13 +201,22 @@ def _chain_nodes(tree: FlameTree, rows: np.ndarray, depths: np.ndarray) -> tuple
     return nodes, np.concatenate(totals) if totals else np.zeros(0, dtype=np.int64)
 
 
-def _step(tree: FlameTree, node: Node) -> Step:
-    return Step(tree.frame(node), tree.node_self(node), tree.node_total(node))
+def _steps(tree: FlameTree, path: list[Node]) -> list[Step]:
+    """The steps of a path from a root, each with the lines it ran on the path's rows."""
+    end = path[-1]
+    level = tree.level(end.depth)
+    lines = tree.table.row_lines(int(level.start[end.index]), int(level.end[end.index]), end.depth)
+    steps = []
+    for node, at in zip(path, lines, strict=True):
+        ranked = tuple(sorted(((ln, v) for ln, v in at.items() if v), key=lambda lv: (-abs(lv[1]), lv[0])))
+        steps.append(Step(tree.frame(node), tree.node_self(node), tree.node_total(node), ranked))
+    return steps
 
 
 def _chain(tree: FlameTree, node: Node) -> Chain:
-    steps = [_step(tree, n) for n in tree.path(node)]
-    callees = sorted((_step(tree, c) for c in tree.children(node)), key=lambda s: -s.total)
-    shown = callees[:CALLEES]
+    path = tree.path(node)
+    steps = _steps(tree, path)
+    widest = sorted(tree.children(node), key=lambda c: -tree.node_total(c))[:CALLEES]
+    shown = [_steps(tree, path + [c])[-1] for c in widest]
     other = steps[-1].total - steps[-1].self - sum(c.total for c in shown)
     return Chain(steps, percent(steps[-1].total, tree.total), shown, other)

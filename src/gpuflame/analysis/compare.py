@@ -10,8 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gpuflame.analysis.hotspots import FunctionStats, function_stats
-from gpuflame.analysis.tree import build_table, frame_dict, function_key
+from gpuflame.analysis.tree import build_table, frame_dict
 from gpuflame.model.diff import diff
+from gpuflame.model.functions import function_key
 from gpuflame.model.profile import Frame, Profile
 
 GREW, SHRANK, NEW, VANISHED = "grew", "shrank", "new", "vanished"

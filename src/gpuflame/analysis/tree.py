@@ -31,6 +31,7 @@ from typing import NamedTuple
 import numpy as np
 
 from gpuflame.errors import GpuflameError
+from gpuflame.model.functions import function_frames
 from gpuflame.model.profile import SYNTHETIC, Frame, Profile, Sample, SampleType
 from gpuflame.symbols.names import UNKNOWN
 
@@ -55,33 +56,23 @@ def group_frame(key: str, value: str | None) -> Frame:
     return Frame(f"{key}={value if value is not None else '(none)'}", kind=SYNTHETIC)
 
 
-def frame_sort_key(frame: Frame) -> tuple[str, str, int, str]:
-    return (frame.name, frame.file, frame.line, frame.kind)
-
-
-def function_key(frame: Frame) -> tuple[str, str, str]:
-    """What makes two frames the same function: everything but the line."""
-    return (frame.name, frame.file, frame.kind)
-
-
-def function_frames(frames: list[Frame]) -> list[Frame]:
-    """For each frame, the frame that stands for its function.
-
-    Its line is the function's first line seen (the lowest, nearest the
-    ``def``), so file:line still leads into the function.
-    """
-    first: dict[tuple[str, str, str], Frame] = {}
-    for f in frames:
-        key = function_key(f)
-        have = first.get(key)
-        if have is None or (f.line and (not have.line or f.line < have.line)):
-            first[key] = f
-    return [first[function_key(f)] for f in frames]
+def frame_sort_key(frame: Frame) -> tuple[str, str, int, str, int]:
+    return (frame.name, frame.file, frame.line, frame.kind, frame.start_line)
 
 
 def frame_dict(frame: Frame) -> dict[str, object]:
-    """A frame as JSON members: the same four keys in every gpuflame JSON output."""
-    return {"name": frame.name, "file": frame.file, "line": frame.line, "kind": frame.kind}
+    """A frame as JSON members: the same keys in every gpuflame JSON output.
+
+    ``line`` is the bar's line (a function bar's ``def``; with ``--lines`` the
+    line itself), ``def_line`` where the function is defined (0: unknown).
+    """
+    return {
+        "name": frame.name,
+        "file": frame.file,
+        "line": frame.line,
+        "def_line": frame.start_line,
+        "kind": frame.kind,
+    }
 
 
 def weighted_sum(index: np.ndarray, weights: np.ndarray, size: int, exact_float: bool) -> np.ndarray:
@@ -113,6 +104,11 @@ class StackTable:
     codes: np.ndarray
     lengths: np.ndarray
     values: np.ndarray
+    # where each row came from, for what the bars merge (the line of each frame)
+    samples: list[Sample] = field(default_factory=list, repr=False)
+    sample_of_row: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.intp), repr=False)
+    source_frames: list[Frame] = field(default_factory=list, repr=False)
+    offset: int = 0  # columns before a sample's root frame (1 with group_by)
 
     @property
     def rows(self) -> int:
@@ -131,6 +127,32 @@ class StackTable:
     def exact_float(self) -> bool:
         """Whether float64 sums of these values are exact (see :func:`weighted_sum`)."""
         return self.magnitude < EXACT_FLOAT_LIMIT
+
+    def row_lines(self, start: int, end: int, depth: int) -> list[dict[int, int]]:
+        """For rows ``start:end`` and each depth up to *depth*: {source line: summed value}.
+
+        A function bar merges its lines; this is what it merged, the line
+        each frame was running (a call's line, or an allocation's), read from
+        the samples the rows came from.
+        """
+        out: list[dict[int, int]] = [{} for _ in range(depth + 1)]
+        lines_of = np.array([f.line for f in self.source_frames] or [0], dtype=np.int64)
+        for lo in range(start, end, CHUNK_ROWS):
+            hi = min(end, lo + CHUNK_ROWS)
+            stacks = [self.samples[i].stack for i in self.sample_of_row[lo:hi].tolist()]
+            lens = np.fromiter(map(len, stacks), dtype=np.intp, count=len(stacks))
+            flat = np.fromiter(chain.from_iterable(stacks), dtype=np.intp, count=int(lens.sum()))
+            row = np.repeat(np.arange(len(lens)), lens)
+            firsts = np.repeat(np.cumsum(lens) - lens, lens)
+            col = self.offset + np.repeat(lens, lens) - 1 - (np.arange(len(flat)) - firsts)  # root first
+            keep = col <= depth
+            col, lines = col[keep], lines_of[flat[keep]]
+            values = self.values[lo:hi][row[keep]]
+            keys, inverse = np.unique(np.stack([col, lines]), axis=1, return_inverse=True)
+            sums = weighted_sum(inverse.ravel(), values, keys.shape[1], self.exact_float)
+            for (d, line), value in zip(keys.T.tolist(), sums.tolist(), strict=True):
+                out[d][line] = out[d].get(line, 0) + value
+        return out
 
     def leaf_codes(self) -> np.ndarray:
         """The code of each row's leaf frame (the frame that allocated)."""
@@ -174,6 +196,10 @@ def build_table(
         codes=codes[order],
         lengths=lengths[order],
         values=values[order],
+        samples=samples,
+        sample_of_row=order,
+        source_frames=profile.frames,
+        offset=offset,
     )
     if table.magnitude >= SUM_LIMIT:
         raise GpuflameError(

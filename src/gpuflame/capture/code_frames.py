@@ -1,8 +1,9 @@
 """Frames from (code object, byte offset) pairs: how the live torch backends name what they record.
 
 Recording keeps only code objects and instruction offsets (cheap, exact);
-names (``co_qualname`` in the seed's spelling) and line numbers are worked
-out here, once per distinct pair, when a profile is built.
+names (``co_qualname`` in the seed's spelling), the line running and the
+line the function starts at (``co_firstlineno``) are worked out here, once
+per distinct pair, when a profile is built.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ class CodeFrames:
             return self._cache[key]
         frame: Frame | None = None
         if code is not None and not code.co_filename.startswith(GPUFLAME_DIR):
-            frame = Frame(code_name(code), code.co_filename, line_of(code, lasti))
+            frame = Frame(code_name(code), code.co_filename, line_of(code, lasti), start_line=code.co_firstlineno)
         self._cache[key] = frame
         return frame
 

@@ -141,14 +141,18 @@ class JaxMemoryRecorder(Recorder):
         return rows
 
     def _rename(self, frame: Frame) -> Frame:
-        """``make`` at ``model.py:12`` -> ``Model > make``; names already dotted keep their owner."""
+        """``make`` at ``model.py:12`` -> ``Model > make``; names already dotted keep their owner.
+
+        JAX gives no definition line: it is read from the source, which is here.
+        """
         if frame.kind != PYTHON or not frame.name:
             return frame
+        qualname, start = self._resolver.lookup(frame.file, frame.line, frame.name.rsplit(".", 1)[-1])
         if "." in frame.name and not frame.name.startswith("<"):
             name = display_name(frame.name)
         else:
-            name = self._resolver.display(frame.file, frame.line, frame.name)
-        return frame._replace(name=name)
+            name = display_name(qualname)
+        return frame._replace(name=name, start_line=frame.start_line or start)
 
     def _comments(self) -> list[str]:
         return [

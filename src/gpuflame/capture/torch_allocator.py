@@ -33,6 +33,7 @@ from types import ModuleType
 
 from gpuflame.capture.base import Recorder, empty_profile
 from gpuflame.capture.code_frames import CodeFrames
+from gpuflame.capture.native import elf_symbols
 from gpuflame.model.profile import NATIVE, SYNTHETIC, Frame, Profile
 from gpuflame.model.timeline import Timeline
 from gpuflame.symbols.names import native_address_name
@@ -143,6 +144,7 @@ class TorchAllocatorRecorder(Recorder):
         frame = self._native_frames.get(address)
         if frame is None:
             name, file = hook.symbol(address)
+            name = name or elf_symbols.name_of(address, file) or ""  # not exported: the full symbol table
             frame = Frame(short_native_name(name) if name else native_address_name(address), file, 0, NATIVE)
             self._native_frames[address] = frame
         return frame

@@ -28,6 +28,7 @@ from gpuflame.model import (
     prune_framework,
     select_labels,
 )
+from gpuflame.model.functions import missing_def_lines_note
 from gpuflame.model.profile import Profile
 from gpuflame.symbols.names import CACHED_FREE, TRAMPOLINE
 from gpuflame.units import parse_size
@@ -75,14 +76,18 @@ def add_filter_options(parser: argparse.ArgumentParser) -> None:
         "--ignore",
         action="append",
         default=[],
+        type=name_pattern,
         metavar="PATTERN",
         help="drop samples through a matching frame (repeatable)",
     )
-    group.add_argument("--focus", metavar="NAME", help="keep samples through NAME, with NAME as the root")
+    group.add_argument(
+        "--focus", type=name_pattern, metavar="NAME", help="keep samples through NAME, with NAME as the root"
+    )
     group.add_argument(
         "--hide",
         action="append",
         default=[],
+        type=name_pattern,
         metavar="PATTERN",
         help="remove matching frames, keeping their bytes (repeatable)",
     )
@@ -105,9 +110,18 @@ def add_filter_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_force_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="replace an existing output file that gpuflame did not write (never an input, never a folder)",
+    )
+
+
 def add_lines_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lines", action="store_true",
-                        help="one bar per source line instead of one per function")
+                        help="one bar per source line instead of one per function "
+                        "(a function's file:line is where it is defined)")
 
 
 def add_analysis_options(parser: argparse.ArgumentParser) -> None:
@@ -116,6 +130,24 @@ def add_analysis_options(parser: argparse.ArgumentParser) -> None:
     add_json_option(parser)
     add_lines_option(parser)
     add_filter_options(parser)
+
+
+def positive_count(text: str) -> int:
+    """A count of rows or chains: a whole number, at least 1 (``-n 0`` would show nothing)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a number of at least 1, got {value}")
+    return value
+
+
+def name_pattern(text: str) -> str:
+    """A function name or pattern: an empty one would match every frame."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("the name is empty (an empty pattern would match every function)")
+    return text
 
 
 def label_pair(text: str) -> tuple[str, str]:
@@ -195,6 +227,9 @@ class Loaded:
 def load_for_analysis(args: argparse.Namespace, paths: Sequence[str]) -> Loaded:
     """Read *paths*, pick ``--type``, apply the filters: what every analysis command starts with."""
     profile = load_profile(paths)
+    note = missing_def_lines_note(profile)
+    if note:  # older gpuflame files, py-spy's, Go's: say why a bar has no line
+        profile.comments.append(note)
     index = pick_type(profile, args.type)
     return Loaded(apply_filters(profile, args, index), index, ", ".join(paths))
 

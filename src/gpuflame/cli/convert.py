@@ -14,6 +14,8 @@ import shlex
 import sys
 from typing import Any
 
+from gpuflame.cli.common import add_force_option
+from gpuflame.files import STDIO, check_output
 from gpuflame.formats.detect import FORMATS, format_from_name, load, save
 from gpuflame.model.profile import Profile
 from gpuflame.units import format_count
@@ -42,11 +44,17 @@ examples:
 
 The format follows the output name (.pb.gz, .folded, .speedscope.json,
 .json) unless --format says otherwise; pprof when the name says nothing.
+"-o -" writes to standard output (and prints no summary). OUTPUT may
+replace a file gpuflame wrote; the input, a folder or any other existing
+file is refused (--force replaces another file).
 """
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("input", metavar="INPUT", help="snapshot pickle, pprof (.pb.gz) or folded file")
-    parser.add_argument("-o", "--output", required=True, metavar="OUTPUT", help="file to write (atomically)")
+    parser.add_argument(
+        "-o", "--output", required=True, metavar="OUTPUT", help="file to write (atomically); - for standard output"
+    )
+    add_force_option(parser)
     parser.add_argument(
         "--format",
         choices=FORMATS,
@@ -67,12 +75,16 @@ def output_format(path: str, requested: str | None) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.output != STDIO:
+        check_output(args.output, [args.input], force=args.force)
     profile = load(args.input)
     fmt = output_format(args.output, args.format)
     type_index = profile.pick_type(args.type)  # an unknown --type fails before anything is written
     if args.type:
         profile.default_type = profile.sample_types[type_index].type
     save(profile, args.output, fmt, args.type)
+    if args.output == STDIO:
+        return 0  # standard output holds the profile: nothing else may go there
     summary = _summary(profile, args, fmt, _size(args.output), type_index)
     if args.json:
         json.dump(summary, sys.stdout, indent=2)

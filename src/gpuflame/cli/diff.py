@@ -12,6 +12,7 @@ from gpuflame.cli.common import (
     apply_filters,
     load_profile,
     pick_type,
+    positive_count,
     print_json,
 )
 from gpuflame.render.terminal import make_console, render_comparison
@@ -47,7 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--by", choices=("total", "self"), default="total", help="compare by total or self (default total)"
     )
     parser.add_argument(
-        "-n", "--limit", type=int, default=10, metavar="N", help="functions per direction (default 10)"
+        "-n", "--limit", type=positive_count, default=10, metavar="N", help="functions per direction (default 10)"
     )
     add_analysis_options(parser)
 

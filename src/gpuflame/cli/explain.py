@@ -6,7 +6,14 @@ import argparse
 
 from gpuflame.analysis.chains import explain
 from gpuflame.analysis.tree import build_tree
-from gpuflame.cli.common import FILTER_ORDER, add_analysis_options, load_for_analysis, print_json
+from gpuflame.cli.common import (
+    FILTER_ORDER,
+    add_analysis_options,
+    load_for_analysis,
+    name_pattern,
+    positive_count,
+    print_json,
+)
 from gpuflame.render.terminal import make_console, print_comments, render_explanation
 
 HELP = "the call chains that lead to a function"
@@ -22,8 +29,12 @@ caller, down to the function you named, for example
   -> EngineCore > _initialize_kv_caches     KV cache setup
   -> GPUModelRunner > _allocate_kv_cache_tensors   the allocation
 
-Each step shows its total (it and all it calls, on this chain) and its self
-(allocated by it). Steps with zero self only pass the call on; the step
+Each step shows its total (it and everything it calls, over every chain
+through it; the chain's own share is in the chain's title) and its self
+(allocated by it), and its file:line is the line that made the next call
+(or the allocation), "+N lines" when the chain runs through several lines
+of it; --json lists them all with their bytes and gives def_line, where the
+function is defined. Steps with zero self only pass the call on; the step
 where self appears is where the memory is taken. Under the last step, the
 widest functions it calls are listed.
 
@@ -42,8 +53,12 @@ examples:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("file", metavar="FILE", help="profile: pprof (.pb.gz), folded, or PyTorch snapshot")
-    parser.add_argument("function", metavar="FUNCTION", help="function name, Foo.bar or 'Foo > bar'")
-    parser.add_argument("--chains", type=int, default=5, metavar="N", help="chains shown in full (default 5)")
+    parser.add_argument(
+        "function", type=name_pattern, metavar="FUNCTION", help="function name, Foo.bar or 'Foo > bar'"
+    )
+    parser.add_argument(
+        "--chains", type=positive_count, default=5, metavar="N", help="chains shown in full (default 5)"
+    )
     add_analysis_options(parser)
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 
 from gpuflame.analysis.tree import build_tree, frame_dict
-from gpuflame.cli.common import FILTER_ORDER, add_analysis_options, load_for_analysis, print_json
-from gpuflame.files import atomic_write
+from gpuflame.cli.common import FILTER_ORDER, add_analysis_options, add_force_option, load_for_analysis, print_json
+from gpuflame.files import atomic_write, check_output
 from gpuflame.render import svg
 from gpuflame.render.flame_text import flame_lines, render_flame
 from gpuflame.render.terminal import make_console, print_comments, type_title
@@ -45,16 +45,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--expand", action="store_true", help="expand all groups: one line per frame")
     parser.add_argument("--group-by", metavar="LABEL", help="one subtree per value of a label (pid, device, ...)")
     parser.add_argument("--svg", metavar="OUT", help="also write the flame graph as an SVG picture to OUT")
+    add_force_option(parser)
     add_analysis_options(parser)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.svg:
+        check_output(args.svg, args.files, force=args.force)
     loaded = load_for_analysis(args, args.files)
     tree = build_tree(loaded.profile, loaded.type_index, group_by=args.group_by, lines=args.lines)
     lines = flame_lines(tree, max(0.0, args.min_percent), args.depth, args.expand)
     sample_type = tree.table.sample_type
     if args.svg:
-        atomic_write(args.svg, svg.render(tree, loaded.profile.comments))  # before any output
+        picture = svg.render(tree, loaded.profile.comments, devices=loaded.profile.label_values("device"))
+        atomic_write(args.svg, picture)  # before any output
     if args.json:
         print_json(
             {

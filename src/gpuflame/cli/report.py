@@ -6,7 +6,7 @@ import argparse
 
 from gpuflame.analysis.hotspots import build_report
 from gpuflame.analysis.tree import build_tree
-from gpuflame.cli.common import FILTER_ORDER, add_analysis_options, load_for_analysis, print_json
+from gpuflame.cli.common import FILTER_ORDER, add_analysis_options, load_for_analysis, positive_count, print_json
 from gpuflame.render.terminal import make_console, render_report
 
 HELP = "what holds the memory, on one screen"
@@ -45,7 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "files", nargs="+", metavar="FILE", help="profile: pprof (.pb.gz), folded, or PyTorch snapshot"
     )
     parser.add_argument(
-        "-n", "--limit", type=int, default=10, metavar="N", help="entries per section (default 10)"
+        "-n", "--limit", type=positive_count, default=10, metavar="N", help="entries per section (default 10)"
     )
     parser.add_argument(
         "--group-by", metavar="LABEL", help="one subtree per value of a label (pid, device, ...)"

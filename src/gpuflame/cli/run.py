@@ -18,7 +18,9 @@ from gpuflame.capture.autostart import BOOTSTRAP_DIR
 from gpuflame.capture.session import LOST_FILE, PROCESS_FILE
 from gpuflame.capture.settings import BACKENDS, TORCH_HOOKS, Settings
 from gpuflame.capture.store import PROCESSES_DIR, PROFILE_NAME, RunMeta, new_run_folder, store_root
+from gpuflame.cli.common import add_force_option
 from gpuflame.errors import GpuflameError
+from gpuflame.files import check_folder, check_output
 from gpuflame.formats import load, save
 from gpuflame.model import Profile, merge
 from gpuflame.units import format_bytes, parse_duration
@@ -70,6 +72,7 @@ def duration(text: str) -> float:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-o", "--output", metavar="FILE", help="write the merged profile here (.pb.gz)")
+    add_force_option(parser)
     parser.add_argument("--backend", choices=BACKENDS, default="auto", help="what to record (default auto)")
     parser.add_argument("--interval", type=duration, default=None, metavar="DURATION",
                         help="also write each process's profile every DURATION (15s, 500ms); "
@@ -133,6 +136,10 @@ def profiler_env(settings: Settings) -> dict[str, str]:
 
 def run(args: argparse.Namespace) -> int:
     command = command_line(args)
+    if args.output:  # never the script, a folder or a file gpuflame did not write
+        check_output(args.output, command, force=args.force, make_folders=True)
+    else:
+        check_folder(args.store or store_root())
     started = time.time()
     if args.output:
         output = Path(args.output)

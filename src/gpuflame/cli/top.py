@@ -6,7 +6,7 @@ import argparse
 
 from gpuflame.analysis.hotspots import function_stats, top_functions
 from gpuflame.analysis.tree import build_table
-from gpuflame.cli.common import FILTER_ORDER, add_analysis_options, load_for_analysis, print_json
+from gpuflame.cli.common import FILTER_ORDER, add_analysis_options, load_for_analysis, positive_count, print_json
 from gpuflame.render.terminal import make_console, print_comments, render_top
 
 HELP = "the top functions by self or total"
@@ -41,7 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--by", choices=("self", "total"), default="self", help="rank by self or total (default self)"
     )
     parser.add_argument(
-        "-n", "--limit", type=int, default=20, metavar="N", help="how many functions (default 20)"
+        "-n", "--limit", type=positive_count, default=20, metavar="N", help="how many functions (default 20)"
     )
     add_analysis_options(parser)
 

@@ -7,9 +7,15 @@ import os
 import webbrowser
 from pathlib import Path
 
-from gpuflame.cli.common import FILTER_ORDER, add_filter_options, add_type_option, load_for_analysis
+from gpuflame.cli.common import (
+    FILTER_ORDER,
+    add_filter_options,
+    add_force_option,
+    add_type_option,
+    load_for_analysis,
+)
 from gpuflame.errors import GpuflameError
-from gpuflame.files import atomic_write
+from gpuflame.files import STDIO, atomic_write, check_output
 from gpuflame.render import svg
 from gpuflame.render.html import render_html
 from gpuflame.units import format_bytes
@@ -58,6 +64,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--open", action="store_true", help="open the page in the default browser")
     parser.add_argument("--svg", metavar="SVG", help="also write a static SVG flame graph (for CI logs and reviews)")
+    add_force_option(parser)
     add_type_option(parser)
     add_filter_options(parser)
 
@@ -77,9 +84,13 @@ def run(args: argparse.Namespace) -> int:
     if len(args.files) > 2:
         raise GpuflameError(f"expected one profile, or two (BASE NEW) for a diff; got {len(args.files)}")
     path = args.files[-1]
+    if path == STDIO and not args.output:
+        raise GpuflameError("the profile comes from standard input: name the page to write with -o OUT.html")
+    output = args.output or default_output(path)
+    for out in [output] + ([args.svg] if args.svg else []):
+        check_output(out, args.files, force=args.force)
     loaded = load_for_analysis(args, [path])
     base = load_for_analysis(args, [args.files[0]]).profile if len(args.files) == 2 else None
-    output = args.output or default_output(path)
     type_index = loaded.type_index if args.type else None
     title = os.path.basename(path)
     if base is not None:

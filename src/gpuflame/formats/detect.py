@@ -7,13 +7,19 @@ import os
 import zlib
 
 from gpuflame.errors import ProfileFormatError
-from gpuflame.files import atomic_write, read_bytes
+from gpuflame.files import STDIO, read_bytes, write_output
 from gpuflame.model.profile import Profile
 
 # Formats gpuflame can write.
 FORMATS = ("pprof", "folded", "speedscope", "json", "svg")
 
 GZIP_MAGIC = b"\x1f\x8b"
+
+# The bytes a pprof Profile message can start with: the tag of one of its fields 1-14.
+PPROF_FIRST_BYTES = frozenset(b"\x0a\x12\x1a\x22\x2a\x32\x38\x3a\x40\x42\x48\x50\x5a\x60\x68\x6a\x70\x08")
+NOT_A_PROFILE = (
+    "not a profile gpuflame can read (expected gzip pprof, folded stacks, or a PyTorch memory snapshot pickle)"
+)
 
 # Output names and the format they imply; the first match wins.
 SUFFIXES = (
@@ -47,6 +53,8 @@ def detect(data: bytes) -> str:
         inner = _gunzip_head(data)
         if inner[:1] == b"\x80":
             return "torch-snapshot"
+        if inner[:1] and inner[0] not in PPROF_FIRST_BYTES:
+            raise ProfileFormatError(f"{NOT_A_PROFILE}; this is gzip data of something else")
         return "pprof"
     if data[:1] == b"\x80":
         return "torch-snapshot"
@@ -55,12 +63,9 @@ def detect(data: bytes) -> str:
         return "json"
     if _looks_like_text(data[:4096]):
         return "folded"
-    if data[:1] in (b"\x0a", b"\x12", b"\x1a", b"\x22", b"\x2a", b"\x32", b"\x08"):
+    if data[0] in PPROF_FIRST_BYTES:
         return "pprof"
-    raise ProfileFormatError(
-        "not a profile gpuflame can read (expected gzip pprof, folded stacks, "
-        "or a PyTorch memory snapshot pickle)"
-    )
+    raise ProfileFormatError(NOT_A_PROFILE)
 
 
 def _gunzip_head(data: bytes) -> bytes:
@@ -118,12 +123,13 @@ def loads(data: bytes, source: str = "<bytes>") -> Profile:
 
 def load(path: str | os.PathLike[str]) -> Profile:
     """Read a profile file of any supported format."""
-    return loads(read_bytes(path), source=str(path))
+    source = "<stdin>" if os.fspath(path) == STDIO else str(path)
+    return loads(read_bytes(path), source=source)
 
 
 def save(profile: Profile, path: str | os.PathLike[str], fmt: str = "pprof", type_name: str | None = None) -> None:
-    """Write *profile* atomically; text formats carry one sample type (*type_name*)."""
-    atomic_write(path, dumps(profile, fmt, type_name))
+    """Write *profile* atomically (``-``: to standard output); text formats carry one sample type (*type_name*)."""
+    write_output(path, dumps(profile, fmt, type_name))
 
 
 def dumps(profile: Profile, fmt: str = "pprof", type_name: str | None = None) -> bytes:

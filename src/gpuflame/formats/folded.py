@@ -14,14 +14,18 @@ Writing (:func:`encode`):
   the count off at the last whitespace, so other spaces in names are fine.
 - with ``locations=True`` each frame is written py-spy style,
   ``name (file:line)``, when its file is known.
-- values can be negative only in a diff profile (``gpuflame diff``).
-  flamegraph.pl skips such lines; gpuflame reads them back.
+- values can be negative only in a diff profile (``gpuflame.model.diff``).
+  flamegraph.pl skips such lines; gpuflame reads them back only when told
+  (``allow_negative=True``): a negative size in a file handed to the CLI
+  is damage, not a diff.
 
 Reading (:func:`decode`):
 
 - blank lines and trailing whitespace (``\\r`` included) are ignored; the
   count is the text after the last whitespace and must be a whole number,
-  optionally negative (a diff), unless ``allow_negative=False``.
+  negative only with ``allow_negative=True`` (a diff).
+- text whose first line ends in a word with no digit (``import torch``) is
+  not folded stacks at all: "not a profile", not a complaint about a count.
 - a frame written py-spy style, ``name (file.py:12)``, keeps its file and
   line; the kind comes from :func:`gpuflame.symbols.kinds.guess_kind`.
   Names are kept as written (py-spy's ``Model.forward`` is not respelled
@@ -93,7 +97,7 @@ class _FrameIds(dict):  # type: ignore[type-arg]
 def decode(
     text: str,
     sample_type: SampleType | tuple[str, str] | str = DEFAULT_SAMPLE_TYPE,
-    allow_negative: bool = True,
+    allow_negative: bool = False,
 ) -> Profile:
     """Read folded stacks; each line becomes one sample of *sample_type* (``type/unit``)."""
     profile = Profile(sample_types=[_sample_type(sample_type)])
@@ -106,13 +110,18 @@ def decode(
             continue
         m = _LINE.fullmatch(line)
         if m is None:
+            if not samples and not any(c.isdigit() for c in line.rsplit(None, 1)[-1]) and " " in line.strip():
+                raise ProfileFormatError(_not_folded(number, line))
             raise ProfileFormatError(_bad_count(number, line))
         stack_text, count_text = m.groups()
         # int() refuses very long digit strings (ValueError); no int64 has over 19 digits
         too_long = len(count_text.lstrip("-").lstrip("0")) > 19
         count = _INT64_MAX + 1 if too_long else int(count_text)
         if count < 0 and not allow_negative:
-            raise ProfileFormatError(f"folded stacks, line {number}: the count {count} is negative")
+            raise ProfileFormatError(
+                f"folded stacks, line {number}: the count {count} is negative "
+                "(a size cannot be; to compare two profiles, use gpuflame diff)"
+            )
         if not _INT64_MIN <= count <= _INT64_MAX:
             shown = count_text if len(count_text) <= 40 else count_text[:37] + "..."
             raise ProfileFormatError(f"folded stacks, line {number}: the count {shown} is too large")
@@ -127,6 +136,14 @@ def _sample_type(spec: SampleType | tuple[str, str] | str) -> SampleType:
         kind, _, unit = spec.partition("/")
         return SampleType(kind, unit or "count")
     return SampleType(*spec)
+
+
+def _not_folded(number: int, line: str) -> str:
+    shown = line if len(line) <= 40 else line[:37] + "..."
+    return (
+        f"not a profile: text that is not folded stacks (line {number}, {shown!r}, is not "
+        "'frame;frame;... COUNT'); gpuflame reads gzip pprof, folded stacks and PyTorch snapshots"
+    )
 
 
 def _bad_count(number: int, line: str) -> str:

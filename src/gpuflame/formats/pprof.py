@@ -12,13 +12,15 @@ Writing (:func:`encode`) maps the model onto pprof like this:
   else 128 (up to 16256 frames), 16384, ...: every id then has the same
   varint width, which lets :func:`decode` read a stack in one C call
   (:func:`location_id_base`).
-- One Function per distinct ``(name, system_name, filename)``: ``name`` is the
+- One Function per distinct ``(name, system_name, filename, start_line)``: ``name`` is the
   display name of the seed's table (``LlamaMLP > forward``, which is what
   Grafana/Pyroscope show), ``system_name`` the dotted qualname
   (``LlamaMLP.forward``), ``filename`` the frame's file. Where the dotted
   name is the name itself (``bar``, ``<module>``) system_name is left empty:
   ``go tool pprof`` treats a Function whose two names are equal as not yet
   demangled and strips ``<...>`` from it, which would blank ``<module>``.
+  ``start_line`` is where the function is defined (``Frame.start_line``);
+  the Location's Line holds the line running (``Frame.line``).
 - Native frames belong to a Mapping, one per distinct file (the shared
   library), as native code does in pprof; a frame named by its address
   (``0x7f15…``) also gets ``Location.address``, and still a Line and a
@@ -229,7 +231,7 @@ def _encode_frames(
     """Mapping, Location and Function messages for the frame table."""
     base = location_id_base(len(frames))
     mapping_ids: dict[str, int] = {}
-    function_ids: dict[tuple[str, str, str], int] = {}
+    function_ids: dict[tuple[str, str, str, int], int] = {}
     mappings: list[bytes] = []
     functions: list[bytes] = []
     locations: list[bytes] = []
@@ -247,7 +249,8 @@ def _encode_frames(
         dotted = system_name(frame.name)
         # pprof "demangles" a Function whose system_name equals its name and blanks
         # names in angle brackets (<module>); an empty system_name tells it not to
-        key = (frame.name, dotted if dotted != frame.name else "", frame.file)
+        start = _check_int64(frame.start_line, "a line number")
+        key = (frame.name, dotted if dotted != frame.name else "", frame.file, start)
         fid = function_ids.get(key)
         if fid is None:
             fid = function_ids[key] = len(function_ids) + 1
@@ -288,14 +291,16 @@ def _mapping(mapping_id: int, filename: str, strings: _StringTable) -> bytes:
     return field_bytes(P_MAPPING, body)
 
 
-def _function(fid: int, key: tuple[str, str, str], strings: _StringTable) -> bytes:
-    name, sysname, filename = key
+def _function(fid: int, key: tuple[str, str, str, int], strings: _StringTable) -> bytes:
+    name, sysname, filename, start_line = key
     body = (
         field_varint(1, fid)
         + field_varint(2, strings[name])
         + field_varint(3, strings[sysname])
         + field_varint(4, strings[filename])
     )
+    if start_line:
+        body += field_varint(5, start_line)
     return field_bytes(P_FUNCTION, body)
 
 
@@ -495,16 +500,17 @@ def _table_id(f: dict[int, list[int | bytes]], what: str, seen: Mapping[int, obj
     return entry_id
 
 
-def _read_functions(raw: _Raw, strings: _Strings) -> dict[int, tuple[str, str]]:
-    """Function id -> (name, file); the name falls back to system_name."""
-    out: dict[int, tuple[str, str]] = {}
+def _read_functions(raw: _Raw, strings: _Strings) -> dict[int, tuple[str, str, int]]:
+    """Function id -> (name, file, start_line); the name falls back to system_name."""
+    out: dict[int, tuple[str, str, int]] = {}
     for data in raw.functions:
         f = _fields(data)
         fid = _table_id(f, "function", out)
         name = strings.get(_int(f, 2, "function"), f"function {fid}'s name")
         if not name:
             name = strings.get(_int(f, 3, "function"), f"function {fid}'s system name")
-        out[fid] = (name, strings.get(_int(f, 4, "function"), f"function {fid}'s file name"))
+        file = strings.get(_int(f, 4, "function"), f"function {fid}'s file name")
+        out[fid] = (name, file, max(0, to_int64(_int(f, 5, "function"))))
     return out
 
 
@@ -532,22 +538,23 @@ def _read_locations(raw: _Raw, strings: _Strings, profile: Profile) -> dict[int,
 
 
 def _line_frame(
-    data: bytes, lid: int, address: int, mapping_id: int, functions: dict[int, tuple[str, str]]
+    data: bytes, lid: int, address: int, mapping_id: int, functions: dict[int, tuple[str, str, int]]
 ) -> Frame:
     f = _fields(data)
     fid = _int(f, 1, "line")
     line = to_int64(_int(f, 2, "line"))
+    start = 0
     if fid == 0:
         name, file = (native_address_name(address) if address else UNKNOWN), ""
     elif fid in functions:
-        name, file = functions[fid]
+        name, file, start = functions[fid]
     else:
         raise ProfileFormatError(
             f"malformed pprof: location {lid} refers to function {fid}, which does not exist"
         )
     if not name:
         name = native_address_name(address) if address else UNKNOWN
-    return Frame(name, file, line, frame_kind(name, file, bool(mapping_id)))
+    return Frame(name, file, line, frame_kind(name, file, bool(mapping_id)), start)
 
 
 class _LocationMemo(dict):  # type: ignore[type-arg]

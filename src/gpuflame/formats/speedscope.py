@@ -22,6 +22,7 @@ import json
 
 from gpuflame import __version__
 from gpuflame.errors import GpuflameError
+from gpuflame.model.functions import function_frames
 from gpuflame.model.profile import Frame, Profile
 
 SCHEMA = "https://www.speedscope.app/file-format-schema.json"
@@ -46,7 +47,7 @@ def encode(profile: Profile, type_index: int, name: str | None = None) -> str:
     """A speedscope JSON document of one sample type."""
     st = profile.sample_types[type_index]
     groups = _group_by_process(profile, type_index)
-    shared = _SharedFrames(profile.frames)
+    shared = _SharedFrames(function_frames(profile.frames))
     index = shared.__getitem__
     profiles = []
     for title, stacks in groups:
@@ -106,16 +107,25 @@ def _pid_order(pid: str | None) -> tuple[int, int, str]:
 
 
 class _SharedFrames(dict):  # type: ignore[type-arg]
-    """``model frame id -> index in shared.frames``, adding each frame on first use."""
+    """``model frame id -> index in shared.frames``, adding each function on first use.
+
+    A speedscope frame is a function, as a flame-graph bar is: its line is
+    where the function is defined (:func:`gpuflame.model.functions.function_frames`).
+    """
 
     def __init__(self, table: list[Frame]) -> None:
         super().__init__()
         self._table = table
+        self._index: dict[Frame, int] = {}
         self.entries: list[dict[str, object]] = []
 
     def __missing__(self, fid: int) -> int:
-        idx = self[fid] = len(self.entries)
         frame = self._table[fid]
+        idx = self._index.get(frame)
+        if idx is not None:
+            self[fid] = idx
+            return idx
+        idx = self[fid] = self._index[frame] = len(self.entries)
         entry: dict[str, object] = {"name": frame.name}
         if frame.file:
             entry["file"] = frame.file

@@ -63,6 +63,7 @@ from gpuflame.errors import GpuflameError, ProfileFormatError
 from gpuflame.formats import safe_pickle
 from gpuflame.formats.detect import GZIP_MAGIC, gunzip
 from gpuflame.gcpause import gc_paused
+from gpuflame.model.functions import def_lines_note
 from gpuflame.model.profile import NATIVE, PYTHON, SYNTHETIC, TRAMPOLINE, Frame, Labels, Profile, Sample
 from gpuflame.model.sample_types import memory_sample_types
 from gpuflame.model.timeline import Timeline
@@ -102,12 +103,12 @@ def decode(data: bytes) -> Profile:
     if data[:2] == GZIP_MAGIC:
         data = gunzip(data)
     snapshot = safe_pickle.loads(data)
-    if isinstance(snapshot, list):  # a bare segment list, as _memory_viz also accepts
-        snapshot = {"segments": snapshot}
+    if isinstance(snapshot, list) and all(isinstance(s, dict) for s in snapshot):
+        snapshot = {"segments": snapshot}  # a bare segment list, as _memory_viz also accepts
     if not isinstance(snapshot, dict) or not isinstance(snapshot.get("segments"), list):
         raise ProfileFormatError(
-            "this pickle is not a PyTorch memory snapshot (expected a dict with 'segments', "
-            "as torch.cuda.memory._dump_snapshot writes)"
+            f"not a profile: a pickle of a {type(snapshot).__name__}, not a PyTorch memory snapshot "
+            "(a dict with 'segments', as torch.cuda.memory._dump_snapshot writes)"
         )
     return from_snapshot(snapshot)
 
@@ -167,6 +168,7 @@ class _Stacks:
         self._token_by_id: dict[int, int] = {}
         self._token_by_key: dict[tuple[str, int, str], int] = {}
         self._recording: dict[int, Frame] = {}  # negative token -> frame, dropped at the leaf
+        self.unknown_def_lines: set[str] = set()  # files whose functions' def lines were not found
         self.no_stack = (profile.frame_id(NO_STACK_FRAME),)
         self.trampoline = -1
 
@@ -222,8 +224,12 @@ class _Stacks:
     def _new_token(self, file: str, line: int, name: str) -> int:
         if not is_python_frame(file, name):
             return self._native_token(file, line, name)
-        label = self.resolver.display(file, line, name) if name else names.UNKNOWN
-        return self.profile.frame_id(Frame(label, file, line, PYTHON))
+        if not name:
+            return self.profile.frame_id(Frame(names.UNKNOWN, file, line, PYTHON))
+        qualname, start = self.resolver.lookup(file, line, name)
+        if not start:
+            self.unknown_def_lines.add(file)
+        return self.profile.frame_id(Frame(names.display_name(qualname), file, line, PYTHON, start))
 
     def _native_token(self, file: str, line: int, name: str) -> int:
         if _CPYTHON_NAME.search(name) or _CPYTHON_FILE.search(file):
@@ -308,6 +314,7 @@ class _Converter:
                 if window:
                     times.append(window)
         self._devices_without_trace()
+        self._note_unknown_def_lines()
         if times:
             first = min(t for t, _ in times)
             last = max(t for _, t in times)
@@ -319,6 +326,12 @@ class _Converter:
         if any(v < 0 or v > INT64_MAX for row in self.rows.values() for v in row):
             raise ProfileFormatError("sizes in the snapshot are out of range (a damaged file?)")
         return self.profile
+
+    def _note_unknown_def_lines(self) -> None:
+        """Say which files' functions show no ``def`` line: a snapshot records only call lines."""
+        files = sorted(self.stacks.unknown_def_lines)
+        if files:  # the snapshot records only the lines running; the source is not here or changed
+            self.comment(def_lines_note(files))
 
     # -- helpers used by the device replays --------------------------------
 

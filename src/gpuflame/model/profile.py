@@ -27,12 +27,19 @@ FRAME_KINDS = (PYTHON, NATIVE, TRAMPOLINE, SYNTHETIC)
 
 
 class Frame(NamedTuple):
-    """One function in a stack, named per the seed's table (``Foo > bar``)."""
+    """One function in a stack, named per the seed's table (``Foo > bar``).
+
+    ``line`` is the line running in this frame (where it called on, or
+    allocated: pprof's ``Line.line``); ``start_line`` is where the function
+    is defined (its ``def``, decorators included, as ``co_firstlineno``:
+    pprof's ``Function.start_line``), 0 when unknown.
+    """
 
     name: str
     file: str = ""
     line: int = 0
     kind: str = PYTHON
+    start_line: int = 0
 
     def location(self) -> str:
         """``file:line`` for tooltips and reports; empty when unknown."""

@@ -3,9 +3,14 @@
 A stack through PyTorch looks like ``user -> Module._call_impl ->
 Module._wrapped_call_impl -> user -> Linear.__init__ -> reset_parameters ->
 kaiming_uniform_``. The frames between two user frames say nothing about
-*why* memory was taken, so they go; below the last user frame only the
-framework function the user called is kept (``Linear > __init__``), the
-allocation itself being attributed to it.
+*why* memory was taken, so they go; below the last user frame the
+framework function the user called is kept (the entry, ``Optimizer >
+profile_hook_step > wrapper``), and with it the innermost framework method
+of a class (``Adam > _init_group``, ``Linear > reset_parameters``): the
+class says what the memory is, and a search for "Adam" must find it.
+
+Native frames (C++ under a torch op, shared-library code) are never the
+user's code: they count as framework frames wherever they sit.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-from gpuflame.model.profile import PYTHON, Frame, Profile, Sample
+from gpuflame.model.profile import NATIVE, PYTHON, Frame, Profile, Sample
 
 DEFAULT_FRAMEWORKS = ("torch", "jax", "jaxlib")
 
@@ -24,8 +29,20 @@ def framework_regex(packages: Iterable[str]) -> re.Pattern[str]:
     return re.compile(rf"(^|[/\\])({names})[/\\]")
 
 
+# ``Adam > _init_group``: a method of a class (CapWords, as PEP 8 names classes),
+# not a closure (``Optimizer > profile_hook_step > wrapper``) or a function
+_CLASS_METHOD = re.compile(r"[A-Z][A-Za-z0-9_]* > [^>]+")
+
+
 def is_framework(frame: Frame, regex: re.Pattern[str]) -> bool:
+    if frame.kind == NATIVE:
+        return True
     return frame.kind == PYTHON and bool(frame.file) and regex.search(frame.file) is not None
+
+
+def names_the_memory(frame: Frame) -> bool:
+    """A framework frame worth keeping under the entry: a class's own method (``Adam > _init_group``)."""
+    return frame.kind == PYTHON and _CLASS_METHOD.fullmatch(frame.name) is not None
 
 
 def prune_framework(
@@ -36,12 +53,14 @@ def prune_framework(
     """Drop framework frames sandwiched between user frames.
 
     Runs of framework frames at the leaf end collapse to their outermost frame
-    (the API the user called) when *keep_entry*, else disappear with their
-    bytes attributed to the calling user frame. Stacks made only of framework
-    frames are left whole: there is no user frame to attribute them to.
+    (the API the user called) and their innermost class method (what the
+    memory is) when *keep_entry*, else disappear with their bytes attributed
+    to the calling user frame. Stacks made only of framework frames are left
+    whole: there is no user frame to attribute them to.
     """
     regex = framework_regex(packages)
     fw = [is_framework(f, regex) for f in profile.frames]
+    named = [names_the_memory(f) for f in profile.frames]
     out: list[Sample] = []
     for s in profile.samples:
         stack = s.stack
@@ -52,6 +71,9 @@ def prune_framework(
         first_user, last_user = users[0], users[-1]  # leaf-most, root-most
         kept: list[int] = []
         if first_user and keep_entry:
+            inner = next((f for f in stack[: first_user - 1] if named[f]), None)
+            if inner is not None:
+                kept.append(inner)
             kept.append(stack[first_user - 1])
         kept.extend(f for f in stack[first_user : last_user + 1] if not fw[f])
         kept.extend(stack[last_user + 1 :])

@@ -15,7 +15,7 @@ The JSON holds the frame table once and every sample with all its sample
 types and labels, so the page switches type, label and trampoline hiding
 without a rebuild. A profile with a timeline also ships it (not in diff
 mode), drawn as memory over time above the graph. Frames that differ only
-in their line are one function, as in the flame tree (:func:`gpuflame.analysis.tree.function_frames`).
+in their line are one function, as in the flame tree (:func:`gpuflame.model.functions.function_frames`).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from importlib import resources
 from gpuflame.analysis.tree import frame_sort_key, function_frames
 from gpuflame.model.diff import select_types, shared_types
 from gpuflame.model.profile import FRAME_KINDS, Frame, Profile
-from gpuflame.model.prune import DEFAULT_FRAMEWORKS, framework_regex, is_framework
+from gpuflame.model.prune import DEFAULT_FRAMEWORKS, framework_regex, is_framework, names_the_memory
 from gpuflame.model.timeline import Timeline
 
 FORMAT = "gpuflame-viewer"
@@ -87,7 +87,8 @@ def viewer_data(
             "file": [file_index[f.file] for f in frames],
             "line": [f.line for f in frames],
             "kind": [FRAME_KINDS.index(f.kind) if f.kind in FRAME_KINDS else 0 for f in frames],
-            "framework": [1 if is_framework(f, regex) else 0 for f in frames],
+            # 1: a framework frame; 2: one that names what the memory is (model/prune.py)
+            "framework": [(2 if names_the_memory(f) else 1) if is_framework(f, regex) else 0 for f in frames],
         },
         "files": files,
         "samples": new_samples,

@@ -47,6 +47,8 @@ LINE_HEIGHT = 17
 # Comments beyond this many are summarised in one line, so a merged profile
 # with a comment per input does not push the graph off the page.
 MAX_COMMENT_LINES = 6
+# device label prefixes of GPU memory (torch: cuda, xpu, mps; JAX: gpu)
+GPU_DEVICES = frozenset({"cuda", "gpu", "rocm", "hip", "xpu", "mps"})
 ELLIPSIS = "…"
 
 STYLE = (
@@ -245,11 +247,23 @@ def _header(lines: list[tuple[str, str, str]], width: int) -> tuple[list[str], f
     return out, y + 8
 
 
+def memory_name(devices: list[str]) -> str:
+    """What memory the profile measures, from its device labels: never "GPU" for a CPU run."""
+    kinds = {d.split(":", 1)[0].lower() for d in devices}
+    if not kinds:
+        return "Memory"
+    if kinds == {"cpu"}:
+        return "CPU memory"
+    if kinds <= GPU_DEVICES:
+        return "GPU memory"
+    return f"Memory ({', '.join(sorted(devices))})"
+
+
 def _header_lines(
-    comments: list[str], tree: FlameTree, title: str | None, drawn: int, icicle: bool
+    comments: list[str], tree: FlameTree, title: str | None, drawn: int, icicle: bool, devices: list[str]
 ) -> list[tuple[str, str, str]]:
     sample_type = tree.table.sample_type
-    heading = title if title is not None else f"GPU memory flame graph: {sample_type.type}"
+    heading = title if title is not None else f"{memory_name(devices)} flame graph: {sample_type.type}"
     where = "roots at the top" if icicle else "roots at the bottom"
     info = (
         f"{sample_type} · total {format_count(tree.total, sample_type.unit)} · "
@@ -305,7 +319,15 @@ def encode(
     caller's bar).
     """
     tree = build_tree(profile, type_index, group_by=group_by, lines=lines)
-    return render(tree, profile.comments, width=width, min_width_px=min_width_px, title=title, icicle=icicle)
+    return render(
+        tree,
+        profile.comments,
+        width=width,
+        min_width_px=min_width_px,
+        title=title,
+        icicle=icicle,
+        devices=profile.label_values("device"),
+    )
 
 
 def render(
@@ -316,19 +338,25 @@ def render(
     min_width_px: float = 0.5,
     title: str | None = None,
     icicle: bool = False,
+    devices: list[str] | None = None,
 ) -> str:
-    """The SVG of a tree already built (``gpuflame flame`` has one at hand)."""
+    """The SVG of a tree already built (``gpuflame flame`` has one at hand).
+
+    *devices* (the profile's ``device`` label values) say which memory the
+    heading names: CPU, GPU, or plain memory when unknown or mixed.
+    """
     if width < 4 * SIDE_PAD:
         raise ValueError(f"width {width} is too small for a flame graph")
     sized = magnitude_tree(tree)
     whole = sized.total
     scale = (width - 2 * SIDE_PAD) / whole if whole else 0.0
     placed = layout(sized, scale, SIDE_PAD, min_width_px)
-    head, graph_top = _header(_header_lines(comments, tree, title, len(placed), icicle), width)
+    head, graph_top = _header(_header_lines(comments, tree, title, len(placed), icicle, devices or []), width)
     legend_y = graph_top + len(placed) * FRAME_HEIGHT + 18
     height = int(legend_y + 10)
     out = [
         '<?xml version="1.0" encoding="UTF-8" standalone="no"?>',
+        "<!-- gpuflame flame graph -->",
         f'<svg xmlns="http://www.w3.org/2000/svg" version="1.1" width="{width}" height="{height}" '
         f'viewBox="0 0 {width} {height}">',
         f"<style>{STYLE}</style>",

@@ -11,11 +11,13 @@ import re
 from collections.abc import Iterable
 
 from rich import box
-from rich.console import Console
+from rich.cells import cell_len
+from rich.console import Console, ConsoleOptions, RenderResult
+from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
-from gpuflame.analysis.chains import Chain, Explanation
+from gpuflame.analysis.chains import Chain, Explanation, Step
 from gpuflame.analysis.compare import NEW, VANISHED, Change, Comparison
 from gpuflame.analysis.hotspots import Entry, Report, Root
 from gpuflame.model.profile import Frame
@@ -27,6 +29,8 @@ from gpuflame.units import format_bytes, format_count
 PIPE_WIDTH = 132
 # file:line longer than this keeps its end (the file name and line) after an ellipsis.
 WHERE_WIDTH = 48
+# A file:line cell never gets narrower than this (it shows "…" and the path's end).
+PATH_MIN_WIDTH = 16
 # Trunks longer than this show their first frame, a count, and the last frames.
 TRUNK_SHOWN = 4
 
@@ -52,14 +56,47 @@ def short_path(path: str) -> str:
     return _SITE.sub("", path)
 
 
-def where(frame: Frame) -> Text:
-    """``file:line``, dim: it is there to find the code, not to be read first."""
+def where(frame: Frame, line: int | None = None) -> Text:
+    """``file:line`` (the frame's, or *line*), dim: it is there to find the code, not to be read first."""
     if not frame.file:
         return Text("")
-    text = short_path(frame.file) + (f":{frame.line}" if frame.line else "")
+    shown = frame.line if line is None else line
+    text = short_path(frame.file) + (f":{shown}" if shown else "")
     if len(text) > WHERE_WIDTH:
         text = "..." + text[-(WHERE_WIDTH - 3) :]
     return Text(text, style="dim")
+
+
+class PathCell:
+    """``file:line`` in a table cell: when the column is narrow, the path loses its start, never its end.
+
+    Rich folds a long word mid-way over several lines (``vllm/v1/wor`` /
+    ``ker/gpu_mo``...); a reader needs the file name and line, so the cell
+    asks for little width and fills what it gets with ``…`` and the tail.
+    """
+
+    def __init__(self, text: str, tail: str = "") -> None:
+        self.text = text
+        self.tail = tail
+
+    def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
+        full = cell_len(self.text + self.tail)
+        return Measurement(min(full, PATH_MIN_WIDTH), full)
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        room = options.max_width
+        text = self.text + self.tail
+        if cell_len(text) > room:
+            text = "…" + text[len(text) - max(room - 1, 0) :] if room > 1 else text[-room:]
+        yield Text(text, style="dim", no_wrap=True, overflow="crop")
+
+    def __bool__(self) -> bool:
+        return bool(self.text)
+
+
+def where_cell(frame: Frame, line: int | None = None, tail: str = "") -> PathCell:
+    """:func:`where` for a table cell (see :class:`PathCell`)."""
+    return PathCell(where(frame, line).plain, tail if frame.file else "")
 
 
 def amount(value: int, unit: str, signed: bool = False) -> str:
@@ -119,8 +156,9 @@ def _table(title: str, *columns: str) -> Table:
         if name in NUMERIC_COLUMNS:
             table.add_column(name, justify="right", no_wrap=True)
         else:
-            # names stay whole; a long path folds instead
-            table.add_column(name, no_wrap=name != "file:line", overflow="fold")
+            # on a narrow terminal a name wraps at its spaces ("Foo >" / "bar"), never
+            # mid-word; a file:line cell keeps its end (PathCell)
+            table.add_column(name, overflow="fold")
     return table
 
 
@@ -161,7 +199,7 @@ def _totals_table(report: Report) -> Table:
 def _entries_table(title: str, entries: list[Entry], unit: str, by: str) -> Table:
     table = _table(title, "#", by, "%", "function", "file:line")
     for i, e in enumerate(entries, 1):
-        table.add_row(str(i), amount(getattr(e, by), unit), pct(e.percent), e.frame.name, where(e.frame))
+        table.add_row(str(i), amount(getattr(e, by), unit), pct(e.percent), e.frame.name, where_cell(e.frame))
     if not entries:
         table.add_row("", "", "", Text("(none)", style="dim"), "")
     return table
@@ -183,10 +221,10 @@ def _roots_table(roots: list[Root], unit: str) -> Table:
                 amount(e.total, unit) if e else "",
                 pct(e.percent) if e else "",
                 label,
-                where(e.frame) if e else "",
+                where_cell(e.frame) if e else "",
             )
         for b in root.branches:
-            table.add_row(amount(b.total, unit), pct(b.percent), f"    +- {b.frame.name}", where(b.frame))
+            table.add_row(amount(b.total, unit), pct(b.percent), f"    +- {b.frame.name}", where_cell(b.frame))
         if root.branches and root.rest:
             table.add_row(
                 amount(root.rest, unit), "", Text("    +- (self and smaller branches)", style="dim"), ""
@@ -224,7 +262,7 @@ def _targets_table(entries: list[Entry], unit: str) -> Table:
     )
     for i, e in enumerate(entries, 1):
         ratio = f"{100 * e.self / e.total:.0f}%" if e.total else ""
-        table.add_row(str(i), amount(e.self, unit), pct(e.percent), ratio, e.frame.name, where(e.frame))
+        table.add_row(str(i), amount(e.self, unit), pct(e.percent), ratio, e.frame.name, where_cell(e.frame))
     if not entries:
         table.add_row("", "", "", "", Text("(no wide bar allocates most of its own width)", style="dim"), "")
     return table
@@ -242,7 +280,7 @@ def _wrappers_table(entries: list[Entry], unit: str) -> Table:
     )
     for i, e in enumerate(entries, 1):
         table.add_row(
-            str(i), amount(e.total, unit), pct(e.percent), amount(e.self, unit), e.frame.name, where(e.frame)
+            str(i), amount(e.total, unit), pct(e.percent), amount(e.self, unit), e.frame.name, where_cell(e.frame)
         )
     if not entries:
         table.add_row("", "", "", "", Text("(none)", style="dim"), "")
@@ -268,7 +306,7 @@ def render_top(
             amount(e.total, unit),
             pct(100 * e.total / total if total else 0.0),
             e.frame.name,
-            where(e.frame),
+            where_cell(e.frame),
         )
     console.print(table)
 
@@ -310,17 +348,23 @@ def _chain_table(n: int, count: int, chain: Chain, unit: str) -> Table:
         label: str | Text = ("" if i == 0 else "-> ") + step.frame.name
         if i == last:
             label = Text(str(label), style="bold")
-        table.add_row(amount(step.total, unit), amount(step.self, unit), label, where(step.frame))
+        table.add_row(amount(step.total, unit), amount(step.self, unit), label, _step_where(step))
     for callee in chain.callees:
         table.add_row(
             amount(callee.total, unit),
             amount(callee.self, unit),
             f"     calls {callee.frame.name}",
-            where(callee.frame),
+            _step_where(callee),
         )
     if chain.callees and chain.other_callees:
         table.add_row(amount(chain.other_callees, unit), "", Text("     calls (others)", style="dim"), "")
     return table
+
+
+def _step_where(step: Step) -> PathCell:
+    """The line a step ran on this chain (the call it made, or its allocation); ``+N`` more lines."""
+    more = len(step.lines) - 1
+    return where_cell(step.frame, step.line, f" +{more} line{'s' if more > 1 else ''}" if more > 0 else "")
 
 
 # -- diff --------------------------------------------------------------------
@@ -357,7 +401,7 @@ def _changes_table(title: str, changes: list[Change], unit: str) -> Table:
             amount(c.new, unit),
             pct(c.percent, signed=True),
             name,
-            where(c.frame),
+            where_cell(c.frame),
         )
     if not changes:
         table.add_row("", "", "", "", Text("(none)", style="dim"), "")

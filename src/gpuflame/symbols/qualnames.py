@@ -72,31 +72,35 @@ class FileIndex:
         return out
 
     def qualname(self, line: int, co_name: str) -> str:
-        """The qualname of the code object *co_name* running at *line*.
+        """The qualname of the code object *co_name* running at *line* (see :meth:`span`)."""
+        if co_name == MODULE:
+            return MODULE
+        span = self.span(line, co_name)
+        return span.qualname if span is not None else co_name
+
+    def span(self, line: int, co_name: str) -> Span | None:
+        """The span of the code object *co_name* running at *line*.
 
         The innermost span holding the line with a matching name wins (a
         frame on a decorator line belongs to the enclosing scope, whose name
         is what the frame says). If none matches, the file has likely changed
         since the profile was taken: a name defined exactly once in the file
-        is taken from there; otherwise the innermost span holding the line.
+        is taken from there; otherwise the innermost span holding the line
+        (whose name then differs from *co_name*).
         """
-        if co_name == MODULE:
-            return MODULE
         hits = self.containing(line)
         for span in hits:
             if span.name == co_name:
-                return span.qualname
+                return span
         # siblings can share a line (a lambda in a comprehension's first
         # iterable): look at every span holding it, not just one chain
         around = [s for s in self.spans if s.start <= line <= s.end and s.name == co_name]
         if around:
-            return max(around, key=lambda s: s.depth).qualname
+            return max(around, key=lambda s: s.depth)
         same_name = self._by_name.get(co_name, ())
         if len(same_name) == 1:
-            return same_name[0].qualname
-        if hits:
-            return hits[0].qualname
-        return co_name
+            return same_name[0]
+        return hits[0] if hits else None
 
 
 # Lambdas and comprehensions can only sit on lines holding these words; an
@@ -273,7 +277,7 @@ def _parse(path: str, size: int) -> FileIndex | None:
 
 
 class Resolver:
-    """Qualnames memoized per (file, line, co_name), for one conversion.
+    """Qualnames and definition lines memoized per (file, line, co_name), for one conversion.
 
     A profile has hundreds of thousands of frames but few distinct (file,
     line) pairs; each file is stat'ed once per resolver and parsed once per
@@ -281,30 +285,47 @@ class Resolver:
     """
 
     def __init__(self) -> None:
-        self._memo: dict[tuple[str, int, str], str] = {}
+        self._memo: dict[tuple[str, int, str], tuple[str, int]] = {}
         self._indexes: dict[str, FileIndex | None] = {}
 
     def qualname(self, file: str, line: int, co_name: str) -> str:
+        return self.lookup(file, line, co_name)[0]
+
+    def display(self, file: str, line: int, co_name: str) -> str:
+        """The seed's label: ``LlamaMLP > forward``."""
+        return display_name(self.qualname(file, line, co_name))
+
+    def def_line(self, file: str, line: int, co_name: str) -> int:
+        """Where the function running at *line* is defined (``co_firstlineno``); 0 if unknown.
+
+        Known only when the source file is here and still defines *co_name*
+        around that line; ``<module>`` starts at line 1.
+        """
+        return self.lookup(file, line, co_name)[1]
+
+    def lookup(self, file: str, line: int, co_name: str) -> tuple[str, int]:
+        """(qualname, definition line) of *co_name* running at *file*:*line*."""
         key = (file, line, co_name)
         found = self._memo.get(key)
         if found is None:
             found = self._memo[key] = self._lookup(file, line, co_name)
         return found
 
-    def display(self, file: str, line: int, co_name: str) -> str:
-        """The seed's label: ``LlamaMLP > forward``."""
-        return display_name(self.qualname(file, line, co_name))
-
-    def _lookup(self, file: str, line: int, co_name: str) -> str:
-        if co_name == MODULE or not file or file.startswith("<"):
-            return co_name
+    def _lookup(self, file: str, line: int, co_name: str) -> tuple[str, int]:
+        if co_name == MODULE:
+            return co_name, 1 if file else 0
+        if not file or file.startswith("<"):
+            return co_name, 0
         if file in self._indexes:
             index = self._indexes[file]
         else:
             index = self._indexes[file] = file_index(file)
         if index is None or not isinstance(line, int) or line <= 0:
-            return co_name
-        return index.qualname(line, co_name)
+            return co_name, 0
+        span = index.span(line, co_name)
+        if span is None:
+            return co_name, 0
+        return span.qualname, span.start if span.name == co_name else 0
 
 
 _MEMO: dict[tuple[str, int, str], tuple[FileIndex | None, str]] = {}

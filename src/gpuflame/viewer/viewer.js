@@ -148,17 +148,19 @@
    * Which positions of one stack (root first) stay when framework frames are
    * hidden, as `gpuflame report --prune-framework` does: framework frames
    * between the outermost and the innermost user frame go; below the
-   * innermost user frame only the framework function it called stays (the
-   * allocation is attributed to it); framework frames below the outermost
-   * user frame (a launcher) stay; a stack with no user frame stays whole.
+   * innermost user frame the framework function it called stays, and the
+   * innermost class method under it (flag 2: "Adam > _init_group", what the
+   * memory is); framework frames below the outermost user frame (a launcher)
+   * stay; a stack with no user frame stays whole.
    */
   function frameworkKept(P, start, end) {
-    let first = -1, last = -1;
+    let first = -1, last = -1, named = -1;
     for (let i = start; i < end; i++) {
       if (!P.isFramework[P.stackFrames[i]]) { if (first < 0) first = i; last = i; }
     }
     if (first < 0) return null;
-    return (i) => !P.isFramework[P.stackFrames[i]] || i < first || i === last + 1;
+    for (let i = end - 1; i > last + 1 && named < 0; i--) if (P.isFramework[P.stackFrames[i]] === 2) named = i;
+    return (i) => !P.isFramework[P.stackFrames[i]] || i < first || i === last + 1 || i === named;
   }
 
   /**
@@ -719,7 +721,8 @@
     } else if (t.frame[n] >= 0) {
       const d = state.P.data, fid = t.frame[n];
       const file = d.files[d.frames.file[fid]], line = d.frames.line[fid];
-      if (file) lines.push(line ? file + ":" + line : file);
+      // a bar is a function: its line is where the function is defined (its def), not a line it ran
+      if (file) lines.push(line ? "defined at " + file + ":" + line : file);
       lines.push(d.kinds[d.frames.kind[fid]] + " frame; shift-click or right-click: sandwich");
     }
     return lines;

@@ -1,0 +1,55 @@
+"""A bar is a function: which frames are one function, and the frame that stands for it.
+
+Frames that differ only in their line (a function allocating at two lines,
+or calling on from two lines) are one bar, as in Grafana and pprof's
+default; the flame tree, the viewer and the exports all ask here.
+"""
+
+from __future__ import annotations
+
+from gpuflame.model.profile import PYTHON, Frame, Profile
+
+# How every note about missing definition lines starts (one note per profile).
+DEF_LINES_UNKNOWN = "definition lines unknown"
+
+
+def function_key(frame: Frame) -> tuple[str, str, str]:
+    """What makes two frames the same function: everything but the line."""
+    return (frame.name, frame.file, frame.kind)
+
+
+def function_frames(frames: list[Frame]) -> list[Frame]:
+    """For each frame, the frame that stands for its function: a function bar.
+
+    Its line is where the function is defined (``start_line``, the ``def``),
+    not a line it ran: a bar holds every line of the function, so the first
+    line seen would name a line that may hold none of its bytes. Where no
+    frame of the function knows its definition, the line is 0 (the bar
+    shows the file only).
+    """
+    start: dict[tuple[str, str, str], int] = {}
+    for f in frames:
+        key = function_key(f)
+        start[key] = max(start.get(key, 0), f.start_line)
+    out: dict[tuple[str, str, str], Frame] = {}
+    for key, line in start.items():
+        name, file, kind = key
+        out[key] = Frame(name, file, line, kind, line)
+    return [out[function_key(f)] for f in frames]
+
+
+def def_lines_note(files: list[str]) -> str:
+    """The note for functions of *files* whose ``def`` line is unknown: their bars show the file only."""
+    shown = ", ".join(files[:3]) + (f" and {len(files) - 3} more files" if len(files) > 3 else "")
+    return (
+        f"{DEF_LINES_UNKNOWN} for functions of {shown} (the profile records only the lines that ran): "
+        "their bars show the file without a line; --lines and explain show the lines they ran"
+    )
+
+
+def missing_def_lines_note(profile: Profile) -> str | None:
+    """A note when Python functions of *profile* have no ``def`` line and no note says so yet."""
+    if any(c.startswith(DEF_LINES_UNKNOWN) for c in profile.comments):
+        return None
+    files = sorted({f.file for f in profile.frames if f.kind == PYTHON and f.file and not f.start_line})
+    return def_lines_note(files) if files else None
