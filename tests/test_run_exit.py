@@ -243,3 +243,21 @@ def test_the_wrong_backend_says_what_was_imported_instead(tmp_path: Path) -> Non
     pid = result.stdout.strip()
     assert (f"gpuflame: no profile was written: jax was never imported (--backend jax); "
             f"pid {pid} imported torch, which --backend jax does not record") in result.stderr
+
+
+def test_fork_children_that_run_another_program_are_not_taken_for_lost(tmp_path: Path) -> None:
+    """``subprocess`` with a preexec_fn and ``os.fork()`` + ``os.execvp()`` run our fork hook, then exec."""
+    script = write(tmp_path / "execs.py", ALLOCATE, """
+    import subprocess
+    kept = Holder().make(4)
+    subprocess.run(["true"], preexec_fn=lambda: None, check=True)
+    pid = os.fork()
+    if pid == 0:
+        os.execvp("true", ["true"])
+    os.waitpid(pid, 0)
+    """)
+    result = gpuflame_run("--json", "-o", "e.pb.gz", script.name, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    run = summary(result)
+    assert run["lost"] == [] and run["lost_processes"] == [] and len(run["processes"]) == 1, result.stderr
+    assert bytes_by_function(load(tmp_path / "e.pb.gz"))["Holder > make"] == 4 * KIB

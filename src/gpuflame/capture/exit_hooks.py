@@ -4,6 +4,11 @@ One object per process, installed with the first session, so that profiling
 a block of code six times leaves one atexit entry, one SIGTERM handler and
 one fork hook, and no finished session kept alive by any of them.
 
+``exec`` ends the process image too: ``os.execv``/``os.execve`` (which
+every ``os.exec*`` and ``pty`` go through) are wrapped so that a process
+that recorded since its start writes first, and a fork child that only
+runs another program is not taken for a lost process.
+
 A signal that arrives while the profile is being written at exit (a pool's
 ``terminate()`` SIGTERMs workers that are in their exit finalizer) must not
 cut the write short: :func:`signals_held` holds it until the session is
@@ -15,10 +20,12 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import os
 import signal
+import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
@@ -78,7 +85,12 @@ class ExitHooks:
     def _after_fork(self) -> None:
         session = self.session
         if session is not None:
-            session.after_fork()
+            session.after_fork(to_exec=_forking_to_exec())
+
+    def _before_exec(self) -> None:
+        session = self.session
+        if session is not None:
+            session.before_exec()
 
     def _after_multiprocessing_fork(self) -> None:
         """multiprocessing's fork children leave through os._exit after its finalizers: atexit never runs."""
@@ -102,6 +114,9 @@ class ExitHooks:
         atexit.register(self.at_exit)
         if hasattr(os, "register_at_fork"):
             os.register_at_fork(after_in_child=self._after_fork)
+        for name in ("execv", "execve"):
+            if hasattr(os, name):
+                setattr(os, name, _calling_first(self._before_exec, getattr(os, name)))
         try:
             import multiprocessing.util as mp_util
 
@@ -122,6 +137,30 @@ class ExitHooks:
 
 
 HOOKS = ExitHooks()
+
+
+def _calling_first(hook: Callable[[], None], real: Callable[..., Any]) -> Callable[..., Any]:
+    """*real*, with *hook* run just before it (never stopping it)."""
+
+    @functools.wraps(real)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            hook()
+        except Exception:  # noqa: BLE001 - the exec must happen regardless
+            pass
+        return real(*args, **kwargs)
+
+    return wrapper
+
+
+def _forking_to_exec() -> bool:
+    """Whether this fork child is subprocess's, about to run another program (its preexec_fn ran our hook)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == "_execute_child" and frame.f_code.co_filename.endswith("subprocess.py"):
+            return True
+        frame = frame.f_back
+    return False
 
 
 @contextlib.contextmanager

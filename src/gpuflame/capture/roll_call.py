@@ -75,17 +75,17 @@ class EndWatch:
         self._thread.start()
         return self
 
-    def settle(self, timeout: float) -> None:
-        """Wait (up to *timeout* s) for registered processes that outlive the program to end.
+    def settle(self, timeout: float) -> int:
+        """Wait (up to *timeout* s) for registered processes that outlive the program to end; how many still run.
 
         A forkserver or an orphaned child is often still writing its profile
         when the program's main process has ended.
         """
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        while True:
             self._look()
-            if not self._running:
-                return
+            if not self._running or time.monotonic() >= deadline:
+                return len(self._running)
             time.sleep(POLL_S)
 
     def stop(self) -> dict[int, Ending]:
@@ -131,7 +131,9 @@ class EndWatch:
 
 def _ended(pid: int, fd: int | None) -> bool:
     if fd is not None:
-        return bool(select.select([fd], [], [], 0)[0])  # readable once the process has exited
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        return bool(poller.poll(0))  # readable once the process has exited
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -125,11 +125,12 @@ class Session:
             roll_call.unregister(self.settings.session_dir, self.pid)
         HOOKS.detach(self)
 
-    def after_fork(self) -> None:
+    def after_fork(self, to_exec: bool = False) -> None:
         """In a forked child: a new process with its own pid, file and (fresh) timer.
 
         The recorders reset their own state at a fork (their modules hook it);
-        the session only takes the child's identity.
+        the session only takes the child's identity. A child that is about to
+        run another program (*to_exec*) records nothing of its own.
         """
         self.pid = os.getpid()
         self._forked = True
@@ -139,7 +140,7 @@ class Session:
         self._finishing = None
         self._stop_timer = threading.Event()
         self._timer = None
-        self._finished = self._finished or not self.settings.follow
+        self._finished = self._finished or not self.settings.follow or to_exec
         if self._finished:
             self._done.set()
             return
@@ -149,6 +150,22 @@ class Session:
             roll_call.register(self.settings.session_dir, self.pid)
         if self.settings.interval > 0:
             self._start_timer()
+    def before_exec(self) -> None:
+        """The process image is about to be replaced: write what it recorded, unless it is a fork child.
+
+        A fork child that execs (``os.fork()`` then ``os.execvp()``, ``pty``)
+        only ran another program: it leaves the roll call without a word.
+        """
+        if not self._forked:
+            self.finish()
+            return
+        with self._lock:
+            self._finished = True
+        self._stop_timer.set()
+        self._done.set()
+        if self.settings.session_dir:
+            roll_call.unregister(self.settings.session_dir, self.pid)
+
     # -- writing ------------------------------------------------------------
 
     @property

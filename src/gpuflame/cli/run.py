@@ -179,7 +179,11 @@ def run(args: argparse.Namespace) -> int:
         if run_dir is not None:
             _remove_if_empty(run_dir)
         raise
-    watch.settle(SETTLE_S)
+    waiting = watch.settle(1.0)
+    if waiting:
+        sys.stderr.write(f"gpuflame: waiting up to {SETTLE_S:.0f} s for {waiting} process"
+                         f"{'es' if waiting > 1 else ''} that outlive the program to write their profile\n")
+        watch.settle(SETTLE_S)
     meta = RunMeta(command=command, started=started, ended=time.time(), exit_code=exit_code, backend=args.backend)
     ending = Ending(root_pid, exit_code, watch.stop(), settings.interval)
     try:
