@@ -39,7 +39,9 @@ Nothing in the program changes: gpuflame starts through a sitecustomize on
 PYTHONPATH, so it also follows subprocess and multiprocessing children
 (spawn, fork, forkserver). Each process writes its own profile at exit (also
 on SIGTERM, at every --interval, and at a CUDA out-of-memory error); the run
-merges them. The exit code is the program's.
+merges them. The exit code is the program's. A process that ends without its
+exit hooks (os._exit, SIGKILL, a crash) is named with the reason; with
+--interval its last snapshot is kept and marked partial.
 
 Backends (--backend): torch-cuda (PyTorch's caching-allocator history: peak,
 in use, allocated, cached free blocks), torch (torch memory on any device,
@@ -86,7 +88,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-o", "--output", metavar="FILE", help="write the merged profile here (.pb.gz)")
     parser.add_argument("--backend", choices=BACKENDS, default="auto", help="what to record (default auto)")
     parser.add_argument("--interval", type=duration, default=None, metavar="DURATION",
-                        help="also write each process's profile every DURATION (15s, 500ms); "
+                        help="also write each process's profile every DURATION (15s, 500ms), so that a process "
+                        "ending by os._exit or SIGKILL still leaves a (partial) profile; "
                         "default: only at exit, or 15s with --pyroscope")
     parser.add_argument("--no-follow", action="store_true", help="do not profile child processes")
     parser.add_argument("--torch-hook", choices=TORCH_HOOKS, default="auto",
@@ -172,7 +175,7 @@ def run(args: argparse.Namespace) -> int:
     )
     watch = roll_call.EndWatch(folder).start()
     try:
-        exit_code, root_pid = _run_program(command, profiler_env(settings))
+        status, root_pid = _run_program(command, profiler_env(settings))
     except GpuflameError:
         watch.stop()
         _remove_if_empty(folder)
@@ -184,8 +187,9 @@ def run(args: argparse.Namespace) -> int:
         sys.stderr.write(f"gpuflame: waiting up to {SETTLE_S:.0f} s for {waiting} process"
                          f"{'es' if waiting > 1 else ''} that outlive the program to write their profile\n")
         watch.settle(SETTLE_S)
+    exit_code = 128 - status if status < 0 else status  # as a shell gives it
     meta = RunMeta(command=command, started=started, ended=time.time(), exit_code=exit_code, backend=args.backend)
-    ending = Ending(root_pid, exit_code, watch.stop(), settings.interval)
+    ending = RunEnd(root_pid, status, watch.stop(), settings.interval)
     try:
         _collect(folder, output, meta, ending)
     except GpuflameError as exc:  # the program's exit code still wins
@@ -248,7 +252,7 @@ def _clear_previous_run(folder: Path) -> None:
 
 
 def _run_program(command: list[str], env: dict[str, str]) -> tuple[int, int]:
-    """Start the program, pass it our SIGINT/SIGTERM; its exit code as a shell would give it, and its pid."""
+    """Start the program, pass it our SIGINT/SIGTERM; its status (-N: killed by signal N) and its pid."""
     try:
         child = subprocess.Popen(command, env=env)
     except FileNotFoundError:
@@ -266,7 +270,7 @@ def _run_program(command: list[str], env: dict[str, str]) -> tuple[int, int]:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    return (128 - code if code < 0 else code), child.pid
+    return code, child.pid
 
 
 def _terminal_sent_it_too(pid: int) -> bool:
@@ -283,26 +287,28 @@ def _terminal_sent_it_too(pid: int) -> bool:
         os.close(tty)
 
 
-class Ending:
+class RunEnd:
     """How the run ended: the program's pid and exit code, and when each registered process was seen to end."""
 
-    def __init__(self, root_pid: int, exit_code: int, endings: dict[int, roll_call.Ending], interval: float) -> None:
+    def __init__(self, root_pid: int, status: int, endings: dict[int, roll_call.Ending], interval: float) -> None:
         self.root_pid = root_pid
-        self.exit_code = exit_code
+        self.status = status
         self.endings = endings
         self.interval = interval
 
     def how(self, pid: int) -> str:
         """The likely reasons a process skipped its exit hooks (the exact one where the launcher saw it)."""
-        if pid == self.root_pid and self.exit_code > 128:
+        if pid == self.root_pid:
+            if self.status >= 0:
+                return f"it ended by os._exit({self.status})"
             try:
-                return f"it was killed by {signal.Signals(self.exit_code - 128).name}"
+                return f"it was killed by {signal.Signals(-self.status).name}"
             except ValueError:
-                pass
+                return f"it was killed by signal {-self.status}"
         return "it ended by os._exit(), SIGKILL or a crash"
 
 
-def _collect(folder: Path, output: Path, meta: RunMeta, ending: Ending) -> Profile | None:
+def _collect(folder: Path, output: Path, meta: RunMeta, ending: RunEnd) -> Profile | None:
     """Merge the per-process profiles into *output*; note what was lost, per pid."""
     profiles: dict[int, Profile] = {}
     for path in sorted(folder.glob(PROCESS_FILE.format(pid="*"))):
@@ -330,7 +336,7 @@ def _pid_of(path: Path) -> int:
     return int(path.name.split("-")[1].split(".")[0])
 
 
-def _account_unfinished(folder: Path, written: set[int], meta: RunMeta, ending: Ending) -> None:
+def _account_unfinished(folder: Path, written: set[int], meta: RunMeta, ending: RunEnd) -> None:
     """Processes that started recording and never finished: their last snapshot is partial, or nothing is left."""
     for pid in roll_call.unfinished(folder):
         seen = ending.endings.get(pid, roll_call.Ending(None, seen_running=False))
