@@ -14,7 +14,7 @@ from types import ModuleType
 
 from gpuflame.capture import backends
 from gpuflame.capture.post_import import when_imported
-from gpuflame.capture.session import Session
+from gpuflame.capture.session import FRAMEWORKS, Session
 from gpuflame.capture.settings import Settings
 
 _session: Session | None = None
@@ -65,9 +65,9 @@ def watch(session: Session, backend: str) -> None:
     framework is never imported must not stay alive for the process's life.
     """
     ref = weakref.ref(session)
-    if backend in ("auto", "torch", "torch-cuda"):
+    if backend in FRAMEWORKS["torch"]:
         when_imported("torch", lambda torch: _start_torch(ref, backend, torch))
-    if backend in ("auto", "jax"):
+    if backend in FRAMEWORKS["jax"]:
         when_imported("jax", lambda jax: _add(ref, "jax"))
 
 

@@ -150,6 +150,7 @@ class Session:
             roll_call.register(self.settings.session_dir, self.pid)
         if self.settings.interval > 0:
             self._start_timer()
+
     def before_exec(self) -> None:
         """The process image is about to be replaced: write what it recorded, unless it is a fork child.
 
