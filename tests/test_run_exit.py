@@ -71,11 +71,11 @@ SWEEP = """
 import os, signal, sys, time, torch
 
 # Forked children end normally (their exit hooks write) while the parent
-# SIGTERMs each one a little later than the last: 0 to 95 ms after it said
-# it was done, so some signals land before the exit write, some during it,
-# some after the child is gone.
+# SIGTERMs each one a little later than the last: 0 to 78 ms after it said
+# it was done, so some signals land before the exit write, some during it
+# (or at its first line), some after the child is gone.
 results = []
-for step in range(20):
+for step in range(40):
     read, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:
@@ -83,7 +83,7 @@ for step in range(20):
         os.write(write_end, b"x")
         sys.exit(0)
     os.read(read, 1)
-    time.sleep(step * 0.005)
+    time.sleep(step * 0.002)
     try:
         os.kill(pid, signal.SIGTERM)
     except ProcessLookupError:
@@ -163,7 +163,7 @@ def test_with_interval_the_last_snapshot_of_an_os_exit_child_is_kept_and_marked_
     assert run["lost_processes"] == [] and child in run["processes"]
     (partial,) = run["partial_processes"]
     assert partial["pid"] == child
-    assert 0 <= partial["missing_s"] < 0.5  # the last snapshot is at most one interval (plus scheduling) old
+    assert 0 <= partial["missing_s"] < 1.5  # one interval, plus scheduling on a busy machine
     assert f"pid {child}: partial: its profile stops at the last --interval snapshot, " in partial["why"]
     assert "s before the process ended; the final profile was never written" in partial["why"]
     assert partial["why"] in result.stderr
@@ -261,3 +261,44 @@ def test_fork_children_that_run_another_program_are_not_taken_for_lost(tmp_path:
     run = summary(result)
     assert run["lost"] == [] and run["lost_processes"] == [] and len(run["processes"]) == 1, result.stderr
     assert bytes_by_function(load(tmp_path / "e.pb.gz"))["Holder > make"] == 4 * KIB
+
+
+@pytest.mark.slow
+def test_ctrl_c_at_a_terminal_interrupts_the_program_once(tmp_path: Path) -> None:
+    """A real terminal (a pty): Ctrl-C reaches the launcher and the program; the program must see one SIGINT."""
+    import pty
+
+    script = write(tmp_path / "waiting.py", ALLOCATE, """
+    import time
+    kept = Holder().make(12)
+    print("waiting", flush=True)
+    try:
+        time.sleep(60)
+    except KeyboardInterrupt:
+        print("interrupted once", flush=True)
+        time.sleep(1)  # a second SIGINT (forwarded by the launcher) would land here
+        raise
+    """)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUFLAME_") and k != "PYTHONPATH"}
+    pid, master = pty.fork()
+    if pid == 0:  # pragma: no cover - the child becomes the launcher
+        os.chdir(tmp_path)
+        os.execve(sys.executable, [sys.executable, "-m", "gpuflame", "run", "-o", "t.pb.gz", script.name], env)
+    seen = b""
+    while b"waiting" not in seen:
+        seen += os.read(master, 1024)
+    time.sleep(0.3)  # into the sleep
+    os.write(master, b"\x03")  # Ctrl-C
+    while True:
+        try:
+            chunk = os.read(master, 1024)
+        except OSError:  # the terminal closed: everyone has exited
+            break
+        if not chunk:
+            break
+        seen += chunk
+    _, status = os.waitpid(pid, 0)
+    text = seen.decode(errors="replace")
+    assert os.waitstatus_to_exitcode(status) == 130, text
+    assert "interrupted once" in text and text.count("KeyboardInterrupt") == 1, text
+    assert bytes_by_function(load(tmp_path / "t.pb.gz"))["Holder > make"] == 12 * KIB

@@ -90,21 +90,26 @@ class Session:
         HOOKS.attach(self)
 
     def finish(self) -> None:
-        """Stop recording and write the final profile (once; a signal meanwhile waits for the file)."""
-        me = threading.get_ident()
-        with self._lock:
-            first = not self._finished
-            if first:
-                self._finished, self._finishing = True, me
-        if not first:
-            if self._finishing != me:
-                self._done.wait(FINISH_WAIT_S)  # another thread is writing: its file first, then the signal
-            return
-        try:
-            with signals_held():
+        """Stop recording and write the final profile (once; a signal meanwhile waits for the file).
+
+        Signals are held from the first line: one that came between marking
+        the session finished and holding them would find it "already
+        finishing" and kill the process before anything was written.
+        """
+        with signals_held():
+            me = threading.get_ident()
+            with self._lock:
+                first = not self._finished
+                if first:
+                    self._finished, self._finishing = True, me
+            if not first:
+                if self._finishing != me:
+                    self._done.wait(FINISH_WAIT_S)  # another thread is writing: its file first, then the signal
+                return
+            try:
                 self._finish()
-        finally:
-            self._done.set()
+            finally:
+                self._done.set()
 
     def _finish(self) -> None:
         self._stop_timer.set()
