@@ -302,3 +302,17 @@ def test_ctrl_c_at_a_terminal_interrupts_the_program_once(tmp_path: Path) -> Non
     assert os.waitstatus_to_exitcode(status) == 130, text
     assert "interrupted once" in text and text.count("KeyboardInterrupt") == 1, text
     assert bytes_by_function(load(tmp_path / "t.pb.gz"))["Holder > make"] == 12 * KIB
+
+
+def test_an_api_block_inside_a_run_leaves_both_profiles(tmp_path: Path) -> None:
+    """The run's session and the API's share the process's exit hooks: the block ending must not drop the run's."""
+    script = write(tmp_path / "both.py", ALLOCATE, """
+    import gpuflame
+    whole = Holder().make(16)
+    with gpuflame.profile("block.pb.gz"):
+        part = Holder().make(4)
+    """)
+    result = gpuflame_run("-o", "whole.pb.gz", script.name, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert bytes_by_function(load(tmp_path / "whole.pb.gz"))["Holder > make"] == 20 * KIB
+    assert bytes_by_function(load(tmp_path / "block.pb.gz"))["Holder > make"] == 4 * KIB

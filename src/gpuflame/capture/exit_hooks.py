@@ -36,23 +36,23 @@ HELD_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SI
 
 
 class ExitHooks:
-    """atexit, SIGTERM and fork hooks that forward to the active session (if any)."""
+    """atexit, SIGTERM and fork hooks that forward to the running sessions (``gpuflame run``'s, the API's)."""
 
     def __init__(self) -> None:
-        self.session: Session | None = None
+        self.sessions: list[Session] = []  # running ones; a session leaves when it finishes
         self._installed = False
         self._sigterm_installed = False
         self._previous_sigterm: Any = None
 
     def attach(self, session: Session) -> None:
-        """Make *session* the one that the process's exit writes."""
+        """Write *session* at the process's exit (and on SIGTERM, and in fork children)."""
         self._install()
-        self.session = session
+        self.sessions.append(session)
 
     def detach(self, session: Session) -> None:
         """*session* is finished: the hooks no longer hold it."""
-        if self.session is session:
-            self.session = None
+        if session in self.sessions:
+            self.sessions.remove(session)
 
     def to_front(self) -> None:
         """Run before the exit handlers registered so far (JAX frees its buffers in one).
@@ -66,8 +66,7 @@ class ExitHooks:
     # -- the hooks ------------------------------------------------------------
 
     def at_exit(self) -> None:
-        session = self.session
-        if session is not None:
+        for session in reversed(list(self.sessions)):  # the latest started first, as atexit would
             session.finish()
 
     def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
@@ -83,26 +82,25 @@ class ExitHooks:
         os.kill(os.getpid(), signal.SIGTERM)
 
     def _after_fork(self) -> None:
-        session = self.session
-        if session is not None:
-            session.after_fork(to_exec=_forking_to_exec())
+        to_exec = _forking_to_exec()
+        for session in list(self.sessions):
+            session.after_fork(to_exec=to_exec)
 
     def _before_exec(self) -> None:
-        session = self.session
-        if session is not None:
+        for session in reversed(list(self.sessions)):
             session.before_exec()
 
     def _after_multiprocessing_fork(self) -> None:
         """multiprocessing's fork children leave through os._exit after its finalizers: atexit never runs."""
-        session = self.session
-        if session is None or session.finished:
+        running = [s for s in self.sessions if not s.finished]
+        if not running:
             return
         try:
             import multiprocessing.util as mp_util
 
             mp_util.Finalize(None, self.at_exit, exitpriority=0)
         except Exception as exc:
-            session.report(f"could not hook the exit of a multiprocessing child ({exc}); its profile may be lost")
+            running[0].report(f"could not hook the exit of a multiprocessing child ({exc}); its profile may be lost")
 
     # -- installing -------------------------------------------------------------
 

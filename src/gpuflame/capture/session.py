@@ -148,6 +148,7 @@ class Session:
         self._finished = self._finished or not self.settings.follow or to_exec
         if self._finished:
             self._done.set()
+            HOOKS.detach(self)
             return
         if not self.recorders:
             return
