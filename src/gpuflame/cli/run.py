@@ -151,18 +151,7 @@ def profiler_env(settings: Settings) -> dict[str, str]:
 def run(args: argparse.Namespace) -> int:
     command = command_line(args)
     started = time.time()
-    if args.output:
-        output = Path(args.output)
-        folder = output.with_name(output.name + ".processes")
-        folder.mkdir(parents=True, exist_ok=True)
-        _clear_previous_run(folder)
-        run_dir = None
-    else:
-        asked = [args.module] if args.module else [w for w in args.target if w != "--"]
-        run_dir = new_run_folder(Path(args.store) if args.store else store_root(), asked, started)
-        folder = run_dir / PROCESSES_DIR
-        folder.mkdir()
-        output = run_dir / PROFILE_NAME
+    folder, output, run_dir = _places(args, started)
     settings = Settings(
         session_dir=str(folder.resolve()),
         backend=args.backend,
@@ -178,15 +167,11 @@ def run(args: argparse.Namespace) -> int:
         status, root_pid = _run_program(command, profiler_env(settings))
     except GpuflameError:
         watch.stop()
-        _remove_if_empty(folder)
-        if run_dir is not None:
-            _remove_if_empty(run_dir)
+        for empty in (folder, run_dir):
+            if empty is not None:
+                _remove_if_empty(empty)
         raise
-    waiting = watch.settle(1.0)
-    if waiting:
-        sys.stderr.write(f"gpuflame: waiting up to {SETTLE_S:.0f} s for {waiting} process"
-                         f"{'es' if waiting > 1 else ''} that outlive the program to write their profile\n")
-        watch.settle(SETTLE_S)
+    _wait_for_stragglers(watch)
     exit_code = 128 - status if status < 0 else status  # as a shell gives it
     meta = RunMeta(command=command, started=started, ended=time.time(), exit_code=exit_code, backend=args.backend)
     ending = RunEnd(root_pid, status, watch.stop(), settings.interval)
@@ -203,6 +188,30 @@ def run(args: argparse.Namespace) -> int:
         _write_meta(meta, run_dir)
     _say_where(args, output, meta, idle)
     return exit_code
+
+
+def _places(args: argparse.Namespace, started: float) -> tuple[Path, Path, Path | None]:
+    """(the per-process folder, the merged profile, the store's run folder or None with -o)."""
+    if args.output:
+        output = Path(args.output)
+        folder = output.with_name(output.name + ".processes")
+        folder.mkdir(parents=True, exist_ok=True)
+        _clear_previous_run(folder)
+        return folder, output, None
+    asked = [args.module] if args.module else [w for w in args.target if w != "--"]
+    run_dir = new_run_folder(Path(args.store) if args.store else store_root(), asked, started)
+    folder = run_dir / PROCESSES_DIR
+    folder.mkdir()
+    return folder, run_dir / PROFILE_NAME, run_dir
+
+
+def _wait_for_stragglers(watch: roll_call.EndWatch) -> None:
+    """Processes that outlive the program (a forkserver, orphans) may still be writing: give them time, and say so."""
+    waiting = watch.settle(1.0)
+    if waiting:
+        sys.stderr.write(f"gpuflame: waiting up to {SETTLE_S:.0f} s for {waiting} process"
+                         f"{'es' if waiting > 1 else ''} that outlive the program to write their profile\n")
+        watch.settle(SETTLE_S)
 
 
 def _interval(args: argparse.Namespace) -> float:
@@ -323,9 +332,9 @@ def _collect(folder: Path, output: Path, meta: RunMeta, ending: RunEnd) -> Profi
     if not profiles:
         return None
     merged = merge(list(profiles.values()))
-    for message in meta.lost + [p["why"] for p in meta.partial_processes]:  # type: ignore[misc]
+    for message in meta.lost + [str(p["why"]) for p in meta.partial_processes]:
         if not any(message.endswith(c) or c.endswith(message) for c in merged.comments):
-            merged.comments.append(str(message))
+            merged.comments.append(message)
     save(merged, output)
     meta.processes = sorted(profiles)
     meta.totals = merged.totals()
@@ -340,28 +349,35 @@ def _account_unfinished(folder: Path, written: set[int], meta: RunMeta, ending: 
     """Processes that started recording and never finished: their last snapshot is partial, or nothing is left."""
     for pid in roll_call.unfinished(folder):
         seen = ending.endings.get(pid, roll_call.Ending(None, seen_running=False))
-        still_running = seen.ended is None and seen.seen_running
         if pid in written:
             taken = (folder / PROCESS_FILE.format(pid=pid)).stat().st_mtime
-            if still_running:
-                missing = meta.ended - taken
-                why = (f"pid {pid}: partial: still running when the run ended; its profile is its last --interval "
-                       f"snapshot, taken {missing:.1f} s before that")
-            else:
-                missing = seen.ended - taken if seen.ended is not None else None
-                when = f", {missing:.1f} s before the process ended" if missing is not None else ""
-                why = (f"pid {pid}: partial: its profile stops at the last --interval snapshot{when}; "
-                       f"the final profile was never written ({ending.how(pid)})")
-            meta.partial_processes.append({"pid": pid, "why": why, "missing_s": missing})
-            continue
-        if still_running:
-            why = f"pid {pid}: nothing written: still running when the run ended"
+            meta.partial_processes.append(_partial(pid, taken, seen, meta.ended, ending))
         else:
-            hint = ("; it ended before its first --interval snapshot" if ending.interval > 0
-                    else "; --interval 10s keeps a snapshot of such a process")
-            why = f"pid {pid}: nothing could be written: {ending.how(pid)} before its exit hooks ran{hint}"
-        meta.lost_processes.append({"pid": pid, "why": why})
-        meta.lost.append(why)
+            why = _nothing_written(pid, seen, ending)
+            meta.lost_processes.append({"pid": pid, "why": why})
+            meta.lost.append(why)
+
+
+def _partial(pid: int, taken: float, seen: roll_call.Ending, run_ended: float, ending: RunEnd) -> dict[str, object]:
+    """A process whose profile is its last --interval snapshot: how much of its life that misses."""
+    if seen.ended is None and seen.seen_running:
+        missing: float | None = run_ended - taken
+        why = (f"pid {pid}: partial: still running when the run ended; its profile is its last --interval "
+               f"snapshot, taken {missing:.1f} s before that")
+    else:
+        missing = seen.ended - taken if seen.ended is not None else None
+        when = f", {missing:.1f} s before the process ended" if missing is not None else ""
+        why = (f"pid {pid}: partial: its profile stops at the last --interval snapshot{when}; "
+               f"the final profile was never written ({ending.how(pid)})")
+    return {"pid": pid, "why": why, "missing_s": missing}
+
+
+def _nothing_written(pid: int, seen: roll_call.Ending, ending: RunEnd) -> str:
+    if seen.ended is None and seen.seen_running:
+        return f"pid {pid}: nothing written: still running when the run ended"
+    hint = ("; it ended before its first --interval snapshot" if ending.interval > 0
+            else "; --interval 10s keeps a snapshot of such a process")
+    return f"pid {pid}: nothing could be written: {ending.how(pid)} before its exit hooks ran{hint}"
 
 
 def _tidy(folder: Path) -> None:
