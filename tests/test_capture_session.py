@@ -225,3 +225,25 @@ def test_a_fork_resets_each_torch_recorder_once_and_registers_the_child(tmp_path
     # the child registered itself and, leaving by os._exit, never wrote: the launcher can tell
     assert (tmp_path / f"started-{pid}").exists() and not (tmp_path / f"proc-{pid}.pb.gz").exists()
     del torch
+
+
+def test_a_program_that_ignores_sigterm_keeps_being_recorded(tmp_path: Path) -> None:
+    """SIGTERM set to SIG_IGN before gpuflame started: a snapshot is written, the session goes on."""
+    script = tmp_path / "stubborn.py"
+    script.write_text(textwrap.dedent(f"""
+        import os, signal, sys
+        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        from test_capture_session import StandInRecorder
+        from gpuflame.capture.session import Session
+        from gpuflame.capture.settings import Settings
+        s = Session(Settings(session_dir={str(tmp_path)!r}))
+        s.install_exit_hooks()
+        s.add(StandInRecorder())
+        signal.raise_signal(signal.SIGTERM)
+        print("snapshot", os.path.exists(s.path), "finished", s.finished, flush=True)
+    """))
+    child = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert child.returncode == 0, child.stderr
+    assert child.stdout == "snapshot True finished False\n"
+    assert not list(tmp_path.glob("started-*"))  # and the final write came at exit

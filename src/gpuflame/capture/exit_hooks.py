@@ -70,13 +70,16 @@ class ExitHooks:
             session.finish()
 
     def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
-        self.at_exit()
         previous = self._previous_sigterm
-        if callable(previous):
-            previous(signum, frame)
+        if callable(previous) or previous == signal.SIG_IGN:
+            # the program goes on, or leaves through its own handler (atexit then writes the
+            # final profile): a snapshot now, and recording goes on
+            for session in list(self.sessions):
+                session.write()
+            if callable(previous):
+                previous(signum, frame)
             return
-        if previous == signal.SIG_IGN:
-            return
+        self.at_exit()
         # the default action: die of SIGTERM, so the parent sees the same status
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTERM)
