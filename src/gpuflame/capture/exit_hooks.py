@@ -1,4 +1,4 @@
-"""The process's exit paths, hooked once: atexit, SIGTERM and fork, each forwarded to the session of the moment.
+"""The process's exit paths, hooked once: atexit, SIGTERM, fork and exec, forwarded to the running sessions.
 
 One object per process, installed with the first session, so that profiling
 a block of code six times leaves one atexit entry, one SIGTERM handler and
