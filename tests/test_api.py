@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import atexit
+import gc
+import signal
+import weakref
 from pathlib import Path
 
 import pytest
@@ -44,17 +48,56 @@ def test_the_file_is_written_when_the_block_raises(tmp_path: Path) -> None:
     assert leaf_bytes(out, "Buffers > allocate") == 2048
 
 
-def test_start_stop_and_double_start(tmp_path: Path) -> None:
+def test_start_stop_and_a_second_start_is_a_warning_not_an_error(tmp_path: Path) -> None:
     out = tmp_path / "ss.pb.gz"
-    gpuflame.start(out, backend="torch")
+    first = gpuflame.start(out, backend="torch")
     try:
-        with pytest.raises(RuntimeError, match="already profiling"):
-            gpuflame.start(tmp_path / "other.pb.gz")
+        with pytest.warns(RuntimeWarning, match="already profiling this process into .*ss.pb.gz"):
+            again = gpuflame.start(tmp_path / "other.pb.gz")
+        assert again is first
         kept = Buffers().allocate(512)  # noqa: F841
     finally:
         assert gpuflame.stop() == out.resolve()
     assert gpuflame.stop() is None
     assert leaf_bytes(out, "Buffers > allocate") == 512
+    assert not (tmp_path / "other.pb.gz").exists()
+
+
+def test_a_nested_block_joins_the_running_profile_and_does_not_end_it(tmp_path: Path) -> None:
+    out = tmp_path / "outer.pb.gz"
+    with gpuflame.profile(out, backend="torch"):
+        with pytest.warns(RuntimeWarning, match="already profiling"):
+            with gpuflame.profile(tmp_path / "inner.pb.gz", backend="torch"):
+                inner = Buffers().allocate(1000)  # noqa: F841
+        assert not out.exists()  # the inner block's end did not stop the outer profile
+        outer = Buffers().allocate(3000)  # noqa: F841
+    assert leaf_bytes(out, "Buffers > allocate") == 4000
+    assert not (tmp_path / "inner.pb.gz").exists()
+
+
+def test_profile_cycles_leave_no_session_handler_or_note_behind(tmp_path: Path, monkeypatch) -> None:
+    """Six blocks: one SIGTERM handler and one atexit entry in all, no session kept, no lost-PID.txt."""
+    registered: list[object] = []  # atexit cannot list its entries: keep a shadow list of ours
+    real_register, real_unregister = atexit.register, atexit.unregister
+    monkeypatch.setattr(atexit, "register", lambda f, *a: (registered.append(f), real_register(f, *a))[1])
+    monkeypatch.setattr(atexit, "unregister", lambda f: (registered.remove(f) if f in registered else None,
+                                                         real_unregister(f))[1])
+    refs = []
+    for i in range(6):
+        with gpuflame.profile(tmp_path / f"c{i}.pb.gz") as session:  # auto: also waits for jax
+            session.report("a note for the profile, not a file beside it", say=False)
+            kept = Buffers().allocate(100 + i)  # noqa: F841
+        refs += [weakref.ref(session), *(weakref.ref(r) for r in session.recorders)]
+        del session
+        if i == 0:
+            handler, callbacks = signal.getsignal(signal.SIGTERM), len(registered)
+        assert signal.getsignal(signal.SIGTERM) is handler
+        assert len(registered) == callbacks <= 1
+    gc.collect()
+    assert len(refs) >= 12 and [r() for r in refs] == [None] * len(refs)  # sessions and their recorders
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(f"c{i}.pb.gz" for i in range(6))
+    assert leaf_bytes(tmp_path / "c5.pb.gz", "Buffers > allocate") == 105
+    assert any("a note for the profile" in c for c in load(tmp_path / "c5.pb.gz").comments)
 
 
 def test_unknown_backend_is_refused() -> None:

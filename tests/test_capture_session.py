@@ -149,3 +149,101 @@ def test_sigterm_writes_the_profile_and_the_process_still_dies_of_sigterm(tmp_pa
     child.send_signal(signal.SIGTERM)
     assert child.wait(timeout=20) == -signal.SIGTERM
     assert load(tmp_path / f"proc-{child.pid}.pb.gz").totals()["inuse_space"] == 1024
+
+
+HELD_SCRIPT = """
+import os, signal, sys, threading, time
+sys.path.insert(0, {tests!r})
+from test_capture_session import StandInRecorder
+from gpuflame.capture.session import Session, _save
+from gpuflame.capture.settings import Settings
+
+sleeper = threading.Thread(target=time.sleep, args=(30,), daemon=True)
+sleeper.start()
+
+def slow_write(profile, path):
+    # the signal arrives in the middle of the exit write, as a pool's terminate() sends it
+    target = threading.main_thread().ident if {to_main!r} else sleeper.ident
+    signal.pthread_kill(target, signal.{signal})
+    time.sleep(0.1)
+    _save(profile, path)
+    print("written", flush=True)
+
+s = Session(Settings(session_dir={folder!r}), write=slow_write)
+s.install_exit_hooks()
+s.add(StandInRecorder())
+print("ending", flush=True)
+"""
+
+
+@pytest.mark.parametrize("to_main", [True, False], ids=["to-main-thread", "to-another-thread"])
+def test_a_sigterm_during_the_exit_write_waits_for_the_file_then_kills(tmp_path: Path, to_main: bool) -> None:
+    script = tmp_path / "ending.py"
+    script.write_text(HELD_SCRIPT.format(tests=str(Path(__file__).parent), to_main=to_main, signal="SIGTERM",
+                                         folder=str(tmp_path)))
+    child = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert child.returncode == -signal.SIGTERM, child.stderr  # the status the signal makes
+    assert child.stdout == "ending\nwritten\n"
+    (written,) = tmp_path.glob("proc-*.pb.gz")
+    assert load(written).totals()["inuse_space"] == 1024
+    assert not list(tmp_path.glob("started-*"))  # the process ended its roll call: nothing lost
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_the_roll_call_names_recording_processes_until_their_final_write(tmp_path: Path) -> None:
+    s = session(tmp_path)
+    assert not list(tmp_path.glob("started-*"))  # nothing recorded yet: nothing to lose
+    s.add(StandInRecorder())
+    assert [p.name for p in tmp_path.glob("started-*")] == [f"started-{os.getpid()}"]
+    s.finish()
+    assert not list(tmp_path.glob("started-*"))
+    assert (tmp_path / f"proc-{os.getpid()}.pb.gz").exists()
+
+
+def test_a_fork_resets_each_torch_recorder_once_and_registers_the_child(tmp_path: Path) -> None:
+    """The recorder modules hook the fork themselves; the session must not do it a second time."""
+    torch = pytest.importorskip("torch")
+    from gpuflame.capture.autostart import watch
+
+    s = session(tmp_path, backend="torch", torch_hook="dispatch")
+    s.install_exit_hooks()
+    watch(s, "torch")
+    (recorder,) = s.recorders
+    calls = []
+    real = recorder.after_fork
+    recorder.after_fork = lambda: (calls.append(1), real())  # type: ignore[method-assign]
+    read, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child reports through the pipe
+        os.write(write_end, str(len(calls)).encode())
+        os._exit(0)
+    os.close(write_end)
+    in_child = os.read(read, 10).decode()
+    os.waitpid(pid, 0)
+    s.finish()
+    assert in_child == "1"
+    # the child registered itself and, leaving by os._exit, never wrote: the launcher can tell
+    assert (tmp_path / f"started-{pid}").exists() and not (tmp_path / f"proc-{pid}.pb.gz").exists()
+    del torch
+
+
+def test_a_program_that_ignores_sigterm_keeps_being_recorded(tmp_path: Path) -> None:
+    """SIGTERM set to SIG_IGN before gpuflame started: a snapshot is written, the session goes on."""
+    script = tmp_path / "stubborn.py"
+    script.write_text(textwrap.dedent(f"""
+        import os, signal, sys
+        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        from test_capture_session import StandInRecorder
+        from gpuflame.capture.session import Session
+        from gpuflame.capture.settings import Settings
+        s = Session(Settings(session_dir={str(tmp_path)!r}))
+        s.install_exit_hooks()
+        s.add(StandInRecorder())
+        signal.raise_signal(signal.SIGTERM)
+        print("snapshot", os.path.exists(s.path), "finished", s.finished, flush=True)
+    """))
+    child = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert child.returncode == 0, child.stderr
+    assert child.stdout == "snapshot True finished False\n"
+    assert not list(tmp_path.glob("started-*"))  # and the final write came at exit

@@ -11,7 +11,9 @@
 
 Unlike ``gpuflame run``, the API profiles this process only (not its
 children). Like it, it never raises into the program: a failure is one line
-on stderr and a profile that says what it lost.
+on stderr and a profile that says what it lost. A ``start()`` while a
+profile is running is a warning and changes nothing: the running profile
+goes on, and only the ``stop()`` (or ``with`` block) that started it ends it.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -32,19 +35,31 @@ _active: Session | None = None
 
 def start(output: str | os.PathLike[str] = "gpuflame.pb.gz", backend: str = "auto", interval: float = 0.0) -> Session:
     """Start recording this process; the backend starts when its framework is imported."""
+    return _start(output, backend, interval)[0]
+
+
+def _start(output: str | os.PathLike[str], backend: str, interval: float) -> tuple[Session, bool]:
+    """The session that records now, and whether this call started it."""
     global _active
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, not {backend!r}")
     with _lock:
         if _active is not None:
-            raise RuntimeError("gpuflame is already profiling this process; call gpuflame.stop() first")
+            warnings.warn(
+                f"gpuflame is already profiling this process into {_active.path}; this start() is ignored "
+                "and that profile goes on until its own stop()",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+            return _active, False
         path = Path(output).resolve()
-        settings = Settings(session_dir=str(path.parent), backend=backend, interval=interval, follow=False)
+        # no session folder: the API writes one file, and notes of what was lost go into it
+        settings = Settings(backend=backend, interval=interval, follow=False)
         session = Session(settings, path=path)
         session.install_exit_hooks()
         watch(session, backend)
         _active = session
-        return session
+        return session, True
 
 
 def stop() -> Path | None:
@@ -62,9 +77,13 @@ def stop() -> Path | None:
 def profile(
     output: str | os.PathLike[str] = "gpuflame.pb.gz", backend: str = "auto", interval: float = 0.0
 ) -> Iterator[Session]:
-    """Profile the ``with`` block; the file is written when the block ends, even by an exception."""
-    session = start(output, backend, interval)
+    """Profile the ``with`` block; the file is written when the block ends, even by an exception.
+
+    Inside a running profile the block is part of that one (with a warning).
+    """
+    session, started = _start(output, backend, interval)
     try:
         yield session
     finally:
-        stop()
+        if started:
+            stop()

@@ -8,12 +8,13 @@ after the workload imports its framework.
 from __future__ import annotations
 
 import os
+import weakref
 from dataclasses import replace
 from types import ModuleType
 
 from gpuflame.capture import backends
 from gpuflame.capture.post_import import when_imported
-from gpuflame.capture.session import Session
+from gpuflame.capture.session import FRAMEWORKS, Session
 from gpuflame.capture.settings import Settings
 
 _session: Session | None = None
@@ -58,20 +59,28 @@ def _make_session_dir(path: str) -> None:
 
 
 def watch(session: Session, backend: str) -> None:
-    """Start the backend(s) once the workload imports their framework."""
-    if backend in ("auto", "torch", "torch-cuda"):
-        when_imported("torch", lambda torch: _start_torch(session, backend, torch))
-    if backend in ("auto", "jax"):
-        when_imported("jax", lambda jax: _add(session, "jax"))
+    """Start the backend(s) once the workload imports their framework.
+
+    The import hook holds the session weakly: a finished API session whose
+    framework is never imported must not stay alive for the process's life.
+    """
+    ref = weakref.ref(session)
+    if backend in FRAMEWORKS["torch"]:
+        when_imported("torch", lambda torch: _start_torch(ref, backend, torch))
+    if backend in FRAMEWORKS["jax"]:
+        when_imported("jax", lambda jax: _add(ref, "jax"))
 
 
-def _start_torch(session: Session, backend: str, torch: ModuleType) -> None:
+def _start_torch(ref: weakref.ref[Session], backend: str, torch: ModuleType) -> None:
     if backend == "auto":
         backend = "torch-cuda" if backends.cuda_available(torch) else "torch"
-    _add(session, backend)
+    _add(ref, backend)
 
 
-def _add(session: Session, name: str) -> None:
+def _add(ref: weakref.ref[Session], name: str) -> None:
+    session = ref()
+    if session is None or session.finished:
+        return
     try:
         recorder = backends.create(name, session)
     except Exception as exc:

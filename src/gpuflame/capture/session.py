@@ -9,23 +9,24 @@ carries on without profiling.
 
 from __future__ import annotations
 
-import atexit
 import os
-import signal
 import sys
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from types import FrameType
-from typing import Any
 
+from gpuflame.capture import roll_call
 from gpuflame.capture.base import Recorder
+from gpuflame.capture.exit_hooks import HOOKS, signals_held
 from gpuflame.capture.settings import Settings
 from gpuflame.model import Profile, merge
 
 PROCESS_FILE = "proc-{pid}.pb.gz"
 LOST_FILE = "lost-{pid}.txt"
+IDLE_FILE = "idle-{pid}.txt"  # why a process that ran under the profiler recorded nothing
+FRAMEWORKS = {"torch": ("auto", "torch", "torch-cuda"), "jax": ("auto", "jax")}  # module -> backends recording it
+FINISH_WAIT_S = 60.0  # how long a signal handler waits for another thread's final write
 
 
 class Session:
@@ -45,9 +46,10 @@ class Session:
         self._write = write or _save
         self._lock = threading.RLock()
         self._finished = False
+        self._finishing: int | None = None  # the thread writing the final profile
+        self._done = threading.Event()
         self._timer: threading.Thread | None = None
         self._stop_timer = threading.Event()
-        self._previous_sigterm: Any = None
         self._forked = False
         # continuous mode: every written snapshot, then the end (ship/continuous.py)
         self.on_snapshot: list[Callable[[Profile], None]] = []
@@ -55,43 +57,61 @@ class Session:
 
     # -- life cycle --------------------------------------------------------
 
+    @property
+    def finished(self) -> bool:
+        return self._finished
+
     def add(self, recorder: Recorder) -> None:
         """Start *recorder* and keep it; a recorder that fails to start is reported and dropped."""
+        if self._finished:
+            return
         try:
             recorder.start()
         except Exception as exc:
             self.report(f"the {recorder.name} backend failed to start ({exc}); nothing is recorded by it")
             return
         with self._lock:
+            first = not self.recorders
             self.recorders.append(recorder)
         self._note_recorder_errors()
+        if first:
+            _prepare_writer()
+            if self.settings.session_dir:
+                roll_call.register(self.settings.session_dir, self.pid)
         # The framework just imported has registered its own exit handlers
-        # (JAX frees its buffers at exit); atexit runs the latest first, so
-        # finishing from here writes the profile before they run.
-        atexit.register(self.finish)
+        # (JAX frees its buffers at exit); finishing before them writes the
+        # profile while its buffers are still there.
+        HOOKS.to_front()
         if self.settings.interval > 0 and self._timer is None:
             self._start_timer()
 
     def install_exit_hooks(self) -> None:
-        """Write the profile at exit, on SIGTERM, and in fork children at their exit."""
-        atexit.register(self.finish)
-        self._install_sigterm()
-        if hasattr(os, "register_at_fork"):
-            os.register_at_fork(after_in_child=self._after_fork)
-        try:
-            import multiprocessing.util as mp_util
-
-            # multiprocessing's fork children leave through os._exit: atexit never runs there
-            mp_util.register_after_fork(self, Session._after_multiprocessing_fork)
-        except Exception:  # pragma: no cover - multiprocessing missing is not our problem
-            pass
+        """Write the profile at exit, on SIGTERM, and in fork children at their exit (one session at a time)."""
+        HOOKS.attach(self)
 
     def finish(self) -> None:
-        """Stop recording and write the final profile (once)."""
-        with self._lock:
-            if self._finished:
+        """Stop recording and write the final profile (once; a signal meanwhile waits for the file).
+
+        Signals are held from the first line: one that came between marking
+        the session finished and holding them would find it "already
+        finishing" and kill the process before anything was written.
+        """
+        with signals_held():
+            me = threading.get_ident()
+            with self._lock:
+                first = not self._finished
+                if first:
+                    self._finished, self._finishing = True, me
+            if not first:
+                if self._finishing != me:
+                    self._done.wait(FINISH_WAIT_S)  # another thread is writing: its file first, then the signal
                 return
-            self._finished = True
+            try:
+                self._finish()
+            finally:
+                self._done.set()
+
+    def _finish(self) -> None:
         self._stop_timer.set()
         self.write()
         for recorder in list(self.recorders):
@@ -104,6 +124,54 @@ class Session:
                 hook()
             except Exception as exc:
                 self.report(f"finishing a profile consumer failed ({exc})")
+        if self.settings.session_dir:
+            if not self.recorders:
+                self._note_idle()
+            roll_call.unregister(self.settings.session_dir, self.pid)
+        HOOKS.detach(self)
+
+    def after_fork(self, to_exec: bool = False) -> None:
+        """In a forked child: a new process with its own pid, file and (fresh) timer.
+
+        The recorders reset their own state at a fork (their modules hook it);
+        the session only takes the child's identity. A child that is about to
+        run another program (*to_exec*) records nothing of its own.
+        """
+        self.pid = os.getpid()
+        self._forked = True
+        self.lost = []
+        self._lock = threading.RLock()
+        self._done = threading.Event()
+        self._finishing = None
+        self._stop_timer = threading.Event()
+        self._timer = None
+        self._finished = self._finished or not self.settings.follow or to_exec
+        if self._finished:
+            self._done.set()
+            HOOKS.detach(self)
+            return
+        if not self.recorders:
+            return
+        if self.settings.session_dir:
+            roll_call.register(self.settings.session_dir, self.pid)
+        if self.settings.interval > 0:
+            self._start_timer()
+
+    def before_exec(self) -> None:
+        """The process image is about to be replaced: write what it recorded, unless it is a fork child.
+
+        A fork child that execs (``os.fork()`` then ``os.execvp()``, ``pty``)
+        only ran another program: it leaves the roll call without a word.
+        """
+        if not self._forked:
+            self.finish()
+            return
+        with self._lock:
+            self._finished = True
+        self._stop_timer.set()
+        self._done.set()
+        if self.settings.session_dir:
+            roll_call.unregister(self.settings.session_dir, self.pid)
 
     # -- writing ------------------------------------------------------------
 
@@ -192,55 +260,28 @@ class Session:
                 # a snapshot slower than the interval would eat the workload's CPU
                 self._stop_timer.wait(time.monotonic() - started)
 
-    # -- signals and forks ----------------------------------------------------
-
-    def _install_sigterm(self) -> None:
-        if threading.current_thread() is not threading.main_thread():
+    def _note_idle(self) -> None:
+        """Say why nothing was recorded here when a framework was imported that the backend does not record."""
+        backend = self.settings.backend
+        missed = [m for m, backends in FRAMEWORKS.items() if m in sys.modules and backend not in backends]
+        if not missed:
             return
         try:
-            self._previous_sigterm = signal.getsignal(signal.SIGTERM)
-            signal.signal(signal.SIGTERM, self._on_sigterm)
-        except (ValueError, OSError):
-            self._previous_sigterm = None
+            with open(Path(self.settings.session_dir) / IDLE_FILE.format(pid=self.pid), "w") as note:
+                note.write(f"imported {' and '.join(missed)}, which --backend {backend} does not record\n")
+        except OSError:
+            pass
 
-    def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
-        self.finish()
-        previous = self._previous_sigterm
-        if callable(previous):
-            previous(signum, frame)
-            return
-        if previous == signal.SIG_IGN:
-            return
-        # the default action: die of SIGTERM, so the parent sees the same status
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGTERM)
 
-    def _after_fork(self) -> None:
-        """A forked child is a new process: its own pid, file and (fresh) timer."""
-        self.pid = os.getpid()
-        self._forked = True
-        self.lost = []
-        self._lock = threading.RLock()
-        self._finished = not self.settings.follow
-        self._stop_timer = threading.Event()
-        self._timer = None
-        if self.settings.follow and self.settings.interval > 0 and self.recorders:
-            self._start_timer()
-        for recorder in self.recorders:
-            reset = getattr(recorder, "after_fork", None)
-            if callable(reset):
-                try:
-                    reset()
-                except Exception as exc:
-                    self.report(f"the {recorder.name} backend could not follow a fork ({exc})")
+def _prepare_writer() -> None:
+    """Import what writing a profile needs now, not in the exit handler.
 
-    def _after_multiprocessing_fork(self) -> None:
-        try:
-            import multiprocessing.util as mp_util
-
-            mp_util.Finalize(None, self.finish, exitpriority=0)
-        except Exception as exc:
-            self.report(f"could not hook the exit of a multiprocessing child ({exc}); its profile may be lost")
+    Code run at exit must not create classes or named tuples: CPython runs
+    their generated source through the same path as a script, which forgets
+    that the script ended with an unhandled KeyboardInterrupt, so Ctrl-C
+    would exit 1 instead of dying of SIGINT (130).
+    """
+    import gpuflame.formats.pprof  # noqa: F401
 
 
 def _save(profile: Profile, path: Path) -> None:

@@ -69,10 +69,14 @@ class RunMeta:
     ended: float = 0.0
     exit_code: int | None = None
     backend: str = "auto"
-    profile: str = PROFILE_NAME
-    processes: list[int] = field(default_factory=list)
+    profile: str | None = PROFILE_NAME  # None: the run wrote no profile
+    processes: list[int] = field(default_factory=list)  # pids whose profile is in the merged one
     totals: dict[str, int] = field(default_factory=dict)
-    lost: list[str] = field(default_factory=list)
+    lost: list[str] = field(default_factory=list)  # every loss, in words
+    # per pid: {"pid", "why"} for processes that left nothing; {"pid", "why", "missing_s"} for
+    # processes whose profile is their last --interval snapshot (missing_s: None when unknown)
+    lost_processes: list[dict[str, object]] = field(default_factory=list)
+    partial_processes: list[dict[str, object]] = field(default_factory=list)
 
     def write(self, folder: Path) -> None:
         atomic_write(folder / META_NAME, json.dumps(asdict(self), indent=2) + "\n")

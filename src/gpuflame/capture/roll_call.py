@@ -1,0 +1,143 @@
+"""Which processes of a run recorded, and which ended without writing their final profile.
+
+A process registers in the session folder (``started-PID``, holding its
+start time) when it starts recording, and removes that file once its final
+profile is written (or its loss noted). A file still there after the run
+names a process that ended without its exit hooks: ``os._exit``, SIGKILL, a
+crash. The launcher (:class:`EndWatch`) notes when each registered process
+ends, so that it can say how much of such a process a kept ``--interval``
+snapshot misses, and which pids left nothing at all.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import select
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpuflame.files import atomic_write
+
+STARTED_FILE = "started-{pid}"
+_STARTED = re.compile(r"^started-(\d+)$")
+POLL_S = 0.02  # how often the launcher looks for new processes and ended ones
+
+
+def register(folder: str, pid: int) -> None:
+    """This process records from now on; never raises (the launcher then just knows less)."""
+    try:
+        atomic_write(Path(folder) / STARTED_FILE.format(pid=pid), json.dumps({"started": time.time()}))
+    except Exception:
+        pass
+
+
+def unregister(folder: str, pid: int) -> None:
+    """This process's exit hooks ran: what it wrote (or the note of what it lost) is final."""
+    try:
+        os.unlink(Path(folder) / STARTED_FILE.format(pid=pid))
+    except OSError:
+        pass
+
+
+def unfinished(folder: Path) -> list[int]:
+    """Pids registered and never unregistered: they ended without their exit hooks (or still run)."""
+    pids = []
+    for path in folder.iterdir() if folder.is_dir() else ():
+        m = _STARTED.match(path.name)
+        if m:
+            pids.append(int(m.group(1)))
+    return sorted(pids)
+
+
+@dataclass
+class Ending:
+    """When the launcher saw a process end (wall clock); None: still running, or gone before it looked."""
+
+    ended: float | None
+    seen_running: bool
+
+
+class EndWatch:
+    """Notes when each registered process of *folder* ends (pidfd on Linux, else a liveness check)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self._running: dict[int, int | None] = {}  # pid -> pidfd (None: polled with kill 0)
+        self.endings: dict[int, Ending] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="gpuflame-end-watch", daemon=True)
+
+    def start(self) -> EndWatch:
+        self._thread.start()
+        return self
+
+    def settle(self, timeout: float) -> int:
+        """Wait (up to *timeout* s) for registered processes that outlive the program to end; how many still run.
+
+        A forkserver or an orphaned child is often still writing its profile
+        when the program's main process has ended.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            self._look()
+            if not self._running or time.monotonic() >= deadline:
+                return len(self._running)
+            time.sleep(POLL_S)
+
+    def stop(self) -> dict[int, Ending]:
+        """Stop watching; one last look; what is known of every registered pid."""
+        self._stop.set()
+        self._thread.join()
+        self._look()
+        for pid, fd in self._running.items():
+            self.endings.setdefault(pid, Ending(None, seen_running=True))
+            if fd is not None:
+                os.close(fd)
+        self._running.clear()
+        return self.endings
+
+    def _watch(self) -> None:
+        while not self._stop.wait(POLL_S):
+            self._look()
+
+    def _look(self) -> None:
+        registered = set(unfinished(self.folder))
+        for pid in registered:
+            if pid not in self._running and pid not in self.endings:
+                self._follow(pid)
+        for pid in [p for p in self._running if p not in registered]:  # ended cleanly: nothing to say
+            fd = self._running.pop(pid)
+            if fd is not None:
+                os.close(fd)
+        now = time.time()
+        for pid in [p for p, fd in self._running.items() if _ended(p, fd)]:
+            fd = self._running.pop(pid)
+            if fd is not None:
+                os.close(fd)
+            self.endings[pid] = Ending(now, seen_running=True)
+
+    def _follow(self, pid: int) -> None:
+        try:
+            self._running[pid] = os.pidfd_open(pid) if hasattr(os, "pidfd_open") else None
+        except ProcessLookupError:
+            self.endings[pid] = Ending(None, seen_running=False)
+        except OSError:
+            self._running[pid] = None
+
+
+def _ended(pid: int, fd: int | None) -> bool:
+    if fd is not None:
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        return bool(poller.poll(0))  # readable once the process has exited
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False
+    return False
