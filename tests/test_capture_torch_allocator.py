@@ -598,14 +598,70 @@ def test_the_timeline_keeps_the_peak_and_ends_at_what_is_in_use() -> None:
     profile, _, rec = record(work)
     ended = time.time_ns()
     assert rec.errors == [] and profile.timeline is not None
-    points = profile.timeline.series[(("device", "cpu"),)]
-    assert 2 <= len(points) <= 2000
+    points = profile.timeline.series[(("device", "cpu"), ("pid", str(os.getpid())))]
+    assert 2 <= len(points) <= 3000
     assert [t for t, _ in points] == sorted(t for t, _ in points)
     assert started <= points[0][0] and points[-1][0] <= ended
     assert max(b for _, b in points) == column(profile, PEAK) == 50 * 4000 + 4_000_000
     assert points[-1][1] == column(profile, INUSE) == 50 * 4000
     back = pprof.decode(pprof.encode(profile))  # it rides in the file
     assert back.timeline is not None and back.timeline.series == profile.timeline.series
+
+
+def value_at(points: list[tuple[int, int]], t: int) -> int:
+    """The step line's value at time *t*: the last point at or before it."""
+    return [b for tp, b in points if tp <= t][-1]
+
+
+def test_the_timeline_shows_short_spikes_rising_and_falling() -> None:
+    """Issue 10: five 4 MB spikes of microseconds, 100 ms apart, over 1 MB held: not a flat 5 MB line."""
+    spikes: list[tuple[int, int]] = []
+
+    def work() -> Any:
+        held = torch.empty(250_000)  # 1 MB
+        for _ in range(5):
+            time.sleep(0.1)
+            before = time.time_ns()
+            spike = torch.empty(1_000_000)  # 4 MB, freed at once
+            del spike
+            spikes.append((before, time.time_ns()))
+        time.sleep(0.02)
+        return held
+
+    profile, _, rec = record(work)
+    assert rec.errors == []
+    (points,) = profile.timeline.series.values()
+    assert [t for t, _ in points] == sorted({t for t, _ in points})
+    for before, after in spikes:
+        inside = [b for t, b in points if before <= t <= after]
+        assert max(inside) == 5_000_000  # it rose to 5 MB, inside the spike's microseconds
+        assert value_at(points, after) == 1_000_000  # and fell back before it was over
+        assert value_at(points, after + 50_000_000) == 1_000_000  # between spikes: the 1 MB held
+    assert points[-1][1] == 1_000_000 and column(profile, PEAK) == 5_000_000
+
+
+def test_the_timeline_stays_bounded_and_keeps_the_falls_when_its_buckets_merge() -> None:
+    """2.5 s of 1 ms spikes: more buckets than the hook keeps, so pairs merge (wider buckets)."""
+
+    def work() -> Any:
+        held = torch.empty(250_000)
+        end = time.monotonic() + 2.5
+        while time.monotonic() < end:
+            spike = torch.empty(1_000_000)
+            del spike
+            time.sleep(0.0008)
+        return held
+
+    started = time.time_ns()
+    record(work)
+    points = HOOK.timeline()  # the hook's own series, before the Python side downsamples it
+    assert (points[-1][0] - started) / 1e9 > 2.4
+    assert len(points) <= 3 * 2048 + 4  # bounded: buckets were merged
+    assert [t for t, _ in points] == sorted({t for t, _ in points})
+    assert {b for _, b in points} == {1_000_000, 5_000_000}
+    assert sum(b == 5_000_000 for _, b in points) > 500  # spikes kept all along...
+    for (_, b), (_, nxt) in zip(points, points[1:], strict=False):
+        assert b == 1_000_000 or nxt == 1_000_000  # ...and each one falls back
 
 
 # -----------------------------------------------------------------------------
