@@ -161,6 +161,8 @@ def test_the_total_of_overlapping_series_sums_what_was_live_together() -> None:
     assert value_at(line, T0 + 15) == 107 and value_at(line, T0 + 30) == 109
     assert value_at(line, T0 + 60) == 9 and line[-1] == (T0 + 80, 1)
     assert line[0] == (T0, 100)
+    ended_at_zero = Timeline({DEV0: [(T0, 5), (T0 + 10, 0)], DEV1: [(T0 + 2, 1), (T0 + 20, 1)]}).total()
+    assert ended_at_zero == [(T0, 5), (T0 + 2, 6), (T0 + 10, 1), (T0 + 20, 1)]  # its end changes nothing: no repeat
 
 
 def test_filters_and_compact_keep_the_timeline() -> None:

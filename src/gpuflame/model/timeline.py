@@ -76,7 +76,8 @@ class Timeline:
         (a process that started late adds nothing before it started; one
         that ended adds nothing after). A series that ends before the others
         drops out with a second point at its end time; at the very end of
-        the line nothing is dropped. Points at equal times keep series order.
+        the line nothing is dropped. Points at equal times keep series order;
+        a point equal to the one before is left out.
         """
         chosen = [points for labels, points in self.series.items() if points and set(match) <= set(labels)]
         if not chosen:
@@ -90,7 +91,8 @@ class Timeline:
         for t, _, k, b in events:
             total += b - current[k]
             current[k] = b
-            out.append((t, total))
+            if not out or out[-1] != (t, total):
+                out.append((t, total))
         return out
 
     def relabelled(self, extra: Labels) -> Timeline:

@@ -1003,7 +1003,8 @@
     for (const [t, , k, b] of events) {
       total += b - current[k];
       current[k] = b;
-      out.points.push([t, total]);
+      const last = out.points[out.points.length - 1];
+      if (!last || last[0] !== t || last[1] !== total) out.points.push([t, total]);
       if (total > peakBytes) { peakBytes = total; out.peakTime = t; }
     }
     out.peakBytes = Math.max(peakBytes, 0);
