@@ -31,11 +31,14 @@ PID2 = (("device", "cuda:0"), ("pid", "2"))
 
 
 def spiky_profile() -> Profile:
-    """pid 1: 1 MB held for 1 s with five 4 MB spikes; pid 2: 2 MB from 720 ms to 860 ms only; pid 3: no timeline."""
+    """pid 1: 1 MB held for 1 s with five 4 MB spikes; pid 2: 2 MB from 720 ms to 860 ms only.
+
+    pid 3 has samples but no timeline; ``rank`` is a label no series carries.
+    """
     p = Profile(sample_types=memory_sample_types()[:1])
     p.add([Frame("hold", "/app/a.py", 3)], [MB], {"device": "cpu", "pid": "1"})
     p.add([Frame("cache", "/app/b.py", 5)], [2 * MB], {"device": "cuda:0", "pid": "2"})
-    p.add([Frame("other", "/app/c.py", 7)], [MB], {"device": "cpu", "pid": "3"})
+    p.add([Frame("other", "/app/c.py", 7)], [MB], {"device": "cpu", "pid": "3", "rank": "0"})
     first = [(T0, MB)]
     for t in SPIKES:
         first += [(T0 + t, 5 * MB), (T0 + t + 3_000, MB)]
@@ -80,6 +83,7 @@ def blue_rows(chrome: Chrome, x: float) -> list[float]:
 
 
 def pick(chrome: Chrome, text: str) -> dict:
+    """Choose *text* in the label selector; the state once the strip has followed."""
     options = chrome.evaluate("[...document.querySelectorAll('#label-select option')]"
                               ".map(o => [o.value, o.textContent])")
     value = next(v for v, label in options if label == text)
@@ -122,6 +126,9 @@ def test_the_strip_follows_the_label_selector(strip: Chrome) -> None:
     s = pick(strip, "pid=3")  # a process with samples but no timeline: said, not a blank strip
     assert s["timeline"]["points"] == [] and s["timeline"]["visible"]
     assert "pid=3" in s["timeline"]["title"]
+    s = pick(strip, "rank=0")  # no series carries rank: all of them, and the strip says why
+    assert s["timeline"]["points"] == relative(full.total()) and s["timeline"]["unsplit"] == "rank"
+    assert "not split by rank" in s["timeline"]["title"]
     s = pick(strip, "all")
     assert s["timeline"]["points"] == relative(full.total()) and s["timeline"]["series"] == 2
     assert not strip.events_named("Runtime.exceptionThrown")

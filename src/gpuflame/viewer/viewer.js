@@ -1037,6 +1037,7 @@
     ctx.textBaseline = "top";
     ctx.textAlign = "left"; ctx.fillText("0", left, height - bottom + 2);
     ctx.textAlign = "right"; ctx.fillText(formatDuration(span), width - right, height - bottom + 2);
+    if (tl.unsplit) { ctx.textAlign = "left"; ctx.fillText("all series: the timeline is not split by " + tl.unsplit, left + 40, height - bottom + 2); }
     tl.peakX = tl.peakY = null;
     if (!tl.points.length) {
       ctx.textAlign = "left"; ctx.textBaseline = "middle";
@@ -1058,14 +1059,22 @@
     tl.peakX = px; tl.peakY = py;
   }
 
-  /** The strip for the label selector's choice (all, one process, one device). */
+  /**
+   * The strip for the label selector's choice (all, one process, one
+   * device). A label key no series carries (gpu_model, say) does not split
+   * the timeline: the strip then shows every series and says so.
+   */
   function useTimeline() {
     const data = state.P.data.timeline;
     if (!data) return;
-    const match = state.labelSet < 0 ? null : state.labelOptions[state.labelSet];
-    state.timeline = sumTimeline(data, match);
-    const n = state.timeline.series, what = match ? match.join("=") : "all";
-    ui.timeline.title = "live allocated bytes over time, " + what + (n > 1 ? ": the sum of " + n + " series (processes, devices), each counted while it ran" : "");
+    const choice = state.labelSet < 0 ? null : state.labelOptions[state.labelSet];
+    const split = !choice || data.series.some((s) => s.labels.some(([k]) => k === choice[0]));
+    state.timeline = sumTimeline(data, split ? choice : null);
+    state.timeline.unsplit = split ? null : choice[0];
+    const n = state.timeline.series, what = choice ? choice.join("=") : "all";
+    ui.timeline.title = "live allocated bytes over time, " + what +
+      (split ? "" : " (the timeline is not split by " + choice[0] + ": all series shown)") +
+      (n > 1 ? ": the sum of " + n + " series (processes, devices), each counted while it ran" : "");
     drawTimeline();
   }
 
@@ -1108,6 +1117,7 @@
             peakBytes: state.timeline.peakBytes, peakTime: state.timeline.peakTime,
             peakX: state.timeline.peakX, peakY: state.timeline.peakY, visible: !ui.timelineBox.hidden,
             span: state.timeline.span, series: state.timeline.series, title: ui.timeline.title,
+            unsplit: state.timeline.unsplit,
           }) : null,
         });
       },
