@@ -190,5 +190,17 @@ def test_merge_without_labels_keeps_the_first_of_clashing_series_and_says_so() -
     assert merge([Profile(sample_types=memory_sample_types()[:1])]).timeline is None
 
 
+def test_merge_joins_two_windows_of_one_process_one_after_the_other() -> None:
+    """Two gpuflame.profile() windows of one process: one series, nothing counted between them."""
+    a, b = profile_with_timeline(), profile_with_timeline()
+    later = [(T0 + 50_000, 30), (T0 + 60_000, 20)]
+    b.timeline = Timeline({DEV0: later})
+    for out in (merge([a, b]), merge([b, a])):
+        line = out.timeline.series[DEV0]
+        assert line == [*a.timeline.series[DEV0], (T0 + 9_000, 0), *later]
+        assert value_at(out.timeline.total((DEV0[0],)), T0 + 30_000) == 0
+        assert not any("left out" in c for c in out.comments)
+
+
 def test_a_diff_has_no_timeline() -> None:
     assert diff(profile_with_timeline(), profile_with_timeline()).timeline is None
