@@ -70,6 +70,15 @@ def test_a_damaged_timeline_is_dropped_with_a_plain_note(damaged: str) -> None:
     assert back.comments == ["before", DAMAGED_NOTE, "after"]
 
 
+def test_a_timeline_written_before_spikes_were_kept_still_reads() -> None:
+    """The payload did not change: a v1 comment as earlier versions wrote it (times as differences)."""
+    payload = b'{"series":[{"labels":[["device","cpu"]],"t":[1767225600000000000,5000,4000],"b":[10,110,40]}]}'
+    old = PREFIX + base64.b64encode(zlib.compress(payload, 9)).decode()
+    timeline, rest = split_comments(["note", old])
+    assert rest == ["note"]
+    assert timeline.series == {(("device", "cpu"),): [(T0, 10), (T0 + 5_000, 110), (T0 + 9_000, 40)]}
+
+
 def test_a_decompression_bomb_is_refused() -> None:
     bomb = PREFIX + base64.b64encode(zlib.compress(b" " * (80 << 20))).decode()
     assert split_comments([bomb]) == (None, [DAMAGED_NOTE])
