@@ -664,6 +664,38 @@ def test_the_timeline_stays_bounded_and_keeps_the_falls_when_its_buckets_merge()
         assert b == 1_000_000 or nxt == 1_000_000  # ...and each one falls back
 
 
+CHILD_IN_THE_MIDDLE = """\
+import multiprocessing, time, torch
+def child():
+    x = torch.empty(500_000)  # 2 MB, for 0.2 s
+    time.sleep(0.2)
+if __name__ == "__main__":
+    held = torch.empty(1_000_000)  # 4 MB, for the whole run
+    time.sleep(0.2)
+    p = multiprocessing.get_context("fork").Process(target=child)
+    p.start()
+    p.join()
+    time.sleep(0.3)
+"""
+
+
+def test_a_run_places_each_process_on_its_own_times(tmp_path: Path) -> None:
+    """`gpuflame run`: a child that ran in the middle of the run counts only then, not from 0 nor for ever."""
+    (tmp_path / "work.py").write_text(CHILD_IN_THE_MIDDLE)
+    done = gpuflame_run("-o", "out.pb.gz", "work.py", cwd=tmp_path, timeout=300)
+    assert done.returncode == 0, done.stderr
+    timeline = load(tmp_path / "out.pb.gz").timeline
+    ((parent_key, parent), (child_key, child)) = sorted(timeline.series.items(), key=lambda kv: kv[1][0][0])
+    assert dict(parent_key)["pid"] != dict(child_key)["pid"]
+    assert max(b for _, b in parent) == 4_000_000 and max(b for _, b in child) == 2_000_000
+    assert parent[0][0] < child[0][0] and child[-1][0] < parent[-1][0]  # the child ran inside the parent's run
+    total = timeline.total()
+    assert value_at(total, child[0][0] - 1) == 4_000_000  # before the child started: the parent alone
+    assert max(b for _, b in total) == 6_000_000  # both, while the child held its 2 MB
+    assert value_at(total, child[-1][0] + 1) == value_at(parent, child[-1][0] + 1)  # after it ended: 0 from it
+    assert total[-1] == parent[-1]
+
+
 # -----------------------------------------------------------------------------
 # --native: the C++ frames between the allocator and the Python caller
 # -----------------------------------------------------------------------------
