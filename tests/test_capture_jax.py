@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 import pytest
@@ -98,6 +99,27 @@ def test_peak_is_the_highest_sample_and_inuse_the_latest() -> None:
     assert at(profile, "Model > make", PEAK) == big_bytes
     assert at(profile, "Model > make", INUSE) == small.nbytes
     assert rec.samples_taken >= 3
+
+
+def test_the_timeline_holds_each_sample_total_per_device() -> None:
+    held = Model().make(4)  # so the device holds buffers at the first sample (JAX names only those)
+    started = time.time_ns()
+    rec = JaxMemoryRecorder()
+    rec.start()
+    big = Model().make(1024)
+    rec.sample()
+    del big
+    small = Model().make(8)
+    profile = rec.snapshot()
+    rec.stop()
+    assert rec.errors == [] and profile.timeline is not None
+    ((labels, points),) = profile.timeline.series.items()
+    assert dict(labels)["pid"] == str(os.getpid()) and dict(labels)["device"].startswith("cpu")
+    assert len(points) == 3 and started <= points[0][0] < points[1][0] < points[2][0] <= time.time_ns()
+    assert points[1][1] - points[0][1] == 1024 * 256 * 4  # the sample taken while `big` was alive
+    assert points[1][1] == sum(s.values[PEAK] for s in profile.samples)  # the peak sample's total
+    assert points[2][1] == sum(s.values[INUSE] for s in profile.samples) == points[0][1] + small.nbytes
+    assert points[0][1] >= held.nbytes
 
 
 def test_a_failing_profile_source_is_reported_once(capsys: pytest.CaptureFixture[str]) -> None:

@@ -598,14 +598,102 @@ def test_the_timeline_keeps_the_peak_and_ends_at_what_is_in_use() -> None:
     profile, _, rec = record(work)
     ended = time.time_ns()
     assert rec.errors == [] and profile.timeline is not None
-    points = profile.timeline.series[(("device", "cpu"),)]
-    assert 2 <= len(points) <= 2000
+    points = profile.timeline.series[(("device", "cpu"), ("pid", str(os.getpid())))]
+    assert 2 <= len(points) <= 3000
     assert [t for t, _ in points] == sorted(t for t, _ in points)
     assert started <= points[0][0] and points[-1][0] <= ended
     assert max(b for _, b in points) == column(profile, PEAK) == 50 * 4000 + 4_000_000
     assert points[-1][1] == column(profile, INUSE) == 50 * 4000
     back = pprof.decode(pprof.encode(profile))  # it rides in the file
     assert back.timeline is not None and back.timeline.series == profile.timeline.series
+
+
+def value_at(points: list[tuple[int, int]], t: int) -> int:
+    """The step line's value at time *t*: the last point at or before it."""
+    return [b for tp, b in points if tp <= t][-1]
+
+
+def test_the_timeline_shows_short_spikes_rising_and_falling() -> None:
+    """Issue 10: five 4 MB spikes of microseconds, 100 ms apart, over 1 MB held: not a flat 5 MB line."""
+    spikes: list[tuple[int, int]] = []
+
+    def work() -> Any:
+        held = torch.empty(250_000)  # 1 MB
+        for _ in range(5):
+            time.sleep(0.1)
+            before = time.time_ns()
+            spike = torch.empty(1_000_000)  # 4 MB, freed at once
+            del spike
+            spikes.append((before, time.time_ns()))
+        time.sleep(0.02)
+        return held
+
+    profile, _, rec = record(work)
+    assert rec.errors == []
+    (points,) = profile.timeline.series.values()
+    assert [t for t, _ in points] == sorted({t for t, _ in points})
+    for before, after in spikes:
+        inside = [b for t, b in points if before <= t <= after]
+        assert max(inside) == 5_000_000  # it rose to 5 MB, inside the spike's microseconds
+        assert value_at(points, after) == 1_000_000  # and fell back before it was over
+        assert value_at(points, after + 50_000_000) == 1_000_000  # between spikes: the 1 MB held
+    assert points[-1][1] == 1_000_000 and column(profile, PEAK) == 5_000_000
+
+
+def test_the_timeline_stays_bounded_and_keeps_the_falls_when_its_buckets_merge() -> None:
+    """2,600 spikes over 2.9 s, each in a 1 ms bucket of its own: more than the hook's 2,048, so pairs merge."""
+    spikes = 2600
+
+    def work() -> Any:
+        held = torch.empty(250_000)
+        for _ in range(spikes):
+            spike = torch.empty(1_000_000)
+            del spike
+            time.sleep(0.0011)  # each spike opens a bucket of its own
+        return held
+
+    record(work)
+    points = HOOK.timeline()  # the hook's own series, before the Python side downsamples it
+    # unmerged, each spike's bucket would give two points (up and down): fewer means buckets merged
+    assert len(points) < 2 * spikes and len(points) <= 3 * 2048 + 2
+    assert [t for t, _ in points] == sorted({t for t, _ in points})
+    assert {b for _, b in points} == {1_000_000, 5_000_000}
+    assert sum(b == 5_000_000 for _, b in points) > 1000  # spikes kept all along...
+    for (_, b), (_, nxt) in zip(points, points[1:], strict=False):
+        assert b == 1_000_000 or nxt == 1_000_000  # ...and each one falls back
+    assert points[-1][1] == 1_000_000
+
+
+CHILD_IN_THE_MIDDLE = """\
+import multiprocessing, time, torch
+def child():
+    x = torch.empty(500_000)  # 2 MB, for 0.2 s
+    time.sleep(0.2)
+if __name__ == "__main__":
+    held = torch.empty(1_000_000)  # 4 MB, for the whole run
+    time.sleep(0.2)
+    p = multiprocessing.get_context("fork").Process(target=child)
+    p.start()
+    p.join()
+    time.sleep(0.3)
+"""
+
+
+def test_a_run_places_each_process_on_its_own_times(tmp_path: Path) -> None:
+    """`gpuflame run`: a child that ran in the middle of the run counts only then, not from 0 nor for ever."""
+    (tmp_path / "work.py").write_text(CHILD_IN_THE_MIDDLE)
+    done = gpuflame_run("-o", "out.pb.gz", "work.py", cwd=tmp_path, timeout=300)
+    assert done.returncode == 0, done.stderr
+    timeline = load(tmp_path / "out.pb.gz").timeline
+    ((parent_key, parent), (child_key, child)) = sorted(timeline.series.items(), key=lambda kv: kv[1][0][0])
+    assert dict(parent_key)["pid"] != dict(child_key)["pid"]
+    assert max(b for _, b in parent) == 4_000_000 and max(b for _, b in child) == 2_000_000
+    assert parent[0][0] < child[0][0] and child[-1][0] < parent[-1][0]  # the child ran inside the parent's run
+    total = timeline.total()
+    assert value_at(total, child[0][0] - 1) == 4_000_000  # before the child started: the parent alone
+    assert max(b for _, b in total) == 6_000_000  # both, while the child held its 2 MB
+    assert value_at(total, child[-1][0] + 1) == value_at(parent, child[-1][0] + 1)  # after it ended: 0 from it
+    assert total[-1] == parent[-1]
 
 
 # -----------------------------------------------------------------------------

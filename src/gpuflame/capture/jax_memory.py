@@ -8,7 +8,8 @@ it. Each :meth:`JaxMemoryRecorder.sample` takes one; a profile holds
 - ``peak_*`` from the sample with the highest total seen (so the peak is as
   fine as the sampling: call ``sample()`` at an interval, or where it matters);
 - no ``alloc_*``: JAX's profile lists live buffers only, never freed ones, so
-  the allocation totals cannot be known (a profile comment says so).
+  the allocation totals cannot be known (a profile comment says so);
+- a timeline: each sample's total per device, at the sample's time.
 
 JAX names frames by function name only (``make``); the class comes from the
 source file and line (:mod:`gpuflame.symbols.qualnames`), giving ``Model >
@@ -24,11 +25,13 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Callable
 
 from gpuflame.capture.base import Recorder, empty_profile
 from gpuflame.model.profile import PYTHON, Frame, Labels, Profile
 from gpuflame.model.prune import prune_framework
+from gpuflame.model.timeline import MAX_POINTS, Point, Timeline, downsample
 from gpuflame.symbols.names import display_name
 from gpuflame.symbols.qualnames import Resolver
 
@@ -59,6 +62,7 @@ class JaxMemoryRecorder(Recorder):
         self._peak: Rows = {}
         self._peak_total = -1
         self.samples_taken = 0
+        self._series: dict[Labels, list[Point]] = {}  # (device, pid) -> (epoch ns, sampled total)
         self._lock = threading.Lock()  # samples come from a timer thread and from snapshot()
 
     # -- Recorder -------------------------------------------------------------
@@ -87,6 +91,11 @@ class JaxMemoryRecorder(Recorder):
         out = profile.compact()
         out.default_type = profile.default_type
         out.comments = self._comments()
+        with self._lock:
+            if self._series:
+                out.timeline = Timeline()
+                for labels, points in self._series.items():
+                    out.timeline.add_series(labels, points)
         return out
 
     def _degrade(self) -> None:
@@ -109,12 +118,26 @@ class JaxMemoryRecorder(Recorder):
             return
         rows = self.convert(source())
         total = sum(v[0] for v in rows.values())
+        now = time.time_ns()
         with self._lock:
             self.samples_taken += 1
+            self._note_totals(now, rows)
             self._latest = rows
             if total > self._peak_total:
                 self._peak_total = total
                 self._peak = rows
+
+    def _note_totals(self, now: int, rows: Rows) -> None:
+        """One timeline point per device: its sampled total (0 for a device seen before, now empty)."""
+        totals = dict.fromkeys(self._series, 0)
+        for (_, labels), (nbytes, _) in rows.items():
+            key = tuple((k, v) for k, v in labels if k in ("device", "pid"))
+            totals[key] = totals.get(key, 0) + nbytes
+        for key, nbytes in totals.items():
+            points = self._series.setdefault(key, [])
+            points.append((now, nbytes))
+            if len(points) > 2 * MAX_POINTS:  # bounded under long --interval runs; peaks and falls kept
+                points[:] = downsample(points, MAX_POINTS)
 
     def convert(self, data: bytes) -> Rows:
         """One JAX pprof -> rows in the seed's names, framework frames pruned unless kept."""

@@ -113,9 +113,9 @@ class TorchAllocatorRecorder(Recorder):
         out = profile.compact()
         out.default_type = profile.default_type
         out.comments = self._comments(totals)
-        if points:
+        if points:  # labelled as the samples are, so the viewer's label selector picks both
             out.timeline = Timeline()
-            out.timeline.add_series((("device", "cpu"),), points)
+            out.timeline.add_series(tuple(sorted(labels.items())), points)
         return out
 
     # -- helpers --------------------------------------------------------------

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from gpuflame.model.profile import Labels, Profile, Sample, SampleType, make_labels
-from gpuflame.model.timeline import Timeline
+from gpuflame.model.timeline import Point, Timeline
 
 
 def merge(
@@ -20,10 +20,13 @@ def merge(
     merging per-process files), without replacing labels the samples have.
 
     Timelines are combined as a union of series, each relabelled with its
-    profile's *labels* like the samples. Two series that end up with the
-    same labels (merging two runs of one device without telling them apart)
-    cannot be one line, as their clocks and baselines differ: the first is
-    kept, the later one dropped, and a comment says so.
+    profile's *labels* like the samples; each keeps its own times, so a
+    process stays where it ran. Two series that end up with the same labels
+    and do not overlap in time (two windows of one process) become one,
+    falling to 0 between them, as a series counts nothing outside its span.
+    Two that overlap (merging two runs of one device without telling them
+    apart) cannot be one line: the first is kept, the later one dropped,
+    and a comment says so.
     """
     if labels is not None and len(labels) != len(profiles):
         raise ValueError("give one labels mapping per profile")
@@ -71,12 +74,28 @@ def _merge_timelines(
         if p.timeline is None:
             continue
         for key, points in p.timeline.relabelled(extras[n] if extras else ()).series.items():
-            if key in merged.series:
+            if key not in merged.series:
+                merged.series[key] = points
+                continue
+            joined = _one_after_the_other(merged.series[key], points)
+            if joined is None:
                 dropped += 1
             else:
-                merged.series[key] = points
+                merged.series[key] = joined
     if dropped:
         out.comments.append(
             f"merge: {dropped} memory timeline series left out: another profile had one with the same labels"
         )
     return merged
+
+
+def _one_after_the_other(a: list[Point], b: list[Point]) -> list[Point] | None:
+    """Two series of one label set as one, in time order, at 0 between them; None when they overlap."""
+    if not a or not b:
+        return a or b
+    if a[0][0] > b[0][0]:
+        a, b = b, a
+    if a[-1][0] > b[0][0]:
+        return None
+    gap = [(a[-1][0], 0)] if a[-1][0] < b[0][0] and a[-1][1] else []
+    return [*a, *gap, *b]

@@ -12,10 +12,17 @@ reader takes it back out of the comments (:func:`split_comments`), so users
 never see base64 in ``report``. A damaged timeline comment is dropped and
 replaced by a plain note: a file must always load.
 
-Series are downsampled to at most :data:`MAX_POINTS` points by keeping the
-highest point of each bucket (and the first and last point), so the peak is
-never lost and the end state stays exact; dips between peaks may be lost,
-which a memory plot drawn for the OOM question can afford.
+Series are downsampled to at most :data:`MAX_POINTS` points by keeping, of
+each bucket of consecutive points, its highest, its lowest and its last
+point (and the series' first and last point): the peak is never lost, the
+end state stays exact, a spike of microseconds still rises *and falls*, and
+between buckets the line holds the value it really held. Files written
+before (the same ``v1`` payload) kept only each bucket's highest point.
+
+A series covers the time from its first point to its last (the end of its
+recording: the process's exit, or the window's end); outside it, its
+process holds nothing that the timeline knows of. :meth:`Timeline.total`
+sums series on that rule, and the viewer's strip draws the same sum.
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 PREFIX = "gpuflame-timeline-v1:"
-MAX_POINTS = 2000
+MAX_POINTS = 3000  # 999 buckets of up to three points: about one per pixel of a wide strip
 DAMAGED_NOTE = "the memory timeline stored in this profile is damaged and was left out"
 
 # Limits on what a reader accepts: a comment is untrusted input.
@@ -61,6 +68,32 @@ class Timeline:
         if not points:
             return None
         return max(points, key=lambda p: p[1])  # max keeps the first of equal values
+
+    def total(self, match: Labels = ()) -> list[Point]:
+        """The series whose labels include every pair of *match*, summed into one step line.
+
+        Each series counts from its first point to its last, and 0 outside
+        (a process that started late adds nothing before it started; one
+        that ended adds nothing after). A series that ends before the others
+        drops out with a second point at its end time; at the very end of
+        the line nothing is dropped. Points at equal times keep series order;
+        a point equal to the one before is left out.
+        """
+        chosen = [points for labels, points in self.series.items() if points and set(match) <= set(labels)]
+        if not chosen:
+            return []
+        end = max(points[-1][0] for points in chosen)
+        events = [(t, 0, k, b) for k, points in enumerate(chosen) for t, b in points]
+        events += [(points[-1][0], 1, k, 0) for k, points in enumerate(chosen) if points[-1][0] < end]
+        events.sort(key=lambda e: (e[0], e[1]))  # stable: an end comes after the updates of its moment
+        current = [0] * len(chosen)
+        total, out = 0, []
+        for t, _, k, b in events:
+            total += b - current[k]
+            current[k] = b
+            if not out or out[-1] != (t, total):
+                out.append((t, total))
+        return out
 
     def relabelled(self, extra: Labels) -> Timeline:
         """A copy whose series keys also carry *extra* labels (as merge adds them to samples)."""
@@ -125,18 +158,32 @@ def split_comments(comments: Sequence[str]) -> tuple[Timeline | None, list[str]]
 
 
 def downsample(points: list[Point], max_points: int = MAX_POINTS) -> list[Point]:
-    """At most *max_points* points: the first, the last, and the highest of each bucket between.
+    """At most *max_points* (>= 5) points: the first, the last, and per bucket its highest, lowest and last.
 
-    Keeping each bucket's maximum (the first, on ties) means the series'
-    peak always survives, at its exact time and bytes.
+    Buckets are runs of :func:`bucket_size` consecutive points. Each keeps
+    its first highest point (so the series' peak survives at its exact time
+    and bytes), its first lowest (so a dip or the fall after a spike shows)
+    and its last (so the line between buckets holds the true value). Kept
+    points are original points, in their order.
     """
     if len(points) <= max_points:
         return points
     inner = points[1:-1]
-    buckets = max(max_points - 2, 1)
-    size = -(-len(inner) // buckets)  # ceiling division
-    kept = [max(inner[i : i + size], key=lambda p: p[1]) for i in range(0, len(inner), size)]
-    return [points[0], *kept, points[-1]]
+    size = bucket_size(len(points), max_points)
+    kept = [points[0]]
+    for i in range(0, len(inner), size):
+        chunk = inner[i : i + size]
+        sizes = [b for _, b in chunk]
+        high, low = sizes.index(max(sizes)), sizes.index(min(sizes))
+        kept += [chunk[j] for j in sorted({high, low, len(chunk) - 1})]
+    kept.append(points[-1])
+    return kept
+
+
+def bucket_size(count: int, max_points: int = MAX_POINTS) -> int:
+    """How many consecutive points :func:`downsample` reduces to at most three, for a series of *count*."""
+    buckets = max((max_points - 2) // 3, 1)
+    return max(-(-(count - 2) // buckets), 1)  # ceiling division
 
 
 def _encode_series(labels: Labels, points: list[Point]) -> dict[str, object]:

@@ -896,7 +896,7 @@
   function wire() {
     ui.search.addEventListener("input", () => setQuery(ui.search.value));
     ui.type.addEventListener("change", () => { state.typeIndex = Number(ui.type.value); useTree(true); });
-    ui.labels.addEventListener("change", () => { state.labelSet = Number(ui.labels.value); useTree(true); });
+    ui.labels.addEventListener("change", () => { state.labelSet = Number(ui.labels.value); useTree(true); useTimeline(); });
     ui.hideTrampolines.addEventListener("change", () => {
       state.hideTrampolines = ui.hideTrampolines.checked;
       useTree(false);
@@ -981,40 +981,56 @@
   }
 
   /**
-   * The timeline's series summed into one step line of [time, bytes]
-   * (times in ns since the start). Devices record at different moments,
-   * so each event sets its own series' value and the sum is taken after
-   * it; before its first point a series counts its baseline (its first
-   * value: memory alive before its trace began). The peak is the first
-   * highest point, as the converter's peak is the first of equal moments.
+   * The series carrying the label pair `match` ([key, value], or null for
+   * all) summed into one step line of [time, bytes] (times in ns since the
+   * timeline's start), as model/timeline.py's Timeline.total sums them: a
+   * series counts from its first point to its last (its process's start and
+   * end) and 0 outside; one that ends before the line does drops out with a
+   * second point at its end. The peak is the first highest point, as the
+   * converter's peak is the first of equal moments.
    */
-  function sumTimeline(timeline) {
+  function sumTimeline(timeline, match) {
+    const chosen = timeline.series.filter((s) => s.t.length && (!match || s.labels.some(([k, v]) => k === match[0] && v === match[1])));
+    const span = Math.max(1, ...timeline.series.filter((s) => s.t.length).map((s) => s.t[s.t.length - 1]));
+    const out = { points: [], peakBytes: 0, peakTime: 0, span, series: chosen.length, match };
+    if (!chosen.length) return out;
+    const end = Math.max(...chosen.map((s) => s.t[s.t.length - 1]));
     const events = [];
-    const current = timeline.series.map((s) => (s.b.length ? s.b[0] : 0));
-    timeline.series.forEach((s, k) => { for (let i = 0; i < s.t.length; i++) events.push([s.t[i], k, s.b[i]]); });
-    events.sort((a, b) => a[0] - b[0]); // stable: equal times keep their series' order
-    let total = current.reduce((a, b) => a + b, 0), peakBytes = -1, peakTime = 0;
-    const points = [];
-    for (const [t, k, b] of events) {
+    chosen.forEach((s, k) => {
+      for (let i = 0; i < s.t.length; i++) events.push([s.t[i], 0, k, s.b[i]]);
+      if (s.t[s.t.length - 1] < end) events.push([s.t[s.t.length - 1], 1, k, 0]);
+    });
+    events.sort((a, b) => a[0] - b[0] || a[1] - b[1]); // stable: an end comes after the updates of its moment
+    const current = new Array(chosen.length).fill(0);
+    let total = 0, peakBytes = -1;
+    for (const [t, , k, b] of events) {
       total += b - current[k];
       current[k] = b;
-      points.push([t, total]);
-      if (total > peakBytes) { peakBytes = total; peakTime = t; }
+      const last = out.points[out.points.length - 1];
+      if (!last || last[0] !== t || last[1] !== total) out.points.push([t, total]);
+      if (total > peakBytes) { peakBytes = total; out.peakTime = t; }
     }
-    return { points, peakBytes: Math.max(peakBytes, 0), peakTime, start: timeline.start };
+    out.peakBytes = Math.max(peakBytes, 0);
+    return out;
   }
 
-  /** The strip above the graph: total memory over time, the peak a dot with its bytes and time. */
+  /**
+   * The strip above the graph: total memory over time on the whole run's
+   * time axis (so a process sits where it ran), the peak a dot with its
+   * bytes and time. A step line: a spike of microseconds is a vertical
+   * stroke up and back down within one pixel column.
+   */
   function drawTimeline() {
     const tl = state.timeline;
-    if (!tl || !tl.points.length) return;
+    if (!tl) return;
     const canvas = ui.timeline;
     const width = canvas.clientWidth || 800, height = canvas.clientHeight || 90;
     const ctx = canvasContext(canvas, width, height, "11px system-ui, sans-serif");
     const left = 64, right = 8, top = 14, bottom = 16;
-    const span = Math.max(tl.points[tl.points.length - 1][0], 1), top_ = Math.max(tl.peakBytes, 1);
+    const span = tl.span, top_ = Math.max(tl.peakBytes, 1);
     const X = (t) => left + (width - left - right) * t / span;
     const Y = (b) => height - bottom - (height - top - bottom) * b / top_;
+    tl.at = (t, b) => ({ x: X(t), y: Y(b) });
     ctx.strokeStyle = "#d8d8dc";
     ctx.beginPath(); ctx.moveTo(left, top); ctx.lineTo(left, height - bottom); ctx.lineTo(width - right, height - bottom); ctx.stroke();
     ctx.fillStyle = "#6b6b70";
@@ -1024,6 +1040,13 @@
     ctx.textBaseline = "top";
     ctx.textAlign = "left"; ctx.fillText("0", left, height - bottom + 2);
     ctx.textAlign = "right"; ctx.fillText(formatDuration(span), width - right, height - bottom + 2);
+    if (tl.unsplit) { ctx.textAlign = "left"; ctx.fillText("all series: the timeline is not split by " + tl.unsplit, left + 40, height - bottom + 2); }
+    tl.peakX = tl.peakY = null;
+    if (!tl.points.length) {
+      ctx.textAlign = "left"; ctx.textBaseline = "middle";
+      ctx.fillText("no memory timeline was recorded for " + tl.match.join("="), left + 8, (top + height - bottom) / 2);
+      return;
+    }
     ctx.strokeStyle = "#2f6fdb"; ctx.lineWidth = 1.5;
     ctx.beginPath();
     let prevY = Y(tl.points[0][1]);
@@ -1039,12 +1062,31 @@
     tl.peakX = px; tl.peakY = py;
   }
 
+  /**
+   * The strip for the label selector's choice (all, one process, one
+   * device). A label key no series carries (gpu_model, say) does not split
+   * the timeline: the strip then shows every series and says so.
+   */
+  function useTimeline() {
+    const data = state.P.data.timeline;
+    if (!data) return;
+    const choice = state.labelSet < 0 ? null : state.labelOptions[state.labelSet];
+    const split = !choice || data.series.some((s) => s.labels.some(([k]) => k === choice[0]));
+    state.timeline = sumTimeline(data, split ? choice : null);
+    state.timeline.unsplit = split ? null : choice[0];
+    const n = state.timeline.series, what = choice ? choice.join("=") : "all";
+    ui.timeline.title = "live allocated bytes over time, " + what +
+      (split ? "" : " (the timeline is not split by " + choice[0] + ": all series shown)") +
+      (n > 1 ? ": the sum of " + n + " series (processes, devices), each counted while it ran" : "");
+    drawTimeline();
+  }
+
   /** Show the strip when the page's profile has a timeline (never in diff mode: Python sends none there). */
   function setupTimeline(data) {
-    state.timeline = data.timeline && data.timeline.series.length ? sumTimeline(data.timeline) : null;
-    ui.timelineBox.hidden = !state.timeline;
-    if (state.timeline) ui.timeline.title = "live allocated bytes over time" + (data.timeline.series.length > 1 ? ", summed over " + data.timeline.series.length + " devices" : "");
-    if (state.timeline) { drawTimeline(); window.addEventListener("resize", drawTimeline); }
+    if (!data.timeline || !data.timeline.series.length) { state.timeline = null; ui.timelineBox.hidden = true; return; }
+    ui.timelineBox.hidden = false;
+    useTimeline();
+    window.addEventListener("resize", drawTimeline);
   }
 
   /** A read-only summary for tests and scripts: window.gpuflameState. */
@@ -1077,6 +1119,8 @@
             points: Object.freeze(state.timeline.points.map((p) => Object.freeze(p.slice()))),
             peakBytes: state.timeline.peakBytes, peakTime: state.timeline.peakTime,
             peakX: state.timeline.peakX, peakY: state.timeline.peakY, visible: !ui.timelineBox.hidden,
+            span: state.timeline.span, series: state.timeline.series, title: ui.timeline.title,
+            unsplit: state.timeline.unsplit,
           }) : null,
         });
       },
@@ -1114,6 +1158,7 @@
     exposeState();
     Object.defineProperty(window, "gpuflameBarCenter", { value: barCenter });
     Object.defineProperty(window, "gpuflameBar", { value: barInfo });
+    Object.defineProperty(window, "gpuflameTimelineAt", { value: (t, b) => state.timeline && state.timeline.at && state.timeline.at(t, b) });
     Object.defineProperty(window, "gpuflameBarLabels", { value: () => (state.drawn || []).map((b) => b.label) });
     try {
       let t0 = performance.now();

@@ -43,6 +43,7 @@
 #include <execinfo.h>
 #include <pthread.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -86,55 +87,81 @@ struct SiteBooks {
 };
 
 // Live bytes over time, bounded: each bucket of `width` nanoseconds keeps
-// its highest point (at its exact time); when kMaxPoints are kept, pairs are
-// merged and the width doubles. The peak is never lost; dips between peaks
-// may be, as in model/timeline.py's downsampling.
+// its highest, its lowest and its last point (each at its exact time), so a
+// spike of microseconds rises and falls and the line between buckets holds
+// the true value; when kMaxBuckets are kept, pairs are merged and the width
+// doubles. The peak is never lost, as in model/timeline.py's downsampling.
 struct TimelineBooks {
-  static constexpr size_t kMaxPoints = 4096;
-  std::vector<std::pair<int64_t, uint64_t>> points;  // (epoch ns, live bytes)
+  using Point = std::pair<int64_t, uint64_t>;  // (epoch ns, live bytes)
+  struct Bucket {
+    Point high, low, last;
+  };
+  static constexpr size_t kMaxBuckets = 2048;
+  std::vector<Bucket> buckets;
   int64_t width = 1000000;  // 1 ms
   int64_t bucket_start = 0;
-  std::pair<int64_t, uint64_t> bucket_max{0, 0};
+  int64_t last_t = 0;  // times are made strictly increasing, so a bucket's points sort into their order
+  Bucket current{};
   bool open = false;
 
   void clear() {
-    points.clear();
+    buckets.clear();
     width = 1000000;
+    last_t = 0;
     open = false;
   }
 
+  static int64_t now_ns() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(
+               std::chrono::system_clock::now().time_since_epoch()).count();
+  }
+
   void note(uint64_t total) {
-    int64_t t = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                    std::chrono::system_clock::now().time_since_epoch()).count();
+    int64_t t = std::max(now_ns(), last_t + 1);
+    last_t = t;
     if (open && t < bucket_start + width) {
-      if (total > bucket_max.second) bucket_max = {t, total};
+      if (total > current.high.second) current.high = {t, total};
+      if (total < current.low.second) current.low = {t, total};
+      current.last = {t, total};
       return;
     }
-    if (open) keep(bucket_max);
+    if (open) keep(current);
     bucket_start = t;
-    bucket_max = {t, total};
+    current = Bucket{{t, total}, {t, total}, {t, total}};
     open = true;
   }
 
-  void keep(std::pair<int64_t, uint64_t> point) {
-    points.push_back(point);
-    if (points.size() < kMaxPoints) return;
+  void keep(const Bucket& bucket) {
+    buckets.push_back(bucket);
+    if (buckets.size() < kMaxBuckets) return;
     size_t j = 0;
-    for (size_t i = 0; i + 1 < points.size(); i += 2) {
-      points[j++] = points[i + 1].second > points[i].second ? points[i + 1] : points[i];
+    for (size_t i = 0; i + 1 < buckets.size(); i += 2) {
+      const Bucket& a = buckets[i];
+      const Bucket& b = buckets[i + 1];
+      buckets[j++] = Bucket{b.high.second > a.high.second ? b.high : a.high,
+                            b.low.second < a.low.second ? b.low : a.low, b.last};
     }
-    if (points.size() % 2) points[j++] = points.back();
-    points.resize(j);
+    if (buckets.size() % 2) buckets[j++] = buckets.back();
+    buckets.resize(j);
     width *= 2;
   }
 
-  // the kept points, the open bucket's highest, and the (exact) present
-  std::vector<std::pair<int64_t, uint64_t>> read(uint64_t now_total) const {
-    auto out = points;
-    if (open) out.push_back(bucket_max);
-    int64_t t = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                    std::chrono::system_clock::now().time_since_epoch()).count();
-    out.emplace_back(t, now_total);
+  // a bucket's distinct points in time order
+  static void emit(const Bucket& b, std::vector<Point>& out) {
+    Point p[3] = {b.high, b.low, b.last};
+    std::sort(p, p + 3);
+    for (const Point& q : p) {
+      if (out.empty() || out.back() != q) out.push_back(q);
+    }
+  }
+
+  // the kept points, the open bucket's, and the (exact) present
+  std::vector<Point> read(uint64_t now_total) const {
+    std::vector<Point> out;
+    out.reserve(3 * buckets.size() + 4);
+    for (const Bucket& b : buckets) emit(b, out);
+    if (open) emit(current, out);
+    out.emplace_back(std::max(now_ns(), last_t + 1), now_total);
     return out;
   }
 };
