@@ -18,6 +18,7 @@ SEPARATOR = " > "
 MODULE = "<module>"
 TRAMPOLINE = "<interpreter trampoline>"
 CACHED_FREE = "<cached free blocks>"
+ALLOCATOR_ROUNDING = "<allocator rounding>"
 OUTSIDE_FRAMEWORK = "<outside framework>"
 UNKNOWN = "<unknown>"
 
@@ -76,3 +77,125 @@ def compile_query(query: str) -> re.Pattern[str]:
         except re.error:
             pass
     return re.compile(re.escape(q))
+
+
+# -- C++ names ----------------------------------------------------------------
+
+BACKWARD_PASS = "<backward pass>"
+NO_PYTHON_FRAME = "<no Python frame>"
+
+# Demangler decorations that say nothing to a reader: clones, LLVM's and GCC's
+# local-symbol suffixes.
+_CPP_NOISE = re.compile(r" \[clone [^\]]*\]|\.(llvm|constprop|isra|part|cold)\.\d+")
+_ANONYMOUS = "(anonymous namespace)::"
+_LAMBDA = re.compile(r"\{lambda\([^{}]*\)#(\d+)\}")
+_TRAILING_QUALIFIERS = (" const", " volatile", " &&", " &", " noexcept")
+# at::_ops::<op>[_<overload>]::call: the struct name joins the op and its
+# overload with "_"; these overload names are split off as ``aten::op.overload``.
+_OVERLOADS = frozenset(
+    ("Tensor", "Scalar", "Tensor_Tensor", "Tensor_Scalar", "Scalar_Tensor", "memory_format", "int", "dim",
+     "dim_IntList", "out", "self", "other", "names", "using_ints", "SymInt", "Tensor_mode", "input")
+)
+_OP_CALL = re.compile(r"^at::_ops::(\w+)::(call|redispatch)$")
+
+
+def short_cpp_name(name: str) -> str:
+    """A demangled C++ name without its argument list, template arguments and return type.
+
+    ``at::TensorBase at::detail::_empty_generic<long>(c10::ArrayRef<long>, ...)``
+    becomes ``at::detail::_empty_generic<…>``; ``torch::autograd::Node::operator()(...)``
+    keeps its ``operator()``. Anonymous namespaces and clone suffixes go.
+    Anything that does not parse as C++ comes back unchanged.
+    """
+    if "(" not in name and "<" not in name and "." not in name:
+        return name
+    text = _CPP_NOISE.sub("", name).replace(_ANONYMOUS, "")
+    text = _LAMBDA.sub(r"{lambda#\1}", text)
+    changed = True
+    while changed:
+        changed = False
+        for q in _TRAILING_QUALIFIERS:
+            if text.endswith(q):
+                text, changed = text[: -len(q)], True
+    text = _drop_template_args(_drop_argument_lists(text))
+    return _drop_return_type(text).strip() or name
+
+
+def _drop_argument_lists(text: str) -> str:
+    """Every ``(...)`` group but ``operator()``'s own.
+
+    ``f(int)::{lambda#1}::operator()(x)`` -> ``f::{lambda#1}::operator()``.
+    """
+    out: list[str] = []
+    depth = 0
+    for i, c in enumerate(text):
+        if c == "(":
+            if depth == 0 and text.endswith("operator", 0, i) and text.startswith("()", i):
+                out.append("(")
+                continue
+            depth += 1
+        elif c == ")" and depth:
+            depth -= 1
+        elif depth == 0:
+            out.append(c)
+    return "".join(out)
+
+
+def _drop_template_args(text: str) -> str:
+    """``f<a<b>, c>::g`` -> ``f<…>::g``; ``operator<`` and ``operator->`` stay."""
+    out: list[str] = []
+    depth = 0
+    i = 0
+    while i < len(text):
+        if text.startswith("operator", i) and depth == 0:
+            j = i + len("operator")
+            k = j
+            while k < len(text) and text[k] in "<>=-!+*/%&|^~[]()":
+                k += 1
+                if text[j:k] in ("()", "[]"):
+                    break
+            out.append(text[i:k])
+            i = k
+            continue
+        c = text[i]
+        if c == "<":
+            if depth == 0:
+                out.append("<…>")
+            depth += 1
+        elif c == ">" and depth:
+            depth -= 1
+        elif depth == 0:
+            out.append(c)
+        i += 1
+    return "".join(out)
+
+
+def _drop_return_type(text: str) -> str:
+    """``void at::f`` -> ``at::f``: the last word outside brackets."""
+    depth = 0
+    for i in range(len(text) - 1, -1, -1):
+        c = text[i]
+        if c in ")>}":
+            depth += 1
+        elif c in "(<{":
+            depth = max(0, depth - 1)  # an unmatched "<" is operator<
+        elif c == " " and depth == 0:
+            return text[i + 1 :]
+    return text
+
+
+def aten_op_name(name: str) -> str | None:
+    """``at::_ops::zeros_like::call(...)`` -> ``aten::zeros_like``; None for other frames.
+
+    The struct name joins the op and its overload with ``_``
+    (``index_Tensor`` is ``aten::index.Tensor``); common overload names are
+    split off, others stay joined, as no name list is at hand offline.
+    """
+    m = _OP_CALL.match(short_cpp_name(name))
+    if m is None:
+        return None
+    op = m.group(1)
+    for overload in sorted(_OVERLOADS, key=len, reverse=True):
+        if op.endswith("_" + overload) and len(op) > len(overload) + 1:
+            return f"aten::{op[: -len(overload) - 1]}.{overload}"
+    return f"aten::{op}"
