@@ -38,8 +38,9 @@ EventKey = tuple[Any, ...]
 class SnapshotHistory:
     """Snapshots of one process folded into one profile for the whole run."""
 
-    def __init__(self, max_entries: int | None = None) -> None:
+    def __init__(self, max_entries: int | None = None, native: bool = False) -> None:
         self.max_entries = max_entries
+        self.native = native  # keep the C++ frames of stacks="all" (--native)
         self.resolver = Resolver()
         self.snapshots = 0
         self._alloc: Profile | None = None
@@ -50,7 +51,7 @@ class SnapshotHistory:
 
     def add(self, snapshot: Mapping[str, Any]) -> Profile:
         """Fold in one snapshot; the profile of the run so far."""
-        current = from_snapshot(snapshot, max_entries=self.max_entries, resolver=self.resolver)
+        current = from_snapshot(snapshot, max_entries=self.max_entries, resolver=self.resolver, native=self.native)
         self.snapshots += 1
         self._fold_peak(current)
         self._fold_alloc(snapshot)
@@ -77,7 +78,9 @@ class SnapshotHistory:
         fresh = [self._new_events(device, trace) for device, trace in enumerate(snapshot.get("device_traces") or [])]
         if not any(fresh):
             return
-        converted = from_snapshot({"segments": [], "device_traces": fresh}, resolver=self.resolver)
+        converted = from_snapshot(
+            {"segments": [], "device_traces": fresh}, resolver=self.resolver, native=self.native
+        )
         alloc = _types(converted, ALLOC_SPACE, ALLOC_OBJECTS)
         alloc.comments = []
         self._alloc = alloc if self._alloc is None else merge([self._alloc, alloc]).compact()

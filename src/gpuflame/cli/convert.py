@@ -16,6 +16,8 @@ from typing import Any
 
 from gpuflame.formats.detect import FORMATS, format_from_name, load, save
 from gpuflame.model.profile import Profile
+from gpuflame.symbols.qualnames import Resolver
+from gpuflame.symbols.source_paths import SourceMap, parse_root
 from gpuflame.units import format_count
 
 HELP = "convert a PyTorch memory snapshot or a profile to pprof, folded, speedscope or JSON"
@@ -28,9 +30,24 @@ sample type each).
 
 A snapshot gives three views per device: peak_* (what was live at the moment
 of the highest total, from replaying the allocator trace), inuse_* (what was
-live when the snapshot was taken, plus <cached free blocks>) and alloc_*
-(everything the trace allocated). Snapshots are read without running any code
-from the pickle.
+live when the snapshot was taken) and alloc_* (everything the trace
+allocated). Snapshots are read without running any code from the pickle.
+
+Units: every view counts the bytes each allocation asked for (the trace
+records those), so peak >= in use always. What the allocator holds beyond
+that is shown as synthetic frames: <allocator rounding> (block size minus
+the bytes asked for, where the block is known) and <cached free blocks>
+(reserved, not allocated); in use + rounding + cached = reserved.
+
+Stacks (stacks="all", PyTorch's default): the Python frames, root <module>,
+with the op that allocated as one frame above the Python caller
+(aten::zeros_like); the recorder's, the caching allocator's and CPython's
+own frames are cut. Allocations on autograd's threads (no Python frame) are
+under <backward pass> > the graph node (MulBackward0) > the op. --native
+keeps the C++ chain. Python frames are named with their class
+(AdamW > step) by reading the source: where it is not on this machine,
+--source-root maps the recording machine's paths, and the output says how
+many frames stay unqualified.
 """
 
 EPILOG = """\
@@ -39,6 +56,7 @@ examples:
   gpuflame convert snapshot.pickle -o memory.folded --type inuse_space
   gpuflame convert memory.pb.gz -o memory.speedscope.json
   gpuflame convert snapshot.pickle -o memory.pb.gz --json
+  gpuflame convert snapshot.pickle -o memory.pb.gz --native --source-root /home/me/proj=.
 
 The format follows the output name (.pb.gz, .folded, .speedscope.json,
 .json) unless --format says otherwise; pprof when the name says nothing.
@@ -59,6 +77,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(peak_space, inuse_space, alloc_space, ...; default: peak where present, else inuse, else alloc)",
     )
     parser.add_argument("--json", action="store_true", help="print a machine-readable summary")
+    snap = parser.add_argument_group("PyTorch snapshots")
+    snap.add_argument(
+        "--native",
+        action="store_true",
+        help='keep the C++ frames a stacks="all" snapshot records between the allocation and the Python '
+        "caller (default: the op, e.g. aten::zeros_like, above the Python frame that called it)",
+    )
+    snap.add_argument(
+        "--source-root",
+        action="append",
+        default=[],
+        metavar="OLD=NEW",
+        type=source_root,
+        help="the recording machine's path prefix OLD is NEW here, to read the source for class names "
+        "(repeatable; installed packages are also looked for in this machine's site-packages)",
+    )
 
 
 def output_format(path: str, requested: str | None) -> str:
@@ -66,8 +100,16 @@ def output_format(path: str, requested: str | None) -> str:
     return requested or format_from_name(path) or "pprof"
 
 
+def source_root(text: str) -> tuple[str, str]:
+    try:
+        return parse_root(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def run(args: argparse.Namespace) -> int:
-    profile = load(args.input)
+    resolver = Resolver(SourceMap(args.source_root))
+    profile = load(args.input, native=args.native, resolver=resolver)
     fmt = output_format(args.output, args.format)
     type_index = profile.pick_type(args.type)  # an unknown --type fails before anything is written
     if args.type:

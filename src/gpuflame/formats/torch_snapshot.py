@@ -271,6 +271,7 @@ class _Converter:
             Sample(stack, tuple(row), labels) for (stack, labels), row in self.rows.items()
         ]
         self._comment_stacks()
+        self._comment_unqualified()
         if any(v < 0 or v > INT64_MAX for row in self.rows.values() for v in row):
             raise ProfileFormatError("sizes in the snapshot are out of range (a damaged file?)")
         return self.profile
@@ -283,6 +284,20 @@ class _Converter:
                 f"{unplaced:,} stacks had C++ frames between two Python frames whose place is not known "
                 "(CPython 3.11+ runs several Python frames in one C frame); they are shown as "
                 f"{names.TRAMPOLINE}"
+            )
+
+    def _comment_unqualified(self) -> None:
+        """Say how many Python frames lack their class because their source is not here."""
+        missing = {(f, line) for f, line, _ in self.stacks.resolver.unqualified}
+        if not missing:
+            return
+        python = [f for f in self.profile.frames if f.kind == PYTHON and f.name != names.MODULE]
+        lost = [f for f in python if (f.file, f.line) in missing]
+        if lost:
+            self.comment(
+                f"{len(lost):,} of {len(python):,} Python frames are named without their class: their source "
+                f"is not on this machine (e.g. {lost[0].file}); --source-root OLD=NEW maps the recording "
+                "machine's paths to a copy here"
             )
 
     # -- helpers used by the device replays --------------------------------
