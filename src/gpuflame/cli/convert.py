@@ -15,6 +15,7 @@ import sys
 from typing import Any
 
 from gpuflame.formats.detect import FORMATS, format_from_name, load, save
+from gpuflame.formats.torch_snapshot import UNITS_NOTE
 from gpuflame.model.profile import Profile
 from gpuflame.symbols.qualnames import Resolver
 from gpuflame.symbols.source_paths import SourceMap, parse_root
@@ -163,7 +164,8 @@ def _print_text(summary: dict[str, Any], profile: Profile) -> None:
     size = format_count(summary["bytes_written"], "bytes")
     out.write(f"wrote {summary['output']} ({what}, {size}){where}: {totals}\n")
     for comment in profile.comments:
-        sys.stderr.write(f"gpuflame convert: warning: {comment}\n")
+        if comment != UNITS_NOTE:  # the units are in --help and in the file; the rest are caveats
+            sys.stderr.write(f"gpuflame convert: warning: {comment}\n")
     out.write(f"next: {summary['next']}\n")
 
 

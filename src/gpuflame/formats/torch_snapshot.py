@@ -77,6 +77,14 @@ NO_STACK_FRAME = Frame("<no stack recorded>", kind=SYNTHETIC)
 
 INT64_MAX = (1 << 63) - 1  # what pprof can store
 
+# One unit for every view, said in every converted profile (and so in the report's header).
+UNITS_NOTE = (
+    f"units: every view (peak, in use, allocated) counts the bytes each allocation asked for, as the "
+    f"allocator's trace records them; {names.ALLOCATOR_ROUNDING} is the allocator's rounding up to its "
+    f"block sizes and {names.CACHED_FREE} what it reserved without allocating: in use + rounding + cached "
+    "= reserved"
+)
+
 # "active_awaiting_free" is how torch's docstring spells the state the C++ code writes
 # as "active_pending_free"; accept both.
 ACTIVE_STATES = frozenset(("active_allocated", "active_pending_free", "active_awaiting_free"))
@@ -254,6 +262,7 @@ class _Converter:
         self.active: dict[int, dict[int, Any]] = {}  # device -> address -> active block
 
     def run(self) -> Profile:
+        self.comment(UNITS_NOTE)
         self._segments()
         times: list[tuple[int, int]] = []
         for device, trace in enumerate(self.traces):
