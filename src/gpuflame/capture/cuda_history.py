@@ -9,7 +9,8 @@ every ``--interval`` and at exit) is folded in here:
   converted and added to a running sum per stack, so the total covers the
   whole run as long as the buffer does not wrap between two snapshots;
 * peak (``peak_*``): each snapshot's replay finds the highest moment of its
-  window; the highest of those windows is the run's peak;
+  window; the highest of those windows (in allocated bytes, as one replay
+  picks its moment) is the run's peak, so it is never below the latest in use;
 * in use: always the latest snapshot.
 
 Memory stays bounded: the sums are per distinct stack, not per event.
@@ -20,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from gpuflame.formats.torch_snapshot import from_snapshot
+from gpuflame.formats.torch_snapshot import allocated_bytes, from_snapshot
 from gpuflame.model import Profile, merge, select_types
 from gpuflame.model.sample_types import (
     ALLOC_OBJECTS,
@@ -69,7 +70,7 @@ class SnapshotHistory:
     def _fold_peak(self, current: Profile) -> None:
         if PEAK_SPACE.type not in current.type_names():
             return
-        total = current.totals()[PEAK_SPACE.type]
+        total = allocated_bytes(current, PEAK_SPACE.type)  # the moment with the most allocated, as one replay picks it
         if total > self._peak_total:
             self._peak_total = total
             self._peak = _types(current, PEAK_SPACE, PEAK_OBJECTS)

@@ -414,6 +414,14 @@ def _block_frames(block: Mapping[str, Any]) -> Any:
     return frames
 
 
+def allocated_bytes(profile: Profile, type_name: str) -> int:
+    """A view's live allocations: its total without the allocator's rounding and cached blocks."""
+    i = profile.type_index(type_name)
+    reserve = (names.ALLOCATOR_ROUNDING, names.CACHED_FREE)
+    frames = profile.frames
+    return sum(s.values[i] for s in profile.samples if frames[s.stack[0]].name not in reserve)
+
+
 def requested_bytes(block: Mapping[str, Any]) -> int:
     """What an active block's allocation asked for: the unit of every view.
 
