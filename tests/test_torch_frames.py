@@ -21,7 +21,7 @@ from gpuflame.formats.torch_frames import CPY, CUT, EVAL, frame_class
 from gpuflame.model import Profile
 from gpuflame.model import filter as pfilter
 from gpuflame.model.profile import NATIVE, PYTHON, SYNTHETIC, TRAMPOLINE
-from gpuflame.symbols.names import BACKWARD_PASS, MODULE
+from gpuflame.symbols.names import BACKWARD_PASS, MODULE, aten_op_name, short_cpp_name
 from gpuflame.symbols.names import TRAMPOLINE as TRAMPOLINE_NAME
 
 DATA = Path(__file__).parent / "data"
@@ -256,3 +256,60 @@ def test_real_snapshot_names_are_short(real) -> None:
     for f in native.frames:
         if f.kind == NATIVE:
             assert "(" not in f.name.replace("operator()", "") and "std::allocator" not in f.name, f.name
+
+
+# -- C++ names ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("demangled", "shown"),
+    [
+        (
+            "at::TensorBase at::detail::_empty_strided_generic<c10::ArrayRef<long> >(c10::ArrayRef<long>)",
+            "at::detail::_empty_strided_generic<…>",
+        ),
+        (
+            "torch::autograd::Node::operator()(std::vector<at::Tensor, std::allocator<at::Tensor> >&&)",
+            "torch::autograd::Node::operator()",
+        ),
+        ("c10::TensorImpl::~TensorImpl() [clone .localalias]", "c10::TensorImpl::~TensorImpl"),
+        ("at::(anonymous namespace)::create_out(c10::ArrayRef<long>, c10::TensorOptions const&)", "at::create_out"),
+        (
+            "c10::cuda::CUDACachingAllocator::Native::NativeCachingAllocator::allocate(unsigned long) const",
+            "c10::cuda::CUDACachingAllocator::Native::NativeCachingAllocator::allocate",
+        ),
+        (
+            "_object* torch::autograd::TypeError_to_NotImplemented_<&torch::autograd::THPVariable_mul>(_object*)",
+            "torch::autograd::TypeError_to_NotImplemented_<…>",
+        ),
+        (
+            "at::native::foo(int)::{lambda(at::Tensor const&)#1}::operator()(at::Tensor const&) const",
+            "at::native::foo::{lambda#1}::operator()",
+        ),
+        ("std::ostream& c10::operator<<(std::ostream&, c10::Device)", "c10::operator<<"),
+        ("bool operator<(a const&, b const&)", "operator<"),
+        ("method_vectorcall.llvm.12275804309777372242", "method_vectorcall"),
+        ("_start", "_start"),
+        ("??", "??"),
+    ],
+)
+def test_cpp_names_are_shown_without_arguments_templates_or_return_types(demangled: str, shown: str) -> None:
+    assert short_cpp_name(demangled) == shown
+
+
+@pytest.mark.parametrize(
+    ("demangled", "op"),
+    [
+        ("at::_ops::zeros_like::call(at::Tensor const&, std::optional<c10::ScalarType>)", "aten::zeros_like"),
+        (
+            "at::_ops::index_Tensor::call(at::Tensor const&, c10::List<std::optional<at::Tensor> > const&)",
+            "aten::index.Tensor",
+        ),
+        ("at::_ops::add__Tensor::call(at::Tensor&, at::Tensor const&, c10::Scalar const&)", "aten::add_.Tensor"),
+        ("at::_ops::empty_memory_format::redispatch(c10::DispatchKeySet)", "aten::empty.memory_format"),
+        ("at::_ops::sum_dim_IntList::call(at::Tensor const&)", "aten::sum.dim_IntList"),
+        ("at::detail::empty_cuda(c10::ArrayRef<long>)", None),
+    ],
+)
+def test_the_op_is_named_as_aten_names_it(demangled: str, op: str | None) -> None:
+    assert aten_op_name(demangled) == op

@@ -8,6 +8,11 @@
 | ``<module>``              | a script's or module's top level          |
 | ``<interpreter trampoline>`` | CPython's own dispatch, ignorable      |
 | ``0x7f151…``              | native code with no symbol                |
+
+Frames gpuflame adds to PyTorch snapshots (formats/torch_frames.py):
+``aten::zeros_like`` (the op an allocation came from, above the Python
+caller), ``<backward pass>`` (autograd's threads, no Python frame),
+``<allocator rounding>`` (block size minus the bytes asked for).
 """
 
 from __future__ import annotations
@@ -96,7 +101,7 @@ _OVERLOADS = frozenset(
     ("Tensor", "Scalar", "Tensor_Tensor", "Tensor_Scalar", "Scalar_Tensor", "memory_format", "int", "dim",
      "dim_IntList", "out", "self", "other", "names", "using_ints", "SymInt", "Tensor_mode", "input")
 )
-_OP_CALL = re.compile(r"^at::_ops::(\w+)::(call|redispatch)$")
+_OP_CALL = re.compile(r"^at::_ops::(\w+)::(call|redispatch)\(")
 
 
 def short_cpp_name(name: str) -> str:
@@ -111,77 +116,30 @@ def short_cpp_name(name: str) -> str:
         return name
     text = _CPP_NOISE.sub("", name).replace(_ANONYMOUS, "")
     text = _LAMBDA.sub(r"{lambda#\1}", text)
+    operators: list[str] = []
+
+    def keep(m: re.Match[str]) -> str:
+        operators.append(m.group(0))
+        return f"\x00{len(operators) - 1}\x00"
+
+    text = _OPERATOR.sub(keep, text)
     changed = True
     while changed:
         changed = False
         for q in _TRAILING_QUALIFIERS:
             if text.endswith(q):
                 text, changed = text[: -len(q)], True
-    text = _drop_template_args(_drop_argument_lists(text))
-    return _drop_return_type(text).strip() or name
+    count = 1
+    while count:  # innermost brackets first: <...> becomes a mark, (...) goes
+        text, count = _INNERMOST.subn(lambda m: "\x01" if m.group(0)[0] == "<" else "", text)
+    text = text.replace("\x01", "<…>").strip().rsplit(" ", 1)[-1]  # the return type goes
+    text = _PLACEHOLDER.sub(lambda m: operators[int(m.group(1))], text)
+    return text or name
 
 
-def _drop_argument_lists(text: str) -> str:
-    """Every ``(...)`` group but ``operator()``'s own.
-
-    ``f(int)::{lambda#1}::operator()(x)`` -> ``f::{lambda#1}::operator()``.
-    """
-    out: list[str] = []
-    depth = 0
-    for i, c in enumerate(text):
-        if c == "(":
-            if depth == 0 and text.endswith("operator", 0, i) and text.startswith("()", i):
-                out.append("(")
-                continue
-            depth += 1
-        elif c == ")" and depth:
-            depth -= 1
-        elif depth == 0:
-            out.append(c)
-    return "".join(out)
-
-
-def _drop_template_args(text: str) -> str:
-    """``f<a<b>, c>::g`` -> ``f<…>::g``; ``operator<`` and ``operator->`` stay."""
-    out: list[str] = []
-    depth = 0
-    i = 0
-    while i < len(text):
-        if text.startswith("operator", i) and depth == 0:
-            j = i + len("operator")
-            k = j
-            while k < len(text) and text[k] in "<>=-!+*/%&|^~[]()":
-                k += 1
-                if text[j:k] in ("()", "[]"):
-                    break
-            out.append(text[i:k])
-            i = k
-            continue
-        c = text[i]
-        if c == "<":
-            if depth == 0:
-                out.append("<…>")
-            depth += 1
-        elif c == ">" and depth:
-            depth -= 1
-        elif depth == 0:
-            out.append(c)
-        i += 1
-    return "".join(out)
-
-
-def _drop_return_type(text: str) -> str:
-    """``void at::f`` -> ``at::f``: the last word outside brackets."""
-    depth = 0
-    for i in range(len(text) - 1, -1, -1):
-        c = text[i]
-        if c in ")>}":
-            depth += 1
-        elif c in "(<{":
-            depth = max(0, depth - 1)  # an unmatched "<" is operator<
-        elif c == " " and depth == 0:
-            return text[i + 1 :]
-    return text
+_OPERATOR = re.compile(r"\boperator\s*(\(\)|\[\]|<=>|<<=?|>>=?|<=|>=|->\*?|[-+*/%^&|~!=,<>]=?)")
+_INNERMOST = re.compile(r"<[^<>()]*>|\([^<>()]*\)")
+_PLACEHOLDER = re.compile("\x00(\\d+)\x00")
 
 
 def aten_op_name(name: str) -> str | None:
@@ -191,7 +149,7 @@ def aten_op_name(name: str) -> str | None:
     (``index_Tensor`` is ``aten::index.Tensor``); common overload names are
     split off, others stay joined, as no name list is at hand offline.
     """
-    m = _OP_CALL.match(short_cpp_name(name))
+    m = _OP_CALL.match(name)
     if m is None:
         return None
     op = m.group(1)
