@@ -79,10 +79,8 @@ INT64_MAX = (1 << 63) - 1  # what pprof can store
 
 # One unit for every view, said in every converted profile (and so in the report's header).
 UNITS_NOTE = (
-    f"units: every view (peak, in use, allocated) counts the bytes each allocation asked for, as the "
-    f"allocator's trace records them; {names.ALLOCATOR_ROUNDING} is the allocator's rounding up to its "
-    f"block sizes and {names.CACHED_FREE} what it reserved without allocating: in use + rounding + cached "
-    "= reserved"
+    "units: bytes as each allocation asked for them, in every view; "
+    f"{names.ALLOCATOR_ROUNDING} and {names.CACHED_FREE} make up the rest of what the allocator reserved"
 )
 
 # "active_awaiting_free" is how torch's docstring spells the state the C++ code writes
