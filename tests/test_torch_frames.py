@@ -203,6 +203,12 @@ def test_cpython_frames_are_told_apart_from_torchs() -> None:
         "c10::cuda::CUDACachingAllocator::Native::NativeCachingAllocator::malloc(void**)",
     ):
         assert frame_class("??", name) == CUT
+    glue = "c10::impl::wrap_kernel_functor_unboxed_<c10::impl::detail::WrapFunctionIntoFunctor_<x> >::call(y)"
+    assert frame_class("RegisterCUDA_0.cpp", glue) == CUT
+    assert (
+        frame_class("RegisterCUDA_0.cpp", "at::(anonymous namespace)::wrapper_CUDA_mul_Tensor(at::Tensor const&)")
+        == CUT
+    )
     for name in ("THPFunction_apply(_object*, _object*)", "torch::autograd::THPVariable_mul(_object*)", "_start"):
         assert frame_class("??", name) not in (CPY, CUT, EVAL), name
 
@@ -313,3 +319,12 @@ def test_cpp_names_are_shown_without_arguments_templates_or_return_types(demangl
 )
 def test_the_op_is_named_as_aten_names_it(demangled: str, op: str | None) -> None:
     assert aten_op_name(demangled) == op
+
+
+def test_overloads_calling_each_other_are_one_frame(real) -> None:
+    """at::detail::empty_cuda(...) -> empty_cuda(...) -> empty_cuda(...) reads as one frame with --native."""
+    _, _, native = real
+    for s in native.samples:
+        frames = native.stack_frames(s)
+        for a, b in zip(frames, frames[1:], strict=False):
+            assert not (a.kind == NATIVE and a.name == b.name), a.name

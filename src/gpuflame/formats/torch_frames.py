@@ -31,7 +31,9 @@ What the stack becomes (leaf first, as profiles store it):
   known, they are left out and counted (:attr:`StackReader.unplaced`);
 * always cut: the recorder's own frames (``torch::unwind``,
   ``CapturedTraceback``, ``gather_with_cpp``), the caching allocator's
-  (``c10::cuda::CUDACachingAllocator::…``), and everything below the
+  (``c10::cuda::CUDACachingAllocator::…``), the dispatcher's glue (boxing
+  wrappers and the generated ``Register*.cpp`` kernel wrappers, as torch's
+  ``_memory_viz`` leaves them out), and everything below the
   outermost Python frame (interpreter and process start-up: ``Py_RunMain``,
   ``__libc_start_main``, ``_start``, and the libc symbols a stripped build
   shows in their place);
@@ -64,6 +66,13 @@ _CUT = re.compile(
     r"torch::unwind::|CapturedTraceback::|gather_with_cpp|c10::cuda::CUDACachingAllocator::"
     r"|c10::cuda::MemPool|CUDAAllocatorConfig"
 )
+# The dispatcher's glue between an op and its kernel (what torch's _memory_viz
+# also leaves out: boxing wrappers, the generated Register*.cpp kernels' wrappers).
+_GLUE_NAME = re.compile(
+    r"^c10::impl::(wrap_kernel_functor_unboxed_|make_boxed_from_unboxed_functor|BoxedKernelWrapper|call_functor)"
+    r"|^c10::(Dispatcher|KernelFunction|BoxedKernel|OperatorHandle|TypedOperatorHandle)\b"
+)
+_GLUE_FILE = re.compile(r"core/boxing/|(^|/)Register\w*\.cpp$|(^|/)Redispatch")
 # CPython's C frames, by exported name (a stripped libpython shows the nearest
 # exported symbol, still Py-prefixed) or by the static functions' names.
 _CPYTHON_NAME = re.compile(
@@ -108,7 +117,7 @@ def frame_class(file: str, name: str) -> int:
         return PY
     if "PyEval_EvalFrame" in name:  # the unwinder's own test
         return EVAL
-    if _CUT.search(name):
+    if _CUT.search(name) or _GLUE_NAME.search(name) or _GLUE_FILE.search(file):
         return CUT
     plain = _SUFFIX.sub("", name)
     if _CPYTHON_NAME.search(plain) or _CPYTHON_FILE.search(file):
@@ -187,7 +196,8 @@ class StackReader:
         out: list[Frame] = []
         for e in natives:
             if e.cls == CPP:
-                out.append(e.frame)
+                if not out or out[-1].name != e.frame.name:  # overloads calling each other: one frame
+                    out.append(e.frame)
             elif e.cls in (EVAL, CPY) and (not out or out[-1] is not TRAMPOLINE_FRAME):
                 out.append(TRAMPOLINE_FRAME)
         return out
