@@ -12,14 +12,18 @@ the allocator's recent actions (``alloc``, ``free_requested``,
 
 What the profile holds, per device (label ``device=cuda:N``):
 
+One unit for every view: the bytes each allocation asked for (the block's
+``requested_size``; what the trace records), so peak >= in use always.
+
 ``inuse_*``
     Every active block (``active_allocated`` or ``active_pending_free``) at its
-    block ``size``, under the stack that allocated it; inactive blocks (cached
-    by the allocator, free for reuse) as one sample under the synthetic frame
-    ``<cached free blocks>`` (objects 0). So the in-use total is exactly what
-    the allocator reserved (the sum of the segments' ``total_size``), and
-    ``filter.ignore(profile, "<cached free blocks>")`` leaves the live
-    tensors.
+    requested bytes, under the stack that allocated it; the allocator's
+    rounding (block ``size`` minus requested) as one sample under the
+    synthetic frame ``<allocator rounding>`` and inactive blocks (cached by
+    the allocator, free for reuse) under ``<cached free blocks>`` (objects 0).
+    So the in-use total is exactly what the allocator reserved (the sum of the
+    segments' ``total_size``), and ignoring the two synthetic frames leaves
+    the live tensors.
 
 ``alloc_*``
     Every ``alloc`` in the trace, frees ignored, at the size it asked for.
@@ -34,10 +38,13 @@ What the profile holds, per device (label ``device=cuda:N``):
     along (its stack is known), and a free of an address the trace never
     allocated belongs to an allocation made before the trace began (shown
     under ``<allocated before the trace>``). If several moments tie, the
-    first wins. ``<cached free blocks>`` at the peak is the memory reserved
-    then (the end's reserved total with the trace's segment events undone)
-    minus the live allocations; it includes the allocator's rounding, and is
-    left out, with a comment, when the trace does not add up.
+    first wins; if the allocations alive at the end are more than the replay
+    ever reaches (frees requested, never completed), the end is the peak.
+    ``<allocator rounding>`` at the peak is the rounding of the allocations
+    whose blocks are still known at the end; ``<cached free blocks>`` is the
+    memory reserved then (the end's reserved total with the trace's segment
+    events undone) minus both; it holds the rounding of allocations freed
+    since, and is left out, with a comment, when the trace does not add up.
 
 The profile's timeline (:mod:`gpuflame.model.timeline`) holds, per traced
 device, the live allocated bytes (as ``peak_*`` counts them, without the
@@ -48,6 +55,12 @@ Comments record what qualifies the numbers: a trace that does not reach back
 to the start (ring buffer overwritten, or recording started late), each
 out-of-memory event with the bytes asked for and free, and devices without a
 trace.
+
+Stacks: ``stacks="all"`` frame lists (C++, CPython and Python frames mixed)
+are read by :mod:`gpuflame.formats.torch_frames`; ``native`` keeps the C++
+frames. Python frames are named with their class from the source
+(:class:`~gpuflame.symbols.qualnames.Resolver`); a comment counts those
+whose source was not found.
 """
 
 from __future__ import annotations
