@@ -132,3 +132,24 @@ def test_real_snapshots_keep_the_same_properties(path: Path) -> None:
     shown = sum(s.values[i] for s in profile.samples if profile.frames[s.stack[0]].name == ALLOCATOR_ROUNDING)
     assert shown == rounding > 0
     assert torch_snapshot.UNITS_NOTE in profile.comments
+
+
+def test_a_replay_below_the_end_state_takes_the_end_as_the_peak() -> None:
+    """No free_completed events (frees count when requested) but a free still pending at the end."""
+    frames = [{"filename": __file__, "line": 1, "name": "f"}]
+
+    def event(action: str, t: int, addr: int) -> dict[str, Any]:
+        return {"action": action, "addr": addr, "size": 100, "stream": 0, "time_us": t, "frames": frames}
+
+    blocks = [
+        {"address": 0, "size": 512, "requested_size": 100, "state": "active_pending_free", "frames": frames},
+        {"address": 512, "size": 512, "requested_size": 100, "state": "active_allocated", "frames": frames},
+        {"address": 1024, "size": 1024, "requested_size": 0, "state": "inactive", "frames": []},
+    ]
+    snap = {
+        "segments": [{"device": 0, "address": 0, "total_size": 2048, "blocks": blocks}],
+        "device_traces": [[event("alloc", 1, 0), event("free_requested", 2, 0), event("alloc", 3, 512)]],
+    }
+    profile = torch_snapshot.from_snapshot(snap)
+    assert split(profile, "peak_space") == (200, 2048 - 200) == split(profile, "inuse_space")
+    assert any("peak_* is that end state" in c for c in profile.comments)
