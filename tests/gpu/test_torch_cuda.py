@@ -80,8 +80,9 @@ def test_outside_framework_matches_nvml_when_available() -> None:
     pynvml.nvmlInit()
     try:
         handle = pynvml.nvmlDeviceGetHandleByIndex(0)
-        used = sum(p.usedGpuMemory or 0 for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
-                   if p.pid == os.getpid())
+        used = sum(
+            p.usedGpuMemory or 0 for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle) if p.pid == os.getpid()
+        )
     finally:
         pynvml.nvmlShutdown()
     device0 = [s for s in profile.samples if s.label("device") == "cuda:0"]
@@ -92,7 +93,8 @@ def test_outside_framework_matches_nvml_when_available() -> None:
 
 def test_an_oom_writes_the_profile_and_the_workload_sees_its_oom(tmp_path: Path) -> None:
     script = tmp_path / "oom.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(
+        textwrap.dedent("""
         import torch
         class KVCache:
             def allocate(self):
@@ -103,12 +105,26 @@ def test_an_oom_writes_the_profile_and_the_workload_sees_its_oom(tmp_path: Path)
         except torch.OutOfMemoryError:
             print("caught oom", flush=True)
             raise SystemExit(9)
-    """))
+    """)
+    )
     env = dict(os.environ)
     env.pop("PYTHONPATH", None)
     result = subprocess.run(
-        [sys.executable, "-m", "gpuflame", "run", "--backend", "torch-cuda", "-o", str(tmp_path / "oom.pb.gz"),
-         str(script)], capture_output=True, text=True, env=env, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "gpuflame",
+            "run",
+            "--backend",
+            "torch-cuda",
+            "-o",
+            str(tmp_path / "oom.pb.gz"),
+            str(script),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
     )
     assert result.returncode == 9, result.stderr
     assert "caught oom" in result.stdout
@@ -139,3 +155,35 @@ def test_save_a_real_snapshot_fixture(tmp_path: Path) -> None:
     if keep:
         Path(keep).mkdir(parents=True, exist_ok=True)
         (Path(keep) / "real_cuda_snapshot_small_mlp.pickle").write_bytes(data)
+
+
+def test_stacks_all_read_into_the_python_chain_with_the_op() -> None:
+    """--native records stacks="all": the C++ chain above the Python caller, in order, nothing of the recorder."""
+    import torch
+
+    from gpuflame.formats.torch_snapshot import from_snapshot
+
+    rec = TorchCudaRecorder(native=True)
+    rec.start()
+    try:
+        Activations().spike(torch, 32)
+        torch.cuda.synchronize()
+        profile = rec.snapshot()
+        default = from_snapshot(torch.cuda.memory._snapshot())
+    finally:
+        rec.stop()
+    for p, native in ((profile, True), (default, False)):
+        idx = p.type_index("alloc_space")
+        chains = [[f.name for f in reversed(p.stack_frames(s))] for s in p.samples if s.values[idx]]
+        spike = [c for c in chains if "Activations > spike" in c]
+        assert spike, chains
+        for c in spike:
+            assert c[0] == "<module>"
+            above = c[c.index("Activations > spike") + 1 :]
+            if native:
+                assert any(n.startswith("at::_ops::empty") for n in above), above
+            else:
+                assert above and above[-1].startswith("aten::empty"), above
+            assert not any(
+                "CUDACachingAllocator" in n or "unwind::" in n or n in ("_start", "__libc_start_main") for n in c
+            )
