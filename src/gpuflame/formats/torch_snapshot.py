@@ -149,8 +149,7 @@ def from_snapshot(
 
 
 def _short(exc: BaseException) -> str:
-    text = str(exc)
-    return text if len(text) <= 100 else text[:97] + "..."
+    return safe_pickle.one_line(str(exc), 100)
 
 
 # -- stacks --------------------------------------------------------------------
