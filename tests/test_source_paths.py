@@ -65,7 +65,7 @@ def names(profile) -> set[str]:
 def test_without_the_source_names_lack_their_class_and_the_profile_says_how_many(recorded) -> None:
     profile = torch_snapshot.from_snapshot(recorded, resolver=Resolver(SourceMap(library_dirs=[])))
     assert "forward" in names(profile) and "LlamaMLP > forward" not in names(profile)
-    (note,) = [c for c in profile.comments if "without their class" in c]
+    (note,) = [c for c in profile.comments if "could not be qualified" in c]
     python = [f for f in profile.frames if f.kind == "python" and f.name != "<module>"]
     assert note.startswith(f"{len(python):,} of {len(python):,} Python frames")
     assert "--source-root" in note
@@ -75,7 +75,7 @@ def test_source_root_maps_the_recording_machines_paths(recorded) -> None:
     sources = SourceMap([(ELSEWHERE, str(FIXTURES))], library_dirs=[])
     profile = torch_snapshot.from_snapshot(recorded, resolver=Resolver(sources))
     assert {"LlamaMLP > forward", "GPUModelRunner > initialize_kv_cache"} <= names(profile)
-    note = [c for c in profile.comments if "without their class" in c]
+    note = [c for c in profile.comments if "could not be qualified" in c]
     torch_frames = {f for f in profile.frames if f.file.startswith(CONDA)}
     assert note and note[0].startswith(f"{len(torch_frames):,} of")  # torch's own stay unqualified
 

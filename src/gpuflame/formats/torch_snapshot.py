@@ -314,9 +314,9 @@ class _Converter:
         lost = [f for f in python if (f.file, f.line) in missing]
         if lost:
             self.comment(
-                f"{len(lost):,} of {len(python):,} Python frames are named without their class: their source "
-                f"is not on this machine (e.g. {lost[0].file}); --source-root OLD=NEW maps the recording "
-                "machine's paths to a copy here"
+                f"{len(lost):,} of {len(python):,} Python frames could not be qualified: their source is not "
+                f"on this machine (e.g. {lost[0].file}), so a method among them shows without its class; "
+                "--source-root OLD=NEW maps the recording machine's paths to a copy here"
             )
 
     # -- helpers used by the device replays --------------------------------
