@@ -328,3 +328,16 @@ def test_overloads_calling_each_other_are_one_frame(real) -> None:
         frames = native.stack_frames(s)
         for a, b in zip(frames, frames[1:], strict=False):
             assert not (a.kind == NATIVE and a.name == b.name), a.name
+
+
+def test_without_eval_frames_every_python_frame_comes_after_the_cpp_stack() -> None:
+    """A stack whose C++ part has no eval-loop frame: the unwinder appends all Python frames at the end."""
+    st = make_snapshots.Stacks()
+    cpp = [f for f in make_snapshots.with_native_frames([], "py310") if "PyEval_EvalFrame" not in f["name"]]
+    frames = cpp + st.mlp_gate
+    entry = {"action": "alloc", "addr": 1, "size": 512, "time_us": 1, "frames": frames}
+    for native in (False, True):
+        (stack,) = stacks(convert({"segments": [], "device_traces": [[entry]]}, native=native))
+        assert [(f.file, f.line) for f in stack if f.kind == PYTHON] == python_frames_in_order(frames)
+        assert stack[0].name == MODULE and not shown_wrongly(stack)
+        assert stack[-1].name == ("at::detail::_empty_generic<…>" if native else "aten::empty.memory_format")

@@ -185,9 +185,17 @@ class StackReader:
         return out
 
     def _leaf_part(self, natives: Sequence[Entry]) -> list[Frame]:
-        """The frames above the leaf Python frame: the op, or with *native* the C++ chain."""
+        """The frames above the leaf Python frame: the op, or with *native* the C++ chain.
+
+        Without eval-loop frames to interleave at, the unwinder puts every
+        Python frame after the whole C++ stack: its start-up frames go.
+        """
         if self.native:
-            return self._native_run(natives)
+            start = next((i for i, e in enumerate(natives) if e.thread_start), len(natives))
+            frames = self._native_run(natives[:start])
+            while frames and frames[-1] is TRAMPOLINE_FRAME and start < len(natives):
+                frames.pop()
+            return frames
         op = next((e.op for e in reversed(natives) if e.op), None)
         return [Frame(op, kind=NATIVE)] if op else []
 
