@@ -171,17 +171,16 @@ class StackReader:
         interleaved = min(len(python), evals)
         exact = len(python) <= evals
         out = leaf
+        unplaced = False
         for n, i in enumerate(python):
             out.append(entries[i].frame)
             if self.native and n + 1 < interleaved:
                 middle = entries[i + 1 : python[n + 1]]
                 if exact:
                     out += self._native_run(middle)
-                elif any(e.cls == CPP for e in middle):
-                    self.unplaced += 1
-                    out.append(TRAMPOLINE_FRAME)
-                else:
-                    out.append(TRAMPOLINE_FRAME)
+                else:  # which Python frames these C frames sit between is not known: left out
+                    unplaced = unplaced or any(e.cls == CPP for e in middle)
+        self.unplaced += unplaced
         return out
 
     def _leaf_part(self, natives: Sequence[Entry]) -> list[Frame]:

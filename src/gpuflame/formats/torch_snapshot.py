@@ -301,8 +301,7 @@ class _Converter:
         if unplaced:
             self.comment(
                 f"{unplaced:,} stacks had C++ frames between two Python frames whose place is not known "
-                "(CPython 3.11+ runs several Python frames in one C frame); they are shown as "
-                f"{names.TRAMPOLINE}"
+                "(CPython 3.11+ runs several Python frames in one C frame); they are left out"
             )
 
     def _comment_unqualified(self) -> None:
