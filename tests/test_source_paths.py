@@ -129,3 +129,27 @@ def test_convert_takes_source_root_and_native(recorded, tmp_path: Path, capsys) 
         main(["convert", str(path), "-o", str(out), "--source-root", "nonsense"])
     assert exit_.value.code == 2
     assert "OLD=NEW" in capsys.readouterr().err
+
+
+def test_paths_recorded_on_windows_are_mapped(tmp_path: Path) -> None:
+    """A snapshot from Windows: backslashes, ``Lib\\site-packages``, a drive letter in --source-root."""
+    lib = tmp_path / "site-packages" / "pkg"
+    lib.mkdir(parents=True)
+    (lib / "mod.py").write_text("class A:\n    def step(self):\n        pass\n")
+    (tmp_path / "proj").mkdir()
+    (tmp_path / "proj" / "train.py").write_text("class Trainer:\n    def fit(self):\n        pass\n")
+    sources = SourceMap(
+        [("C:\\research\\proj", str(tmp_path / "proj"))], library_dirs=[str(tmp_path / "site-packages")]
+    )
+    resolver = Resolver(sources)
+    assert resolver.display("C:\\venv\\Lib\\site-packages\\pkg\\mod.py", 3, "step") == "A > step"
+    assert resolver.display("C:\\research\\proj\\train.py", 3, "fit") == "Trainer > fit"
+
+
+def test_a_real_windows_snapshot_gets_class_names_from_this_machines_torch() -> None:
+    data = (Path(__file__).parent / "data" / "torch-snapshot-DeComFL-memory.pickle.gz").read_bytes()
+    found = torch_snapshot.decode(data, resolver=Resolver(SourceMap()))
+    alone = torch_snapshot.decode(data, resolver=Resolver(SourceMap(library_dirs=[])))
+    qualified = {f.name for f in found.frames if " > " in f.name}
+    assert qualified - {f.name for f in alone.frames}  # torch's own frames, found in site-packages here
+    assert all(f.file.startswith("C:\\") for f in found.frames if f.kind == "python" and f.file)

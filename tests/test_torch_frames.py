@@ -59,7 +59,8 @@ NEVER = {
 
 
 def shown_wrongly(frames: list[Any]) -> list[str]:
-    return [f.name for f in frames if f.name in NEVER or any(p in f.name for p in NEVER_PART)]
+    natives = [f for f in frames if f.kind != PYTHON]  # a Python function may well be called clone
+    return [f.name for f in natives if f.name in NEVER or any(p in f.name for p in NEVER_PART)]
 
 
 @pytest.fixture(scope="module")
@@ -225,7 +226,7 @@ def real(request) -> tuple[bytes, Profile, Profile]:
 
 
 def test_real_snapshots_are_here() -> None:
-    assert len(REAL) >= 3
+    assert len(REAL) >= 4
 
 
 def test_real_snapshots_read_right(real) -> None:
@@ -241,8 +242,8 @@ def test_real_snapshots_read_right(real) -> None:
                     assert NATIVE not in kinds or stack[0].name == BACKWARD_PASS
     leaves = {f.kind for f in (profile.stack_frames(s)[0] for s in profile.samples)}
     assert leaves <= {PYTHON, NATIVE, SYNTHETIC}
-    natives = {f.name for f in profile.frames if f.kind == NATIVE}
-    assert natives and all(
+    natives = {f.name for f in profile.frames if f.kind == NATIVE}  # none where stacks="python"
+    assert all(
         n.startswith("aten::") or n.endswith("Backward0") or "Backward" in n or n[0].isupper() for n in natives
     ), natives
 

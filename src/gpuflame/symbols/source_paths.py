@@ -22,7 +22,13 @@ import sysconfig
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
-_INSTALLED = re.compile(r"^.*/(?:site-packages|dist-packages)/|^.*/lib/python3\.\d+/")
+# Where an installed file's path within its library folder starts, tried in order:
+# site-packages, the standard library on POSIX, the standard library on Windows.
+_INSTALLED = (
+    re.compile(r"^.*/(?:site-packages|dist-packages)/"),
+    re.compile(r"^.*/lib/python3\.\d+/"),
+    re.compile(r"^.*/[Ll]ib/"),
+)
 
 
 class Candidate(NamedTuple):
@@ -68,12 +74,15 @@ class SourceMap:
         return self._library_dirs
 
     def candidates(self, path: str) -> list[Candidate]:
+        """Paths to try here; a path recorded on Windows (``C:\\...\\site-packages\\torch\\...``) too."""
+        path = path.replace("\\", "/")
         out = []
         for old, new in self.roots:
+            old = old.replace("\\", "/")
             if path == old or path.startswith(old + "/") or old == "/":
                 rest = path[len(old) :] if old != "/" else path
                 out.append(Candidate(new + rest if rest.startswith("/") else os.path.join(new, rest), True))
-        m = _INSTALLED.match(path)
+        m = next((m for m in (p.match(path) for p in _INSTALLED) if m), None)
         if m:
             rel = path[m.end() :]
             out += [Candidate(os.path.join(d, rel), False) for d in self.library_dirs]
