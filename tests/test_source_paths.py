@@ -153,3 +153,22 @@ def test_a_real_windows_snapshot_gets_class_names_from_this_machines_torch() -> 
     qualified = {f.name for f in found.frames if " > " in f.name}
     assert qualified - {f.name for f in alone.frames}  # torch's own frames, found in site-packages here
     assert all(f.file.startswith("C:\\") for f in found.frames if f.kind == "python" and f.file)
+
+
+def test_analysis_commands_read_snapshots_with_the_same_options(recorded, tmp_path: Path, capsys) -> None:
+    """report/top/flame/explain/view/diff take --source-root and --native as convert does."""
+    import pickle
+
+    path = tmp_path / "snap.pickle"
+    path.write_bytes(pickle.dumps(recorded))
+    top = ["top", str(path), "--json", "-n", "50", "--type", "alloc", "--by", "total"]
+    assert main(top) == 0
+    plain = capsys.readouterr().out
+    assert main([*top, "--source-root", f"{ELSEWHERE}={FIXTURES}"]) == 0
+    mapped = capsys.readouterr().out
+    assert "LlamaMLP > forward" in mapped and "LlamaMLP > forward" not in plain
+    native = tmp_path / "native.pickle"
+    native.write_bytes(pickle.dumps(make_snapshots.build_all()["handwritten_native_frames"]))
+    assert main(["top", str(native), "--json", "-n", "50", "--by", "total", "--native"]) == 0
+    assert "torch::autograd::THPVariable_zeros" in capsys.readouterr().out
+    assert main(["view", str(native), "--native", "-o", str(tmp_path / "v.html")]) == 0

@@ -14,11 +14,10 @@ import shlex
 import sys
 from typing import Any
 
+from gpuflame.cli.common import add_snapshot_options, snapshot_options
 from gpuflame.formats.detect import FORMATS, format_from_name, load, save
 from gpuflame.formats.torch_snapshot import UNITS_NOTE
 from gpuflame.model.profile import Profile
-from gpuflame.symbols.qualnames import Resolver
-from gpuflame.symbols.source_paths import SourceMap, parse_root
 from gpuflame.units import format_count
 
 HELP = "convert a PyTorch memory snapshot or a profile to pprof, folded, speedscope or JSON"
@@ -78,22 +77,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(peak_space, inuse_space, alloc_space, ...; default: peak where present, else inuse, else alloc)",
     )
     parser.add_argument("--json", action="store_true", help="print a machine-readable summary")
-    snap = parser.add_argument_group("PyTorch snapshots")
-    snap.add_argument(
-        "--native",
-        action="store_true",
-        help='keep the C++ frames a stacks="all" snapshot records between the allocation and the Python '
-        "caller (default: the op, e.g. aten::zeros_like, above the Python frame that called it)",
-    )
-    snap.add_argument(
-        "--source-root",
-        action="append",
-        default=[],
-        metavar="OLD=NEW",
-        type=source_root,
-        help="the recording machine's path prefix OLD is NEW here, to read the source for class names "
-        "(repeatable; installed packages are also looked for in this machine's site-packages)",
-    )
+    add_snapshot_options(parser)
 
 
 def output_format(path: str, requested: str | None) -> str:
@@ -101,16 +85,8 @@ def output_format(path: str, requested: str | None) -> str:
     return requested or format_from_name(path) or "pprof"
 
 
-def source_root(text: str) -> tuple[str, str]:
-    try:
-        return parse_root(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
 def run(args: argparse.Namespace) -> int:
-    resolver = Resolver(SourceMap(args.source_root))
-    profile = load(args.input, native=args.native, resolver=resolver)
+    profile = load(args.input, **snapshot_options(args))
     fmt = output_format(args.output, args.format)
     type_index = profile.pick_type(args.type)  # an unknown --type fails before anything is written
     if args.type:

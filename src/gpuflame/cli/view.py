@@ -7,7 +7,13 @@ import os
 import webbrowser
 from pathlib import Path
 
-from gpuflame.cli.common import FILTER_ORDER, add_filter_options, add_type_option, load_for_analysis
+from gpuflame.cli.common import (
+    FILTER_ORDER,
+    add_filter_options,
+    add_snapshot_options,
+    add_type_option,
+    load_for_analysis,
+)
 from gpuflame.errors import GpuflameError
 from gpuflame.files import atomic_write
 from gpuflame.render import svg
@@ -60,6 +66,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--svg", metavar="SVG", help="also write a static SVG flame graph (for CI logs and reviews)")
     add_type_option(parser)
     add_filter_options(parser)
+    add_snapshot_options(parser)
 
 
 def default_output(path: str) -> str:
