@@ -8,6 +8,11 @@ file-to-file times add the unpickling: gpuflame's restricted unpickler
 against plain ``pickle.load``. Best of --repeat runs; caches are cleared
 before each run so every run pays for its first look at a source file.
 
+The snapshot may be someone else's (a real one downloaded from a public
+repository): it is only ever read with gpuflame's restricted unpickler, and
+plain ``pickle.loads`` is timed on a copy re-pickled here from that dict.
+``--native`` times the ``--native`` reading of ``stacks="all"`` frames.
+
     python bench/make_snapshot.py                 # bench/out/large_snapshot.pickle
     python bench/bench_convert.py                 # prints the ratio
 """
@@ -25,6 +30,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from gpuflame.formats import safe_pickle, torch_snapshot  # noqa: E402
+from gpuflame.formats.detect import GZIP_MAGIC, gunzip  # noqa: E402
 from gpuflame.symbols import qualnames  # noqa: E402
 from gpuflame.units import format_bytes  # noqa: E402
 
@@ -44,6 +50,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("snapshot", nargs="?", type=Path, default=Path("bench/out/large_snapshot.pickle"))
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--native", action="store_true", help="keep the C++ frames (convert --native)")
     args = parser.parse_args()
     if not args.snapshot.exists():
         sys.exit(f"{args.snapshot}: missing; run: python bench/make_snapshot.py -o {args.snapshot}")
@@ -51,10 +58,17 @@ def main() -> None:
     from torch.cuda import _memory_viz
 
     data = args.snapshot.read_bytes()
-    snap = pickle.loads(data)
+    if data[:2] == GZIP_MAGIC:
+        data = gunzip(data)
+    snap = safe_pickle.loads(data)  # never plain pickle on a file from elsewhere
+    plain = pickle.dumps(snap, protocol=2)  # what _dump_snapshot writes, made here from plain dicts
     trace = sum(len(t) for t in snap.get("device_traces", []))
     blocks = sum(len(s["blocks"]) for s in snap["segments"])
-    print(f"snapshot: {args.snapshot} ({len(data) / 1e6:.1f} MB, {trace:,} trace entries, {blocks:,} blocks)")
+    reserved = sum(s["total_size"] for s in snap["segments"])
+    print(
+        f"snapshot: {args.snapshot} ({len(data) / 1e6:.1f} MB, {format_bytes(reserved)} reserved, "
+        f"{trace:,} trace entries, {blocks:,} blocks)"
+    )
 
     def clear_gpuflame() -> None:
         qualnames._FILES.clear()
@@ -67,10 +81,12 @@ def main() -> None:
         identity: Callable[[str], str] = lambda text: text  # noqa: E731  (skip flamegraph.pl)
         return len(_memory_viz.segments(snap, identity)) + len(_memory_viz.memory(snap, identity))
 
-    t_ours, profile = best(lambda: torch_snapshot.from_snapshot(snap), args.repeat, clear_gpuflame)
+    t_ours, profile = best(
+        lambda: torch_snapshot.from_snapshot(snap, native=args.native), args.repeat, clear_gpuflame
+    )
     t_viz, _ = best(viz, args.repeat, clear_viz)
     t_load_ours, _ = best(lambda: safe_pickle.loads(data), args.repeat, lambda: None)
-    t_load_plain, _ = best(lambda: pickle.loads(data), args.repeat, lambda: None)
+    t_load_plain, _ = best(lambda: pickle.loads(plain), args.repeat, lambda: None)
 
     totals = profile.totals()
     print(

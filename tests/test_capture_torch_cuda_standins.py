@@ -160,3 +160,21 @@ def test_a_failing_oom_write_does_not_reach_the_workload(cuda: StandInCuda, caps
     assert len(rec.errors) == 1 and "No space left on device" in capsys.readouterr().err
     assert not rec.degraded  # later snapshots still work
     assert rec.snapshot().totals()["inuse_space"] > 0
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_torch_cuda_native_reads_stacks_as_convert_does(monkeypatch: pytest.MonkeyPatch, native: bool) -> None:
+    """``torch-cuda --native`` and ``gpuflame convert --native`` share one reading of stacks="all"."""
+    stand_in = StandInCuda(make_snapshots.build_all()["handwritten_native_frames_py311"])
+    stand_in.install(monkeypatch)
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    live = TorchCudaRecorder(native=native).snapshot()
+    offline = from_snapshot(stand_in.snapshot, native=native)
+
+    def chains(p: Profile) -> set[tuple[str, ...]]:
+        return {tuple(f.name for f in p.stack_frames(s)) for s in p.samples}
+
+    assert chains(live) == chains(offline)
+    cpp = any("torch::autograd::THPVariable_zeros" in chain for chain in chains(live))
+    assert cpp == native
+    assert any(chain[-1] == "<backward pass>" for chain in chains(live))

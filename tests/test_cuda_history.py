@@ -121,3 +121,17 @@ def test_events_sharing_the_edge_microsecond_are_each_counted_once() -> None:
     history.add(snapshot(blocks, early))
     run = history.add(snapshot(blocks, later))
     assert by_leaf(run, "alloc_space") == {"Trainer > load": 30, "cache_blocks": 45}
+
+
+def test_the_run_peak_is_the_most_allocated_never_below_the_latest_in_use() -> None:
+    """An early snapshot with a big cache but few allocations must not outrank a later, fuller one."""
+    from gpuflame.formats.torch_snapshot import allocated_bytes
+
+    history = SnapshotHistory()
+    first_trace = [event("alloc", 1, 0, 100, S1)]
+    history.add(snapshot([block(0, 100, "active_allocated", S1), block(100, 10_000, "inactive", [])], first_trace))
+    second_trace = first_trace + [event("alloc", 2, 100, 200, S2)]
+    run = history.add(
+        snapshot([block(0, 100, "active_allocated", S1), block(100, 200, "active_allocated", S2)], second_trace)
+    )
+    assert allocated_bytes(run, "peak_space") == 300 >= allocated_bytes(run, "inuse_space") == 300

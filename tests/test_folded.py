@@ -222,3 +222,10 @@ def test_reads_real_py_spy_output() -> None:
         ("<module>", "spyme.py", "python"),
     ]
     assert {f.line for f in p.frames if f.name == "Model.layer"} == {7, 8}
+
+
+def test_cpp_names_without_a_file_are_native() -> None:
+    """The op and graph-node frames a snapshot gets (aten::mm) stay native through folded stacks."""
+    assert guess_kind("aten::mm") == "native"
+    assert guess_kind("torch::autograd::Engine::thread_main") == "native"
+    assert guess_kind("LlamaMLP > forward") == "python"

@@ -139,3 +139,35 @@ def test_save_a_real_snapshot_fixture(tmp_path: Path) -> None:
     if keep:
         Path(keep).mkdir(parents=True, exist_ok=True)
         (Path(keep) / "real_cuda_snapshot_small_mlp.pickle").write_bytes(data)
+
+
+def test_stacks_all_read_into_the_python_chain_with_the_op() -> None:
+    """--native records stacks="all": the C++ chain above the Python caller, in order, nothing of the recorder."""
+    import torch
+
+    from gpuflame.formats.torch_snapshot import from_snapshot
+
+    rec = TorchCudaRecorder(native=True)
+    rec.start()
+    try:
+        Activations().spike(torch, 32)
+        torch.cuda.synchronize()
+        profile = rec.snapshot()
+        default = from_snapshot(torch.cuda.memory._snapshot())
+    finally:
+        rec.stop()
+    for p, native in ((profile, True), (default, False)):
+        idx = p.type_index("alloc_space")
+        chains = [[f.name for f in reversed(p.stack_frames(s))] for s in p.samples if s.values[idx]]
+        spike = [c for c in chains if "Activations > spike" in c]
+        assert spike, chains
+        for c in spike:
+            assert c[0] in ("<module>", "_run_module_as_main"), c  # python -m pytest starts in runpy
+            above = c[c.index("Activations > spike") + 1 :]
+            if native:
+                assert any(n.startswith("at::_ops::empty") for n in above), above
+            else:
+                assert above and above[-1].startswith("aten::empty"), above
+            assert not any(
+                "CUDACachingAllocator" in n or "unwind::" in n or n in ("_start", "__libc_start_main") for n in c
+            )

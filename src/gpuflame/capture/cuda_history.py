@@ -9,7 +9,8 @@ every ``--interval`` and at exit) is folded in here:
   converted and added to a running sum per stack, so the total covers the
   whole run as long as the buffer does not wrap between two snapshots;
 * peak (``peak_*``): each snapshot's replay finds the highest moment of its
-  window; the highest of those windows is the run's peak;
+  window; the highest of those windows (in allocated bytes, as one replay
+  picks its moment) is the run's peak, so it is never below the latest in use;
 * in use: always the latest snapshot.
 
 Memory stays bounded: the sums are per distinct stack, not per event.
@@ -20,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from gpuflame.formats.torch_snapshot import from_snapshot
+from gpuflame.formats.torch_snapshot import allocated_bytes, from_snapshot
 from gpuflame.model import Profile, merge, select_types
 from gpuflame.model.sample_types import (
     ALLOC_OBJECTS,
@@ -38,8 +39,9 @@ EventKey = tuple[Any, ...]
 class SnapshotHistory:
     """Snapshots of one process folded into one profile for the whole run."""
 
-    def __init__(self, max_entries: int | None = None) -> None:
+    def __init__(self, max_entries: int | None = None, native: bool = False) -> None:
         self.max_entries = max_entries
+        self.native = native  # keep the C++ frames of stacks="all" (--native)
         self.resolver = Resolver()
         self.snapshots = 0
         self._alloc: Profile | None = None
@@ -50,7 +52,7 @@ class SnapshotHistory:
 
     def add(self, snapshot: Mapping[str, Any]) -> Profile:
         """Fold in one snapshot; the profile of the run so far."""
-        current = from_snapshot(snapshot, max_entries=self.max_entries, resolver=self.resolver)
+        current = from_snapshot(snapshot, max_entries=self.max_entries, resolver=self.resolver, native=self.native)
         self.snapshots += 1
         self._fold_peak(current)
         self._fold_alloc(snapshot)
@@ -68,7 +70,7 @@ class SnapshotHistory:
     def _fold_peak(self, current: Profile) -> None:
         if PEAK_SPACE.type not in current.type_names():
             return
-        total = current.totals()[PEAK_SPACE.type]
+        total = allocated_bytes(current, PEAK_SPACE.type)  # the moment with the most allocated, as one replay picks it
         if total > self._peak_total:
             self._peak_total = total
             self._peak = _types(current, PEAK_SPACE, PEAK_OBJECTS)
@@ -77,7 +79,9 @@ class SnapshotHistory:
         fresh = [self._new_events(device, trace) for device, trace in enumerate(snapshot.get("device_traces") or [])]
         if not any(fresh):
             return
-        converted = from_snapshot({"segments": [], "device_traces": fresh}, resolver=self.resolver)
+        converted = from_snapshot(
+            {"segments": [], "device_traces": fresh}, resolver=self.resolver, native=self.native
+        )
         alloc = _types(converted, ALLOC_SPACE, ALLOC_OBJECTS)
         alloc.comments = []
         self._alloc = alloc if self._alloc is None else merge([self._alloc, alloc]).compact()

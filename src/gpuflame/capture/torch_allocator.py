@@ -36,7 +36,7 @@ from gpuflame.capture.code_frames import CodeFrames
 from gpuflame.capture.native import elf_symbols
 from gpuflame.model.profile import NATIVE, SYNTHETIC, Frame, Profile
 from gpuflame.model.timeline import Timeline
-from gpuflame.symbols.names import native_address_name
+from gpuflame.symbols.names import native_address_name, short_cpp_name
 
 NO_PYTHON_FRAME = Frame("<no Python stack>", kind=SYNTHETIC)
 
@@ -140,12 +140,12 @@ class TorchAllocatorRecorder(Recorder):
             self._stacks.append(out or [NO_PYTHON_FRAME])
 
     def _native_frame(self, hook: ModuleType, address: int) -> Frame:
-        """A C++ frame: its function (demangled, without the argument list) and its library."""
+        """A C++ frame: its function (demangled, without arguments or template arguments) and its library."""
         frame = self._native_frames.get(address)
         if frame is None:
             name, file = hook.symbol(address)
             name = name or elf_symbols.name_of(address, file) or ""  # not exported: the full symbol table
-            frame = Frame(short_native_name(name) if name else native_address_name(address), file, 0, NATIVE)
+            frame = Frame(short_cpp_name(name) if name else native_address_name(address), file, 0, NATIVE)
             self._native_frames[address] = frame
         return frame
 
@@ -163,28 +163,6 @@ class TorchAllocatorRecorder(Recorder):
             notes.append(f"{totals['unhooked']} allocations came back from the allocator in a form "
                          "the hook cannot follow and are not counted")
         return notes
-
-
-def short_native_name(name: str) -> str:
-    """``at::native::empty_cpu(c10::ArrayRef<long>, ...)`` -> ``at::native::empty_cpu``.
-
-    The argument list makes names too long for a bar; overloads differ in it,
-    so bars of overloads merge, which is what a flame graph reader wants.
-    """
-    end = len(name)
-    if name.endswith(" const"):
-        end -= len(" const")
-    if end == 0 or name[end - 1] != ")":
-        return name
-    depth = 0
-    for i in range(end - 1, -1, -1):
-        if name[i] == ")":
-            depth += 1
-        elif name[i] == "(":
-            depth -= 1
-            if depth == 0:
-                return name[:i] or name
-    return name
 
 
 def hook_busy() -> bool:

@@ -57,7 +57,7 @@ class TorchCudaRecorder(Recorder):
         self.max_entries = max_entries
         self.native = native
         self.oom_events: list[str] = []
-        self.history = SnapshotHistory(max_entries)
+        self.history = SnapshotHistory(max_entries, native)
 
     def _start(self) -> None:
         import torch

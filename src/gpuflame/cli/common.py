@@ -31,6 +31,8 @@ from gpuflame.model import (
 from gpuflame.model.functions import missing_def_lines_note
 from gpuflame.model.profile import Profile
 from gpuflame.symbols.names import CACHED_FREE, TRAMPOLINE
+from gpuflame.symbols.qualnames import Resolver
+from gpuflame.symbols.source_paths import SourceMap, parse_root
 from gpuflame.units import parse_size
 
 TYPE_ALIASES = {"peak": "peak_space", "inuse": "inuse_space", "alloc": "alloc_space"}
@@ -125,11 +127,45 @@ def add_lines_option(parser: argparse.ArgumentParser) -> None:
 
 
 def add_analysis_options(parser: argparse.ArgumentParser) -> None:
-    """``--type``, ``--json``, ``--lines`` and the filters."""
+    """``--type``, ``--json``, ``--lines``, the filters and how PyTorch snapshots are read."""
     add_type_option(parser)
     add_json_option(parser)
     add_lines_option(parser)
     add_filter_options(parser)
+    add_snapshot_options(parser)
+
+
+def add_snapshot_options(parser: argparse.ArgumentParser) -> None:
+    """``--native`` and ``--source-root``: how a PyTorch snapshot's stacks are read."""
+    group = parser.add_argument_group("PyTorch snapshots")
+    group.add_argument(
+        "--native",
+        action="store_true",
+        help='keep the C++ frames a stacks="all" snapshot records between the allocation and the Python '
+        "caller (default: the op, e.g. aten::zeros_like, above the Python frame that called it)",
+    )
+    group.add_argument(
+        "--source-root",
+        action="append",
+        default=[],
+        metavar="OLD=NEW",
+        type=source_root,
+        help="the recording machine's path prefix OLD is NEW here, to read the source for class names "
+        "(repeatable; installed packages are also looked for in this machine's site-packages)",
+    )
+
+
+def source_root(text: str) -> tuple[str, str]:
+    try:
+        return parse_root(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def snapshot_options(args: argparse.Namespace) -> dict[str, Any]:
+    """What :func:`gpuflame.formats.load` passes on to the snapshot reader."""
+    roots = getattr(args, "source_root", None) or []
+    return {"native": bool(getattr(args, "native", False)), "resolver": Resolver(SourceMap(roots))}
 
 
 def positive_count(text: str) -> int:
@@ -164,9 +200,9 @@ def size_arg(text: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def load_profile(paths: Sequence[str]) -> Profile:
+def load_profile(paths: Sequence[str], **snapshot_options: Any) -> Profile:
     """Read one profile, or several merged into one (e.g. one file per process)."""
-    profiles = [load(p) for p in paths]
+    profiles = [load(p, **snapshot_options) for p in paths]
     return profiles[0] if len(profiles) == 1 else merge(profiles)
 
 
@@ -226,7 +262,7 @@ class Loaded:
 
 def load_for_analysis(args: argparse.Namespace, paths: Sequence[str]) -> Loaded:
     """Read *paths*, pick ``--type``, apply the filters: what every analysis command starts with."""
-    profile = load_profile(paths)
+    profile = load_profile(paths, **snapshot_options(args))
     note = missing_def_lines_note(profile)
     if note:  # older gpuflame files, py-spy's, Go's: say why a bar has no line
         profile.comments.append(note)

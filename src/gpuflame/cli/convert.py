@@ -14,9 +14,10 @@ import shlex
 import sys
 from typing import Any
 
-from gpuflame.cli.common import add_force_option
+from gpuflame.cli.common import add_force_option, add_snapshot_options, snapshot_options
 from gpuflame.files import STDIO, check_output
 from gpuflame.formats.detect import FORMATS, format_from_name, load, save
+from gpuflame.formats.torch_snapshot import UNITS_NOTE
 from gpuflame.model.profile import Profile
 from gpuflame.units import format_count
 
@@ -30,9 +31,24 @@ sample type each).
 
 A snapshot gives three views per device: peak_* (what was live at the moment
 of the highest total, from replaying the allocator trace), inuse_* (what was
-live when the snapshot was taken, plus <cached free blocks>) and alloc_*
-(everything the trace allocated). Snapshots are read without running any code
-from the pickle.
+live when the snapshot was taken) and alloc_* (everything the trace
+allocated). Snapshots are read without running any code from the pickle.
+
+Units: every view counts the bytes each allocation asked for (the trace
+records those), so peak >= in use always. What the allocator holds beyond
+that is shown as synthetic frames: <allocator rounding> (block size minus
+the bytes asked for, where the block is known) and <cached free blocks>
+(reserved, not allocated); in use + rounding + cached = reserved.
+
+Stacks (stacks="all", PyTorch's default): the Python frames, root <module>,
+with the op that allocated as one frame above the Python caller
+(aten::zeros_like); the recorder's, the caching allocator's and CPython's
+own frames are cut. Allocations on autograd's threads (no Python frame) are
+under <backward pass> > the graph node (MulBackward0) > the op. --native
+keeps the C++ chain. Python frames are named with their class
+(AdamW > step) by reading the source: where it is not on this machine,
+--source-root maps the recording machine's paths, and the output says how
+many frames stay unqualified.
 """
 
 EPILOG = """\
@@ -41,6 +57,7 @@ examples:
   gpuflame convert snapshot.pickle -o memory.folded --type inuse_space
   gpuflame convert memory.pb.gz -o memory.speedscope.json
   gpuflame convert snapshot.pickle -o memory.pb.gz --json
+  gpuflame convert snapshot.pickle -o memory.pb.gz --native --source-root /home/me/proj=.
 
 The format follows the output name (.pb.gz, .folded, .speedscope.json,
 .json) unless --format says otherwise; pprof when the name says nothing.
@@ -67,6 +84,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(peak_space, inuse_space, alloc_space, ...; default: peak where present, else inuse, else alloc)",
     )
     parser.add_argument("--json", action="store_true", help="print a machine-readable summary")
+    add_snapshot_options(parser)
 
 
 def output_format(path: str, requested: str | None) -> str:
@@ -77,7 +95,7 @@ def output_format(path: str, requested: str | None) -> str:
 def run(args: argparse.Namespace) -> int:
     if args.output != STDIO:
         check_output(args.output, [args.input], force=args.force)
-    profile = load(args.input)
+    profile = load(args.input, **snapshot_options(args))
     fmt = output_format(args.output, args.format)
     type_index = profile.pick_type(args.type)  # an unknown --type fails before anything is written
     if args.type:
@@ -133,7 +151,8 @@ def _print_text(summary: dict[str, Any], profile: Profile) -> None:
     size = format_count(summary["bytes_written"], "bytes")
     out.write(f"wrote {summary['output']} ({what}, {size}){where}: {totals}\n")
     for comment in profile.comments:
-        sys.stderr.write(f"gpuflame convert: warning: {comment}\n")
+        if comment != UNITS_NOTE:  # the units are in --help and in the file; the rest are caveats
+            sys.stderr.write(f"gpuflame convert: warning: {comment}\n")
     out.write(f"next: {summary['next']}\n")
 
 

@@ -14,6 +14,7 @@ from gpuflame.cli.common import (
     pick_type,
     positive_count,
     print_json,
+    snapshot_options,
 )
 from gpuflame.render.terminal import make_console, render_comparison
 
@@ -54,7 +55,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    base, new = load_profile([args.base]), load_profile([args.new])
+    base, new = load_profile([args.base], **snapshot_options(args)), load_profile([args.new], **snapshot_options(args))
     type_name = TYPE_ALIASES.get(args.type, args.type) if args.type else None
     base = apply_filters(base, args, pick_type(base, type_name))
     new = apply_filters(new, args, pick_type(new, type_name))

@@ -9,6 +9,7 @@ from gpuflame.cli.common import (
     FILTER_ORDER,
     add_filter_options,
     add_force_option,
+    add_snapshot_options,
     add_type_option,
     load_for_analysis,
     print_json,
@@ -61,6 +62,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_type_option(parser)
     parser.add_argument("--json", action="store_true", help="describe what was written as JSON")
     add_filter_options(parser)
+    add_snapshot_options(parser)
 
 
 def format_for(path: str) -> str:

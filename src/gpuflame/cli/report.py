@@ -27,7 +27,11 @@ Total = the function and everything it calls; self = what it allocated
 itself. Start from the leaves; skip wide zero-self bars; wide high-self bars
 are the targets; read a stack bottom-up (gpuflame explain) to learn why.
 Warnings recorded in the profile (for example a trace that overflowed, so
-the peak covers only the recorded window) are printed first."""
+the peak covers only the recorded window) are printed first.
+
+Sizes are bytes. From a PyTorch snapshot, every view counts the bytes each
+allocation asked for; <allocator rounding> and <cached free blocks> are the
+rest of what the allocator reserved (gpuflame convert --help)."""
 
 EPILOG = f"""\
 examples:

@@ -11,6 +11,7 @@ from gpuflame.cli.common import (
     FILTER_ORDER,
     add_filter_options,
     add_force_option,
+    add_snapshot_options,
     add_type_option,
     load_for_analysis,
 )
@@ -67,6 +68,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_force_option(parser)
     add_type_option(parser)
     add_filter_options(parser)
+    add_snapshot_options(parser)
 
 
 def default_output(path: str) -> str:

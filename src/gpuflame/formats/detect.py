@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import os
 import zlib
+from typing import Any
 
 from gpuflame.errors import ProfileFormatError
 from gpuflame.files import STDIO, read_bytes, write_output
@@ -97,8 +98,12 @@ def gunzip(data: bytes) -> bytes:
         raise ProfileFormatError(f"corrupt gzip data ({exc})") from None
 
 
-def loads(data: bytes, source: str = "<bytes>") -> Profile:
-    """Parse a profile in any supported format from bytes."""
+def loads(data: bytes, source: str = "<bytes>", **snapshot_options: Any) -> Profile:
+    """Parse a profile in any supported format from bytes.
+
+    *snapshot_options* go to :func:`gpuflame.formats.torch_snapshot.decode`
+    (``native``, ``resolver``) when the data is a PyTorch snapshot.
+    """
     try:
         fmt = detect(data)
         if fmt == "pprof":
@@ -108,7 +113,7 @@ def loads(data: bytes, source: str = "<bytes>") -> Profile:
         if fmt == "torch-snapshot":
             from gpuflame.formats import torch_snapshot
 
-            return torch_snapshot.decode(data)
+            return torch_snapshot.decode(data, **snapshot_options)
         if fmt == "folded":
             from gpuflame.formats import folded
 
@@ -121,10 +126,10 @@ def loads(data: bytes, source: str = "<bytes>") -> Profile:
         raise ProfileFormatError(f"{source}: {exc}") from None
 
 
-def load(path: str | os.PathLike[str]) -> Profile:
-    """Read a profile file of any supported format."""
+def load(path: str | os.PathLike[str], **snapshot_options: Any) -> Profile:
+    """Read a profile file of any supported format, ``-`` for stdin (*snapshot_options*: see :func:`loads`)."""
     source = "<stdin>" if os.fspath(path) == STDIO else str(path)
-    return loads(read_bytes(path), source=source)
+    return loads(read_bytes(path), source=source, **snapshot_options)
 
 
 def save(profile: Profile, path: str | os.PathLike[str], fmt: str = "pprof", type_name: str | None = None) -> None:

@@ -62,8 +62,7 @@ def loads(data: bytes) -> object:
 
 
 def _short(exc: BaseException) -> str:
-    text = str(exc) or type(exc).__name__
-    return text if len(text) <= 120 else text[:117] + "..."
+    return one_line(str(exc) or type(exc).__name__, 120)
 
 
 # -- allowed globals -----------------------------------------------------------
@@ -112,8 +111,14 @@ _ALLOWED[("_codecs", "encode")] = _latin1_encode
 
 def refuse_import(module: str, name: str, purpose: str = "") -> NoReturn:
     raise UnsafePickleError(
-        f"refusing to load: the pickle asks to import {module}.{name}{purpose} — {PLAIN_DATA}"
+        f"refusing to load: the pickle asks to import {one_line(module)}.{one_line(name)}{purpose} — {PLAIN_DATA}"
     )
+
+
+def one_line(text: str, limit: int = 80) -> str:
+    """A name taken from the pickle, safe for a one-line message: printable, at most *limit* characters."""
+    text = "".join(c if c.isprintable() else "?" for c in text)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 _COPYREG = ("copy_reg", "copyreg")
@@ -259,7 +264,7 @@ class _Scan:
         elif what.endswith("PERSID"):
             detail = "an external object (persistent id)"
         elif len(self.recent) == 2:
-            detail = f"an object of {self.recent[0]}.{self.recent[1]} (opcode {what})"
+            detail = f"an object of {one_line(self.recent[0])}.{one_line(self.recent[1])} (opcode {what})"
         else:
             detail = f"an object (opcode {what})"
         raise UnsafePickleError(f"refusing to load: the pickle asks to construct {detail} — {PLAIN_DATA}")

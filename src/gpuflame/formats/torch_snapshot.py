@@ -12,14 +12,18 @@ the allocator's recent actions (``alloc``, ``free_requested``,
 
 What the profile holds, per device (label ``device=cuda:N``):
 
+One unit for every view: the bytes each allocation asked for (the block's
+``requested_size``; what the trace records), so peak >= in use always.
+
 ``inuse_*``
     Every active block (``active_allocated`` or ``active_pending_free``) at its
-    block ``size``, under the stack that allocated it; inactive blocks (cached
-    by the allocator, free for reuse) as one sample under the synthetic frame
-    ``<cached free blocks>`` (objects 0). So the in-use total is exactly what
-    the allocator reserved (the sum of the segments' ``total_size``), and
-    ``filter.ignore(profile, "<cached free blocks>")`` leaves the live
-    tensors.
+    requested bytes, under the stack that allocated it; the allocator's
+    rounding (block ``size`` minus requested) as one sample under the
+    synthetic frame ``<allocator rounding>`` and inactive blocks (cached by
+    the allocator, free for reuse) under ``<cached free blocks>`` (objects 0).
+    So the in-use total is exactly what the allocator reserved (the sum of the
+    segments' ``total_size``), and ignoring the two synthetic frames leaves
+    the live tensors.
 
 ``alloc_*``
     Every ``alloc`` in the trace, frees ignored, at the size it asked for.
@@ -34,10 +38,13 @@ What the profile holds, per device (label ``device=cuda:N``):
     along (its stack is known), and a free of an address the trace never
     allocated belongs to an allocation made before the trace began (shown
     under ``<allocated before the trace>``). If several moments tie, the
-    first wins. ``<cached free blocks>`` at the peak is the memory reserved
-    then (the end's reserved total with the trace's segment events undone)
-    minus the live allocations; it includes the allocator's rounding, and is
-    left out, with a comment, when the trace does not add up.
+    first wins; if the allocations alive at the end are more than the replay
+    ever reaches (frees requested, never completed), the end is the peak.
+    ``<allocator rounding>`` at the peak is the rounding of the allocations
+    whose blocks are still known at the end; ``<cached free blocks>`` is the
+    memory reserved then (the end's reserved total with the trace's segment
+    events undone) minus both; it holds the rounding of allocations freed
+    since, and is left out, with a comment, when the trace does not add up.
 
 The profile's timeline (:mod:`gpuflame.model.timeline`) holds, per traced
 device, the live allocated bytes (as ``peak_*`` counts them, without the
@@ -48,12 +55,17 @@ Comments record what qualifies the numbers: a trace that does not reach back
 to the start (ring buffer overwritten, or recording started late), each
 out-of-memory event with the bytes asked for and free, and devices without a
 trace.
+
+Stacks: ``stacks="all"`` frame lists (C++, CPython and Python frames mixed)
+are read by :mod:`gpuflame.formats.torch_frames`; ``native`` keeps the C++
+frames. Python frames are named with their class from the source
+(:class:`~gpuflame.symbols.qualnames.Resolver`); a comment counts those
+whose source was not found.
 """
 
 from __future__ import annotations
 
 import operator
-import re
 from collections.abc import Mapping
 from datetime import datetime, timezone
 from itertools import islice
@@ -62,9 +74,10 @@ from typing import Any
 from gpuflame.errors import GpuflameError, ProfileFormatError
 from gpuflame.formats import safe_pickle
 from gpuflame.formats.detect import GZIP_MAGIC, gunzip
+from gpuflame.formats.torch_frames import Entry, StackReader, make_entry
 from gpuflame.gcpause import gc_paused
 from gpuflame.model.functions import def_lines_note
-from gpuflame.model.profile import NATIVE, PYTHON, SYNTHETIC, TRAMPOLINE, Frame, Labels, Profile, Sample
+from gpuflame.model.profile import PYTHON, SYNTHETIC, Frame, Labels, Profile, Sample
 from gpuflame.model.sample_types import memory_sample_types
 from gpuflame.model.timeline import Timeline
 from gpuflame.symbols import names
@@ -72,34 +85,28 @@ from gpuflame.symbols.qualnames import Resolver
 from gpuflame.units import format_bytes
 
 CACHED_FREE_FRAME = Frame(names.CACHED_FREE, kind=SYNTHETIC)
+ROUNDING_FRAME = Frame(names.ALLOCATOR_ROUNDING, kind=SYNTHETIC)
 BEFORE_TRACE_FRAME = Frame("<allocated before the trace>", kind=SYNTHETIC)
 NO_STACK_FRAME = Frame("<no stack recorded>", kind=SYNTHETIC)
-TRAMPOLINE_FRAME = Frame(names.TRAMPOLINE, kind=TRAMPOLINE)
 
 INT64_MAX = (1 << 63) - 1  # what pprof can store
+
+# One unit for every view, said in every converted profile (and so in the report's header).
+UNITS_NOTE = (
+    "units: bytes as each allocation asked for them, in every view; "
+    f"{names.ALLOCATOR_ROUNDING} and {names.CACHED_FREE} make up the rest of what the allocator reserved"
+)
 
 # "active_awaiting_free" is how torch's docstring spells the state the C++ code writes
 # as "active_pending_free"; accept both.
 ACTIVE_STATES = frozenset(("active_allocated", "active_pending_free", "active_awaiting_free"))
 
-# Torch's stack capture itself, at the leaf of every C++ stack (stacks="all").
-_RECORDING = re.compile(r"unwind::unwind|CapturedTraceback::|gather_with_cpp")
-# CPython's own dispatch between Python frames: the seed's <interpreter trampoline>.
-_CPYTHON_NAME = re.compile(
-    r"^_?Py(Eval|Object|Function|Vectorcall|CFunction|Method|Run|_RunMain|_BytesMain)"
-    r"|^(cfunction_|method_vectorcall|slot_tp_|vectorcall_|pymain_|run_mod$|run_eval_code_obj|builtin_exec)"
-)
-_CPYTHON_FILE = re.compile(
-    r"(^|/)(Python|Objects|Modules|Include(/internal|/cpython)?)/"
-    r"(ceval|call|methodobject|classobject|descrobject|typeobject|pythonrun|main|genobject|bytecodes"
-    r"|pycore_ceval|pycore_call|abstract|ceval_macros|generated_cases\.c)\.[ch]$"
-)
-_NATIVE_FILE = re.compile(r"\.(c|cc|cpp|cxx|h|hh|hpp|hxx|cu|cuh|inl|s|S)$|\.so(\.[0-9.]+)?$|^\?\?$")
-_PYTHON_FILE = re.compile(r"\.(py|pyw|pyx|pyi)$|^<")
+def decode(data: bytes, *, native: bool = False, resolver: Resolver | None = None) -> Profile:
+    """Read a snapshot pickle (gzip-compressed or not) without running any code.
 
-
-def decode(data: bytes) -> Profile:
-    """Read a snapshot pickle (gzip-compressed or not) without running any code."""
+    *native* keeps the C++ frames of ``stacks="all"`` snapshots (see
+    :mod:`gpuflame.formats.torch_frames`); *resolver* names Python frames.
+    """
     if data[:2] == GZIP_MAGIC:
         data = gunzip(data)
     snapshot = safe_pickle.loads(data)
@@ -110,7 +117,7 @@ def decode(data: bytes) -> Profile:
             f"not a profile: a pickle of a {type(snapshot).__name__}, not a PyTorch memory snapshot "
             "(a dict with 'segments', as torch.cuda.memory._dump_snapshot writes)"
         )
-    return from_snapshot(snapshot)
+    return from_snapshot(snapshot, native=native, resolver=resolver)
 
 
 def from_snapshot(
@@ -119,16 +126,19 @@ def from_snapshot(
     max_entries: int | None = None,
     device_type: str = "cuda",
     resolver: Resolver | None = None,
+    native: bool = False,
 ) -> Profile:
     """Build a profile from a snapshot dict (see the module docstring).
 
     *max_entries* is the ``_record_memory_history`` ring-buffer size when the
     caller knows it (the snapshot does not record it); a trace that long has
     overflowed. A snapshot may also carry it under the key ``max_entries``.
+    *native* keeps the C++ frames (``--native``).
     """
     try:
         with gc_paused():
-            return _Converter(snapshot, max_entries, device_type, resolver or Resolver()).run()
+            conv = _Converter(snapshot, max_entries, device_type, resolver or Resolver(), native)
+            return conv.run()
     except GpuflameError:
         raise
     except RecursionError:
@@ -140,8 +150,7 @@ def from_snapshot(
 
 
 def _short(exc: BaseException) -> str:
-    text = str(exc)
-    return text if len(text) <= 100 else text[:97] + "..."
+    return safe_pickle.one_line(str(exc), 100)
 
 
 # -- stacks --------------------------------------------------------------------
@@ -157,20 +166,20 @@ class _Stacks:
     object alive while we run), then by a cheap key (the identities of its
     leaf, middle and root frames) with a full comparison, which is an
     identity check per frame when frames are shared; only new stacks are
-    converted frame by frame.
+    read (:mod:`gpuflame.formats.torch_frames` puts C++, CPython and Python
+    frames in their places).
     """
 
-    def __init__(self, profile: Profile, resolver: Resolver) -> None:
+    def __init__(self, profile: Profile, resolver: Resolver, native: bool = False) -> None:
         self.profile = profile
         self.resolver = resolver
+        self.reader = StackReader(native)
         self.by_list: dict[int, tuple[int, ...]] = {}
         self._by_shape: dict[int, list[tuple[list[Any], tuple[int, ...]]]] = {}
-        self._token_by_id: dict[int, int] = {}
-        self._token_by_key: dict[tuple[str, int, str], int] = {}
-        self._recording: dict[int, Frame] = {}  # negative token -> frame, dropped at the leaf
+        self._entry_by_id: dict[int, Entry] = {}
+        self._entry_by_key: dict[tuple[str, int, str], Entry] = {}
         self.unknown_def_lines: set[str] = set()  # files whose functions' def lines were not found
         self.no_stack = (profile.frame_id(NO_STACK_FRAME),)
-        self.trampoline = -1
 
     def stack(self, frames: Any) -> tuple[int, ...]:
         """The stack of a ``frames`` list taken from the snapshot."""
@@ -192,18 +201,18 @@ class _Stacks:
         for seen, found in bucket:
             if seen is frames or seen == frames:  # an identity check per frame when they are shared
                 return found
-        known = self._token_by_id.get
-        tokens = [known(id(f)) for f in frames]
-        if None in tokens:
-            token = self._token
-            tokens = [token(f) for f in frames]
-        found = self._clean(tokens)  # type: ignore[arg-type]
+        known = self._entry_by_id.get
+        entries = [known(id(f)) for f in frames]
+        if None in entries:
+            entries = [self._entry(f) for f in frames]
+        frame_id = self.profile.frame_id
+        found = tuple(frame_id(f) for f in self.reader.read(entries)) or self.no_stack  # type: ignore[arg-type]
         bucket.append((frames, found))
         return found
 
-    def _token(self, frame: Any) -> int:
-        tok = self._token_by_id.get(id(frame))
-        if tok is None:
+    def _entry(self, frame: Any) -> Entry:
+        entry = self._entry_by_id.get(id(frame))
+        if entry is None:
             if type(frame) is not dict:
                 raise ProfileFormatError("a stack frame is not a dict")
             # only str and int go into keys: hashing untrusted nested values is unsafe
@@ -215,57 +224,18 @@ class _Stacks:
                 line if type(line) is int else 0,
                 name if type(name) is str else "",
             )
-            tok = self._token_by_key.get(key)
-            if tok is None:
-                tok = self._token_by_key[key] = self._new_token(*key)
-            self._token_by_id[id(frame)] = tok
-        return tok
+            entry = self._entry_by_key.get(key)
+            if entry is None:
+                entry = self._entry_by_key[key] = make_entry(*key, self._python_name)
+            self._entry_by_id[id(frame)] = entry
+        return entry
 
-    def _new_token(self, file: str, line: int, name: str) -> int:
-        if not is_python_frame(file, name):
-            return self._native_token(file, line, name)
-        if not name:
-            return self.profile.frame_id(Frame(names.UNKNOWN, file, line, PYTHON))
+    def _python_name(self, file: str, line: int, name: str) -> tuple[str, int]:
+        """A Python frame's label and def line; files whose def lines are unknown are noted."""
         qualname, start = self.resolver.lookup(file, line, name)
         if not start:
             self.unknown_def_lines.add(file)
-        return self.profile.frame_id(Frame(names.display_name(qualname), file, line, PYTHON, start))
-
-    def _native_token(self, file: str, line: int, name: str) -> int:
-        if _CPYTHON_NAME.search(name) or _CPYTHON_FILE.search(file):
-            if self.trampoline < 0:
-                self.trampoline = self.profile.frame_id(TRAMPOLINE_FRAME)
-            return self.trampoline
-        frame = Frame(name or "??", "" if file == "??" else file, line, NATIVE)
-        if _RECORDING.search(name):
-            tok = -1 - len(self._recording)
-            self._recording[tok] = frame
-            return tok
-        return self.profile.frame_id(frame)
-
-    def _clean(self, tokens: list[int]) -> tuple[int, ...]:
-        """Drop the recording machinery at the leaf; one trampoline per run of them."""
-        start = 0
-        while start < len(tokens) and tokens[start] < 0:
-            start += 1
-        out: list[int] = []
-        tramp = self.trampoline
-        for tok in tokens[start:]:
-            if tok < 0:  # recording machinery away from the leaf: keep it
-                tok = self.profile.frame_id(self._recording[tok])
-            elif tok == tramp and out and out[-1] == tramp:
-                continue
-            out.append(tok)
-        return tuple(out) if out else self.no_stack
-
-
-def is_python_frame(file: str, name: str) -> bool:
-    """Python frames carry a source file; C++ frames a C/C++ file, a library, or ``??``."""
-    if _PYTHON_FILE.search(file):
-        return True
-    if not file or _NATIVE_FILE.search(file):
-        return False
-    return "::" not in name and "(" not in name
+        return names.display_name(qualname), start
 
 
 # -- conversion ----------------------------------------------------------------
@@ -275,7 +245,12 @@ class _Converter:
     """One snapshot -> one profile."""
 
     def __init__(
-        self, snapshot: Mapping[str, Any], max_entries: int | None, device_type: str, resolver: Resolver
+        self,
+        snapshot: Mapping[str, Any],
+        max_entries: int | None,
+        device_type: str,
+        resolver: Resolver,
+        native: bool = False,
     ):
         if not isinstance(snapshot, Mapping):
             raise ProfileFormatError("a memory snapshot must be a dict")
@@ -300,12 +275,13 @@ class _Converter:
         self.col = {name: i for i, name in enumerate(names_)}
         self.width = len(types)
         self.rows: dict[tuple[tuple[int, ...], Labels], list[int]] = {}
-        self.stacks = _Stacks(self.profile, resolver)
+        self.stacks = _Stacks(self.profile, resolver, native)
         self.labels: dict[int, Labels] = {}
         self.reserved: dict[int, int] = {}
         self.active: dict[int, dict[int, Any]] = {}  # device -> address -> active block
 
     def run(self) -> Profile:
+        self.comment(UNITS_NOTE)
         self._segments()
         times: list[tuple[int, int]] = []
         for device, trace in enumerate(self.traces):
@@ -323,6 +299,8 @@ class _Converter:
         self.profile.samples = [
             Sample(stack, tuple(row), labels) for (stack, labels), row in self.rows.items()
         ]
+        self._comment_stacks()
+        self._comment_unqualified()
         if any(v < 0 or v > INT64_MAX for row in self.rows.values() for v in row):
             raise ProfileFormatError("sizes in the snapshot are out of range (a damaged file?)")
         return self.profile
@@ -332,6 +310,29 @@ class _Converter:
         files = sorted(self.stacks.unknown_def_lines)
         if files:  # the snapshot records only the lines running; the source is not here or changed
             self.comment(def_lines_note(files))
+
+    def _comment_stacks(self) -> None:
+        """Say what the stacks could not show: C++ frames without a known place."""
+        unplaced = self.stacks.reader.unplaced
+        if unplaced:
+            self.comment(
+                f"{unplaced:,} stacks had C++ frames between two Python frames whose place is not known "
+                "(CPython 3.11+ runs several Python frames in one C frame); they are left out"
+            )
+
+    def _comment_unqualified(self) -> None:
+        """Say how many Python frames lack their class because their source is not here."""
+        missing = {(f, line) for f, line, _ in self.stacks.resolver.unqualified}
+        if not missing:
+            return
+        python = [f for f in self.profile.frames if f.kind == PYTHON and f.name != names.MODULE]
+        lost = [f for f in python if (f.file, f.line) in missing]
+        if lost:
+            self.comment(
+                f"{len(lost):,} of {len(python):,} Python frames could not be qualified: their source is not "
+                f"on this machine (e.g. {lost[0].file}), so a method among them shows without its class; "
+                "--source-root OLD=NEW maps the recording machine's paths to a copy here"
+            )
 
     # -- helpers used by the device replays --------------------------------
 
@@ -359,7 +360,9 @@ class _Converter:
     # -- in use -------------------------------------------------------------
 
     def _segments(self) -> None:
+        """In use: active blocks at their requested bytes, the allocator's rounding, cached free blocks."""
         cached: dict[int, int] = {}
+        rounding: dict[int, int] = {}
         stack_of = self.stacks.stack_of
         by_list = self.stacks.by_list
         inuse_by_device: dict[int, dict[tuple[int, ...], list[int]]] = {}
@@ -388,11 +391,13 @@ class _Converter:
                     if st is None:
                         frames = _block_frames(block)
                         st = by_list[id(frames)] = stack_of(frames)
+                    asked = requested_bytes(block)
+                    rounding[device] = rounding.get(device, 0) + size - asked
                     row = inuse.get(st)
                     if row is None:
-                        inuse[st] = [size, 1]
+                        inuse[st] = [asked, 1]
                     else:
-                        row[0] += size
+                        row[0] += asked
                         row[1] += 1
                 else:
                     cached[device] = cached.get(device, 0) + size
@@ -402,10 +407,10 @@ class _Converter:
         for device, inuse in inuse_by_device.items():
             for st, (size, count) in inuse.items():
                 self.add(st, device, "inuse_space", size, count)
-        cached_stack = (self.profile.frame_id(CACHED_FREE_FRAME),)
-        for device, size in sorted(cached.items()):
-            if size:
-                self.add(cached_stack, device, "inuse_space", size, 0)
+        for frame, sizes in ((ROUNDING_FRAME, rounding), (CACHED_FREE_FRAME, cached)):
+            for device, size in sorted(sizes.items()):
+                if size:
+                    self.add((self.profile.frame_id(frame),), device, "inuse_space", size, 0)
 
     def _devices_without_trace(self) -> None:
         """A device with blocks but no trace: its peak is the state at the snapshot."""
@@ -432,6 +437,28 @@ def _block_frames(block: Mapping[str, Any]) -> Any:
         if isinstance(history, list) and history and isinstance(history[0], dict):
             return history[0].get("frames")
     return frames
+
+
+def allocated_bytes(profile: Profile, type_name: str) -> int:
+    """A view's live allocations: its total without the allocator's rounding and cached blocks."""
+    i = profile.type_index(type_name)
+    reserve = (names.ALLOCATOR_ROUNDING, names.CACHED_FREE)
+    frames = profile.frames
+    return sum(s.values[i] for s in profile.samples if frames[s.stack[0]].name not in reserve)
+
+
+def requested_bytes(block: Mapping[str, Any]) -> int:
+    """What an active block's allocation asked for: the unit of every view.
+
+    The trace records requested bytes, so peak, in use and allocated all
+    count them; the block's ``size`` adds the allocator's rounding. Snapshots
+    older than ``requested_size`` (torch < 2.0) give the block size.
+    """
+    size = block["size"]
+    asked = block.get("requested_size")
+    if type(asked) is int and 0 <= asked <= size:
+        return asked
+    return size
 
 
 def _int(value: Any, what: str) -> int:
@@ -540,15 +567,31 @@ class _DeviceTrace:
 
         always = self._alive_throughout(live)
         before_bytes += sum(size for _, size, _ in always)
-        peak_set = closed_at_peak + [v for v in live.values() if v[0] <= best_i] + always
+        still_live = [v for v in live.values() if v[0] <= best_i] + always  # their blocks are known
+        peak_set = closed_at_peak + still_live
         # reserved at a moment = reserved at the end minus segments added since
         reserved_end = conv.reserved.get(self.device, 0)
         reserved_start = reserved_end - seg
         self._add_allocs(allocs, others)
         self._add_timeline(marks, before_bytes)
+        end_set = self._end_state()
+        if sum(size for _, size, _ in end_set) > before_bytes + best:
+            # the replay stayed below what the allocator holds at the end
+            # (frees requested, never completed): the end is the peak
+            conv.comment(
+                f"{self.name}: the allocations alive when the snapshot was taken are more than the trace's "
+                "replay reaches at any moment (frees requested but not completed?); peak_* is that end state"
+            )
+            peak_set, still_live, seg_at_best = end_set, end_set, seg
+            best = sum(size for _, size, _ in end_set) - before_bytes
         self._add_peak(
-            peak_set, before_bytes + best, reserved_end - (seg - seg_at_best), reserved_start >= before_bytes
+            peak_set,
+            before_bytes + best,
+            reserved_end - (seg - seg_at_best),
+            reserved_start >= before_bytes,
+            self._rounding(still_live),
         )
+        self._comment_reserved_after_peak(reserved_end - (seg - seg_at_best), reserved_end)
         window = self._window()
         self._comment_window(window, freed_unknown)
         for i, e, d, s in ooms:
@@ -572,9 +615,36 @@ class _DeviceTrace:
             if allocated is None:
                 allocated = {e["addr"] for e in self.trace if e["action"] == "alloc"}
             if addr not in allocated:
-                size = block.get("requested_size", block["size"])
+                size = requested_bytes(block)
                 out.append((-1, _int(size, "block requested_size"), block))
         return out
+
+    def _end_state(self) -> list[tuple[int, int, Any]]:
+        """The active blocks at the end, as peak entries (their requested bytes)."""
+        out = []
+        for block in self.conv.active.get(self.device, {}).values():
+            out.append((-1, requested_bytes(block), block))
+        return out
+
+    def _rounding(self, entries: list[tuple[int, int, Any]]) -> int:
+        """The allocator's rounding (block size - requested) of allocations whose block is known."""
+        active = self.conv.active.get(self.device, {})
+        total = 0
+        for _, size, source in entries:
+            block = source if source is not None and "action" not in source else None
+            if block is None and source is not None:
+                block = active.get(source.get("addr"))
+            if block is not None and requested_bytes(block) == size:
+                total += block["size"] - size
+        return total
+
+    def _comment_reserved_after_peak(self, at_peak: int, at_end: int) -> None:
+        if at_end > at_peak:
+            self.conv.comment(
+                f"{self.name}: the allocator reserved {format_bytes(at_end - at_peak)} more after the peak "
+                f"({format_bytes(at_peak)} at the peak, {format_bytes(at_end)} at the end), so peak_space "
+                "counts fewer reserved bytes than inuse_space; the live allocations are highest at the peak"
+            )
 
     def _add_timeline(self, marks: list[tuple[Any, int]], baseline: int) -> None:
         """The live allocated bytes after each event, as the peak counts them.
@@ -610,13 +680,15 @@ class _DeviceTrace:
             self.conv.add(stack_of(frames), self.device, "alloc_space", size, 1)
 
     def _add_peak(
-        self, peak_set: list[tuple[int, int, Any]], allocated: int, reserved: int, sound: bool
+        self, peak_set: list[tuple[int, int, Any]], allocated: int, reserved: int, sound: bool, rounding: int
     ) -> None:
         """Samples for what was alive at the peak, and the reserved rest.
 
         *reserved* is what the allocator held at the peak; *sound* says the
         trace's segment events add up (the memory reserved at the start holds
-        the allocations alive at the start).
+        the allocations alive at the start); *rounding* is the allocator's
+        rounding of the allocations whose blocks are known (still alive at
+        the end), shown under ``<allocator rounding>``.
         """
         conv = self.conv
         stack_of = conv.stacks.stack
@@ -637,10 +709,13 @@ class _DeviceTrace:
                 row[1] += 1
         for st, (size, count) in by_stack.items():
             conv.add(st, self.device, "peak_space", size, count)
-        cached = reserved - allocated
-        if sound and cached > 0:
-            conv.add((conv.profile.frame_id(CACHED_FREE_FRAME),), self.device, "peak_space", cached, 0)
-        elif not sound or cached < 0:
+        cached = reserved - allocated - rounding
+        if sound and cached >= 0:
+            if rounding:
+                conv.add((conv.profile.frame_id(ROUNDING_FRAME),), self.device, "peak_space", rounding, 0)
+            if cached:
+                conv.add((conv.profile.frame_id(CACHED_FREE_FRAME),), self.device, "peak_space", cached, 0)
+        else:
             conv.comment(
                 f"{self.name}: the memory reserved at the peak could not be reconstructed from the trace "
                 f"(segment events missing?); peak_* shows the live allocations only"

@@ -27,6 +27,6 @@ def guess_kind(name: str, file: str = "") -> str:
         return PYTHON
     if name.startswith("<") and name.endswith(">"):
         return SYNTHETIC
-    if _ADDRESS.match(name) or file:
+    if _ADDRESS.match(name) or file or "::" in name:  # C++ (aten::mm) without a file
         return NATIVE
     return PYTHON

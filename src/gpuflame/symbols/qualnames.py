@@ -19,6 +19,7 @@ from itertools import accumulate
 from typing import NamedTuple
 
 from gpuflame.symbols.names import MODULE, display_name
+from gpuflame.symbols.source_paths import SourceMap
 
 # Files beyond this are not parsed: generated code, minified bundles.
 MAX_SOURCE_BYTES = 8 * 1024 * 1024
@@ -284,9 +285,11 @@ class Resolver:
     process (while unchanged).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, sources: SourceMap | None = None) -> None:
         self._memo: dict[tuple[str, int, str], tuple[str, int]] = {}
         self._indexes: dict[str, FileIndex | None] = {}
+        self.sources = sources if sources is not None else SourceMap()
+        self.unqualified: set[tuple[str, int, str]] = set()  # frames whose source was not found
 
     def qualname(self, file: str, line: int, co_name: str) -> str:
         return self.lookup(file, line, co_name)[0]
@@ -314,18 +317,41 @@ class Resolver:
     def _lookup(self, file: str, line: int, co_name: str) -> tuple[str, int]:
         if co_name == MODULE:
             return co_name, 1 if file else 0
-        if not file or file.startswith("<"):
+        if not file or file.startswith("<") or not isinstance(line, int) or line <= 0:
             return co_name, 0
+        index = self._index(file)
+        if index is None:
+            return self._elsewhere(file, line, co_name)
+        return _named_span(index, line, co_name)
+
+    def _index(self, file: str) -> FileIndex | None:
         if file in self._indexes:
-            index = self._indexes[file]
-        else:
-            index = self._indexes[file] = file_index(file)
-        if index is None or not isinstance(line, int) or line <= 0:
-            return co_name, 0
-        span = index.span(line, co_name)
-        if span is None:
-            return co_name, 0
-        return span.qualname, span.start if span.name == co_name else 0
+            return self._indexes[file]
+        index = self._indexes[file] = file_index(file)
+        return index
+
+    def _elsewhere(self, file: str, line: int, co_name: str) -> tuple[str, int]:
+        """The file is not here: try where :class:`SourceMap` says it may be."""
+        for candidate in self.sources.candidates(file):
+            index = self._index(candidate.path)
+            if index is None:
+                continue
+            if candidate.exact:
+                return _named_span(index, line, co_name)
+            # another version of the package: only a def of that name holding that line
+            for span in index.containing(line):
+                if span.name == co_name:
+                    return span.qualname, span.start
+        self.unqualified.add((file, line, co_name))
+        return co_name, 0
+
+
+def _named_span(index: FileIndex, line: int, co_name: str) -> tuple[str, int]:
+    """(qualname, def line) of *co_name* at *line*; the def line only where the span is that function."""
+    span = index.span(line, co_name)
+    if span is None:
+        return co_name, 0
+    return span.qualname, span.start if span.name == co_name else 0
 
 
 _MEMO: dict[tuple[str, int, str], tuple[FileIndex | None, str]] = {}
