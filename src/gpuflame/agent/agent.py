@@ -1,0 +1,452 @@
+"""The node agent: uprobes on the CUDA driver of every process (or the chosen ones), frees included.
+
+:class:`Agent` loads the BPF object, places the probes on each distinct
+``libcuda.so`` file (a uprobe on a file's inode fires in every process that
+maps it), tells the BPF side where each process's interpreter is, and reads
+the events ring on one thread: allocations become rows of a
+:class:`~gpuflame.agent.ledger.Ledger` keyed by the Python stack, frees and
+process exits take them back. :meth:`Agent.snapshot` is the profile so far.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from collections.abc import Iterable
+
+from gpuflame.agent import build, procs
+from gpuflame.agent.elf import ElfError, read_elf
+from gpuflame.agent.events import (
+    ALLOCS,
+    BLOCK_KEY,
+    EV_ALLOC,
+    EV_EXEC,
+    EV_EXIT,
+    EV_FORK,
+    EV_FREE,
+    EV_NEW_PROCESS,
+    F_NO_THREAD,
+    F_NOT_REGISTERED,
+    F_TRUNCATED,
+    F_UNTRACKED,
+    FREES,
+    HEADER,
+    INIT,
+    K_CREATE,
+    K_RELEASE,
+    LIVE_BLOCKS,
+    N_STATS,
+    PROC,
+    STAT_CALLS_FULL,
+    STAT_LIVE_FULL,
+    STAT_LOST_EVENTS,
+    STAT_UNKNOWN_FREES,
+    Header,
+    device_label,
+    header,
+    native_frames,
+    python_frames,
+)
+from gpuflame.agent.ledger import Ledger
+from gpuflame.agent.libbpf import BpfObject, Map, RingBuffer, possible_cpus
+from gpuflame.agent.process import Process
+from gpuflame.errors import GpuflameError
+from gpuflame.model.profile import SYNTHETIC, Frame, Profile
+from gpuflame.model.sample_types import memory_sample_types
+
+POLL_MS = 20
+RESCAN_SECONDS = 2.0
+REGISTER_WINDOW = 3.0  # how long a new process is looked at for its interpreter
+LIBCUDA_DIRS = (
+    "/usr/lib/x86_64-linux-gnu",
+    "/usr/lib64",
+    "/usr/lib",
+    "/usr/local/nvidia/lib64",
+    "/usr/local/cuda/compat",
+)
+
+NO_PYTHON_STACK = Frame("<no Python stack>", kind=SYNTHETIC)
+TOO_EARLY = Frame("<before the agent knew the process>", kind=SYNTHETIC)
+TRUNCATED = Frame("<deeper frames not recorded>", kind=SYNTHETIC)
+
+CAPABILITIES = {"CAP_BPF": 39, "CAP_PERFMON": 38, "CAP_SYS_PTRACE": 19}
+CAP_SYS_ADMIN = 21
+
+
+class AgentError(GpuflameError):
+    """The agent cannot run here; one line says why."""
+
+
+def missing_privileges() -> str | None:
+    """Why this process cannot load the probes, or None."""
+    try:
+        with open("/proc/self/status") as f:
+            caps = next(int(line.split()[1], 16) for line in f if line.startswith("CapEff:"))
+    except (OSError, StopIteration, ValueError):
+        return None if os.geteuid() == 0 else "cannot read this process's capabilities"
+    missing = [name for name, bit in CAPABILITIES.items() if not caps >> bit & 1]
+    if caps >> CAP_SYS_ADMIN & 1:
+        missing = [m for m in missing if m == "CAP_SYS_PTRACE"]
+    if not missing:
+        return None
+    return (
+        "needs root, or the capabilities CAP_BPF, CAP_PERFMON and CAP_SYS_PTRACE "
+        f"(missing: {', '.join(missing)}): it puts uprobes on the CUDA driver and reads other processes' memory"
+    )
+
+
+def default_libcuda() -> list[str]:
+    """libcuda.so.1 in the usual library folders (for a node where no process has loaded it yet)."""
+    return [p for d in LIBCUDA_DIRS if os.path.exists(p := os.path.join(d, "libcuda.so.1"))]
+
+
+class Agent:
+    """Probes, the ring reader thread, and what they have recorded."""
+
+    def __init__(
+        self,
+        pids: Iterable[int] = (),
+        libcuda: Iterable[str] = (),
+        native: bool = False,
+        max_blocks: int = LIVE_BLOCKS,
+        labels_for: object = None,
+    ) -> None:
+        self.pids = sorted(set(pids))
+        self.libcuda = list(libcuda)
+        self.native = native
+        self.max_blocks = max_blocks
+        self.labels_for = labels_for  # pid -> extra labels (Kubernetes), or None
+        self.ledger = Ledger()
+        self.processes: dict[int, Process] = {}
+        self.attached: dict[tuple[int, int], str] = {}
+        self.missing_functions: set[str] = set()
+        self.counts = {"not_registered": 0, "no_thread": 0, "truncated": 0, "untracked": 0, "handler_errors": 0}
+        self.started_ns = 0
+        self.first_event_ns = 0
+        self._stacks: list[tuple[Frame, ...]] = []
+        self._stack_ids: dict[tuple[Frame, ...], int] = {}
+        self._raw_ids: dict[tuple[int, bytes], int] = {}
+        self._labels: dict[int, dict[str, str]] = {}
+        self._waiting: dict[int, float] = {}  # pid -> until when to look for its interpreter
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._incoming: list[bytes] = []
+        self._obj: BpfObject | None = None
+        self._ring: RingBuffer | None = None
+
+    # -- starting ----------------------------------------------------------------
+
+    def start(self) -> None:
+        """Load, attach, register; raises :class:`AgentError` with one line on failure."""
+        why = missing_privileges()
+        if why:
+            raise AgentError(why)
+        for pid in self.pids:
+            if not procs.alive(pid):
+                raise AgentError(f"no process {pid}")
+        files = self._libcuda_files()
+        if not files:
+            where = "the watched processes do not map it" if self.pids else "no process maps it"
+            raise AgentError(f"no libcuda.so found ({where}, and it is not in {', '.join(LIBCUDA_DIRS)}); "
+                             "name it with --libcuda PATH")
+        try:
+            obj_path = build.ensure()
+        except build.BuildError as exc:
+            raise AgentError(f"the agent's BPF object is not built and cannot be built here: {exc}") from None
+        self._obj = BpfObject(str(obj_path), {"live": self.max_blocks})
+        ncpu = possible_cpus()
+        self._procs = Map(self._obj.map_fd("procs"), PROC.size)
+        self._live = Map(self._obj.map_fd("live"), 8)
+        self._stats = Map(self._obj.map_fd("stats"), 8 * ncpu)
+        Map(self._obj.map_fd("settings"), 4).update(b"\0" * 4, (1 if self.pids else 0).to_bytes(4, "little"))
+        self._ring = RingBuffer(self._obj.map_fd("events"), self._incoming.append)
+        for program in ("process_exit", "process_fork", "process_exec"):
+            self._obj.attach(program)
+        self.started_ns = time.time_ns()
+        for key, path in files.items():
+            self._attach_file(key, path)
+        for pid in self.pids or self._cuda_pids():
+            self._register(pid)
+        self._thread = threading.Thread(target=self._loop, name="gpuflame-agent", daemon=True)
+        self._thread.start()
+
+    def _libcuda_files(self) -> dict[tuple[int, int], str]:
+        files: dict[tuple[int, int], str] = {}
+        candidates = list(self.libcuda)
+        for pid in self.pids or procs.all_pids():
+            candidates += procs.libcuda_files(pid).values()
+        if not candidates:
+            candidates = default_libcuda()
+        for path in candidates:
+            try:
+                st = os.stat(path)
+            except OSError as exc:
+                if path in self.libcuda:
+                    raise AgentError(f"--libcuda {path}: {exc.strerror}") from None
+                continue
+            files.setdefault((st.st_dev, st.st_ino), path)
+        return files
+
+    def _attach_file(self, key: tuple[int, int], path: str) -> None:
+        """Entry and return probes on the driver functions one libcuda file has."""
+        assert self._obj is not None
+        try:
+            elf = read_elf(path)
+        except (OSError, ElfError) as exc:
+            raise AgentError(f"cannot read {path}: {exc}") from None
+        placed = 0
+
+        def offset(name: str) -> int | None:
+            sym = elf.symbols.get(name)
+            if sym is None or not sym.value:
+                self.missing_functions.add(name)
+                return None
+            return elf.file_offset(sym.value)
+
+        for name, (program, kind) in ALLOCS.items():
+            if (off := offset(name)) is not None:
+                self._obj.attach_uprobe(program, path, off, ret=False, cookie=kind)
+                self._obj.attach_uprobe("alloc_exit", path, off, ret=True)
+                placed += 1
+        for name, kind in FREES.items():
+            if (off := offset(name)) is not None:
+                self._obj.attach_uprobe("free_enter", path, off, ret=False, cookie=kind)
+                self._obj.attach_uprobe("free_exit", path, off, ret=True)
+                placed += 1
+        if (off := offset(INIT)) is not None:
+            self._obj.attach_uprobe("init_enter", path, off, ret=False)
+        if not placed:
+            raise AgentError(f"{path} has none of the CUDA driver's allocation functions")
+        self.attached[key] = path
+
+    def _cuda_pids(self) -> list[int]:
+        return [pid for pid in procs.all_pids() if procs.libcuda_files(pid)]
+
+    def watching(self) -> str:
+        """What the one 'watching' line says."""
+        who = f"pid {', '.join(map(str, self.pids))}" if self.pids else "every process that loads the CUDA driver"
+        files = ", ".join(sorted(set(self.attached.values())))
+        py = sum(1 for p in self.processes.values() if p.python)
+        return (f"gpuflame agent: watching {who} ({len(self.processes)} now, {py} Python) "
+                f"through {len(self.attached)} libcuda file(s): {files}")
+
+    # -- registering processes ----------------------------------------------------
+
+    def _wanted(self, pid: int) -> bool:
+        return not self.pids or pid in self.processes or pid in self.pids
+
+    def _register(self, pid: int) -> Process | None:
+        """Tell the BPF side where *pid*'s interpreter is; keep its frame namer."""
+        old = self.processes.pop(pid, None)
+        if old is not None:
+            old.close()
+        try:
+            proc = Process(pid, self.native)
+        except OSError:
+            return None  # gone already
+        self.processes[pid] = proc
+        self._procs.update(pid.to_bytes(4, "little"), proc.bpf_value())
+        self._labels[pid] = self._process_labels(proc)
+        if not proc.python and procs.alive(pid):
+            self._waiting.setdefault(pid, time.monotonic() + REGISTER_WINDOW)
+        else:
+            self._waiting.pop(pid, None)
+        return proc
+
+    def _process_labels(self, proc: Process) -> dict[str, str]:
+        labels = {"pid": str(proc.pid), "comm": proc.comm}
+        if callable(self.labels_for):
+            labels.update(self.labels_for(proc.pid))
+        return labels
+
+    def _retry_waiting(self) -> None:
+        """Processes just started (exec) or not yet showing an interpreter: look again."""
+        now = time.monotonic()
+        for pid, until in list(self._waiting.items()):
+            if now > until or not procs.alive(pid):
+                self._waiting.pop(pid, None)
+                continue
+            if procs.interpreter(pid) is not None:
+                self._register(pid)
+
+    # -- the reader thread ----------------------------------------------------------
+
+    def _loop(self) -> None:
+        next_scan = time.monotonic() + RESCAN_SECONDS
+        while not self._stop.is_set():
+            self.poll()
+            if not self.pids and time.monotonic() > next_scan:
+                next_scan = time.monotonic() + RESCAN_SECONDS
+                self._rescan()
+
+    def poll(self, timeout_ms: int = POLL_MS) -> None:
+        """Read what the ring holds and book it."""
+        assert self._ring is not None
+        self._ring.drain(timeout_ms)
+        batch, self._incoming[:] = list(self._incoming), []
+        with self._lock:
+            for data in batch:
+                try:
+                    self._handle(data)
+                except Exception as exc:  # noqa: BLE001 - one bad record must not stop the agent
+                    self.counts["handler_errors"] += 1
+                    if self.counts["handler_errors"] == 1:
+                        sys.stderr.write(f"gpuflame agent: could not book an event ({type(exc).__name__}: {exc})\n")
+            if self._waiting:
+                self._retry_waiting()
+
+    def _rescan(self) -> None:
+        """New libcuda files (a container with its own driver copy) and processes mapping them."""
+        try:
+            for pid in procs.all_pids():
+                files = procs.libcuda_files(pid)
+                for path in files.values():
+                    try:
+                        st = os.stat(path)
+                    except OSError:
+                        continue
+                    key = (st.st_dev, st.st_ino)
+                    if key not in self.attached:
+                        self._attach_file(key, path)
+                if files and pid not in self.processes:
+                    with self._lock:
+                        self._register(pid)
+        except Exception as exc:  # noqa: BLE001
+            self.counts["handler_errors"] += 1
+            sys.stderr.write(f"gpuflame agent: rescan failed ({type(exc).__name__}: {exc})\n")
+
+    def _handle(self, data: bytes) -> None:
+        h = header(data)
+        if h.type == EV_ALLOC:
+            self._alloc(h, data)
+        elif h.type == EV_FREE:
+            self.ledger.free(h.tgid, (int(h.kind == K_RELEASE), h.addr))
+        elif h.type == EV_EXIT:
+            self._exit(h.tgid)
+        elif h.type == EV_NEW_PROCESS:
+            if self._wanted(h.tgid) and (h.tgid not in self.processes or not self.processes[h.tgid].python):
+                self._register(h.tgid)
+        elif h.type == EV_FORK:
+            if h.tgid in self.processes:
+                self._register(h.addr)
+        elif h.type == EV_EXEC and self._wanted(h.tgid):
+            if not self.pids or h.tgid in self.processes:
+                self._register(h.tgid)
+                self._waiting[h.tgid] = time.monotonic() + REGISTER_WINDOW
+
+    def _alloc(self, h: Header, data: bytes) -> None:
+        if not self.first_event_ns:
+            self.first_event_ns = time.time_ns()
+        proc = self.processes.get(h.tgid)
+        if proc is None and self._wanted(h.tgid):
+            proc = self._register(h.tgid)
+        if proc is None:
+            return
+        raw = (h.tgid, data[HEADER.size :])
+        stack = self._raw_ids.get(raw)
+        if stack is None:
+            stack = self._raw_ids[raw] = self._intern(self._frames(proc, h, data))
+        for flag, name in ((F_NOT_REGISTERED, "not_registered"), (F_NO_THREAD, "no_thread"),
+                           (F_TRUNCATED, "truncated"), (F_UNTRACKED, "untracked")):
+            if h.flags & flag:
+                self.counts[name] += 1
+        self.ledger.alloc(h.tgid, device_label(h.device), stack, (int(h.kind == K_CREATE), h.addr), h.size)
+
+    def _frames(self, proc: Process, h: Header, data: bytes) -> tuple[Frame, ...]:
+        frames: list[Frame] = []
+        if h.nnative:
+            addresses = native_frames(data, h.nframes, h.nnative)
+            if h.nframes and proc.python:
+                frames += proc.native_frames(addresses)
+            else:
+                frames += [proc.native_frame(a) for a in addresses]
+        if h.nframes and proc.python:
+            frames += [proc.python_frame(code, instr) for code, instr in python_frames(data, h.nframes)]
+            if h.flags & F_TRUNCATED:
+                frames.append(TRUNCATED)
+        elif proc.python or h.flags & F_NOT_REGISTERED and not h.nnative:
+            frames.append(TOO_EARLY if h.flags & F_NOT_REGISTERED else NO_PYTHON_STACK)
+        return tuple(frames) or (NO_PYTHON_STACK,)
+
+    def _intern(self, frames: tuple[Frame, ...]) -> int:
+        sid = self._stack_ids.get(frames)
+        if sid is None:
+            sid = self._stack_ids[frames] = len(self._stacks)
+            self._stacks.append(frames)
+        return sid
+
+    def _exit(self, pid: int) -> None:
+        for is_handle, addr in self.ledger.exit(pid):
+            self._live.delete(BLOCK_KEY.pack(pid, is_handle, addr))
+        proc = self.processes.pop(pid, None)
+        if proc is not None:
+            proc.close()
+        self._raw_ids = {k: v for k, v in self._raw_ids.items() if k[0] != pid}
+
+    # -- results --------------------------------------------------------------------
+
+    def stats(self) -> dict[str, int]:
+        """The BPF side's counters, summed over CPUs, and the reader's."""
+        out = dict(self.counts)
+        names = {STAT_LOST_EVENTS: "lost_events", STAT_LIVE_FULL: "live_map_full",
+                 STAT_UNKNOWN_FREES: "unknown_frees", STAT_CALLS_FULL: "calls_map_full"}
+        for i in range(N_STATS):
+            raw = self._stats.lookup(i.to_bytes(4, "little")) if self._obj else None
+            out[names[i]] = sum(int.from_bytes(raw[k : k + 8], "little") for k in range(0, len(raw), 8)) if raw else 0
+        return out
+
+    def snapshot(self) -> Profile:
+        """Everything booked so far, as a profile (peak, in use, allocated)."""
+        with self._lock:
+            profile = Profile(sample_types=memory_sample_types(), default_type="peak_space")
+            for (pid, device), stack, values in self.ledger.rows():
+                if not any(values):
+                    continue
+                labels = dict(self._labels.get(pid, {"pid": str(pid)}), device=device)
+                profile.add(self._stacks[stack], values, labels)
+            stats = self.stats()
+        profile.time_nanos = self.started_ns
+        profile.duration_nanos = max(0, time.time_ns() - self.started_ns) if self.started_ns else 0
+        profile.comments += loss_notes(stats)
+        return profile
+
+    def stop(self) -> None:
+        """Stop reading, book what is left, detach everything."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+            self._thread = None
+        if self._ring is not None:
+            self.poll(0)
+            self._ring.close()
+            self._ring = None
+        if self._obj is not None:
+            self.final_stats = self.stats()
+            self._obj.close()
+            self._obj = None
+        for proc in self.processes.values():
+            proc.close()
+
+
+def loss_notes(stats: dict[str, int]) -> list[str]:
+    """What the profile does not hold, in words (a profile lost silently is a bug)."""
+    notes = ["gpuflame agent: blocks allocated before the agent started are not known; "
+             "their frees are ignored, so in-use counts only blocks allocated since"]
+    said = {
+        "lost_events": "events were lost (the ring buffer was full): the totals are short",
+        "live_map_full": "blocks were not tracked in the kernel (live-block map full, raise --max-blocks): "
+                         "their frees were not seen, so in-use over-counts them",
+        "calls_map_full": "driver calls were missed (too many threads inside the driver at once)",
+        "unknown_frees": "frees of blocks allocated before the agent started were ignored",
+        "not_registered": "allocations came before the agent knew the process: no Python stack for them",
+        "no_thread": "allocations came from threads with no Python thread state",
+        "truncated": "stacks were deeper than the frames recorded",
+        "handler_errors": "events could not be booked (internal error)",
+    }
+    for key, text in said.items():
+        if stats.get(key):
+            notes.append(f"gpuflame agent: {stats[key]} {text}")
+    return notes

@@ -1,0 +1,459 @@
+// SPDX-License-Identifier: Apache-2.0
+/* gpuflame agent: uprobes on the CUDA driver's allocation and free functions.
+ *
+ * At each successful allocation (in the uretprobe, while the calling thread is
+ * still inside the driver, so its interpreter frames cannot change) this walks
+ * the thread's CPython frames and sends (code object, instruction pointer) per
+ * frame to user space, which names them. The kernel keeps the live blocks
+ * (address, or handle for cuMemCreate) so that a free of a block allocated
+ * before the agent started is counted here and never sent. Built once with
+ * clang -target bpf against a vmlinux.h (CO-RE: one object for every kernel
+ * with BTF).
+ */
+#include "vmlinux.h"
+#include <bpf/bpf_core_read.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
+
+#include "agent.h"
+
+char LICENSE[] SEC("license") = "GPL";
+
+struct {
+    __uint(type, BPF_MAP_TYPE_RINGBUF);
+    __uint(max_entries, RING_BYTES);
+} events SEC(".maps");
+
+/* tgid -> where its interpreter is and how its structures are laid out */
+struct {
+    __uint(type, BPF_MAP_TYPE_HASH);
+    __uint(max_entries, MAX_PROCS);
+    __type(key, __u32);
+    __type(value, struct proc);
+} procs SEC(".maps");
+
+/* (tgid, address or handle) -> size: the blocks live now; user space resizes it */
+struct {
+    __uint(type, BPF_MAP_TYPE_HASH);
+    __uint(max_entries, 262144);
+    __uint(map_flags, BPF_F_NO_PREALLOC);
+    __type(key, struct block_key);
+    __type(value, __u64);
+} live SEC(".maps");
+
+/* thread -> arguments of the driver call it is inside */
+struct {
+    __uint(type, BPF_MAP_TYPE_HASH);
+    __uint(max_entries, 65536);
+    __type(key, __u64);
+    __type(value, struct inflight);
+} calls SEC(".maps");
+
+/* host tid -> its PyThreadState, re-checked at each use */
+struct {
+    __uint(type, BPF_MAP_TYPE_LRU_HASH);
+    __uint(max_entries, 65536);
+    __type(key, __u32);
+    __type(value, __u64);
+} tstates SEC(".maps");
+
+/* processes already announced to user space (one wake-up per process) */
+struct {
+    __uint(type, BPF_MAP_TYPE_LRU_HASH);
+    __uint(max_entries, 65536);
+    __type(key, __u32);
+    __type(value, __u8);
+} announced SEC(".maps");
+
+struct {
+    __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+    __uint(max_entries, 1);
+    __type(key, __u32);
+    __type(value, struct event);
+} scratch SEC(".maps");
+
+/* [0]: 1 = only processes in procs (--pid), 0 = every process */
+struct {
+    __uint(type, BPF_MAP_TYPE_ARRAY);
+    __uint(max_entries, 1);
+    __type(key, __u32);
+    __type(value, __u32);
+} settings SEC(".maps");
+
+struct {
+    __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+    __uint(max_entries, N_STATS);
+    __type(key, __u32);
+    __type(value, __u64);
+} stats SEC(".maps");
+
+static __always_inline void count(__u32 which)
+{
+    __u64 *v = bpf_map_lookup_elem(&stats, &which);
+    if (v)
+        *v += 1;
+}
+
+/* Wake the reader only when enough is waiting: a wake-up per event costs more than the event. */
+static __always_inline __u64 wake_flags(int force)
+{
+    if (force || bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) > WAKE_BYTES)
+        return BPF_RB_FORCE_WAKEUP;
+    return BPF_RB_NO_WAKEUP;
+}
+
+static __always_inline int device_of(__u32 kind)
+{
+    return (kind == K_ALLOC_HOST || kind == K_HOST_ALLOC || kind == K_FREE_HOST) ? DEVICE_HOST : DEVICE_CUDA;
+}
+
+static __always_inline void stash(__u32 kind, __u64 out, __u64 size, __u64 extra, __s32 device)
+{
+    __u64 id = bpf_get_current_pid_tgid();
+    struct inflight in = {.kind = kind, .device = device, .out = out, .size = size, .extra = extra};
+    if (bpf_map_update_elem(&calls, &id, &in, BPF_ANY))
+        count(STAT_CALLS_FULL);
+}
+
+/* cuMemAlloc_v2, cuMemAllocAsync, cuMemAllocFromPoolAsync, cuMemAllocManaged,
+ * cuMemAllocHost_v2, cuMemHostAlloc: (out pointer, size, ...); the kind is the attach cookie. */
+SEC("uprobe")
+int BPF_KPROBE(alloc_enter, void *out, __u64 size)
+{
+    __u32 kind = bpf_get_attach_cookie(ctx);
+    stash(kind, (__u64)out, size, 0, device_of(kind));
+    return 0;
+}
+
+/* cuMemAllocPitch_v2(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes): size = *pPitch * Height */
+SEC("uprobe")
+int BPF_KPROBE(pitch_enter, void *out, void *pitch, __u64 width, __u64 height)
+{
+    stash(K_ALLOC_PITCH, (__u64)out, height, (__u64)pitch, DEVICE_CUDA);
+    return 0;
+}
+
+/* cuMemCreate(handle, size, prop, flags): physical memory on prop->location */
+SEC("uprobe")
+int BPF_KPROBE(create_enter, void *out, __u64 size, void *prop)
+{
+    __s32 loc[2] = {0, 0}; /* CUmemAllocationProp.location: {type, id} after two ints */
+    __s32 device = DEVICE_CUDA;
+    if (!bpf_probe_read_user(loc, sizeof(loc), prop + 8)) {
+        if (loc[0] == 1)
+            device = loc[1] & 0xffff; /* CU_MEM_LOCATION_TYPE_DEVICE: the ordinal */
+        else if (loc[0] >= 2 && loc[0] <= 4)
+            device = DEVICE_HOST;
+    }
+    stash(K_CREATE, (__u64)out, size, 0, device);
+    return 0;
+}
+
+/* cuMemFree_v2, cuMemFreeAsync, cuMemRelease, cuMemFreeHost: (address or handle, ...) */
+SEC("uprobe")
+int BPF_KPROBE(free_enter, __u64 addr)
+{
+    __u32 kind = bpf_get_attach_cookie(ctx);
+    stash(kind, addr, 0, 0, device_of(kind));
+    return 0;
+}
+
+static __always_inline __u32 namespaced_tid(struct task_struct *task)
+{
+    struct pid *pid = BPF_CORE_READ(task, thread_pid);
+    unsigned int level = BPF_CORE_READ(pid, level);
+    struct upid up = {};
+    bpf_core_read(&up, sizeof(up), &pid->numbers[level & 31]);
+    return up.nr;
+}
+
+static __always_inline __u64 read_ptr(__u64 addr)
+{
+    __u64 v = 0;
+    bpf_probe_read_user(&v, sizeof(v), (void *)addr);
+    return v;
+}
+
+struct thread_search {
+    __u64 ts;
+    __u64 want;
+    __s32 id_off;
+    __s32 next_off;
+    __u64 found;
+};
+
+static long thread_step(__u64 i, struct thread_search *s)
+{
+    if (!s->ts)
+        return 1;
+    if (read_ptr(s->ts + s->id_off) == s->want) {
+        s->found = s->ts;
+        return 1;
+    }
+    s->ts = read_ptr(s->ts + s->next_off);
+    return 0;
+}
+
+/* The PyThreadState of the calling thread: its native_thread_id (3.11+) is the
+ * namespaced tid; 3.10 has only thread_id, pthread_self(), which is the FS base. */
+static __always_inline __u64 find_tstate(struct proc *p, __u32 host_tid)
+{
+    struct task_struct *task = (struct task_struct *)bpf_get_current_task();
+    struct thread_search s = {};
+    s.want = p->off.tstate_native_thread_id >= 0 ? namespaced_tid(task) : BPF_CORE_READ(task, thread.fsbase);
+    s.id_off = p->off.tstate_native_thread_id >= 0 ? p->off.tstate_native_thread_id : p->off.tstate_thread_id;
+    s.next_off = p->off.tstate_next;
+    __u64 *cached = bpf_map_lookup_elem(&tstates, &host_tid);
+    if (cached && *cached && read_ptr(*cached + s.id_off) == s.want)
+        return *cached;
+    __u64 interp = read_ptr(p->runtime + p->off.runtime_interp_head);
+    if (!interp)
+        return 0;
+    s.ts = read_ptr(interp + p->off.interp_threads_head);
+    bpf_loop(MAX_THREADS, thread_step, &s, 0);
+    if (s.found)
+        bpf_map_update_elem(&tstates, &host_tid, &s.found, BPF_ANY);
+    return s.found;
+}
+
+struct frame_walk {
+    struct event *e;
+    __u64 frame;
+    __u32 n;
+    __s32 previous;
+    __s32 code;
+    __s32 instr;
+    __s32 instr_size;
+    __s32 owner;
+    __s32 owner_cstack;
+};
+
+static long frame_step(__u64 i, struct frame_walk *w)
+{
+    __u64 frame = w->frame;
+    if (!frame)
+        return 1;
+    w->frame = read_ptr(frame + w->previous);
+    if (w->owner >= 0) {
+        __u8 owner = 0;
+        bpf_probe_read_user(&owner, 1, (void *)(frame + w->owner));
+        if (owner == w->owner_cstack)
+            return 0; /* a C-stack shim frame (3.12+) */
+    }
+    __u32 n = w->n;
+    if (n >= MAX_FRAMES) {
+        w->frame = frame;
+        return 1;
+    }
+    struct event *e = w->e;
+    e->frames[n].code = read_ptr(frame + w->code);
+    __u64 instr = read_ptr(frame + w->instr);
+    e->frames[n].instr = w->instr_size == 4 ? (instr & 0xffffffff) : instr;
+    w->n = n + 1;
+    return 0;
+}
+
+static __always_inline void walk_python(struct proc *p, __u32 host_tid, struct event *e)
+{
+    __u64 ts = find_tstate(p, host_tid);
+    if (!ts) {
+        e->flags |= F_NO_THREAD;
+        return;
+    }
+    struct py_offsets *o = &p->off;
+    struct frame_walk w = {.e = e, .previous = o->frame_previous, .code = o->frame_code, .instr = o->frame_instr,
+                           .instr_size = o->frame_instr_size, .owner = o->frame_owner,
+                           .owner_cstack = o->owner_cstack};
+    if (o->tstate_cframe >= 0)
+        w.frame = read_ptr(read_ptr(ts + o->tstate_cframe) + o->cframe_current_frame);
+    else
+        w.frame = read_ptr(ts + o->tstate_frame);
+    bpf_loop(MAX_WALK, frame_step, &w, 0);
+    if (w.frame)
+        e->flags |= F_TRUNCATED;
+    e->nframes = w.n;
+}
+
+static __always_inline struct event *new_event(__u8 type, __u32 kind)
+{
+    __u32 zero = 0;
+    struct event *e = bpf_map_lookup_elem(&scratch, &zero);
+    if (!e)
+        return 0;
+    __u64 id = bpf_get_current_pid_tgid();
+    e->type = type;
+    e->kind = kind;
+    e->nframes = 0;
+    e->nnative = 0;
+    e->flags = 0;
+    e->tgid = id >> 32;
+    e->tid = (__u32)id;
+    e->addr = 0;
+    e->size = 0;
+    e->device = 0;
+    e->ts = bpf_ktime_get_ns();
+    bpf_get_current_comm(e->comm, sizeof(e->comm));
+    return e;
+}
+
+static __always_inline void send(struct event *e, int force)
+{
+    __u64 len = sizeof(struct event_header) + (__u64)(e->nframes & (MAX_FRAMES * 2 - 1)) * sizeof(struct py_frame);
+    len += (__u64)(e->nnative & (MAX_NATIVE * 2 - 1)) * 8;
+    if (len > sizeof(struct event))
+        len = sizeof(struct event);
+    if (bpf_ringbuf_output(&events, e, len, wake_flags(force)))
+        count(STAT_LOST_EVENTS);
+}
+
+static __always_inline void announce(__u32 tgid, struct proc *p)
+{
+    __u8 one = 1;
+    if (p || bpf_map_lookup_elem(&announced, &tgid))
+        return;
+    bpf_map_update_elem(&announced, &tgid, &one, BPF_ANY);
+    struct event *e = new_event(EV_NEW_PROCESS, 0);
+    if (e)
+        send(e, 1);
+}
+
+SEC("uretprobe")
+int BPF_KRETPROBE(alloc_exit, long rc)
+{
+    __u64 id = bpf_get_current_pid_tgid();
+    struct inflight *in = bpf_map_lookup_elem(&calls, &id);
+    if (!in)
+        return 0;
+    struct inflight call = *in;
+    bpf_map_delete_elem(&calls, &id);
+    if (rc != 0)
+        return 0; /* a failed call allocated nothing */
+    __u32 tgid = id >> 32;
+    struct proc *p = bpf_map_lookup_elem(&procs, &tgid);
+    __u32 zero = 0;
+    __u32 *only_registered = bpf_map_lookup_elem(&settings, &zero);
+    if (!p && only_registered && *only_registered)
+        return 0;
+    __u64 addr = read_ptr(call.out);
+    __u64 size = call.size;
+    if (call.kind == K_ALLOC_PITCH)
+        size = read_ptr(call.extra) * call.size; /* the real pitch, read back, times Height */
+    struct event *e = new_event(EV_ALLOC, call.kind);
+    if (!e)
+        return 0;
+    e->addr = addr;
+    e->size = size;
+    e->device = call.device;
+    struct block_key key = {.tgid = id >> 32, .handle = call.kind == K_CREATE, .addr = addr};
+    if (bpf_map_update_elem(&live, &key, &size, BPF_ANY)) {
+        e->flags |= F_UNTRACKED;
+        count(STAT_LIVE_FULL);
+    }
+    if (p && p->runtime)
+        walk_python(p, (__u32)id, e);
+    else
+        e->flags |= F_NOT_REGISTERED;
+    if (!p || !p->runtime || (p->flags & P_NATIVE)) {
+        __u32 off = e->nframes & (MAX_FRAMES - 1);
+        if (e->nframes >= MAX_FRAMES)
+            off = MAX_FRAMES;
+        long got = bpf_get_stack(ctx, &e->frames[off], MAX_NATIVE * 8, BPF_F_USER_STACK);
+        if (got > 0)
+            e->nnative = got / 8;
+    }
+    send(e, 0);
+    announce(tgid, p);
+    return 0;
+}
+
+SEC("uretprobe")
+int BPF_KRETPROBE(free_exit, long rc)
+{
+    __u64 id = bpf_get_current_pid_tgid();
+    struct inflight *in = bpf_map_lookup_elem(&calls, &id);
+    if (!in)
+        return 0;
+    struct inflight call = *in;
+    bpf_map_delete_elem(&calls, &id);
+    if (rc != 0)
+        return 0;
+    struct block_key key = {.tgid = id >> 32, .handle = call.kind == K_RELEASE, .addr = call.out};
+    __u64 *size = bpf_map_lookup_elem(&live, &key);
+    if (!size) {
+        count(STAT_UNKNOWN_FREES); /* allocated before the agent started */
+        return 0;
+    }
+    struct event *e = new_event(EV_FREE, call.kind);
+    if (!e)
+        return 0;
+    e->addr = call.out;
+    e->size = *size;
+    e->device = call.device;
+    bpf_map_delete_elem(&live, &key);
+    send(e, 0);
+    return 0;
+}
+
+/* cuInit: a process about to use the driver; user space registers it before its first allocation. */
+SEC("uprobe")
+int BPF_KPROBE(init_enter)
+{
+    __u32 tgid = bpf_get_current_pid_tgid() >> 32;
+    announce(tgid, bpf_map_lookup_elem(&procs, &tgid));
+    return 0;
+}
+
+SEC("tp_btf/sched_process_exit")
+int BPF_PROG(process_exit, struct task_struct *task)
+{
+    __u64 id = bpf_get_current_pid_tgid();
+    __u32 tgid = id >> 32;
+    bpf_map_delete_elem(&calls, &id);
+    __u32 tid = (__u32)id;
+    bpf_map_delete_elem(&tstates, &tid);
+    if (BPF_CORE_READ(task, signal, live.counter) != 0)
+        return 0; /* other threads of the process still run */
+    bpf_map_delete_elem(&announced, &tgid);
+    struct proc *p = bpf_map_lookup_elem(&procs, &tgid);
+    if (!p)
+        return 0;
+    bpf_map_delete_elem(&procs, &tgid);
+    struct event *e = new_event(EV_EXIT, 0);
+    if (e)
+        send(e, 1);
+    return 0;
+}
+
+/* A fork child of a registered process has the same memory layout: register it here, before it runs. */
+SEC("tp_btf/sched_process_fork")
+int BPF_PROG(process_fork, struct task_struct *parent, struct task_struct *child)
+{
+    __u32 ptgid = BPF_CORE_READ(parent, tgid);
+    __u32 ctgid = BPF_CORE_READ(child, tgid);
+    if (ctgid == ptgid)
+        return 0; /* a new thread, not a new process */
+    struct proc *p = bpf_map_lookup_elem(&procs, &ptgid);
+    if (!p)
+        return 0;
+    struct proc copy = *p;
+    bpf_map_update_elem(&procs, &ctgid, &copy, BPF_NOEXIST);
+    struct event *e = new_event(EV_FORK, 0);
+    if (e) {
+        e->addr = ctgid;
+        send(e, 1);
+    }
+    return 0;
+}
+
+/* exec replaces the image: what we knew of the process is void. */
+SEC("tp_btf/sched_process_exec")
+int BPF_PROG(process_exec, struct task_struct *task)
+{
+    __u32 tgid = bpf_get_current_pid_tgid() >> 32;
+    bpf_map_delete_elem(&procs, &tgid);
+    bpf_map_delete_elem(&announced, &tgid);
+    struct event *e = new_event(EV_EXEC, 0);
+    if (e)
+        send(e, 1);
+    return 0;
+}

@@ -1,0 +1,219 @@
+"""The few libbpf calls the agent makes, through ctypes (Debian's ``libbpf1``, 1.1 or later).
+
+No PyPI binding for libbpf is kept up (``pylibbpf`` is alpha and has no ring
+buffer), and bcc needs kernel headers and a compiler on the node; libbpf with
+a CO-RE object built once is what eBPF projects ship today. Only the standard
+library is used, so the agent starts without numpy or rich.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+from collections.abc import Callable
+
+from gpuflame.errors import GpuflameError
+
+SAMPLE_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
+PRINT_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
+LIBBPF_WARN = 0
+
+
+class BpfError(GpuflameError):
+    """libbpf refused something; the message carries its own log lines."""
+
+
+class UprobeOpts(ctypes.Structure):
+    """``struct bpf_uprobe_opts`` (libbpf 1.1)."""
+
+    _fields_ = [
+        ("sz", ctypes.c_size_t),
+        ("ref_ctr_offset", ctypes.c_size_t),
+        ("bpf_cookie", ctypes.c_uint64),
+        ("retprobe", ctypes.c_bool),
+        ("func_name", ctypes.c_char_p),
+    ]
+
+
+def _load_library() -> ctypes.CDLL:
+    for name in ("libbpf.so.1", ctypes.util.find_library("bpf") or "libbpf.so"):
+        try:
+            return ctypes.CDLL(name, use_errno=True)
+        except OSError:
+            continue
+    raise BpfError("libbpf is not installed (Debian/Ubuntu: apt-get install libbpf1)")
+
+
+_lib: ctypes.CDLL | None = None
+_log: list[str] = []
+_libc = ctypes.CDLL(None)
+
+
+@PRINT_FN
+def _print(level: int, fmt: bytes, args: int) -> int:
+    """libbpf's log, kept for the error message instead of spilling onto stderr."""
+    buf = ctypes.create_string_buffer(4096)
+    _libc.vsnprintf(buf, ctypes.c_size_t(len(buf)), fmt, ctypes.c_void_p(args))
+    _log.append(buf.value.decode(errors="replace").rstrip())
+    del _log[:-40]
+    return 0
+
+
+def lib() -> ctypes.CDLL:
+    """libbpf with the signatures declared once."""
+    global _lib
+    if _lib is not None:
+        return _lib
+    b = _load_library()
+    p, i, s = ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p
+    sigs: dict[str, tuple[object, list[object]]] = {
+        "bpf_object__open_file": (p, [s, p]),
+        "bpf_object__load": (i, [p]),
+        "bpf_object__close": (None, [p]),
+        "bpf_object__find_map_by_name": (p, [p, s]),
+        "bpf_object__find_program_by_name": (p, [p, s]),
+        "bpf_map__set_max_entries": (i, [p, ctypes.c_uint32]),
+        "bpf_map__fd": (i, [p]),
+        "bpf_program__attach": (p, [p]),
+        "bpf_program__attach_uprobe_opts": (p, [p, i, s, ctypes.c_size_t, ctypes.POINTER(UprobeOpts)]),
+        "bpf_link__destroy": (i, [p]),
+        "bpf_map_update_elem": (i, [i, p, p, ctypes.c_uint64]),
+        "bpf_map_delete_elem": (i, [i, p]),
+        "bpf_map_lookup_elem": (i, [i, p, p]),
+        "ring_buffer__new": (p, [i, SAMPLE_FN, p, p]),
+        "ring_buffer__poll": (i, [p, i]),
+        "ring_buffer__consume": (i, [p]),
+        "ring_buffer__free": (None, [p]),
+        "libbpf_num_possible_cpus": (i, []),
+        "libbpf_set_print": (p, [PRINT_FN]),
+    }
+    for name, (restype, argtypes) in sigs.items():
+        fn = getattr(b, name)
+        fn.restype = restype
+        fn.argtypes = argtypes
+    b.libbpf_set_print(_print)
+    _lib = b
+    return b
+
+
+def _fail(what: str) -> BpfError:
+    err = ctypes.get_errno()
+    log = [line for line in _log if line.strip()][-6:]
+    _log.clear()
+    detail = f": {os.strerror(err)}" if err else ""
+    more = ("\n  " + "\n  ".join(log)) if log else ""
+    return BpfError(f"{what}{detail}{more}")
+
+
+class BpfObject:
+    """One loaded BPF object: its maps, programs and the links that attach them."""
+
+    def __init__(self, path: str, max_entries: dict[str, int] | None = None) -> None:
+        b = lib()
+        self._obj = b.bpf_object__open_file(path.encode(), None)
+        if not self._obj:
+            raise _fail(f"cannot open the BPF object {path}")
+        for name, n in (max_entries or {}).items():
+            b.bpf_map__set_max_entries(self._map(name), n)
+        if b.bpf_object__load(self._obj) != 0:
+            err = _fail("the kernel refused the agent's BPF programs")
+            self.close()
+            raise err
+        self.links: list[int] = []
+
+    def _map(self, name: str) -> int:
+        m = lib().bpf_object__find_map_by_name(self._obj, name.encode())
+        if not m:
+            raise BpfError(f"the BPF object has no map {name!r}")
+        return m
+
+    def map_fd(self, name: str) -> int:
+        return lib().bpf_map__fd(self._map(name))
+
+    def _program(self, name: str) -> int:
+        prog = lib().bpf_object__find_program_by_name(self._obj, name.encode())
+        if not prog:
+            raise BpfError(f"the BPF object has no program {name!r}")
+        return prog
+
+    def attach(self, program: str) -> None:
+        """Attach a tracepoint program where its section name says."""
+        link = lib().bpf_program__attach(self._program(program))
+        if not link:
+            raise _fail(f"cannot attach {program}")
+        self.links.append(link)
+
+    def attach_uprobe(self, program: str, path: str, offset: int, *, ret: bool, cookie: int = 0, pid: int = -1) -> int:
+        """A uprobe (or uretprobe) at *offset* in the file *path*, for one pid or all (-1)."""
+        opts = UprobeOpts(ctypes.sizeof(UprobeOpts), 0, cookie, ret, None)
+        link = lib().bpf_program__attach_uprobe_opts(self._program(program), pid, path.encode(), offset, opts)
+        if not link:
+            raise _fail(f"cannot attach {'a uretprobe' if ret else 'a uprobe'} to {path}+{offset:#x}")
+        self.links.append(link)
+        return link
+
+    def close(self) -> None:
+        b = lib()
+        for link in getattr(self, "links", []):
+            b.bpf_link__destroy(link)
+        self.links = []
+        if self._obj:
+            b.bpf_object__close(self._obj)
+            self._obj = None
+
+
+class Map:
+    """A BPF map by fd, with keys and values as bytes."""
+
+    def __init__(self, fd: int, value_size: int) -> None:
+        self.fd = fd
+        self.value_size = value_size
+
+    def update(self, key: bytes, value: bytes) -> bool:
+        return lib().bpf_map_update_elem(self.fd, key, value, 0) == 0
+
+    def delete(self, key: bytes) -> bool:
+        return lib().bpf_map_delete_elem(self.fd, key) == 0
+
+    def lookup(self, key: bytes) -> bytes | None:
+        buf = ctypes.create_string_buffer(self.value_size)
+        if lib().bpf_map_lookup_elem(self.fd, key, buf) != 0:
+            return None
+        return buf.raw
+
+
+def possible_cpus() -> int:
+    return max(1, lib().libbpf_num_possible_cpus())
+
+
+class RingBuffer:
+    """The events ring: :meth:`drain` hands each record's bytes to *handle*."""
+
+    def __init__(self, fd: int, handle: Callable[[bytes], None]) -> None:
+        self._handle = handle
+        string_at = ctypes.string_at
+
+        def sample(_ctx: int, data: int, size: int) -> int:
+            try:
+                handle(string_at(data, size))
+            except Exception:  # noqa: BLE001 - an exception may not cross into C
+                return 0
+            return 0
+
+        self._callback = SAMPLE_FN(sample)  # kept alive as long as the ring
+        self._rb = lib().ring_buffer__new(fd, self._callback, None, None)
+        if not self._rb:
+            raise _fail("cannot open the events ring buffer")
+
+    def drain(self, timeout_ms: int) -> int:
+        """Wait up to *timeout_ms* for a wake-up, then read everything waiting (the BPF side wakes us rarely)."""
+        b = lib()
+        n = b.ring_buffer__poll(self._rb, timeout_ms)
+        m = b.ring_buffer__consume(self._rb)
+        return max(0, n) + max(0, m)
+
+    def close(self) -> None:
+        if self._rb:
+            lib().ring_buffer__free(self._rb)
+            self._rb = None
