@@ -50,7 +50,7 @@ from gpuflame.agent.events import (
     python_frames,
 )
 from gpuflame.agent.ledger import Ledger
-from gpuflame.agent.libbpf import BpfObject, Map, RingBuffer, possible_cpus
+from gpuflame.agent.libbpf import BpfError, BpfObject, Map, RingBuffer, possible_cpus
 from gpuflame.agent.process import Process
 from gpuflame.errors import GpuflameError
 from gpuflame.model.profile import SYNTHETIC, Frame, Profile
@@ -66,6 +66,8 @@ LIBCUDA_DIRS = (
     "/usr/local/nvidia/lib64",
     "/usr/local/cuda/compat",
 )
+
+UPROBE_PROGRAMS = ("alloc_enter", "pitch_enter", "create_enter", "free_enter", "alloc_exit", "free_exit", "init_enter")
 
 NO_PYTHON_STACK = Frame("<no Python stack>", kind=SYNTHETIC)
 TOO_EARLY = Frame("<before the agent knew the process>", kind=SYNTHETIC)
@@ -136,6 +138,8 @@ class Agent:
         self._incoming: list[bytes] = []
         self._obj: BpfObject | None = None
         self._ring: RingBuffer | None = None
+        self._multi = True
+        self.final_stats: dict[str, int] = {}
 
     # -- starting ----------------------------------------------------------------
 
@@ -156,22 +160,40 @@ class Agent:
             obj_path = build.ensure()
         except build.BuildError as exc:
             raise AgentError(f"the agent's BPF object is not built and cannot be built here: {exc}") from None
-        self._obj = BpfObject(str(obj_path), {"live": self.max_blocks})
+        self._load(str(obj_path), multi=True)
+        for pid in self.pids or self._cuda_pids():
+            self._register(pid)  # before the probes: a process's first events have its stacks
+        items = list(files.items())
+        try:
+            self._attach_file(*items[0])
+        except BpfError:
+            if not self._multi:
+                raise
+            self._obj.close()  # a kernel before 6.6: one perf event per probe instead
+            self._load(str(obj_path), multi=False)
+            for pid in list(self.processes):
+                self._register(pid)
+            self._attach_file(*items[0])
+        for key, path in items[1:]:
+            self._attach_file(key, path)
+        self.started_ns = time.time_ns()
+        self._thread = threading.Thread(target=self._loop, name="gpuflame-agent", daemon=True)
+        self._thread.start()
+
+    def _load(self, path: str, multi: bool) -> None:
+        """Load the object and open its maps and ring."""
+        self._multi = multi
+        self._obj = BpfObject(path, {"live": self.max_blocks}, multi=UPROBE_PROGRAMS if multi else ())
         ncpu = possible_cpus()
         self._procs = Map(self._obj.map_fd("procs"), PROC.size)
         self._live = Map(self._obj.map_fd("live"), 8)
         self._stats = Map(self._obj.map_fd("stats"), 8 * ncpu)
         Map(self._obj.map_fd("settings"), 4).update(b"\0" * 4, (1 if self.pids else 0).to_bytes(4, "little"))
+        if self._ring is not None:
+            self._ring.close()
         self._ring = RingBuffer(self._obj.map_fd("events"), self._incoming.append)
         for program in ("process_exit", "process_fork", "process_exec"):
             self._obj.attach(program)
-        self.started_ns = time.time_ns()
-        for key, path in files.items():
-            self._attach_file(key, path)
-        for pid in self.pids or self._cuda_pids():
-            self._register(pid)
-        self._thread = threading.Thread(target=self._loop, name="gpuflame-agent", daemon=True)
-        self._thread.start()
 
     def _libcuda_files(self) -> dict[tuple[int, int], str]:
         files: dict[tuple[int, int], str] = {}
@@ -197,29 +219,31 @@ class Agent:
             elf = read_elf(path)
         except (OSError, ElfError) as exc:
             raise AgentError(f"cannot read {path}: {exc}") from None
-        placed = 0
+        probes: dict[tuple[str, bool], list[tuple[int, int]]] = {}
 
-        def offset(name: str) -> int | None:
+        def add(name: str, program: str, ret_program: str | None, cookie: int) -> None:
             sym = elf.symbols.get(name)
             if sym is None or not sym.value:
                 self.missing_functions.add(name)
-                return None
-            return elf.file_offset(sym.value)
+                return
+            off = elf.file_offset(sym.value)
+            probes.setdefault((program, False), []).append((off, cookie))
+            if ret_program:
+                probes.setdefault((ret_program, True), []).append((off, 0))
 
         for name, (program, kind) in ALLOCS.items():
-            if (off := offset(name)) is not None:
-                self._obj.attach_uprobe(program, path, off, ret=False, cookie=kind)
-                self._obj.attach_uprobe("alloc_exit", path, off, ret=True)
-                placed += 1
+            add(name, program, "alloc_exit", kind)
         for name, kind in FREES.items():
-            if (off := offset(name)) is not None:
-                self._obj.attach_uprobe("free_enter", path, off, ret=False, cookie=kind)
-                self._obj.attach_uprobe("free_exit", path, off, ret=True)
-                placed += 1
-        if (off := offset(INIT)) is not None:
-            self._obj.attach_uprobe("init_enter", path, off, ret=False)
-        if not placed:
+            add(name, "free_enter", "free_exit", kind)
+        if not probes:
             raise AgentError(f"{path} has none of the CUDA driver's allocation functions")
+        add(INIT, "init_enter", None, 0)
+        for (program, ret), places in probes.items():
+            if self._multi:
+                self._obj.attach_uprobe_multi(program, path, [o for o, _ in places], [c for _, c in places], ret=ret)
+            else:
+                for off, cookie in places:
+                    self._obj.attach_uprobe(program, path, off, ret=ret, cookie=cookie)
         self.attached[key] = path
 
     def _cuda_pids(self) -> list[int]:
@@ -390,11 +414,13 @@ class Agent:
 
     def stats(self) -> dict[str, int]:
         """The BPF side's counters, summed over CPUs, and the reader's."""
+        if self._obj is None:
+            return dict(self.final_stats or self.counts)
         out = dict(self.counts)
         names = {STAT_LOST_EVENTS: "lost_events", STAT_LIVE_FULL: "live_map_full",
                  STAT_UNKNOWN_FREES: "unknown_frees", STAT_CALLS_FULL: "calls_map_full"}
         for i in range(N_STATS):
-            raw = self._stats.lookup(i.to_bytes(4, "little")) if self._obj else None
+            raw = self._stats.lookup(i.to_bytes(4, "little"))
             out[names[i]] = sum(int.from_bytes(raw[k : k + 8], "little") for k in range(0, len(raw), 8)) if raw else 0
         return out
 
