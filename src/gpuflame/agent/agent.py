@@ -216,7 +216,7 @@ class Agent:
         """Entry and return probes on the driver functions one libcuda file has."""
         assert self._obj is not None
         try:
-            elf = read_elf(path)
+            elf = read_elf(path, full=False)  # the driver functions are exported
         except (OSError, ElfError) as exc:
             raise AgentError(f"cannot read {path}: {exc}") from None
         probes: dict[tuple[str, bool], list[tuple[int, int]]] = {}
@@ -262,19 +262,19 @@ class Agent:
     def _wanted(self, pid: int) -> bool:
         return not self.pids or pid in self.processes or pid in self.pids
 
-    def _register(self, pid: int) -> Process | None:
+    def _register(self, pid: int, parent: Process | None = None) -> Process | None:
         """Tell the BPF side where *pid*'s interpreter is; keep its frame namer."""
         old = self.processes.pop(pid, None)
         if old is not None:
             old.close()
         try:
-            proc = Process(pid, self.native)
+            proc = Process.forked(pid, parent) if parent is not None else Process(pid, self.native)
         except OSError:
             return None  # gone already
         self.processes[pid] = proc
         self._procs.update(pid.to_bytes(4, "little"), proc.bpf_value())
         self._labels[pid] = self._process_labels(proc)
-        if not proc.python and procs.alive(pid):
+        if not proc.python and procs.looks_like_python(pid):
             self._waiting.setdefault(pid, time.monotonic() + REGISTER_WINDOW)
         else:
             self._waiting.pop(pid, None)
@@ -301,7 +301,7 @@ class Agent:
     def _loop(self) -> None:
         next_scan = time.monotonic() + RESCAN_SECONDS
         while not self._stop.is_set():
-            self.poll()
+            self.poll(2 if self._waiting else POLL_MS)  # a process just started: catch its interpreter early
             if not self.pids and time.monotonic() > next_scan:
                 next_scan = time.monotonic() + RESCAN_SECONDS
                 self._rescan()
@@ -355,11 +355,9 @@ class Agent:
                 self._register(h.tgid)
         elif h.type == EV_FORK:
             if h.tgid in self.processes:
-                self._register(h.addr)
-        elif h.type == EV_EXEC and self._wanted(h.tgid):
-            if not self.pids or h.tgid in self.processes:
-                self._register(h.tgid)
-                self._waiting[h.tgid] = time.monotonic() + REGISTER_WINDOW
+                self._register(h.addr, parent=self.processes[h.tgid])
+        elif h.type == EV_EXEC and (h.tgid in self.processes or (not self.pids and procs.looks_like_python(h.tgid))):
+            self._register(h.tgid)  # a new image: what we knew of the process is void
 
     def _alloc(self, h: Header, data: bytes) -> None:
         if not self.first_event_ns:

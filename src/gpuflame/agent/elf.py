@@ -9,6 +9,7 @@ pyelftools may not be installed.
 from __future__ import annotations
 
 import bisect
+import mmap
 import struct
 from dataclasses import dataclass, field
 
@@ -79,19 +80,23 @@ class ElfFile:
         return None
 
 
-def read_elf(path: str) -> ElfFile:
-    """Parse *path*; raises OSError or :class:`ElfError`."""
+def read_elf(path: str, full: bool = True) -> ElfFile:
+    """Parse *path* (only ``.dynsym`` unless *full*: fast, for the exported symbols); raises OSError or ElfError."""
     with open(path, "rb") as f:
-        data = f.read()
-    if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
-        raise ElfError(f"{path}: not a 64-bit little-endian ELF file")
-    try:
-        return _parse(path, data)
-    except struct.error as exc:
-        raise ElfError(f"{path}: truncated ELF file") from exc
+        try:
+            data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except ValueError as exc:  # an empty file
+            raise ElfError(f"{path}: not an ELF file") from exc
+    with data:
+        if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
+            raise ElfError(f"{path}: not a 64-bit little-endian ELF file")
+        try:
+            return _parse(path, data, (SHT_DYNSYM, SHT_SYMTAB) if full else (SHT_DYNSYM,))
+        except (struct.error, ValueError, IndexError) as exc:
+            raise ElfError(f"{path}: truncated or damaged ELF file") from exc
 
 
-def _parse(path: str, data: bytes) -> ElfFile:
+def _parse(path: str, data: mmap.mmap, tables: tuple[int, ...]) -> ElfFile:
     (phoff, shoff) = struct.unpack_from("<QQ", data, 0x20)
     (phentsize, phnum, shentsize, shnum) = struct.unpack_from("<HHHH", data, 0x36)
     segments = []
@@ -104,7 +109,7 @@ def _parse(path: str, data: bytes) -> ElfFile:
     sections = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
     symbols: dict[str, Symbol] = {}
     # .dynsym first, .symtab second: the full table wins where both name a symbol
-    for wanted in (SHT_DYNSYM, SHT_SYMTAB):
+    for wanted in tables:
         for sh in sections:
             if sh[1] != wanted:
                 continue
@@ -114,7 +119,9 @@ def _parse(path: str, data: bytes) -> ElfFile:
                 st_name, st_info, _other, st_shndx, st_value, st_size = struct.unpack_from("<IBBHQQ", data, off)
                 if not st_name or st_shndx == 0:
                     continue
-                end = data.index(b"\0", str_off + st_name, str_off + str_size)
+                end = data.find(b"\0", str_off + st_name, str_off + str_size)
+                if end < 0:
+                    continue
                 name = data[str_off + st_name : end].decode(errors="replace")
                 symbols[name] = Symbol(name, st_value, st_size, st_info & 0xF)
     return ElfFile(path, segments, symbols)

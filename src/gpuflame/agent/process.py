@@ -31,6 +31,20 @@ class Process:
         self._maps: list[procs.Mapping] = []
         self._starts: list[int] = []
         self._native_names: dict[int, Frame] = {}
+        self._shared = False  # the reader is the parent's (forked)
+
+    @classmethod
+    def forked(cls, pid: int, parent: Process) -> Process:
+        """A fork child: read as itself while it lives; if it is already gone, through its parent.
+
+        Its code objects from before the fork sit at the same addresses in
+        both (the child's memory is a copy), so its first events keep their names.
+        """
+        child = cls(pid, parent.native)
+        if parent.python and not child.python:
+            child.interpreter, child.reader, child._shared = parent.interpreter, parent.reader, True
+            child.comm = child.comm or parent.comm
+        return child
 
     @property
     def python(self) -> bool:
@@ -72,7 +86,7 @@ class Process:
         m = self._mapping(addr)
         if m is None:
             return Frame(native_address_name(addr), kind=NATIVE)
-        elf = procs.elf_file(procs.in_root(self.pid, m.path))
+        elf = procs.elf_file(procs.in_root(self.pid, m.path), full=True)
         if elf is not None:
             vaddr = self._file_vaddr(elf, m, addr)
             sym = elf.function_at(vaddr) if vaddr is not None else None
@@ -96,6 +110,6 @@ class Process:
         return None
 
     def close(self) -> None:
-        if self.reader is not None:
+        if self.reader is not None and not self._shared:
             self.reader.memory.close()
 

@@ -68,6 +68,14 @@ def comm(pid: int) -> str:
         return ""
 
 
+def looks_like_python(pid: int) -> bool:
+    """An executable named python* (worth watching for its interpreter from its very start)."""
+    try:
+        return os.path.basename(os.readlink(f"/proc/{pid}/exe")).startswith("python")
+    except OSError:
+        return False
+
+
 def alive(pid: int) -> bool:
     return os.path.exists(f"/proc/{pid}")
 
@@ -90,18 +98,19 @@ class Interpreter:
     path: str
 
 
-_ELF_CACHE: dict[tuple[str, int, int], ElfFile | None] = {}
+_ELF_CACHE: dict[tuple[int, int, int, bool], ElfFile | None] = {}
 
 
-def elf_file(path: str) -> ElfFile | None:
+def elf_file(path: str, full: bool = False) -> ElfFile | None:
+    """The parsed file, once per file on the host (by inode: every process of one install shares it)."""
     try:
         st = os.stat(path)
     except OSError:
         return None
-    key = (path, st.st_ino, st.st_mtime_ns)
+    key = (st.st_dev, st.st_ino, st.st_mtime_ns, full)
     if key not in _ELF_CACHE:
         try:
-            _ELF_CACHE[key] = read_elf(path)
+            _ELF_CACHE[key] = read_elf(path, full)
         except (OSError, ElfError):
             _ELF_CACHE[key] = None
     return _ELF_CACHE[key]

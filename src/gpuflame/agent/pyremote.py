@@ -94,7 +94,7 @@ class CodeReader:
         if addr not in self._codes:
             try:
                 self._codes[addr] = self._read_code(addr)
-            except (OSError, ValueError, UnicodeError, struct.error):
+            except (OSError, ValueError, OverflowError, UnicodeError, struct.error):
                 self._codes[addr] = None
         return self._codes[addr]
 

@@ -65,6 +65,15 @@ struct {
     __type(value, __u8);
 } announced SEC(".maps");
 
+/* (tgid, stack hash) already sent: a new stack wakes the reader at once, so that its
+ * code objects are read while the process is alive (it may exit right after) */
+struct {
+    __uint(type, BPF_MAP_TYPE_LRU_HASH);
+    __uint(max_entries, 65536);
+    __type(key, struct stack_key);
+    __type(value, __u8);
+} stacks_seen SEC(".maps");
+
 struct {
     __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
     __uint(max_entries, 1);
@@ -274,6 +283,34 @@ static __always_inline void walk_python(struct proc *p, __u32 host_tid, struct e
     e->nframes = w.n;
 }
 
+struct stack_hash {
+    __u64 *words;
+    __u64 h;
+    __u32 n;
+};
+
+static long hash_step(__u64 i, struct stack_hash *s)
+{
+    if (i >= s->n || i >= STACK_WORDS)
+        return 1;
+    s->h = (s->h ^ s->words[i]) * 0x100000001b3ull;
+    return 0;
+}
+
+/* True the first time this process sends this stack. */
+static __always_inline int new_stack(struct event *e)
+{
+    struct stack_hash s = {.words = (__u64 *)e->frames, .h = 0xcbf29ce484222325ull,
+                           .n = (__u32)e->nframes * 2 + e->nnative};
+    bpf_loop(STACK_WORDS, hash_step, &s, 0);
+    struct stack_key key = {.tgid = e->tgid, .hash = s.h};
+    if (bpf_map_lookup_elem(&stacks_seen, &key))
+        return 0;
+    __u8 one = 1;
+    bpf_map_update_elem(&stacks_seen, &key, &one, BPF_ANY);
+    return 1;
+}
+
 static __always_inline struct event *new_event(__u8 type, __u32 kind)
 {
     __u32 zero = 0;
@@ -361,7 +398,7 @@ int BPF_KRETPROBE(alloc_exit, long rc)
         if (got > 0)
             e->nnative = got / 8;
     }
-    send(e, 0);
+    send(e, new_stack(e));
     announce(tgid, p);
     return 0;
 }

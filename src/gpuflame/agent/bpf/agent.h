@@ -9,6 +9,7 @@
 #define MAX_FRAMES 128 /* Python frames kept per allocation */
 #define MAX_WALK 160   /* frames visited (C-stack shim frames are skipped) */
 #define MAX_NATIVE 64
+#define STACK_WORDS (MAX_FRAMES * 2 + MAX_NATIVE)
 
 /* kinds: which driver function */
 #define K_ALLOC 0
@@ -80,6 +81,12 @@ struct block_key {
     __u32 tgid;
     __u32 handle; /* 1: a cuMemCreate handle, 0: an address */
     __u64 addr;
+};
+
+struct stack_key {
+    __u32 tgid;
+    __u32 pad;
+    __u64 hash;
 };
 
 struct inflight {
