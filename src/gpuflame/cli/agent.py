@@ -112,11 +112,15 @@ def run(args: argparse.Namespace) -> int:
     except AgentError as exc:
         agent.stop()
         raise GpuflameError(str(exc)) from None
+    done = threading.Event()
+    previous = {sig: signal.signal(sig, lambda _s, _f: done.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
     sys.stderr.write(agent.watching() + "\n")
     sys.stderr.flush()
     try:
-        _wait(args, agent, push)
+        _wait(args, agent, push, done)
     finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         agent.stop()
         profile = agent.snapshot()
         if push is not None:
@@ -160,28 +164,19 @@ def _push(args: argparse.Namespace):  # noqa: ANN202 - AgentPush, imported late
                      ca=args.pyroscope_ca or "", credentials=credentials)
 
 
-def _wait(args: argparse.Namespace, agent: object, push: object) -> None:
-    """Until --duration, Ctrl-C or SIGTERM; a snapshot to Pyroscope every interval meanwhile."""
-    done = threading.Event()
-
-    def stop(_signum: int, _frame: object) -> None:
-        done.set()
-
-    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        end = time.monotonic() + args.duration if args.duration else float("inf")
-        next_push = time.monotonic() + args.interval
-        while not done.is_set():
-            now = time.monotonic()
-            if now >= end:
-                break
-            if push is not None and now >= next_push:
-                next_push = now + args.interval
-                push.submit(agent.snapshot())  # type: ignore[attr-defined]
-            done.wait(min(end, next_push if push is not None else end) - now)
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+def _wait(args: argparse.Namespace, agent: object, push: object, done: threading.Event) -> None:
+    """Until --duration, Ctrl-C or SIGTERM (*done*); a snapshot to Pyroscope every interval meanwhile."""
+    end = time.monotonic() + args.duration if args.duration else float("inf")
+    next_push = time.monotonic() + args.interval
+    while not done.is_set():
+        now = time.monotonic()
+        if now >= end:
+            break
+        if push is not None and now >= next_push:
+            next_push = now + args.interval
+            push.submit(agent.snapshot())  # type: ignore[attr-defined]
+        until = min(end, next_push if push is not None else end)
+        done.wait(None if until == float("inf") else until - now)
 
 
 def _say(args: argparse.Namespace, output: Path, comments: list[str], totals: dict[str, int], pids: list[int]) -> None:
