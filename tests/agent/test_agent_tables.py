@@ -1,0 +1,165 @@
+"""The agent's tables and decoders, without BPF: CPython offsets and line tables per version,
+the constants shared with the BPF side, the ledger's peak, ELF symbols."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from agent_helpers import VERSIONS, python_for
+
+from gpuflame.agent import events
+from gpuflame.agent.build import BPF_DIR
+from gpuflame.agent.elf import read_elf
+from gpuflame.agent.ledger import Ledger
+from gpuflame.agent.py_offsets import OFFSETS
+from gpuflame.agent.pyremote import line_for
+
+SOURCE = Path(__file__).resolve().parents[2] / "src" / "gpuflame" / "agent" / "py_offsets.c"
+
+
+def include_dir(version: str) -> Path | None:
+    python = python_for(version)
+    if python is None:
+        return None
+    out = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['include'])"],
+                         capture_output=True, text=True)
+    path = Path(out.stdout.strip())
+    return path if (path / "internal" / "pycore_frame.h").exists() or version == "3.10" else None
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_offsets_match_each_versions_own_headers(version, tmp_path):
+    """py_offsets.py is what py_offsets.c prints when built against that version's internal headers."""
+    include = include_dir(version)
+    if include is None or not (include / "internal").is_dir():
+        pytest.skip(f"no headers of Python {version} here")
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc is not installed")
+    exe = tmp_path / "offsets"
+    subprocess.run(["gcc", f"-I{include}", f"-I{include / 'internal'}", str(SOURCE), "-o", str(exe)], check=True)
+    printed = json.loads(subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout)
+    assert printed.pop("version") == version
+    assert OFFSETS[version] == printed
+
+
+LINES_SCRIPT = r"""
+import json, sys, types
+out = []
+def walk(code):
+    table = list(code.co_lines())
+    out.append([code.co_linetable.hex(), code.co_firstlineno, table])
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType):
+            walk(c)
+import argparse, json as j, threading, ast
+for mod in (argparse, threading, ast, j.decoder):
+    src = open(mod.__file__).read()
+    walk(compile(src, mod.__file__, "exec"))
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_line_tables_read_as_the_interpreter_reads_them(version):
+    """Every instruction of several stdlib modules: line_for == the interpreter's own co_lines()."""
+    python = python_for(version)
+    if python is None:
+        pytest.skip(f"no Python {version} here")
+    codes = json.loads(subprocess.run([python, "-c", LINES_SCRIPT], capture_output=True, text=True,
+                                      check=True).stdout)
+    checked = 0
+    for table_hex, first, ranges in codes:
+        table = bytes.fromhex(table_hex)
+        for start, end, line in ranges:
+            for lasti in range(start, end, 2):
+                assert line_for(table, first, lasti, version) == line, (version, first, lasti)
+                checked += 1
+    assert checked > 10_000
+
+
+def test_constants_match_agent_h():
+    """events.py mirrors bpf/agent.h: every #define with a number there has the same value here."""
+    defines = dict(re.findall(r"^#define (\w+) (-?\d+)\b", (BPF_DIR / "agent.h").read_text(), re.M))
+    shared = {k: int(v) for k, v in defines.items() if hasattr(events, k)}
+    assert len(shared) >= 30
+    assert {k: getattr(events, k) for k in shared} == shared
+    # the struct layouts: event header 64 bytes, struct proc 16 + 4 per offset field
+    assert events.HEADER.size == 64
+    fields = re.search(r"struct py_offsets \{(.*?)\};", (BPF_DIR / "agent.h").read_text(), re.S).group(1)
+    assert tuple(re.findall(r"__s32 (\w+);", fields)) == events.OFFSET_FIELDS
+    assert all(set(events.OFFSET_FIELDS) <= set(OFFSETS[v]) for v in OFFSETS)
+
+
+def naive_peak(ops):
+    """A full copy of every stack's in-use at each new high (the definition)."""
+    live, inuse, total, high, at_high = {}, {}, 0, 0, {}
+    for op, stack, key, size in ops:
+        if op == "alloc":
+            live[key] = (stack, size)
+            inuse[stack] = inuse.get(stack, 0) + size
+            total += size
+        elif key in live:
+            s, sz = live.pop(key)
+            inuse[s] -= sz
+            total -= sz
+        if total > high:
+            high, at_high = total, dict(inuse)
+    return at_high, inuse
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_ledger_peak_equals_the_definition(seed):
+    rng = random.Random(seed)
+    ledger, ops, live = Ledger(), [], []
+    for i in range(400):
+        if live and rng.random() < 0.45:
+            key = live.pop(rng.randrange(len(live)))
+            ops.append(("free", None, key, 0))
+            ledger.free(1, key)
+        else:
+            key, stack, size = (0, i), rng.randrange(6), rng.randrange(1, 5000)
+            live.append(key)
+            ops.append(("alloc", stack, key, size))
+            ledger.alloc(1, "cuda", stack, key, size)
+    at_high, inuse = naive_peak(ops)
+    got = {stack: values for (_, stack, values) in ledger.rows()}
+    assert {s: v[0] for s, v in got.items() if v[0]} == {s: v for s, v in at_high.items() if v}
+    assert {s: v[2] for s, v in got.items()} == {s: inuse.get(s, 0) for s in got}
+
+
+def test_ledger_exit_and_unknown_frees():
+    ledger = Ledger()
+    ledger.alloc(7, "cuda", 0, (0, 0x1000), 100)
+    ledger.alloc(7, "host", 1, (0, 0x2000), 50)
+    assert not ledger.free(7, (0, 0x9999))  # from before the agent: ignored, counted
+    assert ledger.unmatched_frees == 1
+    assert sorted(ledger.exit(7)) == [(0, 0x1000), (0, 0x2000)]
+    rows = {(g, s): v for g, s, v in ledger.rows()}
+    assert rows[((7, "cuda"), 0)] == (100, 1, 0, 0, 100, 1)
+    assert rows[((7, "host"), 1)] == (50, 1, 0, 0, 50, 1)
+
+
+def test_elf_symbols_and_offsets():
+    """The driver functions are placed by file offset; pyenv's libpython exports _PyRuntime."""
+    python = python_for("3.11")
+    if python is None:
+        pytest.skip("no Python 3.11 here")
+    lib = next(Path(python).resolve().parents[1].glob("lib/libpython3.11*.so*"), None)
+    path = str(lib) if lib else python
+    elf = read_elf(path, full=False)
+    runtime = elf.symbols["_PyRuntime"]
+    assert runtime.value and runtime.size > 1000
+    nm = subprocess.run(["nm", "-D", path], capture_output=True, text=True)
+    if nm.returncode == 0:
+        line = next(entry for entry in nm.stdout.splitlines() if entry.endswith(" _PyRuntime"))
+        assert int(line.split()[0], 16) == runtime.value
+    func = elf.symbols["PyEval_EvalCode"]
+    assert elf.function_at(func.value + 1).name == "PyEval_EvalCode"
+    assert elf.file_offset(func.value) == func.value - next(
+        s.vaddr - s.offset for s in elf.segments if s.vaddr <= func.value < s.vaddr + s.filesz)
