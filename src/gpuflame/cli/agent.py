@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import signal
 import sys
@@ -89,7 +90,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     ship.add_argument("--interval", type=duration, default=15.0, metavar="DURATION",
                       help="push every DURATION (default 15s)")
     ship.add_argument("--service-name", metavar="NAME", help="service_name label (default: each pod's workload)")
-    ship.add_argument("--tenant", metavar="ID", help="X-Scope-OrgID header")
+    ship.add_argument("--tenant", metavar="ID", help="X-Scope-OrgID header (default: $GPUFLAME_TENANT)")
     ship.add_argument("--pyroscope-ca", metavar="FILE", help="CA certificate file to verify TLS with")
     ship.add_argument("--pyroscope-user", metavar="USER", help="basic auth user")
     ship.add_argument("--pyroscope-token-file", metavar="FILE", help="file holding the bearer token")
@@ -160,7 +161,8 @@ def _push(args: argparse.Namespace):  # noqa: ANN202 - AgentPush, imported late
 
     credentials = Credentials.from_env(user=args.pyroscope_user or "", token_file=args.pyroscope_token_file or "",
                                        password_file=args.pyroscope_password_file or "")
-    return AgentPush(args.pyroscope, service=args.service_name or "", tenant=args.tenant or "",
+    tenant = args.tenant or os.environ.get("GPUFLAME_TENANT", "")  # the webhook's Secret key, as its pods get it
+    return AgentPush(args.pyroscope, service=args.service_name or "", tenant=tenant,
                      ca=args.pyroscope_ca or "", credentials=credentials)
 
 
