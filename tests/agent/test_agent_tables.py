@@ -96,6 +96,17 @@ def test_constants_match_agent_h():
     assert all(set(events.OFFSET_FIELDS) <= set(OFFSETS[v]) for v in OFFSETS)
 
 
+@pytest.mark.parametrize("version", sorted(OFFSETS))
+def test_frame_fields_sit_in_the_bytes_read_per_frame(version):
+    """The walk reads FRAME_BYTES of each frame at once; every field it takes must be inside."""
+    o = OFFSETS[version]
+    assert o["frame_previous"] + 8 <= events.FRAME_BYTES and o["frame_code"] + 8 <= events.FRAME_BYTES
+    assert o["frame_instr"] + o["frame_instr_size"] <= events.FRAME_BYTES
+    assert o["frame_owner"] < events.FRAME_BYTES
+    for name in ("frame_previous", "frame_code", "frame_instr"):
+        assert o[name] % 8 == 0 or (name == "frame_instr" and o[name] % 4 == 0)
+
+
 def naive_peak(ops):
     """A full copy of every stack's in-use at each new high (the definition)."""
     live, inuse, total, high, at_high = {}, {}, 0, 0, {}

@@ -23,6 +23,7 @@ P_NATIVE = 1
 STAT_LOST_EVENTS, STAT_LIVE_FULL, STAT_UNKNOWN_FREES, STAT_CALLS_FULL = 0, 1, 2, 3
 N_STATS = 4
 MAX_FRAMES = 128
+FRAME_BYTES = 104  # the BPF walk reads this much of each interpreter frame at once
 LIVE_BLOCKS = 262144  # default size of the live-block map (--max-blocks)
 
 # the driver functions probed: symbol -> (entry program, kind)

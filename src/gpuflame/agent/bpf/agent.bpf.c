@@ -32,11 +32,11 @@ struct {
     __type(value, struct proc);
 } procs SEC(".maps");
 
-/* (tgid, address or handle) -> size: the blocks live now; user space resizes it */
+/* (tgid, address or handle) -> size: the blocks live now; user space sizes it
+ * (--max-blocks). Preallocated: an insert at every allocation must not allocate. */
 struct {
     __uint(type, BPF_MAP_TYPE_HASH);
     __uint(max_entries, 262144);
-    __uint(map_flags, BPF_F_NO_PREALLOC);
     __type(key, struct block_key);
     __type(value, __u64);
 } live SEC(".maps");
@@ -103,10 +103,13 @@ static __always_inline void count(__u32 which)
         *v += 1;
 }
 
-/* Wake the reader only when enough is waiting: a wake-up per event costs more than the event. */
-static __always_inline __u64 wake_flags(int force)
+/* Wake the reader only when this record takes the backlog past WAKE_BYTES: a
+ * wake-up per record costs more than the record (the reader also drains the ring
+ * every POLL_MS on its own), and one wake-up per crossing is enough. */
+static __always_inline __u64 wake_flags(int force, __u64 len)
 {
-    if (force || bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) > WAKE_BYTES)
+    __u64 avail = bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA);
+    if (force || (avail < WAKE_BYTES && avail + len >= WAKE_BYTES))
         return BPF_RB_FORCE_WAKEUP;
     return BPF_RB_NO_WAKEUP;
 }
@@ -228,6 +231,7 @@ static __always_inline __u64 find_tstate(struct proc *p, __u32 host_tid)
 struct frame_walk {
     struct event *e;
     __u64 frame;
+    __u64 hash; /* of the frames kept: a new stack wakes the reader */
     __u32 n;
     __s32 previous;
     __s32 code;
@@ -237,40 +241,48 @@ struct frame_walk {
     __s32 owner_cstack;
 };
 
+/* One read per frame: the fields we need all sit in its first FRAME_BYTES bytes. */
 static long frame_step(__u64 i, struct frame_walk *w)
 {
     __u64 frame = w->frame;
     if (!frame)
         return 1;
-    w->frame = read_ptr(frame + w->previous);
-    if (w->owner >= 0) {
-        __u8 owner = 0;
-        bpf_probe_read_user(&owner, 1, (void *)(frame + w->owner));
-        if (owner == w->owner_cstack)
-            return 0; /* a C-stack shim frame (3.12+) */
+    struct event *e = w->e;
+    if (bpf_probe_read_user(e->raw, FRAME_BYTES, (void *)frame)) {
+        w->frame = 0;
+        return 1;
     }
+    w->frame = *(__u64 *)(e->raw + (w->previous & RAW_U64_MASK));
+    if (w->owner >= 0 && e->raw[w->owner & RAW_U8_MASK] == w->owner_cstack)
+        return 0; /* a C-stack shim frame (3.12+) */
     __u32 n = w->n;
     if (n >= MAX_FRAMES) {
         w->frame = frame;
         return 1;
     }
-    struct event *e = w->e;
-    e->frames[n].code = read_ptr(frame + w->code);
-    __u64 instr = read_ptr(frame + w->instr);
-    e->frames[n].instr = w->instr_size == 4 ? (instr & 0xffffffff) : instr;
+    __u64 code = *(__u64 *)(e->raw + (w->code & RAW_U64_MASK));
+    __u64 instr;
+    if (w->instr_size == 4)
+        instr = *(__u32 *)(e->raw + (w->instr & RAW_U32_MASK));
+    else
+        instr = *(__u64 *)(e->raw + (w->instr & RAW_U64_MASK));
+    e->frames[n].code = code;
+    e->frames[n].instr = instr;
+    w->hash = (w->hash ^ code ^ (instr << 17)) * 0x100000001b3ull;
     w->n = n + 1;
     return 0;
 }
 
-static __always_inline void walk_python(struct proc *p, __u32 host_tid, struct event *e)
+/* Walks the frames into *e*; returns their hash. */
+static __always_inline __u64 walk_python(struct proc *p, __u32 host_tid, struct event *e)
 {
     __u64 ts = find_tstate(p, host_tid);
     if (!ts) {
         e->flags |= F_NO_THREAD;
-        return;
+        return 0;
     }
     struct py_offsets *o = &p->off;
-    struct frame_walk w = {.e = e, .previous = o->frame_previous, .code = o->frame_code, .instr = o->frame_instr,
+    struct frame_walk w = {.e = e, .hash = 0xcbf29ce484222325ull, .previous = o->frame_previous, .code = o->frame_code, .instr = o->frame_instr,
                            .instr_size = o->frame_instr_size, .owner = o->frame_owner,
                            .owner_cstack = o->owner_cstack};
     if (o->tstate_cframe >= 0)
@@ -281,6 +293,7 @@ static __always_inline void walk_python(struct proc *p, __u32 host_tid, struct e
     if (w.frame)
         e->flags |= F_TRUNCATED;
     e->nframes = w.n;
+    return w.hash;
 }
 
 struct stack_hash {
@@ -291,19 +304,22 @@ struct stack_hash {
 
 static long hash_step(__u64 i, struct stack_hash *s)
 {
-    if (i >= s->n || i >= STACK_WORDS)
+    if (i >= s->n || i >= MAX_NATIVE)
         return 1;
     s->h = (s->h ^ s->words[i]) * 0x100000001b3ull;
     return 0;
 }
 
-/* True the first time this process sends this stack. */
-static __always_inline int new_stack(struct event *e)
+/* True the first time this process sends this stack (Python frames hashed by the walk, native ones here). */
+static __always_inline int new_stack(struct event *e, __u64 hash)
 {
-    struct stack_hash s = {.words = (__u64 *)e->frames, .h = 0xcbf29ce484222325ull,
-                           .n = (__u32)e->nframes * 2 + e->nnative};
-    bpf_loop(STACK_WORDS, hash_step, &s, 0);
-    struct stack_key key = {.tgid = e->tgid, .hash = s.h};
+    if (e->nnative) {
+        __u32 off = e->nframes < MAX_FRAMES ? e->nframes : MAX_FRAMES;
+        struct stack_hash s = {.words = (__u64 *)&e->frames[off], .h = hash, .n = e->nnative};
+        bpf_loop(MAX_NATIVE, hash_step, &s, 0);
+        hash = s.h;
+    }
+    struct stack_key key = {.tgid = e->tgid, .hash = hash};
     if (bpf_map_lookup_elem(&stacks_seen, &key))
         return 0;
     __u8 one = 1;
@@ -311,7 +327,7 @@ static __always_inline int new_stack(struct event *e)
     return 1;
 }
 
-static __always_inline struct event *new_event(__u8 type, __u32 kind)
+static __always_inline struct event *new_event(__u8 type, __u32 kind, int full)
 {
     __u32 zero = 0;
     struct event *e = bpf_map_lookup_elem(&scratch, &zero);
@@ -328,8 +344,10 @@ static __always_inline struct event *new_event(__u8 type, __u32 kind)
     e->addr = 0;
     e->size = 0;
     e->device = 0;
-    e->ts = bpf_ktime_get_ns();
-    bpf_get_current_comm(e->comm, sizeof(e->comm));
+    if (full) { /* a free needs neither: user space knows the process */
+        e->ts = bpf_ktime_get_ns();
+        bpf_get_current_comm(e->comm, sizeof(e->comm));
+    }
     return e;
 }
 
@@ -339,7 +357,7 @@ static __always_inline void send(struct event *e, int force)
     len += (__u64)(e->nnative & (MAX_NATIVE * 2 - 1)) * 8;
     if (len > sizeof(struct event))
         len = sizeof(struct event);
-    if (bpf_ringbuf_output(&events, e, len, wake_flags(force)))
+    if (bpf_ringbuf_output(&events, e, len, wake_flags(force, len)))
         count(STAT_LOST_EVENTS);
 }
 
@@ -349,7 +367,7 @@ static __always_inline void announce(__u32 tgid, struct proc *p)
     if (p || bpf_map_lookup_elem(&announced, &tgid))
         return;
     bpf_map_update_elem(&announced, &tgid, &one, BPF_ANY);
-    struct event *e = new_event(EV_NEW_PROCESS, 0);
+    struct event *e = new_event(EV_NEW_PROCESS, 0, 1);
     if (e)
         send(e, 1);
 }
@@ -375,7 +393,7 @@ int BPF_KRETPROBE(alloc_exit, long rc)
     __u64 size = call.size;
     if (call.kind == K_ALLOC_PITCH)
         size = read_ptr(call.extra) * call.size; /* the real pitch, read back, times Height */
-    struct event *e = new_event(EV_ALLOC, call.kind);
+    struct event *e = new_event(EV_ALLOC, call.kind, 0); /* user space has the comm */
     if (!e)
         return 0;
     e->addr = addr;
@@ -386,8 +404,9 @@ int BPF_KRETPROBE(alloc_exit, long rc)
         e->flags |= F_UNTRACKED;
         count(STAT_LIVE_FULL);
     }
+    __u64 hash = 0;
     if (p && p->runtime)
-        walk_python(p, (__u32)id, e);
+        hash = walk_python(p, (__u32)id, e);
     else
         e->flags |= F_NOT_REGISTERED;
     if (!p || !p->runtime || (p->flags & P_NATIVE)) {
@@ -398,7 +417,7 @@ int BPF_KRETPROBE(alloc_exit, long rc)
         if (got > 0)
             e->nnative = got / 8;
     }
-    send(e, new_stack(e));
+    send(e, new_stack(e, hash));
     announce(tgid, p);
     return 0;
 }
@@ -420,7 +439,7 @@ int BPF_KRETPROBE(free_exit, long rc)
         count(STAT_UNKNOWN_FREES); /* allocated before the agent started */
         return 0;
     }
-    struct event *e = new_event(EV_FREE, call.kind);
+    struct event *e = new_event(EV_FREE, call.kind, 0);
     if (!e)
         return 0;
     e->addr = call.out;
@@ -455,7 +474,7 @@ int BPF_PROG(process_exit, struct task_struct *task)
     if (!p)
         return 0;
     bpf_map_delete_elem(&procs, &tgid);
-    struct event *e = new_event(EV_EXIT, 0);
+    struct event *e = new_event(EV_EXIT, 0, 1);
     if (e)
         send(e, 1);
     return 0;
@@ -474,7 +493,7 @@ int BPF_PROG(process_fork, struct task_struct *parent, struct task_struct *child
         return 0;
     struct proc copy = *p;
     bpf_map_update_elem(&procs, &ctgid, &copy, BPF_NOEXIST);
-    struct event *e = new_event(EV_FORK, 0);
+    struct event *e = new_event(EV_FORK, 0, 1);
     if (e) {
         e->addr = ctgid;
         send(e, 1);
@@ -489,7 +508,7 @@ int BPF_PROG(process_exec, struct task_struct *task)
     __u32 tgid = bpf_get_current_pid_tgid() >> 32;
     bpf_map_delete_elem(&procs, &tgid);
     bpf_map_delete_elem(&announced, &tgid);
-    struct event *e = new_event(EV_EXEC, 0);
+    struct event *e = new_event(EV_EXEC, 0, 1);
     if (e)
         send(e, 1);
     return 0;

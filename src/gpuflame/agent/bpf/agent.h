@@ -10,6 +10,10 @@
 #define MAX_WALK 160   /* frames visited (C-stack shim frames are skipped) */
 #define MAX_NATIVE 64
 #define STACK_WORDS (MAX_FRAMES * 2 + MAX_NATIVE)
+#define FRAME_BYTES 104 /* read at once per frame: every field the walk needs is below */
+#define RAW_U64_MASK 0x78
+#define RAW_U32_MASK 0x7c
+#define RAW_U8_MASK 0x7f
 
 /* kinds: which driver function */
 #define K_ALLOC 0
@@ -124,6 +128,7 @@ struct event_header {
 struct event {
     EVENT_HEADER_FIELDS
     struct py_frame frames[MAX_FRAMES + MAX_NATIVE / 2];
+    __u8 raw[128]; /* scratch for one interpreter frame; never sent */
 };
 
 #endif
