@@ -48,6 +48,7 @@ from gpuflame.agent.events import (
     header,
     native_frames,
     python_frames,
+    unpack_free,
 )
 from gpuflame.agent.ledger import Ledger
 from gpuflame.agent.libbpf import BpfError, BpfObject, Map, RingBuffer, possible_cpus
@@ -301,7 +302,8 @@ class Agent:
     def _loop(self) -> None:
         next_scan = time.monotonic() + RESCAN_SECONDS
         while not self._stop.is_set():
-            self.poll(2 if self._waiting else POLL_MS)  # a process just started: catch its interpreter early
+            busy = self._ring is not None and self._ring.more
+            self.poll(0 if busy else 2 if self._waiting else POLL_MS)  # a new process: catch its interpreter early
             if not self.pids and time.monotonic() > next_scan:
                 next_scan = time.monotonic() + RESCAN_SECONDS
                 self._rescan()
@@ -343,39 +345,52 @@ class Agent:
             sys.stderr.write(f"gpuflame agent: rescan failed ({type(exc).__name__}: {exc})\n")
 
     def _handle(self, data: bytes) -> None:
-        h = header(data)
-        if h.type == EV_ALLOC:
-            self._alloc(h, data)
-        elif h.type == EV_FREE:
-            self.ledger.free(h.tgid, (int(h.kind == K_RELEASE), h.addr))
-        elif h.type == EV_EXIT:
-            self._exit(h.tgid)
-        elif h.type == EV_NEW_PROCESS:
-            if self._wanted(h.tgid) and (h.tgid not in self.processes or not self.processes[h.tgid].python):
-                self._register(h.tgid)
-        elif h.type == EV_FORK:
+        kind = data[0]
+        if kind == EV_FREE:  # the most frequent with allocations: kept short
+            tgid, addr = unpack_free(data)
+            self.ledger.free(tgid, (int(data[1] == K_RELEASE), addr))
+        elif kind == EV_ALLOC:
+            self._alloc(data)
+        elif kind == EV_EXIT:
+            self._exit(header(data).tgid)
+        elif kind == EV_NEW_PROCESS:
+            tgid = header(data).tgid
+            if self._wanted(tgid) and (tgid not in self.processes or not self.processes[tgid].python):
+                self._register(tgid)
+        elif kind == EV_FORK:
+            h = header(data)
             if h.tgid in self.processes:
                 self._register(h.addr, parent=self.processes[h.tgid])
-        elif h.type == EV_EXEC and (h.tgid in self.processes or (not self.pids and procs.looks_like_python(h.tgid))):
-            self._register(h.tgid)  # a new image: what we knew of the process is void
+        elif kind == EV_EXEC:
+            tgid = header(data).tgid
+            if tgid in self.processes or (not self.pids and procs.looks_like_python(tgid)):
+                self._register(tgid)  # a new image: what we knew of the process is void
 
-    def _alloc(self, h: Header, data: bytes) -> None:
+    def _alloc(self, data: bytes) -> None:
+        _type, kind, _n, _nn, flags, tgid, _tid, addr, size, _ts, device, _pad, _comm = HEADER.unpack_from(data)
+        raw = (tgid, data[HEADER.size :])
+        stack = self._raw_ids.get(raw)
+        if stack is None:  # a stack not seen before (the BPF side woke us at once for it)
+            stack = self._new_stack(raw, header(data), data)
+            if stack is None:
+                return
+        if flags:
+            for flag, name in ((F_NOT_REGISTERED, "not_registered"), (F_NO_THREAD, "no_thread"),
+                               (F_TRUNCATED, "truncated"), (F_UNTRACKED, "untracked")):
+                if flags & flag:
+                    self.counts[name] += 1
+        self.ledger.alloc(tgid, device_label(device), stack, (int(kind == K_CREATE), addr), size)
+
+    def _new_stack(self, raw: tuple[int, bytes], h: Header, data: bytes) -> int | None:
         if not self.first_event_ns:
             self.first_event_ns = time.time_ns()
         proc = self.processes.get(h.tgid)
         if proc is None and self._wanted(h.tgid):
             proc = self._register(h.tgid)
         if proc is None:
-            return
-        raw = (h.tgid, data[HEADER.size :])
-        stack = self._raw_ids.get(raw)
-        if stack is None:
-            stack = self._raw_ids[raw] = self._intern(self._frames(proc, h, data))
-        for flag, name in ((F_NOT_REGISTERED, "not_registered"), (F_NO_THREAD, "no_thread"),
-                           (F_TRUNCATED, "truncated"), (F_UNTRACKED, "untracked")):
-            if h.flags & flag:
-                self.counts[name] += 1
-        self.ledger.alloc(h.tgid, device_label(h.device), stack, (int(h.kind == K_CREATE), h.addr), h.size)
+            return None
+        stack = self._raw_ids[raw] = self._intern(self._frames(proc, h, data))
+        return stack
 
     def _frames(self, proc: Process, h: Header, data: bytes) -> tuple[Frame, ...]:
         frames: list[Frame] = []
@@ -445,6 +460,8 @@ class Agent:
             self._thread = None
         if self._ring is not None:
             self.poll(0)
+            while self._ring.more:
+                self.poll(0)
             self._ring.close()
             self._ring = None
         if self._obj is not None:

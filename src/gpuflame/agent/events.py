@@ -75,6 +75,13 @@ def header(data: bytes) -> Header:
     return Header._make(HEADER.unpack_from(data))
 
 
+_FREE = struct.Struct("<8xI4xQ")  # tgid and address of a free record, nothing else
+
+
+def unpack_free(data: bytes) -> tuple[int, int]:
+    return _FREE.unpack_from(data)
+
+
 def python_frames(data: bytes, n: int) -> list[tuple[int, int]]:
     """(code object, instruction) per frame, leaf first."""
     flat = struct.unpack_from(f"<{2 * n}Q", data, HEADER.size)
@@ -90,9 +97,10 @@ def proc_value(runtime: int, flags: int, offsets: dict[str, int] | None) -> byte
     return PROC.pack(runtime, flags, 0, *values)
 
 
+_DEVICES = {DEVICE_HOST: "host", DEVICE_CUDA: "cuda"}
+
+
 def device_label(device: int) -> str:
-    if device == DEVICE_HOST:
-        return "host"
-    if device == DEVICE_CUDA:
-        return "cuda"
-    return f"cuda:{device}"
+    """``cuda`` (the context's device), ``cuda:N`` (cuMemCreate names it), ``host`` (pinned memory)."""
+    name = _DEVICES.get(device)
+    return name if name is not None else f"cuda:{device}"

@@ -15,17 +15,9 @@ Group = tuple[int, str]  # (pid, device)
 BlockKey = tuple[int, int]  # (is_handle, address or handle)
 
 
-@dataclass
-class Line:
-    """One (process, device, stack) row."""
-
-    inuse: int = 0
-    inuse_n: int = 0
-    alloc: int = 0
-    alloc_n: int = 0
-    changed: int = 0  # event time of the last change
-    peak: int = 0  # in use at the group's peak, once changed after it
-    peak_n: int = 0
+# A row is a list (the hot path touches it at every event; lists beat attributes):
+INUSE, INUSE_N, ALLOC, ALLOC_N, CHANGED, PEAK, PEAK_N = range(7)
+# CHANGED: event time of the last change; PEAK, PEAK_N: in use at the group's peak, once changed after it
 
 
 @dataclass
@@ -33,7 +25,7 @@ class GroupState:
     total: int = 0
     peak_total: int = 0
     peak_time: int = 0
-    lines: dict[int, Line] = field(default_factory=dict)
+    lines: dict[int, list[int]] = field(default_factory=dict)
 
 
 class Ledger:
@@ -45,40 +37,43 @@ class Ledger:
         self.clock = 0
         self.unmatched_frees = 0
 
-    def _touch(self, g: GroupState, stack: int) -> Line:
+    def _change(self, g: GroupState, stack: int, size: int, count: int, allocated: bool) -> None:
+        """Add *size* bytes and *count* blocks to a row (negative: a free), keeping its value at the peak."""
+        self.clock += 1
         line = g.lines.get(stack)
         if line is None:
-            line = g.lines[stack] = Line()
-        elif line.changed <= g.peak_time:
-            line.peak, line.peak_n = line.inuse, line.inuse_n
-        return line
-
-    def _settle(self, g: GroupState, line: Line) -> None:
-        line.changed = self.clock
+            line = g.lines[stack] = [0, 0, 0, 0, 0, 0, 0]
+        elif line[CHANGED] <= g.peak_time:
+            line[PEAK] = line[INUSE]
+            line[PEAK_N] = line[INUSE_N]
+        line[INUSE] += size
+        line[INUSE_N] += count
+        if allocated:
+            line[ALLOC] += size
+            line[ALLOC_N] += 1
+        line[CHANGED] = self.clock
+        g.total += size
         if g.total > g.peak_total:
             g.peak_total = g.total
             g.peak_time = self.clock
 
     def alloc(self, pid: int, device: str, stack: int, key: BlockKey, size: int) -> None:
-        self.clock += 1
         group = (pid, device)
-        g = self.groups.get(group) or self.groups.setdefault(group, GroupState())
-        old = self.blocks.setdefault(pid, {}).get(key)
-        if old is not None:  # an address handed out again without a free we saw
+        g = self.groups.get(group)
+        if g is None:
+            g = self.groups[group] = GroupState()
+        blocks = self.blocks.get(pid)
+        if blocks is None:
+            blocks = self.blocks[pid] = {}
+        elif key in blocks:  # an address handed out again without a free we saw
             self._release(pid, key)
-        line = self._touch(g, stack)
-        line.inuse += size
-        line.inuse_n += 1
-        line.alloc += size
-        line.alloc_n += 1
-        g.total += size
-        self.blocks[pid][key] = (group, stack, size)
-        self._settle(g, line)
+        self._change(g, stack, size, 1, True)
+        blocks[key] = (group, stack, size)
 
     def free(self, pid: int, key: BlockKey) -> bool:
         """Free a block; False when it is not known (allocated before the agent started)."""
-        self.clock += 1
-        if key not in self.blocks.get(pid, {}):
+        if key not in self.blocks.get(pid, ()):
+            self.clock += 1
             self.unmatched_frees += 1
             return False
         self._release(pid, key)
@@ -86,18 +81,12 @@ class Ledger:
 
     def _release(self, pid: int, key: BlockKey) -> None:
         group, stack, size = self.blocks[pid].pop(key)
-        g = self.groups[group]
-        line = self._touch(g, stack)
-        line.inuse -= size
-        line.inuse_n -= 1
-        g.total -= size
-        self._settle(g, line)
+        self._change(self.groups[group], stack, -size, -1, False)
 
     def exit(self, pid: int) -> list[BlockKey]:
         """A process ended: its blocks are freed. Returns their keys."""
         keys = list(self.blocks.get(pid, {}))
         for key in keys:
-            self.clock += 1
             self._release(pid, key)
         self.blocks.pop(pid, None)
         return keys
@@ -107,7 +96,7 @@ class Ledger:
         out = []
         for group, g in self.groups.items():
             for stack, line in g.lines.items():
-                at_peak = line.changed <= g.peak_time
-                peak, peak_n = (line.inuse, line.inuse_n) if at_peak else (line.peak, line.peak_n)
-                out.append((group, stack, (peak, peak_n, line.inuse, line.inuse_n, line.alloc, line.alloc_n)))
+                at_peak = line[CHANGED] <= g.peak_time
+                peak, peak_n = (line[INUSE], line[INUSE_N]) if at_peak else (line[PEAK], line[PEAK_N])
+                out.append((group, stack, (peak, peak_n, line[INUSE], line[INUSE_N], line[ALLOC], line[ALLOC_N])))
         return out

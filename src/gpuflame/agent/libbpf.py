@@ -252,18 +252,31 @@ def possible_cpus() -> int:
 
 
 class RingBuffer:
-    """The events ring: :meth:`drain` hands each record's bytes to *handle*."""
+    """The events ring: :meth:`drain` hands each record's bytes to *handle*, at most *limit* per call.
 
-    def __init__(self, fd: int, handle: Callable[[bytes], None]) -> None:
+    libbpf 1.1's consume loop runs for as long as records keep coming; a busy
+    producer would keep it (and the booking after it) from ever returning. The
+    callback stops it after *limit* records instead (a negative return ends
+    libbpf's loop with the record consumed), and :attr:`more` says to call again.
+    """
+
+    STOP = -11  # -EAGAIN: libbpf stops and returns it
+
+    def __init__(self, fd: int, handle: Callable[[bytes], None], limit: int = 8192) -> None:
         self._handle = handle
+        self._limit = limit
+        self.count = 0
+        self.more = False
+        self.errors = 0
         string_at = ctypes.string_at
 
         def sample(_ctx: int, data: int, size: int) -> int:
             try:
                 handle(string_at(data, size))
             except Exception:  # noqa: BLE001 - an exception may not cross into C
-                return 0
-            return 0
+                self.errors += 1
+            self.count += 1
+            return self.STOP if self.count >= self._limit else 0
 
         self._callback = SAMPLE_FN(sample)  # kept alive as long as the ring
         self._rb = lib().ring_buffer__new(fd, self._callback, None, None)
@@ -271,11 +284,14 @@ class RingBuffer:
             raise _fail("cannot open the events ring buffer")
 
     def drain(self, timeout_ms: int) -> int:
-        """Wait up to *timeout_ms* for a wake-up, then read everything waiting (the BPF side wakes us rarely)."""
+        """Wait up to *timeout_ms* for a wake-up, then read what is waiting (the BPF side wakes us rarely)."""
         b = lib()
-        n = b.ring_buffer__poll(self._rb, timeout_ms)
-        m = b.ring_buffer__consume(self._rb)
-        return max(0, n) + max(0, m)
+        self.count = 0
+        b.ring_buffer__poll(self._rb, timeout_ms)
+        if self.count < self._limit:
+            b.ring_buffer__consume(self._rb)
+        self.more = self.count >= self._limit
+        return self.count
 
     def close(self) -> None:
         if self._rb:
