@@ -141,6 +141,7 @@ class Agent:
         self._ring: RingBuffer | None = None
         self._multi = True
         self.final_stats: dict[str, int] = {}
+        self._scanned: dict[int, dict[tuple[str, int], str]] = {}
 
     # -- starting ----------------------------------------------------------------
 
@@ -199,8 +200,9 @@ class Agent:
     def _libcuda_files(self) -> dict[tuple[int, int], str]:
         files: dict[tuple[int, int], str] = {}
         candidates = list(self.libcuda)
-        for pid in self.pids or procs.all_pids():
-            candidates += procs.libcuda_files(pid).values()
+        self._scanned = {pid: procs.libcuda_files(pid) for pid in self.pids or procs.all_pids()}
+        for found in self._scanned.values():
+            candidates += found.values()
         if not candidates:
             candidates = default_libcuda()
         for path in candidates:
@@ -248,7 +250,8 @@ class Agent:
         self.attached[key] = path
 
     def _cuda_pids(self) -> list[int]:
-        return [pid for pid in procs.all_pids() if procs.libcuda_files(pid)]
+        """The processes that mapped a libcuda.so at start (scanned once by _libcuda_files)."""
+        return [pid for pid, found in self._scanned.items() if found]
 
     def watching(self) -> str:
         """What the one 'watching' line says."""

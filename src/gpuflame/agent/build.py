@@ -68,10 +68,19 @@ def build(out: Path = OBJECT) -> Path:
     return out
 
 
+def source_checkout() -> bool:
+    """Running from a git checkout (where sources change), not from an installed package."""
+    return (BPF_DIR.parents[3] / ".git").exists()
+
+
 def ensure() -> Path:
-    """The object, built first when missing or stale (source checkouts, tests)."""
+    """The object; built first when missing, or when stale in a source checkout.
+
+    An installed package's object is used as it is: its files' times say
+    nothing (installers write them in any order), and a node must not compile.
+    """
     path = object_path()
-    if os.environ.get(ENV_OBJECT) or up_to_date(path):
+    if os.environ.get(ENV_OBJECT) or up_to_date(path) or (path.exists() and not source_checkout()):
         return path
     return build(path)
 
