@@ -132,6 +132,27 @@ def test_process_started_after_the_agent(libcuda, start_target, agent_for):
     assert agent.stats()["not_registered"] == 0
 
 
+@pytest.mark.parametrize("version", VERSIONS)
+def test_named_although_gone_before_its_events_are_read(version, start_target, bpf_object):
+    """The kernel side copies a new stack's code objects: nothing needs the process once it has exited."""
+    from gpuflame.agent.agent import Agent
+
+    target = start_target(version)
+    target.ready()
+    agent = Agent(pids=[target.pid])
+    agent.start(thread=False)  # nothing is read until the process is gone
+    try:
+        target.run("basic")
+        target.close()
+        assert not os.path.exists(f"/proc/{target.pid}/mem")
+        for _ in range(20):
+            agent.poll(0)
+        got = rows(agent.snapshot())
+        assert got == {k: (v[0], v[1], 0, 0, v[4], v[5]) for k, v in replay(target.records).items() if v[0] or v[4]}
+    finally:
+        agent.stop()
+
+
 def test_process_in_its_own_pid_namespace(start_target, agent_for):
     """unshare --pid: the interpreter stores namespaced thread ids; the kernel side reads the same level."""
     target = start_target("3.11", prefix=("unshare", "--pid", "--fork", "--kill-child"))

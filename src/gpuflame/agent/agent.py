@@ -22,6 +22,7 @@ from gpuflame.agent.events import (
     ALLOCS,
     BLOCK_KEY,
     EV_ALLOC,
+    EV_CODE,
     EV_EXEC,
     EV_EXIT,
     EV_FORK,
@@ -44,6 +45,7 @@ from gpuflame.agent.events import (
     STAT_LOST_EVENTS,
     STAT_UNKNOWN_FREES,
     Header,
+    code_record,
     device_label,
     header,
     native_frames,
@@ -145,8 +147,11 @@ class Agent:
 
     # -- starting ----------------------------------------------------------------
 
-    def start(self) -> None:
-        """Load, attach, register; raises :class:`AgentError` with one line on failure."""
+    def start(self, thread: bool = True) -> None:
+        """Load, attach, register; raises :class:`AgentError` with one line on failure.
+
+        *thread* False: no reader thread; the caller books events with :meth:`poll`.
+        """
         why = missing_privileges()
         if why:
             raise AgentError(why)
@@ -179,8 +184,9 @@ class Agent:
         for key, path in items[1:]:
             self._attach_file(key, path)
         self.started_ns = time.time_ns()
-        self._thread = threading.Thread(target=self._loop, name="gpuflame-agent", daemon=True)
-        self._thread.start()
+        if thread:
+            self._thread = threading.Thread(target=self._loop, name="gpuflame-agent", daemon=True)
+            self._thread.start()
 
     def _load(self, path: str, multi: bool) -> None:
         """Load the object and open its maps and ring."""
@@ -354,6 +360,11 @@ class Agent:
             self.ledger.free(tgid, (int(data[1] == K_RELEASE), addr))
         elif kind == EV_ALLOC:
             self._alloc(data)
+        elif kind == EV_CODE:
+            record = code_record(data)
+            proc = self.processes.get(record.tgid)
+            if proc is not None and proc.reader is not None:
+                proc.reader.remember(record)
         elif kind == EV_EXIT:
             self._exit(header(data).tgid)
         elif kind == EV_NEW_PROCESS:

@@ -13,7 +13,7 @@ K_ALLOC, K_ALLOC_ASYNC, K_ALLOC_POOL_ASYNC, K_ALLOC_MANAGED, K_ALLOC_PITCH, K_CR
 K_ALLOC_HOST, K_HOST_ALLOC, K_FREE, K_FREE_ASYNC, K_RELEASE, K_FREE_HOST = 6, 7, 8, 9, 10, 11
 
 # event types
-EV_ALLOC, EV_FREE, EV_EXIT, EV_NEW_PROCESS, EV_FORK, EV_EXEC = 1, 2, 3, 4, 5, 6
+EV_ALLOC, EV_FREE, EV_EXIT, EV_NEW_PROCESS, EV_FORK, EV_EXEC, EV_CODE = 1, 2, 3, 4, 5, 6, 7
 
 # event flags
 F_NOT_REGISTERED, F_NO_THREAD, F_TRUNCATED, F_UNTRACKED = 1, 2, 4, 8
@@ -51,11 +51,28 @@ OFFSET_FIELDS = (
     "tstate_cframe", "cframe_current_frame", "tstate_frame", "frame_previous", "frame_code", "frame_instr",
     "frame_instr_size", "frame_owner", "owner_cstack",
 )
-PROC = struct.Struct("<QII" + "i" * len(OFFSET_FIELDS))
+# struct code_offsets: the py_offsets.py name each takes its value from (3.10 has no co_qualname)
+CODE_OFFSET_FIELDS = {
+    "code_name": ("code_qualname", "code_name"),
+    "code_filename": ("code_filename",),
+    "code_firstlineno": ("code_firstlineno",),
+    "code_linetable": ("code_linetable",),
+    "unicode_state": ("unicode_state",),
+    "unicode_length": ("unicode_length",),
+    "unicode_ascii_data": ("unicode_ascii_data",),
+    "unicode_compact_data": ("unicode_compact_data",),
+    "bytes_size": ("bytes_size",),
+    "bytes_data": ("bytes_data",),
+}
+PROC = struct.Struct("<QII" + "i" * (len(OFFSET_FIELDS) + len(CODE_OFFSET_FIELDS)))
+CODE_NAME_BYTES, CODE_FILE_BYTES, CODE_TABLE_BYTES = 128, 256, 1024
+CODE_RECORD = struct.Struct(f"<B3xIQiIIIII{CODE_NAME_BYTES}s{CODE_FILE_BYTES}s{CODE_TABLE_BYTES}s")
 BLOCK_KEY = struct.Struct("<IIQ")
 
 
 class Header(NamedTuple):
+    """struct event_header."""
+
     type: int
     kind: int
     nframes: int
@@ -72,6 +89,7 @@ class Header(NamedTuple):
 
 
 def header(data: bytes) -> Header:
+    """The fields every record but a code record starts with."""
     return Header._make(HEADER.unpack_from(data))
 
 
@@ -92,9 +110,36 @@ def native_frames(data: bytes, nframes: int, nnative: int) -> tuple[int, ...]:
     return struct.unpack_from(f"<{nnative}Q", data, HEADER.size + 16 * nframes)
 
 
+def code_offset(offsets: dict[str, int], field: str) -> int:
+    """The first of a code_offsets field's sources that this version has."""
+    return next(offsets[name] for name in CODE_OFFSET_FIELDS[field] if offsets[name] >= 0)
+
+
 def proc_value(runtime: int, flags: int, offsets: dict[str, int] | None) -> bytes:
-    values = [offsets[f] for f in OFFSET_FIELDS] if offsets else [0] * len(OFFSET_FIELDS)
+    if not offsets:
+        return PROC.pack(runtime, flags, 0, *[0] * (len(OFFSET_FIELDS) + len(CODE_OFFSET_FIELDS)))
+    values = [offsets[f] for f in OFFSET_FIELDS] + [code_offset(offsets, f) for f in CODE_OFFSET_FIELDS]
     return PROC.pack(runtime, flags, 0, *values)
+
+
+class CodeRecord(NamedTuple):
+    """What the BPF side copied of one code object (struct code_record)."""
+
+    tgid: int
+    code: int
+    firstlineno: int
+    name_state: int
+    file_state: int
+    name_len: int
+    file_len: int
+    table_len: int
+    name: bytes
+    file: bytes
+    table: bytes
+
+
+def code_record(data: bytes) -> CodeRecord:
+    return CodeRecord._make(CODE_RECORD.unpack_from(data)[1:])
 
 
 _DEVICES = {DEVICE_HOST: "host", DEVICE_CUDA: "cuda"}

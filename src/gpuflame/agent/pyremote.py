@@ -14,6 +14,7 @@ import os
 import struct
 from dataclasses import dataclass
 
+from gpuflame.agent.events import CodeRecord
 from gpuflame.model.profile import Frame
 from gpuflame.symbols.names import display_name
 from gpuflame.symbols.qualnames import display as recovered_name
@@ -90,6 +91,31 @@ class CodeReader:
             return Frame(f"<unreadable code object 0x{code_addr:x}>", kind="synthetic")
         return Frame(code.name, code.file, code.line(code.lasti(instr)))
 
+    def remember(self, r: CodeRecord) -> None:
+        """A code object as the BPF side copied it (sent before the first stack holding it).
+
+        Used when complete; a name, file or line table longer than the copy is
+        read from memory instead, if the process is still there to read.
+        """
+        if self._codes.get(r.code) is not None:
+            return
+        raw_name, name_whole = _decode(r.name, r.name_state, r.name_len)
+        file, file_whole = _decode(r.file, r.file_state, r.file_len)
+        table = r.table[: r.table_len]
+        if not (name_whole and file_whole and len(table) == r.table_len):
+            try:
+                self._codes[r.code] = self._read_code(r.code)
+                return
+            except (OSError, ValueError, OverflowError, UnicodeError, struct.error):
+                pass  # gone: keep what was copied
+        if self.off["code_qualname"] >= 0:
+            name = display_name(raw_name)
+            adaptive = r.code + self.off["code_adaptive"]
+        else:
+            name = _name_from_source(self.root, file, r.firstlineno, raw_name)
+            adaptive = 0
+        self._codes[r.code] = Code(name, file, r.firstlineno, table, self.version, adaptive)
+
     def code(self, addr: int) -> Code | None:
         if addr not in self._codes:
             try:
@@ -140,8 +166,18 @@ class CodeReader:
         return self.memory.read(addr + self.off["bytes_data"], size)
 
 
+def _decode(raw: bytes, state: int, length: int) -> tuple[str, bool]:
+    """Characters of a copied str (its state word says ASCII or 1/2/4 bytes each); and whether all were copied."""
+    width = 1 if (state >> 6) & 1 else max(1, (state >> 2) & 7)
+    need = length * width
+    got = min(need, len(raw)) // width * width
+    codec = {1: "latin-1", 2: "utf-16-le", 4: "utf-32-le"}.get(width, "latin-1")
+    return raw[:got].decode(codec, errors="replace"), need <= len(raw)
+
+
 def _name_from_source(root: str, file: str, firstlineno: int, co_name: str) -> str:
-    if root and file.startswith("/"):
+    """3.10's qualname, recovered from the source as the process sees it (its root; the host's once it is gone)."""
+    if root and file.startswith("/") and os.path.isdir(root):
         return recovered_name(root + file, firstlineno, co_name)
     return recovered_name(file, firstlineno, co_name)
 

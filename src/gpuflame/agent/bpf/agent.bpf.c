@@ -81,6 +81,21 @@ struct {
     __type(value, struct event);
 } scratch SEC(".maps");
 
+/* (tgid, code object) already sent as a code record */
+struct {
+    __uint(type, BPF_MAP_TYPE_LRU_HASH);
+    __uint(max_entries, 65536);
+    __type(key, struct code_key);
+    __type(value, __u8);
+} codes_seen SEC(".maps");
+
+struct {
+    __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+    __uint(max_entries, 1);
+    __type(key, __u32);
+    __type(value, struct code_record);
+} code_scratch SEC(".maps");
+
 /* [0]: 1 = only processes in procs (--pid), 0 = every process */
 struct {
     __uint(type, BPF_MAP_TYPE_ARRAY);
@@ -372,6 +387,74 @@ static __always_inline void announce(__u32 tgid, struct proc *p)
         send(e, 1);
 }
 
+/* A str object's characters (compact: ASCII, or 1/2/4 bytes each), at most *cap* bytes. */
+static __always_inline void copy_str(struct code_offsets *o, __u64 str, char *buf, __u32 cap, __u32 *state,
+                                     __u32 *len)
+{
+    __u32 st = 0;
+    __s64 n = 0;
+    bpf_probe_read_user(&st, sizeof(st), (void *)(str + o->unicode_state));
+    bpf_probe_read_user(&n, sizeof(n), (void *)(str + o->unicode_length));
+    *state = st;
+    *len = (__u32)n;
+    __u32 kind = (st >> 2) & 7;
+    __u64 data = str + ((st >> 6) & 1 ? o->unicode_ascii_data : o->unicode_compact_data);
+    __u64 bytes = (__u64)n * (kind ? kind : 1);
+    if (bytes > cap)
+        bytes = cap;
+    if (bytes)
+        bpf_probe_read_user(buf, bytes, (void *)data);
+}
+
+struct code_walk {
+    struct event *e;
+    struct proc *p;
+    __u32 tgid;
+};
+
+static long code_step(__u64 i, struct code_walk *w)
+{
+    struct event *e = w->e;
+    if (i >= e->nframes || i >= MAX_FRAMES)
+        return 1;
+    __u64 code = e->frames[i].code;
+    struct code_key key = {.tgid = w->tgid, .code = code};
+    if (bpf_map_lookup_elem(&codes_seen, &key))
+        return 0;
+    __u8 one = 1;
+    bpf_map_update_elem(&codes_seen, &key, &one, BPF_ANY);
+    __u32 zero = 0;
+    struct code_record *r = bpf_map_lookup_elem(&code_scratch, &zero);
+    if (!r)
+        return 1;
+    struct code_offsets *o = &w->p->code;
+    r->type = EV_CODE;
+    r->tgid = w->tgid;
+    r->code = code;
+    r->firstlineno = 0;
+    bpf_probe_read_user(&r->firstlineno, 4, (void *)(code + o->code_firstlineno));
+    copy_str(o, read_ptr(code + o->code_name), r->name, CODE_NAME_BYTES, &r->name_state, &r->name_len);
+    copy_str(o, read_ptr(code + o->code_filename), r->file, CODE_FILE_BYTES, &r->file_state, &r->file_len);
+    __u64 table = read_ptr(code + o->code_linetable);
+    __s64 n = 0;
+    bpf_probe_read_user(&n, sizeof(n), (void *)(table + o->bytes_size));
+    r->table_len = (__u32)n;
+    __u64 bytes = n > CODE_TABLE_BYTES ? CODE_TABLE_BYTES : (n < 0 ? 0 : n);
+    if (bytes)
+        bpf_probe_read_user(r->table, bytes > CODE_TABLE_BYTES ? CODE_TABLE_BYTES : bytes,
+                            (void *)(table + o->bytes_data));
+    if (bpf_ringbuf_output(&events, r, sizeof(*r), 0))
+        count(STAT_LOST_EVENTS);
+    return 0;
+}
+
+/* Before a new stack's record: its code objects not sent yet, each as a code record. */
+static __always_inline void send_codes(struct event *e, struct proc *p)
+{
+    struct code_walk w = {.e = e, .p = p, .tgid = e->tgid};
+    bpf_loop(MAX_FRAMES, code_step, &w, 0);
+}
+
 SEC("uretprobe")
 int BPF_KRETPROBE(alloc_exit, long rc)
 {
@@ -417,7 +500,10 @@ int BPF_KRETPROBE(alloc_exit, long rc)
         if (got > 0)
             e->nnative = got / 8;
     }
-    send(e, new_stack(e, hash));
+    int fresh = new_stack(e, hash);
+    if (fresh && p && p->runtime && e->nframes)
+        send_codes(e, p);
+    send(e, fresh);
     announce(tgid, p);
     return 0;
 }

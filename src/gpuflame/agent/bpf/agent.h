@@ -36,6 +36,7 @@
 #define EV_NEW_PROCESS 4
 #define EV_FORK 5
 #define EV_EXEC 6
+#define EV_CODE 7 /* what naming a code object needs, sent with a new stack */
 
 /* event flags */
 #define F_NOT_REGISTERED 1 /* no interpreter known for the process (yet) */
@@ -74,11 +75,54 @@ struct py_offsets {
     __s32 owner_cstack;
 };
 
+/* where a code object keeps its name, file, first line and line table (3.10: co_name) */
+struct code_offsets {
+    __s32 code_name;
+    __s32 code_filename;
+    __s32 code_firstlineno;
+    __s32 code_linetable;
+    __s32 unicode_state;
+    __s32 unicode_length;
+    __s32 unicode_ascii_data;
+    __s32 unicode_compact_data;
+    __s32 bytes_size;
+    __s32 bytes_data;
+};
+
 struct proc {
     __u64 runtime; /* address of _PyRuntime in the process; 0: not Python */
     __u32 flags;
     __u32 pad;
     struct py_offsets off;
+    struct code_offsets code;
+};
+
+#define CODE_NAME_BYTES 128
+#define CODE_FILE_BYTES 256
+#define CODE_TABLE_BYTES 1024
+
+/* A code object's naming data, copied when it first appears in a new stack, so
+ * that it is named even if the process exits before user space reads it. */
+struct code_record {
+    __u8 type; /* EV_CODE */
+    __u8 pad0[3];
+    __u32 tgid;
+    __u64 code;
+    __s32 firstlineno;
+    __u32 name_state; /* the str objects' state words (kind, compact, ascii) */
+    __u32 file_state;
+    __u32 name_len; /* characters */
+    __u32 file_len;
+    __u32 table_len; /* bytes */
+    char name[CODE_NAME_BYTES];
+    char file[CODE_FILE_BYTES];
+    __u8 table[CODE_TABLE_BYTES];
+};
+
+struct code_key {
+    __u32 tgid;
+    __u32 pad;
+    __u64 code;
 };
 
 struct block_key {
