@@ -43,11 +43,11 @@ def libcuda(bpf_object: Path, tmp_path_factory: pytest.TempPathFactory) -> str:
 def start_target(libcuda: str) -> Iterator[Callable[..., Target]]:
     started: list[Target] = []
 
-    def start(version: str = "3.11", *extra: str, prefix: tuple[str, ...] = ()) -> Target:
+    def start(version: str = "3.11", *extra: str, prefix: tuple[str, ...] = (), lib: str = "") -> Target:
         python = python_for(version)
         if python is None:
             pytest.skip(f"no Python {version} here (pyenv install {version})")
-        t = Target(python, libcuda, *extra, prefix=prefix)
+        t = Target(python, lib or libcuda, *extra, prefix=prefix)
         started.append(t)
         return t
 

@@ -8,6 +8,7 @@ that made it; the agent's profile must equal the one computed from that log.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 
 import pytest
@@ -209,3 +210,35 @@ int main(void) {
     return 0;
 }
 """
+
+
+def test_new_libcuda_file_found_by_rescanning(libcuda, start_target, agent_for, tmp_path):
+    """Every-process mode: a process loading another copy of the driver (another inode) is probed too."""
+    copy = tmp_path / "other" / "libcuda.so.1"
+    copy.parent.mkdir()
+    shutil.copy(libcuda, copy)
+    agent = agent_for(libcuda=[libcuda])
+    target = start_target("3.11", lib=str(copy))
+    target.ready()
+    key = (os.stat(copy).st_dev, os.stat(copy).st_ino)
+    assert wait_for(lambda: key in agent.attached, timeout=10)
+    target.run("basic")
+    check_exact(agent, target)
+
+
+def test_native_frames_under_a_python_caller(start_target, agent_for):
+    """--native: the C frames between the driver and the Python caller (ctypes, libffi), then Python's."""
+    target = start_target("3.11")
+    target.ready()
+    agent = agent_for(target.pid, native=True)
+    target.run("threads")
+    assert wait_for(lambda: booked(agent, target.records))
+    profile = agent.snapshot().compact()
+    (sample,) = profile.samples
+    frames = profile.stack_frames(sample)
+    kinds = [f.kind for f in frames]
+    first_python = kinds.index("python")
+    assert first_python > 0 and set(kinds[:first_python]) == {"native"}
+    assert set(kinds[first_python:]) == {"python"}
+    assert any("ffi" in f.file or "ctypes" in f.file for f in frames[:first_python])
+    assert [f.name for f in frames[first_python:first_python + 2]] == ["device_alloc", "worker"]

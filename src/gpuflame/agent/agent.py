@@ -410,10 +410,7 @@ class Agent:
         frames: list[Frame] = []
         if h.nnative:
             addresses = native_frames(data, h.nframes, h.nnative)
-            if h.nframes and proc.python:
-                frames += proc.native_frames(addresses)
-            else:
-                frames += [proc.native_frame(a) for a in addresses]
+            frames += proc.native_frames(addresses, above_python=bool(h.nframes and proc.python))
         if h.nframes and proc.python:
             frames += [proc.python_frame(code, instr) for code, instr in python_frames(data, h.nframes)]
             if h.flags & F_TRUNCATED:

@@ -65,12 +65,21 @@ class Process:
         assert self.reader is not None
         return self.reader.frame(code, instr)
 
-    def native_frames(self, addresses: tuple[int, ...]) -> list[Frame]:
-        """Native frames, leaf first; for a Python process, only those above the interpreter."""
+    def native_frames(self, addresses: tuple[int, ...], above_python: bool = False) -> list[Frame]:
+        """Native frames, leaf first, up to where the frame-pointer chain leaves code.
+
+        Code built without frame pointers (libffi, most of glibc) ends the
+        chain in a stack or data address: what follows is not a caller. With
+        *above_python*, only the frames above the interpreter (its Python
+        frames stand for it).
+        """
         out = []
         for addr in addresses:
+            m = self._mapping(addr)
+            if m is None or "x" not in m.perms:
+                break
             frame = self.native_frame(addr)
-            if self.python and any(tag in frame.file for tag in _INTERPRETER):
+            if above_python and any(tag in frame.file for tag in _INTERPRETER):
                 break
             out.append(frame)
         return out
