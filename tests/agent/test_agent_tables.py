@@ -4,10 +4,12 @@ the constants shared with the BPF side, the ledger's peak, ELF symbols."""
 from __future__ import annotations
 
 import json
+import os
 import random
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -174,3 +176,40 @@ def test_elf_symbols_and_offsets():
     assert elf.function_at(func.value + 1).name == "PyEval_EvalCode"
     assert elf.file_offset(func.value) == func.value - next(
         s.vaddr - s.offset for s in elf.segments if s.vaddr <= func.value < s.vaddr + s.filesz)
+
+
+@pytest.mark.parametrize(("release", "risky"), [("6.10.14", False), ("6.11.0-1-generic", True), ("6.12.44", True),
+                                                ("6.13.2", True), ("6.14.0", False), ("6.18.44-fc", False)])
+def test_kernels_where_uretprobes_meet_seccomp(release, risky):
+    from gpuflame.agent.procs import uretprobe_seccomp_kernel
+
+    assert uretprobe_seccomp_kernel(release) is risky
+
+
+ALLOW_ALL_FILTER = r"""
+import ctypes, sys, time
+class Filter(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8), ("k", ctypes.c_uint32)]
+class Prog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_uint16), ("filter", ctypes.POINTER(Filter))]
+allow = (Filter * 1)(Filter(0x06, 0, 0, 0x7fff0000))  # BPF_RET|BPF_K, SECCOMP_RET_ALLOW
+libc = ctypes.CDLL(None, use_errno=True)
+assert libc.prctl(38, 1, 0, 0, 0) == 0  # PR_SET_NO_NEW_PRIVS
+assert libc.prctl(22, 2, ctypes.byref(Prog(1, allow)), 0, 0) == 0, ctypes.get_errno()  # SECCOMP_MODE_FILTER
+print("filtered", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_seccomp_filtered_processes_are_seen():
+    from gpuflame.agent.procs import seccomp_filtered
+
+    proc = subprocess.Popen([sys.executable, "-c", ALLOW_ALL_FILTER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True)
+    try:
+        assert proc.stdout.readline().strip() == "filtered"
+        assert seccomp_filtered(proc.pid) is True
+        assert seccomp_filtered(os.getpid()) is False
+    finally:
+        proc.stdin.close()
+        proc.wait()

@@ -158,6 +158,7 @@ class Agent:
         for pid in self.pids:
             if not procs.alive(pid):
                 raise AgentError(f"no process {pid}")
+        self._check_uretprobe_risk()
         files = self._libcuda_files()
         if not files:
             where = "the watched processes do not map it" if self.pids else "no process maps it"
@@ -187,6 +188,21 @@ class Agent:
         if thread:
             self._thread = threading.Thread(target=self._loop, name="gpuflame-agent", daemon=True)
             self._thread.start()
+
+    def _check_uretprobe_risk(self) -> None:
+        """On 6.11-6.13 a uretprobe can get a seccomp-filtered process killed: never risk a watched one."""
+        if not procs.uretprobe_seccomp_kernel():
+            return
+        filtered = [pid for pid in self.pids if procs.seccomp_filtered(pid)]
+        if filtered:
+            raise AgentError(
+                f"process {', '.join(map(str, filtered))} runs under a seccomp filter, and on Linux "
+                f"{os.uname().release} a uretprobe may get it killed (the filter can refuse the uretprobe "
+                "syscall); not probing it (kernels 6.14+ are safe)")
+        if not self.pids:
+            sys.stderr.write(
+                f"gpuflame agent: warning: on Linux {os.uname().release}, processes under a seccomp filter that "
+                "refuses the uretprobe syscall are killed by uretprobes; watch chosen processes with --pid\n")
 
     def _load(self, path: str, multi: bool) -> None:
         """Load the object and open its maps and ring."""

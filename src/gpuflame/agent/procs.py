@@ -76,6 +76,25 @@ def looks_like_python(pid: int) -> bool:
         return False
 
 
+def seccomp_filtered(pid: int) -> bool:
+    """The process runs under a seccomp filter (containers' default profiles, sandboxes)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return any(line.split()[1:2] == ["2"] for line in f if line.startswith("Seccomp:"))
+    except OSError:
+        return False
+
+
+def uretprobe_seccomp_kernel(release: str | None = None) -> bool:
+    """Linux 6.11-6.13 run uretprobes through a syscall that seccomp filters can refuse (killing the process).
+
+    Later kernels (and stable ones with "seccomp: passthrough uretprobe syscall
+    without filtering") exempt it; a backport cannot be seen from the version.
+    """
+    m = re.match(r"(\d+)\.(\d+)", release or os.uname().release)
+    return bool(m) and (int(m.group(1)), int(m.group(2))) in ((6, 11), (6, 12), (6, 13))
+
+
 def alive(pid: int) -> bool:
     return os.path.exists(f"/proc/{pid}")
 
