@@ -23,8 +23,9 @@ def booked(agent, records) -> bool:  # noqa: ANN001
 
 
 def check_exact(agent, target, pid_of=None) -> dict:  # noqa: ANN001
-    assert wait_for(lambda: booked(agent, target.records))
+    """The agent's profile equals the target's log (allocations and frees alike, once all are booked)."""
     expected = replay(target.records, pid_of)
+    wait_for(lambda: rows(agent.snapshot()) == expected)
     got = rows(agent.snapshot())
     assert got == expected
     return got
@@ -82,8 +83,9 @@ def test_blocks_from_before_the_agent_do_not_go_negative(start_target, agent_for
     agent = agent_for(target.pid)
     target.run("release")
     target.run("threads")
-    assert wait_for(lambda: booked(agent, target.records[before:]))
-    assert rows(agent.snapshot()) == replay(target.records[before:])
+    expected = replay(target.records[before:])
+    wait_for(lambda: rows(agent.snapshot()) == expected)
+    assert rows(agent.snapshot()) == expected
     assert wait_for(lambda: agent.stats()["unknown_frees"] == 3)
     assert any("3 frees of blocks allocated before the agent started" in c for c in agent.snapshot().comments)
 

@@ -41,21 +41,13 @@ struct {
     __type(value, __u64);
 } live SEC(".maps");
 
-/* thread -> arguments of the driver call it is inside */
+/* per thread: the driver call it is inside, its PyThreadState, its last stack */
 struct {
-    __uint(type, BPF_MAP_TYPE_HASH);
-    __uint(max_entries, 65536);
-    __type(key, __u64);
-    __type(value, struct inflight);
-} calls SEC(".maps");
-
-/* host tid -> its PyThreadState, re-checked at each use */
-struct {
-    __uint(type, BPF_MAP_TYPE_LRU_HASH);
-    __uint(max_entries, 65536);
-    __type(key, __u32);
-    __type(value, __u64);
-} tstates SEC(".maps");
+    __uint(type, BPF_MAP_TYPE_TASK_STORAGE);
+    __uint(map_flags, BPF_F_NO_PREALLOC);
+    __type(key, int);
+    __type(value, struct thread_state);
+} threads SEC(".maps");
 
 /* processes already announced to user space (one wake-up per process) */
 struct {
@@ -136,10 +128,29 @@ static __always_inline int device_of(__u32 kind)
 
 static __always_inline void stash(__u32 kind, __u64 out, __u64 size, __u64 extra, __s32 device)
 {
-    __u64 id = bpf_get_current_pid_tgid();
-    struct inflight in = {.kind = kind, .device = device, .out = out, .size = size, .extra = extra};
-    if (bpf_map_update_elem(&calls, &id, &in, BPF_ANY))
+    struct thread_state *t = bpf_task_storage_get(&threads, bpf_get_current_task_btf(), 0,
+                                                  BPF_LOCAL_STORAGE_GET_F_CREATE);
+    if (!t) {
         count(STAT_CALLS_FULL);
+        return;
+    }
+    t->call.kind = kind;
+    t->call.device = device;
+    t->call.out = out;
+    t->call.size = size;
+    t->call.extra = extra;
+    t->in_call = 1;
+}
+
+/* The call the thread is returning from (and its state), or NULL. */
+static __always_inline struct thread_state *returning(struct inflight *call)
+{
+    struct thread_state *t = bpf_task_storage_get(&threads, bpf_get_current_task_btf(), 0, 0);
+    if (!t || !t->in_call)
+        return 0;
+    t->in_call = 0;
+    *call = t->call;
+    return t;
 }
 
 /* cuMemAlloc_v2, cuMemAllocAsync, cuMemAllocFromPoolAsync, cuMemAllocManaged,
@@ -223,23 +234,21 @@ static long thread_step(__u64 i, struct thread_search *s)
 
 /* The PyThreadState of the calling thread: its native_thread_id (3.11+) is the
  * namespaced tid; 3.10 has only thread_id, pthread_self(), which is the FS base. */
-static __always_inline __u64 find_tstate(struct proc *p, __u32 host_tid)
+static __always_inline __u64 find_tstate(struct proc *p, struct thread_state *t)
 {
     struct task_struct *task = (struct task_struct *)bpf_get_current_task();
     struct thread_search s = {};
     s.want = p->off.tstate_native_thread_id >= 0 ? namespaced_tid(task) : BPF_CORE_READ(task, thread.fsbase);
     s.id_off = p->off.tstate_native_thread_id >= 0 ? p->off.tstate_native_thread_id : p->off.tstate_thread_id;
     s.next_off = p->off.tstate_next;
-    __u64 *cached = bpf_map_lookup_elem(&tstates, &host_tid);
-    if (cached && *cached && read_ptr(*cached + s.id_off) == s.want)
-        return *cached;
+    if (t->tstate && read_ptr(t->tstate + s.id_off) == s.want)
+        return t->tstate;
     __u64 interp = read_ptr(p->runtime + p->off.runtime_interp_head);
     if (!interp)
         return 0;
     s.ts = read_ptr(interp + p->off.interp_threads_head);
     bpf_loop(MAX_THREADS, thread_step, &s, 0);
-    if (s.found)
-        bpf_map_update_elem(&tstates, &host_tid, &s.found, BPF_ANY);
+    t->tstate = s.found;
     return s.found;
 }
 
@@ -289,9 +298,9 @@ static long frame_step(__u64 i, struct frame_walk *w)
 }
 
 /* Walks the frames into *e*; returns their hash. */
-static __always_inline __u64 walk_python(struct proc *p, __u32 host_tid, struct event *e)
+static __always_inline __u64 walk_python(struct proc *p, struct thread_state *t, struct event *e)
 {
-    __u64 ts = find_tstate(p, host_tid);
+    __u64 ts = find_tstate(p, t);
     if (!ts) {
         e->flags |= F_NO_THREAD;
         return 0;
@@ -458,20 +467,19 @@ static __always_inline void send_codes(struct event *e, struct proc *p)
 SEC("uretprobe")
 int BPF_KRETPROBE(alloc_exit, long rc)
 {
-    __u64 id = bpf_get_current_pid_tgid();
-    struct inflight *in = bpf_map_lookup_elem(&calls, &id);
-    if (!in)
-        return 0;
-    struct inflight call = *in;
-    bpf_map_delete_elem(&calls, &id);
-    if (rc != 0)
+    struct inflight call;
+    struct thread_state *t = returning(&call);
+    if (!t || rc != 0)
         return 0; /* a failed call allocated nothing */
+    __u64 id = bpf_get_current_pid_tgid();
     __u32 tgid = id >> 32;
     struct proc *p = bpf_map_lookup_elem(&procs, &tgid);
-    __u32 zero = 0;
-    __u32 *only_registered = bpf_map_lookup_elem(&settings, &zero);
-    if (!p && only_registered && *only_registered)
-        return 0;
+    if (!p) {
+        __u32 zero = 0;
+        __u32 *only_registered = bpf_map_lookup_elem(&settings, &zero);
+        if (only_registered && *only_registered)
+            return 0;
+    }
     __u64 addr = read_ptr(call.out);
     __u64 size = call.size;
     if (call.kind == K_ALLOC_PITCH)
@@ -489,7 +497,7 @@ int BPF_KRETPROBE(alloc_exit, long rc)
     }
     __u64 hash = 0;
     if (p && p->runtime)
-        hash = walk_python(p, (__u32)id, e);
+        hash = walk_python(p, t, e);
     else
         e->flags |= F_NOT_REGISTERED;
     if (!p || !p->runtime || (p->flags & P_NATIVE)) {
@@ -500,7 +508,12 @@ int BPF_KRETPROBE(alloc_exit, long rc)
         if (got > 0)
             e->nnative = got / 8;
     }
-    int fresh = new_stack(e, hash);
+    /* the same stack as this thread's last allocation: not new, no lookup */
+    int fresh = 0;
+    if (!hash || hash != t->last_hash || e->nnative) {
+        fresh = new_stack(e, hash);
+        t->last_hash = hash;
+    }
     if (fresh && p && p->runtime && e->nframes)
         send_codes(e, p);
     send(e, fresh);
@@ -511,14 +524,10 @@ int BPF_KRETPROBE(alloc_exit, long rc)
 SEC("uretprobe")
 int BPF_KRETPROBE(free_exit, long rc)
 {
+    struct inflight call;
+    if (!returning(&call) || rc != 0)
+        return 0;
     __u64 id = bpf_get_current_pid_tgid();
-    struct inflight *in = bpf_map_lookup_elem(&calls, &id);
-    if (!in)
-        return 0;
-    struct inflight call = *in;
-    bpf_map_delete_elem(&calls, &id);
-    if (rc != 0)
-        return 0;
     struct block_key key = {.tgid = id >> 32, .handle = call.kind == K_RELEASE, .addr = call.out};
     __u64 *size = bpf_map_lookup_elem(&live, &key);
     if (!size) {
@@ -550,9 +559,7 @@ int BPF_PROG(process_exit, struct task_struct *task)
 {
     __u64 id = bpf_get_current_pid_tgid();
     __u32 tgid = id >> 32;
-    bpf_map_delete_elem(&calls, &id);
-    __u32 tid = (__u32)id;
-    bpf_map_delete_elem(&tstates, &tid);
+    /* the thread's task storage goes with its task */
     if (BPF_CORE_READ(task, signal, live.counter) != 0)
         return 0; /* other threads of the process still run */
     bpf_map_delete_elem(&announced, &tgid);

@@ -145,6 +145,14 @@ struct inflight {
     __u64 extra;
 };
 
+struct thread_state {
+    struct inflight call;
+    __u64 tstate;    /* its PyThreadState, re-checked at each use */
+    __u64 last_hash; /* of its last allocation's stack */
+    __u32 in_call;
+    __u32 pad;
+};
+
 struct py_frame {
     __u64 code;
     __u64 instr;
