@@ -69,6 +69,7 @@ def test_duration_and_the_store(start_target, bpf_object, tmp_path):
         (["--duration", "soon"], "not a duration"),
         (["--libcuda", "/nonexistent/libcuda.so.1"], "--libcuda /nonexistent/libcuda.so.1"),
         (["-o", "/nonexistent-dir/x.pb.gz"], "no such folder"),
+        (["--max-blocks", "0"], "not a positive number"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(bpf_object, args, message):

@@ -14,7 +14,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from gpuflame.agent import build, procs
 from gpuflame.agent.elf import ElfError, read_elf
@@ -116,7 +116,7 @@ class Agent:
         libcuda: Iterable[str] = (),
         native: bool = False,
         max_blocks: int = LIVE_BLOCKS,
-        labels_for: object = None,
+        labels_for: Callable[[int], dict[str, str]] | None = None,
     ) -> None:
         self.pids = sorted(set(pids))
         self.libcuda = list(libcuda)
@@ -127,6 +127,8 @@ class Agent:
         self.processes: dict[int, Process] = {}
         self.attached: dict[tuple[int, int], str] = {}
         self.missing_functions: set[str] = set()
+        self.skipped: list[str] = []  # libcuda files found but not probed, and why
+        self._unprobeable: set[tuple[int, int]] = set()
         self.counts = {"not_registered": 0, "no_thread": 0, "truncated": 0, "untracked": 0, "handler_errors": 0}
         self.started_ns = 0
         self.first_event_ns = 0
@@ -173,7 +175,7 @@ class Agent:
             self._register(pid)  # before the probes: a process's first events have its stacks
         items = list(files.items())
         try:
-            self._attach_file(*items[0])
+            self._attach_first(items)
         except BpfError:
             if not self._multi:
                 raise
@@ -181,9 +183,10 @@ class Agent:
             self._load(str(obj_path), multi=False)
             for pid in list(self.processes):
                 self._register(pid)
-            self._attach_file(*items[0])
-        for key, path in items[1:]:
-            self._attach_file(key, path)
+            self._attach_first(items)
+        for key, path in items:
+            if key not in self.attached:
+                self._attach_found(key, path)
         self.started_ns = time.time_ns()
         if thread:
             self._thread = threading.Thread(target=self._loop, name="gpuflame-agent", daemon=True)
@@ -237,13 +240,33 @@ class Agent:
             files.setdefault((st.st_dev, st.st_ino), path)
         return files
 
+    def _attach_first(self, items: list[tuple[tuple[int, int], str]]) -> None:
+        """The first file that can be probed: the one that tells whether the kernel takes multi links."""
+        for key, path in items:
+            if self._attach_found(key, path):
+                return
+        raise AgentError(f"no libcuda.so could be probed: {'; '.join(self.skipped)}")
+
+    def _attach_found(self, key: tuple[int, int], path: str) -> bool:
+        """Probe a file; one a process mapped may be gone by now: noted and skipped (one named by --libcuda fails)."""
+        try:
+            self._attach_file(key, path)
+            return True
+        except AgentError as exc:
+            if path in self.libcuda:
+                raise
+            self.skipped.append(str(exc))
+            self._unprobeable.add(key)
+            return False
+
     def _attach_file(self, key: tuple[int, int], path: str) -> None:
         """Entry and return probes on the driver functions one libcuda file has."""
         assert self._obj is not None
         try:
             elf = read_elf(path, full=False)  # the driver functions are exported
         except (OSError, ElfError) as exc:
-            raise AgentError(f"cannot read {path}: {exc}") from None
+            why = exc.strerror if isinstance(exc, OSError) else exc
+            raise AgentError(f"cannot read {procs.as_seen(path)}: {why}") from None
         probes: dict[tuple[str, bool], list[tuple[int, int]]] = {}
 
         def add(name: str, program: str, ret_program: str | None, cookie: int) -> None:
@@ -278,7 +301,7 @@ class Agent:
     def watching(self) -> str:
         """What the one 'watching' line says."""
         who = f"pid {', '.join(map(str, self.pids))}" if self.pids else "every process that loads the CUDA driver"
-        files = ", ".join(sorted(set(self.attached.values())))
+        files = ", ".join(sorted({procs.as_seen(path) for path in self.attached.values()}))
         py = sum(1 for p in self.processes.values() if p.python)
         return (f"gpuflame agent: watching {who} ({len(self.processes)} now, {py} Python) "
                 f"through {len(self.attached)} libcuda file(s): {files}")
@@ -308,7 +331,7 @@ class Agent:
 
     def _process_labels(self, proc: Process) -> dict[str, str]:
         labels = {"pid": str(proc.pid), "comm": proc.comm}
-        if callable(self.labels_for):
+        if self.labels_for is not None:
             labels.update(self.labels_for(proc.pid))
         return labels
 
@@ -360,8 +383,8 @@ class Agent:
                     except OSError:
                         continue
                     key = (st.st_dev, st.st_ino)
-                    if key not in self.attached:
-                        self._attach_file(key, path)
+                    if key not in self.attached and key not in self._unprobeable:
+                        self._attach_found(key, path)
                 if files and pid not in self.processes:
                     with self._lock:
                         self._register(pid)

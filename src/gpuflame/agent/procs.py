@@ -56,6 +56,11 @@ def in_root(pid: int, path: str) -> str:
     return f"/proc/{pid}/root{path}"
 
 
+def as_seen(path: str) -> str:
+    """A ``/proc/PID/root/…`` path as its process sees it, for messages."""
+    return re.sub(r"^/proc/\d+/root(?=/)", "", path)
+
+
 def all_pids() -> list[int]:
     return [int(name) for name in os.listdir("/proc") if name.isdigit()]
 

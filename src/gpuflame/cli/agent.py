@@ -12,6 +12,7 @@ import threading
 import time
 from pathlib import Path
 
+from gpuflame.agent.events import LIVE_BLOCKS
 from gpuflame.capture.store import PROFILE_NAME, RunMeta, new_run_folder, store_root
 from gpuflame.errors import GpuflameError
 from gpuflame.units import format_bytes, parse_duration
@@ -59,6 +60,12 @@ def duration(text: str) -> float:
     return value
 
 
+def count_arg(text: str) -> int:
+    if not text.isdigit() or int(text) <= 0:
+        raise argparse.ArgumentTypeError(f"not a positive number: {text!r}")
+    return int(text)
+
+
 def pid_arg(text: str) -> int:
     if not text.isdigit() or int(text) <= 0:
         raise argparse.ArgumentTypeError(f"not a process id: {text!r}")
@@ -76,8 +83,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-o", "--output", metavar="FILE", help="write the profile here (.pb.gz); default: the store")
     parser.add_argument("--native", action="store_true",
                         help="native frames between the driver and the Python caller, too")
-    parser.add_argument("--max-blocks", type=int, default=None, metavar="N",
-                        help="live blocks tracked in the kernel (default 262144); beyond, frees are counted as lost")
+    parser.add_argument("--max-blocks", type=count_arg, default=None, metavar="N",
+                        help=f"live blocks tracked in the kernel (default {LIVE_BLOCKS}); "
+                        "beyond, frees are counted as lost")
     parser.add_argument("--store", metavar="DIR", help=f"store folder without -o (default {store_root()})")
     parser.add_argument("--json", action="store_true", help="print a JSON summary at the end (on stdout)")
     ship = parser.add_argument_group(
@@ -99,7 +107,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from gpuflame.agent.agent import Agent, AgentError
-    from gpuflame.agent.events import LIVE_BLOCKS
     from gpuflame.agent.kube import Placement
 
     output = _output(args)
