@@ -28,14 +28,15 @@ def watching(proc: subprocess.Popen) -> str:
     return line
 
 
-def test_pid_until_sigint_writes_the_exact_profile(start_target, bpf_object, tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_pid_until_a_signal_writes_the_exact_profile(sig, start_target, bpf_object, tmp_path):
     target = start_target("3.12")
     target.ready()
     out = tmp_path / "agent.pb.gz"
     proc = agent_cli("--pid", str(target.pid), "-o", str(out), "--json")
     assert f"pid {target.pid}" in watching(proc)
     target.run("basic")  # its calls have returned: their events are in the ring, booked at the latest on stop
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     stdout, stderr = proc.communicate(timeout=30)
     assert proc.returncode == 0, stderr
     summary = json.loads(stdout)

@@ -244,3 +244,17 @@ def test_native_frames_under_a_python_caller(start_target, agent_for):
     assert set(kinds[first_python:]) == {"python"}
     assert any("ffi" in f.file or "ctypes" in f.file for f in frames[:first_python])
     assert [f.name for f in frames[first_python:first_python + 2]] == ["device_alloc", "worker"]
+
+
+def test_live_block_map_overflow_is_counted_and_said(start_target, agent_for):
+    """More live blocks than --max-blocks: still booked (their frees are not seen), counted, said in the profile."""
+    target = start_target("3.11")
+    target.ready()
+    agent = agent_for(target.pid, max_blocks=2)
+    target.run("threads")  # 20 blocks, none freed
+    assert wait_for(lambda: booked(agent, target.records))
+    stats = agent.stats()
+    assert stats["live_map_full"] == 18 and stats["untracked"] == 18
+    profile = agent.snapshot()
+    assert profile.totals()["alloc_objects"] == 20
+    assert any("18 blocks were not tracked in the kernel" in c for c in profile.comments)
