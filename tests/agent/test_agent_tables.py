@@ -213,3 +213,39 @@ def test_seccomp_filtered_processes_are_seen():
     finally:
         proc.stdin.close()
         proc.wait()
+
+
+# _Py_DebugOffsets (3.13's pycore_runtime.h): byte offset in _PyRuntime of each field we compare
+DEBUG_OFFSETS_313 = {
+    "runtime_interp_head": 40, "interp_threads_head": 72, "tstate_next": 168, "tstate_frame": 184,
+    "tstate_thread_id": 192, "tstate_native_thread_id": 200, "frame_previous": 232, "frame_code": 240,
+    "frame_instr": 248, "frame_owner": 264, "code_filename": 280, "code_name": 288, "code_qualname": 296,
+    "code_linetable": 304, "code_firstlineno": 312, "code_adaptive": 344, "object_type": 360, "type_name": 376,
+}
+
+
+def test_offsets_agree_with_313s_own_debug_offsets():
+    """3.13 publishes its layout at the start of _PyRuntime (cookie xdebugpy): our table says the same."""
+    from gpuflame.agent.procs import interpreter
+    from gpuflame.agent.pyremote import Memory
+
+    python = python_for("3.13")
+    if python is None:
+        pytest.skip("no Python 3.13 here")
+    proc = subprocess.Popen([python, "-c", "import sys; print('ready', flush=True); sys.stdin.readline()"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        found = interpreter(proc.pid)
+        assert found is not None and found.version == "3.13"
+        memory = Memory(proc.pid)
+        try:
+            raw = memory.read(found.runtime, 384)
+        finally:
+            memory.close()
+    finally:
+        proc.stdin.close()
+        proc.wait()
+    assert raw[:8] == b"xdebugpy"
+    published = {name: int.from_bytes(raw[at : at + 8], "little") for name, at in DEBUG_OFFSETS_313.items()}
+    assert published == {name: OFFSETS["3.13"][name] for name in DEBUG_OFFSETS_313}
