@@ -170,27 +170,30 @@ class Agent:
             obj_path = build.ensure()
         except build.BuildError as exc:
             raise AgentError(f"the agent's BPF object is not built and cannot be built here: {exc}") from None
-        self._load(str(obj_path), multi=True)
+        self._attach_all(list(files.items()), str(obj_path))
+        self.started_ns = time.time_ns()
+        if thread:
+            self._thread = threading.Thread(target=self._loop, name="gpuflame-agent", daemon=True)
+            self._thread.start()
+
+    def _attach_all(self, items: list[tuple[tuple[int, int], str]], obj_path: str) -> None:
+        """Load, register the processes known now (before the probes: their first events have stacks), attach."""
+        self._load(obj_path, multi=True)
         for pid in self.pids or self._cuda_pids():
-            self._register(pid)  # before the probes: a process's first events have its stacks
-        items = list(files.items())
+            self._register(pid)
         try:
             self._attach_first(items)
         except BpfError:
             if not self._multi:
                 raise
             self._obj.close()  # a kernel before 6.6: one perf event per probe instead
-            self._load(str(obj_path), multi=False)
+            self._load(obj_path, multi=False)
             for pid in list(self.processes):
                 self._register(pid)
             self._attach_first(items)
         for key, path in items:
             if key not in self.attached:
                 self._attach_found(key, path)
-        self.started_ns = time.time_ns()
-        if thread:
-            self._thread = threading.Thread(target=self._loop, name="gpuflame-agent", daemon=True)
-            self._thread.start()
 
     def _check_uretprobe_risk(self) -> None:
         """On 6.11-6.13 a uretprobe can get a seccomp-filtered process killed: never risk a watched one."""
