@@ -109,6 +109,8 @@ def test_exit_frees_the_process_blocks(start_target, agent_for):
         k: (v[0], v[1], v[4], v[5]) for k, v in expected.items() if v[0] or v[4]
     }
     assert target.pid not in agent.processes
+    agent.forget_exited()  # what a pushing agent does after each push
+    assert agent.snapshot().samples == []
 
 
 def test_fork_child_has_its_own_stacks(start_target, agent_for):

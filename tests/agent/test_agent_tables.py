@@ -158,6 +158,15 @@ def test_ledger_exit_and_unknown_frees():
     assert rows[((7, "host"), 1)] == (50, 1, 0, 0, 50, 1)
 
 
+def test_ledger_drops_an_ended_process():
+    ledger = Ledger()
+    ledger.alloc(7, "cuda", 0, (0, 0x1000), 100)
+    ledger.alloc(8, "cuda", 0, (0, 0x1000), 30)
+    ledger.drop(7)
+    assert [(g, v) for g, _, v in ledger.rows()] == [((8, "cuda"), (30, 1, 30, 1, 30, 1))]
+    assert 7 not in ledger.blocks
+
+
 def test_elf_symbols_and_offsets():
     """The driver functions are placed by file offset; pyenv's libpython exports _PyRuntime."""
     python = python_for("3.11")

@@ -146,6 +146,7 @@ class Agent:
         self._multi = True
         self.final_stats: dict[str, int] = {}
         self._scanned: dict[int, dict[tuple[str, int], str]] = {}
+        self._exited: set[int] = set()
 
     # -- starting ----------------------------------------------------------------
 
@@ -468,7 +469,17 @@ class Agent:
             self._stacks.append(frames)
         return sid
 
+    def forget_exited(self) -> None:
+        """Drop the rows of processes that have ended (a long-running agent pushing every interval keeps
+        only live processes; their last push carried their final values)."""
+        with self._lock:
+            for pid in self._exited:
+                self.ledger.drop(pid)
+                self._labels.pop(pid, None)
+            self._exited.clear()
+
     def _exit(self, pid: int) -> None:
+        self._exited.add(pid)
         for is_handle, addr in self.ledger.exit(pid):
             self._live.delete(BLOCK_KEY.pack(pid, is_handle, addr))
         proc = self.processes.pop(pid, None)

@@ -91,6 +91,12 @@ class Ledger:
         self.blocks.pop(pid, None)
         return keys
 
+    def drop(self, pid: int) -> None:
+        """Forget an ended process's rows (its peak and allocated bytes too)."""
+        self.exit(pid)
+        for group in [g for g in self.groups if g[0] == pid]:
+            del self.groups[group]
+
     def rows(self) -> list[tuple[Group, int, tuple[int, int, int, int, int, int]]]:
         """(group, stack id, [peak, peak_n, inuse, inuse_n, alloc, alloc_n]) per row."""
         out = []

@@ -34,7 +34,9 @@ pinned host memory), plus namespace/pod/container/node on Kubernetes.
 
 It prints one line "gpuflame agent: watching ..." once its probes are live,
 then writes the profile at --duration's end or on Ctrl-C/SIGTERM (to -o,
-else the local store), and/or pushes to Pyroscope every --interval.
+else the local store), and/or pushes to Pyroscope every --interval (with
+--pyroscope, a process that has ended is dropped after its last push, so a
+long-running agent holds only live processes).
 
 The agent sees the driver's allocations: the segments PyTorch's caching
 allocator reserves, not the tensors inside them (gpuflame run and the webhook
@@ -184,6 +186,7 @@ def _wait(args: argparse.Namespace, agent: object, push: object, done: threading
         if push is not None and now >= next_push:
             next_push = now + args.interval
             push.submit(agent.snapshot())  # type: ignore[attr-defined]
+            agent.forget_exited()  # type: ignore[attr-defined]  # ended processes went in this push
         until = min(end, next_push if push is not None else end)
         done.wait(None if until == float("inf") else until - now)
 
