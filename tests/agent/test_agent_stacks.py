@@ -267,3 +267,18 @@ def test_live_block_map_overflow_is_counted_and_said(start_target, agent_for):
     profile = agent.snapshot()
     assert profile.totals()["alloc_objects"] == 20
     assert any("18 blocks were not tracked in the kernel" in c for c in profile.comments)
+
+
+def test_functions_the_kernel_single_steps_are_named(libcuda, agent_for, tmp_path):
+    """A driver built without frame setup: its probes are single-stepped (slower), and the watching line says so."""
+    from agent_helpers import HERE, cuda_include
+
+    plain = tmp_path / "libcuda.so.1"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-O2", f"-I{cuda_include()}", str(HERE / "standin_cuda.c"),
+                    "-o", str(plain), "-lpthread"], check=True)
+    fast = agent_for(libcuda=[libcuda])
+    assert fast.single_stepped == set() and "single-steps" not in fast.watching()
+    fast.stop()
+    slow = agent_for(libcuda=[str(plain)])
+    assert "cuMemAlloc_v2" in slow.single_stepped
+    assert "do not start with push %rbp" in slow.watching()

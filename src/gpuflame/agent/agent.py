@@ -102,6 +102,20 @@ def missing_privileges() -> str | None:
     )
 
 
+PUSH_RBP = 0x55  # a probed function starting with it is emulated by the kernel; others are single-stepped
+
+
+def first_byte(path: str, offset: int) -> int:
+    """The byte at *offset* of a file (a function's first instruction byte); -1 where unreadable."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            data = f.read(1)
+    except (OSError, ValueError):
+        return -1
+    return data[0] if data else -1
+
+
 def default_libcuda() -> list[str]:
     """libcuda.so.1 in the usual library folders (for a node where no process has loaded it yet)."""
     return [p for d in LIBCUDA_DIRS if os.path.exists(p := os.path.join(d, "libcuda.so.1"))]
@@ -127,6 +141,7 @@ class Agent:
         self.processes: dict[int, Process] = {}
         self.attached: dict[tuple[int, int], str] = {}
         self.missing_functions: set[str] = set()
+        self.single_stepped: set[str] = set()  # probed functions not starting with push %rbp
         self.skipped: list[str] = []  # libcuda files found but not probed, and why
         self._unprobeable: set[tuple[int, int]] = set()
         self.counts = {"not_registered": 0, "no_thread": 0, "truncated": 0, "untracked": 0, "handler_errors": 0}
@@ -279,6 +294,8 @@ class Agent:
                 self.missing_functions.add(name)
                 return
             off = elf.file_offset(sym.value)
+            if ret_program and first_byte(path, off) != PUSH_RBP:  # cuInit runs once: its cost is moot
+                self.single_stepped.add(name)
             probes.setdefault((program, False), []).append((off, cookie))
             if ret_program:
                 probes.setdefault((ret_program, True), []).append((off, 0))
@@ -307,8 +324,12 @@ class Agent:
         who = f"pid {', '.join(map(str, self.pids))}" if self.pids else "every process that loads the CUDA driver"
         files = ", ".join(sorted({procs.as_seen(path) for path in self.attached.values()}))
         py = sum(1 for p in self.processes.values() if p.python)
-        return (f"gpuflame agent: watching {who} ({len(self.processes)} now, {py} Python) "
+        line = (f"gpuflame agent: watching {who} ({len(self.processes)} now, {py} Python) "
                 f"through {len(self.attached)} libcuda file(s): {files}")
+        if self.single_stepped:
+            line += (f"; note: {', '.join(sorted(self.single_stepped))} do not start with push %rbp, "
+                     "so the kernel single-steps their probes (slower calls)")
+        return line
 
     # -- registering processes ----------------------------------------------------
 
