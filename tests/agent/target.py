@@ -4,8 +4,8 @@ It calls the stand-in libcuda through ctypes and writes, for every call, a
 JSON line with what it did and the Python stack that did it (from
 ``sys._getframe`` on the line of the call), so a test can compute the exact
 profile the agent must produce. Commands come one per line on stdin
-(``basic``, ``threads``, ``deep N``, ``hold``, ``release``, ``fork``,
-``exit``); ``ready`` and ``done`` lines pace the test.
+(``load`` with ``late``, ``basic``, ``threads``, ``deep N``, ``hold``, ``release``,
+``fork``, ``exit``); ``ready`` and ``done`` lines pace the test.
 """
 
 import ctypes
@@ -14,7 +14,7 @@ import os
 import sys
 import threading
 
-LIB = ctypes.CDLL(sys.argv[1])
+LIB = None if "late" in sys.argv else ctypes.CDLL(sys.argv[1])  # late: loaded by the command load
 OUT = sys.stdout
 _lock = threading.Lock()
 u64 = ctypes.c_uint64
@@ -175,7 +175,9 @@ def fork():
 
 
 def main():
-    LIB.cuInit(0)
+    global LIB
+    if LIB is not None:
+        LIB.cuInit(0)
     say(op="ready", pid=os.getpid())
     for line in sys.stdin:
         cmd = line.split()
@@ -183,7 +185,10 @@ def main():
             continue
         if cmd[0] == "exit":
             break
-        if cmd[0] == "basic":
+        if cmd[0] == "load":
+            LIB = ctypes.CDLL(sys.argv[1])
+            LIB.cuInit(0)
+        elif cmd[0] == "basic":
             basic()
         elif cmd[0] == "threads":
             threads()

@@ -282,3 +282,15 @@ def test_functions_the_kernel_single_steps_are_named(libcuda, agent_for, tmp_pat
     slow = agent_for(libcuda=[str(plain)])
     assert "cuMemAlloc_v2" in slow.single_stepped
     assert "do not start with push %rbp" in slow.watching()
+
+
+def test_watched_process_that_loads_the_driver_later(start_target, agent_for):
+    """--pid on a process that has not loaded libcuda yet: probed as soon as it does."""
+    target = start_target("3.11", "late")
+    target.ready()
+    agent = agent_for(target.pid)
+    assert not agent.attached and "not loaded yet" in agent.watching()
+    target.run("load")
+    assert wait_for(lambda: bool(agent.attached), timeout=5)
+    target.run("basic")
+    check_exact(agent, target)

@@ -60,7 +60,8 @@ from gpuflame.model.profile import SYNTHETIC, Frame, Profile
 from gpuflame.model.sample_types import memory_sample_types
 
 POLL_MS = 20
-RESCAN_SECONDS = 2.0
+RESCAN_SECONDS = 2.0  # every process: new libcuda files and the processes mapping them
+PID_RESCAN_SECONDS = 0.25  # --pid: the watched processes loading the driver
 REGISTER_WINDOW = 3.0  # how long a new process is looked at for its interpreter
 LIBCUDA_DIRS = (
     "/usr/lib/x86_64-linux-gnu",
@@ -178,9 +179,8 @@ class Agent:
                 raise AgentError(f"no process {pid}")
         self._check_uretprobe_risk()
         files = self._libcuda_files()
-        if not files:
-            where = "the watched processes do not map it" if self.pids else "no process maps it"
-            raise AgentError(f"no libcuda.so found ({where}, and it is not in {', '.join(LIBCUDA_DIRS)}); "
+        if not files and not self.pids:  # with --pid, probed once the watched processes load it
+            raise AgentError(f"no libcuda.so found (no process maps it, and it is not in {', '.join(LIBCUDA_DIRS)}); "
                              "name it with --libcuda PATH")
         try:
             obj_path = build.ensure()
@@ -197,6 +197,8 @@ class Agent:
         self._load(obj_path, multi=True)
         for pid in self.pids or self._cuda_pids():
             self._register(pid)
+        if not items:
+            return
         try:
             self._attach_first(items)
         except BpfError:
@@ -324,8 +326,9 @@ class Agent:
         who = f"pid {', '.join(map(str, self.pids))}" if self.pids else "every process that loads the CUDA driver"
         files = ", ".join(sorted({procs.as_seen(path) for path in self.attached.values()}))
         py = sum(1 for p in self.processes.values() if p.python)
-        line = (f"gpuflame agent: watching {who} ({len(self.processes)} now, {py} Python) "
-                f"through {len(self.attached)} libcuda file(s): {files}")
+        through = (f"through {len(self.attached)} libcuda file(s): {files}" if self.attached
+                   else "(libcuda.so is not loaded yet: probed when it is)")
+        line = f"gpuflame agent: watching {who} ({len(self.processes)} now, {py} Python) {through}"
         if self.single_stepped:
             line += (f"; note: {', '.join(sorted(self.single_stepped))} do not start with push %rbp, "
                      "so the kernel single-steps their probes (slower calls)")
@@ -373,12 +376,13 @@ class Agent:
     # -- the reader thread ----------------------------------------------------------
 
     def _loop(self) -> None:
-        next_scan = time.monotonic() + RESCAN_SECONDS
+        every = PID_RESCAN_SECONDS if self.pids else RESCAN_SECONDS  # a few watched processes are cheap to look at
+        next_scan = time.monotonic() + every
         while not self._stop.is_set():
             busy = self._ring is not None and self._ring.more
             self.poll(0 if busy else 2 if self._waiting else POLL_MS)  # a new process: catch its interpreter early
-            if not self.pids and time.monotonic() > next_scan:
-                next_scan = time.monotonic() + RESCAN_SECONDS
+            if time.monotonic() > next_scan:
+                next_scan = time.monotonic() + every
                 self._rescan()
 
     def poll(self, timeout_ms: int = POLL_MS) -> None:
@@ -398,9 +402,10 @@ class Agent:
                 self._retry_waiting()
 
     def _rescan(self) -> None:
-        """New libcuda files (a container with its own driver copy) and processes mapping them."""
+        """New libcuda files (a container with its own driver copy, a watched process loading the driver late)
+        and, without --pid, processes mapping them."""
         try:
-            for pid in procs.all_pids():
+            for pid in list(self.processes) if self.pids else procs.all_pids():
                 files = procs.libcuda_files(pid)
                 for path in files.values():
                     try:
@@ -410,7 +415,7 @@ class Agent:
                     key = (st.st_dev, st.st_ino)
                     if key not in self.attached and key not in self._unprobeable:
                         self._attach_found(key, path)
-                if files and pid not in self.processes:
+                if files and pid not in self.processes and not self.pids:
                     with self._lock:
                         self._register(pid)
         except Exception as exc:  # noqa: BLE001
