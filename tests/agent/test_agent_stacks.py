@@ -294,3 +294,16 @@ def test_watched_process_that_loads_the_driver_later(start_target, agent_for):
     assert wait_for(lambda: bool(agent.attached), timeout=5)
     target.run("basic")
     check_exact(agent, target)
+
+
+def test_an_unsupported_python_is_said_and_gets_native_stacks(start_target, agent_for, capsys):
+    """Python 3.9 (no offsets): every allocation still counted, under native frames, and one line says why."""
+    target = start_target("3.9")
+    target.ready()
+    agent = agent_for(target.pid)
+    assert "Python 3.9" in capsys.readouterr().err
+    target.run("threads")
+    assert wait_for(lambda: booked(agent, target.records))
+    profile = agent.snapshot()
+    assert profile.totals()["alloc_space"] == 20 * 777
+    assert {f.kind for f in profile.frames} == {"native"}

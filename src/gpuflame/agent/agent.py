@@ -143,6 +143,7 @@ class Agent:
         self.attached: dict[tuple[int, int], str] = {}
         self.missing_functions: set[str] = set()
         self.single_stepped: set[str] = set()  # probed functions not starting with push %rbp
+        self.unsupported: set[str] = set()  # Python versions seen without offsets
         self.skipped: list[str] = []  # libcuda files found but not probed, and why
         self._unprobeable: set[tuple[int, int]] = set()
         self.counts = {"not_registered": 0, "no_thread": 0, "truncated": 0, "untracked": 0, "handler_errors": 0}
@@ -351,10 +352,14 @@ class Agent:
         self.processes[pid] = proc
         self._procs.update(pid.to_bytes(4, "little"), proc.bpf_value())
         self._labels[pid] = self._process_labels(proc)
-        if not proc.python and procs.looks_like_python(pid):
-            self._waiting.setdefault(pid, time.monotonic() + REGISTER_WINDOW)
+        if proc.interpreter is None and procs.looks_like_python(pid):
+            self._waiting.setdefault(pid, time.monotonic() + REGISTER_WINDOW)  # libpython not mapped yet
         else:
             self._waiting.pop(pid, None)
+        if proc.interpreter is not None and not proc.python and proc.version not in self.unsupported:
+            self.unsupported.add(proc.version)
+            sys.stderr.write(f"gpuflame agent: Python {proc.version} (pid {pid}) is not supported "
+                             "(3.10-3.13 are): its allocations get native stacks\n")
         return proc
 
     def _process_labels(self, proc: Process) -> dict[str, str]:
