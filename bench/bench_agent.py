@@ -87,9 +87,10 @@ def attach_empty(obj_path: str, lib: str) -> BpfObject:
     return obj
 
 
-def pair_costs(lib: str, empty: str, n: int, repeat: int) -> dict[str, dict[int, float]]:
-    """ns per pair, best over *repeat* rounds, the three set-ups interleaved."""
+def pair_costs(lib: str, empty: str, n: int, repeat: int) -> tuple[dict[str, dict[int, float]], int]:
+    """ns per pair, best over *repeat* rounds, the three set-ups interleaved; and events the agent lost."""
     best: dict[str, dict[int, float]] = {k: {} for k in ("none", "empty", "agent")}
+    lost = 0
     for _ in range(repeat):
         for setup in best:
             target = Pairs(lib)
@@ -104,12 +105,11 @@ def pair_costs(lib: str, empty: str, n: int, repeat: int) -> dict[str, dict[int,
                 best[setup][depth] = min(best[setup].get(depth, ns), ns)
             target.close()
             if setup == "agent":
-                stats = attached.stats()
+                lost += attached.stats()["lost_events"]
                 attached.stop()
-                assert stats["lost_events"] == 0, stats
             elif attached is not None:
                 attached.close()
-    return best
+    return best, lost
 
 
 def thread_cpu(tid: int) -> float:
@@ -164,7 +164,7 @@ def first_named_sample(lib: str) -> float:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--pairs", type=int, default=20000)
+    parser.add_argument("--pairs", type=int, default=5000)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=3.0)
     args = parser.parse_args()
@@ -175,12 +175,13 @@ def main() -> int:
     build.ensure()
     with tempfile.TemporaryDirectory() as tmp:
         lib, empty = build_standins(Path(tmp))
-        costs = pair_costs(lib, empty, args.pairs, args.repeat)
+        costs, lost = pair_costs(lib, empty, args.pairs, args.repeat)
         print("cost per alloc+free pair, Python caller (ns of the caller's CPU, probes included; best of rounds)")
         print(f"{'frames':>7} {'no probes':>10} {'empty progs':>12} {'agent':>8} {'agent/empty':>12}")
         for d in DEPTHS:
             none, emp, ag = costs["none"][d], costs["empty"][d], costs["agent"][d]
             print(f"{d:>7} {none:>10.0f} {emp:>12.0f} {ag:>8.0f} {ag / emp:>11.2f}x")
+        print(f"events the agent lost meanwhile: {lost}")
         print("\nrate (allocations/s), several paced processes at 10 frames")
         for rate, procs in ((100_000, 2), (300_000, 4)):
             r = rate_run(lib, rate, args.seconds, procs)
