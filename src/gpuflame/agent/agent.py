@@ -40,6 +40,7 @@ from gpuflame.agent.events import (
     LIVE_BLOCKS,
     N_STATS,
     PROC,
+    RING_BYTES,
     STAT_CALLS_FULL,
     STAT_LIVE_FULL,
     STAT_LOST_EVENTS,
@@ -240,7 +241,7 @@ class Agent:
         Map(self._obj.map_fd("settings"), 4).update(b"\0" * 4, (1 if self.pids else 0).to_bytes(4, "little"))
         if self._ring is not None:
             self._ring.close()
-        self._ring = RingBuffer(self._obj.map_fd("events"), self._incoming.append)
+        self._ring = RingBuffer(self._obj.map_fd("events"), RING_BYTES, self._incoming.append)
         for program in ("process_exit", "process_fork", "process_exec"):
             self._obj.attach(program)
 

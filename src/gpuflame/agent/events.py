@@ -23,6 +23,7 @@ P_NATIVE = 1
 STAT_LOST_EVENTS, STAT_LIVE_FULL, STAT_UNKNOWN_FREES, STAT_CALLS_FULL = 0, 1, 2, 3
 N_STATS = 4
 MAX_FRAMES = 128
+RING_BYTES = 16 * 1024 * 1024  # the events ring (its size is fixed in agent.h)
 FRAME_BYTES = 104  # the BPF walk reads this much of each interpreter frame at once
 LIVE_BLOCKS = 262144  # default size of the live-block map (--max-blocks)
 

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import mmap
 import os
+import select
+import struct
 from collections.abc import Callable
 
 from gpuflame.errors import GpuflameError
 
-SAMPLE_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
 PRINT_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
 LIBBPF_WARN = 0
 
@@ -83,10 +85,6 @@ def lib() -> ctypes.CDLL:
         "bpf_map_update_elem": (i, [i, p, p, ctypes.c_uint64]),
         "bpf_map_delete_elem": (i, [i, p]),
         "bpf_map_lookup_elem": (i, [i, p, p]),
-        "ring_buffer__new": (p, [i, SAMPLE_FN, p, p]),
-        "ring_buffer__poll": (i, [p, i]),
-        "ring_buffer__consume": (i, [p]),
-        "ring_buffer__free": (None, [p]),
         "libbpf_num_possible_cpus": (i, []),
         "libbpf_set_print": (p, [PRINT_FN]),
     }
@@ -252,48 +250,65 @@ def possible_cpus() -> int:
 
 
 class RingBuffer:
-    """The events ring: :meth:`drain` hands each record's bytes to *handle*, at most *limit* per call.
+    """The events ring, read through its memory mapping (as libbpf does, without a C callback per record).
 
-    libbpf 1.1's consume loop runs for as long as records keep coming; a busy
-    producer would keep it (and the booking after it) from ever returning. The
-    callback stops it after *limit* records instead (a negative return ends
-    libbpf's loop with the record consumed), and :attr:`more` says to call again.
+    Layout (kernel/bpf/ringbuf.c): the consumer position on the first page
+    (ours to write), then the producer position and the data pages, mapped
+    twice in a row so that a record wrapping the end reads in one piece. A
+    record is an 8-byte header (length, busy and discard bits) and its data,
+    8-byte aligned. :meth:`drain` hands at most *limit* records to *handle*;
+    :attr:`more` says records are left.
     """
 
-    STOP = -11  # -EAGAIN: libbpf stops and returns it
+    BUSY = 1 << 31
+    DISCARD = 1 << 30
 
-    def __init__(self, fd: int, handle: Callable[[bytes], None], limit: int = 8192) -> None:
+    def __init__(self, fd: int, size: int, handle: Callable[[bytes], None], limit: int = 8192) -> None:
+        page = mmap.PAGESIZE
         self._handle = handle
         self._limit = limit
-        self.count = 0
+        self._page = page
+        self._mask = size - 1
         self.more = False
-        self.errors = 0
-        string_at = ctypes.string_at
-
-        def sample(_ctx: int, data: int, size: int) -> int:
-            try:
-                handle(string_at(data, size))
-            except Exception:  # noqa: BLE001 - an exception may not cross into C
-                self.errors += 1
-            self.count += 1
-            return self.STOP if self.count >= self._limit else 0
-
-        self._callback = SAMPLE_FN(sample)  # kept alive as long as the ring
-        self._rb = lib().ring_buffer__new(fd, self._callback, None, None)
-        if not self._rb:
-            raise _fail("cannot open the events ring buffer")
+        try:
+            self._consumer = mmap.mmap(fd, page, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE, offset=0)
+            self._data = mmap.mmap(fd, page + 2 * size, mmap.MAP_SHARED, mmap.PROT_READ, offset=page)
+        except OSError as exc:
+            raise BpfError(f"cannot map the events ring buffer: {exc.strerror}") from None
+        self._epoll = select.epoll()
+        self._epoll.register(fd, select.EPOLLIN)
 
     def drain(self, timeout_ms: int) -> int:
-        """Wait up to *timeout_ms* for a wake-up, then read what is waiting (the BPF side wakes us rarely)."""
-        b = lib()
-        self.count = 0
-        b.ring_buffer__poll(self._rb, timeout_ms)
-        if self.count < self._limit:
-            b.ring_buffer__consume(self._rb)
-        self.more = self.count >= self._limit
-        return self.count
+        """Wait up to *timeout_ms* for records (returns at once if some wait), then hand them over."""
+        if timeout_ms and not self.more:
+            self._epoll.poll(timeout_ms / 1000)
+        data, page, mask, handle = self._data, self._page, self._mask, self._handle
+        unpack, busy, discard = _U32.unpack_from, self.BUSY, self.DISCARD
+        consumer = _U64.unpack_from(self._consumer, 0)[0]
+        producer = _U64.unpack_from(data, 0)[0]
+        n = 0
+        while consumer < producer and n < self._limit:
+            at = page + (consumer & mask)
+            (length,) = unpack(data, at)
+            if length & busy:
+                break  # being written
+            if not length & discard:
+                handle(data[at + 8 : at + 8 + length])
+            consumer += ((length & ~(busy | discard)) + 15) & ~7
+            n += 1
+            if consumer >= producer:
+                producer = _U64.unpack_from(data, 0)[0]
+        _U64.pack_into(self._consumer, 0, consumer)  # the space is the producer's again
+        self.more = n >= self._limit
+        return n
 
     def close(self) -> None:
-        if self._rb:
-            lib().ring_buffer__free(self._rb)
-            self._rb = None
+        if self._epoll is not None:
+            self._epoll.close()
+            self._consumer.close()
+            self._data.close()
+            self._epoll = None
+
+
+_U32 = struct.Struct("<I")
+_U64 = struct.Struct("<Q")

@@ -2,7 +2,7 @@
 #ifndef GPUFLAME_AGENT_H
 #define GPUFLAME_AGENT_H
 
-#define RING_BYTES (16 * 1024 * 1024)
+#define RING_BYTES 16777216 /* 16 MiB */
 #define WAKE_BYTES (256 * 1024)
 #define MAX_PROCS 16384
 #define MAX_THREADS 128
