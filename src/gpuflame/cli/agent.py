@@ -204,7 +204,8 @@ def _say(args: argparse.Namespace, output: Path, comments: list[str], totals: di
         return
     n = len(pids)
     sys.stderr.write(
-        f"gpuflame agent: profile of {n} process{'es' if n > 1 else ''}, peak {format_bytes(totals['peak_space'])}, "
+        f"gpuflame agent: profile of {n} process{'es' if n > 1 else ''}, "
+        f"peak {format_bytes(totals['peak_space'])}{' (each process at its own peak)' if n > 1 else ''}, "
         f"in use {format_bytes(totals['inuse_space'])}: {output}\n"
         f"gpuflame agent: next: gpuflame report {shlex.quote(str(output))}\n"
     )
