@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: all venv demo test lint bench clean
+.PHONY: all venv demo test lint bench clean bpf
 
 all: test
 
@@ -32,6 +32,12 @@ demo: venv
 
 test: venv
 	$(BIN)/python -m pytest -q
+
+# The node agent's BPF object (CO-RE, built once; needs clang, bpftool, libbpf-dev
+# and a kernel with BTF). Packages and images build it before the wheel; a
+# source checkout builds it here, or the agent's tests build it when missing.
+bpf: venv
+	$(BIN)/python -m gpuflame.agent.build
 
 lint: venv
 	$(BIN)/pip install --quiet ruff

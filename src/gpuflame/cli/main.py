@@ -15,6 +15,7 @@ from gpuflame.errors import GpuflameError
 
 # Order is the order of ``gpuflame --help``.
 COMMANDS = ("run", "report", "flame", "view", "serve", "top", "explain", "diff", "export", "convert", "push", "webhook")
+COMMANDS += ("agent",)  # the node agent (eBPF): src/gpuflame/agent
 
 DESCRIPTION = """\
 Which Python functions hold the GPU memory?

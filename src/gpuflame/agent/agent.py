@@ -1,0 +1,589 @@
+"""The node agent: uprobes on the CUDA driver of every process (or the chosen ones), frees included.
+
+:class:`Agent` loads the BPF object, places the probes on each distinct
+``libcuda.so`` file (a uprobe on a file's inode fires in every process that
+maps it), tells the BPF side where each process's interpreter is, and reads
+the events ring on one thread: allocations become rows of a
+:class:`~gpuflame.agent.ledger.Ledger` keyed by the Python stack, frees and
+process exits take them back. :meth:`Agent.snapshot` is the profile so far.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable
+
+from gpuflame.agent import build, procs
+from gpuflame.agent.elf import ElfError, read_elf
+from gpuflame.agent.events import (
+    ALLOCS,
+    BLOCK_KEY,
+    EV_ALLOC,
+    EV_CODE,
+    EV_EXEC,
+    EV_EXIT,
+    EV_FORK,
+    EV_FREE,
+    EV_NEW_PROCESS,
+    F_NO_THREAD,
+    F_NOT_REGISTERED,
+    F_TRUNCATED,
+    F_UNTRACKED,
+    FREES,
+    HEADER,
+    INIT,
+    K_CREATE,
+    K_RELEASE,
+    LIVE_BLOCKS,
+    N_STATS,
+    PROC,
+    RING_BYTES,
+    STAT_CALLS_FULL,
+    STAT_LIVE_FULL,
+    STAT_LOST_EVENTS,
+    STAT_UNKNOWN_FREES,
+    Header,
+    code_record,
+    device_label,
+    header,
+    native_frames,
+    python_frames,
+    unpack_free,
+)
+from gpuflame.agent.ledger import Ledger
+from gpuflame.agent.libbpf import BpfError, BpfObject, Map, RingBuffer, possible_cpus
+from gpuflame.agent.process import Process
+from gpuflame.errors import GpuflameError
+from gpuflame.model.profile import SYNTHETIC, Frame, Profile
+from gpuflame.model.sample_types import memory_sample_types
+
+POLL_MS = 20
+RESCAN_SECONDS = 2.0  # every process: new libcuda files and the processes mapping them
+PID_RESCAN_SECONDS = 0.25  # --pid: the watched processes loading the driver
+REGISTER_WINDOW = 3.0  # how long a new process is looked at for its interpreter
+LIBCUDA_DIRS = (
+    "/usr/lib/x86_64-linux-gnu",
+    "/usr/lib64",
+    "/usr/lib",
+    "/usr/local/nvidia/lib64",
+    "/usr/local/cuda/compat",
+)
+
+UPROBE_PROGRAMS = ("alloc_enter", "pitch_enter", "create_enter", "free_enter", "alloc_exit", "free_exit", "init_enter")
+
+NO_PYTHON_STACK = Frame("<no Python stack>", kind=SYNTHETIC)
+TOO_EARLY = Frame("<before the agent knew the process>", kind=SYNTHETIC)
+TRUNCATED = Frame("<deeper frames not recorded>", kind=SYNTHETIC)
+
+CAPABILITIES = {"CAP_BPF": 39, "CAP_PERFMON": 38, "CAP_SYS_PTRACE": 19}
+CAP_SYS_ADMIN = 21
+
+
+class AgentError(GpuflameError):
+    """The agent cannot run here; one line says why."""
+
+
+def missing_privileges() -> str | None:
+    """Why this process cannot load the probes, or None."""
+    try:
+        with open("/proc/self/status") as f:
+            caps = next(int(line.split()[1], 16) for line in f if line.startswith("CapEff:"))
+    except (OSError, StopIteration, ValueError):
+        return None if os.geteuid() == 0 else "cannot read this process's capabilities"
+    missing = [name for name, bit in CAPABILITIES.items() if not caps >> bit & 1]
+    if caps >> CAP_SYS_ADMIN & 1:
+        missing = [m for m in missing if m == "CAP_SYS_PTRACE"]
+    if not missing:
+        return None
+    return (
+        "needs root, or the capabilities CAP_BPF, CAP_PERFMON and CAP_SYS_PTRACE "
+        f"(missing: {', '.join(missing)}): it puts uprobes on the CUDA driver and reads other processes' memory"
+    )
+
+
+PUSH_RBP = 0x55  # a probed function starting with it is emulated by the kernel; others are single-stepped
+
+
+def first_byte(path: str, offset: int) -> int:
+    """The byte at *offset* of a file (a function's first instruction byte); -1 where unreadable."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            data = f.read(1)
+    except (OSError, ValueError):
+        return -1
+    return data[0] if data else -1
+
+
+def default_libcuda() -> list[str]:
+    """libcuda.so.1 in the usual library folders (for a node where no process has loaded it yet)."""
+    return [p for d in LIBCUDA_DIRS if os.path.exists(p := os.path.join(d, "libcuda.so.1"))]
+
+
+class Agent:
+    """Probes, the ring reader thread, and what they have recorded."""
+
+    def __init__(
+        self,
+        pids: Iterable[int] = (),
+        libcuda: Iterable[str] = (),
+        native: bool = False,
+        max_blocks: int = LIVE_BLOCKS,
+        labels_for: Callable[[int], dict[str, str]] | None = None,
+    ) -> None:
+        self.pids = sorted(set(pids))
+        self.libcuda = list(libcuda)
+        self.native = native
+        self.max_blocks = max_blocks
+        self.labels_for = labels_for  # pid -> extra labels (Kubernetes), or None
+        self.ledger = Ledger()
+        self.processes: dict[int, Process] = {}
+        self.attached: dict[tuple[int, int], str] = {}
+        self.missing_functions: set[str] = set()
+        self.single_stepped: set[str] = set()  # probed functions not starting with push %rbp
+        self.unsupported: set[str] = set()  # Python versions seen without offsets
+        self.skipped: list[str] = []  # libcuda files found but not probed, and why
+        self._unprobeable: set[tuple[int, int]] = set()
+        self.counts = {"not_registered": 0, "no_thread": 0, "truncated": 0, "untracked": 0, "handler_errors": 0}
+        self.started_ns = 0
+        self.first_event_ns = 0
+        self._stacks: list[tuple[Frame, ...]] = []
+        self._stack_ids: dict[tuple[Frame, ...], int] = {}
+        self._raw_ids: dict[tuple[int, bytes], int] = {}
+        self._labels: dict[int, dict[str, str]] = {}
+        self._waiting: dict[int, float] = {}  # pid -> until when to look for its interpreter
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._incoming: list[bytes] = []
+        self._obj: BpfObject | None = None
+        self._ring: RingBuffer | None = None
+        self._multi = True
+        self.final_stats: dict[str, int] = {}
+        self._scanned: dict[int, dict[tuple[str, int], str]] = {}
+        self._exited: set[int] = set()
+
+    # -- starting ----------------------------------------------------------------
+
+    def start(self, thread: bool = True) -> None:
+        """Load, attach, register; raises :class:`AgentError` with one line on failure.
+
+        *thread* False: no reader thread; the caller books events with :meth:`poll`.
+        """
+        why = missing_privileges()
+        if why:
+            raise AgentError(why)
+        for pid in self.pids:
+            if not procs.alive(pid):
+                raise AgentError(f"no process {pid}")
+        self._check_uretprobe_risk()
+        files = self._libcuda_files()
+        if not files and not self.pids:  # with --pid, probed once the watched processes load it
+            raise AgentError(f"no libcuda.so found (no process maps it, and it is not in {', '.join(LIBCUDA_DIRS)}); "
+                             "name it with --libcuda PATH")
+        try:
+            obj_path = build.ensure()
+        except build.BuildError as exc:
+            raise AgentError(f"the agent's BPF object is not built and cannot be built here: {exc}") from None
+        self._attach_all(list(files.items()), str(obj_path))
+        self.started_ns = time.time_ns()
+        if thread:
+            self._thread = threading.Thread(target=self._loop, name="gpuflame-agent", daemon=True)
+            self._thread.start()
+
+    def _attach_all(self, items: list[tuple[tuple[int, int], str]], obj_path: str) -> None:
+        """Load, register the processes known now (before the probes: their first events have stacks), attach."""
+        self._load(obj_path, multi=True)
+        for pid in self.pids or self._cuda_pids():
+            self._register(pid)
+        if not items:
+            return
+        try:
+            self._attach_first(items)
+        except BpfError:
+            if not self._multi:
+                raise
+            self._obj.close()  # a kernel before 6.6: one perf event per probe instead
+            self._load(obj_path, multi=False)
+            for pid in list(self.processes):
+                self._register(pid)
+            self._attach_first(items)
+        for key, path in items:
+            if key not in self.attached:
+                self._attach_found(key, path)
+
+    def _check_uretprobe_risk(self) -> None:
+        """On 6.11-6.13 a uretprobe can get a seccomp-filtered process killed: never risk a watched one."""
+        if not procs.uretprobe_seccomp_kernel():
+            return
+        filtered = [pid for pid in self.pids if procs.seccomp_filtered(pid)]
+        if filtered:
+            raise AgentError(
+                f"process {', '.join(map(str, filtered))} runs under a seccomp filter, and on Linux "
+                f"{os.uname().release} a uretprobe may get it killed (the filter can refuse the uretprobe "
+                "syscall); not probing it (kernels 6.14+ are safe)")
+        if not self.pids:
+            sys.stderr.write(
+                f"gpuflame agent: warning: on Linux {os.uname().release}, processes under a seccomp filter that "
+                "refuses the uretprobe syscall are killed by uretprobes; watch chosen processes with --pid\n")
+
+    def _load(self, path: str, multi: bool) -> None:
+        """Load the object and open its maps and ring."""
+        self._multi = multi
+        self._obj = BpfObject(path, {"live": self.max_blocks}, multi=UPROBE_PROGRAMS if multi else ())
+        ncpu = possible_cpus()
+        self._procs = Map(self._obj.map_fd("procs"), PROC.size)
+        self._live = Map(self._obj.map_fd("live"), 8)
+        self._stats = Map(self._obj.map_fd("stats"), 8 * ncpu)
+        Map(self._obj.map_fd("settings"), 4).update(b"\0" * 4, (1 if self.pids else 0).to_bytes(4, "little"))
+        if self._ring is not None:
+            self._ring.close()
+        self._ring = RingBuffer(self._obj.map_fd("events"), RING_BYTES, self._incoming.append)
+        for program in ("process_exit", "process_fork", "process_exec"):
+            self._obj.attach(program)
+
+    def _libcuda_files(self) -> dict[tuple[int, int], str]:
+        files: dict[tuple[int, int], str] = {}
+        candidates = list(self.libcuda)
+        self._scanned = {pid: procs.libcuda_files(pid) for pid in self.pids or procs.all_pids()}
+        for found in self._scanned.values():
+            candidates += found.values()
+        if not candidates:
+            candidates = default_libcuda()
+        for path in candidates:
+            try:
+                st = os.stat(path)
+            except OSError as exc:
+                if path in self.libcuda:
+                    raise AgentError(f"--libcuda {path}: {exc.strerror}") from None
+                continue
+            files.setdefault((st.st_dev, st.st_ino), path)
+        return files
+
+    def _attach_first(self, items: list[tuple[tuple[int, int], str]]) -> None:
+        """The first file that can be probed: the one that tells whether the kernel takes multi links."""
+        for key, path in items:
+            if self._attach_found(key, path):
+                return
+        raise AgentError(f"no libcuda.so could be probed: {'; '.join(self.skipped)}")
+
+    def _attach_found(self, key: tuple[int, int], path: str) -> bool:
+        """Probe a file; one a process mapped may be gone by now: noted and skipped (one named by --libcuda fails)."""
+        try:
+            self._attach_file(key, path)
+            return True
+        except AgentError as exc:
+            if path in self.libcuda:
+                raise
+            self.skipped.append(str(exc))
+            self._unprobeable.add(key)
+            return False
+
+    def _attach_file(self, key: tuple[int, int], path: str) -> None:
+        """Entry and return probes on the driver functions one libcuda file has."""
+        assert self._obj is not None
+        try:
+            elf = read_elf(path, full=False)  # the driver functions are exported
+        except (OSError, ElfError) as exc:
+            why = exc.strerror if isinstance(exc, OSError) else exc
+            raise AgentError(f"cannot read {procs.as_seen(path)}: {why}") from None
+        probes: dict[tuple[str, bool], list[tuple[int, int]]] = {}
+
+        def add(name: str, program: str, ret_program: str | None, cookie: int) -> None:
+            sym = elf.symbols.get(name)
+            if sym is None or not sym.value:
+                self.missing_functions.add(name)
+                return
+            off = elf.file_offset(sym.value)
+            if ret_program and first_byte(path, off) != PUSH_RBP:  # cuInit runs once: its cost is moot
+                self.single_stepped.add(name)
+            probes.setdefault((program, False), []).append((off, cookie))
+            if ret_program:
+                probes.setdefault((ret_program, True), []).append((off, 0))
+
+        for name, (program, kind) in ALLOCS.items():
+            add(name, program, "alloc_exit", kind)
+        for name, kind in FREES.items():
+            add(name, "free_enter", "free_exit", kind)
+        if not probes:
+            raise AgentError(f"{path} has none of the CUDA driver's allocation functions")
+        add(INIT, "init_enter", None, 0)
+        for (program, ret), places in probes.items():
+            if self._multi:
+                self._obj.attach_uprobe_multi(program, path, [o for o, _ in places], [c for _, c in places], ret=ret)
+            else:
+                for off, cookie in places:
+                    self._obj.attach_uprobe(program, path, off, ret=ret, cookie=cookie)
+        self.attached[key] = path
+
+    def _cuda_pids(self) -> list[int]:
+        """The processes that mapped a libcuda.so at start (scanned once by _libcuda_files)."""
+        return [pid for pid, found in self._scanned.items() if found]
+
+    def watching(self) -> str:
+        """What the one 'watching' line says."""
+        who = f"pid {', '.join(map(str, self.pids))}" if self.pids else "every process that loads the CUDA driver"
+        files = ", ".join(sorted({procs.as_seen(path) for path in self.attached.values()}))
+        py = sum(1 for p in self.processes.values() if p.python)
+        through = (f"through {len(self.attached)} libcuda file(s): {files}" if self.attached
+                   else "(libcuda.so is not loaded yet: probed when it is)")
+        line = f"gpuflame agent: watching {who} ({len(self.processes)} now, {py} Python) {through}"
+        if self.single_stepped:
+            line += (f"; note: {', '.join(sorted(self.single_stepped))} do not start with push %rbp, "
+                     "so the kernel single-steps their probes (slower calls)")
+        return line
+
+    # -- registering processes ----------------------------------------------------
+
+    def _wanted(self, pid: int) -> bool:
+        return not self.pids or pid in self.processes or pid in self.pids
+
+    def _register(self, pid: int, parent: Process | None = None) -> Process | None:
+        """Tell the BPF side where *pid*'s interpreter is; keep its frame namer."""
+        old = self.processes.pop(pid, None)
+        if old is not None:
+            old.close()
+        try:
+            proc = Process.forked(pid, parent) if parent is not None else Process(pid, self.native)
+        except OSError:
+            return None  # gone already
+        self.processes[pid] = proc
+        self._procs.update(pid.to_bytes(4, "little"), proc.bpf_value())
+        self._labels[pid] = self._process_labels(proc)
+        if proc.interpreter is None and procs.looks_like_python(pid):
+            self._waiting.setdefault(pid, time.monotonic() + REGISTER_WINDOW)  # libpython not mapped yet
+        else:
+            self._waiting.pop(pid, None)
+        if proc.interpreter is not None and not proc.python and proc.version not in self.unsupported:
+            self.unsupported.add(proc.version)
+            sys.stderr.write(f"gpuflame agent: Python {proc.version} (pid {pid}) is not supported "
+                             "(3.10-3.13 are): its allocations get native stacks\n")
+        return proc
+
+    def _process_labels(self, proc: Process) -> dict[str, str]:
+        labels = {"pid": str(proc.pid), "comm": proc.comm}
+        if self.labels_for is not None:
+            labels.update(self.labels_for(proc.pid))
+        return labels
+
+    def _retry_waiting(self) -> None:
+        """Processes just started (exec) or not yet showing an interpreter: look again."""
+        now = time.monotonic()
+        for pid, until in list(self._waiting.items()):
+            if now > until or not procs.alive(pid):
+                self._waiting.pop(pid, None)
+                continue
+            if procs.interpreter(pid) is not None:
+                self._register(pid)
+
+    # -- the reader thread ----------------------------------------------------------
+
+    def _loop(self) -> None:
+        every = PID_RESCAN_SECONDS if self.pids else RESCAN_SECONDS  # a few watched processes are cheap to look at
+        next_scan = time.monotonic() + every
+        while not self._stop.is_set():
+            busy = self._ring is not None and self._ring.more
+            self.poll(0 if busy else 2 if self._waiting else POLL_MS)  # a new process: catch its interpreter early
+            if time.monotonic() > next_scan:
+                next_scan = time.monotonic() + every
+                self._rescan()
+
+    def poll(self, timeout_ms: int = POLL_MS) -> None:
+        """Read what the ring holds and book it."""
+        assert self._ring is not None
+        self._ring.drain(timeout_ms)
+        batch, self._incoming[:] = list(self._incoming), []
+        with self._lock:
+            for data in batch:
+                try:
+                    self._handle(data)
+                except Exception as exc:  # noqa: BLE001 - one bad record must not stop the agent
+                    self.counts["handler_errors"] += 1
+                    if self.counts["handler_errors"] == 1:
+                        sys.stderr.write(f"gpuflame agent: could not book an event ({type(exc).__name__}: {exc})\n")
+            if self._waiting:
+                self._retry_waiting()
+
+    def _rescan(self) -> None:
+        """New libcuda files (a container with its own driver copy, a watched process loading the driver late)
+        and, without --pid, processes mapping them."""
+        try:
+            for pid in list(self.processes) if self.pids else procs.all_pids():
+                files = procs.libcuda_files(pid)
+                for path in files.values():
+                    try:
+                        st = os.stat(path)
+                    except OSError:
+                        continue
+                    key = (st.st_dev, st.st_ino)
+                    if key not in self.attached and key not in self._unprobeable:
+                        self._attach_found(key, path)
+                if files and pid not in self.processes and not self.pids:
+                    with self._lock:
+                        self._register(pid)
+        except Exception as exc:  # noqa: BLE001
+            self.counts["handler_errors"] += 1
+            sys.stderr.write(f"gpuflame agent: rescan failed ({type(exc).__name__}: {exc})\n")
+
+    def _handle(self, data: bytes) -> None:
+        kind = data[0]
+        if kind == EV_FREE:  # the most frequent with allocations: kept short
+            tgid, addr = unpack_free(data)
+            self.ledger.free(tgid, (int(data[1] == K_RELEASE), addr))
+        elif kind == EV_ALLOC:
+            self._alloc(data)
+        elif kind == EV_CODE:
+            record = code_record(data)
+            proc = self.processes.get(record.tgid)
+            if proc is not None and proc.reader is not None:
+                proc.reader.remember(record)
+        elif kind == EV_EXIT:
+            self._exit(header(data).tgid)
+        elif kind == EV_NEW_PROCESS:
+            tgid = header(data).tgid
+            if self._wanted(tgid) and (tgid not in self.processes or not self.processes[tgid].python):
+                self._register(tgid)
+        elif kind == EV_FORK:
+            h = header(data)
+            if h.tgid in self.processes:
+                self._register(h.addr, parent=self.processes[h.tgid])
+        elif kind == EV_EXEC:
+            tgid = header(data).tgid
+            if tgid in self.processes or (not self.pids and procs.looks_like_python(tgid)):
+                self._register(tgid)  # a new image: what we knew of the process is void
+
+    def _alloc(self, data: bytes) -> None:
+        _type, kind, _n, _nn, flags, tgid, _tid, addr, size, _ts, device, _pad, _comm = HEADER.unpack_from(data)
+        raw = (tgid, data[HEADER.size :])
+        stack = self._raw_ids.get(raw)
+        if stack is None:  # a stack not seen before (the BPF side woke us at once for it)
+            stack = self._new_stack(raw, header(data), data)
+            if stack is None:
+                return
+        if flags:
+            for flag, name in ((F_NOT_REGISTERED, "not_registered"), (F_NO_THREAD, "no_thread"),
+                               (F_TRUNCATED, "truncated"), (F_UNTRACKED, "untracked")):
+                if flags & flag:
+                    self.counts[name] += 1
+        self.ledger.alloc(tgid, device_label(device), stack, (int(kind == K_CREATE), addr), size)
+
+    def _new_stack(self, raw: tuple[int, bytes], h: Header, data: bytes) -> int | None:
+        if not self.first_event_ns:
+            self.first_event_ns = time.time_ns()
+        proc = self.processes.get(h.tgid)
+        if proc is None and self._wanted(h.tgid):
+            proc = self._register(h.tgid)
+        if proc is None:
+            return None
+        stack = self._raw_ids[raw] = self._intern(self._frames(proc, h, data))
+        return stack
+
+    def _frames(self, proc: Process, h: Header, data: bytes) -> tuple[Frame, ...]:
+        frames: list[Frame] = []
+        if h.nnative:
+            addresses = native_frames(data, h.nframes, h.nnative)
+            frames += proc.native_frames(addresses, above_python=bool(h.nframes and proc.python))
+        if h.nframes and proc.python:
+            frames += [proc.python_frame(code, instr) for code, instr in python_frames(data, h.nframes)]
+            if h.flags & F_TRUNCATED:
+                frames.append(TRUNCATED)
+        elif proc.python or h.flags & F_NOT_REGISTERED and not h.nnative:
+            frames.append(TOO_EARLY if h.flags & F_NOT_REGISTERED else NO_PYTHON_STACK)
+        return tuple(frames) or (NO_PYTHON_STACK,)
+
+    def _intern(self, frames: tuple[Frame, ...]) -> int:
+        sid = self._stack_ids.get(frames)
+        if sid is None:
+            sid = self._stack_ids[frames] = len(self._stacks)
+            self._stacks.append(frames)
+        return sid
+
+    def forget_exited(self) -> None:
+        """Drop the rows of processes that have ended (a long-running agent pushing every interval keeps
+        only live processes; their last push carried their final values)."""
+        with self._lock:
+            for pid in self._exited:
+                self.ledger.drop(pid)
+                self._labels.pop(pid, None)
+            self._exited.clear()
+
+    def _exit(self, pid: int) -> None:
+        self._exited.add(pid)
+        for is_handle, addr in self.ledger.exit(pid):
+            self._live.delete(BLOCK_KEY.pack(pid, is_handle, addr))
+        proc = self.processes.pop(pid, None)
+        if proc is not None:
+            proc.close()
+        self._raw_ids = {k: v for k, v in self._raw_ids.items() if k[0] != pid}
+
+    # -- results --------------------------------------------------------------------
+
+    def stats(self) -> dict[str, int]:
+        """The BPF side's counters, summed over CPUs, and the reader's."""
+        if self._obj is None:
+            return dict(self.final_stats or self.counts)
+        out = dict(self.counts)
+        names = {STAT_LOST_EVENTS: "lost_events", STAT_LIVE_FULL: "live_map_full",
+                 STAT_UNKNOWN_FREES: "unknown_frees", STAT_CALLS_FULL: "calls_map_full"}
+        for i in range(N_STATS):
+            raw = self._stats.lookup(i.to_bytes(4, "little"))
+            out[names[i]] = sum(int.from_bytes(raw[k : k + 8], "little") for k in range(0, len(raw), 8)) if raw else 0
+        return out
+
+    def snapshot(self) -> Profile:
+        """Everything booked so far, as a profile (peak, in use, allocated)."""
+        with self._lock:
+            profile = Profile(sample_types=memory_sample_types(), default_type="peak_space")
+            for (pid, device), stack, values in self.ledger.rows():
+                if not any(values):
+                    continue
+                labels = dict(self._labels.get(pid, {"pid": str(pid)}), device=device)
+                profile.add(self._stacks[stack], values, labels)
+            stats = self.stats()
+        profile.time_nanos = self.started_ns
+        profile.duration_nanos = max(0, time.time_ns() - self.started_ns) if self.started_ns else 0
+        profile.comments += loss_notes(stats)
+        return profile
+
+    def stop(self) -> None:
+        """Stop reading, book what is left, detach everything."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+            self._thread = None
+        if self._ring is not None:
+            self.poll(0)
+            while self._ring.more:
+                self.poll(0)
+            self._ring.close()
+            self._ring = None
+        if self._obj is not None:
+            self.final_stats = self.stats()
+            self._obj.close()
+            self._obj = None
+        for proc in self.processes.values():
+            proc.close()
+
+
+def loss_notes(stats: dict[str, int]) -> list[str]:
+    """What the profile does not hold, in words (a profile lost silently is a bug)."""
+    notes = ["gpuflame agent: blocks allocated before the agent started are not known; "
+             "their frees are ignored, so in-use counts only blocks allocated since"]
+    said = {
+        "lost_events": "events were lost (the ring buffer was full): the totals are short",
+        "live_map_full": "blocks were not tracked in the kernel (live-block map full, raise --max-blocks): "
+                         "their frees were not seen, so in-use over-counts them",
+        "calls_map_full": "driver calls were missed (too many threads inside the driver at once)",
+        "unknown_frees": "frees of blocks allocated before the agent started were ignored",
+        "not_registered": "allocations came before the agent knew the process: no Python stack for them",
+        "no_thread": "allocations came from threads with no Python thread state",
+        "truncated": "stacks were deeper than the frames recorded",
+        "handler_errors": "events could not be booked (internal error)",
+    }
+    for key, text in said.items():
+        if stats.get(key):
+            notes.append(f"gpuflame agent: {stats[key]} {text}")
+    return notes

@@ -1,0 +1,608 @@
+// SPDX-License-Identifier: Apache-2.0
+/* gpuflame agent: uprobes on the CUDA driver's allocation and free functions.
+ *
+ * At each successful allocation (in the uretprobe, while the calling thread is
+ * still inside the driver, so its interpreter frames cannot change) this walks
+ * the thread's CPython frames and sends (code object, instruction pointer) per
+ * frame to user space, which names them. The kernel keeps the live blocks
+ * (address, or handle for cuMemCreate) so that a free of a block allocated
+ * before the agent started is counted here and never sent. Built once with
+ * clang -target bpf against a vmlinux.h (CO-RE: one object for every kernel
+ * with BTF).
+ */
+#include "vmlinux.h"
+#include <bpf/bpf_core_read.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
+
+#include "agent.h"
+
+char LICENSE[] SEC("license") = "GPL";
+
+struct {
+    __uint(type, BPF_MAP_TYPE_RINGBUF);
+    __uint(max_entries, RING_BYTES);
+} events SEC(".maps");
+
+/* tgid -> where its interpreter is and how its structures are laid out */
+struct {
+    __uint(type, BPF_MAP_TYPE_HASH);
+    __uint(max_entries, MAX_PROCS);
+    __type(key, __u32);
+    __type(value, struct proc);
+} procs SEC(".maps");
+
+/* (tgid, address or handle) -> size: the blocks live now; user space sizes it
+ * (--max-blocks). Preallocated: an insert at every allocation must not allocate. */
+struct {
+    __uint(type, BPF_MAP_TYPE_HASH);
+    __uint(max_entries, 262144);
+    __type(key, struct block_key);
+    __type(value, __u64);
+} live SEC(".maps");
+
+/* per thread: the driver call it is inside, its PyThreadState, its last stack */
+struct {
+    __uint(type, BPF_MAP_TYPE_TASK_STORAGE);
+    __uint(map_flags, BPF_F_NO_PREALLOC);
+    __type(key, int);
+    __type(value, struct thread_state);
+} threads SEC(".maps");
+
+/* processes already announced to user space (one wake-up per process) */
+struct {
+    __uint(type, BPF_MAP_TYPE_LRU_HASH);
+    __uint(max_entries, 65536);
+    __type(key, __u32);
+    __type(value, __u8);
+} announced SEC(".maps");
+
+/* (tgid, stack hash) already sent: a new stack wakes the reader at once, so that its
+ * code objects are read while the process is alive (it may exit right after) */
+struct {
+    __uint(type, BPF_MAP_TYPE_LRU_HASH);
+    __uint(max_entries, 65536);
+    __type(key, struct stack_key);
+    __type(value, __u8);
+} stacks_seen SEC(".maps");
+
+struct {
+    __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+    __uint(max_entries, 1);
+    __type(key, __u32);
+    __type(value, struct event);
+} scratch SEC(".maps");
+
+/* (tgid, code object) already sent as a code record */
+struct {
+    __uint(type, BPF_MAP_TYPE_LRU_HASH);
+    __uint(max_entries, 65536);
+    __type(key, struct code_key);
+    __type(value, __u8);
+} codes_seen SEC(".maps");
+
+struct {
+    __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+    __uint(max_entries, 1);
+    __type(key, __u32);
+    __type(value, struct code_record);
+} code_scratch SEC(".maps");
+
+/* [0]: 1 = only processes in procs (--pid), 0 = every process */
+struct {
+    __uint(type, BPF_MAP_TYPE_ARRAY);
+    __uint(max_entries, 1);
+    __type(key, __u32);
+    __type(value, __u32);
+} settings SEC(".maps");
+
+struct {
+    __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+    __uint(max_entries, N_STATS);
+    __type(key, __u32);
+    __type(value, __u64);
+} stats SEC(".maps");
+
+static __always_inline void count(__u32 which)
+{
+    __u64 *v = bpf_map_lookup_elem(&stats, &which);
+    if (v)
+        *v += 1;
+}
+
+/* Wake the reader only when this record takes the backlog past WAKE_BYTES: a
+ * wake-up per record costs more than the record (the reader also drains the ring
+ * every POLL_MS on its own), and one wake-up per crossing is enough. */
+static __always_inline __u64 wake_flags(int force, __u64 len)
+{
+    __u64 avail = bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA);
+    if (force || (avail < WAKE_BYTES && avail + len >= WAKE_BYTES))
+        return BPF_RB_FORCE_WAKEUP;
+    return BPF_RB_NO_WAKEUP;
+}
+
+static __always_inline int device_of(__u32 kind)
+{
+    return (kind == K_ALLOC_HOST || kind == K_HOST_ALLOC || kind == K_FREE_HOST) ? DEVICE_HOST : DEVICE_CUDA;
+}
+
+static __always_inline void stash(__u32 kind, __u64 out, __u64 size, __u64 extra, __s32 device)
+{
+    struct thread_state *t = bpf_task_storage_get(&threads, bpf_get_current_task_btf(), 0,
+                                                  BPF_LOCAL_STORAGE_GET_F_CREATE);
+    if (!t) {
+        count(STAT_CALLS_FULL);
+        return;
+    }
+    t->call.kind = kind;
+    t->call.device = device;
+    t->call.out = out;
+    t->call.size = size;
+    t->call.extra = extra;
+    t->in_call = 1;
+}
+
+/* The call the thread is returning from (and its state), or NULL. */
+static __always_inline struct thread_state *returning(struct inflight *call)
+{
+    struct thread_state *t = bpf_task_storage_get(&threads, bpf_get_current_task_btf(), 0, 0);
+    if (!t || !t->in_call)
+        return 0;
+    t->in_call = 0;
+    *call = t->call;
+    return t;
+}
+
+/* cuMemAlloc_v2, cuMemAllocAsync, cuMemAllocFromPoolAsync, cuMemAllocManaged,
+ * cuMemAllocHost_v2, cuMemHostAlloc: (out pointer, size, ...); the kind is the attach cookie. */
+SEC("uprobe")
+int BPF_KPROBE(alloc_enter, void *out, __u64 size)
+{
+    __u32 kind = bpf_get_attach_cookie(ctx);
+    stash(kind, (__u64)out, size, 0, device_of(kind));
+    return 0;
+}
+
+/* cuMemAllocPitch_v2(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes): size = *pPitch * Height */
+SEC("uprobe")
+int BPF_KPROBE(pitch_enter, void *out, void *pitch, __u64 width, __u64 height)
+{
+    stash(K_ALLOC_PITCH, (__u64)out, height, (__u64)pitch, DEVICE_CUDA);
+    return 0;
+}
+
+/* cuMemCreate(handle, size, prop, flags): physical memory on prop->location */
+SEC("uprobe")
+int BPF_KPROBE(create_enter, void *out, __u64 size, void *prop)
+{
+    __s32 loc[2] = {0, 0}; /* CUmemAllocationProp.location: {type, id} after two ints */
+    __s32 device = DEVICE_CUDA;
+    if (!bpf_probe_read_user(loc, sizeof(loc), prop + 8)) {
+        if (loc[0] == 1)
+            device = loc[1] & 0xffff; /* CU_MEM_LOCATION_TYPE_DEVICE: the ordinal */
+        else if (loc[0] >= 2 && loc[0] <= 4)
+            device = DEVICE_HOST;
+    }
+    stash(K_CREATE, (__u64)out, size, 0, device);
+    return 0;
+}
+
+/* cuMemFree_v2, cuMemFreeAsync, cuMemRelease, cuMemFreeHost: (address or handle, ...) */
+SEC("uprobe")
+int BPF_KPROBE(free_enter, __u64 addr)
+{
+    __u32 kind = bpf_get_attach_cookie(ctx);
+    stash(kind, addr, 0, 0, device_of(kind));
+    return 0;
+}
+
+static __always_inline __u32 namespaced_tid(struct task_struct *task)
+{
+    struct pid *pid = BPF_CORE_READ(task, thread_pid);
+    unsigned int level = BPF_CORE_READ(pid, level);
+    struct upid up = {};
+    bpf_core_read(&up, sizeof(up), &pid->numbers[level & 31]);
+    return up.nr;
+}
+
+static __always_inline __u64 read_ptr(__u64 addr)
+{
+    __u64 v = 0;
+    bpf_probe_read_user(&v, sizeof(v), (void *)addr);
+    return v;
+}
+
+struct thread_search {
+    __u64 ts;
+    __u64 want;
+    __s32 id_off;
+    __s32 next_off;
+    __u64 found;
+};
+
+static long thread_step(__u64 i, struct thread_search *s)
+{
+    if (!s->ts)
+        return 1;
+    if (read_ptr(s->ts + s->id_off) == s->want) {
+        s->found = s->ts;
+        return 1;
+    }
+    s->ts = read_ptr(s->ts + s->next_off);
+    return 0;
+}
+
+/* The PyThreadState of the calling thread: its native_thread_id (3.11+) is the
+ * namespaced tid; 3.10 has only thread_id, pthread_self(), which is the FS base. */
+static __always_inline __u64 find_tstate(struct proc *p, struct thread_state *t)
+{
+    struct task_struct *task = (struct task_struct *)bpf_get_current_task();
+    struct thread_search s = {};
+    s.want = p->off.tstate_native_thread_id >= 0 ? namespaced_tid(task) : BPF_CORE_READ(task, thread.fsbase);
+    s.id_off = p->off.tstate_native_thread_id >= 0 ? p->off.tstate_native_thread_id : p->off.tstate_thread_id;
+    s.next_off = p->off.tstate_next;
+    if (t->tstate && read_ptr(t->tstate + s.id_off) == s.want)
+        return t->tstate;
+    __u64 interp = read_ptr(p->runtime + p->off.runtime_interp_head);
+    if (!interp)
+        return 0;
+    s.ts = read_ptr(interp + p->off.interp_threads_head);
+    bpf_loop(MAX_THREADS, thread_step, &s, 0);
+    t->tstate = s.found;
+    return s.found;
+}
+
+struct frame_walk {
+    struct event *e;
+    __u64 frame;
+    __u64 hash; /* of the frames kept: a new stack wakes the reader */
+    __u32 n;
+    __s32 previous;
+    __s32 code;
+    __s32 instr;
+    __s32 instr_size;
+    __s32 owner;
+    __s32 owner_cstack;
+};
+
+/* One read per frame: the fields we need all sit in its first FRAME_BYTES bytes. */
+static long frame_step(__u64 i, struct frame_walk *w)
+{
+    __u64 frame = w->frame;
+    if (!frame)
+        return 1;
+    struct event *e = w->e;
+    if (bpf_probe_read_user(e->raw, FRAME_BYTES, (void *)frame)) {
+        w->frame = 0;
+        return 1;
+    }
+    w->frame = *(__u64 *)(e->raw + (w->previous & RAW_U64_MASK));
+    if (w->owner >= 0 && e->raw[w->owner & RAW_U8_MASK] == w->owner_cstack)
+        return 0; /* a C-stack shim frame (3.12+) */
+    __u32 n = w->n;
+    if (n >= MAX_FRAMES) {
+        w->frame = frame;
+        return 1;
+    }
+    __u64 code = *(__u64 *)(e->raw + (w->code & RAW_U64_MASK));
+    __u64 instr;
+    if (w->instr_size == 4)
+        instr = *(__u32 *)(e->raw + (w->instr & RAW_U32_MASK));
+    else
+        instr = *(__u64 *)(e->raw + (w->instr & RAW_U64_MASK));
+    e->frames[n].code = code;
+    e->frames[n].instr = instr;
+    w->hash = (w->hash ^ code ^ (instr << 17)) * 0x100000001b3ull;
+    w->n = n + 1;
+    return 0;
+}
+
+/* Walks the frames into *e*; returns their hash. */
+static __always_inline __u64 walk_python(struct proc *p, struct thread_state *t, struct event *e)
+{
+    __u64 ts = find_tstate(p, t);
+    if (!ts) {
+        e->flags |= F_NO_THREAD;
+        return 0;
+    }
+    struct py_offsets *o = &p->off;
+    struct frame_walk w = {.e = e, .hash = 0xcbf29ce484222325ull, .previous = o->frame_previous, .code = o->frame_code, .instr = o->frame_instr,
+                           .instr_size = o->frame_instr_size, .owner = o->frame_owner,
+                           .owner_cstack = o->owner_cstack};
+    if (o->tstate_cframe >= 0)
+        w.frame = read_ptr(read_ptr(ts + o->tstate_cframe) + o->cframe_current_frame);
+    else
+        w.frame = read_ptr(ts + o->tstate_frame);
+    bpf_loop(MAX_WALK, frame_step, &w, 0);
+    if (w.frame)
+        e->flags |= F_TRUNCATED;
+    e->nframes = w.n;
+    return w.hash;
+}
+
+struct stack_hash {
+    __u64 *words;
+    __u64 h;
+    __u32 n;
+};
+
+static long hash_step(__u64 i, struct stack_hash *s)
+{
+    if (i >= s->n || i >= MAX_NATIVE)
+        return 1;
+    s->h = (s->h ^ s->words[i]) * 0x100000001b3ull;
+    return 0;
+}
+
+/* True the first time this process sends this stack (Python frames hashed by the walk, native ones here). */
+static __always_inline int new_stack(struct event *e, __u64 hash)
+{
+    if (e->nnative) {
+        __u32 off = e->nframes < MAX_FRAMES ? e->nframes : MAX_FRAMES;
+        struct stack_hash s = {.words = (__u64 *)&e->frames[off], .h = hash, .n = e->nnative};
+        bpf_loop(MAX_NATIVE, hash_step, &s, 0);
+        hash = s.h;
+    }
+    struct stack_key key = {.tgid = e->tgid, .hash = hash};
+    if (bpf_map_lookup_elem(&stacks_seen, &key))
+        return 0;
+    __u8 one = 1;
+    bpf_map_update_elem(&stacks_seen, &key, &one, BPF_ANY);
+    return 1;
+}
+
+static __always_inline struct event *new_event(__u8 type, __u32 kind, int full)
+{
+    __u32 zero = 0;
+    struct event *e = bpf_map_lookup_elem(&scratch, &zero);
+    if (!e)
+        return 0;
+    __u64 id = bpf_get_current_pid_tgid();
+    e->type = type;
+    e->kind = kind;
+    e->nframes = 0;
+    e->nnative = 0;
+    e->flags = 0;
+    e->tgid = id >> 32;
+    e->tid = (__u32)id;
+    e->addr = 0;
+    e->size = 0;
+    e->device = 0;
+    if (full) { /* a free needs neither: user space knows the process */
+        e->ts = bpf_ktime_get_ns();
+        bpf_get_current_comm(e->comm, sizeof(e->comm));
+    }
+    return e;
+}
+
+static __always_inline void send(struct event *e, int force)
+{
+    __u64 len = sizeof(struct event_header) + (__u64)(e->nframes & (MAX_FRAMES * 2 - 1)) * sizeof(struct py_frame);
+    len += (__u64)(e->nnative & (MAX_NATIVE * 2 - 1)) * 8;
+    if (len > sizeof(struct event))
+        len = sizeof(struct event);
+    if (bpf_ringbuf_output(&events, e, len, wake_flags(force, len)))
+        count(STAT_LOST_EVENTS);
+}
+
+static __always_inline void announce(__u32 tgid, struct proc *p)
+{
+    __u8 one = 1;
+    if (p || bpf_map_lookup_elem(&announced, &tgid))
+        return;
+    bpf_map_update_elem(&announced, &tgid, &one, BPF_ANY);
+    struct event *e = new_event(EV_NEW_PROCESS, 0, 1);
+    if (e)
+        send(e, 1);
+}
+
+/* A str object's characters (compact: ASCII, or 1/2/4 bytes each), at most *cap* bytes. */
+static __always_inline void copy_str(struct code_offsets *o, __u64 str, char *buf, __u32 cap, __u32 *state,
+                                     __u32 *len)
+{
+    __u32 st = 0;
+    __s64 n = 0;
+    bpf_probe_read_user(&st, sizeof(st), (void *)(str + o->unicode_state));
+    bpf_probe_read_user(&n, sizeof(n), (void *)(str + o->unicode_length));
+    *state = st;
+    *len = (__u32)n;
+    __u32 kind = (st >> 2) & 7;
+    __u64 data = str + ((st >> 6) & 1 ? o->unicode_ascii_data : o->unicode_compact_data);
+    __u64 bytes = (__u64)n * (kind ? kind : 1);
+    if (bytes > cap)
+        bytes = cap;
+    if (bytes)
+        bpf_probe_read_user(buf, bytes, (void *)data);
+}
+
+struct code_walk {
+    struct event *e;
+    struct proc *p;
+    __u32 tgid;
+};
+
+static long code_step(__u64 i, struct code_walk *w)
+{
+    struct event *e = w->e;
+    if (i >= e->nframes || i >= MAX_FRAMES)
+        return 1;
+    __u64 code = e->frames[i].code;
+    struct code_key key = {.tgid = w->tgid, .code = code};
+    if (bpf_map_lookup_elem(&codes_seen, &key))
+        return 0;
+    __u8 one = 1;
+    bpf_map_update_elem(&codes_seen, &key, &one, BPF_ANY);
+    __u32 zero = 0;
+    struct code_record *r = bpf_map_lookup_elem(&code_scratch, &zero);
+    if (!r)
+        return 1;
+    struct code_offsets *o = &w->p->code;
+    r->type = EV_CODE;
+    r->tgid = w->tgid;
+    r->code = code;
+    r->firstlineno = 0;
+    bpf_probe_read_user(&r->firstlineno, 4, (void *)(code + o->code_firstlineno));
+    copy_str(o, read_ptr(code + o->code_name), r->name, CODE_NAME_BYTES, &r->name_state, &r->name_len);
+    copy_str(o, read_ptr(code + o->code_filename), r->file, CODE_FILE_BYTES, &r->file_state, &r->file_len);
+    __u64 table = read_ptr(code + o->code_linetable);
+    __s64 n = 0;
+    bpf_probe_read_user(&n, sizeof(n), (void *)(table + o->bytes_size));
+    r->table_len = (__u32)n;
+    __u64 bytes = n > CODE_TABLE_BYTES ? CODE_TABLE_BYTES : (n < 0 ? 0 : n);
+    if (bytes)
+        bpf_probe_read_user(r->table, bytes > CODE_TABLE_BYTES ? CODE_TABLE_BYTES : bytes,
+                            (void *)(table + o->bytes_data));
+    if (bpf_ringbuf_output(&events, r, sizeof(*r), 0))
+        count(STAT_LOST_EVENTS);
+    return 0;
+}
+
+/* Before a new stack's record: its code objects not sent yet, each as a code record. */
+static __always_inline void send_codes(struct event *e, struct proc *p)
+{
+    struct code_walk w = {.e = e, .p = p, .tgid = e->tgid};
+    bpf_loop(MAX_FRAMES, code_step, &w, 0);
+}
+
+SEC("uretprobe")
+int BPF_KRETPROBE(alloc_exit, long rc)
+{
+    struct inflight call;
+    struct thread_state *t = returning(&call);
+    if (!t || rc != 0)
+        return 0; /* a failed call allocated nothing */
+    __u64 id = bpf_get_current_pid_tgid();
+    __u32 tgid = id >> 32;
+    struct proc *p = bpf_map_lookup_elem(&procs, &tgid);
+    if (!p) {
+        __u32 zero = 0;
+        __u32 *only_registered = bpf_map_lookup_elem(&settings, &zero);
+        if (only_registered && *only_registered)
+            return 0;
+    }
+    __u64 addr = read_ptr(call.out);
+    __u64 size = call.size;
+    if (call.kind == K_ALLOC_PITCH)
+        size = read_ptr(call.extra) * call.size; /* the real pitch, read back, times Height */
+    struct event *e = new_event(EV_ALLOC, call.kind, 0); /* user space has the comm */
+    if (!e)
+        return 0;
+    e->addr = addr;
+    e->size = size;
+    e->device = call.device;
+    struct block_key key = {.tgid = id >> 32, .handle = call.kind == K_CREATE, .addr = addr};
+    if (bpf_map_update_elem(&live, &key, &size, BPF_ANY)) {
+        e->flags |= F_UNTRACKED;
+        count(STAT_LIVE_FULL);
+    }
+    __u64 hash = 0;
+    if (p && p->runtime)
+        hash = walk_python(p, t, e);
+    else
+        e->flags |= F_NOT_REGISTERED;
+    if (!p || !p->runtime || (p->flags & P_NATIVE)) {
+        __u32 off = e->nframes & (MAX_FRAMES - 1);
+        if (e->nframes >= MAX_FRAMES)
+            off = MAX_FRAMES;
+        long got = bpf_get_stack(ctx, &e->frames[off], MAX_NATIVE * 8, BPF_F_USER_STACK);
+        if (got > 0)
+            e->nnative = got / 8;
+    }
+    /* the same stack as this thread's last allocation: not new, no lookup */
+    int fresh = 0;
+    if (!hash || hash != t->last_hash || e->nnative) {
+        fresh = new_stack(e, hash);
+        t->last_hash = hash;
+    }
+    if (fresh && p && p->runtime && e->nframes)
+        send_codes(e, p);
+    send(e, fresh);
+    announce(tgid, p);
+    return 0;
+}
+
+SEC("uretprobe")
+int BPF_KRETPROBE(free_exit, long rc)
+{
+    struct inflight call;
+    if (!returning(&call) || rc != 0)
+        return 0;
+    __u64 id = bpf_get_current_pid_tgid();
+    struct block_key key = {.tgid = id >> 32, .handle = call.kind == K_RELEASE, .addr = call.out};
+    __u64 *size = bpf_map_lookup_elem(&live, &key);
+    if (!size) {
+        count(STAT_UNKNOWN_FREES); /* allocated before the agent started */
+        return 0;
+    }
+    struct event *e = new_event(EV_FREE, call.kind, 0);
+    if (!e)
+        return 0;
+    e->addr = call.out;
+    e->size = *size;
+    e->device = call.device;
+    bpf_map_delete_elem(&live, &key);
+    send(e, 0);
+    return 0;
+}
+
+/* cuInit: a process about to use the driver; user space registers it before its first allocation. */
+SEC("uprobe")
+int BPF_KPROBE(init_enter)
+{
+    __u32 tgid = bpf_get_current_pid_tgid() >> 32;
+    announce(tgid, bpf_map_lookup_elem(&procs, &tgid));
+    return 0;
+}
+
+SEC("tp_btf/sched_process_exit")
+int BPF_PROG(process_exit, struct task_struct *task)
+{
+    __u64 id = bpf_get_current_pid_tgid();
+    __u32 tgid = id >> 32;
+    /* the thread's task storage goes with its task */
+    if (BPF_CORE_READ(task, signal, live.counter) != 0)
+        return 0; /* other threads of the process still run */
+    bpf_map_delete_elem(&announced, &tgid);
+    struct proc *p = bpf_map_lookup_elem(&procs, &tgid);
+    if (!p)
+        return 0;
+    bpf_map_delete_elem(&procs, &tgid);
+    struct event *e = new_event(EV_EXIT, 0, 1);
+    if (e)
+        send(e, 1);
+    return 0;
+}
+
+/* A fork child of a registered process has the same memory layout: register it here, before it runs. */
+SEC("tp_btf/sched_process_fork")
+int BPF_PROG(process_fork, struct task_struct *parent, struct task_struct *child)
+{
+    __u32 ptgid = BPF_CORE_READ(parent, tgid);
+    __u32 ctgid = BPF_CORE_READ(child, tgid);
+    if (ctgid == ptgid)
+        return 0; /* a new thread, not a new process */
+    struct proc *p = bpf_map_lookup_elem(&procs, &ptgid);
+    if (!p)
+        return 0;
+    struct proc copy = *p;
+    bpf_map_update_elem(&procs, &ctgid, &copy, BPF_NOEXIST);
+    struct event *e = new_event(EV_FORK, 0, 1);
+    if (e) {
+        e->addr = ctgid;
+        send(e, 1);
+    }
+    return 0;
+}
+
+/* exec replaces the image: what we knew of the process is void. */
+SEC("tp_btf/sched_process_exec")
+int BPF_PROG(process_exec, struct task_struct *task)
+{
+    __u32 tgid = bpf_get_current_pid_tgid() >> 32;
+    bpf_map_delete_elem(&procs, &tgid);
+    bpf_map_delete_elem(&announced, &tgid);
+    struct event *e = new_event(EV_EXEC, 0, 1);
+    if (e)
+        send(e, 1);
+    return 0;
+}

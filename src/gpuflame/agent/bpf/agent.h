@@ -1,0 +1,186 @@
+/* Shared by agent.bpf.c and (as struct formats) gpuflame/agent/events.py: keep both in step. */
+#ifndef GPUFLAME_AGENT_H
+#define GPUFLAME_AGENT_H
+
+#define RING_BYTES 16777216 /* 16 MiB */
+#define WAKE_BYTES (256 * 1024)
+#define MAX_PROCS 16384
+#define MAX_THREADS 128
+#define MAX_FRAMES 128 /* Python frames kept per allocation */
+#define MAX_WALK 160   /* frames visited (C-stack shim frames are skipped) */
+#define MAX_NATIVE 64
+#define STACK_WORDS (MAX_FRAMES * 2 + MAX_NATIVE)
+#define FRAME_BYTES 104 /* read at once per frame: every field the walk needs is below */
+#define RAW_U64_MASK 0x78
+#define RAW_U32_MASK 0x7c
+#define RAW_U8_MASK 0x7f
+
+/* kinds: which driver function */
+#define K_ALLOC 0
+#define K_ALLOC_ASYNC 1
+#define K_ALLOC_POOL_ASYNC 2
+#define K_ALLOC_MANAGED 3
+#define K_ALLOC_PITCH 4
+#define K_CREATE 5
+#define K_ALLOC_HOST 6
+#define K_HOST_ALLOC 7
+#define K_FREE 8
+#define K_FREE_ASYNC 9
+#define K_RELEASE 10
+#define K_FREE_HOST 11
+
+/* event types */
+#define EV_ALLOC 1
+#define EV_FREE 2
+#define EV_EXIT 3
+#define EV_NEW_PROCESS 4
+#define EV_FORK 5
+#define EV_EXEC 6
+#define EV_CODE 7 /* what naming a code object needs, sent with a new stack */
+
+/* event flags */
+#define F_NOT_REGISTERED 1 /* no interpreter known for the process (yet) */
+#define F_NO_THREAD 2      /* the thread has no PyThreadState */
+#define F_TRUNCATED 4      /* deeper than MAX_FRAMES */
+#define F_UNTRACKED 8      /* the live-block map was full: its free will not be seen */
+
+/* device: an ordinal, or one of these */
+#define DEVICE_CUDA -1 /* the context's device, not known from the call */
+#define DEVICE_HOST -2
+
+/* proc flags */
+#define P_NATIVE 1
+
+/* stats (per-CPU counters) */
+#define STAT_LOST_EVENTS 0
+#define STAT_LIVE_FULL 1
+#define STAT_UNKNOWN_FREES 2
+#define STAT_CALLS_FULL 3
+#define N_STATS 4
+
+struct py_offsets {
+    __s32 runtime_interp_head;
+    __s32 interp_threads_head;
+    __s32 tstate_next;
+    __s32 tstate_native_thread_id;
+    __s32 tstate_thread_id;
+    __s32 tstate_cframe;
+    __s32 cframe_current_frame;
+    __s32 tstate_frame;
+    __s32 frame_previous;
+    __s32 frame_code;
+    __s32 frame_instr;
+    __s32 frame_instr_size;
+    __s32 frame_owner;
+    __s32 owner_cstack;
+};
+
+/* where a code object keeps its name, file, first line and line table (3.10: co_name) */
+struct code_offsets {
+    __s32 code_name;
+    __s32 code_filename;
+    __s32 code_firstlineno;
+    __s32 code_linetable;
+    __s32 unicode_state;
+    __s32 unicode_length;
+    __s32 unicode_ascii_data;
+    __s32 unicode_compact_data;
+    __s32 bytes_size;
+    __s32 bytes_data;
+};
+
+struct proc {
+    __u64 runtime; /* address of _PyRuntime in the process; 0: not Python */
+    __u32 flags;
+    __u32 pad;
+    struct py_offsets off;
+    struct code_offsets code;
+};
+
+#define CODE_NAME_BYTES 128
+#define CODE_FILE_BYTES 256
+#define CODE_TABLE_BYTES 1024
+
+/* A code object's naming data, copied when it first appears in a new stack, so
+ * that it is named even if the process exits before user space reads it. */
+struct code_record {
+    __u8 type; /* EV_CODE */
+    __u8 pad0[3];
+    __u32 tgid;
+    __u64 code;
+    __s32 firstlineno;
+    __u32 name_state; /* the str objects' state words (kind, compact, ascii) */
+    __u32 file_state;
+    __u32 name_len; /* characters */
+    __u32 file_len;
+    __u32 table_len; /* bytes */
+    char name[CODE_NAME_BYTES];
+    char file[CODE_FILE_BYTES];
+    __u8 table[CODE_TABLE_BYTES];
+};
+
+struct code_key {
+    __u32 tgid;
+    __u32 pad;
+    __u64 code;
+};
+
+struct block_key {
+    __u32 tgid;
+    __u32 handle; /* 1: a cuMemCreate handle, 0: an address */
+    __u64 addr;
+};
+
+struct stack_key {
+    __u32 tgid;
+    __u32 pad;
+    __u64 hash;
+};
+
+struct inflight {
+    __u32 kind;
+    __s32 device;
+    __u64 out;
+    __u64 size;
+    __u64 extra;
+};
+
+struct thread_state {
+    struct inflight call;
+    __u64 tstate;    /* its PyThreadState, re-checked at each use */
+    __u64 last_hash; /* of its last allocation's stack */
+    __u32 in_call;
+    __u32 pad;
+};
+
+struct py_frame {
+    __u64 code;
+    __u64 instr;
+};
+
+#define EVENT_HEADER_FIELDS \
+    __u8 type;       \
+    __u8 kind;       \
+    __u16 nframes;   \
+    __u16 nnative;   \
+    __u16 flags;     \
+    __u32 tgid;      \
+    __u32 tid;       \
+    __u64 addr;      \
+    __u64 size;      \
+    __u64 ts;        \
+    __s32 device;    \
+    __u32 pad;       \
+    char comm[16];
+
+struct event_header {
+    EVENT_HEADER_FIELDS
+};
+
+struct event {
+    EVENT_HEADER_FIELDS
+    struct py_frame frames[MAX_FRAMES + MAX_NATIVE / 2];
+    __u8 raw[128]; /* scratch for one interpreter frame; never sent */
+};
+
+#endif

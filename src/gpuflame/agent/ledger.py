@@ -1,0 +1,108 @@
+"""In-use, peak and allocated bytes per stack, from the driver's alloc and free events.
+
+Exact, and O(1) per event. Peak is "live at the moment of the highest total",
+per process and device: rather than copying every stack's in-use at each new
+high (every allocation of a growing process is one), each stack keeps the
+time it last changed and, the first time it changes after a peak, the value it
+had at that peak.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+Group = tuple[int, str]  # (pid, device)
+BlockKey = tuple[int, int]  # (is_handle, address or handle)
+
+
+# A row is a list (the hot path touches it at every event; lists beat attributes):
+INUSE, INUSE_N, ALLOC, ALLOC_N, CHANGED, PEAK, PEAK_N = range(7)
+# CHANGED: event time of the last change; PEAK, PEAK_N: in use at the group's peak, once changed after it
+
+
+@dataclass
+class GroupState:
+    total: int = 0
+    peak_total: int = 0
+    peak_time: int = 0
+    lines: dict[int, list[int]] = field(default_factory=dict)
+
+
+class Ledger:
+    """Blocks live now, by process; totals by (process, device) and stack id."""
+
+    def __init__(self) -> None:
+        self.groups: dict[Group, GroupState] = {}
+        self.blocks: dict[int, dict[BlockKey, tuple[Group, int, int]]] = {}
+        self.clock = 0
+        self.unmatched_frees = 0
+
+    def _change(self, g: GroupState, stack: int, size: int, count: int, allocated: bool) -> None:
+        """Add *size* bytes and *count* blocks to a row (negative: a free), keeping its value at the peak."""
+        self.clock += 1
+        line = g.lines.get(stack)
+        if line is None:
+            line = g.lines[stack] = [0, 0, 0, 0, 0, 0, 0]
+        elif line[CHANGED] <= g.peak_time:
+            line[PEAK] = line[INUSE]
+            line[PEAK_N] = line[INUSE_N]
+        line[INUSE] += size
+        line[INUSE_N] += count
+        if allocated:
+            line[ALLOC] += size
+            line[ALLOC_N] += 1
+        line[CHANGED] = self.clock
+        g.total += size
+        if g.total > g.peak_total:
+            g.peak_total = g.total
+            g.peak_time = self.clock
+
+    def alloc(self, pid: int, device: str, stack: int, key: BlockKey, size: int) -> None:
+        group = (pid, device)
+        g = self.groups.get(group)
+        if g is None:
+            g = self.groups[group] = GroupState()
+        blocks = self.blocks.get(pid)
+        if blocks is None:
+            blocks = self.blocks[pid] = {}
+        elif key in blocks:  # an address handed out again without a free we saw
+            self._release(pid, key)
+        self._change(g, stack, size, 1, True)
+        blocks[key] = (group, stack, size)
+
+    def free(self, pid: int, key: BlockKey) -> bool:
+        """Free a block; False when it is not known (allocated before the agent started)."""
+        if key not in self.blocks.get(pid, ()):
+            self.clock += 1
+            self.unmatched_frees += 1
+            return False
+        self._release(pid, key)
+        return True
+
+    def _release(self, pid: int, key: BlockKey) -> None:
+        group, stack, size = self.blocks[pid].pop(key)
+        self._change(self.groups[group], stack, -size, -1, False)
+
+    def exit(self, pid: int) -> list[BlockKey]:
+        """A process ended: its blocks are freed. Returns their keys."""
+        keys = list(self.blocks.get(pid, {}))
+        for key in keys:
+            self._release(pid, key)
+        self.blocks.pop(pid, None)
+        return keys
+
+    def drop(self, pid: int) -> None:
+        """Forget an ended process's rows (its peak and allocated bytes too)."""
+        self.exit(pid)
+        for group in [g for g in self.groups if g[0] == pid]:
+            del self.groups[group]
+
+    def rows(self) -> list[tuple[Group, int, tuple[int, int, int, int, int, int]]]:
+        """(group, stack id, [peak, peak_n, inuse, inuse_n, alloc, alloc_n]) per row."""
+        out = []
+        for group, g in self.groups.items():
+            for stack, line in g.lines.items():
+                at_peak = line[CHANGED] <= g.peak_time
+                peak, peak_n = (line[INUSE], line[INUSE_N]) if at_peak else (line[PEAK], line[PEAK_N])
+                out.append((group, stack, (peak, peak_n, line[INUSE], line[INUSE_N], line[ALLOC], line[ALLOC_N])))
+        return out

@@ -1,0 +1,124 @@
+"""One watched process: what the BPF side is told about it, and how its frames are named."""
+
+from __future__ import annotations
+
+import bisect
+
+from gpuflame.agent import procs
+from gpuflame.agent.elf import ElfFile
+from gpuflame.agent.events import P_NATIVE, proc_value
+from gpuflame.agent.py_offsets import OFFSETS
+from gpuflame.agent.pyremote import CodeReader, Memory
+from gpuflame.model.profile import NATIVE, Frame
+from gpuflame.symbols.names import native_address_name
+
+# native frames from these files are the interpreter itself: the Python frames stand for them
+_INTERPRETER = ("libpython", "/python")
+
+
+class Process:
+    """A process the agent watches: its interpreter (if any), its code objects, its mappings."""
+
+    def __init__(self, pid: int, native: bool) -> None:
+        self.pid = pid
+        self.comm = procs.comm(pid)
+        self.native = native
+        self.interpreter = procs.interpreter(pid)
+        self.reader: CodeReader | None = None
+        if self.interpreter is not None and procs.supported(self.interpreter.version):
+            offsets = OFFSETS[self.interpreter.version]
+            self.reader = CodeReader(Memory(pid), self.interpreter.version, offsets, root=f"/proc/{pid}/root")
+        self._maps: list[procs.Mapping] = []
+        self._starts: list[int] = []
+        self._native_names: dict[int, Frame] = {}
+        self._shared = False  # the reader is the parent's (forked)
+
+    @classmethod
+    def forked(cls, pid: int, parent: Process) -> Process:
+        """A fork child: read as itself while it lives; if it is already gone, through its parent.
+
+        Its code objects from before the fork sit at the same addresses in
+        both (the child's memory is a copy), so its first events keep their names.
+        """
+        child = cls(pid, parent.native)
+        if parent.python and not child.python:
+            child.interpreter, child.reader, child._shared = parent.interpreter, parent.reader, True
+            child.comm = child.comm or parent.comm
+        return child
+
+    @property
+    def python(self) -> bool:
+        return self.reader is not None
+
+    @property
+    def version(self) -> str:
+        return self.interpreter.version if self.interpreter else ""
+
+    def bpf_value(self) -> bytes:
+        """The ``struct proc`` the BPF program reads for this process."""
+        flags = P_NATIVE if (self.native or not self.python) else 0
+        if self.reader is None or self.interpreter is None:
+            return proc_value(0, flags, None)
+        return proc_value(self.interpreter.runtime, flags, OFFSETS[self.interpreter.version])
+
+    def python_frame(self, code: int, instr: int) -> Frame:
+        assert self.reader is not None
+        return self.reader.frame(code, instr)
+
+    def native_frames(self, addresses: tuple[int, ...], above_python: bool = False) -> list[Frame]:
+        """Native frames, leaf first, up to where the frame-pointer chain leaves code.
+
+        Code built without frame pointers (libffi, most of glibc) ends the
+        chain in a stack or data address: what follows is not a caller. With
+        *above_python*, only the frames above the interpreter (its Python
+        frames stand for it).
+        """
+        out = []
+        for addr in addresses:
+            m = self._mapping(addr)
+            if m is None or "x" not in m.perms:
+                break
+            frame = self.native_frame(addr)
+            if above_python and any(tag in frame.file for tag in _INTERPRETER):
+                break
+            out.append(frame)
+        return out
+
+    def native_frame(self, addr: int) -> Frame:
+        frame = self._native_names.get(addr)
+        if frame is None:
+            frame = self._native_names[addr] = self._symbolize(addr)
+        return frame
+
+    def _symbolize(self, addr: int) -> Frame:
+        """The ELF symbol holding *addr*; else the raw address with its module, as the AKS guide shows them."""
+        m = self._mapping(addr)
+        if m is None:
+            return Frame(native_address_name(addr), kind=NATIVE)
+        elf = procs.elf_file(procs.in_root(self.pid, m.path), full=True)
+        if elf is not None:
+            vaddr = self._file_vaddr(elf, m, addr)
+            sym = elf.function_at(vaddr) if vaddr is not None else None
+            if sym is not None:
+                return Frame(sym.name, m.path, 0, NATIVE)
+        return Frame(native_address_name(addr), m.path, 0, NATIVE)
+
+    @staticmethod
+    def _file_vaddr(elf: ElfFile, m: procs.Mapping, addr: int) -> int | None:
+        base = elf.vaddr_of_offset(m.offset)
+        return None if base is None else addr - m.start + base
+
+    def _mapping(self, addr: int) -> procs.Mapping | None:
+        for attempt in range(2):
+            i = bisect.bisect_right(self._starts, addr) - 1
+            if i >= 0 and addr < self._maps[i].end:
+                return self._maps[i]
+            if attempt == 0:  # a library loaded since we last looked
+                self._maps = sorted(procs.maps(self.pid), key=lambda m: m.start)
+                self._starts = [m.start for m in self._maps]
+        return None
+
+    def close(self) -> None:
+        if self.reader is not None and not self._shared:
+            self.reader.memory.close()
+

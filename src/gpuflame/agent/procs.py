@@ -1,0 +1,204 @@
+"""Processes seen through /proc: their mappings, the CUDA driver they load, their interpreter.
+
+Files are opened through ``/proc/PID/root/…`` so that a process in a container
+(another mount namespace) is read as it sees its own files, from an agent
+running on the host or with ``hostPID``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import struct
+from dataclasses import dataclass
+
+from gpuflame.agent.elf import ElfError, ElfFile, read_at, read_elf
+from gpuflame.agent.py_offsets import OFFSETS
+
+LIBCUDA = re.compile(r"(^|/)libcuda\.so(\.\d+)*$")
+LIBPYTHON = re.compile(r"(^|/)libpython(\d)\.(\d+)[a-z]*\.so")
+PYTHON_EXE = re.compile(r"(^|/)python(\d)\.(\d+)[a-z]*$")
+PAGE = 4096
+
+
+@dataclass(frozen=True)
+class Mapping:
+    start: int
+    end: int
+    perms: str
+    offset: int
+    inode: int
+    dev: str
+    path: str
+
+
+def maps(pid: int) -> list[Mapping]:
+    """The file mappings of *pid* (empty when it is gone)."""
+    out = []
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            for line in f:
+                parts = line.split(None, 5)
+                if len(parts) < 6 or not parts[5].startswith("/"):
+                    continue
+                lo, hi = parts[0].split("-")
+                out.append(
+                    Mapping(int(lo, 16), int(hi, 16), parts[1], int(parts[2], 16), int(parts[4]), parts[3],
+                            parts[5].rstrip("\n"))
+                )
+    except (OSError, ValueError):
+        return []
+    return out
+
+
+def in_root(pid: int, path: str) -> str:
+    """*path* as process *pid* sees it, openable from here."""
+    return f"/proc/{pid}/root{path}"
+
+
+def as_seen(path: str) -> str:
+    """A ``/proc/PID/root/…`` path as its process sees it, for messages."""
+    return re.sub(r"^/proc/\d+/root(?=/)", "", path)
+
+
+def all_pids() -> list[int]:
+    return [int(name) for name in os.listdir("/proc") if name.isdigit()]
+
+
+def comm(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def looks_like_python(pid: int) -> bool:
+    """An executable named python* (worth watching for its interpreter from its very start)."""
+    try:
+        return os.path.basename(os.readlink(f"/proc/{pid}/exe")).startswith("python")
+    except OSError:
+        return False
+
+
+def seccomp_filtered(pid: int) -> bool:
+    """The process runs under a seccomp filter (containers' default profiles, sandboxes)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return any(line.split()[1:2] == ["2"] for line in f if line.startswith("Seccomp:"))
+    except OSError:
+        return False
+
+
+def uretprobe_seccomp_kernel(release: str | None = None) -> bool:
+    """Linux 6.11-6.13 run uretprobes through a syscall that seccomp filters can refuse (killing the process).
+
+    Later kernels (and stable ones with "seccomp: passthrough uretprobe syscall
+    without filtering") exempt it; a backport cannot be seen from the version.
+    """
+    m = re.match(r"(\d+)\.(\d+)", release or os.uname().release)
+    return bool(m) and (int(m.group(1)), int(m.group(2))) in ((6, 11), (6, 12), (6, 13))
+
+
+def alive(pid: int) -> bool:
+    return os.path.exists(f"/proc/{pid}")
+
+
+def libcuda_files(pid: int) -> dict[tuple[str, int], str]:
+    """(device, inode) -> an openable path, for each libcuda.so the process maps."""
+    found: dict[tuple[str, int], str] = {}
+    for m in maps(pid):
+        if LIBCUDA.search(m.path) and (m.dev, m.inode) not in found:
+            found[(m.dev, m.inode)] = in_root(pid, m.path)
+    return found
+
+
+@dataclass(frozen=True)
+class Interpreter:
+    """Where a process's CPython keeps its runtime, and which version it is."""
+
+    runtime: int
+    version: str
+    path: str
+
+
+_ELF_CACHE: dict[tuple[int, int, int, bool], ElfFile | None] = {}
+
+
+def elf_file(path: str, full: bool = False) -> ElfFile | None:
+    """The parsed file, once per file on the host (by inode: every process of one install shares it)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    key = (st.st_dev, st.st_ino, st.st_mtime_ns, full)
+    if key not in _ELF_CACHE:
+        try:
+            _ELF_CACHE[key] = read_elf(path, full)
+        except (OSError, ElfError):
+            _ELF_CACHE[key] = None
+    return _ELF_CACHE[key]
+
+
+def load_bias(elf: ElfFile, mappings: list[Mapping]) -> int | None:
+    """Where the file was loaded: its mapping's start minus the segment's page-aligned address."""
+    for m in sorted(mappings, key=lambda m: m.start):
+        for s in elf.segments:
+            if s.offset & ~(PAGE - 1) == m.offset:
+                return m.start - (s.vaddr & ~(PAGE - 1))
+    return None
+
+
+def python_version(path: str, elf: ElfFile) -> str | None:
+    """``3.11`` from the ``Py_Version`` constant (3.11+), else from the file's name."""
+    sym = elf.symbols.get("Py_Version")
+    if sym is not None:
+        try:
+            (hexversion,) = struct.unpack("<I", read_at(path, elf, sym.value, 4))
+            return f"{hexversion >> 24}.{(hexversion >> 16) & 0xFF}"
+        except (OSError, ElfError, struct.error):
+            pass
+    m = LIBPYTHON.search(path) or PYTHON_EXE.search(path)
+    return f"{m.group(2)}.{m.group(3)}" if m else None
+
+
+def interpreter(pid: int) -> Interpreter | None:
+    """The CPython runtime of *pid*: ``_PyRuntime`` in the executable or a mapped libpython."""
+    mappings = maps(pid)
+    by_path: dict[str, list[Mapping]] = {}
+    for m in mappings:
+        by_path.setdefault(m.path, []).append(m)
+    try:
+        exe = os.readlink(f"/proc/{pid}/exe")
+    except OSError:
+        return None
+    candidates = [p for p in by_path if LIBPYTHON.search(p)] + [exe]
+    for path in candidates:
+        if path not in by_path:
+            continue
+        real = in_root(pid, path)
+        elf = elf_file(real)
+        if elf is None or "_PyRuntime" not in elf.symbols:
+            continue
+        version = python_version(real, elf) or python_version(path, elf)
+        bias = load_bias(elf, by_path[path])
+        if version is None or bias is None:
+            continue
+        return Interpreter(bias + elf.symbols["_PyRuntime"].value, version, path)
+    return None
+
+
+def supported(version: str) -> bool:
+    return version in OFFSETS
+
+
+def pid_namespace_pid(pid: int) -> int:
+    """The pid the process sees itself as (its innermost PID namespace)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("NSpid:"):
+                    return int(line.split()[-1])
+    except (OSError, ValueError):
+        pass
+    return pid

@@ -1,0 +1,211 @@
+"""``gpuflame agent``: profile every CUDA process on this machine through eBPF, with no restart."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+from gpuflame.agent.events import LIVE_BLOCKS
+from gpuflame.capture.store import PROFILE_NAME, RunMeta, new_run_folder, store_root
+from gpuflame.errors import GpuflameError
+from gpuflame.units import format_bytes, parse_duration
+
+HELP = "profile every CUDA process on this machine (eBPF; no restart, any framework)"
+
+DESCRIPTION = """\
+Watch the CUDA driver's allocation and free functions in libcuda.so with
+uprobes and record, for every allocation, the Python stack that made it (read
+from outside the process) or the native stack of a non-Python caller. No
+restart, no injection, any framework: PyTorch (every allocator backend,
+expandable segments included), JAX, vLLM's cuMem allocator, C++ programs.
+
+Without --pid it watches every process that maps libcuda.so, including those
+that start later; with --pid only those (and their fork children). The
+profile holds peak, in-use and allocated bytes per stack, with the labels
+pid, comm and device (cuda, cuda:N for cuMemCreate's device, or host for
+pinned host memory), plus namespace/pod/container/node on Kubernetes.
+
+It prints one line "gpuflame agent: watching ..." once its probes are live,
+then writes the profile at --duration's end or on Ctrl-C/SIGTERM (to -o,
+else the local store), and/or pushes to Pyroscope every --interval (with
+--pyroscope, a process that has ended is dropped after its last push, so a
+long-running agent holds only live processes).
+
+The agent sees the driver's allocations: the segments PyTorch's caching
+allocator reserves, not the tensors inside them (gpuflame run and the webhook
+see those). Blocks allocated before it started are not known. Needs root, or
+CAP_BPF + CAP_PERFMON + CAP_SYS_PTRACE."""
+
+EPILOG = """\
+examples:
+  sudo gpuflame agent --duration 60s -o node.pb.gz         # every CUDA process for a minute
+  sudo gpuflame agent --pid 4242 -o server.pb.gz           # one process, until Ctrl-C
+  sudo gpuflame agent --pyroscope http://pyroscope:4040    # continuous, every 15s
+
+then: gpuflame report node.pb.gz --label pid=4242"""
+
+
+def duration(text: str) -> float:
+    try:
+        value = parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0: {text!r}")
+    return value
+
+
+def count_arg(text: str) -> int:
+    if not text.isdigit() or int(text) <= 0:
+        raise argparse.ArgumentTypeError(f"not a positive number: {text!r}")
+    return int(text)
+
+
+def pid_arg(text: str) -> int:
+    if not text.isdigit() or int(text) <= 0:
+        raise argparse.ArgumentTypeError(f"not a process id: {text!r}")
+    return int(text)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--pid", type=pid_arg, action="append", default=[], metavar="PID",
+                        help="watch only this process and its fork children (repeatable); default: every process")
+    parser.add_argument("--libcuda", action="append", default=[], metavar="PATH",
+                        help="probe this libcuda.so too (repeatable); default: the ones processes map, "
+                        "else libcuda.so.1 in the usual library folders")
+    parser.add_argument("--duration", type=duration, metavar="DURATION",
+                        help="stop after DURATION (30s, 5m); default: at Ctrl-C or SIGTERM")
+    parser.add_argument("-o", "--output", metavar="FILE", help="write the profile here (.pb.gz); default: the store")
+    parser.add_argument("--native", action="store_true",
+                        help="native frames between the driver and the Python caller, too")
+    parser.add_argument("--max-blocks", type=count_arg, default=None, metavar="N",
+                        help=f"live blocks tracked in the kernel (default {LIVE_BLOCKS}); "
+                        "beyond, frees are counted as lost")
+    parser.add_argument("--store", metavar="DIR", help=f"store folder without -o (default {store_root()})")
+    parser.add_argument("--json", action="store_true", help="print a JSON summary at the end (on stdout)")
+    ship = parser.add_argument_group(
+        "continuous profiling into Pyroscope",
+        "one series per container (service_name, namespace, pod, container, node); secrets only from the "
+        "environment or files: GPUFLAME_PYROSCOPE_TOKEN, GPUFLAME_PYROSCOPE_PASSWORD (or *_FILE)",
+    )
+    ship.add_argument("--pyroscope", action="append", default=[], metavar="URL",
+                      help="push to this Pyroscope every interval (repeatable)")
+    ship.add_argument("--interval", type=duration, default=15.0, metavar="DURATION",
+                      help="push every DURATION (default 15s)")
+    ship.add_argument("--service-name", metavar="NAME", help="service_name label (default: each pod's workload)")
+    ship.add_argument("--tenant", metavar="ID", help="X-Scope-OrgID header (default: $GPUFLAME_TENANT)")
+    ship.add_argument("--pyroscope-ca", metavar="FILE", help="CA certificate file to verify TLS with")
+    ship.add_argument("--pyroscope-user", metavar="USER", help="basic auth user")
+    ship.add_argument("--pyroscope-token-file", metavar="FILE", help="file holding the bearer token")
+    ship.add_argument("--pyroscope-password-file", metavar="FILE", help="file holding the basic auth password")
+
+
+def run(args: argparse.Namespace) -> int:
+    from gpuflame.agent.agent import Agent, AgentError
+    from gpuflame.agent.kube import Placement
+
+    output = _output(args)
+    push = _push(args)
+    placement = Placement.from_env()
+    agent = Agent(pids=args.pid, libcuda=args.libcuda, native=args.native,
+                  max_blocks=args.max_blocks or LIVE_BLOCKS, labels_for=placement.labels)
+    started = time.time()
+    try:
+        agent.start()
+    except AgentError as exc:
+        agent.stop()
+        raise GpuflameError(str(exc)) from None
+    done = threading.Event()
+    previous = {sig: signal.signal(sig, lambda _s, _f: done.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    sys.stderr.write(agent.watching() + "\n")
+    sys.stderr.flush()
+    try:
+        _wait(args, agent, push, done)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        agent.stop()
+        profile = agent.snapshot()
+        if push is not None:
+            push.submit(profile)
+            push.close()
+    if output is None:
+        folder = new_run_folder(Path(args.store) if args.store else store_root(), ["agent"], started)
+        output = folder / PROFILE_NAME
+    from gpuflame.formats import save
+
+    save(profile, output)
+    totals = profile.totals()
+    pids = sorted({int(p) for p in profile.label_values("pid")})
+    if args.output is None:
+        RunMeta(command=["gpuflame", "agent", *sys.argv[2:]], started=started, ended=time.time(), exit_code=0,
+                backend="agent", processes=pids, totals=totals, lost=profile.comments[1:]).write(output.parent)
+    _say(args, output, profile.comments, totals, pids)
+    return 0
+
+
+def _output(args: argparse.Namespace) -> Path | None:
+    if not args.output:
+        return None
+    path = Path(args.output)
+    if path.is_dir():
+        raise GpuflameError(f"-o {args.output}: is a folder; give a file name such as node.pb.gz")
+    if not path.parent.exists():
+        raise GpuflameError(f"-o {args.output}: no such folder {path.parent}")
+    return path
+
+
+def _push(args: argparse.Namespace):  # noqa: ANN202 - AgentPush, imported late
+    if not args.pyroscope:
+        return None
+    from gpuflame.agent.push import AgentPush
+    from gpuflame.ship.pyroscope import Credentials
+
+    credentials = Credentials.from_env(user=args.pyroscope_user or "", token_file=args.pyroscope_token_file or "",
+                                       password_file=args.pyroscope_password_file or "")
+    tenant = args.tenant or os.environ.get("GPUFLAME_TENANT", "")  # the webhook's Secret key, as its pods get it
+    return AgentPush(args.pyroscope, service=args.service_name or "", tenant=tenant,
+                     ca=args.pyroscope_ca or "", credentials=credentials)
+
+
+def _wait(args: argparse.Namespace, agent: object, push: object, done: threading.Event) -> None:
+    """Until --duration, Ctrl-C or SIGTERM (*done*); a snapshot to Pyroscope every interval meanwhile."""
+    end = time.monotonic() + args.duration if args.duration else float("inf")
+    next_push = time.monotonic() + args.interval
+    while not done.is_set():
+        now = time.monotonic()
+        if now >= end:
+            break
+        if push is not None and now >= next_push:
+            next_push = now + args.interval
+            push.submit(agent.snapshot())  # type: ignore[attr-defined]
+            agent.forget_exited()  # type: ignore[attr-defined]  # ended processes went in this push
+        until = min(end, next_push if push is not None else end)
+        done.wait(None if until == float("inf") else until - now)
+
+
+def _say(args: argparse.Namespace, output: Path, comments: list[str], totals: dict[str, int], pids: list[int]) -> None:
+    lost = comments[1:]
+    for note in lost:
+        sys.stderr.write(f"{note}\n")
+    if args.json:
+        sys.stdout.write(json.dumps({"profile": str(output.resolve()), "processes": pids, "totals": totals,
+                                     "lost": lost}) + "\n")
+        return
+    if not pids:
+        sys.stderr.write(f"gpuflame agent: no allocation was seen; the profile is empty: {output}\n")
+        return
+    n = len(pids)
+    sys.stderr.write(
+        f"gpuflame agent: profile of {n} process{'es' if n > 1 else ''}, "
+        f"peak {format_bytes(totals['peak_space'])}{' (each process at its own peak)' if n > 1 else ''}, "
+        f"in use {format_bytes(totals['inuse_space'])}: {output}\n"
+        f"gpuflame agent: next: gpuflame report {shlex.quote(str(output))}\n"
+    )

@@ -1,0 +1,113 @@
+"""Helpers for the agent's tests: what is needed to run them, target processes, waiting."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+TARGET = HERE / "target.py"
+VERSIONS = ("3.10", "3.11", "3.12", "3.13")
+
+
+def why_not() -> str | None:
+    """The one reason these tests cannot run here, or None."""
+    if sys.platform != "linux" or os.uname().machine != "x86_64":
+        return "the agent supports x86-64 Linux"
+    if os.geteuid() != 0:
+        return "the agent needs root (BPF and uprobes)"
+    if not os.path.exists("/sys/kernel/btf/vmlinux"):
+        return "the kernel has no BTF"
+    from gpuflame.agent import build
+
+    if not build.up_to_date(build.object_path()):
+        missing = build.toolchain_missing()
+        if missing:
+            return f"the BPF object cannot be built: {missing}"
+    if shutil.which("gcc") is None:
+        return "gcc is not installed (it builds the stand-in libcuda)"
+    if cuda_include() is None:
+        return "no cuda.h (the CUDA toolkit's headers give the stand-in its real signatures)"
+    return None
+
+
+def cuda_include() -> Path | None:
+    candidates = [os.environ.get("CUDA_HOME", ""), "/usr/local/cuda"]
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        real = Path(nvcc).resolve()
+        candidates.append(str(real.parent.parent))
+        try:  # a wrapper script that execs the real nvcc
+            text = real.read_text(errors="replace")
+            candidates += [w.rsplit("/bin/", 1)[0] for w in text.split() if w.endswith("/bin/nvcc")]
+        except (OSError, UnicodeError):
+            pass
+    candidates += sorted(str(p) for p in Path("/usr/local").glob("cuda-*"))
+    for c in candidates:
+        if c and (Path(c) / "include" / "cuda.h").exists():
+            return Path(c) / "include"
+    return None
+
+
+def python_for(version: str) -> str | None:
+    """An interpreter of *version* (pyenv's, or pythonX.Y on PATH)."""
+    root = os.environ.get("PYENV_ROOT") or os.path.expanduser("~/.pyenv")
+    for exe in sorted(Path(root, "versions").glob(f"{version}.*/bin/python{version}"), reverse=True):
+        return str(exe)
+    return shutil.which(f"python{version}")
+
+
+class Target:
+    """tests/agent/target.py in a child process: commands in, JSON records out."""
+
+    def __init__(self, python: str, libcuda: str, *extra: str, prefix: tuple[str, ...] = ()) -> None:
+        self.proc = subprocess.Popen([*prefix, python, str(TARGET), libcuda, *extra], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True)
+        self.records: list[dict] = []
+        self.pid = self.proc.pid
+
+    def read_until(self, op: str) -> dict:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            record = json.loads(line)
+            self.records.append(record)
+            if record["op"] == op:
+                return record
+        raise AssertionError(f"target ended before {op!r} (exit {self.proc.wait()})")
+
+    def ready(self) -> int:
+        """Wait until it has loaded the driver; its own pid (the namespaced one under unshare)."""
+        return self.read_until("ready")["pid"]
+
+    def run(self, command: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(command + "\n")
+        self.proc.stdin.flush()
+        self.read_until("done")
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                assert self.proc.stdin is not None
+                self.proc.stdin.write("exit\n")
+                self.proc.stdin.close()
+                self.proc.wait(10)
+            except (OSError, subprocess.TimeoutExpired):
+                self.proc.kill()
+                self.proc.wait()
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 5.0) -> bool:
+    """Poll *condition* until true (the agent books events on its own thread)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if condition():
+            return True
+        time.sleep(0.02)
+    return condition()

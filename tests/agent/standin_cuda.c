@@ -1,0 +1,107 @@
+/* A stand-in libcuda.so.1 for gpuflame's agent tests: NOT NVIDIA's driver.
+ *
+ * There is no GPU and no driver on the test machines, so this library gives
+ * the agent something to put its uprobes on: the real signatures from the
+ * CUDA toolkit's cuda.h (so symbol names and argument registers are the real
+ * ones: cuMemAlloc is cuMemAlloc_v2, ...), handing out fake device addresses
+ * and handles that nothing can dereference. A free of an address it never
+ * handed out fails, as the real driver's does; a size of 0 fails, and so
+ * does one at or above 1 PiB (out of memory).
+ */
+#include <cuda.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+const char gpuflame_standin_libcuda[] = "gpuflame test stand-in for libcuda.so.1: fake addresses, no GPU";
+
+#define SLOTS (1u << 20)
+#define HUGE ((size_t)1 << 50)
+static uint64_t live[SLOTS]; /* open addressing; 0 = empty, 1 = deleted */
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static uint64_t next_address = 0x7f0000000000ull;
+static uint64_t next_handle = 0x1000;
+static int initialized;
+
+static uint64_t slot_of(uint64_t key) { return (key * 0x9e3779b97f4a7c15ull) >> 44; }
+
+static int remember(uint64_t key) {
+    for (uint64_t i = slot_of(key), n = 0; n < SLOTS; i = (i + 1) & (SLOTS - 1), n++)
+        if (live[i] <= 1) { live[i] = key; return 1; }
+    return 0;
+}
+
+static int forget(uint64_t key) {
+    for (uint64_t i = slot_of(key), n = 0; n < SLOTS && live[i]; i = (i + 1) & (SLOTS - 1), n++)
+        if (live[i] == key) { live[i] = 1; return 1; }
+    return 0;
+}
+
+static CUresult hand_out(uint64_t *out, size_t size, uint64_t *counter, uint64_t tag) {
+    if (!initialized) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!out || size == 0) return CUDA_ERROR_INVALID_VALUE;
+    if (size >= HUGE) return CUDA_ERROR_OUT_OF_MEMORY;
+    pthread_mutex_lock(&lock);
+    uint64_t at = *counter;
+    *counter += (size + 511) & ~(uint64_t)511;
+    int ok = remember(at | tag);
+    pthread_mutex_unlock(&lock);
+    if (!ok) return CUDA_ERROR_OUT_OF_MEMORY;
+    *out = at;
+    return CUDA_SUCCESS;
+}
+
+static CUresult take_back(uint64_t key) {
+    pthread_mutex_lock(&lock);
+    int ok = forget(key);
+    pthread_mutex_unlock(&lock);
+    return ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+#define HANDLE_TAG (1ull << 62)
+#define HOST_TAG (1ull << 61)
+
+CUresult CUDAAPI cuInit(unsigned int Flags) { (void)Flags; initialized = 1; return CUDA_SUCCESS; }
+CUresult CUDAAPI cuDriverGetVersion(int *v) { *v = 13000; return CUDA_SUCCESS; }
+
+CUresult CUDAAPI cuMemAlloc(CUdeviceptr *dptr, size_t bytesize) {
+    return hand_out((uint64_t *)dptr, bytesize, &next_address, 0);
+}
+CUresult CUDAAPI cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream) {
+    (void)hStream; return hand_out((uint64_t *)dptr, bytesize, &next_address, 0);
+}
+CUresult CUDAAPI cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream) {
+    (void)pool; (void)hStream; return hand_out((uint64_t *)dptr, bytesize, &next_address, 0);
+}
+CUresult CUDAAPI cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags) {
+    (void)flags; return hand_out((uint64_t *)dptr, bytesize, &next_address, 0);
+}
+/* The pitch is rounded up to 512 bytes, as a real device's texture alignment would. */
+CUresult CUDAAPI cuMemAllocPitch(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes, size_t Height,
+                                 unsigned int ElementSizeBytes) {
+    (void)ElementSizeBytes;
+    if (!pPitch) return CUDA_ERROR_INVALID_VALUE;
+    size_t pitch = (WidthInBytes + 511) & ~(size_t)511;
+    CUresult rc = hand_out((uint64_t *)dptr, pitch * Height, &next_address, 0);
+    if (rc == CUDA_SUCCESS) *pPitch = pitch;
+    return rc;
+}
+CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
+                             unsigned long long flags) {
+    (void)flags;
+    if (!prop) return CUDA_ERROR_INVALID_VALUE;
+    uint64_t h;
+    CUresult rc = hand_out(&h, size, &next_handle, HANDLE_TAG);
+    if (rc == CUDA_SUCCESS) *handle = h;
+    return rc;
+}
+CUresult CUDAAPI cuMemAllocHost(void **pp, size_t bytesize) {
+    return hand_out((uint64_t *)pp, bytesize, &next_address, HOST_TAG);
+}
+CUresult CUDAAPI cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags) {
+    (void)Flags; return hand_out((uint64_t *)pp, bytesize, &next_address, HOST_TAG);
+}
+CUresult CUDAAPI cuMemFree(CUdeviceptr dptr) { return take_back(dptr); }
+CUresult CUDAAPI cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) { (void)hStream; return take_back(dptr); }
+CUresult CUDAAPI cuMemRelease(CUmemGenericAllocationHandle handle) { return take_back(handle | HANDLE_TAG); }
+CUresult CUDAAPI cuMemFreeHost(void *p) { return take_back((uint64_t)p | HOST_TAG); }

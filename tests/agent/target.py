@@ -1,0 +1,214 @@
+"""A workload with known stacks for the agent's tests: runs on any CPython 3.10+, standard library only.
+
+It calls the stand-in libcuda through ctypes and writes, for every call, a
+JSON line with what it did and the Python stack that did it (from
+``sys._getframe`` on the line of the call), so a test can compute the exact
+profile the agent must produce. Commands come one per line on stdin
+(``load`` with ``late``, ``basic``, ``threads``, ``deep N``, ``hold``, ``release``,
+``fork``, ``exit``); ``ready`` and ``done`` lines pace the test.
+"""
+
+import ctypes
+import json
+import os
+import sys
+import threading
+
+LIB = None if "late" in sys.argv else ctypes.CDLL(sys.argv[1])  # late: loaded by the command load
+OUT = sys.stdout
+_lock = threading.Lock()
+u64 = ctypes.c_uint64
+size_t = ctypes.c_size_t
+
+
+def stack(frame):
+    """[(qualname or None, co_name, file, firstlineno, line)] leaf first, as in-process capture sees them."""
+    out = []
+    while frame is not None:
+        code = frame.f_code
+        out.append([getattr(code, "co_qualname", None), code.co_name, code.co_filename, code.co_firstlineno,
+                    frame.f_lineno])
+        frame = frame.f_back
+    return out
+
+
+def say(**record):
+    with _lock:
+        OUT.write(json.dumps(record) + "\n")
+        OUT.flush()
+
+
+def check(rc, api, addr, size, device, where):
+    say(op="alloc" if rc == 0 else "failed", api=api, addr=addr, size=size, device=device, stack=where,
+        pid=os.getpid())
+    return addr
+
+
+# -- the driver calls: each makes its call and takes its stack on one line -------------------------
+
+
+def device_alloc(n):
+    p = u64(); rc = LIB.cuMemAlloc_v2(ctypes.byref(p), size_t(n)); here = stack(sys._getframe())  # noqa: E702
+    return check(rc, "cuMemAlloc_v2", p.value, n, "cuda", here)
+
+
+def async_alloc(n):
+    p = u64(); rc = LIB.cuMemAllocAsync(ctypes.byref(p), size_t(n), None); here = stack(sys._getframe())  # noqa: E702
+    return check(rc, "cuMemAllocAsync", p.value, n, "cuda", here)
+
+
+def pool_alloc(n):
+    p = u64(); rc = LIB.cuMemAllocFromPoolAsync(ctypes.byref(p), size_t(n), None, None); here = stack(sys._getframe())  # noqa: E501,E702
+    return check(rc, "cuMemAllocFromPoolAsync", p.value, n, "cuda", here)
+
+
+def managed_alloc(n):
+    p = u64(); rc = LIB.cuMemAllocManaged(ctypes.byref(p), size_t(n), 1); here = stack(sys._getframe())  # noqa: E702
+    return check(rc, "cuMemAllocManaged", p.value, n, "cuda", here)
+
+
+def pitch_alloc(width, height):
+    p, pitch = u64(), size_t(); rc = LIB.cuMemAllocPitch_v2(ctypes.byref(p), ctypes.byref(pitch), size_t(width), size_t(height), 4); here = stack(sys._getframe())  # noqa: E501,E702
+    return check(rc, "cuMemAllocPitch_v2", p.value, pitch.value * height, "cuda", here)
+
+
+class Prop(ctypes.Structure):
+    """CUmemAllocationProp: type, requestedHandleTypes, location {type, id}, win32HandleMetaData, allocFlags."""
+
+    _fields_ = [("type", ctypes.c_int), ("handle_types", ctypes.c_int), ("loc_type", ctypes.c_int),
+                ("loc_id", ctypes.c_int), ("win32", ctypes.c_void_p), ("flags", ctypes.c_ubyte * 8)]
+
+
+def vmm_create(n, device):
+    prop = Prop(1, 0, 1, device)
+    h = u64(); rc = LIB.cuMemCreate(ctypes.byref(h), size_t(n), ctypes.byref(prop), u64(0)); here = stack(sys._getframe())  # noqa: E501,E702
+    return check(rc, "cuMemCreate", h.value, n, f"cuda:{device}", here)
+
+
+def pinned_alloc(n):
+    p = u64(); rc = LIB.cuMemAllocHost_v2(ctypes.byref(p), size_t(n)); here = stack(sys._getframe())  # noqa: E702
+    return check(rc, "cuMemAllocHost_v2", p.value, n, "host", here)
+
+
+def pinned_hostalloc(n):
+    p = u64(); rc = LIB.cuMemHostAlloc(ctypes.byref(p), size_t(n), 0); here = stack(sys._getframe())  # noqa: E702
+    return check(rc, "cuMemHostAlloc", p.value, n, "host", here)
+
+
+def free(api, addr):
+    if api == "cuMemFreeAsync":
+        rc = LIB.cuMemFreeAsync(u64(addr), None)
+    elif api in ("cuMemRelease", "cuMemFreeHost"):
+        rc = getattr(LIB, api)(u64(addr) if api == "cuMemRelease" else ctypes.c_void_p(addr))
+    else:
+        rc = LIB.cuMemFree_v2(u64(addr))
+    say(op="free" if rc == 0 else "failed_free", api=api, addr=addr, pid=os.getpid())
+
+
+# -- workloads with distinct Python stacks -------------------------------------------------------
+
+
+class Model:
+    def __init__(self):
+        self.weights = [self.layer(1 << 20) for _ in range(3)]
+
+    def layer(self, n):
+        return device_alloc(n)
+
+    def activations(self, n):
+        return device_alloc(n)  # the same native stack as layer(), another Python stack
+
+
+class KVCache:
+    def allocate(self):
+        return [async_alloc(4096 * (i + 1)) for i in range(2)] + [pool_alloc(8192)]
+
+
+def basic():
+    model = Model()
+    act = model.activations(5000)
+    free("cuMemFree_v2", act)
+    free("cuMemFree_v2", model.weights[0])
+    kv = KVCache().allocate()
+    free("cuMemFreeAsync", kv[0])
+    managed_alloc(12345)
+    pitch_alloc(1000, 3)
+    handle = vmm_create(2 << 20, 1)
+    vmm_create(1 << 20, 0)
+    free("cuMemRelease", handle)
+    pinned = pinned_alloc(65536)
+    pinned_hostalloc(4096)
+    free("cuMemFreeHost", pinned)
+    device_alloc(0)  # fails: nothing allocated
+    free("cuMemFree_v2", 0x1234)  # fails: never allocated
+
+
+def worker(n):
+    for _ in range(n):
+        device_alloc(777)
+
+
+def threads():
+    ts = [threading.Thread(target=worker, args=(5,)) for _ in range(4)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+
+
+def deep(n):
+    if n <= 1:
+        return device_alloc(333)
+    return deep(n - 1)
+
+
+HELD = []
+
+
+def fork():
+    pid = os.fork()
+    if pid == 0:
+        device_alloc(2222)
+        OUT.flush()
+        os._exit(0)
+    os.waitpid(pid, 0)
+
+
+def main():
+    global LIB
+    if LIB is not None:
+        LIB.cuInit(0)
+    say(op="ready", pid=os.getpid())
+    for line in sys.stdin:
+        cmd = line.split()
+        if not cmd:
+            continue
+        if cmd[0] == "exit":
+            break
+        if cmd[0] == "load":
+            LIB = ctypes.CDLL(sys.argv[1])
+            LIB.cuInit(0)
+        elif cmd[0] == "basic":
+            basic()
+        elif cmd[0] == "threads":
+            threads()
+        elif cmd[0] == "deep":
+            deep(int(cmd[1]))
+        elif cmd[0] == "hold":
+            HELD.extend(device_alloc(1000) for _ in range(3))
+        elif cmd[0] == "release":
+            for addr in HELD:
+                free("cuMemFree_v2", addr)
+            HELD.clear()
+        elif cmd[0] == "fork":
+            fork()
+        say(op="done", cmd=cmd[0])
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 2 and sys.argv[2] == "now":  # started after the agent: allocate at once
+        LIB.cuInit(0)
+        Model()
+        say(op="done", cmd="now")
+    else:
+        main()

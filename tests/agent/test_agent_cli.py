@@ -1,0 +1,92 @@
+"""``gpuflame agent`` as a user runs it: the watching line, the file it writes, its one-line errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+
+import pytest
+from agent_expected import replay, rows
+
+from gpuflame.formats import load
+
+
+def agent_cli(*args: str, env: dict[str, str] | None = None, prefix: tuple[str, ...] = ()) -> subprocess.Popen:
+    full = {k: v for k, v in os.environ.items() if not k.startswith("GPUFLAME_")}
+    full.update(env or {})
+    return subprocess.Popen([*prefix, sys.executable, "-m", "gpuflame", "agent", *args], env=full,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def watching(proc: subprocess.Popen) -> str:
+    line = proc.stderr.readline()
+    assert line.startswith("gpuflame agent: watching"), line + proc.stderr.read()
+    return line
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_pid_until_a_signal_writes_the_exact_profile(sig, start_target, bpf_object, tmp_path):
+    target = start_target("3.12")
+    target.ready()
+    out = tmp_path / "agent.pb.gz"
+    proc = agent_cli("--pid", str(target.pid), "-o", str(out), "--json")
+    assert f"pid {target.pid}" in watching(proc)
+    target.run("basic")  # its calls have returned: their events are in the ring, booked at the latest on stop
+    proc.send_signal(sig)
+    stdout, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 0, stderr
+    summary = json.loads(stdout)
+    assert summary["processes"] == [target.pid]
+    profile = load(out)
+    assert rows(profile) == replay(target.records)
+    assert profile.default_type == "peak_space"
+    assert any("blocks allocated before the agent started" in c for c in profile.comments)
+
+
+def test_duration_and_the_store(start_target, bpf_object, tmp_path):
+    target = start_target("3.11")
+    target.ready()
+    proc = agent_cli("--pid", str(target.pid), "--duration", "1.5s", env={"GPUFLAME_STORE": str(tmp_path)})
+    watching(proc)
+    target.run("threads")
+    _, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 0, stderr
+    (run,) = tmp_path.iterdir()
+    assert rows(load(run / "profile.pb.gz")) == replay(target.records)
+    meta = json.loads((run / "meta.json").read_text())
+    assert meta["backend"] == "agent" and meta["processes"] == [target.pid]
+    assert "gpuflame report" in stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--pid", "0"], "not a process id"),
+        (["--pid", "4194304"], "no process 4194304"),
+        (["--duration", "soon"], "not a duration"),
+        (["--libcuda", "/nonexistent/libcuda.so.1"], "--libcuda /nonexistent/libcuda.so.1"),
+        (["-o", "/nonexistent-dir/x.pb.gz"], "no such folder"),
+        (["--max-blocks", "0"], "not a positive number"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(bpf_object, args, message):
+    proc = agent_cli(*args, "--duration", "1s")
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 2
+    assert message in stderr and len(stderr.strip().splitlines()) == 1, stderr
+
+
+def test_without_privileges_one_clear_line(bpf_object, tmp_path):
+    if shutil.which("setpriv") is None:
+        pytest.skip("setpriv (util-linux) is not installed")
+    proc = agent_cli("--duration", "1s", prefix=("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                                                  "--inh-caps=-all", "--bounding-set=-all"),
+                     env={"HOME": str(tmp_path)})
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 2, stderr
+    assert "needs root, or the capabilities CAP_BPF, CAP_PERFMON and CAP_SYS_PTRACE" in stderr
+    assert len(stderr.strip().splitlines()) == 1

@@ -1,0 +1,309 @@
+"""The agent against live processes on every CPython version: exact bytes per Python stack.
+
+Targets (tests/agent/target.py) call a stand-in libcuda.so.1 built from the
+CUDA toolkit's cuda.h (no GPU or driver here) and log each call with the stack
+that made it; the agent's profile must equal the one computed from that log.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+
+import pytest
+from agent_expected import replay, rows
+from agent_helpers import VERSIONS, wait_for
+
+
+def booked(agent, records) -> bool:  # noqa: ANN001
+    """The agent has every allocation the target logged."""
+    want = sum(1 for r in records if r["op"] == "alloc")
+    return agent.snapshot().totals()["alloc_objects"] >= want
+
+
+def own_rows(agent, pids) -> dict:  # noqa: ANN001
+    """The agent's rows of these processes (an every-process agent also sees other jobs' processes)."""
+    return {k: v for k, v in rows(agent.snapshot()).items() if k[0] in pids}
+
+
+def check_exact(agent, target, pid_of=None) -> dict:  # noqa: ANN001
+    """The agent's profile equals the target's log (allocations and frees alike, once all are booked)."""
+    expected = replay(target.records, pid_of)
+    pids = {k[0] for k in expected}
+    wait_for(lambda: own_rows(agent, pids) == expected)
+    got = own_rows(agent, pids)
+    assert got == expected
+    return got
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_exact_bytes_per_python_stack(version, start_target, agent_for):
+    target = start_target(version)
+    target.ready()
+    agent = agent_for(target.pid)
+    target.run("basic")
+    got = check_exact(agent, target)
+    # one native stack (device_alloc -> cuMemAlloc_v2), two Python stacks: kept apart
+    callers = {key[2][1][0] for key in got if key[2][0][0] == "device_alloc"}
+    assert {"Model > layer", "Model > activations"} <= callers
+    devices = {key[1] for key in got}
+    assert devices == {"cuda", "cuda:0", "cuda:1", "host"}  # cuMemCreate says its device; pinned memory is host
+    profile = agent.snapshot()
+    assert profile.label_values("comm") == [os.path.basename(target.proc.args[0])[:15]]
+    assert agent.stats()["lost_events"] == 0
+    # the failed cuMemAlloc (size 0) and the failed free of an unknown address changed nothing
+    assert any(r["op"] == "failed" for r in target.records)
+    assert min(v for row in got.values() for v in row) >= 0
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_threads_each_with_their_stack(version, start_target, agent_for):
+    """Four threads: each event is matched to its thread's frames (native_thread_id, or the FS base on 3.10)."""
+    target = start_target(version)
+    target.ready()
+    agent = agent_for(target.pid)
+    target.run("threads")
+    got = check_exact(agent, target)
+    (key,) = got
+    assert [f[0] for f in key[2][:2]] == ["device_alloc", "worker"]
+    assert got[key][5] == 20
+    assert agent.stats()["no_thread"] == 0
+
+
+def test_deep_stack(start_target, agent_for):
+    target = start_target("3.11")
+    target.ready()
+    agent = agent_for(target.pid)
+    target.run("deep 100")
+    got = check_exact(agent, target)
+    (key,) = got
+    assert [f[0] for f in key[2]].count("deep") == 100
+
+
+def test_blocks_from_before_the_agent_do_not_go_negative(start_target, agent_for):
+    target = start_target("3.11")
+    target.ready()
+    target.run("hold")  # three blocks the agent never sees allocated
+    before = len(target.records)
+    agent = agent_for(target.pid)
+    target.run("release")
+    target.run("threads")
+    expected = replay(target.records[before:])
+    wait_for(lambda: rows(agent.snapshot()) == expected)
+    assert rows(agent.snapshot()) == expected
+    assert wait_for(lambda: agent.stats()["unknown_frees"] == 3)
+    assert any("3 frees of blocks allocated before the agent started" in c for c in agent.snapshot().comments)
+
+
+def test_exit_frees_the_process_blocks(start_target, agent_for):
+    target = start_target("3.12")
+    target.ready()
+    agent = agent_for(target.pid)
+    target.run("basic")
+    expected = replay(target.records)
+    target.close()
+    assert wait_for(lambda: agent.snapshot().totals()["inuse_space"] == 0)
+    got = rows(agent.snapshot())
+    assert {k: (v[0], v[1], v[4], v[5]) for k, v in got.items()} == {
+        k: (v[0], v[1], v[4], v[5]) for k, v in expected.items() if v[0] or v[4]
+    }
+    assert target.pid not in agent.processes
+    agent.forget_exited()  # what a pushing agent does after each push
+    assert agent.snapshot().samples == []
+
+
+def test_fork_child_has_its_own_stacks(start_target, agent_for):
+    """A fork child is registered by the kernel side before it runs: its first event has its stack."""
+    target = start_target("3.11")
+    target.ready()
+    agent = agent_for(target.pid)
+    target.run("fork")
+    (child,) = {r["pid"] for r in target.records if r["op"] == "alloc"}
+    assert child != target.pid
+    assert wait_for(lambda: booked(agent, target.records) and agent.snapshot().totals()["inuse_space"] == 0)
+    got = rows(agent.snapshot())
+    # the child exited: its block is freed; peak and allocated stay
+    assert got == {k: (v[0], v[1], 0, 0, v[4], v[5]) for k, v in replay(target.records).items()}
+    (key,) = got
+    assert key[0] == str(child)
+    assert [f[0] for f in key[2][:3]] == ["device_alloc", "fork", "main"]
+
+
+def test_process_started_after_the_agent(libcuda, start_target, agent_for):
+    """Every-process mode: a Python process that starts later is named from its very first allocation."""
+    agent = agent_for(libcuda=[libcuda])  # no --pid: every process
+    target = start_target("3.11", "now")
+    target.read_until("done")
+    target.proc.wait(10)
+    expected = {k: (v[0], v[1], 0, 0, v[4], v[5]) for k, v in replay(target.records).items()}
+    wait_for(lambda: own_rows(agent, {str(target.pid)}) == expected)
+    got = own_rows(agent, {str(target.pid)})  # named although the process has exited; its exit freed its blocks
+    assert got == expected
+    assert all(key[2][0][0] == "device_alloc" for key in got)
+    assert agent.stats()["not_registered"] == 0
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_named_although_gone_before_its_events_are_read(version, start_target, bpf_object):
+    """The kernel side copies a new stack's code objects: nothing needs the process once it has exited."""
+    from gpuflame.agent.agent import Agent
+
+    target = start_target(version)
+    target.ready()
+    agent = Agent(pids=[target.pid])
+    agent.start(thread=False)  # nothing is read until the process is gone
+    try:
+        target.run("basic")
+        target.close()
+        assert not os.path.exists(f"/proc/{target.pid}/mem")
+        for _ in range(20):
+            agent.poll(0)
+        got = rows(agent.snapshot())
+        assert got == {k: (v[0], v[1], 0, 0, v[4], v[5]) for k, v in replay(target.records).items() if v[0] or v[4]}
+    finally:
+        agent.stop()
+
+
+def test_process_in_its_own_pid_namespace(start_target, agent_for):
+    """unshare --pid: the interpreter stores namespaced thread ids; the kernel side reads the same level."""
+    target = start_target("3.11", prefix=("unshare", "--pid", "--fork", "--kill-child"))
+    inner_pid = target.ready()
+    assert inner_pid == 1
+    children = open(f"/proc/{target.pid}/task/{target.pid}/children").read().split()
+    host_pid = int(children[0])
+    agent = agent_for(host_pid)
+    target.run("basic")
+    check_exact(agent, target, pid_of={1: str(host_pid)})
+
+
+def test_non_python_caller_gets_native_stack(libcuda, agent_for, tmp_path):
+    source = tmp_path / "caller.c"
+    source.write_text(NATIVE_CALLER)
+    exe = tmp_path / "caller"
+    lib_dir = os.path.dirname(libcuda)
+    subprocess.run(["gcc", "-O0", "-fno-omit-frame-pointer", "-rdynamic", str(source), "-o", str(exe),
+                    f"-L{lib_dir}", "-l:libcuda.so.1", f"-Wl,-rpath,{lib_dir}"], check=True)
+    proc = subprocess.Popen([str(exe)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        agent = agent_for(proc.pid)
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline().strip() == "done"
+        assert wait_for(lambda: agent.snapshot().totals()["alloc_space"] == 3 * 4096)
+        profile = agent.snapshot()
+        (sample,) = profile.compact().samples
+        names = [f.name for f in profile.compact().stack_frames(sample)]
+        assert names[:2] == ["allocate_weights", "main"]
+        assert profile.compact().stack_frames(sample)[0].kind == "native"
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+NATIVE_CALLER = r"""
+#include <stdio.h>
+typedef unsigned long long CUdeviceptr;
+int cuInit(unsigned int);
+int cuMemAlloc_v2(CUdeviceptr *, size_t);
+__attribute__((noinline)) void allocate_weights(void) {
+    for (int i = 0; i < 3; i++) { CUdeviceptr p; cuMemAlloc_v2(&p, 4096); }
+}
+int main(void) {
+    char line[8];
+    cuInit(0);
+    printf("ready\n"); fflush(stdout);
+    if (!fgets(line, sizeof line, stdin)) return 1;
+    allocate_weights();
+    printf("done\n"); fflush(stdout);
+    fgets(line, sizeof line, stdin);
+    return 0;
+}
+"""
+
+
+def test_new_libcuda_file_found_by_rescanning(libcuda, start_target, agent_for, tmp_path):
+    """Every-process mode: a process loading another copy of the driver (another inode) is probed too."""
+    copy = tmp_path / "other" / "libcuda.so.1"
+    copy.parent.mkdir()
+    shutil.copy(libcuda, copy)
+    agent = agent_for(libcuda=[libcuda])
+    target = start_target("3.11", lib=str(copy))
+    target.ready()
+    key = (os.stat(copy).st_dev, os.stat(copy).st_ino)
+    assert wait_for(lambda: key in agent.attached, timeout=10)
+    target.run("basic")
+    check_exact(agent, target)
+
+
+def test_native_frames_under_a_python_caller(start_target, agent_for):
+    """--native: the C frames between the driver and the Python caller (ctypes, libffi), then Python's."""
+    target = start_target("3.11")
+    target.ready()
+    agent = agent_for(target.pid, native=True)
+    target.run("threads")
+    assert wait_for(lambda: booked(agent, target.records))
+    profile = agent.snapshot().compact()
+    (sample,) = profile.samples
+    frames = profile.stack_frames(sample)
+    kinds = [f.kind for f in frames]
+    first_python = kinds.index("python")
+    assert first_python > 0 and set(kinds[:first_python]) == {"native"}
+    assert set(kinds[first_python:]) == {"python"}
+    assert any("ffi" in f.file or "ctypes" in f.file for f in frames[:first_python])
+    assert [f.name for f in frames[first_python:first_python + 2]] == ["device_alloc", "worker"]
+
+
+def test_live_block_map_overflow_is_counted_and_said(start_target, agent_for):
+    """More live blocks than --max-blocks: still booked (their frees are not seen), counted, said in the profile."""
+    target = start_target("3.11")
+    target.ready()
+    agent = agent_for(target.pid, max_blocks=2)
+    target.run("threads")  # 20 blocks, none freed
+    assert wait_for(lambda: booked(agent, target.records))
+    stats = agent.stats()
+    assert stats["live_map_full"] == 18 and stats["untracked"] == 18
+    profile = agent.snapshot()
+    assert profile.totals()["alloc_objects"] == 20
+    assert any("18 blocks were not tracked in the kernel" in c for c in profile.comments)
+
+
+def test_functions_the_kernel_single_steps_are_named(libcuda, agent_for, tmp_path):
+    """A driver built without frame setup: its probes are single-stepped (slower), and the watching line says so."""
+    from agent_helpers import HERE, cuda_include
+
+    plain = tmp_path / "libcuda.so.1"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-O2", f"-I{cuda_include()}", str(HERE / "standin_cuda.c"),
+                    "-o", str(plain), "-lpthread"], check=True)
+    fast = agent_for(libcuda=[libcuda])
+    assert fast.single_stepped == set() and "single-steps" not in fast.watching()
+    fast.stop()
+    slow = agent_for(libcuda=[str(plain)])
+    assert "cuMemAlloc_v2" in slow.single_stepped
+    assert "do not start with push %rbp" in slow.watching()
+
+
+def test_watched_process_that_loads_the_driver_later(start_target, agent_for):
+    """--pid on a process that has not loaded libcuda yet: probed as soon as it does."""
+    target = start_target("3.11", "late")
+    target.ready()
+    agent = agent_for(target.pid)
+    assert not agent.attached and "not loaded yet" in agent.watching()
+    target.run("load")
+    assert wait_for(lambda: bool(agent.attached), timeout=5)
+    target.run("basic")
+    check_exact(agent, target)
+
+
+def test_an_unsupported_python_is_said_and_gets_native_stacks(start_target, agent_for, capsys):
+    """Python 3.9 (no offsets): every allocation still counted, under native frames, and one line says why."""
+    target = start_target("3.9")
+    target.ready()
+    agent = agent_for(target.pid)
+    assert "Python 3.9" in capsys.readouterr().err
+    target.run("threads")
+    assert wait_for(lambda: booked(agent, target.records))
+    profile = agent.snapshot()
+    assert profile.totals()["alloc_space"] == 20 * 777
+    assert {f.kind for f in profile.frames} == {"native"}

@@ -1,0 +1,260 @@
+"""The agent's tables and decoders, without BPF: CPython offsets and line tables per version,
+the constants shared with the BPF side, the ledger's peak, ELF symbols."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from agent_helpers import VERSIONS, python_for
+
+from gpuflame.agent import events
+from gpuflame.agent.build import BPF_DIR
+from gpuflame.agent.elf import read_elf
+from gpuflame.agent.ledger import Ledger
+from gpuflame.agent.py_offsets import OFFSETS
+from gpuflame.agent.pyremote import line_for
+
+SOURCE = Path(__file__).resolve().parents[2] / "src" / "gpuflame" / "agent" / "py_offsets.c"
+
+
+def include_dir(version: str) -> Path | None:
+    python = python_for(version)
+    if python is None:
+        return None
+    out = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['include'])"],
+                         capture_output=True, text=True)
+    path = Path(out.stdout.strip())
+    return path if (path / "internal" / "pycore_frame.h").exists() or version == "3.10" else None
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_offsets_match_each_versions_own_headers(version, tmp_path):
+    """py_offsets.py is what py_offsets.c prints when built against that version's internal headers."""
+    include = include_dir(version)
+    if include is None or not (include / "internal").is_dir():
+        pytest.skip(f"no headers of Python {version} here")
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc is not installed")
+    exe = tmp_path / "offsets"
+    subprocess.run(["gcc", f"-I{include}", f"-I{include / 'internal'}", str(SOURCE), "-o", str(exe)], check=True)
+    printed = json.loads(subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout)
+    assert printed.pop("version") == version
+    assert OFFSETS[version] == printed
+
+
+LINES_SCRIPT = r"""
+import json, sys, types
+out = []
+def walk(code):
+    table = list(code.co_lines())
+    out.append([code.co_linetable.hex(), code.co_firstlineno, table])
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType):
+            walk(c)
+import argparse, json as j, threading, ast
+for mod in (argparse, threading, ast, j.decoder):
+    src = open(mod.__file__).read()
+    walk(compile(src, mod.__file__, "exec"))
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_line_tables_read_as_the_interpreter_reads_them(version):
+    """Every instruction of several stdlib modules: line_for == the interpreter's own co_lines()."""
+    python = python_for(version)
+    if python is None:
+        pytest.skip(f"no Python {version} here")
+    codes = json.loads(subprocess.run([python, "-c", LINES_SCRIPT], capture_output=True, text=True,
+                                      check=True).stdout)
+    checked = 0
+    for table_hex, first, ranges in codes:
+        table = bytes.fromhex(table_hex)
+        for start, end, line in ranges:
+            for lasti in range(start, end, 2):
+                assert line_for(table, first, lasti, version) == line, (version, first, lasti)
+                checked += 1
+    assert checked > 10_000
+
+
+def test_constants_match_agent_h():
+    """events.py mirrors bpf/agent.h: every #define with a number there has the same value here."""
+    defines = dict(re.findall(r"^#define (\w+) (-?\d+)\b", (BPF_DIR / "agent.h").read_text(), re.M))
+    shared = {k: int(v) for k, v in defines.items() if hasattr(events, k)}
+    assert len(shared) >= 30
+    assert {k: getattr(events, k) for k in shared} == shared
+    # the struct layouts: event header 64 bytes, struct proc 16 + 4 per offset field
+    assert events.HEADER.size == 64
+    fields = re.search(r"struct py_offsets \{(.*?)\};", (BPF_DIR / "agent.h").read_text(), re.S).group(1)
+    assert tuple(re.findall(r"__s32 (\w+);", fields)) == events.OFFSET_FIELDS
+    assert all(set(events.OFFSET_FIELDS) <= set(OFFSETS[v]) for v in OFFSETS)
+
+
+@pytest.mark.parametrize("version", sorted(OFFSETS))
+def test_frame_fields_sit_in_the_bytes_read_per_frame(version):
+    """The walk reads FRAME_BYTES of each frame at once; every field it takes must be inside."""
+    o = OFFSETS[version]
+    assert o["frame_previous"] + 8 <= events.FRAME_BYTES and o["frame_code"] + 8 <= events.FRAME_BYTES
+    assert o["frame_instr"] + o["frame_instr_size"] <= events.FRAME_BYTES
+    assert o["frame_owner"] < events.FRAME_BYTES
+    for name in ("frame_previous", "frame_code", "frame_instr"):
+        assert o[name] % 8 == 0 or (name == "frame_instr" and o[name] % 4 == 0)
+
+
+def naive_peak(ops):
+    """A full copy of every stack's in-use at each new high (the definition)."""
+    live, inuse, total, high, at_high = {}, {}, 0, 0, {}
+    for op, stack, key, size in ops:
+        if op == "alloc":
+            live[key] = (stack, size)
+            inuse[stack] = inuse.get(stack, 0) + size
+            total += size
+        elif key in live:
+            s, sz = live.pop(key)
+            inuse[s] -= sz
+            total -= sz
+        if total > high:
+            high, at_high = total, dict(inuse)
+    return at_high, inuse
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_ledger_peak_equals_the_definition(seed):
+    rng = random.Random(seed)
+    ledger, ops, live = Ledger(), [], []
+    for i in range(400):
+        if live and rng.random() < 0.45:
+            key = live.pop(rng.randrange(len(live)))
+            ops.append(("free", None, key, 0))
+            ledger.free(1, key)
+        else:
+            key, stack, size = (0, i), rng.randrange(6), rng.randrange(1, 5000)
+            live.append(key)
+            ops.append(("alloc", stack, key, size))
+            ledger.alloc(1, "cuda", stack, key, size)
+    at_high, inuse = naive_peak(ops)
+    got = {stack: values for (_, stack, values) in ledger.rows()}
+    assert {s: v[0] for s, v in got.items() if v[0]} == {s: v for s, v in at_high.items() if v}
+    assert {s: v[2] for s, v in got.items()} == {s: inuse.get(s, 0) for s in got}
+
+
+def test_ledger_exit_and_unknown_frees():
+    ledger = Ledger()
+    ledger.alloc(7, "cuda", 0, (0, 0x1000), 100)
+    ledger.alloc(7, "host", 1, (0, 0x2000), 50)
+    assert not ledger.free(7, (0, 0x9999))  # from before the agent: ignored, counted
+    assert ledger.unmatched_frees == 1
+    assert sorted(ledger.exit(7)) == [(0, 0x1000), (0, 0x2000)]
+    rows = {(g, s): v for g, s, v in ledger.rows()}
+    assert rows[((7, "cuda"), 0)] == (100, 1, 0, 0, 100, 1)
+    assert rows[((7, "host"), 1)] == (50, 1, 0, 0, 50, 1)
+
+
+def test_ledger_drops_an_ended_process():
+    ledger = Ledger()
+    ledger.alloc(7, "cuda", 0, (0, 0x1000), 100)
+    ledger.alloc(8, "cuda", 0, (0, 0x1000), 30)
+    ledger.drop(7)
+    assert [(g, v) for g, _, v in ledger.rows()] == [((8, "cuda"), (30, 1, 30, 1, 30, 1))]
+    assert 7 not in ledger.blocks
+
+
+def test_elf_symbols_and_offsets():
+    """The driver functions are placed by file offset; pyenv's libpython exports _PyRuntime."""
+    python = python_for("3.11")
+    if python is None:
+        pytest.skip("no Python 3.11 here")
+    lib = next(Path(python).resolve().parents[1].glob("lib/libpython3.11*.so*"), None)
+    path = str(lib) if lib else python
+    elf = read_elf(path, full=False)
+    runtime = elf.symbols["_PyRuntime"]
+    assert runtime.value and runtime.size > 1000
+    nm = subprocess.run(["nm", "-D", path], capture_output=True, text=True)
+    if nm.returncode == 0:
+        line = next(entry for entry in nm.stdout.splitlines() if entry.endswith(" _PyRuntime"))
+        assert int(line.split()[0], 16) == runtime.value
+    func = elf.symbols["PyEval_EvalCode"]
+    assert elf.function_at(func.value + 1).name == "PyEval_EvalCode"
+    assert elf.file_offset(func.value) == func.value - next(
+        s.vaddr - s.offset for s in elf.segments if s.vaddr <= func.value < s.vaddr + s.filesz)
+
+
+@pytest.mark.parametrize(("release", "risky"), [("6.10.14", False), ("6.11.0-1-generic", True), ("6.12.44", True),
+                                                ("6.13.2", True), ("6.14.0", False), ("6.18.44-fc", False)])
+def test_kernels_where_uretprobes_meet_seccomp(release, risky):
+    from gpuflame.agent.procs import uretprobe_seccomp_kernel
+
+    assert uretprobe_seccomp_kernel(release) is risky
+
+
+ALLOW_ALL_FILTER = r"""
+import ctypes, sys, time
+class Filter(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8), ("k", ctypes.c_uint32)]
+class Prog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_uint16), ("filter", ctypes.POINTER(Filter))]
+allow = (Filter * 1)(Filter(0x06, 0, 0, 0x7fff0000))  # BPF_RET|BPF_K, SECCOMP_RET_ALLOW
+libc = ctypes.CDLL(None, use_errno=True)
+assert libc.prctl(38, 1, 0, 0, 0) == 0  # PR_SET_NO_NEW_PRIVS
+assert libc.prctl(22, 2, ctypes.byref(Prog(1, allow)), 0, 0) == 0, ctypes.get_errno()  # SECCOMP_MODE_FILTER
+print("filtered", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_seccomp_filtered_processes_are_seen():
+    from gpuflame.agent.procs import seccomp_filtered
+
+    proc = subprocess.Popen([sys.executable, "-c", ALLOW_ALL_FILTER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True)
+    try:
+        assert proc.stdout.readline().strip() == "filtered"
+        assert seccomp_filtered(proc.pid) is True
+        assert seccomp_filtered(os.getpid()) is False
+    finally:
+        proc.stdin.close()
+        proc.wait()
+
+
+# _Py_DebugOffsets (3.13's pycore_runtime.h): byte offset in _PyRuntime of each field we compare
+DEBUG_OFFSETS_313 = {
+    "runtime_interp_head": 40, "interp_threads_head": 72, "tstate_next": 168, "tstate_frame": 184,
+    "tstate_thread_id": 192, "tstate_native_thread_id": 200, "frame_previous": 232, "frame_code": 240,
+    "frame_instr": 248, "frame_owner": 264, "code_filename": 280, "code_name": 288, "code_qualname": 296,
+    "code_linetable": 304, "code_firstlineno": 312, "code_adaptive": 344, "object_type": 360, "type_name": 376,
+}
+
+
+def test_offsets_agree_with_313s_own_debug_offsets():
+    """3.13 publishes its layout at the start of _PyRuntime (cookie xdebugpy): our table says the same."""
+    from gpuflame.agent.procs import interpreter
+    from gpuflame.agent.pyremote import Memory
+
+    python = python_for("3.13")
+    if python is None:
+        pytest.skip("no Python 3.13 here")
+    proc = subprocess.Popen([python, "-c", "import sys; print('ready', flush=True); sys.stdin.readline()"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        found = interpreter(proc.pid)
+        assert found is not None and found.version == "3.13"
+        memory = Memory(proc.pid)
+        try:
+            raw = memory.read(found.runtime, 384)
+        finally:
+            memory.close()
+    finally:
+        proc.stdin.close()
+        proc.wait()
+    assert raw[:8] == b"xdebugpy"
+    published = {name: int.from_bytes(raw[at : at + 8], "little") for name, at in DEBUG_OFFSETS_313.items()}
+    assert published == {name: OFFSETS["3.13"][name] for name in DEBUG_OFFSETS_313}

@@ -1,0 +1,65 @@
+"""deploy/kubernetes/overlays/agent: the node agent's DaemonSet renders, is valid Kubernetes 1.32,
+and asks for no more than the agent needs (hostPID and three capabilities, not privileged)."""
+
+from __future__ import annotations
+
+import pytest
+
+from test_kubernetes_manifests import K8S, find, kustomize, needs_kubectl, validate
+
+
+@pytest.fixture(scope="module")
+def docs() -> list[dict]:
+    return kustomize(K8S / "overlays" / "agent")
+
+
+@needs_kubectl
+def test_agent_overlay_matches_the_kubernetes_schemas(docs):
+    for doc in docs:
+        validate(doc)
+    assert {d["kind"] for d in docs} == {"Namespace", "ServiceAccount", "DaemonSet"}
+
+
+@needs_kubectl
+def test_agent_daemonset_least_privilege(docs):
+    ds = find(docs, "DaemonSet", "gpuflame-agent")
+    assert ds["metadata"]["namespace"] == "gpuflame-agent"
+    pod = ds["spec"]["template"]["spec"]
+    assert pod["hostPID"] is True
+    assert pod["automountServiceAccountToken"] is False
+    assert not pod.get("hostNetwork") and not pod.get("hostIPC")
+    (c,) = pod["containers"]
+    sc = c["securityContext"]
+    assert sc["privileged"] is False and sc["allowPrivilegeEscalation"] is False
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["capabilities"] == {"drop": ["ALL"], "add": ["BPF", "PERFMON", "SYS_PTRACE"]}
+    for mount in c["volumeMounts"]:
+        host = next(v for v in pod["volumes"] if v["name"] == mount["name"])
+        assert "emptyDir" in host or mount["readOnly"] is True, mount
+    assert c["image"] == "ghcr.io/gpuflame/gpuflame-agent:0.1.0"
+    argv = c["command"] + c["args"]
+    assert argv[:2] == ["gpuflame", "agent"] and "--pyroscope" in argv
+    env = {e["name"]: e for e in c["env"]}
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    assert env["GPUFLAME_PYROSCOPE_URL"]["valueFrom"]["secretKeyRef"]["name"] == "gpuflame-pyroscope"
+    # the AKS GPU pool, as examples/vllm-aks
+    assert pod["nodeSelector"] == {"kubernetes.azure.com/accelerator": "nvidia"}
+    assert {"key": "sku", "operator": "Equal", "value": "gpu", "effect": "NoSchedule"} in pod["tolerations"]
+
+
+@needs_kubectl
+def test_agent_namespace_is_its_own(docs):
+    ns = find(docs, "Namespace", "gpuflame-agent")
+    # gpuflame-system enforces 'restricted', which hostPID breaks: the agent lives apart
+    assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
+    assert not [d for d in docs if d["kind"] in ("Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding")]
+
+
+@needs_kubectl
+def test_agent_args_are_the_cli_s(docs):
+    """The DaemonSet's command line parses with gpuflame agent's own parser."""
+    from gpuflame.cli.main import build_parser
+
+    c = find(docs, "DaemonSet", "gpuflame-agent")["spec"]["template"]["spec"]["containers"][0]
+    args = build_parser().parse_args(c["args"])
+    assert args.command == "agent" and args.interval == 15.0 and args.pyroscope == ["$(GPUFLAME_PYROSCOPE_URL)"]
