@@ -250,7 +250,7 @@ def _collect(folder: Path, output: Path, meta: RunMeta) -> Profile | None:
         meta.lost.extend(f"pid {pid}: {line}" for line in notes.read_text().splitlines() if line.strip())
     if not profiles:
         return None
-    merged = merge(profiles)
+    merged = merge(profiles, peaks="final")  # the peak: a moment of the whole run (model/merge.py)
     for message in meta.lost:
         if not any(message.endswith(c) or c.endswith(message) for c in merged.comments):
             merged.comments.append(message)
