@@ -70,9 +70,12 @@ class PeakUnit:
             return True
         return self.start < other.end and other.start < self.end
 
-    def describe(self) -> str:
-        """One line that says what the number is, in plain words."""
+    def describe(self, only_pid: str = "") -> str:
+        """One line that says what the number is, in plain words (*only_pid*: one process's part shown)."""
         on = f" on {self.device}" if self.device else ""
+        if self.kind == JOINT and only_pid:
+            return (f"pid {only_pid}'s share of one moment: the highest total of the {self.processes} "
+                    f"processes{on} together")
         if self.kind == JOINT:
             return (f"live at one moment: the highest total of the {self.processes} processes{on} together, "
                     "each process's share at that moment")
@@ -94,14 +97,9 @@ class PeakUnit:
         return {k: v for k, v in asdict(self).items() if k == "device" or v != getattr(defaults, k)}
 
 
-def describe(units: Sequence[PeakUnit], devices: Sequence[str] | None = None) -> str:
-    """What the peak of a profile (or of some of its devices) is, in one line."""
-    shown = [u for u in units if devices is None or u.device in devices]
-    if not shown:
-        return ""
-    if len(shown) == 1:
-        return shown[0].describe()
-    return "; ".join(u.describe() for u in shown)
+def describe(units: Sequence[PeakUnit], only_pid: str = "") -> str:
+    """What the peak of a profile is, in one line (*only_pid*: the samples shown are one process's)."""
+    return "; ".join(u.describe(only_pid) for u in units)
 
 
 def is_exact(units: Sequence[PeakUnit]) -> bool:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from gpuflame.errors import UnknownSampleTypeError
-from gpuflame.model.peak import BOUND, PROCESS, PeakUnit
+from gpuflame.model.peak import BOUND, PROCESS, PeakUnit, describe
 from gpuflame.model.timeline import Timeline
 
 # Frame kinds. Plain strings (not an Enum) because frames are hashed millions
@@ -221,6 +221,20 @@ class Profile:
             kind = PROCESS if len(pids) == 1 else BOUND
             units.append(PeakUnit(device, kind, start, end, pid=pid, processes=len(pids)))
         return units
+
+    def peak_description(self, type_name: str) -> str:
+        """What a ``peak_*`` total of this profile is, in words; '' for other types.
+
+        Only the devices that still have samples are described (after ``--label device=...``).
+        """
+        if not type_name.split("/", 1)[0].startswith("peak_"):
+            return ""
+        units = self.peak_units()
+        shown = [s for s in self.samples if any(s.values)]
+        devices = {s.label("device", "") or "" for s in shown}
+        pids = {s.label("pid", "") or "" for s in shown}
+        only_pid = next(iter(pids)) if len(pids) == 1 else ""
+        return describe([u for u in units if u.device in devices] or units, only_pid)
 
     def __iter__(self) -> Iterator[Sample]:
         return iter(self.samples)
