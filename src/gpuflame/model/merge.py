@@ -223,7 +223,7 @@ def _combine(windows: list[_Window], why: str, members: int) -> tuple[PeakUnit, 
         unit = best[0].unit
         if len(groups) > 1 and unit.kind in EXACT:
             unit = replace(unit, kind=MAX, windows=len(groups))
-        return replace(unit, why=why if unit.kind not in EXACT else ""), choice
+        return replace(unit, why=why or unit.why), choice
     processes = sum(w.unit.processes for w in best)
     device = best[0].unit.device
     return PeakUnit(device, BOUND, start, end, processes=processes, why=why), choice

@@ -72,6 +72,10 @@ class PeakUnit:
 
     def describe(self, only_pid: str = "") -> str:
         """One line that says what the number is, in plain words (*only_pid*: one process's part shown)."""
+        text = self._what(only_pid)
+        return f"{text}; {self.why}" if self.why else text
+
+    def _what(self, only_pid: str) -> str:
         on = f" on {self.device}" if self.device else ""
         if self.kind == JOINT and only_pid:
             return (f"pid {only_pid}'s share of one moment: the highest total of the {self.processes} "
@@ -86,9 +90,8 @@ class PeakUnit:
             return (f"the largest total of {self.samples} samples of live buffers{on}: the true peak may be "
                     "higher (gpuflame run --interval samples more often)")
         if self.kind == BOUND:
-            text = (f"sum of each process's own peak{on} ({self.processes} processes or recording windows "
+            return (f"sum of each process's own peak{on} ({self.processes} processes or recording windows "
                     "that overlapped in time, each at its own moment): an upper bound, not a moment that happened")
-            return f"{text}; {self.why}" if self.why else text
         who = f" of pid {self.pid}" if self.pid else ""
         return f"live at the moment of the highest total{who}{on}"
 
