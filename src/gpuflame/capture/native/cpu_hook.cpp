@@ -156,9 +156,11 @@ bool lock_table(Joint& j) {
   if (j.slot < 0) return false;
   auto& lock = j.t->lock;
   auto me = static_cast<uint32_t>(g_pid);
+  uint32_t holder = 0;
+  if (lock.compare_exchange_strong(holder, me, std::memory_order_acquire, std::memory_order_relaxed)) return true;
   auto started = std::chrono::steady_clock::now();
-  for (uint64_t i = 0;; ++i) {
-    uint32_t holder = 0;
+  for (uint64_t i = 1;; ++i) {
+    holder = 0;
     if (lock.compare_exchange_weak(holder, me, std::memory_order_acquire, std::memory_order_relaxed)) return true;
     if (i < 128) continue;
     if ((i & 63) == 0 && holder != 0) {
