@@ -6,9 +6,7 @@ import argparse
 
 from gpuflame.analysis.hotspots import build_report
 from gpuflame.analysis.tree import build_tree
-from gpuflame.cli.common import FILTER_ORDER, add_analysis_options, load_for_analysis, print_json
-from gpuflame.model.peak import is_exact
-from gpuflame.model.profile import Profile
+from gpuflame.cli.common import FILTER_ORDER, add_analysis_options, load_for_analysis, peak_json, print_json
 from gpuflame.render.terminal import make_console, render_report
 
 HELP = "what holds the memory, on one screen"
@@ -64,16 +62,7 @@ def run(args: argparse.Namespace) -> int:
     report = build_report(loaded.profile, tree, limit=max(1, args.limit))
     peak = loaded.profile.peak_description(report.type)
     if args.json:
-        print_json({**report.to_dict(), **peak_json(loaded.profile, peak)})
+        print_json({**report.to_dict(), **peak_json(loaded.profile, report.type)})
     else:
         render_report(make_console(), report, loaded.source, peak)
     return 0
-
-
-def peak_json(profile: Profile, description: str) -> dict[str, object]:
-    """``"peak"``: what the peak total is, whether it is a moment that happened, and per device."""
-    if not description:
-        return {}
-    units = profile.peak_units()
-    return {"peak": {"description": description, "exact": is_exact(units),
-                     "devices": [u.to_json() for u in units]}}

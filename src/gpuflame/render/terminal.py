@@ -255,9 +255,9 @@ def _wrappers_table(entries: list[Entry], unit: str) -> Table:
 
 
 def render_top(
-    console: Console, entries: list[Entry], by: str, type_name: str, unit: str, total: int
+    console: Console, entries: list[Entry], by: str, type_name: str, unit: str, total: int, peak: str = ""
 ) -> None:
-    console.print(type_title(type_name, unit, total))
+    console.print(type_title(type_name, unit, total, peak))
     console.print()
     table = _table(
         f"Top functions by {by}", "#", "self", "self %", "total", "total %", "function", "file:line"
