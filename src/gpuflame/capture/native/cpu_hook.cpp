@@ -153,7 +153,7 @@ std::vector<Joint*>* g_joints = nullptr;  // handle -> table; never freed (other
 bool alive(int32_t pid) { return pid > 0 && (kill(pid, 0) == 0 || errno != ESRCH); }
 
 bool lock_table(Joint& j) {
-  if (j.slot < 0) return false;
+  if (j.broken) return false;
   auto& lock = j.t->lock;
   auto me = static_cast<uint32_t>(g_pid);
   uint32_t holder = 0;
@@ -241,24 +241,23 @@ bool table_join(Joint& j) {
   return true;
 }
 
-// Join (again): a new window, or a fork child. Takes the lock itself.
-bool table_rejoin(Joint& j) {
-  if (j.broken) return false;
-  j.slot = 0;  // lock_table needs a slot; any value >= 0 before the join
-  if (!lock_table(j)) return false;
-  bool ok = table_join(j);
-  unlock_table(j);
-  if (!ok) j.slot = -1;
-  return ok;
-}
-
-// Leave: this process's bytes stop counting. The caller marks first if the epoch moved.
+// Leave: this process's bytes stop counting. Under the lock; the caller marks first if the epoch moved.
 void table_leave(Joint& j) {
   TableSlot& s = j.t->slots[j.slot];
   j.t->total -= s.total;
   s.pid = 0;
   s.total = 0;
   j.slot = -1;
+}
+
+// Join (again) with an empty share: a new window, or a fork child (whose books start empty).
+// Takes the lock itself.
+bool table_rejoin(Joint& j) {
+  if (!lock_table(j)) return false;
+  if (j.slot >= 0) table_leave(j);
+  bool ok = table_join(j);
+  unlock_table(j);
+  return ok;
 }
 
 void joints_after_fork_child() {
@@ -396,7 +395,7 @@ struct Books {
 
   // lock the table and mark if the epoch moved; false when not publishing
   bool enter_joint() {
-    if (joint == nullptr || !lock_table(*joint)) return false;
+    if (joint == nullptr || joint->slot < 0 || !lock_table(*joint)) return false;
     if (table_moved(*joint)) mark_joint();
     return true;
   }
@@ -869,7 +868,7 @@ PyObject* py_table_leave(PyObject*, PyObject* args) {
   PyObject *key, *append;
   if (!PyArg_ParseTuple(args, "lOO", &handle, &key, &append)) return nullptr;
   Joint& j = joint_of(handle);
-  if (!lock_table(j)) Py_RETURN_NONE;
+  if (j.slot < 0 || !lock_table(j)) Py_RETURN_NONE;
   bool moved = table_moved(j);
   table_leave(j);
   uint64_t epoch = j.seen, max = j.seen_max;
@@ -892,7 +891,7 @@ PyObject* py_table_event(PyObject*, PyObject* args) {
   Joint& j = joint_of(handle);
   bool before = false, after = false;
   uint64_t e0 = 0, m0 = 0, e1 = 0, m1 = 0;
-  if (lock_table(j)) {
+  if (j.slot >= 0 && lock_table(j)) {
     before = table_moved(j);
     e0 = j.seen, m0 = j.seen_max;
     if (delta != 0) after = table_publish(j, delta);
