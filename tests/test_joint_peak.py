@@ -297,3 +297,12 @@ def test_a_damaged_peak_description_is_dropped_with_a_note(tmp_path: Path) -> No
     save(p, tmp_path / "d.pb.gz")
     loaded = load(tmp_path / "d.pb.gz")
     assert loaded.peaks == [] and DAMAGED_NOTE in loaded.comments
+
+
+def test_pushes_to_pyroscope_carry_no_run_bookkeeping() -> None:
+    from gpuflame.ship.window import IntervalWindow
+
+    now = time.time_ns()
+    pushed = IntervalWindow().next(shares(1, 4 * MB, 4 * MB, 2, 4 * MB, now, now + 100))
+    assert JOINT_PEAK_SPACE.type not in pushed.type_names() and pushed.peaks == []
+    assert pushed.totals()["peak_space"] == 4 * MB
