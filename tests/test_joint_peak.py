@@ -306,3 +306,11 @@ def test_pushes_to_pyroscope_carry_no_run_bookkeeping() -> None:
     pushed = IntervalWindow().next(shares(1, 4 * MB, 4 * MB, 2, 4 * MB, now, now + 100))
     assert JOINT_PEAK_SPACE.type not in pushed.type_names() and pushed.peaks == []
     assert pushed.totals()["peak_space"] == 4 * MB
+
+
+def test_a_note_for_the_end_of_a_run_when_the_peak_is_sampled_or_a_bound() -> None:
+    from gpuflame.model.peak import run_note
+
+    assert run_note([PeakUnit("cpu", JOINT, processes=3)]) == ""
+    assert "--interval" in run_note([PeakUnit("cpu:0", SAMPLED, samples=2)])
+    assert "an upper bound" in run_note([PeakUnit("cuda:0", BOUND, processes=2)])

@@ -18,7 +18,7 @@ device on what each profile says its peak is (:mod:`gpuflame.model.peak`):
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from gpuflame.model.peak import (
@@ -120,8 +120,8 @@ class _PeakPlan:
     choice: dict[tuple[int, str], str] = field(default_factory=dict)  # (profile, device) -> OWN/SHARE/NONE
     drop: tuple[str, ...] = ()  # the joint_peak_* types, once resolved
 
-    def fixer(self, n: int, p: Profile, names: list[str]):  # noqa: ANN201 - a small closure
-        """The function that sets one sample's peak columns in the merged row."""
+    def fixer(self, n: int, p: Profile, names: list[str]) -> Callable[[Sample, list[int]], None] | None:
+        """The function that sets one sample's peak columns in the merged row; None when they stay."""
         names_in = p.type_names()
         columns = [(names.index(t), names_in.index(j) if j in names_in else -1)
                    for t, j in zip(PEAK_TYPES, (JOINT_SPACE, JOINT_OBJECTS), strict=True) if t in names]
@@ -184,7 +184,7 @@ def _peak_of_device(
             continue
         why = joint
         windows += [_Window(u, _device_peak(profiles[n], device, "peak_space"), {n: OWN}) for n, u in group]
-    return _combine(windows, why, len(members))
+    return _combine(windows, why)
 
 
 def _joint(profiles: Sequence[Profile], device: str, group: list[tuple[int, PeakUnit]]) -> _Window | str:
@@ -203,7 +203,7 @@ def _joint(profiles: Sequence[Profile], device: str, group: list[tuple[int, Peak
     return _Window(unit, share, choice)
 
 
-def _combine(windows: list[_Window], why: str, members: int) -> tuple[PeakUnit, dict[int, str]]:
+def _combine(windows: list[_Window], why: str) -> tuple[PeakUnit, dict[int, str]]:
     """Windows that overlap in time add up (a bound); apart, the highest group wins (exact)."""
     windows.sort(key=lambda w: (w.unit.start, w.unit.end))
     groups: list[list[_Window]] = []

@@ -109,6 +109,18 @@ def is_exact(units: Sequence[PeakUnit]) -> bool:
     return all(u.kind in EXACT for u in units)
 
 
+def run_note(units: Sequence[PeakUnit]) -> str:
+    """One line for the end of ``gpuflame run`` when its peak is not a moment that happened; '' when it is."""
+    sampled = [u for u in units if u.kind == SAMPLED]
+    if sampled:
+        fewest = min(u.samples for u in sampled)
+        return (f"the JAX peak is the largest of {fewest} samples of live buffers: the true peak may be higher; "
+                "--interval 100ms samples more often")
+    if not is_exact(units):
+        return "the peak is " + describe([u for u in units if u.kind not in EXACT])
+    return ""
+
+
 def to_comment(units: Sequence[PeakUnit]) -> str:
     """The pprof comment that stores *units*: readable text first, for other pprof tools."""
     payload = {"text": describe(units), "units": [u.to_json() for u in units]}
