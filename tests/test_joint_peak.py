@@ -314,3 +314,12 @@ def test_a_note_for_the_end_of_a_run_when_the_peak_is_sampled_or_a_bound() -> No
     assert run_note([PeakUnit("cpu", JOINT, processes=3)]) == ""
     assert "--interval" in run_note([PeakUnit("cpu:0", SAMPLED, samples=2)])
     assert "an upper bound" in run_note([PeakUnit("cuda:0", BOUND, processes=2)])
+
+
+def test_jax_processes_at_once_are_not_called_an_upper_bound() -> None:
+    now = time.time_ns()
+    a, b = window(1, 3 * MB, now, now + 10, "a", "cpu:0"), window(2, 2 * MB, now + 5, now + 30, "b", "cpu:0")
+    a.peaks = [PeakUnit("cpu:0", SAMPLED, now, now + 10, pid="1", samples=2)]
+    (unit,) = merge([a, b]).peaks
+    assert unit.kind == BOUND and unit.samples == 2
+    assert "the true peak may be higher or lower" in unit.describe() and "upper bound" not in unit.describe()

@@ -29,6 +29,7 @@ from gpuflame.model.peak import (
     JOINT_SPACE,
     MAX,
     PROCESS,
+    SAMPLED,
     PeakUnit,
 )
 from gpuflame.model.profile import Labels, Profile, Sample, SampleType, make_labels
@@ -226,7 +227,9 @@ def _combine(windows: list[_Window], why: str) -> tuple[PeakUnit, dict[int, str]
         return replace(unit, why=why or unit.why), choice
     processes = sum(w.unit.processes for w in best)
     device = best[0].unit.device
-    return PeakUnit(device, BOUND, start, end, processes=processes, why=why), choice
+    sampled = [w.unit.samples for w in best if w.unit.kind == SAMPLED or w.unit.samples]
+    return PeakUnit(device, BOUND, start, end, processes=processes, samples=min(sampled, default=0),
+                    why=why), choice
 
 
 def _device_peak(p: Profile, device: str, type_name: str) -> int:

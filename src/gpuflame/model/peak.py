@@ -89,6 +89,10 @@ class PeakUnit:
         if self.kind == SAMPLED:
             return (f"the largest total of {self.samples} samples of live buffers{on}: the true peak may be "
                     "higher (gpuflame run --interval samples more often)")
+        if self.kind == BOUND and self.samples:
+            return (f"sum of each process's own peak{on} ({self.processes} processes or recording windows "
+                    "that overlapped in time, each at its own moment, some the largest of a few samples): "
+                    "not a moment that happened, and the true peak may be higher or lower")
         if self.kind == BOUND:
             return (f"sum of each process's own peak{on} ({self.processes} processes or recording windows "
                     "that overlapped in time, each at its own moment): an upper bound, not a moment that happened")
