@@ -20,7 +20,7 @@ import torch
 import gpuflame
 from gpuflame.formats import load, save
 from gpuflame.model import Frame, Profile, merge
-from gpuflame.model.peak import BOUND, JOINT, MAX, PROCESS, SAMPLED, PeakUnit, is_exact
+from gpuflame.model.peak import BOUND, JOINT, MAX, PARTIAL, PROCESS, SAMPLED, PeakUnit, is_exact
 from gpuflame.model.sample_types import JOINT_PEAK_OBJECTS, JOINT_PEAK_SPACE, memory_sample_types
 from test_cli_analysis import run as cli
 from test_run_cli import gpuflame_run, write
@@ -177,11 +177,11 @@ if __name__ == "__main__":
 
 def test_a_process_lost_at_the_peak_is_said_not_hidden(tmp_path: Path) -> None:
     profile, (parent, _child) = run_script(tmp_path, KILLED, "allocator", "fork")
-    assert profile.totals()["peak_space"] == 4 * MB  # the parent's own peak: all that is known
+    assert peak_by(profile, "pid") == {str(parent): 4 * MB}  # what the profiles that exist held then
     (unit,) = profile.peaks
-    assert unit.kind == PROCESS and unit.pid == str(parent)
-    assert "add up to 4000000 B, not the 6000000 B" in unit.why
-    assert "profile is missing" in profile.peak_description("peak_space")
+    assert unit.kind == PARTIAL and unit.table_max == 6 * MB and not is_exact(profile.peaks)
+    words = profile.peak_description("peak_space")
+    assert "held 6000000 B together" in words and "profile is missing" in words
 
 
 # -- the Python API: windows one after the other ------------------------------------
@@ -271,15 +271,17 @@ def shares(pid: int, own: int, share: int, epoch: int, table_max: int, start: in
     return p
 
 
-def test_shares_that_do_not_add_up_fall_back_to_a_labelled_bound() -> None:
+def test_shares_that_do_not_add_up_say_what_is_missing_or_fall_back_to_a_bound() -> None:
     now = time.time_ns()
     parent = shares(1, 4 * MB, 4 * MB, 2, 8 * MB, now, now + 100)  # a process of 4 MB at epoch 2 is missing
     child = shares(2, 2 * MB, 0, 1, 6 * MB, now + 10, now + 20)
     m = merge([parent, child], peaks="final")
     (unit,) = m.peaks
-    assert unit.kind == BOUND and m.totals()["peak_space"] == 6 * MB
-    assert "add up to 4000000 B, not the 8000000 B" in unit.why
+    assert unit.kind == PARTIAL and unit.table_max == 8 * MB and m.totals()["peak_space"] == 4 * MB
     assert JOINT_PEAK_SPACE.type not in m.type_names()
+    broken = shares(1, 4 * MB, 4 * MB, 2, 3 * MB, now, now + 100)  # more than the table held: not trusted
+    (unit,) = merge([broken, child], peaks="final").peaks
+    assert unit.kind == BOUND and "more than the 3000000 B" in unit.why
 
 
 def test_sums_stay_sums_for_arithmetic_on_profiles() -> None:

@@ -28,6 +28,7 @@ from gpuflame.model.peak import (
     JOINT_OBJECTS,
     JOINT_SPACE,
     MAX,
+    PARTIAL,
     PROCESS,
     SAMPLED,
     PeakUnit,
@@ -162,7 +163,8 @@ def _plan_peaks(profiles: Sequence[Profile], final: bool) -> _PeakPlan | None:
     if not resolved:
         return None
     plan.drop = (JOINT_SPACE, JOINT_OBJECTS)
-    plan.units = [replace(u, table="", epoch=0, table_max=0) for u in plan.units]
+    plan.units = [replace(u, table="", epoch=0, table_max=u.table_max if u.kind == PARTIAL else 0)
+                  for u in plan.units]
     return plan
 
 
@@ -194,12 +196,13 @@ def _joint(profiles: Sequence[Profile], device: str, group: list[tuple[int, Peak
     at_last = [(n, u) for n, u in group if u.epoch == last]
     share = sum(_device_peak(profiles[n], device, JOINT_SPACE) for n, _ in at_last)
     expected = at_last[0][1].table_max
-    if share != expected:
-        return (f"the processes' shares at their joint peak add up to {share} B, not the {expected} B "
-                "they held together (a process's profile is missing or ended before its last allocation)")
-    unit = PeakUnit(device, JOINT if len(group) > 1 else PROCESS,
-                    start=min(u.start for _, u in group), end=max(u.end for _, u in group),
-                    pid=group[0][1].pid if len(group) == 1 else "", processes=len(group))
+    if share > expected:
+        return (f"the processes' shares at their joint peak add up to {share} B, more than the {expected} B "
+                "they held together")
+    kind = (JOINT if len(group) > 1 else PROCESS) if share == expected else PARTIAL
+    unit = PeakUnit(device, kind, start=min(u.start for _, u in group), end=max(u.end for _, u in group),
+                    pid=group[0][1].pid if len(group) == 1 and kind == PROCESS else "", processes=len(group),
+                    table_max=expected if kind == PARTIAL else 0)
     choice = {n: (SHARE if u.epoch == last else NONE) for n, u in group}
     return _Window(unit, share, choice)
 

@@ -13,6 +13,9 @@ the other never held 8 MB). So every profile says, per device, what its
   capture side keeps a small shared table per run and device for it);
 - ``max``: the highest of recording windows that did not overlap in time
   (exact: they never held memory at once);
+- ``partial``: a joint peak some of whose processes left no profile (killed,
+  lost at exit): the total they held together is known, and what the
+  profiles there held at that moment, not the rest;
 - ``sampled``: the largest of a few samples (JAX): the true peak may be higher;
 - ``upper-bound``: each window's own peak summed, windows that overlapped in
   time with no common clock: a bound, not a moment.
@@ -36,7 +39,8 @@ JOINT = "joint"
 MAX = "max"
 SAMPLED = "sampled"
 BOUND = "upper-bound"
-KINDS = (PROCESS, JOINT, MAX, SAMPLED, BOUND)
+PARTIAL = "partial"
+KINDS = (PROCESS, JOINT, MAX, SAMPLED, BOUND, PARTIAL)
 EXACT = (PROCESS, JOINT, MAX)
 
 # per-process files of a run: what was live in the process at the run's joint
@@ -61,7 +65,7 @@ class PeakUnit:
     samples: int = 0  # ``sampled``: how many samples were taken
     table: str = ""  # a run's shared table (generation) this process published to
     epoch: int = 0  # the table's epoch at this process's joint mark
-    table_max: int = 0  # the table's highest total at that epoch
+    table_max: int = 0  # the table's highest total at that epoch (``partial``: what all held together)
     why: str = ""  # why a merge could not be exact
 
     def overlaps(self, other: PeakUnit) -> bool:
@@ -83,6 +87,10 @@ class PeakUnit:
         if self.kind == JOINT:
             return (f"live at one moment: the highest total of the {self.processes} processes{on} together, "
                     "each process's share at that moment")
+        if self.kind == PARTIAL:
+            return (f"part of one moment: the run's processes{on} held {self.table_max} B together at their "
+                    f"highest total; the {self.processes} profiles here show what each held then, and the rest "
+                    "was in processes whose profile is missing (killed, lost at exit)")
         if self.kind == MAX:
             return (f"the highest of {self.windows} recording windows{on} that did not overlap in time, "
                     "live at its highest total")
