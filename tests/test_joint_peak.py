@@ -181,7 +181,7 @@ def test_a_process_lost_at_the_peak_is_said_not_hidden(tmp_path: Path) -> None:
     (unit,) = profile.peaks
     assert unit.kind == PARTIAL and unit.table_max == 6 * MB and not is_exact(profile.peaks)
     words = profile.peak_description("peak_space")
-    assert "held 6000000 B together" in words and "profile is missing" in words
+    assert "held 5.72 MiB (6,000,000 B) together" in words and "profile is missing" in words
 
 
 # -- the Python API: windows one after the other ------------------------------------
@@ -281,7 +281,7 @@ def test_shares_that_do_not_add_up_say_what_is_missing_or_fall_back_to_a_bound()
     assert JOINT_PEAK_SPACE.type not in m.type_names()
     broken = shares(1, 4 * MB, 4 * MB, 2, 3 * MB, now, now + 100)  # more than the table held: not trusted
     (unit,) = merge([broken, child], peaks="final").peaks
-    assert unit.kind == BOUND and "more than the 3000000 B" in unit.why
+    assert unit.kind == BOUND and "more than the 3,000,000 B" in unit.why
 
 
 def test_sums_stay_sums_for_arithmetic_on_profiles() -> None:

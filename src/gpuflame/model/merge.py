@@ -197,7 +197,7 @@ def _joint(profiles: Sequence[Profile], device: str, group: list[tuple[int, Peak
     share = sum(_device_peak(profiles[n], device, JOINT_SPACE) for n, _ in at_last)
     expected = at_last[0][1].table_max
     if share > expected:
-        return (f"the processes' shares at their joint peak add up to {share} B, more than the {expected} B "
+        return (f"the processes' shares at their joint peak add up to {share:,} B, more than the {expected:,} B "
                 "they held together")
     kind = (JOINT if len(group) > 1 else PROCESS) if share == expected else PARTIAL
     unit = PeakUnit(device, kind, start=min(u.start for _, u in group), end=max(u.end for _, u in group),

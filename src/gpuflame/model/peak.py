@@ -31,6 +31,8 @@ import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields, replace
 
+from gpuflame.units import format_bytes
+
 PREFIX = "gpuflame-peak-v1:"
 DAMAGED_NOTE = "the description of this profile's peak is damaged and was left out"
 
@@ -88,7 +90,7 @@ class PeakUnit:
             return (f"live at one moment: the highest total of the {self.processes} processes{on} together, "
                     "each process's share at that moment")
         if self.kind == PARTIAL:
-            return (f"part of one moment: the run's processes{on} held {self.table_max} B together at their "
+            return (f"part of one moment: the run's processes{on} held {_size(self.table_max)} together at their "
                     f"highest total; the {self.processes} profiles here show what each held then, and the rest "
                     "was in processes whose profile is missing (killed, lost at exit)")
         if self.kind == MAX:
@@ -110,6 +112,10 @@ class PeakUnit:
     def to_json(self) -> dict[str, object]:
         defaults = PeakUnit("")
         return {k: v for k, v in asdict(self).items() if k == "device" or v != getattr(defaults, k)}
+
+
+def _size(n: int) -> str:
+    return f"{format_bytes(n)} ({n:,} B)"
 
 
 def describe(units: Sequence[PeakUnit], only_pid: str = "") -> str:
