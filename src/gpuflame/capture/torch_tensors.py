@@ -144,7 +144,8 @@ class Ledger:
         self.joint_seq: dict[str, int] = {}  # device -> allocation number at its latest mark
         self.joint_at: dict[str, tuple[int, int]] = {}  # device -> (epoch, highest total) of that mark
         self.joint_gone: dict[int, list[int]] = {}
-        self.on_free = self._free_callback()
+        # outside a run a death only queues itself: the deque's own append, no Python call
+        self.on_free = self._free_callback() if hook is not None else self.append
 
     def _free_callback(self) -> Callable[[_StorageRef], None]:
         """The weak references' callback: queue the free, published to the table where it goes."""
