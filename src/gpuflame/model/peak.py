@@ -92,7 +92,7 @@ class PeakUnit:
         if self.kind == PARTIAL:
             return (f"part of one moment: the run's processes{on} held {_size(self.table_max)} together at their "
                     f"highest total; the {self.processes} profiles here show what each held then, and the rest "
-                    "was in processes whose profile is missing (killed, lost at exit)")
+                    "was in processes whose profile is missing (not given, killed, or lost at exit)")
         if self.kind == MAX:
             return (f"the highest of {self.windows} recording windows{on} that did not overlap in time, "
                     "live at its highest total")
