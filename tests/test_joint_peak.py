@@ -154,6 +154,47 @@ def report_says_one_moment_of_the_run(path: Path, parent: int, capsys) -> None:
     assert one["total"] == 4 * MB and one["peak"]["description"].startswith(f"pid {parent}'s share of one moment")
 
 
+CHURN = """
+import multiprocessing as mp, os, random, sys, threading, torch
+
+def churn(seed):
+    r = random.Random(seed)
+    keep = []
+    for _ in range(1500):
+        if keep and r.random() < 0.5:
+            keep.pop(r.randrange(len(keep)))
+        else:
+            keep.append(torch.empty(r.randrange(1, 200_000), dtype=torch.uint8))
+
+def proc(seed):
+    threads = [threading.Thread(target=churn, args=(seed * 10 + i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+if __name__ == "__main__":
+    ctx = mp.get_context(sys.argv[1])
+    procs = [ctx.Process(target=proc, args=(i,)) for i in range(3)]
+    for p in procs:
+        p.start()
+    churn(99)
+    for p in procs:
+        p.join()
+    print("pids", os.getpid(), *(p.pid for p in procs), flush=True)
+"""
+
+
+@pytest.mark.parametrize("hook", ["allocator", "dispatch"])
+def test_threads_and_processes_churning_at_once_still_add_up_to_one_moment(tmp_path: Path, hook: str) -> None:
+    """The shares at the joint peak must add up to the total the table saw, exactly, or the kind says so."""
+    profile, pids = run_script(tmp_path, CHURN, hook, "fork")
+    (unit,) = profile.peaks
+    assert unit.kind == JOINT and unit.processes == 4
+    own = [load(tmp_path / f"run.pb.gz.processes/proc-{pid}.pb.gz").totals()["peak_space"] for pid in pids]
+    assert max(own) <= profile.totals()["peak_space"] <= sum(own)
+
+
 KILLED = """
 import multiprocessing as mp, os, signal, sys, torch
 
