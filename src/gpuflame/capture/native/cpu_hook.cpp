@@ -114,7 +114,10 @@ struct SiteBooks {
 // publish it" one step across processes. It is held for a few instructions;
 // a holder that died is detected by its pid; a lock that cannot be had in
 // two seconds makes this process stop using the table (its profile then
-// says it has no joint mark, and the merge labels its peak a bound).
+// has no joint mark, and the merge says what its number is instead). A
+// process that dies without leaving keeps its bytes in the sum until the
+// next process joins (which frees the slots of dead pids); the merge sees
+// that the shares do not add up to the highest total and says so.
 
 constexpr uint64_t kTableMagic = 0x31766b6165706667ULL;  // "gfpeakv1"
 constexpr uint32_t kTableSlots = 1024;
