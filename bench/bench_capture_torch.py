@@ -13,7 +13,11 @@ noisy, shared machine slows them alike), best of --repeat:
   peer that also gives allocations with Python stacks, with and without its
   exit (where it builds its event tree);
 * memray's ``Tracker`` (every malloc with its Python stack, CPU memory
-  only), when memray is installed (``pip install memray``).
+  only), when memray is installed (``pip install memray``);
+* both gpuflame recorders again as a process of ``gpuflame run`` sees them:
+  publishing every allocation and free to the run's shared peak table (the
+  joint peak, capture/joint_peak.py); then the table's cost per allocation
+  (``torch.empty(10)`` in a loop, with and without it).
 
 The workload is ``examples/demo.py``'s ``ModelRunner.generate`` (a small
 Llama built from a config, random weights, static KV cache); ``--model
@@ -28,8 +32,10 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -107,6 +113,36 @@ def gpuflame_dispatch(work: Callable[[], Any]) -> dict[str, float]:
     return gpuflame_torch(TorchTensorRecorder(), work)
 
 
+def in_a_run(way: Callable[[Callable[[], Any]], dict[str, float]]) -> Callable[[Callable[[], Any]], dict[str, float]]:
+    """*way* as in a process of ``gpuflame run``: with a session folder, so it publishes to the peak table."""
+
+    def run_way(work: Callable[[], Any]) -> dict[str, float]:
+        with tempfile.TemporaryDirectory() as folder:
+            os.environ["GPUFLAME_SESSION_DIR"] = folder
+            try:
+                return way(work)
+            finally:
+                del os.environ["GPUFLAME_SESSION_DIR"]
+
+    return run_way
+
+
+def table_cost_per_allocation(n: int = 100_000, rounds: int = 5) -> tuple[float, float]:
+    """Best µs per ``torch.empty(10)`` + its free under the hook, without and with the run's table."""
+
+    def loop() -> None:
+        for _ in range(n):
+            torch.empty(10)
+
+    def timed(run: bool) -> float:
+        way = in_a_run(gpuflame_allocator) if run else gpuflame_allocator
+        return way(loop)["loop"]
+
+    plain = min(timed(False) for _ in range(rounds))
+    shared = min(timed(True) for _ in range(rounds))
+    return plain / n * 1e6, shared / n * 1e6
+
+
 def gpuflame_torch(rec: Recorder, work: Callable[[], Any]) -> dict[str, float]:
     start = time.perf_counter()
     rec.start()
@@ -167,8 +203,11 @@ def main() -> None:
     ways: dict[str, Callable[[Callable[[], Any]], dict[str, float]]] = {
         "bare": bare,
         "gpuflame torch": gpuflame_allocator,
+        "gpuflame torch, run": in_a_run(gpuflame_allocator),
         "gpuflame --native": gpuflame_native,
         "gpuflame dispatch": gpuflame_dispatch,
+        "gpuflame dispatch, run": in_a_run(gpuflame_dispatch),
+        # last: its exit leaves garbage that the next way's collector would pay for
         "torch.profiler": torch_profiler,
     }
     if importlib.util.find_spec("memray") is not None:
@@ -184,12 +223,12 @@ def main() -> None:
         f"workload: {args.model} generate, batch {args.batch}, {args.prompt_len}+{args.new_tokens} tokens, "
         f"{args.threads} thread(s), best of {args.repeat}"
     )
-    print(f"{'':17} {'best':>9} {'median':>9} {'ratio':>7}   {'incl. profile':>13} {'ratio':>7}")
+    print(f"{'':22} {'best':>9} {'median':>9} {'ratio':>7}   {'incl. profile':>13} {'ratio':>7}")
     ratios: dict[str, float] = {}
     for name, columns in times.items():
         loop = columns["loop"]
         best, median = min(loop), statistics.median(loop)
-        line = f"{name:17} {best * 1e3:7.1f}ms {median * 1e3:7.1f}ms {best / base:6.2f}x"
+        line = f"{name:22} {best * 1e3:7.1f}ms {median * 1e3:7.1f}ms {best / base:6.2f}x"
         ratios[name] = min(loop) / base
         if "with profile" in columns:
             full = min(columns["with profile"])
@@ -206,6 +245,11 @@ def main() -> None:
           f"with --torch-hook dispatch {ratios['gpuflame dispatch']:.2f}x")
     if "memray" in ratios:
         print(f"gpuflame torch slowdown / memray slowdown: {ours / (ratios['memray'] - 1):.2f} in the loop")
+    print(f"in gpuflame run (joint peak table): hook {ratios['gpuflame torch, run']:.2f}x (goal < 1.1x), "
+          f"dispatch {ratios['gpuflame dispatch, run']:.2f}x")
+    plain, shared = table_cost_per_allocation()
+    print(f"per torch.empty(10) and its free under the hook: {plain:.3f} µs, {shared:.3f} µs with the run's table "
+          f"(+{shared - plain:.3f} µs)")
 
 
 if __name__ == "__main__":

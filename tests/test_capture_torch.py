@@ -247,10 +247,11 @@ def checked_stacks(monkeypatch: pytest.MonkeyPatch) -> StackCheck:
                     check.mismatches.append((got, want))
             super().append(ref)
 
-    def init(self: Any) -> None:
-        original_init(self)
+    def init(self: Any, hook: Any = None) -> None:
+        original_init(self, hook)
         self.events = CheckingQueue()
-        self.on_event = self.events.append
+        self.append = self.events.append
+        self.on_free = self._free_callback()
 
     def start(self: Any) -> None:
         check.recorder = self

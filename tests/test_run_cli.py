@@ -286,3 +286,21 @@ def test_an_unwritable_output_keeps_the_programs_exit_code(tmp_path: Path) -> No
     assert result.returncode == 6
     assert "the merged profile could not be written" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_run_leaves_no_bookkeeping_and_says_what_a_sampled_peak_is(tmp_path):
+    """The shared peak table goes with the run's other bookkeeping; a JAX peak is named as sampled at the end."""
+    pytest.importorskip("jax")
+    torch_script = write(tmp_path / "t.py", "import torch\nkept = torch.zeros(1 << 16)\n")
+    done = gpuflame_run("-o", str(tmp_path / "t.pb.gz"), str(torch_script), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in (tmp_path / "t.pb.gz.processes").iterdir()) == [f"proc-{_only_pid(tmp_path)}.pb.gz"]
+    jax_script = write(tmp_path / "j.py", "import jax.numpy as jnp\nkept = jnp.zeros(1 << 16).block_until_ready()\n")
+    done = gpuflame_run("--backend", "jax", "-o", str(tmp_path / "j.pb.gz"), str(jax_script), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "the JAX peak is the largest of" in done.stderr and "--interval" in done.stderr
+
+
+def _only_pid(tmp_path: Path) -> str:
+    (path,) = (tmp_path / "t.pb.gz.processes").glob("proc-*.pb.gz")
+    return path.name.split("-")[1].split(".")[0]

@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable
 
 from gpuflame.capture.base import Recorder, empty_profile
+from gpuflame.model.peak import SAMPLED, PeakUnit
 from gpuflame.model.profile import PYTHON, Frame, Labels, Profile
 from gpuflame.model.prune import prune_framework
 from gpuflame.model.timeline import MAX_POINTS, Point, Timeline, downsample
@@ -96,6 +97,10 @@ class JaxMemoryRecorder(Recorder):
                 out.timeline = Timeline()
                 for labels, points in self._series.items():
                     out.timeline.add_series(labels, points)
+        end = self.stopped_ns or time.time_ns()
+        devices = sorted({dict(labels).get("device", "") for _, labels in peak})
+        out.peaks = [PeakUnit(d, SAMPLED, self.started_ns, end, pid=str(os.getpid()), samples=self.samples_taken)
+                     for d in devices]
         return out
 
     def _degrade(self) -> None:
@@ -181,7 +186,6 @@ class JaxMemoryRecorder(Recorder):
         return [
             "gpuflame jax backend: JAX's device memory profile (live jax.Array buffers of the whole "
             f"process, including those made before start()); {self.samples_taken} samples taken",
-            "peak: the sample with the highest total, so only as fine as the sampling; "
             "inuse: the latest sample",
             "no alloc_* types: JAX reports live buffers only, so allocations since start cannot be counted",
         ]

@@ -29,12 +29,16 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from types import ModuleType
 
+from gpuflame.capture import joint_peak
 from gpuflame.capture.base import Recorder, empty_profile
 from gpuflame.capture.code_frames import CodeFrames
 from gpuflame.capture.native import elf_symbols
+from gpuflame.model.peak import PeakUnit
 from gpuflame.model.profile import NATIVE, SYNTHETIC, Frame, Profile
+from gpuflame.model.sample_types import JOINT_PEAK_OBJECTS, JOINT_PEAK_SPACE
 from gpuflame.model.timeline import Timeline
 from gpuflame.symbols.names import native_address_name, short_cpp_name
 
@@ -63,6 +67,8 @@ class TorchAllocatorRecorder(Recorder):
         # the hook's books are one per process and the next window resets them, so the
         # books of a stopped window are copied out at stop(): (rows, totals, timeline)
         self._final: tuple[list[tuple[int, ...]], dict[str, int], list[tuple[int, int]]] | None = None
+        self._table = -1  # the run's shared peak table for the CPU (capture/joint_peak.py), -1 for none
+        self._table_problem = ""
 
     # -- Recorder -------------------------------------------------------------
 
@@ -76,8 +82,9 @@ class TorchAllocatorRecorder(Recorder):
             if _busy is not None and _busy is not self:
                 raise HookBusy("another gpuflame recording holds the CPU allocator hook")
             _busy = self
+        self._table, self._table_problem = joint_peak.claim(self._hook, "cpu")
         try:
-            self._hook.start(self.native)
+            self._hook.start(self.native, self._table)
         except Exception:
             self._release()
             raise
@@ -108,11 +115,15 @@ class TorchAllocatorRecorder(Recorder):
             rows, totals, points = hook.rows(), hook.totals(), hook.timeline()
         self._fetch_stacks(hook)
         labels = {"device": "cpu", "pid": str(os.getpid())}
+        joint = bool(totals.get("joint_table"))
+        if joint:
+            profile.sample_types += [JOINT_PEAK_SPACE, JOINT_PEAK_OBJECTS]
         for site, *values in rows:
-            profile.add(self._stacks[site], values, labels)
+            profile.add(self._stacks[site], values if joint else values[:6], labels)
         out = profile.compact()
         out.default_type = profile.default_type
         out.comments = self._comments(totals)
+        out.peaks = [self._peak_unit(totals)]
         if points:  # labelled as the samples are, so the viewer's label selector picks both
             out.timeline = Timeline()
             out.timeline.add_series(tuple(sorted(labels.items())), points)
@@ -127,6 +138,7 @@ class TorchAllocatorRecorder(Recorder):
 
     def _release(self) -> None:
         global _busy
+        joint_peak.release("cpu", self._table)
         with _busy_lock:
             if _busy is self:
                 _busy = None
@@ -149,13 +161,21 @@ class TorchAllocatorRecorder(Recorder):
             self._native_frames[address] = frame
         return frame
 
+    def _peak_unit(self, totals: dict[str, int]) -> PeakUnit:
+        """This process's own peak, and where it stood in the run's table (if any)."""
+        end = self.stopped_ns or time.time_ns()
+        return PeakUnit("cpu", start=self.started_ns, end=end, pid=str(os.getpid()),
+                        table=str(totals.get("joint_table") or ""), epoch=int(totals.get("joint_epoch", 0)),
+                        table_max=int(totals.get("joint_max", 0)))
+
     def _comments(self, totals: dict[str, int]) -> list[str]:
         notes = [
             "gpuflame torch backend (CPU allocator hook): every allocation of PyTorch's CPU allocator "
-            "after start(), per Python stack; bytes as requested from the allocator",
-            "peak: what was live at the highest total of those allocations; blocks allocated "
+            "after start(), per Python stack; bytes as requested from the allocator; blocks allocated "
             "before start() are not counted",
         ]
+        if self._table_problem:
+            notes.append(self._table_problem)
         if totals.get("lost"):
             notes.append(f"{totals['lost']} allocations could not be booked (gpuflame ran out of memory) "
                          "and are missing from this profile")

@@ -55,15 +55,19 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
 import weakref
 from collections import deque
 from collections.abc import Callable
 from types import CodeType, FrameType
 from typing import Any
 
+from gpuflame.capture import joint_peak
 from gpuflame.capture.base import Recorder, empty_profile
 from gpuflame.capture.code_frames import CodeFrames
+from gpuflame.model.peak import PeakUnit
 from gpuflame.model.profile import Frame, Profile
+from gpuflame.model.sample_types import JOINT_PEAK_OBJECTS, JOINT_PEAK_SPACE
 
 # ops that may grow the storage of a tensor they write to
 _RESIZING = frozenset({"aten::resize_", "aten::resize_as_", "aten::_resize_output_", "aten::set_"})
@@ -78,18 +82,20 @@ class _StorageRef(weakref.ref):
     """A weak reference to one storage's Python object, carrying its record.
 
     The same object is both events of a storage's life: it is queued once
-    when the storage is made, and its callback (the ledger's
-    ``events.append``, a C function) queues it again when the storage dies.
-    ``seq`` says which: 0 = made, not yet counted; > 0 = live, counted as
-    allocation number ``seq``; < 0 = gone.
+    when the storage is made, and its callback (the ledger's ``on_free``)
+    queues it again when the storage dies. ``seq`` says which: 0 = made, not
+    yet counted; > 0 = live, counted as allocation number ``seq``; < 0 = gone.
+    ``table`` is the run's shared peak table its bytes were published to
+    (-1: none), so that its free is published there too.
     """
 
-    __slots__ = ("cdata", "site", "nbytes", "seq")
+    __slots__ = ("cdata", "site", "nbytes", "seq", "table")
 
     cdata: int
     site: int
     nbytes: int
     seq: int
+    table: int
 
 
 class Ledger:
@@ -106,14 +112,21 @@ class Ledger:
     peak, and its bytes go to ``peak_gone`` for its site. A new peak empties
     ``peak_gone``. So the peak's breakdown is exact without keeping freed
     storages around.
+
+    In a run (``gpuflame run``), each device's events are also published to
+    the run's shared peak table (capture/joint_peak.py) at the moment they
+    happen, and the table queues *marks* ``(device, epoch, highest total)``
+    among them where this process's share at the run's joint peak is to be
+    taken; replaying a mark is the same trick as the peak's, per device
+    (``joint_seq``, ``joint_gone``).
     """
 
     BATCH = 4096  # events queued before the recording thread replays them
 
-    def __init__(self) -> None:
+    def __init__(self, hook: Any = None) -> None:
         self.lock = threading.Lock()
-        self.events: deque[_StorageRef] = deque()
-        self.on_event = self.events.append
+        self.events: deque[Any] = deque()  # _StorageRef events and (device, epoch, max) marks
+        self.append = self.events.append
         self.tracked: dict[int, _StorageRef] = {}  # storage address -> its reference
         self.alloc_bytes: list[int] = []
         self.alloc_count: list[int] = []
@@ -123,21 +136,54 @@ class Ledger:
         self.peak_seq = 0
         self.seq = 0
         self.frozen = False
+        # the joint peak: the hook module's table functions, when in a run
+        self.table_event = hook.table_event if hook is not None else None
+        self.site_table: list[int] = []  # site -> table handle of its device, -1 for none
+        self.site_device: list[str] = []
+        self.publishing = True  # False once this ledger is not the process's (a fork child's old one)
+        self.joint_seq: dict[str, int] = {}  # device -> allocation number at its latest mark
+        self.joint_at: dict[str, tuple[int, int]] = {}  # device -> (epoch, highest total) of that mark
+        self.joint_gone: dict[int, list[int]] = {}
+        # outside a run a death only queues itself: the deque's own append, no Python call
+        self.on_free = self._free_callback() if hook is not None else self.append
 
-    def new_site(self) -> int:
+    def _free_callback(self) -> Callable[[_StorageRef], None]:
+        """The weak references' callback: queue the free, published to the table where it goes."""
+        append = self.append
+        site_device = self.site_device
+
+        def on_free(ref: _StorageRef) -> None:
+            table = ref.table
+            if table < 0 or not self.publishing:
+                append(ref)
+                return
+            try:
+                self.table_event(table, -ref.nbytes, append, ref, site_device[ref.site])
+            except Exception:  # noqa: BLE001 - never into the workload: the bound says the rest
+                append(ref)
+
+        return on_free
+
+    def new_site(self, device: str = "", table: int = -1) -> int:
         self.alloc_bytes.append(0)
         self.alloc_count.append(0)
+        self.site_device.append(device)
+        self.site_table.append(table)
         return len(self.alloc_bytes) - 1
 
     def alloc(self, storage: Any, cdata: int, nbytes: int, site: int) -> None:
         """Queue a new storage (safe from any thread: appends are atomic)."""
-        ref = _StorageRef(storage, self.on_event)
+        ref = _StorageRef(storage, self.on_free)
         ref.cdata = cdata
         ref.site = site
         ref.nbytes = nbytes
         ref.seq = 0
+        table = ref.table = self.site_table[site]
         self.tracked[cdata] = ref
-        self.on_event(ref)
+        if table >= 0 and self.publishing:
+            self.table_event(table, nbytes, self.append, ref, self.site_device[site])
+        else:
+            self.append(ref)
         if len(self.events) > self.BATCH:
             self.replay_some()
 
@@ -157,6 +203,9 @@ class Ledger:
         tracked = self.tracked
         while events:
             ref = events.popleft()
+            if type(ref) is tuple:
+                self._mark(*ref)
+                continue
             seq = ref.seq
             if seq == 0:
                 seq = self.seq = self.seq + 1
@@ -173,6 +222,15 @@ class Ledger:
             elif seq > 0:
                 self._gone(ref, tracked)
 
+    def _mark(self, device: str, epoch: int, table_max: int) -> None:
+        """This process's share of *device* at the run's joint peak is its books as they are now."""
+        self.joint_seq[device] = self.seq
+        self.joint_at[device] = (epoch, table_max)
+        if self.joint_gone:
+            site_device = self.site_device
+            for site in [k for k in self.joint_gone if site_device[k] == device]:
+                del self.joint_gone[site]
+
     def _gone(self, ref: _StorageRef, tracked: dict[int, _StorageRef]) -> None:
         seq = ref.seq
         ref.seq = -seq
@@ -180,12 +238,9 @@ class Ledger:
             del tracked[ref.cdata]
         self.total -= ref.nbytes
         if seq <= self.peak_seq:
-            gone = self.peak_gone.get(ref.site)
-            if gone is None:
-                self.peak_gone[ref.site] = [ref.nbytes, 1]
-            else:
-                gone[0] += ref.nbytes
-                gone[1] += 1
+            _add(self.peak_gone, ref.site, ref.nbytes)
+        if self.joint_seq and seq <= self.joint_seq.get(self.site_device[ref.site], 0):
+            _add(self.joint_gone, ref.site, ref.nbytes)
 
     def forget(self, storage: Any, cdata: int) -> None:
         """Count a live storage as freed now, though it lives on (its bytes were replaced by a resize)."""
@@ -193,7 +248,16 @@ class Ledger:
             self._process()
             ref = self.tracked.get(cdata)
             if ref is not None and ref.seq > 0 and ref() is storage and not self.frozen:
-                self._gone(ref, self.tracked)
+                self.on_free(ref)  # published and queued as a free now ...
+                ref.table = -1  # ... and not again when the storage really dies
+                self._process()
+
+    def look(self) -> None:
+        """Queue a mark for each table whose epoch moved since this process last looked (a snapshot)."""
+        if self.table_event is None or not self.publishing:
+            return
+        for table, device in {(t, d) for t, d in zip(self.site_table, self.site_device, strict=True) if t >= 0}:
+            self.table_event(table, 0, self.append, None, device)
 
     def freeze(self) -> None:
         """End of the window: replay what is queued, then ignore any later event."""
@@ -202,35 +266,57 @@ class Ledger:
             self.frozen = True
 
     def rows(self) -> dict[int, list[int]]:
-        """Site -> [peak bytes, peak count, inuse bytes, inuse count, alloc bytes, alloc count]."""
+        """Site -> [peak bytes, peak count, inuse bytes, inuse count, alloc bytes, alloc count,
+        joint bytes, joint count]."""
         with self.lock:
+            if not self.frozen:
+                self.look()
             self._process()
             # copy first: building the rows allocates, which may run the garbage
             # collector, whose finalizers may record
             peak_seq = self.peak_seq
             live = [ref for ref in list(self.tracked.values()) if ref.seq > 0]
             gone = [(site, list(v)) for site, v in self.peak_gone.items()]
+            joint_gone = [(site, list(v)) for site, v in self.joint_gone.items()]
+            joint_seq = dict(self.joint_seq)
             alloc = list(zip(self.alloc_bytes, self.alloc_count, strict=True))
+            site_device = list(self.site_device)
         rows: dict[int, list[int]] = {}
+
+        def row(site: int) -> list[int]:
+            found = rows.get(site)
+            if found is None:
+                found = rows[site] = [0] * 8
+            return found
+
         for site, (nbytes, count) in gone:
-            rows[site] = [nbytes, count, 0, 0, 0, 0]
+            row(site)[0:2] = [nbytes, count]
+        for site, (nbytes, count) in joint_gone:
+            row(site)[6:8] = [nbytes, count]
         for ref in live:
-            row = rows.get(ref.site)
-            if row is None:
-                row = rows[ref.site] = [0, 0, 0, 0, 0, 0]
-            row[2] += ref.nbytes
-            row[3] += 1
+            r = row(ref.site)
+            r[2] += ref.nbytes
+            r[3] += 1
             if ref.seq <= peak_seq:
-                row[0] += ref.nbytes
-                row[1] += 1
+                r[0] += ref.nbytes
+                r[1] += 1
+            if ref.seq <= joint_seq.get(site_device[ref.site], 0):
+                r[6] += ref.nbytes
+                r[7] += 1
         for site, (nbytes, count) in enumerate(alloc):
             if nbytes or count:
-                row = rows.get(site)
-                if row is None:
-                    row = rows[site] = [0, 0, 0, 0, 0, 0]
-                row[4] = nbytes
-                row[5] = count
+                row(site)[4:6] = [nbytes, count]
         return rows
+
+
+def _add(gone: dict[int, list[int]], site: int, nbytes: int) -> None:
+    """One more storage of *site* that was live at a mark and is gone since."""
+    found = gone.get(site)
+    if found is None:
+        gone[site] = [nbytes, 1]
+    else:
+        found[0] += nbytes
+        found[1] += 1
 
 
 # =============================================================================
@@ -441,6 +527,10 @@ class TorchTensorRecorder(Recorder):
         self.sites: dict[tuple[int, int, int, Any], int] = {}
         self.site_keys: list[tuple[int, str]] = []  # site -> (stack node, device name)
         self.skipped = 0
+        self._hook: Any = None  # the compiled hook module, for the run's shared peak tables
+        self._tables: dict[str, int] = {}  # device -> table handle (-1: none)
+        self._generations: dict[str, str] = {}  # device -> the table generation joined (model/peak.py)
+        self._table_problem = ""
         self._mode: Any = None
         self._previous_thread_profile: Any = None
         self._thread_hook_installed = False
@@ -458,24 +548,30 @@ class TorchTensorRecorder(Recorder):
         self.stacks.lock = threading.Lock()
         self._error_lock = threading.Lock()
         old = self.ledger
-        ledger = Ledger()
+        old.publishing = False  # the parent's storages dying here are not this process's events
+        ledger = Ledger(self._hook)
         ledger.alloc_bytes = [0] * len(old.alloc_bytes)
         ledger.alloc_count = [0] * len(old.alloc_count)
+        ledger.site_device[:] = old.site_device
+        ledger.site_table[:] = old.site_table
         ledger.frozen = old.frozen
         self.ledger = ledger
-        mode = self._mode
-        if mode is not None:
-            mode.ledger = ledger
-            mode.tracked = ledger.tracked
-            mode.events = ledger.events
-            mode.on_event = ledger.on_event
+        if not ledger.frozen:
+            for device, handle in self._tables.items():
+                if handle >= 0:
+                    self._join(device, handle)  # a slot of its own in the run's table
+        if self._mode is not None:
+            self._mode.follow(ledger)
 
     # -- Recorder -------------------------------------------------------------
 
     def _start(self) -> None:
         import torch  # noqa: F401 - the backend needs torch; ImportError is reported by start()
 
-        self.ledger = Ledger()
+        self._hook = self._table_hook()
+        self._tables = {}
+        self._generations = {}
+        self.ledger = Ledger(self._hook)
         self.sites = {}
         self.site_keys = []
         self._mode = _make_mode(self)
@@ -491,7 +587,50 @@ class TorchTensorRecorder(Recorder):
         if mode is not None:
             mode.on = False
             _pop_if_top(mode)
+        self._leave_tables()
         self.ledger.freeze()
+
+    def _table_hook(self) -> Any:
+        """The compiled module that holds the run's shared peak tables; None outside a run or without it."""
+        self._table_problem = ""
+        if not joint_peak.table_path("cpu"):
+            return None
+        from gpuflame.capture.native import NativeUnavailable, load_cpu_hook
+
+        try:
+            return load_cpu_hook()
+        except NativeUnavailable as exc:
+            self._table_problem = (f"this process did not publish to the run's shared peak table ({exc}): "
+                                   "its peak merges with other processes' as a bound")
+            return None
+
+    def _table_for(self, device: str) -> int:
+        """The run's table of *device* for this process, joined on first use; -1 for none."""
+        handle = self._tables.get(device)
+        if handle is None:
+            handle, problem = joint_peak.claim(self._hook, device) if self._hook is not None else (-1, "")
+            if handle >= 0 and not self._join(device, handle):
+                joint_peak.release(device, handle)
+                handle, problem = -1, f"the run's shared peak table of {device} is full or unusable"
+            self._table_problem = self._table_problem or problem
+            self._tables[device] = handle
+        return handle
+
+    def _join(self, device: str, handle: int) -> bool:
+        if not self._hook.table_join(handle):
+            return False
+        self._generations[device] = self._hook.table_info(handle)
+        return True
+
+    def _leave_tables(self) -> None:
+        """This process's bytes stop counting in the run's tables (a last mark is queued first)."""
+        for device, handle in list(self._tables.items()):
+            if handle >= 0:
+                try:
+                    self._hook.table_leave(handle, device, self.ledger.append)
+                finally:
+                    joint_peak.release(device, handle)
+        self._tables = {}
 
     def _degrade(self) -> None:
         if self._mode is not None:
@@ -499,16 +638,31 @@ class TorchTensorRecorder(Recorder):
         self._unhook_threads()
 
     def _snapshot(self) -> Profile:
-        rows = self.ledger.rows()
+        ledger = self.ledger
+        rows = ledger.rows()
+        joint = dict(ledger.joint_at)
         profile = empty_profile()
+        if joint:
+            profile.sample_types += [JOINT_PEAK_SPACE, JOINT_PEAK_OBJECTS]
         pid = str(os.getpid())
+        devices = set()
         for site, values in rows.items():
             sid, device = self.site_keys[site]
-            profile.add(self.stacks.frames(sid), values, {"device": device, "pid": pid})
+            devices.add(device)
+            profile.add(self.stacks.frames(sid), values if joint else values[:6], {"device": device, "pid": pid})
         out = profile.compact()
         out.default_type = profile.default_type
         out.comments = self._comments()
+        out.peaks = [self._peak_unit(d, joint.get(d)) for d in sorted(devices)]
         return out
+
+    def _peak_unit(self, device: str, mark: tuple[int, int] | None) -> PeakUnit:
+        """This process's own peak on *device*, and where it stood in the run's table (if any)."""
+        end = self.stopped_ns or time.time_ns()
+        table = self._generations.get(device, "") if mark is not None else ""
+        epoch, table_max = mark if mark is not None and table else (0, 0)
+        return PeakUnit(device, start=self.started_ns, end=end, pid=str(os.getpid()), table=table, epoch=epoch,
+                        table_max=table_max)
 
     # -- recording (called from the dispatch mode) ----------------------------
 
@@ -526,8 +680,9 @@ class TorchTensorRecorder(Recorder):
                 if device.type == "meta":
                     site = -1
                 else:
-                    site = self.ledger.new_site()
-                    self.site_keys.append((node, str(device)))
+                    name = str(device)
+                    site = self.ledger.new_site(name, self._table_for(name))
+                    self.site_keys.append((node, name))
                 self.sites[key] = site
             return site
 
@@ -571,10 +726,11 @@ class TorchTensorRecorder(Recorder):
     def _comments(self) -> list[str]:
         notes = [
             "gpuflame torch backend: tensor storages made by torch operations after start(), "
-            "per Python stack; bytes are untyped_storage().nbytes(), one storage is one object",
-            "peak: what was live at the highest total of those storages; storages that existed "
-            "before start() are not counted",
+            "per Python stack; bytes are untyped_storage().nbytes(), one storage is one object; "
+            "storages that existed before start() are not counted",
         ]
+        if self._table_problem:
+            notes.append(self._table_problem)
         if self.skipped:
             notes.append(
                 f"{self.skipped} outputs had no readable storage (sparse, nested or subclass tensors)"
@@ -652,12 +808,19 @@ def _define_mode_class() -> Any:
             super().__init__()
             self.on = True
             self.recorder = recorder
-            self.ledger = recorder.ledger
-            self.tracked = recorder.ledger.tracked
-            self.events = recorder.ledger.events
-            self.on_event = recorder.ledger.on_event
+            self.follow(recorder.ledger)
             self.sites = recorder.sites
             self.Tag = recorder.stacks.Tag
+
+        def follow(self, ledger: Ledger) -> None:
+            """Record into *ledger* (a fork child's new one)."""
+            self.ledger = ledger
+            self.tracked = ledger.tracked
+            self.events = ledger.events
+            self.append = ledger.append
+            self.on_free = ledger.on_free
+            self.site_table = ledger.site_table
+            self.site_device = ledger.site_device
 
         def __torch_dispatch__(
             self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
@@ -710,15 +873,18 @@ def _define_mode_class() -> Any:
                 site = self.recorder.new_site(key, f)
             if site < 0:
                 return
-            ref = StorageRef(st, self.on_event)
+            ref = StorageRef(st, self.on_free)
             ref.cdata = cdata
             ref.site = site
             ref.nbytes = nbytes
             ref.seq = 0
+            table = ref.table = self.site_table[site]
             tracked[cdata] = ref
-            events = self.events
-            events.append(ref)
-            if len(events) > BATCH:
+            if table < 0:
+                self.append(ref)
+            else:  # published to the run's table at this moment, queued with its marks
+                self.ledger.table_event(table, nbytes, self.append, ref, self.site_device[site])
+            if len(self.events) > BATCH:
                 self.ledger.replay_some()
 
         def record_one(self, t: Any, inputs: set[int] | None, lifted: bool, depth: int) -> None:

@@ -29,6 +29,7 @@ from gpuflame.model import (
     select_labels,
 )
 from gpuflame.model.functions import missing_def_lines_note
+from gpuflame.model.peak import is_exact
 from gpuflame.model.profile import Profile
 from gpuflame.symbols.names import CACHED_FREE, TRAMPOLINE
 from gpuflame.symbols.qualnames import Resolver
@@ -272,3 +273,13 @@ def load_for_analysis(args: argparse.Namespace, paths: Sequence[str]) -> Loaded:
 
 def print_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, indent=2) + "\n")
+
+
+def peak_json(profile: Profile, type_name: str) -> dict[str, object]:
+    """``"peak"`` for ``--json`` of a peak type: what the total is, whether it happened, per device."""
+    description = profile.peak_description(type_name)
+    if not description:
+        return {}
+    units = profile.peak_units()
+    return {"peak": {"description": description, "exact": is_exact(units),
+                     "devices": [u.to_json() for u in units]}}

@@ -5,7 +5,14 @@ from __future__ import annotations
 import argparse
 
 from gpuflame.analysis.tree import build_tree, frame_dict
-from gpuflame.cli.common import FILTER_ORDER, add_analysis_options, add_force_option, load_for_analysis, print_json
+from gpuflame.cli.common import (
+    FILTER_ORDER,
+    add_analysis_options,
+    add_force_option,
+    load_for_analysis,
+    peak_json,
+    print_json,
+)
 from gpuflame.files import atomic_write, check_output
 from gpuflame.render import svg
 from gpuflame.render.flame_text import flame_lines, render_flame
@@ -66,6 +73,7 @@ def run(args: argparse.Namespace) -> int:
                 "unit": sample_type.unit,
                 "total": tree.total,
                 "comments": loaded.profile.comments,
+                **peak_json(loaded.profile, sample_type.type),
                 "lines": [
                     {
                         "depth": line.depth,
@@ -81,7 +89,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     console = make_console()
     print_comments(console, loaded.profile.comments)
-    render_flame(console, tree, lines, type_title(sample_type.type, sample_type.unit, tree.total))
+    peak = loaded.profile.peak_description(sample_type.type)
+    render_flame(console, tree, lines, type_title(sample_type.type, sample_type.unit, tree.total, peak))
     if args.svg:
         console.print(f"wrote {args.svg} (svg)", style="dim", markup=False, soft_wrap=True)
     return 0

@@ -6,7 +6,14 @@ import argparse
 
 from gpuflame.analysis.hotspots import build_report
 from gpuflame.analysis.tree import build_tree
-from gpuflame.cli.common import FILTER_ORDER, add_analysis_options, load_for_analysis, positive_count, print_json
+from gpuflame.cli.common import (
+    FILTER_ORDER,
+    add_analysis_options,
+    load_for_analysis,
+    peak_json,
+    positive_count,
+    print_json,
+)
 from gpuflame.render.terminal import make_console, render_report
 
 HELP = "what holds the memory, on one screen"
@@ -27,7 +34,10 @@ Total = the function and everything it calls; self = what it allocated
 itself. Start from the leaves; skip wide zero-self bars; wide high-self bars
 are the targets; read a stack bottom-up (gpuflame explain) to learn why.
 Warnings recorded in the profile (for example a trace that overflowed, so
-the peak covers only the recorded window) are printed first.
+the peak covers only the recorded window) are printed first. The header says
+what the peak is: one moment that happened (a process's highest total, or the
+highest total of a run's processes together), or a bound (peaks of processes
+that overlapped in time with no common clock, summed), or sampled (JAX).
 
 Sizes are bytes. From a PyTorch snapshot, every view counts the bytes each
 allocation asked for; <allocator rounding> and <cached free blocks> are the
@@ -61,8 +71,9 @@ def run(args: argparse.Namespace) -> int:
     loaded = load_for_analysis(args, args.files)
     tree = build_tree(loaded.profile, loaded.type_index, group_by=args.group_by, lines=args.lines)
     report = build_report(loaded.profile, tree, limit=max(1, args.limit))
+    peak = loaded.profile.peak_description(report.type)
     if args.json:
-        print_json(report.to_dict())
+        print_json({**report.to_dict(), **peak_json(loaded.profile, report.type)})
     else:
-        render_report(make_console(), report, loaded.source)
+        render_report(make_console(), report, loaded.source, peak)
     return 0

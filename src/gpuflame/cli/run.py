@@ -15,7 +15,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 import gpuflame
-from gpuflame.capture import roll_call
+from gpuflame.capture import joint_peak, roll_call
 from gpuflame.capture.autostart import BOOTSTRAP_DIR
 from gpuflame.capture.session import FRAMEWORKS, IDLE_FILE, LOST_FILE, PROCESS_FILE
 from gpuflame.capture.settings import BACKENDS, TORCH_HOOKS, Settings
@@ -25,6 +25,7 @@ from gpuflame.errors import GpuflameError
 from gpuflame.files import check_folder, check_output
 from gpuflame.formats import load, save
 from gpuflame.model import Profile, merge
+from gpuflame.model.peak import run_note
 from gpuflame.units import format_bytes, parse_duration
 
 HELP = "profile a Python program (and its child processes)"
@@ -182,8 +183,9 @@ def run(args: argparse.Namespace) -> int:
     exit_code = 128 - status if status < 0 else status  # as a shell gives it
     meta = RunMeta(command=command, started=started, ended=time.time(), exit_code=exit_code, backend=args.backend)
     ending = RunEnd(root_pid, status, watch.stop(), settings.interval)
+    merged: Profile | None = None
     try:
-        _collect(folder, output, meta, ending)
+        merged = _collect(folder, output, meta, ending)
     except GpuflameError as exc:  # the program's exit code still wins
         meta.lost.append(f"the merged profile could not be written: {exc}")
         meta.processes = []
@@ -193,7 +195,7 @@ def run(args: argparse.Namespace) -> int:
     _tidy(folder)
     if run_dir is not None:
         _write_meta(meta, run_dir)
-    _say_where(args, output, meta, idle)
+    _say_where(args, output, meta, idle, run_note(merged.peaks) if merged is not None else "")
     return exit_code
 
 
@@ -338,7 +340,7 @@ def _collect(folder: Path, output: Path, meta: RunMeta, ending: RunEnd) -> Profi
     _account_unfinished(folder, set(profiles), meta, ending)
     if not profiles:
         return None
-    merged = merge(list(profiles.values()))
+    merged = merge(list(profiles.values()), peaks="final")  # the peak: a moment of the whole run (model/merge.py)
     for message in meta.lost + [str(p["why"]) for p in meta.partial_processes]:
         if not any(message.endswith(c) or c.endswith(message) for c in merged.comments):
             merged.comments.append(message)
@@ -389,7 +391,8 @@ def _nothing_written(pid: int, seen: roll_call.Ending, ending: RunEnd) -> str:
 
 def _tidy(folder: Path) -> None:
     """Remove the run's bookkeeping (and half-written files of killed processes); an empty folder goes too."""
-    for pattern in (roll_call.STARTED_FILE.format(pid="*"), IDLE_FILE.format(pid="*"), ".*.tmp"):
+    bookkeeping = (roll_call.STARTED_FILE, IDLE_FILE, joint_peak.TABLE_FILE.replace("{device}", "{pid}"))
+    for pattern in [name.format(pid="*") for name in bookkeeping] + [".*.tmp"]:
         for path in folder.glob(pattern):
             try:
                 path.unlink()
@@ -423,7 +426,7 @@ def _idle_notes(folder: Path) -> dict[int, str]:
     return notes
 
 
-def _say_where(args: argparse.Namespace, output: Path, meta: RunMeta, idle: dict[int, str]) -> None:
+def _say_where(args: argparse.Namespace, output: Path, meta: RunMeta, idle: dict[int, str], peak_note: str) -> None:
     for message in meta.lost:
         sys.stderr.write(f"gpuflame: lost: {message}\n")
     for partial in meta.partial_processes:
@@ -442,10 +445,10 @@ def _say_where(args: argparse.Namespace, output: Path, meta: RunMeta, idle: dict
         return
     shown = next((t for t in ("peak_space", "inuse_space", "alloc_space") if t in meta.totals), None)
     size = f", {shown.split('_')[0]} {format_bytes(meta.totals[shown])}" if shown else ""
-    sys.stderr.write(
-        f"gpuflame: profile of {_processes_phrase(meta)}{size}: {output}\n"
-        f"gpuflame: next: gpuflame report {shlex.quote(str(output))}\n"
-    )
+    sys.stderr.write(f"gpuflame: profile of {_processes_phrase(meta)}{size}: {output}\n")
+    if peak_note:  # the peak is not one moment that happened (JAX samples, a bound): say what it is
+        sys.stderr.write(f"gpuflame: {peak_note}\n")
+    sys.stderr.write(f"gpuflame: next: gpuflame report {shlex.quote(str(output))}\n")
 
 
 def _processes_phrase(meta: RunMeta) -> str:

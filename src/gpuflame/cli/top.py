@@ -6,7 +6,14 @@ import argparse
 
 from gpuflame.analysis.hotspots import function_stats, top_functions
 from gpuflame.analysis.tree import build_table
-from gpuflame.cli.common import FILTER_ORDER, add_analysis_options, load_for_analysis, positive_count, print_json
+from gpuflame.cli.common import (
+    FILTER_ORDER,
+    add_analysis_options,
+    load_for_analysis,
+    peak_json,
+    positive_count,
+    print_json,
+)
 from gpuflame.render.terminal import make_console, print_comments, render_top
 
 HELP = "the top functions by self or total"
@@ -60,11 +67,13 @@ def run(args: argparse.Namespace) -> int:
                 "total": stats.grand_total,
                 "by": args.by,
                 "comments": loaded.profile.comments,
+                **peak_json(loaded.profile, sample_type.type),
                 "functions": [e.to_dict() for e in entries],
             }
         )
         return 0
     console = make_console()
     print_comments(console, loaded.profile.comments)
-    render_top(console, entries, args.by, sample_type.type, sample_type.unit, stats.grand_total)
+    render_top(console, entries, args.by, sample_type.type, sample_type.unit, stats.grand_total,
+               loaded.profile.peak_description(sample_type.type))
     return 0

@@ -31,7 +31,7 @@ def diff(base: Profile, new: Profile) -> Profile:
     not change cancel out and are dropped.
     """
     common = shared_types(base, new)
-    merged = merge([select_types(new, common), negate(select_types(base, common))])
+    merged = merge([select_types(new, common), negate(select_types(base, common))], peaks="sum")
     merged.comments = ["diff: new minus base"]
     merged.timeline = None  # a difference is no moment of either run: no memory-over-time to show
     return merged.compact()

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from gpuflame.errors import UnknownSampleTypeError
+from gpuflame.model.peak import BOUND, PROCESS, PeakUnit, describe
 from gpuflame.model.timeline import Timeline
 
 # Frame kinds. Plain strings (not an Enum) because frames are hashed millions
@@ -109,6 +110,8 @@ class Profile:
     duration_nanos: int = 0
     # memory over time (model/timeline.py); None when the source has no time order
     timeline: Timeline | None = None
+    # what the peak_* values are, per device (model/peak.py); empty when the source did not say
+    peaks: list[PeakUnit] = field(default_factory=list)
     _frame_ids: dict[Frame, int] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -200,6 +203,46 @@ class Profile:
     def label_keys(self) -> list[str]:
         return sorted({k for s in self.samples for k, _ in s.labels})
 
+    def peak_units(self) -> list[PeakUnit]:
+        """What the peak_* values are, per device: the stored units, else what can be told.
+
+        A profile that does not say (another tool's, or gpuflame's before it
+        said) is one process's own peak when its samples carry one pid (or
+        none), and a sum of per-process peaks when they carry several.
+        """
+        if "peak_space" not in self.type_names():
+            return list(self.peaks)
+        index = self.type_index("peak_space")
+        devices: dict[str, set[str]] = {}
+        for s in self.samples:
+            if s.values[index]:
+                devices.setdefault(s.label("device", "") or "", set()).add(s.label("pid", "") or "")
+        units = list(self.peaks)
+        known = {u.device for u in units}
+        start = self.time_nanos
+        end = start + self.duration_nanos if start and self.duration_nanos else 0
+        for device, pids in sorted(devices.items()):
+            if device in known:
+                continue
+            pid = next(iter(pids)) if len(pids) == 1 else ""
+            kind = PROCESS if len(pids) == 1 else BOUND
+            units.append(PeakUnit(device, kind, start, end, pid=pid, processes=len(pids)))
+        return units
+
+    def peak_description(self, type_name: str) -> str:
+        """What a ``peak_*`` total of this profile is, in words; '' for other types.
+
+        Only the devices that still have samples are described (after ``--label device=...``).
+        """
+        if not type_name.split("/", 1)[0].startswith("peak_"):
+            return ""
+        units = self.peak_units()
+        shown = [s for s in self.samples if any(s.values)]
+        devices = {s.label("device", "") or "" for s in shown}
+        pids = {s.label("pid", "") or "" for s in shown}
+        only_pid = next(iter(pids)) if len(pids) == 1 else ""
+        return describe([u for u in units if u.device in devices] or units, only_pid)
+
     def __iter__(self) -> Iterator[Sample]:
         return iter(self.samples)
 
@@ -221,6 +264,7 @@ class Profile:
             time_nanos=self.time_nanos,
             duration_nanos=self.duration_nanos,
             timeline=self.timeline,
+            peaks=list(self.peaks),
         )
 
     def derive(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from gpuflame.model.peak import JOINT_OBJECTS, JOINT_SPACE
 from gpuflame.model.profile import SampleType
 
 PEAK_SPACE = SampleType("peak_space", "bytes")
@@ -10,6 +11,10 @@ INUSE_SPACE = SampleType("inuse_space", "bytes")
 INUSE_OBJECTS = SampleType("inuse_objects", "count")
 ALLOC_SPACE = SampleType("alloc_space", "bytes")
 ALLOC_OBJECTS = SampleType("alloc_objects", "count")
+
+# a process of a run: what it held at the run's joint peak (model/peak.py); the run's merge uses them up
+JOINT_PEAK_SPACE = SampleType(JOINT_SPACE, "bytes")
+JOINT_PEAK_OBJECTS = SampleType(JOINT_OBJECTS, "count")
 
 ALL = (PEAK_SPACE, PEAK_OBJECTS, INUSE_SPACE, INUSE_OBJECTS, ALLOC_SPACE, ALLOC_OBJECTS)
 
@@ -20,6 +25,9 @@ DESCRIPTIONS = {
     "inuse_objects": "allocations live at the end of the window",
     "alloc_space": "everything allocated in the window, frees ignored",
     "alloc_objects": "allocations made in the window",
+    JOINT_SPACE: "live in this process at the highest total of its run's processes on the device, "
+    "as far as it saw (gpuflame run merges it into peak_space)",
+    JOINT_OBJECTS: "allocations live in this process at its run's joint peak",
 }
 
 

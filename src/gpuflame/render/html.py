@@ -93,6 +93,8 @@ def viewer_data(
         "files": files,
         "samples": new_samples,
     }
+    if base is None and profile.peak_description("peak_space"):
+        data["peak"] = profile.peak_description("peak_space")  # what the peak_* types are, in words
     if base is not None:
         data["base"] = {"samples": tables.samples(base, frame_codes[1])}
     elif profile.timeline is not None and any(profile.timeline.series.values()):

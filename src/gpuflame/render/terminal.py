@@ -112,9 +112,10 @@ def pct(value: float | None, signed: bool = False) -> str:
     return f"{value:+.1f}%" if signed else f"{value:.1f}%"
 
 
-def type_title(type_name: str, unit: str, total: int) -> Text:
+def type_title(type_name: str, unit: str, total: int, description: str = "") -> Text:
+    """``peak_space  5.72 MiB  what it is``: *description* (the profile's own word on its peak) first."""
     text = Text.assemble((type_name, "bold"), f"  {amount(total, unit)}")
-    description = DESCRIPTIONS.get(type_name)
+    description = description or DESCRIPTIONS.get(type_name)
     if description:
         text.append(f"  {description}", style="dim")
     return text
@@ -165,9 +166,10 @@ def _table(title: str, *columns: str) -> Table:
 # -- report ------------------------------------------------------------------
 
 
-def render_report(console: Console, report: Report, source: str) -> None:
+def render_report(console: Console, report: Report, source: str, peak: str = "") -> None:
+    """The report; *peak* says what a peak total is (``Profile.peak_description``)."""
     console.print(Text.assemble(("gpuflame report ", "bold"), source))
-    console.print(type_title(report.type, report.unit, report.total))
+    console.print(type_title(report.type, report.unit, report.total, peak))
     print_comments(console, report.comments)
     if not report.total:
         console.print(f"No {report.type} in this profile (after filters): nothing to report.")
@@ -291,9 +293,9 @@ def _wrappers_table(entries: list[Entry], unit: str) -> Table:
 
 
 def render_top(
-    console: Console, entries: list[Entry], by: str, type_name: str, unit: str, total: int
+    console: Console, entries: list[Entry], by: str, type_name: str, unit: str, total: int, peak: str = ""
 ) -> None:
-    console.print(type_title(type_name, unit, total))
+    console.print(type_title(type_name, unit, total, peak))
     console.print()
     table = _table(
         f"Top functions by {by}", "#", "self", "self %", "total", "total %", "function", "file:line"

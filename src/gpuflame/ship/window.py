@@ -16,7 +16,8 @@ push must say what happened *within its interval*:
 
 from __future__ import annotations
 
-from gpuflame.model import Frame, Profile
+from gpuflame.model import Frame, Profile, select_types
+from gpuflame.model.peak import JOINT_OBJECTS, JOINT_SPACE
 from gpuflame.model.profile import Labels
 
 Key = tuple[tuple[Frame, ...], Labels]
@@ -38,11 +39,15 @@ class IntervalWindow:
 
     def next(self, snapshot: Profile) -> Profile:
         """The interval from the previous snapshot (or the start) to *snapshot*."""
+        if JOINT_SPACE in snapshot.type_names():  # a run's bookkeeping between processes, not a view
+            snapshot = select_types(snapshot, [t for t in snapshot.sample_types
+                                               if t.type not in (JOINT_SPACE, JOINT_OBJECTS)])
         rows = _rows(snapshot)
         names = snapshot.type_names()
         previous = self._rows if self._types == names else None
         out = snapshot.empty_like()
         out.timeline = None
+        out.peaks = []  # the interval's peak is its own (see LOWER_BOUND_NOTE), not the process's
         out.comments = [c for c in out.comments if c != LOWER_BOUND_NOTE]
         peak_total = _total(rows, names, "peak_space")
         exact_peak = previous is None or peak_total > self._peak_total

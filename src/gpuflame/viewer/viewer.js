@@ -635,8 +635,10 @@
 
   function statusLine() {
     const d = state.P.data, t = state.tree, st = d.types[state.typeIndex];
+    // the peak's caption: a moment that happened, or a bound (the profile says which)
+    const peak = d.peak && st[0].startsWith("peak_") ? "\n" + st[0] + ": " + d.peak : "";
     return st[0] + ": " + formatValue(t.total[0], st[1]) + " in " + (t.count - 1).toLocaleString("en") +
-      " bars, " + state.P.frameCount.toLocaleString("en") + " functions" +
+      " bars, " + state.P.frameCount.toLocaleString("en") + " functions" + peak +
       (d.comments.length ? "\n" + d.comments.join("\n") : "");
   }
 

@@ -41,13 +41,22 @@
 #include <cxxabi.h>
 #include <dlfcn.h>
 #include <execinfo.h>
+#include <fcntl.h>
 #include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <new>
 #include <stdexcept>
@@ -84,7 +93,217 @@ struct SiteBooks {
   uint64_t alloc_bytes = 0, alloc_count = 0;
   uint64_t inuse_bytes = 0, inuse_count = 0;
   uint64_t gone_bytes = 0, gone_count = 0;  // live at the peak, freed since
+  uint64_t joint_gone_bytes = 0, joint_gone_count = 0;  // live at the joint mark, freed since
 };
+
+// -- the joint peak of a run's processes: one shared table per device --------------
+//
+// Each process's own peak is exact, but the processes of a run reach theirs
+// at different moments, so their sum may never have happened. `gpuflame run`
+// gives every process one session folder; there, one small file per device
+// is mapped by every process that records that device. It holds the live
+// bytes of each process (a slot each), their sum, the highest sum so far and
+// an epoch counted up each time the highest sum rises. Every booked event
+// publishes its size; the event that raises the highest sum bumps the epoch.
+// A process does not need to be told when another one raises it: its books
+// do not change until its own next event, so before applying that event (or
+// at a snapshot) it sees the epoch moved and marks its books "as at that
+// epoch" -- the same lazy trick as its own peak: blocks live at the mark plus
+// those freed since. A merge takes, for the last epoch, each process's mark.
+//
+// One spin lock in the table makes "look at the epoch, apply the event,
+// publish it" one step across processes. It is held for a few instructions;
+// a holder that died is detected by its pid; a lock that cannot be had in
+// two seconds makes this process stop using the table (its profile then
+// has no joint mark, and the merge says what its number is instead). A
+// process that dies without leaving keeps its bytes in the sum until the
+// next process joins (which frees the slots of dead pids); the merge sees
+// that the shares do not add up to the highest total and says so.
+
+constexpr uint64_t kTableMagic = 0x31766b6165706667ULL;  // "gfpeakv1"
+constexpr uint32_t kTableSlots = 1024;
+constexpr uint64_t kNotSeen = UINT64_MAX;
+
+struct TableSlot {
+  int32_t pid;  // 0: free
+  uint32_t unused;
+  uint64_t total;  // live bytes this process published
+};
+
+struct TableHeader {
+  std::atomic<uint32_t> lock;  // 0: free; else the holder's pid
+  uint32_t used;               // slots handed out since the table started afresh
+  uint64_t magic;
+  uint64_t generation;  // new each time the table starts afresh (no process of it alive)
+  uint64_t total, max, epoch;
+  TableSlot slots[kTableSlots];
+};
+static_assert(std::atomic<uint32_t>::is_always_lock_free, "the table lock must be address-free");
+
+int32_t g_pid = static_cast<int32_t>(getpid());  // refreshed in fork children
+
+struct Joint {  // this process's side of one table
+  std::string path;
+  TableHeader* t = nullptr;
+  int slot = -1;  // -1: not publishing (not joined, retired, a fork child not rejoined, broken)
+  uint64_t seen = kNotSeen;  // the epoch this process last saw
+  uint64_t seen_max = 0;
+  uint64_t generation = 0;
+  bool broken = false;
+};
+
+std::vector<Joint*>* g_joints = nullptr;  // handle -> table; never freed (other processes map them)
+
+bool alive(int32_t pid) { return pid > 0 && (kill(pid, 0) == 0 || errno != ESRCH); }
+
+bool lock_table(Joint& j) {
+  if (j.broken) return false;
+  auto& lock = j.t->lock;
+  auto me = static_cast<uint32_t>(g_pid);
+  uint32_t holder = 0;
+  if (lock.compare_exchange_strong(holder, me, std::memory_order_acquire, std::memory_order_relaxed)) return true;
+  auto started = std::chrono::steady_clock::now();
+  for (uint64_t i = 1;; ++i) {
+    holder = 0;
+    if (lock.compare_exchange_weak(holder, me, std::memory_order_acquire, std::memory_order_relaxed)) return true;
+    if (i < 128) continue;
+    if ((i & 63) == 0 && holder != 0) {
+      if (!alive(static_cast<int32_t>(holder)) &&
+          lock.compare_exchange_strong(holder, me, std::memory_order_acquire, std::memory_order_relaxed)) {
+        return true;  // its holder died holding it
+      }
+      if (std::chrono::steady_clock::now() - started > std::chrono::seconds(2)) {
+        j.broken = true;
+        j.slot = -1;
+        return false;
+      }
+    }
+    sched_yield();
+  }
+}
+
+void unlock_table(Joint& j) { j.t->lock.store(0, std::memory_order_release); }
+
+// Whether the highest total rose since this process last looked (then its
+// books, unchanged since, are its share at that epoch). Under the lock.
+bool table_moved(Joint& j) {
+  if (j.t->epoch == j.seen) return false;
+  j.seen = j.t->epoch;
+  j.seen_max = j.t->max;
+  return true;
+}
+
+// This process's live bytes changed by *delta*; true when that raised the
+// highest total (a new epoch: mark after the event). Under the lock.
+bool table_publish(Joint& j, int64_t delta) {
+  TableHeader* t = j.t;
+  t->slots[j.slot].total += static_cast<uint64_t>(delta);
+  t->total += static_cast<uint64_t>(delta);
+  if (t->total <= t->max) return false;
+  t->max = t->total;
+  t->epoch += 1;
+  j.seen = t->epoch;
+  j.seen_max = t->max;
+  return true;
+}
+
+// Take a slot (under the lock). Slots of processes that died are freed first;
+// when no process of the table is alive, it starts afresh as a new generation:
+// what comes now cannot have overlapped what came before.
+bool table_join(Joint& j) {
+  TableHeader* t = j.t;
+  bool anyone = false;
+  if (t->magic == kTableMagic) {
+    for (uint32_t i = 0; i < t->used && i < kTableSlots; ++i) {
+      TableSlot& s = t->slots[i];
+      if (s.pid == 0) continue;
+      if (s.pid != g_pid && !alive(s.pid)) {
+        t->total -= s.total;
+        s.pid = 0;
+        s.total = 0;
+        continue;
+      }
+      anyone = true;
+    }
+  }
+  if (!anyone) {
+    auto now = static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch().count());
+    t->magic = kTableMagic;
+    t->generation = (now * 0x9e3779b97f4a7c15ULL) ^ (static_cast<uint64_t>(g_pid) << 20) ^ t->generation;
+    t->total = t->max = t->epoch = 0;
+    t->used = 0;
+  }
+  uint32_t i = 0;
+  while (i < t->used && t->slots[i].pid != 0) ++i;
+  if (i >= kTableSlots) return false;
+  if (i == t->used) t->used += 1;
+  t->slots[i].pid = g_pid;
+  t->slots[i].total = 0;
+  j.slot = static_cast<int>(i);
+  j.generation = t->generation;
+  j.seen = kNotSeen;  // the first look marks: an empty share at the epoch it joins in
+  return true;
+}
+
+// Leave: this process's bytes stop counting. Under the lock; the caller marks first if the epoch moved.
+void table_leave(Joint& j) {
+  TableSlot& s = j.t->slots[j.slot];
+  j.t->total -= s.total;
+  s.pid = 0;
+  s.total = 0;
+  j.slot = -1;
+}
+
+// Join (again) with an empty share: a new window, or a fork child (whose books start empty).
+// Takes the lock itself.
+bool table_rejoin(Joint& j) {
+  if (!lock_table(j)) return false;
+  if (j.slot >= 0) table_leave(j);
+  bool ok = table_join(j);
+  unlock_table(j);
+  return ok;
+}
+
+void joints_after_fork_child() {
+  g_pid = static_cast<int32_t>(getpid());
+  if (g_joints == nullptr) return;
+  for (Joint* j : *g_joints) j->slot = -1;  // the parent's slots are the parent's; rejoin explicitly
+}
+
+// The table at *path*, mapped (created when missing); its handle.
+int open_table(const std::string& path) {
+  if (g_joints == nullptr) {
+    g_joints = new std::vector<Joint*>();
+    pthread_atfork(nullptr, nullptr, joints_after_fork_child);
+  }
+  for (size_t i = 0; i < g_joints->size(); ++i) {
+    if ((*g_joints)[i]->path == path) return static_cast<int>(i);
+  }
+  int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (fd < 0) throw std::runtime_error("cannot open " + path + ": " + std::strerror(errno));
+  struct stat st {};
+  if (fstat(fd, &st) != 0 ||
+      (static_cast<size_t>(st.st_size) < sizeof(TableHeader) && ftruncate(fd, sizeof(TableHeader)) != 0)) {
+    int err = errno;
+    close(fd);
+    throw std::runtime_error("cannot size " + path + ": " + std::strerror(err));
+  }
+  void* map = mmap(nullptr, sizeof(TableHeader), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (map == MAP_FAILED) throw std::runtime_error("cannot map " + path + ": " + std::strerror(errno));
+  auto* j = new Joint();
+  j->path = path;
+  j->t = static_cast<TableHeader*>(map);
+  g_joints->push_back(j);
+  return static_cast<int>(g_joints->size() - 1);
+}
+
+Joint& joint_of(long handle) {
+  if (g_joints == nullptr || handle < 0 || static_cast<size_t>(handle) >= g_joints->size()) {
+    throw std::out_of_range("no such peak table");
+  }
+  return *(*g_joints)[static_cast<size_t>(handle)];
+}
 
 // Live bytes over time, bounded: each bucket of `width` nanoseconds keeps
 // its highest, its lowest and its last point (each at its exact time), so a
@@ -182,18 +401,49 @@ struct Books {
   uint64_t lost = 0;      // allocations not booked: gpuflame itself ran out of memory
   bool recording = false;
   TimelineBooks timeline;
+  Joint* joint = nullptr;  // the run's table for this device, when in a run
+  bool rows_joint = false;  // what the joint columns of the last rows() are: table, epoch, highest total
+  uint64_t rows_generation = 0, rows_epoch = 0, rows_max = 0;
+  uint64_t joint_seq = 0;  // the joint mark: blocks booked up to here were live then (if not gone since)
+  std::vector<uint32_t> joint_sites;  // sites whose joint_gone_* is non-zero
 
   void reset_window() {
     live.clear();
     timeline.clear();
     for (auto& s : sites) s = SiteBooks{};
     gone_sites.clear();
-    seq = total = peak = peak_seq = unhooked = lost = 0;
+    joint_sites.clear();
+    seq = total = peak = peak_seq = unhooked = lost = joint_seq = 0;
+  }
+
+  // the books as they are now are this process's share at the table's current epoch
+  void mark_joint() {
+    joint_seq = seq;
+    for (uint32_t s : joint_sites) sites[s].joint_gone_bytes = sites[s].joint_gone_count = 0;
+    joint_sites.clear();
+  }
+
+  // lock the table and mark if the epoch moved; false when not publishing
+  bool enter_joint() {
+    if (joint == nullptr || joint->slot < 0 || !lock_table(*joint)) return false;
+    if (table_moved(*joint)) mark_joint();
+    return true;
+  }
+
+  void leave_joint(int64_t delta) {
+    if (table_publish(*joint, delta)) mark_joint();
+    unlock_table(*joint);
+  }
+
+  // a snapshot: the mark brought up to the table's epoch
+  void look_joint() {
+    if (enter_joint()) unlock_table(*joint);
   }
 
   // the map insert comes first: it is the only step that can throw (out of memory)
   void on_alloc(void* ptr, uint64_t n, uint32_t site) {
     live[ptr] = Live{n, seq + 1, site};
+    bool shared = enter_joint();
     ++seq;
     SiteBooks& b = sites[site];
     b.alloc_bytes += n;
@@ -208,6 +458,7 @@ struct Books {
       for (uint32_t s : gone_sites) sites[s].gone_bytes = sites[s].gone_count = 0;
       gone_sites.clear();
     }
+    if (shared) leave_joint(static_cast<int64_t>(n));
   }
 
   // a block not in `live` was made before this window: nothing to book
@@ -216,6 +467,7 @@ struct Books {
     if (it == live.end()) return;
     Live l = it->second;
     live.erase(it);
+    bool shared = enter_joint();
     SiteBooks& b = sites[l.site];
     b.inuse_bytes -= l.nbytes;
     b.inuse_count -= 1;
@@ -226,6 +478,12 @@ struct Books {
       b.gone_bytes += l.nbytes;
       b.gone_count += 1;
     }
+    if (l.seq <= joint_seq) {
+      if (b.joint_gone_count == 0) joint_sites.push_back(l.site);
+      b.joint_gone_bytes += l.nbytes;
+      b.joint_gone_count += 1;
+    }
+    if (shared) leave_joint(-static_cast<int64_t>(l.nbytes));
   }
 };
 
@@ -462,10 +720,12 @@ bool prepare_native() {
   return true;
 }
 
-// start(native=False)
+// start(native=False, table=-1): table is a handle from table_open (the run's table for "cpu")
 PyObject* py_start(PyObject*, PyObject* args) {
   int native = 0;
-  if (!PyArg_ParseTuple(args, "|p", &native)) return nullptr;
+  long table = -1;
+  if (!PyArg_ParseTuple(args, "|pl", &native, &table)) return nullptr;
+  Joint* joint = table >= 0 ? &joint_of(table) : nullptr;
   if (native && !prepare_native()) {
     PyErr_SetString(PyExc_RuntimeError, "native frames: cannot locate the loaded images (dladdr failed)");
     return nullptr;
@@ -488,6 +748,8 @@ PyObject* py_start(PyObject*, PyObject* args) {
   {
     std::lock_guard<std::mutex> guard(books()->lock);
     books()->reset_window();
+    books()->joint = joint;
+    if (joint != nullptr) table_rejoin(*joint);
     books()->recording = true;
   }
   g_enabled.store(true);
@@ -498,14 +760,21 @@ PyObject* py_start(PyObject*, PyObject* args) {
 PyObject* py_stop(PyObject*, PyObject*) {
   g_enabled.store(false);
   if (g_hook != nullptr && c10::GetCPUAllocator() == g_hook) c10::SetCPUAllocator(g_hook->base, UINT8_MAX);
-  std::lock_guard<std::mutex> guard(books()->lock);
-  books()->recording = false;
+  Books* b = books();
+  std::lock_guard<std::mutex> guard(b->lock);
+  b->recording = false;
+  if (b->enter_joint()) {  // this process's bytes stop counting in the run's table
+    table_leave(*b->joint);
+    unlock_table(*b->joint);
+  }
   Py_RETURN_NONE;
 }
 
 PyObject* py_new_window(PyObject*, PyObject*) {
-  std::lock_guard<std::mutex> guard(books()->lock);
-  books()->reset_window();
+  Books* b = books();
+  std::lock_guard<std::mutex> guard(b->lock);
+  b->reset_window();
+  if (b->joint != nullptr && b->recording) table_rejoin(*b->joint);  // a fork child: a slot of its own
   Py_RETURN_NONE;
 }
 
@@ -536,20 +805,34 @@ PyObject* py_stacks(PyObject*, PyObject* arg) {
   return out;
 }
 
-// rows(): [(site, peak bytes, peak count, inuse bytes, inuse count, alloc bytes, alloc count)]
+// rows(): [(site, peak bytes, peak count, inuse bytes, inuse count, alloc bytes, alloc count,
+//          joint bytes, joint count)]; totals() then says which epoch of which table the joint columns are at
 PyObject* py_rows(PyObject*, PyObject*) {
   std::vector<SiteBooks> sites;
-  std::vector<std::pair<uint64_t, uint64_t>> peak;
+  std::vector<std::pair<uint64_t, uint64_t>> peak, joint;
   {
     Books* b = books();
     std::lock_guard<std::mutex> guard(b->lock);
+    if (b->recording) b->look_joint();
     sites = b->sites;
     peak.assign(sites.size(), {0, 0});
+    joint.assign(sites.size(), {0, 0});
+    bool marked = b->joint != nullptr && b->joint->seen != kNotSeen;
     for (const auto& [ptr, l] : b->live) {
       if (l.seq != 0 && l.seq <= b->peak_seq) {
         peak[l.site].first += l.nbytes;
         peak[l.site].second += 1;
       }
+      if (marked && l.seq != 0 && l.seq <= b->joint_seq) {
+        joint[l.site].first += l.nbytes;
+        joint[l.site].second += 1;
+      }
+    }
+    b->rows_joint = marked && !b->joint->broken;
+    if (b->rows_joint) {
+      b->rows_generation = b->joint->generation;
+      b->rows_epoch = b->joint->seen;
+      b->rows_max = b->joint->seen_max;
     }
   }
   PyObject* out = PyList_New(0);
@@ -557,9 +840,10 @@ PyObject* py_rows(PyObject*, PyObject*) {
   for (size_t i = 0; i < sites.size(); ++i) {
     const SiteBooks& s = sites[i];
     uint64_t pb = peak[i].first + s.gone_bytes, pc = peak[i].second + s.gone_count;
-    if (pb == 0 && pc == 0 && s.inuse_count == 0 && s.alloc_count == 0) continue;
-    PyObject* row = Py_BuildValue("(nKKKKKK)", static_cast<Py_ssize_t>(i), pb, pc, s.inuse_bytes, s.inuse_count,
-                                  s.alloc_bytes, s.alloc_count);
+    uint64_t jb = joint[i].first + s.joint_gone_bytes, jc = joint[i].second + s.joint_gone_count;
+    if (pb == 0 && pc == 0 && s.inuse_count == 0 && s.alloc_count == 0 && jc == 0) continue;
+    PyObject* row = Py_BuildValue("(nKKKKKKKK)", static_cast<Py_ssize_t>(i), pb, pc, s.inuse_bytes, s.inuse_count,
+                                  s.alloc_bytes, s.alloc_count, jb, jc);
     if (row == nullptr || PyList_Append(out, row) < 0) {
       Py_XDECREF(row);
       Py_DECREF(out);
@@ -570,17 +854,106 @@ PyObject* py_rows(PyObject*, PyObject*) {
   return out;
 }
 
-// totals(): {"inuse": .., "peak": .., "allocations": .., "live": .., "unhooked": .., "sites": ..}
+// totals(): {"inuse": .., "peak": .., "allocations": .., "live": .., "unhooked": .., "sites": ..,
+//           "joint_table": generation as hex ('' when the last rows() had no joint mark),
+//           "joint_epoch": .., "joint_max": ..}
 PyObject* py_totals(PyObject*, PyObject*) {
-  uint64_t total, peak, seq, live, unhooked, lost, nsites;
+  uint64_t total, peak, seq, live, unhooked, lost, nsites, epoch = 0, max = 0;
+  char table[17] = "";
   {
     Books* b = books();
     std::lock_guard<std::mutex> guard(b->lock);
     total = b->total; peak = b->peak; seq = b->seq; live = b->live.size();
     unhooked = b->unhooked; lost = b->lost; nsites = b->sites.size();
+    if (b->rows_joint) {
+      std::snprintf(table, sizeof table, "%016llx", static_cast<unsigned long long>(b->rows_generation));
+      epoch = b->rows_epoch;
+      max = b->rows_max;
+    }
   }
-  return Py_BuildValue("{sKsKsKsKsKsKsK}", "inuse", total, "peak", peak, "allocations", seq, "live", live,
-                       "unhooked", unhooked, "lost", lost, "sites", nsites);
+  return Py_BuildValue("{sKsKsKsKsKsKsKsssKsK}", "inuse", total, "peak", peak, "allocations", seq, "live", live,
+                       "unhooked", unhooked, "lost", lost, "sites", nsites, "joint_table", table,
+                       "joint_epoch", epoch, "joint_max", max);
+}
+
+// -- the run's tables, for the dispatch recorder -------------------------------------
+
+// table_open(path) -> handle (the same handle for the same path in this process)
+PyObject* py_table_open(PyObject*, PyObject* arg) {
+  const char* path = PyUnicode_AsUTF8(arg);
+  if (path == nullptr) return nullptr;
+  return PyLong_FromLong(open_table(path));
+}
+
+// table_join(handle) -> whether this process now publishes to it (a new window, a fork child)
+PyObject* py_table_join(PyObject*, PyObject* arg) {
+  long handle = PyLong_AsLong(arg);
+  if (handle == -1 && PyErr_Occurred()) return nullptr;
+  return PyBool_FromLong(table_rejoin(joint_of(handle)));
+}
+
+// table_leave(handle, key, append): stop publishing; a mark first if the epoch moved
+PyObject* py_table_leave(PyObject*, PyObject* args) {
+  long handle;
+  PyObject *key, *append;
+  if (!PyArg_ParseTuple(args, "lOO", &handle, &key, &append)) return nullptr;
+  Joint& j = joint_of(handle);
+  if (j.slot < 0 || !lock_table(j)) Py_RETURN_NONE;
+  bool moved = table_moved(j);
+  table_leave(j);
+  uint64_t epoch = j.seen, max = j.seen_max;
+  unlock_table(j);
+  if (moved) return PyObject_CallFunction(append, "((OKK))", key, epoch, max);
+  Py_RETURN_NONE;
+}
+
+// table_event(handle, delta, append, item, key): publish one event of this
+// process and queue it with append(item), preceded by append((key, epoch,
+// highest total)) when the epoch moved since this process last looked and
+// followed by one when this event raised the highest total. One C call
+// under the GIL: no other thread of the process comes between.
+// delta 0: only look (a snapshot). Not publishing: only append(item).
+PyObject* py_table_event(PyObject*, PyObject* args) {
+  long handle;
+  long long delta;
+  PyObject *append, *item, *key;
+  if (!PyArg_ParseTuple(args, "lLOOO", &handle, &delta, &append, &item, &key)) return nullptr;
+  Joint& j = joint_of(handle);
+  bool before = false, after = false;
+  uint64_t e0 = 0, m0 = 0, e1 = 0, m1 = 0;
+  if (j.slot >= 0 && lock_table(j)) {
+    before = table_moved(j);
+    e0 = j.seen, m0 = j.seen_max;
+    if (delta != 0) after = table_publish(j, delta);
+    e1 = j.seen, m1 = j.seen_max;
+    unlock_table(j);
+  }
+  PyObject* r;
+  if (before) {
+    if ((r = PyObject_CallFunction(append, "((OKK))", key, e0, m0)) == nullptr) return nullptr;
+    Py_DECREF(r);
+  }
+  if (item != Py_None) {
+    if ((r = PyObject_CallOneArg(append, item)) == nullptr) return nullptr;
+    Py_DECREF(r);
+  }
+  if (after) {
+    if ((r = PyObject_CallFunction(append, "((OKK))", key, e1, m1)) == nullptr) return nullptr;
+    Py_DECREF(r);
+  }
+  Py_RETURN_NONE;
+}
+
+// table_info(handle) -> (generation as hex, or '' when not usable)
+PyObject* py_table_info(PyObject*, PyObject* arg) {
+  long handle = PyLong_AsLong(arg);
+  if (handle == -1 && PyErr_Occurred()) return nullptr;
+  Joint& j = joint_of(handle);
+  char table[17] = "";
+  if (!j.broken && j.generation != 0) {
+    std::snprintf(table, sizeof table, "%016llx", static_cast<unsigned long long>(j.generation));
+  }
+  return PyUnicode_FromString(table);
 }
 
 // timeline(): [(epoch ns, live bytes)], the last point being now
@@ -671,6 +1044,11 @@ PyMethodDef kMethods[] = {
     {"totals", guarded<py_totals>, METH_NOARGS, "Totals of the current window."},
     {"timeline", guarded<py_timeline>, METH_NOARGS, "Live bytes over time (bounded, peaks kept)."},
     {"installed", guarded<py_installed>, METH_NOARGS, "Whether the hook is the CPU allocator now."},
+    {"table_open", guarded<py_table_open>, METH_O, "Map a run's shared peak table; its handle."},
+    {"table_join", guarded<py_table_join>, METH_O, "Publish to a table (again): a new window, a fork child."},
+    {"table_leave", guarded<py_table_leave>, METH_VARARGS, "Stop publishing to a table (key, append for a last mark)."},
+    {"table_event", guarded<py_table_event>, METH_VARARGS, "Publish one event and queue it with its marks."},
+    {"table_info", guarded<py_table_info>, METH_O, "The table's generation (hex), '' when not usable."},
     {nullptr, nullptr, 0, nullptr},
 };
 

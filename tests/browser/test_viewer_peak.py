@@ -1,0 +1,50 @@
+"""The viewer says what the peak is: a moment that happened, or a bound (issue 10, item 3)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from chrome_pipe import Chrome, find_chromium
+
+from gpuflame.cli.main import main
+from gpuflame.formats import save
+from gpuflame.model import Frame, Profile, memory_sample_types, merge
+from gpuflame.model.peak import PROCESS, PeakUnit
+
+pytestmark = pytest.mark.skipif(find_chromium() is None, reason="no chromium installed (apt-get install chromium)")
+
+READY = "window.gpuflameState && (window.gpuflameState.ready || window.gpuflameState.error) && window.gpuflameState"
+
+
+def window(pid: int, nbytes: int, start: int, end: int) -> Profile:
+    p = Profile(sample_types=memory_sample_types(), default_type="peak_space")
+    p.add([Frame(f"work{pid}", "job.py", 1)], [nbytes, 1, nbytes // 2, 1, nbytes, 1], {"device": "cpu", "pid": pid})
+    p.time_nanos, p.duration_nanos = start, end - start
+    p.peaks = [PeakUnit("cpu", PROCESS, start, end, pid=str(pid))]
+    return p
+
+
+def status(chrome: Chrome, html: Path) -> str:
+    chrome.send("Page.navigate", {"url": html.as_uri()})
+    state = chrome.wait_for(READY)
+    assert state["error"] is None, state["error"]
+    return chrome.evaluate("document.getElementById('status').textContent")
+
+
+def test_the_status_line_says_an_overlapping_merge_is_an_upper_bound(chrome: Chrome, tmp_path: Path) -> None:
+    now = time.time_ns()
+    save(merge([window(1, 4 << 20, now, now + 100), window(2, 2 << 20, now + 10, now + 20)]), tmp_path / "m.pb.gz")
+    assert main(["view", str(tmp_path / "m.pb.gz")]) == 0
+    text = status(chrome, tmp_path / "m.html")
+    assert "peak_space: 6.00 MiB" in text
+    assert "peak_space: sum of each process's own peak on cpu" in text and "an upper bound" in text
+    assert "live at the moment of the highest total" not in text
+
+
+def test_a_single_process_keeps_the_single_moment_caption(chrome: Chrome, tmp_path: Path) -> None:
+    save(window(7, 4 << 20, 1, 2), tmp_path / "one.pb.gz")
+    assert main(["view", str(tmp_path / "one.pb.gz")]) == 0
+    text = status(chrome, tmp_path / "one.html")
+    assert "peak_space: live at the moment of the highest total of pid 7 on cpu" in text
