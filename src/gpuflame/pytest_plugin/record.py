@@ -1,0 +1,105 @@
+"""One test phase (fixture set-up, or the test body) recorded through the public API.
+
+The phase runs between ``gpuflame.start`` and ``gpuflame.stop``, exactly as a
+``with gpuflame.profile(...)`` block would, so its numbers are the ones
+``gpuflame run`` gives. pytest's own frames below the test (pluggy, _pytest)
+are cut away, so the test function (or the fixture) is the root of every
+stack, as the flame graph of a test should read.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import gpuflame
+from gpuflame.analysis.summary import summarize
+from gpuflame.model import Profile, cut_callers
+
+# Which framework a backend needs already imported: the API starts a backend
+# when its framework is imported, and a phase that ends before that import
+# would leave the start pending into a stopped session.
+FRAMEWORKS = {"auto": ("torch", "jax"), "torch": ("torch",), "torch-cuda": ("torch",), "jax": ("jax",)}
+
+
+def _package_dir(name: str) -> str:
+    module = sys.modules.get(name) or __import__(name)
+    return os.path.dirname(os.path.abspath(module.__file__ or "")) + os.sep
+
+
+# pytest's frames, and what runs pytest (xdist workers): cut below the test
+HOST_DIRS = tuple(_package_dir(name) for name in ("_pytest", "pluggy"))
+
+
+@dataclass
+class Phase:
+    """What one phase allocated: its profile (as shown) and the numbers the plugin reports."""
+
+    profile: Profile | None
+    peak: int
+    inuse: int
+    top: str  # the function with the largest self at the peak ('' when nothing)
+    backends: list[str]
+
+    def to_dict(self) -> dict[str, object]:
+        return {"peak": self.peak, "inuse": self.inuse, "top": self.top, "backends": self.backends}
+
+
+NOTHING = Phase(None, 0, 0, "", [])
+
+
+def framework_imported(backend: str) -> bool:
+    return any(name in sys.modules for name in FRAMEWORKS[backend])
+
+
+class PhaseRecorder:
+    """``start()`` before the phase, ``stop()`` after it; never raises into the test."""
+
+    def __init__(self, scratch: Path, backend: str) -> None:
+        self.scratch = scratch
+        self.backend = backend
+        self.error = ""  # why nothing was recorded, when something went wrong
+        self._session: object | None = None
+
+    def start(self) -> None:
+        if not framework_imported(self.backend):
+            self.error = f"{' or '.join(FRAMEWORKS[self.backend])} was not imported when the test started"
+            return
+        try:
+            self._session = gpuflame.start(self.scratch / "phase.pb.gz", backend=self.backend)
+        except Exception as exc:  # already profiling (the test's own gpuflame.start), bad backend
+            self.error = f"could not start profiling ({exc})"
+
+    def stop(self) -> Phase:
+        if self._session is None:
+            return NOTHING
+        backends = [r.name for r in getattr(self._session, "recorders", [])]
+        try:
+            path = gpuflame.stop()
+            if path is None:
+                return Phase(None, 0, 0, "", backends)
+            return measure(load_cut(path), backends)
+        except Exception as exc:
+            self.error = f"the profile of this test is lost ({type(exc).__name__}: {exc})"
+            return NOTHING
+
+
+def load_cut(path: Path) -> Profile:
+    """The phase's profile from the API's file, pytest's frames cut away; the file is removed."""
+    from gpuflame.formats import load
+
+    try:
+        profile = load(path)
+    finally:
+        path.unlink(missing_ok=True)
+    return cut_callers(profile, lambda f: f.file.startswith(HOST_DIRS)).compact()
+
+
+def measure(profile: Profile, backends: list[str]) -> Phase:
+    totals = profile.totals()
+    peak = totals.get("peak_space", totals.get("inuse_space", 0))
+    summary = summarize(profile, "peak_space" if "peak_space" in totals else None) if peak else None
+    top = summary.top.frame.name if summary and summary.top else ""
+    return Phase(profile, peak, totals.get("inuse_space", 0), top, backends)
