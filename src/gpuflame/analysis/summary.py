@@ -12,8 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gpuflame.analysis.hotspots import Entry, function_stats, top_functions
-from gpuflame.analysis.tree import FlameTree, Node, build_tree
+from gpuflame.analysis.tree import NO_STACK, FlameTree, Node, frame_sort_key, function_frames
 from gpuflame.model.profile import Frame, Profile
 from gpuflame.units import percent
 
@@ -32,13 +31,21 @@ class Stack:
 
 
 @dataclass(frozen=True)
+class Leaf:
+    """A function and its self: what it allocated itself, summed over every stack it ends."""
+
+    frame: Frame
+    self: int
+
+
+@dataclass(frozen=True)
 class Summary:
     """Totals by sample type and the widest leaf of the shown type (``top``)."""
 
     type: str
     unit: str
     totals: dict[str, int]
-    top: Entry | None
+    top: Leaf | None
 
     def total(self, type_name: str) -> int | None:
         return self.totals.get(type_name)
@@ -47,10 +54,29 @@ class Summary:
 def summarize(profile: Profile, type_name: str | None = None) -> Summary:
     """Totals and the function with the largest self for *type_name* (default: the profile's)."""
     index = profile.pick_type(type_name)
-    tree = build_tree(profile, index)
-    top = top_functions(function_stats(tree.table), "self", 1)
     st = profile.sample_types[index]
-    return Summary(st.type, st.unit, profile.totals(), top[0] if top else None)
+    return Summary(st.type, st.unit, profile.totals(), widest_leaf(profile, index))
+
+
+def widest_leaf(profile: Profile, type_index: int) -> Leaf | None:
+    """The function with the largest self, as the report's widest leaf bar (ties: by name).
+
+    Self is the value of the stacks a function ends, so this is one pass over
+    the samples: the pytest plugin asks it of every test, where building the
+    flame tree would cost more than the test.
+    """
+    shown = function_frames(profile.frames)
+    selfs: dict[Frame, int] = {}
+    for sample in profile.samples:
+        value = sample.values[type_index]
+        if value:
+            leaf = shown[sample.stack[0]] if sample.stack else NO_STACK
+            selfs[leaf] = selfs.get(leaf, 0) + value
+    positive = [(frame, value) for frame, value in selfs.items() if value > 0]
+    if not positive:
+        return None
+    frame, value = min(positive, key=lambda item: (-item[1], frame_sort_key(item[0])))
+    return Leaf(frame, value)
 
 
 def top_stacks(tree: FlameTree, limit: int = 3) -> list[Stack]:

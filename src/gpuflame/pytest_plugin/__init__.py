@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import re
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +77,13 @@ def _check_backend(name: str) -> None:
         raise pytest.UsageError(f"--gpuflame-backend must be one of {', '.join(BACKENDS)}, not {name!r}")
 
 
+def _fixtures(item: pytest.Item) -> set[str]:
+    """The fixtures whose set-up runs for *item*: not ``request``, not the values of ``parametrize``."""
+    callspec = getattr(item, "callspec", None)
+    params = set(callspec.params) if callspec is not None else set()
+    return set(getattr(item, "fixturenames", ())) - {"request"} - params
+
+
 class GpuflamePlugin:
     """The run's options, the stored peaks, and every profiled test's numbers."""
 
@@ -105,15 +111,15 @@ class GpuflamePlugin:
         return self.everything or any(item.get_closest_marker(name) for name in MARKERS)
 
     def _recorder(self) -> Any:
-        from gpuflame.pytest_plugin.record import PhaseRecorder
+        from gpuflame.pytest_plugin.record import PhaseRecorder, scratch_folder
 
         if self._scratch is None:
-            self._scratch = Path(tempfile.mkdtemp(prefix="gpuflame-pytest-"))
+            self._scratch = scratch_folder()
         return PhaseRecorder(self._scratch, self.backend)
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> Any:
-        if not (self.wanted(item) and getattr(item, "fixturenames", None)):
+        if not (self.wanted(item) and _fixtures(item)):
             yield
             return
         recorder = self._recorder()

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import gpuflame
-from gpuflame.analysis.summary import summarize
+from gpuflame.analysis.summary import widest_leaf
 from gpuflame.model import Profile, cut_callers
 
 # Which framework a backend needs already imported: the API starts a backend
@@ -31,6 +32,17 @@ def _package_dir(name: str) -> str:
 
 # pytest's frames, and what runs pytest (xdist workers): cut below the test
 HOST_DIRS = tuple(_package_dir(name) for name in ("_pytest", "pluggy"))
+
+
+def scratch_folder() -> Path:
+    """Where the API writes each phase's file, read back at once and deleted.
+
+    In memory where the system has it (/dev/shm): a rename on a busy disk
+    can cost more than a small test.
+    """
+    shm = "/dev/shm"
+    base = shm if os.path.isdir(shm) and os.access(shm, os.W_OK) else None
+    return Path(tempfile.mkdtemp(prefix="gpuflame-pytest-", dir=base))
 
 
 @dataclass
@@ -100,6 +112,5 @@ def load_cut(path: Path) -> Profile:
 def measure(profile: Profile, backends: list[str]) -> Phase:
     totals = profile.totals()
     peak = totals.get("peak_space", totals.get("inuse_space", 0))
-    summary = summarize(profile, "peak_space" if "peak_space" in totals else None) if peak else None
-    top = summary.top.frame.name if summary and summary.top else ""
-    return Phase(profile, peak, totals.get("inuse_space", 0), top, backends)
+    leaf = widest_leaf(profile, profile.pick_type("peak_space" if "peak_space" in totals else None))
+    return Phase(profile, peak, totals.get("inuse_space", 0), leaf.frame.name if leaf else "", backends)
