@@ -117,15 +117,23 @@ def test_off_unless_asked_markers_alone_profile_their_tests(pytester: pytest.Pyt
     assert "test_over_budget -> allocate_four" in out
     assert "profiled tests" not in out  # no table without --gpuflame
     assert "profile: .pytest_cache/d/gpuflame/test_suite.py_test_over_budget.pb.gz" in out
-    # a run that asks for nothing records nothing and loads neither a recorder nor the analysis (numpy)
+    # a run that asks for nothing records nothing and loads neither a recorder nor the analysis (numpy);
+    # a marked test whose framework is imported only in its body says that it got no numbers
     plain = pytester.makepyfile(test_plain="""
-import sys
+import sys, pytest
+
 def test_nothing():
     assert not {"gpuflame.analysis.tree", "gpuflame.pytest_plugin.record", "numpy"} & set(sys.modules)
+
+@pytest.mark.limit_gpu_memory("1 MiB")
+def test_imports_torch_late():
+    import torch
+    x = torch.empty(4 << 20, dtype=torch.uint8)
 """)
-    quiet = pytester.runpytest_subprocess(str(plain))
-    quiet.assert_outcomes(passed=1)
-    assert "gpuflame:" not in quiet.stdout.str()
+    late = pytester.runpytest_subprocess(str(plain))
+    late.assert_outcomes(passed=2, warnings=1)
+    said = late.stdout.str()
+    assert "gpuflame: nothing recorded for this test: torch or jax was not imported when the test started" in said
 
 
 GROWING = """

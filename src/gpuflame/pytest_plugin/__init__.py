@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -185,7 +186,7 @@ class GpuflamePlugin:
         folder = self.dir
         if folder is None and keep and body.profile is not None:
             cache = getattr(self.config, "cache", None)
-            folder = cache.mkdir(PROFILES_CACHE_DIR) if cache else self._scratch
+            folder = cache.mkdir(PROFILES_CACHE_DIR) if cache else Path(tempfile.gettempdir()) / "gpuflame-pytest"
         if folder is None or body.profile is None:
             return ""
         folder.mkdir(parents=True, exist_ok=True)

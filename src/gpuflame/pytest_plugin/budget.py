@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from gpuflame.analysis.summary import Stack, top_stacks
 from gpuflame.analysis.tree import build_tree
 from gpuflame.model import Profile
+from gpuflame.render.terminal import short_path
 from gpuflame.units import format_bytes, parse_size
 
 STACKS_SHOWN = 3  # stacks listed in a failure
@@ -53,10 +54,11 @@ def limit_of(marker_args: tuple, name: str) -> int:
 
 
 def stack_line(stack: Stack) -> str:
+    """``4.00 MiB (100.0%)  test_x -> ... -> LlamaMLP > forward  (modeling_llama.py:164)``: the root, the leaf end."""
     names = [f.name for f in stack.frames]
     if len(names) > FRAMES_SHOWN:
-        names = ["..."] + names[-FRAMES_SHOWN:]
-    where = shown(stack.leaf.location())
+        names = names[:1] + ["..."] + names[-(FRAMES_SHOWN - 1):]
+    where = short_path(shown(stack.leaf.location()))
     return f"  {format_bytes(stack.value):>10} ({stack.percent:5.1f}%)  {' -> '.join(names)}" + (
         f"  ({where})" if where else ""
     )
