@@ -16,6 +16,7 @@ STEPS = [
     ["bench/bench_gil_contention.py"],
     ["bench/bench_pyroscope.py"],
     ["bench/bench_viewer.py"],
+    ["bench/bench_pytest_plugin.py"],
 ]
 
 
