@@ -51,6 +51,8 @@ raise ValueError("boom in the cell")""",
     "%%gpuflame --type nope\nprint('must not run')",
     # 12: the trailing semicolon still hides the value
     "%%gpuflame\nCache().grow(1024).numel();",
+    # 13: the report under the graph, the viewer page kept
+    "%%gpuflame --report -o cell.html\nkept = Cache().grow(3 << 20)",
 ]
 
 
@@ -155,3 +157,14 @@ def test_bad_flag_is_a_usage_error_and_the_cell_does_not_run(notebook) -> None:
 def test_semicolon_hides_the_value(notebook) -> None:
     cells, _ = notebook
     assert result(cells[12]) is None and len(displays(cells[12])) == 1
+
+
+def test_report_flag_and_html_output(notebook) -> None:
+    cells, folder = notebook
+    cell = cells[13]
+    [data] = displays(cell)
+    assert "saved to cell.html" in data["text/plain"]
+    text = streams(cell, "stdout")
+    assert "gpuflame report last %%gpuflame cell" in text and "Cache > grow" in text and "3.00 MiB" in text
+    page = (folder / "cell.html").read_text()
+    assert page.startswith("<!doctype html>") and 'id="gpuflame-data"' in page

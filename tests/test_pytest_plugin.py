@@ -189,3 +189,17 @@ def test_bad_options_are_one_line(pytester: pytest.Pytester, option: list[str], 
     result = pytester.runpytest(*option)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert said in result.stderr.str() and "Traceback" not in result.stderr.str()
+
+
+def test_a_bad_limit_fails_the_test_in_one_line(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_bad="""
+import pytest, torch
+
+@pytest.mark.limit_gpu_memory("lots")
+def test_bad_limit():
+    x = torch.empty(1024)
+""")
+    result = pytester.runpytest()
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["gpuflame: @pytest.mark.limit_gpu_memory: not a size: 'lots' *"])
+    assert "Traceback" not in result.stdout.str() and "INTERNALERROR" not in result.stdout.str()

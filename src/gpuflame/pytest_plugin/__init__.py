@@ -163,21 +163,22 @@ class GpuflamePlugin:
         """The failure messages of this test, by check; saves the profiles asked for or needed."""
         from gpuflame.pytest_plugin import budget
 
-        failed: dict[str, Any] = {}
+        failed: dict[str, Any] = {}  # check -> message, given where the profile was saved
+        try:
+            limits = {m: budget.limit_of(marker.args, m) for m in MARKERS if (marker := item.get_closest_marker(m))}
+        except ValueError as exc:
+            return {"marker": f"gpuflame: {exc}"}
         if body.profile is not None:
-            if (marker := item.get_closest_marker("limit_gpu_memory")) is not None:
-                limit = budget.limit_of(marker.args, marker.name)
-                if body.peak > limit:
-                    failed["memory"] = lambda saved: budget.over_limit(body.profile, body.peak, limit, saved)
-            if (marker := item.get_closest_marker("limit_gpu_leaks")) is not None:
-                leaks = budget.limit_of(marker.args, marker.name)
-                failed["leaks"] = lambda saved: budget.leaking(body.profile, leaks, saved)
+            profile, peak = body.profile, body.peak
+            if "limit_gpu_memory" in limits and peak > limits["limit_gpu_memory"]:
+                failed["memory"] = lambda saved: budget.over_limit(profile, peak, limits["limit_gpu_memory"], saved)
+            if "limit_gpu_leaks" in limits and (stacks := budget.leaks(profile, limits["limit_gpu_leaks"])):
+                failed["leaks"] = lambda saved: budget.leaking(stacks, limits["limit_gpu_leaks"], saved)
             before = self.baseline.get(item.nodeid)
-            if self.fail_on_increase and before is not None and not self.tolerance.allows(before, body.peak):
-                failed["grew"] = lambda saved: budget.grew(body.profile, before, body.peak, self.tolerance, saved)
+            if self.fail_on_increase and before is not None and not self.tolerance.allows(before, peak):
+                failed["grew"] = lambda saved: budget.grew(profile, before, peak, self.tolerance, saved)
         saved = self._save(item.nodeid, body, fixtures, keep=bool(failed))
-        messages = {name: make(saved) for name, make in failed.items()}
-        return {name: text for name, text in messages.items() if text}
+        return {name: make(saved) for name, make in failed.items()}
 
     def _save(self, nodeid: str, body: Any, fixtures: Any, keep: bool) -> str:
         """Where the body's profile was written: --gpuflame-dir, else pytest's cache for a check that fails."""

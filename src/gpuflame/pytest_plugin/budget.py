@@ -50,7 +50,10 @@ def limit_of(marker_args: tuple, name: str) -> int:
     if len(marker_args) != 1:
         raise ValueError(f"@pytest.mark.{name} takes one limit, such as \"2 GiB\"")
     value = marker_args[0]
-    return int(value) if isinstance(value, int) else parse_size(str(value))
+    try:
+        return int(value) if isinstance(value, int) else parse_size(str(value))
+    except ValueError as exc:
+        raise ValueError(f"@pytest.mark.{name}: {exc}") from None
 
 
 def stack_line(stack: Stack) -> str:
@@ -76,11 +79,12 @@ def over_limit(profile: Profile, peak: int, limit: int, saved: str) -> str:
     return "\n".join(lines + [_saved(saved)])
 
 
-def leaking(profile: Profile, limit: int, saved: str) -> str:
-    """The failure for stacks that still hold more than *limit* when the test returns; '' if none."""
-    stacks = [s for s in stacks_at(profile, "inuse_space", limit=1_000) if s.value > limit]
-    if not stacks:
-        return ""
+def leaks(profile: Profile, limit: int) -> list[Stack]:
+    """The stacks that still hold more than *limit* at the end of the test, widest first."""
+    return [s for s in stacks_at(profile, "inuse_space", limit=1_000) if s.value > limit]
+
+
+def leaking(stacks: list[Stack], limit: int, saved: str) -> str:
     held = sum(s.value for s in stacks)
     lines = [f"gpuflame: {len(stacks)} stack{'s still hold' if len(stacks) > 1 else ' still holds'} "
              f"{format_bytes(held)} allocated during the test, each over the limit of "
