@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import ast
 import os
-import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -24,13 +23,13 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from IPython.display import display
 
 import gpuflame
-from gpuflame.capture.code_frames import GPUFLAME_DIR
 from gpuflame.capture.settings import BACKENDS
-from gpuflame.model import Profile, cut_callers
+from gpuflame.hosted import already_profiling, load_hosted, package_dirs
+from gpuflame.model import Profile
 from gpuflame.notebook import last, remember
 
 # The kernel's own frames: a cell's stacks are cut at the last of them, so the cell is the root.
-HOST_DIRS = (os.path.dirname(os.path.abspath(IPython.__file__)) + os.sep, GPUFLAME_DIR)
+HOST_DIRS = package_dirs(IPython)
 TYPES = ("peak", "inuse", "alloc", "peak_space", "inuse_space", "alloc_space")
 
 
@@ -45,7 +44,7 @@ class GpuflameMagics(Magics):
 
     def __init__(self, shell: Any) -> None:
         super().__init__(shell)
-        self._folder: str | None = None
+        self._folder: tempfile.TemporaryDirectory[str] | None = None  # removed with the kernel
 
     @magic_arguments()
     @argument("--type", choices=TYPES, help="sample type shown first and named in the summary (default: peak)")
@@ -99,12 +98,12 @@ class GpuflameMagics(Magics):
         return shell.compile(tree, filename, "exec"), value
 
     def _start(self, backend: str) -> Any:
-        if getattr(gpuflame.api, "_active", None) is not None:
+        if already_profiling():
             say("this process is already being profiled (gpuflame.start); the cell runs without %%gpuflame")
             return None
         try:
-            self._folder = self._folder or tempfile.mkdtemp(prefix="gpuflame-notebook-")
-            return gpuflame.start(Path(self._folder) / "cell.pb.gz", backend=backend)
+            self._folder = self._folder or tempfile.TemporaryDirectory(prefix="gpuflame-notebook-")
+            return gpuflame.start(Path(self._folder.name) / "cell.pb.gz", backend=backend)
         except Exception as exc:
             say(f"could not start profiling ({exc}); the cell runs without it")
             return None
@@ -117,7 +116,7 @@ class GpuflameMagics(Magics):
             if path is None:
                 say(_nothing_recorded(args.backend, backends))
                 return
-            profile = self._load(path)
+            profile = load_hosted(path, HOST_DIRS)
             if not any(profile.totals().values()):
                 say(_nothing_recorded(args.backend, backends))
                 return
@@ -126,20 +125,6 @@ class GpuflameMagics(Magics):
             _display(profile, args, backends, self.shell.execution_count)
         except Exception as exc:
             say(f"could not show the profile ({type(exc).__name__}: {exc})")
-
-    def _load(self, path: Path) -> Profile:
-        """The cell's profile as shown: the kernel's frames below the cell are cut away."""
-        from gpuflame.formats import load
-
-        try:
-            profile = load(path)
-        finally:
-            path.unlink(missing_ok=True)
-        return cut_callers(profile, lambda f: f.file.startswith(HOST_DIRS)).compact()
-
-    def __del__(self) -> None:
-        if self._folder:
-            shutil.rmtree(self._folder, ignore_errors=True)
 
 
 def _nothing_recorded(backend: str, backends: list[str]) -> str:

@@ -15,9 +15,13 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+import _pytest
+import pluggy
+
 import gpuflame
 from gpuflame.analysis.summary import widest_leaf
-from gpuflame.model import Profile, cut_callers
+from gpuflame.hosted import already_profiling, load_hosted, package_dirs
+from gpuflame.model import Profile
 
 # Which framework a backend needs already imported: the API starts a backend
 # when its framework is imported, and a phase that ends before that import
@@ -25,13 +29,8 @@ from gpuflame.model import Profile, cut_callers
 FRAMEWORKS = {"auto": ("torch", "jax"), "torch": ("torch",), "torch-cuda": ("torch",), "jax": ("jax",)}
 
 
-def _package_dir(name: str) -> str:
-    module = sys.modules.get(name) or __import__(name)
-    return os.path.dirname(os.path.abspath(module.__file__ or "")) + os.sep
-
-
-# pytest's frames, and what runs pytest (xdist workers): cut below the test
-HOST_DIRS = tuple(_package_dir(name) for name in ("_pytest", "pluggy"))
+# pytest's frames (and below them what runs pytest: xdist's workers): cut below the test
+HOST_DIRS = package_dirs(_pytest, pluggy)
 
 
 def scratch_folder() -> Path:
@@ -76,6 +75,9 @@ class PhaseRecorder:
         self._session: object | None = None
 
     def start(self) -> None:
+        if already_profiling():
+            self.error = "this process is already being profiled (gpuflame.start); one profile at a time"
+            return
         if not framework_imported(self.backend):
             self.error = f"{' or '.join(FRAMEWORKS[self.backend])} was not imported when the test started"
             return
@@ -92,21 +94,10 @@ class PhaseRecorder:
             path = gpuflame.stop()
             if path is None:
                 return Phase(None, 0, 0, "", backends)
-            return measure(load_cut(path), backends)
+            return measure(load_hosted(path, HOST_DIRS), backends)
         except Exception as exc:
             self.error = f"the profile of this test is lost ({type(exc).__name__}: {exc})"
             return NOTHING
-
-
-def load_cut(path: Path) -> Profile:
-    """The phase's profile from the API's file, pytest's frames cut away; the file is removed."""
-    from gpuflame.formats import load
-
-    try:
-        profile = load(path)
-    finally:
-        path.unlink(missing_ok=True)
-    return cut_callers(profile, lambda f: f.file.startswith(HOST_DIRS)).compact()
 
 
 def measure(profile: Profile, backends: list[str]) -> Phase:

@@ -1,0 +1,38 @@
+"""Profiling code that a host runs (a notebook cell, a pytest test) through the public API.
+
+The notebook magic and the pytest plugin record with ``gpuflame.start`` and
+``gpuflame.stop`` like any program, then read the file back and cut the
+host's frames (IPython's, pytest's) from the bottom of every stack, so the
+cell or the test is the root, as its flame graph should read.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from types import ModuleType
+
+import gpuflame.api
+from gpuflame.capture.code_frames import GPUFLAME_DIR
+from gpuflame.model import Profile, cut_callers
+
+
+def already_profiling() -> bool:
+    """Whether ``gpuflame.start`` holds this process (the API has no public question for it)."""
+    return getattr(gpuflame.api, "_active", None) is not None
+
+
+def package_dirs(*modules: ModuleType) -> tuple[str, ...]:
+    """The folders of a host's packages, and gpuflame's own (its frames are the host's too)."""
+    return tuple(os.path.dirname(os.path.abspath(m.__file__ or "")) + os.sep for m in modules) + (GPUFLAME_DIR,)
+
+
+def load_hosted(path: Path, host_dirs: tuple[str, ...]) -> Profile:
+    """The API's file, read and removed, with the host's frames below the hosted code cut away."""
+    from gpuflame.formats import load
+
+    try:
+        profile = load(path)
+    finally:
+        path.unlink(missing_ok=True)
+    return cut_callers(profile, lambda f: f.file.startswith(host_dirs)).compact()
