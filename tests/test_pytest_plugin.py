@@ -203,3 +203,19 @@ def test_bad_limit():
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["gpuflame: @pytest.mark.limit_gpu_memory: not a size: 'lots' *"])
     assert "Traceback" not in result.stdout.str() and "INTERNALERROR" not in result.stdout.str()
+
+
+def test_no_backend_start_is_left_waiting_for_an_import(pytester: pytest.Pytester) -> None:
+    """With ``auto``, a test only starts the backends of frameworks already imported: a later
+    ``import jax`` must not start recorders into the stopped sessions of earlier tests."""
+    pytester.makepyfile(test_pending="""
+import torch
+from gpuflame.capture import post_import
+
+def test_allocates():
+    x = torch.empty(1 << 20, dtype=torch.uint8)
+
+def test_nothing_waits_for_an_import():
+    assert not post_import._callbacks
+""")
+    pytester.runpytest("--gpuflame", "-p", "no:cacheprovider").assert_outcomes(passed=2)

@@ -9,10 +9,12 @@ cell or the test is the root, as its flame graph should read.
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from types import ModuleType
 
 import gpuflame.api
+from gpuflame.capture.backends import cuda_available
 from gpuflame.capture.code_frames import GPUFLAME_DIR
 from gpuflame.model import Profile, cut_callers
 
@@ -20,6 +22,27 @@ from gpuflame.model import Profile, cut_callers
 def already_profiling() -> bool:
     """Whether ``gpuflame.start`` holds this process (the API has no public question for it)."""
     return getattr(gpuflame.api, "_active", None) is not None
+
+
+def backend_for_now(backend: str) -> str | None:
+    """*backend* narrowed to the frameworks imported already; None when none of its are.
+
+    The API starts a backend when its framework is imported, and ``stop()``
+    does not cancel a start still waiting for that import: a later import
+    would start a recorder into a stopped session, holding the CPU allocator
+    hook. A host that records many short windows (a test each) therefore
+    starts only what can start now; ``auto`` picks as ``gpuflame run`` does.
+    """
+    torch = sys.modules.get("torch")
+    jax = "jax" in sys.modules
+    if backend == "auto":
+        if torch is not None and jax:
+            return "auto"
+        if torch is not None:
+            return "torch-cuda" if cuda_available(torch) else "torch"
+        return "jax" if jax else None
+    needs = "jax" if backend == "jax" else "torch"
+    return backend if needs in sys.modules else None
 
 
 def package_dirs(*modules: ModuleType) -> tuple[str, ...]:

@@ -10,7 +10,6 @@ stack, as the flame graph of a test should read.
 from __future__ import annotations
 
 import os
-import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,14 +19,8 @@ import pluggy
 
 import gpuflame
 from gpuflame.analysis.summary import widest_leaf
-from gpuflame.hosted import already_profiling, load_hosted, package_dirs
+from gpuflame.hosted import already_profiling, backend_for_now, load_hosted, package_dirs
 from gpuflame.model import Profile
-
-# Which framework a backend needs already imported: the API starts a backend
-# when its framework is imported, and a phase that ends before that import
-# would leave the start pending into a stopped session.
-FRAMEWORKS = {"auto": ("torch", "jax"), "torch": ("torch",), "torch-cuda": ("torch",), "jax": ("jax",)}
-
 
 # pytest's frames (and below them what runs pytest: xdist's workers): cut below the test
 HOST_DIRS = package_dirs(_pytest, pluggy)
@@ -61,10 +54,6 @@ class Phase:
 NOTHING = Phase(None, 0, 0, "", [])
 
 
-def framework_imported(backend: str) -> bool:
-    return any(name in sys.modules for name in FRAMEWORKS[backend])
-
-
 class PhaseRecorder:
     """``start()`` before the phase, ``stop()`` after it; never raises into the test."""
 
@@ -78,11 +67,13 @@ class PhaseRecorder:
         if already_profiling():
             self.error = "this process is already being profiled (gpuflame.start); one profile at a time"
             return
-        if not framework_imported(self.backend):
-            self.error = f"{' or '.join(FRAMEWORKS[self.backend])} was not imported when the test started"
+        backend = backend_for_now(self.backend)
+        if backend is None:
+            wanted = {"auto": "torch or jax", "jax": "jax"}.get(self.backend, "torch")
+            self.error = f"{wanted} was not imported when the test started"
             return
         try:
-            self._session = gpuflame.start(self.scratch / "phase.pb.gz", backend=self.backend)
+            self._session = gpuflame.start(self.scratch / "phase.pb.gz", backend=backend)
         except Exception as exc:  # already profiling (the test's own gpuflame.start), bad backend
             self.error = f"could not start profiling ({exc})"
 
