@@ -122,7 +122,7 @@ class GpuflameMagics(Magics):
                 return
             self.shell.user_ns["_gpuflame"] = profile
             remember(profile)
-            _display(profile, args, backends, self.shell.execution_count)
+            _display(profile, args, backends)
         except Exception as exc:
             say(f"could not show the profile ({type(exc).__name__}: {exc})")
 
@@ -134,7 +134,7 @@ def _nothing_recorded(backend: str, backends: list[str]) -> str:
     return f"nothing was recorded: the {', '.join(backends)} backend saw no allocation in this cell"
 
 
-def _display(profile: Profile, args: Any, backends: list[str], count: int | None) -> None:
+def _display(profile: Profile, args: Any, backends: list[str]) -> None:
     from gpuflame.analysis.summary import summarize
     from gpuflame.cli.common import pick_type
     from gpuflame.notebook.inline import inline_html, summary_line
