@@ -1,9 +1,9 @@
 """Profiling code that a host runs (a notebook cell, a pytest test) through the public API.
 
 The notebook magic and the pytest plugin record with ``gpuflame.start`` and
-``gpuflame.stop`` like any program, then read the file back and cut the
-host's frames (IPython's, pytest's) from the bottom of every stack, so the
-cell or the test is the root, as its flame graph should read.
+``gpuflame.stop`` like any program, take the profile the session writes,
+and cut the host's frames (IPython's, pytest's) from the bottom of every
+stack, so the cell or the test is the root, as its flame graph should read.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import os
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import gpuflame.api
 from gpuflame.capture.backends import cuda_available
@@ -50,12 +51,29 @@ def package_dirs(*modules: ModuleType) -> tuple[str, ...]:
     return tuple(os.path.dirname(os.path.abspath(m.__file__ or "")) + os.sep for m in modules) + (GPUFLAME_DIR,)
 
 
-def load_hosted(path: Path, host_dirs: tuple[str, ...]) -> Profile:
-    """The API's file, read and removed, with the host's frames below the hosted code cut away."""
-    from gpuflame.formats import load
+def start(path: Path, backend: str) -> tuple[Any, list[Profile]]:
+    """``gpuflame.start``, and the list that will receive what the session writes at stop.
 
+    The session hands each profile it writes to its ``on_snapshot`` consumers
+    (as it does for the Pyroscope pusher): taking it there spares decoding
+    the file just written, which costs more than a small test.
+    """
+    session = gpuflame.api.start(path, backend=backend)
+    written: list[Profile] = []
+    session.on_snapshot.append(written.append)
+    return session, written
+
+
+def stop(written: list[Profile], host_dirs: tuple[str, ...]) -> Profile | None:
+    """``gpuflame.stop``; the profile written (the file is removed), the host's frames cut away."""
+    path = gpuflame.api.stop()
+    if path is None:
+        return None
     try:
-        profile = load(path)
+        if not written:  # a session that hands nothing over: read the file
+            from gpuflame.formats import load
+
+            written.append(load(path))
     finally:
         path.unlink(missing_ok=True)
-    return cut_callers(profile, lambda f: f.file.startswith(host_dirs)).compact()
+    return cut_callers(written[-1], lambda f: f.file.startswith(host_dirs)).compact()

@@ -22,9 +22,9 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 from IPython.display import display
 
-import gpuflame
+from gpuflame import hosted
 from gpuflame.capture.settings import BACKENDS
-from gpuflame.hosted import already_profiling, load_hosted, package_dirs
+from gpuflame.hosted import already_profiling, package_dirs
 from gpuflame.model import Profile
 from gpuflame.notebook import last, remember
 
@@ -61,14 +61,14 @@ class GpuflameMagics(Magics):
         __tracebackhide__ = True  # noqa: F841 - IPython leaves this frame out of the cell's traceback
         args = parse_argstring(self.gpuflame, line)
         code, value_code = self._compile(cell)
-        session = self._start(args.backend)
+        session, written = self._start(args.backend)
         try:
             namespace = self.shell.user_ns
             exec(code, namespace)  # noqa: S102 - the user's own cell, as IPython runs it
             value = eval(value_code, namespace) if value_code is not None else None  # noqa: S307
         finally:
             if session is not None:
-                self._show(session, args)
+                self._show(session, written, args)
         return None if cell.rstrip().endswith(";") else value
 
     @magic_arguments()
@@ -97,27 +97,23 @@ class GpuflameMagics(Magics):
             value = shell.compile(ast.Expression(tree.body.pop().value), filename, "eval")
         return shell.compile(tree, filename, "exec"), value
 
-    def _start(self, backend: str) -> Any:
+    def _start(self, backend: str) -> tuple[Any, list[Profile]]:
         if already_profiling():
             say("this process is already being profiled (gpuflame.start); the cell runs without %%gpuflame")
-            return None
+            return None, []
         try:
             self._folder = self._folder or tempfile.TemporaryDirectory(prefix="gpuflame-notebook-")
-            return gpuflame.start(Path(self._folder.name) / "cell.pb.gz", backend=backend)
+            return hosted.start(Path(self._folder.name) / "cell.pb.gz", backend)
         except Exception as exc:
             say(f"could not start profiling ({exc}); the cell runs without it")
-            return None
+            return None, []
 
-    def _show(self, session: Any, args: Any) -> None:
+    def _show(self, session: Any, written: list[Profile], args: Any) -> None:
         """Stop, then show the flame graph and the summary; a failure here is one line."""
         try:
-            path = gpuflame.stop()
+            profile = hosted.stop(written, HOST_DIRS)
             backends = [r.name for r in session.recorders]
-            if path is None:
-                say(_nothing_recorded(args.backend, backends))
-                return
-            profile = load_hosted(path, HOST_DIRS)
-            if not any(profile.totals().values()):
+            if profile is None or not any(profile.totals().values()):
                 say(_nothing_recorded(args.backend, backends))
                 return
             self.shell.user_ns["_gpuflame"] = profile

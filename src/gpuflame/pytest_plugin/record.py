@@ -17,9 +17,9 @@ from pathlib import Path
 import _pytest
 import pluggy
 
-import gpuflame
+from gpuflame import hosted
 from gpuflame.analysis.summary import widest_leaf
-from gpuflame.hosted import already_profiling, backend_for_now, load_hosted, package_dirs
+from gpuflame.hosted import already_profiling, backend_for_now, package_dirs
 from gpuflame.model import Profile
 
 # pytest's frames (and below them what runs pytest: xdist's workers): cut below the test
@@ -62,6 +62,7 @@ class PhaseRecorder:
         self.backend = backend
         self.error = ""  # why nothing was recorded, when something went wrong
         self._session: object | None = None
+        self._written: list[Profile] = []
 
     def start(self) -> None:
         if already_profiling():
@@ -73,7 +74,7 @@ class PhaseRecorder:
             self.error = f"{wanted} was not imported when the test started"
             return
         try:
-            self._session = gpuflame.start(self.scratch / "phase.pb.gz", backend=backend)
+            self._session, self._written = hosted.start(self.scratch / "phase.pb.gz", backend)
         except Exception as exc:  # already profiling (the test's own gpuflame.start), bad backend
             self.error = f"could not start profiling ({exc})"
 
@@ -82,10 +83,8 @@ class PhaseRecorder:
             return NOTHING
         backends = [r.name for r in getattr(self._session, "recorders", [])]
         try:
-            path = gpuflame.stop()
-            if path is None:
-                return Phase(None, 0, 0, "", backends)
-            return measure(load_hosted(path, HOST_DIRS), backends)
+            profile = hosted.stop(self._written, HOST_DIRS)
+            return measure(profile, backends) if profile is not None else Phase(None, 0, 0, "", backends)
         except Exception as exc:
             self.error = f"the profile of this test is lost ({type(exc).__name__}: {exc})"
             return NOTHING
