@@ -17,6 +17,7 @@ STEPS = [
     ["bench/bench_pyroscope.py"],
     ["bench/bench_viewer.py"],
     ["bench/bench_agent.py"],  # root and BPF only; says why it skips otherwise
+    ["bench/bench_pytest_plugin.py"],
 ]
 
 

@@ -2,11 +2,23 @@
 
     with gpuflame.profile("out.pb.gz"):
         ...                       # then: gpuflame report out.pb.gz
+
+In a notebook: ``%load_ext gpuflame``, then ``%%gpuflame`` on a cell.
 """
+
+from typing import Any
 
 from gpuflame.api import profile, start, stop
 from gpuflame.model import Frame, Profile, Sample, SampleType
+from gpuflame.notebook import last
 
 __version__ = "0.1.0"
 
-__all__ = ["Frame", "Profile", "Sample", "SampleType", "__version__", "profile", "start", "stop"]
+__all__ = ["Frame", "Profile", "Sample", "SampleType", "__version__", "last", "profile", "start", "stop"]
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """``%load_ext gpuflame`` (IPython looks for this function in the module it loads)."""
+    from gpuflame.notebook import load_ipython_extension as load
+
+    load(ipython)

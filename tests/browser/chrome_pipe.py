@@ -142,22 +142,23 @@ class Chrome:
 
     # -- page helpers ------------------------------------------------------
 
-    def evaluate(self, expression: str, timeout: float = 30.0) -> Any:
-        """The value of a JavaScript expression in the page (promises awaited)."""
+    def evaluate(self, expression: str, timeout: float = 30.0, session: str = "page") -> Any:
+        """The value of a JavaScript expression in the page, or in an attached frame's *session* (promises awaited)."""
         result = self.send(
             "Runtime.evaluate",
             {"expression": expression, "returnByValue": True, "awaitPromise": True},
+            session=session,
             timeout=timeout,
         )
         if "exceptionDetails" in result:
             raise CdpError(f"page threw: {result['exceptionDetails']}")
         return result["result"].get("value")
 
-    def wait_for(self, expression: str, timeout: float = 20.0) -> Any:
+    def wait_for(self, expression: str, timeout: float = 20.0, session: str = "page") -> Any:
         """Poll until *expression* is truthy; return its value."""
         deadline = time.monotonic() + timeout
         while True:
-            value = self.evaluate(expression)
+            value = self.evaluate(expression, session=session)
             if value:
                 return value
             if time.monotonic() > deadline:

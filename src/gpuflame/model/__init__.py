@@ -1,7 +1,7 @@
 """The profile model and its verbs (merge, filter, diff, prune)."""
 
 from gpuflame.model.diff import diff, negate, select_types
-from gpuflame.model.filter import drop_small, focus, hide, ignore, select_labels
+from gpuflame.model.filter import cut_callers, drop_small, focus, hide, ignore, select_labels
 from gpuflame.model.merge import merge
 from gpuflame.model.profile import (
     FRAME_KINDS,
@@ -29,6 +29,7 @@ __all__ = [
     "Profile",
     "Sample",
     "SampleType",
+    "cut_callers",
     "diff",
     "drop_small",
     "focus",

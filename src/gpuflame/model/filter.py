@@ -123,3 +123,22 @@ def _cut_depths(samples: list[Sample], min_value: int, type_index: int) -> list[
         alive = still
         depth += 1
     return cuts
+
+
+def cut_callers(profile: Profile, is_caller: Callable[[Frame], bool]) -> Profile:
+    """Cut each stack at the leaf-most frame *is_caller* accepts, that frame included.
+
+    For code run by a host (pytest, an IPython kernel): the host's frames
+    below the code it ran say nothing about the memory, so what the host
+    called becomes the root. Stacks without such a frame stay whole.
+    """
+    cut = [is_caller(f) for f in profile.frames]
+    out: list[Sample] = []
+    for s in profile.samples:
+        stack = s.stack
+        for pos, fid in enumerate(stack):
+            if cut[fid]:
+                stack = stack[:pos]
+                break
+        out.append(Sample(stack, s.values, s.labels) if stack is not s.stack else s)
+    return profile.derive(out)

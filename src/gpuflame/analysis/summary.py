@@ -1,0 +1,98 @@
+"""The short answer, for one line of text or a test failure: totals, top function, top stacks.
+
+The notebook magic prints it under the inline flame graph, the pytest
+plugin in its table and in an over-budget test's failure. Both read it from
+the same flame tree the report and the viewer draw, so the names are the
+flame graph's (``LlamaMLP > forward``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from gpuflame.analysis.tree import NO_STACK, FlameTree, Node, frame_sort_key, function_frames
+from gpuflame.model.profile import Frame, Profile
+from gpuflame.units import percent
+
+
+@dataclass(frozen=True)
+class Stack:
+    """One allocating stack, root first, and the bytes its leaf holds itself."""
+
+    frames: list[Frame]
+    value: int
+    percent: float
+
+    @property
+    def leaf(self) -> Frame:
+        return self.frames[-1]
+
+
+@dataclass(frozen=True)
+class Leaf:
+    """A function and its self: what it allocated itself, summed over every stack it ends."""
+
+    frame: Frame
+    self: int
+
+
+@dataclass(frozen=True)
+class Summary:
+    """Totals by sample type and the widest leaf of the shown type (``top``)."""
+
+    type: str
+    unit: str
+    totals: dict[str, int]
+    top: Leaf | None
+
+    def total(self, type_name: str) -> int | None:
+        return self.totals.get(type_name)
+
+
+def summarize(profile: Profile, type_name: str | None = None) -> Summary:
+    """Totals and the function with the largest self for *type_name* (default: the profile's)."""
+    index = profile.pick_type(type_name)
+    st = profile.sample_types[index]
+    return Summary(st.type, st.unit, profile.totals(), widest_leaf(profile, index))
+
+
+def widest_leaf(profile: Profile, type_index: int) -> Leaf | None:
+    """The function with the largest self, as the report's widest leaf bar (ties: by name).
+
+    Self is the value of the stacks a function ends, so this is one pass over
+    the samples: the pytest plugin asks it of every test, where building the
+    flame tree would cost more than the test.
+    """
+    shown = function_frames(profile.frames)
+    selfs: dict[Frame, int] = {}
+    for sample in profile.samples:
+        value = sample.values[type_index]
+        if value:
+            leaf = shown[sample.stack[0]] if sample.stack else NO_STACK
+            selfs[leaf] = selfs.get(leaf, 0) + value
+    positive = [(frame, value) for frame, value in selfs.items() if value > 0]
+    if not positive:
+        return None
+    frame, value = min(positive, key=lambda item: (-item[1], frame_sort_key(item[0])))
+    return Leaf(frame, value)
+
+
+def top_stacks(tree: FlameTree, limit: int = 3) -> list[Stack]:
+    """The *limit* tree nodes with the largest self, each with its callers (read bottom-up).
+
+    A node is one distinct stack in the flame graph, so these are the
+    leaf bars a reader would point at, widest first.
+    """
+    found: list[tuple[int, int, int]] = []  # (-self, depth, index)
+    for depth in range(tree.depth):
+        selfs = tree.level_self(depth)
+        best = np.argsort(-selfs, kind="stable")[:limit]
+        found.extend((-int(selfs[i]), depth, int(i)) for i in best if selfs[i] > 0)
+    found.sort()
+    out = []
+    for neg, depth, index in found[:limit]:
+        frames = [tree.frame(n) for n in tree.path(Node(depth, index))]
+        out.append(Stack(frames, -neg, percent(-neg, tree.total)))
+    return out

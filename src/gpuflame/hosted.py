@@ -1,0 +1,79 @@
+"""Profiling code that a host runs (a notebook cell, a pytest test) through the public API.
+
+The notebook magic and the pytest plugin record with ``gpuflame.start`` and
+``gpuflame.stop`` like any program, take the profile the session writes,
+and cut the host's frames (IPython's, pytest's) from the bottom of every
+stack, so the cell or the test is the root, as its flame graph should read.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import gpuflame.api
+from gpuflame.capture.backends import cuda_available
+from gpuflame.capture.code_frames import GPUFLAME_DIR
+from gpuflame.model import Profile, cut_callers
+
+
+def already_profiling() -> bool:
+    """Whether ``gpuflame.start`` holds this process (the API has no public question for it)."""
+    return getattr(gpuflame.api, "_active", None) is not None
+
+
+def backend_for_now(backend: str) -> str | None:
+    """*backend* narrowed to the frameworks imported already; None when none of its are.
+
+    The API starts a backend when its framework is imported, and ``stop()``
+    does not cancel a start still waiting for that import: a later import
+    would start a recorder into a stopped session, holding the CPU allocator
+    hook. A host that records many short windows (a test each) therefore
+    starts only what can start now; ``auto`` picks as ``gpuflame run`` does.
+    """
+    torch = sys.modules.get("torch")
+    jax = "jax" in sys.modules
+    if backend == "auto":
+        if torch is not None and jax:
+            return "auto"
+        if torch is not None:
+            return "torch-cuda" if cuda_available(torch) else "torch"
+        return "jax" if jax else None
+    needs = "jax" if backend == "jax" else "torch"
+    return backend if needs in sys.modules else None
+
+
+def package_dirs(*modules: ModuleType) -> tuple[str, ...]:
+    """The folders of a host's packages, and gpuflame's own (its frames are the host's too)."""
+    return tuple(os.path.dirname(os.path.abspath(m.__file__ or "")) + os.sep for m in modules) + (GPUFLAME_DIR,)
+
+
+def start(path: Path, backend: str) -> tuple[Any, list[Profile]]:
+    """``gpuflame.start``, and the list that will receive what the session writes at stop.
+
+    The session hands each profile it writes to its ``on_snapshot`` consumers
+    (as it does for the Pyroscope pusher): taking it there spares decoding
+    the file just written, which costs more than a small test.
+    """
+    session = gpuflame.api.start(path, backend=backend)
+    written: list[Profile] = []
+    session.on_snapshot.append(written.append)
+    return session, written
+
+
+def stop(written: list[Profile], host_dirs: tuple[str, ...]) -> Profile | None:
+    """``gpuflame.stop``; the profile written (the file is removed), the host's frames cut away."""
+    path = gpuflame.api.stop()
+    if path is None:
+        return None
+    try:
+        if not written:  # a session that hands nothing over: read the file
+            from gpuflame.formats import load
+
+            written.append(load(path))
+    finally:
+        path.unlink(missing_ok=True)
+    return cut_callers(written[-1], lambda f: f.file.startswith(host_dirs)).compact()

@@ -1,0 +1,171 @@
+"""``%%gpuflame``: run a cell under the profiler and show its flame graph inline.
+
+The cell runs in the kernel itself (its variables, its imported torch), through
+the public API (``gpuflame.start``/``stop``), so a cell's profile is what
+``gpuflame run`` would record. The cell behaves as it does without the magic:
+its output, its exception (raised again after the flame graph is shown, so the
+notebook still stops there) and its last expression's value (``Out[n]``). A
+failure inside gpuflame is one line on stderr; the cell still runs.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import IPython
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.display import display
+
+from gpuflame import hosted
+from gpuflame.capture.settings import BACKENDS
+from gpuflame.hosted import already_profiling, package_dirs
+from gpuflame.model import Profile
+from gpuflame.notebook import last, remember
+
+# The kernel's own frames: a cell's stacks are cut at the last of them, so the cell is the root.
+HOST_DIRS = package_dirs(IPython)
+TYPES = ("peak", "inuse", "alloc", "peak_space", "inuse_space", "alloc_space")
+
+
+def say(message: str) -> None:
+    """One line on stderr, for what gpuflame could not do; never an exception."""
+    print(f"gpuflame: {message}", file=sys.stderr, flush=True)
+
+
+@magics_class
+class GpuflameMagics(Magics):
+    """The cell magic and the report of its last profile."""
+
+    def __init__(self, shell: Any) -> None:
+        super().__init__(shell)
+        self._folder: tempfile.TemporaryDirectory[str] | None = None  # removed with the kernel
+
+    @magic_arguments()
+    @argument("--type", choices=TYPES, help="sample type shown first and named in the summary (default: peak)")
+    @argument("--backend", choices=BACKENDS, default="auto", help="what records (default: auto, as gpuflame run)")
+    @argument("-o", "--output", metavar="FILE", help="also save the profile: .html for the viewer page, else pprof")
+    @argument("--report", action="store_true", help="also print the report (as gpuflame report)")
+    @cell_magic
+    def gpuflame(self, line: str, cell: str) -> Any:
+        """Run the cell under gpuflame; show the flame graph inline and a one-line summary.
+
+        The profile is then ``_gpuflame`` (and ``gpuflame.last()``); ``%gpuflame_report``
+        prints its report.
+        """
+        __tracebackhide__ = True  # noqa: F841 - IPython leaves this frame out of the cell's traceback
+        args = parse_argstring(self.gpuflame, line)
+        code, value_code = self._compile(cell)
+        session, written = self._start(args.backend)
+        try:
+            namespace = self.shell.user_ns
+            exec(code, namespace)  # noqa: S102 - the user's own cell, as IPython runs it
+            value = eval(value_code, namespace) if value_code is not None else None  # noqa: S307
+        finally:
+            if session is not None:
+                self._show(session, written, args)
+        return None if cell.rstrip().endswith(";") else value
+
+    @magic_arguments()
+    @argument("--type", choices=TYPES, help="sample type (default: peak)")
+    @argument("-n", "--limit", type=int, default=10, help="entries per section (default 10)")
+    @line_magic
+    def gpuflame_report(self, line: str) -> None:
+        """The report (as ``gpuflame report``) of the last ``%%gpuflame`` cell."""
+        args = parse_argstring(self.gpuflame_report, line)
+        profile = last()
+        if profile is None:
+            say("no profile yet: run a cell with %%gpuflame first")
+            return
+        _print_report(profile, args.type, max(1, args.limit))
+
+    # -- running ----------------------------------------------------------------
+
+    def _compile(self, cell: str) -> tuple[Any, Any]:
+        """The cell as IPython compiles it, its last expression split off to be returned (as %%time does)."""
+        shell = self.shell
+        source = shell.transform_cell(cell)
+        tree = shell.transform_ast(shell.compile.ast_parse(source))
+        filename = shell.compile.cache(source, shell.execution_count, raw_code=cell)
+        value = None
+        if tree.body and isinstance(tree.body[-1], ast.Expr):
+            value = shell.compile(ast.Expression(tree.body.pop().value), filename, "eval")
+        return shell.compile(tree, filename, "exec"), value
+
+    def _start(self, backend: str) -> tuple[Any, list[Profile]]:
+        if already_profiling():
+            say("this process is already being profiled (gpuflame.start); the cell runs without %%gpuflame")
+            return None, []
+        try:
+            self._folder = self._folder or tempfile.TemporaryDirectory(prefix="gpuflame-notebook-")
+            return hosted.start(Path(self._folder.name) / "cell.pb.gz", backend)
+        except Exception as exc:
+            say(f"could not start profiling ({exc}); the cell runs without it")
+            return None, []
+
+    def _show(self, session: Any, written: list[Profile], args: Any) -> None:
+        """Stop, then show the flame graph and the summary; a failure here is one line."""
+        try:
+            profile = hosted.stop(written, HOST_DIRS)
+            backends = [r.name for r in session.recorders]
+            if profile is None or not any(profile.totals().values()):
+                say(_nothing_recorded(args.backend, backends))
+                return
+            self.shell.user_ns["_gpuflame"] = profile
+            remember(profile)
+            _display(profile, args, backends)
+        except Exception as exc:
+            say(f"could not show the profile ({type(exc).__name__}: {exc})")
+
+
+def _nothing_recorded(backend: str, backends: list[str]) -> str:
+    if not backends:
+        return (f"nothing was recorded: no backend started (--backend {backend} starts when the cell, "
+                "or the kernel before it, imports torch or jax)")
+    return f"nothing was recorded: the {', '.join(backends)} backend saw no allocation in this cell"
+
+
+def _display(profile: Profile, args: Any, backends: list[str]) -> None:
+    from gpuflame.analysis.summary import summarize
+    from gpuflame.cli.common import pick_type
+    from gpuflame.notebook.inline import inline_html, summary_line
+
+    index = pick_type(profile, args.type)
+    line = summary_line(summarize(profile, profile.sample_types[index].type), backends)
+    if args.output:
+        _save(profile, args.output, index, line)
+        line += f" (saved to {args.output})"
+    title = os.path.basename(args.output) if args.output else "%%gpuflame cell"
+    display({"text/plain": line, "text/html": inline_html(profile, title, index, line)}, raw=True)
+    if args.report:
+        _print_report(profile, args.type, 10)
+
+
+def _save(profile: Profile, output: str, index: int, line: str) -> None:
+    from gpuflame.files import atomic_write
+    from gpuflame.formats import save
+    from gpuflame.render.html import render_html
+
+    if output.lower().endswith((".html", ".htm")):
+        atomic_write(output, render_html(profile, os.path.basename(output), index))
+    else:
+        save(profile, output)
+
+
+def _print_report(profile: Profile, type_name: str | None, limit: int) -> None:
+    """The report as plain text on stdout: the kernel shows it as the cell's output stream."""
+    from rich.console import Console
+
+    from gpuflame.analysis.hotspots import build_report
+    from gpuflame.analysis.tree import build_tree
+    from gpuflame.cli.common import pick_type
+    from gpuflame.render.terminal import PIPE_WIDTH, render_report
+
+    tree = build_tree(profile, pick_type(profile, type_name))
+    console = Console(file=sys.stdout, highlight=False, force_jupyter=False, color_system=None, width=PIPE_WIDTH)
+    render_report(console, build_report(profile, tree, limit), "last %%gpuflame cell")

@@ -1,0 +1,229 @@
+"""The pytest plugin: GPU memory per test, budgets that fail a test, and a report.
+
+Registered through the ``pytest11`` entry point and off unless asked:
+``--gpuflame`` (or ``--gpuflame-dir``, ``--gpuflame-fail-on-increase``)
+profiles every test; the markers ``limit_gpu_memory`` and ``limit_gpu_leaks``
+profile the tests that carry them. The test body and its fixtures' set-up are
+recorded separately (``gpuflame.start``/``stop`` around each), so a budget is
+the body's and a model loaded by a fixture does not count against it.
+
+Results travel on the test reports (``report.gpuflame``), which pytest-xdist
+sends from its workers to the controller: the summary table and the stored
+peaks are the whole run's, however it was split.
+
+Only pytest is imported here until a test is to be profiled.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+MARKERS = {
+    "limit_gpu_memory": "limit_gpu_memory(limit): fail when the test body's peak GPU memory is over limit "
+    "(\"2 GiB\", \"512MiB\", or bytes); gpuflame names the top stacks at the peak",
+    "limit_gpu_leaks": "limit_gpu_leaks(limit): fail when a stack still holds more than limit, allocated "
+    "during the test body, when the test returns; gpuflame lists those stacks",
+}
+CACHE_KEY = "gpuflame/peaks"  # test id -> peak of the test body in the last run (pytest's cache)
+PROFILES_CACHE_DIR = "gpuflame"  # failing tests' profiles, in pytest's cache, without --gpuflame-dir
+DEFAULT_TOLERANCE = "5%"
+BODY = pytest.StashKey[Any]()
+FIXTURES = pytest.StashKey[Any]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("gpuflame", "GPU memory per test (gpuflame)")
+    group.addoption("--gpuflame", action="store_true",
+                    help="profile every test's GPU memory (body and fixtures separately); "
+                         "print the tests with the highest peak at the end")
+    group.addoption("--gpuflame-dir", metavar="DIR",
+                    help="keep each test's profile in DIR (TEST.pb.gz, TEST.fixtures.pb.gz); implies --gpuflame")
+    group.addoption("--gpuflame-fail-on-increase", action="store_true",
+                    help="fail a test whose peak grew since the last --gpuflame run by more than the "
+                         "tolerance (peaks are kept in pytest's cache); implies --gpuflame")
+    group.addoption("--gpuflame-tolerance", default=DEFAULT_TOLERANCE, metavar="T",
+                    help="growth allowed by --gpuflame-fail-on-increase: a share (5%%) or bytes (1MiB); "
+                         "default 5%%")
+    group.addoption("--gpuflame-backend", default="auto", metavar="NAME",
+                    help="auto (default), torch-cuda, torch or jax, as gpuflame run --backend")
+    group.addoption("--gpuflame-top", type=int, default=10, metavar="N",
+                    help="tests listed in the summary table (default 10)")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for text in MARKERS.values():
+        config.addinivalue_line("markers", text)
+    config.pluginmanager.register(GpuflamePlugin(config), "gpuflame-plugin")
+
+
+def _tolerance(text: str) -> Any:
+    from gpuflame.pytest_plugin.budget import Tolerance  # only now: a run that never profiles imports nothing
+
+    try:
+        return Tolerance.parse(text)
+    except ValueError as exc:
+        raise pytest.UsageError(f"--gpuflame-tolerance: {exc} (examples: 5%, 0%, 1MiB)") from None
+
+
+def _check_backend(name: str) -> None:
+    from gpuflame.capture.settings import BACKENDS
+
+    if name not in BACKENDS:
+        raise pytest.UsageError(f"--gpuflame-backend must be one of {', '.join(BACKENDS)}, not {name!r}")
+
+
+def _fixtures(item: pytest.Item) -> set[str]:
+    """The fixtures whose set-up runs for *item*: not ``request``, not the values of ``parametrize``."""
+    callspec = getattr(item, "callspec", None)
+    params = set(callspec.params) if callspec is not None else set()
+    return set(getattr(item, "fixturenames", ())) - {"request"} - params
+
+
+class GpuflamePlugin:
+    """The run's options, the stored peaks, and every profiled test's numbers."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        option = config.option
+        self.config = config
+        self.dir = Path(option.gpuflame_dir) if option.gpuflame_dir else None
+        self.fail_on_increase = option.gpuflame_fail_on_increase
+        self.everything = bool(option.gpuflame or self.dir or self.fail_on_increase)
+        self.top = max(1, option.gpuflame_top)
+        self.backend = option.gpuflame_backend
+        given = option.gpuflame_tolerance != DEFAULT_TOLERANCE
+        self.tolerance = _tolerance(option.gpuflame_tolerance) if given or self.fail_on_increase else None
+        if self.backend != "auto":
+            _check_backend(self.backend)
+        self.worker = hasattr(config, "workerinput")  # a pytest-xdist worker: the controller reports
+        cache = getattr(config, "cache", None)
+        self.baseline: dict[str, int] = dict(cache.get(CACHE_KEY, {})) if cache and self.everything else {}
+        self.results: dict[str, dict[str, Any]] = {}
+        self._scratch: Path | None = None
+
+    # -- recording ----------------------------------------------------------------
+
+    def wanted(self, item: pytest.Item) -> bool:
+        return self.everything or any(item.get_closest_marker(name) for name in MARKERS)
+
+    def _recorder(self) -> Any:
+        from gpuflame.pytest_plugin.record import PhaseRecorder, scratch_folder
+
+        if self._scratch is None:
+            self._scratch = scratch_folder()
+        return PhaseRecorder(self._scratch, self.backend)
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_setup(self, item: pytest.Item) -> Any:
+        if not (self.wanted(item) and _fixtures(item)):
+            yield
+            return
+        recorder = self._recorder()
+        recorder.start()
+        try:
+            yield
+        finally:
+            item.stash[FIXTURES] = (recorder.stop(), recorder.error)
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_call(self, item: pytest.Item) -> Any:
+        if not self.wanted(item):
+            yield
+            return
+        recorder = self._recorder()
+        recorder.start()
+        try:
+            yield
+        finally:
+            item.stash[BODY] = (recorder.stop(), recorder.error)
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+        outcome = yield
+        if call.when != "call" or BODY not in item.stash:
+            return
+        report = outcome.get_result()
+        body, error = item.stash[BODY]
+        fixtures, _ = item.stash.get(FIXTURES, (None, ""))
+        if error:
+            item.warn(pytest.PytestWarning(f"gpuflame: nothing recorded for this test: {error}"))
+        failures = self._check(item, body, fixtures)
+        report.gpuflame = {"body": body.to_dict(), "fixtures": fixtures.to_dict() if fixtures else None,
+                           "error": error, "grew": bool(failures.get("grew"))}
+        if failures and report.passed:
+            report.outcome = "failed"
+            report.longrepr = "\n\n".join(failures.values())
+
+    def _check(self, item: pytest.Item, body: Any, fixtures: Any) -> dict[str, str]:
+        """The failure messages of this test, by check; saves the profiles asked for or needed."""
+        from gpuflame.pytest_plugin import budget
+
+        failed: dict[str, Any] = {}  # check -> message, given where the profile was saved
+        try:
+            limits = {m: budget.limit_of(marker.args, m) for m in MARKERS if (marker := item.get_closest_marker(m))}
+        except ValueError as exc:
+            return {"marker": f"gpuflame: {exc}"}
+        if body.profile is not None:
+            profile, peak = body.profile, body.peak
+            if "limit_gpu_memory" in limits and peak > limits["limit_gpu_memory"]:
+                failed["memory"] = lambda saved: budget.over_limit(profile, peak, limits["limit_gpu_memory"], saved)
+            if "limit_gpu_leaks" in limits and (stacks := budget.leaks(profile, limits["limit_gpu_leaks"])):
+                failed["leaks"] = lambda saved: budget.leaking(stacks, limits["limit_gpu_leaks"], saved)
+            before = self.baseline.get(item.nodeid)
+            if self.fail_on_increase and before is not None and not self.tolerance.allows(before, peak):
+                failed["grew"] = lambda saved: budget.grew(profile, before, peak, self.tolerance, saved)
+        saved = self._save(item.nodeid, body, fixtures, keep=bool(failed))
+        return {name: make(saved) for name, make in failed.items()}
+
+    def _save(self, nodeid: str, body: Any, fixtures: Any, keep: bool) -> str:
+        """Where the body's profile was written: --gpuflame-dir, else pytest's cache for a check that fails."""
+        from gpuflame.formats import save
+
+        folder = self.dir
+        if folder is None and keep and body.profile is not None:
+            cache = getattr(self.config, "cache", None)
+            folder = cache.mkdir(PROFILES_CACHE_DIR) if cache else Path(tempfile.gettempdir()) / "gpuflame-pytest"
+        if folder is None or body.profile is None:
+            return ""
+        folder.mkdir(parents=True, exist_ok=True)
+        name = re.sub(r"[^A-Za-z0-9_.-]+", "_", nodeid).strip("_")
+        path = folder / f"{name}.pb.gz"
+        save(body.profile, path)
+        if fixtures is not None and fixtures.profile is not None and self.dir is not None:
+            save(fixtures.profile, folder / f"{name}.fixtures.pb.gz")
+        return str(path)
+
+    # -- the whole run (on the controller under xdist) ------------------------------
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        data = getattr(report, "gpuflame", None)
+        if report.when == "call" and data is not None:
+            self.results[report.nodeid] = {**data, "passed": report.passed}
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if self.worker or not self.everything:
+            return
+        from gpuflame.pytest_plugin.table import summary_lines
+
+        title, lines = summary_lines(self.results, self.top, self.dir)
+        terminalreporter.write_sep("=", title)
+        for line in lines:
+            terminalreporter.write_line(line)
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if self._scratch is not None:
+            shutil.rmtree(self._scratch, ignore_errors=True)
+        cache = getattr(self.config, "cache", None)
+        if self.worker or not self.everything or cache is None:
+            return
+        # a test that failed (over budget, grown, broken) keeps its previous peak:
+        # a regression fails again next run until it is fixed or the cache is cleared
+        peaks = dict(cache.get(CACHE_KEY, {}))
+        peaks.update({nodeid: r["body"]["peak"] for nodeid, r in self.results.items()
+                      if r["passed"] and not r["error"]})
+        cache.set(CACHE_KEY, peaks)

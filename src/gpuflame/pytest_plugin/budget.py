@@ -1,0 +1,116 @@
+"""The checks a test can fail: over its memory limit, leaking, or grown since the last run.
+
+Each failure message says the limit, what was measured, and the stacks
+responsible, in the flame graph's names (``LlamaMLP > forward``), read
+bottom-up from the test function, so the reader knows where to look before
+opening the profile.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from gpuflame.analysis.summary import Stack, top_stacks
+from gpuflame.analysis.tree import build_tree
+from gpuflame.model import Profile
+from gpuflame.render.terminal import short_path
+from gpuflame.units import format_bytes, parse_size
+
+STACKS_SHOWN = 3  # stacks listed in a failure
+FRAMES_SHOWN = 6  # frames of a stack, the leaf end; deeper callers are elided
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """How much a peak may grow: a share of the previous peak, or bytes."""
+
+    share: float = 0.0
+    bytes: int = 0
+
+    @classmethod
+    def parse(cls, text: str) -> Tolerance:
+        text = text.strip()
+        if text.endswith("%"):
+            value = float(text[:-1])
+            if value < 0:
+                raise ValueError(f"tolerance must not be negative: {text!r}")
+            return cls(share=value / 100)
+        return cls(bytes=parse_size(text))
+
+    def allows(self, before: int, now: int) -> bool:
+        return now <= before + max(self.bytes, int(before * self.share))
+
+    def __str__(self) -> str:
+        return f"{self.share * 100:g}%" if self.bytes == 0 else format_bytes(self.bytes)
+
+
+def limit_of(marker_args: tuple, name: str) -> int:
+    """The byte limit given to a ``limit_gpu_*`` marker: ``"2 GiB"`` or a number of bytes."""
+    if len(marker_args) != 1:
+        raise ValueError(f"@pytest.mark.{name} takes one limit, such as \"2 GiB\"")
+    value = marker_args[0]
+    try:
+        return int(value) if isinstance(value, int) else parse_size(str(value))
+    except ValueError as exc:
+        raise ValueError(f"@pytest.mark.{name}: {exc}") from None
+
+
+def stack_line(stack: Stack) -> str:
+    """``4.00 MiB (100.0%)  test_x -> ... -> LlamaMLP > forward  (modeling_llama.py:164)``: the root, the leaf end."""
+    names = [f.name for f in stack.frames]
+    if len(names) > FRAMES_SHOWN:
+        names = names[:1] + ["..."] + names[-(FRAMES_SHOWN - 1):]
+    where = short_path(shown(stack.leaf.location()))
+    return f"  {format_bytes(stack.value):>10} ({stack.percent:5.1f}%)  {' -> '.join(names)}" + (
+        f"  ({where})" if where else ""
+    )
+
+
+def stacks_at(profile: Profile, type_name: str, limit: int = STACKS_SHOWN) -> list[Stack]:
+    return top_stacks(build_tree(profile, profile.type_index(type_name)), limit)
+
+
+def over_limit(profile: Profile, peak: int, limit: int, saved: str) -> str:
+    lines = [f"gpuflame: peak {format_bytes(peak)} is over the limit of {format_bytes(limit)} "
+             f"(limit_gpu_memory, {peak - limit:,} bytes over); fixtures not counted",
+             "top stacks at the peak (test first, allocating function last):"]
+    lines += [stack_line(s) for s in stacks_at(profile, "peak_space")]
+    return "\n".join(lines + [_saved(saved)])
+
+
+def leaks(profile: Profile, limit: int) -> list[Stack]:
+    """The stacks that still hold more than *limit* at the end of the test, widest first."""
+    return [s for s in stacks_at(profile, "inuse_space", limit=1_000) if s.value > limit]
+
+
+def leaking(stacks: list[Stack], limit: int, saved: str) -> str:
+    held = sum(s.value for s in stacks)
+    lines = [f"gpuflame: {len(stacks)} stack{'s still hold' if len(stacks) > 1 else ' still holds'} "
+             f"{format_bytes(held)} allocated during the test, each over the limit of "
+             f"{format_bytes(limit)} per stack (limit_gpu_leaks):"]
+    lines += [stack_line(s) for s in stacks[:10]]
+    if len(stacks) > 10:
+        lines.append(f"  ... and {len(stacks) - 10} more")
+    return "\n".join(lines + [_saved(saved)])
+
+
+def grew(profile: Profile, before: int, now: int, tolerance: Tolerance, saved: str) -> str:
+    change = f"+{100 * (now - before) / before:.1f}%" if before else "from nothing"
+    lines = [f"gpuflame: peak grew from {format_bytes(before)} to {format_bytes(now)} ({change}, "
+             f"{now - before:+,} bytes) since the last run; tolerance {tolerance} (--gpuflame-fail-on-increase)",
+             "top stacks at the peak now:"]
+    lines += [stack_line(s) for s in stacks_at(profile, "peak_space")]
+    return "\n".join(lines + [_saved(saved)])
+
+
+def shown(path: str) -> str:
+    """A path under the current folder relative to it, as pytest shows test files."""
+    here = os.getcwd() + os.sep
+    return path[len(here):] if path.startswith(here) else path
+
+
+def _saved(path: str) -> str:
+    if not path:
+        return "profile: not saved"
+    return f"profile: {shown(path)}  (gpuflame view {shown(path)})"

@@ -1,0 +1,97 @@
+"""One test phase (fixture set-up, or the test body) recorded through the public API.
+
+The phase runs between ``gpuflame.start`` and ``gpuflame.stop``, exactly as a
+``with gpuflame.profile(...)`` block would, so its numbers are the ones
+``gpuflame run`` gives. pytest's own frames below the test (pluggy, _pytest)
+are cut away, so the test function (or the fixture) is the root of every
+stack, as the flame graph of a test should read.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import _pytest
+import pluggy
+
+from gpuflame import hosted
+from gpuflame.analysis.summary import widest_leaf
+from gpuflame.hosted import already_profiling, backend_for_now, package_dirs
+from gpuflame.model import Profile
+
+# pytest's frames (and below them what runs pytest: xdist's workers): cut below the test
+HOST_DIRS = package_dirs(_pytest, pluggy)
+
+
+def scratch_folder() -> Path:
+    """Where the API writes each phase's file, read back at once and deleted.
+
+    In memory where the system has it (/dev/shm): a rename on a busy disk
+    can cost more than a small test.
+    """
+    shm = "/dev/shm"
+    base = shm if os.path.isdir(shm) and os.access(shm, os.W_OK) else None
+    return Path(tempfile.mkdtemp(prefix="gpuflame-pytest-", dir=base))
+
+
+@dataclass
+class Phase:
+    """What one phase allocated: its profile (as shown) and the numbers the plugin reports."""
+
+    profile: Profile | None
+    peak: int
+    inuse: int
+    top: str  # the function with the largest self at the peak ('' when nothing)
+    backends: list[str]
+
+    def to_dict(self) -> dict[str, object]:
+        return {"peak": self.peak, "inuse": self.inuse, "top": self.top, "backends": self.backends}
+
+
+NOTHING = Phase(None, 0, 0, "", [])
+
+
+class PhaseRecorder:
+    """``start()`` before the phase, ``stop()`` after it; never raises into the test."""
+
+    def __init__(self, scratch: Path, backend: str) -> None:
+        self.scratch = scratch
+        self.backend = backend
+        self.error = ""  # why nothing was recorded, when something went wrong
+        self._session: object | None = None
+        self._written: list[Profile] = []
+
+    def start(self) -> None:
+        if already_profiling():
+            self.error = "this process is already being profiled (gpuflame.start); one profile at a time"
+            return
+        backend = backend_for_now(self.backend)
+        if backend is None:
+            wanted = {"auto": "torch or jax", "jax": "jax"}.get(self.backend, "torch")
+            self.error = f"{wanted} was not imported when the test started"
+            return
+        try:
+            self._session, self._written = hosted.start(self.scratch / "phase.pb.gz", backend)
+        except Exception as exc:  # already profiling (the test's own gpuflame.start), bad backend
+            self.error = f"could not start profiling ({exc})"
+
+    def stop(self) -> Phase:
+        if self._session is None:
+            return NOTHING
+        backends = [r.name for r in getattr(self._session, "recorders", [])]
+        try:
+            profile = hosted.stop(self._written, HOST_DIRS)
+            return measure(profile, backends) if profile is not None else Phase(None, 0, 0, "", backends)
+        except Exception as exc:
+            self.error = f"the profile of this test is lost ({type(exc).__name__}: {exc})"
+            return NOTHING
+
+
+def measure(profile: Profile, backends: list[str]) -> Phase:
+    totals = profile.totals()
+    peak = totals.get("peak_space", totals.get("inuse_space", 0))
+    leaf = widest_leaf(profile, profile.pick_type("peak_space" if "peak_space" in totals else None))
+    return Phase(profile, peak, totals.get("inuse_space", 0), leaf.frame.name if leaf else "", backends)

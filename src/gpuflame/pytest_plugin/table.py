@@ -1,0 +1,42 @@
+"""The end-of-run table: the tests with the highest peak, body and fixtures apart."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from gpuflame.units import format_bytes
+
+HEADER = ("peak", "in use at end", "fixtures peak", "top function at the peak", "test")
+
+
+def summary_lines(results: dict[str, dict[str, Any]], top: int, folder: Path | None) -> tuple[str, list[str]]:
+    """The separator's title and the lines under it, from every test's ``report.gpuflame``."""
+    ranked = sorted(results.items(), key=lambda item: (-item[1]["body"]["peak"], item[0]))
+    shown = ranked[:top]
+    title = f"gpuflame: {len(shown)} of {len(results)} profiled tests, highest peak first"
+    rows = [HEADER] + [_row(nodeid, r) for nodeid, r in shown]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(HEADER) - 1)]
+    lines = []
+    for row in rows:
+        cells = [row[0].rjust(widths[0]), row[1].rjust(widths[1]), row[2].rjust(widths[2]), row[3].ljust(widths[3])]
+        lines.append("  ".join(cells + [row[4]]).rstrip())
+    lost = [nodeid for nodeid, r in results.items() if r["error"]]
+    if lost:
+        lines.append(f"nothing recorded for {len(lost)} test{'s' if len(lost) > 1 else ''} (see warnings): "
+                     + ", ".join(lost[:3]) + (" ..." if len(lost) > 3 else ""))
+    lines.append("peaks are the test body's; fixtures are recorded apart (set-up only)")
+    if folder is not None:
+        lines.append(f"profiles: {folder}/  (gpuflame view {folder}/TEST.pb.gz)")
+    return title, lines
+
+
+def _row(nodeid: str, result: dict[str, Any]) -> tuple[str, str, str, str, str]:
+    body, fixtures = result["body"], result["fixtures"]
+    return (
+        format_bytes(body["peak"]),
+        format_bytes(body["inuse"]),
+        format_bytes(fixtures["peak"]) if fixtures else "-",
+        body["top"] or "-",
+        nodeid,
+    )

@@ -1,0 +1,221 @@
+"""The pytest plugin, run by pytester on real tests that allocate known bytes with CPU torch.
+
+The plugin is found through its entry point, not passed with ``-p``. Runs
+are in-process (this process has torch imported already, so each run takes
+a second), except where the run's own process matters: what a run that asks
+for nothing imports, and pytest-xdist's workers.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+# Imported before any run: pytester's in-process runs unload the modules they
+# imported, and numpy or torch cannot be loaded twice in one process.
+import torch  # noqa: F401, I001
+
+import gpuflame.pytest_plugin.budget  # noqa: F401
+import gpuflame.pytest_plugin.record  # noqa: F401
+from gpuflame.formats import load
+
+pytest_plugins = ("pytester",)
+
+
+@pytest.fixture(autouse=True)
+def _compiled_hook_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    """pytester moves HOME; keep the CPU allocator hook compiled once, in the user's cache."""
+    from gpuflame.capture.native import cache_dir
+
+    monkeypatch.setenv("GPUFLAME_CACHE_DIR", str(cache_dir()))
+
+MiB = 1 << 20
+
+SUITE = """
+import pytest, torch
+
+KEPT = []
+
+def allocate_four():
+    return torch.empty(4 << 20, dtype=torch.uint8)
+
+class Buffers:
+    def grow(self, n):
+        return torch.empty(n, dtype=torch.uint8)
+
+@pytest.fixture
+def weights():
+    return Buffers().grow(2 << 20)
+
+@pytest.mark.limit_gpu_memory("1 MiB")
+def test_over_budget():
+    x = allocate_four()
+
+@pytest.mark.limit_gpu_memory("8 MiB")
+def test_within_budget(weights):
+    x = allocate_four()
+
+@pytest.mark.limit_gpu_leaks("1 MiB")
+def test_leaks():
+    KEPT.append(Buffers().grow(3 << 20))   # held after the test: a leak
+    KEPT.append(torch.empty(512 << 10))    # 2 MiB of float32, also held, at another line
+    temporary = Buffers().grow(5 << 20)    # freed when the test returns
+
+@pytest.mark.limit_gpu_leaks("1 MiB")
+def test_small_leak_is_allowed():
+    KEPT.append(Buffers().grow(512 << 10))
+
+def test_unmarked():
+    x = torch.ones(1024)
+"""
+
+
+def table_rows(text: str) -> dict[str, list[str]]:
+    """The summary table: test id -> its cells (peak, in use, fixtures, top function)."""
+    rows = {}
+    for line in text.splitlines():
+        m = re.match(r"^\s*(\S+ \S+|-)\s+(\S+ \S+|-)\s+(\S+ \S+|-)\s+(.+?)\s+(\S+::\S+)$", line)
+        if m:
+            rows[m.group(5)] = [m.group(1), m.group(2), m.group(3), m.group(4)]
+    return rows
+
+
+def test_budgets_fixtures_and_the_summary_table(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_suite=SUITE)
+    result = pytester.runpytest("--gpuflame", "--gpuflame-dir", "profiles")
+    result.assert_outcomes(passed=3, failed=2)
+    out = result.stdout.str()
+    # over budget: the limit, the peak and the allocating function by name, and where the profile is
+    assert "gpuflame: peak 4.00 MiB is over the limit of 1.00 MiB (limit_gpu_memory, 3,145,728 bytes over)" in out
+    assert re.search(r"4\.00 MiB \(100\.0%\)  test_over_budget -> allocate_four  \(test_suite\.py:6\)", out)
+    assert "profile: profiles/test_suite.py_test_over_budget.pb.gz" in out
+    # leaks: both held stacks, not the freed one
+    assert "gpuflame: 2 stacks still hold 5.00 MiB allocated during the test" in out
+    assert re.search(r"3\.00 MiB \( 60\.0%\)  test_leaks -> Buffers > grow", out)
+    assert re.search(r"2\.00 MiB \( 40\.0%\)  test_leaks  \(test_suite\.py:26\)", out)
+    # the table: body and fixtures apart, highest peak first
+    rows = table_rows(out)
+    assert rows["test_suite.py::test_leaks"] == ["10.0 MiB", "5.00 MiB", "-", "Buffers > grow"]
+    assert rows["test_suite.py::test_within_budget"] == ["4.00 MiB", "0 B", "2.00 MiB", "allocate_four"]
+    assert rows["test_suite.py::test_over_budget"] == ["4.00 MiB", "0 B", "-", "allocate_four"]
+    assert rows["test_suite.py::test_unmarked"][0] == "4.00 KiB"
+    assert list(rows)[0] == "test_suite.py::test_leaks"
+    # the kept profiles are what the messages describe
+    folder = pytester.path / "profiles"
+    body = load(folder / "test_suite.py_test_within_budget.pb.gz")
+    fixture = load(folder / "test_suite.py_test_within_budget.fixtures.pb.gz")
+    assert body.totals()["peak_space"] == 4 * MiB and fixture.totals()["peak_space"] == 2 * MiB
+    assert {f.name for f in fixture.frames} == {"weights", "Buffers > grow"}  # pytest's frames cut away
+
+
+def test_off_unless_asked_markers_alone_profile_their_tests(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_suite=SUITE)
+    result = pytester.runpytest()
+    result.assert_outcomes(passed=3, failed=2)
+    out = result.stdout.str()
+    assert "test_over_budget -> allocate_four" in out
+    assert "profiled tests" not in out  # no table without --gpuflame
+    assert "profile: .pytest_cache/d/gpuflame/test_suite.py_test_over_budget.pb.gz" in out
+    # a run that asks for nothing records nothing and loads neither a recorder nor the analysis (numpy);
+    # a marked test whose framework is imported only in its body says that it got no numbers
+    plain = pytester.makepyfile(test_plain="""
+import sys, pytest
+
+def test_nothing():
+    assert not {"gpuflame.analysis.tree", "gpuflame.pytest_plugin.record", "numpy"} & set(sys.modules)
+
+@pytest.mark.limit_gpu_memory("1 MiB")
+def test_imports_torch_late():
+    import torch
+    x = torch.empty(4 << 20, dtype=torch.uint8)
+""")
+    late = pytester.runpytest_subprocess(str(plain))
+    late.assert_outcomes(passed=2, warnings=1)
+    said = late.stdout.str()
+    assert "gpuflame: nothing recorded for this test: torch or jax was not imported when the test started" in said
+
+
+GROWING = """
+import torch
+
+def allocate():
+    return torch.empty({size}, dtype=torch.uint8)
+
+def test_grows():
+    x = allocate()
+
+def test_steady():
+    x = torch.empty(1 << 20, dtype=torch.uint8)
+"""
+
+
+def test_fail_on_increase_after_the_test_allocates_twice_as_much(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_growth=GROWING.format(size="4 << 20"))
+    pytester.runpytest("--gpuflame").assert_outcomes(passed=2)
+    pytester.makepyfile(test_growth=GROWING.format(size="(4 << 20) * 2"))
+    failed = pytester.runpytest("--gpuflame-fail-on-increase")
+    failed.assert_outcomes(passed=1, failed=1)
+    out = failed.stdout.str()
+    assert "gpuflame: peak grew from 4.00 MiB to 8.00 MiB (+100.0%, +4,194,304 bytes) since the last run" in out
+    assert "test_grows -> allocate" in out and "FAILED test_growth.py::test_grows" in out
+    # the failed test kept its old peak: the regression still fails, unless the tolerance allows it
+    pytester.runpytest("--gpuflame-fail-on-increase").assert_outcomes(passed=1, failed=1)
+    lenient = pytester.runpytest("--gpuflame-fail-on-increase", "--gpuflame-tolerance", "100%")
+    lenient.assert_outcomes(passed=2)
+
+
+def test_xdist_workers_results_are_merged(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_suite=SUITE)
+    result = pytester.runpytest_subprocess("-n", "2", "--gpuflame")
+    result.assert_outcomes(passed=3, failed=2)
+    out = result.stdout.str()
+    assert "gpuflame: 5 of 5 profiled tests, highest peak first" in out
+    rows = table_rows(out)
+    assert rows["test_suite.py::test_within_budget"] == ["4.00 MiB", "0 B", "2.00 MiB", "allocate_four"]
+    assert rows["test_suite.py::test_leaks"][:2] == ["10.0 MiB", "5.00 MiB"]
+    assert "test_over_budget -> allocate_four" in out
+
+
+@pytest.mark.parametrize(
+    ("option", "said"),
+    [
+        (["--gpuflame-tolerance", "lots"], "--gpuflame-tolerance: not a size: 'lots'"),
+        (["--gpuflame-backend", "cobol"], "--gpuflame-backend must be one of auto, torch-cuda, torch, jax"),
+    ],
+)
+def test_bad_options_are_one_line(pytester: pytest.Pytester, option: list[str], said: str) -> None:
+    pytester.makepyfile(test_plain="def test_nothing():\n    assert 1\n")
+    result = pytester.runpytest(*option)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert said in result.stderr.str() and "Traceback" not in result.stderr.str()
+
+
+def test_a_bad_limit_fails_the_test_in_one_line(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_bad="""
+import pytest, torch
+
+@pytest.mark.limit_gpu_memory("lots")
+def test_bad_limit():
+    x = torch.empty(1024)
+""")
+    result = pytester.runpytest()
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["gpuflame: @pytest.mark.limit_gpu_memory: not a size: 'lots' *"])
+    assert "Traceback" not in result.stdout.str() and "INTERNALERROR" not in result.stdout.str()
+
+
+def test_no_backend_start_is_left_waiting_for_an_import(pytester: pytest.Pytester) -> None:
+    """With ``auto``, a test only starts the backends of frameworks already imported: a later
+    ``import jax`` must not start recorders into the stopped sessions of earlier tests."""
+    pytester.makepyfile(test_pending="""
+import torch
+from gpuflame.capture import post_import
+
+def test_allocates():
+    x = torch.empty(1 << 20, dtype=torch.uint8)
+
+def test_nothing_waits_for_an_import():
+    assert not post_import._callbacks
+""")
+    pytester.runpytest("--gpuflame", "-p", "no:cacheprovider").assert_outcomes(passed=2)
