@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from decimal import ROUND_HALF_UP, Decimal
 
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 
@@ -17,7 +18,18 @@ def format_bytes(n: int | float, signed: bool = False) -> str:
         unit += 1
     if unit == 0:
         return f"{sign}{int(value)} B"
-    return f"{sign}{value:.2f} {_UNITS[unit]}" if value < 10 else f"{sign}{value:.1f} {_UNITS[unit]}"
+    return f"{sign}{_fixed(value, 2 if value < 10 else 1)} {_UNITS[unit]}"
+
+
+def _fixed(value: float, digits: int) -> str:
+    """*value* with *digits* decimals, a tie rounded up as JavaScript's ``toFixed`` does.
+
+    The viewer formats with ``toFixed``; Python's format rounds a tie to
+    even (4.125 -> 4.12 where the viewer shows 4.13). One number must read
+    the same in the terminal and in the browser.
+    """
+    step = Decimal(1).scaleb(-digits)
+    return str(Decimal(value).quantize(step, rounding=ROUND_HALF_UP))
 
 
 def format_count(n: int, unit: str) -> str:
