@@ -1,4 +1,4 @@
-"""The ``jax`` capture backend on JAX's CPU backend: live buffers in the seed's names."""
+"""The ``jax`` capture backend on JAX's CPU backend: live buffers in the AKS guide's names."""
 
 from __future__ import annotations
 

@@ -10,11 +10,11 @@ from gpuflame.analysis.chains import NoSuchFunctionError, explain, match_functio
 from gpuflame.analysis.tree import build_tree
 from gpuflame.errors import GpuflameError
 from gpuflame.model import Frame, Profile, memory_sample_types
-from test_hotspots import SEED_KV_CHAIN, GiB, seed_profile
+from test_hotspots import GUIDE_KV_CHAIN, GiB, guide_profile
 
 
-def seed_tree():
-    profile = seed_profile()
+def guide_tree():
+    profile = guide_profile()
     return profile, build_tree(profile, profile.pick_type())
 
 
@@ -28,13 +28,13 @@ def seed_tree():
         "allocate_kv",
     ],
 )
-def test_the_seeds_example_chain_in_either_spelling(query):
-    _, tree = seed_tree()
+def test_the_guides_example_chain_in_either_spelling(query):
+    _, tree = guide_tree()
     ex = explain(tree, query)
     assert [f.name for f in ex.functions] == ["GPUModelRunner > _allocate_kv_cache_tensors"]
     assert len(ex.chains) == 1 and ex.more_chains == 0
     chain = ex.chains[0]
-    assert [s.frame.name for s in chain.steps] == SEED_KV_CHAIN
+    assert [s.frame.name for s in chain.steps] == GUIDE_KV_CHAIN
     assert chain.total == chain.self == 55 * GiB == ex.total == ex.self
     # orchestration below the allocation has zero self
     assert all(s.self == 0 for s in chain.steps[:-1])
@@ -107,7 +107,7 @@ def test_chains_partition_the_functions_total(rows):
 
 
 def test_no_match_suggests_close_names():
-    _, tree = seed_tree()
+    _, tree = guide_tree()
     with pytest.raises(GpuflameError) as err:
         explain(tree, "GPUModelRuner.alocate_kv_cache")
     message = str(err.value)
@@ -118,7 +118,7 @@ def test_no_match_suggests_close_names():
 
 
 def test_explanation_json_is_exact():
-    _, tree = seed_tree()
+    _, tree = guide_tree()
     data = explain(tree, "LlamaMLP.__init__").to_dict()
     assert data["total"] == 14 * GiB
     steps = data["chains"][0]["steps"]

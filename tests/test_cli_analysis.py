@@ -20,7 +20,7 @@ from gpuflame.cli.main import COMMANDS, main
 from gpuflame.formats import load, save
 from gpuflame.model import Frame, Profile
 from gpuflame.units import format_bytes
-from test_hotspots import GiB, seed_profile
+from test_hotspots import GiB, guide_profile
 
 ANALYSIS = ("report", "top", "explain", "diff", "export")
 
@@ -42,16 +42,16 @@ def run_json(capsys, *argv: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def seed_file(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("profiles") / "seed.pb.gz"
-    save(seed_profile(), path)
+def guide_file(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("profiles") / "guide.pb.gz"
+    save(guide_profile(), path)
     return path
 
 
 @pytest.fixture(scope="module")
-def seed(seed_file) -> Profile:
+def guide(guide_file) -> Profile:
     """The profile as gpuflame reads it back: what the commands see."""
-    return load(seed_file)
+    return load(guide_file)
 
 
 def by_self(profile: Profile, index: int) -> Counter:
@@ -77,79 +77,79 @@ def total(profile: Profile, type_name: str, keep=lambda names: True) -> int:
 # -- report --------------------------------------------------------------------
 
 
-def test_report_text_answers_the_quick_reference_table(capsys, seed_file, seed):
-    rc, out, err = run(capsys, "report", seed_file)
+def test_report_text_answers_the_quick_reference_table(capsys, guide_file, guide):
+    rc, out, err = run(capsys, "report", guide_file)
     assert rc == 0 and err == ""
     assert "note: trace ring buffer overflowed; peak only over the recorded window" in out
     for title in ("What allocates the most", "What is responsible", "Optimisation targets", "Skippable"):
         assert title in out
-    leaf, leaf_bytes = by_self(seed, seed.type_index("peak_space")).most_common(1)[0]
+    leaf, leaf_bytes = by_self(guide, guide.type_index("peak_space")).most_common(1)[0]
     line = next(line for line in out.splitlines() if leaf in line)
     assert format_bytes(leaf_bytes) in line and "gpu_model_runner.py:2010" in line
     assert "splits here" in out
-    assert format_bytes(total(seed, "peak_space")) in out
+    assert format_bytes(total(guide, "peak_space")) in out
 
 
-def test_report_json_is_exact(capsys, seed_file, seed):
-    data = run_json(capsys, "report", seed_file)
-    index = seed.type_index("peak_space")
+def test_report_json_is_exact(capsys, guide_file, guide):
+    data = run_json(capsys, "report", guide_file)
+    index = guide.type_index("peak_space")
     assert data["sample_type"] == "peak_space"
-    assert data["total"] == total(seed, "peak_space")
-    assert {t["type"]: t["total"] for t in data["totals"]} == seed.totals()
-    assert data["comments"] == seed.comments
-    want = by_self(seed, index)
+    assert data["total"] == total(guide, "peak_space")
+    assert {t["type"]: t["total"] for t in data["totals"]} == guide.totals()
+    assert data["comments"] == guide.comments
+    want = by_self(guide, index)
     assert [(e["name"], e["self"]) for e in data["widest_leaves"]] == want.most_common(
         len(data["widest_leaves"])
     )
-    totals = by_total(seed, index)
+    totals = by_total(guide, index)
     for e in data["skippable_wrappers"]:
         assert e["total"] == totals[e["name"]] and e["self"] == want.get(e["name"], 0)
     assert data["widest_roots"][0]["trunk"][-1]["name"] == "EngineCore > __init__"
 
 
-def test_report_type_choice(capsys, seed_file, seed):
-    inuse = run_json(capsys, "report", seed_file, "--type", "inuse")
-    assert inuse["sample_type"] == "inuse_space" and inuse["total"] == total(seed, "inuse_space")
-    alloc = run_json(capsys, "report", seed_file, "--type", "alloc_space/bytes")
-    assert alloc["total"] == total(seed, "alloc_space")
+def test_report_type_choice(capsys, guide_file, guide):
+    inuse = run_json(capsys, "report", guide_file, "--type", "inuse")
+    assert inuse["sample_type"] == "inuse_space" and inuse["total"] == total(guide, "inuse_space")
+    alloc = run_json(capsys, "report", guide_file, "--type", "alloc_space/bytes")
+    assert alloc["total"] == total(guide, "alloc_space")
 
 
-def test_report_filters(capsys, seed_file, seed):
+def test_report_filters(capsys, guide_file, guide):
     peak = "peak_space"
-    no_cached = run_json(capsys, "report", seed_file, "--no-cached")
-    assert no_cached["total"] == total(seed, peak, lambda n: "<cached free blocks>" not in n)
+    no_cached = run_json(capsys, "report", guide_file, "--no-cached")
+    assert no_cached["total"] == total(guide, peak, lambda n: "<cached free blocks>" not in n)
 
-    one_device = run_json(capsys, "report", seed_file, "--label", "device=cuda:1")
-    index = seed.type_index(peak)
-    assert one_device["total"] == sum(s.values[index] for s in seed.samples if s.label("device") == "cuda:1")
+    one_device = run_json(capsys, "report", guide_file, "--label", "device=cuda:1")
+    index = guide.type_index(peak)
+    assert one_device["total"] == sum(s.values[index] for s in guide.samples if s.label("device") == "cuda:1")
 
-    focused = run_json(capsys, "report", seed_file, "--focus", "Worker.load_model")
-    assert focused["total"] == total(seed, peak, lambda n: "Worker > load_model" in n)
+    focused = run_json(capsys, "report", guide_file, "--focus", "Worker.load_model")
+    assert focused["total"] == total(guide, peak, lambda n: "Worker > load_model" in n)
     assert focused["widest_roots"][0]["trunk"][0]["name"] == "Worker > load_model"
 
-    hidden = run_json(capsys, "report", seed_file, "--hide-trampolines", "--ignore", "compile")
+    hidden = run_json(capsys, "report", guide_file, "--hide-trampolines", "--ignore", "compile")
     names = {e["name"] for e in hidden["skippable_wrappers"]}
     assert "<interpreter trampoline>" not in names and "<module>" in names
-    assert hidden["total"] == total(seed, peak, lambda n: "_compile_fx_inner" not in n)
+    assert hidden["total"] == total(guide, peak, lambda n: "_compile_fx_inner" not in n)
 
-    cut = run_json(capsys, "report", seed_file, "--min-size", "5GiB", "-n", "50")
+    cut = run_json(capsys, "report", guide_file, "--min-size", "5GiB", "-n", "50")
     leaves = {e["name"] for e in cut["widest_leaves"]}
     assert "<frames under 5.00 GiB>" in leaves and "LlamaMLP > __init__" in leaves
-    assert cut["total"] == total(seed, peak)
+    assert cut["total"] == total(guide, peak)
 
-    pruned = run_json(capsys, "report", seed_file, "--prune-framework=vllm")
+    pruned = run_json(capsys, "report", guide_file, "--prune-framework=vllm")
     wrappers = {e["name"] for e in pruned["skippable_wrappers"]}
     assert "Worker > load_model" not in wrappers and "<module>" in wrappers
-    assert pruned["total"] == total(seed, peak)
+    assert pruned["total"] == total(guide, peak)
 
 
-def test_report_group_by_label(capsys, seed_file, seed):
-    data = run_json(capsys, "report", seed_file, "--group-by", "device")
-    index = seed.type_index("peak_space")
+def test_report_group_by_label(capsys, guide_file, guide):
+    data = run_json(capsys, "report", guide_file, "--group-by", "device")
+    index = guide.type_index("peak_space")
     roots = {r["trunk"][0]["name"]: r["trunk"][0]["total"] for r in data["widest_roots"]}
     for device in ("cuda:0", "cuda:1"):
         assert roots[f"device={device}"] == sum(
-            s.values[index] for s in seed.samples if s.label("device") == device
+            s.values[index] for s in guide.samples if s.label("device") == device
         )
 
 
@@ -157,28 +157,28 @@ def test_report_group_by_label(capsys, seed_file, seed):
 
 
 @pytest.mark.parametrize("by", ["self", "total"])
-def test_top_by_self_and_total(capsys, seed_file, seed, by):
-    data = run_json(capsys, "top", seed_file, "--by", by, "-n", "4")
-    index = seed.type_index("peak_space")
-    want = (by_self if by == "self" else by_total)(seed, index)
+def test_top_by_self_and_total(capsys, guide_file, guide, by):
+    data = run_json(capsys, "top", guide_file, "--by", by, "-n", "4")
+    index = guide.type_index("peak_space")
+    want = (by_self if by == "self" else by_total)(guide, index)
     got = [(f["name"], f[by]) for f in data["functions"]]
     assert len(got) == 4
     assert [v for _, v in got] == [v for _, v in want.most_common(4)]
     assert all(want[name] == v for name, v in got)
 
 
-def test_top_text(capsys, seed_file, seed):
-    rc, out, _ = run(capsys, "top", seed_file, "-n", "3", "--type", "peak")
+def test_top_text(capsys, guide_file, guide):
+    rc, out, _ = run(capsys, "top", guide_file, "-n", "3", "--type", "peak")
     assert rc == 0
-    name, value = by_self(seed, seed.type_index("peak_space")).most_common(1)[0]
+    name, value = by_self(guide, guide.type_index("peak_space")).most_common(1)[0]
     assert name in out and format_bytes(value) in out and "file:line" in out
 
 
 # -- explain ---------------------------------------------------------------------
 
 
-def test_explain_reads_the_chain_bottom_up(capsys, seed_file, seed):
-    rc, out, _ = run(capsys, "explain", seed_file, "GPUModelRunner._allocate_kv_cache_tensors")
+def test_explain_reads_the_chain_bottom_up(capsys, guide_file, guide):
+    rc, out, _ = run(capsys, "explain", guide_file, "GPUModelRunner._allocate_kv_cache_tensors")
     assert rc == 0
     order = [
         "0x7f151",
@@ -189,8 +189,8 @@ def test_explain_reads_the_chain_bottom_up(capsys, seed_file, seed):
     chain = out[out.index("Chain 1 of 1") :]
     positions = [chain.index(name) for name in order]
     assert positions == sorted(positions)
-    data = run_json(capsys, "explain", seed_file, "GPUModelRunner > _allocate_kv_cache_tensors")
-    want = total(seed, "peak_space", lambda n: "GPUModelRunner > _allocate_kv_cache_tensors" in n)
+    data = run_json(capsys, "explain", guide_file, "GPUModelRunner > _allocate_kv_cache_tensors")
+    want = total(guide, "peak_space", lambda n: "GPUModelRunner > _allocate_kv_cache_tensors" in n)
     assert data["total"] == want == data["chains"][0]["total"]
     assert [s["name"] for s in data["chains"][0]["steps"]][:3] == [
         "0x7f151",
@@ -199,8 +199,8 @@ def test_explain_reads_the_chain_bottom_up(capsys, seed_file, seed):
     ]
 
 
-def test_explain_unknown_function_suggests_names(capsys, seed_file):
-    rc, out, err = run(capsys, "explain", seed_file, "GPUModelRuner.allocate_kv_cach")
+def test_explain_unknown_function_suggests_names(capsys, guide_file):
+    rc, out, err = run(capsys, "explain", guide_file, "GPUModelRuner.allocate_kv_cach")
     assert rc == 2 and out == ""
     assert len(err.strip().splitlines()) == 1
     assert "did you mean" in err and "GPUModelRunner > _allocate_kv_cache_tensors" in err
@@ -209,8 +209,8 @@ def test_explain_unknown_function_suggests_names(capsys, seed_file):
 # -- diff ------------------------------------------------------------------------
 
 
-def test_diff_by_function(capsys, tmp_path, seed_file, seed):
-    grown = seed_profile()
+def test_diff_by_function(capsys, tmp_path, guide_file, guide):
+    grown = guide_profile()
     grown.add([Frame("new_cache", "/app/cache.py", 3), Frame("<module>", "/app/serve.py", 1)], [GiB] * 6)
     grown.samples = [
         s for s in grown.samples if "LlamaMLP > __init__" not in {grown.frames[i].name for i in s.stack}
@@ -218,45 +218,45 @@ def test_diff_by_function(capsys, tmp_path, seed_file, seed):
     new_file = tmp_path / "new.pb.gz"
     save(grown, new_file)
     new = load(new_file)
-    data = run_json(capsys, "diff", seed_file, new_file, "-n", "50")
-    index, new_index = seed.type_index("peak_space"), new.type_index("peak_space")
-    before, after = by_total(seed, index), by_total(new, new_index)
+    data = run_json(capsys, "diff", guide_file, new_file, "-n", "50")
+    index, new_index = guide.type_index("peak_space"), new.type_index("peak_space")
+    before, after = by_total(guide, index), by_total(new, new_index)
     changes = {c["name"]: c for c in data["grew"] + data["shrank"]}
     assert changes["new_cache"]["status"] == "new" and changes["new_cache"]["new"] == after["new_cache"]
     assert changes["LlamaMLP > __init__"]["status"] == "vanished"
     assert changes["LlamaMLP > __init__"]["delta"] == -before["LlamaMLP > __init__"]
-    assert data["delta"] == total(new, "peak_space") - total(seed, "peak_space")
-    rc, out, _ = run(capsys, "diff", seed_file, new_file)
+    assert data["delta"] == total(new, "peak_space") - total(guide, "peak_space")
+    rc, out, _ = run(capsys, "diff", guide_file, new_file)
     assert rc == 0 and "[new]" in out and "[vanished]" in out and "Grew" in out and "Shrank" in out
 
 
 # -- export ----------------------------------------------------------------------
 
 
-def test_export_json_tree(capsys, tmp_path, seed_file, seed):
+def test_export_json_tree(capsys, tmp_path, guide_file, guide):
     out_file = tmp_path / "tree.json"
-    rc, out, err = run(capsys, "export", seed_file, "-o", out_file)
+    rc, out, err = run(capsys, "export", guide_file, "-o", out_file)
     assert rc == 0 and err == "" and str(out_file) in out and "json" in out
     data = json.loads(out_file.read_text())
-    assert data["total"] == total(seed, "peak_space") == sum(r["total"] for r in data["roots"])
+    assert data["total"] == total(guide, "peak_space") == sum(r["total"] for r in data["roots"])
     assert sorted(os.listdir(tmp_path)) == ["tree.json"], "no temporary file left"
 
 
 @pytest.mark.parametrize("fmt,suffix", [("pprof", ".pb.gz"), ("folded", ".folded"), ("speedscope", ".json")])
-def test_export_other_formats(capsys, tmp_path, seed_file, seed, fmt, suffix):
+def test_export_other_formats(capsys, tmp_path, guide_file, guide, fmt, suffix):
     out_file = tmp_path / f"out{suffix}"
-    info = run_json(capsys, "export", seed_file, "--format", fmt, "-o", out_file, "--no-cached")
+    info = run_json(capsys, "export", guide_file, "--format", fmt, "-o", out_file, "--no-cached")
     assert info["format"] == fmt and info["bytes"] == out_file.stat().st_size > 0
     if fmt != "speedscope":
         back = load(out_file)
         type_name = "peak_space" if fmt == "pprof" else back.type_names()[0]
-        assert total(back, type_name) == total(seed, "peak_space", lambda n: "<cached free blocks>" not in n)
+        assert total(back, type_name) == total(guide, "peak_space", lambda n: "<cached free blocks>" not in n)
 
 
-def test_export_format_from_the_name(capsys, tmp_path, seed_file):
-    rc, out, _ = run(capsys, "export", seed_file, "-o", tmp_path / "x.folded")
+def test_export_format_from_the_name(capsys, tmp_path, guide_file):
+    rc, out, _ = run(capsys, "export", guide_file, "-o", tmp_path / "x.folded")
     assert rc == 0 and "folded" in out
-    rc, _, err = run(capsys, "export", seed_file, "-o", tmp_path / "x.png")
+    rc, _, err = run(capsys, "export", guide_file, "-o", tmp_path / "x.png")
     assert rc == 2 and "--format" in err and len(err.strip().splitlines()) == 1
 
 
@@ -281,15 +281,15 @@ def bad_inputs(tmp: Path, good: Path) -> dict[str, Path]:
 
 @pytest.mark.parametrize("kind", ["missing", "empty", "garbage", "truncated", "corrupt", "directory"])
 @pytest.mark.parametrize("command", ["report", "top", "explain", "diff", "export"])
-def test_bad_input_is_one_line_and_exit_2(capsys, tmp_path, seed_file, kind, command):
-    bad = bad_inputs(tmp_path, seed_file)[kind]
+def test_bad_input_is_one_line_and_exit_2(capsys, tmp_path, guide_file, kind, command):
+    bad = bad_inputs(tmp_path, guide_file)[kind]
     out_file = tmp_path / "kept.folded"
     out_file.write_text("earlier;export 1\n")  # one gpuflame may replace: the bad input must stop it
     argv = {
         "report": ["report", bad],
         "top": ["top", bad],
         "explain": ["explain", bad, "forward"],
-        "diff": ["diff", seed_file, bad],
+        "diff": ["diff", guide_file, bad],
         "export": ["export", bad, "-o", out_file],
     }[command]
     rc, out, err = run(capsys, *argv)
@@ -317,8 +317,8 @@ def test_bad_input_is_one_line_and_exit_2(capsys, tmp_path, seed_file, kind, com
         (["export", "{f}", "-o", "/proc/gpuflame-test.json"], "cannot write"),
     ],
 )
-def test_bad_arguments_are_one_line_and_exit_2(capsys, tmp_path, seed_file, argv, words):
-    argv = [a.format(f=seed_file, dir=tmp_path) for a in argv]
+def test_bad_arguments_are_one_line_and_exit_2(capsys, tmp_path, guide_file, argv, words):
+    argv = [a.format(f=guide_file, dir=tmp_path) for a in argv]
     rc, out, err = run(capsys, *argv)
     assert rc == 2 and out == ""
     assert len(err.strip().splitlines()) == 1, err
@@ -326,23 +326,23 @@ def test_bad_arguments_are_one_line_and_exit_2(capsys, tmp_path, seed_file, argv
     assert os.listdir(tmp_path) == []
 
 
-def test_export_onto_a_folder_leaves_it_alone(capsys, tmp_path, seed_file):
+def test_export_onto_a_folder_leaves_it_alone(capsys, tmp_path, guide_file):
     folder = tmp_path / "out.json"
     folder.mkdir()
     (folder / "inside").write_text("kept")
-    rc, _, err = run(capsys, "export", seed_file, "-o", folder)
+    rc, _, err = run(capsys, "export", guide_file, "-o", folder)
     assert rc == 2 and "cannot write" in err and len(err.strip().splitlines()) == 1
     assert os.listdir(folder) == ["inside"] and os.listdir(tmp_path) == ["out.json"]
 
 
-def test_failed_export_keeps_the_existing_file(capsys, tmp_path, seed_file):
+def test_failed_export_keeps_the_existing_file(capsys, tmp_path, guide_file):
     target = tmp_path / "out.pb.gz"
     target.write_bytes(b"the old profile")
     os.chmod(tmp_path, 0o500)
     try:
         if os.access(tmp_path, os.W_OK):
             pytest.skip("running as a user who can write anywhere")
-        rc, _, err = run(capsys, "export", seed_file, "-o", target)
+        rc, _, err = run(capsys, "export", guide_file, "-o", target)
     finally:
         os.chmod(tmp_path, 0o700)
     assert rc == 2 and "cannot write" in err and len(err.strip().splitlines()) == 1
@@ -381,17 +381,17 @@ def test_report_help_gives_the_reading_rules(capsys):
 # -- as a real process -------------------------------------------------------------
 
 
-def test_python_dash_m_gpuflame(seed_file, seed):
+def test_python_dash_m_gpuflame(guide_file, guide):
     done = subprocess.run(
-        [sys.executable, "-m", "gpuflame", "report", str(seed_file), "--json"],
+        [sys.executable, "-m", "gpuflame", "report", str(guide_file), "--json"],
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout)["total"] == total(seed, "peak_space")
+    assert json.loads(done.stdout)["total"] == total(guide, "peak_space")
     bad = subprocess.run(
-        [sys.executable, "-m", "gpuflame", "report", str(seed_file) + ".missing"],
+        [sys.executable, "-m", "gpuflame", "report", str(guide_file) + ".missing"],
         capture_output=True,
         text=True,
         timeout=120,

@@ -8,13 +8,13 @@ from gpuflame.analysis.chains import NoSuchFunctionError, explain
 from gpuflame.analysis.tree import build_tree
 from gpuflame.formats import save
 from test_cli_analysis import run, run_json
-from test_hotspots import seed_profile
+from test_hotspots import guide_profile
 
 
 @pytest.fixture()
-def seed_file(tmp_path):
-    path = tmp_path / "seed.pb.gz"
-    save(seed_profile(), path)
+def guide_file(tmp_path):
+    path = tmp_path / "guide.pb.gz"
+    save(guide_profile(), path)
     return path
 
 
@@ -34,14 +34,14 @@ def one_line(rc: int, out: str, err: str, words: str) -> None:
         ["explain", "{f}", "forward", "--chains", "0"],
     ],
 )
-def test_counts_under_one_are_refused(capsys, seed_file, argv):
-    rc, out, err = run(capsys, *[a.format(f=seed_file) for a in argv])
+def test_counts_under_one_are_refused(capsys, guide_file, argv):
+    rc, out, err = run(capsys, *[a.format(f=guide_file) for a in argv])
     one_line(rc, out, err, "expected a number of at least 1")
 
 
-def test_top_n_is_how_many_rows(capsys, seed_file):
-    assert len(run_json(capsys, "top", seed_file, "-n", "2")["functions"]) == 2
-    assert len(run_json(capsys, "top", seed_file, "-n", "1")["functions"]) == 1
+def test_top_n_is_how_many_rows(capsys, guide_file):
+    assert len(run_json(capsys, "top", guide_file, "-n", "2")["functions"]) == 2
+    assert len(run_json(capsys, "top", guide_file, "-n", "1")["functions"]) == 1
 
 
 @pytest.mark.parametrize(
@@ -54,14 +54,14 @@ def test_top_n_is_how_many_rows(capsys, seed_file):
         ["top", "{f}", "--ignore", " "],
     ],
 )
-def test_empty_names_are_refused_not_matched_everywhere(capsys, seed_file, argv):
-    rc, out, err = run(capsys, *[a.format(f=seed_file) for a in argv])
+def test_empty_names_are_refused_not_matched_everywhere(capsys, guide_file, argv):
+    rc, out, err = run(capsys, *[a.format(f=guide_file) for a in argv])
     one_line(rc, out, err, "the name is empty")
 
 
 def test_explain_of_an_empty_name_from_python():
     with pytest.raises(NoSuchFunctionError, match="empty"):
-        explain(build_tree(seed_profile(), 0), "")
+        explain(build_tree(guide_profile(), 0), "")
 
 
 def test_negative_folded_counts_are_refused(capsys, tmp_path):

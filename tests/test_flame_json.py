@@ -13,7 +13,7 @@ from gpuflame.model import Frame, Profile, memory_sample_types
 from gpuflame.model.functions import function_frames
 from gpuflame.model.profile import NATIVE
 from gpuflame.render.flame_json import FORMAT, encode
-from test_hotspots import seed_profile
+from test_hotspots import guide_profile
 
 FRAMES = [
     Frame("main", "app.py", 1),
@@ -68,8 +68,8 @@ def test_json_tree_equals_the_samples_tree(rows):
     assert paths_from_json(data["roots"]) == paths_from_samples(profile, 0)
 
 
-def test_seed_profile_json_via_formats():
-    profile = seed_profile()
+def test_guide_profile_json_via_formats():
+    profile = guide_profile()
     index = profile.pick_type()
     data = json.loads(dumps(profile, "json", "inuse_space"))
     assert data["sample_type"] == "inuse_space"

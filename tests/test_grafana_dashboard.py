@@ -27,7 +27,7 @@ PROVIDERS_YAML = GRAFANA / "provisioning" / "dashboards" / "gpuflame.yaml"
 COMPOSE = GRAFANA / "docker-compose.yml"
 
 PYROSCOPE_TYPE = "grafana-pyroscope-datasource"
-# DESIGN.md, "Conventions we follow": the series labels gpuflame pushes.
+# README's "Continuous profiling into Pyroscope": the series labels gpuflame pushes.
 SERIES_LABELS = {"service_name", "namespace", "pod", "container", "node", "gpu", "pid"}
 # The variables the dashboard must offer (issue 5, item 4, plus service_name).
 FILTER_VARIABLES = ("service_name", "namespace", "pod", "container", "node", "gpu")
@@ -40,7 +40,7 @@ def pushed_profile_type_ids() -> set[str]:
     """Pyroscope's ids for the profiles gpuflame pushes.
 
     Pyroscope names a profile type ``name:sample_type:sample_unit:period_type:period_unit``.
-    DESIGN.md fixes the name to ``gpu_memory``. The period type is ``space/bytes`` for
+    README fixes the name to ``gpu_memory``. The period type is ``space/bytes`` for
     every sample type, as in Go heap profiles (``memory:inuse_objects:count:space:bytes``),
     which gives ``gpu_memory:inuse_space:bytes:space:bytes``. The name and period type
     are taken from the Pyroscope client when it is there, so the dashboard follows
@@ -48,7 +48,7 @@ def pushed_profile_type_ids() -> set[str]:
     """
     try:
         from gpuflame.ship.pyroscope import PERIOD_TYPE, PROFILE_NAME
-    except ImportError:  # no client: DESIGN.md's convention
+    except ImportError:  # no client: README's convention
         name, period = "gpu_memory", ("space", "bytes")
     else:
         name, period = PROFILE_NAME, (PERIOD_TYPE.type, PERIOD_TYPE.unit)
@@ -134,7 +134,7 @@ def test_dashboard_header() -> None:
     assert dash.get("id") is None  # an id is per-Grafana database; provisioning assigns one
     ids = [p["id"] for p in all_panels(dash)]
     assert len(ids) == len(set(ids))
-    # The seed's advice: auto-refresh collapses an expanded flame graph.
+    # The AKS guide's advice: auto-refresh collapses an expanded flame graph.
     assert dash.get("refresh") in ("", None, False)
 
 
@@ -142,7 +142,7 @@ def test_dashboard_header() -> None:
 
 
 def test_the_id_mapping_matches_design() -> None:
-    """The ids the client makes are the ones DESIGN.md promises Grafana will list."""
+    """The ids the client makes are the ones README promises Grafana will list."""
     ids = pushed_profile_type_ids()
     assert "gpu_memory:inuse_space:bytes:space:bytes" in ids
     assert "gpu_memory:peak_space:bytes:space:bytes" in ids

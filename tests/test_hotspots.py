@@ -23,8 +23,8 @@ from gpuflame.model.profile import NATIVE, SYNTHETIC, TRAMPOLINE
 GiB = 1 << 30
 MiB = 1 << 20
 
-# seed_profile's KV-cache stack, root first: the seed's own example chain
-SEED_KV_CHAIN = [
+# guide_profile's KV-cache stack, root first: the AKS guide's own example chain
+GUIDE_KV_CHAIN = [
     "0x7f151",
     "<interpreter trampoline>",
     "<module>",
@@ -37,8 +37,8 @@ SEED_KV_CHAIN = [
 ]
 
 
-def seed_profile() -> Profile:
-    """A vLLM-shaped profile after the seed's example: KV cache, weights, compile, cache."""
+def guide_profile() -> Profile:
+    """A vLLM-shaped profile after the AKS guide's example: KV cache, weights, compile, cache."""
     site = "/usr/lib/python3/site-packages/vllm/v1"
     entry = [
         Frame("0x7f151", kind=NATIVE),
@@ -133,7 +133,7 @@ def test_recursion_counts_once_in_total():
 
 
 def test_top_functions_by_self_and_total():
-    profile = seed_profile()
+    profile = guide_profile()
     index = profile.pick_type()
     want_self, want_total = naive_stats(profile, index)
     stats = function_stats(build_table(profile, index))
@@ -146,7 +146,7 @@ def test_top_functions_by_self_and_total():
 
 
 def test_report_sections_follow_the_quick_reference_table():
-    profile = seed_profile()
+    profile = guide_profile()
     index = profile.pick_type()
     assert profile.sample_types[index].type == "peak_space"
     want_self, want_total = naive_stats(profile, index)
@@ -190,11 +190,11 @@ def test_report_sections_follow_the_quick_reference_table():
 
 
 def test_widest_root_is_followed_to_where_it_splits():
-    profile = seed_profile()
+    profile = guide_profile()
     index = profile.pick_type()
     report = build_report(profile, build_tree(profile, index))
     root = report.roots[0]
-    assert [e.frame.name for e in root.trunk] == SEED_KV_CHAIN[:5]
+    assert [e.frame.name for e in root.trunk] == GUIDE_KV_CHAIN[:5]
     engine = sum(s.values[index] for s in profile.samples if len(s.stack) > 1)
     assert root.root.total == engine == root.split.total
     assert [b.frame.name for b in root.branches] == [
@@ -209,7 +209,7 @@ def test_widest_root_is_followed_to_where_it_splits():
 
 
 def test_report_of_an_empty_selection():
-    profile = seed_profile()
+    profile = guide_profile()
     profile.samples = []
     report = build_report(profile, build_tree(profile, 0))
     assert report.total == 0
@@ -217,7 +217,7 @@ def test_report_of_an_empty_selection():
 
 
 def test_report_json_has_exact_values():
-    profile = seed_profile()
+    profile = guide_profile()
     index = profile.pick_type()
     data = build_report(profile, build_tree(profile, index)).to_dict()
     assert data["sample_type"] == "peak_space" and data["unit"] == "bytes"

@@ -8,7 +8,7 @@ import pytest
 
 from gpuflame.formats import save
 from test_cli_analysis import run
-from test_hotspots import seed_profile
+from test_hotspots import guide_profile
 
 LOCATION = re.compile(r"(\S+\.py):(\d+)")
 
@@ -18,8 +18,8 @@ LOCATION = re.compile(r"(\S+\.py):(\d+)")
     [("report", []), ("top", []), ("top", ["--by", "total"]), ("explain", ["_allocate_kv_cache_tensors"])],
 )
 def test_paths_stay_whole_or_keep_their_end(capsys, monkeypatch, tmp_path, command, extra):
-    path = tmp_path / "seed.pb.gz"
-    save(seed_profile(), path)
+    path = tmp_path / "guide.pb.gz"
+    save(guide_profile(), path)
     monkeypatch.setenv("COLUMNS", "80")
     rc, out, err = run(capsys, command, path, *extra)
     assert rc == 0, err

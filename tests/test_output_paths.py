@@ -21,7 +21,7 @@ from gpuflame.errors import GpuflameError
 from gpuflame.files import check_output
 from gpuflame.formats import load, save
 from test_cli_analysis import run
-from test_hotspots import seed_profile
+from test_hotspots import guide_profile
 from test_run_cli import gpuflame_run
 
 SCRIPT = "import torch\nx = torch.zeros(1000)\nprint('ran')\n"
@@ -29,8 +29,8 @@ SCRIPT = "import torch\nx = torch.zeros(1000)\nprint('ran')\n"
 
 @pytest.fixture()
 def profile_file(tmp_path) -> Path:
-    path = tmp_path / "seed.pb.gz"
-    save(seed_profile(), path)
+    path = tmp_path / "guide.pb.gz"
+    save(guide_profile(), path)
     return path
 
 
@@ -158,7 +158,7 @@ def test_export_to_stdout_and_report_from_stdin(tmp_path, profile_file):
         [*gpuflame, "export", str(profile_file), "-o", "-", "--format", "folded"],
         capture_output=True, check=True,
     ).stdout
-    want = seed_profile()
+    want = guide_profile()
     assert sum(int(line.rsplit(b" ", 1)[1]) for line in folded.splitlines()) == want.totals()["peak_space"]
     pprof = subprocess.run(
         [*gpuflame, "export", str(profile_file), "-o", "-", "--format", "pprof"], capture_output=True, check=True
@@ -167,7 +167,7 @@ def test_export_to_stdout_and_report_from_stdin(tmp_path, profile_file):
         [*gpuflame, "top", "-", "--json"], input=pprof, capture_output=True, check=True
     ).stdout
     assert json.loads(top)["total"] == want.totals()["peak_space"]
-    assert os.listdir(tmp_path) == ["seed.pb.gz"]  # no file named "-"
+    assert os.listdir(tmp_path) == ["guide.pb.gz"]  # no file named "-"
 
 
 def test_export_to_stdout_needs_a_format(capsys, profile_file):

@@ -142,7 +142,7 @@ def line_of(path: Path, text: str) -> int:
     return 1 + next(i for i, line in enumerate(path.read_text().splitlines()) if text in line)
 
 
-def test_seed_table_names(tricky: Path) -> None:
+def test_guide_table_names(tricky: Path) -> None:
     f = str(tricky)
     assert display(f, line_of(tricky, "return [x for x in range(3)]"), "method") == "Outer > Inner > method"
     assert display(f, line_of(tricky, "{k: v for k, v"), "leaf") == "Outer > Inner > Deepest > leaf"

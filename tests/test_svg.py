@@ -26,7 +26,7 @@ from gpuflame.model.profile import NATIVE, SYNTHETIC, TRAMPOLINE
 from gpuflame.render.svg import CHAR_WIDTH, FRAME_HEIGHT, SIDE_PAD, TEXT_PAD, encode
 from gpuflame.units import format_bytes
 from test_cli_analysis import run
-from test_hotspots import SEED_KV_CHAIN, seed_profile
+from test_hotspots import GUIDE_KV_CHAIN, guide_profile
 
 SVG_NS = "{http://www.w3.org/2000/svg}"
 ALLOWED = {"svg", "g", "rect", "text", "title", "style"}
@@ -167,11 +167,11 @@ def test_every_bar_is_where_the_samples_put_it_and_as_wide_as_its_total(rows, ic
     assert sum(b["w"] for b in roots) == pytest.approx(USABLE, abs=0.05)
 
 
-def test_seed_profile_root_at_the_bottom_and_icicle_on_top():
-    profile = seed_profile()
+def test_guide_profile_root_at_the_bottom_and_icicle_on_top():
+    profile = guide_profile()
     index = profile.type_index("peak_space")
     flame = {b["name"]: b for b in bars(parse(encode(profile, index)))}
-    chain = SEED_KV_CHAIN
+    chain = GUIDE_KV_CHAIN
     ys = [flame[name]["y"] for name in chain]
     assert ys == sorted(ys, reverse=True), "callers below callees"
     assert all(a - b == FRAME_HEIGHT for a, b in zip(ys, ys[1:], strict=False))
@@ -252,7 +252,7 @@ def hue(fill: str) -> float:
 
 
 def test_colours_tell_python_native_trampoline_and_synthetic_apart():
-    profile = seed_profile()
+    profile = guide_profile()
     profile.add([Frame("<outside framework>", kind=SYNTHETIC)], [1 << 30] * 6)
     drawn = {d["name"]: d["rect"] for d in bars(parse(encode(profile, profile.type_index("peak_space"))))}
     python = [r for n, r in drawn.items() if not n.startswith(("<", "0x"))] + [drawn["<module>"]]
@@ -267,7 +267,7 @@ def test_colours_tell_python_native_trampoline_and_synthetic_apart():
 
 
 def test_header_has_the_type_the_total_and_every_comment():
-    profile = seed_profile()
+    profile = guide_profile()
     profile.comments += [f"comment {i}" for i in range(10)]
     root = parse(dumps(profile, "svg", "inuse_space").decode("utf-8"))
     header = [t for t in root.findall(f"{SVG_NS}text")]
@@ -332,17 +332,17 @@ def test_characters_xml_cannot_carry_become_replacement_characters():
 
 
 @pytest.fixture
-def seed_file(tmp_path) -> Path:
-    path = tmp_path / "seed.pb.gz"
-    save(seed_profile(), path)
+def guide_file(tmp_path) -> Path:
+    path = tmp_path / "guide.pb.gz"
+    save(guide_profile(), path)
     return path
 
 
 @pytest.mark.parametrize("explicit", [True, False])
-def test_export_writes_svg(capsys, tmp_path, seed_file, explicit):
+def test_export_writes_svg(capsys, tmp_path, guide_file, explicit):
     out_path = tmp_path / "flame.svg"
     fmt = ["--format", "svg"] if explicit else []
-    rc, out, err = run(capsys, "export", seed_file, *fmt, "--type", "inuse", "-o", out_path)
+    rc, out, err = run(capsys, "export", guide_file, *fmt, "--type", "inuse", "-o", out_path)
     assert rc == 0, err
     assert out.startswith(f"wrote {out_path} (svg, inuse_space, ")
     root = assert_inert(out_path.read_text(encoding="utf-8"))
@@ -350,22 +350,22 @@ def test_export_writes_svg(capsys, tmp_path, seed_file, explicit):
     assert "trace ring buffer overflowed" in "".join(root.itertext())
 
 
-def test_export_svg_applies_the_filters(capsys, tmp_path, seed_file):
+def test_export_svg_applies_the_filters(capsys, tmp_path, guide_file):
     out_path = tmp_path / "f.svg"
-    rc, _, err = run(capsys, "export", seed_file, "--no-cached", "--focus", "Worker.load_model", "-o", out_path)
+    rc, _, err = run(capsys, "export", guide_file, "--no-cached", "--focus", "Worker.load_model", "-o", out_path)
     assert rc == 0, err
     names = {d["name"] for d in bars(parse(out_path.read_text(encoding="utf-8")))}
     assert names == {"Worker > load_model", "LlamaForCausalLM > __init__", "LlamaMLP > __init__"}
 
 
-def test_flame_writes_the_same_filtered_profile_as_svg(capsys, tmp_path, seed_file):
+def test_flame_writes_the_same_filtered_profile_as_svg(capsys, tmp_path, guide_file):
     out_path = tmp_path / "flame.svg"
-    rc, out, err = run(capsys, "flame", seed_file, "--no-cached", "--svg", out_path)
+    rc, out, err = run(capsys, "flame", guide_file, "--no-cached", "--svg", out_path)
     assert rc == 0 and err == ""
     assert "EngineCore > __init__" in out and f"wrote {out_path} (svg)" in out
     names = {d["name"] for d in bars(assert_inert(out_path.read_text(encoding="utf-8")))}
     assert "LlamaMLP > __init__" in names and "<cached free blocks>" not in names
-    rc, out, err = run(capsys, "flame", seed_file, "--json", "--svg", tmp_path / "again.svg")
+    rc, out, err = run(capsys, "flame", guide_file, "--json", "--svg", tmp_path / "again.svg")
     assert rc == 0 and json.loads(out)["sample_type"] == "peak_space"
     assert parse((tmp_path / "again.svg").read_text(encoding="utf-8")) is not None
 
@@ -379,10 +379,10 @@ def test_flame_writes_the_same_filtered_profile_as_svg(capsys, tmp_path, seed_fi
         ["flame", "{f}", "--json", "--svg", "{dir}"],
     ],
 )
-def test_unwritable_output_is_one_line_and_exit_2(capsys, tmp_path, seed_file, argv):
+def test_unwritable_output_is_one_line_and_exit_2(capsys, tmp_path, guide_file, argv):
     outdir = tmp_path / "out"
     outdir.mkdir()
-    rc, out, err = run(capsys, *[a.format(f=seed_file, dir=outdir) for a in argv])
+    rc, out, err = run(capsys, *[a.format(f=guide_file, dir=outdir) for a in argv])
     assert rc == 2 and out == ""
     assert len(err.strip().splitlines()) == 1 and "cannot write" in err and "Traceback" not in err
     assert os.listdir(outdir) == []

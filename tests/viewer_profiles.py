@@ -1,6 +1,6 @@
 """Profiles for the HTML viewer's tests (tests/test_view_cli.py, tests/browser/).
 
-Realistic names from the seed (``LlamaMLP > __init__``,
+Realistic names from the AKS guide (``LlamaMLP > __init__``,
 ``GPUModelRunner > _allocate_kv_cache_tensors``), a trampoline, native and
 synthetic frames, two processes, and names, files and labels that would be
 markup or script if a page ever treated them as HTML.

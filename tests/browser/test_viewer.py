@@ -356,8 +356,8 @@ def test_a_profile_without_a_timeline_shows_no_strip(page: Chrome) -> None:
     assert page.evaluate("document.getElementById('timeline-box').hidden") is True
 
 
-def test_the_demo_run_renders_offline_with_the_seeds_names(chrome: Chrome, tmp_path: Path) -> None:
-    """Issue 4's check: `gpuflame run` of the demo, `gpuflame view`, headless Chromium, seed names on screen."""
+def test_the_demo_run_renders_offline_with_the_guides_names(chrome: Chrome, tmp_path: Path) -> None:
+    """Issue 4's check: `gpuflame run` of the demo, `gpuflame view`, headless Chromium, the guide's names shown."""
     import os
     import subprocess
     import sys

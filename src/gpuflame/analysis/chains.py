@@ -1,6 +1,6 @@
 """Why a function allocates: the call chains that lead to it, read bottom-up.
 
-The seed reads a stack from the bottom (the entry point) up to the frame that
+The AKS flame-graph reading guide reads a stack from the bottom (the entry point) up to the frame that
 allocates. ``explain`` does that for every distinct path into a function:
 each chain runs from a root to the function's outermost appearance on that
 path (recursion above it belongs to the same chain), with the self and total

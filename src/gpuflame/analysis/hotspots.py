@@ -1,4 +1,4 @@
-"""Per-function statistics and the report that answers the seed's quick-reference table.
+"""Per-function statistics and the report that answers the AKS guide's quick-reference table.
 
 | goal                              | where to look                  | section          |
 | --------------------------------- | ------------------------------ | ---------------- |
@@ -140,7 +140,7 @@ class TypeTotal:
 
 @dataclass(frozen=True)
 class Report:
-    """The answers to the seed's quick-reference table for one sample type."""
+    """The answers to the AKS guide's quick-reference table for one sample type."""
 
     type: str
     unit: str

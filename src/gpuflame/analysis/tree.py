@@ -1,6 +1,6 @@
 """The flame tree of one sample type: every node with its self and total.
 
-Roots are the outermost callers (the bottom of a flame graph, as the seed
+Roots are the outermost callers (the bottom of a flame graph, as the AKS guide
 draws it); a node's children are the functions it called. **Total** is the
 node and everything above it, **self** what the node allocated itself.
 

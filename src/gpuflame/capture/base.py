@@ -9,7 +9,7 @@ while the workload goes on. What it had recorded up to then stays available
 through :meth:`Recorder.snapshot`. Only ``Exception`` is caught: Ctrl-C and
 ``SystemExit`` belong to the workload and pass through.
 
-The profile a recorder hands out carries the sample types of DESIGN.md
+The profile a recorder hands out carries the sample types of README's table
 (``peak_*``, ``inuse_*``, ``alloc_*`` where known), the labels ``device``
 and ``pid`` on every sample, and ``default_type = "peak_space"``.
 """

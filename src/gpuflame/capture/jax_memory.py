@@ -1,4 +1,4 @@
-"""Backend ``jax``: JAX's live-buffer profile, sampled, in the seed's names.
+"""Backend ``jax``: JAX's live-buffer profile, sampled, in the AKS guide's names.
 
 ``jax.profiler.device_memory_profile()`` returns a gzipped pprof of every
 live ``jax.Array`` buffer (and executable) with the Python stack that made
@@ -145,7 +145,7 @@ class JaxMemoryRecorder(Recorder):
                 points[:] = downsample(points, MAX_POINTS)
 
     def convert(self, data: bytes) -> Rows:
-        """One JAX pprof -> rows in the seed's names, framework frames pruned unless kept."""
+        """One JAX pprof -> rows in the AKS guide's names, framework frames pruned unless kept."""
         from gpuflame.formats import pprof
 
         raw = pprof.decode(data)

@@ -1,4 +1,4 @@
-"""``gpuflame report``: one screen that answers the seed's quick-reference table."""
+"""``gpuflame report``: one screen that answers the AKS guide's quick-reference table."""
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ Writing (:func:`encode`) maps the model onto pprof like this:
   varint width, which lets :func:`decode` read a stack in one C call
   (:func:`location_id_base`).
 - One Function per distinct ``(name, system_name, filename, start_line)``: ``name`` is the
-  display name of the seed's table (``LlamaMLP > forward``, which is what
+  display name of the AKS guide's table (``LlamaMLP > forward``, which is what
   Grafana/Pyroscope show), ``system_name`` the dotted qualname
   (``LlamaMLP.forward``), ``filename`` the frame's file. Where the dotted
   name is the name itself (``bar``, ``<module>``) system_name is left empty:
@@ -25,7 +25,7 @@ Writing (:func:`encode`) maps the model onto pprof like this:
   library), as native code does in pprof; a frame named by its address
   (``0x7f15…``) also gets ``Location.address``, and still a Line and a
   Function of that name: without one, pprof and Grafana would show the
-  mapping's name instead of the seed's raw address.
+  mapping's name instead of the AKS guide's raw address.
 - ``profile.timeline`` (memory over time) has no pprof field: it is written as
   one extra ``comment`` (:mod:`gpuflame.model.timeline`), which the reader
   takes back out of the comments; a damaged one becomes a plain note. So is

@@ -28,7 +28,7 @@ FRAME_KINDS = (PYTHON, NATIVE, TRAMPOLINE, SYNTHETIC)
 
 
 class Frame(NamedTuple):
-    """One function in a stack, named per the seed's table (``Foo > bar``).
+    """One function in a stack, named per the AKS guide's table (``Foo > bar``).
 
     ``line`` is the line running in this frame (where it called on, or
     allocated: pprof's ``Line.line``); ``start_line`` is where the function
@@ -166,7 +166,7 @@ class Profile:
     def pick_type(self, name: str | None = None) -> int:
         """The type the user asked for, else the profile's default, else by preference.
 
-        Preference follows DESIGN.md: peak (the OOM question), then in-use,
+        Preference follows README's sample types: peak (the OOM question), then in-use,
         then allocated, then whatever comes first.
         """
         if name:

@@ -4,7 +4,7 @@ A code host shows an SVG in a pull request only as an ``<img>``, which runs
 no script and loads nothing from outside, so the picture is plain shapes and
 text: a ``<rect>`` and ``<text>`` per frame, and a ``<title>`` child per frame
 that every browser shows as a tooltip (full name, self, total, file:line).
-Roots are at the bottom, as the seed draws a flame graph; ``icicle=True``
+Roots are at the bottom, as the AKS guide draws a flame graph; ``icicle=True``
 hangs them from the top instead.
 
 Why it is laid out the way it is: a large profile has millions of tree

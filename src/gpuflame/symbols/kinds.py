@@ -13,7 +13,7 @@ _PYTHON_FILE = re.compile(r"\.(py|pyw|pyx|ipynb)$|^<(frozen |string|stdin|ipytho
 
 
 def guess_kind(name: str, file: str = "") -> str:
-    """python / native / trampoline / synthetic, as the seed's table reads them.
+    """python / native / trampoline / synthetic, as the AKS guide's table reads them.
 
     ``<module>``, ``<lambda>`` and comprehensions are Python; other names in
     angle brackets without a Python file are synthetic (``<cached free

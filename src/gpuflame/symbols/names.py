@@ -1,4 +1,4 @@
-"""Frame names per the seed's table, and search that accepts both spellings.
+"""Frame names per the AKS flame-graph reading guide's table, and search that accepts both spellings.
 
 | label                     | meaning                                   |
 | ------------------------- | ----------------------------------------- |
@@ -45,7 +45,7 @@ def display_name(qualname: str) -> str:
 
 
 def native_address_name(address: int) -> str:
-    """A native frame with no symbol is shown as its raw address, like the seed."""
+    """A native frame with no symbol is shown as its raw address, as the AKS guide shows it."""
     return f"0x{address:x}"
 
 

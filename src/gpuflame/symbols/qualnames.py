@@ -1,7 +1,7 @@
 """Qualified names from (file, line, co_name), by indexing the source once.
 
 PyTorch's allocator records only a frame's ``co_name`` (``forward``), but the
-seed's names need the class (``LlamaMLP > forward``), complete on the first
+AKS guide's names need the class (``LlamaMLP > forward``), complete on the first
 run. The source file says which ``def`` holds a line: each file is parsed once
 with :mod:`ast` into the line spans of its functions, methods, lambdas,
 comprehensions and class bodies, each with its ``__qualname__``; a lookup picks
@@ -295,7 +295,7 @@ class Resolver:
         return self.lookup(file, line, co_name)[0]
 
     def display(self, file: str, line: int, co_name: str) -> str:
-        """The seed's label: ``LlamaMLP > forward``."""
+        """The AKS guide's label: ``LlamaMLP > forward``."""
         return display_name(self.qualname(file, line, co_name))
 
     def def_line(self, file: str, line: int, co_name: str) -> int:

@@ -512,7 +512,7 @@
    * the run from n down through frames with one child and no self (the
    * terminal's flame_text collapses the same runs). A run is one bar only
    * if it has two frames or more. Groups start expanded, unlike Grafana's
-   * panel: the seed has to tell users to press "Expand all groups" to read
+   * panel: the AKS guide has to tell users to press "Expand all groups" to read
    * a stack bottom-up, and here every name stays visible and searchable by
    * default; "collapse all groups" gives Grafana's view.
    */
