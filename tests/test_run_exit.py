@@ -316,3 +316,31 @@ def test_an_api_block_inside_a_run_leaves_both_profiles(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert bytes_by_function(load(tmp_path / "whole.pb.gz"))["Holder > make"] == 20 * KIB
     assert bytes_by_function(load(tmp_path / "block.pb.gz"))["Holder > make"] == 4 * KIB
+
+
+SIGTERM_ON_ANOTHER_THREAD = """
+import signal, threading, time, torch
+kept = torch.zeros(64 * 256)  # 64 KiB
+held = threading.Lock()
+held.acquire()
+
+def take_the_sigterm():
+    time.sleep(0.3)
+    # what the kernel may do with `kill PID`: hand the SIGTERM to a thread other than the main one
+    signal.pthread_kill(threading.get_ident(), signal.SIGTERM)
+
+threading.Thread(target=take_the_sigterm, daemon=True).start()
+held.acquire()  # never released: only the SIGTERM ends this process, as it does without gpuflame
+"""
+
+
+def test_a_sigterm_taken_by_another_thread_still_ends_the_program_with_its_profile(tmp_path: Path) -> None:
+    """A pool worker waiting on its queue hung when torch's thread took the SIGTERM (about 1 run in 10)."""
+    script = write(tmp_path / "other_thread.py", SIGTERM_ON_ANOTHER_THREAD)
+    bare = subprocess.run([sys.executable, str(script)], capture_output=True, timeout=60)
+    assert bare.returncode == -signal.SIGTERM  # what the program does alone
+    result = gpuflame_run("--json", "-o", "t.pb.gz", script.name, cwd=tmp_path, timeout=60)
+    assert result.returncode == 128 + signal.SIGTERM, result.stderr
+    assert json.loads(result.stdout.strip().splitlines()[-1])["lost_processes"] == []
+    inuse = bytes_by_function(load(tmp_path / "t.pb.gz"))
+    assert inuse["<module>"] == 64 * KIB

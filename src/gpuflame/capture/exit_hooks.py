@@ -29,6 +29,8 @@ from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
+from gpuflame.capture.signal_watch import SignalWatch
+
 if TYPE_CHECKING:
     from gpuflame.capture.session import Session
 
@@ -43,6 +45,7 @@ class ExitHooks:
         self._installed = False
         self._sigterm_installed = False
         self._previous_sigterm: Any = None
+        self._signal_watch = SignalWatch()
 
     def attach(self, session: Session) -> None:
         """Write *session* at the process's exit (and on SIGTERM, and in fork children)."""
@@ -70,6 +73,7 @@ class ExitHooks:
             session.finish()
 
     def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
+        self._signal_watch.handled()
         previous = self._previous_sigterm
         if callable(previous) or previous == signal.SIG_IGN:
             # the program goes on, or leaves through its own handler (atexit then writes the
@@ -86,6 +90,8 @@ class ExitHooks:
 
     def _after_fork(self) -> None:
         to_exec = _forking_to_exec()
+        if not to_exec:
+            self._signal_watch.restart_in_child()
         for session in list(self.sessions):
             session.after_fork(to_exec=to_exec)
 
@@ -135,6 +141,11 @@ class ExitHooks:
             self._sigterm_installed = True
         except (ValueError, OSError):
             self._previous_sigterm = None
+            return
+        try:  # a SIGTERM taken by another thread must still reach this handler (capture/signal_watch.py)
+            self._signal_watch.start()
+        except Exception:  # noqa: BLE001 - without the watch, SIGTERM handling is as before
+            pass
 
 
 HOOKS = ExitHooks()
