@@ -31,9 +31,11 @@ import os
 import threading
 from types import ModuleType
 
+from gpuflame.capture import categories
 from gpuflame.capture.base import Recorder, empty_profile
 from gpuflame.capture.code_frames import CodeFrames
 from gpuflame.capture.native import elf_symbols
+from gpuflame.capture.recorder_categories import HookCategories
 from gpuflame.model.profile import NATIVE, SYNTHETIC, Frame, Profile
 from gpuflame.model.timeline import Timeline
 from gpuflame.symbols.names import native_address_name, short_cpp_name
@@ -62,7 +64,8 @@ class TorchAllocatorRecorder(Recorder):
         self._stacks: list[list[Frame]] = []  # site -> frames, leaf first, as fetched from the hook
         # the hook's books are one per process and the next window resets them, so the
         # books of a stopped window are copied out at stop(): (rows, totals, timeline)
-        self._final: tuple[list[tuple[int, ...]], dict[str, int], list[tuple[int, int]]] | None = None
+        self._final: tuple[dict[tuple[int, str], list[int]], dict[str, int], list[tuple[int, int]]] | None = None
+        self._kinds = HookCategories(self)
 
     # -- Recorder -------------------------------------------------------------
 
@@ -82,12 +85,14 @@ class TorchAllocatorRecorder(Recorder):
             self._release()
             raise
         self._final = None
+        self._kinds.start()
 
     def _stop(self) -> None:
         try:
             if self._hook is not None and _busy is self:
+                self._kinds.stop()
                 self._hook.stop()
-                self._final = (self._hook.rows(), self._hook.totals(), self._hook.timeline())
+                self._final = (self._kinds.rows(self._hook.rows()), self._hook.totals(), self._hook.timeline())
         finally:
             self._release()
 
@@ -105,11 +110,11 @@ class TorchAllocatorRecorder(Recorder):
         if self._final is not None:
             rows, totals, points = self._final
         else:
-            rows, totals, points = hook.rows(), hook.totals(), hook.timeline()
+            rows, totals, points = self._kinds.rows(hook.rows()), hook.totals(), hook.timeline()
         self._fetch_stacks(hook)
         labels = {"device": "cpu", "pid": str(os.getpid())}
-        for site, *values in rows:
-            profile.add(self._stacks[site], values, labels)
+        for (site, category), values in rows.items():
+            profile.add(self._stacks[site], values, labels | {categories.LABEL: category})
         out = profile.compact()
         out.default_type = profile.default_type
         out.comments = self._comments(totals)

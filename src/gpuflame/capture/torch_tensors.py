@@ -61,8 +61,10 @@ from collections.abc import Callable
 from types import CodeType, FrameType
 from typing import Any
 
+from gpuflame.capture import categories
 from gpuflame.capture.base import Recorder, empty_profile
 from gpuflame.capture.code_frames import CodeFrames
+from gpuflame.capture.recorder_categories import LedgerCategories
 from gpuflame.model.profile import Frame, Profile
 
 # ops that may grow the storage of a tensor they write to
@@ -84,7 +86,7 @@ class _StorageRef(weakref.ref):
     allocation number ``seq``; < 0 = gone.
     """
 
-    __slots__ = ("cdata", "site", "nbytes", "seq")
+    __slots__ = ("cdata", "site", "nbytes", "seq", "tag")  # tag: capture/categories.py, set only when known
 
     cdata: int
     site: int
@@ -118,6 +120,8 @@ class Ledger:
         self.alloc_bytes: list[int] = []
         self.alloc_count: list[int] = []
         self.peak_gone: dict[int, list[int]] = {}
+        # (site, category tag) -> [peak it belongs to, bytes, count]: tagged storages in peak_gone
+        self.gone_tagged: dict[tuple[int, int], list[int]] = {}
         self.total = 0
         self.peak = 0
         self.peak_seq = 0
@@ -186,6 +190,16 @@ class Ledger:
             else:
                 gone[0] += ref.nbytes
                 gone[1] += 1
+            tag = getattr(ref, "tag", 0)
+            if tag:
+                self._gone_tagged(ref.site, tag, ref.nbytes)
+
+    def _gone_tagged(self, site: int, tag: int, nbytes: int) -> None:
+        entry = self.gone_tagged.get((site, tag))
+        if entry is None or entry[0] != self.peak_seq:
+            entry = self.gone_tagged[(site, tag)] = [self.peak_seq, 0, 0]
+        entry[1] += nbytes
+        entry[2] += 1
 
     def forget(self, storage: Any, cdata: int) -> None:
         """Count a live storage as freed now, though it lives on (its bytes were replaced by a resize)."""
@@ -444,6 +458,7 @@ class TorchTensorRecorder(Recorder):
         self._mode: Any = None
         self._previous_thread_profile: Any = None
         self._thread_hook_installed = False
+        self._kinds = LedgerCategories(self)
         _LIVE_RECORDERS.add(self)
 
     def after_fork(self) -> None:
@@ -484,9 +499,11 @@ class TorchTensorRecorder(Recorder):
             self._previous_thread_profile = threading.getprofile()
             threading.setprofile(self._thread_hook)
             self._thread_hook_installed = True
+        self._kinds.start()
 
     def _stop(self) -> None:
         mode, self._mode = self._mode, None
+        self._kinds.stop()
         self._unhook_threads()
         if mode is not None:
             mode.on = False
@@ -496,15 +513,16 @@ class TorchTensorRecorder(Recorder):
     def _degrade(self) -> None:
         if self._mode is not None:
             self._mode.on = False
+        self._kinds.stop()
         self._unhook_threads()
 
     def _snapshot(self) -> Profile:
-        rows = self.ledger.rows()
+        rows = self._kinds.rows()
         profile = empty_profile()
         pid = str(os.getpid())
-        for site, values in rows.items():
+        for (site, category), values in rows.items():
             sid, device = self.site_keys[site]
-            profile.add(self.stacks.frames(sid), values, {"device": device, "pid": pid})
+            profile.add(self.stacks.frames(sid), values, {"device": device, "pid": pid, categories.LABEL: category})
         out = profile.compact()
         out.default_type = profile.default_type
         out.comments = self._comments()

@@ -48,10 +48,12 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
+#include <map>
 #include <mutex>
 #include <new>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -78,6 +80,13 @@ struct Live {
   uint64_t nbytes;
   uint64_t seq;
   uint32_t site;
+  uint8_t tag = 0;  // category found in the object graph (capture/categories.py: TAGGED), 0: none
+};
+
+// tagged blocks live at the peak and freed since, per (site, tag), stamped
+// with the peak they belong to (a later peak makes the entry stale)
+struct GoneTagged {
+  uint64_t peak_seq = 0, bytes = 0, count = 0;
 };
 
 struct SiteBooks {
@@ -182,9 +191,11 @@ struct Books {
   uint64_t lost = 0;      // allocations not booked: gpuflame itself ran out of memory
   bool recording = false;
   TimelineBooks timeline;
+  std::map<std::pair<uint32_t, uint8_t>, GoneTagged> gone_tagged;
 
   void reset_window() {
     live.clear();
+    gone_tagged.clear();
     timeline.clear();
     for (auto& s : sites) s = SiteBooks{};
     gone_sites.clear();
@@ -210,6 +221,8 @@ struct Books {
     }
   }
 
+  void note_gone_tagged(const Live& l);
+
   // a block not in `live` was made before this window: nothing to book
   void on_free(void* ptr) {
     auto it = live.find(ptr);
@@ -225,9 +238,17 @@ struct Books {
       if (b.gone_count == 0) gone_sites.push_back(l.site);
       b.gone_bytes += l.nbytes;
       b.gone_count += 1;
+      if (l.tag != 0) note_gone_tagged(l);
     }
   }
 };
+
+void Books::note_gone_tagged(const Live& l) {
+  GoneTagged& g = gone_tagged[{l.site, l.tag}];
+  if (g.peak_seq != peak_seq) g = GoneTagged{peak_seq, 0, 0};
+  g.bytes += l.nbytes;
+  g.count += 1;
+}
 
 Books* books() {
   static Books* b = new Books();  // never destroyed: see the top of the file
@@ -602,6 +623,72 @@ PyObject* py_timeline(PyObject*, PyObject*) {
   return out;
 }
 
+// tag([(address, tag)]): give live blocks their category (capture/categories.py); unknown ones are skipped
+PyObject* py_tag(PyObject*, PyObject* arg) {
+  std::vector<std::pair<void*, uint8_t>> tags;
+  PyObject* seq = PySequence_Fast(arg, "tag() takes a list of (address, tag)");
+  if (seq == nullptr) return nullptr;
+  Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+  tags.reserve(static_cast<size_t>(n));
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    unsigned long long address = 0;
+    unsigned int tag = 0;
+    if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "KI", &address, &tag)) { Py_DECREF(seq); return nullptr; }
+    tags.emplace_back(reinterpret_cast<void*>(address), static_cast<uint8_t>(tag));
+  }
+  Py_DECREF(seq);
+  Books* b = books();
+  std::lock_guard<std::mutex> guard(b->lock);
+  for (const auto& [ptr, tag] : tags) {
+    auto it = b->live.find(ptr);
+    if (it != b->live.end()) it->second.tag = tag;
+  }
+  Py_RETURN_NONE;
+}
+
+// blocks(): [(address, bytes, site, live at the peak, tag)] of the window's live blocks
+PyObject* py_blocks(PyObject*, PyObject*) {
+  std::vector<std::tuple<uintptr_t, uint64_t, uint32_t, bool, uint8_t>> rows;
+  {
+    Books* b = books();
+    std::lock_guard<std::mutex> guard(b->lock);
+    rows.reserve(b->live.size());
+    for (const auto& [ptr, l] : b->live) {
+      if (l.seq != 0) rows.emplace_back(reinterpret_cast<uintptr_t>(ptr), l.nbytes, l.site, l.seq <= b->peak_seq, l.tag);
+    }
+  }
+  PyObject* out = PyList_New(static_cast<Py_ssize_t>(rows.size()));
+  if (out == nullptr) return nullptr;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const auto& [ptr, nbytes, site, at_peak, tag] = rows[i];
+    PyObject* row = Py_BuildValue("(KKIOI)", static_cast<unsigned long long>(ptr), nbytes, site,
+                                  at_peak ? Py_True : Py_False, static_cast<unsigned int>(tag));
+    if (row == nullptr) { Py_DECREF(out); return nullptr; }
+    PyList_SET_ITEM(out, static_cast<Py_ssize_t>(i), row);
+  }
+  return out;
+}
+
+// gone_tagged(): [(site, tag, bytes, count)] of tagged blocks live at the peak and freed since
+PyObject* py_gone_tagged(PyObject*, PyObject*) {
+  std::vector<std::tuple<uint32_t, uint8_t, uint64_t, uint64_t>> rows;
+  {
+    Books* b = books();
+    std::lock_guard<std::mutex> guard(b->lock);
+    for (const auto& [key, g] : b->gone_tagged) {
+      if (g.peak_seq == b->peak_seq && g.count != 0) rows.emplace_back(key.first, key.second, g.bytes, g.count);
+    }
+  }
+  PyObject* out = PyList_New(0);
+  if (out == nullptr) return nullptr;
+  for (const auto& [site, tag, nbytes, count] : rows) {
+    PyObject* row = Py_BuildValue("(IIKK)", site, static_cast<unsigned int>(tag), nbytes, count);
+    if (row == nullptr || PyList_Append(out, row) < 0) { Py_XDECREF(row); Py_DECREF(out); return nullptr; }
+    Py_DECREF(row);
+  }
+  return out;
+}
+
 PyObject* py_symbol(PyObject*, PyObject* arg) {
   unsigned long long address = PyLong_AsUnsignedLongLong(arg);
   if (PyErr_Occurred()) return nullptr;
@@ -670,6 +757,9 @@ PyMethodDef kMethods[] = {
     {"rows", guarded<py_rows>, METH_NOARGS, "Peak, in-use and allocated bytes and counts per site."},
     {"totals", guarded<py_totals>, METH_NOARGS, "Totals of the current window."},
     {"timeline", guarded<py_timeline>, METH_NOARGS, "Live bytes over time (bounded, peaks kept)."},
+    {"tag", guarded<py_tag>, METH_O, "tag([(address, tag)]): categories of live blocks (categories.py)."},
+    {"blocks", guarded<py_blocks>, METH_NOARGS, "Live blocks: (address, bytes, site, at peak, tag)."},
+    {"gone_tagged", guarded<py_gone_tagged>, METH_NOARGS, "Tagged blocks live at the peak, freed since."},
     {"installed", guarded<py_installed>, METH_NOARGS, "Whether the hook is the CPU allocator now."},
     {nullptr, nullptr, 0, nullptr},
 };

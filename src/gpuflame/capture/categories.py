@@ -1,0 +1,295 @@
+"""What kind of memory a block is: the ``category`` label of every sample.
+
+The flame graph says *which function* holds memory; the category says *what
+kind*: the weights, their gradients, the optimizer's state, the KV cache,
+activations. Two sources, the first that knows wins:
+
+1. **The object graph**, read when it is cheap to read: every profile
+   (snapshot) walks the garbage collector's objects for ``nn.Module``
+   parameters and buffers, their ``.grad``, ``torch.optim.Optimizer.state``
+   and transformers ``Cache`` objects, and maps each tensor's storage to a
+   category; every ``optimizer.step()`` (a global step pre- and post-hook,
+   O(parameters)) does the same for that optimizer. A block the recorder
+   holds at such a storage takes the category and keeps it as a *tag*, so a
+   block live at the peak and freed since (a gradient dropped by
+   ``zero_grad(set_to_none=True)``) is still classed right.
+2. **The stack that allocated it**: a frame in transformers'
+   ``cache_utils.py`` (or vLLM's KV-cache allocation) is ``kv_cache``, a
+   ``torch.optim`` ``_init_group`` frame is ``optimizer_state``, a module's
+   ``forward`` or a ``backward`` frame is ``activation``; anything else is
+   ``other``.
+
+Blind spots: a block freed before any snapshot or optimizer step saw it in
+the graph is classed by its stack alone (a gradient of a loop without a
+``torch.optim`` optimizer, freed before the profile is taken, is an
+``activation``: it was made in backward); a storage shared by two roles
+takes the first of parameter, gradient, optimizer state, KV cache; tensors
+held only by C++ (autograd's saved tensors) are activations by their stack.
+
+This module runs inside the profiled process: standard library only, torch
+and transformers only through ``sys.modules`` (never imported here).
+"""
+
+from __future__ import annotations
+
+import gc
+import sys
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
+
+from gpuflame.model.profile import Frame
+
+LABEL = "category"
+
+PARAMETER = "parameter"
+GRADIENT = "gradient"
+OPTIMIZER_STATE = "optimizer_state"
+KV_CACHE = "kv_cache"
+ACTIVATION = "activation"
+OTHER = "other"
+CACHED_FREE = "cached_free"
+OUTSIDE_FRAMEWORK = "outside_framework"
+CATEGORIES = (PARAMETER, GRADIENT, OPTIMIZER_STATE, KV_CACHE, ACTIVATION, OTHER, CACHED_FREE, OUTSIDE_FRAMEWORK)
+
+# categories found in the object graph, in order of precedence; a block's tag
+# is its index here plus one (0: no tag), as the C++ hook stores it
+TAGGED = (PARAMETER, GRADIENT, OPTIMIZER_STATE, KV_CACHE)
+TAG_OF = {name: i + 1 for i, name in enumerate(TAGGED)}
+
+StorageKey = Callable[[Any], int]  # a storage -> the key its recorder books it under
+
+
+# -----------------------------------------------------------------------------
+# the object graph
+# -----------------------------------------------------------------------------
+
+
+def graph_roles(key: StorageKey) -> dict[int, str]:
+    """Every storage the object graph gives a role, by *key*: one walk of the collector's objects."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return {}
+    module_type = torch.nn.Module
+    optimizer_type = torch.optim.Optimizer
+    cache_types = _cache_types()
+    modules: list[Any] = []
+    optimizers: list[Any] = []
+    caches: list[Any] = []
+    kinds: dict[type, list[Any] | None] = {}
+    for obj in gc.get_objects():
+        # by type(): isinstance() reads __class__, which some lazy module objects warn on
+        t = type(obj)
+        kind = kinds.get(t, ())
+        if kind == ():
+            kind = kinds[t] = _kind(t, module_type, optimizer_type, cache_types, modules, optimizers, caches)
+        if kind is not None:
+            kind.append(obj)
+    roles: dict[int, str] = {}
+    # lowest precedence first: a later role overwrites an earlier one
+    _assign(roles, key, KV_CACHE, (t for c in caches for t in _tensors_in(vars(c), 4)))
+    for opt in optimizers:
+        _assign(roles, key, OPTIMIZER_STATE, _state_tensors(opt))
+    params = [p for m in modules for p in m._parameters.values() if p is not None]
+    _assign(roles, key, GRADIENT, (p.grad for p in params))
+    buffers = (b for m in modules for b in m._buffers.values() if b is not None)
+    _assign(roles, key, PARAMETER, [*params, *buffers])
+    return roles
+
+
+def _kind(t: type, module: type, optimizer: type, caches: tuple[type, ...], *lists: list[Any]) -> list[Any] | None:
+    """Which of (modules, optimizers, caches) objects of type *t* go to; None for none."""
+    if issubclass(t, module):
+        return lists[0]
+    if issubclass(t, optimizer):
+        return lists[1]
+    if caches and issubclass(t, caches):
+        return lists[2]
+    return None
+
+
+def optimizer_roles(optimizer: Any, key: StorageKey) -> dict[int, str]:
+    """One optimizer's parameters, their gradients and its state: cheap enough for every step."""
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    roles: dict[int, str] = {}
+    _assign(roles, key, OPTIMIZER_STATE, _state_tensors(optimizer))
+    _assign(roles, key, GRADIENT, (p.grad for p in params))
+    _assign(roles, key, PARAMETER, params)
+    return roles
+
+
+def _assign(roles: dict[int, str], key: StorageKey, role: str, tensors: Iterable[Any]) -> None:
+    for t in tensors:
+        if t is None:
+            continue
+        try:
+            if t.device.type == "meta":
+                continue
+            roles[key(t.untyped_storage())] = role
+        except (RuntimeError, NotImplementedError, AttributeError, TypeError):
+            continue  # sparse, nested or subclass tensors without a plain storage
+
+
+def _state_tensors(optimizer: Any) -> Iterator[Any]:
+    for state in list(optimizer.state.values()):
+        if isinstance(state, dict):
+            yield from _tensors_in(state, 1)
+
+
+def _tensors_in(value: Any, depth: int) -> Iterator[Any]:
+    """Tensors in *value* and in the lists, tuples, dicts and plain objects in it, *depth* levels down."""
+    torch = sys.modules["torch"]
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif depth <= 0:
+        return
+    elif isinstance(value, dict):
+        for v in list(value.values()):
+            yield from _tensors_in(v, depth - 1)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _tensors_in(v, depth - 1)
+    elif hasattr(value, "__dict__") and type(value).__module__.startswith("transformers."):
+        yield from _tensors_in(vars(value), depth - 1)
+
+
+def _cache_types() -> tuple[type, ...]:
+    """transformers' KV-cache classes, when transformers is imported."""
+    cache_utils = sys.modules.get("transformers.cache_utils")
+    names = ("Cache", "CacheLayerMixin")
+    return tuple(t for t in (getattr(cache_utils, n, None) for n in names) if isinstance(t, type))
+
+
+# -----------------------------------------------------------------------------
+# the allocating stack
+# -----------------------------------------------------------------------------
+
+# where KV caches are allocated (vLLM's are untested here: vLLM needs a GPU)
+_KV_CACHE_FILES = ("transformers/cache_utils.py", "vllm/worker/cache_engine.py")
+_KV_CACHE_FUNCTIONS = ("_allocate_kv_cache", "initialize_kv_cache", "_allocate_kv_cache_tensors")
+_BACKWARD = ("backward", "_engine_run_backward", "Tensor > backward", "Function > backward")
+
+
+def stack_category(frames: Sequence[Frame]) -> str:
+    """The category a block's allocating stack implies (leaf first): kv_cache, optimizer_state, activation, other."""
+    active = False
+    for f in frames:
+        file = f.file.replace("\\", "/")
+        name = f.name
+        if file.endswith(_KV_CACHE_FILES) or name.endswith(_KV_CACHE_FUNCTIONS):
+            return KV_CACHE
+        if name.endswith("_init_group") and "/torch/optim/" in file:
+            return OPTIMIZER_STATE
+        if name == "forward" or name.endswith("> forward") or name.endswith(_BACKWARD):
+            active = True
+    return ACTIVATION if active else OTHER
+
+
+# -----------------------------------------------------------------------------
+# splitting a recorder's rows by category
+# -----------------------------------------------------------------------------
+
+# row columns, as both torch recorders build them
+PEAK, INUSE, ALLOC = 0, 2, 4
+
+
+class Block:
+    """One live block as a recorder holds it: its key, size, site, whether it was live at the peak, its tag."""
+
+    __slots__ = ("key", "nbytes", "site", "at_peak", "tag")
+
+    def __init__(self, key: int, nbytes: int, site: int, at_peak: bool, tag: int) -> None:
+        self.key, self.nbytes, self.site, self.at_peak, self.tag = key, nbytes, site, at_peak, tag
+
+
+def split_rows(
+    rows: dict[int, list[int]],
+    default: Callable[[int], str],
+    blocks: Iterable[Block],
+    gone_tagged: Iterable[tuple[int, int, int, int]],
+    roles: dict[int, str],
+) -> dict[tuple[int, str], list[int]]:
+    """Per (site, category): [peak bytes, peak count, in-use bytes, in-use count, alloc bytes, alloc count].
+
+    A site's row starts under its stack's category (*default*); each live
+    block the graph (*roles*) or a tag gives another category moves there,
+    in use and, when it was live at the peak, at the peak; *gone_tagged*
+    (site, tag, bytes, count) moves the tagged blocks freed since the peak.
+    Allocated bytes follow only when every allocation of the site is live in
+    one other category.
+    """
+    out: dict[tuple[int, str], list[int]] = {(site, default(site)): list(row) for site, row in rows.items()}
+
+    def move(site: int, role: str, col: int, nbytes: int, count: int) -> None:
+        base = default(site)
+        if role == base or (site, base) not in out:
+            return
+        src = out[(site, base)]
+        if src[col + 1] < count:  # not in the rows (made or freed by another thread meanwhile)
+            return
+        dst = out.setdefault((site, role), [0] * 6)
+        src[col] -= nbytes
+        src[col + 1] -= count
+        dst[col] += nbytes
+        dst[col + 1] += count
+
+    for b in blocks:
+        role = roles.get(b.key) or (TAGGED[b.tag - 1] if 0 < b.tag <= len(TAGGED) else None)
+        if role is None:
+            continue
+        move(b.site, role, INUSE, b.nbytes, 1)
+        if b.at_peak:
+            move(b.site, role, PEAK, b.nbytes, 1)
+    for site, tag, nbytes, count in gone_tagged:
+        if 0 < tag <= len(TAGGED):
+            move(site, TAGGED[tag - 1], PEAK, nbytes, count)
+    _follow_alloc(out, default)
+    return {k: v for k, v in out.items() if any(v)}
+
+
+def _follow_alloc(out: dict[tuple[int, str], list[int]], default: Callable[[int], str]) -> None:
+    """A site whose every allocation is live in one other category: its allocated bytes go there too.
+
+    Otherwise allocated bytes stay under the stack's category: which role a
+    block freed long ago had is not known.
+    """
+    for (site, _role), row in list(out.items()):
+        base = out.get((site, default(site)))
+        if base is None or row is base or base[INUSE + 1] or row[INUSE + 1] != base[ALLOC + 1]:
+            continue
+        row[ALLOC], row[ALLOC + 1] = base[ALLOC], base[ALLOC + 1]
+        base[ALLOC] = base[ALLOC + 1] = 0
+
+
+# -----------------------------------------------------------------------------
+# tagging at every optimizer step
+# -----------------------------------------------------------------------------
+
+
+class StepTagger:
+    """Global optimizer step hooks that hand each step's roles to *tag* (never raising into the step)."""
+
+    def __init__(self, key: StorageKey, tag: Callable[[dict[int, str]], None]) -> None:
+        self.key = key
+        self.tag = tag
+        self.handles: list[Any] = []
+        self.failed = 0
+
+    def install(self) -> None:
+        optimizer = sys.modules.get("torch.optim.optimizer")
+        if optimizer is None or not hasattr(optimizer, "register_optimizer_step_pre_hook"):
+            return
+        self.handles = [
+            optimizer.register_optimizer_step_pre_hook(self._on_step),
+            optimizer.register_optimizer_step_post_hook(self._on_step),
+        ]
+
+    def remove(self) -> None:
+        handles, self.handles = self.handles, []
+        for h in handles:
+            h.remove()
+
+    def _on_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        try:
+            self.tag(optimizer_roles(optimizer, self.key))
+        except Exception:  # noqa: BLE001 - a failed tag loses a category, never the step
+            self.failed += 1
