@@ -34,22 +34,18 @@ from __future__ import annotations
 
 import gc
 import sys
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from gpuflame.model.profile import Frame
-
-LABEL = "category"
-
-PARAMETER = "parameter"
-GRADIENT = "gradient"
-OPTIMIZER_STATE = "optimizer_state"
-KV_CACHE = "kv_cache"
-ACTIVATION = "activation"
-OTHER = "other"
-CACHED_FREE = "cached_free"
-OUTSIDE_FRAMEWORK = "outside_framework"
-CATEGORIES = (PARAMETER, GRADIENT, OPTIMIZER_STATE, KV_CACHE, ACTIVATION, OTHER, CACHED_FREE, OUTSIDE_FRAMEWORK)
+from gpuflame.model.categories import (  # noqa: F401 - the vocabulary, re-exported for the recorders
+    CATEGORIES,
+    GRADIENT,
+    KV_CACHE,
+    LABEL,
+    OPTIMIZER_STATE,
+    PARAMETER,
+    stack_category,
+)
 
 # categories found in the object graph, in order of precedence; a block's tag
 # is its index here plus one (0: no tag), as the C++ hook stores it
@@ -157,31 +153,6 @@ def _cache_types() -> tuple[type, ...]:
     cache_utils = sys.modules.get("transformers.cache_utils")
     names = ("Cache", "CacheLayerMixin")
     return tuple(t for t in (getattr(cache_utils, n, None) for n in names) if isinstance(t, type))
-
-
-# -----------------------------------------------------------------------------
-# the allocating stack
-# -----------------------------------------------------------------------------
-
-# where KV caches are allocated (vLLM's are untested here: vLLM needs a GPU)
-_KV_CACHE_FILES = ("transformers/cache_utils.py", "vllm/worker/cache_engine.py")
-_KV_CACHE_FUNCTIONS = ("_allocate_kv_cache", "initialize_kv_cache", "_allocate_kv_cache_tensors")
-_BACKWARD = ("backward", "_engine_run_backward", "Tensor > backward", "Function > backward")
-
-
-def stack_category(frames: Sequence[Frame]) -> str:
-    """The category a block's allocating stack implies (leaf first): kv_cache, optimizer_state, activation, other."""
-    active = False
-    for f in frames:
-        file = f.file.replace("\\", "/")
-        name = f.name
-        if file.endswith(_KV_CACHE_FILES) or name.endswith(_KV_CACHE_FUNCTIONS):
-            return KV_CACHE
-        if name.endswith("_init_group") and "/torch/optim/" in file:
-            return OPTIMIZER_STATE
-        if name == "forward" or name.endswith("> forward") or name.endswith(_BACKWARD):
-            active = True
-    return ACTIVATION if active else OTHER
 
 
 # -----------------------------------------------------------------------------
