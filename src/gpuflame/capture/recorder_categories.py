@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from gpuflame.capture import categories
+from gpuflame.formats.torch_snapshot import BLOCK_CATEGORY_KEY, CATEGORIES_KEY
 
 if TYPE_CHECKING:
     from gpuflame.capture.torch_allocator import TorchAllocatorRecorder
@@ -110,6 +111,24 @@ def _ledger_blocks(ledger: Ledger) -> tuple[list[categories.Block], list[tuple[i
     ]
     gone = [(site, tag, g[1], g[2]) for (site, tag), g in ledger.gone_tagged.items() if g[0] == peak_seq and g[2]]
     return blocks, gone
+
+
+def mark_categories(snapshot: dict[str, Any]) -> None:
+    """torch-cuda: mark each active block of a live snapshot the object graph classes (see formats/torch_snapshot).
+
+    A block's address is its storage's data pointer. Blocks live at the peak
+    and freed since are classed by their stacks (the snapshot keeps no tags).
+    """
+    try:
+        roles = categories.graph_roles(_data_ptr)
+    except Exception:  # noqa: BLE001 - without the graph, blocks are classed by their stacks
+        roles = {}
+    for segment in snapshot.get("segments") or []:
+        for block in segment.get("blocks") or []:
+            role = roles.get(block.get("address")) if isinstance(block, dict) else None
+            if role is not None:
+                block[BLOCK_CATEGORY_KEY] = role
+    snapshot[CATEGORIES_KEY] = True
 
 
 def _data_ptr(storage: Any) -> int:
