@@ -24,12 +24,19 @@ class HookCategories:
         self.recorder = recorder
         self.defaults: list[str] = []  # site -> the category its stack implies
         self.steps = categories.StepTagger(_data_ptr, self.tag)
+        # the hook's blocks when the window stopped (copied, as its rows are: the next window resets them)
+        self.frozen: tuple[list[tuple[int, ...]], list[tuple[int, int, int, int]]] | None = None
 
     def start(self) -> None:
+        self.frozen = None
         self.steps.install()
 
     def stop(self) -> None:
+        """Stop tagging; copy the blocks (cheap, in C++): the graph is read when the profile is built."""
         self.steps.remove()
+        hook = self.recorder._hook
+        if hook is not None:
+            self.frozen = (hook.blocks(), hook.gone_tagged())
 
     def tag(self, roles: dict[int, str]) -> None:
         hook = self.recorder._hook
@@ -45,10 +52,11 @@ class HookCategories:
         except Exception:  # noqa: BLE001 - without the graph, blocks are classed by their stacks
             roles = {}
         self.tag(roles)
-        blocks = [categories.Block(*b) for b in hook.blocks()]
+        live, gone = self.frozen if self.frozen is not None else (hook.blocks(), hook.gone_tagged())
+        blocks = [categories.Block(*b) for b in live]
         by_site = {site: list(values) for site, *values in rows}
         self.recorder._fetch_stacks(hook)
-        return categories.split_rows(by_site, self.default, blocks, hook.gone_tagged(), roles)
+        return categories.split_rows(by_site, self.default, blocks, gone, roles)
 
     def default(self, site: int) -> str:
         stacks = self.recorder._stacks

@@ -64,7 +64,7 @@ class TorchAllocatorRecorder(Recorder):
         self._stacks: list[list[Frame]] = []  # site -> frames, leaf first, as fetched from the hook
         # the hook's books are one per process and the next window resets them, so the
         # books of a stopped window are copied out at stop(): (rows, totals, timeline)
-        self._final: tuple[dict[tuple[int, str], list[int]], dict[str, int], list[tuple[int, int]]] | None = None
+        self._final: tuple[list[tuple[int, ...]], dict[str, int], list[tuple[int, int]]] | None = None
         self._kinds = HookCategories(self)
 
     # -- Recorder -------------------------------------------------------------
@@ -90,9 +90,9 @@ class TorchAllocatorRecorder(Recorder):
     def _stop(self) -> None:
         try:
             if self._hook is not None and _busy is self:
-                self._kinds.stop()
                 self._hook.stop()
-                self._final = (self._kinds.rows(self._hook.rows()), self._hook.totals(), self._hook.timeline())
+                self._kinds.stop()
+                self._final = (self._hook.rows(), self._hook.totals(), self._hook.timeline())
         finally:
             self._release()
 
@@ -110,10 +110,10 @@ class TorchAllocatorRecorder(Recorder):
         if self._final is not None:
             rows, totals, points = self._final
         else:
-            rows, totals, points = self._kinds.rows(hook.rows()), hook.totals(), hook.timeline()
+            rows, totals, points = hook.rows(), hook.totals(), hook.timeline()
         self._fetch_stacks(hook)
         labels = {"device": "cpu", "pid": str(os.getpid())}
-        for (site, category), values in rows.items():
+        for (site, category), values in self._kinds.rows(rows).items():
             profile.add(self._stacks[site], values, labels | {categories.LABEL: category})
         out = profile.compact()
         out.default_type = profile.default_type
