@@ -9,7 +9,9 @@ the recorder.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,7 +24,9 @@ from gpuflame.capture.categories import Block, split_rows, stack_category  # noq
 from gpuflame.capture.native import NativeUnavailable, load_cpu_hook  # noqa: E402
 from gpuflame.capture.torch_allocator import TorchAllocatorRecorder  # noqa: E402
 from gpuflame.capture.torch_tensors import TorchTensorRecorder  # noqa: E402
+from gpuflame.formats import load  # noqa: E402
 from gpuflame.model import Frame, Profile  # noqa: E402
+from test_run_cli import gpuflame_run  # noqa: E402
 from torch_helpers import INUSE, PEAK, tiny_llama_config  # noqa: E402
 
 
@@ -142,3 +146,34 @@ def test_optimizer_step_hooks_removed_at_stop() -> None:
     assert len(optim_module._global_optimizer_pre_hooks) == before + 1
     rec.stop()
     assert len(optim_module._global_optimizer_pre_hooks) == before
+
+
+TRAIN_SCRIPT = """
+import json, sys, torch, transformers
+cfg = transformers.GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=200, n_positions=32, use_cache=False)
+model = transformers.GPT2LMHeadModel(cfg)  # tied input and output embeddings: one storage
+opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+x = torch.randint(0, 200, (1, 4))  # small activations: the peak is the first step, after backward
+for _ in range(3):
+    model(input_ids=x, labels=x).loss.backward()
+    opt.step()
+    opt.zero_grad()
+p = sum(t.numel() * t.element_size() for t in model.parameters())
+b = sum(t.numel() * t.element_size() for t in model.buffers())
+s = sum(st["step"].numel() * st["step"].element_size() for st in opt.state.values())
+json.dump({"params": p, "buffers": b, "steps": s}, open(sys.argv[1], "w"))
+"""
+
+
+@pytest.mark.parametrize("hook", ["allocator", "dispatch"])
+def test_gpuflame_run_labels_a_training_script(tmp_path: Path, hook: str) -> None:
+    """End to end, as a user runs it: ``gpuflame run`` on a GPT-2 training loop nobody wrote for gpuflame."""
+    (tmp_path / "train.py").write_text(TRAIN_SCRIPT)
+    result = gpuflame_run("--torch-hook", hook, "-o", "run.pb.gz", "train.py", "sizes.json", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    sizes = json.loads((tmp_path / "sizes.json").read_text())
+    profile = load(str(tmp_path / "run.pb.gz"))
+    inuse, peak = by_category(profile, profile.type_index("inuse_space")), by_category(profile, PEAK)
+    assert inuse["parameter"] == sizes["params"] + sizes["buffers"]
+    assert inuse["optimizer_state"] == 2 * sizes["params"] + sizes["steps"]
+    assert peak["gradient"] == sizes["params"]  # the first step's peak: after backward, all gradients live
