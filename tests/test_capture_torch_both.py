@@ -84,7 +84,7 @@ def test_factory_allocations_have_exact_bytes_stack_and_labels(make_recorder: Ca
     assert frames[0].file == __file__
     assert frames[1].name == "record" and frames[1].line > 0
     assert all(f.file and f.line > 0 and f.kind == "python" for f in frames)
-    assert dict(sample.labels) == {"device": "cpu", "pid": str(os.getpid())}
+    assert dict(sample.labels) == {"device": "cpu", "pid": str(os.getpid()), "category": "other"}
     assert profile.default_type == "peak_space"
     assert [t.type for t in profile.sample_types] == TYPES
 

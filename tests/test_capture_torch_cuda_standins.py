@@ -26,7 +26,7 @@ torch = pytest.importorskip("torch")
 sys.path.insert(0, str(Path(__file__).resolve().parent / "fixtures"))
 make_snapshots = pytest.importorskip("make_snapshots")
 
-from gpuflame.capture import backends  # noqa: E402
+from gpuflame.capture import backends, torch_cuda  # noqa: E402
 from gpuflame.capture.session import Session  # noqa: E402
 from gpuflame.capture.settings import Settings  # noqa: E402
 from gpuflame.capture.torch_cuda import TorchCudaRecorder  # noqa: E402
@@ -178,3 +178,41 @@ def test_torch_cuda_native_reads_stacks_as_convert_does(monkeypatch: pytest.Monk
     cpp = any("torch::autograd::THPVariable_zeros" in chain for chain in chains(live))
     assert cpp == native
     assert any(chain[-1] == "<backward pass>" for chain in chains(live))
+
+
+def test_categories_from_the_object_graph_and_the_stacks(cuda: StandInCuda, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Stand-in: CUDA blocks cannot exist here, so the hand-written snapshot's blocks are moved (with their
+    trace events) to the addresses of real CPU tensors: two become a module's parameters, one a parameter's
+    ``.grad``; the graph walk is the real one. The rest are classed by their stacks."""
+    from gpuflame.capture.categories import CATEGORIES, LABEL
+
+    model = torch.nn.Linear(4, 4)
+    model.weight.grad = torch.zeros_like(model.weight)
+    targets = [model.weight, model.bias, model.weight.grad]
+    blocks = [b for seg in cuda.snapshot["segments"] for b in seg["blocks"] if b["state"] == "active_allocated"]
+    moved = dict(zip((b["address"] for b in blocks[:3]), (t.data_ptr() for t in targets), strict=True))
+    for b in blocks[:3]:
+        b["address"] = moved[b["address"]]
+    for event in cuda.snapshot["device_traces"][0]:
+        event["addr"] = moved.get(event["addr"], event["addr"])
+    monkeypatch.setattr(torch_cuda, "outside_framework_bytes", lambda torch: {0: 300 * MiB})
+    rec = TorchCudaRecorder()
+    rec.start()
+    profile = rec.snapshot()
+
+    def by(type_name: str) -> dict[str, int]:
+        idx, out = profile.type_index(type_name), {}
+        for s in profile.samples:
+            assert s.label(LABEL) in CATEGORIES, s
+            out[s.label(LABEL)] = out.get(s.label(LABEL), 0) + s.values[idx]
+        return out
+
+    inuse = by("inuse_space")
+    assert inuse["parameter"] == blocks[0]["requested_size"] + blocks[1]["requested_size"]
+    assert inuse["gradient"] == blocks[2]["requested_size"]
+    kv = sum(b["requested_size"] for b in blocks if b["frames"][1]["name"] == "_allocate_kv_cache_tensors")
+    assert kv > 0 and inuse["kv_cache"] == kv  # vLLM's KV-cache allocation, by its stack
+    assert inuse["outside_framework"] == 300 * MiB
+    cached = sum(b["size"] for seg in cuda.snapshot["segments"] for b in seg["blocks"] if b["state"] == "inactive")
+    assert inuse["cached_free"] == cached
+    assert by("peak_space")["parameter"] == inuse["parameter"]  # alive from before the peak to the end

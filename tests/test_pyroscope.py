@@ -482,3 +482,16 @@ def test_gpu_and_gpu_model_become_series_labels(server: Server, push_pb2, profil
     PyroscopeClient(server.url).push(p, {"service_name": "t"})
     series = [labels for labels, _ in decode_push(server.requests[-1]["body"], push_pb2, profile_pb2)]
     assert {(s["gpu"], s["gpu_model"]) for s in series} == {("cuda:0", "NVIDIA H200"), ("cuda:1", "NVIDIA H200")}
+
+
+def test_category_becomes_a_series_label(server: Server, push_pb2, profile_pb2) -> None:
+    """Few values (model/categories.py): one series per category, the bytes of each kept whole."""
+    p = Profile([("inuse_space", "bytes")])
+    p.add([Frame("Linear > __init__", "/m.py", 1)], [300], {"pid": "7", "category": "parameter"})
+    p.add([Frame("Adam > _init_group", "/a.py", 2)], [600], {"pid": "7", "category": "optimizer_state"})
+    p.add([Frame("forward", "/m.py", 3)], [50], {"pid": "7", "category": "activation"})
+    PyroscopeClient(server.url).push(p, {"service_name": "t"})
+    pushed = decode_push(server.requests[-1]["body"], push_pb2, profile_pb2)
+    by = {labels["category"]: totals(pprof)["inuse_space"] for labels, pprof in pushed}
+    assert by == {"parameter": 300, "optimizer_state": 600, "activation": 50}
+    assert all(labels["pid"] == "7" for labels, _ in pushed)

@@ -171,3 +171,33 @@ def test_stacks_all_read_into_the_python_chain_with_the_op() -> None:
             assert not any(
                 "CUDACachingAllocator" in n or "unwind::" in n or n in ("_start", "__libc_start_main") for n in c
             )
+
+
+def test_categories_of_an_adamw_step_on_the_gpu() -> None:
+    """The object graph marks the snapshot's blocks: parameters and AdamW's moments exactly (steps stay on the CPU)."""
+    import torch
+
+    from gpuflame.model.categories import LABEL
+
+    rec = TorchCudaRecorder()
+    rec.start()
+    try:
+        model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.GELU(), torch.nn.Linear(512, 256)).cuda()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        x = torch.randn(32, 256, device="cuda")
+        model(x).square().mean().backward()
+        opt.step()
+        torch.cuda.synchronize()
+        profile = rec.snapshot()
+    finally:
+        rec.stop()
+    idx = profile.type_index("inuse_space")
+    inuse: dict[str, int] = {}
+    for s in profile.samples:
+        inuse[s.label(LABEL) or ""] = inuse.get(s.label(LABEL) or "", 0) + s.values[idx]
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    state_on_gpu = sum(t.untyped_storage().nbytes() for st in opt.state.values() for t in st.values()
+                       if torch.is_tensor(t) and t.is_cuda)
+    assert inuse["parameter"] == params
+    assert inuse["gradient"] == params
+    assert inuse["optimizer_state"] == state_on_gpu >= 2 * params

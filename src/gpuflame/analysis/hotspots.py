@@ -15,10 +15,11 @@ function's total is never more than the profile's.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
+from gpuflame.analysis.categories import CategoryTotal, category_totals
 from gpuflame.analysis.tree import CHUNK_ROWS, FlameTree, Node, StackTable, frame_dict, weighted_sum
 from gpuflame.model.profile import SYNTHETIC, TRAMPOLINE, Frame, Profile
 from gpuflame.units import percent
@@ -151,6 +152,7 @@ class Report:
     roots: list[Root]
     targets: list[Entry]
     wrappers: list[Entry]
+    categories: list[CategoryTotal] = field(default_factory=list)  # empty: the source has no categories
 
     def to_dict(self) -> dict[str, object]:
         """Exact values in the sample type's unit; percents of ``total``."""
@@ -164,6 +166,7 @@ class Report:
             "widest_roots": [r.to_dict() for r in self.roots],
             "optimisation_targets": [e.to_dict() for e in self.targets],
             "skippable_wrappers": [e.to_dict() for e in self.wrappers],
+            "by_category": [c.to_dict() for c in self.categories],
         }
 
 
@@ -181,6 +184,7 @@ def build_report(profile: Profile, tree: FlameTree, limit: int = 10) -> Report:
         roots=widest_roots(tree, max(1, limit // 2)),
         targets=optimisation_targets(stats, limit),
         wrappers=skippable_wrappers(stats, limit),
+        categories=category_totals(profile, profile.type_index(tree.table.sample_type.type)),
     )
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from gpuflame.formats.torch_snapshot import allocated_bytes, from_snapshot
+from gpuflame.formats.torch_snapshot import CATEGORIES_KEY, allocated_bytes, from_snapshot
 from gpuflame.model import Profile, merge, select_types
 from gpuflame.model.sample_types import (
     ALLOC_OBJECTS,
@@ -80,7 +80,9 @@ class SnapshotHistory:
         if not any(fresh):
             return
         converted = from_snapshot(
-            {"segments": [], "device_traces": fresh}, resolver=self.resolver, native=self.native
+            {"segments": [], "device_traces": fresh, CATEGORIES_KEY: snapshot.get(CATEGORIES_KEY)},
+            resolver=self.resolver,
+            native=self.native,
         )
         alloc = _types(converted, ALLOC_SPACE, ALLOC_OBJECTS)
         alloc.comments = []

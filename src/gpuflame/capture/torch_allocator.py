@@ -32,10 +32,11 @@ import threading
 import time
 from types import ModuleType
 
-from gpuflame.capture import joint_peak
+from gpuflame.capture import categories, joint_peak
 from gpuflame.capture.base import Recorder, empty_profile
 from gpuflame.capture.code_frames import CodeFrames
 from gpuflame.capture.native import elf_symbols
+from gpuflame.capture.recorder_categories import HookCategories
 from gpuflame.model.peak import PeakUnit
 from gpuflame.model.profile import NATIVE, SYNTHETIC, Frame, Profile
 from gpuflame.model.sample_types import JOINT_PEAK_OBJECTS, JOINT_PEAK_SPACE
@@ -69,6 +70,7 @@ class TorchAllocatorRecorder(Recorder):
         self._final: tuple[list[tuple[int, ...]], dict[str, int], list[tuple[int, int]]] | None = None
         self._table = -1  # the run's shared peak table for the CPU (capture/joint_peak.py), -1 for none
         self._table_problem = ""
+        self._kinds = HookCategories(self)
 
     # -- Recorder -------------------------------------------------------------
 
@@ -89,11 +91,13 @@ class TorchAllocatorRecorder(Recorder):
             self._release()
             raise
         self._final = None
+        self._kinds.start()
 
     def _stop(self) -> None:
         try:
             if self._hook is not None and _busy is self:
                 self._hook.stop()
+                self._kinds.stop()
                 self._final = (self._hook.rows(), self._hook.totals(), self._hook.timeline())
         finally:
             self._release()
@@ -118,11 +122,13 @@ class TorchAllocatorRecorder(Recorder):
         joint = bool(totals.get("joint_table"))
         if joint:
             profile.sample_types += [JOINT_PEAK_SPACE, JOINT_PEAK_OBJECTS]
-        for site, *values in rows:
-            profile.add(self._stacks[site], values if joint else values[:6], labels)
+        for (site, category), values in self._kinds.rows(rows, bool(totals.get("joint_is_peak"))).items():
+            profile.add(self._stacks[site], values if joint else values[:6], labels | {categories.LABEL: category})
         out = profile.compact()
         out.default_type = profile.default_type
         out.comments = self._comments(totals)
+        if joint and not totals.get("joint_is_peak"):
+            out.comments.append(categories.JOINT_NOTE)
         out.peaks = [self._peak_unit(totals)]
         if points:  # labelled as the samples are, so the viewer's label selector picks both
             out.timeline = Timeline()

@@ -32,7 +32,8 @@ from typing import Any
 
 from gpuflame.capture.base import Recorder, empty_profile
 from gpuflame.capture.cuda_history import SnapshotHistory
-from gpuflame.model import SYNTHETIC, Frame, Profile, make_labels
+from gpuflame.capture.recorder_categories import mark_categories
+from gpuflame.model import SYNTHETIC, Frame, Profile, categories, make_labels
 from gpuflame.symbols.names import OUTSIDE_FRAMEWORK
 
 # Trace entries kept by PyTorch's ring buffer: about 100 bytes each plus the
@@ -82,7 +83,9 @@ class TorchCudaRecorder(Recorder):
 
         if not torch.cuda.is_initialized():
             return empty_profile()
-        profile = self.history.add(torch.cuda.memory._snapshot())
+        snapshot = torch.cuda.memory._snapshot()
+        mark_categories(snapshot)
+        profile = self.history.add(snapshot)
         add_outside_framework(profile, outside_framework_bytes(torch))
         label_gpu_models(profile, device_names(torch))
         for note in self.oom_events:
@@ -176,7 +179,8 @@ def add_outside_framework(profile: Profile, outside: dict[int, int]) -> None:
     for index, size in sorted(outside.items()):
         values = {t: size for t in ("inuse_space", "peak_space") if t in names}
         if values:
-            profile.add([frame], values, {"device": f"cuda:{index}", "pid": os.getpid()})
+            labels = {"device": f"cuda:{index}", "pid": os.getpid(), categories.LABEL: categories.OUTSIDE_FRAMEWORK}
+            profile.add([frame], values, labels)
     profile.comments.append(
         "<outside framework> is device memory of this process that PyTorch did not reserve "
         "(CUDA context, NCCL, cuBLAS workspaces), from NVML; it is counted in the peak as at the end"

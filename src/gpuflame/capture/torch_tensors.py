@@ -62,9 +62,10 @@ from collections.abc import Callable
 from types import CodeType, FrameType
 from typing import Any
 
-from gpuflame.capture import joint_peak
+from gpuflame.capture import categories, joint_peak
 from gpuflame.capture.base import Recorder, empty_profile
 from gpuflame.capture.code_frames import CodeFrames
+from gpuflame.capture.recorder_categories import LedgerCategories
 from gpuflame.model.peak import PeakUnit
 from gpuflame.model.profile import Frame, Profile
 from gpuflame.model.sample_types import JOINT_PEAK_OBJECTS, JOINT_PEAK_SPACE
@@ -89,7 +90,7 @@ class _StorageRef(weakref.ref):
     (-1: none), so that its free is published there too.
     """
 
-    __slots__ = ("cdata", "site", "nbytes", "seq", "table")
+    __slots__ = ("cdata", "site", "nbytes", "seq", "table", "tag")  # tag: capture/categories.py, set only when known
 
     cdata: int
     site: int
@@ -131,6 +132,8 @@ class Ledger:
         self.alloc_bytes: list[int] = []
         self.alloc_count: list[int] = []
         self.peak_gone: dict[int, list[int]] = {}
+        # (site, category tag) -> [peak it belongs to, bytes, count]: tagged storages in peak_gone
+        self.gone_tagged: dict[tuple[int, int], list[int]] = {}
         self.total = 0
         self.peak = 0
         self.peak_seq = 0
@@ -239,8 +242,18 @@ class Ledger:
         self.total -= ref.nbytes
         if seq <= self.peak_seq:
             _add(self.peak_gone, ref.site, ref.nbytes)
+            tag = getattr(ref, "tag", 0)
+            if tag:
+                self._gone_tagged(ref.site, tag, ref.nbytes)
         if self.joint_seq and seq <= self.joint_seq.get(self.site_device[ref.site], 0):
             _add(self.joint_gone, ref.site, ref.nbytes)
+
+    def _gone_tagged(self, site: int, tag: int, nbytes: int) -> None:
+        entry = self.gone_tagged.get((site, tag))
+        if entry is None or entry[0] != self.peak_seq:
+            entry = self.gone_tagged[(site, tag)] = [self.peak_seq, 0, 0]
+        entry[1] += nbytes
+        entry[2] += 1
 
     def forget(self, storage: Any, cdata: int) -> None:
         """Count a live storage as freed now, though it lives on (its bytes were replaced by a resize)."""
@@ -534,6 +547,7 @@ class TorchTensorRecorder(Recorder):
         self._mode: Any = None
         self._previous_thread_profile: Any = None
         self._thread_hook_installed = False
+        self._kinds = LedgerCategories(self)
         _LIVE_RECORDERS.add(self)
 
     def after_fork(self) -> None:
@@ -580,9 +594,11 @@ class TorchTensorRecorder(Recorder):
             self._previous_thread_profile = threading.getprofile()
             threading.setprofile(self._thread_hook)
             self._thread_hook_installed = True
+        self._kinds.start()
 
     def _stop(self) -> None:
         mode, self._mode = self._mode, None
+        self._kinds.stop()
         self._unhook_threads()
         if mode is not None:
             mode.on = False
@@ -635,24 +651,28 @@ class TorchTensorRecorder(Recorder):
     def _degrade(self) -> None:
         if self._mode is not None:
             self._mode.on = False
+        self._kinds.stop()
         self._unhook_threads()
 
     def _snapshot(self) -> Profile:
         ledger = self.ledger
-        rows = ledger.rows()
+        rows = self._kinds.rows()
         joint = dict(ledger.joint_at)
         profile = empty_profile()
         if joint:
             profile.sample_types += [JOINT_PEAK_SPACE, JOINT_PEAK_OBJECTS]
         pid = str(os.getpid())
         devices = set()
-        for site, values in rows.items():
+        for (site, category), values in rows.items():
             sid, device = self.site_keys[site]
             devices.add(device)
-            profile.add(self.stacks.frames(sid), values if joint else values[:6], {"device": device, "pid": pid})
+            labels = {"device": device, "pid": pid, categories.LABEL: category}
+            profile.add(self.stacks.frames(sid), values if joint else values[:6], labels)
         out = profile.compact()
         out.default_type = profile.default_type
         out.comments = self._comments()
+        if joint and any(m != ledger.peak_seq for m in ledger.joint_seq.values()):
+            out.comments.append(categories.JOINT_NOTE)
         out.peaks = [self._peak_unit(d, joint.get(d)) for d in sorted(devices)]
         return out
 

@@ -4,19 +4,22 @@ from __future__ import annotations
 
 import argparse
 
+from gpuflame.analysis.categories import category_totals
 from gpuflame.analysis.hotspots import function_stats, top_functions
 from gpuflame.analysis.tree import build_table
 from gpuflame.cli.common import (
     FILTER_ORDER,
+    Loaded,
     add_analysis_options,
     load_for_analysis,
     peak_json,
     positive_count,
     print_json,
 )
-from gpuflame.render.terminal import make_console, print_comments, render_top
+from gpuflame.errors import GpuflameError
+from gpuflame.render.terminal import categories_table, make_console, print_comments, render_top, type_title
 
-HELP = "the top functions by self or total"
+HELP = "the top functions by self or total, or memory by category"
 
 DESCRIPTION = """\
 The functions holding the most memory, largest first.
@@ -25,6 +28,10 @@ The functions holding the most memory, largest first.
                memory is actually taken (the default)
   --by total   the function and everything it calls: the wide bars at the
                bottom, which say who is responsible
+  --by category  what kind of memory: parameter, gradient, optimizer_state,
+               kv_cache, activation, other, cached_free, outside_framework
+               (the `category` label the torch backends record; README),
+               each with the function that allocated most of it
 
 A function with a large total and zero self only calls others: skip it and
 look at what it calls. A function counted twice in one stack (recursion)
@@ -34,6 +41,7 @@ EPILOG = f"""\
 examples:
   gpuflame top run.pb.gz
   gpuflame top run.pb.gz --by total -n 30
+  gpuflame top run.pb.gz --by category --type inuse
   gpuflame top run.pb.gz --type alloc_space --prune-framework
   gpuflame top run.pb.gz --json
 
@@ -45,7 +53,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "files", nargs="+", metavar="FILE", help="profile: pprof (.pb.gz), folded, or PyTorch snapshot"
     )
     parser.add_argument(
-        "--by", choices=("self", "total"), default="self", help="rank by self or total (default self)"
+        "--by", choices=("self", "total", "category"), default="self",
+        help="rank functions by self or total, or sum by category (default self)"
     )
     parser.add_argument(
         "-n", "--limit", type=positive_count, default=20, metavar="N", help="how many functions (default 20)"
@@ -55,6 +64,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     loaded = load_for_analysis(args, args.files)
+    if args.by == "category":
+        return _by_category(args, loaded)
     table = build_table(loaded.profile, loaded.type_index, lines=args.lines)
     stats = function_stats(table)
     entries = top_functions(stats, args.by, max(1, args.limit))
@@ -76,4 +87,25 @@ def run(args: argparse.Namespace) -> int:
     print_comments(console, loaded.profile.comments)
     render_top(console, entries, args.by, sample_type.type, sample_type.unit, stats.grand_total,
                loaded.profile.peak_description(sample_type.type))
+    return 0
+
+
+def _by_category(args: argparse.Namespace, loaded: Loaded) -> int:
+    profile = loaded.profile
+    sample_type = profile.sample_types[loaded.type_index]
+    rows = category_totals(profile, loaded.type_index)
+    if not rows:
+        raise GpuflameError(
+            "this profile has no categories: only the torch backends record them (see README, Categories)"
+        )
+    if args.json:
+        total = sum(c.total for c in rows)
+        print_json({"sample_type": sample_type.type, "unit": sample_type.unit, "total": total, "by": "category",
+                    "comments": profile.comments, "categories": [c.to_dict() for c in rows]})
+        return 0
+    console = make_console()
+    print_comments(console, profile.comments)
+    console.print(type_title(sample_type.type, sample_type.unit, sum(c.total for c in rows)))
+    console.print()
+    console.print(categories_table(rows, sample_type.unit))
     return 0

@@ -76,6 +76,7 @@ from gpuflame.formats import safe_pickle
 from gpuflame.formats.detect import GZIP_MAGIC, gunzip
 from gpuflame.formats.torch_frames import Entry, StackReader, make_entry
 from gpuflame.gcpause import gc_paused
+from gpuflame.model.categories import LABEL, SYNTHETIC_CATEGORIES, stack_category
 from gpuflame.model.functions import def_lines_note
 from gpuflame.model.profile import PYTHON, SYNTHETIC, Frame, Labels, Profile, Sample
 from gpuflame.model.sample_types import memory_sample_types
@@ -90,6 +91,11 @@ BEFORE_TRACE_FRAME = Frame("<allocated before the trace>", kind=SYNTHETIC)
 NO_STACK_FRAME = Frame("<no stack recorded>", kind=SYNTHETIC)
 
 INT64_MAX = (1 << 63) - 1  # what pprof can store
+
+# keys gpuflame's torch-cuda recorder adds to a live snapshot: the snapshot says it
+# carries categories, an active block its category from the object graph
+CATEGORIES_KEY = "gpuflame_categories"
+BLOCK_CATEGORY_KEY = "gpuflame_category"
 
 # One unit for every view, said in every converted profile (and so in the report's header).
 UNITS_NOTE = (
@@ -279,6 +285,10 @@ class _Converter:
         self.labels: dict[int, Labels] = {}
         self.reserved: dict[int, int] = {}
         self.active: dict[int, dict[int, Any]] = {}  # device -> address -> active block
+        # a live gpuflame recorder marks its snapshots and each block the object graph classed
+        # (capture/categories.py); a saved snapshot has no categories, and gets none
+        self.categorize = bool(snapshot.get(CATEGORIES_KEY))
+        self.categories: dict[tuple[int, ...], str] = {}  # stack -> the category its frames imply
 
     def run(self) -> Profile:
         self.comment(UNITS_NOTE)
@@ -342,8 +352,14 @@ class _Converter:
             found = self.labels[device] = (("device", f"{self.device_type}:{device}"),)
         return found
 
-    def add(self, stack: tuple[int, ...], device: int, space: str, size: int, count: int) -> None:
-        key = (stack, self.label(device))
+    def add(
+        self, stack: tuple[int, ...], device: int, space: str, size: int, count: int, source: Any = None
+    ) -> None:
+        """Book *size* bytes (*count* objects) of *space*; *source*: the block or trace entry, for its category."""
+        labels = self.label(device)
+        if self.categorize:
+            labels = ((LABEL, self.category(stack, source)), *labels)
+        key = (stack, labels)
         row = self.rows.get(key)
         if row is None:
             row = self.rows[key] = [0] * self.width
@@ -353,6 +369,18 @@ class _Converter:
 
     def comment(self, text: str) -> None:
         self.profile.comments.append(text)
+
+    def category(self, stack: tuple[int, ...], source: Any) -> str:
+        """The graph's category of a block (marked by the live recorder), else its stack's."""
+        marked = source.get(BLOCK_CATEGORY_KEY) if isinstance(source, Mapping) else None
+        if type(marked) is str:
+            return marked
+        found = self.categories.get(stack)
+        if found is None:
+            frames = [self.profile.frames[i] for i in stack]
+            found = SYNTHETIC_CATEGORIES.get(frames[0].name) if frames else None
+            found = self.categories[stack] = found or stack_category(frames)
+        return found
 
     def device_name(self, device: int) -> str:
         return f"{self.device_type}:{device}"
@@ -365,7 +393,7 @@ class _Converter:
         rounding: dict[int, int] = {}
         stack_of = self.stacks.stack_of
         by_list = self.stacks.by_list
-        inuse_by_device: dict[int, dict[tuple[int, ...], list[int]]] = {}
+        inuse_by_device: dict[int, dict[tuple[tuple[int, ...], Any], list[int]]] = {}
         for seg in self.segments:
             device = _int(seg.get("device", 0), "segment device")
             total = _int(seg["total_size"], "segment total_size")
@@ -393,9 +421,10 @@ class _Converter:
                         st = by_list[id(frames)] = stack_of(frames)
                     asked = requested_bytes(block)
                     rounding[device] = rounding.get(device, 0) + size - asked
-                    row = inuse.get(st)
+                    key = (st, block.get(BLOCK_CATEGORY_KEY) if self.categorize else None)
+                    row = inuse.get(key)
                     if row is None:
-                        inuse[st] = [asked, 1]
+                        inuse[key] = [asked, 1]
                     else:
                         row[0] += asked
                         row[1] += 1
@@ -405,8 +434,8 @@ class _Converter:
             if total > covered:  # a segment whose blocks do not cover it: reserved, unused
                 cached[device] = cached.get(device, 0) + total - covered
         for device, inuse in inuse_by_device.items():
-            for st, (size, count) in inuse.items():
-                self.add(st, device, "inuse_space", size, count)
+            for (st, marked), (size, count) in inuse.items():
+                self.add(st, device, "inuse_space", size, count, {BLOCK_CATEGORY_KEY: marked})
         for frame, sizes in ((ROUNDING_FRAME, rounding), (CACHED_FREE_FRAME, cached)):
             for device, size in sorted(sizes.items()):
                 if size:
@@ -679,6 +708,17 @@ class _DeviceTrace:
         for frames, size in others:
             self.conv.add(stack_of(frames), self.device, "alloc_space", size, 1)
 
+    def _marked(self, source: Any) -> str | None:
+        """The graph's category of a block live at the peak: its own mark, or that of the same allocation at the end."""
+        if source is None:
+            return None
+        if "action" not in source:
+            return source.get(BLOCK_CATEGORY_KEY)
+        block = self.conv.active.get(self.device, {}).get(source.get("addr"))
+        if block is not None and block.get("frames") == source.get("frames") and block["size"] == source.get("size"):
+            return block.get(BLOCK_CATEGORY_KEY)
+        return None
+
     def _add_peak(
         self, peak_set: list[tuple[int, int, Any]], allocated: int, reserved: int, sound: bool, rounding: int
     ) -> None:
@@ -693,7 +733,7 @@ class _DeviceTrace:
         conv = self.conv
         stack_of = conv.stacks.stack
         before = (conv.profile.frame_id(BEFORE_TRACE_FRAME),)
-        by_stack: dict[tuple[int, ...], list[int]] = {}
+        by_stack: dict[tuple[tuple[int, ...], Any], list[int]] = {}
         for _, size, source in peak_set:
             if source is None:
                 st = before
@@ -701,14 +741,15 @@ class _DeviceTrace:
                 st = stack_of(source.get("frames"))
             else:  # a block
                 st = stack_of(_block_frames(source))
-            row = by_stack.get(st)
+            key = (st, self._marked(source) if conv.categorize else None)
+            row = by_stack.get(key)
             if row is None:
-                by_stack[st] = [size, 1]
+                by_stack[key] = [size, 1]
             else:
                 row[0] += size
                 row[1] += 1
-        for st, (size, count) in by_stack.items():
-            conv.add(st, self.device, "peak_space", size, count)
+        for (st, marked), (size, count) in by_stack.items():
+            conv.add(st, self.device, "peak_space", size, count, {BLOCK_CATEGORY_KEY: marked})
         cached = reserved - allocated - rounding
         if sound and cached >= 0:
             if rounding:

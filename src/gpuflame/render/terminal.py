@@ -17,6 +17,7 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
+from gpuflame.analysis.categories import CategoryTotal
 from gpuflame.analysis.chains import Chain, Explanation, Step
 from gpuflame.analysis.compare import NEW, VANISHED, Change, Comparison
 from gpuflame.analysis.hotspots import Entry, Report, Root
@@ -176,6 +177,7 @@ def render_report(console: Console, report: Report, source: str, peak: str = "")
         return
     sections = (
         _totals_table(report),
+        *([categories_table(report.categories, report.unit)] if report.categories else []),
         _entries_table(
             "What allocates the most: widest leaf bars (by self)", report.leaves, report.unit, "self"
         ),
@@ -195,6 +197,14 @@ def _totals_table(report: Report) -> Table:
     for t in report.totals:
         mark = "<- shown below" if t.type == report.type else ""
         table.add_row(t.type, amount(t.total, t.unit), Text(mark, style="dim"))
+    return table
+
+
+def categories_table(rows: list[CategoryTotal], unit: str) -> Table:
+    """What kind of memory: bytes per category, and the function that allocated most of each."""
+    table = _table("By category: what kind of memory", "category", "total", "%", "mostly from")
+    for c in rows:
+        table.add_row(c.category, amount(c.total, unit), pct(c.percent), c.top_function)
     return table
 
 

@@ -10,7 +10,7 @@ What Pyroscope does with a push decides how it is built:
 - Labels on pprof *samples* are turned into series labels by the distributor.
   Our samples carry ``pid`` and ``device``; a stray high-cardinality label
   would multiply series. So sample labels are removed from the pushed pprof,
-  and the few that matter (``pid``, ``gpu``) become series labels, one series
+  and the few that matter (``pid``, ``gpu``, ``category``) become series labels, one series
   per distinct combination, only while each has few values.
 - ``__delta__=false``: the values are already per interval (Pyroscope
   computes deltas itself only for ``__name__=memory``; this says so anyway).
@@ -45,7 +45,8 @@ PROFILE_NAME = "gpu_memory"
 PERIOD_TYPE = SampleType("space", "bytes")
 MAX_LABEL_VALUES = 16  # above this a sample label is not made a series label
 # sample label -> series label; gpu is the device (cuda:0), gpu_model its name (NVIDIA H200)
-SERIES_SAMPLE_LABELS = {"pid": "pid", "device": "gpu", "gpu_model": "gpu_model"}
+# category: eight values at most (model/categories.py), so Grafana can split a service by the kind of memory
+SERIES_SAMPLE_LABELS = {"pid": "pid", "device": "gpu", "gpu_model": "gpu_model", "category": "category"}
 DOWNWARD_API = {"namespace": "POD_NAMESPACE", "pod": "POD_NAME", "container": "CONTAINER_NAME", "node": "NODE_NAME"}
 ENV = "GPUFLAME_PYROSCOPE_"
 

@@ -31,6 +31,7 @@
     reset: el("reset"), breadcrumb: el("breadcrumb"), canvas: el("graph"), tableBox: el("table-box"),
     tableNote: el("table-note"), tableBody: document.querySelector("#top-table tbody"),
     tooltip: el("tooltip"), paletteBox: el("palette-box"), palette: el("cb-palette"),
+    categoryBox: el("category-box"), byCategory: el("by-category"), categoryLegend: el("category-legend"),
     diffSummary: el("diff-summary"), vanishedBox: el("vanished-box"), vanished: el("vanished"),
     expandGroups: el("expand-groups"), collapseGroups: el("collapse-groups"),
     timelineBox: el("timeline-box"), timeline: el("timeline"),
@@ -89,9 +90,25 @@
     for (let i = 0; i < lengths.length; i++) stackStart[i + 1] = stackStart[i] + lengths[i];
     return {
       data, frameCount: n, names: f.name, normalized: null, isTrampoline, isFramework, nameRank,
+      categoryOfSet: categoryOfSets(data.labelSets),
       stackStart, stackFrames: Int32Array.from(data.stacks.frames),
       ...sampleSet(data.samples), base: data.base ? sampleSet(data.base.samples) : null,
     };
+  }
+
+  // The `category` label's values (model/categories.py) and their fixed colours in the
+  // colour-by-category mode: one colour per kind of memory, the same on every page.
+  const CATEGORIES = ["parameter", "gradient", "optimizer_state", "kv_cache", "activation", "other",
+    "cached_free", "outside_framework"];
+  const CATEGORY_COLORS = ["#4e79a7", "#f28e2b", "#76b7b2", "#e15759", "#59a14f", "#bab0ac", "#dddddd", "#b07aa1"];
+
+  /** Per label set: the index of its `category` value in CATEGORIES, -1 without one; null when no set has one. */
+  function categoryOfSets(labelSets) {
+    const out = Int8Array.from(labelSets, (set) => {
+      const pair = set.find(([k]) => k === "category");
+      return pair ? CATEGORIES.indexOf(pair[1]) : -1;
+    });
+    return out.some((c) => c >= 0) ? out : null;
   }
 
   /** One profile's samples (NEW's, or BASE's in diff mode) as typed columns. */
@@ -122,11 +139,13 @@
       }
     }
     const b = treeBuilder(bound, P.base !== null);
+    const K = CATEGORIES.length, cats = P.categoryOfSet && !P.base ? new Float64Array(bound * K) : null;
     for (const { set, into } of sets) {
       const values = set.values[typeIndex], sums = b.nodes[into];
       for (let s = 0; s < values.length; s++) {
         if (!keep(set, s)) continue; // zero and negative values make no bar
         const v = values[s], sid = set.sampleStack[s];
+        const k = cats ? P.categoryOfSet[set.sampleLabels[s]] : -1;
         let cur = 0;
         sums[0] += v;
         const start = P.stackStart[sid], end = P.stackStart[sid + 1];
@@ -137,11 +156,24 @@
           if (kept && !kept(i)) continue;
           cur = b.child(cur, fid);
           sums[cur] += v;
+          if (cats && k >= 0) cats[cur * K + k] += v;
         }
         if (into === "total") b.nodes.self[cur] += v;
       }
     }
-    return layout(P, b.nodes, b.count());
+    const tree = layout(P, b.nodes, b.count());
+    tree.category = cats ? dominantCategories(cats, tree.count, K) : null;
+    return tree;
+  }
+
+  /** Per node: the category holding most of its bytes (-1: none), what colour-by-category paints. */
+  function dominantCategories(cats, count, K) {
+    const out = new Int8Array(count).fill(-1);
+    for (let n = 0; n < count; n++) {
+      let best = 0;
+      for (let k = 0; k < K; k++) if (cats[n * K + k] > best) { best = cats[n * K + k]; out[n] = k; }
+    }
+    return out;
   }
 
   /**
@@ -328,7 +360,7 @@
     P: null, tree: null, table: null, typeIndex: 0, labelSet: -1, hideTrampolines: false, hideFramework: false,
     icicle: false,
     focus: 0, query: "", selectedFrame: -1, matches: null, matchTotal: 0,
-    sortKey: "self", entry: null, sandwich: -1, sandwichTrees: null, colourBlind: false,
+    sortKey: "self", entry: null, sandwich: -1, sandwichTrees: null, colourBlind: false, byCategory: false,
     // Grouping starts expanded (see groupRun); expandedGroups holds "tree/node" keys of groups opened by a click.
     groupsCollapsed: false, expandedGroups: new Set(), vanishedRows: [], timeline: null, timings: {}, drawn: null, drawnCount: 0, ready: false, buildMs: 0, drawMs: 0, cache: new Map(),
   };
@@ -477,6 +509,10 @@
     const t = bar.tree, members = bar.run || [bar.node];
     if (state.matches && !members.some((m) => t.frame[m] >= 0 && state.matches[t.frame[m]])) return DIMMED;
     if (t.base) return diffColor(t.total[bar.node], t.base[bar.node]);
+    if (state.byCategory && t.category) {
+      const c = t.category[members[members.length - 1]];
+      if (c >= 0) return CATEGORY_COLORS[c];
+    }
     return frameColor(t.frame[members[members.length - 1]]);
   }
 
@@ -942,6 +978,11 @@
       setSandwich(bar.tree.frame[bar.run ? bar.run[bar.run.length - 1] : bar.node]);
     });
     ui.palette.addEventListener("change", () => { state.colourBlind = ui.palette.checked; scheduleDraw(); });
+    ui.byCategory.addEventListener("change", () => {
+      state.byCategory = ui.byCategory.checked;
+      ui.categoryLegend.hidden = !state.byCategory;
+      scheduleDraw();
+    });
     ui.expandGroups.addEventListener("click", () => setGroupsCollapsed(false));
     ui.collapseGroups.addEventListener("click", () => setGroupsCollapsed(true));
     window.addEventListener("resize", scheduleDraw);
@@ -969,6 +1010,14 @@
     });
     ui.labelBox.hidden = state.labelOptions.length === 0;
     ui.paletteBox.hidden = !d.base;
+    ui.categoryBox.hidden = !state.P.categoryOfSet || Boolean(d.base);
+    CATEGORIES.forEach((name, i) => {
+      const item = document.createElement("span");
+      item.className = "swatch";
+      item.style.borderLeftColor = CATEGORY_COLORS[i];
+      item.textContent = name;
+      ui.categoryLegend.append(item);
+    });
   }
 
   // ---- memory over time ---------------------------------------------------
@@ -1110,6 +1159,7 @@
           icicle: state.icicle,
           diff: Boolean(state.P.base), baseTotal: t.base ? t.base[0] : null,
           diffText: t.base ? ui.diffSummary.textContent : null, colourBlind: state.colourBlind,
+          byCategory: state.byCategory, categoryBox: !ui.categoryBox.hidden,
           vanished: Object.freeze(state.vanishedRows.map((r) => Object.freeze({ ...r }))),
           sandwich: state.sandwich >= 0 ? state.P.names[state.sandwich] : null,
           sandwichCallers: state.sandwichTrees ? topChildren(state.sandwichTrees.callers) : null,
@@ -1148,6 +1198,7 @@
     return Object.freeze({
       x: r.left + b.x + b.w / 2, y: r.top + b.y + ROW / 2, width: b.w, color: b.color, group: b.run ? b.run.length : 0,
       total: t.total[b.node], base: t.base ? t.base[b.node] : null,
+      category: t.category && t.category[b.node] >= 0 ? CATEGORIES[t.category[b.node]] : null,
     });
   }
 

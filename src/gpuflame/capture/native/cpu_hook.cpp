@@ -57,10 +57,12 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <new>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -87,6 +89,13 @@ struct Live {
   uint64_t nbytes;
   uint64_t seq;
   uint32_t site;
+  uint8_t tag = 0;  // category found in the object graph (capture/categories.py: TAGGED), 0: none
+};
+
+// tagged blocks live at the peak and freed since, per (site, tag), stamped
+// with the peak they belong to (a later peak makes the entry stale)
+struct GoneTagged {
+  uint64_t peak_seq = 0, bytes = 0, count = 0;
 };
 
 struct SiteBooks {
@@ -406,9 +415,11 @@ struct Books {
   uint64_t rows_generation = 0, rows_epoch = 0, rows_max = 0;
   uint64_t joint_seq = 0;  // the joint mark: blocks booked up to here were live then (if not gone since)
   std::vector<uint32_t> joint_sites;  // sites whose joint_gone_* is non-zero
+  std::map<std::pair<uint32_t, uint8_t>, GoneTagged> gone_tagged;
 
   void reset_window() {
     live.clear();
+    gone_tagged.clear();
     timeline.clear();
     for (auto& s : sites) s = SiteBooks{};
     gone_sites.clear();
@@ -461,6 +472,8 @@ struct Books {
     if (shared) leave_joint(static_cast<int64_t>(n));
   }
 
+  void note_gone_tagged(const Live& l);
+
   // a block not in `live` was made before this window: nothing to book
   void on_free(void* ptr) {
     auto it = live.find(ptr);
@@ -477,6 +490,7 @@ struct Books {
       if (b.gone_count == 0) gone_sites.push_back(l.site);
       b.gone_bytes += l.nbytes;
       b.gone_count += 1;
+      if (l.tag != 0) note_gone_tagged(l);
     }
     if (l.seq <= joint_seq) {
       if (b.joint_gone_count == 0) joint_sites.push_back(l.site);
@@ -486,6 +500,13 @@ struct Books {
     if (shared) leave_joint(-static_cast<int64_t>(l.nbytes));
   }
 };
+
+void Books::note_gone_tagged(const Live& l) {
+  GoneTagged& g = gone_tagged[{l.site, l.tag}];
+  if (g.peak_seq != peak_seq) g = GoneTagged{peak_seq, 0, 0};
+  g.bytes += l.nbytes;
+  g.count += 1;
+}
 
 Books* books() {
   static Books* b = new Books();  // never destroyed: see the top of the file
@@ -856,9 +877,9 @@ PyObject* py_rows(PyObject*, PyObject*) {
 
 // totals(): {"inuse": .., "peak": .., "allocations": .., "live": .., "unhooked": .., "sites": ..,
 //           "joint_table": generation as hex ('' when the last rows() had no joint mark),
-//           "joint_epoch": .., "joint_max": ..}
+//           "joint_epoch": .., "joint_max": .., "joint_is_peak": 1 when the joint mark is the own peak's}
 PyObject* py_totals(PyObject*, PyObject*) {
-  uint64_t total, peak, seq, live, unhooked, lost, nsites, epoch = 0, max = 0;
+  uint64_t total, peak, seq, live, unhooked, lost, nsites, epoch = 0, max = 0, same = 0;
   char table[17] = "";
   {
     Books* b = books();
@@ -869,11 +890,12 @@ PyObject* py_totals(PyObject*, PyObject*) {
       std::snprintf(table, sizeof table, "%016llx", static_cast<unsigned long long>(b->rows_generation));
       epoch = b->rows_epoch;
       max = b->rows_max;
+      same = b->joint_seq == b->peak_seq;  // one moment: the blocks live at both marks are the same
     }
   }
-  return Py_BuildValue("{sKsKsKsKsKsKsKsssKsK}", "inuse", total, "peak", peak, "allocations", seq, "live", live,
+  return Py_BuildValue("{sKsKsKsKsKsKsKsssKsKsK}", "inuse", total, "peak", peak, "allocations", seq, "live", live,
                        "unhooked", unhooked, "lost", lost, "sites", nsites, "joint_table", table,
-                       "joint_epoch", epoch, "joint_max", max);
+                       "joint_epoch", epoch, "joint_max", max, "joint_is_peak", same);
 }
 
 // -- the run's tables, for the dispatch recorder -------------------------------------
@@ -975,6 +997,72 @@ PyObject* py_timeline(PyObject*, PyObject*) {
   return out;
 }
 
+// tag([(address, tag)]): give live blocks their category (capture/categories.py); unknown ones are skipped
+PyObject* py_tag(PyObject*, PyObject* arg) {
+  std::vector<std::pair<void*, uint8_t>> tags;
+  PyObject* seq = PySequence_Fast(arg, "tag() takes a list of (address, tag)");
+  if (seq == nullptr) return nullptr;
+  Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+  tags.reserve(static_cast<size_t>(n));
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    unsigned long long address = 0;
+    unsigned int tag = 0;
+    if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "KI", &address, &tag)) { Py_DECREF(seq); return nullptr; }
+    tags.emplace_back(reinterpret_cast<void*>(address), static_cast<uint8_t>(tag));
+  }
+  Py_DECREF(seq);
+  Books* b = books();
+  std::lock_guard<std::mutex> guard(b->lock);
+  for (const auto& [ptr, tag] : tags) {
+    auto it = b->live.find(ptr);
+    if (it != b->live.end()) it->second.tag = tag;
+  }
+  Py_RETURN_NONE;
+}
+
+// blocks(): [(address, bytes, site, live at the peak, tag)] of the window's live blocks
+PyObject* py_blocks(PyObject*, PyObject*) {
+  std::vector<std::tuple<uintptr_t, uint64_t, uint32_t, bool, uint8_t>> rows;
+  {
+    Books* b = books();
+    std::lock_guard<std::mutex> guard(b->lock);
+    rows.reserve(b->live.size());
+    for (const auto& [ptr, l] : b->live) {
+      if (l.seq != 0) rows.emplace_back(reinterpret_cast<uintptr_t>(ptr), l.nbytes, l.site, l.seq <= b->peak_seq, l.tag);
+    }
+  }
+  PyObject* out = PyList_New(static_cast<Py_ssize_t>(rows.size()));
+  if (out == nullptr) return nullptr;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const auto& [ptr, nbytes, site, at_peak, tag] = rows[i];
+    PyObject* row = Py_BuildValue("(KKIOI)", static_cast<unsigned long long>(ptr), nbytes, site,
+                                  at_peak ? Py_True : Py_False, static_cast<unsigned int>(tag));
+    if (row == nullptr) { Py_DECREF(out); return nullptr; }
+    PyList_SET_ITEM(out, static_cast<Py_ssize_t>(i), row);
+  }
+  return out;
+}
+
+// gone_tagged(): [(site, tag, bytes, count)] of tagged blocks live at the peak and freed since
+PyObject* py_gone_tagged(PyObject*, PyObject*) {
+  std::vector<std::tuple<uint32_t, uint8_t, uint64_t, uint64_t>> rows;
+  {
+    Books* b = books();
+    std::lock_guard<std::mutex> guard(b->lock);
+    for (const auto& [key, g] : b->gone_tagged) {
+      if (g.peak_seq == b->peak_seq && g.count != 0) rows.emplace_back(key.first, key.second, g.bytes, g.count);
+    }
+  }
+  PyObject* out = PyList_New(0);
+  if (out == nullptr) return nullptr;
+  for (const auto& [site, tag, nbytes, count] : rows) {
+    PyObject* row = Py_BuildValue("(IIKK)", site, static_cast<unsigned int>(tag), nbytes, count);
+    if (row == nullptr || PyList_Append(out, row) < 0) { Py_XDECREF(row); Py_DECREF(out); return nullptr; }
+    Py_DECREF(row);
+  }
+  return out;
+}
+
 PyObject* py_symbol(PyObject*, PyObject* arg) {
   unsigned long long address = PyLong_AsUnsignedLongLong(arg);
   if (PyErr_Occurred()) return nullptr;
@@ -1043,6 +1131,9 @@ PyMethodDef kMethods[] = {
     {"rows", guarded<py_rows>, METH_NOARGS, "Peak, in-use and allocated bytes and counts per site."},
     {"totals", guarded<py_totals>, METH_NOARGS, "Totals of the current window."},
     {"timeline", guarded<py_timeline>, METH_NOARGS, "Live bytes over time (bounded, peaks kept)."},
+    {"tag", guarded<py_tag>, METH_O, "tag([(address, tag)]): categories of live blocks (categories.py)."},
+    {"blocks", guarded<py_blocks>, METH_NOARGS, "Live blocks: (address, bytes, site, at peak, tag)."},
+    {"gone_tagged", guarded<py_gone_tagged>, METH_NOARGS, "Tagged blocks live at the peak, freed since."},
     {"installed", guarded<py_installed>, METH_NOARGS, "Whether the hook is the CPU allocator now."},
     {"table_open", guarded<py_table_open>, METH_O, "Map a run's shared peak table; its handle."},
     {"table_join", guarded<py_table_join>, METH_O, "Publish to a table (again): a new window, a fork child."},

@@ -1,0 +1,282 @@
+"""What kind of memory a block is: the ``category`` label of every sample.
+
+The flame graph says *which function* holds memory; the category says *what
+kind*: the weights, their gradients, the optimizer's state, the KV cache,
+activations. Two sources, the first that knows wins:
+
+1. **The object graph**, read when it is cheap to read: every profile
+   (snapshot) walks the garbage collector's objects for ``nn.Module``
+   parameters and buffers, their ``.grad``, ``torch.optim.Optimizer.state``
+   and transformers ``Cache`` objects, and maps each tensor's storage to a
+   category; every ``optimizer.step()`` (a global step pre- and post-hook,
+   O(parameters)) does the same for that optimizer. A block the recorder
+   holds at such a storage takes the category and keeps it as a *tag*, so a
+   block live at the peak and freed since (a gradient dropped by
+   ``zero_grad(set_to_none=True)``) is still classed right.
+2. **The stack that allocated it**: a frame in transformers'
+   ``cache_utils.py`` (or vLLM's KV-cache allocation) is ``kv_cache``, a
+   ``torch.optim`` ``_init_group`` frame is ``optimizer_state``, a module's
+   ``forward`` or a ``backward`` frame is ``activation``; anything else is
+   ``other``.
+
+Blind spots: a block freed before any snapshot or optimizer step saw it in
+the graph is classed by its stack alone (a gradient of a loop without a
+``torch.optim`` optimizer, freed before the profile is taken, is an
+``activation``: it was made in backward); a storage shared by two roles
+takes the first of parameter, gradient, optimizer state, KV cache; tensors
+held only by C++ (autograd's saved tensors) are activations by their stack.
+
+This module runs inside the profiled process: standard library only, torch
+and transformers only through ``sys.modules`` (never imported here).
+"""
+
+from __future__ import annotations
+
+import gc
+import itertools
+import sys
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from gpuflame.model.categories import (  # noqa: F401 - the vocabulary, re-exported for the recorders
+    CATEGORIES,
+    GRADIENT,
+    KV_CACHE,
+    LABEL,
+    OPTIMIZER_STATE,
+    PARAMETER,
+    stack_category,
+)
+
+# categories found in the object graph, in order of precedence; a block's tag
+# is its index here plus one (0: no tag), as the C++ hook stores it
+TAGGED = (PARAMETER, GRADIENT, OPTIMIZER_STATE, KV_CACHE)
+TAG_OF = {name: i + 1 for i, name in enumerate(TAGGED)}
+
+StorageKey = Callable[[Any], int]  # a storage -> the key its recorder books it under
+
+
+# -----------------------------------------------------------------------------
+# the object graph
+# -----------------------------------------------------------------------------
+
+
+def graph_roles(key: StorageKey) -> dict[int, str]:
+    """Every storage the object graph gives a role, by *key*: one walk of the collector's objects."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return {}
+    module_type = torch.nn.Module
+    optimizer_type = torch.optim.Optimizer
+    cache_types = _cache_types()
+    # one pass in C: the distinct types, then the objects of the wanted ones (a Python
+    # loop over every object costs ten times more in a process of a million objects);
+    # by type(), as isinstance() reads __class__, which some lazy module objects warn on
+    objects = gc.get_objects()
+    kinds = (module_type, optimizer_type, cache_types)
+    wanted = {t: i for t in set(map(type, objects)) if (i := _kind(t, kinds)) >= 0}
+    found: list[list[Any]] = [[], [], []]
+    for obj in itertools.compress(objects, map(wanted.__contains__, map(type, objects))):
+        found[wanted[type(obj)]].append(obj)
+    del objects
+    modules, optimizers, caches = found
+    roles: dict[int, str] = {}
+    # lowest precedence first: a later role overwrites an earlier one
+    _assign(roles, key, KV_CACHE, (t for c in caches for t in _tensors_in(vars(c), 4)))
+    for opt in optimizers:
+        _assign(roles, key, OPTIMIZER_STATE, _state_tensors(opt))
+    # a module still in its __init__ (a profile taken from another thread) may lack the dicts yet
+    params = [p for m in modules for p in _values(m, "_parameters")]
+    _assign(roles, key, GRADIENT, (p.grad for p in params))
+    buffers = (b for m in modules for b in _values(m, "_buffers"))
+    _assign(roles, key, PARAMETER, [*params, *buffers])
+    return roles
+
+
+def _values(module: Any, name: str) -> list[Any]:
+    found = vars(module).get(name)
+    return [v for v in list(found.values()) if v is not None] if isinstance(found, dict) else []
+
+
+def _kind(t: type, kinds: tuple[type, type, tuple[type, ...]]) -> int:
+    """0: a module type, 1: an optimizer type, 2: a KV-cache type, -1: none of them."""
+    for i, base in enumerate(kinds):
+        if base and issubclass(t, base):
+            return i
+    return -1
+
+
+def optimizer_roles(optimizer: Any, key: StorageKey) -> dict[int, str]:
+    """One optimizer's parameters, their gradients and its state: cheap enough for every step."""
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    roles: dict[int, str] = {}
+    _assign(roles, key, OPTIMIZER_STATE, _state_tensors(optimizer))
+    _assign(roles, key, GRADIENT, (p.grad for p in params))
+    _assign(roles, key, PARAMETER, params)
+    return roles
+
+
+def _assign(roles: dict[int, str], key: StorageKey, role: str, tensors: Iterable[Any]) -> None:
+    for t in tensors:
+        if t is None:
+            continue
+        try:
+            if t.device.type == "meta":
+                continue
+            roles[key(t.untyped_storage())] = role
+        except (RuntimeError, NotImplementedError, AttributeError, TypeError):
+            continue  # sparse, nested or subclass tensors without a plain storage
+
+
+def _state_tensors(optimizer: Any) -> Iterator[Any]:
+    for state in list(optimizer.state.values()):
+        if isinstance(state, dict):
+            yield from _tensors_in(state, 1)
+
+
+def _tensors_in(value: Any, depth: int) -> Iterator[Any]:
+    """Tensors in *value* and in the lists, tuples, dicts and plain objects in it, *depth* levels down."""
+    torch = sys.modules["torch"]
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif depth <= 0:
+        return
+    elif isinstance(value, dict):
+        for v in list(value.values()):
+            yield from _tensors_in(v, depth - 1)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _tensors_in(v, depth - 1)
+    elif hasattr(value, "__dict__") and type(value).__module__.startswith("transformers."):
+        yield from _tensors_in(vars(value), depth - 1)
+
+
+def _cache_types() -> tuple[type, ...]:
+    """transformers' KV-cache classes, when transformers is imported."""
+    cache_utils = sys.modules.get("transformers.cache_utils")
+    names = ("Cache", "CacheLayerMixin")
+    return tuple(t for t in (getattr(cache_utils, n, None) for n in names) if isinstance(t, type))
+
+
+# -----------------------------------------------------------------------------
+# splitting a recorder's rows by category
+# -----------------------------------------------------------------------------
+
+# row columns, as both torch recorders build them
+JOINT_NOTE = (
+    "categories at the run's joint peak follow the allocating stacks in this process: "
+    "that moment was not its own peak, whose blocks the object graph classed"
+)
+PEAK, INUSE, ALLOC, JOINT = 0, 2, 4, 6  # JOINT: a run's joint-peak columns (capture/joint_peak.py)
+
+
+class Block:
+    """One live block as a recorder holds it: its key, size, site, whether it was live at the peak, its tag."""
+
+    __slots__ = ("key", "nbytes", "site", "at_peak", "tag")
+
+    def __init__(self, key: int, nbytes: int, site: int, at_peak: bool, tag: int) -> None:
+        self.key, self.nbytes, self.site, self.at_peak, self.tag = key, nbytes, site, at_peak, tag
+
+
+def split_rows(
+    rows: dict[int, list[int]],
+    default: Callable[[int], str],
+    blocks: Iterable[Block],
+    gone_tagged: Iterable[tuple[int, int, int, int]],
+    roles: dict[int, str],
+    joint_is_peak: bool = False,
+) -> dict[tuple[int, str], list[int]]:
+    """Per (site, category): [peak bytes, peak count, in-use bytes, in-use count, alloc bytes, alloc count].
+
+    Rows of a process in ``gpuflame run`` carry two more columns, what it held
+    at the run's joint peak (capture/joint_peak.py). They move with the peak
+    columns when *joint_is_peak* (the joint moment is this process's own
+    peak: a single-process run, or the process that set the run's high);
+    otherwise they stay under the stack's category, which the profile says.
+
+    A site's row starts under its stack's category (*default*); each live
+    block the graph (*roles*) or a tag gives another category moves there,
+    in use and, when it was live at the peak, at the peak; *gone_tagged*
+    (site, tag, bytes, count) moves the tagged blocks freed since the peak.
+    Allocated bytes follow only when every allocation of the site is live in
+    one other category.
+    """
+    out: dict[tuple[int, str], list[int]] = {(site, default(site)): list(row) for site, row in rows.items()}
+
+    def move(site: int, role: str, col: int, nbytes: int, count: int) -> None:
+        base = default(site)
+        if role == base or (site, base) not in out:
+            return
+        src = out[(site, base)]
+        if src[col + 1] < count:  # not in the rows (made or freed by another thread meanwhile)
+            return
+        dst = out.setdefault((site, role), [0] * len(src))  # a run's joint-peak columns ride along, unsplit
+        cols = (col, JOINT) if col == PEAK and joint_is_peak and len(src) > JOINT else (col,)
+        for c in cols:
+            src[c] -= nbytes
+            src[c + 1] -= count
+            dst[c] += nbytes
+            dst[c + 1] += count
+
+    for b in blocks:
+        role = roles.get(b.key) or (TAGGED[b.tag - 1] if 0 < b.tag <= len(TAGGED) else None)
+        if role is None:
+            continue
+        move(b.site, role, INUSE, b.nbytes, 1)
+        if b.at_peak:
+            move(b.site, role, PEAK, b.nbytes, 1)
+    for site, tag, nbytes, count in gone_tagged:
+        if 0 < tag <= len(TAGGED):
+            move(site, TAGGED[tag - 1], PEAK, nbytes, count)
+    _follow_alloc(out, default)
+    return {k: v for k, v in out.items() if any(v)}
+
+
+def _follow_alloc(out: dict[tuple[int, str], list[int]], default: Callable[[int], str]) -> None:
+    """A site whose every allocation is live in one other category: its allocated bytes go there too.
+
+    Otherwise allocated bytes stay under the stack's category: which role a
+    block freed long ago had is not known.
+    """
+    for (site, _role), row in list(out.items()):
+        base = out.get((site, default(site)))
+        if base is None or row is base or base[INUSE + 1] or row[INUSE + 1] != base[ALLOC + 1]:
+            continue
+        row[ALLOC], row[ALLOC + 1] = base[ALLOC], base[ALLOC + 1]
+        base[ALLOC] = base[ALLOC + 1] = 0
+
+
+# -----------------------------------------------------------------------------
+# tagging at every optimizer step
+# -----------------------------------------------------------------------------
+
+
+class StepTagger:
+    """Global optimizer step hooks that hand each step's roles to *tag* (never raising into the step)."""
+
+    def __init__(self, key: StorageKey, tag: Callable[[dict[int, str]], None]) -> None:
+        self.key = key
+        self.tag = tag
+        self.handles: list[Any] = []
+        self.failed = 0
+
+    def install(self) -> None:
+        optimizer = sys.modules.get("torch.optim.optimizer")
+        if optimizer is None or not hasattr(optimizer, "register_optimizer_step_pre_hook"):
+            return
+        self.handles = [
+            optimizer.register_optimizer_step_pre_hook(self._on_step),
+            optimizer.register_optimizer_step_post_hook(self._on_step),
+        ]
+
+    def remove(self) -> None:
+        handles, self.handles = self.handles, []
+        for h in handles:
+            h.remove()
+
+    def _on_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        try:
+            self.tag(optimizer_roles(optimizer, self.key))
+        except Exception:  # noqa: BLE001 - a failed tag loses a category, never the step
+            self.failed += 1

@@ -1,0 +1,149 @@
+"""Each torch recorder's blocks split by category (the rules live in capture/categories.py).
+
+One adapter per recorder, so the recorders' own modules change by a few
+lines: tags are set at every optimizer step and every profile, the rows
+split when a profile is built.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from gpuflame.capture import categories
+from gpuflame.formats.torch_snapshot import BLOCK_CATEGORY_KEY, CATEGORIES_KEY
+
+if TYPE_CHECKING:
+    from gpuflame.capture.torch_allocator import TorchAllocatorRecorder
+    from gpuflame.capture.torch_tensors import Ledger, TorchTensorRecorder
+
+
+class HookCategories:
+    """The hook's blocks split by category (capture/categories.py): tags at each optimizer step and snapshot."""
+
+    def __init__(self, recorder: TorchAllocatorRecorder) -> None:
+        self.recorder = recorder
+        self.defaults: list[str] = []  # site -> the category its stack implies
+        self.steps = categories.StepTagger(_data_ptr, self.tag)
+        # the hook's blocks when the window stopped (copied, as its rows are: the next window resets them)
+        self.frozen: tuple[list[tuple[int, ...]], list[tuple[int, int, int, int]]] | None = None
+
+    def start(self) -> None:
+        self.frozen = None
+        self.steps.install()
+
+    def stop(self) -> None:
+        """Stop tagging; copy the blocks (cheap, in C++): the graph is read when the profile is built."""
+        self.steps.remove()
+        hook = self.recorder._hook
+        if hook is not None:
+            self.frozen = (hook.blocks(), hook.gone_tagged())
+
+    def tag(self, roles: dict[int, str]) -> None:
+        hook = self.recorder._hook
+        if hook is not None and roles:
+            hook.tag([(key, categories.TAG_OF[role]) for key, role in roles.items()])
+
+    def rows(self, rows: list[tuple[int, ...]], joint_is_peak: bool = False) -> dict[tuple[int, str], list[int]]:
+        """Per (site, category) rows, the live blocks classed by the object graph as it is now."""
+        hook = self.recorder._hook
+        assert hook is not None
+        try:
+            roles = categories.graph_roles(_data_ptr)
+        except Exception:  # noqa: BLE001 - without the graph, blocks are classed by their stacks
+            roles = {}
+        self.tag(roles)
+        live, gone = self.frozen if self.frozen is not None else (hook.blocks(), hook.gone_tagged())
+        blocks = [categories.Block(*b) for b in live]
+        by_site = {site: list(values) for site, *values in rows}
+        self.recorder._fetch_stacks(hook)
+        return categories.split_rows(by_site, self.default, blocks, gone, roles, joint_is_peak)
+
+    def default(self, site: int) -> str:
+        stacks = self.recorder._stacks
+        while len(self.defaults) < len(stacks):
+            self.defaults.append(categories.stack_category(stacks[len(self.defaults)]))
+        return self.defaults[site]
+
+
+
+
+class LedgerCategories:
+    """The dispatch recorder's ledger split by category; storages are keyed by their ``_cdata``."""
+
+    def __init__(self, recorder: TorchTensorRecorder) -> None:
+        self.recorder = recorder
+        self.defaults: list[str] = []  # site -> the category its stack implies
+        self.steps = categories.StepTagger(_cdata, self.tag)
+
+    def start(self) -> None:
+        self.steps.install()
+
+    def stop(self) -> None:
+        self.steps.remove()
+
+    def tag(self, roles: dict[int, str]) -> None:
+        ledger = self.recorder.ledger
+        tracked = ledger.tracked
+        for key, role in roles.items():
+            ref = tracked.get(key)
+            if ref is not None:
+                ref.tag = categories.TAG_OF[role]
+
+    def rows(self) -> dict[tuple[int, str], list[int]]:
+        """Per (site, category) rows, the live storages classed by the object graph as it is now."""
+        try:
+            roles = categories.graph_roles(_cdata)
+        except Exception:  # noqa: BLE001 - without the graph, storages are classed by their stacks
+            roles = {}
+        self.tag(roles)
+        ledger = self.recorder.ledger
+        rows = ledger.rows()
+        with ledger.lock:
+            blocks, gone = _ledger_blocks(ledger)
+            marks = list(ledger.joint_seq.values())
+            joint_is_peak = bool(marks) and all(m == ledger.peak_seq for m in marks)
+        return categories.split_rows(rows, self.default, blocks, gone, roles, joint_is_peak)
+
+    def default(self, site: int) -> str:
+        keys = self.recorder.site_keys
+        while len(self.defaults) < len(keys):
+            node, _device = keys[len(self.defaults)]
+            self.defaults.append(categories.stack_category(self.recorder.stacks.frames(node)))
+        return self.defaults[site]
+
+
+def _ledger_blocks(ledger: Ledger) -> tuple[list[categories.Block], list[tuple[int, int, int, int]]]:
+    peak_seq = ledger.peak_seq
+    blocks = [
+        categories.Block(key, ref.nbytes, ref.site, ref.seq <= peak_seq, getattr(ref, "tag", 0))
+        for key, ref in list(ledger.tracked.items())
+        if ref.seq > 0
+    ]
+    gone = [(site, tag, g[1], g[2]) for (site, tag), g in ledger.gone_tagged.items() if g[0] == peak_seq and g[2]]
+    return blocks, gone
+
+
+def mark_categories(snapshot: dict[str, Any]) -> None:
+    """torch-cuda: mark each active block of a live snapshot the object graph classes (see formats/torch_snapshot).
+
+    A block's address is its storage's data pointer. Blocks live at the peak
+    and freed since are classed by their stacks (the snapshot keeps no tags).
+    """
+    try:
+        roles = categories.graph_roles(_data_ptr)
+    except Exception:  # noqa: BLE001 - without the graph, blocks are classed by their stacks
+        roles = {}
+    for segment in snapshot.get("segments") or []:
+        for block in segment.get("blocks") or []:
+            role = roles.get(block.get("address")) if isinstance(block, dict) else None
+            if role is not None:
+                block[BLOCK_CATEGORY_KEY] = role
+    snapshot[CATEGORIES_KEY] = True
+
+
+def _data_ptr(storage: Any) -> int:
+    return int(storage.data_ptr())
+
+
+def _cdata(storage: Any) -> int:
+    return int(storage._cdata)

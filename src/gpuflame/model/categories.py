@@ -1,0 +1,64 @@
+"""The ``category`` label's vocabulary: what kind of memory a sample is.
+
+One owner for the names, for the recorders (capture/categories.py finds
+them), the analyses and views that group by them, and the rule that reads a
+category from an allocating stack alone (used by every source that has no
+object graph: a saved PyTorch snapshot, blocks freed before they were seen).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from gpuflame.model.profile import Frame, Profile, Sample
+from gpuflame.symbols import names
+
+LABEL = "category"
+
+PARAMETER = "parameter"
+GRADIENT = "gradient"
+OPTIMIZER_STATE = "optimizer_state"
+KV_CACHE = "kv_cache"
+ACTIVATION = "activation"
+OTHER = "other"
+CACHED_FREE = "cached_free"
+OUTSIDE_FRAMEWORK = "outside_framework"
+CATEGORIES = (PARAMETER, GRADIENT, OPTIMIZER_STATE, KV_CACHE, ACTIVATION, OTHER, CACHED_FREE, OUTSIDE_FRAMEWORK)
+
+
+# synthetic frames that stand for a category of their own
+SYNTHETIC_CATEGORIES = {
+    names.CACHED_FREE: CACHED_FREE,
+    names.OUTSIDE_FRAMEWORK: OUTSIDE_FRAMEWORK,
+}
+
+# where KV caches are allocated (vLLM's are untested here: vLLM needs a GPU)
+_KV_CACHE_FILES = ("transformers/cache_utils.py", "vllm/worker/cache_engine.py")
+_KV_CACHE_FUNCTIONS = ("_allocate_kv_cache", "initialize_kv_cache", "_allocate_kv_cache_tensors")
+_BACKWARD = ("backward", "_engine_run_backward", "Tensor > backward", "Function > backward")
+
+
+def stack_category(frames: Sequence[Frame]) -> str:
+    """The category a block's allocating stack implies (leaf first): kv_cache, optimizer_state, activation, other."""
+    active = False
+    for f in frames:
+        file = f.file.replace("\\", "/")
+        name = f.name
+        if file.endswith(_KV_CACHE_FILES) or name.endswith(_KV_CACHE_FUNCTIONS):
+            return KV_CACHE
+        if name.endswith("_init_group") and "/torch/optim/" in file:
+            return OPTIMIZER_STATE
+        if name == "forward" or name.endswith("> forward") or name.endswith(_BACKWARD):
+            active = True
+    return ACTIVATION if active else OTHER
+
+
+def category_of(profile: Profile, sample: Sample) -> str | None:
+    """A sample's category: its label, or the one its synthetic leaf frame stands for; None when unknown."""
+    label = sample.label(LABEL)
+    if label is not None:
+        return label
+    if sample.stack:
+        leaf = profile.frames[sample.stack[0]]
+        return SYNTHETIC_CATEGORIES.get(leaf.name)
+    return None
