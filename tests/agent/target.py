@@ -5,7 +5,7 @@ JSON line with what it did and the Python stack that did it (from
 ``sys._getframe`` on the line of the call), so a test can compute the exact
 profile the agent must produce. Commands come one per line on stdin
 (``load`` with ``late``, ``basic``, ``threads``, ``deep N``, ``hold``, ``release``,
-``fork``, ``exit``); ``ready`` and ``done`` lines pace the test.
+``fork``, ``init``, ``oom``, ``exit``); ``ready`` and ``done`` lines pace the test.
 """
 
 import ctypes
@@ -165,6 +165,11 @@ def deep(n):
 HELD = []
 
 
+def out_of_memory():
+    device_alloc(1 << 50)  # fails (out of memory): nothing allocated
+    device_alloc(4096)
+
+
 def fork():
     pid = os.fork()
     if pid == 0:
@@ -202,6 +207,10 @@ def main():
             HELD.clear()
         elif cmd[0] == "fork":
             fork()
+        elif cmd[0] == "init":  # one driver call (through ctypes' one call site), allocating nothing
+            LIB.cuInit(0)
+        elif cmd[0] == "oom":
+            out_of_memory()
         say(op="done", cmd=cmd[0])
 
 
