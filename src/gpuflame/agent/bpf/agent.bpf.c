@@ -560,15 +560,17 @@ static __always_inline __u64 note_site(__u64 sp)
     return ret;
 }
 
-/* Every probed entry: the thread's previous call has returned, so its result can be read. */
-static __always_inline struct thread_state *entering(struct pt_regs *ctx, int create, __u64 *ret)
+/* Every probed entry: the thread's previous call has returned, so its result can be read. *site*:
+ * the return site is worth a probe (an allocation's; cuInit's, which often shares it, as ctypes' one
+ * call instruction does; not a free's, which returns nothing to read). */
+static __always_inline struct thread_state *entering(struct pt_regs *ctx, int create, int site, __u64 *ret)
 {
     struct thread_state *t = bpf_task_storage_get(&threads, bpf_get_current_task_btf(), 0,
                                                   create ? BPF_LOCAL_STORAGE_GET_F_CREATE : 0);
     __u64 sp = PT_REGS_SP(ctx);
     if (t)
         settle(t, 0, 0, sp);
-    *ret = note_site(sp);
+    *ret = site ? note_site(sp) : read_ptr(sp);
     return t;
 }
 
@@ -576,7 +578,7 @@ static __always_inline void alloc_at_entry(struct pt_regs *ctx, __u32 kind, __u6
                                            __s32 device)
 {
     __u64 ret;
-    struct thread_state *t = entering(ctx, 1, &ret);
+    struct thread_state *t = entering(ctx, 1, 1, &ret);
     if (!t) {
         count(STAT_CALLS_FULL);
         return;
@@ -597,7 +599,7 @@ static __always_inline void alloc_at_entry(struct pt_regs *ctx, __u32 kind, __u6
 static __always_inline void free_at_entry(struct pt_regs *ctx, __u32 kind, __u64 addr, __s32 device)
 {
     __u64 ret;
-    entering(ctx, 0, &ret);
+    entering(ctx, 0, 0, &ret);
     __u32 tgid = bpf_get_current_pid_tgid() >> 32;
     if (!bpf_map_lookup_elem(&procs, &tgid) && setting(SET_ONLY_REGISTERED))
         return;
@@ -706,7 +708,7 @@ int BPF_KPROBE(init_enter)
 {
     if (setting(SET_ENTRY_ONLY)) {
         __u64 ret;
-        entering(ctx, 0, &ret);
+        entering(ctx, 0, 1, &ret);
     }
     __u32 tgid = bpf_get_current_pid_tgid() >> 32;
     announce(tgid, bpf_map_lookup_elem(&procs, &tgid));
