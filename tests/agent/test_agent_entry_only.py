@@ -15,7 +15,7 @@ import subprocess
 import pytest
 from agent_expected import replay, rows
 from agent_helpers import wait_for
-from test_agent_stacks import check_exact, own_rows
+from test_agent_stacks import booked, check_exact, own_rows
 
 from gpuflame.agent.procs import choose_probes
 
@@ -60,6 +60,40 @@ def test_return_probes_give_the_same_rows(start_target, agent_for):
         by_mode[mode] = {k[1:]: v for k, v in own_rows(agent, {str(target.pid)}).items()}
         agent.stop()
     assert by_mode["entry"] == by_mode["return"]
+
+
+def test_fork_child_and_pid_namespace(start_target, agent_for):
+    """A fork child (no task storage of its own yet) and a process in its own PID namespace: exact too."""
+    target = start_target("3.11")
+    target.ready()
+    agent = entry_agent(agent_for, target)
+    target.run("fork")
+    assert wait_for(lambda: booked(agent, target.records) and agent.snapshot().totals()["inuse_space"] == 0)
+    assert rows(agent.snapshot()) == {k: (v[0], v[1], 0, 0, v[4], v[5]) for k, v in replay(target.records).items()}
+    agent.stop()
+    inner = start_target("3.12", prefix=("unshare", "--pid", "--fork", "--kill-child"))
+    inner.ready()
+    host_pid = int(open(f"/proc/{inner.pid}/task/{inner.pid}/children").read().split()[0])
+    inner.pid = host_pid  # the agent watches it by its host pid
+    agent = entry_agent(agent_for, inner)
+    inner.run("basic")
+    check_exact(agent, inner, pid_of={1: str(host_pid)})
+
+
+def test_every_process_a_new_process_finds_the_site_probed(libcuda, start_target, agent_for):
+    """Every-process mode: a return-site probe sits on the file (libffi), so a process started later is read
+    back exactly from its first allocation."""
+    agent = agent_for(libcuda=[libcuda], probes="entry")
+    first = start_target("3.11")
+    first.ready()
+    first.run("init")
+    assert wait_for(lambda: bool(agent.return_sites))
+    target = start_target("3.11", "now")
+    target.read_until("done")
+    target.proc.wait(10)
+    expected = {k: (v[0], v[1], 0, 0, v[4], v[5]) for k, v in replay(target.records).items()}
+    wait_for(lambda: own_rows(agent, {str(target.pid)}) == expected)
+    assert own_rows(agent, {str(target.pid)}) == expected
 
 
 def test_a_failed_allocation_is_not_counted(start_target, agent_for):
