@@ -616,8 +616,8 @@ class Agent:
         for i in range(N_STATS):
             raw = self._stats.lookup(i.to_bytes(4, "little"))
             out[names[i]] = sum(int.from_bytes(raw[k : k + 8], "little") for k in range(0, len(raw), 8)) if raw else 0
-        if self.probes == "entry":  # every free reaches user space, which matches it
-            out["unknown_frees"] += self.ledger.unmatched_frees
+        if self.probes == "entry":  # every free reaches user space at its entry, before the driver says no
+            out["unknown_frees_at_entry"] = self.ledger.unmatched_frees
         return out
 
     def snapshot(self) -> Profile:
@@ -666,6 +666,8 @@ def loss_notes(stats: dict[str, int], probes: str = "") -> list[str]:
                          "their frees were not seen, so in-use over-counts them",
         "calls_map_full": "driver calls were missed (too many threads inside the driver at once)",
         "unknown_frees": "frees of blocks allocated before the agent started were ignored",
+        "unknown_frees_at_entry": "frees of addresses not known here were ignored (blocks allocated before the "
+                                  "agent started, or frees the driver refused: entry-only probes see them all)",
         "not_registered": "allocations came before the agent knew the process: no Python stack for them",
         "no_thread": "allocations came from threads with no Python thread state",
         "truncated": "stacks were deeper than the frames recorded",
