@@ -518,7 +518,7 @@ class Agent:
     def _result(self, h: Header) -> None:
         call = self.pending.take(h.tgid, h.tid, h.seq)
         if call is None or h.flags & F_FAILED:
-            return  # read from user space already, or the call failed: nothing allocated
+            return  # an allocation not booked (a process not watched), or the call failed: nothing allocated
         if h.flags & F_UNKNOWN:
             self.counts["results_unknown"] += 1
             return

@@ -35,7 +35,7 @@ class PendingResults:
         self.calls[(pid, tid)] = call
 
     def take(self, pid: int, tid: int, seq: int) -> Pending | None:
-        """The call an EV_RESULT is about, or None (already read from user space)."""
+        """The call an EV_RESULT is about, or None (its allocation was not booked: a process not watched)."""
         call = self.calls.get((pid, tid))
         if call is None or call.seq != seq:
             return None
