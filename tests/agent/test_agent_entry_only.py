@@ -235,3 +235,23 @@ def test_results_not_read_back_are_counted_not_guessed(start_target, agent_for):
         assert value[4] <= expected[key][4] and value[2] >= 0
     if agent.stats()["results_unknown"]:
         assert any("allocations were not counted" in c for c in agent.snapshot().comments)
+
+
+def test_auto_on_a_risky_kernel_watches_a_filtered_process_entry_only(start_target, agent_for, monkeypatch):
+    """As on Linux 6.11-6.13 (the kernel check pretends): a process under a seccomp filter is refused to return
+    probes, and auto watches it with entry-only probes, exactly."""
+    from gpuflame.agent import procs
+    from gpuflame.agent.agent import AgentError
+
+    monkeypatch.setattr(procs, "uretprobe_seccomp_kernel", lambda release=None: True)
+    target = start_target("3.11", "seccomp")
+    target.ready()
+    assert procs.seccomp_filtered(target.pid)
+    with pytest.raises(AgentError, match="not probing it with --probes return"):
+        agent_for(target.pid, probes="return")
+    agent = agent_for(target.pid)  # auto
+    assert agent.probes == "entry" and f"pid {target.pid}" in agent.probes_why
+    target.run("init")
+    assert wait_for(lambda: bool(agent.return_sites))
+    target.run("basic")
+    check_exact(agent, target)
