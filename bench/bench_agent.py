@@ -2,7 +2,9 @@
 
 - cost per alloc+free pair seen by a Python caller (ctypes into a stand-in
   libcuda.so.1 built from cuda.h, tests/agent/standin_cuda.c) at 3, 30 and 64
-  Python frames: no probes / empty programs on the same probes / the agent;
+  Python frames: no probes / empty programs on the same probes / the agent; and the same
+  for entry-only probes (--probes entry: no uretprobes, a plain uprobe on the
+  call's return site in libffi);
 - the agent's CPU per event and its drops at 100k and 300k allocations/s
   (several paced processes);
 - time from starting the agent to its first correctly named sample.
@@ -71,40 +73,58 @@ class Pairs:
         self.proc.wait()
 
 
-def attach_empty(obj_path: str, lib: str) -> BpfObject:
-    """The agent's probes (entry and return, same functions) with empty programs."""
+def attach_empty(obj_path: str, lib: str, sites: dict | None = None) -> BpfObject:
+    """The agent's probes (entry and return, same functions) with empty programs; with *sites* (entry-only),
+    entry probes and plain uprobes on those return sites instead."""
     obj = BpfObject(obj_path, multi=UPROBE_PROGRAMS)
     elf = read_elf(lib, full=False)
     by_program: dict[tuple[str, bool], list[int]] = {}
     for name, (program, _kind) in ALLOCS.items():
         by_program.setdefault((program, False), []).append(elf.file_offset(elf.symbols[name].value))
-        by_program.setdefault(("alloc_exit", True), []).append(elf.file_offset(elf.symbols[name].value))
+        if sites is None:
+            by_program.setdefault(("alloc_exit", True), []).append(elf.file_offset(elf.symbols[name].value))
     for name in FREES:
         by_program.setdefault(("free_enter", False), []).append(elf.file_offset(elf.symbols[name].value))
-        by_program.setdefault(("free_exit", True), []).append(elf.file_offset(elf.symbols[name].value))
+        if sites is None:
+            by_program.setdefault(("free_exit", True), []).append(elf.file_offset(elf.symbols[name].value))
     for (program, ret), offsets in by_program.items():
         obj.attach_uprobe_multi(program, lib, offsets, [0] * len(offsets), ret=ret)
+    for (_dev, _ino, offset), path in (sites or {}).items():
+        obj.attach_uprobe_multi("ret_site", path, [offset], [0], ret=False)
     return obj
 
 
+def return_sites(lib: str) -> dict:
+    """Where a ctypes caller's driver calls return (libffi): what the entry-only agent probes."""
+    target = Pairs(lib)
+    agent = Agent(pids=[target.pid], probes="entry")
+    agent.start()
+    target.ask("time 3 100")
+    sites = dict(agent.return_sites)
+    agent.stop()
+    target.close()
+    return {key: path.replace(f"/proc/{target.pid}/root", "") for key, path in sites.items()}
+
+
 def pair_costs(lib: str, empty: str, n: int, repeat: int) -> tuple[dict[str, dict[int, float]], int]:
-    """ns per pair, best over *repeat* rounds, the three set-ups interleaved; and events the agent lost."""
-    best: dict[str, dict[int, float]] = {k: {} for k in ("none", "empty", "agent")}
+    """ns per pair, best over *repeat* rounds, the set-ups interleaved; and events the agents lost."""
+    best: dict[str, dict[int, float]] = {k: {} for k in ("none", "empty", "agent", "empty_entry", "entry")}
+    sites = return_sites(lib)
     lost = 0
     for _ in range(repeat):
         for setup in best:
             target = Pairs(lib)
             attached: object = None
-            if setup == "empty":
-                attached = attach_empty(empty, lib)
-            elif setup == "agent":
-                attached = Agent(pids=[target.pid])
+            if setup.startswith("empty"):
+                attached = attach_empty(empty, lib, sites if setup == "empty_entry" else None)
+            elif setup in ("agent", "entry"):
+                attached = Agent(pids=[target.pid], probes="return" if setup == "agent" else "entry")
                 attached.start()
             for depth in DEPTHS:
                 ns = target.ask(f"time {depth} {n}")
                 best[setup][depth] = min(best[setup].get(depth, ns), ns)
             target.close()
-            if setup == "agent":
+            if setup in ("agent", "entry"):
                 lost += attached.stats()["lost_events"]
                 attached.stop()
             elif attached is not None:
@@ -181,7 +201,12 @@ def main() -> int:
         for d in DEPTHS:
             none, emp, ag = costs["none"][d], costs["empty"][d], costs["agent"][d]
             print(f"{d:>7} {none:>10.0f} {emp:>12.0f} {ag:>8.0f} {ag / emp:>11.2f}x")
-        print(f"events the agent lost meanwhile: {lost}")
+        print("\nthe same, entry-only probes (--probes entry): entry probes + a plain uprobe on the return site")
+        print(f"{'frames':>7} {'empty progs':>12} {'agent':>8} {'agent/empty':>12} {'vs return agent':>16}")
+        for d in DEPTHS:
+            emp, ag = costs["empty_entry"][d], costs["entry"][d]
+            print(f"{d:>7} {emp:>12.0f} {ag:>8.0f} {ag / emp:>11.2f}x {ag / costs['agent'][d]:>15.2f}x")
+        print(f"events the agents lost meanwhile: {lost}")
         print("\nrate (allocations/s), several paced processes at 10 frames")
         for rate, procs in ((100_000, 2), (300_000, 4)):
             r = rate_run(lib, rate, args.seconds, procs)

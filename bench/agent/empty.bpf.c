@@ -12,3 +12,4 @@ SEC("uprobe") int free_enter(void *ctx) { return 0; }
 SEC("uretprobe") int alloc_exit(void *ctx) { return 0; }
 SEC("uretprobe") int free_exit(void *ctx) { return 0; }
 SEC("uprobe") int init_enter(void *ctx) { return 0; }
+SEC("uprobe") int ret_site(void *ctx) { return 0; }

@@ -5,7 +5,8 @@ JSON line with what it did and the Python stack that did it (from
 ``sys._getframe`` on the line of the call), so a test can compute the exact
 profile the agent must produce. Commands come one per line on stdin
 (``load`` with ``late``, ``basic``, ``threads``, ``deep N``, ``hold``, ``release``,
-``fork``, ``exit``); ``ready`` and ``done`` lines pace the test.
+``fork``, ``init``, ``oom``, ``exit``); ``ready`` and ``done`` lines pace the test. With the argument
+``seccomp`` it first puts itself under an allow-all seccomp filter.
 """
 
 import ctypes
@@ -15,6 +16,25 @@ import sys
 import threading
 
 LIB = None if "late" in sys.argv else ctypes.CDLL(sys.argv[1])  # late: loaded by the command load
+
+
+def seccomp_allow_all():
+    """A seccomp filter that allows everything: the process reads as filtered (as under a container runtime)."""
+
+    class Filter(ctypes.Structure):
+        _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8), ("k", ctypes.c_uint32)]
+
+    class Prog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_uint16), ("filter", ctypes.POINTER(Filter))]
+
+    allow = (Filter * 1)(Filter(0x06, 0, 0, 0x7FFF0000))  # BPF_RET|BPF_K, SECCOMP_RET_ALLOW
+    libc = ctypes.CDLL(None, use_errno=True)
+    assert libc.prctl(38, 1, 0, 0, 0) == 0  # PR_SET_NO_NEW_PRIVS
+    assert libc.prctl(22, 2, ctypes.byref(Prog(1, allow)), 0, 0) == 0  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
+
+
+if "seccomp" in sys.argv:
+    seccomp_allow_all()
 OUT = sys.stdout
 _lock = threading.Lock()
 u64 = ctypes.c_uint64
@@ -165,6 +185,11 @@ def deep(n):
 HELD = []
 
 
+def out_of_memory():
+    device_alloc(1 << 50)  # fails (out of memory): nothing allocated
+    device_alloc(4096)
+
+
 def fork():
     pid = os.fork()
     if pid == 0:
@@ -202,6 +227,10 @@ def main():
             HELD.clear()
         elif cmd[0] == "fork":
             fork()
+        elif cmd[0] == "init":  # one driver call (through ctypes' one call site), allocating nothing
+            LIB.cuInit(0)
+        elif cmd[0] == "oom":
+            out_of_memory()
         say(op="done", cmd=cmd[0])
 
 

@@ -8,6 +8,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 from agent_expected import replay, rows
@@ -47,6 +48,24 @@ def test_pid_until_a_signal_writes_the_exact_profile(sig, start_target, bpf_obje
     assert any("blocks allocated before the agent started" in c for c in profile.comments)
 
 
+def test_entry_only_probes_said_and_exact(start_target, bpf_object, tmp_path):
+    """--probes entry: the watching line and the profile say so; the profile is exact all the same."""
+    target = start_target("3.11")
+    target.ready()
+    out = tmp_path / "agent.pb.gz"
+    proc = agent_cli("--pid", str(target.pid), "--probes", "entry", "-o", str(out))
+    assert "probes: entry-only, no uretprobes (asked for)" in watching(proc)
+    target.run("init")  # ctypes' call site: probed from here on (the agent places it within milliseconds)
+    time.sleep(0.5)
+    target.run("threads")
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 0, stderr
+    profile = load(out)
+    assert rows(profile) == replay(target.records)
+    assert "probes: entry-only" in profile.comments[0]
+
+
 def test_duration_and_the_store(start_target, bpf_object, tmp_path):
     target = start_target("3.11")
     target.ready()
@@ -71,6 +90,7 @@ def test_duration_and_the_store(start_target, bpf_object, tmp_path):
         (["--libcuda", "/nonexistent/libcuda.so.1"], "--libcuda /nonexistent/libcuda.so.1"),
         (["-o", "/nonexistent-dir/x.pb.gz"], "no such folder"),
         (["--max-blocks", "0"], "not a positive number"),
+        (["--probes", "exit"], "invalid choice: 'exit'"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(bpf_object, args, message):

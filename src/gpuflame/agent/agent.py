@@ -28,9 +28,15 @@ from gpuflame.agent.events import (
     EV_FORK,
     EV_FREE,
     EV_NEW_PROCESS,
+    EV_RESULT,
+    EV_SITE,
+    F_FAILED,
     F_NO_THREAD,
     F_NOT_REGISTERED,
+    F_PENDING,
+    F_RETURNED,
     F_TRUNCATED,
+    F_UNKNOWN,
     F_UNTRACKED,
     FREES,
     HEADER,
@@ -41,6 +47,8 @@ from gpuflame.agent.events import (
     N_STATS,
     PROC,
     RING_BYTES,
+    SET_ENTRY_ONLY,
+    SET_ONLY_REGISTERED,
     STAT_CALLS_FULL,
     STAT_LIVE_FULL,
     STAT_LOST_EVENTS,
@@ -55,6 +63,7 @@ from gpuflame.agent.events import (
 )
 from gpuflame.agent.ledger import Ledger
 from gpuflame.agent.libbpf import BpfError, BpfObject, Map, RingBuffer, possible_cpus
+from gpuflame.agent.pending import Pending, PendingResults
 from gpuflame.agent.process import Process
 from gpuflame.errors import GpuflameError
 from gpuflame.model.profile import SYNTHETIC, Frame, Profile
@@ -72,7 +81,8 @@ LIBCUDA_DIRS = (
     "/usr/local/cuda/compat",
 )
 
-UPROBE_PROGRAMS = ("alloc_enter", "pitch_enter", "create_enter", "free_enter", "alloc_exit", "free_exit", "init_enter")
+UPROBE_PROGRAMS = ("alloc_enter", "pitch_enter", "create_enter", "free_enter", "alloc_exit", "free_exit", "init_enter",
+                   "ret_site")
 
 NO_PYTHON_STACK = Frame("<no Python stack>", kind=SYNTHETIC)
 TOO_EARLY = Frame("<before the agent knew the process>", kind=SYNTHETIC)
@@ -133,12 +143,18 @@ class Agent:
         native: bool = False,
         max_blocks: int = LIVE_BLOCKS,
         labels_for: Callable[[int], dict[str, str]] | None = None,
+        probes: str = "auto",
     ) -> None:
         self.pids = sorted(set(pids))
         self.libcuda = list(libcuda)
         self.native = native
         self.max_blocks = max_blocks
         self.labels_for = labels_for  # pid -> extra labels (Kubernetes), or None
+        self.probes_asked = probes  # auto | return | entry (procs.choose_probes)
+        self.probes = ""  # return | entry, chosen at start
+        self.probes_why = ""
+        self.pending = PendingResults()  # entry-only: allocations whose result is not read yet
+        self.return_sites: dict[tuple[int, int, int], str] = {}  # entry-only: (dev, inode, offset) probed
         self.ledger = Ledger()
         self.processes: dict[int, Process] = {}
         self.attached: dict[tuple[int, int], str] = {}
@@ -147,7 +163,8 @@ class Agent:
         self.unsupported: set[str] = set()  # Python versions seen without offsets
         self.skipped: list[str] = []  # libcuda files found but not probed, and why
         self._unprobeable: set[tuple[int, int]] = set()
-        self.counts = {"not_registered": 0, "no_thread": 0, "truncated": 0, "untracked": 0, "handler_errors": 0}
+        self.counts = {"not_registered": 0, "no_thread": 0, "truncated": 0, "untracked": 0, "handler_errors": 0,
+                       "results_next_entry": 0, "results_unknown": 0, "results_unread": 0, "sites_unprobed": 0}
         self.started_ns = 0
         self.first_event_ns = 0
         self._stacks: list[tuple[Frame, ...]] = []
@@ -179,8 +196,9 @@ class Agent:
         for pid in self.pids:
             if not procs.alive(pid):
                 raise AgentError(f"no process {pid}")
-        self._check_uretprobe_risk()
         files = self._libcuda_files()
+        self.probes, self.probes_why = procs.choose_probes(self.probes_asked, self.pids, self._driver_users())
+        self._check_uretprobe_risk()
         if not files and not self.pids:  # with --pid, probed once the watched processes load it
             raise AgentError(f"no libcuda.so found (no process maps it, and it is not in {', '.join(LIBCUDA_DIRS)}); "
                              "name it with --libcuda PATH")
@@ -215,20 +233,34 @@ class Agent:
             if key not in self.attached:
                 self._attach_found(key, path)
 
+    def _driver_users(self) -> list[int]:
+        """The processes mapping a libcuda now, for the choice of probes (a uretprobe reaches them all)."""
+        if not self.pids or self.probes_asked != "auto" or not procs.uretprobe_seccomp_kernel():
+            return self._cuda_pids()
+        return [pid for pid in procs.all_pids() if procs.libcuda_files(pid)]
+
+    def probes_said(self) -> str:
+        """The probes in words, for the watching line and the profile."""
+        if self.probes == "entry":
+            return (f"probes: entry-only, no uretprobes ({self.probes_why}); results read at each call's return "
+                    "site once probed, else at the thread's next driver call")
+        return f"probes: entry and return ({self.probes_why})"
+
     def _check_uretprobe_risk(self) -> None:
         """On 6.11-6.13 a uretprobe can get a seccomp-filtered process killed: never risk a watched one."""
-        if not procs.uretprobe_seccomp_kernel():
+        if self.probes == "entry" or not procs.uretprobe_seccomp_kernel():
             return
         filtered = [pid for pid in self.pids if procs.seccomp_filtered(pid)]
         if filtered:
             raise AgentError(
                 f"process {', '.join(map(str, filtered))} runs under a seccomp filter, and on Linux "
                 f"{os.uname().release} a uretprobe may get it killed (the filter can refuse the uretprobe "
-                "syscall); not probing it (kernels 6.14+ are safe)")
+                "syscall); not probing it with --probes return (--probes entry or auto would: no uretprobes)")
         if not self.pids:
             sys.stderr.write(
                 f"gpuflame agent: warning: on Linux {os.uname().release}, processes under a seccomp filter that "
-                "refuses the uretprobe syscall are killed by uretprobes; watch chosen processes with --pid\n")
+                "refuses the uretprobe syscall are killed by uretprobes (--probes return); --probes entry "
+                "avoids them\n")
 
     def _load(self, path: str, multi: bool) -> None:
         """Load the object and open its maps and ring."""
@@ -238,7 +270,9 @@ class Agent:
         self._procs = Map(self._obj.map_fd("procs"), PROC.size)
         self._live = Map(self._obj.map_fd("live"), 8)
         self._stats = Map(self._obj.map_fd("stats"), 8 * ncpu)
-        Map(self._obj.map_fd("settings"), 4).update(b"\0" * 4, (1 if self.pids else 0).to_bytes(4, "little"))
+        settings = Map(self._obj.map_fd("settings"), 4)
+        settings.update(SET_ONLY_REGISTERED.to_bytes(4, "little"), (1 if self.pids else 0).to_bytes(4, "little"))
+        settings.update(SET_ENTRY_ONLY.to_bytes(4, "little"), (self.probes == "entry").to_bytes(4, "little"))
         if self._ring is not None:
             self._ring.close()
         self._ring = RingBuffer(self._obj.map_fd("events"), RING_BYTES, self._incoming.append)
@@ -298,16 +332,17 @@ class Agent:
                 self.missing_functions.add(name)
                 return
             off = elf.file_offset(sym.value)
-            if ret_program and first_byte(path, off) != PUSH_RBP:  # cuInit runs once: its cost is moot
+            if name != INIT and first_byte(path, off) != PUSH_RBP:  # cuInit runs once: its cost is moot
                 self.single_stepped.add(name)
             probes.setdefault((program, False), []).append((off, cookie))
             if ret_program:
                 probes.setdefault((ret_program, True), []).append((off, 0))
 
+        returns = self.probes == "return"
         for name, (program, kind) in ALLOCS.items():
-            add(name, program, "alloc_exit", kind)
+            add(name, program, "alloc_exit" if returns else None, kind)
         for name, kind in FREES.items():
-            add(name, "free_enter", "free_exit", kind)
+            add(name, "free_enter", "free_exit" if returns else None, kind)
         if not probes:
             raise AgentError(f"{path} has none of the CUDA driver's allocation functions")
         add(INIT, "init_enter", None, 0)
@@ -331,6 +366,7 @@ class Agent:
         through = (f"through {len(self.attached)} libcuda file(s): {files}" if self.attached
                    else "(libcuda.so is not loaded yet: probed when it is)")
         line = f"gpuflame agent: watching {who} ({len(self.processes)} now, {py} Python) {through}"
+        line += f"; {self.probes_said()}"
         if self.single_stepped:
             line += (f"; note: {', '.join(sorted(self.single_stepped))} do not start with push %rbp, "
                      "so the kernel single-steps their probes (slower calls)")
@@ -435,6 +471,10 @@ class Agent:
             self.ledger.free(tgid, (int(data[1] == K_RELEASE), addr))
         elif kind == EV_ALLOC:
             self._alloc(data)
+        elif kind == EV_RESULT:
+            self._result(header(data))
+        elif kind == EV_SITE:
+            self._probe_return_site(header(data))
         elif kind == EV_CODE:
             record = code_record(data)
             proc = self.processes.get(record.tgid)
@@ -456,7 +496,7 @@ class Agent:
                 self._register(tgid)  # a new image: what we knew of the process is void
 
     def _alloc(self, data: bytes) -> None:
-        _type, kind, _n, _nn, flags, tgid, _tid, addr, size, _ts, device, _pad, _comm = HEADER.unpack_from(data)
+        _type, kind, _n, _nn, flags, tgid, tid, addr, size, _ts, device, seq, _comm = HEADER.unpack_from(data)
         raw = (tgid, data[HEADER.size :])
         stack = self._raw_ids.get(raw)
         if stack is None:  # a stack not seen before (the BPF side woke us at once for it)
@@ -468,7 +508,51 @@ class Agent:
                                (F_TRUNCATED, "truncated"), (F_UNTRACKED, "untracked")):
                 if flags & flag:
                     self.counts[name] += 1
+        if flags & F_PENDING:
+            self.pending.add(tgid, tid, Pending(seq, kind, device_label(device), stack))
+            return
         self.ledger.alloc(tgid, device_label(device), stack, (int(kind == K_CREATE), addr), size)
+
+    # -- entry-only probes: results read back ------------------------------------------
+
+    def _result(self, h: Header) -> None:
+        call = self.pending.take(h.tgid, h.tid, h.seq)
+        if call is None or h.flags & F_FAILED:
+            return  # an allocation not booked (a process not watched), or the call failed: nothing allocated
+        if h.flags & F_UNKNOWN:
+            self.counts["results_unknown"] += 1
+            return
+        if not h.flags & F_RETURNED:
+            self.counts["results_next_entry"] += 1
+        self.ledger.alloc(h.tgid, call.device, call.stack, (int(call.kind == K_CREATE), h.addr), h.size)
+
+    def _probe_return_site(self, h: Header) -> None:
+        """A plain uprobe where a driver call returns to (in its file: every process that maps it)."""
+        for m in procs.maps(h.tgid):
+            if m.start <= h.addr < m.end:
+                path = procs.in_root(h.tgid, m.path)
+                break
+        else:
+            self.counts["sites_unprobed"] += 1  # not in a file (generated code)
+            return
+        try:
+            st = os.stat(path)
+        except OSError:
+            self.counts["sites_unprobed"] += 1
+            return
+        offset = h.addr - m.start + m.offset
+        key = (st.st_dev, st.st_ino, offset)
+        if key in self.return_sites:
+            return
+        try:
+            if self._multi:
+                self._obj.attach_uprobe_multi("ret_site", path, [offset], [0], ret=False)
+            else:
+                self._obj.attach_uprobe("ret_site", path, offset, ret=False)
+        except BpfError:
+            self.counts["sites_unprobed"] += 1
+            return
+        self.return_sites[key] = path
 
     def _new_stack(self, raw: tuple[int, bytes], h: Header, data: bytes) -> int | None:
         if not self.first_event_ns:
@@ -512,6 +596,7 @@ class Agent:
 
     def _exit(self, pid: int) -> None:
         self._exited.add(pid)
+        self.counts["results_unread"] += self.pending.drop(pid)
         for is_handle, addr in self.ledger.exit(pid):
             self._live.delete(BLOCK_KEY.pack(pid, is_handle, addr))
         proc = self.processes.pop(pid, None)
@@ -531,6 +616,8 @@ class Agent:
         for i in range(N_STATS):
             raw = self._stats.lookup(i.to_bytes(4, "little"))
             out[names[i]] = sum(int.from_bytes(raw[k : k + 8], "little") for k in range(0, len(raw), 8)) if raw else 0
+        if self.probes == "entry":  # every free reaches user space at its entry, before the driver says no
+            out["unknown_frees_at_entry"] = self.ledger.unmatched_frees
         return out
 
     def snapshot(self) -> Profile:
@@ -545,7 +632,7 @@ class Agent:
             stats = self.stats()
         profile.time_nanos = self.started_ns
         profile.duration_nanos = max(0, time.time_ns() - self.started_ns) if self.started_ns else 0
-        profile.comments += loss_notes(stats)
+        profile.comments += loss_notes(stats, self.probes_said())
         return profile
 
     def stop(self) -> None:
@@ -558,6 +645,7 @@ class Agent:
             self.poll(0)
             while self._ring.more:
                 self.poll(0)
+            self.counts["results_unread"] += len(self.pending.calls)
             self._ring.close()
             self._ring = None
         if self._obj is not None:
@@ -568,20 +656,27 @@ class Agent:
             proc.close()
 
 
-def loss_notes(stats: dict[str, int]) -> list[str]:
-    """What the profile does not hold, in words (a profile lost silently is a bug)."""
-    notes = ["gpuflame agent: blocks allocated before the agent started are not known; "
-             "their frees are ignored, so in-use counts only blocks allocated since"]
+def loss_notes(stats: dict[str, int], probes: str = "") -> list[str]:
+    """What the profile does not hold, in words (a profile lost silently is a bug); the first note is always there."""
+    notes = [f"gpuflame agent: {probes + '; ' if probes else ''}blocks allocated before the agent started are not "
+             "known; their frees are ignored, so in-use counts only blocks allocated since"]
     said = {
         "lost_events": "events were lost (the ring buffer was full): the totals are short",
         "live_map_full": "blocks were not tracked in the kernel (live-block map full, raise --max-blocks): "
                          "their frees were not seen, so in-use over-counts them",
         "calls_map_full": "driver calls were missed (too many threads inside the driver at once)",
         "unknown_frees": "frees of blocks allocated before the agent started were ignored",
+        "unknown_frees_at_entry": "frees of addresses not known here were ignored (blocks allocated before the "
+                                  "agent started, or frees the driver refused: entry-only probes see them all)",
         "not_registered": "allocations came before the agent knew the process: no Python stack for them",
         "no_thread": "allocations came from threads with no Python thread state",
         "truncated": "stacks were deeper than the frames recorded",
         "handler_errors": "events could not be booked (internal error)",
+        "results_unknown": "allocations were not counted: entry-only probes, made before their call site's "
+                           "return probe was placed, and their result was in memory the caller may have reused",
+        "results_unread": "allocations were not counted: entry-only probes, their result was never read "
+                          "(the process ended or the agent stopped before a return probe saw it)",
+        "sites_unprobed": "return sites could not be probed (entry-only probes): results read at the next call",
     }
     for key, text in said.items():
         if stats.get(key):

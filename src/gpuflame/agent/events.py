@@ -14,14 +14,17 @@ K_ALLOC_HOST, K_HOST_ALLOC, K_FREE, K_FREE_ASYNC, K_RELEASE, K_FREE_HOST = 6, 7,
 
 # event types
 EV_ALLOC, EV_FREE, EV_EXIT, EV_NEW_PROCESS, EV_FORK, EV_EXEC, EV_CODE = 1, 2, 3, 4, 5, 6, 7
+EV_RESULT, EV_SITE = 8, 9  # entry-only probes: an allocation's outcome; a return address to probe
 
 # event flags
 F_NOT_REGISTERED, F_NO_THREAD, F_TRUNCATED, F_UNTRACKED = 1, 2, 4, 8
+F_PENDING, F_FAILED, F_RETURNED, F_UNKNOWN = 16, 32, 64, 128
 
 DEVICE_CUDA, DEVICE_HOST = -1, -2
 P_NATIVE = 1
 STAT_LOST_EVENTS, STAT_LIVE_FULL, STAT_UNKNOWN_FREES, STAT_CALLS_FULL = 0, 1, 2, 3
 N_STATS = 4
+SET_ONLY_REGISTERED, SET_ENTRY_ONLY = 0, 1
 MAX_FRAMES = 128
 RING_BYTES = 16 * 1024 * 1024  # the events ring (its size is fixed in agent.h)
 FRAME_BYTES = 104  # the BPF walk reads this much of each interpreter frame at once
@@ -85,7 +88,7 @@ class Header(NamedTuple):
     size: int
     ts: int
     device: int
-    pad: int
+    seq: int  # entry-only probes: a thread's allocation number (its pending EV_ALLOC and its EV_RESULT)
     comm: bytes
 
 

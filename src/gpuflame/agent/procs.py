@@ -81,10 +81,10 @@ def looks_like_python(pid: int) -> bool:
         return False
 
 
-def seccomp_filtered(pid: int) -> bool:
+def seccomp_filtered(pid: int, proc: str = "/proc") -> bool:
     """The process runs under a seccomp filter (containers' default profiles, sandboxes)."""
     try:
-        with open(f"/proc/{pid}/status") as f:
+        with open(f"{proc}/{pid}/status") as f:
             return any(line.split()[1:2] == ["2"] for line in f if line.startswith("Seccomp:"))
     except OSError:
         return False
@@ -98,6 +98,35 @@ def uretprobe_seccomp_kernel(release: str | None = None) -> bool:
     """
     m = re.match(r"(\d+)\.(\d+)", release or os.uname().release)
     return bool(m) and (int(m.group(1)), int(m.group(2))) in ((6, 11), (6, 12), (6, 13))
+
+
+PROBE_MODES = ("auto", "return", "entry")
+
+
+def choose_probes(asked: str, pids: list[int], driver_users: list[int], release: str | None = None,
+                  proc: str = "/proc") -> tuple[str, str]:
+    """``("return" | "entry", why)``: the probes for this run (``--probes``).
+
+    A uprobe sits on a file's inode, so a uretprobe fires in every process that
+    maps the library, watched or not. ``auto`` keeps return probes unless the
+    kernel is 6.11-6.13 and a process they could reach runs under a seccomp
+    filter: with --pid, a watched process or one mapping the driver now
+    (*driver_users*); watching every process, always on such a kernel (a
+    container under its runtime's default profile can start at any moment).
+    """
+    if asked != "auto":
+        return asked, "asked for"
+    release = release or os.uname().release
+    if not uretprobe_seccomp_kernel(release):
+        return "return", f"Linux {release} runs uretprobes without a syscall seccomp could refuse"
+    if not pids:
+        return "entry", (f"on Linux {release} a uretprobe can get a process under a seccomp filter killed, "
+                         "and any process may start under one")
+    filtered = sorted({pid for pid in [*pids, *driver_users] if seccomp_filtered(pid, proc)})
+    if filtered:
+        return "entry", (f"on Linux {release} a uretprobe can get a process under a seccomp filter killed "
+                         f"(pid {', '.join(map(str, filtered))})")
+    return "return", f"no process mapping the driver runs under a seccomp filter (Linux {release})"
 
 
 def alive(pid: int) -> bool:

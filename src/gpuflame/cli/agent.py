@@ -88,6 +88,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-blocks", type=count_arg, default=None, metavar="N",
                         help=f"live blocks tracked in the kernel (default {LIVE_BLOCKS}); "
                         "beyond, frees are counted as lost")
+    parser.add_argument("--probes", choices=("auto", "return", "entry"), default="auto",
+                        help="return: entry and return probes (uretprobes); entry: entry probes only, each result "
+                        "read back at the call's return site (a plain uprobe) or the thread's next driver call, "
+                        "for processes a uretprobe could break (longjmp, unwinders; a seccomp filter on Linux "
+                        "6.11-6.13); auto (default): entry on 6.11-6.13 where a seccomp-filtered process could "
+                        "be reached, else return")
     parser.add_argument("--store", metavar="DIR", help=f"store folder without -o (default {store_root()})")
     parser.add_argument("--json", action="store_true", help="print a JSON summary at the end (on stdout)")
     ship = parser.add_argument_group(
@@ -115,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
     push = _push(args)
     placement = Placement.from_env()
     agent = Agent(pids=args.pid, libcuda=args.libcuda, native=args.native,
-                  max_blocks=args.max_blocks or LIVE_BLOCKS, labels_for=placement.labels)
+                  max_blocks=args.max_blocks or LIVE_BLOCKS, labels_for=placement.labels, probes=args.probes)
     started = time.time()
     try:
         agent.start()

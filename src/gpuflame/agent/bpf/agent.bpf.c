@@ -88,10 +88,10 @@ struct {
     __type(value, struct code_record);
 } code_scratch SEC(".maps");
 
-/* [0]: 1 = only processes in procs (--pid), 0 = every process */
+/* SET_ONLY_REGISTERED, SET_ENTRY_ONLY (agent.h) */
 struct {
     __uint(type, BPF_MAP_TYPE_ARRAY);
-    __uint(max_entries, 1);
+    __uint(max_entries, N_SETTINGS);
     __type(key, __u32);
     __type(value, __u32);
 } settings SEC(".maps");
@@ -102,6 +102,20 @@ struct {
     __type(key, __u32);
     __type(value, __u64);
 } stats SEC(".maps");
+
+/* entry-only: (tgid, return address) already sent as an EV_SITE */
+struct {
+    __uint(type, BPF_MAP_TYPE_LRU_HASH);
+    __uint(max_entries, 65536);
+    __type(key, struct site_key);
+    __type(value, __u8);
+} sites_seen SEC(".maps");
+
+static __always_inline int setting(__u32 which)
+{
+    __u32 *v = bpf_map_lookup_elem(&settings, &which);
+    return v && *v;
+}
 
 static __always_inline void count(__u32 which)
 {
@@ -151,49 +165,6 @@ static __always_inline struct thread_state *returning(struct inflight *call)
     t->in_call = 0;
     *call = t->call;
     return t;
-}
-
-/* cuMemAlloc_v2, cuMemAllocAsync, cuMemAllocFromPoolAsync, cuMemAllocManaged,
- * cuMemAllocHost_v2, cuMemHostAlloc: (out pointer, size, ...); the kind is the attach cookie. */
-SEC("uprobe")
-int BPF_KPROBE(alloc_enter, void *out, __u64 size)
-{
-    __u32 kind = bpf_get_attach_cookie(ctx);
-    stash(kind, (__u64)out, size, 0, device_of(kind));
-    return 0;
-}
-
-/* cuMemAllocPitch_v2(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes): size = *pPitch * Height */
-SEC("uprobe")
-int BPF_KPROBE(pitch_enter, void *out, void *pitch, __u64 width, __u64 height)
-{
-    stash(K_ALLOC_PITCH, (__u64)out, height, (__u64)pitch, DEVICE_CUDA);
-    return 0;
-}
-
-/* cuMemCreate(handle, size, prop, flags): physical memory on prop->location */
-SEC("uprobe")
-int BPF_KPROBE(create_enter, void *out, __u64 size, void *prop)
-{
-    __s32 loc[2] = {0, 0}; /* CUmemAllocationProp.location: {type, id} after two ints */
-    __s32 device = DEVICE_CUDA;
-    if (!bpf_probe_read_user(loc, sizeof(loc), prop + 8)) {
-        if (loc[0] == 1)
-            device = loc[1] & 0xffff; /* CU_MEM_LOCATION_TYPE_DEVICE: the ordinal */
-        else if (loc[0] >= 2 && loc[0] <= 4)
-            device = DEVICE_HOST;
-    }
-    stash(K_CREATE, (__u64)out, size, 0, device);
-    return 0;
-}
-
-/* cuMemFree_v2, cuMemFreeAsync, cuMemRelease, cuMemFreeHost: (address or handle, ...) */
-SEC("uprobe")
-int BPF_KPROBE(free_enter, __u64 addr)
-{
-    __u32 kind = bpf_get_attach_cookie(ctx);
-    stash(kind, addr, 0, 0, device_of(kind));
-    return 0;
 }
 
 static __always_inline __u32 namespaced_tid(struct task_struct *task)
@@ -368,6 +339,7 @@ static __always_inline struct event *new_event(__u8 type, __u32 kind, int full)
     e->addr = 0;
     e->size = 0;
     e->device = 0;
+    e->seq = 0;
     if (full) { /* a free needs neither: user space knows the process */
         e->ts = bpf_ktime_get_ns();
         bpf_get_current_comm(e->comm, sizeof(e->comm));
@@ -464,36 +436,32 @@ static __always_inline void send_codes(struct event *e, struct proc *p)
     bpf_loop(MAX_FRAMES, code_step, &w, 0);
 }
 
-SEC("uretprobe")
-int BPF_KRETPROBE(alloc_exit, long rc)
+/* An allocation's event: its Python stack (and native frames where needed), sent to user space.
+ * *addr*: the block, or (entry-only, F_PENDING) where the driver will write it. *ret*: the return
+ * address at entry (entry-only), which stands for the caller's frame the unwinder cannot see there. */
+static __always_inline int record_alloc(struct pt_regs *ctx, struct thread_state *t, struct inflight *call,
+                                        __u64 addr, __u64 size, __u16 flags, __u64 ret)
 {
-    struct inflight call;
-    struct thread_state *t = returning(&call);
-    if (!t || rc != 0)
-        return 0; /* a failed call allocated nothing */
     __u64 id = bpf_get_current_pid_tgid();
     __u32 tgid = id >> 32;
     struct proc *p = bpf_map_lookup_elem(&procs, &tgid);
-    if (!p) {
-        __u32 zero = 0;
-        __u32 *only_registered = bpf_map_lookup_elem(&settings, &zero);
-        if (only_registered && *only_registered)
-            return 0;
-    }
-    __u64 addr = read_ptr(call.out);
-    __u64 size = call.size;
-    if (call.kind == K_ALLOC_PITCH)
-        size = read_ptr(call.extra) * call.size; /* the real pitch, read back, times Height */
-    struct event *e = new_event(EV_ALLOC, call.kind, 0); /* user space has the comm */
+    if (!p && setting(SET_ONLY_REGISTERED))
+        return 0;
+    struct event *e = new_event(EV_ALLOC, call->kind, 0); /* user space has the comm */
     if (!e)
         return 0;
     e->addr = addr;
     e->size = size;
-    e->device = call.device;
-    struct block_key key = {.tgid = id >> 32, .handle = call.kind == K_CREATE, .addr = addr};
-    if (bpf_map_update_elem(&live, &key, &size, BPF_ANY)) {
-        e->flags |= F_UNTRACKED;
-        count(STAT_LIVE_FULL);
+    e->device = call->device;
+    e->flags = flags;
+    if (flags & F_PENDING) {
+        e->seq = t->seq;
+    } else {
+        struct block_key key = {.tgid = tgid, .handle = call->kind == K_CREATE, .addr = addr};
+        if (bpf_map_update_elem(&live, &key, &size, BPF_ANY)) {
+            e->flags |= F_UNTRACKED;
+            count(STAT_LIVE_FULL);
+        }
     }
     __u64 hash = 0;
     if (p && p->runtime)
@@ -505,8 +473,11 @@ int BPF_KRETPROBE(alloc_exit, long rc)
         if (e->nframes >= MAX_FRAMES)
             off = MAX_FRAMES;
         long got = bpf_get_stack(ctx, &e->frames[off], MAX_NATIVE * 8, BPF_F_USER_STACK);
-        if (got > 0)
+        if (got > 0) {
             e->nnative = got / 8;
+            if (ret) /* at entry the first word is the driver function itself, its caller is missing */
+                *(__u64 *)&e->frames[off] = ret;
+        }
     }
     /* the same stack as this thread's last allocation: not new, no lookup */
     int fresh = 0;
@@ -518,6 +489,192 @@ int BPF_KRETPROBE(alloc_exit, long rc)
         send_codes(e, p);
     send(e, fresh);
     announce(tgid, p);
+    return 1;
+}
+
+SEC("uretprobe")
+int BPF_KRETPROBE(alloc_exit, long rc)
+{
+    struct inflight call;
+    struct thread_state *t = returning(&call);
+    if (!t || rc != 0)
+        return 0; /* a failed call allocated nothing */
+    __u64 size = call.size;
+    if (call.kind == K_ALLOC_PITCH)
+        size = read_ptr(call.extra) * call.size; /* the real pitch, read back, times Height */
+    record_alloc(ctx, t, &call, read_ptr(call.out), size, 0, 0);
+    return 0;
+}
+
+/* -- entry-only probes (--probes entry): no uretprobe, so nothing rewrites a return address and no
+ * uretprobe syscall runs (6.11-6.13 let a seccomp filter kill a process for it). An allocation is
+ * recorded at its entry (the thread is entering the driver: its interpreter frames cannot change
+ * until the call returns) and its output pointer kept per thread; the result is read back at the
+ * call's return site once user space has put a plain uprobe there (exact: the return code is in
+ * rax). Before that, at the thread's next probed entry, and only where the output is a variable in
+ * a stack frame still live (*out changed from its value at entry: success; unchanged: failure):
+ * heap memory may have been freed and reused by then. A free counts at its entry. */
+
+/* The pending allocation's outcome, as an EV_RESULT. *returned*: at the return site, with its code. */
+static __always_inline void settle(struct thread_state *t, int returned, __s32 rc, __u64 sp)
+{
+    if (!t->pending)
+        return;
+    t->pending = 0;
+    struct inflight *c = &t->call;
+    struct event *e = new_event(EV_RESULT, c->kind, 0);
+    if (!e)
+        return;
+    __u64 addr = 0;
+    int unread = bpf_probe_read_user(&addr, sizeof(addr), (void *)c->out);
+    e->addr = addr;
+    e->size = c->kind == K_ALLOC_PITCH ? read_ptr(c->extra) * c->size : c->size;
+    e->seq = t->seq;
+    e->device = c->device;
+    if (returned) {
+        e->flags |= rc != 0 || unread ? F_FAILED : F_RETURNED;
+    } else if (c->out < c->sp || c->out - c->sp >= STACK_SPAN || sp > c->out) {
+        /* heap memory the caller may have freed and reused (a ctypes c_uint64 is, at once), or a stack
+         * frame that has returned: what is there now says nothing sure about this call */
+        e->flags |= F_UNKNOWN;
+    } else if (unread || addr == c->before) {
+        e->flags |= F_FAILED; /* a live frame's variable, unchanged: the call failed */
+    }
+    send(e, 0);
+}
+
+/* Tells user space of a return address it may probe (once per process and address). */
+static __always_inline __u64 note_site(__u64 sp)
+{
+    __u64 ret = read_ptr(sp);
+    struct site_key key = {.tgid = bpf_get_current_pid_tgid() >> 32, .addr = ret};
+    if (!ret || bpf_map_lookup_elem(&sites_seen, &key))
+        return ret;
+    __u8 one = 1;
+    bpf_map_update_elem(&sites_seen, &key, &one, BPF_ANY);
+    struct event *e = new_event(EV_SITE, 0, 0);
+    if (e) {
+        e->addr = ret;
+        send(e, 1); /* at once: the sooner the site is probed, the fewer results read late */
+    }
+    return ret;
+}
+
+/* Every probed entry: the thread's previous call has returned, so its result can be read. *site*:
+ * the return site is worth a probe (an allocation's; cuInit's, which often shares it, as ctypes' one
+ * call instruction does; not a free's, which returns nothing to read). */
+static __always_inline struct thread_state *entering(struct pt_regs *ctx, int create, int site, __u64 *ret)
+{
+    struct thread_state *t = bpf_task_storage_get(&threads, bpf_get_current_task_btf(), 0,
+                                                  create ? BPF_LOCAL_STORAGE_GET_F_CREATE : 0);
+    __u64 sp = PT_REGS_SP(ctx);
+    if (t)
+        settle(t, 0, 0, sp);
+    *ret = site ? note_site(sp) : read_ptr(sp);
+    return t;
+}
+
+static __always_inline void alloc_at_entry(struct pt_regs *ctx, __u32 kind, __u64 out, __u64 size, __u64 extra,
+                                           __s32 device)
+{
+    __u64 ret;
+    struct thread_state *t = entering(ctx, 1, 1, &ret);
+    if (!t) {
+        count(STAT_CALLS_FULL);
+        return;
+    }
+    struct inflight *c = &t->call;
+    c->kind = kind;
+    c->device = device;
+    c->out = out;
+    c->size = size;
+    c->extra = extra;
+    c->before = read_ptr(out);
+    c->sp = PT_REGS_SP(ctx);
+    t->seq += 1;
+    if (record_alloc(ctx, t, c, out, size, F_PENDING, ret))
+        t->pending = 1;
+}
+
+static __always_inline void free_at_entry(struct pt_regs *ctx, __u32 kind, __u64 addr, __s32 device)
+{
+    __u64 ret;
+    entering(ctx, 0, 0, &ret);
+    __u32 tgid = bpf_get_current_pid_tgid() >> 32;
+    if (!bpf_map_lookup_elem(&procs, &tgid) && setting(SET_ONLY_REGISTERED))
+        return;
+    struct event *e = new_event(EV_FREE, kind, 0); /* user space matches it (it knows every block) */
+    if (!e)
+        return;
+    e->addr = addr;
+    e->device = device;
+    send(e, 0);
+}
+
+/* A plain uprobe on the instruction a driver call returns to (entry-only): the pending call of this
+ * thread returns here when the stack pointer is the entry's plus the popped return address. */
+SEC("uprobe")
+int BPF_KPROBE(ret_site)
+{
+    struct thread_state *t = bpf_task_storage_get(&threads, bpf_get_current_task_btf(), 0, 0);
+    if (!t || !t->pending || PT_REGS_SP(ctx) != t->call.sp + 8)
+        return 0;
+    settle(t, 1, (__s32)PT_REGS_RC(ctx), 0);
+    return 0;
+}
+
+/* cuMemAlloc_v2, cuMemAllocAsync, cuMemAllocFromPoolAsync, cuMemAllocManaged,
+ * cuMemAllocHost_v2, cuMemHostAlloc: (out pointer, size, ...); the kind is the attach cookie. */
+SEC("uprobe")
+int BPF_KPROBE(alloc_enter, void *out, __u64 size)
+{
+    __u32 kind = bpf_get_attach_cookie(ctx);
+    if (setting(SET_ENTRY_ONLY))
+        alloc_at_entry(ctx, kind, (__u64)out, size, 0, device_of(kind));
+    else
+        stash(kind, (__u64)out, size, 0, device_of(kind));
+    return 0;
+}
+
+/* cuMemAllocPitch_v2(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes): size = *pPitch * Height */
+SEC("uprobe")
+int BPF_KPROBE(pitch_enter, void *out, void *pitch, __u64 width, __u64 height)
+{
+    if (setting(SET_ENTRY_ONLY))
+        alloc_at_entry(ctx, K_ALLOC_PITCH, (__u64)out, height, (__u64)pitch, DEVICE_CUDA);
+    else
+        stash(K_ALLOC_PITCH, (__u64)out, height, (__u64)pitch, DEVICE_CUDA);
+    return 0;
+}
+
+/* cuMemCreate(handle, size, prop, flags): physical memory on prop->location */
+SEC("uprobe")
+int BPF_KPROBE(create_enter, void *out, __u64 size, void *prop)
+{
+    __s32 loc[2] = {0, 0}; /* CUmemAllocationProp.location: {type, id} after two ints */
+    __s32 device = DEVICE_CUDA;
+    if (!bpf_probe_read_user(loc, sizeof(loc), prop + 8)) {
+        if (loc[0] == 1)
+            device = loc[1] & 0xffff; /* CU_MEM_LOCATION_TYPE_DEVICE: the ordinal */
+        else if (loc[0] >= 2 && loc[0] <= 4)
+            device = DEVICE_HOST;
+    }
+    if (setting(SET_ENTRY_ONLY))
+        alloc_at_entry(ctx, K_CREATE, (__u64)out, size, 0, device);
+    else
+        stash(K_CREATE, (__u64)out, size, 0, device);
+    return 0;
+}
+
+/* cuMemFree_v2, cuMemFreeAsync, cuMemRelease, cuMemFreeHost: (address or handle, ...) */
+SEC("uprobe")
+int BPF_KPROBE(free_enter, __u64 addr)
+{
+    __u32 kind = bpf_get_attach_cookie(ctx);
+    if (setting(SET_ENTRY_ONLY))
+        free_at_entry(ctx, kind, addr, device_of(kind));
+    else
+        stash(kind, addr, 0, 0, device_of(kind));
     return 0;
 }
 
@@ -549,6 +706,10 @@ int BPF_KRETPROBE(free_exit, long rc)
 SEC("uprobe")
 int BPF_KPROBE(init_enter)
 {
+    if (setting(SET_ENTRY_ONLY)) {
+        __u64 ret;
+        entering(ctx, 0, 1, &ret);
+    }
     __u32 tgid = bpf_get_current_pid_tgid() >> 32;
     announce(tgid, bpf_map_lookup_elem(&procs, &tgid));
     return 0;

@@ -37,12 +37,21 @@
 #define EV_FORK 5
 #define EV_EXEC 6
 #define EV_CODE 7 /* what naming a code object needs, sent with a new stack */
+/* entry-only probes (--probes entry): an EV_ALLOC flagged F_PENDING is sent at the call's entry, its
+ * outcome later as an EV_RESULT; EV_SITE: a return address user space may put a plain uprobe on */
+#define EV_RESULT 8
+#define EV_SITE 9
 
 /* event flags */
 #define F_NOT_REGISTERED 1 /* no interpreter known for the process (yet) */
 #define F_NO_THREAD 2      /* the thread has no PyThreadState */
 #define F_TRUNCATED 4      /* deeper than MAX_FRAMES */
 #define F_UNTRACKED 8      /* the live-block map was full: its free will not be seen */
+#define F_PENDING 16       /* entry-only: the call has not returned; an EV_RESULT (same tid, seq) follows */
+#define F_FAILED 32        /* EV_RESULT: the call failed (or its output was unchanged): nothing allocated */
+#define F_RETURNED 64      /* EV_RESULT: read at the call's return site (exact), not at the next entry */
+#define F_UNKNOWN 128      /* EV_RESULT: not read at the return site, and the output's memory may hold
+                            * something else by now (heap, or a frame that returned): not counted */
 
 /* device: an ordinal, or one of these */
 #define DEVICE_CUDA -1 /* the context's device, not known from the call */
@@ -57,6 +66,12 @@
 #define STAT_UNKNOWN_FREES 2
 #define STAT_CALLS_FULL 3
 #define N_STATS 4
+
+/* settings */
+#define SET_ONLY_REGISTERED 0 /* 1 = only processes in procs (--pid), 0 = every process */
+#define SET_ENTRY_ONLY 1      /* 1 = no uretprobes: allocations recorded at entry, results read back later */
+#define N_SETTINGS 2
+#define STACK_SPAN (8 << 20) /* an output pointer this close above the stack pointer is on the stack */
 
 struct py_offsets {
     __s32 runtime_interp_head;
@@ -143,6 +158,8 @@ struct inflight {
     __u64 out;
     __u64 size;
     __u64 extra;
+    __u64 before; /* entry-only: *out at entry (unchanged later: the call failed or has not returned) */
+    __u64 sp;     /* entry-only: the stack pointer at entry (at the return site it is 8 more) */
 };
 
 struct thread_state {
@@ -150,7 +167,15 @@ struct thread_state {
     __u64 tstate;    /* its PyThreadState, re-checked at each use */
     __u64 last_hash; /* of its last allocation's stack */
     __u32 in_call;
+    __u32 pending; /* entry-only: an allocation whose result is not read yet */
+    __u32 seq;     /* entry-only: numbers this thread's allocations (EV_ALLOC and EV_RESULT carry it) */
     __u32 pad;
+};
+
+struct site_key {
+    __u32 tgid;
+    __u32 pad;
+    __u64 addr;
 };
 
 struct py_frame {
@@ -170,8 +195,10 @@ struct py_frame {
     __u64 size;      \
     __u64 ts;        \
     __s32 device;    \
-    __u32 pad;       \
+    __u32 seq;       \
     char comm[16];
+/* a pending EV_ALLOC (F_PENDING): addr is where the driver will write its output; seq numbers the
+ * thread's allocations, and its EV_RESULT carries the same */
 
 struct event_header {
     EVENT_HEADER_FIELDS
