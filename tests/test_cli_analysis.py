@@ -18,7 +18,7 @@ import pytest
 
 from gpuflame.cli.main import COMMANDS, main
 from gpuflame.formats import load, save
-from gpuflame.model import Frame, Profile
+from gpuflame.model import Frame, Profile, SampleType
 from gpuflame.units import format_bytes
 from test_hotspots import GiB, guide_profile
 
@@ -251,6 +251,14 @@ def test_export_other_formats(capsys, tmp_path, guide_file, guide, fmt, suffix):
         back = load(out_file)
         type_name = "peak_space" if fmt == "pprof" else back.type_names()[0]
         assert total(back, type_name) == total(guide, "peak_space", lambda n: "<cached free blocks>" not in n)
+
+
+def test_export_says_one_sample_in_the_singular(capsys, tmp_path):
+    one = Profile(sample_types=[SampleType("inuse_space", "bytes")])
+    one.add([Frame("alloc", "a.py", 3)], [4096])
+    save(one, tmp_path / "one.pb.gz")
+    rc, out, _ = run(capsys, "export", tmp_path / "one.pb.gz", "--format", "pprof", "-o", tmp_path / "out.pb.gz")
+    assert rc == 0 and "1 sample," in out and "1 samples" not in out
 
 
 def test_export_format_from_the_name(capsys, tmp_path, guide_file):

@@ -223,6 +223,12 @@ def test_a_process_lost_at_the_peak_is_said_not_hidden(tmp_path: Path) -> None:
     assert unit.kind == PARTIAL and unit.table_max == 6 * MB and not is_exact(profile.peaks)
     words = profile.peak_description("peak_space")
     assert "held 5.72 MiB (6,000,000 B) together" in words and "profile is missing" in words
+    assert "the 1 profile here shows what its process held then" in words  # not "the 1 profiles ... each"
+
+
+def test_a_partial_peak_of_several_profiles_says_each() -> None:
+    words = PeakUnit("cpu", kind=PARTIAL, processes=2, table_max=5_000_000).describe()
+    assert "the 2 profiles here show what each held then" in words and "held 4.77 MiB (5,000,000 B)" in words
 
 
 # -- the Python API: windows one after the other ------------------------------------

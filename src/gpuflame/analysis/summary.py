@@ -24,10 +24,16 @@ class Stack:
     frames: list[Frame]
     value: int
     percent: float
+    line: int = 0  # the leaf's line that allocated the most of *value* (its bar's own line is its def)
 
     @property
     def leaf(self) -> Frame:
         return self.frames[-1]
+
+    def where(self) -> str:
+        """``file:line`` of the allocation, for a message that names the line to look at."""
+        leaf = self.leaf
+        return f"{leaf.file}:{self.line}" if leaf.file and self.line else leaf.location()
 
 
 @dataclass(frozen=True)
@@ -94,5 +100,7 @@ def top_stacks(tree: FlameTree, limit: int = 3) -> list[Stack]:
     out = []
     for neg, depth, index in found[:limit]:
         frames = [tree.frame(n) for n in tree.path(Node(depth, index))]
-        out.append(Stack(frames, -neg, percent(-neg, tree.total)))
+        level = tree.level(depth)
+        line = tree.table.self_line(int(level.start[index]), int(level.end[index]), depth)
+        out.append(Stack(frames, -neg, percent(-neg, tree.total), line))
     return out

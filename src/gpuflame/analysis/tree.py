@@ -154,6 +154,20 @@ class StackTable:
                 out[d][line] = out[d].get(line, 0) + value
         return out
 
+    def self_line(self, start: int, end: int, depth: int) -> int:
+        """The source line that allocated the most among rows ``start:end`` ending at *depth* (0: none).
+
+        A function bar's own line is its ``def``; a failure message or a
+        leak names the line that allocated, as ``--lines`` would.
+        """
+        ends = start + np.flatnonzero(self.lengths[start:end] == depth + 1)
+        sums: dict[int, int] = {}
+        for row in ends.tolist():
+            stack = self.samples[int(self.sample_of_row[row])].stack
+            line = self.source_frames[stack[0]].line if stack else 0
+            sums[line] = sums.get(line, 0) + int(self.values[row])
+        return min(sums, key=lambda ln: (-sums[ln], ln)) if sums else 0
+
     def leaf_codes(self) -> np.ndarray:
         """The code of each row's leaf frame (the frame that allocated)."""
         if not self.rows:

@@ -97,5 +97,6 @@ def run(args: argparse.Namespace) -> int:
     else:
         what = "all sample types" if fmt == "pprof" else type_name
         samples = len(loaded.profile.samples)
-        print(f"wrote {args.output} ({fmt}, {what}, {samples} samples, {format_bytes(size)})")
+        counted = f"{samples} sample{'' if samples == 1 else 's'}"
+        print(f"wrote {args.output} ({fmt}, {what}, {counted}, {format_bytes(size)})")
     return 0

@@ -90,8 +90,10 @@ class PeakUnit:
             return (f"live at one moment: the highest total of the {self.processes} processes{on} together, "
                     "each process's share at that moment")
         if self.kind == PARTIAL:
+            shown = ("the 1 profile here shows what its process held then" if self.processes == 1
+                     else f"the {self.processes} profiles here show what each held then")
             return (f"part of one moment: the run's processes{on} held {_size(self.table_max)} together at their "
-                    f"highest total; the {self.processes} profiles here show what each held then, and the rest "
+                    f"highest total; {shown}, and the rest "
                     "was in processes whose profile is missing (not given, killed, or lost at exit)")
         if self.kind == MAX:
             return (f"the highest of {self.windows} recording windows{on} that did not overlap in time, "

@@ -61,7 +61,7 @@ def stack_line(stack: Stack) -> str:
     names = [f.name for f in stack.frames]
     if len(names) > FRAMES_SHOWN:
         names = names[:1] + ["..."] + names[-(FRAMES_SHOWN - 1):]
-    where = short_path(shown(stack.leaf.location()))
+    where = short_path(shown(stack.where()))
     return f"  {format_bytes(stack.value):>10} ({stack.percent:5.1f}%)  {' -> '.join(names)}" + (
         f"  ({where})" if where else ""
     )
