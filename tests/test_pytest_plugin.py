@@ -220,3 +220,38 @@ def test_nothing_waits_for_an_import():
     assert not post_import._callbacks
 """)
     pytester.runpytest("--gpuflame", "-p", "no:cacheprovider").assert_outcomes(passed=2)
+
+
+CATEGORY_SUITE = """
+import torch
+
+KEPT = []
+
+def test_keeps_a_layer():
+    KEPT.append(torch.nn.Linear(256, 256, bias=False))  # 256 KiB of parameters, held after the test
+"""
+
+
+@pytest.mark.parametrize("asked", [False, True])
+def test_categories_from_the_object_graph_only_when_asked(pytester: pytest.Pytester, asked: bool) -> None:
+    """A walk of every object per test costs tens of ms: off unless --gpuflame-categories."""
+    pytester.makepyfile(test_layer=CATEGORY_SUITE)
+    args = ["--gpuflame-dir", "profiles", "-p", "no:cacheprovider"] + ["--gpuflame-categories"] * asked
+    pytester.runpytest_inprocess(*args).assert_outcomes(passed=1)
+    profile = load(pytester.path / "profiles" / "test_layer.py_test_keeps_a_layer.pb.gz")
+    index = profile.type_index("inuse_space")
+    held = {s.label("category"): s.values[index] for s in profile.samples if s.values[index]}
+    parameter_bytes = 256 * 256 * 4
+    if asked:
+        assert held.get("parameter") == parameter_bytes
+    else:  # classed by the allocating stack: Linear's __init__ is neither forward nor an optimizer
+        assert "parameter" not in held and sum(held.values()) == parameter_bytes
+
+
+def test_a_run_without_categories_leaves_the_graph_walk_on_for_the_process(pytester: pytest.Pytester) -> None:
+    """The switch is the process's: after an in-process run the walk is back on for what comes next."""
+    from gpuflame.capture import categories
+
+    pytester.makepyfile(test_layer=CATEGORY_SUITE)
+    pytester.runpytest_inprocess("--gpuflame", "-p", "no:cacheprovider").assert_outcomes(passed=1)
+    assert categories._graph_walk is True

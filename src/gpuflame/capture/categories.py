@@ -61,10 +61,25 @@ StorageKey = Callable[[Any], int]  # a storage -> the key its recorder books it 
 # -----------------------------------------------------------------------------
 
 
+_graph_walk = True  # off: blocks are classed by their stacks alone (set_graph_walk)
+
+
+def set_graph_walk(on: bool) -> None:
+    """Whether a profile walks the object graph for categories.
+
+    The walk costs 45-95 ms per profile in a process of a few hundred
+    thousand objects: nothing for one run, too much for a profile per test
+    (the pytest plugin turns it off unless ``--gpuflame-categories``).
+    Without it, blocks are classed by the stacks that allocated them.
+    """
+    global _graph_walk
+    _graph_walk = on
+
+
 def graph_roles(key: StorageKey) -> dict[int, str]:
     """Every storage the object graph gives a role, by *key*: one walk of the collector's objects."""
     torch = sys.modules.get("torch")
-    if torch is None:
+    if torch is None or not _graph_walk:
         return {}
     module_type = torch.nn.Module
     optimizer_type = torch.optim.Optimizer

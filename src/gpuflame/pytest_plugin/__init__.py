@@ -52,6 +52,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                          "default 5%%")
     group.addoption("--gpuflame-backend", default="auto", metavar="NAME",
                     help="auto (default), torch-cuda, torch or jax, as gpuflame run --backend")
+    group.addoption("--gpuflame-categories", action="store_true",
+                    help="class each test's memory by what it is (parameter, gradient, optimizer_state, ...) "
+                         "from the object graph: a walk of every object per test, tens of ms each; "
+                         "without it the categories follow the allocating stacks")
     group.addoption("--gpuflame-top", type=int, default=10, metavar="N",
                     help="tests listed in the summary table (default 10)")
 
@@ -112,10 +116,12 @@ class GpuflamePlugin:
         return self.everything or any(item.get_closest_marker(name) for name in MARKERS)
 
     def _recorder(self) -> Any:
+        from gpuflame.capture import categories
         from gpuflame.pytest_plugin.record import PhaseRecorder, scratch_folder
 
         if self._scratch is None:
             self._scratch = scratch_folder()
+            categories.set_graph_walk(bool(self.config.option.gpuflame_categories))
         return PhaseRecorder(self._scratch, self.backend)
 
     @pytest.hookimpl(hookwrapper=True)
@@ -218,6 +224,9 @@ class GpuflamePlugin:
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         if self._scratch is not None:
             shutil.rmtree(self._scratch, ignore_errors=True)
+            from gpuflame.capture import categories
+
+            categories.set_graph_walk(True)  # the process's own default again (pytester runs in-process)
         cache = getattr(self.config, "cache", None)
         if self.worker or not self.everything or cache is None:
             return
