@@ -9,7 +9,10 @@ slows them alike), best of --repeat:
 * bare: ``pytest`` (the plugin is installed, and off);
 * ``--gpuflame``: every test profiled (body and fixtures apart), the table at the end;
 * ``--gpuflame-fail-on-increase``: the same, comparing with the stored peaks;
-* the peer: pytest-memray's ``--memray`` (host memory, every malloc), when installed.
+* the peer: pytest-memray's ``--memray`` (host memory, every malloc), when installed;
+* ``--against SRC``: ``--gpuflame`` once more with gpuflame imported from SRC
+  (another checkout's ``src``, e.g. ``git archive HEAD~3 src | tar -x -C /tmp/old``),
+  to measure a change side by side with what it replaces.
 
 The figure of merit is the overhead as a share of the bare suite's time
 (goal: under 10%), and per test. Three clocks: the process's CPU time (user
@@ -17,13 +20,14 @@ The figure of merit is the overhead as a share of the bare suite's time
 for) and pytest's own session time (collection and the tests, without the
 interpreter's start).
 
-    python bench/bench_pytest_plugin.py [--tests 200] [--repeat 3]
+    python bench/bench_pytest_plugin.py [--tests 200] [--repeat 3] [--against OLD/src]
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import re
 import resource
 import subprocess
@@ -55,12 +59,16 @@ def test_small_with_fixture(i, layer):
 '''
 
 
-def run(folder: Path, args: list[str]) -> tuple[float, float, float]:
-    """CPU time and wall time of one pytest process, and the session time pytest prints."""
+def run(folder: Path, args: list[str], src: str = "") -> tuple[float, float, float]:
+    """CPU time and wall time of one pytest process, and the session time pytest prints.
+
+    *src*: import gpuflame from that folder instead of the installed one.
+    """
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [src, os.environ.get("PYTHONPATH")]))}
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", *args], cwd=folder,
-                          capture_output=True, text=True, check=False)
+                          capture_output=True, text=True, check=False, env=env)
     wall = time.perf_counter() - started
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
@@ -74,8 +82,16 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tests", type=int, default=200)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--against", metavar="SRC", default="",
+                        help="also run --gpuflame with gpuflame imported from SRC (an older checkout's src)")
     args = parser.parse_args()
     ways = {"bare": [], "--gpuflame": ["--gpuflame"], "--gpuflame-fail-on-increase": ["--gpuflame-fail-on-increase"]}
+    sources = {name: "" for name in ways}
+    if args.against:
+        if not (Path(args.against) / "gpuflame" / "__init__.py").is_file():
+            raise SystemExit(f"--against: {args.against} has no gpuflame package (give the src folder)")
+        ways["--gpuflame (against SRC)"] = ["--gpuflame"]
+        sources["--gpuflame (against SRC)"] = str(Path(args.against).resolve())
     if importlib.util.find_spec("pytest_memray") is not None:
         ways["pytest-memray --memray (peer)"] = ["--memray"]
     with tempfile.TemporaryDirectory(prefix="gpuflame-bench-pytest-") as tmp:
@@ -83,10 +99,13 @@ def main() -> int:
         suite = SUITE.format(plain=args.tests - args.tests // 4, with_fixture=args.tests // 4)
         (folder / "test_small_torch.py").write_text(suite)
         run(folder, ["--gpuflame"])  # warm: compiled hook, bytecode, a stored peak for every test
+        if args.against:
+            run(folder, ["--gpuflame"], sources["--gpuflame (against SRC)"])
         best = {name: [float("inf")] * 3 for name in ways}
         for _ in range(args.repeat):
             for name, extra in ways.items():
-                best[name] = [min(b, t) for b, t in zip(best[name], run(folder, extra), strict=True)]
+                times = run(folder, extra, sources.get(name, ""))
+                best[name] = [min(b, t) for b, t in zip(best[name], times, strict=True)]
     bare = best["bare"]
     print(f"{args.tests} small torch tests, best of {args.repeat}; overhead against the bare run, and per test")
     print(f"{'':30} {'cpu':>16} {'wall':>16} {'session':>16} {'per test (cpu)':>15}")
