@@ -47,3 +47,15 @@ def test_an_id_reused_by_another_code_object_is_named_afresh() -> None:
 def test_gpuflames_own_frames_are_dropped() -> None:
     assert CodeFrames().frame(code_frames.code_name.__code__, 0) is None
     assert CodeFrames().frame(None, 0) is None
+
+
+def test_python_frames_names_a_stack_as_frame_does_pair_by_pair() -> None:
+    forward, backward = make_code("forward", 3), make_code("backward")
+    ours = code_frames.code_name.__code__
+    stack = [(forward, 0), (None, 0x7F00), (ours, 0), (backward, 0), (forward, 6), (forward, 0)]
+    frames = CodeFrames()
+    expected = [f for f in (frames.frame(c, i) for c, i in stack if c is not None) if f is not None]
+    assert [f.name for f in expected] == ["Model > forward", "Model > backward", "Model > forward", "Model > forward"]
+    assert expected[0].line != expected[2].line  # two offsets, two lines
+    assert CodeFrames().python_frames(stack) == expected
+    assert CodeFrames().python_frames([(make_code("fresh"), 0)])[0].name == "Model > fresh"  # not named before

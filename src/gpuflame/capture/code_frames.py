@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import sys
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from types import CodeType
 
 from gpuflame.model.profile import Frame
@@ -33,6 +33,7 @@ _PLUMBING = (
 
 # id(code) -> (the code, weakly; offset -> Frame): one per process, an entry leaves with its code object
 _RESOLVED: dict[int, tuple[weakref.ref[CodeType], dict[int, Frame | None]]] = {}
+_UNNAMED = Frame("")  # not looked up yet (None is a frame dropped)
 
 
 class CodeFrames:
@@ -56,6 +57,24 @@ class CodeFrames:
             frame = Frame(code_name(code), code.co_filename, line_of(code, lasti), start_line=code.co_firstlineno)
         frames[lasti] = frame
         return frame
+
+    def python_frames(self, stack: Iterable[tuple[CodeType | None, int]]) -> list[Frame]:
+        """The named frames of a stack's Python (code, offset) pairs, leaf first; native pairs (no code) skipped.
+
+        :meth:`frame` inlined for the frames named already: a stack is 50 deep under pytest.
+        """
+        out: list[Frame] = []
+        resolved = _RESOLVED
+        for code, lasti in stack:
+            if code is None:
+                continue
+            entry = resolved.get(id(code))
+            frame = entry[1].get(lasti, _UNNAMED) if entry is not None and entry[0]() is code else _UNNAMED
+            if frame is _UNNAMED:
+                frame = self.frame(code, lasti)
+            if frame is not None:
+                out.append(frame)
+        return out
 
     def strip_plumbing(self, frames: list[Frame]) -> list[Frame]:
         """Drop torch's dispatch plumbing at the leaf: the caller is the user's code above it."""

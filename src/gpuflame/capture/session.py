@@ -195,8 +195,20 @@ class Session:
                 self.report(f"the {recorder.name} backend failed to take a snapshot ({exc}); its data is lost")
         if not profiles:
             return None
-        merged = profiles[0] if len(profiles) == 1 else merge(profiles)
-        return merge([merged], labels=[{"pid": self.pid}])
+        return self._with_pid(profiles[0] if len(profiles) == 1 else merge(profiles))
+
+    def _with_pid(self, profile: Profile) -> Profile:
+        """*profile* with this process's pid on every sample and timeline series.
+
+        A recorder that put it there itself (the torch ones do) is taken as it
+        is: merging a profile only to add a label it has costs more than a
+        small test (a host records a window per test).
+        """
+        pid = ("pid", str(self.pid))
+        series = profile.timeline.series if profile.timeline is not None else {}
+        if all(pid in s.labels for s in profile.samples) and all(pid in labels for labels in series):
+            return profile
+        return merge([profile], labels=[{"pid": self.pid}])
 
     def write(self) -> bool:
         """Write the current profile atomically; False (and reported) when it could not."""
