@@ -1,7 +1,7 @@
 """Frames from (code object, byte offset) pairs: how the live torch backends name what they record.
 
 Recording keeps only code objects and instruction offsets (cheap, exact);
-names (``co_qualname`` in the seed's spelling), the line running and the
+names (``co_qualname`` in the AKS guide's spelling), the line running and the
 line the function starts at (``co_firstlineno``) are worked out here, once
 per distinct pair and process, when a profile is built: a code object never
 changes, so a host that records many short windows (a pytest test each)
@@ -106,7 +106,7 @@ def torch_dir() -> str:
 
 
 def code_name(code: CodeType) -> str:
-    """The seed's name for a code object: ``LlamaMLP > forward``."""
+    """The AKS guide's name for a code object: ``LlamaMLP > forward``."""
     qualname = getattr(code, "co_qualname", None)
     if qualname:
         return display_name(qualname)
