@@ -9,9 +9,10 @@
     ...
     gpuflame.stop()          # writes the file; returns its path
 
-    gpuflame.start("unused.pb.gz")
+    gpuflame.start("step.pb.gz")
     ...
     profile = gpuflame.stop(write=False)   # no file: the Profile itself
+                                           # (step.pb.gz is written only if the process exits first)
 
 Unlike ``gpuflame run``, the API profiles this process only (not its
 children). Like it, it never raises into the program: a failure is one line
