@@ -4,7 +4,9 @@ A generated suite (a small Linear forward and a matmul, the Linear made by
 a fixture in a quarter of the tests: each test is well under a millisecond
 of torch work) is run by
 pytest in a new process, round by round in turn (a noisy, shared machine
-slows them alike), best of --repeat:
+slows them alike); each way's overhead is the median over rounds of its time
+over the bare run's of the same round (paired: a round slowed by a neighbour
+slows both), beside its best time:
 
 * bare: ``pytest`` (the plugin is installed, and off);
 * ``--gpuflame``: every test profiled (body and fixtures apart), the table at the end;
@@ -20,7 +22,7 @@ The figure of merit is the overhead as a share of the bare suite's time
 for) and pytest's own session time (collection and the tests, without the
 interpreter's start).
 
-    python bench/bench_pytest_plugin.py [--tests 200] [--repeat 3] [--against OLD/src]
+    python bench/bench_pytest_plugin.py [--tests 200] [--repeat 3] [--against OLD/src] [--no-peer]
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import importlib.util
 import os
 import re
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -84,6 +87,8 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--against", metavar="SRC", default="",
                         help="also run --gpuflame with gpuflame imported from SRC (an older checkout's src)")
+    parser.add_argument("--no-peer", action="store_true",
+                        help="leave pytest-memray out (it takes most of the bench's time), for more rounds")
     args = parser.parse_args()
     ways = {"bare": [], "--gpuflame": ["--gpuflame"], "--gpuflame-fail-on-increase": ["--gpuflame-fail-on-increase"]}
     sources = {name: "" for name in ways}
@@ -92,7 +97,7 @@ def main() -> int:
             raise SystemExit(f"--against: {args.against} has no gpuflame package (give the src folder)")
         ways["--gpuflame (against SRC)"] = ["--gpuflame"]
         sources["--gpuflame (against SRC)"] = str(Path(args.against).resolve())
-    if importlib.util.find_spec("pytest_memray") is not None:
+    if not args.no_peer and importlib.util.find_spec("pytest_memray") is not None:
         ways["pytest-memray --memray (peer)"] = ["--memray"]
     with tempfile.TemporaryDirectory(prefix="gpuflame-bench-pytest-") as tmp:
         folder = Path(tmp)
@@ -101,17 +106,19 @@ def main() -> int:
         run(folder, ["--gpuflame"])  # warm: compiled hook, bytecode, a stored peak for every test
         if args.against:
             run(folder, ["--gpuflame"], sources["--gpuflame (against SRC)"])
-        best = {name: [float("inf")] * 3 for name in ways}
+        rounds: dict[str, list[tuple[float, float, float]]] = {name: [] for name in ways}
         for _ in range(args.repeat):
             for name, extra in ways.items():
-                times = run(folder, extra, sources.get(name, ""))
-                best[name] = [min(b, t) for b, t in zip(best[name], times, strict=True)]
-    bare = best["bare"]
-    print(f"{args.tests} small torch tests, best of {args.repeat}; overhead against the bare run, and per test")
+                rounds[name].append(run(folder, extra, sources.get(name, "")))
+    bare = rounds["bare"]
+    print(f"{args.tests} small torch tests, {args.repeat} rounds: the best time of each way, and its overhead "
+          "as the median over rounds of (way / bare of the same round), and per test")
     print(f"{'':30} {'cpu':>16} {'wall':>16} {'session':>16} {'per test (cpu)':>15}")
-    for name, times in best.items():
-        cells = [f"{t:6.2f}s {100 * (t / b - 1):+6.1f}%" for t, b in zip(times, bare, strict=True)]
-        per_test = (times[0] - bare[0]) / args.tests * 1000
+    for name, times in rounds.items():
+        best = [min(column) for column in zip(*times, strict=True)]
+        share = [statistics.median(t[i] / b[i] - 1 for t, b in zip(times, bare, strict=True)) for i in range(3)]
+        cells = [f"{t:6.2f}s {100 * r:+6.1f}%" for t, r in zip(best, share, strict=True)]
+        per_test = share[0] * statistics.median(b[0] for b in bare) / args.tests * 1000
         print(f"{name:30} {cells[0]:>16} {cells[1]:>16} {cells[2]:>16} {per_test:12.2f} ms")
     return 0
 
