@@ -103,3 +103,27 @@ def test_profile_cycles_leave_no_session_handler_or_note_behind(tmp_path: Path, 
 def test_unknown_backend_is_refused() -> None:
     with pytest.raises(ValueError, match="backend must be one of"):
         gpuflame.start(backend="cobol")
+
+
+def test_stop_without_writing_hands_back_the_profile_the_file_would_hold(tmp_path: Path) -> None:
+    """``stop(write=False)``: no file, the same numbers, frames and notes as ``stop()`` writes."""
+    written, kept = tmp_path / "written.pb.gz", tmp_path / "kept.pb.gz"
+    profiles = []
+    for out, write in ((written, True), (kept, False)):
+        session = gpuflame.start(out, backend="torch")
+        session.report("a note of what was lost", say=False)
+        held = Buffers().allocate(3000)  # noqa: F841
+        Buffers().allocate(5000)  # freed at once: in the peak and alloc, not in use
+        profiles.append(gpuflame.stop(write=write))
+    assert profiles[0] == written.resolve()
+    assert not kept.exists()
+    profile = profiles[1]
+    assert isinstance(profile, gpuflame.Profile)
+    on_disk = load(written)
+    assert profile.totals() == on_disk.totals()
+    assert profile.totals()["inuse_space"] == 3000 and profile.totals()["alloc_space"] == 8000
+    names = {profile.frames[s.stack[0]].name for s in profile.samples if s.stack}
+    assert names == {load(written).frames[s.stack[0]].name for s in on_disk.samples if s.stack}
+    assert "Buffers > allocate" in names
+    assert any("a note of what was lost" in c for c in profile.comments)
+    assert gpuflame.stop(write=False) is None  # nothing running

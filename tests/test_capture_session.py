@@ -247,3 +247,32 @@ def test_a_program_that_ignores_sigterm_keeps_being_recorded(tmp_path: Path) -> 
     assert child.returncode == 0, child.stderr
     assert child.stdout == "snapshot True finished False\n"
     assert not list(tmp_path.glob("started-*"))  # and the final write came at exit
+
+
+def test_finish_without_writing_keeps_the_profile_and_writes_no_file(tmp_path: Path) -> None:
+    s = session(tmp_path)
+    s.add(StandInRecorder())
+    s.report("a note of what was lost", say=False)
+    s.finish(write=False)
+    assert not s.path.exists()
+    assert s.result is not None and s.result.totals()["peak_space"] == 4096
+    assert s.result.label_values("pid") == [str(os.getpid())]  # the stand-in has no pid label: merged in
+    assert any("a note of what was lost" in c for c in s.result.comments)
+
+
+def test_a_profile_that_has_the_pid_already_is_the_one_a_merge_would_give(tmp_path: Path) -> None:
+    """The torch recorder labels its samples and timeline with the pid: taken as is, equal to merging it."""
+    import torch
+
+    from gpuflame.capture import backends
+    from gpuflame.model import merge
+
+    s = Session(Settings(backend="torch", follow=False), path=tmp_path / "p.pb.gz")
+    recorder = backends.create("torch", s)
+    s.add(recorder)
+    kept = torch.nn.Linear(8, 8)(torch.randn(2, 8))  # noqa: F841
+    recorder.stop()
+    taken = s.profile()
+    assert taken is not None and taken.samples and taken.timeline is not None
+    assert taken == merge([recorder.snapshot()], labels=[{"pid": os.getpid()}])
+    s.finish(write=False)

@@ -1,8 +1,8 @@
 """Profiling code that a host runs (a notebook cell, a pytest test) through the public API.
 
 The notebook magic and the pytest plugin record with ``gpuflame.start`` and
-``gpuflame.stop`` like any program, take the profile the session writes,
-and cut the host's frames (IPython's, pytest's) from the bottom of every
+``gpuflame.stop(write=False)`` like any program, take the profile it hands
+back (no file), and cut the host's frames (IPython's, pytest's) from the bottom of every
 stack, so the cell or the test is the root, as its flame graph should read.
 """
 
@@ -51,29 +51,17 @@ def package_dirs(*modules: ModuleType) -> tuple[str, ...]:
     return tuple(os.path.dirname(os.path.abspath(m.__file__ or "")) + os.sep for m in modules) + (GPUFLAME_DIR,)
 
 
-def start(path: Path, backend: str) -> tuple[Any, list[Profile]]:
-    """``gpuflame.start``, and the list that will receive what the session writes at stop.
+def start(path: Path, backend: str) -> Any:
+    """``gpuflame.start``: the session (*path* is written only if the process exits while it runs)."""
+    return gpuflame.api.start(path, backend=backend)
 
-    The session hands each profile it writes to its ``on_snapshot`` consumers
-    (as it does for the Pyroscope pusher): taking it there spares decoding
-    the file just written, which costs more than a small test.
+
+def stop(host_dirs: tuple[str, ...]) -> Profile | None:
+    """``gpuflame.stop`` without a file: the profile, the host's frames cut away; None if nothing was recorded.
+
+    Encoding a file only to decode it again would cost more than a small test.
     """
-    session = gpuflame.api.start(path, backend=backend)
-    written: list[Profile] = []
-    session.on_snapshot.append(written.append)
-    return session, written
-
-
-def stop(written: list[Profile], host_dirs: tuple[str, ...]) -> Profile | None:
-    """``gpuflame.stop``; the profile written (the file is removed), the host's frames cut away."""
-    path = gpuflame.api.stop()
-    if path is None:
+    profile = gpuflame.api.stop(write=False)
+    if profile is None:
         return None
-    try:
-        if not written:  # a session that hands nothing over: read the file
-            from gpuflame.formats import load
-
-            written.append(load(path))
-    finally:
-        path.unlink(missing_ok=True)
-    return cut_callers(written[-1], lambda f: f.file.startswith(host_dirs)).compact()
+    return cut_callers(profile, lambda f: f.file.startswith(host_dirs)).compact()

@@ -35,18 +35,14 @@ def torch_recorder(hook: str, report: Callable[[str], None], native: bool = Fals
     back to the dispatch mode, said once. *native* (``--native``) adds the C++
     frames below each Python caller; only the allocator hook has them.
     """
-    from gpuflame.capture.torch_tensors import TorchTensorRecorder
-
-    if hook == "dispatch":
-        return TorchTensorRecorder()
     torch = sys.modules.get("torch")
-    if hook == "auto" and torch is not None and accelerator(torch):
-        return TorchTensorRecorder()
+    if hook == "dispatch" or (hook == "auto" and torch is not None and accelerator(torch)):
+        return _dispatch_recorder()
     from gpuflame.capture.native import NativeUnavailable, load_cpu_hook
     from gpuflame.capture.torch_allocator import TorchAllocatorRecorder, hook_busy
 
     if hook_busy():  # a recording inside a recording (the API inside gpuflame run)
-        return TorchTensorRecorder()
+        return _dispatch_recorder()
     try:
         return TorchAllocatorRecorder(load_cpu_hook(), native=native)
     except NativeUnavailable as exc:
@@ -54,7 +50,14 @@ def torch_recorder(hook: str, report: Callable[[str], None], native: bool = Fals
             raise
         report(f"torch backend: the CPU allocator hook is not available ({exc}); "
                "recording through a dispatch mode instead, which is slower")
-        return TorchTensorRecorder()
+        return _dispatch_recorder()
+
+
+def _dispatch_recorder() -> Recorder:
+    """The dispatch-mode recorder, imported only when chosen (a large module)."""
+    from gpuflame.capture.torch_tensors import TorchTensorRecorder
+
+    return TorchTensorRecorder()
 
 
 def say(message: str) -> None:

@@ -3,13 +3,17 @@
 Recording keeps only code objects and instruction offsets (cheap, exact);
 names (``co_qualname`` in the AKS guide's spelling), the line running and the
 line the function starts at (``co_firstlineno``) are worked out here, once
-per distinct pair, when a profile is built.
+per distinct pair and process, when a profile is built: a code object never
+changes, so a host that records many short windows (a pytest test each)
+does not name its 50-deep stacks again every time.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import weakref
+from collections.abc import Callable, Iterable
 from types import CodeType
 
 from gpuflame.model.profile import Frame
@@ -27,22 +31,50 @@ _PLUMBING = (
 )
 
 
+# id(code) -> (the code, weakly; offset -> Frame): one per process, an entry leaves with its code object
+_RESOLVED: dict[int, tuple[weakref.ref[CodeType], dict[int, Frame | None]]] = {}
+_UNNAMED = Frame("")  # not looked up yet (None is a frame dropped)
+
+
 class CodeFrames:
-    """(code, offset) -> Frame, cached; gpuflame's own frames resolve to None (dropped)."""
+    """(code, offset) -> Frame, cached for the process; gpuflame's own frames resolve to None (dropped)."""
 
     def __init__(self) -> None:
-        self._cache: dict[tuple[int, int], Frame | None] = {}
         self._torch_dir = torch_dir()
 
     def frame(self, code: CodeType | None, lasti: int) -> Frame | None:
-        key = (id(code), lasti)
-        if key in self._cache:
-            return self._cache[key]
+        if code is None:
+            return None
+        entry = _RESOLVED.get(id(code))
+        if entry is None or entry[0]() is not code:  # new, or an id reused by a newer code object
+            entry = (weakref.ref(code, _forget(id(code))), {})
+            _RESOLVED[id(code)] = entry
+        frames = entry[1]
+        if lasti in frames:
+            return frames[lasti]
         frame: Frame | None = None
-        if code is not None and not code.co_filename.startswith(GPUFLAME_DIR):
+        if not code.co_filename.startswith(GPUFLAME_DIR):
             frame = Frame(code_name(code), code.co_filename, line_of(code, lasti), start_line=code.co_firstlineno)
-        self._cache[key] = frame
+        frames[lasti] = frame
         return frame
+
+    def python_frames(self, stack: Iterable[tuple[CodeType | None, int]]) -> list[Frame]:
+        """The named frames of a stack's Python (code, offset) pairs, leaf first; native pairs (no code) skipped.
+
+        :meth:`frame` inlined for the frames named already: a stack is 50 deep under pytest.
+        """
+        out: list[Frame] = []
+        resolved = _RESOLVED
+        for code, lasti in stack:
+            if code is None:
+                continue
+            entry = resolved.get(id(code))
+            frame = entry[1].get(lasti, _UNNAMED) if entry is not None and entry[0]() is code else _UNNAMED
+            if frame is _UNNAMED:
+                frame = self.frame(code, lasti)
+            if frame is not None:
+                out.append(frame)
+        return out
 
     def strip_plumbing(self, frames: list[Frame]) -> list[Frame]:
         """Drop torch's dispatch plumbing at the leaf: the caller is the user's code above it."""
@@ -54,6 +86,17 @@ class CodeFrames:
                 break
             start += 1
         return frames[start:]
+
+
+def _forget(key: int) -> Callable[[weakref.ref[CodeType]], None]:
+    """Drop the entry of a code object that is gone (unless a newer one took its id already)."""
+
+    def forget(ref: weakref.ref[CodeType]) -> None:
+        entry = _RESOLVED.get(key)
+        if entry is not None and entry[0] is ref:
+            _RESOLVED.pop(key, None)
+
+    return forget
 
 
 def torch_dir() -> str:

@@ -31,6 +31,11 @@ from typing import TYPE_CHECKING, Any
 
 from gpuflame.capture.signal_watch import SignalWatch
 
+try:  # signal's own C functions, without its enum wrapping (3 us a call): a host stops a profile per test
+    import _signal as _raw_signal
+except ImportError:  # pragma: no cover - not CPython
+    _raw_signal = signal  # type: ignore[assignment]
+
 if TYPE_CHECKING:
     from gpuflame.capture.session import Session
 
@@ -189,16 +194,16 @@ def signals_held() -> Iterator[None]:
     previous: dict[int, Any] = {}
     for sig in HELD_SIGNALS:
         try:
-            handler = signal.getsignal(sig)
+            handler = _raw_signal.getsignal(sig)
             if handler is None:  # set outside Python: it could not be put back
                 continue
-            previous[sig] = signal.signal(sig, lambda signum, _frame: arrived.append(signum))
+            previous[sig] = _raw_signal.signal(sig, lambda signum, _frame: arrived.append(signum))
         except (ValueError, OSError):
             continue
     try:
         yield
     finally:
         for sig, handler in previous.items():
-            signal.signal(sig, handler)
+            _raw_signal.signal(sig, handler)
         for sig in dict.fromkeys(arrived):
             signal.raise_signal(sig)

@@ -54,6 +54,7 @@ class Session:
         # continuous mode: every written snapshot, then the end (ship/continuous.py)
         self.on_snapshot: list[Callable[[Profile], None]] = []
         self.on_finish: list[Callable[[], None]] = []
+        self.result: Profile | None = None  # the final profile, once finished (None when nothing was recorded)
 
     # -- life cycle --------------------------------------------------------
 
@@ -89,9 +90,11 @@ class Session:
         """Write the profile at exit, on SIGTERM, and in fork children at their exit (one session at a time)."""
         HOOKS.attach(self)
 
-    def finish(self) -> None:
+    def finish(self, write: bool = True) -> None:
         """Stop recording and write the final profile (once; a signal meanwhile waits for the file).
 
+        *write* False keeps it in :attr:`result` without writing a file (the
+        API's ``stop(write=False)``: a host that reads the numbers at once).
         Signals are held from the first line: one that came between marking
         the session finished and holding them would find it "already
         finishing" and kill the process before anything was written.
@@ -107,13 +110,13 @@ class Session:
                     self._done.wait(FINISH_WAIT_S)  # another thread is writing: its file first, then the signal
                 return
             try:
-                self._finish()
+                self._finish(write)
             finally:
                 self._done.set()
 
-    def _finish(self) -> None:
+    def _finish(self, write: bool) -> None:
         self._stop_timer.set()
-        self.write()
+        self.result = self._take(to_file=write)
         for recorder in list(self.recorders):
             try:
                 recorder.stop()
@@ -192,25 +195,43 @@ class Session:
                 self.report(f"the {recorder.name} backend failed to take a snapshot ({exc}); its data is lost")
         if not profiles:
             return None
-        merged = profiles[0] if len(profiles) == 1 else merge(profiles)
-        return merge([merged], labels=[{"pid": self.pid}])
+        return self._with_pid(profiles[0] if len(profiles) == 1 else merge(profiles))
+
+    def _with_pid(self, profile: Profile) -> Profile:
+        """*profile* with this process's pid on every sample and timeline series.
+
+        A recorder that put it there itself (the torch ones do) is taken as it
+        is: merging a profile only to add a label it has costs more than a
+        small test (a host records a window per test).
+        """
+        pid = ("pid", str(self.pid))
+        series = profile.timeline.series if profile.timeline is not None else {}
+        if all(pid in s.labels for s in profile.samples) and all(pid in labels for labels in series):
+            return profile
+        return merge([profile], labels=[{"pid": self.pid}])
 
     def write(self) -> bool:
         """Write the current profile atomically; False (and reported) when it could not."""
+        return self._take(to_file=True) is not None
+
+    def _take(self, to_file: bool) -> Profile | None:
+        """The current profile with the notes of what was lost, written if *to_file*, handed out."""
         with self._lock:
             try:
                 profile = self.profile()
                 self._note_recorder_errors()
                 if profile is None:
-                    return False
+                    return None
                 for message in self.lost:
                     profile.comments.append(f"pid {self.pid}: {message}")
-                self._write(profile, self.path)
+                if to_file:
+                    self._write(profile, self.path)
             except Exception as exc:
-                self.report(f"could not write the profile to {self.path} ({exc}); this process's profile is lost")
-                return False
+                where = f"write the profile to {self.path}" if to_file else "build the profile"
+                self.report(f"could not {where} ({exc}); this process's profile is lost")
+                return None
         self._hand_out(profile)
-        return True
+        return profile
 
     def _hand_out(self, profile: Profile) -> None:
         """Give the snapshot to the consumers (the Pyroscope pusher): they only queue it."""

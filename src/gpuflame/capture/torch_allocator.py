@@ -153,7 +153,7 @@ class TorchAllocatorRecorder(Recorder):
         frames = self._frames
         for stack in hook.stacks(len(self._stacks)):
             native = [self._native_frame(hook, address) for code, address in stack if code is None]
-            python = [f for f in (frames.frame(code, lasti) for code, lasti in stack if code is not None) if f]
+            python = frames.python_frames(stack)
             out = native + frames.strip_plumbing(python) if python else native
             self._stacks.append(out or [NO_PYTHON_FRAME])
 

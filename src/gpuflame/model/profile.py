@@ -115,7 +115,7 @@ class Profile:
     _frame_ids: dict[Frame, int] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        self.sample_types = [SampleType(*st) for st in self.sample_types]
+        self.sample_types = [st if type(st) is SampleType else SampleType(*st) for st in self.sample_types]
         self._frame_ids = {f: i for i, f in enumerate(self.frames)}
 
     # -- building ---------------------------------------------------------

@@ -61,14 +61,14 @@ class GpuflameMagics(Magics):
         __tracebackhide__ = True  # noqa: F841 - IPython leaves this frame out of the cell's traceback
         args = parse_argstring(self.gpuflame, line)
         code, value_code = self._compile(cell)
-        session, written = self._start(args.backend)
+        session = self._start(args.backend)
         try:
             namespace = self.shell.user_ns
             exec(code, namespace)  # noqa: S102 - the user's own cell, as IPython runs it
             value = eval(value_code, namespace) if value_code is not None else None  # noqa: S307
         finally:
             if session is not None:
-                self._show(session, written, args)
+                self._show(session, args)
         return None if cell.rstrip().endswith(";") else value
 
     @magic_arguments()
@@ -97,21 +97,21 @@ class GpuflameMagics(Magics):
             value = shell.compile(ast.Expression(tree.body.pop().value), filename, "eval")
         return shell.compile(tree, filename, "exec"), value
 
-    def _start(self, backend: str) -> tuple[Any, list[Profile]]:
+    def _start(self, backend: str) -> Any:
         if already_profiling():
             say("this process is already being profiled (gpuflame.start); the cell runs without %%gpuflame")
-            return None, []
+            return None
         try:
             self._folder = self._folder or tempfile.TemporaryDirectory(prefix="gpuflame-notebook-")
             return hosted.start(Path(self._folder.name) / "cell.pb.gz", backend)
         except Exception as exc:
             say(f"could not start profiling ({exc}); the cell runs without it")
-            return None, []
+            return None
 
-    def _show(self, session: Any, written: list[Profile], args: Any) -> None:
+    def _show(self, session: Any, args: Any) -> None:
         """Stop, then show the flame graph and the summary; a failure here is one line."""
         try:
-            profile = hosted.stop(written, HOST_DIRS)
+            profile = hosted.stop(HOST_DIRS)
             backends = [r.name for r in session.recorders]
             if profile is None or not any(profile.totals().values()):
                 say(_nothing_recorded(args.backend, backends))

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from gpuflame.analysis.summary import Stack, top_stacks
 from gpuflame.analysis.tree import build_tree
 from gpuflame.model import Profile
-from gpuflame.render.terminal import short_path
 from gpuflame.units import format_bytes, parse_size
 
 STACKS_SHOWN = 3  # stacks listed in a failure
@@ -58,6 +57,8 @@ def limit_of(marker_args: tuple, name: str) -> int:
 
 def stack_line(stack: Stack) -> str:
     """``4.00 MiB (100.0%)  test_x -> ... -> LlamaMLP > forward  (modeling_llama.py:164)``: the root, the leaf end."""
+    from gpuflame.render.terminal import short_path  # rich: only for a test that fails
+
     names = [f.name for f in stack.frames]
     if len(names) > FRAMES_SHOWN:
         names = names[:1] + ["..."] + names[-(FRAMES_SHOWN - 1):]

@@ -27,10 +27,10 @@ HOST_DIRS = package_dirs(_pytest, pluggy)
 
 
 def scratch_folder() -> Path:
-    """Where the API writes each phase's file, read back at once and deleted.
+    """The file name each phase's ``gpuflame.start`` is given: written only if the process exits mid-phase.
 
-    In memory where the system has it (/dev/shm): a rename on a busy disk
-    can cost more than a small test.
+    The phase's profile comes back from ``gpuflame.stop(write=False)`` without
+    a file. In memory where the system has it (/dev/shm).
     """
     shm = "/dev/shm"
     base = shm if os.path.isdir(shm) and os.access(shm, os.W_OK) else None
@@ -62,7 +62,6 @@ class PhaseRecorder:
         self.backend = backend
         self.error = ""  # why nothing was recorded, when something went wrong
         self._session: object | None = None
-        self._written: list[Profile] = []
 
     def start(self) -> None:
         if already_profiling():
@@ -74,7 +73,7 @@ class PhaseRecorder:
             self.error = f"{wanted} was not imported when the test started"
             return
         try:
-            self._session, self._written = hosted.start(self.scratch / "phase.pb.gz", backend)
+            self._session = hosted.start(self.scratch / "phase.pb.gz", backend)
         except Exception as exc:  # already profiling (the test's own gpuflame.start), bad backend
             self.error = f"could not start profiling ({exc})"
 
@@ -83,7 +82,7 @@ class PhaseRecorder:
             return NOTHING
         backends = [r.name for r in getattr(self._session, "recorders", [])]
         try:
-            profile = hosted.stop(self._written, HOST_DIRS)
+            profile = hosted.stop(HOST_DIRS)
             return measure(profile, backends) if profile is not None else Phase(None, 0, 0, "", backends)
         except Exception as exc:
             self.error = f"the profile of this test is lost ({type(exc).__name__}: {exc})"

@@ -44,12 +44,18 @@ def cache_dir() -> Path:
     return Path(base) / "gpuflame"
 
 
+CPU_HOOK = "gpuflame_cpu_hook"  # the extension module's name (cpu_hook.cpp's PyInit_)
+
+
 def load_cpu_hook() -> ModuleType:
     """The CPU allocator hook for the torch already imported in this process (built if needed)."""
+    loaded = sys.modules.get(CPU_HOOK)
+    if loaded is not None:  # loaded already (a host starts a recording per test): no flags to work out
+        return loaded
     torch = sys.modules.get("torch")
     if torch is None:
         raise NativeUnavailable("torch is not imported")
-    return _load("gpuflame_cpu_hook", HERE / "cpu_hook.cpp", _torch_flags(torch), key=str(torch.__version__))
+    return _load(CPU_HOOK, HERE / "cpu_hook.cpp", _torch_flags(torch), key=str(torch.__version__))
 
 
 def _load(name: str, source: Path, flags: list[str], key: str) -> ModuleType:
