@@ -299,7 +299,9 @@ def test_submit_never_waits_and_the_queue_drops_the_oldest(server: Server, capsy
         started = time.perf_counter()
         pusher.submit(two_device_profile())
         worst = max(worst, time.perf_counter() - started)
-    assert worst < 0.005
+    # the server hangs until the client's 5 s timeout: a submit that waited on the network would take
+    # that long; the bound tells "never waits" from "waits", not a speed (that is in bench/)
+    assert worst < 1.0
     started = time.monotonic()
     pusher.close(timeout=0.5)
     assert time.monotonic() - started < 1.5
