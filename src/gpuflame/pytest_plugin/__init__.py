@@ -126,27 +126,26 @@ class GpuflamePlugin:
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> Any:
-        if not (self.wanted(item) and _fixtures(item)):
+        if self.wanted(item) and _fixtures(item):
+            yield from self._recording(item, FIXTURES)
+        else:
             yield
-            return
-        recorder = self._recorder()
-        recorder.start()
-        try:
-            yield
-        finally:
-            item.stash[FIXTURES] = (recorder.stop(), recorder.error)
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_call(self, item: pytest.Item) -> Any:
-        if not self.wanted(item):
+        if self.wanted(item):
+            yield from self._recording(item, BODY)
+        else:
             yield
-            return
+
+    def _recording(self, item: pytest.Item, key: Any) -> Any:
+        """One phase (fixtures' set-up, or the body) under its own recorder; its numbers go to *key*."""
         recorder = self._recorder()
         recorder.start()
         try:
             yield
         finally:
-            item.stash[BODY] = (recorder.stop(), recorder.error)
+            item.stash[key] = (recorder.stop(), recorder.error)
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
