@@ -121,6 +121,10 @@ def test_stack_category_rules() -> None:
     assert stack_category([Frame("helper", "/a.py"), fwd]) == "activation"
     assert stack_category([Frame("backward", "/site-packages/torch/autograd/__init__.py")]) == "activation"
     assert stack_category([Frame("main", "/a.py")]) == "other"
+    linear = Frame("Linear > __init__", "/site-packages/torch/nn/modules/linear.py")
+    assert stack_category([Frame("empty", "/a.py"), linear, Frame("<module>", "/a.py")]) == "parameter"
+    assert stack_category([linear, fwd]) == "parameter"  # a layer made in a forward: still its weights
+    assert stack_category([Frame("Net > __init__", "/a.py")]) == "other"  # not torch.nn's: the graph must tell
 
 
 def test_split_rows_moves_live_and_gone_blocks() -> None:

@@ -35,11 +35,18 @@ SYNTHETIC_CATEGORIES = {
 # where KV caches are allocated (vLLM's are untested here: vLLM needs a GPU)
 _KV_CACHE_FILES = ("transformers/cache_utils.py", "vllm/worker/cache_engine.py")
 _KV_CACHE_FUNCTIONS = ("_allocate_kv_cache", "initialize_kv_cache", "_allocate_kv_cache_tensors")
+_MODULE_SETUP = ("> __init__", "> reset_parameters", "> register_buffer")  # where torch.nn makes weights
 _BACKWARD = ("backward", "_engine_run_backward", "Tensor > backward", "Function > backward")
 
 
 def stack_category(frames: Sequence[Frame]) -> str:
-    """The category a block's allocating stack implies (leaf first): kv_cache, optimizer_state, activation, other."""
+    """The category a block's allocating stack implies (leaf first): kv_cache, optimizer_state, parameter, ...
+
+    Used for blocks the object graph never classed (freed before any profile
+    or optimizer step looked): a model built and dropped before the process
+    ends still shows its weights as ``parameter`` (made in a ``torch.nn``
+    module's ``__init__`` or ``reset_parameters``), not ``other``.
+    """
     active = False
     for f in frames:
         file = f.file.replace("\\", "/")
@@ -48,6 +55,8 @@ def stack_category(frames: Sequence[Frame]) -> str:
             return KV_CACHE
         if name.endswith("_init_group") and "/torch/optim/" in file:
             return OPTIMIZER_STATE
+        if "/torch/nn/modules/" in file and name.endswith(_MODULE_SETUP) and not active:
+            return PARAMETER
         if name == "forward" or name.endswith("> forward") or name.endswith(_BACKWARD):
             active = True
     return ACTIVATION if active else OTHER
