@@ -156,8 +156,9 @@ def worker(rank, world, rendezvous):
     batch = make_batch(rank)
     model(batch).sum().backward()
     opt.step()
-    print(json.dumps({"rank": rank, "pid": os.getpid(), "batch": batch.untyped_storage().nbytes(),
-                      "params": sum(p.untyped_storage().nbytes() for p in model.parameters())}), flush=True)
+    line = json.dumps({"rank": rank, "pid": os.getpid(), "batch": batch.untyped_storage().nbytes(),
+                       "params": sum(p.untyped_storage().nbytes() for p in model.parameters())})
+    os.write(1, (line + "\\n").encode())  # one write: the two ranks share stdout (print writes the newline apart)
     dist.destroy_process_group()
 
 if __name__ == "__main__":
