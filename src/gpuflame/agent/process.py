@@ -27,7 +27,10 @@ class Process:
         self.reader: CodeReader | None = None
         if self.interpreter is not None and procs.supported(self.interpreter.version):
             offsets = OFFSETS[self.interpreter.version]
-            self.reader = CodeReader(Memory(pid), self.interpreter.version, offsets, root=f"/proc/{pid}/root")
+            try:
+                self.reader = CodeReader(Memory(pid), self.interpreter.version, offsets, root=f"/proc/{pid}/root")
+            except OSError:
+                pass  # it ended between reading its maps and opening its memory (a fork child: the parent's)
         self._maps: list[procs.Mapping] = []
         self._starts: list[int] = []
         self._native_names: dict[int, Frame] = {}
