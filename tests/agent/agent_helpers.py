@@ -103,8 +103,8 @@ class Target:
                 self.proc.wait()
 
 
-def wait_for(condition: Callable[[], bool], timeout: float = 5.0) -> bool:
-    """Poll *condition* until true (the agent books events on its own thread)."""
+def wait_for(condition: Callable[[], bool], timeout: float = 15.0) -> bool:
+    """Poll *condition* until true (the agent books events on its own thread; a loaded CI machine may take seconds)."""
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         if condition():
