@@ -179,8 +179,8 @@ def _cache_types() -> tuple[type, ...]:
 
 # row columns, as both torch recorders build them
 JOINT_NOTE = (
-    "categories at the run's joint peak follow the allocating stacks in this process: "
-    "that moment was not its own peak, whose blocks the object graph classed"
+    "categories at the run's joint peak come from the allocating stacks in this process "
+    "(the object graph was read at its own peak, a different moment)"
 )
 PEAK, INUSE, ALLOC, JOINT = 0, 2, 4, 6  # JOINT: a run's joint-peak columns (capture/joint_peak.py)
 
