@@ -113,11 +113,14 @@ def test_an_exception_is_the_cells_own_after_the_graph(notebook) -> None:
     assert (error["ename"], error["evalue"]) == ("ValueError", "boom in the cell")
     trace = "\n".join(error["traceback"])
     assert "raise ValueError" in trace and "magic.py" not in trace  # gpuflame's own frame is hidden
+    assert "In[5]" in trace and "In[6]" not in trace  # the cell's lines carry its own number, not the next one
     line = displays(cell)[0]["text/plain"]
     assert "top: Cache > grow (1.00 MiB self at in use)" in line and "saved to cell.pb.gz" in line
     saved = load(folder / "cell.pb.gz")
     assert saved.totals()["inuse_space"] == MiB
     assert {f.name for f in saved.frames} == {"<module>", "Cache > grow"}  # the kernel's frames cut away
+    # cells named as IPython's tracebacks name them (this cell ran 5th, Cache was defined by the 2nd)
+    assert {(f.name, f.file, f.line) for f in saved.frames} == {("<module>", "In[5]", 1), ("Cache > grow", "In[2]", 4)}
     assert streams(cells[5], "stdout") == "after the error\n"  # the notebook goes on (allow_errors)
 
 

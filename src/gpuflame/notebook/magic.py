@@ -11,6 +11,7 @@ failure inside gpuflame is one line on stderr; the cell still runs.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import os
 import sys
 import tempfile
@@ -91,11 +92,22 @@ class GpuflameMagics(Magics):
         shell = self.shell
         source = shell.transform_cell(cell)
         tree = shell.transform_ast(shell.compile.ast_parse(source))
-        filename = shell.compile.cache(source, shell.execution_count, raw_code=cell)
+        filename = shell.compile.cache(source, self._cell_number(), raw_code=cell)
         value = None
         if tree.body and isinstance(tree.body[-1], ast.Expr):
             value = shell.compile(ast.Expression(tree.body.pop().value), filename, "eval")
         return shell.compile(tree, filename, "exec"), value
+
+    def _cell_number(self) -> int:
+        """The running cell's ``In[n]``, read from the cell's own frame: while a cell runs, IPython's
+        ``execution_count`` already names the next one."""
+        frame = sys._getframe(1)
+        while frame is not None:
+            label = self.shell.compile.format_code_name(frame.f_code.co_filename)
+            if label and label[1].startswith("In[") and label[1][3:-1].isdigit():
+                return int(label[1][3:-1])
+            frame = frame.f_back
+        return self.shell.execution_count
 
     def _start(self, backend: str) -> Any:
         if already_profiling():
@@ -112,6 +124,8 @@ class GpuflameMagics(Magics):
         """Stop, then show the flame graph and the summary; a failure here is one line."""
         try:
             profile = hosted.stop(HOST_DIRS)
+            if profile is not None:
+                profile = name_cells(profile, self.shell.compile)
             backends = [r.name for r in session.recorders]
             if profile is None or not any(profile.totals().values()):
                 say(_nothing_recorded(args.backend, backends))
@@ -121,6 +135,16 @@ class GpuflameMagics(Magics):
             _display(profile, args, backends)
         except Exception as exc:
             say(f"could not show the profile ({type(exc).__name__}: {exc})")
+
+
+def name_cells(profile: Profile, compiler: Any) -> Profile:
+    """Frames of notebook cells named as IPython's tracebacks name them (``In[3]``), not by the kernel's
+    temporary file (``/tmp/ipykernel_812/2837462.py``), which says nothing to the reader."""
+    frames = []
+    for frame in profile.frames:
+        label = compiler.format_code_name(frame.file) if frame.file else None
+        frames.append(frame._replace(file=label[1]) if label else frame)
+    return dataclasses.replace(profile, frames=frames) if frames != profile.frames else profile
 
 
 def _nothing_recorded(backend: str, backends: list[str]) -> str:
