@@ -344,3 +344,31 @@ def test_a_sigterm_taken_by_another_thread_still_ends_the_program_with_its_profi
     assert json.loads(result.stdout.strip().splitlines()[-1])["lost_processes"] == []
     inuse = bytes_by_function(load(tmp_path / "t.pb.gz"))
     assert inuse["<module>"] == 64 * KIB
+
+
+TERM_DURING_WRITER_IMPORT = """
+import os, signal, sys
+
+class TermOnImport:
+    # SIGTERM to this process while gpuflame imports its profile writer (a pool's terminate() can land there)
+    def find_spec(self, name, path=None, target=None):
+        if name == "gpuflame.formats.protobuf_wire":
+            sys.meta_path.remove(self)
+            os.kill(os.getpid(), signal.SIGTERM)
+        return None
+
+sys.meta_path.insert(0, TermOnImport())
+import torch  # the backend starts here, and imports the writer
+print("not reached", flush=True)
+"""
+
+
+def test_a_sigterm_while_the_writer_is_imported_waits_for_it(tmp_path: Path) -> None:
+    """The handler used to run inside that import and find the writer half imported: the profile was lost."""
+    script = write(tmp_path / "term.py", TERM_DURING_WRITER_IMPORT)
+    result = gpuflame_run("--json", "-o", "term.pb.gz", script.name, cwd=tmp_path)
+    assert result.returncode == 128 + signal.SIGTERM, result.stderr  # the program's own death
+    run = summary(result)
+    assert run["lost"] == [] and "could not write" not in result.stderr, result.stderr
+    assert len(run["processes"]) == 1 and (tmp_path / "term.pb.gz").exists()
+    assert "not reached" not in result.stdout

@@ -301,8 +301,13 @@ def _prepare_writer() -> None:
     their generated source through the same path as a script, which forgets
     that the script ended with an unhandled KeyboardInterrupt, so Ctrl-C
     would exit 1 instead of dying of SIGINT (130).
+
+    Signals are held meanwhile: a SIGTERM whose handler ran inside this
+    import would find the writer half imported and lose the profile (a
+    pool's ``terminate()`` reaches workers that are still importing torch).
     """
-    import gpuflame.formats.pprof  # noqa: F401
+    with signals_held():
+        import gpuflame.formats.pprof  # noqa: F401
 
 
 def _save(profile: Profile, path: Path) -> None:
