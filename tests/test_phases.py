@@ -7,7 +7,12 @@ peaks are also checked against its own timeline, a separate book.
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,6 +29,7 @@ from gpuflame.formats import pprof  # noqa: E402
 from gpuflame.model import Profile, merge  # noqa: E402
 from gpuflame.model import phases as phase_model  # noqa: E402
 from gpuflame.model.phases import PhaseStat  # noqa: E402
+from test_run_cli import gpuflame_run  # noqa: E402
 from torch_helpers import INUSE, PEAK, tiny_llama_config  # noqa: E402
 
 
@@ -206,3 +212,35 @@ def test_merge_keeps_each_process_rows() -> None:
     p2 = Profile(sample_types=[("peak_space", "bytes")], phases=[PhaseStat("train", "cpu", "2", 2, 9, 50)])
     merged = merge([p1, p2, p1])
     assert [(r.pid, r.peak) for r in merged.phases] == [("1", 100), ("2", 50)]
+
+
+PHASE_SCRIPT = """
+import json, sys
+import torch, gpuflame
+with gpuflame.phase("load_model"):
+    w = torch.empty(1 << 20, dtype=torch.uint8)
+gpuflame.phase("serve")
+tmp = torch.empty(3 << 20, dtype=torch.uint8)
+del tmp
+kept = torch.empty(1 << 10, dtype=torch.uint8)
+"""
+
+
+def test_gpuflame_run_then_report_by_phase(tmp_path: Path) -> None:
+    """End to end as a user runs it: the report's By phase table and its --json."""
+    (tmp_path / "app.py").write_text(PHASE_SCRIPT)
+    result = gpuflame_run("-o", "run.pb.gz", "app.py", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    report = subprocess.run([sys.executable, "-m", "gpuflame", "report", "--json", "run.pb.gz"], cwd=tmp_path,
+                            capture_output=True, text=True, check=True)
+    rows = {r["phase"]: r for r in json.loads(report.stdout)["by_phase"]}
+    assert rows["load_model"]["peak"] == 1 << 20 and rows["load_model"]["inuse_end"] == 1 << 20
+    assert rows["serve"]["peak"] == (1 << 20) + (3 << 20)
+    assert rows["serve"]["inuse_end"] == (1 << 20) + (1 << 10)
+    assert rows["serve"]["top_function"] == "<module>" and rows["serve"]["top_bytes"] == (4 << 20)
+    assert rows["load_model"]["start_s"] <= rows["serve"]["start_s"]
+    text = subprocess.run([sys.executable, "-m", "gpuflame", "report", "run.pb.gz"], cwd=tmp_path,
+                          capture_output=True, text=True, check=True, env={**os.environ, "COLUMNS": "160"}).stdout
+    assert "By phase" in text
+    line = next(x for x in text.splitlines() if x.startswith("serve"))
+    assert "4.00 MiB" in line and "1.00 MiB" in line and "<module> (4.00 MiB)" in line
