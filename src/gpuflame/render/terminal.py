@@ -18,10 +18,10 @@ from rich.table import Table
 from rich.text import Text
 
 from gpuflame.analysis.categories import CategoryTotal
-from gpuflame.analysis.phases import PhaseRow
 from gpuflame.analysis.chains import Chain, Explanation, Step
 from gpuflame.analysis.compare import NEW, VANISHED, Change, Comparison
 from gpuflame.analysis.hotspots import Entry, Report, Root
+from gpuflame.analysis.phases import PhaseRow
 from gpuflame.model.profile import Frame
 from gpuflame.model.sample_types import DESCRIPTIONS
 from gpuflame.units import format_bytes, format_count
