@@ -28,6 +28,7 @@ _names: list[str] = [NONE]
 _ids: dict[str, int] = {NONE: 0}
 _current = 0
 _listeners: list[Listener] = []
+_clock = time.time_ns  # the moment a phase begins (tests of replayed traces set their own)
 
 
 def intern(name: str) -> int:
@@ -58,7 +59,7 @@ def switch(phase_id: int) -> int:
         return previous
     _current = phase_id
     if _listeners:
-        now = time.time_ns()
+        now = _clock()
         for listener in list(_listeners):
             try:
                 listener(phase_id, now)
