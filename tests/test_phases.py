@@ -21,7 +21,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 import gpuflame  # noqa: E402
-from gpuflame.capture import phases  # noqa: E402
+from gpuflame.capture import auto_phases, phases  # noqa: E402
 from gpuflame.capture.native import NativeUnavailable, load_cpu_hook  # noqa: E402
 from gpuflame.capture.torch_allocator import TorchAllocatorRecorder  # noqa: E402
 from gpuflame.capture.torch_tensors import TorchTensorRecorder  # noqa: E402
@@ -244,3 +244,86 @@ def test_gpuflame_run_then_report_by_phase(tmp_path: Path) -> None:
     assert "By phase" in text
     line = next(x for x in text.splitlines() if x.startswith("serve"))
     assert "4.00 MiB" in line and "1.00 MiB" in line and "<module> (4.00 MiB)" in line
+
+
+@pytest.mark.parametrize("recorder", RECORDERS)
+def test_transformers_load_and_generate_marked_without_code_changes(recorder: str, tmp_path: Path) -> None:
+    cfg = tiny_llama_config()
+    transformers.LlamaForCausalLM(cfg).save_pretrained(tmp_path)  # a local checkpoint: no download
+
+    def run() -> Any:
+        # saved as float32, loaded as bfloat16: the weights are converted into fresh storages (loaded as
+        # saved, they would stay memory-mapped from the file: not allocator memory, see README)
+        model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.bfloat16)
+        prompt = torch.randint(0, 128, (1, 8))
+        out = model.generate(prompt, max_new_tokens=4, do_sample=False)
+        with gpuflame.phase("mine"):  # the program's own phase wins over the automatic one
+            model.generate(prompt, max_new_tokens=2, do_sample=False)
+        return model, prompt, out
+
+    profile, (model, prompt, out) = record(RECORDERS[recorder], run)
+    rows = table(profile)
+    assert [r for r in rows if r != "<none>"] == ["load_model", "generate", "mine"]
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    buffers = sum(b.numel() * b.element_size() for b in model.buffers())
+    assert rows["load_model"].inuse_end == params + buffers
+    assert by_phase(profile, INUSE)["load_model"] == params + buffers
+    assert rows["generate"].inuse_end == params + buffers + nbytes(prompt, out)  # all that was live then
+    assert by_phase(profile, INUSE)["generate"] == nbytes(out)
+    assert rows["generate"].peak > rows["generate"].inuse_end
+
+
+VLLM_STAND_IN = '''
+"""STAND-IN for vLLM's V1 GPU model runner (vLLM needs a GPU and is not installed here): same module,
+class and method names as vllm/v1/worker/gpu_model_runner.py, allocating CPU tensors instead."""
+import torch
+
+
+class GPUModelRunner:
+    def load_model(self):
+        self.weights = torch.empty(1000, dtype=torch.uint8)
+
+    def initialize_kv_cache(self):
+        self.kv = torch.empty(5000, dtype=torch.uint8)
+
+    def capture_model(self):
+        scratch = torch.empty(300, dtype=torch.uint8)
+        self.graph = torch.empty(20, dtype=torch.uint8)
+        del scratch
+'''
+
+
+@pytest.mark.parametrize("recorder", RECORDERS)
+def test_vllm_phases_by_function_name_on_a_stand_in(
+    recorder: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    package = tmp_path / "vllm" / "v1" / "worker"
+    package.mkdir(parents=True)
+    for folder in (tmp_path / "vllm", tmp_path / "vllm" / "v1", package):
+        (folder / "__init__.py").write_text("")
+    (package / "gpu_model_runner.py").write_text(VLLM_STAND_IN)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in [m for m in sys.modules if m == "vllm" or m.startswith("vllm.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setattr(auto_phases, "_installed", False)  # watch for the (new) stand-in module again
+
+    def run() -> Any:
+        from vllm.v1.worker.gpu_model_runner import GPUModelRunner  # imported while recording
+
+        runner = GPUModelRunner()
+        runner.load_model()
+        runner.initialize_kv_cache()
+        runner.capture_model()
+        return runner
+
+    try:
+        profile, _runner = record(RECORDERS[recorder], run)
+    finally:
+        for name in [m for m in sys.modules if m == "vllm" or m.startswith("vllm.")]:
+            del sys.modules[name]
+    rows = table(profile)
+    assert [r for r in rows if r != "<none>"] == ["load_model", "kv_cache_allocation", "cuda_graph_capture"]
+    assert (rows["load_model"].peak, rows["load_model"].inuse_end) == (1000, 1000)
+    assert (rows["kv_cache_allocation"].peak, rows["kv_cache_allocation"].inuse_end) == (6000, 6000)
+    assert (rows["cuda_graph_capture"].peak, rows["cuda_graph_capture"].inuse_end) == (6320, 6020)
+    assert rows["kv_cache_allocation"].top == "GPUModelRunner > initialize_kv_cache"

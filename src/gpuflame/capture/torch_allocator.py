@@ -32,7 +32,7 @@ import threading
 import time
 from types import ModuleType
 
-from gpuflame.capture import categories, joint_peak, phase_table, phases
+from gpuflame.capture import auto_phases, categories, joint_peak, phase_table, phases
 from gpuflame.capture.base import Recorder, empty_profile
 from gpuflame.capture.code_frames import CodeFrames
 from gpuflame.capture.native import elf_symbols
@@ -94,6 +94,7 @@ class TorchAllocatorRecorder(Recorder):
             raise
         self._final = None
         self._kinds.start()
+        auto_phases.install()  # transformers' and vLLM's known phases (README)
         phases.listen(self._on_phase)
         self._hook.set_phase(phases.current())  # started inside a phase: it runs from here
 

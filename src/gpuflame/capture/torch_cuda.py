@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from gpuflame.capture import phases
+from gpuflame.capture import auto_phases, phases
 from gpuflame.capture.base import Recorder, empty_profile
 from gpuflame.capture.cuda_history import SnapshotHistory
 from gpuflame.capture.recorder_categories import mark_categories
@@ -71,6 +71,7 @@ class TorchCudaRecorder(Recorder):
     def _start(self) -> None:
         import torch
 
+        auto_phases.install()  # transformers' and vLLM's known phases (README)
         phases.listen(self._on_phase)
         if phases.current():  # started inside a phase: it runs from here
             self._on_phase(phases.current(), time.time_ns())

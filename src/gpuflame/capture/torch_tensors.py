@@ -62,7 +62,7 @@ from collections.abc import Callable
 from types import CodeType, FrameType
 from typing import Any
 
-from gpuflame.capture import categories, joint_peak, phase_table, phases
+from gpuflame.capture import auto_phases, categories, joint_peak, phase_table, phases
 from gpuflame.capture.base import Recorder, empty_profile
 from gpuflame.capture.code_frames import CodeFrames
 from gpuflame.capture.ledger_phases import LedgerPhases
@@ -625,6 +625,7 @@ class TorchTensorRecorder(Recorder):
         self.site_keys = []
         self.site_phase = []
         self.phased = {}
+        auto_phases.install()  # transformers' and vLLM's known phases (README)
         phases.listen(self._on_phase)
         if phases.current():  # started inside a phase: it runs from here
             self._on_phase(phases.current(), time.time_ns())
