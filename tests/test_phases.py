@@ -26,7 +26,7 @@ from gpuflame.capture.native import NativeUnavailable, load_cpu_hook  # noqa: E4
 from gpuflame.capture.torch_allocator import TorchAllocatorRecorder  # noqa: E402
 from gpuflame.capture.torch_tensors import TorchTensorRecorder  # noqa: E402
 from gpuflame.formats import pprof  # noqa: E402
-from gpuflame.model import Profile, merge  # noqa: E402
+from gpuflame.model import Frame, Profile, merge  # noqa: E402
 from gpuflame.model import phases as phase_model  # noqa: E402
 from gpuflame.model.phases import PhaseStat  # noqa: E402
 from test_run_cli import gpuflame_run  # noqa: E402
@@ -244,6 +244,22 @@ def test_gpuflame_run_then_report_by_phase(tmp_path: Path) -> None:
     assert "By phase" in text
     line = next(x for x in text.splitlines() if x.startswith("serve"))
     assert "4.00 MiB" in line and "1.00 MiB" in line and "<module> (4.00 MiB)" in line
+    top = subprocess.run([sys.executable, "-m", "gpuflame", "top", "--by", "phase", "--type", "inuse", "--json",
+                          "run.pb.gz"], cwd=tmp_path, capture_output=True, text=True, check=True)
+    assert {r["phase"]: r["total"] for r in json.loads(top.stdout)["phases"]} == {
+        "load_model": 1 << 20, "serve": 1 << 10}
+    filtered = subprocess.run([sys.executable, "-m", "gpuflame", "top", "--label", "phase=serve", "--type", "inuse",
+                               "--json", "run.pb.gz"], cwd=tmp_path, capture_output=True, text=True, check=True)
+    assert json.loads(filtered.stdout)["total"] == 1 << 10
+
+
+def test_top_by_phase_without_phases_is_one_clear_error(tmp_path: Path) -> None:
+    profile = Profile(sample_types=[("inuse_space", "bytes")])
+    profile.add([Frame("f", "/f.py", 1)], [10], {"pid": "1"})
+    (tmp_path / "p.pb.gz").write_bytes(pprof.encode(profile))
+    result = subprocess.run([sys.executable, "-m", "gpuflame", "top", "--by", "phase", "p.pb.gz"], cwd=tmp_path,
+                            capture_output=True, text=True)
+    assert result.returncode == 2 and "no phases" in result.stderr and "Traceback" not in result.stderr
 
 
 @pytest.mark.parametrize("recorder", RECORDERS)

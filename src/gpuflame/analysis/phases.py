@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpuflame.model.phases import PhaseStat, ordered
+from gpuflame.analysis.categories import CategoryTotal, sums_by
+from gpuflame.model.phases import LABEL, NONE, PhaseStat, ordered
 from gpuflame.model.profile import Profile
 
 
@@ -34,3 +35,12 @@ def phase_rows(profile: Profile) -> list[PhaseRow]:
 
     return [PhaseRow(r, seconds(r.start), seconds(r.end), seconds(r.peak_time) if r.peak_time else None)
             for r in rows]
+
+
+def phase_totals(profile: Profile, type_index: int) -> list[CategoryTotal]:
+    """Bytes by the phase they were allocated in (the ``phase`` label), in the order the phases began."""
+    if not any(s.label(LABEL) is not None for s in profile.samples):
+        return []
+    began = {r.phase: i for i, r in enumerate(ordered(profile.phases))}
+    return sums_by(profile, type_index, lambda s: s.label(LABEL) or NONE,
+                   lambda n: (began.get(n, len(began)), n))

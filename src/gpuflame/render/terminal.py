@@ -205,9 +205,10 @@ def _totals_table(report: Report) -> Table:
     return table
 
 
-def categories_table(rows: list[CategoryTotal], unit: str) -> Table:
-    """What kind of memory: bytes per category, and the function that allocated most of each."""
-    table = _table("By category: what kind of memory", "category", "total", "%", "mostly from")
+def categories_table(rows: list[CategoryTotal], unit: str, by: str = "category") -> Table:
+    """What kind of memory (or which phase made it): bytes per category, and the function that allocated most."""
+    title = "By category: what kind of memory" if by == "category" else "By phase: the phase that allocated it"
+    table = _table(title, by, "total", "%", "mostly from")
     for c in rows:
         table.add_row(c.category, amount(c.total, unit), pct(c.percent), c.top_function)
     return table
