@@ -22,7 +22,8 @@ class PhaseRow:
         s = self.stat
         return {"phase": s.phase, "device": s.device, "pid": s.pid, "start_s": self.start_s, "end_s": self.end_s,
                 "peak": s.peak, "peak_s": self.peak_s, "inuse_end": s.inuse_end, "top_function": s.top,
-                "top_bytes": s.top_bytes, "start_ns": s.start, "end_ns": s.end, "peak_time_ns": s.peak_time}
+                "top_bytes": s.top_bytes, "start_ns": s.start, "end_ns": s.end, "peak_time_ns": s.peak_time,
+                "samples": s.samples}
 
 
 def phase_rows(profile: Profile) -> list[PhaseRow]:

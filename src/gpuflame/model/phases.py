@@ -66,6 +66,7 @@ class PhaseStat:
     top: str = ""  # the function holding the most at the phase's peak (its leaf frame's name)
     top_bytes: int = 0
     order: int = 0  # phases in the order they were first entered
+    samples: int = 0  # 0: exact (every allocation seen); n: the largest of n samples (JAX), a lower bound
 
     def to_json(self) -> dict[str, object]:
         defaults = PhaseStat("")

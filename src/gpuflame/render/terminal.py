@@ -224,7 +224,10 @@ def phases_table(rows: list[PhaseRow]) -> Table:
         s = r.stat
         top = f"{s.top} ({format_bytes(s.top_bytes)})" if s.top else ""
         cells = (s.pid, s.device) if several else ()
-        table.add_row(s.phase, *cells, f"{r.start_s:.3f}s", format_bytes(s.peak), format_bytes(s.inuse_end), top)
+        peak = f"≥ {format_bytes(s.peak)}" if s.samples else format_bytes(s.peak)  # JAX: sampled, a lower bound
+        table.add_row(s.phase, *cells, f"{r.start_s:.3f}s", peak, format_bytes(s.inuse_end), top)
+    if any(r.stat.samples for r in rows):
+        table.caption = "≥: the largest of a few samples of live buffers (JAX): the phase's true peak may be higher"
     return table
 
 
