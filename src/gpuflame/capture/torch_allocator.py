@@ -158,6 +158,7 @@ class TorchAllocatorRecorder(Recorder):
         """A forked child's window starts at the fork: the parent's blocks are the parent's."""
         if self.running and self._hook is not None:
             self._hook.new_window()
+            self._hook.set_phase(phases.current())  # the child's books start in the phase running at the fork
 
     def _release(self) -> None:
         global _busy
