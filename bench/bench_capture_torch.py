@@ -14,6 +14,9 @@ noisy, shared machine slows them alike), best of --repeat:
   exit (where it builds its event tree);
 * memray's ``Tracker`` (every malloc with its Python stack, CPU memory
   only), when memray is installed (``pip install memray``);
+* both gpuflame recorders with the program marking phases (``gpuflame.phase``):
+  four phases, the loop inside the last, so each allocation and free books
+  its phase's own peak (capture/phases.py);
 * both gpuflame recorders again as a process of ``gpuflame run`` sees them:
   publishing every allocation and free to the run's shared peak table (the
   joint peak, capture/joint_peak.py); then the table's cost per allocation
@@ -46,6 +49,8 @@ sys.path.insert(0, str(ROOT / "src"))
 
 import torch  # noqa: E402
 
+import gpuflame  # noqa: E402
+from gpuflame.capture import phases  # noqa: E402
 from gpuflame.capture.base import Recorder  # noqa: E402
 from gpuflame.capture.native import load_cpu_hook  # noqa: E402
 from gpuflame.capture.torch_allocator import TorchAllocatorRecorder  # noqa: E402
@@ -127,6 +132,27 @@ def in_a_run(way: Callable[[Callable[[], Any]], dict[str, float]]) -> Callable[[
     return run_way
 
 
+Way = Callable[[Callable[[], Any]], dict[str, float]]
+
+
+def with_phases(way: Way) -> Way:
+    """*way* with the program marking phases (``gpuflame.phase``): three, then the loop inside a fourth."""
+
+    def run_way(work: Callable[[], Any]) -> dict[str, float]:
+        def phased() -> Any:
+            for name in ("load_model", "warmup", "eval"):
+                gpuflame.phase(name)
+            with gpuflame.phase("generate"):
+                return work()
+
+        try:
+            return way(phased)
+        finally:
+            phases.switch(0)
+
+    return run_way
+
+
 def table_cost_per_allocation(n: int = 100_000, rounds: int = 5) -> tuple[float, float]:
     """Best µs per ``torch.empty(10)`` + its free under the hook, without and with the run's table."""
 
@@ -204,9 +230,11 @@ def main() -> None:
         "bare": bare,
         "gpuflame torch": gpuflame_allocator,
         "gpuflame torch, run": in_a_run(gpuflame_allocator),
+        "gpuflame torch, phases": with_phases(gpuflame_allocator),
         "gpuflame --native": gpuflame_native,
         "gpuflame dispatch": gpuflame_dispatch,
         "gpuflame dispatch, run": in_a_run(gpuflame_dispatch),
+        "gpuflame dispatch, ph.": with_phases(gpuflame_dispatch),
         # last: its exit leaves garbage that the next way's collector would pay for
         "torch.profiler": torch_profiler,
     }
@@ -247,6 +275,8 @@ def main() -> None:
         print(f"gpuflame torch slowdown / memray slowdown: {ours / (ratios['memray'] - 1):.2f} in the loop")
     print(f"in gpuflame run (joint peak table): hook {ratios['gpuflame torch, run']:.2f}x (goal < 1.1x), "
           f"dispatch {ratios['gpuflame dispatch, run']:.2f}x")
+    print(f"with phases marked (gpuflame.phase): hook {ratios['gpuflame torch, phases']:.2f}x (goal < 1.15x), "
+          f"dispatch {ratios['gpuflame dispatch, ph.']:.2f}x")
     plain, shared = table_cost_per_allocation()
     print(f"per torch.empty(10) and its free under the hook: {plain:.3f} µs, {shared:.3f} µs with the run's table "
           f"(+{shared - plain:.3f} µs)")

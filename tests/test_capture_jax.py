@@ -151,3 +151,32 @@ def test_missing_jax_profile_is_reported_not_raised(capsys: pytest.CaptureFixtur
     rec.stop()
     assert len(rec.snapshot()) == 0
     assert "could not start recording" in capsys.readouterr().err
+
+
+def test_phases_are_sampled_at_each_change() -> None:
+    """JAX says which buffers live, never when they were made: each phase change takes a sample, the
+    table holds each phase's largest sampled total (here every buffer lives to its phase's end: exact),
+    and samples carry no phase label."""
+    import gpuflame
+    from gpuflame.capture import phases
+
+    rec = JaxMemoryRecorder()
+    base = sum(a.nbytes for a in jax.live_arrays())
+    rec.start()
+    try:
+        with gpuflame.phase("load_model"):
+            w = jnp.ones((256, 256), dtype=jnp.float32)
+        with gpuflame.phase("serve"):
+            k = jnp.zeros((128, 256), dtype=jnp.float32)
+            del w
+    finally:
+        rec.stop()
+        phases.switch(0)
+    profile = rec.snapshot()
+    rows = {r.phase: r for r in profile.phases}
+    assert rec.errors == [] and list(rows) == ["<none>", "load_model", "serve"]
+    assert rows["load_model"].inuse_end == base + 256 * 256 * 4
+    assert rows["load_model"].peak == base + 256 * 256 * 4 and rows["load_model"].samples == 2
+    assert rows["serve"].peak == base + 256 * 256 * 4  # its start: the weights still lived
+    assert rows["serve"].inuse_end == base + k.nbytes
+    assert all(s.label("phase") is None for s in profile.samples)

@@ -14,6 +14,7 @@ same recorder against a real GPU is tests/gpu/test_torch_cuda.py.
 
 from __future__ import annotations
 
+import os
 import sys
 import types
 from collections.abc import Iterator
@@ -221,3 +222,51 @@ def test_categories_from_the_object_graph_and_the_stacks(cuda: StandInCuda, monk
     cached = sum(b["size"] for seg in cuda.snapshot["segments"] for b in seg["blocks"] if b["state"] == "inactive")
     assert inuse["cached_free"] == cached
     assert by("peak_space")["parameter"] == inuse["parameter"]  # alive from before the peak to the end
+
+
+def test_phases_replayed_against_the_trace(cuda: StandInCuda, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Stand-in: the hand-written snapshot's trace runs on its own clock, so the phase marks are stamped on
+    it (``phases._clock``) at three of its moments; the expected peaks come from a naive replay here."""
+    from gpuflame.capture import phases
+    from gpuflame.model.phases import LABEL
+
+    trace = cuda.snapshot["device_traces"][0]
+    cuts = [trace[0]["time_us"] - 5, trace[50]["time_us"] + 1, trace[110]["time_us"] + 1]
+    clock = [t * 1000 for t in cuts]
+    monkeypatch.setattr(phases, "_clock", lambda: clock.pop(0) if clock else 0)
+    rec = TorchCudaRecorder()
+    rec.start()
+    try:
+        for name in ("load_model", "train", "generate"):
+            phases.switch(phases.intern(name))
+        profile = rec.snapshot()
+    finally:
+        rec.stop()
+        phases.switch(0)
+
+    def live_after(i: int) -> int:  # naive: every allocation up to event i, less those freed by then
+        live: dict[int, int] = {}
+        for e in trace[: i + 1]:
+            if e["action"] == "alloc":
+                live[e["addr"]] = e["size"]
+            elif e["action"] == "free_completed":
+                live.pop(e["addr"], None)
+        return sum(live.values())
+
+    spans = {"load_model": (cuts[0], cuts[1]), "train": (cuts[1], cuts[2]), "generate": (cuts[2], 1 << 62)}
+    rows = {r.phase: r for r in profile.phases}
+    assert list(rows) == ["load_model", "train", "generate"]
+    for name, (a, b) in spans.items():
+        inside = [i for i, e in enumerate(trace) if a <= e["time_us"] < b]
+        entry = live_after(inside[0] - 1) if inside[0] else 0
+        assert rows[name].peak == max([entry] + [live_after(i) for i in inside]), name
+        assert rows[name].inuse_end == live_after(inside[-1]), name
+        assert rows[name].start == a * 1000 and rows[name].pid == str(os.getpid())
+        allocated = sum(e["size"] for e in trace if e["action"] == "alloc" and a <= e["time_us"] < b)
+        labelled = sum(s.values[profile.type_index("alloc_space")] for s in profile.samples
+                       if s.label(LABEL) == name)
+        assert labelled == allocated, name
+    peak_phase = max(rows.values(), key=lambda r: r.peak)
+    assert peak_phase.peak == sum(s.values[profile.type_index("peak_space")] for s in profile.samples
+                                  if not profile.frames[s.stack[0]].name.startswith("<"))
+    assert rec.errors == []

@@ -497,3 +497,14 @@ def test_category_becomes_a_series_label(server: Server, push_pb2, profile_pb2) 
     by = {labels["category"]: totals(pprof)["inuse_space"] for labels, pprof in pushed}
     assert by == {"parameter": 300, "optimizer_state": 600, "activation": 50}
     assert all(labels["pid"] == "7" for labels, _ in pushed)
+
+
+def test_phase_becomes_a_series_label(server: Server, push_pb2, profile_pb2) -> None:
+    """The program's phases (model/phases.py): one series per phase, the bytes of each kept whole."""
+    p = Profile([("inuse_space", "bytes")])
+    p.add([Frame("load", "/m.py", 1)], [300], {"pid": "7", "phase": "load_model"})
+    p.add([Frame("step", "/m.py", 2)], [600], {"pid": "7", "phase": "train"})
+    PyroscopeClient(server.url).push(p, {"service_name": "t"})
+    pushed = decode_push(server.requests[-1]["body"], push_pb2, profile_pb2)
+    assert {labels["phase"]: totals(pprof)["inuse_space"] for labels, pprof in pushed} == {
+        "load_model": 300, "train": 600}

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from gpuflame.analysis.categories import CategoryTotal, category_totals
+from gpuflame.analysis.phases import PhaseRow, phase_rows
 from gpuflame.analysis.tree import CHUNK_ROWS, FlameTree, Node, StackTable, frame_dict, weighted_sum
 from gpuflame.model.profile import SYNTHETIC, TRAMPOLINE, Frame, Profile
 from gpuflame.units import percent
@@ -153,6 +154,7 @@ class Report:
     targets: list[Entry]
     wrappers: list[Entry]
     categories: list[CategoryTotal] = field(default_factory=list)  # empty: the source has no categories
+    phases: list[PhaseRow] = field(default_factory=list)  # empty: no phase was marked
 
     def to_dict(self) -> dict[str, object]:
         """Exact values in the sample type's unit; percents of ``total``."""
@@ -167,6 +169,7 @@ class Report:
             "optimisation_targets": [e.to_dict() for e in self.targets],
             "skippable_wrappers": [e.to_dict() for e in self.wrappers],
             "by_category": [c.to_dict() for c in self.categories],
+            "by_phase": [p.to_dict() for p in self.phases],
         }
 
 
@@ -185,6 +188,7 @@ def build_report(profile: Profile, tree: FlameTree, limit: int = 10) -> Report:
         targets=optimisation_targets(stats, limit),
         wrappers=skippable_wrappers(stats, limit),
         categories=category_totals(profile, profile.type_index(tree.table.sample_type.type)),
+        phases=phase_rows(profile),
     )
 
 

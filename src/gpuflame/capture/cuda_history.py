@@ -19,10 +19,13 @@ Memory stays bounded: the sums are per distinct stack, not per event.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
+from gpuflame.formats.snapshot_phases import PHASES_KEY
 from gpuflame.formats.torch_snapshot import CATEGORIES_KEY, allocated_bytes, from_snapshot
 from gpuflame.model import Profile, merge, select_types
+from gpuflame.model.phases import PhaseStat, ordered
 from gpuflame.model.sample_types import (
     ALLOC_OBJECTS,
     ALLOC_SPACE,
@@ -49,6 +52,7 @@ class SnapshotHistory:
         self._peak_total = -1
         self._seen_until: dict[int, int] = {}  # device -> latest time_us folded
         self._seen_at_edge: dict[int, set[EventKey]] = {}  # events at that very microsecond
+        self._phases: dict[tuple[str, str], PhaseStat] = {}  # (phase, device) -> its row over all snapshots
 
     def add(self, snapshot: Mapping[str, Any]) -> Profile:
         """Fold in one snapshot; the profile of the run so far."""
@@ -60,6 +64,7 @@ class SnapshotHistory:
         out = merge(parts)
         out.default_type = PEAK_SPACE.type
         out.comments = list(current.comments)
+        out.phases = self._fold_phases(current.phases)
         if self.snapshots > 1:
             out.comments.append(
                 f"peak and allocated cover {self.snapshots} snapshots of the allocator's trace; "
@@ -75,17 +80,30 @@ class SnapshotHistory:
             self._peak_total = total
             self._peak = _types(current, PEAK_SPACE, PEAK_OBJECTS)
 
+    def _fold_phases(self, rows: list[PhaseStat]) -> list[PhaseStat]:
+        """Per phase, the highest moment any snapshot's window saw; its end and in use as the latest saw them."""
+        for r in rows:
+            key = (r.phase, r.device)
+            old = self._phases.get(key)
+            if old is not None and old.peak > r.peak:  # that moment fell out of the ring buffer since
+                r = replace(r, peak=old.peak, peak_time=old.peak_time, top=old.top, top_bytes=old.top_bytes,
+                            start=min(old.start, r.start))
+            self._phases[key] = r
+        return ordered(self._phases.values())
+
     def _fold_alloc(self, snapshot: Mapping[str, Any]) -> None:
         fresh = [self._new_events(device, trace) for device, trace in enumerate(snapshot.get("device_traces") or [])]
         if not any(fresh):
             return
         converted = from_snapshot(
-            {"segments": [], "device_traces": fresh, CATEGORIES_KEY: snapshot.get(CATEGORIES_KEY)},
+            {"segments": [], "device_traces": fresh, CATEGORIES_KEY: snapshot.get(CATEGORIES_KEY),
+             PHASES_KEY: snapshot.get(PHASES_KEY)},
             resolver=self.resolver,
             native=self.native,
         )
         alloc = _types(converted, ALLOC_SPACE, ALLOC_OBJECTS)
         alloc.comments = []
+        alloc.phases = []
         self._alloc = alloc if self._alloc is None else merge([self._alloc, alloc]).compact()
 
     def _new_events(self, device: int, trace: list[Mapping[str, Any]]) -> list[Mapping[str, Any]]:

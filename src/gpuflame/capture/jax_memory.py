@@ -19,6 +19,13 @@ default: only the JAX function the user called stays at the leaf
 
 The profile covers every live buffer of the process, including arrays made
 before ``start()``: JAX does not say when a buffer was made.
+
+Phases (``gpuflame.phase``): each phase change takes a sample, so each
+phase's row holds the largest total sampled while it ran (at its start, at
+each ``--interval``, at its end: a lower bound of its true peak, and the
+table says how many samples) and the total at its end (exact: sampled
+then). Samples carry no ``phase`` label: JAX does not say when, so in which
+phase, a buffer was made.
 """
 
 from __future__ import annotations
@@ -27,9 +34,12 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
+from gpuflame.capture import phases
 from gpuflame.capture.base import Recorder, empty_profile
 from gpuflame.model.peak import SAMPLED, PeakUnit
+from gpuflame.model.phases import PhaseStat, ordered
 from gpuflame.model.profile import PYTHON, Frame, Labels, Profile
 from gpuflame.model.prune import prune_framework
 from gpuflame.model.timeline import MAX_POINTS, Point, Timeline, downsample
@@ -65,6 +75,9 @@ class JaxMemoryRecorder(Recorder):
         self.samples_taken = 0
         self._series: dict[Labels, list[Point]] = {}  # (device, pid) -> (epoch ns, sampled total)
         self._lock = threading.Lock()  # samples come from a timer thread and from snapshot()
+        self._phase = 0  # the running phase (capture/phases.py)
+        self._phase_rows: dict[int, PhaseStat] = {}  # phase id -> its sampled row
+        self._last: tuple[int, int, Rows] | None = None  # the latest sample: (epoch ns, total, rows)
 
     # -- Recorder -------------------------------------------------------------
 
@@ -74,10 +87,37 @@ class JaxMemoryRecorder(Recorder):
 
             backend = self.backend
             self._source = lambda: jax.profiler.device_memory_profile(backend)
+        self._phase, self._phase_rows = phases.current(), {}
         self._take()
+        phases.listen(self._on_phase)
 
     def _stop(self) -> None:
+        phases.unlisten(self._on_phase)
         self._take()
+
+    def _on_phase(self, phase_id: int, _now: int) -> None:
+        """A sample ends the running phase; the same sample starts the next (JAX cannot tell more)."""
+        self.sample()
+        with self._lock:
+            self._phase = phase_id
+            if self._last is not None:
+                self._book_phase(*self._last)
+
+    def _book_phase(self, now: int, total: int, rows: Rows) -> None:
+        """One sample into the running phase's row (under the lock)."""
+        by_leaf: dict[str, int] = {}
+        for (stack, _), (nbytes, _) in rows.items():
+            if stack:
+                by_leaf[stack[0].name] = by_leaf.get(stack[0].name, 0) + nbytes
+        top = max(by_leaf.items(), key=lambda kv: (kv[1], kv[0]), default=("", 0))
+        devices = {dict(labels).get("device", "") for _, labels in rows}
+        row = self._phase_rows.get(self._phase)
+        if row is None or total > row.peak:
+            start = row.start if row is not None else now
+            row = PhaseStat(phases.name_of(self._phase), next(iter(devices)) if len(devices) == 1 else "",
+                            str(os.getpid()), start=start, peak=total, peak_time=now, top=top[0], top_bytes=top[1],
+                            order=self._phase, samples=row.samples if row is not None else 0)
+        self._phase_rows[self._phase] = replace(row, end=now, inuse_end=total, samples=row.samples + 1)
 
     def _snapshot(self) -> Profile:
         if self.running:
@@ -101,6 +141,9 @@ class JaxMemoryRecorder(Recorder):
         devices = sorted({dict(labels).get("device", "") for _, labels in peak})
         out.peaks = [PeakUnit(d, SAMPLED, self.started_ns, end, pid=str(os.getpid()), samples=self.samples_taken)
                      for d in devices]
+        with self._lock:
+            if any(self._phase_rows.keys() - {0}):  # a phase was marked: the table, sampled
+                out.phases = ordered(self._phase_rows.values())
         return out
 
     def _degrade(self) -> None:
@@ -126,6 +169,8 @@ class JaxMemoryRecorder(Recorder):
         now = time.time_ns()
         with self._lock:
             self.samples_taken += 1
+            self._last = (now, total, rows)
+            self._book_phase(now, total, rows)
             self._note_totals(now, rows)
             self._latest = rows
             if total > self._peak_total:

@@ -32,11 +32,12 @@ import threading
 import time
 from types import ModuleType
 
-from gpuflame.capture import categories, joint_peak
+from gpuflame.capture import auto_phases, categories, joint_peak, phase_table, phases
 from gpuflame.capture.base import Recorder, empty_profile
 from gpuflame.capture.code_frames import CodeFrames
 from gpuflame.capture.native import elf_symbols
 from gpuflame.capture.recorder_categories import HookCategories
+from gpuflame.model import phases as phase_model
 from gpuflame.model.peak import PeakUnit
 from gpuflame.model.profile import NATIVE, SYNTHETIC, Frame, Profile
 from gpuflame.model.sample_types import JOINT_PEAK_OBJECTS, JOINT_PEAK_SPACE
@@ -65,9 +66,10 @@ class TorchAllocatorRecorder(Recorder):
         self._native_frames: dict[int, Frame] = {}
         self._frames = CodeFrames()
         self._stacks: list[list[Frame]] = []  # site -> frames, leaf first, as fetched from the hook
+        self._site_phase: list[int] = []  # site -> the phase id its stack's marker frame says (0: none)
         # the hook's books are one per process and the next window resets them, so the
         # books of a stopped window are copied out at stop(): (rows, totals, timeline)
-        self._final: tuple[list[tuple[int, ...]], dict[str, int], list[tuple[int, int]]] | None = None
+        self._final: tuple[list[tuple[int, ...]], dict[str, int], list[tuple[int, int]], list] | None = None
         self._table = -1  # the run's shared peak table for the CPU (capture/joint_peak.py), -1 for none
         self._table_problem = ""
         self._kinds = HookCategories(self)
@@ -92,13 +94,23 @@ class TorchAllocatorRecorder(Recorder):
             raise
         self._final = None
         self._kinds.start()
+        auto_phases.install()  # transformers' and vLLM's known phases (README)
+        phases.listen(self._on_phase)
+        self._hook.set_phase(phases.current())  # started inside a phase: it runs from here
+
+    def _on_phase(self, phase_id: int, _now: int) -> None:
+        hook = self._hook
+        if hook is not None and _busy is self:
+            hook.set_phase(phase_id)
 
     def _stop(self) -> None:
         try:
             if self._hook is not None and _busy is self:
                 self._hook.stop()
+                phases.unlisten(self._on_phase)
                 self._kinds.stop()
-                self._final = (self._hook.rows(), self._hook.totals(), self._hook.timeline())
+                hook = self._hook
+                self._final = (hook.rows(), hook.totals(), hook.timeline(), hook.phase_rows())
         finally:
             self._release()
 
@@ -114,22 +126,27 @@ class TorchAllocatorRecorder(Recorder):
         if hook is None or not self.started_ns:  # never started: nothing of this recorder's
             return profile
         if self._final is not None:
-            rows, totals, points = self._final
+            rows, totals, points, phase_rows = self._final
         else:
-            rows, totals, points = hook.rows(), hook.totals(), hook.timeline()
+            rows, totals, points, phase_rows = hook.rows(), hook.totals(), hook.timeline(), hook.phase_rows()
         self._fetch_stacks(hook)
         labels = {"device": "cpu", "pid": str(os.getpid())}
         joint = bool(totals.get("joint_table"))
         if joint:
             profile.sample_types += [JOINT_PEAK_SPACE, JOINT_PEAK_OBJECTS]
         for (site, category), values in self._kinds.rows(rows, bool(totals.get("joint_is_peak"))).items():
-            profile.add(self._stacks[site], values if joint else values[:6], labels | {categories.LABEL: category})
+            extra = {categories.LABEL: category}
+            if phase_rows:  # a recording that saw a phase: every sample says its phase
+                extra[phase_model.LABEL] = phases.name_of(self._site_phase[site])
+            profile.add(self._stacks[site], values if joint else values[:6], labels | extra)
         out = profile.compact()
         out.default_type = profile.default_type
         out.comments = self._comments(totals)
         if joint and not totals.get("joint_is_peak"):
             out.comments.append(categories.JOINT_NOTE)
         out.peaks = [self._peak_unit(totals)]
+        window = (self.started_ns, self.stopped_ns or time.time_ns())
+        out.phases = phase_table.stats(phase_rows, "cpu", labels["pid"], window, self._leaf_name)
         if points:  # labelled as the samples are, so the viewer's label selector picks both
             out.timeline = Timeline()
             out.timeline.add_series(tuple(sorted(labels.items())), points)
@@ -141,6 +158,7 @@ class TorchAllocatorRecorder(Recorder):
         """A forked child's window starts at the fork: the parent's blocks are the parent's."""
         if self.running and self._hook is not None:
             self._hook.new_window()
+            self._hook.set_phase(phases.current())  # the child's books start in the phase running at the fork
 
     def _release(self) -> None:
         global _busy
@@ -152,10 +170,15 @@ class TorchAllocatorRecorder(Recorder):
     def _fetch_stacks(self, hook: ModuleType) -> None:
         frames = self._frames
         for stack in hook.stacks(len(self._stacks)):
-            native = [self._native_frame(hook, address) for code, address in stack if code is None]
+            marker = stack[-1] if stack else (0, 0)
+            self._site_phase.append(-marker[1] if marker[0] is None and marker[1] < 0 else 0)
+            native = [self._native_frame(hook, address) for code, address in stack if code is None and address >= 0]
             python = frames.python_frames(stack)
             out = native + frames.strip_plumbing(python) if python else native
             self._stacks.append(out or [NO_PYTHON_FRAME])
+
+    def _leaf_name(self, site: int) -> str:
+        return self._stacks[site][0].name
 
     def _native_frame(self, hook: ModuleType, address: int) -> Frame:
         """A C++ frame: its function (demangled, without arguments or template arguments) and its library."""

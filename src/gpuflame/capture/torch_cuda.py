@@ -27,12 +27,16 @@ This backend needs a GPU and is tested in ``tests/gpu/``.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
+from gpuflame.capture import auto_phases, phases
 from gpuflame.capture.base import Recorder, empty_profile
 from gpuflame.capture.cuda_history import SnapshotHistory
 from gpuflame.capture.recorder_categories import mark_categories
+from gpuflame.formats.snapshot_phases import PHASES_KEY
 from gpuflame.model import SYNTHETIC, Frame, Profile, categories, make_labels
 from gpuflame.symbols.names import OUTSIDE_FRAMEWORK
 
@@ -59,9 +63,18 @@ class TorchCudaRecorder(Recorder):
         self.native = native
         self.oom_events: list[str] = []
         self.history = SnapshotHistory(max_entries, native)
+        self.phase_marks: list[list[Any]] = []  # [time_us, phase name]: replayed against the trace
+
+    def _on_phase(self, phase_id: int, now_ns: int) -> None:
+        self.phase_marks.append([now_ns // 1000, phases.name_of(phase_id)])
 
     def _start(self) -> None:
         import torch
+
+        auto_phases.install()  # transformers' and vLLM's known phases (README)
+        phases.listen(self._on_phase)
+        if phases.current():  # started inside a phase: it runs from here
+            self._on_phase(phases.current(), time.time_ns())
 
         torch.cuda.memory._record_memory_history(
             enabled="all",
@@ -76,6 +89,7 @@ class TorchCudaRecorder(Recorder):
     def _stop(self) -> None:
         import torch
 
+        phases.unlisten(self._on_phase)
         torch.cuda.memory._record_memory_history(enabled=None)
 
     def _snapshot(self) -> Profile:
@@ -85,7 +99,11 @@ class TorchCudaRecorder(Recorder):
             return empty_profile()
         snapshot = torch.cuda.memory._snapshot()
         mark_categories(snapshot)
+        if self.phase_marks:
+            snapshot[PHASES_KEY] = list(self.phase_marks)
         profile = self.history.add(snapshot)
+        pid = str(os.getpid())
+        profile.phases = [replace(r, pid=pid) for r in profile.phases]
         add_outside_framework(profile, outside_framework_bytes(torch))
         label_gpu_models(profile, device_names(torch))
         for note in self.oom_events:

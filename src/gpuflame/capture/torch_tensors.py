@@ -62,10 +62,12 @@ from collections.abc import Callable
 from types import CodeType, FrameType
 from typing import Any
 
-from gpuflame.capture import categories, joint_peak
+from gpuflame.capture import auto_phases, categories, joint_peak, phase_table, phases
 from gpuflame.capture.base import Recorder, empty_profile
 from gpuflame.capture.code_frames import CodeFrames
+from gpuflame.capture.ledger_phases import LedgerPhases
 from gpuflame.capture.recorder_categories import LedgerCategories
+from gpuflame.model import phases as phase_model
 from gpuflame.model.peak import PeakUnit
 from gpuflame.model.profile import Frame, Profile
 from gpuflame.model.sample_types import JOINT_PEAK_OBJECTS, JOINT_PEAK_SPACE
@@ -149,6 +151,9 @@ class Ledger:
         self.joint_gone: dict[int, list[int]] = {}
         # outside a run a death only queues itself: the deque's own append, no Python call
         self.on_free = self._free_callback() if hook is not None else self.append
+        # phases (capture/ledger_phases.py): from the first (None, id, ns) event on
+        self.phases: LedgerPhases | None = None
+        self.site_for: Callable[[int, int], int] = lambda site, phase_id: site
 
     def _free_callback(self) -> Callable[[_StorageRef], None]:
         """The weak references' callback: queue the free, published to the table where it goes."""
@@ -214,6 +219,9 @@ class Ledger:
                 seq = self.seq = self.seq + 1
                 ref.seq = seq
                 site = ref.site
+                phased = self.phases
+                if phased is not None and phased.current:
+                    site = ref.site = self.site_for(site, phased.current)
                 self.alloc_bytes[site] += ref.nbytes
                 self.alloc_count[site] += 1
                 self.total += ref.nbytes
@@ -222,11 +230,21 @@ class Ledger:
                     self.peak_seq = seq
                     if self.peak_gone:
                         self.peak_gone.clear()
+                if phased is not None:
+                    phased.books[phased.current].raise_to(self.total, seq)
             elif seq > 0:
                 self._gone(ref, tracked)
 
-    def _mark(self, device: str, epoch: int, table_max: int) -> None:
-        """This process's share of *device* at the run's joint peak is its books as they are now."""
+    def _mark(self, device: str | None, epoch: int, table_max: int) -> None:
+        """This process's share of *device* at the run's joint peak is its books as they are now.
+
+        ``(None, phase id, epoch ns)``: a phase begins (capture/ledger_phases.py).
+        """
+        if device is None:
+            if self.phases is None:
+                self.phases = LedgerPhases(self, self.site_for, table_max)
+            self.phases.enter(epoch, table_max, self.total, self.seq)
+            return
         self.joint_seq[device] = self.seq
         self.joint_at[device] = (epoch, table_max)
         if self.joint_gone:
@@ -240,6 +258,8 @@ class Ledger:
         if tracked.get(ref.cdata) is ref:
             del tracked[ref.cdata]
         self.total -= ref.nbytes
+        if self.phases is not None:
+            self.phases.on_free(ref.site, ref.nbytes, seq)
         if seq <= self.peak_seq:
             _add(self.peak_gone, ref.site, ref.nbytes)
             tag = getattr(ref, "tag", 0)
@@ -277,6 +297,15 @@ class Ledger:
         with self.lock:
             self._process()
             self.frozen = True
+
+    def phase_rows(self) -> list[Any]:
+        """Each phase's books (capture/phase_table.py); [] before the first phase mark."""
+        with self.lock:
+            self._process()
+            if self.phases is None:
+                return []
+            live = [ref for ref in list(self.tracked.values()) if ref.seq > 0]
+            return self.phases.rows(live, self.total)
 
     def rows(self) -> dict[int, list[int]]:
         """Site -> [peak bytes, peak count, inuse bytes, inuse count, alloc bytes, alloc count,
@@ -539,6 +568,8 @@ class TorchTensorRecorder(Recorder):
         # dict lookup per allocation finds both the stack and the device
         self.sites: dict[tuple[int, int, int, Any], int] = {}
         self.site_keys: list[tuple[int, str]] = []  # site -> (stack node, device name)
+        self.site_phase: list[int] = []  # site -> phase id (capture/phases.py) its allocations were made in
+        self.phased: dict[tuple[int, int], int] = {}  # (site of phase 0, phase id) -> site
         self.skipped = 0
         self._hook: Any = None  # the compiled hook module, for the run's shared peak tables
         self._tables: dict[str, int] = {}  # device -> table handle (-1: none)
@@ -569,7 +600,10 @@ class TorchTensorRecorder(Recorder):
         ledger.site_device[:] = old.site_device
         ledger.site_table[:] = old.site_table
         ledger.frozen = old.frozen
+        ledger.site_for = self.site_in_phase
         self.ledger = ledger
+        if phases.current():
+            ledger.append((None, phases.current(), time.time_ns()))
         if not ledger.frozen:
             for device, handle in self._tables.items():
                 if handle >= 0:
@@ -586,8 +620,15 @@ class TorchTensorRecorder(Recorder):
         self._tables = {}
         self._generations = {}
         self.ledger = Ledger(self._hook)
+        self.ledger.site_for = self.site_in_phase
         self.sites = {}
         self.site_keys = []
+        self.site_phase = []
+        self.phased = {}
+        auto_phases.install()  # transformers' and vLLM's known phases (README)
+        phases.listen(self._on_phase)
+        if phases.current():  # started inside a phase: it runs from here
+            self._on_phase(phases.current(), time.time_ns())
         self._mode = _make_mode(self)
         self._mode.__enter__()
         if self.follow_threads:
@@ -598,6 +639,7 @@ class TorchTensorRecorder(Recorder):
 
     def _stop(self) -> None:
         mode, self._mode = self._mode, None
+        phases.unlisten(self._on_phase)
         self._kinds.stop()
         self._unhook_threads()
         if mode is not None:
@@ -605,6 +647,21 @@ class TorchTensorRecorder(Recorder):
             _pop_if_top(mode)
         self._leave_tables()
         self.ledger.freeze()
+
+    def _on_phase(self, phase_id: int, now: int) -> None:
+        self.ledger.append((None, phase_id, now))  # replayed in order with the allocations
+
+    def site_in_phase(self, site: int, phase_id: int) -> int:
+        """The site booking *site*'s allocations made in *phase_id* (made on first use, under the ledger's lock)."""
+        found = self.phased.get((site, phase_id))
+        if found is None:
+            with self.stacks.lock:
+                device = self.ledger.site_device[site]
+                found = self.ledger.new_site(device, self.ledger.site_table[site])
+                self.site_keys.append(self.site_keys[site])
+                self.site_phase.append(phase_id)
+                self.phased[(site, phase_id)] = found
+        return found
 
     def _table_hook(self) -> Any:
         """The compiled module that holds the run's shared peak tables; None outside a run or without it."""
@@ -651,12 +708,14 @@ class TorchTensorRecorder(Recorder):
     def _degrade(self) -> None:
         if self._mode is not None:
             self._mode.on = False
+        phases.unlisten(self._on_phase)
         self._kinds.stop()
         self._unhook_threads()
 
     def _snapshot(self) -> Profile:
         ledger = self.ledger
         rows = self._kinds.rows()
+        phase_rows = ledger.phase_rows()
         joint = dict(ledger.joint_at)
         profile = empty_profile()
         if joint:
@@ -667,6 +726,8 @@ class TorchTensorRecorder(Recorder):
             sid, device = self.site_keys[site]
             devices.add(device)
             labels = {"device": device, "pid": pid, categories.LABEL: category}
+            if phase_rows:  # a recording that saw a phase: every sample says its phase
+                labels[phase_model.LABEL] = phases.name_of(self.site_phase[site])
             profile.add(self.stacks.frames(sid), values if joint else values[:6], labels)
         out = profile.compact()
         out.default_type = profile.default_type
@@ -674,7 +735,18 @@ class TorchTensorRecorder(Recorder):
         if joint and any(m != ledger.peak_seq for m in ledger.joint_seq.values()):
             out.comments.append(categories.JOINT_NOTE)
         out.peaks = [self._peak_unit(d, joint.get(d)) for d in sorted(devices)]
+        out.phases = self._phase_table(phase_rows, devices)
         return out
+
+    def _phase_table(self, raw: list[Any], devices: set[str]) -> list[Any]:
+        """The phase table; the ledger's totals span devices, so it is labelled with the one device, or ''."""
+        device = next(iter(devices)) if len(devices) == 1 else ""
+        window = (self.started_ns, self.stopped_ns or time.time_ns())
+        return phase_table.stats(raw, device, str(os.getpid()), window, self._leaf_name)
+
+    def _leaf_name(self, site: int) -> str:
+        frames = self.stacks.frames(self.site_keys[site][0])
+        return frames[0].name if frames else ""
 
     def _peak_unit(self, device: str, mark: tuple[int, int] | None) -> PeakUnit:
         """This process's own peak on *device*, and where it stood in the run's table (if any)."""
@@ -703,6 +775,7 @@ class TorchTensorRecorder(Recorder):
                     name = str(device)
                     site = self.ledger.new_site(name, self._table_for(name))
                     self.site_keys.append((node, name))
+                    self.site_phase.append(0)
                 self.sites[key] = site
             return site
 

@@ -6,6 +6,7 @@ import argparse
 
 from gpuflame.analysis.categories import category_totals
 from gpuflame.analysis.hotspots import function_stats, top_functions
+from gpuflame.analysis.phases import phase_totals
 from gpuflame.analysis.tree import build_table
 from gpuflame.cli.common import (
     FILTER_ORDER,
@@ -19,7 +20,7 @@ from gpuflame.cli.common import (
 from gpuflame.errors import GpuflameError
 from gpuflame.render.terminal import categories_table, make_console, print_comments, render_top, type_title
 
-HELP = "the top functions by self or total, or memory by category"
+HELP = "the top functions by self or total, or memory by category or phase"
 
 DESCRIPTION = """\
 The functions holding the most memory, largest first.
@@ -32,6 +33,9 @@ The functions holding the most memory, largest first.
                kv_cache, activation, other, cached_free, outside_framework
                (the `category` label the torch backends record; README),
                each with the function that allocated most of it
+  --by phase   the phase the memory was allocated in (gpuflame.phase, or the
+               phases gpuflame marks in transformers and vLLM; README), in
+               the order the phases began; `report` adds each phase's own peak
 
 A function with a large total and zero self only calls others: skip it and
 look at what it calls. A function counted twice in one stack (recursion)
@@ -42,6 +46,7 @@ examples:
   gpuflame top run.pb.gz
   gpuflame top run.pb.gz --by total -n 30
   gpuflame top run.pb.gz --by category --type inuse
+  gpuflame top run.pb.gz --by phase --json
   gpuflame top run.pb.gz --type alloc_space --prune-framework
   gpuflame top run.pb.gz --json
 
@@ -53,8 +58,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "files", nargs="+", metavar="FILE", help="profile: pprof (.pb.gz), folded, or PyTorch snapshot"
     )
     parser.add_argument(
-        "--by", choices=("self", "total", "category"), default="self",
-        help="rank functions by self or total, or sum by category (default self)"
+        "--by", choices=("self", "total", "category", "phase"), default="self",
+        help="rank functions by self or total, or sum by category or phase (default self)"
     )
     parser.add_argument(
         "-n", "--limit", type=positive_count, default=20, metavar="N", help="how many functions (default 20)"
@@ -64,8 +69,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     loaded = load_for_analysis(args, args.files)
-    if args.by == "category":
-        return _by_category(args, loaded)
+    if args.by in ("category", "phase"):
+        return _by_label(args, loaded)
     table = build_table(loaded.profile, loaded.type_index, lines=args.lines)
     stats = function_stats(table)
     entries = top_functions(stats, args.by, max(1, args.limit))
@@ -90,22 +95,34 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _by_category(args: argparse.Namespace, loaded: Loaded) -> int:
+# --by category / phase: what the table sums by, and what to say when the profile has no such label
+_BY_LABEL = {
+    "category": (category_totals, "categories", "this profile has no categories: only the torch backends record "
+                 "them (see README, Categories)"),
+    "phase": (phase_totals, "phases", "this profile has no phases: mark them with gpuflame.phase(\"name\") "
+              "(see README, Phases)"),
+}
+
+
+def _by_label(args: argparse.Namespace, loaded: Loaded) -> int:
     profile = loaded.profile
     sample_type = profile.sample_types[loaded.type_index]
-    rows = category_totals(profile, loaded.type_index)
+    totals_of, key, missing = _BY_LABEL[args.by]
+    rows = totals_of(profile, loaded.type_index)
     if not rows:
-        raise GpuflameError(
-            "this profile has no categories: only the torch backends record them (see README, Categories)"
-        )
+        raise GpuflameError(missing)
     if args.json:
         total = sum(c.total for c in rows)
-        print_json({"sample_type": sample_type.type, "unit": sample_type.unit, "total": total, "by": "category",
-                    "comments": profile.comments, "categories": [c.to_dict() for c in rows]})
+        print_json({"sample_type": sample_type.type, "unit": sample_type.unit, "total": total, "by": args.by,
+                    "comments": profile.comments, key: [_row_json(c.to_dict(), args.by) for c in rows]})
         return 0
     console = make_console()
     print_comments(console, profile.comments)
     console.print(type_title(sample_type.type, sample_type.unit, sum(c.total for c in rows)))
     console.print()
-    console.print(categories_table(rows, sample_type.unit))
+    console.print(categories_table(rows, sample_type.unit, args.by))
     return 0
+
+
+def _row_json(row: dict[str, object], by: str) -> dict[str, object]:
+    return row if by == "category" else {by: row.pop("category"), **row}

@@ -74,10 +74,15 @@ from typing import Any
 from gpuflame.errors import GpuflameError, ProfileFormatError
 from gpuflame.formats import safe_pickle
 from gpuflame.formats.detect import GZIP_MAGIC, gunzip
+from gpuflame.formats.snapshot_phases import phase_table as replay_phases
+from gpuflame.formats.snapshot_phases import read_marks
 from gpuflame.formats.torch_frames import Entry, StackReader, make_entry
 from gpuflame.gcpause import gc_paused
 from gpuflame.model.categories import LABEL, SYNTHETIC_CATEGORIES, stack_category
 from gpuflame.model.functions import def_lines_note
+from gpuflame.model.phases import LABEL as PHASE_LABEL
+from gpuflame.model.phases import NONE as NO_PHASE
+from gpuflame.model.phases import ordered
 from gpuflame.model.profile import PYTHON, SYNTHETIC, Frame, Labels, Profile, Sample
 from gpuflame.model.sample_types import memory_sample_types
 from gpuflame.model.timeline import Timeline
@@ -289,6 +294,9 @@ class _Converter:
         # (capture/categories.py); a saved snapshot has no categories, and gets none
         self.categorize = bool(snapshot.get(CATEGORIES_KEY))
         self.categories: dict[tuple[int, ...], str] = {}  # stack -> the category its frames imply
+        # a live recorder's phase marks (formats/snapshot_phases.py): None when there are none
+        self.marks = read_marks(snapshot)
+        self.alloc_times: dict[int, dict[Any, Any]] = {}  # device -> addr -> time_us of its last alloc in the trace
 
     def run(self) -> Profile:
         self.comment(UNITS_NOTE)
@@ -309,6 +317,7 @@ class _Converter:
         self.profile.samples = [
             Sample(stack, tuple(row), labels) for (stack, labels), row in self.rows.items()
         ]
+        self.profile.phases = ordered(self.profile.phases)
         self._comment_stacks()
         self._comment_unqualified()
         if any(v < 0 or v > INT64_MAX for row in self.rows.values() for v in row):
@@ -353,12 +362,15 @@ class _Converter:
         return found
 
     def add(
-        self, stack: tuple[int, ...], device: int, space: str, size: int, count: int, source: Any = None
+        self, stack: tuple[int, ...], device: int, space: str, size: int, count: int, source: Any = None,
+        phase: str | None = None,
     ) -> None:
         """Book *size* bytes (*count* objects) of *space*; *source*: the block or trace entry, for its category."""
         labels = self.label(device)
         if self.categorize:
             labels = ((LABEL, self.category(stack, source)), *labels)
+        if self.marks is not None:
+            labels = (*labels, (PHASE_LABEL, phase or NO_PHASE))
         key = (stack, labels)
         row = self.rows.get(key)
         if row is None:
@@ -384,6 +396,18 @@ class _Converter:
 
     def device_name(self, device: int) -> str:
         return f"{self.device_type}:{device}"
+
+    def phase_of_block(self, device: int, addr: Any) -> str | None:
+        """The phase an active block was allocated in: the time of its address's last alloc in the trace."""
+        if self.marks is None:
+            return None
+        times = self.alloc_times.get(device)
+        if times is None:
+            trace = self.traces[device] if device < len(self.traces) and isinstance(self.traces[device], list) else []
+            times = self.alloc_times[device] = {
+                e.get("addr"): e.get("time_us") for e in trace if isinstance(e, Mapping) and e.get("action") == "alloc"
+            }
+        return self.marks.at(times.get(addr))
 
     # -- in use -------------------------------------------------------------
 
@@ -421,7 +445,8 @@ class _Converter:
                         st = by_list[id(frames)] = stack_of(frames)
                     asked = requested_bytes(block)
                     rounding[device] = rounding.get(device, 0) + size - asked
-                    key = (st, block.get(BLOCK_CATEGORY_KEY) if self.categorize else None)
+                    key = (st, block.get(BLOCK_CATEGORY_KEY) if self.categorize else None,
+                           self.phase_of_block(device, addr))
                     row = inuse.get(key)
                     if row is None:
                         inuse[key] = [asked, 1]
@@ -434,8 +459,8 @@ class _Converter:
             if total > covered:  # a segment whose blocks do not cover it: reserved, unused
                 cached[device] = cached.get(device, 0) + total - covered
         for device, inuse in inuse_by_device.items():
-            for (st, marked), (size, count) in inuse.items():
-                self.add(st, device, "inuse_space", size, count, {BLOCK_CATEGORY_KEY: marked})
+            for (st, marked, phase), (size, count) in inuse.items():
+                self.add(st, device, "inuse_space", size, count, {BLOCK_CATEGORY_KEY: marked}, phase)
         for frame, sizes in ((ROUNDING_FRAME, rounding), (CACHED_FREE_FRAME, cached)):
             for device, size in sorted(sizes.items()):
                 if size:
@@ -526,7 +551,8 @@ class _DeviceTrace:
         seg = seg_at_best = 0
         ooms: list[tuple[int, Any, int, int]] = []
         unknown = 0
-        marks: list[tuple[Any, int]] = []  # (time_us, delta) after each alloc and free: the timeline
+        points: list[tuple[Any, int]] = []  # (time_us, delta) after each alloc and free: the timeline
+        marks = conv.marks  # phase marks, when the recording had any
 
         for i, e in enumerate(trace):
             action = e["action"]
@@ -550,6 +576,8 @@ class _DeviceTrace:
                     key = id(frames[0]) ^ (id(frames[-1]) << 1) ^ (id(frames[len(frames) >> 1]) << 2)
                 else:
                     key = id(frames)
+                if marks is not None:
+                    key = (key, marks.at(e.get("time_us")))
                 row = allocs.get(key)
                 if row is None:
                     allocs[key] = [frames, size, 1]
@@ -557,8 +585,8 @@ class _DeviceTrace:
                     row[1] += size
                     row[2] += 1
                 else:
-                    others.append((frames, size))
-                marks.append((e.get("time_us"), delta))
+                    others.append((frames, size, key))
+                points.append((e.get("time_us"), delta))
                 if delta > best:
                     best = delta
                     best_i = i
@@ -579,7 +607,7 @@ class _DeviceTrace:
                     delta -= old[1]
                     if old[0] <= best_i:
                         closed_at_peak.append(old)
-                marks.append((e.get("time_us"), delta))
+                points.append((e.get("time_us"), delta))
             elif action == "free_requested":
                 # nothing changes: an allocation counts until its free completes;
                 # one the trace never saw allocated is picked up at completion, or
@@ -602,7 +630,10 @@ class _DeviceTrace:
         reserved_end = conv.reserved.get(self.device, 0)
         reserved_start = reserved_end - seg
         self._add_allocs(allocs, others)
-        self._add_timeline(marks, before_bytes)
+        self._add_timeline(points, before_bytes)
+        if marks is not None and self._window() is not None:
+            conv.profile.phases += replay_phases(trace, marks, self.name, before_bytes, release_on_request,
+                                                 self._leaf_name, BEFORE_TRACE_FRAME.name)
         end_set = self._end_state()
         if sum(size for _, size, _ in end_set) > before_bytes + best:
             # the replay stayed below what the allocator holds at the end
@@ -701,12 +732,26 @@ class _DeviceTrace:
             timeline = self.conv.profile.timeline = Timeline()
         timeline.add_series(self.conv.label(self.device), points)
 
-    def _add_allocs(self, allocs: dict[int, list[Any]], others: list[tuple[Any, int]]) -> None:
+    def _add_allocs(self, allocs: dict[Any, list[Any]], others: list[tuple[Any, int, Any]]) -> None:
         stack_of = self.conv.stacks.stack
-        for frames, size, count in allocs.values():
-            self.conv.add(stack_of(frames), self.device, "alloc_space", size, count)
-        for frames, size in others:
-            self.conv.add(stack_of(frames), self.device, "alloc_space", size, 1)
+        for key, (frames, size, count) in allocs.items():
+            self.conv.add(stack_of(frames), self.device, "alloc_space", size, count, phase=_phase_of_key(key))
+        for frames, size, key in others:
+            self.conv.add(stack_of(frames), self.device, "alloc_space", size, 1, phase=_phase_of_key(key))
+
+    def _leaf_name(self, entry: Any) -> str:
+        """The function an alloc entry's stack ends in (its leaf), for the phase table."""
+        stack = self.conv.stacks.stack(entry.get("frames"))
+        return self.conv.profile.frames[stack[0]].name if stack else NO_STACK_FRAME.name
+
+    def _phase_of(self, source: Any) -> str | None:
+        """The phase a peak entry was allocated in: a trace entry's time, a block's last alloc."""
+        conv = self.conv
+        if conv.marks is None or source is None:
+            return None
+        if "action" in source:
+            return conv.marks.at(source.get("time_us"))
+        return conv.phase_of_block(self.device, source.get("address"))
 
     def _marked(self, source: Any) -> str | None:
         """The graph's category of a block live at the peak: its own mark, or that of the same allocation at the end."""
@@ -741,15 +786,15 @@ class _DeviceTrace:
                 st = stack_of(source.get("frames"))
             else:  # a block
                 st = stack_of(_block_frames(source))
-            key = (st, self._marked(source) if conv.categorize else None)
+            key = (st, self._marked(source) if conv.categorize else None, self._phase_of(source))
             row = by_stack.get(key)
             if row is None:
                 by_stack[key] = [size, 1]
             else:
                 row[0] += size
                 row[1] += 1
-        for (st, marked), (size, count) in by_stack.items():
-            conv.add(st, self.device, "peak_space", size, count, {BLOCK_CATEGORY_KEY: marked})
+        for (st, marked, phase), (size, count) in by_stack.items():
+            conv.add(st, self.device, "peak_space", size, count, {BLOCK_CATEGORY_KEY: marked}, phase)
         cached = reserved - allocated - rounding
         if sound and cached >= 0:
             if rounding:
@@ -820,6 +865,11 @@ class _DeviceTrace:
             if frame.kind == PYTHON:
                 return f"{frame.name} ({frame.location()})" if frame.file else frame.name
         return ""
+
+
+def _phase_of_key(key: Any) -> str | None:
+    """An alloc row's phase: its key is (stack key, phase) when the snapshot has phase marks."""
+    return key[1] if type(key) is tuple else None
 
 
 def _in_time_order(trace: list[Any]) -> list[Any]:

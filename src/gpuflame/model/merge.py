@@ -33,6 +33,7 @@ from gpuflame.model.peak import (
     SAMPLED,
     PeakUnit,
 )
+from gpuflame.model.phases import merge_rows
 from gpuflame.model.profile import Labels, Profile, Sample, SampleType, make_labels
 from gpuflame.model.timeline import Point, Timeline
 
@@ -103,6 +104,7 @@ def merge(
                 lab = tuple(sorted(lab + tuple((k, v) for k, v in extra if k not in have)))
             out.samples.append(Sample(tuple(remap[f] for f in s.stack), tuple(row), lab))
     out.peaks = plan.units if plan else [u for p in profiles for u in p.peaks]
+    out.phases = merge_rows(*(p.phases for p in profiles))  # per process and device, never summed
     out.timeline = _merge_timelines(out, profiles, [make_labels(x) for x in labels] if labels else None)
     return out
 

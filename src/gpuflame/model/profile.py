@@ -16,6 +16,7 @@ from typing import NamedTuple
 
 from gpuflame.errors import UnknownSampleTypeError
 from gpuflame.model.peak import BOUND, PROCESS, PeakUnit, describe
+from gpuflame.model.phases import PhaseStat
 from gpuflame.model.timeline import Timeline
 
 # Frame kinds. Plain strings (not an Enum) because frames are hashed millions
@@ -112,6 +113,8 @@ class Profile:
     timeline: Timeline | None = None
     # what the peak_* values are, per device (model/peak.py); empty when the source did not say
     peaks: list[PeakUnit] = field(default_factory=list)
+    # each phase's own peak and in use at its end (model/phases.py); empty when no phase was marked
+    phases: list[PhaseStat] = field(default_factory=list)
     _frame_ids: dict[Frame, int] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -265,6 +268,7 @@ class Profile:
             duration_nanos=self.duration_nanos,
             timeline=self.timeline,
             peaks=list(self.peaks),
+            phases=list(self.phases),
         )
 
     def derive(

@@ -34,6 +34,8 @@ import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from gpuflame.model import comments as comments_helper
+
 PREFIX = "gpuflame-timeline-v1:"
 MAX_POINTS = 3000  # 999 buckets of up to three points: about one per pixel of a wide strip
 DAMAGED_NOTE = "the memory timeline stored in this profile is damaged and was left out"
@@ -141,20 +143,9 @@ def split_comments(comments: Sequence[str]) -> tuple[Timeline | None, list[str]]
     series replacing earlier ones of the same labels. A damaged one is
     replaced by :data:`DAMAGED_NOTE`, never an exception, so the profile still loads.
     """
-    timeline: Timeline | None = None
-    rest: list[str] = []
-    for comment in comments:
-        if not comment.startswith(PREFIX):
-            rest.append(comment)
-            continue
-        try:
-            found = Timeline.from_comment(comment)
-        except ValueError:
-            if DAMAGED_NOTE not in rest:
-                rest.append(DAMAGED_NOTE)
-            continue
-        timeline = found if timeline is None else Timeline({**timeline.series, **found.series})
-    return timeline, rest
+    return comments_helper.split_comments(
+        comments, PREFIX, Timeline.from_comment, DAMAGED_NOTE, lambda a, b: Timeline({**a.series, **b.series})
+    )
 
 
 def downsample(points: list[Point], max_points: int = MAX_POINTS) -> list[Point]:

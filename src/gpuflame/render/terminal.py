@@ -21,6 +21,7 @@ from gpuflame.analysis.categories import CategoryTotal
 from gpuflame.analysis.chains import Chain, Explanation, Step
 from gpuflame.analysis.compare import NEW, VANISHED, Change, Comparison
 from gpuflame.analysis.hotspots import Entry, Report, Root
+from gpuflame.analysis.phases import PhaseRow
 from gpuflame.model.profile import Frame
 from gpuflame.model.sample_types import DESCRIPTIONS
 from gpuflame.units import format_bytes, format_count
@@ -140,6 +141,9 @@ NUMERIC_COLUMNS = {
     "base",
     "new",
     "change",
+    "start",
+    "peak",
+    "in use at end",
 }
 
 
@@ -178,6 +182,7 @@ def render_report(console: Console, report: Report, source: str, peak: str = "")
     sections = (
         _totals_table(report),
         *([categories_table(report.categories, report.unit)] if report.categories else []),
+        *([phases_table(report.phases)] if report.phases else []),
         _entries_table(
             "What allocates the most: widest leaf bars (by self)", report.leaves, report.unit, "self"
         ),
@@ -200,11 +205,29 @@ def _totals_table(report: Report) -> Table:
     return table
 
 
-def categories_table(rows: list[CategoryTotal], unit: str) -> Table:
-    """What kind of memory: bytes per category, and the function that allocated most of each."""
-    table = _table("By category: what kind of memory", "category", "total", "%", "mostly from")
+def categories_table(rows: list[CategoryTotal], unit: str, by: str = "category") -> Table:
+    """What kind of memory (or which phase made it): bytes per category, and the function that allocated most."""
+    title = "By category: what kind of memory" if by == "category" else "By phase: the phase that allocated it"
+    table = _table(title, by, "total", "%", "mostly from")
     for c in rows:
         table.add_row(c.category, amount(c.total, unit), pct(c.percent), c.top_function)
+    return table
+
+
+def phases_table(rows: list[PhaseRow]) -> Table:
+    """Peak per phase, in order: each phase's own highest live total, in use at its end, who held most then."""
+    several = len({(r.stat.pid, r.stat.device) for r in rows}) > 1
+    who = ("pid", "device") if several else ()
+    table = _table("By phase: each phase's own peak (bytes)", "phase", *who, "start", "peak", "in use at end",
+                   "top function at the phase's peak")
+    for r in rows:
+        s = r.stat
+        top = f"{s.top} ({format_bytes(s.top_bytes)})" if s.top else ""
+        cells = (s.pid, s.device) if several else ()
+        peak = f"≥ {format_bytes(s.peak)}" if s.samples else format_bytes(s.peak)  # JAX: sampled, a lower bound
+        table.add_row(s.phase, *cells, f"{r.start_s:.3f}s", peak, format_bytes(s.inuse_end), top)
+    if any(r.stat.samples for r in rows):
+        table.caption = "≥: the largest of a few samples of live buffers (JAX): the phase's true peak may be higher"
     return table
 
 

@@ -45,8 +45,10 @@ PROFILE_NAME = "gpu_memory"
 PERIOD_TYPE = SampleType("space", "bytes")
 MAX_LABEL_VALUES = 16  # above this a sample label is not made a series label
 # sample label -> series label; gpu is the device (cuda:0), gpu_model its name (NVIDIA H200)
-# category: eight values at most (model/categories.py), so Grafana can split a service by the kind of memory
-SERIES_SAMPLE_LABELS = {"pid": "pid", "device": "gpu", "gpu_model": "gpu_model", "category": "category"}
+# category: eight values at most (model/categories.py), so Grafana can split a service by the kind of memory;
+# phase: the program's few phases (model/phases.py), kept only while MAX_LABEL_VALUES bounds them
+SERIES_SAMPLE_LABELS = {"pid": "pid", "device": "gpu", "gpu_model": "gpu_model", "category": "category",
+                        "phase": "phase"}
 DOWNWARD_API = {"namespace": "POD_NAMESPACE", "pod": "POD_NAME", "container": "CONTAINER_NAME", "node": "NODE_NAME"}
 ENV = "GPUFLAME_PYROSCOPE_"
 

@@ -398,6 +398,68 @@ struct TimelineBooks {
 // own worker threads) or while the interpreter is shutting down.
 constexpr uint32_t kNoPythonSite = 0;
 
+// -- phases (gpuflame.phase, capture/phases.py) -------------------------------------
+//
+// A phase id comes from Python (0: before the first mark). A block's phase is
+// part of its site: capture_site appends a marker frame (nullptr, -id) to the
+// stack, so the same line in two phases books to two sites. Each phase keeps
+// its own highest total the way the books keep the peak: the allocation
+// number of that moment, and per site the blocks live then and freed since.
+// Nothing is kept, and nothing costs, until the first mark.
+std::atomic<uint32_t> g_phase{0};
+
+struct PhasePeak {
+  bool seen = false;
+  uint64_t peak = 0, peak_seq = 0, end_inuse = 0;
+  int64_t start_ns = 0, peak_ns = 0, end_ns = 0;
+  std::unordered_map<uint32_t, std::pair<uint64_t, uint64_t>> gone;  // site -> live at the phase's peak, freed since
+};
+
+struct PhaseBooks {
+  std::vector<PhasePeak> phases;  // by phase id; empty until the first mark
+  uint32_t current = 0;
+
+  void clear() {
+    phases.clear();
+    current = 0;
+  }
+
+  static void raise(PhasePeak& p, uint64_t total, uint64_t seq, int64_t t) {
+    if (p.seen && total <= p.peak) return;
+    p.seen = true;
+    p.peak = total;
+    p.peak_seq = seq;
+    p.peak_ns = t;
+    p.gone.clear();
+  }
+
+  void on_alloc(uint64_t total, uint64_t seq, int64_t t) {
+    if (!phases.empty()) raise(phases[current], total, seq, t);
+  }
+
+  void on_free(uint64_t nbytes, uint64_t seq, uint32_t site) {
+    for (auto& p : phases) {
+      if (p.seen && seq != 0 && seq <= p.peak_seq) {
+        auto& g = p.gone[site];
+        g.first += nbytes;
+        g.second += 1;
+      }
+    }
+  }
+
+  // the current phase ends now; *id* begins (its highest moment so far is at least now's total)
+  void enter(uint32_t id, uint64_t total, uint64_t seq, int64_t now) {
+    if (id >= phases.size()) phases.resize(id + 1);
+    PhasePeak& old = phases[current];
+    old.end_ns = now;
+    old.end_inuse = total;
+    PhasePeak& p = phases[id];
+    if (!p.seen) p.start_ns = now;
+    raise(p, total, seq, now);
+    current = id;
+  }
+};
+
 struct Books {
   std::mutex lock;
   std::unordered_map<StackKey, uint32_t, StackHash> site_of;
@@ -416,11 +478,15 @@ struct Books {
   uint64_t joint_seq = 0;  // the joint mark: blocks booked up to here were live then (if not gone since)
   std::vector<uint32_t> joint_sites;  // sites whose joint_gone_* is non-zero
   std::map<std::pair<uint32_t, uint8_t>, GoneTagged> gone_tagged;
+  PhaseBooks phases;
+  int64_t peak_ns = 0;  // when the peak was (phase 0 takes it at the first mark)
 
   void reset_window() {
     live.clear();
     gone_tagged.clear();
     timeline.clear();
+    phases.clear();
+    peak_ns = 0;
     for (auto& s : sites) s = SiteBooks{};
     gone_sites.clear();
     joint_sites.clear();
@@ -466,13 +532,16 @@ struct Books {
     if (total > peak) {
       peak = total;
       peak_seq = seq;
+      peak_ns = timeline.last_t;
       for (uint32_t s : gone_sites) sites[s].gone_bytes = sites[s].gone_count = 0;
       gone_sites.clear();
     }
+    phases.on_alloc(total, seq, timeline.last_t);
     if (shared) leave_joint(static_cast<int64_t>(n));
   }
 
   void note_gone_tagged(const Live& l);
+  void set_phase(uint32_t id);
 
   // a block not in `live` was made before this window: nothing to book
   void on_free(void* ptr) {
@@ -492,6 +561,7 @@ struct Books {
       b.gone_count += 1;
       if (l.tag != 0) note_gone_tagged(l);
     }
+    phases.on_free(l.nbytes, l.seq, l.site);
     if (l.seq <= joint_seq) {
       if (b.joint_gone_count == 0) joint_sites.push_back(l.site);
       b.joint_gone_bytes += l.nbytes;
@@ -506,6 +576,21 @@ void Books::note_gone_tagged(const Live& l) {
   if (g.peak_seq != peak_seq) g = GoneTagged{peak_seq, 0, 0};
   g.bytes += l.nbytes;
   g.count += 1;
+}
+
+// the first mark: the window so far was phase 0, whose highest moment is the peak so far
+void Books::set_phase(uint32_t id) {
+  if (phases.phases.empty()) {
+    if (id == 0) return;
+    phases.phases.resize(1);
+    PhasePeak& p = phases.phases[0];
+    p.seen = true;
+    p.peak = peak;
+    p.peak_seq = peak_seq;
+    p.peak_ns = peak_ns;
+    for (uint32_t s : gone_sites) p.gone[s] = {sites[s].gone_bytes, sites[s].gone_count};
+  }
+  phases.enter(id, total, seq, TimelineBooks::now_ns());
 }
 
 Books* books() {
@@ -643,6 +728,12 @@ uint32_t known_site(const StackKey& stack) {
 }
 #endif
 
+// the running phase as the stack's last frame: (nullptr, -id), never a native frame's address
+void add_phase_marker(StackKey& stack) {
+  uint32_t id = g_phase.load(std::memory_order_relaxed);
+  if (id != 0) stack.emplace_back(nullptr, -static_cast<int64_t>(id));
+}
+
 // The site of the calling thread's stack; kNoPythonSite when it has no
 // Python stack. On CPython 3.11 a stack seen before costs no GIL; otherwise
 // the thread takes the GIL back for a moment if it released it (PyTorch
@@ -658,6 +749,7 @@ uint32_t capture_site() {
   if (!native && g_own_frames.load(std::memory_order_relaxed)) {
     walk_own_frames(tstate, stack);
     if (stack.empty()) return kNoPythonSite;
+    add_phase_marker(stack);
     uint32_t site = known_site(stack);
     if (site != kNoSite) return site;
     GilGuard gil;  // first sight: the new stack takes references, which needs the GIL
@@ -669,6 +761,7 @@ uint32_t capture_site() {
   GilGuard gil;
   if (n_native > 0) add_native_frames(stack, addresses, n_native);
   add_python_frames(stack);
+  if (!stack.empty()) add_phase_marker(stack);
   return stack.empty() ? kNoPythonSite : intern(stack);  // interned under the GIL: code objects are alive
 }
 
@@ -1063,6 +1156,68 @@ PyObject* py_gone_tagged(PyObject*, PyObject*) {
   return out;
 }
 
+// set_phase(id): the running phase from now on (capture/phases.py; 0: none)
+PyObject* py_set_phase(PyObject*, PyObject* arg) {
+  long id = PyLong_AsLong(arg);
+  if (id == -1 && PyErr_Occurred()) return nullptr;
+  if (id < 0 || id > 65535) {
+    PyErr_SetString(PyExc_ValueError, "phase id out of range");
+    return nullptr;
+  }
+  Books* b = books();
+  std::lock_guard<std::mutex> guard(b->lock);
+  if (b->recording) b->set_phase(static_cast<uint32_t>(id));
+  g_phase.store(static_cast<uint32_t>(id));
+  Py_RETURN_NONE;
+}
+
+// phase_rows(): [(id, start ns, end ns (0: still running), peak, peak ns, in use at end,
+//                 [(site, bytes) live at the phase's peak])] of each phase seen; [] before the first mark
+PyObject* py_phase_rows(PyObject*, PyObject*) {
+  struct Row {
+    uint32_t id;
+    PhasePeak p;
+    std::unordered_map<uint32_t, uint64_t> at_peak;
+  };
+  std::vector<Row> rows;
+  {
+    Books* b = books();
+    std::lock_guard<std::mutex> guard(b->lock);
+    const auto& phases = b->phases.phases;
+    for (uint32_t id = 0; id < phases.size(); ++id) {
+      if (!phases[id].seen) continue;
+      Row r{id, phases[id], {}};
+      r.p.gone.clear();
+      for (const auto& [site, g] : phases[id].gone) r.at_peak[site] += g.first;
+      for (const auto& [ptr, l] : b->live) {
+        if (l.seq != 0 && l.seq <= phases[id].peak_seq) r.at_peak[l.site] += l.nbytes;
+      }
+      if (id == b->phases.current) {
+        r.p.end_ns = 0;
+        r.p.end_inuse = b->total;
+      }
+      rows.push_back(std::move(r));
+    }
+  }
+  PyObject* out = PyList_New(0);
+  if (out == nullptr) return nullptr;
+  for (const Row& r : rows) {
+    PyObject* sites = PyList_New(0);
+    if (sites == nullptr) { Py_DECREF(out); return nullptr; }
+    for (const auto& [site, nbytes] : r.at_peak) {
+      PyObject* pair = Py_BuildValue("(IK)", site, nbytes);
+      if (pair == nullptr || PyList_Append(sites, pair) < 0) { Py_XDECREF(pair); Py_DECREF(sites); Py_DECREF(out); return nullptr; }
+      Py_DECREF(pair);
+    }
+    PyObject* row = Py_BuildValue("(ILLKLKN)", r.id, static_cast<long long>(r.p.start_ns),
+                                  static_cast<long long>(r.p.end_ns), r.p.peak, static_cast<long long>(r.p.peak_ns),
+                                  r.p.end_inuse, sites);
+    if (row == nullptr || PyList_Append(out, row) < 0) { Py_XDECREF(row); Py_DECREF(out); return nullptr; }
+    Py_DECREF(row);
+  }
+  return out;
+}
+
 PyObject* py_symbol(PyObject*, PyObject* arg) {
   unsigned long long address = PyLong_AsUnsignedLongLong(arg);
   if (PyErr_Occurred()) return nullptr;
@@ -1134,6 +1289,8 @@ PyMethodDef kMethods[] = {
     {"tag", guarded<py_tag>, METH_O, "tag([(address, tag)]): categories of live blocks (categories.py)."},
     {"blocks", guarded<py_blocks>, METH_NOARGS, "Live blocks: (address, bytes, site, at peak, tag)."},
     {"gone_tagged", guarded<py_gone_tagged>, METH_NOARGS, "Tagged blocks live at the peak, freed since."},
+    {"set_phase", guarded<py_set_phase>, METH_O, "set_phase(id): the running phase from now on (0: none)."},
+    {"phase_rows", guarded<py_phase_rows>, METH_NOARGS, "Each phase's peak, its time, in use at its end, sites at it."},
     {"installed", guarded<py_installed>, METH_NOARGS, "Whether the hook is the CPU allocator now."},
     {"table_open", guarded<py_table_open>, METH_O, "Map a run's shared peak table; its handle."},
     {"table_join", guarded<py_table_join>, METH_O, "Publish to a table (again): a new window, a fork child."},

@@ -1,0 +1,47 @@
+"""Peak per phase, in order: the profile's phase table (model/phases.py) as ``report`` shows it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpuflame.analysis.categories import CategoryTotal, sums_by
+from gpuflame.model.phases import LABEL, NONE, PhaseStat, ordered
+from gpuflame.model.profile import Profile
+
+
+@dataclass(frozen=True)
+class PhaseRow:
+    """One phase of one process, its times as seconds from the recording's start (as on the viewer's strip)."""
+
+    stat: PhaseStat
+    start_s: float
+    end_s: float
+    peak_s: float | None  # None: the recorder does not know when (the dispatch recorder)
+
+    def to_dict(self) -> dict[str, object]:
+        s = self.stat
+        return {"phase": s.phase, "device": s.device, "pid": s.pid, "start_s": self.start_s, "end_s": self.end_s,
+                "peak": s.peak, "peak_s": self.peak_s, "inuse_end": s.inuse_end, "top_function": s.top,
+                "top_bytes": s.top_bytes, "start_ns": s.start, "end_ns": s.end, "peak_time_ns": s.peak_time,
+                "samples": s.samples}
+
+
+def phase_rows(profile: Profile) -> list[PhaseRow]:
+    """Each phase in the order it began; empty when the recording marked none."""
+    rows = ordered(profile.phases)
+    origin = profile.time_nanos or min((r.start for r in rows if r.start), default=0)
+
+    def seconds(ns: int) -> float:
+        return round(max(0, ns - origin) / 1e9, 6)
+
+    return [PhaseRow(r, seconds(r.start), seconds(r.end), seconds(r.peak_time) if r.peak_time else None)
+            for r in rows]
+
+
+def phase_totals(profile: Profile, type_index: int) -> list[CategoryTotal]:
+    """Bytes by the phase they were allocated in (the ``phase`` label), in the order the phases began."""
+    if not any(s.label(LABEL) is not None for s in profile.samples):
+        return []
+    began = {r.phase: i for i, r in enumerate(ordered(profile.phases))}
+    return sums_by(profile, type_index, lambda s: s.label(LABEL) or NONE,
+                   lambda n: (began.get(n, len(began)), n))
