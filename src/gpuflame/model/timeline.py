@@ -34,6 +34,8 @@ import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from gpuflame.model import comments as comment_data
+
 PREFIX = "gpuflame-timeline-v1:"
 MAX_POINTS = 3000  # 999 buckets of up to three points: about one per pixel of a wide strip
 DAMAGED_NOTE = "the memory timeline stored in this profile is damaged and was left out"
@@ -141,20 +143,10 @@ def split_comments(comments: Sequence[str]) -> tuple[Timeline | None, list[str]]
     series replacing earlier ones of the same labels. A damaged one is
     replaced by :data:`DAMAGED_NOTE`, never an exception, so the profile still loads.
     """
-    timeline: Timeline | None = None
-    rest: list[str] = []
-    for comment in comments:
-        if not comment.startswith(PREFIX):
-            rest.append(comment)
-            continue
-        try:
-            found = Timeline.from_comment(comment)
-        except ValueError:
-            if DAMAGED_NOTE not in rest:
-                rest.append(DAMAGED_NOTE)
-            continue
-        timeline = found if timeline is None else Timeline({**timeline.series, **found.series})
-    return timeline, rest
+    found, rest = comment_data.split_comments(comments, PREFIX, Timeline.from_comment, DAMAGED_NOTE)
+    if not found:
+        return None, rest
+    return Timeline({k: v for timeline in found for k, v in timeline.series.items()}), rest
 
 
 def downsample(points: list[Point], max_points: int = MAX_POINTS) -> list[Point]:
