@@ -32,11 +32,12 @@ import json
 import zlib
 from array import array
 from bisect import bisect_right
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from gpuflame.model import comments as comment_data
 from gpuflame.model.profile import FRAME_KINDS, Frame
+from gpuflame.model.timeline import Timeline
 
 PREFIX = "gpuflame-history-v1:"
 MAX_EVENTS = 1_000_000  # events a recorder keeps (the oldest half is folded when full): ~24 MB
@@ -197,6 +198,41 @@ class History:
         except (binascii.Error, zlib.error, UnicodeError, RecursionError, json.JSONDecodeError) as exc:
             raise ValueError(f"damaged history: {exc}") from None
         return _decode(payload)
+
+
+def of_track(track: Track, frames_of: Callable[[int], list[Frame]], labels_of: Callable[[int], Labels]) -> History:
+    """A history of one recorder's *track*, whose sites are the recorder's own (renumbered to those used)."""
+    used = sorted(set(track.sites) | set(track.base))
+    index = {s: i for i, s in enumerate(used)}
+    frame_ids: dict[Frame, int] = {}
+    sites = [(tuple(frame_ids.setdefault(f, len(frame_ids)) for f in frames_of(s)), labels_of(s)) for s in used]
+    renumbered = Track(track.labels, track.start, track.end, track.fold, track.folded,
+                       {index[s]: v for s, v in track.base.items()}, track.times,
+                       array("q", (index[s] for s in track.sites)), track.sizes)
+    return History(list(frame_ids), sites, [renumbered])
+
+
+def timeline_of(history: History) -> Timeline:
+    """Live bytes after each event, one series per device and track (for recorders that keep no timeline)."""
+    series: dict[Labels, list[tuple[int, int]]] = {}
+    for track in history.tracks:
+        keys = [tuple(sorted(dict(labels).items() | set(track.labels))) for _, labels in history.sites]
+        totals: dict[Labels, int] = {}
+        for site, (nbytes, _) in track.base.items():
+            totals[keys[site]] = totals.get(keys[site], 0) + nbytes
+        points = {key: [(track.fold, total)] for key, total in totals.items()}
+        for t, site, size in zip(track.times, track.sites, track.sizes, strict=True):
+            key = keys[site]
+            total = totals[key] = totals.get(key, 0) + size
+            points.setdefault(key, [(track.start, 0)]).append((t, total))
+        for key, line in points.items():
+            if track.end and track.end > line[-1][0]:
+                line.append((track.end, line[-1][1]))
+            series[key] = line
+    out = Timeline()
+    for key, line in series.items():
+        out.add_series(key, line)
+    return out
 
 
 def merged(histories: Sequence[History | None], extras: Sequence[Labels] | None = None) -> History | None:
