@@ -60,6 +60,7 @@ class SnapshotHistory:
         out = merge(parts)
         out.default_type = PEAK_SPACE.type
         out.comments = list(current.comments)
+        out.history = current.history  # the latest snapshot's trace: the ring buffer is the history's bound
         if self.snapshots > 1:
             out.comments.append(
                 f"peak and allocated cover {self.snapshots} snapshots of the allocator's trace; "

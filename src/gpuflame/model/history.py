@@ -106,7 +106,7 @@ class Track:
     """One recording window's events, exact from :attr:`fold` on."""
 
     labels: Labels  # added to every site's labels (a merge adds the pid)
-    start: int  # the window, epoch ns (end 0: unknown)
+    start: int  # the window, epoch ns (0: unknown, may have held memory before; end 0: open to the end)
     end: int
     fold: int  # moments before this are not available (== start when nothing was folded)
     folded: int  # how many events were folded
