@@ -148,9 +148,14 @@ def _check_range(profile: Profile, history: History, t: int, what: str) -> None:
 
 def _folded(profile: Profile, track: Track, what: str) -> str:
     who = " of " + ", ".join(f"{k} {v}" for k, v in track.labels) if track.labels else ""
-    return (f"{what}: not available: the history{who} before {_clock(profile, track.fold)} was folded to "
-            f"keep its memory bounded ({MAX_EVENTS:,} events kept); the earliest exact moment is "
-            f"{math.ceil((track.fold - origin(profile) + 1) / 1e6) / 1e3:.3f} s")
+    since = _clock(profile, track.fold)
+    if track.start == 0:  # torch-cuda: the allocator's own ring buffer is the bound
+        why = f"the history{who} begins at {since}, where the allocator's trace (its latest events) begins"
+    else:
+        why = (f"the history{who} before {since} was folded to keep its memory bounded (gpuflame keeps the "
+               f"latest {MAX_EVENTS // 2:,} to {MAX_EVENTS:,} events of a recording)")
+    earliest = math.ceil((track.fold - origin(profile) + 1) / 1e6) / 1e3
+    return f"{what}: not available: {why}; the earliest exact moment is {earliest:.3f} s"
 
 
 def _empty(profile: Profile, types: list) -> Profile:
