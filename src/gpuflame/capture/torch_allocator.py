@@ -38,7 +38,8 @@ from gpuflame.capture.base import Recorder, empty_profile
 from gpuflame.capture.code_frames import CodeFrames
 from gpuflame.capture.native import elf_symbols
 from gpuflame.capture.recorder_categories import HookCategories
-from gpuflame.model.history import MAX_EVENTS, History, Track, of_track
+from gpuflame.model import history as event_history
+from gpuflame.model.history import History, Track, of_track
 from gpuflame.model.peak import PeakUnit
 from gpuflame.model.profile import NATIVE, SYNTHETIC, Frame, Profile
 from gpuflame.model.sample_types import JOINT_PEAK_OBJECTS, JOINT_PEAK_SPACE
@@ -93,7 +94,7 @@ class TorchAllocatorRecorder(Recorder):
         self._table, self._table_problem = joint_peak.claim(self._hook, "cpu")
         self._final_history = None
         try:
-            self._hook.history_limit(MAX_EVENTS)
+            self._hook.history_limit(event_history.MAX_EVENTS)
             self._hook.start(self.native, self._table)
         except Exception:
             self._release()

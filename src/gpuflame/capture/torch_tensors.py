@@ -66,10 +66,11 @@ from gpuflame.capture import categories, joint_peak
 from gpuflame.capture.base import Recorder, empty_profile
 from gpuflame.capture.code_frames import CodeFrames
 from gpuflame.capture.recorder_categories import LedgerCategories
-from gpuflame.model.history import EventLog, History, of_track, timeline_of
+from gpuflame.model.history import EventLog, History, of_track
 from gpuflame.model.peak import PeakUnit
 from gpuflame.model.profile import Frame, Profile
 from gpuflame.model.sample_types import JOINT_PEAK_OBJECTS, JOINT_PEAK_SPACE
+from gpuflame.model.timeline import Timeline
 
 # ops that may grow the storage of a tensor they write to
 _RESIZING = frozenset({"aten::resize_", "aten::resize_as_", "aten::_resize_output_", "aten::set_"})
@@ -149,7 +150,7 @@ class Ledger:
         self.joint_seq: dict[str, int] = {}  # device -> allocation number at its latest mark
         self.joint_at: dict[str, tuple[int, int]] = {}  # device -> (epoch, highest total) of that mark
         self.joint_gone: dict[int, list[int]] = {}
-        self.log = EventLog(time.time_ns())  # the event history (model/history.py), in replay order
+        self.log = EventLog(time.time_ns(), key_of=self.site_device.__getitem__)  # model/history.py
         self.on_free = self._free_callback() if hook is not None else self._stamped_free()
 
     def _stamped_free(self) -> Callable[[_StorageRef], None]:
@@ -691,9 +692,19 @@ class TorchTensorRecorder(Recorder):
             out.comments.append(categories.JOINT_NOTE)
         out.peaks = [self._peak_unit(d, joint.get(d)) for d in sorted(devices)]
         out.history = self._history()
-        if out.history is not None:  # this backend keeps no timeline of its own: the strip is the history's
-            out.timeline = timeline_of(out.history)
+        if out.history is not None:  # the strip, from the history's log: this backend keeps no other
+            out.timeline = self._timeline(out.history.tracks[0].end)
         return out
+
+    def _timeline(self, end: int) -> Timeline:
+        with self.ledger.lock:
+            lines = self.ledger.log.lines()
+        timeline = Timeline()
+        for device, points in lines.items():
+            if end > points[-1][0]:
+                points.append((end, points[-1][1]))
+            timeline.add_series((("device", device), ("pid", str(os.getpid()))), points)
+        return timeline
 
     def _history(self) -> History | None:
         """The event history so far (model/history.py); None when nothing was recorded."""

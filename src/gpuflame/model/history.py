@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 
 from gpuflame.model import comments as comment_data
 from gpuflame.model.profile import FRAME_KINDS, Frame
-from gpuflame.model.timeline import Timeline
+from gpuflame.model.timeline import Point, downsample
 
 PREFIX = "gpuflame-history-v1:"
 MAX_EVENTS = 1_000_000  # events a recorder keeps (the oldest half is folded when full): ~24 MB
@@ -55,10 +55,16 @@ class EventLog:
 
     Times are made non-decreasing (a later event never gets an earlier time
     than the one logged before it), so moments can be found by bisection.
+    With *key_of* (site -> series key, e.g. its device) it also keeps the
+    live bytes over time per key (:meth:`lines`), the folded part
+    downsampled as timelines are: a strip for recorders that keep none.
     """
 
-    def __init__(self, start_ns: int, limit: int = MAX_EVENTS) -> None:
-        self.limit = max(2, limit)
+    def __init__(self, start_ns: int, limit: int | None = None, key_of: Callable[[int], str] | None = None) -> None:
+        self.limit = max(2, MAX_EVENTS if limit is None else limit)
+        self.key_of = key_of
+        self.past: dict[str, list[Point]] = {}  # per key: (time, live bytes) up to the fold, downsampled
+        self.past_total: dict[str, int] = {}
         self.start = start_ns
         self.fold = start_ns
         self.folded = 0
@@ -91,7 +97,30 @@ class EventLog:
             live[1] += 1 if size > 0 else -1
         self.fold = self.times[n - 1]
         self.folded += n
+        if self.key_of is not None:
+            self._fold_lines(n)
         del self.times[:n], self.sites[:n], self.sizes[:n]
+
+    def _fold_lines(self, n: int) -> None:
+        key_of, totals, past = self.key_of, self.past_total, self.past
+        for t, site, size in zip(self.times[:n], self.sites[:n], self.sizes[:n], strict=True):
+            key = key_of(site)
+            total = totals[key] = totals.get(key, 0) + size
+            past.setdefault(key, [(self.start, 0)]).append((t, total))
+        for key, points in past.items():
+            past[key] = downsample(points)
+
+    def lines(self) -> dict[str, list[Point]]:
+        """Per key, live bytes after each event from the start (the folded part downsampled)."""
+        if self.key_of is None:
+            return {}
+        out = {key: list(points) for key, points in self.past.items()}
+        totals = dict(self.past_total)
+        for t, site, size in zip(self.times, self.sites, self.sizes, strict=True):
+            key = self.key_of(site)
+            total = totals[key] = totals.get(key, 0) + size
+            out.setdefault(key, [(self.start, 0)]).append((t, total))
+        return out
 
     def track(self, end: int, labels: Labels = (), sites: Mapping[int, int] | None = None) -> Track:
         """A copy as a :class:`Track`; *sites* renumbers the log's sites to the history's."""
@@ -210,29 +239,6 @@ def of_track(track: Track, frames_of: Callable[[int], list[Frame]], labels_of: C
                        {index[s]: v for s, v in track.base.items()}, track.times,
                        array("q", (index[s] for s in track.sites)), track.sizes)
     return History(list(frame_ids), sites, [renumbered])
-
-
-def timeline_of(history: History) -> Timeline:
-    """Live bytes after each event, one series per device and track (for recorders that keep no timeline)."""
-    series: dict[Labels, list[tuple[int, int]]] = {}
-    for track in history.tracks:
-        keys = [tuple(sorted(dict(labels).items() | set(track.labels))) for _, labels in history.sites]
-        totals: dict[Labels, int] = {}
-        for site, (nbytes, _) in track.base.items():
-            totals[keys[site]] = totals.get(keys[site], 0) + nbytes
-        points = {key: [(track.fold, total)] for key, total in totals.items()}
-        for t, site, size in zip(track.times, track.sites, track.sizes, strict=True):
-            key = keys[site]
-            total = totals[key] = totals.get(key, 0) + size
-            points.setdefault(key, [(track.start, 0)]).append((t, total))
-        for key, line in points.items():
-            if track.end and track.end > line[-1][0]:
-                line.append((track.end, line[-1][1]))
-            series[key] = line
-    out = Timeline()
-    for key, line in series.items():
-        out.add_series(key, line)
-    return out
 
 
 def merged(histories: Sequence[History | None], extras: Sequence[Labels] | None = None) -> History | None:
