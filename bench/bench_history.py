@@ -55,20 +55,23 @@ def python_log(events: int, sites: int) -> EventLog:
     start = time.time_ns()
     log = EventLog(start, key_of=lambda s: "cpu")
     rng = random.Random(0)
-    jitter = [rng.randint(0, 9_000) for _ in range(4096)]
     sizes = [rng.choice((4, 512, 4096, 65536, 1 << 20)) + 16 * rng.randint(0, 64) for _ in range(sites)]
     t0 = time.perf_counter()
     step = max(1, events // 10)
+    most = 0
     for k in range(0, events, 2):
-        site = (k * 7919) % sites
-        t = start + k * 10_000 + jitter[k % 4096]  # 100,000 events a second
+        if k % 20_000 == 19_998:  # just before a fold too (measuring costs: not every event)
+            most = max(most, log_bytes(log))
+        site = rng.randrange(sites)
+        t = start + k * 10_000 + rng.randrange(9_000)  # 100,000 events a second
         log.add(t, site, sizes[site])
-        log.add(t + jitter[(k + 1) % 4096], site, -sizes[site])
+        log.add(t + rng.randrange(9_000), site, -sizes[site])
         if (k + 2) % step == 0:
             print(f"  {k + 2:>11,} events ({(k + 2) / DEMO_EVENTS_PER_S / 60:6.1f} min of the demo loop): "
-                  f"{log_bytes(log) / MiB:6.1f} MiB held, {len(log.times):,} events kept, {log.folded:,} folded")
+                  f"{log_bytes(log) / MiB:6.1f} MiB held (most so far {most / MiB:.1f}), "
+                  f"{len(log.times):,} events kept, {log.folded:,} folded")
     took = time.perf_counter() - t0
-    print(f"  {took / events * 1e9:.0f} ns per event (fold included)")
+    print(f"  {took / events * 1e9:.0f} ns per event (fold and the measuring included)")
     return log
 
 
@@ -124,17 +127,71 @@ def full_history(log: EventLog, sites: int) -> None:
     span = (back.history.tracks[0].times[-1] - moment.origin(back)) / 1e9
     t0 = time.perf_counter()
     moment.at(back, span * 0.99)
-    moment.between(back, span * 0.5, span)
+    moment.between(back, span * 0.95, span)
     verbs = time.perf_counter() - t0
     print(f"  {history.events():,} events: build {built:.2f} s, write {wrote:.2f} s, read {read:.2f} s, "
           f"file {len(data) / MiB:.1f} MiB, at + between {verbs:.2f} s")
     assert isinstance(back.history, History)
 
 
+def demo_cost(rounds: int) -> None:
+    """The demo loop under each recorder with its history and without, interleaved, best of *rounds*."""
+    try:
+        import torch
+
+        sys.path.insert(0, str(ROOT / "bench"))
+        from bench_capture_torch import demo_workload
+        from gpuflame.capture.native import load_cpu_hook
+        from gpuflame.capture.torch_allocator import TorchAllocatorRecorder
+        from gpuflame.capture.torch_tensors import TorchTensorRecorder
+    except Exception as exc:  # noqa: BLE001
+        print(f"  skipped: {exc}")
+        return
+    torch.set_num_threads(1)
+    work = demo_workload(4, 32, 16)
+    work()
+    hook = load_cpu_hook()
+    bound = event_history.MAX_EVENTS
+
+    def timed(make, history: bool) -> tuple[float, float]:
+        event_history.MAX_EVENTS = bound if history else 0  # 0: the hook keeps none
+        rec = make()
+        rec.start()
+        if not history and isinstance(rec, TorchTensorRecorder):
+            rec.ledger.log.add = lambda *_: None
+        t0 = time.perf_counter()
+        work()
+        loop = time.perf_counter() - t0
+        rec.stop()
+        t0 = time.perf_counter()
+        rec.snapshot()
+        event_history.MAX_EVENTS = bound
+        return loop, time.perf_counter() - t0
+
+    ways = {"bare": None, "hook, history": (lambda: TorchAllocatorRecorder(hook), True),
+            "hook, no history": (lambda: TorchAllocatorRecorder(hook), False),
+            "dispatch, history": (TorchTensorRecorder, True), "dispatch, no history": (TorchTensorRecorder, False)}
+    best: dict[str, tuple[float, float]] = {}
+    for _ in range(rounds):
+        for name, way in ways.items():
+            if way is None:
+                t0 = time.perf_counter()
+                work()
+                got = (time.perf_counter() - t0, 0.0)
+            else:
+                got = timed(*way)
+            old = best.get(name)
+            best[name] = got if old is None else (min(old[0], got[0]), min(old[1], got[1]))
+    base = best["bare"][0]
+    for name, (loop, snap) in best.items():
+        print(f"  {name:<22} loop {loop * 1e3:6.1f} ms  {loop / base:5.2f}x   profile {snap * 1e3:6.1f} ms")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--events", type=int, default=5_000_000)
     parser.add_argument("--sites", type=int, default=200, help="distinct stacks (the demo loop has 159)")
+    parser.add_argument("--rounds", type=int, default=7, help="rounds of the demo loop comparison")
     args = parser.parse_args()
     print(f"bound: MAX_EVENTS = {event_history.MAX_EVENTS:,} (oldest half folded when full)")
     print("dispatch recorder's log (Python arrays):")
@@ -143,6 +200,8 @@ def main() -> None:
     hook_rss(args.events)
     print("a full history, once:")
     full_history(log, args.sites)
+    print("the demo loop (examples/demo.py, batch 4, 32+16 tokens, 1 thread), with and without the history:")
+    demo_cost(args.rounds)
 
 
 if __name__ == "__main__":
