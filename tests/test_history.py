@@ -6,7 +6,9 @@ from the code under test.
 
 from __future__ import annotations
 
+import base64
 import json
+import zlib
 from pathlib import Path
 
 import pytest
@@ -220,3 +222,21 @@ def test_a_profile_without_history_says_so(capsys, tmp_path: Path) -> None:
     assert load(tmp_path / "old.pb.gz").history is None
     rc, _, err = run(capsys, "top", tmp_path / "old.pb.gz", "--at", "1")
     assert rc == 2 and NO_HISTORY in err and len(err.strip().splitlines()) == 1
+
+
+def _comment(payload: dict) -> str:
+    text = json.dumps(payload).encode()
+    return PREFIX + base64.b64encode(zlib.compress(text)).decode()
+
+
+@pytest.mark.parametrize("change", [
+    {"t": [1, -5]}, {"s": [0, 9]}, {"b": [1.5, 2]}, {"t": [2**63, 0]}, {"s": [0]}, {"base": [[0, 1]]},
+])
+def test_a_history_comment_is_untrusted_input(change: dict) -> None:
+    track = {"labels": [], "start": 1, "end": 0, "fold": 1, "folded": 0, "base": [], "t": [1, 1], "s": [0, 0],
+             "b": [10, -10]}
+    good = {"frames": [["f", "a.py", 1, "python", 0]], "sites": [[[0], []]], "tracks": [track]}
+    assert History.from_comment(_comment(good)).tracks[0].sizes.tolist() == [10, -10]
+    bad = {**good, "tracks": [{**track, **change}]}
+    with pytest.raises(ValueError, match="damaged history"):
+        History.from_comment(_comment(bad))

@@ -34,6 +34,7 @@ from array import array
 from bisect import bisect_right
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import accumulate
 
 from gpuflame.model import comments as comment_data
 from gpuflame.model.profile import FRAME_KINDS, Frame
@@ -314,18 +315,24 @@ def _track(entry: object, n_sites: int) -> Track:
         if not (isinstance(row, list) and len(row) == 3):
             raise ValueError("damaged history: a base entry is not [site, bytes, count]")
         base[_int(row[0], n_sites - 1)] = (_int(row[1], low=-_INT64_MAX), _int(row[2], low=-_INT64_MAX))
-    deltas, sites, sizes = _list(entry.get("t")), _list(entry.get("s")), _list(entry.get("b"))
+    deltas, sites, sizes = (_column(entry.get(k)) for k in ("t", "s", "b"))
     if not len(deltas) == len(sites) == len(sizes):
         raise ValueError("damaged history: t, s and b differ in length")
-    times, now = array("q"), fold
-    for dt in deltas:
-        now += _int(dt)
-        if now > _INT64_MAX:
-            raise ValueError("damaged history: a time is out of range")
-        times.append(now)
-    return Track(_labels(entry.get("labels")), start, end, fold, folded, base, times,
-                 array("q", (_int(s, n_sites - 1) for s in sites)),
-                 array("q", (_int(b, low=-_INT64_MAX) for b in sizes)))
+    if deltas and min(deltas) < 0 or sites and not 0 <= min(sites) <= max(sites) < n_sites:
+        raise ValueError("damaged history: a time goes back or a site is out of range")
+    try:
+        times = array("q", accumulate(deltas, initial=fold))[1:]
+    except OverflowError:
+        raise ValueError("damaged history: a time is out of range") from None
+    return Track(_labels(entry.get("labels")), start, end, fold, folded, base, times, sites, sizes)
+
+
+def _column(value: object) -> array:
+    """A list of int64 as an array, checked in C (floats, strings and overflows are refused)."""
+    try:
+        return array("q", _list(value))
+    except (TypeError, OverflowError):
+        raise ValueError("damaged history: a column holds something other than 64-bit integers") from None
 
 
 def _list(value: object) -> list:
