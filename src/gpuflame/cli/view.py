@@ -33,7 +33,7 @@ switch sample type (peak, in use, allocated, objects) and label, hide
 of functions sorted by self or total. Click the memory-over-time strip for
 the flame graph of what was live at that instant, drag across it for what
 was allocated within that window ("back to peak / end" returns); --at and
---between open the page on one.
+--between write the page of that one moment instead.
 
 With two files, BASE NEW, the page is a diff: NEW's flame graph with each
 bar coloured by its change against BASE (red grew, green shrank; a
