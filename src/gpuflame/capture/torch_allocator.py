@@ -125,9 +125,11 @@ class TorchAllocatorRecorder(Recorder):
             return profile
         if self._final is not None:
             rows, totals, points = self._final
+            raw_history = self._final_history
         else:
             rows, totals, points = hook.rows(), hook.totals(), hook.timeline()
-        self._fetch_stacks(hook)
+            raw_history = hook.history()
+        self._fetch_stacks(hook)  # after the books: every site they name has its stack
         labels = {"device": "cpu", "pid": str(os.getpid())}
         joint = bool(totals.get("joint_table"))
         if joint:
@@ -143,7 +145,7 @@ class TorchAllocatorRecorder(Recorder):
         if points:  # labelled as the samples are, so the viewer's label selector picks both
             out.timeline = Timeline()
             out.timeline.add_series(tuple(sorted(labels.items())), points)
-        out.history = self._history(self._final_history if self._final is not None else hook.history())
+        out.history = self._history(raw_history) if raw_history is not None else None
         if out.history is None and self._history_dropped:
             out.comments.append(HISTORY_LOST)
         return out
