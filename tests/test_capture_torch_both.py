@@ -10,8 +10,10 @@ the recorder.
 
 from __future__ import annotations
 
+import gc
 import os
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -24,8 +26,10 @@ from gpuflame.capture.base import Recorder  # noqa: E402
 from gpuflame.capture.native import NativeUnavailable, load_cpu_hook  # noqa: E402
 from gpuflame.capture.torch_allocator import TorchAllocatorRecorder  # noqa: E402
 from gpuflame.capture.torch_tensors import TorchTensorRecorder  # noqa: E402
+from gpuflame.errors import GpuflameError  # noqa: E402
 from gpuflame.formats import pprof  # noqa: E402
-from gpuflame.model import Profile  # noqa: E402
+from gpuflame.model import Profile, moment  # noqa: E402
+from gpuflame.model import history as history_module  # noqa: E402
 from torch_helpers import (  # noqa: E402
     ALLOC,
     ALLOC_N,
@@ -40,6 +44,7 @@ from torch_helpers import (  # noqa: E402
     column,
     here,
     leaf_most_init,
+    live_storages,
     tiny_llama_config,
 )
 
@@ -264,3 +269,94 @@ def test_a_second_window_starts_from_nothing(make_recorder: Callable[[], Recorde
     profile = rec.snapshot()
     assert column(profile, ALLOC) == 40 == by_line(profile, line, INUSE)
     assert first.numel() + second.numel() == 110
+
+
+# -----------------------------------------------------------------------------
+# any moment: the event history (model/history.py, model/moment.py)
+# -----------------------------------------------------------------------------
+
+
+def _seconds(profile: Profile, epoch_ns: int) -> float:
+    return (epoch_ns - moment.origin(profile)) / 1e9
+
+
+def test_any_moment_of_a_generate_loop_with_a_static_kv_cache_is_exact(
+    make_recorder: Callable[[], Recorder],
+) -> None:
+    """At marks the test stamps, ``at`` is exactly the new storages alive then (found by torch, not gpuflame)."""
+    transformers = pytest.importorskip("transformers")
+    config = tiny_llama_config()
+    torch.manual_seed(0)
+    ids = torch.randint(0, config.vocab_size, (1, 6))
+    gc.collect()
+    before = live_storages()  # held: their addresses cannot be reused
+    marks: dict[str, tuple[int, int, int]] = {}  # name -> (time, live new bytes, live new storages)
+
+    def mark(name: str) -> None:
+        gc.collect()
+        marks[name] = (time.time_ns(), 0, 0)
+        new = [st for cd, st in live_storages().items() if cd not in before]
+        marks[name] = (marks[name][0], sum(st.nbytes() for st in new), len(new))
+
+    def work() -> Any:
+        mark("start")
+        model = transformers.LlamaForCausalLM(config).eval()
+        mark("loaded")
+        cache = transformers.StaticCache(config=config, max_cache_len=24)
+        with torch.no_grad():
+            out = model.generate(ids, max_new_tokens=5, do_sample=False, cache=cache, pad_token_id=0)
+        mark("generated")
+        window = [torch.empty(1000), torch.zeros(300, dtype=torch.float16)]
+        del window[0]
+        mark("window")
+        return model, cache, out, window
+
+    raw, (model, cache, out, window), rec = record(make_recorder, work)
+    assert rec.errors == []
+    profile = pprof.decode(pprof.encode(raw))  # as written to the file
+    for name in ("loaded", "generated", "window"):
+        t, nbytes, count = marks[name]
+        shown = moment.at(profile, _seconds(profile, t))
+        assert shown.totals() == {"inuse_space": nbytes, "inuse_objects": count}, name
+    kv = [t for layer in cache.layers for t in (layer.keys, layer.values)]
+    kv_bytes = sum(t.untyped_storage().nbytes() for t in kv)
+    loaded = moment.at(profile, _seconds(profile, marks["loaded"][0]))
+    generated = moment.at(profile, _seconds(profile, marks["generated"][0]))
+    assert by_frame(loaded, "StaticLayer > lazy_initialization", 0) == 0
+    assert by_frame(generated, "StaticLayer > lazy_initialization", 0) == kv_bytes
+    assert by_frame(generated, "StaticLayer > lazy_initialization", 1) == len(kv)
+    # allocated within a window: exactly the two tensors made there, the freed one included
+    made = moment.between(profile, _seconds(profile, marks["generated"][0]), _seconds(profile, marks["window"][0]))
+    assert made.totals() == {"alloc_space": 4000 + 600, "alloc_objects": 2}
+    leaves = {made.frames[s.stack[0]].name for s in made.samples}
+    assert len(leaves) == 1 and leaves.pop().endswith("work")  # both made by the line in work()
+    # the whole window allocated what the profile's alloc_space says
+    whole = moment.between(profile, 0, _seconds(profile, marks["window"][0]))
+    assert whole.totals()["alloc_space"] == column(profile, ALLOC)
+    # the moment of the strip's peak is the profile's peak
+    assert moment.at(profile, "peak").totals()["inuse_space"] == column(profile, PEAK)
+
+
+def test_a_recording_keeps_its_history_bounded(make_recorder: Callable[[], Recorder],
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past the bound the oldest events are folded: later moments stay exact, earlier ones say why not."""
+    monkeypatch.setattr(history_module, "MAX_EVENTS", 64)
+    keep = [torch.empty(10)]
+    rec = make_recorder()
+    rec.start()
+    early = time.time_ns()
+    for _ in range(200):
+        keep.append(torch.empty(7))
+        keep.pop(0)
+    late = time.time_ns()
+    kept = torch.empty(3)
+    rec.stop()
+    profile = pprof.decode(pprof.encode(rec.snapshot()))
+    track = profile.history.tracks[0]
+    assert track.folded > 0 and len(track.times) < 64
+    assert moment.at(profile, _seconds(profile, late)).totals() == {"inuse_space": 28, "inuse_objects": 1}
+    for when in (_seconds(profile, early), "peak"):  # the peak (two of the 7-float tensors) came first
+        with pytest.raises(GpuflameError, match="not available: the history of pid .* was folded"):
+            moment.at(profile, when)
+    assert column(profile, PEAK) == 56
+    assert kept.numel() == 3

@@ -31,10 +31,11 @@ from gpuflame.capture import backends, torch_cuda  # noqa: E402
 from gpuflame.capture.session import Session  # noqa: E402
 from gpuflame.capture.settings import Settings  # noqa: E402
 from gpuflame.capture.torch_cuda import TorchCudaRecorder  # noqa: E402
-from gpuflame.formats import load  # noqa: E402
+from gpuflame.errors import GpuflameError  # noqa: E402
+from gpuflame.formats import load, save  # noqa: E402
 from gpuflame.formats.torch_snapshot import from_snapshot  # noqa: E402
-from gpuflame.model import Profile  # noqa: E402
-from gpuflame.symbols.names import OUTSIDE_FRAMEWORK  # noqa: E402
+from gpuflame.model import Profile, ignore, moment  # noqa: E402
+from gpuflame.symbols.names import CACHED_FREE, OUTSIDE_FRAMEWORK  # noqa: E402
 
 MiB = 1 << 20
 
@@ -270,3 +271,60 @@ def test_phases_replayed_against_the_trace(cuda: StandInCuda, monkeypatch: pytes
     assert peak_phase.peak == sum(s.values[profile.type_index("peak_space")] for s in profile.samples
                                   if not profile.frames[s.stack[0]].name.startswith("<"))
     assert rec.errors == []
+
+
+# -- any moment: the trace ring buffer is the event history -------------------------------
+
+
+def _at(profile: Profile, time_us: int) -> dict[str, int]:
+    """moment.at at a trace time (the strip's 0 is the trace's first event)."""
+    shown = moment.at(profile, (time_us * 1000 - moment.origin(profile)) / 1e9)
+    return shown.totals()
+
+
+def test_any_moment_of_the_stand_in_trace_is_what_the_allocator_held(
+    cuda: StandInCuda, tmp_path: Path
+) -> None:
+    """Weights, then a KV cache, then a step: at each mark, exactly the requested bytes alive then."""
+    st = make_snapshots.Stacks()
+    dev = make_snapshots.Device(0)
+    weights = [dev.malloc(512 * 512 * 4, st.attn_init) for _ in range(3)]
+    loaded = dev.clock
+    kv = [dev.malloc(1024 * 16 * 128 * 2, st.kv_cache) for _ in range(2)]
+    cached = dev.clock
+    scores = dev.malloc(3 * MiB, st.attn_scores)
+    dev.free(scores, st.attn_scores)
+    done = dev.clock
+    cuda.snapshot = make_snapshots.snapshot([dev])
+    rec = TorchCudaRecorder()
+    rec.start()
+    path = tmp_path / "cuda.pb.gz"
+    save(rec.snapshot(), path)
+    rec.stop()
+    profile = load(path)
+    w, k = 3 * 512 * 512 * 4, 2 * 1024 * 16 * 128 * 2
+    assert _at(profile, loaded) == {"inuse_space": w, "inuse_objects": 3}
+    assert _at(profile, cached) == {"inuse_space": w + k, "inuse_objects": 5}
+    assert _at(profile, done) == {"inuse_space": w + k, "inuse_objects": 5}
+    window = moment.between(profile, (cached * 1000 - moment.origin(profile)) / 1e9 + 1e-6,
+                            (done * 1000 - moment.origin(profile)) / 1e9)
+    assert window.totals() == {"alloc_space": 3 * MiB, "alloc_objects": 1}
+    assert moment.at(profile, "peak").totals()["inuse_space"] == w + k + 3 * MiB
+    assert len(weights) + len(kv) == 5
+
+
+def test_a_wrapped_ring_buffer_answers_from_its_first_event_on(cuda: StandInCuda) -> None:
+    """Before the trace's first event the state is not known: said, not guessed; from it on, exact."""
+    cuda.snapshot = make_snapshots.build_all()["handwritten_overflowed_trace"]
+    rec = TorchCudaRecorder()
+    rec.start()
+    profile = rec.snapshot()
+    rec.stop()
+    first = cuda.snapshot["device_traces"][0][0]["time_us"]
+    assert moment.origin(profile) == first * 1000
+    end = moment.at(profile, (moment.end_ns(profile, profile.history) - moment.origin(profile)) / 1e9)
+    no_cache = ignore(profile, CACHED_FREE)
+    assert end.totals()["inuse_space"] == no_cache.totals()["inuse_space"]  # the blocks, read independently
+    assert moment.at(profile, "peak").totals()["inuse_space"] == no_cache.totals()["peak_space"]
+    with pytest.raises(GpuflameError, match="not available: the history begins at 0.000 s, where the allocator"):
+        moment.between(profile, 0, 0.001)

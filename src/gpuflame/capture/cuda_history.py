@@ -65,6 +65,7 @@ class SnapshotHistory:
         out.default_type = PEAK_SPACE.type
         out.comments = list(current.comments)
         out.phases = self._fold_phases(current.phases)
+        out.history = current.history  # the latest snapshot's trace: the ring buffer is the history's bound
         if self.snapshots > 1:
             out.comments.append(
                 f"peak and allocated cover {self.snapshots} snapshots of the allocator's trace; "

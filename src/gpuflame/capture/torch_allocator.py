@@ -30,6 +30,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from array import array
 from types import ModuleType
 
 from gpuflame.capture import auto_phases, categories, joint_peak, phase_table, phases
@@ -37,7 +38,9 @@ from gpuflame.capture.base import Recorder, empty_profile
 from gpuflame.capture.code_frames import CodeFrames
 from gpuflame.capture.native import elf_symbols
 from gpuflame.capture.recorder_categories import HookCategories
+from gpuflame.model import history as event_history
 from gpuflame.model import phases as phase_model
+from gpuflame.model.history import History, Track, of_track
 from gpuflame.model.peak import PeakUnit
 from gpuflame.model.profile import NATIVE, SYNTHETIC, Frame, Profile
 from gpuflame.model.sample_types import JOINT_PEAK_OBJECTS, JOINT_PEAK_SPACE
@@ -45,6 +48,8 @@ from gpuflame.model.timeline import Timeline
 from gpuflame.symbols.names import native_address_name, short_cpp_name
 
 NO_PYTHON_FRAME = Frame("<no Python stack>", kind=SYNTHETIC)
+HISTORY_LOST = ("the event history was lost (gpuflame ran out of memory keeping it): --at and --between "
+                "are not available for this profile")
 
 _busy_lock = threading.Lock()
 _busy: TorchAllocatorRecorder | None = None  # the hook is one per process: one recorder at a time
@@ -73,6 +78,8 @@ class TorchAllocatorRecorder(Recorder):
         self._table = -1  # the run's shared peak table for the CPU (capture/joint_peak.py), -1 for none
         self._table_problem = ""
         self._kinds = HookCategories(self)
+        self._final_history: tuple | None = None  # the hook's history() at stop()
+        self._history_dropped = False
 
     # -- Recorder -------------------------------------------------------------
 
@@ -87,7 +94,9 @@ class TorchAllocatorRecorder(Recorder):
                 raise HookBusy("another gpuflame recording holds the CPU allocator hook")
             _busy = self
         self._table, self._table_problem = joint_peak.claim(self._hook, "cpu")
+        self._final_history = None
         try:
+            self._hook.history_limit(event_history.MAX_EVENTS)
             self._hook.start(self.native, self._table)
         except Exception:
             self._release()
@@ -111,6 +120,7 @@ class TorchAllocatorRecorder(Recorder):
                 self._kinds.stop()
                 hook = self._hook
                 self._final = (hook.rows(), hook.totals(), hook.timeline(), hook.phase_rows())
+                self._final_history = hook.history()
         finally:
             self._release()
 
@@ -127,9 +137,11 @@ class TorchAllocatorRecorder(Recorder):
             return profile
         if self._final is not None:
             rows, totals, points, phase_rows = self._final
+            raw_history = self._final_history
         else:
             rows, totals, points, phase_rows = hook.rows(), hook.totals(), hook.timeline(), hook.phase_rows()
-        self._fetch_stacks(hook)
+            raw_history = hook.history()
+        self._fetch_stacks(hook)  # after the books: every site they name has its stack
         labels = {"device": "cpu", "pid": str(os.getpid())}
         joint = bool(totals.get("joint_table"))
         if joint:
@@ -150,7 +162,25 @@ class TorchAllocatorRecorder(Recorder):
         if points:  # labelled as the samples are, so the viewer's label selector picks both
             out.timeline = Timeline()
             out.timeline.add_series(tuple(sorted(labels.items())), points)
+        out.history = self._history(raw_history) if raw_history is not None else None
+        if out.history is None and self._history_dropped:
+            out.comments.append(HISTORY_LOST)
         return out
+
+    def _history(self, raw: tuple) -> History | None:
+        """The hook's event history as the model's (model/history.py); None when it has none to give."""
+        fold, folded, dropped, base, times, sites, sizes = raw
+        self._history_dropped = bool(dropped)
+        if dropped or not (times or folded):
+            return None
+        events = [array("q"), array("I"), array("q")]
+        for column, data in zip(events, (times, sites, sizes), strict=True):
+            column.frombytes(data)
+        start = self.started_ns
+        track = Track((("pid", str(os.getpid())),), start, self.stopped_ns or time.time_ns(),
+                      fold if folded else start, folded, {s: (b, c) for s, b, c in base},
+                      events[0], array("q", events[1]), events[2])
+        return of_track(track, self._stacks.__getitem__, lambda _: (("device", "cpu"),))
 
     # -- helpers --------------------------------------------------------------
 

@@ -68,9 +68,11 @@ from gpuflame.capture.code_frames import CodeFrames
 from gpuflame.capture.ledger_phases import LedgerPhases
 from gpuflame.capture.recorder_categories import LedgerCategories
 from gpuflame.model import phases as phase_model
+from gpuflame.model.history import EventLog, History, of_track
 from gpuflame.model.peak import PeakUnit
 from gpuflame.model.profile import Frame, Profile
 from gpuflame.model.sample_types import JOINT_PEAK_OBJECTS, JOINT_PEAK_SPACE
+from gpuflame.model.timeline import Timeline
 
 # ops that may grow the storage of a tensor they write to
 _RESIZING = frozenset({"aten::resize_", "aten::resize_as_", "aten::_resize_output_", "aten::set_"})
@@ -92,7 +94,8 @@ class _StorageRef(weakref.ref):
     (-1: none), so that its free is published there too.
     """
 
-    __slots__ = ("cdata", "site", "nbytes", "seq", "table", "tag")  # tag: capture/categories.py, set only when known
+    __slots__ = ("cdata", "site", "nbytes", "seq", "table", "tag", "t0", "t1")  # tag: capture/categories.py
+    # t0, t1: when it was made and when it died (epoch ns), for the event history
 
     cdata: int
     site: int
@@ -149,11 +152,21 @@ class Ledger:
         self.joint_seq: dict[str, int] = {}  # device -> allocation number at its latest mark
         self.joint_at: dict[str, tuple[int, int]] = {}  # device -> (epoch, highest total) of that mark
         self.joint_gone: dict[int, list[int]] = {}
-        # outside a run a death only queues itself: the deque's own append, no Python call
-        self.on_free = self._free_callback() if hook is not None else self.append
+        self.log = EventLog(time.time_ns(), key_of=self.site_device.__getitem__)  # model/history.py
+        self.on_free = self._free_callback() if hook is not None else self._stamped_free()
         # phases (capture/ledger_phases.py): from the first (None, id, ns) event on
         self.phases: LedgerPhases | None = None
         self.site_for: Callable[[int, int], int] = lambda site, phase_id: site
+
+    def _stamped_free(self) -> Callable[[_StorageRef], None]:
+        """Outside a run a death only notes its time and queues itself."""
+        append, now = self.append, time.time_ns
+
+        def on_free(ref: _StorageRef) -> None:
+            ref.t1 = now()
+            append(ref)
+
+        return on_free
 
     def _free_callback(self) -> Callable[[_StorageRef], None]:
         """The weak references' callback: queue the free, published to the table where it goes."""
@@ -161,6 +174,7 @@ class Ledger:
         site_device = self.site_device
 
         def on_free(ref: _StorageRef) -> None:
+            ref.t1 = time.time_ns()
             table = ref.table
             if table < 0 or not self.publishing:
                 append(ref)
@@ -186,6 +200,7 @@ class Ledger:
         ref.site = site
         ref.nbytes = nbytes
         ref.seq = 0
+        ref.t0 = time.time_ns()
         table = ref.table = self.site_table[site]
         self.tracked[cdata] = ref
         if table >= 0 and self.publishing:
@@ -225,6 +240,7 @@ class Ledger:
                 self.alloc_bytes[site] += ref.nbytes
                 self.alloc_count[site] += 1
                 self.total += ref.nbytes
+                self.log.add(ref.t0, site, ref.nbytes)
                 if self.total > self.peak:
                     self.peak = self.total
                     self.peak_seq = seq
@@ -260,6 +276,7 @@ class Ledger:
         self.total -= ref.nbytes
         if self.phases is not None:
             self.phases.on_free(ref.site, ref.nbytes, seq)
+        self.log.add(ref.t1, ref.site, -ref.nbytes)
         if seq <= self.peak_seq:
             _add(self.peak_gone, ref.site, ref.nbytes)
             tag = getattr(ref, "tag", 0)
@@ -736,6 +753,9 @@ class TorchTensorRecorder(Recorder):
             out.comments.append(categories.JOINT_NOTE)
         out.peaks = [self._peak_unit(d, joint.get(d)) for d in sorted(devices)]
         out.phases = self._phase_table(phase_rows, devices)
+        out.history = self._history()
+        if out.history is not None:  # the strip, from the history's log: this backend keeps no other
+            out.timeline = self._timeline(out.history.tracks[0].end)
         return out
 
     def _phase_table(self, raw: list[Any], devices: set[str]) -> list[Any]:
@@ -747,6 +767,31 @@ class TorchTensorRecorder(Recorder):
     def _leaf_name(self, site: int) -> str:
         frames = self.stacks.frames(self.site_keys[site][0])
         return frames[0].name if frames else ""
+
+    def _timeline(self, end: int) -> Timeline:
+        with self.ledger.lock:
+            lines = self.ledger.log.lines()
+        timeline = Timeline()
+        for device, points in lines.items():
+            if end > points[-1][0]:
+                points.append((end, points[-1][1]))
+            timeline.add_series((("device", device), ("pid", str(os.getpid()))), points)
+        return timeline
+
+    def _history(self) -> History | None:
+        """The event history so far (model/history.py); None when nothing was recorded."""
+        ledger = self.ledger
+        with ledger.lock:
+            ledger._process()
+            log = ledger.log
+            if not len(log.times) and not log.folded:
+                return None
+            track = log.track(self.stopped_ns or time.time_ns(), (("pid", str(os.getpid())),))
+        track.start = min(track.start, self.started_ns or track.start)
+        if not track.folded:
+            track.fold = track.start
+        site_keys = self.site_keys
+        return of_track(track, lambda s: self.stacks.frames(site_keys[s][0]), lambda s: (("device", site_keys[s][1]),))
 
     def _peak_unit(self, device: str, mark: tuple[int, int] | None) -> PeakUnit:
         """This process's own peak on *device*, and where it stood in the run's table (if any)."""
@@ -869,6 +914,7 @@ def _define_mode_class() -> Any:
 
     Tensor = torch.Tensor
     getframe = sys._getframe
+    now = time.time_ns
     StorageRef = _StorageRef
     BATCH = Ledger.BATCH
 
@@ -971,6 +1017,7 @@ def _define_mode_class() -> Any:
             ref.site = site
             ref.nbytes = nbytes
             ref.seq = 0
+            ref.t0 = now()
             table = ref.table = self.site_table[site]
             tracked[cdata] = ref
             if table < 0:

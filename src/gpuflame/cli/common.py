@@ -25,10 +25,12 @@ from gpuflame.model import (
     hide,
     ignore,
     merge,
+    moment,
     prune_framework,
     select_labels,
 )
 from gpuflame.model.functions import missing_def_lines_note
+from gpuflame.model.moment import When, parse_when
 from gpuflame.model.peak import is_exact
 from gpuflame.model.profile import Profile
 from gpuflame.symbols.names import CACHED_FREE, TRAMPOLINE
@@ -64,7 +66,34 @@ def add_json_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print JSON (exact values) instead of tables")
 
 
+def add_moment_options(parser: argparse.ArgumentParser) -> None:
+    """``--at TIME`` / ``--between T1 T2``: any moment of the memory-over-time strip (model/moment.py)."""
+    group = parser.add_argument_group("any moment (times as on the memory-over-time strip: seconds from its start)")
+    when = group.add_mutually_exclusive_group()
+    when.add_argument("--at", type=moment_arg, metavar="TIME",
+                      help="show what was live at TIME (1.5, 250ms, or peak) instead of the peak and the end")
+    when.add_argument("--between", type=moment_arg, nargs=2, metavar=("T1", "T2"),
+                      help="show what was allocated from T1 to T2 (freed since or not)")
+
+
+def moment_arg(text: str) -> When:
+    try:
+        return parse_when(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def select_moment(profile: Profile, args: argparse.Namespace) -> Profile:
+    """The profile of the moment or window asked for, else *profile* itself."""
+    if getattr(args, "at", None) is not None:
+        return moment.at(profile, args.at)
+    if getattr(args, "between", None):
+        return moment.between(profile, *args.between)
+    return profile
+
+
 def add_filter_options(parser: argparse.ArgumentParser) -> None:
+    add_moment_options(parser)
     group = parser.add_argument_group("filters (see the order below)")
     group.add_argument(
         "--label",
@@ -263,7 +292,7 @@ class Loaded:
 
 def load_for_analysis(args: argparse.Namespace, paths: Sequence[str]) -> Loaded:
     """Read *paths*, pick ``--type``, apply the filters: what every analysis command starts with."""
-    profile = load_profile(paths, **snapshot_options(args))
+    profile = select_moment(load_profile(paths, **snapshot_options(args)), args)
     note = missing_def_lines_note(profile)
     if note:  # older gpuflame files, py-spy's, Go's: say why a bar has no line
         profile.comments.append(note)
@@ -277,6 +306,8 @@ def print_json(data: Any) -> None:
 
 def peak_json(profile: Profile, type_name: str) -> dict[str, object]:
     """``"peak"`` for ``--json`` of a peak type: what the total is, whether it happened, per device."""
+    if profile.moment:
+        return {"moment": profile.moment}
     description = profile.peak_description(type_name)
     if not description:
         return {}

@@ -14,6 +14,7 @@ from gpuflame.cli.common import (
     pick_type,
     positive_count,
     print_json,
+    select_moment,
     snapshot_options,
 )
 from gpuflame.render.terminal import make_console, render_comparison
@@ -55,7 +56,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    base, new = load_profile([args.base], **snapshot_options(args)), load_profile([args.new], **snapshot_options(args))
+    # --at/--between: each file at its own time (seconds from its own strip's start)
+    base, new = (select_moment(load_profile([p], **snapshot_options(args)), args) for p in (args.base, args.new))
     type_name = TYPE_ALIASES.get(args.type, args.type) if args.type else None
     base = apply_filters(base, args, pick_type(base, type_name))
     new = apply_filters(new, args, pick_type(new, type_name))

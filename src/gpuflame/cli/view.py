@@ -30,7 +30,10 @@ is inside it, compressed). In the page: hover for self and total, search
 (Foo.bar or "Foo > bar"), click a bar to focus it (the breadcrumb goes back),
 switch sample type (peak, in use, allocated, objects) and label, hide
 <interpreter trampoline> frames, flip to an icicle, and open the top table
-of functions sorted by self or total.
+of functions sorted by self or total. Click the memory-over-time strip for
+the flame graph of what was live at that instant, drag across it for what
+was allocated within that window ("back to peak / end" returns); --at and
+--between write the page of that one moment instead.
 
 With two files, BASE NEW, the page is a diff: NEW's flame graph with each
 bar coloured by its change against BASE (red grew, green shrank; a

@@ -88,7 +88,7 @@ from gpuflame.formats.protobuf_wire import (
     to_int64,
 )
 from gpuflame.gcpause import gc_paused
-from gpuflame.model import peak, phases
+from gpuflame.model import history, peak, phases
 from gpuflame.model.profile import NATIVE, PYTHON, Frame, Labels, Profile, Sample, SampleType
 from gpuflame.model.timeline import split_comments
 from gpuflame.symbols.kinds import guess_kind
@@ -171,6 +171,7 @@ def encode_raw(profile: Profile, period_type_override: SampleType | None = None)
     stored = profile.comments + ([profile.timeline.to_comment()] if profile.timeline else [])
     stored += [peak.to_comment(profile.peaks)] if profile.peaks else []
     stored += [phases.to_comment(profile.phases)] if profile.phases else []
+    stored += [profile.history.to_comment()] if profile.history is not None and profile.history.tracks else []
     comments = [strings[c] for c in stored]
     default = strings[profile.default_type] if profile.default_type else 0
     period = period_type_override or (profile.sample_types[0] if profile.sample_types else None)
@@ -343,7 +344,8 @@ def _decode_raw(data: bytes) -> Profile:
     profile = Profile(sample_types=[_read_value_type(b, strings) for b in raw.sample_types])
     profile.timeline, comments = split_comments([strings.get(i, "comment") for i in raw.comments])
     profile.peaks, comments = peak.split_comments(comments)
-    profile.phases, profile.comments = phases.split_comments(comments)
+    profile.phases, comments = phases.split_comments(comments)
+    profile.history, profile.comments = history.split_comments(comments)
     default = strings.get(raw.scalars.get(P_DEFAULT_SAMPLE_TYPE, 0), "default_sample_type")
     profile.default_type = default or None
     profile.time_nanos = to_int64(raw.scalars.get(P_TIME_NANOS, 0))

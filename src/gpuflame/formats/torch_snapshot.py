@@ -66,6 +66,7 @@ whose source was not found.
 from __future__ import annotations
 
 import operator
+from array import array
 from collections.abc import Mapping
 from datetime import datetime, timezone
 from itertools import islice
@@ -78,8 +79,10 @@ from gpuflame.formats.snapshot_phases import phase_table as replay_phases
 from gpuflame.formats.snapshot_phases import read_marks
 from gpuflame.formats.torch_frames import Entry, StackReader, make_entry
 from gpuflame.gcpause import gc_paused
+from gpuflame.model import history as event_history
 from gpuflame.model.categories import LABEL, SYNTHETIC_CATEGORIES, stack_category
 from gpuflame.model.functions import def_lines_note
+from gpuflame.model.history import History, Track
 from gpuflame.model.phases import LABEL as PHASE_LABEL
 from gpuflame.model.phases import NONE as NO_PHASE
 from gpuflame.model.phases import ordered
@@ -553,6 +556,8 @@ class _DeviceTrace:
         unknown = 0
         points: list[tuple[Any, int]] = []  # (time_us, delta) after each alloc and free: the timeline
         marks = conv.marks  # phase marks, when the recording had any
+        events: list[tuple[Any, Any, int]] = []  # (time_us, frames or None, +-bytes): the event history
+        base: list[Any] = []  # frames (None: unknown) of what was alive before the trace began, with its bytes
 
         for i, e in enumerate(trace):
             action = e["action"]
@@ -564,6 +569,7 @@ class _DeviceTrace:
                 old = live.get(addr)
                 if old is not None:  # the address came back without a recorded free
                     delta -= old[1]
+                    events.append((e.get("time_us"), old[2].get("frames"), -old[1]))
                     if old[0] <= best_i:
                         closed_at_peak.append(old)
                 live[addr] = (i, size, e)
@@ -587,6 +593,7 @@ class _DeviceTrace:
                 else:
                     others.append((frames, size, key))
                 points.append((e.get("time_us"), delta))
+                events.append((e.get("time_us"), frames, size))
                 if delta > best:
                     best = delta
                     best_i = i
@@ -603,10 +610,13 @@ class _DeviceTrace:
                     freed_unknown += 1
                     delta -= size
                     closed_at_peak.append((-1, size, None))
+                    base.append((None, size))
+                    events.append((e.get("time_us"), None, -size))
                 else:
                     delta -= old[1]
                     if old[0] <= best_i:
                         closed_at_peak.append(old)
+                    events.append((e.get("time_us"), old[2].get("frames"), -old[1]))
                 points.append((e.get("time_us"), delta))
             elif action == "free_requested":
                 # nothing changes: an allocation counts until its free completes;
@@ -631,6 +641,7 @@ class _DeviceTrace:
         reserved_start = reserved_end - seg
         self._add_allocs(allocs, others)
         self._add_timeline(points, before_bytes)
+        self._add_history(events, base + [(_block_frames(block), size) for _, size, block in always])
         if marks is not None and self._window() is not None:
             conv.profile.phases += replay_phases(trace, marks, self.name, before_bytes, release_on_request,
                                                  self._leaf_name, BEFORE_TRACE_FRAME.name)
@@ -731,6 +742,37 @@ class _DeviceTrace:
         if timeline is None:
             timeline = self.conv.profile.timeline = Timeline()
         timeline.add_series(self.conv.label(self.device), points)
+
+    def _add_history(self, events: list[tuple[Any, Any, int]], base: list[tuple[Any, int]]) -> None:
+        """The trace as the event history (model/history.py): its ring buffer is the bound.
+
+        What was alive before the trace began is the base state at its first
+        event; earlier moments are not available. Left out, as the timeline,
+        when the trace has no plausible times.
+        """
+        window = self._window()
+        if not events or window is None or any(type(t) is not int or not window[0] <= t <= window[1]
+                                                for t, _, _ in events):
+            return
+        conv = self.conv
+        labels = conv.label(self.device)
+        before = (conv.profile.frame_id(BEFORE_TRACE_FRAME),)
+        site_of: dict[tuple[int, ...], int] = {}
+
+        def site(frames: Any) -> int:
+            stack = before if frames is None else conv.stacks.stack(frames)
+            return site_of.setdefault(stack, len(site_of))
+
+        rows: dict[int, tuple[int, int]] = {}
+        for frames, size in base:
+            b, c = rows.get(site(frames), (0, 0))
+            rows[site(frames)] = (b + size, c + 1)
+        times = array("q", (t * 1000 for t, _, _ in events))
+        sites = array("q", (site(frames) for _, frames, _ in events))
+        track = Track((), 0, 0, window[0] * 1000, max(1, len(base)), rows, times, sites,
+                      array("q", (size for _, _, size in events)))
+        one = History(conv.profile.frames, [(stack, labels) for stack in site_of], [track])
+        conv.profile.history = event_history.merged([conv.profile.history, one])
 
     def _add_allocs(self, allocs: dict[Any, list[Any]], others: list[tuple[Any, int, Any]]) -> None:
         stack_of = self.conv.stacks.stack

@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from gpuflame.model import history
 from gpuflame.model.peak import (
     BOUND,
     EXACT,
@@ -105,7 +106,9 @@ def merge(
             out.samples.append(Sample(tuple(remap[f] for f in s.stack), tuple(row), lab))
     out.peaks = plan.units if plan else [u for p in profiles for u in p.peaks]
     out.phases = merge_rows(*(p.phases for p in profiles))  # per process and device, never summed
-    out.timeline = _merge_timelines(out, profiles, [make_labels(x) for x in labels] if labels else None)
+    extras = [make_labels(x) for x in labels] if labels else None
+    out.timeline = _merge_timelines(out, profiles, extras)
+    out.history = history.merged([p.history for p in profiles], extras)  # each track keeps its own times
     return out
 
 

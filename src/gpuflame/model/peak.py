@@ -31,7 +31,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields, replace
 
-from gpuflame.model import comments as comments_helper
+from gpuflame.model import comments as comment_data
 from gpuflame.units import format_bytes
 
 PREFIX = "gpuflame-peak-v1:"
@@ -174,9 +174,9 @@ def from_comment(comment: str) -> list[PeakUnit]:
 
 
 def split_comments(comments: Sequence[str]) -> tuple[list[PeakUnit], list[str]]:
-    """The peak units stored in *comments*, and the other comments in order."""
-    units, rest = comments_helper.split_comments(comments, PREFIX, from_comment, DAMAGED_NOTE)
-    return units or [], rest
+    """The peak units stored in *comments* (the last such comment's), and the other comments in order."""
+    found, rest = comment_data.split_comments(comments, PREFIX, from_comment, DAMAGED_NOTE)
+    return (found[-1] if found else []), rest
 
 
 def with_why(unit: PeakUnit, why: str) -> PeakUnit:

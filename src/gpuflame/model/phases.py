@@ -29,7 +29,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 
-from gpuflame.model import comments as comments_helper
+from gpuflame.model import comments as comment_data
 
 LABEL = "phase"
 NONE = "<none>"  # time before the first phase mark
@@ -98,8 +98,8 @@ def from_comment(comment: str) -> list[PhaseStat]:
 
 def split_comments(comments: Sequence[str]) -> tuple[list[PhaseStat], list[str]]:
     """The phase table stored in *comments* (several are joined), and the other comments in order."""
-    rows, rest = comments_helper.split_comments(comments, PREFIX, from_comment, DAMAGED_NOTE, merge_rows)
-    return rows or [], rest
+    tables, rest = comment_data.split_comments(comments, PREFIX, from_comment, DAMAGED_NOTE)
+    return merge_rows(*tables), rest
 
 
 def merge_rows(*tables: Sequence[PhaseStat]) -> list[PhaseStat]:

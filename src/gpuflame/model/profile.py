@@ -12,12 +12,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from gpuflame.errors import UnknownSampleTypeError
 from gpuflame.model.peak import BOUND, PROCESS, PeakUnit, describe
 from gpuflame.model.phases import PhaseStat
 from gpuflame.model.timeline import Timeline
+
+if TYPE_CHECKING:
+    from gpuflame.model.history import History
 
 # Frame kinds. Plain strings (not an Enum) because frames are hashed millions
 # of times and Enum hashing runs Python code.
@@ -115,6 +118,10 @@ class Profile:
     peaks: list[PeakUnit] = field(default_factory=list)
     # each phase's own peak and in use at its end (model/phases.py); empty when no phase was marked
     phases: list[PhaseStat] = field(default_factory=list)
+    # every allocation and free, bounded (model/history.py); None when the source kept none
+    history: History | None = None
+    # a profile of one moment or window (model/moment.py): what it shows, in words; "" for the peak and the end
+    moment: str = ""
     _frame_ids: dict[Frame, int] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -236,7 +243,10 @@ class Profile:
         """What a ``peak_*`` total of this profile is, in words; '' for other types.
 
         Only the devices that still have samples are described (after ``--label device=...``).
+        A profile of one moment (``--at``, ``--between``) says which moment, for every type.
         """
+        if self.moment:
+            return self.moment
         if not type_name.split("/", 1)[0].startswith("peak_"):
             return ""
         units = self.peak_units()
@@ -269,6 +279,8 @@ class Profile:
             timeline=self.timeline,
             peaks=list(self.peaks),
             phases=list(self.phases),
+            history=self.history,
+            moment=self.moment,
         )
 
     def derive(

@@ -34,7 +34,7 @@ import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from gpuflame.model import comments as comments_helper
+from gpuflame.model import comments as comment_data
 
 PREFIX = "gpuflame-timeline-v1:"
 MAX_POINTS = 3000  # 999 buckets of up to three points: about one per pixel of a wide strip
@@ -143,9 +143,10 @@ def split_comments(comments: Sequence[str]) -> tuple[Timeline | None, list[str]]
     series replacing earlier ones of the same labels. A damaged one is
     replaced by :data:`DAMAGED_NOTE`, never an exception, so the profile still loads.
     """
-    return comments_helper.split_comments(
-        comments, PREFIX, Timeline.from_comment, DAMAGED_NOTE, lambda a, b: Timeline({**a.series, **b.series})
-    )
+    found, rest = comment_data.split_comments(comments, PREFIX, Timeline.from_comment, DAMAGED_NOTE)
+    if not found:
+        return None, rest
+    return Timeline({k: v for timeline in found for k, v in timeline.series.items()}), rest
 
 
 def downsample(points: list[Point], max_points: int = MAX_POINTS) -> list[Point]:

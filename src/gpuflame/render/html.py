@@ -29,7 +29,9 @@ from importlib import resources
 
 from gpuflame.analysis.tree import frame_sort_key, function_frames
 from gpuflame.model.diff import select_types, shared_types
-from gpuflame.model.profile import FRAME_KINDS, Frame, Profile
+from gpuflame.model.history import History
+from gpuflame.model.moment import NO_HISTORY
+from gpuflame.model.profile import FRAME_KINDS, Frame, Profile, SampleType
 from gpuflame.model.prune import DEFAULT_FRAMEWORKS, framework_regex, is_framework, names_the_memory
 from gpuflame.model.timeline import Timeline
 
@@ -67,8 +69,9 @@ def viewer_data(
         type_index = [st.type for st in common].index(chosen) if chosen in base.type_names() else None
     else:
         profile = profile.compact()
+    sites = _history_sites(profile) if base is None else None
     sources = [profile] if base is None else [profile, base]
-    frames, frame_codes = _function_table(sources)
+    frames, frame_codes = _function_table(sources + ([sites] if sites is not None else []))
     regex = framework_regex(DEFAULT_FRAMEWORKS)
     files = sorted({f.file for f in frames})
     file_index = {f: i for i, f in enumerate(files)}
@@ -99,6 +102,11 @@ def viewer_data(
         data["base"] = {"samples": tables.samples(base, frame_codes[1])}
     elif profile.timeline is not None and any(profile.timeline.series.values()):
         data["timeline"] = timeline_data(profile.timeline)
+        if sites is not None:
+            data["history"] = history_data(profile.history, data["timeline"]["start"],
+                                           tables.samples(sites, frame_codes[-1]))
+        else:
+            data["noHistory"] = NO_HISTORY
     data["stacks"] = {"length": tables.stack_lengths, "frames": tables.stack_ids}
     data["labelSets"] = [[list(pair) for pair in labels] for labels in tables.label_index]
     return data
@@ -123,6 +131,41 @@ def timeline_data(timeline: Timeline) -> dict[str, object]:
             if points
         ],
     }
+
+
+def _history_sites(profile: Profile) -> Profile | None:
+    """One sample per (track, site) of the history, in order: its stack and labels go into the page's tables."""
+    history = profile.history
+    if history is None or not history.tracks:
+        return None
+    sites = Profile(sample_types=[SampleType("site", "count")])
+    for track in history.tracks:
+        for site, (_, labels) in enumerate(history.sites):
+            sites.add(history.site_frames(site), [1], dict(labels) | dict(track.labels))
+    return sites
+
+
+def history_data(history: History, start: int, sites: dict[str, list]) -> dict[str, object]:
+    """The event history for the page's click and drag on the strip (model/history.py, model/moment.py).
+
+    Times in ns since the strip's *start*, events as differences; a site is
+    (track, site) numbered as :func:`_history_sites` adds them, its stack and
+    label set in the page's tables. ``start`` null: unknown (torch-cuda: the
+    state before the allocator's trace is not known).
+    """
+    tracks, width = [], len(history.sites)
+    for k, track in enumerate(history.tracks):
+        deltas, last = [], track.fold
+        for t in track.times:
+            deltas.append(t - last)
+            last = t
+        tracks.append({
+            "start": track.start - start if track.start else None, "end": track.end - start if track.end else None,
+            "fold": track.fold - start, "folded": track.folded,
+            "base": [[k * width + s, b, c] for s, (b, c) in track.base.items()],
+            "t": deltas, "s": [k * width + s for s in track.sites], "b": list(track.sizes),
+        })
+    return {"stack": sites["stack"], "labels": sites["labels"], "tracks": tracks}
 
 
 class _Tables:

@@ -187,7 +187,7 @@ def split_series(profile: Profile, labels: Mapping[str, str]) -> list[tuple[dict
     for key, samples in groups.items():
         series = {"__name__": PROFILE_NAME, "__delta__": "false", **labels, **dict(key)}
         part = profile.derive(samples).compact()
-        part.timeline = None  # a viewer's aid, not something Pyroscope reads
+        part.timeline = part.history = None  # a viewer's aid, not something Pyroscope reads
         out.append((series, part))
     return out
 

@@ -46,7 +46,7 @@ class IntervalWindow:
         names = snapshot.type_names()
         previous = self._rows if self._types == names else None
         out = snapshot.empty_like()
-        out.timeline = None
+        out.timeline = out.history = None
         out.peaks = []  # the interval's peak is its own (see LOWER_BOUND_NOTE), not the process's
         out.comments = [c for c in out.comments if c != LOWER_BOUND_NOTE]
         peak_total = _total(rows, names, "peak_space")

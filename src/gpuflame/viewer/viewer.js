@@ -35,6 +35,7 @@
     diffSummary: el("diff-summary"), vanishedBox: el("vanished-box"), vanished: el("vanished"),
     expandGroups: el("expand-groups"), collapseGroups: el("collapse-groups"),
     timelineBox: el("timeline-box"), timeline: el("timeline"),
+    momentBox: el("moment-box"), momentLabel: el("moment-label"), momentBack: el("moment-back"),
   };
 
   // ---- formatting --------------------------------------------------------
@@ -362,6 +363,7 @@
     focus: 0, query: "", selectedFrame: -1, matches: null, matchTotal: 0,
     sortKey: "self", entry: null, sandwich: -1, sandwichTrees: null, colourBlind: false, byCategory: false,
     // Grouping starts expanded (see groupRun); expandedGroups holds "tree/node" keys of groups opened by a click.
+    history: null, original: null, originalType: 0, selection: null, momentError: null, dragFrom: null, dragTo: null,
     groupsCollapsed: false, expandedGroups: new Set(), vanishedRows: [], timeline: null, timings: {}, drawn: null, drawnCount: 0, ready: false, buildMs: 0, drawMs: 0, cache: new Map(),
   };
 
@@ -988,15 +990,20 @@
     window.addEventListener("resize", scheduleDraw);
   }
 
-  function fillSelectors() {
-    const d = state.P.data;
-    d.types.forEach(([type, unit], i) => {
+  function fillTypes() {
+    ui.type.textContent = "";
+    state.P.data.types.forEach(([type, unit], i) => {
       const o = document.createElement("option");
       o.value = String(i);
       o.textContent = type + " (" + unit + ")";
       ui.type.append(o);
     });
     ui.type.value = String(state.typeIndex);
+  }
+
+  function fillSelectors() {
+    const d = state.P.data;
+    fillTypes();
     state.labelOptions = labelChoices();
     const all = document.createElement("option");
     all.value = "-1";
@@ -1082,6 +1089,8 @@
     const X = (t) => left + (width - left - right) * t / span;
     const Y = (b) => height - bottom - (height - top - bottom) * b / top_;
     tl.at = (t, b) => ({ x: X(t), y: Y(b) });
+    tl.toTime = (x) => Math.min(span, Math.max(0, (x - left) / (width - left - right) * span));
+    drawSelection(ctx, X, top, height - bottom);
     ctx.strokeStyle = "#d8d8dc";
     ctx.beginPath(); ctx.moveTo(left, top); ctx.lineTo(left, height - bottom); ctx.lineTo(width - right, height - bottom); ctx.stroke();
     ctx.fillStyle = "#6b6b70";
@@ -1113,6 +1122,143 @@
     tl.peakX = px; tl.peakY = py;
   }
 
+  // ---- any moment: click or drag on the strip (model/moment.py) -------------
+
+  /** The chosen instant (a line) or window (a band) on the strip, and a drag in progress. */
+  function drawSelection(ctx, X, y0, y1) {
+    const sel = state.selection;
+    ctx.save();
+    ctx.fillStyle = "rgba(255, 127, 14, 0.18)";
+    ctx.strokeStyle = "#ff7f0e";
+    if (state.dragFrom !== null && state.dragTo !== null) {
+      ctx.fillRect(Math.min(state.dragFrom, state.dragTo), y0, Math.abs(state.dragTo - state.dragFrom), y1 - y0);
+    } else if (sel && sel.kind === "at") {
+      ctx.lineWidth = 2; ctx.beginPath(); ctx.moveTo(X(sel.t1), y0); ctx.lineTo(X(sel.t1), y1); ctx.stroke();
+    } else if (sel) {
+      ctx.fillRect(X(sel.t1), y0, Math.max(2, X(sel.t2) - X(sel.t1)), y1 - y0);
+    }
+    ctx.restore();
+  }
+
+  /** The history's events as typed arrays, times in ns since the strip's start. */
+  function prepareHistory(h) {
+    if (!h) return null;
+    const tracks = h.tracks.map((tr) => {
+      const n = tr.t.length, times = new Float64Array(n);
+      let now = tr.fold;
+      for (let i = 0; i < n; i++) { now += tr.t[i]; times[i] = now; }
+      return { start: tr.start, end: tr.end, fold: tr.fold, folded: tr.folded, base: tr.base, times,
+        sites: Int32Array.from(tr.s), sizes: Float64Array.from(tr.b) };
+    });
+    return { stack: h.stack, labels: h.labels, tracks };
+  }
+
+  /** How many of the sorted `times` are <= t. */
+  function countUpTo(times, t) {
+    let lo = 0, hi = times.length;
+    while (lo < hi) { const mid = (lo + hi) >> 1; if (times[mid] <= t) lo = mid + 1; else hi = mid; }
+    return lo;
+  }
+
+  function seconds(ns) { return (ns / 1e9).toFixed(3) + " s"; }
+
+  function foldedMessage(tr) {
+    const earliest = Math.ceil((tr.fold + 1) / 1e6) / 1e3;
+    const why = tr.start === null
+      ? "the history begins at " + seconds(tr.fold) + ", where the allocator's trace (its latest events) begins"
+      : "the history before " + seconds(tr.fold) + " was folded to keep its memory bounded";
+    return "not available: " + why + "; the earliest exact moment is " + earliest.toFixed(3) + " s";
+  }
+
+  /** Site -> [bytes, count] live at t1 ("at") or allocated within [t1, t2] ("between"), as model/moment.py. */
+  function momentRows(kind, t1, t2) {
+    const rows = new Map();
+    const add = (s, b, c) => { const r = rows.get(s); if (r) { r[0] += b; r[1] += c; } else rows.set(s, [b, c]); };
+    for (const tr of state.history.tracks) {
+      if ((tr.end !== null && tr.end < t1) || (tr.start !== null && t2 < tr.start)) continue;
+      if (kind === "at") {
+        if (t1 < tr.fold) return { error: foldedMessage(tr) };
+        tr.base.forEach(([s, b, c]) => add(s, b, c));
+        const n = countUpTo(tr.times, t1);
+        for (let i = 0; i < n; i++) add(tr.sites[i], tr.sizes[i], tr.sizes[i] > 0 ? 1 : -1);
+      } else {
+        if (tr.folded && t1 <= tr.fold) return { error: foldedMessage(tr) };
+        const hi = countUpTo(tr.times, t2);
+        for (let i = countUpTo(tr.times, t1 - 1); i < hi; i++) if (tr.sizes[i] > 0) add(tr.sites[i], tr.sizes[i], 1);
+      }
+    }
+    return { rows };
+  }
+
+  /** The page's profile of one moment or window: the same tables, other samples and types. */
+  function momentPage(kind, t1, t2) {
+    const found = momentRows(kind, t1, t2);
+    if (found.error) return found;
+    const H = state.history, samples = { stack: [], labels: [], values: [[], []] };
+    for (const [s, [b, c]] of found.rows) {
+      if (b <= 0 && c <= 0) continue;
+      samples.stack.push(H.stack[s]); samples.labels.push(H.labels[s]);
+      samples.values[0].push(b); samples.values[1].push(c);
+    }
+    const types = kind === "at" ? [["inuse_space", "bytes"], ["inuse_objects", "count"]]
+      : [["alloc_space", "bytes"], ["alloc_objects", "count"]];
+    return { P: prepare({ ...state.original.data, types, samples, defaultType: 0, base: null }) };
+  }
+
+  function usePage(P, typeIndex) {
+    state.P = P; state.typeIndex = typeIndex; state.cache.clear(); state.focus = 0;
+    fillTypes();
+    setSandwich(-1);
+    useTree(false);
+  }
+
+  /** Show what was live at t1 ("at") or allocated within [t1, t2] ("between"); times in ns on the strip. */
+  function showMoment(kind, t1, t2) {
+    ui.momentBox.hidden = false;
+    state.selection = { kind, t1, t2 };
+    if (!state.history) {
+      state.momentError = state.original.data.noHistory || "this profile has no event history";
+      ui.momentLabel.textContent = state.momentError;
+      drawTimeline();
+      return;
+    }
+    const made = momentPage(kind, t1, t2);
+    state.momentError = made.error || null;
+    if (made.error) {
+      ui.momentLabel.textContent = (kind === "at" ? "at " + seconds(t1) : "from " + seconds(t1) + " to " + seconds(t2)) + ": " + made.error;
+    } else {
+      usePage(made.P, 0);
+      ui.momentLabel.textContent = kind === "at" ? "what was live at " + seconds(t1)
+        : "what was allocated from " + seconds(t1) + " to " + seconds(t2);
+    }
+    drawTimeline();
+  }
+
+  /** Back to the profile's own types: the peak and the end. */
+  function backToProfile() {
+    state.selection = null; state.momentError = null;
+    ui.momentBox.hidden = true;
+    if (state.P !== state.original) usePage(state.original, state.originalType);
+    drawTimeline();
+  }
+
+  function wireMoments() {
+    const x = (e) => e.clientX - ui.timeline.getBoundingClientRect().left;
+    ui.timeline.addEventListener("mousedown", (e) => { state.dragFrom = x(e); state.dragTo = null; });
+    ui.timeline.addEventListener("mousemove", (e) => {
+      if (state.dragFrom === null || !(e.buttons & 1)) return;
+      state.dragTo = x(e); drawTimeline();
+    });
+    ui.timeline.addEventListener("mouseup", (e) => {
+      if (state.dragFrom === null || !state.timeline || !state.timeline.toTime) return;
+      const from = state.dragFrom, to = x(e), tl = state.timeline;
+      state.dragFrom = state.dragTo = null;
+      if (Math.abs(to - from) < 4) showMoment("at", Math.round(tl.toTime(to)), Math.round(tl.toTime(to)));
+      else showMoment("between", Math.round(tl.toTime(Math.min(from, to))), Math.round(tl.toTime(Math.max(from, to))));
+    });
+    ui.momentBack.addEventListener("click", backToProfile);
+  }
+
   /**
    * The strip for the label selector's choice (all, one process, one
    * device). A label key no series carries (gpu_model, say) does not split
@@ -1128,7 +1274,8 @@
     const n = state.timeline.series, what = choice ? choice.join("=") : "all";
     ui.timeline.title = "live allocated bytes over time, " + what +
       (split ? "" : " (the timeline is not split by " + choice[0] + ": all series shown)") +
-      (n > 1 ? ": the sum of " + n + " series (processes, devices), each counted while it ran" : "");
+      (n > 1 ? ": the sum of " + n + " series (processes, devices), each counted while it ran" : "") +
+      "; click: what was live at that instant, drag: what was allocated within that window";
     drawTimeline();
   }
 
@@ -1167,6 +1314,8 @@
           sandwichTotal: state.sandwichTrees ? state.sandwichTrees.callees.total[0] : null,
           groupsCollapsed: state.groupsCollapsed, groupBars: (state.drawn || []).filter((b) => b.run).length,
           buildMs: state.buildMs, drawMs: state.drawMs, timings: Object.freeze({ ...state.timings }),
+          moment: state.selection ? Object.freeze({ ...state.selection, label: ui.momentLabel.textContent,
+            error: state.momentError, visible: !ui.momentBox.hidden }) : null,
           timeline: state.timeline ? Object.freeze({
             points: Object.freeze(state.timeline.points.map((p) => Object.freeze(p.slice()))),
             peakBytes: state.timeline.peakBytes, peakTime: state.timeline.peakTime,
@@ -1221,11 +1370,14 @@
       state.P = prepare(data);
       state.timings.prepare = performance.now() - t0;
       state.typeIndex = data.defaultType || 0;
+      state.original = state.P; state.originalType = state.typeIndex;
+      state.history = prepareHistory(data.history);
       document.title = "gpuflame: " + data.title;
       ui.title.textContent = data.title;
       ui.title.title = data.title;
       fillSelectors();
       wire();
+      wireMoments();
       setupTimeline(data);
       useTree(false);
     } catch (err) {

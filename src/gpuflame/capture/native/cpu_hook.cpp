@@ -394,6 +394,61 @@ struct TimelineBooks {
   }
 };
 
+// The event history (model/history.py): every booked event (time, site,
+// +bytes or -bytes), at most `limit` (set by the recorder from the model's
+// MAX_EVENTS; 0 keeps none). When full, the oldest half is folded into
+// `base`, the live bytes and count per site at the fold point, so any moment
+// from `fold` on stays exact. Never throws: an event it cannot keep (out of
+// memory) is counted in `dropped` and the history stops.
+struct HistoryBooks {
+  size_t limit = 0;
+  std::vector<int64_t> times, sizes;
+  std::vector<uint32_t> sites;
+  std::vector<std::pair<int64_t, int64_t>> base;  // by site
+  int64_t fold = 0;
+  uint64_t folded = 0, dropped = 0;
+
+  void clear() {
+    times.clear();
+    sizes.clear();
+    sites.clear();
+    base.clear();
+    fold = 0;
+    folded = dropped = 0;
+  }
+
+  void note(int64_t t, uint32_t site, int64_t size) noexcept {
+    if (limit == 0 || dropped != 0) return;
+    try {
+      times.push_back(t);
+      sites.push_back(site);
+      sizes.push_back(size);
+    } catch (...) {
+      dropped = 1;
+      times.resize(sizes.size());
+      sites.resize(sizes.size());
+      return;
+    }
+    if (times.size() >= limit) fold_oldest(times.size() / 2);
+  }
+
+  void fold_oldest(size_t n) noexcept {
+    uint32_t top = *std::max_element(sites.begin(), sites.begin() + n);
+    if (base.size() <= top) {
+      try { base.resize(top + 1); } catch (...) { dropped = 1; return; }
+    }
+    for (size_t i = 0; i < n; ++i) {
+      base[sites[i]].first += sizes[i];
+      base[sites[i]].second += sizes[i] > 0 ? 1 : -1;
+    }
+    fold = times[n - 1];
+    folded += n;
+    times.erase(times.begin(), times.begin() + n);
+    sites.erase(sites.begin(), sites.begin() + n);
+    sizes.erase(sizes.begin(), sizes.begin() + n);
+  }
+};
+
 // Site 0: allocations made by threads that have no Python stack (PyTorch's
 // own worker threads) or while the interpreter is shutting down.
 constexpr uint32_t kNoPythonSite = 0;
@@ -472,6 +527,7 @@ struct Books {
   uint64_t lost = 0;      // allocations not booked: gpuflame itself ran out of memory
   bool recording = false;
   TimelineBooks timeline;
+  HistoryBooks history;
   Joint* joint = nullptr;  // the run's table for this device, when in a run
   bool rows_joint = false;  // what the joint columns of the last rows() are: table, epoch, highest total
   uint64_t rows_generation = 0, rows_epoch = 0, rows_max = 0;
@@ -487,6 +543,7 @@ struct Books {
     timeline.clear();
     phases.clear();
     peak_ns = 0;
+    history.clear();
     for (auto& s : sites) s = SiteBooks{};
     gone_sites.clear();
     joint_sites.clear();
@@ -529,6 +586,7 @@ struct Books {
     b.inuse_count += 1;
     total += n;
     timeline.note(total);
+    history.note(timeline.last_t, site, static_cast<int64_t>(n));
     if (total > peak) {
       peak = total;
       peak_seq = seq;
@@ -555,6 +613,7 @@ struct Books {
     b.inuse_count -= 1;
     total -= l.nbytes;
     timeline.note(total);
+    history.note(timeline.last_t, l.site, -static_cast<int64_t>(l.nbytes));
     if (l.seq <= peak_seq) {
       if (b.gone_count == 0) gone_sites.push_back(l.site);
       b.gone_bytes += l.nbytes;
@@ -1090,6 +1149,48 @@ PyObject* py_timeline(PyObject*, PyObject*) {
   return out;
 }
 
+// history_limit(n): keep at most n events (model/history.py's MAX_EVENTS); 0 keeps none
+PyObject* py_history_limit(PyObject*, PyObject* arg) {
+  unsigned long long n = PyLong_AsUnsignedLongLong(arg);
+  if (PyErr_Occurred()) return nullptr;
+  Books* b = books();
+  std::lock_guard<std::mutex> guard(b->lock);
+  b->history.limit = static_cast<size_t>(n);
+  Py_RETURN_NONE;
+}
+
+// history(): (fold ns, folded, dropped, [(site, bytes, count)] at the fold, times, sites, sizes)
+// with times and sizes as native int64 bytes and sites as native uint32 bytes
+PyObject* py_history(PyObject*, PyObject*) {
+  HistoryBooks h;
+  {
+    Books* b = books();
+    std::lock_guard<std::mutex> guard(b->lock);
+    h.times = b->history.times;
+    h.sites = b->history.sites;
+    h.sizes = b->history.sizes;
+    h.base = b->history.base;
+    h.fold = b->history.fold;
+    h.folded = b->history.folded;
+    h.dropped = b->history.dropped;
+  }
+  PyObject* base = PyList_New(0);
+  if (base == nullptr) return nullptr;
+  for (size_t s = 0; s < h.base.size(); ++s) {
+    if (h.base[s].first == 0 && h.base[s].second == 0) continue;
+    PyObject* row = Py_BuildValue("(kLL)", static_cast<unsigned long>(s), static_cast<long long>(h.base[s].first),
+                                  static_cast<long long>(h.base[s].second));
+    if (row == nullptr || PyList_Append(base, row) < 0) { Py_XDECREF(row); Py_DECREF(base); return nullptr; }
+    Py_DECREF(row);
+  }
+  return Py_BuildValue(
+      "(LKKNy#y#y#)", static_cast<long long>(h.fold), static_cast<unsigned long long>(h.folded),
+      static_cast<unsigned long long>(h.dropped), base, reinterpret_cast<const char*>(h.times.data()),
+      static_cast<Py_ssize_t>(h.times.size() * sizeof(int64_t)), reinterpret_cast<const char*>(h.sites.data()),
+      static_cast<Py_ssize_t>(h.sites.size() * sizeof(uint32_t)), reinterpret_cast<const char*>(h.sizes.data()),
+      static_cast<Py_ssize_t>(h.sizes.size() * sizeof(int64_t)));
+}
+
 // tag([(address, tag)]): give live blocks their category (capture/categories.py); unknown ones are skipped
 PyObject* py_tag(PyObject*, PyObject* arg) {
   std::vector<std::pair<void*, uint8_t>> tags;
@@ -1286,6 +1387,8 @@ PyMethodDef kMethods[] = {
     {"rows", guarded<py_rows>, METH_NOARGS, "Peak, in-use and allocated bytes and counts per site."},
     {"totals", guarded<py_totals>, METH_NOARGS, "Totals of the current window."},
     {"timeline", guarded<py_timeline>, METH_NOARGS, "Live bytes over time (bounded, peaks kept)."},
+    {"history_limit", guarded<py_history_limit>, METH_O, "Keep at most n events of history (0: none)."},
+    {"history", guarded<py_history>, METH_NOARGS, "The event history: fold, folded, dropped, base, events."},
     {"tag", guarded<py_tag>, METH_O, "tag([(address, tag)]): categories of live blocks (categories.py)."},
     {"blocks", guarded<py_blocks>, METH_NOARGS, "Live blocks: (address, bytes, site, at peak, tag)."},
     {"gone_tagged", guarded<py_gone_tagged>, METH_NOARGS, "Tagged blocks live at the peak, freed since."},

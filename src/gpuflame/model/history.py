@@ -1,0 +1,363 @@
+"""The event history: every allocation and free, bounded, so any moment can be shown.
+
+A profile's samples say what was live at the peak and at the end; the
+timeline says how much was live when. The history says *what* was live at
+any moment, and what was allocated within any window: one event per
+allocation (``+bytes``) and per free (``-bytes``), each with its time
+(epoch ns) and its *site* (a stack and labels such as ``device``).
+
+Bounded: a recorder keeps at most :data:`MAX_EVENTS` events (the one owner
+of the bound; about 24 bytes each in memory, so 24 MB at most). When the log
+is full its oldest half is *folded*: replayed into the live set per site at
+the fold point (:attr:`Track.base`, one entry per site, not per event). Any
+moment from the fold point on stays exact; earlier moments say they are not
+available. The torch-cuda backend's history is the allocator's own trace
+ring buffer, folded the same way at its start.
+
+A profile holds one :class:`Track` per recording window (a process, and a
+recorder in it); merged profiles keep every track, each on the common
+epoch-ns clock, so a moment is the sum of what each process held then.
+
+In a file the history rides as ONE pprof comment (model/comments.py):
+:data:`PREFIX` then base64 of zlib-compressed compact JSON, times stored as
+differences from the previous event. The history has its own frame table,
+so filters and merges of the samples never break it.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import zlib
+from array import array
+from bisect import bisect_right
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from itertools import accumulate
+
+from gpuflame.model import comments as comment_data
+from gpuflame.model.profile import FRAME_KINDS, Frame
+from gpuflame.model.timeline import Point, downsample
+
+PREFIX = "gpuflame-history-v1:"
+MAX_EVENTS = 1_000_000  # events a recorder keeps (the oldest half is folded when full): ~24 MB
+DAMAGED_NOTE = "the event history stored in this profile is damaged and was left out"
+
+_MAX_JSON_BYTES = 512 << 20
+_INT64_MAX = (1 << 63) - 1
+
+Labels = tuple[tuple[str, str], ...]
+Site = tuple[tuple[int, ...], Labels]  # (history frame ids, leaf first; labels)
+
+
+class EventLog:
+    """The history being recorded by one recorder: at most *limit* events, the rest folded.
+
+    Times are made non-decreasing (a later event never gets an earlier time
+    than the one logged before it), so moments can be found by bisection.
+    With *key_of* (site -> series key, e.g. its device) it also keeps the
+    live bytes over time per key (:meth:`lines`), the folded part
+    downsampled as timelines are: a strip for recorders that keep none.
+    """
+
+    def __init__(self, start_ns: int, limit: int | None = None, key_of: Callable[[int], str] | None = None) -> None:
+        self.limit = max(2, MAX_EVENTS if limit is None else limit)
+        self.key_of = key_of
+        self.past: dict[str, list[Point]] = {}  # per key: (time, live bytes) up to the fold, downsampled
+        self.past_total: dict[str, int] = {}
+        self.start = start_ns
+        self.fold = start_ns
+        self.folded = 0
+        self.base: dict[int, list[int]] = {}
+        self.times = array("q")
+        self.sites = array("q")
+        self.sizes = array("q")
+
+    def add(self, t: int, site: int, size: int) -> None:
+        """One allocation (*size* > 0) or free (*size* < 0) of *site* at *t*."""
+        times = self.times
+        if times and t < times[-1]:
+            t = times[-1]
+        times.append(t)
+        self.sites.append(site)
+        self.sizes.append(size)
+        if len(times) >= self.limit:
+            self.fold_oldest(len(times) // 2)
+
+    def fold_oldest(self, n: int) -> None:
+        """Replay the *n* oldest events into :attr:`base`; the fold point becomes the last one's time."""
+        if n <= 0:
+            return
+        base = self.base
+        for site, size in zip(self.sites[:n], self.sizes[:n], strict=True):
+            live = base.get(site)
+            if live is None:
+                live = base[site] = [0, 0]
+            live[0] += size
+            live[1] += 1 if size > 0 else -1
+        self.fold = self.times[n - 1]
+        self.folded += n
+        if self.key_of is not None:
+            self._fold_lines(n)
+        del self.times[:n], self.sites[:n], self.sizes[:n]
+
+    def _fold_lines(self, n: int) -> None:
+        key_of, totals, past = self.key_of, self.past_total, self.past
+        for t, site, size in zip(self.times[:n], self.sites[:n], self.sizes[:n], strict=True):
+            key = key_of(site)
+            total = totals[key] = totals.get(key, 0) + size
+            past.setdefault(key, [(self.start, 0)]).append((t, total))
+        for key, points in past.items():
+            past[key] = downsample(points)
+
+    def lines(self) -> dict[str, list[Point]]:
+        """Per key, live bytes after each event from the start (the folded part downsampled)."""
+        if self.key_of is None:
+            return {}
+        out = {key: list(points) for key, points in self.past.items()}
+        totals = dict(self.past_total)
+        for t, site, size in zip(self.times, self.sites, self.sizes, strict=True):
+            key = self.key_of(site)
+            total = totals[key] = totals.get(key, 0) + size
+            out.setdefault(key, [(self.start, 0)]).append((t, total))
+        return out
+
+    def track(self, end: int, labels: Labels = (), sites: Mapping[int, int] | None = None) -> Track:
+        """A copy as a :class:`Track`; *sites* renumbers the log's sites to the history's."""
+        remap = (lambda s: sites[s]) if sites is not None else (lambda s: s)
+        base = {remap(s): (b, c) for s, (b, c) in self.base.items() if b or c}
+        return Track(labels, self.start, end, self.fold, self.folded, base,
+                     array("q", self.times), array("q", (remap(s) for s in self.sites)), array("q", self.sizes))
+
+
+@dataclass
+class Track:
+    """One recording window's events, exact from :attr:`fold` on."""
+
+    labels: Labels  # added to every site's labels (a merge adds the pid)
+    start: int  # the window, epoch ns (0: unknown, may have held memory before; end 0: open to the end)
+    end: int
+    fold: int  # moments before this are not available (== start when nothing was folded)
+    folded: int  # how many events were folded
+    base: dict[int, tuple[int, int]]  # site -> (bytes, count) live at the fold point
+    times: Sequence[int]  # non-decreasing epoch ns
+    sites: Sequence[int]
+    sizes: Sequence[int]  # > 0 allocation, < 0 free
+
+    def covers(self, t: int) -> bool:
+        """Whether the window was open at *t* (outside it the process held nothing we know of)."""
+        return self.start <= t and (not self.end or t <= self.end)
+
+    def exact_from(self) -> int:
+        """The earliest moment this track answers exactly."""
+        return self.fold
+
+    def live_at(self, t: int) -> dict[int, list[int]]:
+        """Site -> [bytes, count] live at *t* (events at *t* included); *t* >= :attr:`fold`."""
+        live = {s: [b, c] for s, (b, c) in self.base.items()}
+        n = bisect_right(self.times, t)
+        for site, size in zip(self.sites[:n], self.sizes[:n], strict=True):
+            row = live.get(site)
+            if row is None:
+                row = live[site] = [0, 0]
+            row[0] += size
+            row[1] += 1 if size > 0 else -1
+        return live
+
+    def allocated(self, t1: int, t2: int) -> dict[int, list[int]]:
+        """Site -> [bytes, count] allocated at times in [*t1*, *t2*]."""
+        out: dict[int, list[int]] = {}
+        lo, hi = bisect_right(self.times, t1 - 1), bisect_right(self.times, t2)
+        for site, size in zip(self.sites[lo:hi], self.sizes[lo:hi], strict=True):
+            if size > 0:
+                row = out.get(site)
+                if row is None:
+                    row = out[site] = [0, 0]
+                row[0] += size
+                row[1] += 1
+        return out
+
+    def totals(self) -> Iterable[tuple[int, int]]:
+        """(time, live bytes of this track) after each event, from the fold point on."""
+        total = sum(b for b, _ in self.base.values())
+        for t, size in zip(self.times, self.sizes, strict=True):
+            total += size
+            yield t, total
+
+
+@dataclass
+class History:
+    """Events of one or more recording windows over one frame table and site table."""
+
+    frames: list[Frame] = field(default_factory=list)
+    sites: list[Site] = field(default_factory=list)
+    tracks: list[Track] = field(default_factory=list)
+
+    def site_frames(self, site: int) -> list[Frame]:
+        return [self.frames[i] for i in self.sites[site][0]]
+
+    def events(self) -> int:
+        return sum(len(t.times) for t in self.tracks)
+
+    def relabelled(self, extra: Labels) -> History:
+        """A copy whose tracks also carry *extra* labels (as merge adds them to samples)."""
+        tracks = [_with_labels(t, extra) for t in self.tracks]
+        return History(self.frames, self.sites, tracks)
+
+    def to_comment(self) -> str:
+        """The single pprof comment line that stores this history."""
+        payload = {
+            "frames": [[f.name, f.file, f.line, f.kind, f.start_line] for f in self.frames],
+            "sites": [[list(stack), [list(p) for p in labels]] for stack, labels in self.sites],
+            "tracks": [_encode_track(t) for t in self.tracks],
+        }
+        text = json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+        return PREFIX + base64.b64encode(zlib.compress(text, 6)).decode("ascii")
+
+    @classmethod
+    def from_comment(cls, comment: str) -> History:
+        """Parse one history comment; ValueError when it is damaged (it is untrusted input)."""
+        try:
+            packed = base64.b64decode(comment[len(PREFIX):].encode("ascii"), validate=True)
+            inflater = zlib.decompressobj()
+            text = inflater.decompress(packed, _MAX_JSON_BYTES)
+            if inflater.unconsumed_tail or not inflater.eof:
+                raise ValueError("history too large or truncated")
+            payload = json.loads(text)
+        except (binascii.Error, zlib.error, UnicodeError, RecursionError, json.JSONDecodeError) as exc:
+            raise ValueError(f"damaged history: {exc}") from None
+        return _decode(payload)
+
+
+def of_track(track: Track, frames_of: Callable[[int], list[Frame]], labels_of: Callable[[int], Labels]) -> History:
+    """A history of one recorder's *track*, whose sites are the recorder's own (renumbered to those used)."""
+    used = sorted(set(track.sites) | set(track.base))
+    index = {s: i for i, s in enumerate(used)}
+    frame_ids: dict[Frame, int] = {}
+    sites = [(tuple(frame_ids.setdefault(f, len(frame_ids)) for f in frames_of(s)), labels_of(s)) for s in used]
+    renumbered = Track(track.labels, track.start, track.end, track.fold, track.folded,
+                       {index[s]: v for s, v in track.base.items()}, track.times,
+                       array("q", (index[s] for s in track.sites)), track.sizes)
+    return History(list(frame_ids), sites, [renumbered])
+
+
+def merged(histories: Sequence[History | None], extras: Sequence[Labels] | None = None) -> History | None:
+    """One history holding every track of *histories* (each relabelled with its *extras*)."""
+    if not any(histories):
+        return None
+    out = History()
+    frame_ids: dict[Frame, int] = {}
+    site_ids: dict[Site, int] = {}
+    for n, h in enumerate(histories):
+        if h is None:
+            continue
+        fmap = [frame_ids.setdefault(f, len(frame_ids)) for f in h.frames]
+        smap = []
+        for stack, labels in h.sites:
+            key = (tuple(fmap[i] for i in stack), labels)
+            smap.append(site_ids.setdefault(key, len(site_ids)))
+        for t in h.tracks:
+            t = _with_labels(t, extras[n] if extras else ())
+            out.tracks.append(Track(t.labels, t.start, t.end, t.fold, t.folded,
+                                    {smap[s]: v for s, v in t.base.items()}, t.times,
+                                    array("q", (smap[s] for s in t.sites)), t.sizes))
+    out.frames = list(frame_ids)
+    out.sites = list(site_ids)
+    return out
+
+
+def split_comments(comments: Sequence[str]) -> tuple[History | None, list[str]]:
+    """The history stored in *comments* (several are merged) and the other comments, in order."""
+    found, rest = comment_data.split_comments(comments, PREFIX, History.from_comment, DAMAGED_NOTE)
+    return (found[0] if len(found) == 1 else merged(found)), rest
+
+
+def _with_labels(t: Track, extra: Labels) -> Track:
+    have = {k for k, _ in t.labels}
+    labels = tuple(sorted(t.labels + tuple((k, v) for k, v in extra if k not in have)))
+    return Track(labels, t.start, t.end, t.fold, t.folded, t.base, t.times, t.sites, t.sizes)
+
+
+def _encode_track(t: Track) -> dict[str, object]:
+    deltas, last = [], t.fold
+    for time in t.times:
+        deltas.append(time - last)
+        last = time
+    return {
+        "labels": [list(p) for p in t.labels], "start": t.start, "end": t.end, "fold": t.fold,
+        "folded": t.folded, "base": [[s, b, c] for s, (b, c) in sorted(t.base.items())],
+        "t": deltas, "s": list(t.sites), "b": list(t.sizes),
+    }
+
+
+def _decode(payload: object) -> History:
+    """Validate strictly: every value is checked, nothing is trusted."""
+    if not isinstance(payload, dict):
+        raise ValueError("damaged history: not an object")
+    frames = [_frame(f) for f in _list(payload.get("frames"))]
+    sites: list[Site] = []
+    for entry in _list(payload.get("sites")):
+        if not (isinstance(entry, list) and len(entry) == 2):
+            raise ValueError("damaged history: a site is not [stack, labels]")
+        stack = tuple(_int(i, len(frames) - 1) for i in _list(entry[0]))
+        sites.append((stack, _labels(entry[1])))
+    tracks = [_track(t, len(sites)) for t in _list(payload.get("tracks"))]
+    return History(frames, sites, tracks)
+
+
+def _track(entry: object, n_sites: int) -> Track:
+    if not isinstance(entry, dict):
+        raise ValueError("damaged history: a track is not an object")
+    start, end, fold, folded = (_int(entry.get(k)) for k in ("start", "end", "fold", "folded"))
+    base: dict[int, tuple[int, int]] = {}
+    for row in _list(entry.get("base")):
+        if not (isinstance(row, list) and len(row) == 3):
+            raise ValueError("damaged history: a base entry is not [site, bytes, count]")
+        base[_int(row[0], n_sites - 1)] = (_int(row[1], low=-_INT64_MAX), _int(row[2], low=-_INT64_MAX))
+    deltas, sites, sizes = (_column(entry.get(k)) for k in ("t", "s", "b"))
+    if not len(deltas) == len(sites) == len(sizes):
+        raise ValueError("damaged history: t, s and b differ in length")
+    if deltas and min(deltas) < 0 or sites and not 0 <= min(sites) <= max(sites) < n_sites:
+        raise ValueError("damaged history: a time goes back or a site is out of range")
+    try:
+        times = array("q", accumulate(deltas, initial=fold))[1:]
+    except OverflowError:
+        raise ValueError("damaged history: a time is out of range") from None
+    return Track(_labels(entry.get("labels")), start, end, fold, folded, base, times, sites, sizes)
+
+
+def _column(value: object) -> array:
+    """A list of int64 as an array, checked in C (floats, strings and overflows are refused)."""
+    try:
+        return array("q", _list(value))
+    except (TypeError, OverflowError):
+        raise ValueError("damaged history: a column holds something other than 64-bit integers") from None
+
+
+def _list(value: object) -> list:
+    if not isinstance(value, list):
+        raise ValueError("damaged history: a list is missing")
+    return value
+
+
+def _int(value: object, high: int = _INT64_MAX, low: int = 0) -> int:
+    if type(value) is not int or not low <= value <= high:
+        raise ValueError("damaged history: a number is out of range")
+    return value
+
+
+def _labels(value: object) -> Labels:
+    pairs = []
+    for pair in _list(value):
+        if not (isinstance(pair, list) and len(pair) == 2 and all(isinstance(x, str) for x in pair)):
+            raise ValueError("damaged history: a label is not a [key, value] pair of strings")
+        pairs.append((pair[0], pair[1]))
+    return tuple(sorted(pairs))
+
+
+def _frame(value: object) -> Frame:
+    if not (isinstance(value, list) and len(value) == 5 and isinstance(value[0], str) and isinstance(value[1], str)
+            and value[3] in FRAME_KINDS):
+        raise ValueError("damaged history: a frame is not [name, file, line, kind, start_line]")
+    return Frame(value[0], value[1], _int(value[2]), value[3], _int(value[4]))

@@ -1,0 +1,181 @@
+"""Any moment, any window: the profile of what was live at a time, or allocated within a window.
+
+Times are as on the memory-over-time strip: seconds from its start (the
+first point of the profile's timeline; without one, the start of its
+first recording window), or ``peak``: the moment of the strip's highest
+total. Both verbs read the event history (model/history.py) and return a
+new profile: ``at`` with ``inuse_space``/``inuse_objects`` (what was live
+then), ``between`` with ``alloc_space``/``alloc_objects`` (what was
+allocated within the window, whether freed since or not).
+
+Merged profiles (several processes): every process's track stays on the
+common epoch clock, so a moment is the sum of what each process held at
+that instant; a process whose window does not cover it adds nothing.
+"""
+
+from __future__ import annotations
+
+import math
+
+from gpuflame.errors import GpuflameError
+from gpuflame.model.history import MAX_EVENTS, History, Track
+from gpuflame.model.profile import Profile
+from gpuflame.model.sample_types import ALLOC_OBJECTS, ALLOC_SPACE, INUSE_OBJECTS, INUSE_SPACE
+
+PEAK = "peak"
+When = float | str  # seconds from the strip's start, or PEAK
+
+NO_HISTORY = ("this profile has no event history, so it shows only its peak and its end (files written "
+              "before gpuflame kept one, JAX profiles, other tools' profiles)")
+
+
+def parse_when(text: str) -> When:
+    """``peak``, or seconds from the start (``1.5``, ``1.5s``, ``250ms``); ValueError otherwise."""
+    word = text.strip().lower()
+    if word == PEAK:
+        return PEAK
+    scale = 1.0
+    if word.endswith("ms"):
+        word, scale = word[:-2], 1e-3
+    elif word.endswith("s"):
+        word = word[:-1]
+    try:
+        seconds = float(word) * scale
+    except ValueError:
+        raise ValueError(f"expected seconds from the start (e.g. 1.5) or 'peak', got {text!r}") from None
+    if not seconds >= 0 or seconds == float("inf"):
+        raise ValueError(f"expected seconds from the start, 0 or more, got {text!r}")
+    return seconds
+
+
+def at(profile: Profile, when: When) -> Profile:
+    """What was live at *when*: a profile of ``inuse_*`` per stack."""
+    history = _history(profile)
+    t = moment_ns(profile, when)
+    _check_range(profile, history, t, f"--at {_show(profile, when, t)}")
+    out = _empty(profile, [INUSE_SPACE, INUSE_OBJECTS])
+    for track in history.tracks:
+        if not track.covers(t):
+            continue
+        if t < track.fold:
+            raise GpuflameError(_folded(profile, track, f"--at {_show(profile, when, t)}"))
+        _add(out, history, track, track.live_at(t))
+    out.moment = f"what was live at {_clock(profile, t)} (from the event history)"
+    out.comments.append(out.moment)
+    return out
+
+
+def between(profile: Profile, first: When, last: When) -> Profile:
+    """What was allocated at times within [*first*, *last*]: a profile of ``alloc_*`` per stack."""
+    history = _history(profile)
+    t1, t2 = moment_ns(profile, first), moment_ns(profile, last)
+    what = f"--between {_show(profile, first, t1)} {_show(profile, last, t2)}"
+    if t1 > t2:
+        raise GpuflameError(f"{what}: the window ends before it starts (give the earlier time first)")
+    _check_range(profile, history, t1, what)
+    _check_range(profile, history, t2, what)
+    out = _empty(profile, [ALLOC_SPACE, ALLOC_OBJECTS])
+    for track in history.tracks:
+        if track.end and track.end < t1 or t2 < track.start:
+            continue
+        if track.folded and t1 <= track.fold:
+            raise GpuflameError(_folded(profile, track, what))
+        _add(out, history, track, track.allocated(t1, t2))
+    out.moment = f"what was allocated from {_clock(profile, t1)} to {_clock(profile, t2)} (from the event history)"
+    out.comments.append(out.moment)
+    return out
+
+
+def origin(profile: Profile) -> int:
+    """Epoch ns of the strip's 0: the timeline's first point, else the first window's start."""
+    timeline = profile.timeline
+    if timeline is not None and any(timeline.series.values()):
+        return min(points[0][0] for points in timeline.series.values() if points)
+    history = profile.history
+    if history is not None and history.tracks:
+        return min(t.start for t in history.tracks)
+    return profile.time_nanos
+
+
+def moment_ns(profile: Profile, when: When) -> int:
+    """Epoch ns of *when* (seconds from the strip's start, or PEAK)."""
+    if when == PEAK:
+        return peak_ns(profile)
+    return origin(profile) + round(float(when) * 1e9)
+
+
+def peak_ns(profile: Profile) -> int:
+    """When the strip is highest (its first highest point), else when the history's summed total is."""
+    if profile.timeline is not None:
+        line = profile.timeline.total()
+        if line:
+            return max(line, key=lambda p: p[1])[0]
+    history = _history(profile)
+    events = sorted((t, size) for track in history.tracks for t, size in _deltas(track))
+    total = sum(b for track in history.tracks for b, _ in track.base.values())
+    best = (origin(profile), total)
+    for t, size in events:
+        total += size
+        if total > best[1]:
+            best = (t, total)
+    return best[0]
+
+
+def end_ns(profile: Profile, history: History) -> int:
+    """The last moment known: the latest window end, event or timeline point."""
+    ends = [max(t.end, t.times[-1] if len(t.times) else 0) for t in history.tracks]
+    if profile.timeline is not None:
+        ends += [points[-1][0] for points in profile.timeline.series.values() if points]
+    return max(ends, default=0)
+
+
+def _deltas(track: Track) -> list[tuple[int, int]]:
+    return list(zip(track.times, track.sizes, strict=True))
+
+
+def _history(profile: Profile) -> History:
+    if profile.history is None or not profile.history.tracks:
+        raise GpuflameError(NO_HISTORY)
+    return profile.history
+
+
+def _check_range(profile: Profile, history: History, t: int, what: str) -> None:
+    start, end = origin(profile), end_ns(profile, history)
+    if t > end:
+        raise GpuflameError(f"{what}: past the end of the recording (it spans 0 to "
+                            f"{(end - start) / 1e9:.3f} s on the strip)")
+
+
+def _folded(profile: Profile, track: Track, what: str) -> str:
+    who = " of " + ", ".join(f"{k} {v}" for k, v in track.labels) if track.labels else ""
+    since = _clock(profile, track.fold)
+    if track.start == 0:  # torch-cuda: the allocator's own ring buffer is the bound
+        why = f"the history{who} begins at {since}, where the allocator's trace (its latest events) begins"
+    else:
+        why = (f"the history{who} before {since} was folded to keep its memory bounded (gpuflame keeps the "
+               f"latest {MAX_EVENTS // 2:,} to {MAX_EVENTS:,} events of a recording)")
+    earliest = math.ceil((track.fold - origin(profile) + 1) / 1e6) / 1e3
+    return f"{what}: not available: {why}; the earliest exact moment is {earliest:.3f} s"
+
+
+def _empty(profile: Profile, types: list) -> Profile:
+    out = profile.empty_like()
+    out.sample_types = list(types)
+    out.default_type = types[0].type
+    out.peaks = []
+    return out
+
+
+def _add(out: Profile, history: History, track: Track, rows: dict[int, list[int]]) -> None:
+    for site, (nbytes, count) in sorted(rows.items()):
+        if nbytes or count:
+            labels = dict(history.sites[site][1]) | dict(track.labels)
+            out.add(history.site_frames(site), (nbytes, count), labels)
+
+
+def _clock(profile: Profile, t: int) -> str:
+    return f"{(t - origin(profile)) / 1e9:.3f} s"
+
+
+def _show(profile: Profile, when: When, t: int) -> str:
+    return f"peak ({_clock(profile, t)})" if when == PEAK else f"{float(when):g}"

@@ -1,0 +1,164 @@
+"""Click and drag on the memory-over-time strip, in a real headless Chromium.
+
+The profile is recorded by the real torch recorder (dispatch mode) on a
+workload with three phases apart in time; what the page shows for an
+instant or a window is checked against the model's own verbs
+(``moment.at``/``moment.between``) at the very times the page chose.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from chrome_pipe import Chrome, find_chromium
+from test_viewer import open_viewer, settle, state
+
+from gpuflame.cli.main import main
+from gpuflame.formats import load, save
+from gpuflame.model import Frame, Profile, memory_sample_types, moment
+from gpuflame.model.history import EventLog, History
+from gpuflame.model.timeline import Timeline
+
+torch = pytest.importorskip("torch")
+CHROMIUM = find_chromium()
+pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no chromium installed (apt-get install chromium)")
+
+MS = 1_000_000
+
+
+def weights() -> list:
+    return [torch.zeros(256, 256) for _ in range(2)]  # 512 KiB
+
+
+def kv_cache() -> list:
+    return [torch.zeros(64, 512) for _ in range(2)]  # 256 KiB
+
+
+def step() -> int:
+    scratch = torch.ones(1024, 128)  # 512 KiB, freed at once (and a 4-byte sum)
+    return int(scratch.sum())
+
+
+@pytest.fixture(scope="module")
+def moment_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from gpuflame.capture.torch_tensors import TorchTensorRecorder
+
+    folder = tmp_path_factory.mktemp("moment")
+    rec = TorchTensorRecorder()
+    rec.start()
+    held = weights()
+    time.sleep(0.3)
+    held += kv_cache()
+    time.sleep(0.3)
+    step()
+    time.sleep(0.3)
+    rec.stop()
+    save(rec.snapshot(), folder / "run.pb.gz")
+    assert main(["view", str(folder / "run.pb.gz")]) == 0
+    assert len(held) == 4
+    return folder / "run.pb.gz"
+
+
+@pytest.fixture
+def page(chrome: Chrome, moment_file: Path) -> Chrome:
+    chrome.events.clear()
+    s = open_viewer(chrome, moment_file.with_suffix("").with_suffix(".html"))
+    assert s["error"] is None and s["timeline"]["visible"]
+    return chrome
+
+
+def strip_point(chrome: Chrome, t_ns: int) -> tuple[float, float]:
+    """Client coordinates of the strip at *t_ns* after its start, halfway up."""
+    local = chrome.evaluate(f"window.gpuflameTimelineAt({t_ns}, 0)")
+    rect = chrome.evaluate("(() => { const r = document.getElementById('timeline').getBoundingClientRect(); "
+                           "return {left: r.left, top: r.top, height: r.height}; })()")
+    return rect["left"] + local["x"], rect["top"] + rect["height"] / 2
+
+
+def drag(chrome: Chrome, a: tuple[float, float], b: tuple[float, float]) -> None:
+    for kind, (x, y), buttons in (("mouseMoved", a, 0), ("mousePressed", a, 1), ("mouseMoved", b, 1),
+                                  ("mouseReleased", b, 0)):
+        chrome.send("Input.dispatchMouseEvent", {"type": kind, "x": x, "y": y, "button": "left",
+                                                 "buttons": buttons, "clickCount": 1})
+
+
+def totals_by_leaf(p: Profile) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for s in p.samples:
+        name = p.frames[s.stack[0]].name
+        out[name] = out.get(name, 0) + s.values[0]
+    return out
+
+
+def test_a_click_shows_what_was_live_then_and_back_goes_to_the_peak(page: Chrome, moment_file: Path) -> None:
+    profile = load(moment_file)
+    peak_total = state(page)["total"]
+    x, y = strip_point(page, 450 * MS)  # after the KV cache, before the step
+    page.click(x, y)
+    s = settle(page)
+    sel = s["moment"]
+    assert sel["kind"] == "at" and sel["error"] is None and sel["visible"]
+    assert abs(sel["t1"] - 450 * MS) < 10 * MS  # one pixel of the strip
+    expected = moment.at(profile, sel["t1"] / 1e9)
+    assert s["type"] == "inuse_space" and s["total"] == expected.totals()["inuse_space"] == 768 * 1024
+    assert sel["label"] == f"what was live at {sel['t1'] / 1e9:.3f} s"
+    assert page.evaluate("document.getElementById('moment-label').textContent") == sel["label"]
+    names = {b.split(" ")[0] for b in page.evaluate("window.gpuflameBarLabels()")}
+    assert {"weights", "kv_cache"} <= names and "step" not in names
+    page.click(*page.evaluate("(() => { const r = document.getElementById('moment-back')"
+                              ".getBoundingClientRect(); return [r.left + r.width / 2, r.top + r.height / 2]; })()"))
+    s = settle(page)
+    assert s["moment"] is None and s["type"] == "peak_space" and s["total"] == peak_total
+    assert not page.events_named("Runtime.exceptionThrown")
+
+
+def test_a_drag_shows_what_was_allocated_within_the_window(page: Chrome, moment_file: Path) -> None:
+    profile = load(moment_file)
+    drag(page, strip_point(page, 450 * MS), strip_point(page, 850 * MS))
+    s = settle(page)
+    sel = s["moment"]
+    assert sel["kind"] == "between" and sel["t1"] < sel["t2"]
+    expected = moment.between(profile, sel["t1"] / 1e9, sel["t2"] / 1e9)
+    assert s["type"] == "alloc_space" and s["total"] == expected.totals()["alloc_space"] == 512 * 1024 + 4
+    assert totals_by_leaf(expected) == {"step": 512 * 1024 + 4}  # the scratch and the 4-byte sum
+    assert sel["label"] == f"what was allocated from {sel['t1'] / 1e9:.3f} s to {sel['t2'] / 1e9:.3f} s"
+    assert not page.events_named("Runtime.exceptionThrown")
+
+
+def synthetic(history: bool, limit: int = 1000) -> Profile:
+    """1 s of a process: 10 allocations of 100 B; with *limit* 4 the oldest events are folded."""
+    t0 = 1_767_225_600_000_000_000
+    p = Profile(memory_sample_types())
+    p.add([Frame("hold", "/app/a.py", 3)], [1000, 10, 1000, 10, 1000, 10], {"device": "cpu", "pid": "1"})
+    points = [(t0 + k * 100 * MS, 100 * k) for k in range(11)]
+    p.timeline = Timeline({(("device", "cpu"), ("pid", "1")): points})
+    if history:
+        log = EventLog(t0, limit)
+        for t, _ in points[1:]:
+            log.add(t, 0, 100)
+        track = log.track(t0 + 1000 * MS, (("pid", "1"),))
+        p.history = History([Frame("hold", "/app/a.py", 3)], [((0,), (("device", "cpu"),))], [track])
+    return p
+
+
+@pytest.mark.parametrize(("history", "says"), [
+    (False, "this profile has no event history"),
+    (True, "not available: the history before 0.400 s was folded to keep its memory bounded"),
+])
+def test_a_moment_that_cannot_be_shown_says_why(chrome: Chrome, tmp_path: Path, history: bool, says: str) -> None:
+    save(synthetic(history, limit=8), tmp_path / "s.pb.gz")
+    assert main(["view", str(tmp_path / "s.pb.gz")]) == 0
+    chrome.events.clear()
+    s = open_viewer(chrome, tmp_path / "s.html")
+    before = s["total"]
+    chrome.click(*strip_point(chrome, 250 * MS))
+    s = settle(chrome)
+    assert says in s["moment"]["label"] and s["moment"]["visible"]
+    assert s["total"] == before and s["type"] == "peak_space"  # the graph stays as it was
+    if history:  # after the fold: exact
+        chrome.click(*strip_point(chrome, 750 * MS))
+        s = settle(chrome)
+        assert s["moment"]["error"] is None and s["total"] == 700
+    assert not chrome.events_named("Runtime.exceptionThrown")

@@ -1,0 +1,242 @@
+"""The event history (model/history.py) and the verbs at/between (model/moment.py), and their CLI.
+
+Expectations come from replaying the same events naively in the test, never
+from the code under test.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import zlib
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpuflame.cli.main import main
+from gpuflame.errors import GpuflameError
+from gpuflame.formats import load, pprof, save
+from gpuflame.model import Frame, Profile, merge
+from gpuflame.model import history as event_history
+from gpuflame.model.history import DAMAGED_NOTE, PREFIX, EventLog, History
+from gpuflame.model.moment import NO_HISTORY, at, between, origin, parse_when
+from gpuflame.model.sample_types import memory_sample_types
+
+T0 = 1_800_000_000_000_000_000
+S = 1_000_000_000
+FRAMES = [Frame("load_model", "m.py", 3), Frame("alloc_kv", "m.py", 9), Frame("step", "m.py", 20)]
+SITES = [((0,), (("device", "cpu"),)), ((1, 0), (("device", "cpu"),)), ((2,), (("device", "cpu"),))]
+
+
+def profile_of(events: list[tuple[int, int, int]], limit: int = 1000, pid: str = "1", end: int = 10 * S,
+               start: int = 0) -> Profile:
+    """A profile whose history holds *events* (seconds-from-T0 ns, site, +-bytes), as a recorder would log them."""
+    log = EventLog(T0 + start, limit)
+    for t, site, size in events:
+        log.add(T0 + t, site, size)
+    track = log.track(T0 + end, (("pid", pid),))
+    if not track.folded:
+        track.fold = track.start
+    p = Profile(memory_sample_types())
+    p.time_nanos = T0 + start
+    p.history = History(list(FRAMES), list(SITES), [track])
+    return p
+
+
+def naive_live(events: list[tuple[int, int, int]], t: int) -> dict[str, int]:
+    """Leaf frame -> live bytes after every event up to *t*: the test's own replay."""
+    out: dict[str, int] = {}
+    for when, site, size in events:
+        if when <= t:
+            name = FRAMES[SITES[site][0][0]].name
+            out[name] = out.get(name, 0) + size
+    return {k: v for k, v in out.items() if v}
+
+
+def by_leaf(p: Profile) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for s in p.samples:
+        name = p.frames[s.stack[0]].name
+        out[name] = out.get(name, 0) + s.values[0]
+    return {k: v for k, v in out.items() if v}
+
+
+EVENTS = [(1 * S, 0, 1000), (2 * S, 1, 400), (3 * S, 2, 50), (4 * S, 2, -50), (5 * S, 2, 70), (6 * S, 1, -400)]
+
+
+def test_at_is_what_was_live_and_between_what_was_allocated() -> None:
+    p = profile_of(EVENTS)
+    assert by_leaf(at(p, 3.5)) == {"load_model": 1000, "alloc_kv": 400, "step": 50}
+    assert at(p, 3.5).totals()["inuse_objects"] == 3
+    assert by_leaf(at(p, 4)) == {"load_model": 1000, "alloc_kv": 400}  # an event at T counts at T
+    assert by_leaf(between(p, 2.5, 5)) == {"step": 120}
+    assert between(p, 2.5, 5).totals()["alloc_objects"] == 2
+    assert by_leaf(at(p, "peak")) == {"load_model": 1000, "alloc_kv": 400, "step": 70}
+    moment = at(p, 3.5)
+    kv = next(s for s in moment.samples if s.values[0] == 400)
+    assert moment.stack_frames(kv) == [FRAMES[1], FRAMES[0]] and kv.labels == (("device", "cpu"), ("pid", "1"))
+
+
+def test_times_are_seconds_from_the_strips_start() -> None:
+    p = profile_of(EVENTS, start=S // 2)  # window opened at 0.5 s: the strip's 0
+    assert origin(p) == T0 + S // 2
+    assert by_leaf(at(p, 1.0)) == naive_live(EVENTS, int(1.5 * S))
+
+
+def test_folding_keeps_every_later_moment_exact_and_refuses_earlier_ones() -> None:
+    events = [(k * S // 10, k % 3, 100 + k) for k in range(1, 40)] + [(5 * S, 0, -101)]
+    p = profile_of(events, limit=8)
+    track = p.history.tracks[0]
+    assert track.folded > 0 and len(track.times) < 8
+    fold_s = (track.fold - T0) / S
+    for t in (fold_s, fold_s + 0.05, 4.5, 5.0, 6.0):
+        assert by_leaf(at(p, t)) == naive_live(events, round(t * S))
+    with pytest.raises(GpuflameError, match="not available: the history of pid 1 before .* was folded"):
+        at(p, fold_s - 0.1)
+    with pytest.raises(GpuflameError, match="not available"):
+        between(p, fold_s - 0.1, 4)
+    window = [e for e in events if fold_s + 0.01 <= e[0] / S <= 5.0 and e[2] > 0]
+    assert window and by_leaf(between(p, fold_s + 0.01, 5.0)) == naive_live(window, 10 * S)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2), st.integers(1, 1000)), min_size=1, max_size=60),
+       st.integers(2, 12), st.floats(0, 7))
+def test_any_moment_after_the_fold_equals_a_naive_replay(allocs, limit, when) -> None:
+    events, live = [], []
+    for k, (site, size) in enumerate(allocs):
+        events.append(((k + 1) * S // 10, site, size))
+        live.append((site, size))
+        if k % 3 == 2:  # free the oldest still live
+            site0, size0 = live.pop(0)
+            events.append(((k + 1) * S // 10 + 1, site0, -size0))
+    p = profile_of(events, limit=limit)
+    t = round(when * S)
+    if p.history.tracks[0].folded and T0 + t < p.history.tracks[0].fold:
+        with pytest.raises(GpuflameError, match="not available"):
+            at(p, when)
+    else:
+        assert by_leaf(at(p, when)) == naive_live(events, t)
+
+
+def test_history_survives_the_pprof_file_and_a_damaged_one_is_dropped_with_a_note() -> None:
+    p = profile_of(EVENTS, limit=4)
+    back = pprof.decode(pprof.encode(p))
+    assert back.history == p.history and p.history.tracks[0].folded
+    assert [len(t.times) for t in back.history.tracks] == [len(t.times) for t in p.history.tracks]
+    assert not any(c.startswith(PREFIX) for c in back.comments)
+    p.comments.append(PREFIX + "bm90IHpsaWI=")
+    p.history = None
+    damaged = pprof.decode(pprof.encode(p))
+    assert damaged.history is None and DAMAGED_NOTE in damaged.comments
+
+
+def test_a_merge_keeps_each_process_on_the_common_clock() -> None:
+    a = profile_of([(1 * S, 0, 1000), (4 * S, 0, -1000)], pid="1", end=5 * S)
+    b = profile_of([(3 * S, 2, 30)], pid="2", start=2 * S, end=9 * S)
+    merged = merge([a, b], labels=[{"pid": 1}, {"pid": 2}])
+    assert by_leaf(at(merged, 3.5)) == {"load_model": 1000, "step": 30}
+    assert by_leaf(at(merged, 6)) == {"step": 30}
+    assert {s.label("pid") for s in at(merged, 3.5).samples} == {"1", "2"}
+    assert by_leaf(between(merged, 0.5, 3)) == {"load_model": 1000, "step": 30}
+
+
+def test_parse_when() -> None:
+    assert parse_when("1.5") == 1.5 and parse_when("250ms") == 0.25 and parse_when("2s") == 2.0
+    assert parse_when(" Peak ") == "peak"
+    for bad in ("-1", "x", "nan", "inf"):
+        with pytest.raises(ValueError):
+            parse_when(bad)
+
+
+def test_merged_histories_share_frames_and_sites() -> None:
+    one = profile_of(EVENTS).history
+    both = event_history.merged([one, one], [(("pid", "1"),), (("pid", "2"),)])
+    assert len(both.frames) == len(FRAMES) and len(both.sites) == len(SITES) and len(both.tracks) == 2
+
+
+# -- the CLI --------------------------------------------------------------------------
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    try:
+        rc = main([str(a) for a in argv])
+    except SystemExit as exc:
+        rc = int(exc.code or 0)
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+@pytest.fixture
+def history_file(tmp_path: Path) -> Path:
+    p = profile_of(EVENTS)
+    p.add([FRAMES[0]], [1000, 1, 1000, 1, 1000, 1], {"device": "cpu", "pid": "1"})
+    path = tmp_path / "h.pb.gz"
+    save(p, path)
+    return path
+
+
+@pytest.mark.parametrize("command", ["report", "top", "flame", "explain"])
+def test_every_showing_command_takes_at_and_between(capsys, history_file: Path, command: str) -> None:
+    extra = ["step"] if command == "explain" else []
+    rc, out, err = run(capsys, command, history_file, *extra, "--at", "3.5", "--json")
+    assert rc == 0, err
+    assert "what was live at 3.500 s" in out
+    rc, out, err = run(capsys, command, history_file, *extra, "--between", "2.5", "5", "--json")
+    assert rc == 0, err
+    assert "what was allocated from 2.500 s to 5.000 s" in out
+
+
+def test_report_json_of_a_moment(capsys, history_file: Path) -> None:
+    rc, out, err = run(capsys, "report", history_file, "--at", "3.5", "--json")
+    data = json.loads(out)
+    assert data["total"] == 1450 and data["sample_type"] == "inuse_space"
+    assert data["moment"] == "what was live at 3.500 s (from the event history)"
+
+
+def test_export_and_view_take_a_moment(capsys, history_file: Path, tmp_path: Path) -> None:
+    folded = tmp_path / "m.folded"
+    rc, _, err = run(capsys, "export", history_file, "--between", "2.5", "5", "-o", folded)
+    assert rc == 0, err
+    assert folded.read_text().split() == ["step", "120"]
+    rc, _, err = run(capsys, "view", history_file, "--at", "2", "-o", tmp_path / "m.html")
+    assert rc == 0, err
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (["--at", "99"], "past the end of the recording (it spans 0 to 10.000 s"),
+    (["--between", "5", "2"], "the window ends before it starts"),
+    (["--at", "soon"], "expected seconds from the start"),
+])
+def test_bad_times_are_one_line_and_exit_2(capsys, history_file: Path, argv: list[str], says: str) -> None:
+    rc, out, err = run(capsys, "report", history_file, *argv)
+    assert rc == 2 and says in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_a_profile_without_history_says_so(capsys, tmp_path: Path) -> None:
+    p = Profile(memory_sample_types())
+    p.add([FRAMES[0]], [1, 1, 1, 1, 1, 1])
+    save(p, tmp_path / "old.pb.gz")
+    assert load(tmp_path / "old.pb.gz").history is None
+    rc, _, err = run(capsys, "top", tmp_path / "old.pb.gz", "--at", "1")
+    assert rc == 2 and NO_HISTORY in err and len(err.strip().splitlines()) == 1
+
+
+def _comment(payload: dict) -> str:
+    text = json.dumps(payload).encode()
+    return PREFIX + base64.b64encode(zlib.compress(text)).decode()
+
+
+@pytest.mark.parametrize("change", [
+    {"t": [1, -5]}, {"s": [0, 9]}, {"b": [1.5, 2]}, {"t": [2**63, 0]}, {"s": [0]}, {"base": [[0, 1]]},
+])
+def test_a_history_comment_is_untrusted_input(change: dict) -> None:
+    track = {"labels": [], "start": 1, "end": 0, "fold": 1, "folded": 0, "base": [], "t": [1, 1], "s": [0, 0],
+             "b": [10, -10]}
+    good = {"frames": [["f", "a.py", 1, "python", 0]], "sites": [[[0], []]], "tracks": [track]}
+    assert History.from_comment(_comment(good)).tracks[0].sizes.tolist() == [10, -10]
+    bad = {**good, "tracks": [{**track, **change}]}
+    with pytest.raises(ValueError, match="damaged history"):
+        History.from_comment(_comment(bad))
