@@ -12,9 +12,11 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 
+from gpuflame.capture.backends import BACKENDS, TORCH_HOOKS
+from gpuflame.defaults import BACKEND, PUSH_FLUSH_S, PUSH_TIMEOUT_S, TORCH_HOOK
+
 PREFIX = "GPUFLAME_"
-BACKENDS = ("auto", "torch-cuda", "torch", "jax")
-TORCH_HOOKS = ("auto", "allocator", "dispatch")  # how the torch backend records (capture/backends.py)
+__all__ = ["BACKENDS", "PREFIX", "TORCH_HOOKS", "Settings"]  # BACKENDS, TORCH_HOOKS: capture/backends.py
 
 
 @dataclass(frozen=True)
@@ -22,11 +24,11 @@ class Settings:
     """The profiler's settings for one run (shared by all its processes)."""
 
     session_dir: str = ""  # where each process writes proc-<pid>.pb.gz
-    backend: str = "auto"
+    backend: str = BACKEND
     interval: float = 0.0  # seconds between periodic snapshots; 0 = only at exit
     follow: bool = True  # profile child processes too
     native: bool = False  # native frames where the backend can give them
-    torch_hook: str = "auto"  # torch backend: allocator (CPU, fast), dispatch (any device), auto
+    torch_hook: str = TORCH_HOOK  # torch backend: allocator (CPU, fast), dispatch (any device), auto
     keep_framework: bool = False  # keep framework-internal frames (jax/, jaxlib/) the jax backend prunes
     root_pid: int = 0  # the process gpuflame run started
     # continuous mode (ship/continuous.py); secrets never travel here, only the files that hold them
@@ -37,8 +39,8 @@ class Settings:
     pyroscope_user: str = ""  # basic auth user; password/token from GPUFLAME_PYROSCOPE_{PASSWORD,TOKEN}[_FILE]
     pyroscope_token_file: str = ""
     pyroscope_password_file: str = ""
-    pyroscope_timeout: float = 5.0  # seconds one push may take
-    pyroscope_flush: float = 3.0  # seconds the process may spend at exit sending what is queued
+    pyroscope_timeout: float = PUSH_TIMEOUT_S  # seconds one push may take
+    pyroscope_flush: float = PUSH_FLUSH_S  # seconds the process may spend at exit sending what is queued
 
     def to_env(self) -> dict[str, str]:
         """The variables that carry these settings to a child process."""

@@ -17,10 +17,12 @@ from pathlib import Path
 import gpuflame
 from gpuflame.capture import joint_peak, roll_call
 from gpuflame.capture.autostart import BOOTSTRAP_DIR
-from gpuflame.capture.session import FRAMEWORKS, IDLE_FILE, LOST_FILE, PROCESS_FILE
-from gpuflame.capture.settings import BACKENDS, TORCH_HOOKS, Settings
+from gpuflame.capture.backends import BACKENDS, TORCH_HOOKS, frameworks
+from gpuflame.capture.session import IDLE_FILE, LOST_FILE, PROCESS_FILE
+from gpuflame.capture.settings import Settings
 from gpuflame.capture.store import PROCESSES_DIR, PROFILE_NAME, RunMeta, new_run_folder, store_root
 from gpuflame.cli.common import add_force_option
+from gpuflame.defaults import BACKEND, PUSH_INTERVAL_S, TORCH_HOOK
 from gpuflame.errors import GpuflameError
 from gpuflame.files import check_folder, check_output
 from gpuflame.formats import load, save
@@ -90,13 +92,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         parser._negative_number_matcher = _NEGATIVE_VALUE
     parser.add_argument("-o", "--output", metavar="FILE", help="write the merged profile here (.pb.gz)")
     add_force_option(parser)
-    parser.add_argument("--backend", choices=BACKENDS, default="auto", help="what to record (default auto)")
+    parser.add_argument("--backend", choices=BACKENDS, default=BACKEND, help=f"what to record (default {BACKEND})")
     parser.add_argument("--interval", type=duration, default=None, metavar="DURATION",
                         help="also write each process's profile every DURATION (15s, 500ms), so that a process "
                         "ending by os._exit or SIGKILL still leaves a (partial) profile; "
-                        "default: only at exit, or 15s with --pyroscope")
+                        f"default: only at exit, or {PUSH_INTERVAL_S:g}s with --pyroscope")
     parser.add_argument("--no-follow", action="store_true", help="do not profile child processes")
-    parser.add_argument("--torch-hook", choices=TORCH_HOOKS, default="auto",
+    parser.add_argument("--torch-hook", choices=TORCH_HOOKS, default=TORCH_HOOK,
                         help="how the torch backend records: allocator (CPU, fast), dispatch (any device), "
                         "auto (default)")
     parser.add_argument("--native", action="store_true",
@@ -226,7 +228,7 @@ def _wait_for_stragglers(watch: roll_call.EndWatch) -> None:
 def _interval(args: argparse.Namespace) -> float:
     if args.interval is not None:
         return args.interval
-    return 15.0 if args.pyroscope else 0.0
+    return PUSH_INTERVAL_S if args.pyroscope else 0.0
 
 
 def _pyroscope_settings(args: argparse.Namespace) -> dict[str, str]:
@@ -463,8 +465,7 @@ def _processes_phrase(meta: RunMeta) -> str:
 
 def _why_nothing(backend: str, idle: dict[int, str]) -> str:
     """What really happened when no process recorded: which framework never came, and what did."""
-    watched = [m for m, backends in FRAMEWORKS.items() if backend in backends]
-    never = " or ".join(watched)
-    head = f"{never} was never imported" if backend != "auto" else "no process imported torch or jax"
+    never = " or ".join(frameworks(backend))
+    head = f"{never} was never imported" if backend != BACKEND else f"no process imported {never}"
     seen = "; ".join(f"pid {pid} {note}" for pid, note in sorted(idle.items()))
     return f"{head} (--backend {backend})" + (f"; {seen}" if seen else "")

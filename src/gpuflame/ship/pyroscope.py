@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from gpuflame.defaults import PUSH_TIMEOUT_S
 from gpuflame.errors import GpuflameError
 from gpuflame.formats.pprof import encode
 from gpuflame.formats.protobuf_wire import field_bytes, field_string
@@ -215,7 +216,7 @@ class PyroscopeClient:
         credentials: Credentials | None = None,
         tenant: str | None = None,
         ca_file: str | None = None,
-        timeout: float = 5.0,
+        timeout: float = PUSH_TIMEOUT_S,
     ) -> None:
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:

@@ -24,7 +24,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuflame.capture.settings import BACKENDS
+from gpuflame import defaults
+from gpuflame.capture.backends import BACKENDS
 from gpuflame.units import parse_duration
 
 PREFIX = "gpuflame.io/"
@@ -42,7 +43,6 @@ INIT_NAME = "gpuflame-payload"
 BOOTSTRAP = MOUNT + "/bootstrap"
 LIB = MOUNT + "/lib"
 SESSIONS = MOUNT + "/sessions"
-DEFAULT_INTERVAL = 15.0  # seconds: what autostart uses with Pyroscope and no interval
 DEFAULT_IMAGE = "ghcr.io/gpuflame/gpuflame:0.1.0"
 DEFAULT_SECRET = "gpuflame-pyroscope"
 NONROOT_UID = 65532
@@ -75,8 +75,8 @@ class Config:
 class Request:
     """The profiler's settings for one pod, read from its annotations."""
 
-    interval: float = DEFAULT_INTERVAL
-    backend: str = "auto"
+    interval: float = defaults.PUSH_INTERVAL_S
+    backend: str = defaults.BACKEND
     service_name: str = ""
     containers: tuple[str, ...] = field(default_factory=tuple)  # empty = every container
 
@@ -104,8 +104,8 @@ def parse_interval(text: str) -> float:
 
 def parse_request(annotations: Mapping[str, str]) -> Request:
     """The settings annotations, checked; raises BadAnnotation with a message for the user."""
-    interval = parse_interval(annotations[INTERVAL]) if INTERVAL in annotations else DEFAULT_INTERVAL
-    backend = annotations.get(BACKEND, "auto").strip()
+    interval = parse_interval(annotations[INTERVAL]) if INTERVAL in annotations else defaults.PUSH_INTERVAL_S
+    backend = annotations.get(BACKEND, defaults.BACKEND).strip()
     if backend not in BACKENDS:
         raise BadAnnotation(f"{BACKEND}: {backend!r} is not one of {', '.join(BACKENDS)}")
     service = annotations.get(SERVICE_NAME, "")
