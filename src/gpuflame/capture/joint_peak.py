@@ -20,7 +20,9 @@ import re
 import threading
 from types import ModuleType
 
-SESSION_ENV = "GPUFLAME_SESSION_DIR"  # set by gpuflame run (capture/settings.py) for every process
+from gpuflame.capture.settings import env_name
+
+SESSION_ENV = env_name("session_dir")  # set by gpuflame run for every process
 TABLE_FILE = "peak-{device}.table"
 
 _lock = threading.Lock()

@@ -16,7 +16,7 @@ from gpuflame.capture.backends import BACKENDS, TORCH_HOOKS
 from gpuflame.defaults import BACKEND, PUSH_FLUSH_S, PUSH_TIMEOUT_S, TORCH_HOOK
 
 PREFIX = "GPUFLAME_"
-__all__ = ["BACKENDS", "PREFIX", "TORCH_HOOKS", "Settings"]  # BACKENDS, TORCH_HOOKS: capture/backends.py
+__all__ = ["BACKENDS", "PREFIX", "TORCH_HOOKS", "Settings", "env_name"]  # BACKENDS, TORCH_HOOKS: capture/backends.py
 
 
 @dataclass(frozen=True)
@@ -42,13 +42,16 @@ class Settings:
     pyroscope_timeout: float = PUSH_TIMEOUT_S  # seconds one push may take
     pyroscope_flush: float = PUSH_FLUSH_S  # seconds the process may spend at exit sending what is queued
 
-    def to_env(self) -> dict[str, str]:
-        """The variables that carry these settings to a child process."""
-        out = {}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            out[PREFIX + f.name.upper()] = ("1" if value else "0") if isinstance(value, bool) else str(value)
-        return out
+    def to_env(self, *names: str) -> dict[str, str]:
+        """The variables that carry these settings to a child process (only *names*' when given).
+
+        The launcher passes them all; the webhook passes the ones a pod's
+        annotations set. :meth:`from_env` reads either back to these settings.
+        """
+        unknown = set(names) - {f.name for f in fields(self)}
+        if unknown:
+            raise ValueError(f"not a setting: {', '.join(sorted(unknown))}")
+        return {env_name(f.name): _text(getattr(self, f.name)) for f in fields(self) if not names or f.name in names}
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -56,7 +59,7 @@ class Settings:
         env = os.environ if env is None else env
         values: dict[str, object] = {}
         for f in fields(cls):
-            raw = env.get(PREFIX + f.name.upper())
+            raw = env.get(env_name(f.name))
             if raw is None:
                 continue
             default = getattr(cls, f.name)
@@ -80,3 +83,17 @@ class Settings:
     @property
     def enabled(self) -> bool:
         return bool(self.session_dir)
+
+
+def env_name(setting: str) -> str:
+    """The environment variable that carries *setting* (``session_dir`` -> ``GPUFLAME_SESSION_DIR``)."""
+    return PREFIX + setting.upper()
+
+
+def _text(value: object) -> str:
+    """A setting as its variable holds it: ``1``/``0``, ``15`` for 15.0, ``0.5``."""
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)

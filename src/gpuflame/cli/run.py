@@ -19,7 +19,7 @@ from gpuflame.capture import joint_peak, roll_call
 from gpuflame.capture.autostart import BOOTSTRAP_DIR
 from gpuflame.capture.backends import BACKENDS, TORCH_HOOKS, frameworks
 from gpuflame.capture.session import IDLE_FILE, LOST_FILE, PROCESS_FILE
-from gpuflame.capture.settings import Settings
+from gpuflame.capture.settings import Settings, env_name
 from gpuflame.capture.store import PROCESSES_DIR, PROFILE_NAME, RunMeta, new_run_folder, store_root
 from gpuflame.cli.common import add_force_option
 from gpuflame.defaults import BACKEND, PUSH_INTERVAL_S, TORCH_HOOK
@@ -249,7 +249,7 @@ def _pyroscope_settings(args: argparse.Namespace) -> dict[str, str]:
         "pyroscope_token_file": _absolute(args.pyroscope_token_file),
         "pyroscope_password_file": _absolute(args.pyroscope_password_file),
     }
-    out = {k: v or os.environ.get("GPUFLAME_" + k.upper(), "") for k, v in given.items()}
+    out = {k: v or os.environ.get(env_name(k), "") for k, v in given.items()}
     credentials = Credentials.from_env(
         user=out["pyroscope_user"], token_file=out["pyroscope_token_file"], password_file=out["pyroscope_password_file"]
     )

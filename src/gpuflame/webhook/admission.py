@@ -26,6 +26,7 @@ from typing import Any
 
 from gpuflame import defaults
 from gpuflame.capture.backends import BACKENDS
+from gpuflame.capture.settings import Settings, env_name
 from gpuflame.units import parse_duration
 
 PREFIX = "gpuflame.io/"
@@ -48,7 +49,9 @@ DEFAULT_SECRET = "gpuflame-pyroscope"
 NONROOT_UID = 65532
 
 # Secret key -> variable; all optional so a pod starts without the Secret.
-SECRET_KEYS = (("url", "GPUFLAME_PYROSCOPE_URL"), ("token", "GPUFLAME_PYROSCOPE_TOKEN"), ("tenant", "GPUFLAME_TENANT"))
+SECRET_KEYS = (
+    ("url", env_name("pyroscope_url")), ("token", "GPUFLAME_PYROSCOPE_TOKEN"), ("tenant", env_name("tenant")),
+)
 FIELD_REFS = (("POD_NAMESPACE", "metadata.namespace"), ("POD_NAME", "metadata.name"), ("NODE_NAME", "spec.nodeName"))
 
 _TRUE = ("true", "1", "yes", "on")
@@ -190,14 +193,10 @@ def profiler_env(container: Mapping[str, Any], request: Request, config: Config)
     name = str(container.get("name", ""))
     env: list[dict[str, Any]] = [
         {"name": "GPUFLAME_HOME", "value": LIB},
-        {"name": "GPUFLAME_SESSION_DIR", "value": f"{SESSIONS}/{name}"},
         # the torch backend's compiled hook: the image's home may be read-only, the volume is not
         {"name": "GPUFLAME_CACHE_DIR", "value": f"{MOUNT}/cache"},
-        {"name": "GPUFLAME_BACKEND", "value": request.backend},
-        {"name": "GPUFLAME_INTERVAL", "value": _seconds(request.interval)},
     ]
-    if request.service_name:
-        env.append({"name": "GPUFLAME_SERVICE_NAME", "value": request.service_name})
+    env += [{"name": var, "value": value} for var, value in settings_env(name, request).items()]
     env += [{"name": var, "valueFrom": {"fieldRef": {"fieldPath": path}}} for var, path in FIELD_REFS]
     env.append({"name": "CONTAINER_NAME", "value": name})
     env += [
@@ -207,8 +206,11 @@ def profiler_env(container: Mapping[str, Any], request: Request, config: Config)
     return env
 
 
-def _seconds(value: float) -> str:
-    return str(int(value)) if value == int(value) else repr(value)
+def settings_env(container_name: str, request: Request) -> dict[str, str]:
+    """The profiler's settings for one container, as ``gpuflame run`` passes them (``Settings.to_env``)."""
+    settings = Settings(session_dir=f"{SESSIONS}/{container_name}", backend=request.backend,
+                        interval=request.interval, service_name=request.service_name)
+    return settings.to_env("session_dir", "backend", "interval", *["service_name"] * bool(request.service_name))
 
 
 def container_patch(pod: Mapping[str, Any], index: int, request: Request, config: Config) -> list[dict]:
