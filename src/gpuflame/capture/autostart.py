@@ -16,11 +16,9 @@ from gpuflame.capture.post_import import when_imported
 from gpuflame.capture.session import Session
 from gpuflame.capture.settings import Settings
 from gpuflame.defaults import PUSH_INTERVAL_S
+from gpuflame.launch.contract import stop_following
 
 _session: Session | None = None
-
-BOOTSTRAP_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "inject", "bootstrap")
-
 
 def current_session() -> Session | None:
     return _session
@@ -78,15 +76,3 @@ def _add(ref: weakref.ref[Session], name: str) -> None:
         session.report(f"the {name} backend is not available ({exc}); nothing is recorded by it")
         return
     session.add(recorder)
-
-
-def stop_following() -> None:
-    """Children of this process start without the profiler (``--no-follow``)."""
-    parts = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != BOOTSTRAP_DIR]
-    if parts:
-        os.environ["PYTHONPATH"] = os.pathsep.join(parts)
-    else:
-        os.environ.pop("PYTHONPATH", None)
-    os.environ.pop("GPUFLAME_SESSION_DIR", None)
-
-

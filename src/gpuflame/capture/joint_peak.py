@@ -21,9 +21,9 @@ import threading
 from types import ModuleType
 
 from gpuflame.capture.settings import env_name
+from gpuflame.launch.contract import TABLE_FILE
 
 SESSION_ENV = env_name("session_dir")  # set by gpuflame run for every process
-TABLE_FILE = "peak-{device}.table"
 
 _lock = threading.Lock()
 _claimed: dict[str, int] = {}  # device -> table handle held by a recorder of this process

@@ -16,15 +16,14 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from gpuflame.capture import backends, roll_call
+from gpuflame.capture import backends
 from gpuflame.capture.base import Recorder
 from gpuflame.capture.exit_hooks import HOOKS, signals_held
 from gpuflame.capture.settings import Settings
+from gpuflame.launch import roll_call
+from gpuflame.launch.contract import IDLE_FILE, LOST_FILE, PROCESS_FILE
 from gpuflame.model import Profile, merge
 
-PROCESS_FILE = "proc-{pid}.pb.gz"
-LOST_FILE = "lost-{pid}.txt"
-IDLE_FILE = "idle-{pid}.txt"  # why a process that ran under the profiler recorded nothing
 FINISH_WAIT_S = 60.0  # how long a signal handler waits for another thread's final write
 
 
