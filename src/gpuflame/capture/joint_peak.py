@@ -20,6 +20,7 @@ import re
 import threading
 from types import ModuleType
 
+from gpuflame.capture.exit_hooks import HOOKS
 from gpuflame.capture.settings import env_name
 from gpuflame.launch.contract import TABLE_FILE
 
@@ -69,5 +70,4 @@ def _after_fork_in_child() -> None:
     _lock = threading.Lock()  # another thread may have held it at the fork
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+HOOKS.at_fork_child(_after_fork_in_child)

@@ -134,7 +134,7 @@ class Session:
     def after_fork(self, to_exec: bool = False) -> None:
         """In a forked child: a new process with its own pid, file and (fresh) timer.
 
-        The recorders reset their own state at a fork (their modules hook it);
+        The recorders reset their own state at a fork (``HOOKS.at_fork_child``);
         the session only takes the child's identity. A child that is about to
         run another program (*to_exec*) records nothing of its own.
         """

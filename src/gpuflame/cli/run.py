@@ -128,6 +128,7 @@ def command_line(args: argparse.Namespace) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    """The arguments as a launch request and settings; the run itself is ``launch/runner.py``'s."""
     command = command_line(args)
     asked = [args.module] if args.module else [w for w in args.target if w != "--"]
     request = Launch(command, asked, output=args.output, store=args.store, force=args.force, as_json=args.json)
