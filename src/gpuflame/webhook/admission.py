@@ -27,6 +27,7 @@ from typing import Any
 from gpuflame import defaults
 from gpuflame.capture.backends import BACKENDS
 from gpuflame.capture.settings import Settings, env_name
+from gpuflame.launch.contract import HOME_ENV
 from gpuflame.units import parse_duration
 
 PREFIX = "gpuflame.io/"
@@ -192,7 +193,7 @@ def profiler_env(container: Mapping[str, Any], request: Request, config: Config)
     """The variables gpuflame's bootstrap and Pyroscope pusher read (besides PYTHONPATH)."""
     name = str(container.get("name", ""))
     env: list[dict[str, Any]] = [
-        {"name": "GPUFLAME_HOME", "value": LIB},
+        {"name": HOME_ENV, "value": LIB},
         # the torch backend's compiled hook: the image's home may be read-only, the volume is not
         {"name": "GPUFLAME_CACHE_DIR", "value": f"{MOUNT}/cache"},
     ]
