@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from gpuflame.capture.settings import Settings
 from gpuflame.cli.main import main
 from gpuflame.webhook import admission
 from gpuflame.webhook.admission import Config
@@ -203,6 +204,27 @@ def test_bare_pod_gets_volume_init_container_env_and_mount(server: WebhookServer
                                                                          "optional": True}}}
     # the annotation key has a "/": its JSON Pointer must escape it for this to land in the right place
     assert patched["metadata"]["annotations"]["gpuflame.io/injected"] == "true"
+
+
+def test_the_env_a_pod_gets_reads_back_as_the_settings_its_annotations_ask_for() -> None:
+    """The webhook writes settings as ``Settings.to_env`` does; the bootstrap's ``from_env`` reads them back."""
+    annotations = on(**{"gpuflame.io/interval": "2.5s", "gpuflame.io/backend": "jax",
+                        "gpuflame.io/service-name": "vllm"})
+    ops = admission.patch_for(pod(annotations), admission.parse_request(annotations), Config())
+    [main_c] = jsonpatch.apply_patch(pod(annotations), ops)["spec"]["containers"]
+    plain = {var["name"]: var["value"] for var in main_c["env"] if "value" in var}
+    expected = Settings(session_dir="/gpuflame/sessions/main", backend="jax", interval=2.5, service_name="vllm")
+    assert Settings.from_env(plain) == expected
+    assert plain["GPUFLAME_INTERVAL"] == "2.5"
+    defaults = admission.parse_request(on())  # no setting annotations: the defaults, said explicitly
+    assert Settings.from_env(admission.settings_env("app", defaults)) == Settings(
+        session_dir="/gpuflame/sessions/app", interval=15.0)
+
+
+def test_settings_to_env_names_only_real_settings() -> None:
+    assert Settings(interval=30.0).to_env("interval") == {"GPUFLAME_INTERVAL": "30"}
+    with pytest.raises(ValueError, match="not a setting: intervall"):
+        Settings().to_env("intervall")
 
 
 def test_existing_pythonpath_is_kept_after_ours(server: WebhookServer, tls: tuple[Path, Path]) -> None:

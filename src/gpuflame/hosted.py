@@ -15,7 +15,7 @@ from types import ModuleType
 from typing import Any
 
 import gpuflame.api
-from gpuflame.capture.backends import cuda_available
+from gpuflame.capture import backends
 from gpuflame.capture.code_frames import GPUFLAME_DIR
 from gpuflame.model import Profile, cut_callers
 
@@ -34,16 +34,10 @@ def backend_for_now(backend: str) -> str | None:
     hook. A host that records many short windows (a test each) therefore
     starts only what can start now; ``auto`` picks as ``gpuflame run`` does.
     """
-    torch = sys.modules.get("torch")
-    jax = "jax" in sys.modules
-    if backend == "auto":
-        if torch is not None and jax:
-            return "auto"
-        if torch is not None:
-            return "torch-cuda" if cuda_available(torch) else "torch"
-        return "jax" if jax else None
-    needs = "jax" if backend == "jax" else "torch"
-    return backend if needs in sys.modules else None
+    imported = [sys.modules[m] for m in backends.frameworks(backend) if m in sys.modules]
+    if not imported:
+        return None
+    return backends.for_framework(backend, imported[0]) if len(imported) == 1 else backend
 
 
 def package_dirs(*modules: ModuleType) -> tuple[str, ...]:

@@ -10,18 +10,15 @@ from __future__ import annotations
 import os
 import weakref
 from dataclasses import replace
-from types import ModuleType
 
 from gpuflame.capture import backends
 from gpuflame.capture.post_import import when_imported
-from gpuflame.capture.session import FRAMEWORKS, Session
+from gpuflame.capture.session import Session
 from gpuflame.capture.settings import Settings
+from gpuflame.defaults import PUSH_INTERVAL_S
+from gpuflame.launch.contract import stop_following
 
 _session: Session | None = None
-DEFAULT_PUSH_INTERVAL = 15.0  # seconds between pushes when Pyroscope is set and no interval is
-
-BOOTSTRAP_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "inject", "bootstrap")
-
 
 def current_session() -> Session | None:
     return _session
@@ -34,7 +31,7 @@ def start_from_env() -> Session | None:
     if not settings.enabled or _session is not None:
         return _session
     if settings.pyroscope_url and settings.interval <= 0:
-        settings = replace(settings, interval=DEFAULT_PUSH_INTERVAL)
+        settings = replace(settings, interval=PUSH_INTERVAL_S)
     _make_session_dir(settings.session_dir)
     session = Session(settings)
     session.install_exit_hooks()
@@ -59,22 +56,14 @@ def _make_session_dir(path: str) -> None:
 
 
 def watch(session: Session, backend: str) -> None:
-    """Start the backend(s) once the workload imports their framework.
+    """Start the backend(s) once the workload imports their framework (capture/backends.py picks which).
 
     The import hook holds the session weakly: a finished API session whose
     framework is never imported must not stay alive for the process's life.
     """
     ref = weakref.ref(session)
-    if backend in FRAMEWORKS["torch"]:
-        when_imported("torch", lambda torch: _start_torch(ref, backend, torch))
-    if backend in FRAMEWORKS["jax"]:
-        when_imported("jax", lambda jax: _add(ref, "jax"))
-
-
-def _start_torch(ref: weakref.ref[Session], backend: str, torch: ModuleType) -> None:
-    if backend == "auto":
-        backend = "torch-cuda" if backends.cuda_available(torch) else "torch"
-    _add(ref, backend)
+    for framework in backends.frameworks(backend):
+        when_imported(framework, lambda module: _add(ref, backends.for_framework(backend, module)))
 
 
 def _add(ref: weakref.ref[Session], name: str) -> None:
@@ -87,15 +76,3 @@ def _add(ref: weakref.ref[Session], name: str) -> None:
         session.report(f"the {name} backend is not available ({exc}); nothing is recorded by it")
         return
     session.add(recorder)
-
-
-def stop_following() -> None:
-    """Children of this process start without the profiler (``--no-follow``)."""
-    parts = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != BOOTSTRAP_DIR]
-    if parts:
-        os.environ["PYTHONPATH"] = os.pathsep.join(parts)
-    else:
-        os.environ.pop("PYTHONPATH", None)
-    os.environ.pop("GPUFLAME_SESSION_DIR", None)
-
-

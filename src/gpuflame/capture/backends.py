@@ -1,9 +1,19 @@
-"""The capture backends by name, imported only when a workload needs one."""
+"""The capture backends: one registry of what each is called, which import starts it, and how it is built.
+
+Every question about backends is answered here: the names ``--backend``
+accepts (:data:`BACKENDS`), the framework whose import starts each one
+(:data:`REGISTRY`), the two "auto" decisions (:func:`for_framework`: which
+backend records a framework just imported; :func:`torch_recorder`: which
+torch hook records), and the recorders' factories. A recorder's module is
+imported only when a workload needs it (the in-process side imports only
+the standard library until the framework is there).
+"""
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING
 
@@ -11,19 +21,63 @@ if TYPE_CHECKING:
     from gpuflame.capture.session import Recorder, Session
 
 
+@dataclass(frozen=True)
+class Backend:
+    """One backend: its ``--backend`` name, the framework it records, and its factory."""
+
+    name: str
+    framework: str  # the module whose import starts it
+    create: Callable[[Session], Recorder]
+
+
+def _torch_cuda(session: Session) -> Recorder:
+    from gpuflame.capture.torch_cuda import TorchCudaRecorder
+
+    return TorchCudaRecorder(on_oom=session.write, native=session.settings.native)
+
+
+def _torch(session: Session) -> Recorder:
+    return torch_recorder(session.settings.torch_hook, say, native=session.settings.native)
+
+
+def _jax(session: Session) -> Recorder:
+    from gpuflame.capture.jax_memory import JaxMemoryRecorder
+
+    return JaxMemoryRecorder(keep_framework=session.settings.keep_framework)
+
+
+AUTO = "auto"  # the name that lets the rules below decide (for_framework, torch_recorder)
+REGISTRY = {b.name: b for b in (Backend("torch-cuda", "torch", _torch_cuda), Backend("torch", "torch", _torch),
+                                Backend("jax", "jax", _jax))}
+BACKENDS = (AUTO, *REGISTRY)  # what --backend and GPUFLAME_BACKEND accept
+TORCH_HOOKS = (AUTO, "allocator", "dispatch")  # how the torch backend records (torch_recorder)
+
+
+def frameworks(backend: str) -> tuple[str, ...]:
+    """The frameworks whose import starts *backend* (``auto``: every one), in registry order."""
+    chosen = REGISTRY.values() if backend == AUTO else [REGISTRY[backend]] if backend in REGISTRY else []
+    return tuple(dict.fromkeys(b.framework for b in chosen))
+
+
+def for_framework(backend: str, framework: ModuleType) -> str:
+    """The backend that records *framework* (just imported) when *backend* was asked for.
+
+    The "auto" rule: PyTorch's caching-allocator history where CUDA is
+    there (``torch-cuda``), else ``torch`` (any device, CPU included);
+    ``jax`` for JAX.
+    """
+    if backend != AUTO:
+        return backend
+    if framework.__name__ == "torch":
+        return "torch-cuda" if cuda_available(framework) else "torch"
+    return next(b.name for b in REGISTRY.values() if b.framework == framework.__name__)
+
+
 def create(name: str, session: Session) -> Recorder:
     """A new, not yet started recorder for backend *name*."""
-    if name == "torch":
-        return torch_recorder(session.settings.torch_hook, say, native=session.settings.native)
-    if name == "torch-cuda":
-        from gpuflame.capture.torch_cuda import TorchCudaRecorder
-
-        return TorchCudaRecorder(on_oom=session.write, native=session.settings.native)
-    if name == "jax":
-        from gpuflame.capture.jax_memory import JaxMemoryRecorder
-
-        return JaxMemoryRecorder(keep_framework=session.settings.keep_framework)
-    raise ValueError(f"unknown backend {name!r}")
+    if name not in REGISTRY:
+        raise ValueError(f"unknown backend {name!r}")
+    return REGISTRY[name].create(session)
 
 
 def torch_recorder(hook: str, report: Callable[[str], None], native: bool = False) -> Recorder:
@@ -36,7 +90,7 @@ def torch_recorder(hook: str, report: Callable[[str], None], native: bool = Fals
     frames below each Python caller; only the allocator hook has them.
     """
     torch = sys.modules.get("torch")
-    if hook == "dispatch" or (hook == "auto" and torch is not None and accelerator(torch)):
+    if hook == "dispatch" or (hook == AUTO and torch is not None and accelerator(torch)):
         return _dispatch_recorder()
     from gpuflame.capture.native import NativeUnavailable, load_cpu_hook
     from gpuflame.capture.torch_allocator import TorchAllocatorRecorder, hook_busy

@@ -2,7 +2,9 @@
 
 One object per process, installed with the first session, so that profiling
 a block of code six times leaves one atexit entry, one SIGTERM handler and
-one fork hook, and no finished session kept alive by any of them.
+one fork hook, and no finished session kept alive by any of them. Modules
+that reset their own state in a fork child hand that step to
+:meth:`ExitHooks.at_fork_child` instead of registering their own.
 
 ``exec`` ends the process image too: ``os.execv``/``os.execve`` (which
 every ``os.exec*`` and ``pty`` go through) are wrapped so that a process
@@ -51,6 +53,8 @@ class ExitHooks:
         self._sigterm_installed = False
         self._previous_sigterm: Any = None
         self._signal_watch = SignalWatch()
+        self._fork_hooked = False
+        self._fork_resets: list[Callable[[], None]] = []  # modules' own state, reset in every fork child
 
     def attach(self, session: Session) -> None:
         """Write *session* at the process's exit (and on SIGTERM, and in fork children)."""
@@ -61,6 +65,15 @@ class ExitHooks:
         """*session* is finished: the hooks no longer hold it."""
         if session in self.sessions:
             self.sessions.remove(session)
+
+    def at_fork_child(self, reset: Callable[[], None]) -> None:
+        """Run *reset* in every fork child, after the sessions: a module's locks, its running recorder.
+
+        Modules hand their fork step here instead of registering their own,
+        so that a fork child runs each step once, in a known order.
+        """
+        self._fork_resets.append(reset)
+        self._hook_fork()
 
     def to_front(self) -> None:
         """Run before the exit handlers registered so far (JAX frees its buffers in one).
@@ -99,6 +112,11 @@ class ExitHooks:
             self._signal_watch.restart_in_child()
         for session in list(self.sessions):
             session.after_fork(to_exec=to_exec)
+        for reset in list(self._fork_resets):
+            try:
+                reset()
+            except Exception:  # noqa: BLE001 - one module's reset must not stop the others'
+                pass
 
     def _before_exec(self) -> None:
         for session in reversed(list(self.sessions)):
@@ -124,8 +142,7 @@ class ExitHooks:
             return
         self._installed = True
         atexit.register(self.at_exit)
-        if hasattr(os, "register_at_fork"):
-            os.register_at_fork(after_in_child=self._after_fork)
+        self._hook_fork()
         for name in ("execv", "execve"):
             if hasattr(os, name):
                 setattr(os, name, _calling_first(self._before_exec, getattr(os, name)))
@@ -135,6 +152,12 @@ class ExitHooks:
             mp_util.register_after_fork(self, ExitHooks._after_multiprocessing_fork)
         except Exception:  # pragma: no cover - multiprocessing missing is not our problem
             pass
+
+    def _hook_fork(self) -> None:
+        if self._fork_hooked or not hasattr(os, "register_at_fork"):
+            return
+        self._fork_hooked = True
+        os.register_at_fork(after_in_child=self._after_fork)
 
     def _install_sigterm(self) -> None:
         """Once, from the main thread (the only one allowed to set handlers)."""

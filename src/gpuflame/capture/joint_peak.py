@@ -20,8 +20,11 @@ import re
 import threading
 from types import ModuleType
 
-SESSION_ENV = "GPUFLAME_SESSION_DIR"  # set by gpuflame run (capture/settings.py) for every process
-TABLE_FILE = "peak-{device}.table"
+from gpuflame.capture.exit_hooks import HOOKS
+from gpuflame.capture.settings import env_name
+from gpuflame.launch.contract import TABLE_FILE
+
+SESSION_ENV = env_name("session_dir")  # set by gpuflame run for every process
 
 _lock = threading.Lock()
 _claimed: dict[str, int] = {}  # device -> table handle held by a recorder of this process
@@ -67,5 +70,4 @@ def _after_fork_in_child() -> None:
     _lock = threading.Lock()  # another thread may have held it at the fork
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+HOOKS.at_fork_child(_after_fork_in_child)

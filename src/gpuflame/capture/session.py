@@ -16,16 +16,14 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from gpuflame.capture import roll_call
+from gpuflame.capture import backends
 from gpuflame.capture.base import Recorder
 from gpuflame.capture.exit_hooks import HOOKS, signals_held
 from gpuflame.capture.settings import Settings
+from gpuflame.launch import roll_call
+from gpuflame.launch.contract import IDLE_FILE, LOST_FILE, PROCESS_FILE
 from gpuflame.model import Profile, merge
 
-PROCESS_FILE = "proc-{pid}.pb.gz"
-LOST_FILE = "lost-{pid}.txt"
-IDLE_FILE = "idle-{pid}.txt"  # why a process that ran under the profiler recorded nothing
-FRAMEWORKS = {"torch": ("auto", "torch", "torch-cuda"), "jax": ("auto", "jax")}  # module -> backends recording it
 FINISH_WAIT_S = 60.0  # how long a signal handler waits for another thread's final write
 
 
@@ -136,7 +134,7 @@ class Session:
     def after_fork(self, to_exec: bool = False) -> None:
         """In a forked child: a new process with its own pid, file and (fresh) timer.
 
-        The recorders reset their own state at a fork (their modules hook it);
+        The recorders reset their own state at a fork (``HOOKS.at_fork_child``);
         the session only takes the child's identity. A child that is about to
         run another program (*to_exec*) records nothing of its own.
         """
@@ -284,7 +282,8 @@ class Session:
     def _note_idle(self) -> None:
         """Say why nothing was recorded here when a framework was imported that the backend does not record."""
         backend = self.settings.backend
-        missed = [m for m, backends in FRAMEWORKS.items() if m in sys.modules and backend not in backends]
+        recorded = backends.frameworks(backend)
+        missed = [m for m in backends.frameworks("auto") if m in sys.modules and m not in recorded]
         if not missed:
             return
         try:

@@ -12,9 +12,11 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 
+from gpuflame.capture.backends import BACKENDS, TORCH_HOOKS
+from gpuflame.defaults import BACKEND, PUSH_FLUSH_S, PUSH_TIMEOUT_S, TORCH_HOOK
+
 PREFIX = "GPUFLAME_"
-BACKENDS = ("auto", "torch-cuda", "torch", "jax")
-TORCH_HOOKS = ("auto", "allocator", "dispatch")  # how the torch backend records (capture/backends.py)
+__all__ = ["BACKENDS", "PREFIX", "TORCH_HOOKS", "Settings", "env_name"]  # BACKENDS, TORCH_HOOKS: capture/backends.py
 
 
 @dataclass(frozen=True)
@@ -22,11 +24,11 @@ class Settings:
     """The profiler's settings for one run (shared by all its processes)."""
 
     session_dir: str = ""  # where each process writes proc-<pid>.pb.gz
-    backend: str = "auto"
+    backend: str = BACKEND
     interval: float = 0.0  # seconds between periodic snapshots; 0 = only at exit
     follow: bool = True  # profile child processes too
     native: bool = False  # native frames where the backend can give them
-    torch_hook: str = "auto"  # torch backend: allocator (CPU, fast), dispatch (any device), auto
+    torch_hook: str = TORCH_HOOK  # torch backend: allocator (CPU, fast), dispatch (any device), auto
     keep_framework: bool = False  # keep framework-internal frames (jax/, jaxlib/) the jax backend prunes
     root_pid: int = 0  # the process gpuflame run started
     # continuous mode (ship/continuous.py); secrets never travel here, only the files that hold them
@@ -37,16 +39,19 @@ class Settings:
     pyroscope_user: str = ""  # basic auth user; password/token from GPUFLAME_PYROSCOPE_{PASSWORD,TOKEN}[_FILE]
     pyroscope_token_file: str = ""
     pyroscope_password_file: str = ""
-    pyroscope_timeout: float = 5.0  # seconds one push may take
-    pyroscope_flush: float = 3.0  # seconds the process may spend at exit sending what is queued
+    pyroscope_timeout: float = PUSH_TIMEOUT_S  # seconds one push may take
+    pyroscope_flush: float = PUSH_FLUSH_S  # seconds the process may spend at exit sending what is queued
 
-    def to_env(self) -> dict[str, str]:
-        """The variables that carry these settings to a child process."""
-        out = {}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            out[PREFIX + f.name.upper()] = ("1" if value else "0") if isinstance(value, bool) else str(value)
-        return out
+    def to_env(self, *names: str) -> dict[str, str]:
+        """The variables that carry these settings to a child process (only *names*' when given).
+
+        The launcher passes them all; the webhook passes the ones a pod's
+        annotations set. :meth:`from_env` reads either back to these settings.
+        """
+        unknown = set(names) - {f.name for f in fields(self)}
+        if unknown:
+            raise ValueError(f"not a setting: {', '.join(sorted(unknown))}")
+        return {env_name(f.name): _text(getattr(self, f.name)) for f in fields(self) if not names or f.name in names}
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -54,7 +59,7 @@ class Settings:
         env = os.environ if env is None else env
         values: dict[str, object] = {}
         for f in fields(cls):
-            raw = env.get(PREFIX + f.name.upper())
+            raw = env.get(env_name(f.name))
             if raw is None:
                 continue
             default = getattr(cls, f.name)
@@ -78,3 +83,17 @@ class Settings:
     @property
     def enabled(self) -> bool:
         return bool(self.session_dir)
+
+
+def env_name(setting: str) -> str:
+    """The environment variable that carries *setting* (``session_dir`` -> ``GPUFLAME_SESSION_DIR``)."""
+    return PREFIX + setting.upper()
+
+
+def _text(value: object) -> str:
+    """A setting as its variable holds it: ``1``/``0``, ``15`` for 15.0, ``0.5``."""
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)

@@ -36,6 +36,7 @@ from types import ModuleType
 from gpuflame.capture import auto_phases, categories, joint_peak, phase_table, phases
 from gpuflame.capture.base import Recorder, empty_profile
 from gpuflame.capture.code_frames import CodeFrames
+from gpuflame.capture.exit_hooks import HOOKS
 from gpuflame.capture.native import elf_symbols
 from gpuflame.capture.recorder_categories import HookCategories
 from gpuflame.model import history as event_history
@@ -258,5 +259,4 @@ def _after_fork_in_child() -> None:
         recorder.after_fork()
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+HOOKS.at_fork_child(_after_fork_in_child)

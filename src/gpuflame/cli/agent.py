@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 
 from gpuflame.agent.events import LIVE_BLOCKS
-from gpuflame.capture.store import PROFILE_NAME, RunMeta, new_run_folder, store_root
 from gpuflame.errors import GpuflameError
+from gpuflame.launch.store import PROFILE_NAME, RunMeta, new_run_folder, store_root
 from gpuflame.units import format_bytes, parse_duration
 
 HELP = "profile every CUDA process on this machine (eBPF; no restart, any framework)"

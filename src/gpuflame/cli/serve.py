@@ -7,8 +7,8 @@ import sys
 import webbrowser
 from socketserver import BaseServer
 
-from gpuflame.capture.store import store_root
 from gpuflame.errors import GpuflameError
+from gpuflame.launch.store import store_root
 from gpuflame.serve.app import Server, is_loopback, make_server
 
 HELP = "browse your runs in a local web page: open one, diff two"

@@ -76,7 +76,7 @@ def _tolerance(text: str) -> Any:
 
 
 def _check_backend(name: str) -> None:
-    from gpuflame.capture.settings import BACKENDS
+    from gpuflame.capture.backends import BACKENDS
 
     if name not in BACKENDS:
         raise pytest.UsageError(f"--gpuflame-backend must be one of {', '.join(BACKENDS)}, not {name!r}")

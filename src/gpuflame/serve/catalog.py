@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpuflame.capture.store import META_NAME, PROFILE_NAME
 from gpuflame.errors import GpuflameError
+from gpuflame.launch.store import META_NAME, PROFILE_NAME
 
 # Names of files worth listing and serving: pprof, folded stacks, PyTorch snapshots.
 PROFILE_SUFFIXES = (".pb.gz", ".pb", ".pprof", ".folded", ".collapsed", ".pickle", ".pickle.gz")

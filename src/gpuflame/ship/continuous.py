@@ -21,8 +21,6 @@ if TYPE_CHECKING:
     from gpuflame.capture.settings import Settings
     from gpuflame.model import Profile
 
-DEFAULT_INTERVAL = 15.0
-
 
 class ContinuousPush:
     """One pusher per process: a fork child gets its own (threads do not survive fork)."""

@@ -19,6 +19,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from gpuflame.defaults import PUSH_FLUSH_S
 from gpuflame.ship.pyroscope import PushError
 
 Send = Callable[[Any], None]
@@ -73,7 +74,7 @@ class Pusher:
                 self._thread.start()
             self._cond.notify()
 
-    def close(self, timeout: float = 3.0) -> None:
+    def close(self, timeout: float = PUSH_FLUSH_S) -> None:
         """Send what is queued within *timeout* seconds, then report the counts once."""
         deadline = time.monotonic() + max(0.0, timeout)
         with self._cond:

@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from gpuflame.capture.settings import env_name
+from gpuflame.defaults import PUSH_TIMEOUT_S
 from gpuflame.errors import GpuflameError
 from gpuflame.formats.pprof import encode
 from gpuflame.formats.protobuf_wire import field_bytes, field_string
@@ -140,8 +142,8 @@ def service_name(option: str = "", env: Mapping[str, str] | None = None, script:
     env = os.environ if env is None else env
     if option:
         return option
-    if env.get("GPUFLAME_SERVICE_NAME"):
-        return env["GPUFLAME_SERVICE_NAME"]
+    if env.get(env_name("service_name")):
+        return env[env_name("service_name")]
     pod = env.get("POD_NAME") or (env.get("HOSTNAME", "") if env.get("KUBERNETES_SERVICE_HOST") else "")
     if pod:
         return workload_name(pod)
@@ -217,7 +219,7 @@ class PyroscopeClient:
         credentials: Credentials | None = None,
         tenant: str | None = None,
         ca_file: str | None = None,
-        timeout: float = 5.0,
+        timeout: float = PUSH_TIMEOUT_S,
     ) -> None:
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:

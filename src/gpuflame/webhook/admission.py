@@ -24,7 +24,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuflame.capture.settings import BACKENDS
+from gpuflame import defaults
+from gpuflame.capture.backends import BACKENDS
+from gpuflame.capture.settings import Settings, env_name
+from gpuflame.launch.contract import HOME_ENV
 from gpuflame.units import parse_duration
 
 PREFIX = "gpuflame.io/"
@@ -42,13 +45,14 @@ INIT_NAME = "gpuflame-payload"
 BOOTSTRAP = MOUNT + "/bootstrap"
 LIB = MOUNT + "/lib"
 SESSIONS = MOUNT + "/sessions"
-DEFAULT_INTERVAL = 15.0  # seconds: what autostart uses with Pyroscope and no interval
 DEFAULT_IMAGE = "ghcr.io/gpuflame/gpuflame:0.1.0"
 DEFAULT_SECRET = "gpuflame-pyroscope"
 NONROOT_UID = 65532
 
 # Secret key -> variable; all optional so a pod starts without the Secret.
-SECRET_KEYS = (("url", "GPUFLAME_PYROSCOPE_URL"), ("token", "GPUFLAME_PYROSCOPE_TOKEN"), ("tenant", "GPUFLAME_TENANT"))
+SECRET_KEYS = (
+    ("url", env_name("pyroscope_url")), ("token", "GPUFLAME_PYROSCOPE_TOKEN"), ("tenant", env_name("tenant")),
+)
 FIELD_REFS = (("POD_NAMESPACE", "metadata.namespace"), ("POD_NAME", "metadata.name"), ("NODE_NAME", "spec.nodeName"))
 
 _TRUE = ("true", "1", "yes", "on")
@@ -75,8 +79,8 @@ class Config:
 class Request:
     """The profiler's settings for one pod, read from its annotations."""
 
-    interval: float = DEFAULT_INTERVAL
-    backend: str = "auto"
+    interval: float = defaults.PUSH_INTERVAL_S
+    backend: str = defaults.BACKEND
     service_name: str = ""
     containers: tuple[str, ...] = field(default_factory=tuple)  # empty = every container
 
@@ -104,8 +108,8 @@ def parse_interval(text: str) -> float:
 
 def parse_request(annotations: Mapping[str, str]) -> Request:
     """The settings annotations, checked; raises BadAnnotation with a message for the user."""
-    interval = parse_interval(annotations[INTERVAL]) if INTERVAL in annotations else DEFAULT_INTERVAL
-    backend = annotations.get(BACKEND, "auto").strip()
+    interval = parse_interval(annotations[INTERVAL]) if INTERVAL in annotations else defaults.PUSH_INTERVAL_S
+    backend = annotations.get(BACKEND, defaults.BACKEND).strip()
     if backend not in BACKENDS:
         raise BadAnnotation(f"{BACKEND}: {backend!r} is not one of {', '.join(BACKENDS)}")
     service = annotations.get(SERVICE_NAME, "")
@@ -189,15 +193,11 @@ def profiler_env(container: Mapping[str, Any], request: Request, config: Config)
     """The variables gpuflame's bootstrap and Pyroscope pusher read (besides PYTHONPATH)."""
     name = str(container.get("name", ""))
     env: list[dict[str, Any]] = [
-        {"name": "GPUFLAME_HOME", "value": LIB},
-        {"name": "GPUFLAME_SESSION_DIR", "value": f"{SESSIONS}/{name}"},
+        {"name": HOME_ENV, "value": LIB},
         # the torch backend's compiled hook: the image's home may be read-only, the volume is not
         {"name": "GPUFLAME_CACHE_DIR", "value": f"{MOUNT}/cache"},
-        {"name": "GPUFLAME_BACKEND", "value": request.backend},
-        {"name": "GPUFLAME_INTERVAL", "value": _seconds(request.interval)},
     ]
-    if request.service_name:
-        env.append({"name": "GPUFLAME_SERVICE_NAME", "value": request.service_name})
+    env += [{"name": var, "value": value} for var, value in settings_env(name, request).items()]
     env += [{"name": var, "valueFrom": {"fieldRef": {"fieldPath": path}}} for var, path in FIELD_REFS]
     env.append({"name": "CONTAINER_NAME", "value": name})
     env += [
@@ -207,8 +207,11 @@ def profiler_env(container: Mapping[str, Any], request: Request, config: Config)
     return env
 
 
-def _seconds(value: float) -> str:
-    return str(int(value)) if value == int(value) else repr(value)
+def settings_env(container_name: str, request: Request) -> dict[str, str]:
+    """The profiler's settings for one container, as ``gpuflame run`` passes them (``Settings.to_env``)."""
+    settings = Settings(session_dir=f"{SESSIONS}/{container_name}", backend=request.backend,
+                        interval=request.interval, service_name=request.service_name)
+    return settings.to_env("session_dir", "backend", "interval", *["service_name"] * bool(request.service_name))
 
 
 def container_patch(pod: Mapping[str, Any], index: int, request: Request, config: Config) -> list[dict]:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import select
 import threading
 import time
@@ -21,9 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpuflame.files import atomic_write
+from gpuflame.launch.contract import STARTED_FILE, process_files
 
-STARTED_FILE = "started-{pid}"
-_STARTED = re.compile(r"^started-(\d+)$")
 POLL_S = 0.02  # how often the launcher looks for new processes and ended ones
 
 
@@ -45,12 +43,7 @@ def unregister(folder: str, pid: int) -> None:
 
 def unfinished(folder: Path) -> list[int]:
     """Pids registered and never unregistered: they ended without their exit hooks (or still run)."""
-    pids = []
-    for path in folder.iterdir() if folder.is_dir() else ():
-        m = _STARTED.match(path.name)
-        if m:
-            pids.append(int(m.group(1)))
-    return sorted(pids)
+    return list(process_files(folder, STARTED_FILE))
 
 
 @dataclass

@@ -1,0 +1,73 @@
+"""What ``gpuflame run`` (or the webhook) and a profiled process agree on, in one place.
+
+The launcher hands every process of a run one session folder (its path in
+``GPUFLAME_SESSION_DIR``, with the other settings: ``capture/settings.py``)
+and puts :data:`BOOTSTRAP_DIR` in front of ``PYTHONPATH``, so that Python's
+``sitecustomize`` starts the profiler in the program and its children. Each
+process writes into that folder the files named here; the launcher reads
+them back by the pid in their names.
+
+Standard library only: the profiled process imports this module.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+
+from gpuflame.capture.settings import Settings, env_name
+
+# -- the session folder ----------------------------------------------------------------
+
+PROCESS_FILE = "proc-{pid}.pb.gz"  # the process's profile (its last --interval snapshot until the final one)
+LOST_FILE = "lost-{pid}.txt"  # one line per thing the process could not record
+IDLE_FILE = "idle-{pid}.txt"  # why a process that ran under the profiler recorded nothing
+STARTED_FILE = "started-{pid}"  # recording, final profile not written yet (roll_call.py)
+TABLE_FILE = "peak-{device}.table"  # the run's shared peak table of one device (capture/joint_peak.py)
+PER_PROCESS = (PROCESS_FILE, LOST_FILE, IDLE_FILE, STARTED_FILE)
+_PID = re.compile(r"^[a-z]+-(\d+)(?:\.|$)")
+
+
+def pid_of(path: str | os.PathLike[str]) -> int | None:
+    """The pid in a per-process file's name (``proc-123.pb.gz`` -> 123); None for any other name."""
+    m = _PID.match(os.path.basename(path))
+    return int(m.group(1)) if m else None
+
+
+def process_files(folder: Path, pattern: str) -> dict[int, Path]:
+    """pid -> file of *folder* named by *pattern* (one of the per-process names), in pid order."""
+    found = {}
+    for path in folder.glob(pattern.format(pid="*")) if folder.is_dir() else ():
+        pid = pid_of(path)
+        if pid is not None and path.name == pattern.format(pid=pid):
+            found[pid] = path
+    return dict(sorted(found.items()))
+
+
+# -- the child's environment ---------------------------------------------------------------
+
+HOME_ENV = "GPUFLAME_HOME"  # where the bootstrap finds the gpuflame package (a pod has no site-packages copy)
+PACKAGE_HOME = str(Path(__file__).resolve().parents[2])  # the folder holding the gpuflame package
+BOOTSTRAP_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "inject", "bootstrap")
+
+
+def child_env(settings: Settings, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment that starts gpuflame in the program and its children: *base* (ours) plus the bootstrap."""
+    env = dict(os.environ if base is None else base)
+    paths = [BOOTSTRAP_DIR] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env["PYTHONPATH"] = os.pathsep.join(paths)
+    env[HOME_ENV] = PACKAGE_HOME
+    env.update(settings.to_env())
+    return env
+
+
+def stop_following() -> None:
+    """Children of this process start without the profiler (``--no-follow``): undo :func:`child_env` here."""
+    parts = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != BOOTSTRAP_DIR]
+    if parts:
+        os.environ["PYTHONPATH"] = os.pathsep.join(parts)
+    else:
+        os.environ.pop("PYTHONPATH", None)
+    os.environ.pop(env_name("session_dir"), None)

@@ -1,0 +1,65 @@
+"""What a run says at its end: every loss, then where the profile is and what to do next (or ``--json``)."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+from gpuflame.capture.backends import AUTO, frameworks
+from gpuflame.errors import GpuflameError
+from gpuflame.launch.store import RunMeta
+from gpuflame.units import format_bytes
+
+
+def write_meta(meta: RunMeta, run_dir: Path) -> None:
+    try:
+        meta.write(run_dir)
+    except GpuflameError as exc:
+        sys.stderr.write(f"gpuflame: could not write the run's metadata ({exc})\n")
+
+
+def say_where(output: Path, meta: RunMeta, idle: dict[int, str], peak_note: str, as_json: bool = False) -> None:
+    """Every loss on stderr, then the profile's place and size and the next command (or one JSON line on stdout)."""
+    for message in meta.lost:
+        sys.stderr.write(f"gpuflame: lost: {message}\n")
+    for partial in meta.partial_processes:
+        sys.stderr.write(f"gpuflame: {partial['why']}\n")
+    if as_json:
+        summary = {**asdict(meta), "profile": str(output.resolve()) if meta.processes else None}
+        sys.stdout.write(json.dumps(summary) + "\n")
+        return
+    if not meta.processes:
+        why = "see what was lost above" if meta.lost else _why_nothing(meta.backend, idle)
+        sys.stderr.write(f"gpuflame: no profile was written: {why}\n")
+        return
+    if not any(meta.totals.values()):
+        why = "see what was lost above" if meta.lost else "nothing was allocated while recording"
+        sys.stderr.write(f"gpuflame: the profile is empty ({why}): {output}\n")
+        return
+    shown = next((t for t in ("peak_space", "inuse_space", "alloc_space") if t in meta.totals), None)
+    size = f", {shown.split('_')[0]} {format_bytes(meta.totals[shown])}" if shown else ""
+    sys.stderr.write(f"gpuflame: profile of {_processes_phrase(meta)}{size}: {output}\n")
+    if peak_note:  # the peak is not one moment that happened (JAX samples, a bound): say what it is
+        sys.stderr.write(f"gpuflame: {peak_note}\n")
+    sys.stderr.write(f"gpuflame: next: gpuflame report {shlex.quote(str(output))}\n")
+
+
+def _processes_phrase(meta: RunMeta) -> str:
+    """``3 processes``; ``2 of 3 processes (1 lost: see above)``; never a count that hides a loss."""
+    done, lost, partial = len(meta.processes), len(meta.lost_processes), len(meta.partial_processes)
+    total = done + lost
+    noun = "process" if total == 1 else "processes"
+    counted = f"{done} of {total} {noun}" if lost else f"{done} {noun}"
+    notes = [f"{lost} lost"] * bool(lost) + [f"{partial} partial"] * bool(partial)
+    return counted + (f" ({', '.join(notes)}: see above)" if notes else "")
+
+
+def _why_nothing(backend: str, idle: dict[int, str]) -> str:
+    """What really happened when no process recorded: which framework never came, and what did."""
+    never = " or ".join(frameworks(backend))
+    head = f"{never} was never imported" if backend != AUTO else f"no process imported {never}"
+    seen = "; ".join(f"pid {pid} {note}" for pid, note in sorted(idle.items()))
+    return f"{head} (--backend {backend})" + (f"; {seen}" if seen else "")

@@ -1,0 +1,152 @@
+"""Run a program under the profiler: its session folder, its environment, its signals, then the merge.
+
+``gpuflame run`` parses its arguments into a :class:`Launch` and
+:class:`~gpuflame.capture.settings.Settings` and calls :func:`launch`; the
+program's exit code is the run's, whatever happens to the profile.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from gpuflame.capture.settings import Settings
+from gpuflame.errors import GpuflameError
+from gpuflame.files import check_folder, check_output
+from gpuflame.launch import roll_call
+from gpuflame.launch.collect import RunEnd, collect, idle_notes, remove_if_empty, tidy
+from gpuflame.launch.contract import PER_PROCESS, child_env
+from gpuflame.launch.outcome import say_where, write_meta
+from gpuflame.launch.store import PROCESSES_DIR, PROFILE_NAME, RunMeta, new_run_folder, store_root
+from gpuflame.model import Profile
+from gpuflame.model.peak import run_note
+
+SETTLE_S = 10.0  # how long the run waits for processes that outlive the program to write their profile
+
+
+@dataclass
+class Launch:
+    """One ``gpuflame run``: what to start and where its profile goes."""
+
+    command: list[str]  # what is started
+    asked: list[str] = field(default_factory=list)  # what the user named (the store folder's name)
+    output: str | None = None  # -o: the merged profile; None: a new run folder in the store
+    store: str | None = None  # --store: the store's root; None: store_root()
+    force: bool = False  # -o may replace a file gpuflame did not write
+    as_json: bool = False  # --json: the summary as one JSON line on stdout
+
+    def check(self) -> None:
+        """The output (or the store) is writable and is not the program: before anything starts."""
+        if self.output:  # never the script, a folder or a file gpuflame did not write
+            check_output(self.output, self.command, force=self.force, make_folders=True)
+        else:
+            check_folder(self.store or store_root())
+
+
+def launch(request: Launch, settings: Settings) -> int:
+    """Run *request* with *settings* (its session folder filled in here); the program's exit code."""
+    started = time.time()
+    folder, output, run_dir = _places(request, started)
+    settings = replace(settings, session_dir=str(folder.resolve()))
+    watch = roll_call.EndWatch(folder).start()
+    try:
+        status, root_pid = _run_program(request.command, child_env(settings))
+    except GpuflameError:
+        watch.stop()
+        for empty in (folder, run_dir):
+            if empty is not None:
+                remove_if_empty(empty)
+        raise
+    _wait_for_stragglers(watch)
+    exit_code = 128 - status if status < 0 else status  # as a shell gives it
+    meta = RunMeta(command=request.command, started=started, ended=time.time(), exit_code=exit_code,
+                   backend=settings.backend)
+    ending = RunEnd(root_pid, status, watch.stop(), settings.interval)
+    merged: Profile | None = None
+    try:
+        merged = collect(folder, output, meta, ending)
+    except GpuflameError as exc:  # the program's exit code still wins
+        meta.lost.append(f"the merged profile could not be written: {exc}")
+        meta.processes = []
+    if not meta.processes:
+        meta.profile = None
+    idle = idle_notes(folder)
+    tidy(folder)
+    if run_dir is not None:
+        write_meta(meta, run_dir)
+    say_where(output, meta, idle, run_note(merged.peaks) if merged is not None else "", as_json=request.as_json)
+    return exit_code
+
+
+def _places(request: Launch, started: float) -> tuple[Path, Path, Path | None]:
+    """(the per-process folder, the merged profile, the store's run folder or None with -o)."""
+    if request.output:
+        output = Path(request.output)
+        folder = output.with_name(output.name + ".processes")
+        folder.mkdir(parents=True, exist_ok=True)
+        _clear_previous_run(folder)
+        return folder, output, None
+    run_dir = new_run_folder(Path(request.store) if request.store else store_root(), request.asked, started)
+    folder = run_dir / PROCESSES_DIR
+    folder.mkdir()
+    return folder, run_dir / PROFILE_NAME, run_dir
+
+
+def _wait_for_stragglers(watch: roll_call.EndWatch) -> None:
+    """Processes that outlive the program (a forkserver, orphans) may still be writing: give them time, and say so."""
+    waiting = watch.settle(1.0)
+    if waiting:
+        sys.stderr.write(f"gpuflame: waiting up to {SETTLE_S:.0f} s for {waiting} process"
+                         f"{'es' if waiting > 1 else ''} that outlive the program to write their profile\n")
+        watch.settle(SETTLE_S)
+
+
+def _clear_previous_run(folder: Path) -> None:
+    """A folder reused by ``-o``: last run's process files must not join this run."""
+    for pattern in PER_PROCESS:
+        for path in folder.glob(pattern.format(pid="*")):
+            try:
+                path.unlink()
+            except OSError as exc:
+                raise GpuflameError(f"{path}: cannot remove the previous run's file ({exc.strerror})") from None
+
+
+def _run_program(command: list[str], env: dict[str, str]) -> tuple[int, int]:
+    """Start the program, pass it our SIGINT/SIGTERM; its status (-N: killed by signal N) and its pid."""
+    try:
+        child = subprocess.Popen(command, env=env)
+    except FileNotFoundError:
+        raise GpuflameError(f"{command[0]}: command not found") from None
+    except PermissionError:
+        raise GpuflameError(f"{command[0]}: permission denied") from None
+
+    def forward(signum: int, _frame: object) -> None:
+        if child.poll() is None and not (signum == signal.SIGINT and _terminal_sent_it_too(child.pid)):
+            child.send_signal(signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        code = child.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return code, child.pid
+
+
+def _terminal_sent_it_too(pid: int) -> bool:
+    """Ctrl-C reaches the whole foreground group, the program included: a second SIGINT would be one too many."""
+    try:
+        tty = os.open("/dev/tty", os.O_RDONLY | os.O_NOCTTY)
+    except OSError:
+        return False
+    try:
+        return os.tcgetpgrp(tty) == os.getpgrp() == os.getpgid(pid)
+    except OSError:
+        return False
+    finally:
+        os.close(tty)

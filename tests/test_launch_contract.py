@@ -1,0 +1,48 @@
+"""The launcher <-> profiled-process contract (launch/contract.py): file names, pids, the child's environment."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from gpuflame.capture.settings import Settings
+from gpuflame.launch import contract
+
+
+def test_every_per_process_file_gives_its_pid_back() -> None:
+    for pattern in contract.PER_PROCESS:
+        assert contract.pid_of(pattern.format(pid=4242)) == 4242
+    assert contract.pid_of("/a/b/proc-7.pb.gz") == 7
+    for other in ("peak-cpu.table", "proc-x.pb.gz", "profile.pb.gz", ".proc-7.pb.gz.tmp", "meta.json"):
+        assert contract.pid_of(other) is None
+
+
+def test_process_files_lists_one_kind_by_pid_and_nothing_else(tmp_path: Path) -> None:
+    for name in ("proc-30.pb.gz", "proc-4.pb.gz", "lost-4.txt", ".proc-9.pb.gz.tmp", "proc-5.pb.gz.bak"):
+        (tmp_path / name).write_text("")
+    assert contract.process_files(tmp_path, contract.PROCESS_FILE) == {
+        4: tmp_path / "proc-4.pb.gz", 30: tmp_path / "proc-30.pb.gz"}
+    assert list(contract.process_files(tmp_path, contract.LOST_FILE)) == [4]
+    assert contract.process_files(tmp_path / "missing", contract.PROCESS_FILE) == {}
+
+
+def test_the_child_env_starts_the_bootstrap_first_and_carries_the_settings() -> None:
+    settings = Settings(session_dir="/tmp/s", backend="jax", interval=2.0, follow=False)
+    env = contract.child_env(settings, {"PYTHONPATH": "/app/src", "HOME": "/root"})
+    assert env["PYTHONPATH"].split(os.pathsep) == [contract.BOOTSTRAP_DIR, "/app/src"]
+    assert Path(contract.BOOTSTRAP_DIR, "sitecustomize.py").is_file()
+    assert Path(env[contract.HOME_ENV], "gpuflame", "__init__.py").is_file()
+    assert env["HOME"] == "/root"
+    assert Settings.from_env(env) == settings
+
+
+def test_stop_following_undoes_the_child_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    env = contract.child_env(Settings(session_dir="/tmp/s"), {"PYTHONPATH": "/app/src"})
+    for name in ("PYTHONPATH", "GPUFLAME_SESSION_DIR"):
+        monkeypatch.setenv(name, env[name])
+    contract.stop_following()
+    assert os.environ["PYTHONPATH"] == "/app/src"
+    assert "GPUFLAME_SESSION_DIR" not in os.environ
+    assert not Settings.from_env().enabled
