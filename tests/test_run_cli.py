@@ -215,6 +215,16 @@ def test_bad_invocations_get_one_line_and_exit_2(tmp_path: Path, args: tuple[str
     assert len(lines) == 1 and message in lines[0], result.stderr
 
 
+def test_a_command_on_path_runs_without_the_double_dash(tmp_path: Path) -> None:
+    """``gpuflame run python script.py``: what users type first; a command on PATH, not a file here, is run."""
+    write(tmp_path / "alloc.py", ALLOCATE, "keep = Holder().make(16)\n")
+    bin_dir = Path(sys.executable).parent
+    env = {"PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
+    result = gpuflame_run("--json", "-o", "cmd.pb.gz", Path(sys.executable).name, "alloc.py", cwd=tmp_path, env=env)
+    assert result.returncode == 0, result.stderr
+    assert bytes_by_function(load(tmp_path / "cmd.pb.gz"))["Holder > make"] == 16 * KIB
+
+
 def test_a_backend_that_cannot_start_is_reported_and_the_program_runs(tmp_path: Path) -> None:
     """A broken framework install (a ``jax`` without ``jax.profiler``): one line, normal exit."""
     fake = tmp_path / "fakes" / "jax"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shutil
 import sys
 from pathlib import Path
 
@@ -107,11 +108,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     ship.add_argument("--pyroscope-password-file", metavar="FILE", help="file holding the basic auth password")
     parser.add_argument("-m", dest="module", metavar="MODULE", help="run a module, like python -m")
     parser.add_argument("target", nargs=argparse.REMAINDER, metavar="script.py | -- COMMAND",
-                        help="the script and its arguments, or -- and any command")
+                        help="the script and its arguments, a command on PATH (python train.py), or -- and any command")
 
 
 def command_line(args: argparse.Namespace) -> list[str]:
-    """The command to start, from ``script.py args``, ``-m module args`` or ``-- cmd args``."""
+    """The command to start, from ``script.py args``, ``-m module args``, ``-- cmd args`` or ``cmd args`` (a command
+    on PATH that is not a file here, as ``python train.py``)."""
     rest = list(args.target)
     if args.module:
         return [sys.executable, "-m", args.module, *rest]
@@ -122,9 +124,11 @@ def command_line(args: argparse.Namespace) -> list[str]:
     if not rest:
         raise GpuflameError("nothing to run: give a script, -m MODULE, or -- COMMAND")
     script = rest[0]
-    if not os.path.exists(script):
-        raise GpuflameError(f"{script}: no such script (to run a command, write: gpuflame run -- {script} ...)")
-    return [sys.executable, *rest]
+    if os.path.exists(script):
+        return [sys.executable, *rest]
+    if not script.endswith(".py") and shutil.which(script):  # `gpuflame run python train.py`, `... torchrun ...`
+        return rest
+    raise GpuflameError(f"{script}: no such script (to run a command, write: gpuflame run -- {script} ...)")
 
 
 def run(args: argparse.Namespace) -> int:
