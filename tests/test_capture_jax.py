@@ -151,3 +151,21 @@ def test_missing_jax_profile_is_reported_not_raised(capsys: pytest.CaptureFixtur
     rec.stop()
     assert len(rec.snapshot()) == 0
     assert "could not start recording" in capsys.readouterr().err
+
+
+def test_a_jax_profile_says_it_has_no_history_for_any_moment() -> None:
+    """JAX is sampled, not followed event by event: --at/--between say so in one line, never guess."""
+    from gpuflame.errors import GpuflameError
+    from gpuflame.model import moment
+
+    rec = JaxMemoryRecorder()
+    rec.start()
+    kept = Model().make(16)
+    profile = rec.snapshot()
+    rec.stop()
+    assert profile.timeline is not None and profile.history is None
+    for verb, args in ((moment.at, (0.0,)), (moment.between, (0.0, 0.001))):
+        with pytest.raises(GpuflameError, match="this profile has no event history") as caught:
+            verb(profile, *args)
+        assert "\n" not in str(caught.value)
+    assert kept.nbytes == 16 * 256 * 4
