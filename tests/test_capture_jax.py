@@ -180,3 +180,21 @@ def test_phases_are_sampled_at_each_change() -> None:
     assert rows["serve"].peak == base + 256 * 256 * 4  # its start: the weights still lived
     assert rows["serve"].inuse_end == base + k.nbytes
     assert all(s.label("phase") is None for s in profile.samples)
+
+
+def test_a_jax_profile_says_it_has_no_history_for_any_moment() -> None:
+    """JAX is sampled, not followed event by event: --at/--between say so in one line, never guess."""
+    from gpuflame.errors import GpuflameError
+    from gpuflame.model import moment
+
+    rec = JaxMemoryRecorder()
+    rec.start()
+    kept = Model().make(16)
+    profile = rec.snapshot()
+    rec.stop()
+    assert profile.timeline is not None and profile.history is None
+    for verb, args in ((moment.at, (0.0,)), (moment.between, (0.0, 0.001))):
+        with pytest.raises(GpuflameError, match="this profile has no event history") as caught:
+            verb(profile, *args)
+        assert "\n" not in str(caught.value)
+    assert kept.nbytes == 16 * 256 * 4

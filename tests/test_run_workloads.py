@@ -216,3 +216,28 @@ def test_jax_jit(tmp_path: Path) -> None:
     for type_name in ("inuse_space", "peak_space"):
         assert under(profile, "make_input", type_name) == {pid: sizes["x"]}
         assert under(profile, "step", type_name) == {pid: sizes["y"]}
+
+
+MARKED = ADAMW.replace("model = build()\n", "model = build()\nbuilt = time.time_ns()\n").replace(
+    "train(model, opt, 3)\n", "train(model, opt, 3)\ntrained = time.time_ns()\n").replace(
+    'print(json.dumps({"pid": os.getpid(),', 'print(json.dumps({"built": built, "trained": trained, "pid": os.getpid(),'
+).replace("import json, os, torch", "import json, os, time, torch")
+
+
+def test_any_moment_of_a_run_from_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``gpuflame run``, then ``report --at`` at moments the script stamped: exactly what it held then."""
+    from gpuflame.cli.main import main
+    from gpuflame.model import moment
+
+    script = write(tmp_path / "marked.py", MARKED)
+    result = gpuflame_run("--json", "-o", "marked.pb.gz", script.name, cwd=tmp_path,
+                          env={"TRANSFORMERS_VERBOSITY": "error"})
+    assert result.returncode == 0, result.stderr
+    (sizes,), _ = run_json(result)
+    path = tmp_path / "marked.pb.gz"
+    start = moment.origin(load(path))
+    for mark, held in (("built", sizes["model"]), ("trained", sizes["model"] + sizes["state"])):
+        capsys.readouterr()
+        assert main(["report", str(path), "--at", f"{(sizes[mark] - start) / 1e9:.9f}", "--json"]) == 0
+        report = json.loads(capsys.readouterr().out)
+        assert report["sample_type"] == "inuse_space" and report["total"] == held, mark

@@ -17,7 +17,7 @@ from test_viewer import open_viewer, settle, state
 
 from gpuflame.cli.main import main
 from gpuflame.formats import load, save
-from gpuflame.model import Frame, Profile, memory_sample_types, moment
+from gpuflame.model import Frame, Profile, memory_sample_types, merge, moment
 from gpuflame.model.history import EventLog, History
 from gpuflame.model.timeline import Timeline
 
@@ -127,18 +127,18 @@ def test_a_drag_shows_what_was_allocated_within_the_window(page: Chrome, moment_
     assert not page.events_named("Runtime.exceptionThrown")
 
 
-def synthetic(history: bool, limit: int = 1000) -> Profile:
-    """1 s of a process: 10 allocations of 100 B; with *limit* 4 the oldest events are folded."""
-    t0 = 1_767_225_600_000_000_000
+def synthetic(history: bool, limit: int = 1000, pid: str = "1", shift: int = 0) -> Profile:
+    """1 s of a process (*shift* ns after the strip's 0): 10 allocations of 100 B; *limit* 8 folds the oldest."""
+    t0 = 1_767_225_600_000_000_000 + shift
     p = Profile(memory_sample_types())
-    p.add([Frame("hold", "/app/a.py", 3)], [1000, 10, 1000, 10, 1000, 10], {"device": "cpu", "pid": "1"})
+    p.add([Frame("hold", "/app/a.py", 3)], [1000, 10, 1000, 10, 1000, 10], {"device": "cpu", "pid": pid})
     points = [(t0 + k * 100 * MS, 100 * k) for k in range(11)]
-    p.timeline = Timeline({(("device", "cpu"), ("pid", "1")): points})
+    p.timeline = Timeline({(("device", "cpu"), ("pid", pid)): points})
     if history:
         log = EventLog(t0, limit)
         for t, _ in points[1:]:
             log.add(t, 0, 100)
-        track = log.track(t0 + 1000 * MS, (("pid", "1"),))
+        track = log.track(t0 + 1000 * MS, (("pid", pid),))
         p.history = History([Frame("hold", "/app/a.py", 3)], [((0,), (("device", "cpu"),))], [track])
     return p
 
@@ -162,3 +162,20 @@ def test_a_moment_that_cannot_be_shown_says_why(chrome: Chrome, tmp_path: Path, 
         s = settle(chrome)
         assert s["moment"]["error"] is None and s["total"] == 700
     assert not chrome.events_named("Runtime.exceptionThrown")
+
+
+def test_a_merged_run_sums_its_processes_at_the_clicked_instant(chrome: Chrome, tmp_path: Path) -> None:
+    """Two processes on the common clock: pid 2 starts 400 ms in; a click counts what each held then."""
+    a, b = synthetic(True), synthetic(True, pid="2", shift=400 * MS)
+    merged = merge([a, b])
+    save(merged, tmp_path / "m.pb.gz")
+    assert main(["view", str(tmp_path / "m.pb.gz")]) == 0
+    chrome.events.clear()
+    open_viewer(chrome, tmp_path / "m.html")
+    chrome.click(*strip_point(chrome, 650 * MS))
+    s = settle(chrome)
+    t1 = s["moment"]["t1"]
+    expected = moment.at(load(tmp_path / "m.pb.gz"), t1 / 1e9)
+    assert s["moment"]["error"] is None and s["total"] == expected.totals()["inuse_space"]
+    assert {smp.label("pid") for smp in expected.samples} == {"1", "2"}  # both held memory then
+    assert s["total"] == 600 + 200 and not chrome.events_named("Runtime.exceptionThrown")

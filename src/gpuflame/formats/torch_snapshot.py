@@ -96,6 +96,7 @@ from gpuflame.units import format_bytes
 CACHED_FREE_FRAME = Frame(names.CACHED_FREE, kind=SYNTHETIC)
 ROUNDING_FRAME = Frame(names.ALLOCATOR_ROUNDING, kind=SYNTHETIC)
 BEFORE_TRACE_FRAME = Frame("<allocated before the trace>", kind=SYNTHETIC)
+_BEFORE = object()  # the event history's stand-in for the frames of an allocation older than the trace
 NO_STACK_FRAME = Frame("<no stack recorded>", kind=SYNTHETIC)
 
 INT64_MAX = (1 << 63) - 1  # what pprof can store
@@ -556,8 +557,8 @@ class _DeviceTrace:
         unknown = 0
         points: list[tuple[Any, int]] = []  # (time_us, delta) after each alloc and free: the timeline
         marks = conv.marks  # phase marks, when the recording had any
-        events: list[tuple[Any, Any, int]] = []  # (time_us, frames or None, +-bytes): the event history
-        base: list[Any] = []  # frames (None: unknown) of what was alive before the trace began, with its bytes
+        events: list[tuple[Any, Any, int]] = []  # (time_us, frames or _BEFORE, +-bytes): the event history
+        base: list[Any] = []  # (frames or _BEFORE, bytes) of what was alive before the trace began
 
         for i, e in enumerate(trace):
             action = e["action"]
@@ -610,8 +611,8 @@ class _DeviceTrace:
                     freed_unknown += 1
                     delta -= size
                     closed_at_peak.append((-1, size, None))
-                    base.append((None, size))
-                    events.append((e.get("time_us"), None, -size))
+                    base.append((_BEFORE, size))
+                    events.append((e.get("time_us"), _BEFORE, -size))
                 else:
                     delta -= old[1]
                     if old[0] <= best_i:
@@ -760,7 +761,7 @@ class _DeviceTrace:
         site_of: dict[tuple[int, ...], int] = {}
 
         def site(frames: Any) -> int:
-            stack = before if frames is None else conv.stacks.stack(frames)
+            stack = before if frames is _BEFORE else conv.stacks.stack(frames)
             return site_of.setdefault(stack, len(site_of))
 
         rows: dict[int, tuple[int, int]] = {}
