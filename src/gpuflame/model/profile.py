@@ -26,6 +26,9 @@ TRAMPOLINE = "trampoline"
 SYNTHETIC = "synthetic"
 FRAME_KINDS = (PYTHON, NATIVE, TRAMPOLINE, SYNTHETIC)
 
+# Short names every command and the API accept for a sample type (``--type peak``).
+TYPE_ALIASES = {"peak": "peak_space", "inuse": "inuse_space", "alloc": "alloc_space"}
+
 
 class Frame(NamedTuple):
     """One function in a stack, named per the AKS guide's table (``Foo > bar``).
@@ -155,8 +158,9 @@ class Profile:
         return [st.type for st in self.sample_types]
 
     def type_index(self, name: str) -> int:
-        """Index of a sample type given as ``peak_space`` or ``peak_space/bytes``."""
+        """Index of a sample type given as ``peak_space``, ``peak_space/bytes`` or ``peak`` (:data:`TYPE_ALIASES`)."""
         wanted = name.split("/", 1)[0]
+        wanted = TYPE_ALIASES.get(wanted, wanted)
         for i, st in enumerate(self.sample_types):
             if st.type == wanted:
                 return i
