@@ -6,15 +6,33 @@
 In a notebook: ``%load_ext gpuflame``, then ``%%gpuflame`` on a cell.
 """
 
+import os
 from typing import Any
 
-from gpuflame.api import profile, start, stop
+from gpuflame.api import Recording, profile, start, stop
+from gpuflame.formats import load
 from gpuflame.model import Frame, Profile, Sample, SampleType
 from gpuflame.notebook import last
 
 __version__ = "0.1.0"
 
-__all__ = ["Frame", "Profile", "Sample", "SampleType", "__version__", "last", "profile", "start", "stop"]
+__all__ = [
+    "Frame", "Profile", "Recording", "Sample", "SampleType", "__version__", "last", "load", "profile", "save",
+    "start", "stop",
+]
+
+
+def save(profile: Profile, path: str | os.PathLike[str], fmt: str | None = None, type_name: str | None = None) -> None:
+    """Write *profile* as ``gpuflame export`` does: the format from *fmt*, else *path*'s name, else pprof.
+
+    Text formats (folded, speedscope, json, svg) carry one sample type
+    (*type_name*, default peak, else in use, else allocated). The file is
+    written atomically; raises GpuflameError if it cannot be.
+    """
+    from gpuflame.formats.detect import format_from_name
+    from gpuflame.formats.detect import save as write
+
+    write(profile, path, fmt or format_from_name(path) or "pprof", type_name)
 
 
 def load_ipython_extension(ipython: Any) -> None:

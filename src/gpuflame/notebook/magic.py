@@ -112,7 +112,7 @@ class GpuflameMagics(Magics):
         """Stop, then show the flame graph and the summary; a failure here is one line."""
         try:
             profile = hosted.stop(HOST_DIRS)
-            backends = [r.name for r in session.recorders]
+            backends = session.backends
             if profile is None or not any(profile.totals().values()):
                 say(_nothing_recorded(args.backend, backends))
                 return
