@@ -106,3 +106,30 @@ def test_every_command_module_declares_the_command_protocol():
     with pytest.raises(TypeError, match="not a command: it lacks"):
         command_module("common")
     assert COMMAND_ATTRIBUTES == ("HELP", "DESCRIPTION", "EPILOG", "add_arguments", "run")
+
+
+# The layers of ARCHITECTURE.md, lowest first: a module never imports a package of a higher layer.
+LAYERS = [
+    ("model",),
+    ("formats",),
+    ("analysis",),
+    ("render",),
+    ("cli", "serve", "webhook", "notebook", "pytest_plugin"),
+]
+
+
+def higher_than(layer: int) -> tuple[str, ...]:
+    return tuple(f"gpuflame.{p}" for packages in LAYERS[layer + 1:] for p in packages)
+
+
+@pytest.mark.parametrize("layer", range(len(LAYERS) - 1))
+def test_layers_point_one_way(layer):
+    """formats/ once imported render/ to write SVG and the JSON flame tree; render/writers.py owns them now."""
+    upward = {
+        (module, name)
+        for package in LAYERS[layer]
+        for module, names in package_imports(package).items()
+        for name in names
+        if name.startswith(higher_than(layer))
+    }
+    assert upward == set()

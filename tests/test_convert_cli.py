@@ -19,7 +19,7 @@ import pytest
 
 from gpuflame.cli.main import main
 from gpuflame.formats import load, torch_snapshot
-from gpuflame.formats.detect import FORMATS
+from gpuflame.render.writers import FORMATS
 
 FIXTURES = Path(__file__).parent / "fixtures"
 sys.path.insert(0, str(FIXTURES))

@@ -29,10 +29,9 @@ def save(profile: Profile, path: str | os.PathLike[str], fmt: str | None = None,
     (*type_name*, default peak, else in use, else allocated). The file is
     written atomically; raises GpuflameError if it cannot be.
     """
-    from gpuflame.formats.detect import format_from_name
-    from gpuflame.formats.detect import save as write
+    from gpuflame.render import writers
 
-    write(profile, path, fmt or format_from_name(path) or "pprof", type_name)
+    writers.save(profile, path, writers.output_format(path, fmt), type_name)
 
 
 def load_ipython_extension(ipython: Any) -> None:

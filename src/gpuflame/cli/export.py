@@ -20,10 +20,9 @@ from gpuflame.cli.common import (
     profile_summary,
 )
 from gpuflame.files import STDIO, check_output
-from gpuflame.formats import FORMATS, save
-from gpuflame.formats.detect import format_from_name
 from gpuflame.formats.torch_snapshot import UNITS_NOTE
 from gpuflame.model.profile import Profile
+from gpuflame.render.writers import FORMATS, output_format, save
 from gpuflame.units import format_bytes, format_count
 
 HELP = "write pprof, folded, speedscope, flame-tree JSON or an SVG flame graph"
@@ -70,11 +69,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="describe what was written as JSON")
     add_filter_options(parser)
     add_snapshot_options(parser)
-
-
-def output_format(path: str, requested: str | None) -> str:
-    """The format asked for, else the one OUT's name implies, else pprof (also for ``-o -``)."""
-    return requested or format_from_name(path) or "pprof"
 
 
 def run(args: argparse.Namespace) -> int:

@@ -64,7 +64,7 @@ from operator import itemgetter
 from typing import Any, NamedTuple
 
 from gpuflame.errors import GpuflameError, ProfileFormatError
-from gpuflame.formats.detect import GZIP_MAGIC, gunzip
+from gpuflame.formats.load_save import GZIP_MAGIC, gunzip
 from gpuflame.formats.protobuf_wire import (
     FIXED32,
     FIXED64,

@@ -73,7 +73,7 @@ from typing import Any
 
 from gpuflame.errors import GpuflameError, ProfileFormatError
 from gpuflame.formats import safe_pickle
-from gpuflame.formats.detect import GZIP_MAGIC, gunzip
+from gpuflame.formats.load_save import GZIP_MAGIC, gunzip
 from gpuflame.formats.torch_frames import Entry, StackReader, make_entry
 from gpuflame.gcpause import gc_paused
 from gpuflame.model.categories import LABEL, SYNTHETIC_CATEGORIES, stack_category
