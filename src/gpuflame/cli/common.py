@@ -31,7 +31,7 @@ from gpuflame.model import (
 from gpuflame.model.functions import missing_def_lines_note
 from gpuflame.model.peak import is_exact
 from gpuflame.model.profile import Profile
-from gpuflame.symbols.names import CACHED_FREE, TRAMPOLINE
+from gpuflame.symbols.names import CACHED_FREE, TRAMPOLINE_NAME
 from gpuflame.symbols.qualnames import Resolver
 from gpuflame.symbols.source_paths import SourceMap, parse_root
 from gpuflame.units import parse_size
@@ -223,7 +223,7 @@ def apply_filters(profile: Profile, args: argparse.Namespace, type_index: int) -
             _warn_no_match(args, "--hide", profile, pattern)
         profile = shown
     if args.hide_trampolines:  # a flag, not a pattern: a profile without trampolines is no mistake
-        profile = hide(profile, TRAMPOLINE)
+        profile = hide(profile, TRAMPOLINE_NAME)
     if args.prune_framework:
         profile = prune_framework(profile, [p for p in args.prune_framework.split(",") if p.strip()])
     if args.min_size:

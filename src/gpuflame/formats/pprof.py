@@ -397,14 +397,14 @@ def _split_profile(data: bytes) -> _Raw:
                     raw.comments.extend(_packed_ints(data[pos:stop], field))
                 pos = stop
             else:
-                pos = _skip_scalar(data, pos, field, wire, raw)
+                pos = _read_scalar(data, pos, field, wire, raw)
     except IndexError:
         raise ProfileFormatError("truncated protobuf: a field runs past the end of the data") from None
     return raw
 
 
-def _skip_scalar(data: bytes, pos: int, field: int, wire: int, raw: _Raw) -> int:
-    """Read a non-length-delimited top-level field; keep the ones gpuflame uses."""
+def _read_scalar(data: bytes, pos: int, field: int, wire: int, raw: _Raw) -> int:
+    """Read a non-length-delimited top-level field: keep the ones gpuflame uses, step over the rest."""
     if wire == VARINT:
         value, pos = read_varint(data, pos)
         if field == P_COMMENT:

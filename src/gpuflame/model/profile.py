@@ -17,14 +17,7 @@ from typing import NamedTuple
 from gpuflame.errors import UnknownSampleTypeError
 from gpuflame.model.peak import BOUND, PROCESS, PeakUnit, describe
 from gpuflame.model.timeline import Timeline
-
-# Frame kinds. Plain strings (not an Enum) because frames are hashed millions
-# of times and Enum hashing runs Python code.
-PYTHON = "python"
-NATIVE = "native"
-TRAMPOLINE = "trampoline"
-SYNTHETIC = "synthetic"
-FRAME_KINDS = (PYTHON, NATIVE, TRAMPOLINE, SYNTHETIC)
+from gpuflame.symbols.kinds import FRAME_KINDS, NATIVE, PYTHON, SYNTHETIC, TRAMPOLINE_KIND  # noqa: F401 - with Frame
 
 # Short names every command and the API accept for a sample type (``--type peak``).
 TYPE_ALIASES = {"peak": "peak_space", "inuse": "inuse_space", "alloc": "alloc_space"}
