@@ -96,6 +96,7 @@ def stop_following() -> None:
         os.environ["PYTHONPATH"] = os.pathsep.join(parts)
     else:
         os.environ.pop("PYTHONPATH", None)
+    os.environ.pop("GPUFLAME_ENABLED", None)
     os.environ.pop("GPUFLAME_SESSION_DIR", None)
 
 

@@ -140,6 +140,7 @@ def run(args: argparse.Namespace) -> int:
     started = time.time()
     folder, output, run_dir = _places(args, started)
     settings = Settings(
+        enabled=True,
         session_dir=str(folder.resolve()),
         backend=args.backend,
         interval=_interval(args),
