@@ -500,6 +500,50 @@ def _int(value: Any, what: str) -> int:
 # -- the trace replay ----------------------------------------------------------
 
 
+class _Walk:
+    """What one pass over a device's trace leaves (:meth:`_DeviceTrace.walk`): the state at its peak and its end."""
+
+    def __init__(self) -> None:
+        self.live: dict[Any, tuple[int, int, Any]] = {}  # addr -> (start index, size, entry or None)
+        self.closed_at_peak: list[tuple[int, int, Any]] = []  # freed since the peak, alive at it
+        self.allocs: dict[int, list[Any]] = {}  # stack key -> [frames, bytes, count]
+        self.others: list[tuple[Any, int]] = []  # allocations whose key clashed with another stack
+        self.marks: list[tuple[Any, int]] = []  # (time_us, delta) after each alloc and free: the timeline
+        self.ooms: list[tuple[int, Any, int, int]] = []  # (event index, event, delta, segments) at each OOM
+        self.before_bytes = 0  # allocations older than the trace, known from their frees
+        self.freed_unknown = 0  # how many such frees
+        self.unknown = 0  # events of kinds not known here
+        self.delta = self.best = self.seg = self.seg_at_best = 0  # live bytes and segments: at the end, at the peak
+        self.best_i = -1  # the event of the peak
+
+    def group(self, frames: Any, size: int) -> None:
+        """Add an allocation to its stack's row without converting the stack.
+
+        The key is cheap (three frames' identities), equality then an identity
+        check per frame (torch shares frame dicts); a clash goes to ``others``.
+        """
+        if type(frames) is list and frames:
+            key = id(frames[0]) ^ (id(frames[-1]) << 1) ^ (id(frames[len(frames) >> 1]) << 2)
+        else:
+            key = id(frames)
+        row = self.allocs.get(key)
+        if row is None:
+            self.allocs[key] = [frames, size, 1]
+        elif row[0] is frames or row[0] == frames:
+            row[1] += size
+            row[2] += 1
+        else:
+            self.others.append((frames, size))
+
+    def freed_before(self, index: int, event: Mapping[str, Any]) -> int:
+        """A free of an allocation older than the trace: alive at the peak, counted from the free's size."""
+        size = _int(event["size"], f"trace event {index + 1} size")
+        self.before_bytes += size
+        self.freed_unknown += 1
+        self.closed_at_peak.append((-1, size, None))
+        return size
+
+
 class _DeviceTrace:
     """One device's trace: alloc samples, the peak, and what qualifies them."""
 
@@ -511,123 +555,91 @@ class _DeviceTrace:
 
     def replay(self) -> tuple[int, int] | None:
         """Walk the trace once; add alloc and peak samples; return its time window."""
-        trace = self.trace
+        w = self.walk()
         conv = self.conv
-        release_on_request = not any(e.get("action") == "free_completed" for e in trace)
-
-        live: dict[Any, tuple[int, int, Any]] = {}  # addr -> (start index, size, entry or None)
-        closed_at_peak: list[tuple[int, int, Any]] = []  # freed since the peak, alive at it
-        allocs: dict[int, list[Any]] = {}  # stack key -> [frames, bytes, count]
-        others: list[tuple[Any, int]] = []  # allocations whose key clashed with another stack
-        before_bytes = 0  # allocations older than the trace, known from their frees
-        freed_unknown = 0
-        delta = best = 0
-        best_i = -1
-        seg = seg_at_best = 0
-        ooms: list[tuple[int, Any, int, int]] = []
-        unknown = 0
-        marks: list[tuple[Any, int]] = []  # (time_us, delta) after each alloc and free: the timeline
-
-        for i, e in enumerate(trace):
-            action = e["action"]
-            if action == "alloc":
-                addr = e["addr"]
-                size = e["size"]
-                if type(addr) is not int or type(size) is not int or size < 0:
-                    raise ProfileFormatError(f"trace event {i + 1}: addr or size is not an integer")
-                old = live.get(addr)
-                if old is not None:  # the address came back without a recorded free
-                    delta -= old[1]
-                    if old[0] <= best_i:
-                        closed_at_peak.append(old)
-                live[addr] = (i, size, e)
-                delta += size
-                # group by stack without converting it: a cheap key from three
-                # frames' identities, then list equality (an identity check per
-                # frame, as torch shares frame dicts); a clash goes to `others`
-                frames = e.get("frames")
-                if type(frames) is list and frames:
-                    key = id(frames[0]) ^ (id(frames[-1]) << 1) ^ (id(frames[len(frames) >> 1]) << 2)
-                else:
-                    key = id(frames)
-                row = allocs.get(key)
-                if row is None:
-                    allocs[key] = [frames, size, 1]
-                elif row[0] is frames or row[0] == frames:
-                    row[1] += size
-                    row[2] += 1
-                else:
-                    others.append((frames, size))
-                marks.append((e.get("time_us"), delta))
-                if delta > best:
-                    best = delta
-                    best_i = i
-                    seg_at_best = seg
-                    closed_at_peak.clear()
-            elif action == "free_completed" or (action == "free_requested" and release_on_request):
-                addr = e["addr"]
-                if type(addr) is not int:
-                    raise ProfileFormatError(f"trace event {i + 1}: addr is not an integer")
-                old = live.pop(addr, None)
-                if old is None:  # allocated before the trace began
-                    size = _int(e["size"], f"trace event {i + 1} size")
-                    before_bytes += size
-                    freed_unknown += 1
-                    delta -= size
-                    closed_at_peak.append((-1, size, None))
-                else:
-                    delta -= old[1]
-                    if old[0] <= best_i:
-                        closed_at_peak.append(old)
-                marks.append((e.get("time_us"), delta))
-            elif action == "free_requested":
-                # nothing changes: an allocation counts until its free completes;
-                # one the trace never saw allocated is picked up at completion, or
-                # from the blocks when it is still pending at the end
-                pass
-            elif action == "segment_alloc" or action == "segment_map":
-                seg += _int(e["size"], f"trace event {i + 1} size")
-            elif action == "segment_free" or action == "segment_unmap":
-                seg -= _int(e["size"], f"trace event {i + 1} size")
-            elif action == "oom":
-                ooms.append((i, e, delta, seg))
-            elif action != "snapshot":
-                unknown += 1
-
-        always = self._alive_throughout(live)
-        before_bytes += sum(size for _, size, _ in always)
-        still_live = [v for v in live.values() if v[0] <= best_i] + always  # their blocks are known
-        peak_set = closed_at_peak + still_live
+        always = self._alive_throughout(w.live)
+        before = w.before_bytes + sum(size for _, size, _ in always)  # alive before the trace began
+        still_live = [v for v in w.live.values() if v[0] <= w.best_i] + always  # their blocks are known
+        peak_set, best, seg_at_best = w.closed_at_peak + still_live, w.best, w.seg_at_best
         # reserved at a moment = reserved at the end minus segments added since
         reserved_end = conv.reserved.get(self.device, 0)
-        reserved_start = reserved_end - seg
-        self._add_allocs(allocs, others)
-        self._add_timeline(marks, before_bytes)
+        self._add_allocs(w.allocs, w.others)
+        self._add_timeline(w.marks, before)
         end_set = self._end_state()
-        if sum(size for _, size, _ in end_set) > before_bytes + best:
+        if sum(size for _, size, _ in end_set) > before + best:
             # the replay stayed below what the allocator holds at the end
             # (frees requested, never completed): the end is the peak
             conv.comment(
                 f"{self.name}: the allocations alive when the snapshot was taken are more than the trace's "
                 "replay reaches at any moment (frees requested but not completed?); peak_* is that end state"
             )
-            peak_set, still_live, seg_at_best = end_set, end_set, seg
-            best = sum(size for _, size, _ in end_set) - before_bytes
-        self._add_peak(
-            peak_set,
-            before_bytes + best,
-            reserved_end - (seg - seg_at_best),
-            reserved_start >= before_bytes,
-            self._rounding(still_live),
-        )
-        self._comment_reserved_after_peak(reserved_end - (seg - seg_at_best), reserved_end)
+            peak_set, still_live, seg_at_best = end_set, end_set, w.seg
+            best = sum(size for _, size, _ in end_set) - before
+        reserved_at_peak = reserved_end - (w.seg - seg_at_best)
+        self._add_peak(peak_set, before + best, reserved_at_peak, reserved_end - w.seg >= before,
+                       self._rounding(still_live))
+        self._comment_reserved_after_peak(reserved_at_peak, reserved_end)
         window = self._window()
-        self._comment_window(window, freed_unknown)
-        for i, e, d, s in ooms:
-            self._comment_oom(i, e, before_bytes + d, reserved_end - (seg - s))
-        if unknown:
-            conv.comment(f"{self.name}: ignored {unknown} trace events of unknown kinds")
+        self._comment_window(window, w.freed_unknown)
+        for i, e, d, s in w.ooms:
+            self._comment_oom(i, e, before + d, reserved_end - (w.seg - s))
+        if w.unknown:
+            conv.comment(f"{self.name}: ignored {w.unknown} trace events of unknown kinds")
         return window
+
+    def walk(self) -> _Walk:
+        """The one pass over the trace: what is live, the peak, allocations by stack, the timeline's marks.
+
+        The running totals stay local variables (read and written at every
+        event); the rest of the state is :class:`_Walk`'s.
+        """
+        trace, w = self.trace, _Walk()
+        release_on_request = not any(e.get("action") == "free_completed" for e in trace)
+        live, closed, group, marks = w.live, w.closed_at_peak, w.group, w.marks
+        delta = best = seg = seg_at_best = 0
+        best_i = -1
+        for i, e in enumerate(trace):
+            action = e["action"]
+            if action == "alloc":
+                addr, size = e["addr"], e["size"]
+                if type(addr) is not int or type(size) is not int or size < 0:
+                    raise ProfileFormatError(f"trace event {i + 1}: addr or size is not an integer")
+                old = live.get(addr)
+                if old is not None:  # the address came back without a recorded free
+                    delta -= old[1]
+                    if old[0] <= best_i:
+                        closed.append(old)
+                live[addr] = (i, size, e)
+                delta += size
+                group(e.get("frames"), size)
+                marks.append((e.get("time_us"), delta))
+                if delta > best:
+                    best, best_i, seg_at_best = delta, i, seg
+                    closed.clear()
+            elif action == "free_completed" or (action == "free_requested" and release_on_request):
+                addr = e["addr"]
+                if type(addr) is not int:
+                    raise ProfileFormatError(f"trace event {i + 1}: addr is not an integer")
+                old = live.pop(addr, None)
+                if old is None:  # allocated before the trace began
+                    delta -= w.freed_before(i, e)
+                else:
+                    delta -= old[1]
+                    if old[0] <= best_i:
+                        closed.append(old)
+                marks.append((e.get("time_us"), delta))
+            elif action == "free_requested":
+                pass  # changes nothing: counted when it completes (pending at the end: from the blocks)
+            elif action == "segment_alloc" or action == "segment_map":
+                seg += _int(e["size"], f"trace event {i + 1} size")
+            elif action == "segment_free" or action == "segment_unmap":
+                seg -= _int(e["size"], f"trace event {i + 1} size")
+            elif action == "oom":
+                w.ooms.append((i, e, delta, seg))
+            elif action != "snapshot":
+                w.unknown += 1
+        w.delta, w.best, w.best_i, w.seg, w.seg_at_best = delta, best, best_i, seg, seg_at_best
+        return w
 
     def _alive_throughout(self, live: dict[Any, tuple[int, int, Any]]) -> list[tuple[int, int, Any]]:
         """Blocks active at the end that the trace never allocated: older than it, never freed.
