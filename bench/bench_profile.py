@@ -29,8 +29,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from gpuflame.formats import FORMATS, detect, load  # noqa: E402
+from gpuflame.formats import detect, load  # noqa: E402
 from gpuflame.formats.pprof import decode  # noqa: E402
+from gpuflame.render.writers import FORMATS  # noqa: E402
 
 
 def best(fn: Callable[[], Any], repeat: int) -> tuple[float, Any]:
@@ -107,7 +108,7 @@ def main() -> None:
     t_start, _ = best(cli("--version"), args.repeat)
     print(f"cli    gpuflame --version (start-up only)        {t_start:7.3f} s")
 
-    from gpuflame.formats.detect import dumps
+    from gpuflame.render.writers import dumps
 
     for fmt in FORMATS:
         t, out = best(lambda fmt=fmt: dumps(profile, fmt), args.repeat)

@@ -48,8 +48,7 @@ sys.path.insert(0, str(ROOT / "tests" / "browser"))
 
 from chrome_pipe import CdpError, Chrome, find_chromium  # noqa: E402
 
-from gpuflame.formats import save  # noqa: E402
-from gpuflame.formats.detect import dumps  # noqa: E402
+from gpuflame.formats import dumps, save  # noqa: E402
 from gpuflame.model import Frame, Profile, memory_sample_types  # noqa: E402
 
 OUT = ROOT / "bench" / "out" / "viewer"

@@ -84,11 +84,12 @@ def test_profile_cycles_leave_no_session_handler_or_note_behind(tmp_path: Path, 
                                                          real_unregister(f))[1])
     refs = []
     for i in range(6):
-        with gpuflame.profile(tmp_path / f"c{i}.pb.gz") as session:  # auto: also waits for jax
+        with gpuflame.profile(tmp_path / f"c{i}.pb.gz") as recording:  # auto: also waits for jax
+            session = recording._session  # the internal session: its notes and its life are what is tested
             session.report("a note for the profile, not a file beside it", say=False)
             kept = Buffers().allocate(100 + i)  # noqa: F841
         refs += [weakref.ref(session), *(weakref.ref(r) for r in session.recorders)]
-        del session
+        del session, recording
         if i == 0:
             handler, callbacks = signal.getsignal(signal.SIGTERM), len(registered)
         assert signal.getsignal(signal.SIGTERM) is handler
@@ -110,8 +111,8 @@ def test_stop_without_writing_hands_back_the_profile_the_file_would_hold(tmp_pat
     written, kept = tmp_path / "written.pb.gz", tmp_path / "kept.pb.gz"
     profiles = []
     for out, write in ((written, True), (kept, False)):
-        session = gpuflame.start(out, backend="torch")
-        session.report("a note of what was lost", say=False)
+        recording = gpuflame.start(out, backend="torch")
+        recording._session.report("a note of what was lost", say=False)
         held = Buffers().allocate(3000)  # noqa: F841
         Buffers().allocate(5000)  # freed at once: in the peak and alloc, not in use
         profiles.append(gpuflame.stop(write=write))

@@ -56,3 +56,81 @@ def test_recording_and_writing_a_torch_profile_imports_no_launcher_dependency(tm
     out = tmp_path / "t.pb.gz"
     assert run_fresh(TORCH, out) == []
     assert out.stat().st_size > 0  # a profile was written, so the writer's imports were counted
+
+
+# -- import direction: read from the source, so a late import inside a function counts too --------
+
+PACKAGE = Path(__file__).resolve().parents[1] / "src" / "gpuflame"
+
+
+def imports_of(path: Path) -> set[str]:
+    """Every ``gpuflame.*`` module *path* imports, at the top or inside a function."""
+    import ast
+
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("gpuflame"):
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names if alias.name.startswith("gpuflame"))
+    return found
+
+
+def package_imports(package: str) -> dict[str, set[str]]:
+    return {str(p.relative_to(PACKAGE)): imports_of(p) for p in sorted((PACKAGE / package).rglob("*.py"))}
+
+
+def test_imports_of_sees_late_imports(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text("def f():\n    from gpuflame.render import svg\n    import gpuflame.cli.main\n")
+    assert {"gpuflame.render", "gpuflame.render.svg", "gpuflame.cli.main"} <= imports_of(module)
+
+
+def test_commands_share_helpers_only_through_the_shared_modules():
+    """A command module imports no other command (cli/webhook.py once took its port type from cli/serve.py)."""
+    from gpuflame.cli.main import COMMANDS
+
+    commands = {f"gpuflame.cli.{name}" for name in COMMANDS}
+    crossing = {(module, name) for module, names in package_imports("cli").items() for name in names & commands}
+    assert crossing == {("cli/convert.py", "gpuflame.cli.export")}  # convert is export's other name
+
+
+def test_every_command_module_declares_the_command_protocol():
+    from gpuflame.cli.main import COMMAND_ATTRIBUTES, COMMANDS, command_module
+
+    for name in COMMANDS:
+        module = command_module(name)
+        assert isinstance(module.HELP, str) and module.HELP and isinstance(module.DESCRIPTION, str), name
+        assert callable(module.add_arguments) and callable(module.run), name
+    with pytest.raises(TypeError, match="not a command: it lacks"):
+        command_module("common")
+    assert COMMAND_ATTRIBUTES == ("HELP", "DESCRIPTION", "EPILOG", "add_arguments", "run")
+
+
+# The layers of ARCHITECTURE.md, lowest first: a module never imports a package of a higher layer.
+LAYERS = [
+    ("symbols",),  # frame names and kinds: the model names its frames with them (once a cycle)
+    ("model",),
+    ("formats",),
+    ("analysis",),
+    ("render",),
+    ("cli", "serve", "webhook", "notebook", "pytest_plugin"),
+]
+
+
+def higher_than(layer: int) -> tuple[str, ...]:
+    return tuple(f"gpuflame.{p}" for packages in LAYERS[layer + 1:] for p in packages)
+
+
+@pytest.mark.parametrize("layer", range(len(LAYERS) - 1))
+def test_layers_point_one_way(layer):
+    """formats/ once imported render/ to write SVG and the JSON flame tree; render/writers.py owns them now."""
+    upward = {
+        (module, name)
+        for package in LAYERS[layer]
+        for module, names in package_imports(package).items()
+        for name in names
+        if name.startswith(higher_than(layer))
+    }
+    assert upward == set()

@@ -130,6 +130,16 @@ def test_settings_round_trip_through_the_environment() -> None:
     assert Settings.from_env({"GPUFLAME_INTERVAL": "soon", "GPUFLAME_BACKEND": "bogus"}) == Settings()
 
 
+def test_profiling_is_switched_on_by_its_own_flag_not_by_the_folder() -> None:
+    on = Settings(enabled=True, session_dir="/x")
+    assert Settings.from_env(on.to_env()).enabled and on.to_env()["GPUFLAME_ENABLED"] == "1"
+    assert not Settings.from_env({**on.to_env(), "GPUFLAME_ENABLED": "0"}).enabled  # a folder alone is not a switch
+    assert Settings.from_env({"GPUFLAME_ENABLED": "1"}).enabled
+    assert not Settings.from_env({}).enabled
+    # a pod injected by a webhook that sets only the folder (before the switch) is still profiled
+    assert Settings.from_env({"GPUFLAME_SESSION_DIR": "/gpuflame/sessions/main"}).enabled
+
+
 def test_sigterm_writes_the_profile_and_the_process_still_dies_of_sigterm(tmp_path: Path) -> None:
     script = tmp_path / "victim.py"
     script.write_text(textwrap.dedent(f"""

@@ -230,13 +230,28 @@ def test_diff_by_function(capsys, tmp_path, guide_file, guide):
     assert rc == 0 and "[new]" in out and "[vanished]" in out and "Grew" in out and "Shrank" in out
 
 
+@pytest.mark.parametrize("option", ["--hide", "--ignore"])
+def test_a_pattern_that_matches_nothing_is_a_warning(capsys, guide_file, guide, option):
+    """pprof: "expression matched no samples". A typo must not read as "hiding changed nothing"."""
+    rc, out, err = run(capsys, "report", guide_file, option, "Worker.load_modl", "--json")
+    assert rc == 0 and json.loads(out)["total"] == total(guide, "peak_space")
+    [line] = err.splitlines()
+    assert line.startswith(f"gpuflame report: warning: {option} changed nothing: no function matches "
+                           "'Worker.load_modl'; did you mean ") and "'Worker > load_model'" in line
+    rc, _, err = run(capsys, "report", guide_file, option, "Worker.load_model", "--json")
+    assert rc == 0 and err == ""  # it matched: no word
+    rc, _, err = run(capsys, "report", guide_file, "--hide-trampolines", "--label", "device=cuda:1", "--json")
+    assert rc == 0 and err == ""  # a flag, not a pattern: a profile without trampolines is fine
+
+
 # -- export ----------------------------------------------------------------------
 
 
 def test_export_json_tree(capsys, tmp_path, guide_file, guide):
     out_file = tmp_path / "tree.json"
     rc, out, err = run(capsys, "export", guide_file, "-o", out_file)
-    assert rc == 0 and err == "" and str(out_file) in out and "json" in out
+    assert rc == 0 and str(out_file) in out and "json" in out
+    assert err.splitlines() == [f"gpuflame export: warning: {c}" for c in guide.comments]  # its caveats, as convert
     data = json.loads(out_file.read_text())
     assert data["total"] == total(guide, "peak_space") == sum(r["total"] for r in data["roots"])
     assert sorted(os.listdir(tmp_path)) == ["tree.json"], "no temporary file left"
@@ -264,8 +279,8 @@ def test_export_says_one_sample_in_the_singular(capsys, tmp_path):
 def test_export_format_from_the_name(capsys, tmp_path, guide_file):
     rc, out, _ = run(capsys, "export", guide_file, "-o", tmp_path / "x.folded")
     assert rc == 0 and "folded" in out
-    rc, _, err = run(capsys, "export", guide_file, "-o", tmp_path / "x.png")
-    assert rc == 2 and "--format" in err and len(err.strip().splitlines()) == 1
+    rc, out, _ = run(capsys, "export", guide_file, "-o", tmp_path / "x.png")  # says nothing: pprof, as convert
+    assert rc == 0 and "(pprof, " in out and load(tmp_path / "x.png").totals() == load(guide_file).totals()
 
 
 # -- bad input: one line, exit 2, nothing left behind ------------------------------

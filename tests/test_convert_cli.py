@@ -19,7 +19,7 @@ import pytest
 
 from gpuflame.cli.main import main
 from gpuflame.formats import load, torch_snapshot
-from gpuflame.formats.detect import FORMATS
+from gpuflame.render.writers import FORMATS
 
 FIXTURES = Path(__file__).parent / "fixtures"
 sys.path.insert(0, str(FIXTURES))
@@ -327,12 +327,15 @@ def test_help_has_examples(capsys) -> None:
 
 
 def _summary_keys() -> set[str]:
+    """convert's keys since it began, and export's (``bytes``, ``sample_type``): one summary now."""
     return {
         "input",
         "output",
         "format",
         "bytes_written",
+        "bytes",
         "type",
+        "sample_type",
         "default_type",
         "totals",
         "samples",
@@ -348,3 +351,30 @@ def test_json_summary_keys(capsys, small: Path, tmp_path: Path) -> None:
     summary: dict[str, Any] = json.loads(out)
     assert code == 0 and set(summary) == _summary_keys()
     assert summary["type"] == "peak_space" and summary["format"] == "folded"
+
+
+def test_type_aliases_work_as_in_export(capsys, small: Path, tmp_path: Path) -> None:
+    """``--type peak`` was refused by convert ("no sample type 'peak'") while export took it."""
+    for alias, full in (("peak", "peak_space"), ("inuse", "inuse_space"), ("alloc", "alloc_space")):
+        out_path = tmp_path / f"{alias}.folded"
+        code, out, err = run_cli(capsys, str(small), "-o", str(out_path), "--type", alias, "--json")
+        assert code == 0, err
+        assert json.loads(out)["type"] == full
+        want = torch_snapshot.decode(small.read_bytes()).totals()[full]
+        assert load(out_path).totals()[load(out_path).type_names()[0]] == want
+    assert run_cli(capsys, str(small), "-o", str(tmp_path / "a.pb.gz"), "--type", "inuse")[0] == 0
+    assert load(tmp_path / "a.pb.gz").default_type == "inuse_space"
+
+
+def test_convert_is_export(capsys, small: Path, tmp_path: Path) -> None:
+    """Same options, filters and bytes: ``convert`` is ``export`` under another name."""
+    written = {}
+    for command in ("convert", "export"):
+        out_path = tmp_path / f"{command}.folded"
+        code = main([command, str(small), "-o", str(out_path), "--type", "inuse", "--no-cached",
+                     "--hide", "LlamaMLP > forward"])
+        _, err = capsys.readouterr()
+        assert code == 0, err
+        written[command] = out_path.read_text(encoding="utf-8")
+    assert written["convert"] == written["export"]
+    assert "<cached free blocks>" not in written["convert"] and "LlamaMLP > forward" not in written["convert"]

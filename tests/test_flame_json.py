@@ -8,11 +8,11 @@ from collections import defaultdict
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuflame.formats.detect import dumps
 from gpuflame.model import Frame, Profile, memory_sample_types
 from gpuflame.model.functions import function_frames
 from gpuflame.model.profile import NATIVE
 from gpuflame.render.flame_json import FORMAT, encode
+from gpuflame.render.writers import dumps
 from test_hotspots import guide_profile
 
 FRAMES = [

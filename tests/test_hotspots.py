@@ -18,7 +18,7 @@ from gpuflame.analysis.hotspots import (
 )
 from gpuflame.analysis.tree import NO_STACK, build_table, build_tree
 from gpuflame.model import Frame, Profile, memory_sample_types
-from gpuflame.model.profile import NATIVE, SYNTHETIC, TRAMPOLINE
+from gpuflame.model.profile import NATIVE, SYNTHETIC, TRAMPOLINE_KIND
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -42,7 +42,7 @@ def guide_profile() -> Profile:
     site = "/usr/lib/python3/site-packages/vllm/v1"
     entry = [
         Frame("0x7f151", kind=NATIVE),
-        Frame("<interpreter trampoline>", kind=TRAMPOLINE),
+        Frame("<interpreter trampoline>", kind=TRAMPOLINE_KIND),
         Frame("<module>", "/app/serve.py", 1, start_line=1),
         Frame("EngineCoreProc > run_engine_core", f"{site}/engine/core.py", 500, start_line=500),
         Frame("EngineCore > __init__", f"{site}/engine/core.py", 60, start_line=60),
@@ -165,13 +165,13 @@ def test_report_sections_follow_the_quick_reference_table():
     # targets: wide, mostly self, real code
     for e in report.targets:
         assert e.self >= TARGET_MIN_SHARE * grand and e.self >= TARGET_MIN_RATIO * e.total
-        assert e.frame.kind not in (SYNTHETIC, TRAMPOLINE)
+        assert e.frame.kind not in (SYNTHETIC, TRAMPOLINE_KIND)
     expected_targets = [
         f
         for f, v in want_self.most_common()
         if v >= TARGET_MIN_SHARE * grand
         and v >= TARGET_MIN_RATIO * want_total[f]
-        and f.kind not in (SYNTHETIC, TRAMPOLINE)
+        and f.kind not in (SYNTHETIC, TRAMPOLINE_KIND)
     ]
     assert [e.frame for e in report.targets] == expected_targets
     assert "<cached free blocks>" not in [e.frame.name for e in report.targets]

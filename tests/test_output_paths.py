@@ -170,10 +170,13 @@ def test_export_to_stdout_and_report_from_stdin(tmp_path, profile_file):
     assert os.listdir(tmp_path) == ["guide.pb.gz"]  # no file named "-"
 
 
-def test_export_to_stdout_needs_a_format(capsys, profile_file):
-    rc, out, err = run(capsys, "export", profile_file, "-o", "-")
-    one_error_line(rc, err, "--format")
-    assert out == ""
+def test_export_to_stdout_without_a_format_is_pprof(profile_file):
+    """As convert always did: a name that says nothing (``-`` included) means pprof."""
+    gpuflame = [sys.executable, "-m", "gpuflame"]
+    pprof = subprocess.run([*gpuflame, "export", str(profile_file), "-o", "-"], capture_output=True, check=True)
+    assert pprof.stderr == b"" and pprof.stdout[:2] == b"\x1f\x8b"
+    top = subprocess.run([*gpuflame, "top", "-", "--json"], input=pprof.stdout, capture_output=True, check=True)
+    assert json.loads(top.stdout)["total"] == guide_profile().totals()["peak_space"]
 
 
 def test_view_from_stdin_needs_a_page_name(tmp_path, profile_file):

@@ -26,7 +26,7 @@ from gpuflame.model import (
     select_labels,
     select_types,
 )
-from gpuflame.model.profile import SYNTHETIC, TRAMPOLINE
+from gpuflame.model.profile import SYNTHETIC, TRAMPOLINE_KIND
 
 PEAK = SampleType("peak_space", "bytes")
 ALLOC = SampleType("alloc_space", "bytes")
@@ -37,7 +37,7 @@ fwd = Frame("LlamaMLP > forward", "model.py", 40)
 call_impl = Frame("Module > _call_impl", "/venv/site-packages/torch/nn/modules/module.py", 1500)
 linear = Frame("Linear > forward", "/venv/site-packages/torch/nn/modules/linear.py", 116)
 empty = Frame("empty", "/venv/site-packages/torch/_refs/__init__.py", 4000)
-tramp = Frame("<interpreter trampoline>", kind=TRAMPOLINE)
+tramp = Frame("<interpreter trampoline>", kind=TRAMPOLINE_KIND)
 cached = Frame("<cached free blocks>", kind=SYNTHETIC)
 
 

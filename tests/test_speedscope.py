@@ -16,8 +16,7 @@ from pathlib import Path
 import pytest
 
 from gpuflame.errors import GpuflameError
-from gpuflame.formats import speedscope
-from gpuflame.formats.detect import dumps
+from gpuflame.formats import dumps, speedscope
 from gpuflame.model import Frame, Profile, SampleType
 
 SCHEMA = json.loads((Path(__file__).parent / "data" / "speedscope-file-format-schema.json").read_text())

@@ -20,10 +20,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuflame.formats import save
-from gpuflame.formats.detect import dumps
 from gpuflame.model import Frame, Profile, SampleType
-from gpuflame.model.profile import NATIVE, SYNTHETIC, TRAMPOLINE
+from gpuflame.model.profile import NATIVE, SYNTHETIC, TRAMPOLINE_KIND
 from gpuflame.render.svg import CHAR_WIDTH, FRAME_HEIGHT, SIDE_PAD, TEXT_PAD, encode
+from gpuflame.render.writers import dumps
 from gpuflame.units import format_bytes
 from test_cli_analysis import run
 from test_hotspots import GUIDE_KV_CHAIN, guide_profile
@@ -39,7 +39,7 @@ FRAMES = [
     Frame("Model > __init__", "/app/model.py", 10),
     Frame("LlamaMLP > forward", "/app/llama.py", 99),
     Frame("0x7f151", kind=NATIVE),
-    Frame("<interpreter trampoline>", kind=TRAMPOLINE),
+    Frame("<interpreter trampoline>", kind=TRAMPOLINE_KIND),
 ]
 
 HOSTILE = [

@@ -20,9 +20,8 @@ from gpuflame.formats import torch_snapshot
 from gpuflame.formats.torch_frames import CPY, CUT, EVAL, frame_class
 from gpuflame.model import Profile
 from gpuflame.model import filter as pfilter
-from gpuflame.model.profile import NATIVE, PYTHON, SYNTHETIC, TRAMPOLINE
-from gpuflame.symbols.names import BACKWARD_PASS, MODULE, aten_op_name, short_cpp_name
-from gpuflame.symbols.names import TRAMPOLINE as TRAMPOLINE_NAME
+from gpuflame.model.profile import NATIVE, PYTHON, SYNTHETIC, TRAMPOLINE_KIND
+from gpuflame.symbols.names import BACKWARD_PASS, MODULE, TRAMPOLINE_NAME, aten_op_name, short_cpp_name
 
 DATA = Path(__file__).parent / "data"
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -135,7 +134,7 @@ def test_native_view_keeps_the_cpp_chain_above_the_python_caller(snapshots, layo
     between = names[:leaf_python]  # CPython's frames between Python frames: placed on 3.10 only
     assert (TRAMPOLINE_NAME in between) == (layout == "py310")
     for a, b in zip(stack, stack[1:], strict=False):
-        assert not (a.kind == TRAMPOLINE and b.kind == TRAMPOLINE)
+        assert not (a.kind == TRAMPOLINE_KIND and b.kind == TRAMPOLINE_KIND)
 
 
 def test_cpp_between_python_frames_stays_in_place_on_310_and_is_counted_on_311(snapshots) -> None:

@@ -25,7 +25,7 @@ from gpuflame.errors import ProfileFormatError
 from gpuflame.formats import loads, torch_snapshot
 from gpuflame.model import Profile
 from gpuflame.model import filter as pfilter
-from gpuflame.model.profile import NATIVE, PYTHON, SYNTHETIC, TRAMPOLINE
+from gpuflame.model.profile import NATIVE, PYTHON, SYNTHETIC, TRAMPOLINE_KIND
 from gpuflame.symbols.names import ALLOCATOR_ROUNDING, CACHED_FREE, display_name
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -364,7 +364,7 @@ def test_native_frames_with_stacks_all(profiles) -> None:
         assert frames[0].name == "aten::empty.memory_format" and frames[0].kind == NATIVE
         assert all(f.kind == PYTHON for f in frames[1:])
         assert frames[-1].name == "<module>"
-    assert not [f for f in profile.frames if f.kind == TRAMPOLINE]
+    assert not [f for f in profile.frames if f.kind == TRAMPOLINE_KIND]
     assert "Linear > __init__" in names and "LlamaAttention > __init__" in names
 
 

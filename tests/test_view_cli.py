@@ -48,6 +48,23 @@ def test_writes_one_file_next_to_the_input_and_says_where(profile_file: Path, ca
     assert str(html) in out and html.resolve().as_uri() in out
 
 
+def test_json_says_what_was_written(profile_file: Path, tmp_path: Path, capsys) -> None:
+    """README: every command takes --json; view's is the written paths and the profile's summary."""
+    picture = tmp_path / "flame.svg"
+    rc, out, err = run(capsys, "view", profile_file, "--svg", picture, "--type", "inuse", "--json")
+    assert rc == 0 and not err
+    written = json.loads(out)
+    html = profile_file.with_name("run.html")
+    assert written["output"] == str(html) and written["uri"] == html.resolve().as_uri()
+    assert written["bytes"] == html.stat().st_size and written["diff_base"] is None
+    assert written["svg"] == {"output": str(picture), "bytes": picture.stat().st_size, "sample_type": "inuse_space"}
+    profile = viewer_profile()
+    assert {k: v["total"] for k, v in written["totals"].items()} == profile.totals()
+    assert written["samples"] == len(profile.samples) and written["default_type"] == "inuse_space"
+    rc, out, _ = run(capsys, "view", profile_file, profile_file, "-o", tmp_path / "d.html", "--json")
+    assert rc == 0 and json.loads(out)["diff_base"] == str(profile_file)
+
+
 def test_output_option(profile_file: Path, tmp_path: Path, capsys) -> None:
     out_path = tmp_path / "sub.html"
     rc, out, _ = run(capsys, "view", profile_file, "-o", out_path)

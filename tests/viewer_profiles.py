@@ -23,7 +23,7 @@ FOR_CAUSAL_LM = Frame("LlamaForCausalLM > __init__", "/app/modeling_llama.py", 7
 DECODER_LAYER = Frame("LlamaDecoderLayer > __init__", "/app/modeling_llama.py", 300)
 MLP_INIT = Frame("LlamaMLP > __init__", "/app/modeling_llama.py", 99)
 LINEAR_INIT = Frame("Linear > __init__", "/torch/nn/modules/linear.py", 96)
-TRAMPOLINE = Frame("<interpreter trampoline>", "", 0, "trampoline")
+TRAMPOLINE_FRAME = Frame("<interpreter trampoline>", "", 0, "trampoline")
 INIT_KV = Frame("GPUModelRunner > initialize_kv_cache", "/vllm/worker/gpu_model_runner.py", 2400)
 ALLOC_KV = Frame("GPUModelRunner > _allocate_kv_cache_tensors", "/vllm/worker/gpu_model_runner.py", 2300)
 NATIVE = Frame("0x7f151deadbeef", "/usr/lib/libcuda.so.1", 0, "native")
@@ -36,7 +36,7 @@ SCRIPT = Frame(XSS_SCRIPT, "/app/serve.py", 20)
 # of which LlamaMLP > __init__ holds 30 (two stacks); in use adds up to 80.
 STACKS = [
     ([MODULE, MAIN, FOR_CAUSAL_LM, DECODER_LAYER, MLP_INIT, LINEAR_INIT], (20, 20, 40), "1", "cuda:0"),
-    ([MODULE, MAIN, FOR_CAUSAL_LM, DECODER_LAYER, TRAMPOLINE, MLP_INIT], (10, 0, 10), "1", "cuda:0"),
+    ([MODULE, MAIN, FOR_CAUSAL_LM, DECODER_LAYER, TRAMPOLINE_FRAME, MLP_INIT], (10, 0, 10), "1", "cuda:0"),
     ([MODULE, MAIN, INIT_KV, ALLOC_KV, NATIVE], (55, 55, 55), "1", "cuda:0"),
     ([MODULE, MAIN, IMG], (5, 1, 5), "2", XSS_LABEL),
     ([MODULE, MAIN, SCRIPT], (5, 1, 5), "2", XSS_LABEL),
@@ -92,7 +92,7 @@ def wide_profile(functions: int, depth: int = 12, seed: int = 7) -> Profile:
 WARMUP = Frame("Engine > warmup", "/vllm/engine.py", 50)
 BASE_STACKS = [
     ([MODULE, MAIN, FOR_CAUSAL_LM, DECODER_LAYER, MLP_INIT, LINEAR_INIT], 30),
-    ([MODULE, MAIN, FOR_CAUSAL_LM, DECODER_LAYER, TRAMPOLINE, MLP_INIT], 10),
+    ([MODULE, MAIN, FOR_CAUSAL_LM, DECODER_LAYER, TRAMPOLINE_FRAME, MLP_INIT], 10),
     ([MODULE, MAIN, INIT_KV, ALLOC_KV, NATIVE], 40),
     ([MODULE, MAIN, WARMUP], 7),
     ([CACHED], 5),

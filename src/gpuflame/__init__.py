@@ -7,16 +7,33 @@ In a notebook: ``%load_ext gpuflame``, then ``%%gpuflame`` on a cell.
 Phases: ``with gpuflame.phase("train"): ...`` (or ``gpuflame.phase("serve")``).
 """
 
+import os
 from typing import Any
 
-from gpuflame.api import profile, start, stop
+from gpuflame.api import Recording, profile, start, stop
 from gpuflame.capture.phases import phase
+from gpuflame.formats import load
 from gpuflame.model import Frame, Profile, Sample, SampleType
 from gpuflame.notebook import last
 
 __version__ = "0.1.0"
 
-__all__ = ["Frame", "Profile", "Sample", "SampleType", "__version__", "last", "phase", "profile", "start", "stop"]
+__all__ = [
+    "Frame", "Profile", "Recording", "Sample", "SampleType", "__version__", "last", "load", "phase", "profile",
+    "save", "start", "stop",
+]
+
+
+def save(profile: Profile, path: str | os.PathLike[str], fmt: str | None = None, type_name: str | None = None) -> None:
+    """Write *profile* as ``gpuflame export`` does: the format from *fmt*, else *path*'s name, else pprof.
+
+    Text formats (folded, speedscope, json, svg) carry one sample type
+    (*type_name*, default peak, else in use, else allocated). The file is
+    written atomically; raises GpuflameError if it cannot be.
+    """
+    from gpuflame.render import writers
+
+    writers.save(profile, path, writers.output_format(path, fmt), type_name)
 
 
 def load_ipython_extension(ipython: Any) -> None:

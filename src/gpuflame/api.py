@@ -1,59 +1,158 @@
-"""The Python API: profile a block of code from inside the program.
+"""The Python API: profile a block of code from inside the program, with ``gpuflame run``'s options.
 
     import gpuflame
 
     with gpuflame.profile("step.pb.gz"):
         train_step()
 
-    gpuflame.start("serve.pb.gz", backend="torch")
+    recording = gpuflame.start("serve.pb.gz", backend="torch", interval="30s")
     ...
     gpuflame.stop()          # writes the file; returns its path
 
-    gpuflame.start("step.pb.gz")
+    gpuflame.start(store=True)             # into the run store: `gpuflame serve` lists it
     ...
     profile = gpuflame.stop(write=False)   # no file: the Profile itself
-                                           # (step.pb.gz is written only if the process exits first)
 
 Unlike ``gpuflame run``, the API profiles this process only (not its
-children). Like it, it never raises into the program: a failure is one line
-on stderr and a profile that says what it lost. A ``start()`` while a
-profile is running is a warning and changes nothing: the running profile
-goes on, and only the ``stop()`` (or ``with`` block) that started it ends it.
+children). Like it, it takes the options ``gpuflame run``'s flags set, reads
+the same ``GPUFLAME_*`` variables for the ones not given (``Settings.from_env``:
+what a process ``gpuflame run`` started is told), and never raises into the
+program once started: a failure is one line on stderr and a profile that
+says what it lost. A ``start()`` while a profile is running is a warning and
+changes nothing: the running profile goes on, and only the ``stop()`` (or
+``with`` block) that started it ends it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import inspect
 import os
+import sys
 import threading
+import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Literal, overload
 
-from gpuflame.capture.autostart import watch
+from gpuflame.capture.autostart import DEFAULT_PUSH_INTERVAL, watch
 from gpuflame.capture.session import Session
-from gpuflame.capture.settings import BACKENDS, Settings
+from gpuflame.capture.settings import BACKENDS, TORCH_HOOKS, Settings
+from gpuflame.capture.store import PROFILE_NAME, RunMeta, new_run_folder, store_root
+from gpuflame.errors import GpuflameError
 from gpuflame.model import Profile
+from gpuflame.units import parse_duration
+
+DEFAULT_OUTPUT = "gpuflame.pb.gz"
 
 _lock = threading.Lock()
-_active: Session | None = None
+_active: Recording | None = None
 
 
-def start(output: str | os.PathLike[str] = "gpuflame.pb.gz", backend: str = "auto", interval: float = 0.0) -> Session:
-    """Start recording this process into *output*; the backend starts when its framework is imported.
+class Recording:
+    """What :func:`start` returns: where the profile goes and what records it. Not the session itself."""
 
-    Returns the session (the running one, with a warning, when a profile is
-    running already); raises ValueError for a backend not in ``BACKENDS``.
+    def __init__(self, session: Session, run_folder: Path | None, started: float) -> None:
+        self._session = session
+        self._run_folder = run_folder  # the store's folder for this profile, or None
+        self._started = started
+
+    @property
+    def path(self) -> Path:
+        """The file :func:`stop` writes (in the store's run folder with ``store=``)."""
+        return self._session.path
+
+    @property
+    def settings(self) -> Settings:
+        """The settings it records with: the options given, the environment for the rest."""
+        return self._session.settings
+
+    @property
+    def backends(self) -> list[str]:
+        """The backends recording so far (one starts when the program imports its framework)."""
+        return [r.name for r in self._session.recorders]
+
+    @property
+    def running(self) -> bool:
+        return not self._session.finished
+
+    @property
+    def lost(self) -> list[str]:
+        """What could not be recorded, in words (also in the profile's comments)."""
+        return list(self._session.lost)
+
+    def stop(self, *, write: bool = True) -> Path | Profile | None:
+        """:func:`stop`, if this recording is the one running; else None (it has ended already)."""
+        return stop(write=write) if _active is self else None
+
+    def __repr__(self) -> str:
+        state = "running" if self.running else "stopped"
+        return f"<gpuflame.Recording {state} into {str(self.path)!r}, backends {self.backends}>"
+
+
+def start(
+    output: str | os.PathLike[str] | None = None,
+    backend: str | None = None,
+    interval: float | str | None = None,
+    *,
+    torch_hook: str | None = None,
+    native: bool | None = None,
+    keep_framework: bool | None = None,
+    pyroscope: str | None = None,
+    service_name: str | None = None,
+    tenant: str | None = None,
+    pyroscope_ca: str | None = None,
+    pyroscope_user: str | None = None,
+    pyroscope_token_file: str | None = None,
+    pyroscope_password_file: str | None = None,
+    store: bool | str | os.PathLike[str] = False,
+) -> Recording:
+    """Start recording this process; each backend starts when the program imports its framework.
+
+    The options are ``gpuflame run``'s flags (``--backend``, ``--interval``
+    as seconds or ``"15s"``, ``--torch-hook``, ``--native``,
+    ``--keep-framework``, ``--pyroscope`` and its group); one not given
+    takes its ``GPUFLAME_*`` variable, else the default. *output* is the file
+    :func:`stop` writes (default ``gpuflame.pb.gz``); ``store=True`` (or a
+    store folder) writes it into a new run folder of the store instead,
+    with the ``meta.json`` that ``gpuflame serve`` lists.
+
+    Returns a :class:`Recording` (the running one, with a RuntimeWarning,
+    when a profile is running already). Raises ValueError for an option
+    gpuflame cannot use (a backend or torch hook not in ``BACKENDS`` /
+    ``TORCH_HOOKS``, a negative or unreadable interval, a Pyroscope URL or
+    credentials file it cannot use, *output* together with *store*),
+    TypeError for an option it does not take, and OSError when the store's
+    folder cannot be made. Nothing else: once
+    started, failures are reported on stderr and in the profile.
     """
-    return _start(output, backend, interval)[0]
+    options = _options(backend=backend, interval=interval, torch_hook=torch_hook, native=native,
+                       keep_framework=keep_framework, pyroscope=pyroscope, service_name=service_name, tenant=tenant,
+                       pyroscope_ca=pyroscope_ca, pyroscope_user=pyroscope_user,
+                       pyroscope_token_file=pyroscope_token_file, pyroscope_password_file=pyroscope_password_file)
+    return _start(output, store, options)[0]
 
 
-def _start(output: str | os.PathLike[str], backend: str, interval: float) -> tuple[Session, bool]:
-    """The session that records now, and whether this call started it."""
+def _options(**given: object) -> dict[str, object]:
+    """:func:`start`'s keywords as :class:`Settings` fields (``pyroscope``: ``pyroscope_url``); TypeError for others."""
+    known = set(inspect.signature(start).parameters) - {"output", "store"}
+    unknown = sorted(set(given) - known)
+    if unknown:
+        raise TypeError(f"gpuflame.start() got unknown options {', '.join(unknown)} "
+                        f"(it takes {', '.join(sorted(known))})")
+    return {("pyroscope_url" if k == "pyroscope" else k): v for k, v in given.items()}
+
+
+def _start(
+    output: str | os.PathLike[str] | None, store: bool | str | os.PathLike[str], options: dict[str, object]
+) -> tuple[Recording, bool]:
+    """The recording running now, and whether this call started it."""
     global _active
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, not {backend!r}")
+    settings = settings_for(options)
+    if output is not None and store is not False:
+        raise ValueError("give output or store, not both (store=True writes into a new run folder of the store)")
     with _lock:
         if _active is not None:
             warnings.warn(
@@ -63,14 +162,83 @@ def _start(output: str | os.PathLike[str], backend: str, interval: float) -> tup
                 stacklevel=3,
             )
             return _active, False
-        path = Path(output).resolve()
+        started = time.time()
+        run_folder = _run_folder(store, started)
+        path = run_folder / PROFILE_NAME if run_folder else Path(output or DEFAULT_OUTPUT).resolve()
         # no session folder: the API writes one file, and notes of what was lost go into it
-        settings = Settings(backend=backend, interval=interval, follow=False)
         session = Session(settings, path=path)
         session.install_exit_hooks()
-        watch(session, backend)
-        _active = session
-        return session, True
+        if settings.pyroscope_url:
+            from gpuflame.ship.continuous import attach
+
+            attach(session)
+        watch(session, settings.backend)
+        _active = Recording(session, run_folder, started)
+        if run_folder is not None:
+            _write_meta(_active)
+        return _active, True
+
+
+def settings_for(options: dict[str, object]) -> Settings:
+    """The environment's settings with the options given over them; ValueError for one gpuflame cannot use."""
+    given = {k: v for k, v in options.items() if v is not None}
+    if "interval" in given:
+        given["interval"] = _seconds(given["interval"])
+    settings = dataclasses.replace(Settings.from_env(), **given)  # type: ignore[arg-type]
+    if settings.backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, not {settings.backend!r}")
+    if settings.torch_hook not in TORCH_HOOKS:
+        raise ValueError(f"torch_hook must be one of {', '.join(TORCH_HOOKS)}, not {settings.torch_hook!r}")
+    if settings.pyroscope_url:
+        _check_pyroscope(settings)
+        if settings.interval <= 0:
+            settings = dataclasses.replace(settings, interval=DEFAULT_PUSH_INTERVAL)
+    # this process only, into one file: not gpuflame run's folder, children or root
+    return dataclasses.replace(settings, session_dir="", follow=False, root_pid=0)
+
+
+def _seconds(value: object) -> float:
+    try:
+        seconds = parse_duration(value) if isinstance(value, str) else float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"interval: {exc}") from None
+    if seconds < 0:
+        raise ValueError(f"interval cannot be negative: {value!r}")
+    return seconds
+
+
+def _check_pyroscope(settings: Settings) -> None:
+    """A bad URL or credentials file fails here, in the caller, as ``gpuflame run`` fails before the program."""
+    from gpuflame.ship.continuous import ContinuousPush
+
+    try:
+        ContinuousPush(settings)
+    except GpuflameError as exc:
+        raise ValueError(str(exc)) from None
+
+
+def _run_folder(store: bool | str | os.PathLike[str], started: float) -> Path | None:
+    if store is False:
+        return None
+    root = store_root() if store is True else Path(store)
+    script = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python"
+    return new_run_folder(root, [script], started)
+
+
+def _write_meta(recording: Recording, profile: Profile | None = None) -> None:
+    """``meta.json`` of a stored recording: at start (so a crash still lists it), then at stop."""
+    folder = recording._run_folder
+    if folder is None:
+        return
+    ended = time.time() if not recording.running else 0.0
+    meta = RunMeta(command=[sys.executable, *sys.argv], started=recording._started, ended=ended,
+                   backend=recording.settings.backend, processes=[os.getpid()], lost=recording.lost,
+                   totals=profile.totals() if profile is not None else {},
+                   profile=PROFILE_NAME if recording.running or profile is not None else None)
+    try:
+        meta.write(folder)
+    except OSError as exc:
+        recording._session.report(f"could not write {folder}/meta.json ({exc}); gpuflame serve will not list it")
 
 
 @overload
@@ -92,26 +260,34 @@ def stop(*, write: bool = True) -> Path | Profile | None:
     """
     global _active
     with _lock:
-        session, _active = _active, None
-    if session is None:
+        recording, _active = _active, None
+    if recording is None:
         return None
+    session = recording._session
     session.finish(write=write)
+    written = session.path.exists()
+    if recording._run_folder is not None:
+        _write_meta(recording, session.result if written else None)
     if not write:
         return session.result
-    return session.path if session.path.exists() else None
+    return session.path if written else None
 
 
 @contextlib.contextmanager
 def profile(
-    output: str | os.PathLike[str] = "gpuflame.pb.gz", backend: str = "auto", interval: float = 0.0
-) -> Iterator[Session]:
-    """Profile the ``with`` block; the file is written when the block ends, even by an exception.
+    output: str | os.PathLike[str] | None = None,
+    backend: str | None = None,
+    interval: float | str | None = None,
+    **options: object,
+) -> Iterator[Recording]:
+    """Profile the ``with`` block (:func:`start`'s options); the file is written when it ends, even by an exception.
 
     Inside a running profile the block is part of that one (with a warning).
     """
-    session, started = _start(output, backend, interval)
+    store = options.pop("store", False)
+    recording, started = _start(output, store, _options(backend=backend, interval=interval, **options))  # type: ignore[arg-type]
     try:
-        yield session
+        yield recording
     finally:
         if started:
             stop()

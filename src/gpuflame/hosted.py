@@ -12,7 +12,6 @@ import os
 import sys
 from pathlib import Path
 from types import ModuleType
-from typing import Any
 
 import gpuflame.api
 from gpuflame.capture import backends
@@ -45,8 +44,8 @@ def package_dirs(*modules: ModuleType) -> tuple[str, ...]:
     return tuple(os.path.dirname(os.path.abspath(m.__file__ or "")) + os.sep for m in modules) + (GPUFLAME_DIR,)
 
 
-def start(path: Path, backend: str) -> Any:
-    """``gpuflame.start``: the session (*path* is written only if the process exits while it runs)."""
+def start(path: Path, backend: str) -> gpuflame.api.Recording:
+    """``gpuflame.start``: the recording (*path* is written only if the process exits while it runs)."""
     return gpuflame.api.start(path, backend=backend)
 
 

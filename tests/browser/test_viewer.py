@@ -27,7 +27,7 @@ from viewer_profiles import (
     MLP_PEAK,
     NATIVE,
     PEAK_TOTAL,
-    TRAMPOLINE,
+    TRAMPOLINE_FRAME,
     XSS_IMG,
     XSS_SCRIPT,
     MiB,
@@ -199,7 +199,7 @@ def test_sandwich_of_a_function_called_from_two_places(page: Chrome) -> None:
     s = settle(page)
     assert s["sandwich"] == MLP_INIT.name and s["sandwichTotal"] == MLP_PEAK
     assert s["sandwichCallers"] == [
-        {"name": DECODER_LAYER.name, "total": 20 * MiB}, {"name": TRAMPOLINE.name, "total": 10 * MiB},
+        {"name": DECODER_LAYER.name, "total": 20 * MiB}, {"name": TRAMPOLINE_FRAME.name, "total": 10 * MiB},
     ]
     assert s["sandwichCallees"] == [{"name": LINEAR_INIT.name, "total": 20 * MiB}]
     me, caller, callee = (page.evaluate(f"window.gpuflameBar({json.dumps(n)})")

@@ -22,7 +22,7 @@ import numpy as np
 from gpuflame.analysis.categories import CategoryTotal, category_totals
 from gpuflame.analysis.phases import PhaseRow, phase_rows
 from gpuflame.analysis.tree import CHUNK_ROWS, FlameTree, Node, StackTable, frame_dict, weighted_sum
-from gpuflame.model.profile import SYNTHETIC, TRAMPOLINE, Frame, Profile
+from gpuflame.model.profile import SYNTHETIC, TRAMPOLINE_KIND, Frame, Profile
 from gpuflame.units import percent
 
 # A bar is "wide" for a target when its self is at least this share of the
@@ -219,7 +219,7 @@ def optimisation_targets(stats: FunctionStats, limit: int) -> list[Entry]:
         e = entry(stats, int(code), "self")
         if e.self < floor or len(out) == limit:
             break
-        if e.frame.kind not in (SYNTHETIC, TRAMPOLINE) and e.self >= TARGET_MIN_RATIO * e.total:
+        if e.frame.kind not in (SYNTHETIC, TRAMPOLINE_KIND) and e.self >= TARGET_MIN_RATIO * e.total:
             out.append(e)
     return out
 

@@ -23,6 +23,7 @@ __all__ = ["BACKENDS", "PREFIX", "TORCH_HOOKS", "Settings", "env_name"]  # BACKE
 class Settings:
     """The profiler's settings for one run (shared by all its processes)."""
 
+    enabled: bool = False  # profile this process from its start: the switch, apart from where files go
     session_dir: str = ""  # where each process writes proc-<pid>.pb.gz
     backend: str = BACKEND
     interval: float = 0.0  # seconds between periodic snapshots; 0 = only at exit
@@ -74,15 +75,13 @@ class Settings:
                     values[f.name] = raw
             except ValueError:
                 continue
+        if "enabled" not in values:  # set by a launcher older than the switch (a pod's webhook): on with a folder
+            values["enabled"] = bool(values.get("session_dir"))
         if values.get("backend") not in BACKENDS:
             values.pop("backend", None)
         if values.get("torch_hook") not in TORCH_HOOKS:
             values.pop("torch_hook", None)
         return cls(**values)  # type: ignore[arg-type]
-
-    @property
-    def enabled(self) -> bool:
-        return bool(self.session_dir)
 
 
 def env_name(setting: str) -> str:

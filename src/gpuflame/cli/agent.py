@@ -13,9 +13,10 @@ import time
 from pathlib import Path
 
 from gpuflame.agent.events import LIVE_BLOCKS
+from gpuflame.cli.options import add_pyroscope_options, positive_duration
 from gpuflame.errors import GpuflameError
 from gpuflame.launch.store import PROFILE_NAME, RunMeta, new_run_folder, store_root
-from gpuflame.units import format_bytes, parse_duration
+from gpuflame.units import format_bytes
 
 HELP = "profile every CUDA process on this machine (eBPF; no restart, any framework)"
 
@@ -52,16 +53,6 @@ examples:
 then: gpuflame report node.pb.gz --label pid=4242"""
 
 
-def duration(text: str) -> float:
-    try:
-        value = parse_duration(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be more than 0: {text!r}")
-    return value
-
-
 def count_arg(text: str) -> int:
     if not text.isdigit() or int(text) <= 0:
         raise argparse.ArgumentTypeError(f"not a positive number: {text!r}")
@@ -80,7 +71,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--libcuda", action="append", default=[], metavar="PATH",
                         help="probe this libcuda.so too (repeatable); default: the ones processes map, "
                         "else libcuda.so.1 in the usual library folders")
-    parser.add_argument("--duration", type=duration, metavar="DURATION",
+    parser.add_argument("--duration", type=positive_duration, metavar="DURATION",
                         help="stop after DURATION (30s, 5m); default: at Ctrl-C or SIGTERM")
     parser.add_argument("-o", "--output", metavar="FILE", help="write the profile here (.pb.gz); default: the store")
     parser.add_argument("--native", action="store_true",
@@ -96,21 +87,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "be reached, else return")
     parser.add_argument("--store", metavar="DIR", help=f"store folder without -o (default {store_root()})")
     parser.add_argument("--json", action="store_true", help="print a JSON summary at the end (on stdout)")
-    ship = parser.add_argument_group(
-        "continuous profiling into Pyroscope",
-        "one series per container (service_name, namespace, pod, container, node); secrets only from the "
-        "environment or files: GPUFLAME_PYROSCOPE_TOKEN, GPUFLAME_PYROSCOPE_PASSWORD (or *_FILE)",
-    )
-    ship.add_argument("--pyroscope", action="append", default=[], metavar="URL",
-                      help="push to this Pyroscope every interval (repeatable)")
-    ship.add_argument("--interval", type=duration, default=15.0, metavar="DURATION",
+    ship = add_pyroscope_options(parser, "one series per container (service_name, namespace, pod, container, node); ",
+                                 "each pod's workload", repeatable=True)
+    ship.add_argument("--interval", type=positive_duration, default=15.0, metavar="DURATION",
                       help="push every DURATION (default 15s)")
-    ship.add_argument("--service-name", metavar="NAME", help="service_name label (default: each pod's workload)")
-    ship.add_argument("--tenant", metavar="ID", help="X-Scope-OrgID header (default: $GPUFLAME_TENANT)")
-    ship.add_argument("--pyroscope-ca", metavar="FILE", help="CA certificate file to verify TLS with")
-    ship.add_argument("--pyroscope-user", metavar="USER", help="basic auth user")
-    ship.add_argument("--pyroscope-token-file", metavar="FILE", help="file holding the bearer token")
-    ship.add_argument("--pyroscope-password-file", metavar="FILE", help="file holding the basic auth password")
 
 
 def run(args: argparse.Namespace) -> int:

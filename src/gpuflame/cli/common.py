@@ -33,12 +33,10 @@ from gpuflame.model.functions import missing_def_lines_note
 from gpuflame.model.moment import When, parse_when
 from gpuflame.model.peak import is_exact
 from gpuflame.model.profile import Profile
-from gpuflame.symbols.names import CACHED_FREE, TRAMPOLINE
+from gpuflame.symbols.names import CACHED_FREE, TRAMPOLINE_NAME
 from gpuflame.symbols.qualnames import Resolver
 from gpuflame.symbols.source_paths import SourceMap, parse_root
 from gpuflame.units import parse_size
-
-TYPE_ALIASES = {"peak": "peak_space", "inuse": "inuse_space", "alloc": "alloc_space"}
 
 FILTER_ORDER = """\
 filters, applied in this order whatever their order on the command line:
@@ -236,22 +234,25 @@ def load_profile(paths: Sequence[str], **snapshot_options: Any) -> Profile:
     return profiles[0] if len(profiles) == 1 else merge(profiles)
 
 
-def pick_type(profile: Profile, name: str | None) -> int:
-    """The sample type asked for (``peak`` means ``peak_space``), else the default."""
-    return profile.pick_type(TYPE_ALIASES.get(name, name) if name else None)
-
-
 def apply_filters(profile: Profile, args: argparse.Namespace, type_index: int) -> Profile:
     """The filters of *args*, in :data:`FILTER_ORDER`."""
     profile = _select_labels(profile, args.label)
     if args.no_cached:
         profile = ignore(profile, CACHED_FREE)
     for pattern in args.ignore:
-        profile = ignore(profile, pattern)
+        kept = ignore(profile, pattern)
+        if len(kept.samples) == len(profile.samples):
+            _warn_no_match(args, "--ignore", profile, pattern)
+        profile = kept
     if args.focus:
         profile = _focus(profile, args.focus)
-    for pattern in args.hide + ([TRAMPOLINE] if args.hide_trampolines else []):
-        profile = hide(profile, pattern)
+    for pattern in args.hide:
+        shown = hide(profile, pattern)
+        if _frame_count(shown) == _frame_count(profile):
+            _warn_no_match(args, "--hide", profile, pattern)
+        profile = shown
+    if args.hide_trampolines:  # a flag, not a pattern: a profile without trampolines is no mistake
+        profile = hide(profile, TRAMPOLINE_NAME)
     if args.prune_framework:
         profile = prune_framework(profile, [p for p in args.prune_framework.split(",") if p.strip()])
     if args.min_size:
@@ -272,6 +273,23 @@ def _select_labels(profile: Profile, pairs: list[tuple[str, str]]) -> Profile:
             )
         profile = selected
     return profile
+
+
+def command_prefix(args: argparse.Namespace) -> str:
+    """``gpuflame report``: how a warning names the command that says it."""
+    command = getattr(args, "command", None)
+    return f"gpuflame {command}" if command else "gpuflame"
+
+
+def _frame_count(profile: Profile) -> int:
+    return sum(len(s.stack) for s in profile.samples)
+
+
+def _warn_no_match(args: argparse.Namespace, option: str, profile: Profile, pattern: str) -> None:
+    """A pattern that matched nothing is a typo more often than not: say so (pprof: "matched no samples")."""
+    if profile.samples:
+        sys.stderr.write(f"{command_prefix(args)}: warning: {option} changed nothing: "
+                         f"{no_match_message(profile.frames, pattern)}\n")
 
 
 def _focus(profile: Profile, name: str) -> Profile:
@@ -296,12 +314,25 @@ def load_for_analysis(args: argparse.Namespace, paths: Sequence[str]) -> Loaded:
     note = missing_def_lines_note(profile)
     if note:  # older gpuflame files, py-spy's, Go's: say why a bar has no line
         profile.comments.append(note)
-    index = pick_type(profile, args.type)
+    index = profile.pick_type(args.type)
     return Loaded(apply_filters(profile, args, index), index, ", ".join(paths))
 
 
 def print_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, indent=2) + "\n")
+
+
+def profile_summary(profile: Profile, type_index: int) -> dict[str, Any]:
+    """What a machine reading ``--json`` wants to know of a written profile: its size, totals and notes."""
+    totals = profile.totals()
+    return {
+        "default_type": profile.sample_types[type_index].type,
+        "totals": {st.type: {"unit": st.unit, "total": totals[st.type]} for st in profile.sample_types},
+        "samples": len(profile.samples),
+        "frames": len(profile.frames),
+        "labels": {key: profile.label_values(key) for key in profile.label_keys()},
+        "comments": list(profile.comments),
+    }
 
 
 def peak_json(profile: Profile, type_name: str) -> dict[str, object]:

@@ -7,11 +7,9 @@ import argparse
 from gpuflame.analysis.compare import compare
 from gpuflame.cli.common import (
     FILTER_ORDER,
-    TYPE_ALIASES,
     add_analysis_options,
     apply_filters,
     load_profile,
-    pick_type,
     positive_count,
     print_json,
     select_moment,
@@ -58,10 +56,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     # --at/--between: each file at its own time (seconds from its own strip's start)
     base, new = (select_moment(load_profile([p], **snapshot_options(args)), args) for p in (args.base, args.new))
-    type_name = TYPE_ALIASES.get(args.type, args.type) if args.type else None
-    base = apply_filters(base, args, pick_type(base, type_name))
-    new = apply_filters(new, args, pick_type(new, type_name))
-    comparison = compare(base, new, type_name, by=args.by, limit=max(1, args.limit), lines=args.lines)
+    base = apply_filters(base, args, base.pick_type(args.type))
+    new = apply_filters(new, args, new.pick_type(args.type))
+    comparison = compare(base, new, args.type, by=args.by, limit=max(1, args.limit), lines=args.lines)
     if args.json:
         print_json(comparison.to_dict())
     else:

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
+import sys
+from typing import Any
 
 from gpuflame.cli.common import (
     FILTER_ORDER,
@@ -11,14 +14,16 @@ from gpuflame.cli.common import (
     add_force_option,
     add_snapshot_options,
     add_type_option,
+    command_prefix,
     load_for_analysis,
     print_json,
+    profile_summary,
 )
-from gpuflame.errors import GpuflameError
 from gpuflame.files import STDIO, check_output
-from gpuflame.formats import FORMATS, save
-from gpuflame.formats.detect import format_from_name
-from gpuflame.units import format_bytes
+from gpuflame.formats.torch_snapshot import UNITS_NOTE
+from gpuflame.model.profile import Profile
+from gpuflame.render.writers import FORMATS, output_format, save
+from gpuflame.units import format_bytes, format_count
 
 HELP = "write pprof, folded, speedscope, flame-tree JSON or an SVG flame graph"
 
@@ -36,8 +41,9 @@ Text formats carry one sample type (--type; default peak, else inuse, else
 alloc). The file is written to a temporary name and renamed into place, so
 a failed export never leaves a partial file and never damages an existing
 one. Without --format, the format follows OUT's name (.pb.gz, .folded,
-.speedscope.json, .json, .svg). "-o -" writes to standard output (give
---format); "-" as FILE reads the profile from standard input.
+.speedscope.json, .json, .svg), and is pprof when the name says nothing.
+"-o -" writes to standard output; "-" as FILE reads the profile from
+standard input. `gpuflame convert` is this command under another name.
 
 OUT may replace a file gpuflame wrote; an input, a folder or any other
 existing file is refused (--force replaces another file)."""
@@ -57,7 +63,7 @@ examples:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("file", metavar="FILE", help="profile: pprof (.pb.gz), folded, or PyTorch snapshot")
     parser.add_argument("-o", "--output", required=True, metavar="OUT", help="file to write; - for standard output")
-    parser.add_argument("--format", choices=FORMATS, help="output format (default: from OUT's name)")
+    parser.add_argument("--format", choices=FORMATS, help="output format (default: from OUT's name, else pprof)")
     add_force_option(parser)
     add_type_option(parser)
     parser.add_argument("--json", action="store_true", help="describe what was written as JSON")
@@ -65,38 +71,67 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_snapshot_options(parser)
 
 
-def format_for(path: str) -> str:
-    if path == STDIO:
-        raise GpuflameError(f"writing to standard output: say which format with --format {'|'.join(FORMATS)}")
-    fmt = format_from_name(path)
-    if fmt is None:
-        raise GpuflameError(f"cannot tell the format from {path!r}; add --format {'|'.join(FORMATS)}")
-    return fmt
-
-
 def run(args: argparse.Namespace) -> int:
-    fmt = args.format or format_for(args.output)
+    fmt = output_format(args.output, args.format)
     to_stdout = args.output == STDIO
     if not to_stdout:
         check_output(args.output, [args.file], force=args.force)
-    loaded = load_for_analysis(args, [args.file])
-    type_name = loaded.profile.sample_types[loaded.type_index].type
-    save(loaded.profile, args.output, fmt, type_name)
+    loaded = load_for_analysis(args, [args.file])  # an unknown --type fails here, before anything is written
+    profile = loaded.profile
+    type_name = profile.sample_types[loaded.type_index].type
+    if args.type:
+        profile.default_type = type_name  # pprof keeps every type: the one asked for opens first
+    save(profile, args.output, fmt, type_name)
     if to_stdout:
         return 0  # standard output holds the profile: nothing else may go there
-    size = os.path.getsize(args.output)
-    written = {
-        "output": args.output,
-        "format": fmt,
-        "bytes": size,
-        "samples": len(loaded.profile.samples),
-        "sample_type": None if fmt == "pprof" else type_name,
-    }
+    written = _written(args, fmt, loaded.type_index, profile)
     if args.json:
         print_json(written)
     else:
-        what = "all sample types" if fmt == "pprof" else type_name
-        samples = len(loaded.profile.samples)
-        counted = f"{samples} sample{'' if samples == 1 else 's'}"
-        print(f"wrote {args.output} ({fmt}, {what}, {counted}, {format_bytes(size)})")
+        _say(args, written)
     return 0
+
+
+def _written(args: argparse.Namespace, fmt: str, type_index: int, profile: Profile) -> dict[str, Any]:
+    """What ``--json`` prints; ``bytes_written`` and ``type`` are the names ``convert`` printed before."""
+    size = _size(args.output)
+    sample_type = None if fmt == "pprof" else profile.sample_types[type_index].type
+    return {
+        "input": str(args.file), "output": str(args.output), "format": fmt,
+        "bytes": size, "bytes_written": size, "sample_type": sample_type, "type": sample_type,
+        **profile_summary(profile, type_index),
+        "next": _next_command(args, fmt),
+    }
+
+
+def _next_command(args: argparse.Namespace, fmt: str) -> str:
+    if fmt in ("pprof", "folded"):
+        return f"gpuflame report {shlex.quote(str(args.output))}"
+    if fmt == "speedscope":
+        return f"open https://www.speedscope.app and load {shlex.quote(str(args.output))}"
+    if fmt == "svg":
+        return f"open {shlex.quote(str(args.output))} in a browser"
+    return f"gpuflame report {shlex.quote(str(args.file))}"
+
+
+def _say(args: argparse.Namespace, written: dict[str, Any]) -> None:
+    """One line for the file, the caveats the profile carries on stderr, then what to run next."""
+    what = "all sample types" if written["format"] == "pprof" else written["sample_type"]
+    samples = written["samples"]
+    counted = f"{samples} sample{'' if samples == 1 else 's'}"
+    totals = ", ".join(f"{name} {format_count(t['total'], t['unit'])}" for name, t in written["totals"].items())
+    devices = written["labels"].get("device")
+    where = f" on {', '.join(devices)}" if devices else ""
+    print(f"wrote {args.output} ({written['format']}, {what}, {counted}, {format_bytes(written['bytes'])})"
+          f"{where}: {totals}")
+    for comment in written["comments"]:
+        if comment != UNITS_NOTE:  # the units are in convert --help and in the file; the rest are caveats
+            sys.stderr.write(f"{command_prefix(args)}: warning: {comment}\n")
+    print(f"next: {written['next']}")
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:  # written, then moved away by someone else: not our failure
+        return 0

@@ -1,4 +1,9 @@
-"""The ``gpuflame`` command: one module per subcommand, as memray does."""
+"""The ``gpuflame`` command: one module per subcommand, as memray does.
+
+Each ``cli/<name>.py`` is a :class:`Command`: ``HELP``, ``DESCRIPTION``,
+``EPILOG``, ``add_arguments(parser)`` and ``run(args) -> int``. Adding a
+command is that module and its name in :data:`COMMANDS`.
+"""
 
 from __future__ import annotations
 
@@ -7,8 +12,7 @@ import importlib
 import os
 import sys
 from collections.abc import Sequence
-from types import ModuleType
-from typing import NoReturn
+from typing import NoReturn, Protocol, cast
 
 from gpuflame import __version__
 from gpuflame.errors import GpuflameError
@@ -35,6 +39,21 @@ Start with:
 """
 
 
+class Command(Protocol):
+    """What every command module declares; :func:`build_parser` reads nothing else of it."""
+
+    HELP: str  # one line in ``gpuflame --help``
+    DESCRIPTION: str  # the top of ``gpuflame NAME --help``
+    EPILOG: str  # examples, at the bottom of ``gpuflame NAME --help``
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None: ...
+
+    def run(self, args: argparse.Namespace) -> int: ...
+
+
+COMMAND_ATTRIBUTES = ("HELP", "DESCRIPTION", "EPILOG", "add_arguments", "run")
+
+
 class ArgumentParser(argparse.ArgumentParser):
     """argparse that reports a wrong flag in one line instead of a usage dump."""
 
@@ -43,8 +62,13 @@ class ArgumentParser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
-def command_module(name: str) -> ModuleType:
-    return importlib.import_module(f"gpuflame.cli.{name.replace('-', '_')}")
+def command_module(name: str) -> Command:
+    """The module of command *name*, checked against :class:`Command` (a missing part is a bug here, not later)."""
+    module = importlib.import_module(f"gpuflame.cli.{name.replace('-', '_')}")
+    missing = [attr for attr in COMMAND_ATTRIBUTES if not hasattr(module, attr)]
+    if missing:
+        raise TypeError(f"gpuflame.cli.{name} is not a command: it lacks {', '.join(missing)}")
+    return cast(Command, module)
 
 
 def build_parser() -> ArgumentParser:
@@ -60,8 +84,8 @@ def build_parser() -> ArgumentParser:
         cmd = sub.add_parser(
             name,
             help=module.HELP,
-            description=getattr(module, "DESCRIPTION", module.HELP),
-            epilog=getattr(module, "EPILOG", None),
+            description=module.DESCRIPTION,
+            epilog=module.EPILOG,
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
         module.add_arguments(cmd)

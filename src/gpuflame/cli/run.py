@@ -12,11 +12,11 @@ from pathlib import Path
 from gpuflame.capture.backends import BACKENDS, TORCH_HOOKS
 from gpuflame.capture.settings import Settings, env_name
 from gpuflame.cli.common import add_force_option
+from gpuflame.cli.options import add_pyroscope_options, duration
 from gpuflame.defaults import BACKEND, PUSH_INTERVAL_S, TORCH_HOOK
 from gpuflame.errors import GpuflameError
 from gpuflame.launch.runner import Launch, launch
 from gpuflame.launch.store import store_root
-from gpuflame.units import parse_duration
 
 HELP = "profile a Python program (and its child processes)"
 
@@ -57,14 +57,6 @@ examples:
 
 then: gpuflame report run.pb.gz"""
 
-def duration(text: str) -> float:
-    """``--interval``'s type: a duration (``15s``, ``500ms``, ``2m``) in seconds."""
-    if text.strip().startswith("-"):
-        raise argparse.ArgumentTypeError(f"an interval cannot be negative: {text!r} (examples: 15s, 500ms, 2m)")
-    try:
-        return parse_duration(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 # argparse takes "-5s" for an option (it only knows "-5" as a number) and says "expected one
@@ -93,19 +85,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="keep framework-internal frames (jax/, jaxlib/) that the jax backend prunes")
     parser.add_argument("--store", metavar="DIR", help=f"store folder for runs without -o (default {store_root()})")
     parser.add_argument("--json", action="store_true", help="print a JSON summary at the end (on stdout)")
-    ship = parser.add_argument_group(
-        "continuous profiling into Pyroscope",
-        "secrets only from the environment or files: GPUFLAME_PYROSCOPE_TOKEN, GPUFLAME_PYROSCOPE_PASSWORD "
-        "(or their *_FILE variants)",
-    )
-    ship.add_argument("--pyroscope", metavar="URL", help="push each process's profile to this Pyroscope every interval")
-    ship.add_argument("--service-name", metavar="NAME",
-                      help="service_name label (default: $GPUFLAME_SERVICE_NAME, the pod's workload, the script)")
-    ship.add_argument("--tenant", metavar="ID", help="X-Scope-OrgID header (multi-tenant Pyroscope)")
-    ship.add_argument("--pyroscope-ca", metavar="FILE", help="CA certificate file to verify Pyroscope's TLS with")
-    ship.add_argument("--pyroscope-user", metavar="USER", help="basic auth user (password or token: environment)")
-    ship.add_argument("--pyroscope-token-file", metavar="FILE", help="file holding the bearer token")
-    ship.add_argument("--pyroscope-password-file", metavar="FILE", help="file holding the basic auth password")
+    add_pyroscope_options(parser, "", "$GPUFLAME_SERVICE_NAME, the pod's workload, the script")
     parser.add_argument("-m", dest="module", metavar="MODULE", help="run a module, like python -m")
     parser.add_argument("target", nargs=argparse.REMAINDER, metavar="script.py | -- COMMAND",
                         help="the script and its arguments, a command on PATH (python train.py), or -- and any command")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 import webbrowser
-from socketserver import BaseServer
 
+from gpuflame.cli.options import port_number, serve_until_interrupted
 from gpuflame.errors import GpuflameError
 from gpuflame.launch.store import store_root
 from gpuflame.serve.app import Server, is_loopback, make_server
@@ -34,16 +34,6 @@ examples:
 DEFAULT_PORT = 8080
 
 
-def port_number(text: str) -> int:
-    try:
-        port = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
-    if not 0 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"port out of range (0-65535): {port}")
-    return port
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("dir", metavar="DIR", nargs="?", help=f"folder to serve (default: the store, {store_root()})")
     parser.add_argument("--port", type=port_number, default=DEFAULT_PORT, metavar="N",
@@ -60,17 +50,6 @@ def run(args: argparse.Namespace) -> int:
     if args.open:
         webbrowser.open(server.url)
     return serve_until_interrupted(server, "serve")
-
-
-def serve_until_interrupted(server: BaseServer, command: str) -> int:
-    """Serve until Ctrl-C, then say so; the socket is closed however serving ends."""
-    try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        print(f"gpuflame {command}: stopped", flush=True)
-    finally:
-        server.server_close()
-    return 0
 
 
 def _default_store() -> str:

@@ -6,6 +6,7 @@ import argparse
 import os
 import webbrowser
 from pathlib import Path
+from typing import Any
 
 from gpuflame.cli.common import (
     FILTER_ORDER,
@@ -14,6 +15,8 @@ from gpuflame.cli.common import (
     add_snapshot_options,
     add_type_option,
     load_for_analysis,
+    print_json,
+    profile_summary,
 )
 from gpuflame.errors import GpuflameError
 from gpuflame.files import STDIO, atomic_write, check_output
@@ -69,6 +72,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--open", action="store_true", help="open the page in the default browser")
     parser.add_argument("--svg", metavar="SVG", help="also write a static SVG flame graph (for CI logs and reviews)")
     add_force_option(parser)
+    parser.add_argument("--json", action="store_true",
+                        help="print what was written as JSON (paths, sizes, the profile's totals and notes)")
     add_type_option(parser)
     add_filter_options(parser)
     add_snapshot_options(parser)
@@ -103,15 +108,29 @@ def run(args: argparse.Namespace) -> int:
     page = render_html(loaded.profile, title, type_index, base=base)
     atomic_write(output, page)
     uri = Path(output).resolve().as_uri()
-    kind = "all sample types" if base is None else "diff against " + args.files[0]
-    print(f"wrote {output} ({format_bytes(len(page.encode('utf-8')))}, offline, {kind})")
+    written: dict[str, Any] = {
+        "output": output, "uri": uri, "bytes": len(page.encode("utf-8")),
+        "diff_base": args.files[0] if base is not None else None, "svg": None,
+    }
     if args.svg:
         picture = svg.encode(loaded.profile, loaded.type_index, title=os.path.basename(path))
         atomic_write(args.svg, picture)
         shown = loaded.profile.sample_types[loaded.type_index].type
-        print(f"wrote {args.svg} ({format_bytes(len(picture.encode('utf-8')))}, svg, {shown})")
+        written["svg"] = {"output": args.svg, "bytes": len(picture.encode("utf-8")), "sample_type": shown}
+    if args.json:
+        print_json({**written, **profile_summary(loaded.profile, loaded.type_index)})
+    else:
+        _say(written, opened=args.open)
     if args.open:
         webbrowser.open(uri)
-    else:
-        print(f"open it in a browser: {uri}")
     return 0
+
+
+def _say(written: dict[str, Any], opened: bool) -> None:
+    kind = "all sample types" if written["diff_base"] is None else "diff against " + written["diff_base"]
+    print(f"wrote {written['output']} ({format_bytes(written['bytes'])}, offline, {kind})")
+    if written["svg"]:
+        picture = written["svg"]
+        print(f"wrote {picture['output']} ({format_bytes(picture['bytes'])}, svg, {picture['sample_type']})")
+    if not opened:
+        print(f"open it in a browser: {written['uri']}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from gpuflame.cli.serve import port_number, serve_until_interrupted
+from gpuflame.cli.options import port_number, serve_until_interrupted
 from gpuflame.webhook.admission import DEFAULT_IMAGE, DEFAULT_SECRET, Config
 from gpuflame.webhook.server import make_server
 

@@ -65,7 +65,7 @@ from operator import itemgetter
 from typing import Any, NamedTuple
 
 from gpuflame.errors import GpuflameError, ProfileFormatError
-from gpuflame.formats.detect import GZIP_MAGIC, gunzip
+from gpuflame.formats.load_save import GZIP_MAGIC, gunzip
 from gpuflame.formats.protobuf_wire import (
     FIXED32,
     FIXED64,
@@ -402,14 +402,14 @@ def _split_profile(data: bytes) -> _Raw:
                     raw.comments.extend(_packed_ints(data[pos:stop], field))
                 pos = stop
             else:
-                pos = _skip_scalar(data, pos, field, wire, raw)
+                pos = _read_scalar(data, pos, field, wire, raw)
     except IndexError:
         raise ProfileFormatError("truncated protobuf: a field runs past the end of the data") from None
     return raw
 
 
-def _skip_scalar(data: bytes, pos: int, field: int, wire: int, raw: _Raw) -> int:
-    """Read a non-length-delimited top-level field; keep the ones gpuflame uses."""
+def _read_scalar(data: bytes, pos: int, field: int, wire: int, raw: _Raw) -> int:
+    """Read a non-length-delimited top-level field: keep the ones gpuflame uses, step over the rest."""
     if wire == VARINT:
         value, pos = read_varint(data, pos)
         if field == P_COMMENT:
@@ -657,21 +657,14 @@ def _read_samples(
     packed) with ids that are all one byte or all two bytes long, which is what
     :func:`encode` writes: such a list is read as bytes or as 16-bit words and
     turned into frame ids by one ``itemgetter`` call over a flat table. Other
-    layouts go through :class:`_LocationMemo`.
+    layouts go through :meth:`_SampleReader.general`.
     """
-    flat = all(len(v) == 1 for v in location_frames.values())
-    memo = _LocationMemo(location_frames, flat)
-    lookup = memo.__getitem__
-    table = _fast_table(location_frames) if flat else None
-    words_of = _WordUnpackers()
-    tails = _TailMemo(strings, n_types)
-    findall = VARINT_RUN.findall
-    getter = itemgetter
-    high = _HIGH_BYTES
+    reader = _SampleReader(location_frames, strings, n_types)
+    table, tails, words_of, getter, high = reader.table, reader.tails, reader.words_of, itemgetter, _HIGH_BYTES
     out: list[Sample] = []
     append = out.append
     for raw in chunks:
-        if raw[:1] == b"\x0a":
+        if raw[:1] == b"\x0a":  # field 1 (the location ids) first: split it from the rest
             size = raw[1] if len(raw) > 1 else 0x80
             start = 2
             if size >= 0x80:
@@ -684,32 +677,46 @@ def _read_samples(
         else:
             ids = b""
             tail = tails[raw]
-        if tail is None:
-            keys, values, labels = tails.parse(raw)
-            append(Sample(_stack(map(lookup, keys), flat), values, labels))
+        if tail is None or table is None:
+            append(reader.general(raw, ids, tail))
             continue
-        if table is not None:
-            if ids.isascii():
-                words: bytes | tuple[int, ...] | None = ids
-            elif not len(ids) & 1 and ids[1::2].isascii() and not ids[::2].translate(None, high):
-                words = words_of[len(ids)](ids)
-            else:
-                words = None
-            if words is not None:
-                n = len(words)
-                try:
-                    stack = getter(*words)(table) if n > 1 else (table[words[0]],) if n else ()
-                except IndexError:
-                    stack = (-1,)
-                if -1 in stack:
-                    _raise_missing(words, table)
-                append(Sample(stack, tail[0], tail[1]))
-                continue
+        if ids.isascii():
+            words: bytes | tuple[int, ...] = ids
+        elif not len(ids) & 1 and ids[1::2].isascii() and not ids[::2].translate(None, high):
+            words = words_of[len(ids)](ids)
+        else:
+            append(reader.general(raw, ids, tail))
+            continue
+        n = len(words)
+        try:
+            stack = getter(*words)(table) if n > 1 else (table[words[0]],) if n else ()
+        except IndexError:
+            stack = (-1,)
+        if -1 in stack:
+            _raise_missing(words, table)
+        append(Sample(stack, tail[0], tail[1]))
+    return out
+
+
+class _SampleReader:
+    """What decoding samples needs, built once per profile, and the way for samples off the fast path."""
+
+    def __init__(self, location_frames: dict[int, tuple[int, ...]], strings: _Strings, n_types: int) -> None:
+        self.flat = all(len(v) == 1 for v in location_frames.values())
+        self.lookup = _LocationMemo(location_frames, self.flat).__getitem__
+        self.table = _fast_table(location_frames) if self.flat else None
+        self.words_of = _WordUnpackers()
+        self.tails = _TailMemo(strings, n_types)
+
+    def general(self, raw: bytes, ids: bytes, tail: tuple[tuple[int, ...], Labels] | None) -> Sample:
+        """Fields in another order (*tail* None: parse it all), ids of mixed widths, locations of many frames."""
+        if tail is None:
+            keys, values, labels = self.tails.parse(raw)
+            return Sample(_stack(map(self.lookup, keys), self.flat), values, labels)
         if ids and ids[-1] >= 0x80:
             raise ProfileFormatError("truncated protobuf: the last value of packed field 1 runs past the end")
-        keys = ids if ids.isascii() else findall(ids)
-        append(Sample(_stack(map(lookup, keys), flat), tail[0], tail[1]))
-    return out
+        keys = ids if ids.isascii() else VARINT_RUN.findall(ids)
+        return Sample(_stack(map(self.lookup, keys), self.flat), tail[0], tail[1])
 
 
 class _WordUnpackers(dict):  # type: ignore[type-arg]

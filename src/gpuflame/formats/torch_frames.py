@@ -50,7 +50,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
-from gpuflame.model.profile import NATIVE, PYTHON, SYNTHETIC, TRAMPOLINE, Frame
+from gpuflame.model.profile import NATIVE, PYTHON, SYNTHETIC, TRAMPOLINE_KIND, Frame
 from gpuflame.symbols import names
 
 # Frame classes.
@@ -99,7 +99,7 @@ _NODE = re.compile(r"^torch::autograd::(?:generated::)?(\w+)::apply(?:_impl)?(?:
 
 BACKWARD_FRAME = Frame(names.BACKWARD_PASS, kind=SYNTHETIC)
 NO_PYTHON_FRAME = Frame(names.NO_PYTHON_FRAME, kind=SYNTHETIC)
-TRAMPOLINE_FRAME = Frame(names.TRAMPOLINE, kind=TRAMPOLINE)
+TRAMPOLINE_FRAME = Frame(names.TRAMPOLINE_NAME, kind=TRAMPOLINE_KIND)
 
 
 def is_python_frame(file: str, name: str) -> bool:

@@ -71,3 +71,4 @@ def stop_following() -> None:
     else:
         os.environ.pop("PYTHONPATH", None)
     os.environ.pop(env_name("session_dir"), None)
+    os.environ.pop(env_name("enabled"), None)

@@ -52,7 +52,7 @@ def launch(request: Launch, settings: Settings) -> int:
     """Run *request* with *settings* (its session folder filled in here); the program's exit code."""
     started = time.time()
     folder, output, run_dir = _places(request, started)
-    settings = replace(settings, session_dir=str(folder.resolve()))
+    settings = replace(settings, enabled=True, session_dir=str(folder.resolve()))
     watch = roll_call.EndWatch(folder).start()
     try:
         status, root_pid = _run_program(request.command, child_env(settings))

@@ -18,17 +18,13 @@ from gpuflame.errors import UnknownSampleTypeError
 from gpuflame.model.peak import BOUND, PROCESS, PeakUnit, describe
 from gpuflame.model.phases import PhaseStat
 from gpuflame.model.timeline import Timeline
+from gpuflame.symbols.kinds import FRAME_KINDS, NATIVE, PYTHON, SYNTHETIC, TRAMPOLINE_KIND  # noqa: F401 - with Frame
 
 if TYPE_CHECKING:
     from gpuflame.model.history import History
 
-# Frame kinds. Plain strings (not an Enum) because frames are hashed millions
-# of times and Enum hashing runs Python code.
-PYTHON = "python"
-NATIVE = "native"
-TRAMPOLINE = "trampoline"
-SYNTHETIC = "synthetic"
-FRAME_KINDS = (PYTHON, NATIVE, TRAMPOLINE, SYNTHETIC)
+# Short names every command and the API accept for a sample type (``--type peak``).
+TYPE_ALIASES = {"peak": "peak_space", "inuse": "inuse_space", "alloc": "alloc_space"}
 
 
 class Frame(NamedTuple):
@@ -165,8 +161,9 @@ class Profile:
         return [st.type for st in self.sample_types]
 
     def type_index(self, name: str) -> int:
-        """Index of a sample type given as ``peak_space`` or ``peak_space/bytes``."""
+        """Index of a sample type given as ``peak_space``, ``peak_space/bytes`` or ``peak`` (:data:`TYPE_ALIASES`)."""
         wanted = name.split("/", 1)[0]
+        wanted = TYPE_ALIASES.get(wanted, wanted)
         for i, st in enumerate(self.sample_types):
             if st.type == wanted:
                 return i

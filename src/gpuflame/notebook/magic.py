@@ -126,7 +126,7 @@ class GpuflameMagics(Magics):
             profile = hosted.stop(HOST_DIRS)
             if profile is not None:
                 profile = name_cells(profile, self.shell.compile)
-            backends = [r.name for r in session.recorders]
+            backends = session.backends
             if profile is None or not any(profile.totals().values()):
                 say(_nothing_recorded(args.backend, backends))
                 return
@@ -156,10 +156,9 @@ def _nothing_recorded(backend: str, backends: list[str]) -> str:
 
 def _display(profile: Profile, args: Any, backends: list[str]) -> None:
     from gpuflame.analysis.summary import summarize
-    from gpuflame.cli.common import pick_type
     from gpuflame.notebook.inline import inline_html, summary_line
 
-    index = pick_type(profile, args.type)
+    index = profile.pick_type(args.type)
     line = summary_line(summarize(profile, profile.sample_types[index].type), backends)
     if args.output:
         _save(profile, args.output, index, line)
@@ -187,9 +186,8 @@ def _print_report(profile: Profile, type_name: str | None, limit: int) -> None:
 
     from gpuflame.analysis.hotspots import build_report
     from gpuflame.analysis.tree import build_tree
-    from gpuflame.cli.common import pick_type
     from gpuflame.render.terminal import PIPE_WIDTH, render_report
 
-    tree = build_tree(profile, pick_type(profile, type_name))
+    tree = build_tree(profile, profile.pick_type(type_name))
     console = Console(file=sys.stdout, highlight=False, force_jupyter=False, color_system=None, width=PIPE_WIDTH)
     render_report(console, build_report(profile, tree, limit), "last %%gpuflame cell")

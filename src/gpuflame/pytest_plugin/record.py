@@ -80,7 +80,7 @@ class PhaseRecorder:
     def stop(self) -> Phase:
         if self._session is None:
             return NOTHING
-        backends = [r.name for r in getattr(self._session, "recorders", [])]
+        backends = getattr(self._session, "backends", [])
         try:
             profile = hosted.stop(HOST_DIRS)
             return measure(profile, backends) if profile is not None else Phase(None, 0, 0, "", backends)

@@ -1,1 +1,1 @@
-"""Renderers: the terminal (rich), SVG, the self-contained HTML page around viewer/, the flame tree as JSON."""
+"""Renderers: terminal (rich), SVG, the HTML page around viewer/, the flame-tree JSON; writers.py: every format."""

@@ -32,7 +32,7 @@ from typing import NamedTuple
 import numpy as np
 
 from gpuflame.analysis.tree import FlameTree, build_tree
-from gpuflame.model.profile import NATIVE, PYTHON, SYNTHETIC, TRAMPOLINE, Frame, Profile
+from gpuflame.model.profile import NATIVE, PYTHON, SYNTHETIC, TRAMPOLINE_KIND, Frame, Profile
 from gpuflame.symbols.names import CACHED_FREE, OUTSIDE_FRAMEWORK
 from gpuflame.units import format_count, percent
 
@@ -116,7 +116,7 @@ def frame_colour(frame: Frame) -> tuple[str, str]:
         return OUTSIDE_CLASS[0], ""
     if frame.kind == SYNTHETIC:
         return SYNTHETIC_CLASS[0], ""
-    if frame.kind == TRAMPOLINE:
+    if frame.kind == TRAMPOLINE_KIND:
         return TRAMPOLINE_CLASS[0], ""
     h = _name_hash(frame.name)
     if frame.kind == NATIVE:

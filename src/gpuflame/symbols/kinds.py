@@ -1,12 +1,23 @@
-"""Frame kind from a name and a file, for formats that do not store it (pprof, folded)."""
+"""Frame kinds, and a frame's kind from its name and file for formats that do not store it (pprof, folded).
+
+The kinds live here, below the model (``model.profile`` re-exports them with
+``Frame``), so that symbols/ never imports model/: the model names its frames
+with symbols/, not the other way round.
+"""
 
 from __future__ import annotations
 
 import re
 
-from gpuflame.model.profile import NATIVE, PYTHON, SYNTHETIC, TRAMPOLINE
-from gpuflame.symbols.names import MODULE
-from gpuflame.symbols.names import TRAMPOLINE as TRAMPOLINE_NAME
+from gpuflame.symbols.names import MODULE, TRAMPOLINE_NAME
+
+# Frame kinds. Plain strings (not an Enum) because frames are hashed millions
+# of times and Enum hashing runs Python code.
+PYTHON = "python"
+NATIVE = "native"
+TRAMPOLINE_KIND = "trampoline"  # the kind; TRAMPOLINE_NAME is the frame's name, <interpreter trampoline>
+SYNTHETIC = "synthetic"
+FRAME_KINDS = (PYTHON, NATIVE, TRAMPOLINE_KIND, SYNTHETIC)
 
 _ADDRESS = re.compile(r"^(0x)?[0-9a-fA-F]{6,}$")
 _PYTHON_FILE = re.compile(r"\.(py|pyw|pyx|ipynb)$|^<(frozen |string|stdin|ipython)")
@@ -20,7 +31,7 @@ def guess_kind(name: str, file: str = "") -> str:
     blocks>``); a raw address or a frame whose file is not Python is native.
     """
     if name == TRAMPOLINE_NAME:
-        return TRAMPOLINE
+        return TRAMPOLINE_KIND
     if file and _PYTHON_FILE.search(file):
         return PYTHON
     if name == MODULE:

@@ -21,7 +21,7 @@ import re
 
 SEPARATOR = " > "
 MODULE = "<module>"
-TRAMPOLINE = "<interpreter trampoline>"
+TRAMPOLINE_NAME = "<interpreter trampoline>"
 CACHED_FREE = "<cached free blocks>"
 ALLOCATOR_ROUNDING = "<allocator rounding>"
 OUTSIDE_FRAMEWORK = "<outside framework>"

@@ -1,4 +1,9 @@
-"""Format detection, and load/save by format name."""
+"""The front door of formats/: ``load`` any profile (sniffed from the bytes); ``save`` pprof, folded, speedscope.
+
+The flame-tree JSON and the SVG picture are renderings of the analysis, not
+interchange formats: ``gpuflame.render.writers`` writes every output format,
+these three through here.
+"""
 
 from __future__ import annotations
 
@@ -11,8 +16,8 @@ from gpuflame.errors import ProfileFormatError
 from gpuflame.files import STDIO, read_bytes, write_output
 from gpuflame.model.profile import Profile
 
-# Formats gpuflame can write.
-FORMATS = ("pprof", "folded", "speedscope", "json", "svg")
+# The interchange formats written here (render/writers.py adds the renderings).
+FORMATS = ("pprof", "folded", "speedscope")
 
 GZIP_MAGIC = b"\x1f\x8b"
 
@@ -21,29 +26,6 @@ PPROF_FIRST_BYTES = frozenset(b"\x0a\x12\x1a\x22\x2a\x32\x38\x3a\x40\x42\x48\x50
 NOT_A_PROFILE = (
     "not a profile gpuflame can read (expected gzip pprof, folded stacks, or a PyTorch memory snapshot pickle)"
 )
-
-# Output names and the format they imply; the first match wins.
-SUFFIXES = (
-    (".speedscope.json", "speedscope"),
-    (".json", "json"),
-    (".folded", "folded"),
-    (".collapsed", "folded"),
-    (".txt", "folded"),
-    (".pb.gz", "pprof"),
-    (".pb", "pprof"),
-    (".pprof", "pprof"),
-    (".svg", "svg"),
-)
-
-
-def format_from_name(path: str | os.PathLike[str]) -> str | None:
-    """The format an output file's name implies (``run.folded`` -> ``folded``), or None."""
-    name = os.path.basename(os.fspath(path)).lower()
-    for suffix, fmt in SUFFIXES:
-        if name.endswith(suffix):
-            return fmt
-    return None
-
 
 def detect(data: bytes) -> str:
     """``pprof``, ``torch-snapshot``, ``folded`` or ``json``; raises if none fits."""
@@ -138,6 +120,7 @@ def save(profile: Profile, path: str | os.PathLike[str], fmt: str = "pprof", typ
 
 
 def dumps(profile: Profile, fmt: str = "pprof", type_name: str | None = None) -> bytes:
+    """*profile* as pprof (every sample type), folded or speedscope (one: *type_name*, else the default)."""
     if fmt == "pprof":
         from gpuflame.formats import pprof
 
@@ -151,12 +134,5 @@ def dumps(profile: Profile, fmt: str = "pprof", type_name: str | None = None) ->
         from gpuflame.formats import speedscope
 
         return speedscope.encode(profile, index).encode("utf-8")
-    if fmt == "json":
-        from gpuflame.render import flame_json
-
-        return flame_json.encode(profile, index).encode("utf-8")
-    if fmt == "svg":
-        from gpuflame.render import svg
-
-        return svg.encode(profile, index).encode("utf-8")
-    raise ValueError(f"unknown format {fmt!r}")
+    raise ValueError(f"unknown format {fmt!r} (formats writes {', '.join(FORMATS)}; "
+                     "the JSON flame tree and SVG are in gpuflame.render.writers)")
