@@ -213,12 +213,13 @@ def test_the_env_a_pod_gets_reads_back_as_the_settings_its_annotations_ask_for()
     ops = admission.patch_for(pod(annotations), admission.parse_request(annotations), Config())
     [main_c] = jsonpatch.apply_patch(pod(annotations), ops)["spec"]["containers"]
     plain = {var["name"]: var["value"] for var in main_c["env"] if "value" in var}
-    expected = Settings(session_dir="/gpuflame/sessions/main", backend="jax", interval=2.5, service_name="vllm")
+    expected = Settings(enabled=True, session_dir="/gpuflame/sessions/main", backend="jax", interval=2.5,
+                        service_name="vllm")
     assert Settings.from_env(plain) == expected
-    assert plain["GPUFLAME_INTERVAL"] == "2.5"
+    assert plain["GPUFLAME_INTERVAL"] == "2.5" and plain["GPUFLAME_ENABLED"] == "1"  # the switch, said
     defaults = admission.parse_request(on())  # no setting annotations: the defaults, said explicitly
     assert Settings.from_env(admission.settings_env("app", defaults)) == Settings(
-        session_dir="/gpuflame/sessions/app", interval=15.0)
+        enabled=True, session_dir="/gpuflame/sessions/app", interval=15.0)
 
 
 def test_settings_to_env_names_only_real_settings() -> None:

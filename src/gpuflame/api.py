@@ -37,11 +37,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Literal, overload
 
-from gpuflame.capture.autostart import DEFAULT_PUSH_INTERVAL, watch
+from gpuflame.capture.autostart import watch
+from gpuflame.capture.backends import BACKENDS, TORCH_HOOKS
 from gpuflame.capture.session import Session
-from gpuflame.capture.settings import BACKENDS, TORCH_HOOKS, Settings
-from gpuflame.capture.store import PROFILE_NAME, RunMeta, new_run_folder, store_root
+from gpuflame.capture.settings import Settings
+from gpuflame.defaults import PUSH_INTERVAL_S
 from gpuflame.errors import GpuflameError
+from gpuflame.launch.store import PROFILE_NAME, RunMeta, new_run_folder, store_root
 from gpuflame.model import Profile
 from gpuflame.units import parse_duration
 
@@ -192,7 +194,7 @@ def settings_for(options: dict[str, object]) -> Settings:
     if settings.pyroscope_url:
         _check_pyroscope(settings)
         if settings.interval <= 0:
-            settings = dataclasses.replace(settings, interval=DEFAULT_PUSH_INTERVAL)
+            settings = dataclasses.replace(settings, interval=PUSH_INTERVAL_S)
     # this process only, into one file: not gpuflame run's folder, children or root
     return dataclasses.replace(settings, session_dir="", follow=False, root_pid=0)
 

@@ -209,9 +209,10 @@ def profiler_env(container: Mapping[str, Any], request: Request, config: Config)
 
 def settings_env(container_name: str, request: Request) -> dict[str, str]:
     """The profiler's settings for one container, as ``gpuflame run`` passes them (``Settings.to_env``)."""
-    settings = Settings(session_dir=f"{SESSIONS}/{container_name}", backend=request.backend,
+    settings = Settings(enabled=True, session_dir=f"{SESSIONS}/{container_name}", backend=request.backend,
                         interval=request.interval, service_name=request.service_name)
-    return settings.to_env("session_dir", "backend", "interval", *["service_name"] * bool(request.service_name))
+    names = ("enabled", "session_dir", "backend", "interval", *["service_name"] * bool(request.service_name))
+    return settings.to_env(*names)
 
 
 def container_patch(pod: Mapping[str, Any], index: int, request: Request, config: Config) -> list[dict]:
