@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from gpuflame.formats import torch_snapshot
@@ -90,6 +90,9 @@ ops = st.lists(
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ops=ops, ring=st.one_of(st.none(), st.integers(5, 80)), seed=st.integers(0, 10))
+# found by this test: the ring lost the first alloc, whose free is only requested (pending) at the end; the
+# replay takes that request as the free, and the block was counted at the peak twice (before the trace, and alive)
+@example(ops=[("alloc", 1, 0)] * 5 + [("pending", 1, 0)], ring=5, seed=0)
 def test_peak_is_at_least_in_use_in_one_unit(ops, ring, seed) -> None:
     dev = RecordedDevice(ring, seed)
     live: list[int] = []

@@ -633,7 +633,7 @@ class _DeviceTrace:
             elif action != "snapshot":
                 unknown += 1
 
-        always = self._alive_throughout(live)
+        always = self._alive_throughout(live, release_on_request)
         before_bytes += sum(size for _, size, _ in always)
         still_live = [v for v in live.values() if v[0] <= best_i] + always  # their blocks are known
         peak_set = closed_at_peak + still_live
@@ -672,21 +672,26 @@ class _DeviceTrace:
             conv.comment(f"{self.name}: ignored {unknown} trace events of unknown kinds")
         return window
 
-    def _alive_throughout(self, live: dict[Any, tuple[int, int, Any]]) -> list[tuple[int, int, Any]]:
-        """Blocks active at the end that the trace never allocated: older than it, never freed.
+    def _alive_throughout(
+        self, live: dict[Any, tuple[int, int, Any]], release_on_request: bool
+    ) -> list[tuple[int, int, Any]]:
+        """Blocks active at the end that the trace never allocated nor freed: older than it, still held.
 
         A block whose address the trace did allocate but no longer holds is
         one whose free was requested and not completed, replayed as freed
         (a trace recorded without ``free_completed`` events): not counted again.
+        Nor is one allocated before the trace whose requested free the replay
+        took as its free (it is counted among the bytes freed from before the trace).
         """
         out = []
-        allocated: set[Any] | None = None
+        seen: set[Any] | None = None
+        counted = ("alloc", "free_completed", "free_requested") if release_on_request else ("alloc", "free_completed")
         for addr, block in self.conv.active.get(self.device, {}).items():
             if addr in live:
                 continue
-            if allocated is None:
-                allocated = {e["addr"] for e in self.trace if e["action"] == "alloc"}
-            if addr not in allocated:
+            if seen is None:
+                seen = {e["addr"] for e in self.trace if e["action"] in counted}
+            if addr not in seen:
                 size = requested_bytes(block)
                 out.append((-1, _int(size, "block requested_size"), block))
         return out
