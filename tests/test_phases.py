@@ -155,8 +155,10 @@ def test_llama_load_train_generate_exact_per_phase(recorder: str) -> None:
     if recorder == "allocator":  # the hook's timeline, a separate book, agrees on each phase's high
         points = next(iter(profile.timeline.series.values()))
         for r in (rows["load_model"], rows["train"], rows["generate"]):  # each one stretch
+            # the timeline keeps each bucket's high, low and last point (exact values at exact times), so
+            # a point inside a phase never exceeds its peak; a bucket across its edge may hide its high
             inside = [b for t, b in points if r.start <= t <= r.end]
-            assert max(inside) == r.peak, r.phase
+            assert inside and max(inside) <= r.peak, r.phase
             assert r.start <= r.peak_time <= r.end
 
 
@@ -343,3 +345,27 @@ def test_vllm_phases_by_function_name_on_a_stand_in(
     assert (rows["kv_cache_allocation"].peak, rows["kv_cache_allocation"].inuse_end) == (6000, 6000)
     assert (rows["cuda_graph_capture"].peak, rows["cuda_graph_capture"].inuse_end) == (6320, 6020)
     assert rows["kv_cache_allocation"].top == "GPUModelRunner > initialize_kv_cache"
+
+
+@pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")  # JAX, imported by other tests, warns
+@pytest.mark.parametrize("recorder", RECORDERS)
+def test_a_forked_child_starts_in_the_running_phase(recorder: str) -> None:
+    rec = RECORDERS[recorder]()
+    rec.start()
+    gpuflame.phase("serve")
+    parent = torch.empty(4096, dtype=torch.uint8)
+    pid = os.fork()
+    if pid == 0:  # the child's window starts at the fork, in the phase running then
+        code = 1
+        try:
+            x = torch.empty(300, dtype=torch.uint8)
+            profile = rec.snapshot()
+            rows = {r.phase: r for r in profile.phases}
+            ok = rows["serve"].peak == 300 and by_phase(profile, INUSE) == {"serve": 300} and x.numel() == 300
+            code = 0 if ok else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    rec.stop()
+    phases.switch(0)
+    assert os.waitstatus_to_exitcode(status) == 0 and parent.numel() == 4096
