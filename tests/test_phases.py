@@ -369,3 +369,16 @@ def test_a_forked_child_starts_in_the_running_phase(recorder: str) -> None:
     rec.stop()
     phases.switch(0)
     assert os.waitstatus_to_exitcode(status) == 0 and parent.numel() == 4096
+
+
+def test_names_past_the_limit_share_one_bucket(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A name per step would grow every recorder's books: past MAX_PHASES names they share MORE."""
+    monkeypatch.setattr(phases, "_names", list(phases._names))
+    monkeypatch.setattr(phases, "_ids", dict(phases._ids))
+    kept = phases.intern("step_kept")
+    while len(phases._names) < phase_model.MAX_PHASES:
+        phases.intern(f"step_{len(phases._names)}")
+    more = phases.intern("step_x")
+    assert phases.name_of(more) == phase_model.MORE and phases.intern("step_y") == more
+    assert phases.intern("step_kept") == kept != more  # earlier names keep their ids
+    assert len(phases._names) == phase_model.MAX_PHASES + 1

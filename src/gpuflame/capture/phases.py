@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from types import TracebackType
 
-from gpuflame.model.phases import NONE, check_name
+from gpuflame.model.phases import MAX_PHASES, MORE, NONE, check_name
 
 Listener = Callable[[int, int], None]  # (phase id, epoch ns)
 
@@ -32,12 +32,18 @@ _clock = time.time_ns  # the moment a phase begins (tests of replayed traces set
 
 
 def intern(name: str) -> int:
+    """The id of *name*; past :data:`MAX_PHASES` names, the id of :data:`MORE` (one bucket for the rest)."""
     found = _ids.get(name)
     if found is not None:
         return found
     with _lock:
         found = _ids.get(name)
         if found is None:
+            if len(_names) >= MAX_PHASES:
+                name = MORE
+                found = _ids.get(MORE)
+                if found is not None:
+                    return found
             found = _ids[name] = len(_names)
             _names.append(name)
         return found
