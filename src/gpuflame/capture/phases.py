@@ -93,8 +93,9 @@ class phase:  # noqa: N801 - used as a function: gpuflame.phase("train")
     manager it ends at the block's end, where the phase around it (if any)
     runs again, so ``with`` blocks nest. Every sample then carries a label
     ``phase`` (the phase its memory was allocated in), and ``gpuflame
-    report`` shows each phase's own peak. Without a recording it does
-    nothing; a bad name (empty, over 64 characters) raises ValueError.
+    report`` shows each phase's own peak. A phase is the whole process's
+    (every thread's), as a program's phases are. Without a recording it
+    does nothing; a bad name (empty, over 64 characters) raises ValueError.
     """
 
     __slots__ = ("name", "_previous")
