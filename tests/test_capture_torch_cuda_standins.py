@@ -235,6 +235,7 @@ def test_phases_replayed_against_the_trace(cuda: StandInCuda, monkeypatch: pytes
     cuts = [trace[0]["time_us"] - 5, trace[50]["time_us"] + 1, trace[110]["time_us"] + 1]
     clock = [t * 1000 for t in cuts]
     monkeypatch.setattr(phases, "_clock", lambda: clock.pop(0) if clock else 0)
+    monkeypatch.setattr(torch_cuda, "outside_framework_bytes", lambda torch: {0: 300 * MiB})
     rec = TorchCudaRecorder()
     rec.start()
     try:
@@ -271,6 +272,7 @@ def test_phases_replayed_against_the_trace(cuda: StandInCuda, monkeypatch: pytes
     assert peak_phase.peak == sum(s.values[profile.type_index("peak_space")] for s in profile.samples
                                   if not profile.frames[s.stack[0]].name.startswith("<"))
     assert rec.errors == []
+    assert all(s.label(LABEL) is not None for s in profile.samples)  # <outside framework> too: <none>
 
 
 # -- any moment: the trace ring buffer is the event history -------------------------------

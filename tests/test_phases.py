@@ -346,3 +346,40 @@ def test_vllm_phases_by_function_name_on_a_stand_in(
     assert (rows["kv_cache_allocation"].peak, rows["kv_cache_allocation"].inuse_end) == (6000, 6000)
     assert (rows["cuda_graph_capture"].peak, rows["cuda_graph_capture"].inuse_end) == (6320, 6020)
     assert rows["kv_cache_allocation"].top == "GPUModelRunner > initialize_kv_cache"
+
+
+@pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")  # JAX, imported by other tests, warns
+@pytest.mark.parametrize("recorder", RECORDERS)
+def test_a_forked_child_starts_in_the_running_phase(recorder: str) -> None:
+    rec = RECORDERS[recorder]()
+    rec.start()
+    gpuflame.phase("serve")
+    parent = torch.empty(4096, dtype=torch.uint8)
+    pid = os.fork()
+    if pid == 0:  # the child's window starts at the fork, in the phase running then
+        code = 1
+        try:
+            x = torch.empty(300, dtype=torch.uint8)
+            profile = rec.snapshot()
+            rows = {r.phase: r for r in profile.phases}
+            ok = rows["serve"].peak == 300 and by_phase(profile, INUSE) == {"serve": 300} and x.numel() == 300
+            code = 0 if ok else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    rec.stop()
+    phases.switch(0)
+    assert os.waitstatus_to_exitcode(status) == 0 and parent.numel() == 4096
+
+
+def test_names_past_the_limit_share_one_bucket(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A name per step would grow every recorder's books: past MAX_PHASES names they share MORE."""
+    monkeypatch.setattr(phases, "_names", list(phases._names))
+    monkeypatch.setattr(phases, "_ids", dict(phases._ids))
+    kept = phases.intern("step_kept")
+    while len(phases._names) < phase_model.MAX_PHASES:
+        phases.intern(f"step_{len(phases._names)}")
+    more = phases.intern("step_x")
+    assert phases.name_of(more) == phase_model.MORE and phases.intern("step_y") == more
+    assert phases.intern("step_kept") == kept != more  # earlier names keep their ids
+    assert len(phases._names) == phase_model.MAX_PHASES + 1

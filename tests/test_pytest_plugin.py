@@ -211,13 +211,16 @@ def test_no_backend_start_is_left_waiting_for_an_import(pytester: pytest.Pyteste
     ``import jax`` must not start recorders into the stopped sessions of earlier tests."""
     pytester.makepyfile(test_pending="""
 import torch
-from gpuflame.capture import post_import
+from gpuflame.capture import auto_phases, post_import
 
 def test_allocates():
     x = torch.empty(1 << 20, dtype=torch.uint8)
 
 def test_nothing_waits_for_an_import():
-    assert not post_import._callbacks
+    # the known frameworks' phase marks (auto_phases) wait for their modules by design: they start nothing
+    waiting = [c for cs in post_import._callbacks.values() for c in cs
+               if getattr(c, "func", None) is not auto_phases._wrap_module]
+    assert not waiting
 """)
     pytester.runpytest("--gpuflame", "-p", "no:cacheprovider").assert_outcomes(passed=2)
 

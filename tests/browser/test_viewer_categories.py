@@ -72,3 +72,16 @@ def test_no_category_switch_without_categories(chrome: Chrome, tmp_path: Path) -
     s = open_viewer(chrome, make_page(tmp_path, p))
     assert s["error"] is None and not s["categoryBox"]
     assert not state(chrome)["byCategory"]
+
+
+def test_label_selector_keeps_one_phase(chrome: Chrome, tmp_path: Path) -> None:
+    """Phases (model/phases.py) use the same selector: keep the memory one phase allocated."""
+    p = Profile([("peak_space", "bytes")], default_type="peak_space")
+    p.add([INIT, MAIN], [2 * MiB], {"phase": "load_model", "pid": "1"})
+    p.add([FWD, MIXED, MAIN], [5 * MiB], {"phase": "train", "pid": "1"})
+    open_viewer(chrome, make_page(tmp_path, p))
+    options = chrome.evaluate(
+        "[...document.querySelectorAll('#label-select option')].map(o => [o.value, o.textContent])"
+    )
+    choose(chrome, "label-select", next(v for v, text in options if text == "phase=load_model"))
+    assert settle(chrome)["total"] == 2 * MiB

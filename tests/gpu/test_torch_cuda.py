@@ -201,3 +201,34 @@ def test_categories_of_an_adamw_step_on_the_gpu() -> None:
     assert inuse["parameter"] == params
     assert inuse["gradient"] == params
     assert inuse["optimizer_state"] == state_on_gpu >= 2 * params
+
+
+def test_phases_on_a_real_trace() -> None:
+    """The marks (time.time_ns) and PyTorch's trace clock (time_us) agree: each phase's own peak is exact."""
+    import torch
+
+    import gpuflame
+    from gpuflame.capture import phases
+
+    rec = TorchCudaRecorder()
+    rec.start()
+    try:
+        with gpuflame.phase("load_model"):
+            weights = Weights(torch, 64)
+        with gpuflame.phase("serve"):
+            Activations().spike(torch, 256)
+        torch.cuda.synchronize()
+        profile = rec.snapshot()
+    finally:
+        rec.stop()
+        phases.switch(0)
+    assert not rec.errors and weights.w.numel() == 64 * MiB
+    rows = {r.phase: r for r in profile.phases}
+    assert (rows["load_model"].peak, rows["load_model"].inuse_end) == (64 * MiB, 64 * MiB)
+    assert (rows["serve"].peak, rows["serve"].inuse_end) == (320 * MiB, 64 * MiB)
+    assert rows["serve"].top == "Activations > spike"
+    idx = profile.type_index("alloc_space")
+    by_phase = {}
+    for s in profile.samples:
+        by_phase[s.label("phase")] = by_phase.get(s.label("phase"), 0) + s.values[idx]
+    assert by_phase["load_model"] == 64 * MiB and by_phase["serve"] == 256 * MiB

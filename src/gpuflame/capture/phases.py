@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from types import TracebackType
 
-from gpuflame.model.phases import NONE, check_name
+from gpuflame.model.phases import MAX_PHASES, MORE, NONE, check_name
 
 Listener = Callable[[int, int], None]  # (phase id, epoch ns)
 
@@ -32,12 +32,18 @@ _clock = time.time_ns  # the moment a phase begins (tests of replayed traces set
 
 
 def intern(name: str) -> int:
+    """The id of *name*; past :data:`MAX_PHASES` names, the id of :data:`MORE` (one bucket for the rest)."""
     found = _ids.get(name)
     if found is not None:
         return found
     with _lock:
         found = _ids.get(name)
         if found is None:
+            if len(_names) >= MAX_PHASES:
+                name = MORE
+                found = _ids.get(MORE)
+                if found is not None:
+                    return found
             found = _ids[name] = len(_names)
             _names.append(name)
         return found
@@ -87,8 +93,9 @@ class phase:  # noqa: N801 - used as a function: gpuflame.phase("train")
     manager it ends at the block's end, where the phase around it (if any)
     runs again, so ``with`` blocks nest. Every sample then carries a label
     ``phase`` (the phase its memory was allocated in), and ``gpuflame
-    report`` shows each phase's own peak. Without a recording it does
-    nothing; a bad name (empty, over 64 characters) raises ValueError.
+    report`` shows each phase's own peak. A phase is the whole process's
+    (every thread's), as a program's phases are. Without a recording it
+    does nothing; a bad name (empty, over 64 characters) raises ValueError.
     """
 
     __slots__ = ("name", "_previous")

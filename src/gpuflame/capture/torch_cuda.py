@@ -38,6 +38,7 @@ from gpuflame.capture.cuda_history import SnapshotHistory
 from gpuflame.capture.recorder_categories import mark_categories
 from gpuflame.formats.snapshot_phases import PHASES_KEY
 from gpuflame.model import SYNTHETIC, Frame, Profile, categories, make_labels
+from gpuflame.model import phases as phase_model
 from gpuflame.symbols.names import OUTSIDE_FRAMEWORK
 
 # Trace entries kept by PyTorch's ring buffer: about 100 bytes each plus the
@@ -198,6 +199,8 @@ def add_outside_framework(profile: Profile, outside: dict[int, int]) -> None:
         values = {t: size for t in ("inuse_space", "peak_space") if t in names}
         if values:
             labels = {"device": f"cuda:{index}", "pid": os.getpid(), categories.LABEL: categories.OUTSIDE_FRAMEWORK}
+            if profile.phases:  # every sample says its phase: memory made in none (the CUDA context, early)
+                labels[phase_model.LABEL] = phase_model.NONE
             profile.add([frame], values, labels)
     profile.comments.append(
         "<outside framework> is device memory of this process that PyTorch did not reserve "

@@ -33,6 +33,8 @@ from gpuflame.model import comments as comment_data
 
 LABEL = "phase"
 NONE = "<none>"  # time before the first phase mark
+MORE = "<more phases>"  # every name past the first MAX_PHASES of a process: the books stay small
+MAX_PHASES = 256  # distinct names per process (a name per step would grow each recorder's books per free)
 MAX_NAME = 64  # characters: a phase name is a short word, not a sentence
 PREFIX = "gpuflame-phases-v1:"
 DAMAGED_NOTE = "the per-phase table stored in this profile is damaged and was left out"
