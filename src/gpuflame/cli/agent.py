@@ -14,6 +14,7 @@ from pathlib import Path
 
 from gpuflame.agent.events import LIVE_BLOCKS
 from gpuflame.cli.options import add_pyroscope_options, positive_duration
+from gpuflame.defaults import PUSH_INTERVAL_S
 from gpuflame.errors import GpuflameError
 from gpuflame.launch.store import PROFILE_NAME, RunMeta, new_run_folder, store_root
 from gpuflame.units import format_bytes
@@ -89,8 +90,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print a JSON summary at the end (on stdout)")
     ship = add_pyroscope_options(parser, "one series per container (service_name, namespace, pod, container, node); ",
                                  "each pod's workload", repeatable=True)
-    ship.add_argument("--interval", type=positive_duration, default=15.0, metavar="DURATION",
-                      help="push every DURATION (default 15s)")
+    ship.add_argument("--interval", type=positive_duration, default=PUSH_INTERVAL_S, metavar="DURATION",
+                      help=f"push every DURATION (default {PUSH_INTERVAL_S:g}s)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -5,12 +5,13 @@ from __future__ import annotations
 import argparse
 
 from gpuflame.cli.options import port_number, serve_until_interrupted
+from gpuflame.defaults import PUSH_INTERVAL_S
 from gpuflame.webhook.admission import DEFAULT_IMAGE, DEFAULT_SECRET, Config
 from gpuflame.webhook.server import make_server
 
 HELP = "Kubernetes admission webhook: profile pods annotated gpuflame.io/inject"
 
-DESCRIPTION = """\
+DESCRIPTION = f"""\
 Serve a mutating admission webhook over HTTPS (POST /mutate, GET /healthz).
 Every pod annotated gpuflame.io/inject: "true" gets an init container that
 copies gpuflame into an emptyDir, and its containers get PYTHONPATH (the
@@ -21,7 +22,7 @@ refused with a message that says what is wrong.
 
 Annotations:
   gpuflame.io/inject: "true"          turn profiling on
-  gpuflame.io/interval: 30s           push every 30s (default 15s)
+  gpuflame.io/interval: 30s           push every 30s (default {PUSH_INTERVAL_S:g}s)
   gpuflame.io/backend: auto           auto | torch-cuda | torch | jax
   gpuflame.io/service-name: NAME      service_name label (default: the workload's name)
   gpuflame.io/container: a,b          only these containers (default: all)
