@@ -753,3 +753,23 @@ def test_gpuflame_run_native_gives_native_frames(tmp_path: Path) -> None:
     sample = next(s for s in profile.samples if s.values[INUSE] == 10_000)
     frames = profile.stack_frames(sample)
     assert frames[0].kind == "native" and any(f.name == "make" for f in frames)
+
+
+def test_threads_without_a_python_stack_say_the_running_phase() -> None:
+    import gpuflame
+    from gpuflame.capture import phases
+
+    _scripted_fork(4)
+
+    def run() -> torch.Tensor:
+        with gpuflame.phase("serve"):
+            return _scripted_fork(1000)
+
+    try:
+        profile, out, rec = record(run)
+    finally:
+        phases.switch(0)
+    assert rec.errors == []
+    held = [s for s in profile.samples if s.values[INUSE]]
+    assert [(profile.stack_frames(s)[0].name, s.label("phase"), s.values[INUSE]) for s in held] == [
+        ("<no Python stack>", "serve", 4000)]

@@ -14,7 +14,6 @@ the table says when each phase started and ended.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 
@@ -35,10 +34,9 @@ class PhaseBook:
 
 
 class LedgerPhases:
-    """Per-phase books of one ledger; *site_for* maps (site, phase) to the site booked."""
+    """Per-phase books of one ledger, from its first phase mark (at *at*, epoch ns) on."""
 
-    def __init__(self, ledger: Any, site_for: Callable[[int, int], int], at: int) -> None:
-        self.site_for = site_for
+    def __init__(self, ledger: Any, at: int) -> None:
         self.current = 0
         book = PhaseBook(0)  # the window so far was phase 0: its highest moment is the peak so far
         self.books = {0: book}

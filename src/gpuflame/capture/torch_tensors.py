@@ -258,7 +258,7 @@ class Ledger:
         """
         if device is None:
             if self.phases is None:
-                self.phases = LedgerPhases(self, self.site_for, table_max)
+                self.phases = LedgerPhases(self, table_max)
             self.phases.enter(epoch, table_max, self.total, self.seq)
             return
         self.joint_seq[device] = self.seq

@@ -78,6 +78,8 @@ def phase_table(
     *before_bytes* is what was live before the trace began (as the replay
     finds it); *name_of(entry)* names an alloc entry's function (its leaf).
     """
+    if any(type(e.get("time_us")) is not int for e in trace):
+        return []  # a trace without times cannot be cut into phases
     books: dict[str, _Book] = {}
     spans: dict[int, list[Any]] = {}  # alloc index -> [size, entry, free index or None]
     live: dict[Any, int] = {}  # addr -> alloc index

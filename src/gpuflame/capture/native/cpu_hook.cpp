@@ -793,6 +793,14 @@ void add_phase_marker(StackKey& stack) {
   if (id != 0) stack.emplace_back(nullptr, -static_cast<int64_t>(id));
 }
 
+// a thread without a Python stack (PyTorch's workers): the no-stack site of the running phase
+uint32_t no_python_site() {
+  uint32_t id = g_phase.load(std::memory_order_relaxed);
+  if (id == 0) return kNoPythonSite;
+  StackKey marker{FrameKey{nullptr, -static_cast<int64_t>(id)}};
+  return intern(marker);  // no code objects in it: no GIL needed
+}
+
 // The site of the calling thread's stack; kNoPythonSite when it has no
 // Python stack. On CPython 3.11 a stack seen before costs no GIL; otherwise
 // the thread takes the GIL back for a moment if it released it (PyTorch
@@ -800,14 +808,14 @@ void add_phase_marker(StackKey& stack) {
 uint32_t capture_site() {
   if (!python_usable()) return kNoPythonSite;
   PyThreadState* tstate = PyGILState_GetThisThreadState();
-  if (tstate == nullptr) return kNoPythonSite;
+  if (tstate == nullptr) return no_python_site();
   thread_local StackKey stack;
   stack.clear();
   bool native = g_native.load(std::memory_order_relaxed);
 #ifdef GPUFLAME_OWN_FRAMES
   if (!native && g_own_frames.load(std::memory_order_relaxed)) {
     walk_own_frames(tstate, stack);
-    if (stack.empty()) return kNoPythonSite;
+    if (stack.empty()) return no_python_site();
     add_phase_marker(stack);
     uint32_t site = known_site(stack);
     if (site != kNoSite) return site;
@@ -821,7 +829,7 @@ uint32_t capture_site() {
   if (n_native > 0) add_native_frames(stack, addresses, n_native);
   add_python_frames(stack);
   if (!stack.empty()) add_phase_marker(stack);
-  return stack.empty() ? kNoPythonSite : intern(stack);  // interned under the GIL: code objects are alive
+  return stack.empty() ? no_python_site() : intern(stack);  // interned under the GIL: code objects are alive
 }
 
 void hooked_free(void* ptr) {
