@@ -251,7 +251,7 @@ def test_export_json_tree(capsys, tmp_path, guide_file, guide):
     out_file = tmp_path / "tree.json"
     rc, out, err = run(capsys, "export", guide_file, "-o", out_file)
     assert rc == 0 and str(out_file) in out and "json" in out
-    assert err.splitlines() == [f"gpuflame export: warning: {c}" for c in guide.comments]  # its caveats, as convert
+    assert err.splitlines() == [f"gpuflame export: note: {c}" for c in guide.comments]  # its notes, as report says them
     data = json.loads(out_file.read_text())
     assert data["total"] == total(guide, "peak_space") == sum(r["total"] for r in data["roots"])
     assert sorted(os.listdir(tmp_path)) == ["tree.json"], "no temporary file left"

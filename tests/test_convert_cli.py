@@ -150,10 +150,10 @@ def test_overflow_and_oom_are_warnings_on_stderr(
         capsys, str(snapshot_files["handwritten_overflowed_trace"]), "-o", str(tmp_path / "a.pb.gz")
     )
     assert code == 0
-    assert err.startswith("gpuflame convert: warning: cuda:0: the allocator trace does not reach back")
+    assert err.startswith("gpuflame convert: note: cuda:0: the allocator trace does not reach back")
     code, _, err = run_cli(capsys, str(snapshot_files["handwritten_oom"]), "-o", str(tmp_path / "b.pb.gz"))
     assert code == 0
-    assert "gpuflame convert: warning: cuda:0: out of memory" in err and "asked for 40.0 GiB" in err
+    assert "gpuflame convert: note: cuda:0: out of memory" in err and "asked for 40.0 GiB" in err
 
 
 def test_pprof_type_choice_becomes_the_default_view(capsys, small: Path, tmp_path: Path) -> None:

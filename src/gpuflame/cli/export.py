@@ -125,8 +125,8 @@ def _say(args: argparse.Namespace, written: dict[str, Any]) -> None:
     print(f"wrote {args.output} ({written['format']}, {what}, {counted}, {format_bytes(written['bytes'])})"
           f"{where}: {totals}")
     for comment in written["comments"]:
-        if comment != UNITS_NOTE:  # the units are in convert --help and in the file; the rest are caveats
-            sys.stderr.write(f"{command_prefix(args)}: warning: {comment}\n")
+        if comment != UNITS_NOTE:  # the units are in convert --help and in the file; the rest as report says them
+            sys.stderr.write(f"{command_prefix(args)}: note: {comment}\n")
     print(f"next: {written['next']}")
 
 
