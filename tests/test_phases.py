@@ -237,6 +237,8 @@ def test_gpuflame_run_then_report_by_phase(tmp_path: Path) -> None:
     report = subprocess.run([sys.executable, "-m", "gpuflame", "report", "--json", "run.pb.gz"], cwd=tmp_path,
                             capture_output=True, text=True, check=True)
     rows = {r["phase"]: r for r in json.loads(report.stdout)["by_phase"]}
+    assert list(rows) == ["load_model", "serve", "<none>"]  # the phases as they began; unmarked time last
+    assert rows["<none>"]["peak"] == 1 << 20  # between the load block and serve, the weights were live
     assert rows["load_model"]["peak"] == 1 << 20 and rows["load_model"]["inuse_end"] == 1 << 20
     assert rows["serve"]["peak"] == (1 << 20) + (3 << 20)
     assert rows["serve"]["inuse_end"] == (1 << 20) + (1 << 10)

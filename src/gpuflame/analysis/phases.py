@@ -27,8 +27,9 @@ class PhaseRow:
 
 
 def phase_rows(profile: Profile) -> list[PhaseRow]:
-    """Each phase in the order it began; empty when the recording marked none."""
-    rows = ordered(profile.phases)
+    """Each phase in the order it began, time outside any phase (``<none>``, all its stretches in one row)
+    last; empty when the recording marked none."""
+    rows = _none_last(ordered(profile.phases))
     origin = profile.time_nanos or min((r.start for r in rows if r.start), default=0)
 
     def seconds(ns: int) -> float:
@@ -42,6 +43,12 @@ def phase_totals(profile: Profile, type_index: int) -> list[CategoryTotal]:
     """Bytes by the phase they were allocated in (the ``phase`` label), in the order the phases began."""
     if not any(s.label(LABEL) is not None for s in profile.samples):
         return []
-    began = {r.phase: i for i, r in enumerate(ordered(profile.phases))}
+    began = {r.phase: i for i, r in enumerate(_none_last(ordered(profile.phases)))}
     return sums_by(profile, type_index, lambda s: s.label(LABEL) or NONE,
                    lambda n: (began.get(n, len(began)), n))
+
+
+def _none_last(rows: list[PhaseStat]) -> list[PhaseStat]:
+    """``<none>`` gathers every unmarked stretch (before the first phase, between, after the last): its start
+    says little about when its peak was, so it comes after the phases rather than first."""
+    return sorted(rows, key=lambda r: r.phase == NONE)
