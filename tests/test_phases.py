@@ -27,6 +27,7 @@ from gpuflame.capture.torch_allocator import TorchAllocatorRecorder  # noqa: E40
 from gpuflame.capture.torch_tensors import TorchTensorRecorder  # noqa: E402
 from gpuflame.formats import pprof  # noqa: E402
 from gpuflame.model import Frame, Profile, merge  # noqa: E402
+from gpuflame.model import moment  # noqa: E402
 from gpuflame.model import phases as phase_model  # noqa: E402
 from gpuflame.model.phases import PhaseStat  # noqa: E402
 from test_run_cli import gpuflame_run  # noqa: E402
@@ -244,6 +245,10 @@ def test_gpuflame_run_then_report_by_phase(tmp_path: Path) -> None:
     assert rows["serve"]["inuse_end"] == (1 << 20) + (1 << 10)
     assert rows["serve"]["top_function"] == "<module>" and rows["serve"]["top_bytes"] == (4 << 20)
     assert rows["load_model"]["start_s"] <= rows["serve"]["start_s"]
+    # the table's times are the strip's, which --at reads: at each phase's end, what it left live
+    profile = gpuflame.load(tmp_path / "run.pb.gz")
+    for name, left in (("load_model", 1 << 20), ("serve", (1 << 20) + (1 << 10))):
+        assert moment.at(profile, rows[name]["end_s"]).totals()["inuse_space"] == left, name
     text = subprocess.run([sys.executable, "-m", "gpuflame", "report", "run.pb.gz"], cwd=tmp_path,
                           capture_output=True, text=True, check=True, env={**os.environ, "COLUMNS": "160"}).stdout
     assert "By phase" in text

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gpuflame.analysis.categories import CategoryTotal, sums_by
+from gpuflame.model import moment
 from gpuflame.model.phases import LABEL, NONE, PhaseStat, ordered
 from gpuflame.model.profile import Profile
 
@@ -30,7 +31,9 @@ def phase_rows(profile: Profile) -> list[PhaseRow]:
     """Each phase in the order it began, time outside any phase (``<none>``, all its stretches in one row)
     last; empty when the recording marked none."""
     rows = _none_last(ordered(profile.phases))
-    origin = profile.time_nanos or min((r.start for r in rows if r.start), default=0)
+    # the strip's clock, which --at/--between and the viewer read (not the session's start: torch's import
+    # can lie between the two, and a phase shown at 2.1 s must be found at 2.1 s on the strip)
+    origin = moment.origin(profile) or min((r.start for r in rows if r.start), default=0)
 
     def seconds(ns: int) -> float:
         return round(max(0, ns - origin) / 1e9, 6)
