@@ -26,8 +26,12 @@ from gpuflame.capture.native import NativeUnavailable, load_cpu_hook  # noqa: E4
 from gpuflame.capture.torch_allocator import TorchAllocatorRecorder  # noqa: E402
 from gpuflame.capture.torch_tensors import TorchTensorRecorder  # noqa: E402
 from gpuflame.formats import pprof  # noqa: E402
-from gpuflame.model import Frame, Profile, merge  # noqa: E402
-from gpuflame.model import moment  # noqa: E402
+from gpuflame.model import (  # noqa: E402
+    Frame,
+    Profile,
+    merge,
+    moment,  # noqa: E402
+)
 from gpuflame.model import phases as phase_model  # noqa: E402
 from gpuflame.model.phases import PhaseStat  # noqa: E402
 from test_run_cli import gpuflame_run  # noqa: E402
