@@ -63,7 +63,8 @@ class HookBusy(RuntimeError):
 class TorchAllocatorRecorder(Recorder):
     """CPU allocations through PyTorch's allocator after ``start()``, per Python stack."""
 
-    name = "torch"
+    name = "torch (allocator hook)"  # in errors: which of the two torch recorders failed
+    backend = "torch"
 
     def __init__(self, hook: ModuleType | None = None, native: bool = False) -> None:
         super().__init__()
