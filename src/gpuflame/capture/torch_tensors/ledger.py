@@ -15,7 +15,9 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from gpuflame.capture import site_row
 from gpuflame.capture.ledger_phases import LedgerPhases
+from gpuflame.capture.site_row import ALLOC, COUNT, INUSE, JOINT, PEAK
 from gpuflame.model.history import EventLog
 
 
@@ -261,8 +263,7 @@ class Ledger:
             return self.phases.rows(live, self.total)
 
     def rows(self) -> dict[int, list[int]]:
-        """Site -> [peak bytes, peak count, inuse bytes, inuse count, alloc bytes, alloc count,
-        joint bytes, joint count]."""
+        """Site -> its row (capture/site_row.py), joint-peak pair included."""
         with self.lock:
             if not self.frozen:
                 self.look()
@@ -281,26 +282,26 @@ class Ledger:
         def row(site: int) -> list[int]:
             found = rows.get(site)
             if found is None:
-                found = rows[site] = [0] * 8
+                found = rows[site] = site_row.empty()
             return found
 
         for site, (nbytes, count) in gone:
-            row(site)[0:2] = [nbytes, count]
+            row(site)[PEAK:PEAK + 2] = [nbytes, count]
         for site, (nbytes, count) in joint_gone:
-            row(site)[6:8] = [nbytes, count]
+            row(site)[JOINT:JOINT + 2] = [nbytes, count]
         for ref in live:
             r = row(ref.site)
-            r[2] += ref.nbytes
-            r[3] += 1
+            r[INUSE] += ref.nbytes
+            r[INUSE + COUNT] += 1
             if ref.seq <= peak_seq:
-                r[0] += ref.nbytes
-                r[1] += 1
+                r[PEAK] += ref.nbytes
+                r[PEAK + COUNT] += 1
             if ref.seq <= joint_seq.get(site_device[ref.site], 0):
-                r[6] += ref.nbytes
-                r[7] += 1
+                r[JOINT] += ref.nbytes
+                r[JOINT + COUNT] += 1
         for site, (nbytes, count) in enumerate(alloc):
             if nbytes or count:
-                row(site)[4:6] = [nbytes, count]
+                row(site)[ALLOC:ALLOC + 2] = [nbytes, count]
         return rows
 
 

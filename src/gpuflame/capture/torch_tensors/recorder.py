@@ -15,7 +15,7 @@ import weakref
 from types import FrameType
 from typing import Any
 
-from gpuflame.capture import auto_phases, categories, joint_peak, phase_table, phases
+from gpuflame.capture import auto_phases, categories, joint_peak, phase_table, phases, site_row
 from gpuflame.capture.base import Recorder, empty_profile
 from gpuflame.capture.exit_hooks import HOOKS
 from gpuflame.capture.recorder_categories import LedgerCategories
@@ -208,7 +208,7 @@ class TorchTensorRecorder(Recorder):
             labels = {"device": device, "pid": pid, categories.LABEL: category}
             if phase_rows:  # a recording that saw a phase: every sample says its phase
                 labels[phase_model.LABEL] = phases.name_of(self.site_phase[site])
-            profile.add(self.stacks.frames(sid), values if joint else values[:6], labels)
+            profile.add(self.stacks.frames(sid), site_row.sample_values(values, joint), labels)
         out = profile.compact()
         out.default_type = profile.default_type
         out.comments = self._comments()
