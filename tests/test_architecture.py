@@ -58,6 +58,16 @@ def test_recording_and_writing_a_torch_profile_imports_no_launcher_dependency(tm
     assert out.stat().st_size > 0  # a profile was written, so the writer's imports were counted
 
 
+def test_the_dispatch_recorder_imports_torch_only_when_it_starts():
+    """capture/torch_tensors/mode.py subclasses torch's dispatch mode at its top level: the package imports it late."""
+    code = ("import json, sys\nfrom gpuflame.capture.torch_tensors import TorchTensorRecorder\n"
+            "TorchTensorRecorder()\n"
+            "print(json.dumps(sorted(m for m in sys.modules if m == 'torch' or m.endswith('torch_tensors.mode'))))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == []
+
+
 # -- import direction: read from the source, so a late import inside a function counts too --------
 
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "gpuflame"

@@ -12,7 +12,7 @@ SCRIPT = textwrap.dedent("""
     registered = []
     real = os.register_at_fork
     os.register_at_fork = lambda **kw: (registered.append(kw), real(**kw))[1]
-    from gpuflame.capture import joint_peak, torch_allocator
+    from gpuflame.capture import joint_peak, torch_allocator, torch_tensors
     from gpuflame.capture.exit_hooks import HOOKS
 
     class StandInSession:  # only what the hooks call
@@ -34,7 +34,7 @@ SCRIPT = textwrap.dedent("""
     os.close(write)
     child = json.loads(os.read(read, 1000))
     os.waitpid(pid, 0)
-    modules = [f.__module__ for f in HOOKS._fork_resets[:2]]
+    modules = [f.__module__ for f in HOOKS._fork_resets[:3]]
     ours = [f for kw in registered for f in kw.values() if getattr(f, "__module__", "").startswith("gpuflame")]
     print(json.dumps({"registered": len(ours), "child": child, "modules": modules}))
 """)
@@ -44,6 +44,7 @@ def test_one_fork_hook_runs_the_sessions_then_each_modules_reset_once() -> None:
     proc = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     seen = json.loads(proc.stdout.splitlines()[-1])
-    assert seen["registered"] == 1  # joint_peak, torch_allocator and the sessions share the one hook
-    assert seen["modules"] == ["gpuflame.capture.joint_peak", "gpuflame.capture.torch_allocator"]
+    assert seen["registered"] == 1  # joint_peak, both torch recorders and the sessions share the one hook
+    assert seen["modules"] == ["gpuflame.capture.joint_peak", "gpuflame.capture.torch_allocator",
+                               "gpuflame.capture.torch_tensors.recorder"]
     assert seen["child"] == ["session", "reset"]

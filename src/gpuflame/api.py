@@ -74,7 +74,7 @@ class Recording:
     @property
     def backends(self) -> list[str]:
         """The backends recording so far (one starts when the program imports its framework)."""
-        return [r.name for r in self._session.recorders]
+        return [r.backend for r in self._session.recorders]
 
     @property
     def running(self) -> bool:

@@ -38,7 +38,8 @@ class Recorder(ABC):
     is known so far (an empty profile if nothing is).
     """
 
-    name: str = "recorder"
+    name: str = "recorder"  # in messages: which recorder (which hook) said it
+    backend: str = "recorder"  # the --backend it records for (two torch recorders share "torch")
 
     def __init__(self) -> None:
         self.errors: list[str] = []

@@ -38,6 +38,7 @@ import sys
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from gpuflame.capture.site_row import ALLOC, COUNT, INUSE, JOINT, PEAK
 from gpuflame.model.categories import (  # noqa: F401 - the vocabulary, re-exported for the recorders
     CATEGORIES,
     GRADIENT,
@@ -177,12 +178,10 @@ def _cache_types() -> tuple[type, ...]:
 # splitting a recorder's rows by category
 # -----------------------------------------------------------------------------
 
-# row columns, as both torch recorders build them
 JOINT_NOTE = (
     "categories at the run's joint peak come from the allocating stacks in this process "
     "(the object graph was read at its own peak, a different moment)"
 )
-PEAK, INUSE, ALLOC, JOINT = 0, 2, 4, 6  # JOINT: a run's joint-peak columns (capture/joint_peak.py)
 
 
 class Block:
@@ -202,10 +201,10 @@ def split_rows(
     roles: dict[int, str],
     joint_is_peak: bool = False,
 ) -> dict[tuple[int, str], list[int]]:
-    """Per (site, category): [peak bytes, peak count, in-use bytes, in-use count, alloc bytes, alloc count].
+    """Per (site, category): its row (capture/site_row.py), split from each site's *rows*.
 
-    Rows of a process in ``gpuflame run`` carry two more columns, what it held
-    at the run's joint peak (capture/joint_peak.py). They move with the peak
+    Rows of a process in ``gpuflame run`` carry the joint-peak pair, what it
+    held at the run's joint peak (capture/joint_peak.py). They move with the peak
     columns when *joint_is_peak* (the joint moment is this process's own
     peak: a single-process run, or the process that set the run's high);
     otherwise they stay under the stack's category, which the profile says.
@@ -224,15 +223,15 @@ def split_rows(
         if role == base or (site, base) not in out:
             return
         src = out[(site, base)]
-        if src[col + 1] < count:  # not in the rows (made or freed by another thread meanwhile)
+        if src[col + COUNT] < count:  # not in the rows (made or freed by another thread meanwhile)
             return
         dst = out.setdefault((site, role), [0] * len(src))  # a run's joint-peak columns ride along, unsplit
         cols = (col, JOINT) if col == PEAK and joint_is_peak and len(src) > JOINT else (col,)
         for c in cols:
             src[c] -= nbytes
-            src[c + 1] -= count
+            src[c + COUNT] -= count
             dst[c] += nbytes
-            dst[c + 1] += count
+            dst[c + COUNT] += count
 
     for b in blocks:
         role = roles.get(b.key) or (TAGGED[b.tag - 1] if 0 < b.tag <= len(TAGGED) else None)
@@ -256,10 +255,10 @@ def _follow_alloc(out: dict[tuple[int, str], list[int]], default: Callable[[int]
     """
     for (site, _role), row in list(out.items()):
         base = out.get((site, default(site)))
-        if base is None or row is base or base[INUSE + 1] or row[INUSE + 1] != base[ALLOC + 1]:
+        if base is None or row is base or base[INUSE + COUNT] or row[INUSE + COUNT] != base[ALLOC + COUNT]:
             continue
-        row[ALLOC], row[ALLOC + 1] = base[ALLOC], base[ALLOC + 1]
-        base[ALLOC] = base[ALLOC + 1] = 0
+        row[ALLOC], row[ALLOC + COUNT] = base[ALLOC], base[ALLOC + COUNT]
+        base[ALLOC] = base[ALLOC + COUNT] = 0
 
 
 # -----------------------------------------------------------------------------

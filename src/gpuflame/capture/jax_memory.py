@@ -56,6 +56,7 @@ class JaxMemoryRecorder(Recorder):
     """Samples of JAX's live buffers: peak (highest sampled total) and in-use (latest)."""
 
     name = "jax"
+    backend = "jax"
 
     def __init__(
         self,

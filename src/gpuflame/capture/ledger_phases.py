@@ -1,4 +1,4 @@
-"""The dispatch recorder's per-phase books (capture/torch_tensors.py's Ledger), exact.
+"""The dispatch recorder's per-phase books (capture/torch_tensors/ledger.py), exact.
 
 Phase changes are queued among the ledger's events as ``(None, phase id,
 epoch ns)`` (a joint mark is ``(device, epoch, highest total)``), so they

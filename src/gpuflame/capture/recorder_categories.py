@@ -44,7 +44,10 @@ class HookCategories:
             hook.tag([(key, categories.TAG_OF[role]) for key, role in roles.items()])
 
     def rows(self, rows: list[tuple[int, ...]], joint_is_peak: bool = False) -> dict[tuple[int, str], list[int]]:
-        """Per (site, category) rows, the live blocks classed by the object graph as it is now."""
+        """Per (site, category) rows, the live blocks classed by the object graph as it is now.
+
+        *rows* are the hook's ``rows()``: ``(site, *row)``, the row of capture/site_row.py.
+        """
         hook = self.recorder._hook
         assert hook is not None
         try:

@@ -33,7 +33,7 @@ import time
 from array import array
 from types import ModuleType
 
-from gpuflame.capture import auto_phases, categories, joint_peak, phase_table, phases
+from gpuflame.capture import auto_phases, categories, joint_peak, phase_table, phases, site_row
 from gpuflame.capture.base import Recorder, empty_profile
 from gpuflame.capture.code_frames import CodeFrames
 from gpuflame.capture.exit_hooks import HOOKS
@@ -63,7 +63,8 @@ class HookBusy(RuntimeError):
 class TorchAllocatorRecorder(Recorder):
     """CPU allocations through PyTorch's allocator after ``start()``, per Python stack."""
 
-    name = "torch"
+    name = "torch (allocator hook)"  # in errors: which of the two torch recorders failed
+    backend = "torch"
 
     def __init__(self, hook: ModuleType | None = None, native: bool = False) -> None:
         super().__init__()
@@ -151,7 +152,7 @@ class TorchAllocatorRecorder(Recorder):
             extra = {categories.LABEL: category}
             if phase_rows:  # a recording that saw a phase: every sample says its phase
                 extra[phase_model.LABEL] = phases.name_of(self._site_phase[site])
-            profile.add(self._stacks[site], values if joint else values[:6], labels | extra)
+            profile.add(self._stacks[site], site_row.sample_values(values, joint), labels | extra)
         out = profile.compact()
         out.default_type = profile.default_type
         out.comments = self._comments(totals)

@@ -51,6 +51,7 @@ class TorchCudaRecorder(Recorder):
     """Caching-allocator history with Python stacks, snapshots on demand and at OOM."""
 
     name = "torch-cuda"
+    backend = "torch-cuda"
 
     def __init__(
         self,

@@ -987,7 +987,9 @@ PyObject* py_stacks(PyObject*, PyObject* arg) {
 }
 
 // rows(): [(site, peak bytes, peak count, inuse bytes, inuse count, alloc bytes, alloc count,
-//          joint bytes, joint count)]; totals() then says which epoch of which table the joint columns are at
+//          joint bytes, joint count)]: the site, then the per-site row whose columns
+//          capture/site_row.py names (keep the two in step); totals() then says which
+//          epoch of which table the joint columns are at
 PyObject* py_rows(PyObject*, PyObject*) {
   std::vector<SiteBooks> sites;
   std::vector<std::pair<uint64_t, uint64_t>> peak, joint;
