@@ -830,6 +830,10 @@ class _Walk:
     blocks still active at the end, which ``replay`` adds.
     """
 
+    __slots__ = ("trace", "marks", "release_on_request", "live", "closed_at_peak", "allocs", "others",
+                 "before_bytes", "freed_unknown", "best", "best_i", "seg", "seg_at_best", "ooms", "unknown",
+                 "points", "events", "base")
+
     def __init__(self, trace: list[Any], marks: Marks | None) -> None:
         self.trace = trace
         self.marks = marks  # phase marks, when the recording had any
