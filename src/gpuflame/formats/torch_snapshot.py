@@ -867,18 +867,18 @@ class _Walk:
                 size = e["size"]
                 if type(addr) is not int or type(size) is not int or size < 0:
                     raise ProfileFormatError(f"trace event {i + 1}: addr or size is not an integer")
+                t, frames = e.get("time_us"), e.get("frames")
                 old = live.get(addr)
                 if old is not None:  # the address came back without a recorded free
                     delta -= old[1]
-                    events.append((e.get("time_us"), old[2].get("frames"), -old[1]))
+                    events.append((t, old[2].get("frames"), -old[1]))
                     if old[0] <= best_i:
                         closed.append(old)
                 live[addr] = (i, size, e)
                 delta += size
-                frames = e.get("frames")
-                group(frames, size, e)
-                points.append((e.get("time_us"), delta))
-                events.append((e.get("time_us"), frames, size))
+                group(frames, size, t)
+                points.append((t, delta))
+                events.append((t, frames, size))
                 if delta > best:
                     best, best_i, seg_at_best = delta, i, seg
                     closed.clear()
@@ -886,6 +886,7 @@ class _Walk:
                 addr = e["addr"]
                 if type(addr) is not int:
                     raise ProfileFormatError(f"trace event {i + 1}: addr is not an integer")
+                t = e.get("time_us")
                 old = live.pop(addr, None)
                 if old is None:  # allocated before the trace began
                     delta -= self._free_before(i, e)
@@ -893,8 +894,8 @@ class _Walk:
                     delta -= old[1]
                     if old[0] <= best_i:
                         closed.append(old)
-                    events.append((e.get("time_us"), old[2].get("frames"), -old[1]))
-                points.append((e.get("time_us"), delta))
+                    events.append((t, old[2].get("frames"), -old[1]))
+                points.append((t, delta))
             elif action != "free_requested":
                 # (a requested free changes nothing: an allocation counts until its free completes;
                 # one the trace never saw allocated is picked up at completion, or from the blocks
@@ -902,7 +903,7 @@ class _Walk:
                 seg = self._other(i, e, action, delta, seg)
         self.best, self.best_i, self.seg, self.seg_at_best = best, best_i, seg, seg_at_best
 
-    def _group(self, frames: Any, size: int, e: Mapping[str, Any]) -> None:
+    def _group(self, frames: Any, size: int, time_us: Any) -> None:
         """Book an allocation to its stack's row without converting the stack.
 
         A cheap key from three frames' identities, then list equality (an
@@ -914,7 +915,7 @@ class _Walk:
         else:
             key = id(frames)
         if self.marks is not None:
-            key = (key, self.marks.at(e.get("time_us")))
+            key = (key, self.marks.at(time_us))
         row = self.allocs.get(key)
         if row is None:
             self.allocs[key] = [frames, size, 1]
