@@ -75,8 +75,8 @@ from typing import Any
 from gpuflame.errors import GpuflameError, ProfileFormatError
 from gpuflame.formats import safe_pickle
 from gpuflame.formats.load_save import GZIP_MAGIC, gunzip
+from gpuflame.formats.snapshot_phases import Marks, read_marks
 from gpuflame.formats.snapshot_phases import phase_table as replay_phases
-from gpuflame.formats.snapshot_phases import read_marks
 from gpuflame.formats.torch_frames import Entry, StackReader, make_entry
 from gpuflame.gcpause import gc_paused
 from gpuflame.model import history as event_history
@@ -540,112 +540,23 @@ class _DeviceTrace:
 
     def replay(self) -> tuple[int, int] | None:
         """Walk the trace once; add alloc and peak samples; return its time window."""
-        trace = self.trace
         conv = self.conv
-        release_on_request = not any(e.get("action") == "free_completed" for e in trace)
-
-        live: dict[Any, tuple[int, int, Any]] = {}  # addr -> (start index, size, entry or None)
-        closed_at_peak: list[tuple[int, int, Any]] = []  # freed since the peak, alive at it
-        allocs: dict[int, list[Any]] = {}  # stack key -> [frames, bytes, count]
-        others: list[tuple[Any, int]] = []  # allocations whose key clashed with another stack
-        before_bytes = 0  # allocations older than the trace, known from their frees
-        freed_unknown = 0
-        delta = best = 0
-        best_i = -1
-        seg = seg_at_best = 0
-        ooms: list[tuple[int, Any, int, int]] = []
-        unknown = 0
-        points: list[tuple[Any, int]] = []  # (time_us, delta) after each alloc and free: the timeline
-        marks = conv.marks  # phase marks, when the recording had any
-        events: list[tuple[Any, Any, int]] = []  # (time_us, frames or _BEFORE, +-bytes): the event history
-        base: list[Any] = []  # (frames or _BEFORE, bytes) of what was alive before the trace began
-
-        for i, e in enumerate(trace):
-            action = e["action"]
-            if action == "alloc":
-                addr = e["addr"]
-                size = e["size"]
-                if type(addr) is not int or type(size) is not int or size < 0:
-                    raise ProfileFormatError(f"trace event {i + 1}: addr or size is not an integer")
-                old = live.get(addr)
-                if old is not None:  # the address came back without a recorded free
-                    delta -= old[1]
-                    events.append((e.get("time_us"), old[2].get("frames"), -old[1]))
-                    if old[0] <= best_i:
-                        closed_at_peak.append(old)
-                live[addr] = (i, size, e)
-                delta += size
-                # group by stack without converting it: a cheap key from three
-                # frames' identities, then list equality (an identity check per
-                # frame, as torch shares frame dicts); a clash goes to `others`
-                frames = e.get("frames")
-                if type(frames) is list and frames:
-                    key = id(frames[0]) ^ (id(frames[-1]) << 1) ^ (id(frames[len(frames) >> 1]) << 2)
-                else:
-                    key = id(frames)
-                if marks is not None:
-                    key = (key, marks.at(e.get("time_us")))
-                row = allocs.get(key)
-                if row is None:
-                    allocs[key] = [frames, size, 1]
-                elif row[0] is frames or row[0] == frames:
-                    row[1] += size
-                    row[2] += 1
-                else:
-                    others.append((frames, size, key))
-                points.append((e.get("time_us"), delta))
-                events.append((e.get("time_us"), frames, size))
-                if delta > best:
-                    best = delta
-                    best_i = i
-                    seg_at_best = seg
-                    closed_at_peak.clear()
-            elif action == "free_completed" or (action == "free_requested" and release_on_request):
-                addr = e["addr"]
-                if type(addr) is not int:
-                    raise ProfileFormatError(f"trace event {i + 1}: addr is not an integer")
-                old = live.pop(addr, None)
-                if old is None:  # allocated before the trace began
-                    size = _int(e["size"], f"trace event {i + 1} size")
-                    before_bytes += size
-                    freed_unknown += 1
-                    delta -= size
-                    closed_at_peak.append((-1, size, None))
-                    base.append((_BEFORE, size))
-                    events.append((e.get("time_us"), _BEFORE, -size))
-                else:
-                    delta -= old[1]
-                    if old[0] <= best_i:
-                        closed_at_peak.append(old)
-                    events.append((e.get("time_us"), old[2].get("frames"), -old[1]))
-                points.append((e.get("time_us"), delta))
-            elif action == "free_requested":
-                # nothing changes: an allocation counts until its free completes;
-                # one the trace never saw allocated is picked up at completion, or
-                # from the blocks when it is still pending at the end
-                pass
-            elif action == "segment_alloc" or action == "segment_map":
-                seg += _int(e["size"], f"trace event {i + 1} size")
-            elif action == "segment_free" or action == "segment_unmap":
-                seg -= _int(e["size"], f"trace event {i + 1} size")
-            elif action == "oom":
-                ooms.append((i, e, delta, seg))
-            elif action != "snapshot":
-                unknown += 1
-
-        always = self._alive_throughout(live, release_on_request)
-        before_bytes += sum(size for _, size, _ in always)
-        still_live = [v for v in live.values() if v[0] <= best_i] + always  # their blocks are known
-        peak_set = closed_at_peak + still_live
+        walk = _Walk(self.trace, conv.marks)
+        walk.run()
+        always = self._alive_throughout(walk.live, walk.release_on_request)
+        before_bytes = walk.before_bytes + sum(size for _, size, _ in always)
+        still_live = [v for v in walk.live.values() if v[0] <= walk.best_i] + always  # their blocks are known
+        peak_set = walk.closed_at_peak + still_live
+        best, seg, seg_at_best = walk.best, walk.seg, walk.seg_at_best
         # reserved at a moment = reserved at the end minus segments added since
         reserved_end = conv.reserved.get(self.device, 0)
         reserved_start = reserved_end - seg
-        self._add_allocs(allocs, others)
-        self._add_timeline(points, before_bytes)
-        self._add_history(events, base + [(_block_frames(block), size) for _, size, block in always])
-        if marks is not None and self._window() is not None:
-            conv.profile.phases += replay_phases(trace, marks, self.name, before_bytes, release_on_request,
-                                                 self._leaf_name, BEFORE_TRACE_FRAME.name)
+        self._add_allocs(walk.allocs, walk.others)
+        self._add_timeline(walk.points, before_bytes)
+        self._add_history(walk.events, walk.base + [(_block_frames(block), size) for _, size, block in always])
+        if walk.marks is not None and self._window() is not None:
+            conv.profile.phases += replay_phases(self.trace, walk.marks, self.name, before_bytes,
+                                                 walk.release_on_request, self._leaf_name, BEFORE_TRACE_FRAME.name)
         end_set = self._end_state()
         if sum(size for _, size, _ in end_set) > before_bytes + best:
             # the replay stayed below what the allocator holds at the end
@@ -656,20 +567,16 @@ class _DeviceTrace:
             )
             peak_set, still_live, seg_at_best = end_set, end_set, seg
             best = sum(size for _, size, _ in end_set) - before_bytes
-        self._add_peak(
-            peak_set,
-            before_bytes + best,
-            reserved_end - (seg - seg_at_best),
-            reserved_start >= before_bytes,
-            self._rounding(still_live),
-        )
-        self._comment_reserved_after_peak(reserved_end - (seg - seg_at_best), reserved_end)
+        reserved_at_peak = reserved_end - (seg - seg_at_best)
+        self._add_peak(peak_set, before_bytes + best, reserved_at_peak, reserved_start >= before_bytes,
+                       self._rounding(still_live))
+        self._comment_reserved_after_peak(reserved_at_peak, reserved_end)
         window = self._window()
-        self._comment_window(window, freed_unknown)
-        for i, e, d, s in ooms:
+        self._comment_window(window, walk.freed_unknown)
+        for i, e, d, s in walk.ooms:
             self._comment_oom(i, e, before_bytes + d, reserved_end - (seg - s))
-        if unknown:
-            conv.comment(f"{self.name}: ignored {unknown} trace events of unknown kinds")
+        if walk.unknown:
+            conv.comment(f"{self.name}: ignored {walk.unknown} trace events of unknown kinds")
         return window
 
     def _alive_throughout(
@@ -913,6 +820,132 @@ class _DeviceTrace:
             if frame.kind == PYTHON:
                 return f"{frame.name} ({frame.location()})" if frame.file else frame.name
         return ""
+
+
+class _Walk:
+    """The running state of one pass over a device's time-ordered trace: what ``replay`` concludes from.
+
+    Sizes are relative to the trace's start (``delta``): what was alive
+    before it is only known from its frees (``before_bytes``) and from the
+    blocks still active at the end, which ``replay`` adds.
+    """
+
+    __slots__ = ("trace", "marks", "release_on_request", "live", "closed_at_peak", "allocs", "others",
+                 "before_bytes", "freed_unknown", "best", "best_i", "seg", "seg_at_best", "ooms", "unknown",
+                 "points", "events", "base")
+
+    def __init__(self, trace: list[Any], marks: Marks | None) -> None:
+        self.trace = trace
+        self.marks = marks  # phase marks, when the recording had any
+        # a trace recorded without free_completed events: a requested free is the free
+        self.release_on_request = not any(e.get("action") == "free_completed" for e in trace)
+        self.live: dict[Any, tuple[int, int, Any]] = {}  # addr -> (start index, size, entry or None)
+        self.closed_at_peak: list[tuple[int, int, Any]] = []  # freed since the peak, alive at it
+        self.allocs: dict[Any, list[Any]] = {}  # stack key -> [frames, bytes, count]
+        self.others: list[tuple[Any, int, Any]] = []  # allocations whose key clashed with another stack
+        self.before_bytes = 0  # allocations older than the trace, known from their frees
+        self.freed_unknown = 0
+        self.best = 0  # the live bytes at the peak, relative to the start
+        self.best_i = -1  # the peak's trace index
+        self.seg = self.seg_at_best = 0  # segment bytes added since the start: at the end, at the peak
+        self.ooms: list[tuple[int, Any, int, int]] = []  # (index, entry, delta, seg) of each oom event
+        self.unknown = 0  # events of unknown kinds
+        self.points: list[tuple[Any, int]] = []  # (time_us, delta) after each alloc and free: the timeline
+        self.events: list[tuple[Any, Any, int]] = []  # (time_us, frames or _BEFORE, +-bytes): the event history
+        self.base: list[Any] = []  # (frames or _BEFORE, bytes) of what was alive before the trace began
+
+    def run(self) -> None:
+        """The single pass: live bytes after each alloc and free, the peak, segments, the rest noted."""
+        live, closed, points, events = self.live, self.closed_at_peak, self.points, self.events
+        group, release_on_request = self._group, self.release_on_request
+        delta = best = seg = seg_at_best = 0  # locals while the loop runs; stored when it ends
+        best_i = -1
+        for i, e in enumerate(self.trace):
+            action = e["action"]
+            if action == "alloc":
+                addr = e["addr"]
+                size = e["size"]
+                if type(addr) is not int or type(size) is not int or size < 0:
+                    raise ProfileFormatError(f"trace event {i + 1}: addr or size is not an integer")
+                t, frames = e.get("time_us"), e.get("frames")
+                old = live.get(addr)
+                if old is not None:  # the address came back without a recorded free
+                    delta -= old[1]
+                    events.append((t, old[2].get("frames"), -old[1]))
+                    if old[0] <= best_i:
+                        closed.append(old)
+                live[addr] = (i, size, e)
+                delta += size
+                group(frames, size, t)
+                points.append((t, delta))
+                events.append((t, frames, size))
+                if delta > best:
+                    best, best_i, seg_at_best = delta, i, seg
+                    closed.clear()
+            elif action == "free_completed" or (action == "free_requested" and release_on_request):
+                addr = e["addr"]
+                if type(addr) is not int:
+                    raise ProfileFormatError(f"trace event {i + 1}: addr is not an integer")
+                t = e.get("time_us")
+                old = live.pop(addr, None)
+                if old is None:  # allocated before the trace began
+                    delta -= self._free_before(i, e)
+                else:
+                    delta -= old[1]
+                    if old[0] <= best_i:
+                        closed.append(old)
+                    events.append((t, old[2].get("frames"), -old[1]))
+                points.append((t, delta))
+            elif action != "free_requested":
+                # (a requested free changes nothing: an allocation counts until its free completes;
+                # one the trace never saw allocated is picked up at completion, or from the blocks
+                # when it is still pending at the end)
+                seg = self._other(i, e, action, delta, seg)
+        self.best, self.best_i, self.seg, self.seg_at_best = best, best_i, seg, seg_at_best
+
+    def _group(self, frames: Any, size: int, time_us: Any) -> None:
+        """Book an allocation to its stack's row without converting the stack.
+
+        A cheap key from three frames' identities, then list equality (an
+        identity check per frame, as torch shares frame dicts); a clash goes
+        to ``others``. With phase marks the key holds the phase too.
+        """
+        if type(frames) is list and frames:
+            key: Any = id(frames[0]) ^ (id(frames[-1]) << 1) ^ (id(frames[len(frames) >> 1]) << 2)
+        else:
+            key = id(frames)
+        if self.marks is not None:
+            key = (key, self.marks.at(time_us))
+        row = self.allocs.get(key)
+        if row is None:
+            self.allocs[key] = [frames, size, 1]
+        elif row[0] is frames or row[0] == frames:
+            row[1] += size
+            row[2] += 1
+        else:
+            self.others.append((frames, size, key))
+
+    def _free_before(self, i: int, e: Mapping[str, Any]) -> int:
+        """A free of an allocation made before the trace began: alive at any peak; its size."""
+        size = _int(e["size"], f"trace event {i + 1} size")
+        self.before_bytes += size
+        self.freed_unknown += 1
+        self.closed_at_peak.append((-1, size, None))
+        self.base.append((_BEFORE, size))
+        self.events.append((e.get("time_us"), _BEFORE, -size))
+        return size
+
+    def _other(self, i: int, e: Mapping[str, Any], action: str, delta: int, seg: int) -> int:
+        """A segment, oom or unknown event (rare beside allocs and frees); returns the segment bytes after it."""
+        if action == "segment_alloc" or action == "segment_map":
+            seg += _int(e["size"], f"trace event {i + 1} size")
+        elif action == "segment_free" or action == "segment_unmap":
+            seg -= _int(e["size"], f"trace event {i + 1} size")
+        elif action == "oom":
+            self.ooms.append((i, e, delta, seg))
+        elif action != "snapshot":
+            self.unknown += 1
+        return seg
 
 
 def _phase_of_key(key: Any) -> str | None:
