@@ -21,23 +21,11 @@ transformers = pytest.importorskip("transformers")
 
 from gpuflame.capture import categories  # noqa: E402
 from gpuflame.capture.categories import Block, split_rows, stack_category  # noqa: E402
-from gpuflame.capture.native import NativeUnavailable, load_cpu_hook  # noqa: E402
-from gpuflame.capture.torch_allocator import TorchAllocatorRecorder  # noqa: E402
 from gpuflame.capture.torch_tensors import TorchTensorRecorder  # noqa: E402
 from gpuflame.formats import load  # noqa: E402
 from gpuflame.model import Frame, Profile  # noqa: E402
 from test_run_cli import gpuflame_run  # noqa: E402
-from torch_helpers import INUSE, PEAK, tiny_llama_config  # noqa: E402
-
-
-def _hook_recorder() -> Any:
-    try:
-        return TorchAllocatorRecorder(load_cpu_hook())
-    except NativeUnavailable as exc:
-        pytest.skip(f"the CPU allocator hook cannot be built here: {exc}")
-
-
-RECORDERS = {"allocator": _hook_recorder, "dispatch": TorchTensorRecorder}
+from torch_helpers import INUSE, PEAK, RECORDERS, tiny_llama_config  # noqa: E402
 
 
 def by_category(profile: Profile, col: int) -> dict[str, int]:

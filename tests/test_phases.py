@@ -22,9 +22,6 @@ transformers = pytest.importorskip("transformers")
 
 import gpuflame  # noqa: E402
 from gpuflame.capture import auto_phases, phases  # noqa: E402
-from gpuflame.capture.native import NativeUnavailable, load_cpu_hook  # noqa: E402
-from gpuflame.capture.torch_allocator import TorchAllocatorRecorder  # noqa: E402
-from gpuflame.capture.torch_tensors import TorchTensorRecorder  # noqa: E402
 from gpuflame.formats import pprof  # noqa: E402
 from gpuflame.model import (  # noqa: E402
     Frame,
@@ -35,17 +32,7 @@ from gpuflame.model import (  # noqa: E402
 from gpuflame.model import phases as phase_model  # noqa: E402
 from gpuflame.model.phases import PhaseStat  # noqa: E402
 from test_run_cli import gpuflame_run  # noqa: E402
-from torch_helpers import INUSE, PEAK, tiny_llama_config  # noqa: E402
-
-
-def _hook_recorder() -> Any:
-    try:
-        return TorchAllocatorRecorder(load_cpu_hook())
-    except NativeUnavailable as exc:
-        pytest.skip(f"the CPU allocator hook cannot be built here: {exc}")
-
-
-RECORDERS = {"allocator": _hook_recorder, "dispatch": TorchTensorRecorder}
+from torch_helpers import INUSE, PEAK, RECORDERS, tiny_llama_config  # noqa: E402
 
 
 def record(make: Callable[[], Any], fn: Callable[[], Any]) -> tuple[Profile, Any]:

@@ -9,6 +9,9 @@ from typing import Any
 import pytest
 import torch
 
+from gpuflame.capture.native import NativeUnavailable, load_cpu_hook
+from gpuflame.capture.torch_allocator import TorchAllocatorRecorder
+from gpuflame.capture.torch_tensors import TorchTensorRecorder
 from gpuflame.model import Profile
 
 PEAK, PEAK_N, INUSE, INUSE_N, ALLOC, ALLOC_N = range(6)
@@ -98,3 +101,14 @@ class Net(torch.nn.Module):
         super().__init__()
         self.blocks = torch.nn.ModuleList([Block() for _ in range(3)])
         self.head = torch.nn.Linear(32, 5, bias=False)
+
+
+def hook_recorder() -> Any:
+    """The CPU allocator hook's recorder; the test skips where the hook cannot be built."""
+    try:
+        return TorchAllocatorRecorder(load_cpu_hook())
+    except NativeUnavailable as exc:
+        pytest.skip(f"the CPU allocator hook cannot be built here: {exc}")
+
+
+RECORDERS = {"allocator": hook_recorder, "dispatch": TorchTensorRecorder}  # both torch recorders, by name

@@ -26,10 +26,6 @@ so filters and merges of the samples never break it.
 
 from __future__ import annotations
 
-import base64
-import binascii
-import json
-import zlib
 from array import array
 from bisect import bisect_right
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -212,21 +208,12 @@ class History:
             "sites": [[list(stack), [list(p) for p in labels]] for stack, labels in self.sites],
             "tracks": [_encode_track(t) for t in self.tracks],
         }
-        text = json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
-        return PREFIX + base64.b64encode(zlib.compress(text, 6)).decode("ascii")
+        return comment_data.pack_json(PREFIX, payload, level=6)
 
     @classmethod
     def from_comment(cls, comment: str) -> History:
         """Parse one history comment; ValueError when it is damaged (it is untrusted input)."""
-        try:
-            packed = base64.b64decode(comment[len(PREFIX):].encode("ascii"), validate=True)
-            inflater = zlib.decompressobj()
-            text = inflater.decompress(packed, _MAX_JSON_BYTES)
-            if inflater.unconsumed_tail or not inflater.eof:
-                raise ValueError("history too large or truncated")
-            payload = json.loads(text)
-        except (binascii.Error, zlib.error, UnicodeError, RecursionError, json.JSONDecodeError) as exc:
-            raise ValueError(f"damaged history: {exc}") from None
+        payload = comment_data.unpack_json(comment, PREFIX, "history", _MAX_JSON_BYTES)
         return _decode(payload)
 
 

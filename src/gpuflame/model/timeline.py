@@ -27,10 +27,6 @@ sums series on that rule, and the viewer's strip draws the same sum.
 
 from __future__ import annotations
 
-import base64
-import binascii
-import json
-import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -111,23 +107,12 @@ class Timeline:
     def to_comment(self) -> str:
         """The single pprof comment line that stores this timeline."""
         payload = {"series": [_encode_series(labels, points) for labels, points in self.series.items()]}
-        text = json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
-        return PREFIX + base64.b64encode(zlib.compress(text, 9)).decode("ascii")
+        return comment_data.pack_json(PREFIX, payload)
 
     @classmethod
     def from_comment(cls, comment: str) -> Timeline:
         """Parse one timeline comment; raises ValueError when it is damaged."""
-        if not comment.startswith(PREFIX):
-            raise ValueError("not a timeline comment")
-        try:
-            packed = base64.b64decode(comment[len(PREFIX) :].encode("ascii"), validate=True)
-            inflater = zlib.decompressobj()
-            text = inflater.decompress(packed, _MAX_JSON_BYTES)
-            if inflater.unconsumed_tail or not inflater.eof:
-                raise ValueError("timeline too large or truncated")
-            payload = json.loads(text)
-        except (binascii.Error, zlib.error, UnicodeError, RecursionError, json.JSONDecodeError) as exc:
-            raise ValueError(f"damaged timeline: {exc}") from None
+        payload = comment_data.unpack_json(comment, PREFIX, "timeline", _MAX_JSON_BYTES)
         return cls(_decode_payload(payload))
 
     @classmethod
