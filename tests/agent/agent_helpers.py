@@ -103,6 +103,37 @@ class Target:
                 self.proc.wait()
 
 
+class NativeCaller:
+    """A C program linked against the stand-in libcuda: it prints ``ready``, allocates on ``go``, prints ``done``.
+
+    The agent is started between the two (a process that is already running when it attaches).
+    """
+
+    def __init__(self, code: str, libcuda: str, folder: Path) -> None:
+        source, exe = folder / "caller.c", folder / "caller"
+        source.write_text(code)
+        lib_dir = os.path.dirname(libcuda)
+        subprocess.run(["gcc", "-O0", "-fno-omit-frame-pointer", "-rdynamic", str(source), "-o", str(exe),
+                        f"-L{lib_dir}", "-l:libcuda.so.1", f"-Wl,-rpath,{lib_dir}"], check=True)
+        self.proc = subprocess.Popen([str(exe)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.pid = self.proc.pid
+        assert self._line() == "ready"
+
+    def go(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write("go\n")
+        self.proc.stdin.flush()
+        assert self._line() == "done"
+
+    def close(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+    def _line(self) -> str:
+        assert self.proc.stdout is not None
+        return self.proc.stdout.readline().strip()
+
+
 def wait_for(condition: Callable[[], bool], timeout: float = 15.0) -> bool:
     """Poll *condition* until true (the agent books events on its own thread; a loaded CI machine may take seconds)."""
     end = time.monotonic() + timeout

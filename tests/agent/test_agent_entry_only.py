@@ -9,12 +9,9 @@ seen) or, for a variable in a live stack frame, at the thread's next call.
 
 from __future__ import annotations
 
-import os
-import subprocess
-
 import pytest
 from agent_expected import replay, rows
-from agent_helpers import wait_for
+from agent_helpers import NativeCaller, wait_for
 from test_agent_stacks import booked, check_exact, own_rows
 
 from gpuflame.agent.procs import choose_probes
@@ -133,19 +130,10 @@ def test_native_caller_read_back_at_the_next_call(libcuda, agent_for, tmp_path, 
     from gpuflame.agent.agent import Agent
 
     monkeypatch.setattr(Agent, "_probe_return_site", lambda self, h: None)
-    source = tmp_path / "caller.c"
-    source.write_text(NATIVE_CALLER)
-    exe = tmp_path / "caller"
-    lib_dir = os.path.dirname(libcuda)
-    subprocess.run(["gcc", "-O0", "-fno-omit-frame-pointer", "-rdynamic", str(source), "-o", str(exe),
-                    f"-L{lib_dir}", "-l:libcuda.so.1", f"-Wl,-rpath,{lib_dir}"], check=True)
-    proc = subprocess.Popen([str(exe)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    caller = NativeCaller(NATIVE_CALLER, libcuda, tmp_path)
     try:
-        assert proc.stdout.readline().strip() == "ready"
-        agent = agent_for(proc.pid, probes="entry")
-        proc.stdin.write("go\n")
-        proc.stdin.flush()
-        assert proc.stdout.readline().strip() == "done"
+        agent = agent_for(caller.pid, probes="entry")
+        caller.go()
         assert wait_for(lambda: agent.snapshot().totals()["alloc_space"] == 4096 + 8192)
         profile = agent.snapshot()
         totals = profile.totals()
@@ -154,8 +142,7 @@ def test_native_caller_read_back_at_the_next_call(libcuda, agent_for, tmp_path, 
         assert names == {"allocate_weights"}  # the caller, found from the return address at entry
         assert agent.stats()["results_next_entry"] == 2  # 4096 at the failing call, 8192 at the free
     finally:
-        proc.kill()
-        proc.wait()
+        caller.close()
 
 
 NATIVE_CALLER = r"""

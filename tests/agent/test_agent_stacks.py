@@ -13,7 +13,7 @@ import subprocess
 
 import pytest
 from agent_expected import replay, rows
-from agent_helpers import VERSIONS, wait_for
+from agent_helpers import VERSIONS, NativeCaller, wait_for
 
 
 def booked(agent, records) -> bool:  # noqa: ANN001
@@ -178,19 +178,10 @@ def test_process_in_its_own_pid_namespace(start_target, agent_for):
 
 
 def test_non_python_caller_gets_native_stack(libcuda, agent_for, tmp_path):
-    source = tmp_path / "caller.c"
-    source.write_text(NATIVE_CALLER)
-    exe = tmp_path / "caller"
-    lib_dir = os.path.dirname(libcuda)
-    subprocess.run(["gcc", "-O0", "-fno-omit-frame-pointer", "-rdynamic", str(source), "-o", str(exe),
-                    f"-L{lib_dir}", "-l:libcuda.so.1", f"-Wl,-rpath,{lib_dir}"], check=True)
-    proc = subprocess.Popen([str(exe)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    caller = NativeCaller(NATIVE_CALLER, libcuda, tmp_path)
     try:
-        assert proc.stdout.readline().strip() == "ready"
-        agent = agent_for(proc.pid)
-        proc.stdin.write("go\n")
-        proc.stdin.flush()
-        assert proc.stdout.readline().strip() == "done"
+        agent = agent_for(caller.pid)
+        caller.go()
         assert wait_for(lambda: agent.snapshot().totals()["alloc_space"] == 3 * 4096)
         profile = agent.snapshot()
         (sample,) = profile.compact().samples
@@ -198,8 +189,7 @@ def test_non_python_caller_gets_native_stack(libcuda, agent_for, tmp_path):
         assert names[:2] == ["allocate_weights", "main"]
         assert profile.compact().stack_frames(sample)[0].kind == "native"
     finally:
-        proc.kill()
-        proc.wait()
+        caller.close()
 
 
 NATIVE_CALLER = r"""
