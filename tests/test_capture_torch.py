@@ -64,8 +64,6 @@ def quiet_gc() -> Iterator[None]:
 # -----------------------------------------------------------------------------
 
 
-
-
 def test_views_and_reshapes_are_not_allocations() -> None:
     def work() -> Any:
         x, lx = torch.randn(64, 64), here()
@@ -160,15 +158,9 @@ def test_resize_growth_frees_the_old_bytes_and_records_the_new() -> None:
     assert by_line(profile, lx, PEAK) == 0  # freed before the peak
 
 
-
-
 def test_meta_tensors_hold_no_memory() -> None:
     profile, _, _ = record(lambda: torch.empty(1000, device="meta") * 2)
     assert column(profile, ALLOC) == 0
-
-
-
-
 
 
 def test_many_events_are_replayed_in_order() -> None:
@@ -185,10 +177,6 @@ def test_many_events_are_replayed_in_order() -> None:
     assert column(profile, ALLOC) == n * 400
     assert column(profile, INUSE) == 400
     assert column(profile, PEAK) == 800
-
-
-
-
 
 
 # -----------------------------------------------------------------------------
@@ -358,8 +346,6 @@ def test_threads_started_after_start_are_recorded() -> None:
     assert all(names[-1] == "Thread > _bootstrap" for names in stacks)
 
 
-
-
 def test_thread_profile_hooks_are_chained_and_restored() -> None:
     seen: list[str] = []
 
@@ -463,8 +449,6 @@ def test_autograd_results_unchanged_and_grads_recorded() -> None:
 # -----------------------------------------------------------------------------
 # real transformers models (random weights from a config: no download)
 # -----------------------------------------------------------------------------
-
-
 
 
 def test_static_kv_cache_lands_on_the_cache_method_and_inuse_matches_live_storages(quiet_gc: None) -> None:
@@ -608,8 +592,6 @@ def test_a_forked_child_keeps_recording_without_deadlock() -> None:
     _, status = os.waitpid(pid, 0)
     rec.stop()
     assert os.waitstatus_to_exitcode(status) == 0
-
-
 
 
 def test_storages_held_by_autograd_views_and_grad_stay_live() -> None:

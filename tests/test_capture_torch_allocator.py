@@ -73,8 +73,6 @@ def record(fn: Callable[[], Any], native: bool = False) -> tuple[Profile, Any, T
 # -----------------------------------------------------------------------------
 
 
-
-
 def test_views_and_reshapes_are_not_allocations() -> None:
     def work() -> Any:
         x, lx = torch.randn(64, 64), here()
@@ -175,12 +173,6 @@ def test_resize_growth_frees_the_old_bytes_and_records_the_new() -> None:
     assert by_line(profile, lx, PEAK) == 0  # freed before the highest total
 
 
-
-
-
-
-
-
 def test_many_allocations_keep_exact_totals() -> None:
     n = 20_000
 
@@ -195,8 +187,6 @@ def test_many_allocations_keep_exact_totals() -> None:
     assert column(profile, INUSE) == 400 and column(profile, PEAK) == 800
 
 
-
-
 def test_stop_puts_the_allocator_back_and_old_blocks_still_free() -> None:
     rec = TorchAllocatorRecorder(HOOK)
     rec.start()
@@ -209,10 +199,6 @@ def test_stop_puts_the_allocator_back_and_old_blocks_still_free() -> None:
     del kept
     gc.collect()
     assert column(rec.snapshot(), ALLOC_N) == 10 and after.numel() == 10
-
-
-
-
 
 
 # -----------------------------------------------------------------------------
@@ -253,8 +239,6 @@ def test_every_python_thread_is_recorded_even_one_started_before() -> None:
     assert any("test_every_python_thread_is_recorded_even_one_started_before > early" in n for n in stacks)
 
 
-
-
 def _scripted_empty(n: int) -> torch.Tensor:
     return torch.empty(n)
 
@@ -282,8 +266,6 @@ def test_threads_without_a_python_stack_are_counted_as_such() -> None:
 # -----------------------------------------------------------------------------
 # real transformers models (random weights from a config: no download)
 # -----------------------------------------------------------------------------
-
-
 
 
 def test_static_kv_cache_lands_on_the_cache_method_and_inuse_matches_live_storages() -> None:

@@ -246,8 +246,6 @@ def _columns(raw: Profile) -> tuple[int, int]:
     return space, count
 
 
-
-
 def take_profile(keep_framework: bool = False, backend: str | None = None) -> Profile:
     """One JAX memory profile right now (a recorder started, sampled once and stopped)."""
     rec = JaxMemoryRecorder(keep_framework=keep_framework, backend=backend)

@@ -68,8 +68,6 @@ class HookCategories:
         return self.defaults[site]
 
 
-
-
 class LedgerCategories:
     """The dispatch recorder's ledger split by category; storages are keyed by their ``_cdata``."""
 

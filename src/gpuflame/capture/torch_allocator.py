@@ -251,7 +251,6 @@ def hook_busy() -> bool:
     return _busy is not None
 
 
-
 def _after_fork_in_child() -> None:
     global _busy_lock
     _busy_lock = threading.Lock()  # another thread may have held it at the fork

@@ -58,7 +58,6 @@ examples:
 then: gpuflame report run.pb.gz"""
 
 
-
 # argparse takes "-5s" for an option (it only knows "-5" as a number) and says "expected one
 # argument"; read such words as values, so --interval can say what is wrong with them
 _NEGATIVE_VALUE = re.compile(r"^-\d+(\.\d*)?\s*(ms|s|m|h)?$|^-\.\d+\s*(ms|s|m|h)?$")
