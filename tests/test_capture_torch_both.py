@@ -45,6 +45,7 @@ from torch_helpers import (  # noqa: E402
     here,
     leaf_most_init,
     live_storages,
+    record,
     tiny_llama_config,
 )
 
@@ -59,17 +60,6 @@ def make_recorder(request: pytest.FixtureRequest) -> Callable[[], Recorder]:
     except NativeUnavailable as exc:
         pytest.skip(f"the CPU allocator hook cannot be built here: {exc}")
     return lambda: TorchAllocatorRecorder(hook)
-
-
-def record(make_recorder: Callable[[], Recorder], fn: Callable[[], Any]) -> tuple[Profile, Any, Recorder]:
-    """Run *fn* under a new recorder; return the profile, fn's result (kept alive) and the recorder."""
-    rec = make_recorder()
-    rec.start()
-    try:
-        result = fn()
-    finally:
-        rec.stop()
-    return rec.snapshot(), result, rec
 
 
 def test_factory_allocations_have_exact_bytes_stack_and_labels(make_recorder: Callable[[], Recorder]) -> None:

@@ -10,7 +10,6 @@ the recorder.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,7 @@ from gpuflame.capture.torch_tensors import TorchTensorRecorder  # noqa: E402
 from gpuflame.formats import load  # noqa: E402
 from gpuflame.model import Frame, Profile  # noqa: E402
 from test_run_cli import gpuflame_run  # noqa: E402
-from torch_helpers import INUSE, PEAK, RECORDERS, tiny_llama_config  # noqa: E402
+from torch_helpers import INUSE, PEAK, RECORDERS, record, tiny_llama_config  # noqa: E402
 
 
 def by_category(profile: Profile, col: int) -> dict[str, int]:
@@ -35,16 +34,6 @@ def by_category(profile: Profile, col: int) -> dict[str, int]:
         assert name in categories.CATEGORIES, s
         out[name] = out.get(name, 0) + s.values[col]
     return out
-
-
-def record(make: Callable[[], Any], fn: Callable[[], Any]) -> tuple[Profile, Any]:
-    rec = make()
-    rec.start()
-    try:
-        result = fn()
-    finally:
-        rec.stop()
-    return rec.snapshot(), result
 
 
 @pytest.mark.parametrize("recorder", RECORDERS)
@@ -61,7 +50,7 @@ def test_adamw_training_loop_exact_per_category(recorder: str) -> None:
         opt.zero_grad(set_to_none=True)  # the gradients of the peak are gone before the profile
         return model, opt
 
-    profile, (model, opt) = record(RECORDERS[recorder], train)
+    profile, (model, opt), _ = record(RECORDERS[recorder], train)
     params = sum(p.numel() * p.element_size() for p in model.parameters())
     buffers = sum(b.numel() * b.element_size() for b in model.buffers())
     steps = sum(s["step"].numel() * s["step"].element_size() for s in opt.state.values())
@@ -92,7 +81,7 @@ def test_generate_with_static_cache_exact_kv_cache(recorder: str, keep: bool) ->
                     for t in categories._tensors_in(vars(cache), 4)}
         return (cache if keep else None), sum(storages.values())
 
-    profile, (_cache, expected) = record(RECORDERS[recorder], generate)
+    profile, (_cache, expected), _ = record(RECORDERS[recorder], generate)
     layers = cfg.num_hidden_layers
     head_dim = cfg.hidden_size // cfg.num_attention_heads
     assert expected >= 2 * layers * cfg.num_key_value_heads * 64 * head_dim * 4

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -112,3 +113,14 @@ def hook_recorder() -> Any:
 
 
 RECORDERS = {"allocator": hook_recorder, "dispatch": TorchTensorRecorder}  # both torch recorders, by name
+
+
+def record(make_recorder: Callable[[], Any], fn: Callable[[], Any]) -> tuple[Profile, Any, Any]:
+    """Run *fn* under a new recorder; return the profile, fn's result (kept alive) and the recorder."""
+    rec = make_recorder()
+    rec.start()
+    try:
+        result = fn()
+    finally:
+        rec.stop()
+    return rec.snapshot(), result, rec
