@@ -70,8 +70,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_force_option(parser)
     parser.add_argument("--backend", choices=BACKENDS, default=BACKEND, help=f"what to record (default {BACKEND})")
     parser.add_argument("--interval", type=interval, default=None, metavar="DURATION",
-                        help="also write each process's profile every DURATION (15s, 500ms), so that a process "
-                        "ending by os._exit or SIGKILL still leaves a (partial) profile; "
+                        help="also write each process's profile every DURATION (15s, 500ms; 100ms to 24h), so "
+                        "that a process ending by os._exit or SIGKILL still leaves a (partial) profile; "
                         f"default: only at exit, or {PUSH_INTERVAL_S:g}s with --pyroscope")
     parser.add_argument("--no-follow", action="store_true", help="do not profile child processes")
     parser.add_argument("--torch-hook", choices=TORCH_HOOKS, default=TORCH_HOOK,
