@@ -264,6 +264,7 @@ def assert_own_namespace_excluded(docs: list[dict]) -> None:
     hook = find(docs, "MutatingWebhookConfiguration")["webhooks"][0]
     ns = find(docs, "Namespace")
     assert find(docs, "Deployment", "gpuflame-webhook")["metadata"]["namespace"] == ns["metadata"]["name"]
+    assert hook["clientConfig"]["service"]["namespace"] == ns["metadata"]["name"]  # where the Service is
     assert not selects(hook["namespaceSelector"], namespace_labels(ns["metadata"]["name"], ns["metadata"]["labels"]))
 
 
