@@ -174,6 +174,9 @@ def test_webhook_deployment_is_locked_down(rendered):
     assert opts["--tls-cert"] == "/tls/tls.crt" and opts["--tls-key"] == "/tls/tls.key"
     assert opts["--port"] == "8443" and opts["--pyroscope-secret"] == "gpuflame-pyroscope"
     assert opts["--image"]
+    # --namespace's default: the webhook knows its own namespace, whose pods it never changes
+    own = next(e for e in c["env"] if e["name"] == "POD_NAMESPACE")
+    assert own["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.namespace"}} and "--namespace" not in opts
     tls = next(m for m in c["volumeMounts"] if m["name"] == "tls")
     assert tls["mountPath"] == "/tls" and tls["readOnly"] is True
 

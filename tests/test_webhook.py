@@ -373,3 +373,10 @@ def test_cli_reports_a_missing_certificate(tmp_path: Path, capsys: pytest.Captur
     assert rc == 2
     err = capsys.readouterr().err
     assert "no.crt" in err and err.count("\n") == 1
+
+
+def test_the_cli_knows_its_own_namespace_from_the_downward_api(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpuflame.cli.main import build_parser
+
+    monkeypatch.setenv("POD_NAMESPACE", "tools")
+    assert build_parser().parse_args(["webhook", "--tls-cert", "c", "--tls-key", "k"]).namespace == "tools"

@@ -280,3 +280,14 @@ def test_the_patch_of_any_valid_pod_applies_and_gives_a_valid_pod(pod: dict) -> 
         assert len(all_containers(patched["spec"])) == len(all_containers(pod["spec"])) + 1
     for warning in response.get("warnings", []):
         assert len(warning) <= admission.MAX_NOTE and "\n" not in warning
+
+
+def test_the_webhook_never_changes_a_pod_of_its_own_namespace() -> None:
+    """Defence in depth behind the namespaceSelector: a relabelled namespace must not make its pods wait on it."""
+    pod = make_pod([{"name": "app", "image": "x"}])
+    body = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {"uid": "u", "namespace": "tools", "kind": {"kind": "Pod"}, "operation": "CREATE",
+                        "object": pod}}
+    own = admission.review(body, admission.Config(namespace="tools"))["response"]
+    assert own == {"uid": "u", "allowed": True}
+    assert "patch" in admission.review(body, admission.Config(namespace="gpuflame-system"))["response"]

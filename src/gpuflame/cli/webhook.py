@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 from gpuflame.cli.options import port_number, serve_until_interrupted
 from gpuflame.defaults import PUSH_INTERVAL_S
@@ -47,11 +48,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--image", default=DEFAULT_IMAGE, help=f"init container image (default {DEFAULT_IMAGE})")
     parser.add_argument("--pyroscope-secret", default=DEFAULT_SECRET, metavar="NAME",
                         help=f"Secret with keys url, token, tenant (default {DEFAULT_SECRET})")
+    parser.add_argument("--namespace", default=os.environ.get("POD_NAMESPACE", ""), metavar="NAME",
+                        help="the namespace the webhook runs in, whose pods it never changes whatever its "
+                        "configuration's selectors say (default $POD_NAMESPACE)")
     parser.add_argument("--quiet", action="store_true", help="no line per request")
 
 
 def run(args: argparse.Namespace) -> int:
-    config = Config(image=args.image, pyroscope_secret=args.pyroscope_secret)
+    config = Config(image=args.image, pyroscope_secret=args.pyroscope_secret, namespace=args.namespace)
     server = make_server(args.host, args.port, args.tls_cert, args.tls_key, config, quiet=args.quiet)
     print(f"gpuflame webhook: https://{args.host}:{server.port}/mutate (init image {config.image})", flush=True)
     return serve_until_interrupted(server, "webhook")

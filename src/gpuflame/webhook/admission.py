@@ -177,7 +177,7 @@ def review(body: Any, config: Config | None = None) -> dict[str, Any]:
     """The AdmissionReview response for one request (always allowed); BadRequest when the body is not one."""
     config = config or Config()
     uid, pod = _read(body)
-    if pod is None:
+    if pod is None or _namespace(body, pod) in {config.namespace} - {""}:
         return _response(uid)
     meta = pod["metadata"]
     try:
@@ -194,6 +194,11 @@ def review(body: Any, config: Config | None = None) -> dict[str, Any]:
 
 def _clip(text: str) -> str:
     return text if len(text) <= MAX_NOTE else text[: MAX_NOTE - 3] + "..."
+
+
+def _namespace(body: dict[str, Any], pod: dict[str, Any]) -> str:
+    """The pod's namespace: the request's (set by the API server), else the pod's own."""
+    return str(body["request"].get("namespace") or pod["metadata"].get("namespace") or "")
 
 
 def _read(body: Any) -> tuple[str, dict[str, Any] | None]:

@@ -56,6 +56,7 @@ class Config:
 
     image: str = DEFAULT_IMAGE
     pyroscope_secret: str = DEFAULT_SECRET
+    namespace: str = ""  # the webhook's own: its pods must start while it is down, whatever the selectors say
 
 
 @dataclass(frozen=True)
