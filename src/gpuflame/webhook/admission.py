@@ -65,8 +65,9 @@ IGNORED = PREFIX + "ignored"  # set by us: the setting annotations we could not 
 SKIPPED = PREFIX + "skipped"  # set by us: why an opted-in pod was not profiled
 KNOWN = (INJECT, INTERVAL, BACKEND, SERVICE_NAME, CONTAINER, INJECTED, IGNORED, SKIPPED)
 
-MAX_VALUE = 64  # characters of an annotation value we read; longer is no setting (and would bloat our notes)
+MAX_VALUE = 253  # characters of an annotation value we read (a DNS name's most); longer is no setting
 MAX_NOTE = 256  # the API server may cut a longer warning
+SHOWN = 64  # characters of a user's value quoted in a note
 
 _TRUE = ("true", "1", "yes", "on")
 _FALSE = ("false", "0", "no", "off", "")
@@ -93,7 +94,7 @@ def wants_injection(meta: Mapping[str, Any]) -> bool:
         return True
     if word in _FALSE:
         return False
-    raise Skip(f'{INJECT} {source}: {ascii(str(value)[:MAX_VALUE])} is not "true" or "false"')
+    raise Skip(f'{INJECT} {source}: {ascii(str(value)[:SHOWN])} is not "true" or "false"')
 
 
 def pod_interval(text: str) -> float:
@@ -124,7 +125,7 @@ def _setting(annotations: Mapping[str, Any], key: str, parse: Callable[[str], T]
             raise ValueError(f"{len(text)} characters, more than any setting")
         return parse(text)
     except ValueError as exc:
-        notes.append(f"{key}: {exc}; ignored")
+        notes.append(f"{key}: {_clip(str(exc), MAX_NOTE // 2)}; ignored")
         return default
 
 
@@ -146,7 +147,7 @@ def selected(spec: Mapping[str, Any], request: Request) -> list[int]:
     names = [str(c.get("name", "")) for c in spec.get("containers") or []]
     if not request.containers:
         return list(range(len(names)))
-    missing = [ascii(c[:MAX_VALUE]) for c in request.containers if c not in names]
+    missing = [ascii(c[:SHOWN]) for c in request.containers if c not in names]
     if missing:
         raise Skip(f"{CONTAINER}: no container named {', '.join(missing)} (the pod has {', '.join(names)})")
     return [i for i, name in enumerate(names) if name in request.containers]
@@ -192,8 +193,8 @@ def review(body: Any, config: Config | None = None) -> dict[str, Any]:
     return _response(uid, patch=ops, warnings=[_clip(f"gpuflame: {note}") for note in notes])
 
 
-def _clip(text: str) -> str:
-    return text if len(text) <= MAX_NOTE else text[: MAX_NOTE - 3] + "..."
+def _clip(text: str, most: int = MAX_NOTE) -> str:
+    return text if len(text) <= most else text[: most - 3] + "..."
 
 
 def _namespace(body: dict[str, Any], pod: dict[str, Any]) -> str:
