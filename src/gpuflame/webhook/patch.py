@@ -40,8 +40,9 @@ INSTALL = "gpuflame-payload-install"
 DEFAULT_IMAGE = "ghcr.io/gpuflame/gpuflame:0.1.0"
 DEFAULT_SECRET = "gpuflame-pyroscope"
 NONROOT_UID = 65532
-# requests == limits: a quota that requires limits admits the pod, a Guaranteed pod stays Guaranteed
-INIT_RESOURCES = {"cpu": "200m", "memory": "256Mi"}
+# requests == limits: a quota that requires limits admits the pod, a Guaranteed pod stays Guaranteed.
+# The install measured 0.8 s of CPU and 20 MB resident (copy and precompile, 3.4 MB written): about 3 s at 250m.
+INIT_RESOURCES = {"cpu": "250m", "memory": "128Mi"}
 
 # Secret key -> variable; all optional so a pod starts without the Secret.
 SECRET_KEYS = (
