@@ -228,10 +228,10 @@ def assert_user_fields_kept(before: dict, after: dict) -> None:
     """Lists only grow at their end; maps only gain keys; a PYTHONPATH literal only gains a prefix."""
     for key in ("labels", "annotations"):
         assert (before["metadata"].get(key) or {}).items() <= (after["metadata"].get(key) or {}).items()
-    for key in ("volumes", "initContainers", "ephemeralContainers"):
-        old = before["spec"].get(key)
-        assert old is None and key == "ephemeralContainers" and key not in after["spec"] or \
-            after["spec"].get(key, [])[: len(old or [])] == (old or [])
+    for key in ("volumes", "initContainers"):
+        old = before["spec"].get(key) or []
+        assert after["spec"].get(key, [])[: len(old)] == old
+    assert after["spec"].get("ephemeralContainers") == before["spec"].get("ephemeralContainers")
     for old, new in zip(before["spec"]["containers"], after["spec"]["containers"], strict=True):
         assert {k: v for k, v in old.items() if k not in ("env", "volumeMounts")} == \
             {k: v for k, v in new.items() if k not in ("env", "volumeMounts")}
