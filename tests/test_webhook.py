@@ -344,7 +344,12 @@ def test_other_kinds_and_operations_are_allowed(server: WebhookServer, tls: tupl
     "body",
     [b"{not json", b"[]", b'{"kind": "AdmissionReview"}', b"\xff\xfe",
      json.dumps({"kind": "AdmissionReview", "request": {"uid": "u", "kind": {"kind": "Pod"},
-                                                        "object": {"spec": {}}}}).encode()],
+                                                        "object": {"spec": {}}}}).encode(),
+     json.dumps({"kind": "AdmissionReview", "request": {"uid": "u", "kind": {"kind": "Pod"}, "object": {
+         "metadata": {"annotations": {"gpuflame.io/inject": "true"}}, "spec": {"containers": [1]}}}}).encode(),
+     json.dumps({"kind": "AdmissionReview", "request": {"uid": "u", "kind": {"kind": "Pod"}, "object": {
+         "metadata": {"annotations": {"gpuflame.io/inject": "true"}},
+         "spec": {"containers": [{"name": "a", "env": "PYTHONPATH"}]}}}}).encode()],
 )
 def test_malformed_body_is_400_and_the_server_keeps_serving(
     server: WebhookServer, tls: tuple[Path, Path], body: bytes
