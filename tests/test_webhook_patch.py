@@ -221,6 +221,10 @@ def pods(draw: Any) -> dict:
     annotations = {**others, **settings, **({} if label_in else OPT_IN)}
     if draw(st.booleans()):
         spec["os"] = {"name": draw(st.sampled_from(["linux", "windows"]))}
+    if draw(st.booleans()):  # a workload that passes Pod Security "restricted" on its own
+        spec["securityContext"] = {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
+        for c in all_containers(spec):
+            c["securityContext"] = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
     return make_pod(spec.pop("containers"), labels=labels, annotations=annotations, **spec)
 
 
@@ -261,6 +265,10 @@ def assert_profiled(after: dict) -> None:
                            for m in c["volumeMounts"]), "a user's mount hides our files"
 
 
+def spec_is_linux(pod: dict) -> bool:
+    return (pod["spec"].get("os") or {}).get("name", "linux") == "linux"
+
+
 @hypothesis.settings(max_examples=150, deadline=None, suppress_health_check=list(hypothesis.HealthCheck))
 @hypothesis.given(pods())
 def test_the_patch_of_any_valid_pod_applies_and_gives_a_valid_pod(pod: dict) -> None:
@@ -271,6 +279,8 @@ def test_the_patch_of_any_valid_pod_applies_and_gives_a_valid_pod(pod: dict) -> 
     assert schema_errors(patched) == [], (ops, patched)
     assert api_errors(patched) == [], (ops, patched)
     assert_user_fields_kept(pod, patched)
+    if spec_is_linux(pod) and restricted_errors(pod["spec"]) == []:
+        assert restricted_errors(patched["spec"]) == []
     annotations = patched["metadata"]["annotations"]
     if "gpuflame.io/skipped" in annotations:
         assert patched["spec"] == pod["spec"]
