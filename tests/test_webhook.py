@@ -385,3 +385,19 @@ def test_the_cli_knows_its_own_namespace_from_the_downward_api(monkeypatch: pyte
 
     monkeypatch.setenv("POD_NAMESPACE", "tools")
     assert build_parser().parse_args(["webhook", "--tls-cert", "c", "--tls-key", "k"]).namespace == "tools"
+
+
+def test_the_server_logs_why_a_pod_was_skipped(tls: tuple[Path, Path], capfd: pytest.CaptureFixture[str]) -> None:
+    """The operator's side of the warning the client gets: one line naming the pod."""
+    cert, key = tls
+    srv = make_server("127.0.0.1", 0, str(cert), str(key), Config(image=IMAGE), quiet=False)
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    try:
+        response, _ = mutate(srv, tls, pod(on(), os={"name": "windows"}))
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    (warning,) = response["warnings"]
+    lines = [line for line in capfd.readouterr().err.splitlines() if warning in line]
+    assert len(lines) == 1 and "ml/trainer-7d9f8b6c4-x2k9q: gpuflame: a Windows pod" in lines[0]
