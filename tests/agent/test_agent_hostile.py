@@ -1,0 +1,109 @@
+"""The agent against hostile containers and processes: nothing they control leads it out of them.
+
+A container's files are read inside its root (no absolute link reaches the
+host's files, no FIFO blocks), probes go only where the agent has verified a
+call into the driver, and what it keeps or reads for a target is bounded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+import threading
+from pathlib import Path
+
+import pytest
+from agent_helpers import StandinContainer
+from test_agent_cli import agent_cli
+
+from gpuflame.agent.kube import SERVICE_ACCOUNT_NAMESPACE, Placement
+
+CID = "9c1d2e3f" * 8
+POD_UID = "0d1e2f3a-4b5c-4d6e-8f70-8192a3b4c5d6"
+SECRET = "root:$6$host-shadow-secret:19000:0:99999:7:::"
+
+
+def container_root(tmp_path: Path, hostname: str | None = "vllm-7d9f8b6c4-x2k9q", fifo: bool = False) -> Path:
+    """A container's files as a projected service-account volume lays them out (``..data`` links), and
+    ``/var/run`` an absolute link to ``/run`` as in many images; *hostname* None: a link to a host secret."""
+    root = tmp_path / "rootfs"
+    account = root / "run/secrets/kubernetes.io/serviceaccount"
+    (account / "..2025_01_01").mkdir(parents=True)
+    (root / "var").mkdir()
+    (root / "var/run").symlink_to("/run")
+    (root / "etc").mkdir()
+    if fifo:
+        os.mkfifo(account / "namespace")
+    else:
+        (account / "..2025_01_01" / "namespace").write_text("serving")
+        (account / "..data").symlink_to("..2025_01_01")
+        (account / "namespace").symlink_to("..data/namespace")
+    if hostname is None:
+        secret = tmp_path / "host-shadow"
+        secret.write_text(SECRET)
+        (root / "etc/hostname").symlink_to(secret)  # absolute: the host's file, seen from the host's root
+    else:
+        (root / "etc/hostname").write_text(hostname + "\n")
+    return root
+
+
+@pytest.fixture
+def container(tmp_path):  # noqa: ANN001, ANN201
+    if os.geteuid() != 0:
+        pytest.skip("a stand-in container needs root (chroot, cgroups)")
+    made: list[StandinContainer] = []
+
+    def make(**kwargs: object) -> StandinContainer:
+        c = StandinContainer(container_root(tmp_path, **kwargs), CID, POD_UID)  # type: ignore[arg-type]
+        made.append(c)
+        return c
+
+    yield make
+    for c in made:
+        c.close()
+
+
+def labels_of(pid: int) -> dict[str, str]:
+    """Placement labels, read on a thread: a read that blocks fails the test instead of hanging it."""
+    got: dict[str, str] = {}
+    reader = threading.Thread(target=lambda: got.update(Placement("/", "n1").labels(pid)), daemon=True)
+    reader.start()
+    reader.join(60)
+    assert not reader.is_alive(), "reading the container's files blocked"
+    return got
+
+
+def test_a_container_is_read_inside_its_root(container):
+    """Relative and absolute links inside the container resolve inside it (the kubelet's ``..data`` links)."""
+    c = container()
+    assert labels_of(c.pid) == {"node": "n1", "namespace": "serving", "pod": "vllm-7d9f8b6c4-x2k9q"}
+
+
+def test_an_absolute_link_does_not_reach_the_host(container):
+    """/etc/hostname -> a host secret: resolved inside the container (where it does not exist): no pod label."""
+    c = container(hostname=None)
+    labels = labels_of(c.pid)
+    assert labels == {"node": "n1", "namespace": "serving"}
+    assert "secret" not in repr(labels)
+
+
+def test_a_fifo_does_not_block_and_the_duration_holds(container, libcuda, tmp_path):
+    """A FIFO at the service-account path: not opened for reading; the agent watches the container's process,
+    stops at --duration and writes its profile."""
+    c = container(fifo=True)
+    fifo = f"/proc/{c.pid}/root/{SERVICE_ACCOUNT_NAMESPACE.removeprefix('var/')}"  # /var/run links to /run
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)
+    assert labels_of(c.pid) == {"node": "n1", "pod": "vllm-7d9f8b6c4-x2k9q"}
+    out = tmp_path / "node.pb.gz"
+    proc = agent_cli("--pid", str(c.pid), "--libcuda", libcuda, "--duration", "1s", "-o", str(out))
+    try:
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            with contextlib.suppress(OSError):  # let a blocked reader go
+                os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+            proc.wait()
+    assert proc.returncode == 0, stderr
+    assert "watching pid" in stderr and out.exists()
