@@ -14,7 +14,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from agent_helpers import StandinContainer
+from agent_helpers import NativeCaller, StandinContainer, wait_for
 from test_agent_cli import agent_cli
 
 from gpuflame.agent.kube import SERVICE_ACCOUNT_NAMESPACE, Placement
@@ -107,3 +107,77 @@ def test_a_fifo_does_not_block_and_the_duration_holds(container, libcuda, tmp_pa
             proc.wait()
     assert proc.returncode == 0, stderr
     assert "watching pid" in stderr and out.exists()
+
+
+HOSTILE_CALLER = r"""
+#include <fcntl.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdio.h>
+#include <sys/mman.h>
+#include <unistd.h>
+typedef unsigned long long CUdeviceptr;
+int cuInit(unsigned int);
+int cuMemAlloc_v2(CUdeviceptr *, size_t);
+CUdeviceptr slot;
+static sigjmp_buf back;
+
+static void on_fault(int sig) { (void)sig; siglongjmp(back, 1); }
+
+/* Each enters the driver with a return address it made up, where the driver then returns. */
+__attribute__((noinline)) void after_a_jump(void) {  /* no call there */
+    __asm__ volatile("lea slot(%%rip), %%rdi\n\tmov $4096, %%esi\n\tlea 1f(%%rip), %%rax\n\tpush %%rax\n\t"
+                     "jmp cuMemAlloc_v2@PLT\n1:\n\t" ::: "rax", "rcx", "rdx", "rsi", "rdi", "r8", "r9", "r10",
+                     "r11", "memory", "cc");
+}
+__attribute__((noinline)) void inside_an_instruction(void) {  /* after bytes ff d0 (call *%rax) of a mov */
+    __asm__ volatile("lea slot(%%rip), %%rdi\n\tmov $4096, %%esi\n\tlea 1f+3(%%rip), %%rax\n\tpush %%rax\n\t"
+                     "jmp cuMemAlloc_v2@PLT\n1:\n\tmov $0x9090d0ff, %%eax\n\t" ::: "rax", "rcx", "rdx", "rsi",
+                     "rdi", "r8", "r9", "r10", "r11", "memory", "cc");
+}
+__attribute__((noinline)) void after_another_call(void) {  /* right after a call to getpid */
+    __asm__ volatile("lea slot(%%rip), %%rdi\n\tmov $4096, %%esi\n\tlea 1f(%%rip), %%rax\n\tpush %%rax\n\t"
+                     "jmp cuMemAlloc_v2@PLT\n\tcall getpid@PLT\n1:\n\t" ::: "rax", "rcx", "rdx", "rsi", "rdi",
+                     "r8", "r9", "r10", "r11", "memory", "cc");
+}
+__attribute__((noinline)) void into_data(void *where) {  /* a file mapped without execute: it faults there */
+    __asm__ volatile("lea slot(%%rip), %%rdi\n\tmov $4096, %%esi\n\tpush %0\n\tjmp cuMemAlloc_v2@PLT\n\t"
+                     :: "r"(where) : "rax", "rcx", "rdx", "rsi", "rdi", "r8", "r9", "r10", "r11", "memory", "cc");
+}
+__attribute__((noinline)) void genuine(void) { cuMemAlloc_v2(&slot, 8192); }
+
+int main(int argc, char **argv) {
+    char line[8];
+    (void)argc;
+    int fd = open(argv[0], O_RDONLY);
+    char *data = mmap(NULL, 8192, PROT_READ, MAP_PRIVATE, fd, 0);
+    signal(SIGSEGV, on_fault);
+    cuInit(0);
+    printf("ready\n"); fflush(stdout);
+    if (!fgets(line, sizeof line, stdin)) return 1;
+    after_a_jump();
+    inside_an_instruction();
+    after_another_call();
+    if (!sigsetjmp(back, 1)) into_data(data + 4096 + 16);
+    genuine();
+    printf("done\n"); fflush(stdout);
+    fgets(line, sizeof line, stdin);
+    return 0;
+}
+"""
+
+
+def test_return_addresses_made_up_by_a_process_are_not_probed(libcuda, agent_for, tmp_path):
+    """A process enters the driver with return addresses it made up (after a jump, inside an instruction that
+    reads as a call, after a call to another function, in a file mapped without execute): none is probed; the
+    genuine call's site (after a call to the driver's PLT stub) is."""
+    caller = NativeCaller(HOSTILE_CALLER, libcuda, tmp_path)
+    try:
+        agent = agent_for(caller.pid, probes="entry")
+        caller.go()
+        assert wait_for(lambda: agent.stats()["sites_unverified"] >= 4 and agent.return_sites)
+        assert agent.stats()["sites_unverified"] == 4
+        assert list(agent.return_sites.values()) == [str(tmp_path / "caller")]
+        assert any("4 return addresses were not probed" in c for c in agent.snapshot().comments)
+    finally:
+        caller.close()
