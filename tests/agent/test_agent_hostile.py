@@ -26,12 +26,14 @@ SECRET = "root:$6$host-shadow-secret:19000:0:99999:7:::"
 
 def container_root(tmp_path: Path, hostname: str | None = "vllm-7d9f8b6c4-x2k9q", fifo: bool = False) -> Path:
     """A container's files as a projected service-account volume lays them out (``..data`` links), and
-    ``/var/run`` an absolute link to ``/run`` as in many images; *hostname* None: a link to a host secret."""
+    ``/var/run`` an absolute link to ``/run`` as in many images; *hostname* None: a link to a host secret;
+    *fifo*: a FIFO at the service-account path (in a plain ``/var/run``)."""
     root = tmp_path / "rootfs"
-    account = root / "run/secrets/kubernetes.io/serviceaccount"
+    account = root / ("var/" if fifo else "") / "run/secrets/kubernetes.io/serviceaccount"
     (account / "..2025_01_01").mkdir(parents=True)
-    (root / "var").mkdir()
-    (root / "var/run").symlink_to("/run")
+    if not fifo:
+        (root / "var").mkdir()
+        (root / "var/run").symlink_to("/run")
     (root / "etc").mkdir()
     if fifo:
         os.mkfifo(account / "namespace")
@@ -92,7 +94,7 @@ def test_a_fifo_does_not_block_and_the_duration_holds(container, libcuda, tmp_pa
     """A FIFO at the service-account path: not opened for reading; the agent watches the container's process,
     stops at --duration and writes its profile."""
     c = container(fifo=True)
-    fifo = f"/proc/{c.pid}/root/{SERVICE_ACCOUNT_NAMESPACE.removeprefix('var/')}"  # /var/run links to /run
+    fifo = f"/proc/{c.pid}/root/{SERVICE_ACCOUNT_NAMESPACE}"
     assert stat.S_ISFIFO(os.stat(fifo).st_mode)
     assert labels_of(c.pid) == {"node": "n1", "pod": "vllm-7d9f8b6c4-x2k9q"}
     out = tmp_path / "node.pb.gz"
