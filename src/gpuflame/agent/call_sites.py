@@ -23,13 +23,13 @@ import mmap
 import os
 import stat
 import struct
-from collections import OrderedDict
 from dataclasses import dataclass
 
 from gpuflame.agent import procs, x86
 from gpuflame.agent.confined import open_in_root
 from gpuflame.agent.elf import PF_X, ElfError, ElfFile, read_elf
 from gpuflame.agent.events import ALLOCS, FREES, INIT
+from gpuflame.agent.lru import LRU
 
 DRIVER_FUNCTIONS = frozenset((*ALLOCS, *FREES, INIT))
 MAX_FUNCTION_BYTES = 1 << 16  # decoded from a function's start to the site; a longer function is not probed
@@ -59,7 +59,7 @@ class Verifier:
     """Checks return addresses; keeps the last few parsed files."""
 
     def __init__(self) -> None:
-        self._files: OrderedDict[tuple[int, int], ElfFile] = OrderedDict()
+        self._files: LRU[tuple[int, int], ElfFile] = LRU(FILES_KEPT)
 
     def site(self, pid: int, addr: int) -> Site | str:
         """The file and offset to probe for return address *addr* of *pid*, or why it is not probed."""
@@ -86,9 +86,6 @@ class Verifier:
         if elf is None:
             elf = self._files[key] = read_elf(f"/proc/self/fd/{fd}", full=False, wanted=DRIVER_FUNCTIONS,
                                               slot_names=DRIVER_FUNCTIONS)
-            if len(self._files) > FILES_KEPT:
-                self._files.popitem(last=False)
-        self._files.move_to_end(key)
         return elf
 
     def _verify(self, fd: int, key: tuple[int, int], offset: int) -> str | None:

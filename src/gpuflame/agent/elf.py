@@ -33,7 +33,7 @@ STT_FUNC = 2
 STT_OBJECT = 1
 R_X86_64_GLOB_DAT, R_X86_64_JUMP_SLOT = 6, 7
 SYM_BYTES, RELA_BYTES = 24, 24
-MAX_SYMBOLS = 1 << 18  # per table: libtorch's .dynsym has ~100k; a crafted 16 MB one 700k
+MAX_SYMBOLS = 1 << 17  # per table: libtorch's .dynsym has ~100k; a crafted 16 MB one 700k
 MAX_NAME = 4096  # bytes of one symbol name (long C++ names fit)
 MAX_RELOCATIONS = 1 << 18
 
@@ -51,7 +51,7 @@ class Segment:
     flags: int
 
 
-@dataclass
+@dataclass(slots=True)
 class Symbol:
     name: str
     value: int

@@ -18,11 +18,11 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from gpuflame.agent.confined import read_in_root
+from gpuflame.agent.lru import LRU
 
 _CONTAINER_ID = re.compile(r"(?:cri-containerd-|crio-|docker-|containerd-)?([0-9a-f]{64})(?:\.scope)?$")
 _POD_UID = re.compile(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})")
@@ -80,7 +80,7 @@ class Placement:
 
     host_root: str = "/"
     node: str = ""
-    _cache: OrderedDict[str, dict[str, str]] = field(default_factory=OrderedDict)
+    _cache: LRU[str, dict[str, str]] = field(default_factory=lambda: LRU(CONTAINERS_KEPT))
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Placement:
@@ -93,11 +93,10 @@ class Placement:
         cid, _uid = container_id(_read(f"/proc/{pid}", "cgroup", 1 << 16))
         if not cid:
             return out
-        if cid not in self._cache:
-            self._cache[cid] = self.from_runtime(cid) or self.from_inside(pid)
-            if len(self._cache) > CONTAINERS_KEPT:
-                self._cache.popitem(last=False)
-        return {**out, **self._cache[cid]}
+        found = self._cache.get(cid)
+        if found is None:
+            found = self._cache[cid] = self.from_runtime(cid) or self.from_inside(pid)
+        return {**out, **found}
 
     def from_runtime(self, cid: str) -> dict[str, str]:
         """The kubelet's annotations in the runtime's OCI spec of the container."""

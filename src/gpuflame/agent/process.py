@@ -7,6 +7,7 @@ import bisect
 from gpuflame.agent import procs
 from gpuflame.agent.elf import ElfFile
 from gpuflame.agent.events import P_NATIVE, proc_value
+from gpuflame.agent.lru import LRU
 from gpuflame.agent.py_offsets import OFFSETS
 from gpuflame.agent.pyremote import CodeReader, Memory
 from gpuflame.model.profile import NATIVE, Frame
@@ -14,6 +15,7 @@ from gpuflame.symbols.names import native_address_name
 
 # native frames from these files are the interpreter itself: the Python frames stand for them
 _INTERPRETER = ("libpython", "/python")
+NATIVE_NAMES_KEPT = 1 << 16  # native frames named, per process
 
 
 class Process:
@@ -33,7 +35,7 @@ class Process:
                 pass  # it ended between reading its maps and opening its memory (a fork child: the parent's)
         self._maps: list[procs.Mapping] = []
         self._starts: list[int] = []
-        self._native_names: dict[int, Frame] = {}
+        self._native_names: LRU[int, Frame] = LRU(NATIVE_NAMES_KEPT)
         self._shared = False  # the reader is the parent's (forked)
 
     @classmethod

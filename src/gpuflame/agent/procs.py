@@ -13,6 +13,7 @@ import struct
 from dataclasses import dataclass
 
 from gpuflame.agent.elf import ElfError, ElfFile, read_at, read_elf
+from gpuflame.agent.lru import LRU
 from gpuflame.agent.py_offsets import OFFSETS
 
 LIBCUDA = re.compile(r"(^|/)libcuda\.so(\.\d+)*$")
@@ -151,7 +152,10 @@ class Interpreter:
     path: str
 
 
-_ELF_CACHE: dict[tuple[int, int, int, bool], ElfFile | None] = {}
+ELF_FILES_KEPT = 64  # parsed files remembered, with at most ELF_SYMBOLS_KEPT symbols among them
+ELF_SYMBOLS_KEPT = 1 << 19
+_ELF_CACHE: LRU[tuple[int, int, int, bool], ElfFile | None] = LRU(ELF_FILES_KEPT, ELF_SYMBOLS_KEPT,
+                                                                   lambda elf: len(elf.symbols))
 
 
 def elf_file(path: str, full: bool = False) -> ElfFile | None:
@@ -161,12 +165,14 @@ def elf_file(path: str, full: bool = False) -> ElfFile | None:
     except OSError:
         return None
     key = (st.st_dev, st.st_ino, st.st_mtime_ns, full)
-    if key not in _ELF_CACHE:
-        try:
-            _ELF_CACHE[key] = read_elf(path, full)
-        except (OSError, ElfError):
-            _ELF_CACHE[key] = None
-    return _ELF_CACHE[key]
+    if key in _ELF_CACHE:
+        return _ELF_CACHE.get(key)
+    try:
+        elf = read_elf(path, full)
+    except (OSError, ElfError):
+        elf = None
+    _ELF_CACHE[key] = elf
+    return elf
 
 
 def load_bias(elf: ElfFile, mappings: list[Mapping]) -> int | None:

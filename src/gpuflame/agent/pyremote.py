@@ -6,6 +6,11 @@ here they become :class:`~gpuflame.model.Frame` s with the same name
 source on 3.10), file and line as :mod:`gpuflame.capture.code_frames` gives in
 the process itself. A code object lives as long as its function, so it is
 read once per process and cached; lines come from its own line table.
+
+The process may be hostile: every read is capped (``MAX_STRING`` characters,
+``MAX_LINETABLE`` bytes) and the caches are bounded (:class:`~gpuflame.agent.lru.LRU`:
+``CODE_CACHE_BYTES`` of code objects, ``FRAME_CACHE_ENTRIES`` named frames per
+process); an entry forgotten is read again while the process lives.
 """
 
 from __future__ import annotations
@@ -15,12 +20,17 @@ import struct
 from dataclasses import dataclass
 
 from gpuflame.agent.events import CodeRecord
+from gpuflame.agent.lru import LRU
 from gpuflame.model.profile import Frame
 from gpuflame.symbols.names import display_name
 from gpuflame.symbols.qualnames import display as recovered_name
 
 MAX_STRING = 4096
-MAX_LINETABLE = 1 << 20
+MAX_LINETABLE = 1 << 18  # a 10,000-line function's table is ~60 KiB
+CODE_CACHE_ENTRIES = 1 << 15
+CODE_CACHE_BYTES = 16 << 20  # per process: name, file and line table of each code object kept
+FRAME_CACHE_ENTRIES = 1 << 16
+CODE_OVERHEAD = 256  # bytes a cached code object costs besides its strings and table
 
 
 class Memory:
@@ -75,8 +85,8 @@ class CodeReader:
         self.version = version
         self.off = offsets
         self.root = root  # /proc/PID/root, to read 3.10 sources as the process sees them
-        self._codes: dict[int, Code | None] = {}
-        self._frames: dict[tuple[int, int], Frame] = {}
+        self._codes: LRU[int, Code | None] = LRU(CODE_CACHE_ENTRIES, CODE_CACHE_BYTES, _code_bytes)
+        self._frames: LRU[tuple[int, int], Frame] = LRU(FRAME_CACHE_ENTRIES)
 
     def frame(self, code_addr: int, instr: int) -> Frame:
         key = (code_addr, instr)
@@ -117,12 +127,19 @@ class CodeReader:
         self._codes[r.code] = Code(name, file, r.firstlineno, table, self.version, adaptive)
 
     def code(self, addr: int) -> Code | None:
-        if addr not in self._codes:
-            try:
-                self._codes[addr] = self._read_code(addr)
-            except (OSError, ValueError, OverflowError, UnicodeError, struct.error):
-                self._codes[addr] = None
-        return self._codes[addr]
+        if addr in self._codes:
+            return self._codes.get(addr)
+        try:
+            code = self._read_code(addr)
+        except (OSError, ValueError, OverflowError, UnicodeError, struct.error):
+            code = None
+        self._codes[addr] = code
+        return code
+
+    @property
+    def cached_bytes(self) -> int:
+        """What the code objects kept weigh (bounded by CODE_CACHE_BYTES)."""
+        return self._codes.weight
 
     def _read_code(self, addr: int) -> Code | None:
         o, m = self.off, self.memory
@@ -164,6 +181,10 @@ class CodeReader:
         if not 0 <= size <= MAX_LINETABLE:
             raise ValueError("not a bytes object")
         return self.memory.read(addr + self.off["bytes_data"], size)
+
+
+def _code_bytes(code: Code) -> int:
+    return CODE_OVERHEAD + len(code.name) + len(code.file) + len(code.linetable)
 
 
 def _decode(raw: bytes, state: int, length: int) -> tuple[str, bool]:
