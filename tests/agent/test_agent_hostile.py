@@ -183,3 +183,40 @@ def test_return_addresses_made_up_by_a_process_are_not_probed(libcuda, agent_for
         assert any("4 return addresses were not probed" in c for c in agent.snapshot().comments)
     finally:
         caller.close()
+
+
+def named_310(root: Path, file: str, line: int, co_name: str) -> str:
+    """How the agent names a 3.10 frame of a process whose root is *root* (its code object as the kernel copies
+    it); on a thread, so that a read that blocks fails the test."""
+    from gpuflame.agent.events import CodeRecord
+    from gpuflame.agent.py_offsets import OFFSETS
+    from gpuflame.agent.pyremote import CodeReader, Memory
+
+    reader = CodeReader(Memory(os.getpid()), "3.10", OFFSETS["3.10"], root=str(root))
+    ascii_state = 1 << 6
+    record = CodeRecord(os.getpid(), 0x1000, line, ascii_state, ascii_state, len(co_name), len(file), 0,
+                        co_name.encode(), file.encode(), b"")
+    got: list[str] = []
+    naming = threading.Thread(target=lambda: (reader.remember(record), got.append(reader.code(0x1000).name)),
+                              daemon=True)
+    naming.start()
+    naming.join(60)
+    reader.memory.close()
+    assert not naming.is_alive(), "reading the process's source blocked"
+    return got[0]
+
+
+def test_a_310_source_is_read_inside_the_process_root(tmp_path):
+    """3.10 has no co_qualname: the class is read from the source the code object names, inside the process's
+    root only: a link out of it (to a host file) or a FIFO gives the bare function name."""
+    source = "class Model:\n    def forward(self):\n        pass\n"
+    host = tmp_path / "host.py"
+    host.write_text(source.replace("Model", "HostSecret"))
+    root = tmp_path / "rootfs"
+    (root / "app").mkdir(parents=True)
+    (root / "app/model.py").write_text(source)
+    (root / "app/linked.py").symlink_to(host)
+    os.mkfifo(root / "app/fifo.py")
+    assert named_310(root, "/app/model.py", 2, "forward") == "Model > forward"
+    assert named_310(root, "/app/linked.py", 2, "forward") == "forward"
+    assert named_310(root, "/app/fifo.py", 2, "forward") == "forward"

@@ -30,7 +30,8 @@ class Process:
         if self.interpreter is not None and procs.supported(self.interpreter.version):
             offsets = OFFSETS[self.interpreter.version]
             try:
-                self.reader = CodeReader(Memory(pid), self.interpreter.version, offsets, root=f"/proc/{pid}/root")
+                self.reader = CodeReader(Memory(pid), self.interpreter.version, offsets, root=f"/proc/{pid}/root",
+                                         root_when_gone="/" if procs.sees_host_files(pid) else "")
             except OSError:
                 pass  # it ended between reading its maps and opening its memory (a fork child: the parent's)
         self._maps: list[procs.Mapping] = []

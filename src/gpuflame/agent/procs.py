@@ -57,6 +57,15 @@ def in_root(pid: int, path: str) -> str:
     return f"/proc/{pid}/root{path}"
 
 
+def sees_host_files(pid: int) -> bool:
+    """The process has this agent's mount namespace and root (not a container's): its paths are the host's."""
+    try:
+        same_ns = os.stat(f"/proc/{pid}/ns/mnt").st_ino == os.stat("/proc/self/ns/mnt").st_ino
+        return same_ns and os.path.samestat(os.stat(f"/proc/{pid}/root"), os.stat("/"))
+    except OSError:
+        return False
+
+
 def as_seen(path: str) -> str:
     """A ``/proc/PID/root/…`` path as its process sees it, for messages."""
     return re.sub(r"^/proc/\d+/root(?=/)", "", path)
