@@ -91,6 +91,7 @@ NO_PYTHON_STACK = Frame("<no Python stack>", kind=SYNTHETIC)
 TOO_EARLY = Frame("<before the agent knew the process>", kind=SYNTHETIC)
 TRUNCATED = Frame("<deeper frames not recorded>", kind=SYNTHETIC)
 
+OUTPUT_MODE = 0o600  # the agent's profiles hold every process's stacks and pods: for their owner only
 CAPABILITIES = {"CAP_BPF": 39, "CAP_PERFMON": 38, "CAP_SYS_PTRACE": 19}
 CAP_SYS_ADMIN = 21
 
