@@ -106,3 +106,24 @@ def test_lru_forgets_by_count_and_by_weight():
     assert len(cache) == 3 and 1 not in cache and cache.get(4) == b"x"
     cache[9] = bytes(9)
     assert cache.weight <= 10 and 9 in cache and len(cache) == 2
+
+
+def test_stacks_beyond_the_limit_are_booked_under_one(start_target, agent_for):
+    """A process making ever new stacks: the agent names only so many (here 3); the rest are booked under one
+    synthetic stack, counted and said, and no byte is lost."""
+    from agent_expected import replay, rows
+    from agent_helpers import wait_for
+
+    target = start_target("3.11")
+    target.ready()
+    agent = agent_for(target.pid)
+    agent.max_stacks = 3
+    target.run("basic")
+    target.run("threads")
+    want = sum(v[4] for v in replay(target.records).values())
+    assert wait_for(lambda: agent.snapshot().totals()["alloc_space"] == want)
+    profile = agent.snapshot()
+    stacks = {key[2] for key in rows(profile)}
+    assert len(stacks) <= 4 and (("<stacks beyond the agent's limit>", "", 0),) in stacks
+    assert agent.stats()["stacks_over_limit"] > 0
+    assert any("<stacks beyond the agent's limit>" in c for c in profile.comments)

@@ -90,6 +90,9 @@ UPROBE_PROGRAMS = ("alloc_enter", "pitch_enter", "create_enter", "free_enter", "
 NO_PYTHON_STACK = Frame("<no Python stack>", kind=SYNTHETIC)
 TOO_EARLY = Frame("<before the agent knew the process>", kind=SYNTHETIC)
 TRUNCATED = Frame("<deeper frames not recorded>", kind=SYNTHETIC)
+OVER_LIMIT = (Frame("<stacks beyond the agent's limit>", kind=SYNTHETIC),)
+MAX_STACKS = 1 << 18  # distinct stacks named (each a row of the ledger and of the profile)
+MAX_RAW_STACK_BYTES = 64 << 20  # the raw frames kept to recognise stacks already named
 
 OUTPUT_MODE = 0o600  # the agent's profiles hold every process's stacks and pods: for their owner only
 CAPABILITIES = {"CAP_BPF": 39, "CAP_PERFMON": 38, "CAP_SYS_PTRACE": 19}
@@ -175,12 +178,14 @@ class Agent:
         self._unprobeable: set[tuple[int, int]] = set()
         self.counts = {"not_registered": 0, "no_thread": 0, "truncated": 0, "untracked": 0, "handler_errors": 0,
                        "results_next_entry": 0, "results_unknown": 0, "results_unread": 0, "sites_unprobed": 0,
-                       "sites_unverified": 0}
+                       "sites_unverified": 0, "stacks_over_limit": 0}
         self.started_ns = 0
         self.first_event_ns = 0
         self._stacks: list[tuple[Frame, ...]] = []
         self._stack_ids: dict[tuple[Frame, ...], int] = {}
         self._raw_ids: dict[tuple[int, bytes], int] = {}
+        self._raw_bytes = 0  # the raw stacks kept as keys
+        self.max_stacks = MAX_STACKS
         self._labels: dict[int, dict[str, str]] = {}
         self._waiting: dict[int, float] = {}  # pid -> until when to look for its interpreter
         self._lock = threading.Lock()
@@ -577,6 +582,10 @@ class Agent:
             proc = self._register(h.tgid)
         if proc is None:
             return None
+        if len(self._stacks) >= self.max_stacks or self._raw_bytes >= MAX_RAW_STACK_BYTES:
+            self.counts["stacks_over_limit"] += 1  # a process making stacks without end: bounded, and said
+            return self._intern(OVER_LIMIT)
+        self._raw_bytes += len(raw[1])
         stack = self._raw_ids[raw] = self._intern(self._frames(proc, h, data))
         return stack
 
@@ -619,6 +628,7 @@ class Agent:
         if proc is not None:
             proc.close()
         self._raw_ids = {k: v for k, v in self._raw_ids.items() if k[0] != pid}
+        self._raw_bytes = sum(len(raw) for _, raw in self._raw_ids)
 
     # -- results --------------------------------------------------------------------
 
@@ -693,6 +703,8 @@ def loss_notes(stats: dict[str, int], probes: str = "") -> list[str]:
         "results_unread": "allocations were not counted: entry-only probes, their result was never read "
                           "(the process ended or the agent stopped before a return probe saw it)",
         "sites_unprobed": "return sites could not be probed (entry-only probes): results read at the next call",
+        "stacks_over_limit": "allocations were booked under <stacks beyond the agent's limit> (too many distinct "
+                             "stacks)",
         "sites_unverified": "return addresses were not probed: not verified as right after a call into the driver "
                             "in the file mapped there (entry-only probes); results read at the next call",
     }
