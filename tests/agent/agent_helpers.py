@@ -109,13 +109,13 @@ class NativeCaller:
     The agent is started between the two (a process that is already running when it attaches).
     """
 
-    def __init__(self, code: str, libcuda: str, folder: Path) -> None:
+    def __init__(self, code: str, libcuda: str, folder: Path, prefix: tuple[str, ...] = ()) -> None:
         source, exe = folder / "caller.c", folder / "caller"
         source.write_text(code)
         lib_dir = os.path.dirname(libcuda)
         subprocess.run(["gcc", "-O0", "-fno-omit-frame-pointer", "-rdynamic", str(source), "-o", str(exe),
                         f"-L{lib_dir}", "-l:libcuda.so.1", f"-Wl,-rpath,{lib_dir}"], check=True)
-        self.proc = subprocess.Popen([str(exe)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen([*prefix, str(exe)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self.pid = self.proc.pid
         assert self._line() == "ready"
 

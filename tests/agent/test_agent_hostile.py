@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import stat
+import subprocess
 import threading
 from pathlib import Path
 
@@ -220,3 +222,30 @@ def test_a_310_source_is_read_inside_the_process_root(tmp_path):
     assert named_310(root, "/app/model.py", 2, "forward") == "Model > forward"
     assert named_310(root, "/app/linked.py", 2, "forward") == "forward"
     assert named_310(root, "/app/fifo.py", 2, "forward") == "forward"
+
+
+def test_native_frames_are_named_from_the_file_mapped(libcuda, agent_for, tmp_path):
+    """A process in its own mount namespace mounts another file over its executable's path: its native frames
+    are still named from the file it maps, not from what its path now leads to."""
+    from test_agent_stacks import NATIVE_CALLER
+
+    if shutil.which("nsenter") is None:
+        pytest.skip("no nsenter")
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    caller = NativeCaller(NATIVE_CALLER, libcuda, folder, prefix=("unshare", "--mount", "--propagation", "private"))
+    try:
+        decoy = tmp_path / "decoy"
+        decoy.mkdir()
+        shutil.copy("/bin/true", decoy / "caller")
+        subprocess.run(["nsenter", "-t", str(caller.pid), "-m", "mount", "--bind", str(decoy), str(folder)],
+                       check=True)
+        assert "allocate_weights" not in Path(f"/proc/{caller.pid}/root{folder}/caller").read_bytes().decode("latin-1")
+        agent = agent_for(caller.pid)
+        caller.go()
+        assert wait_for(lambda: agent.snapshot().totals()["alloc_space"] == 3 * 4096)
+        profile = agent.snapshot().compact()
+        (sample,) = profile.samples
+        assert [f.name for f in profile.stack_frames(sample)][:2] == ["allocate_weights", "main"]
+    finally:
+        caller.close()

@@ -57,6 +57,17 @@ def in_root(pid: int, path: str) -> str:
     return f"/proc/{pid}/root{path}"
 
 
+def mapped_file(pid: int, m: Mapping) -> str:
+    """A path that opens the very file of mapping *m* (``/proc/PID/map_files``, needing CAP_SYS_ADMIN), else
+    its path inside the process's root (where a link of the process's may lead elsewhere; the reads are capped)."""
+    exact = f"/proc/{pid}/map_files/{m.start:x}-{m.end:x}"
+    try:
+        os.stat(exact)
+        return exact
+    except OSError:
+        return in_root(pid, m.path)
+
+
 def sees_host_files(pid: int) -> bool:
     """The process has this agent's mount namespace and root (not a container's): its paths are the host's."""
     try:
@@ -220,7 +231,7 @@ def interpreter(pid: int) -> Interpreter | None:
     for path in candidates:
         if path not in by_path:
             continue
-        real = in_root(pid, path)
+        real = mapped_file(pid, by_path[path][0])
         elf = elf_file(real)
         if elf is None or "_PyRuntime" not in elf.symbols:
             continue
