@@ -171,10 +171,16 @@ int main(int argc, char **argv) {
 """
 
 
-def test_return_addresses_made_up_by_a_process_are_not_probed(libcuda, agent_for, tmp_path):
+@pytest.mark.parametrize("map_files", [True, False])
+def test_return_addresses_made_up_by_a_process_are_not_probed(map_files, libcuda, agent_for, tmp_path, monkeypatch):
     """A process enters the driver with return addresses it made up (after a jump, inside an instruction that
     reads as a call, after a call to another function, in a file mapped without execute): none is probed; the
-    genuine call's site (after a call to the driver's PLT stub) is."""
+    genuine call's site (after a call to the driver's PLT stub) is. Without /proc/PID/map_files (the DaemonSet
+    has no CAP_SYS_ADMIN), the file is found by its path and checked to be the one mapped."""
+    from gpuflame.agent import procs
+
+    if not map_files:
+        monkeypatch.setattr(procs, "MAP_FILES", "/nonexistent/{pid}/{start:x}-{end:x}")
     caller = NativeCaller(HOSTILE_CALLER, libcuda, tmp_path)
     try:
         agent = agent_for(caller.pid, probes="entry")
@@ -226,7 +232,7 @@ def test_a_310_source_is_read_inside_the_process_root(tmp_path):
 
 def test_native_frames_are_named_from_the_file_mapped(libcuda, agent_for, tmp_path):
     """A process in its own mount namespace mounts another file over its executable's path: its native frames
-    are still named from the file it maps, not from what its path now leads to."""
+    are named from the file it maps (/proc/PID/map_files), not from what its path now leads to."""
     from test_agent_stacks import NATIVE_CALLER
 
     if shutil.which("nsenter") is None:
@@ -249,3 +255,20 @@ def test_native_frames_are_named_from_the_file_mapped(libcuda, agent_for, tmp_pa
         assert [f.name for f in profile.stack_frames(sample)][:2] == ["allocate_weights", "main"]
     finally:
         caller.close()
+
+
+def test_without_map_files_mapped_files_are_read_inside_the_root(container, monkeypatch):
+    """Without /proc/PID/map_files (no CAP_SYS_ADMIN), a mapped file is opened by its path inside the process's
+    root: a container whose paths link to the host's files gets nothing read from the host."""
+    from gpuflame.agent import procs
+
+    c = container()
+    root = Path(f"/proc/{c.pid}/root").resolve()
+    for path in {m.path for m in procs.maps(c.pid)}:  # each file it maps: a link to the host's copy
+        link = root / path.lstrip("/")
+        link.parent.mkdir(parents=True, exist_ok=True)
+        if not link.exists():
+            link.symlink_to(path)
+    assert procs.interpreter(c.pid) is not None  # the very files mapped, through map_files
+    monkeypatch.setattr(procs, "MAP_FILES", "/nonexistent/{pid}/{start:x}-{end:x}")
+    assert procs.interpreter(c.pid) is None  # the links lead nowhere inside the container

@@ -21,12 +21,10 @@ from __future__ import annotations
 
 import mmap
 import os
-import stat
 import struct
 from dataclasses import dataclass
 
 from gpuflame.agent import procs, x86
-from gpuflame.agent.confined import open_in_root
 from gpuflame.agent.elf import PF_X, ElfError, ElfFile, read_elf
 from gpuflame.agent.events import ALLOCS, FREES, INIT
 from gpuflame.agent.lru import LRU
@@ -114,15 +112,9 @@ class Verifier:
 
 
 def _open_mapped(pid: int, m: procs.Mapping) -> int:
-    """The file mapped at *m*, read-only: the mapping itself, else its path inside the process's root."""
-    try:
-        fd = os.open(f"/proc/{pid}/map_files/{m.start:x}-{m.end:x}", os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:  # no CAP_SYS_ADMIN: by path, then the same file as the mapping?
-        fd = open_in_root(f"/proc/{pid}/root", m.path)
-    st = os.fstat(fd)
-    major, minor = (int(x, 16) for x in m.dev.split(":"))
-    if not stat.S_ISREG(st.st_mode) or (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino) != (major, minor,
-                                                                                                   m.inode):
+    """The file mapped at *m*, read-only; found by its path (no map_files), it must be the same file."""
+    fd, exact = procs.open_mapped(pid, m)
+    if not exact and not procs.is_mapped(os.fstat(fd), m):
         os.close(fd)
         raise OSError(f"{m.path} is not the file mapped")
     return fd

@@ -101,7 +101,7 @@ class Process:
         m = self._mapping(addr)
         if m is None:
             return Frame(native_address_name(addr), kind=NATIVE)
-        elf = procs.elf_file(procs.mapped_file(self.pid, m), full=True)
+        elf = procs.mapped_elf(self.pid, m, full=True)
         if elf is not None:
             vaddr = self._file_vaddr(elf, m, addr)
             sym = elf.function_at(vaddr) if vaddr is not None else None

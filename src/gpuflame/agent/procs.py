@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 import struct
 from dataclasses import dataclass
 
+from gpuflame.agent.confined import open_in_root
 from gpuflame.agent.elf import ElfError, ElfFile, read_at, read_elf
 from gpuflame.agent.lru import LRU
 from gpuflame.agent.py_offsets import OFFSETS
@@ -57,15 +59,44 @@ def in_root(pid: int, path: str) -> str:
     return f"/proc/{pid}/root{path}"
 
 
-def mapped_file(pid: int, m: Mapping) -> str:
-    """A path that opens the very file of mapping *m* (``/proc/PID/map_files``, needing CAP_SYS_ADMIN), else
-    its path inside the process's root (where a link of the process's may lead elsewhere; the reads are capped)."""
-    exact = f"/proc/{pid}/map_files/{m.start:x}-{m.end:x}"
+MAP_FILES = "/proc/{pid}/map_files/{start:x}-{end:x}"  # needs CAP_SYS_ADMIN or CAP_CHECKPOINT_RESTORE
+
+
+def map_file(pid: int, m: Mapping) -> str:
+    """The magic link to the very file of mapping *m* (no path resolved)."""
+    return MAP_FILES.format(pid=pid, start=m.start, end=m.end)
+
+
+def open_mapped(pid: int, m: Mapping) -> tuple[int, bool]:
+    """A read-only fd of the file of mapping *m*, and whether it is surely that file: the very file
+    (:func:`map_file`), else its path resolved inside the process's root (no link leads out of it, but the
+    process may have put another file there); raises OSError."""
     try:
-        os.stat(exact)
-        return exact
+        fd, exact = os.open(map_file(pid, m), os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC), True
     except OSError:
-        return in_root(pid, m.path)
+        fd, exact = open_in_root(f"/proc/{pid}/root", m.path), False
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(f"{m.path}: not a regular file")
+    return fd, exact
+
+
+def mapped_elf(pid: int, m: Mapping, full: bool = False) -> ElfFile | None:
+    """The parsed file of mapping *m* (:func:`open_mapped`, :func:`elf_file`)."""
+    try:
+        fd, _exact = open_mapped(pid, m)
+    except OSError:
+        return None
+    try:
+        return elf_file(f"/proc/self/fd/{fd}", full)
+    finally:
+        os.close(fd)
+
+
+def is_mapped(st: os.stat_result, m: Mapping) -> bool:
+    """*st* is the file of mapping *m* (its device and inode)."""
+    major, minor = (int(x, 16) for x in m.dev.split(":"))
+    return (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino) == (major, minor, m.inode)
 
 
 def sees_host_files(pid: int) -> bool:
@@ -231,11 +262,18 @@ def interpreter(pid: int) -> Interpreter | None:
     for path in candidates:
         if path not in by_path:
             continue
-        real = mapped_file(pid, by_path[path][0])
-        elf = elf_file(real)
-        if elf is None or "_PyRuntime" not in elf.symbols:
+        try:
+            fd, _exact = open_mapped(pid, by_path[path][0])
+        except OSError:
             continue
-        version = python_version(real, elf) or python_version(path, elf)
+        try:
+            real = f"/proc/self/fd/{fd}"
+            elf = elf_file(real)
+            if elf is None or "_PyRuntime" not in elf.symbols:
+                continue
+            version = python_version(real, elf) or python_version(path, elf)
+        finally:
+            os.close(fd)
         bias = load_bias(elf, by_path[path])
         if version is None or bias is None:
             continue

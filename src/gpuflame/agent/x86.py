@@ -30,7 +30,7 @@ _IMM8_1 = _bits((0x04, 0x04), (0x0C, 0x0C), (0x14, 0x14), (0x1C, 0x1C), (0x24, 0
 _IMMZ_1 = _bits((0x05, 0x05), (0x0D, 0x0D), (0x15, 0x15), (0x1D, 0x1D), (0x25, 0x25), (0x2D, 0x2D), (0x35, 0x35),
                 (0x3D, 0x3D), (0x68, 0x69), (0x81, 0x81), (0xA9, 0xA9), (0xC7, 0xC7))
 # not valid in 64-bit mode (or not decoded here): the decoding stops
-_INVALID_1 = frozenset(b"\x06\x07\x0e\x16\x17\x1e\x1f\x27\x2f\x37\x3f\x60\x61\x82\x9a\xce\xd4\xd5\xd6\xea\x0f")
+_INVALID_1 = frozenset(b"\x06\x07\x0e\x16\x17\x1e\x1f\x27\x2f\x37\x3f\x60\x61\x82\x9a\xce\xd4\xd5\xd6\xea")
 # two-byte (0f xx) opcodes without a ModRM byte
 _NO_MODRM_2 = frozenset(b"\x05\x06\x07\x08\x09\x0b\x0e\x30\x31\x32\x33\x34\x35\x37\x77\xa0\xa1\xa2\xa8\xa9\xaa") | \
     _bits((0x80, 0x8F), (0xC8, 0xCF))
