@@ -32,7 +32,7 @@ from gpuflame.agent.lru import LRU
 DRIVER_FUNCTIONS = frozenset((*ALLOCS, *FREES, INIT))
 MAX_FUNCTION_BYTES = 1 << 16  # decoded from a function's start to the site; a longer function is not probed
 MAX_SITES = 256  # return sites probed in all (each costs a breakpoint in every process mapping its file)
-FILES_KEPT = 16  # parsed files remembered (by device and inode)
+FILES_KEPT = 16  # parsed files remembered (by device, inode and modification time)
 ENDBR64, BND = b"\xf3\x0f\x1e\xfa", 0xF2
 
 
@@ -57,7 +57,7 @@ class Verifier:
     """Checks return addresses; keeps the last few parsed files."""
 
     def __init__(self) -> None:
-        self._files: LRU[tuple[int, int], ElfFile] = LRU(FILES_KEPT)
+        self._files: LRU[tuple[int, int, int], ElfFile] = LRU(FILES_KEPT)
 
     def site(self, pid: int, addr: int) -> Site | str:
         """The file and offset to probe for return address *addr* of *pid*, or why it is not probed."""
@@ -71,7 +71,7 @@ class Verifier:
         offset = addr - m.start + m.offset
         try:
             st = os.fstat(fd)
-            why = self._verify(fd, (st.st_dev, st.st_ino), offset)
+            why = self._verify(fd, (st.st_dev, st.st_ino, st.st_mtime_ns), offset)
         except (OSError, ElfError, ValueError, struct.error) as exc:
             why = f"its file cannot be read ({exc})"
         if why:
@@ -79,14 +79,14 @@ class Verifier:
             return why
         return Site(fd, offset, (st.st_dev, st.st_ino, offset), m.path)
 
-    def _elf(self, fd: int, key: tuple[int, int]) -> ElfFile:
+    def _elf(self, fd: int, key: tuple[int, int, int]) -> ElfFile:
         elf = self._files.get(key)
         if elf is None:
             elf = self._files[key] = read_elf(f"/proc/self/fd/{fd}", full=False, wanted=DRIVER_FUNCTIONS,
                                               slot_names=DRIVER_FUNCTIONS)
         return elf
 
-    def _verify(self, fd: int, key: tuple[int, int], offset: int) -> str | None:
+    def _verify(self, fd: int, key: tuple[int, int, int], offset: int) -> str | None:
         """Why the instruction at file *offset* is not a verified return site from the driver (None: it is)."""
         elf = self._elf(fd, key)
         vaddr = elf.vaddr_of_offset(offset)
