@@ -17,6 +17,7 @@ from gpuflame.cli.options import add_pyroscope_options, positive_duration
 from gpuflame.defaults import PUSH_INTERVAL_S
 from gpuflame.errors import GpuflameError
 from gpuflame.launch.store import PROFILE_NAME, RunMeta, new_run_folder, store_root
+from gpuflame.printable import printable
 from gpuflame.units import format_bytes
 
 HELP = "profile every CUDA process on this machine (eBPF; no restart, any framework)"
@@ -181,7 +182,7 @@ def _wait(args: argparse.Namespace, agent: object, push: object, done: threading
 def _say(args: argparse.Namespace, output: Path, comments: list[str], totals: dict[str, int], pids: list[int]) -> None:
     lost = comments[1:]
     for note in lost:
-        sys.stderr.write(f"{note}\n")
+        sys.stderr.write(printable(note) + "\n")  # it may name a process's own files
     if args.json:
         sys.stdout.write(json.dumps({"profile": str(output.resolve()), "processes": pids, "totals": totals,
                                      "lost": lost}) + "\n")

@@ -36,13 +36,14 @@ from gpuflame.errors import GpuflameError
 from gpuflame.files import read_bytes
 from gpuflame.formats import loads
 from gpuflame.model import Profile
+from gpuflame.printable import printable
 from gpuflame.render.html import render_html
 from gpuflame.serve import catalog, pages
 from gpuflame.serve.catalog import BadId, NotServed
 
 DATA_CSP = "default-src 'none'; sandbox; frame-ancestors 'none'"
 _META_CSP = re.compile(r'<meta http-equiv="Content-Security-Policy" content="([^"]*)"', re.IGNORECASE)
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")  # not in a header value (the terminal's escaping: printable)
 CACHED_PAGES = 4  # viewer pages can be megabytes each
 
 
@@ -170,7 +171,7 @@ class Handler(BaseHTTPRequestHandler):
             self.wfile.write(response.body)
 
     def _log(self, status: int, reason: str) -> None:
-        sys.stderr.write(_CONTROL.sub("?", f"gpuflame serve: {status} {self.path}: {reason}") + "\n")
+        sys.stderr.write(printable(f"gpuflame serve: {status} {self.path}: {reason}") + "\n")
 
     def _route(self) -> Response:
         if not self._host_allowed():
