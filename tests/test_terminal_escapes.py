@@ -179,3 +179,15 @@ def test_short_path_keeps_its_meaning(path, short):
     from gpuflame.render.terminal import short_path
 
     assert short_path(path) == short
+
+
+def test_the_agents_notes_are_escaped(capsys, tmp_path):
+    """The node agent's notes can name a container's files: its summary escapes them like everything else."""
+    import argparse
+
+    from gpuflame.cli.agent import _say
+
+    comments = ["recorded by gpuflame agent", "lost: /proc/7/root/opt/lib\x1b]0;x\x07cuda.so.1 unreadable"]
+    _say(argparse.Namespace(json=False), tmp_path / "p.pb.gz", comments, {"peak_space": 1, "inuse_space": 1}, [7])
+    err = capsys.readouterr().err
+    assert RAW.findall(err) == [] and "lib\\x1b]0;x\\x07cuda" in err

@@ -112,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
         raise GpuflameError(str(exc)) from None
     done = threading.Event()
     previous = {sig: signal.signal(sig, lambda _s, _f: done.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
-    sys.stderr.write(agent.watching() + "\n")
+    sys.stderr.write(printable(agent.watching()) + "\n")  # it names files in containers
     sys.stderr.flush()
     try:
         _wait(args, agent, push, done)
