@@ -535,6 +535,11 @@ def test_push_command_uploads_a_file(server: Server, tmp_path: Path, push_pb2, p
         capture_output=True, text=True, env={**env, "GPUFLAME_PYROSCOPE_TOKEN": TOKEN}, timeout=60,
     )
     assert done.returncode == 2 and "HTTP 401" in done.stderr and TOKEN not in done.stderr
+    server.mode = "garbage"
+    done = subprocess.run([sys.executable, "-m", "gpuflame", "push", str(path), "--url", server.url],
+                          capture_output=True, text=True, env=env, timeout=60)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and RAW.findall(done.stderr) == []
+    assert "not HTTP: \\x1b[2J" in done.stderr and len(done.stderr) < 2 * EXCERPT + 200
 
 
 def test_the_demo_pushes_its_kv_cache_and_weights_by_name(
