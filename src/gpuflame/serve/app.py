@@ -123,7 +123,17 @@ class HostNames:
         if header is None:  # HTTP/1.0 without a Host: not what a browser sends
             return True
         name = host_name(header)
-        return is_loopback(name) or name in self.names or name == local_address.lower()
+        return is_loopback(name) or name in self.names or name in _spellings(local_address)
+
+
+def _spellings(address: str) -> set[str]:
+    """An address as a Host header may write it (a dual-stack socket sees IPv4 clients as ::ffff:a.b.c.d)."""
+    try:
+        ip = ipaddress.ip_address(address.split("%", 1)[0])
+    except ValueError:
+        return {address.lower()}
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return {address.lower(), str(ip), *([str(mapped)] if mapped else [])}
 
 
 class Server(ThreadingHTTPServer):
