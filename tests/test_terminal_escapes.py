@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from gpuflame.formats import save
-from gpuflame.model import Frame, Profile, memory_sample_types
+from gpuflame.model import Frame, Profile, SampleType, memory_sample_types
 from gpuflame.model.phases import PhaseStat
 from gpuflame.printable import printable
 from test_cli_analysis import run
@@ -76,6 +76,17 @@ def test_every_analysis_command_escapes_hostile_names(capsys, hostile, argv):
     rc, out, err = run(capsys, command, hostile, *rest)
     assert_clean(rc, out, err)
     assert "\\x1b" in out + err, "the escape is shown, as text"
+
+
+@pytest.mark.parametrize("command", ["report", "top", "flame", "diff"])
+def test_hostile_sample_type_names_are_escaped(capsys, tmp_path, command):
+    profile = Profile(sample_types=[SampleType("evil\x1b[2J_space", "bytes"), SampleType("n\x9b2J", "count")])
+    profile.add([Frame("f", "/a.py", 1)], [1 << 20, 1])
+    path = tmp_path / "types.pb.gz"
+    save(profile, path)
+    rc, out, err = run(capsys, command, path, *([path] if command == "diff" else []))
+    assert_clean(rc, out, err)
+    assert "evil\\x1b[2J_space" in out
 
 
 def test_rich_markup_in_a_name_is_shown_as_written(capsys, hostile):
