@@ -18,6 +18,7 @@ from gpuflame.defaults import PUSH_INTERVAL_S
 from gpuflame.errors import GpuflameError
 from gpuflame.files import atomic_write
 from gpuflame.launch.store import PROFILE_NAME, RunMeta, new_run_folder, store_root
+from gpuflame.printable import printable
 from gpuflame.units import format_bytes
 
 PRIVATE_FOLDER_MODE = 0o700  # the run folder of a profile written to the store (its meta.json lists the pids)
@@ -114,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
         raise GpuflameError(str(exc)) from None
     done = threading.Event()
     previous = {sig: signal.signal(sig, lambda _s, _f: done.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
-    sys.stderr.write(agent.watching() + "\n")
+    sys.stderr.write(printable(agent.watching()) + "\n")  # it names files in containers
     sys.stderr.flush()
     try:
         _wait(args, agent, push, done)
@@ -194,7 +195,7 @@ def _wait(args: argparse.Namespace, agent: object, push: object, done: threading
 def _say(args: argparse.Namespace, output: Path, comments: list[str], totals: dict[str, int], pids: list[int]) -> None:
     lost = comments[1:]
     for note in lost:
-        sys.stderr.write(f"{note}\n")
+        sys.stderr.write(printable(note) + "\n")  # it may name a process's own files
     if args.json:
         sys.stdout.write(json.dumps({"profile": str(output.resolve()), "processes": pids, "totals": totals,
                                      "lost": lost}) + "\n")

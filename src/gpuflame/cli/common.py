@@ -33,6 +33,7 @@ from gpuflame.model.functions import missing_def_lines_note
 from gpuflame.model.moment import When, parse_when
 from gpuflame.model.peak import is_exact
 from gpuflame.model.profile import Profile
+from gpuflame.printable import printable
 from gpuflame.symbols.names import CACHED_FREE, TRAMPOLINE_NAME
 from gpuflame.symbols.qualnames import Resolver
 from gpuflame.symbols.source_paths import SourceMap, parse_root
@@ -288,8 +289,8 @@ def _frame_count(profile: Profile) -> int:
 def _warn_no_match(args: argparse.Namespace, option: str, profile: Profile, pattern: str) -> None:
     """A pattern that matched nothing is a typo more often than not: say so (pprof: "matched no samples")."""
     if profile.samples:
-        sys.stderr.write(f"{command_prefix(args)}: warning: {option} changed nothing: "
-                         f"{no_match_message(profile.frames, pattern)}\n")
+        sys.stderr.write(printable(f"{command_prefix(args)}: warning: {option} changed nothing: "
+                                   f"{no_match_message(profile.frames, pattern)}") + "\n")
 
 
 def _focus(profile: Profile, name: str) -> Profile:

@@ -16,6 +16,7 @@ from typing import NoReturn, Protocol, cast
 
 from gpuflame import __version__
 from gpuflame.errors import GpuflameError
+from gpuflame.printable import printable
 
 # Order is the order of ``gpuflame --help``.
 COMMANDS = ("run", "report", "flame", "view", "serve", "top", "explain", "diff", "export", "convert", "push", "webhook")
@@ -58,7 +59,7 @@ class ArgumentParser(argparse.ArgumentParser):
     """argparse that reports a wrong flag in one line instead of a usage dump."""
 
     def error(self, message: str) -> NoReturn:
-        sys.stderr.write(f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        sys.stderr.write(printable(f"{self.prog}: error: {message} (see {self.prog} --help)") + "\n")
         raise SystemExit(2)
 
 
@@ -102,7 +103,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.handler(args) or 0)
     except GpuflameError as exc:
-        sys.stderr.write(f"gpuflame {args.command}: error: {exc}\n")
+        sys.stderr.write(printable(f"gpuflame {args.command}: error: {exc}") + "\n")  # it may quote a file
         return 2
     except KeyboardInterrupt:
         sys.stderr.write("gpuflame: interrupted\n")
@@ -115,8 +116,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:  # a bug in gpuflame: still one line, unless asked
         if os.environ.get("GPUFLAME_DEBUG"):
             raise
-        sys.stderr.write(
+        sys.stderr.write(printable(
             f"gpuflame {args.command}: internal error: {type(exc).__name__}: {exc} "
-            "(set GPUFLAME_DEBUG=1 for a traceback, and please report it)\n"
-        )
+            "(set GPUFLAME_DEBUG=1 for a traceback, and please report it)"
+        ) + "\n")
         return 3

@@ -189,5 +189,6 @@ def _print_report(profile: Profile, type_name: str | None, limit: int) -> None:
     from gpuflame.render.terminal import PIPE_WIDTH, render_report
 
     tree = build_tree(profile, profile.pick_type(type_name))
-    console = Console(file=sys.stdout, highlight=False, force_jupyter=False, color_system=None, width=PIPE_WIDTH)
+    console = Console(file=sys.stdout, highlight=False, markup=False, emoji=False, force_jupyter=False,
+                      color_system=None, width=PIPE_WIDTH)
     render_report(console, build_report(profile, tree, limit), "last %%gpuflame cell")
