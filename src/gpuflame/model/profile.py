@@ -174,7 +174,8 @@ class Profile:
         """The type the user asked for, else the profile's default, else by preference.
 
         Preference follows README's sample types: peak (the OOM question), then in-use,
-        then allocated, then whatever comes first.
+        then allocated, then the last type, as pprof takes it when a file names no
+        default (JAX's device-memory profiles list ``allocations`` before ``space``).
         """
         if name:
             return self.type_index(name)
@@ -186,7 +187,7 @@ class Profile:
                 return names.index(preferred)
         if not names:
             raise UnknownSampleTypeError("this profile has no sample types")
-        return 0
+        return len(names) - 1
 
     # -- reading ----------------------------------------------------------
 
