@@ -181,7 +181,8 @@ def test_xdist_workers_results_are_merged(pytester: pytest.Pytester) -> None:
 @pytest.mark.parametrize(
     ("option", "said"),
     [
-        (["--gpuflame-tolerance", "lots"], "--gpuflame-tolerance: not a size: 'lots'"),
+        (["--gpuflame-tolerance", "lots"], "--gpuflame-tolerance: not a tolerance: 'lots' (examples: 5%, 0%, 1MiB)"),
+        (["--gpuflame-tolerance=-5%"], "--gpuflame-tolerance: not a tolerance: '-5%' (examples: 5%, 0%, 1MiB)"),
         (["--gpuflame-backend", "cobol"], "--gpuflame-backend must be one of auto, torch-cuda, torch, jax"),
     ],
 )
@@ -190,6 +191,7 @@ def test_bad_options_are_one_line(pytester: pytest.Pytester, option: list[str], 
     result = pytester.runpytest(*option)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert said in result.stderr.str() and "Traceback" not in result.stderr.str()
+    assert result.stderr.str().count("(examples") <= 1
 
 
 def test_a_bad_limit_fails_the_test_in_one_line(pytester: pytest.Pytester) -> None:

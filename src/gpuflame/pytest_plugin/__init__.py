@@ -72,7 +72,7 @@ def _tolerance(text: str) -> Any:
     try:
         return Tolerance.parse(text)
     except ValueError as exc:
-        raise pytest.UsageError(f"--gpuflame-tolerance: {exc} (examples: 5%, 0%, 1MiB)") from None
+        raise pytest.UsageError(f"--gpuflame-tolerance: {exc}") from None
 
 
 def _check_backend(name: str) -> None:
