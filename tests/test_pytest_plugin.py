@@ -166,6 +166,27 @@ def test_fail_on_increase_after_the_test_allocates_twice_as_much(pytester: pytes
     lenient.assert_outcomes(passed=2)
 
 
+def test_fail_on_increase_without_a_baseline_says_it_compared_nothing(pytester: pytest.Pytester) -> None:
+    """With pytest's cache off, a 2x growth cannot fail: the run must say so, not read as checked."""
+    pytester.makepyfile(test_growth=GROWING.format(size="4 << 20"))
+    pytester.runpytest("--gpuflame", "-p", "no:cacheprovider").assert_outcomes(passed=2)
+    pytester.makepyfile(test_growth=GROWING.format(size="(4 << 20) * 2"))
+    result = pytester.runpytest("--gpuflame-fail-on-increase", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=2)
+    assert "--gpuflame-fail-on-increase compared nothing: pytest's cache is off (-p no:cacheprovider)" in (
+        result.stdout.str()
+    )
+
+
+def test_fail_on_increase_on_a_first_run_names_the_tests_without_a_baseline(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_growth=GROWING.format(size="4 << 20"))
+    first = pytester.runpytest("--gpuflame-fail-on-increase")
+    first.assert_outcomes(passed=2)
+    assert "2 tests had no peak from an earlier run to compare with" in first.stdout.str()
+    again = pytester.runpytest("--gpuflame-fail-on-increase")
+    assert "had no peak from an earlier run" not in again.stdout.str()
+
+
 def test_xdist_workers_results_are_merged(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_suite=SUITE)
     result = pytester.runpytest_subprocess("-n", "2", "--gpuflame")
