@@ -27,6 +27,9 @@ from gpuflame.model import Profile
 from gpuflame.model import filter as pfilter
 from gpuflame.model.profile import NATIVE, PYTHON, SYNTHETIC, TRAMPOLINE_KIND
 from gpuflame.symbols.names import ALLOCATOR_ROUNDING, CACHED_FREE, display_name
+from gpuflame.units import format_bytes
+
+DATA = Path(__file__).parent / "data"
 
 FIXTURES = Path(__file__).parent / "fixtures"
 sys.path.insert(0, str(FIXTURES))
@@ -572,3 +575,25 @@ def save_bytes(profile: Profile) -> bytes:
     from gpuflame.formats import pprof
 
     return pprof.encode(profile)
+
+
+def test_memory_without_a_stack_is_explained_with_its_share(snapshots, profiles) -> None:
+    """``<allocated before the trace>`` and ``<no stack recorded>`` each get one note: how much, and why."""
+    profile = profiles["handwritten_overflowed_trace"]
+    i = profile.pick_type()
+    before = sum(s.values[i] for s in profile.samples
+                 if s.stack and profile.frames[s.stack[0]].name == "<allocated before the trace>")
+    assert before > 0
+    [note] = [c for c in profile.comments if c.startswith("<allocated before the trace>: ")]
+    assert format_bytes(before) in note and "ring buffer had wrapped" in note and "max_entries" in note
+
+
+def test_a_real_snapshot_of_weights_loaded_before_recording_says_why_they_have_no_stack() -> None:
+    profile = torch_snapshot.decode((DATA / "torch-snapshot-Wedsonlin-medium_128_inference.pickle.gz").read_bytes())
+    i = profile.pick_type()
+    held = sum(s.values[i] for s in profile.samples
+               if s.stack and profile.frames[s.stack[0]].name == "<no stack recorded>")
+    total = sum(s.values[i] for s in profile.samples)
+    [note] = [c for c in profile.comments if c.startswith("<no stack recorded>: ")]
+    assert f"{format_bytes(held)} of peak_space ({100 * held / total:.0f}%)" in note
+    assert "_record_memory_history" in note
