@@ -111,6 +111,32 @@ def test_weights_of_a_model_freed_before_the_profile_stay_parameters(recorder: s
     assert by_category(profile, INUSE).get("parameter", 0) == 0
 
 
+@pytest.mark.parametrize("recorder", RECORDERS)
+def test_gradients_without_an_optimizer_are_gradients(recorder: str) -> None:
+    """A hand-written SGD step (no torch.optim) that drops the gradients: at the peak they were gradients,
+    not the activations their backward-pass stack suggests."""
+
+    def train() -> int:
+        torch.manual_seed(0)
+        model = transformers.LlamaForCausalLM(tiny_llama_config())
+        ids = torch.randint(0, 128, (2, 16))
+        grads = 0
+        for _ in range(2):
+            model(input_ids=ids, labels=ids).loss.backward()
+            grads = sum(p.grad.untyped_storage().nbytes() for p in model.parameters())
+            scratch = torch.empty(16 << 20, dtype=torch.uint8)  # the peak: every gradient alive, no activation
+            del scratch
+            with torch.no_grad():
+                for p in model.parameters():
+                    p -= 1e-3 * p.grad
+                    p.grad = None
+        return grads
+
+    profile, grads, _ = record(RECORDERS[recorder], train)
+    assert grads > 300_000
+    assert by_category(profile, PEAK)["gradient"] == grads
+
+
 def test_stack_category_rules() -> None:
     fwd = Frame("LlamaMLP > forward", "/x/modeling_llama.py", 3)
     cache = Frame("StaticLayer > lazy_initialization", "/site-packages/transformers/cache_utils.py", 9)

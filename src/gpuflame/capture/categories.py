@@ -20,8 +20,9 @@ activations. Two sources, the first that knows wins:
    ``forward`` or a ``backward`` frame is ``activation``; anything else is
    ``other``.
 
-Blind spots: a block freed before any snapshot or optimizer step saw it in
-the graph is classed by its stack alone (a gradient of a loop without a
+Blind spots: a block freed before any snapshot, optimizer step or
+registration hook saw it is classed by its stack alone (the gradient of a
+parameter made before the recording started, in a loop without a
 ``torch.optim`` optimizer, freed before the profile is taken, is an
 ``activation``: it was made in backward); a storage shared by two roles
 takes the first of parameter, gradient, optimizer state, KV cache; tensors
@@ -275,7 +276,10 @@ class EventTagger:
     registers is tagged ``parameter`` then and there, so a model freed before
     the profile is written (the demo's, at exit) keeps its weights classed
     whoever allocated them (``LlamaRMSNorm``'s ``torch.ones``, not only
-    ``torch.nn``'s own modules). One Python call per registration.
+    ``torch.nn``'s own modules), and such a parameter's gradient is tagged
+    ``gradient`` when autograd accumulates it, with or without an optimizer
+    (a post-accumulate-grad hook, removed at stop). One Python call per
+    registration and per parameter per backward pass.
     """
 
     def __init__(self, key: StorageKey, tag: Callable[[dict[int, str]], None]) -> None:
@@ -294,7 +298,7 @@ class EventTagger:
         module = sys.modules.get("torch.nn.modules.module")
         if module is not None and hasattr(module, "register_module_parameter_registration_hook"):
             self.handles += [
-                module.register_module_parameter_registration_hook(self._on_weight),
+                module.register_module_parameter_registration_hook(self._on_parameter),
                 module.register_module_buffer_registration_hook(self._on_weight),
             ]
 
@@ -307,6 +311,24 @@ class EventTagger:
         try:
             self.tag(optimizer_roles(optimizer, self.key))
         except Exception:  # noqa: BLE001 - a failed tag loses a category, never the step
+            self.failed += 1
+
+    def _on_parameter(self, module: Any, name: str, value: Any) -> None:
+        """A parameter is a weight now, and its gradient a gradient once autograd accumulates it."""
+        self._on_weight(module, name, value)
+        if getattr(value, "requires_grad", False) and hasattr(value, "register_post_accumulate_grad_hook"):
+            try:
+                self.handles.append(value.register_post_accumulate_grad_hook(self._on_grad))
+            except Exception:  # noqa: BLE001 - a failed hook loses a category, never the module
+                self.failed += 1
+
+    def _on_grad(self, parameter: Any) -> None:
+        try:
+            roles: dict[int, str] = {}
+            _assign(roles, self.key, GRADIENT, (parameter.grad,))
+            if roles:
+                self.tag(roles)
+        except Exception:  # noqa: BLE001 - a failed tag loses a category, never the backward pass
             self.failed += 1
 
     def _on_weight(self, module: Any, name: str, value: Any) -> None:
