@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -315,7 +316,22 @@ def load_for_analysis(args: argparse.Namespace, paths: Sequence[str]) -> Loaded:
     if note:  # older gpuflame files, py-spy's, Go's: say why a bar has no line
         profile.comments.append(note)
     index = profile.pick_type(args.type)
-    return Loaded(apply_filters(profile, args, index), index, ", ".join(paths))
+    shown = " ".join([", ".join(paths), *filters_applied(args)])
+    return Loaded(apply_filters(profile, args, index), index, shown)
+
+
+def filters_applied(args: argparse.Namespace) -> list[str]:
+    """The filter flags of *args* as a user would type them: a header that shows a filtered profile says so."""
+    words = [f"--label {shlex.quote(f'{k}={v}')}" for k, v in args.label]
+    words += ["--no-cached"] if args.no_cached else []
+    words += [f"--ignore {shlex.quote(p)}" for p in args.ignore]
+    words += [f"--focus {shlex.quote(args.focus)}"] if args.focus else []
+    words += [f"--hide {shlex.quote(p)}" for p in args.hide]
+    words += ["--hide-trampolines"] if args.hide_trampolines else []
+    if args.prune_framework:
+        words.append(f"--prune-framework={args.prune_framework}")
+    words += [f"--min-size {args.min_size}"] if args.min_size else []
+    return words
 
 
 def print_json(data: Any) -> None:
