@@ -552,7 +552,8 @@ def test_timeline_peaks_at_the_peak_and_ends_at_the_end_state(snapshots, profile
         )
         assert points[-1][1] == end
         times = [e["time_us"] * 1000 for e in snap["device_traces"][dev]]
-        assert points[0][0] == min(times) and points[-1][0] == max(times)
+        every = [e["time_us"] * 1000 for t in snap["device_traces"] for e in t]  # the devices' one clock
+        assert points[0][0] == min(times) and points[-1][0] == max(every)
         assert [t for t, _ in points] == sorted(t for t, _ in points)
 
 
@@ -597,3 +598,18 @@ def test_a_real_snapshot_of_weights_loaded_before_recording_says_why_they_have_n
     [note] = [c for c in profile.comments if c.startswith("<no stack recorded>: ")]
     assert f"{format_bytes(held)} of peak_space ({100 * held / total:.0f}%)" in note
     assert "_record_memory_history" in note
+
+
+def test_a_device_whose_trace_ends_first_still_holds_its_memory_on_the_strip(profiles) -> None:
+    """Devices share one clock: cuda:1's last event comes 0.9 ms before cuda:0's, and what it holds then
+    stays held (the strip dropped it to 0 and undercounted a real multi-GPU peak by a whole device)."""
+    timeline = profiles["handwritten_two_devices"].timeline
+    series = {dict(labels)["device"]: points for labels, points in timeline.series.items()}
+    end = max(points[-1][0] for points in series.values())
+    assert all(points[-1][0] == end for points in series.values())
+    total = timeline.total()
+    assert total[-1] == (end, sum(points[-1][1] for points in series.values()))
+    # every moment of the strip counts each device at its last value so far
+    for t, b in dict(total).items():  # the last point of each instant
+        held = sum(max((p for p in points if p[0] <= t), default=(0, 0))[1] for points in series.values())
+        assert b == held, t

@@ -329,6 +329,8 @@ class _Converter:
         self._devices_without_trace()
         self._note_unknown_def_lines()
         if times:
+            self._hold_to_the_end(max(t for _, t in times) * 1000)
+        if times:
             first = min(t for t, _ in times)
             last = max(t for _, t in times)
             self.profile.time_nanos = first * 1000
@@ -358,6 +360,17 @@ class _Converter:
                 f"{unplaced:,} stacks had C++ frames between two Python frames whose place is not known "
                 "(CPython 3.11+ runs several Python frames in one C frame); they are left out"
             )
+
+    def _hold_to_the_end(self, end_ns: int) -> None:
+        """Carry each device's series to the snapshot's last event: the devices share one clock, and a
+        device whose trace ends first still holds its memory (a strip that dropped it to 0 undercounted
+        a multi-GPU peak by a whole device)."""
+        timeline = self.profile.timeline
+        if timeline is None:
+            return
+        for labels, points in timeline.series.items():
+            if points and points[-1][0] < end_ns:
+                timeline.series[labels] = [*points, (end_ns, points[-1][1])]
 
     def _comment_stackless(self) -> None:
         """Say what ``<allocated before the trace>`` and ``<no stack recorded>`` hold and why they have no stack."""
