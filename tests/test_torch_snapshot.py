@@ -613,3 +613,28 @@ def test_a_device_whose_trace_ends_first_still_holds_its_memory_on_the_strip(pro
     for t, b in dict(total).items():  # the last point of each instant
         held = sum(max((p for p in points if p[0] <= t), default=(0, 0))[1] for points in series.values())
         assert b == held, t
+
+
+def test_a_multi_gpu_headline_is_per_device_and_not_called_one_moment(capsys) -> None:
+    """Each device's peak is its own moment: the sum is named as such, --json says it is not exact, and the
+    devices' joint moment (one clock) is computed from the strip."""
+    import json as json_module
+
+    from gpuflame.cli.main import main
+
+    path = str(Path(__file__).parent / "fixtures" / "handwritten_two_devices.pickle")
+    assert main(["report", path, "--json"]) == 0
+    peak = json_module.loads(capsys.readouterr().out)["peak"]
+    profile = torch_snapshot.from_snapshot(pickle.loads(Path(path).read_bytes()))
+    i = profile.type_index("peak_space")
+    each = {d: sum(s.values[i] for s in profile.samples if s.label("device") == d) for d in ("cuda:0", "cuda:1")}
+    assert peak["exact"] is False
+    assert {d["device"]: d["peak"] for d in peak["devices"]} == each
+    joint = max(profile.timeline.total(), key=lambda p: p[1])
+    assert peak["devices_together"] == {"allocated": joint[1], "at_ns": joint[0]}
+    assert joint[1] < sum(each.values())
+    assert "2 devices, each at its own peak" in peak["description"]
+    assert "the sum is not one moment" in peak["description"]
+    assert main(["report", path, "--json", "--label", "device=cuda:1"]) == 0
+    one = json_module.loads(capsys.readouterr().out)["peak"]
+    assert one["exact"] is True and "devices_together" not in one

@@ -359,5 +359,14 @@ def peak_json(profile: Profile, type_name: str) -> dict[str, object]:
     if not description:
         return {}
     units = profile.peak_units()
-    return {"peak": {"description": description, "exact": is_exact(units),
-                     "devices": [u.to_json() for u in units]}}
+    per_device = profile.device_totals(profile.type_index(type_name))
+    shown = [u for u in units if u.device in per_device] or units
+    several = len({u.device for u in shown}) > 1  # each device's own moment: the sum is not one moment
+    out: dict[str, object] = {
+        "description": description, "exact": is_exact(shown) and not several,
+        "devices": [{**u.to_json(), "peak": per_device.get(u.device, 0)} for u in shown],
+    }
+    joint = profile.joint_device_peak() if several else None
+    if joint:
+        out["devices_together"] = {"allocated": joint[1], "at_ns": joint[0]}
+    return {"peak": out}
