@@ -104,6 +104,7 @@ def check_output(
     inputs: Iterable[str | os.PathLike[str]] = (),
     force: bool = False,
     make_folders: bool = False,
+    force_hint: str = "--force replaces it",
 ) -> None:
     """Refuse an output path that would destroy something, before any work is done.
 
@@ -122,8 +123,7 @@ def check_output(
         raise GpuflameError(f"{p}: cannot write: it is a folder (give a file name)")
     if p.exists() and not force and not _written_by_gpuflame(p):
         raise GpuflameError(
-            f"{p}: exists and is not a file gpuflame wrote; refusing to overwrite it "
-            "(--force replaces it)"
+            f"{p}: exists and is not a file gpuflame wrote; refusing to overwrite it ({force_hint})"
         )
     _check_folder(p.parent if str(p.parent) else Path("."), p, make_folders)
 

@@ -8,6 +8,7 @@ command is that module and its name in :data:`COMMANDS`.
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import os
 import sys
@@ -63,6 +64,41 @@ class ArgumentParser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
+def did_you_mean(unknown: Sequence[str], parser: argparse.ArgumentParser) -> str:
+    """`` (did you mean --backend?)`` for mistyped flags among *unknown*, or ``""``.
+
+    Python 3.11's argparse only says "unrecognized arguments"; a typo in a
+    long flag is the usual cause, so the nearest flag of the command is named.
+    """
+    flags = [s for action in parser._actions for s in action.option_strings if s.startswith("--")]
+    hints = []
+    for word in unknown:
+        if word.startswith("--"):
+            close = difflib.get_close_matches(word.split("=", 1)[0], flags, n=1, cutoff=0.7)
+            hints += [f"{word.split('=', 1)[0]} -> {close[0]}"] if close else []
+    if not hints:
+        return ""
+    if len(hints) == 1:
+        return f" (did you mean {hints[0].split(' -> ')[1]}?)"
+    return f" (did you mean: {', '.join(hints)}?)"
+
+
+def parse(parser: ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """Parse *argv*; an unknown flag is refused by its command's parser, with the flag it was likely meant to be."""
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        command = _commands(parser).get(getattr(args, "command", None) or "", parser)
+        command.error(f"unrecognized arguments: {' '.join(unknown)}{did_you_mean(unknown, command)}")
+    return args
+
+
+def _commands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
+
+
 def command_module(name: str) -> Command:
     """The module of command *name*, checked against :class:`Command` (a missing part is a bug here, not later)."""
     module = importlib.import_module(f"gpuflame.cli.{name.replace('-', '_')}")
@@ -96,7 +132,7 @@ def build_parser() -> ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse(parser, argv)
     if not getattr(args, "command", None):
         parser.print_help()
         return 2

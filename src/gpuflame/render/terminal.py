@@ -27,6 +27,7 @@ from gpuflame.analysis.chains import Chain, Explanation, Step
 from gpuflame.analysis.compare import NEW, VANISHED, Change, Comparison
 from gpuflame.analysis.hotspots import Entry, Report, Root
 from gpuflame.analysis.phases import PhaseRow
+from gpuflame.model.phases import NONE as PHASE_NONE
 from gpuflame.model.profile import Frame
 from gpuflame.model.sample_types import DESCRIPTIONS
 from gpuflame.printable import printable
@@ -262,7 +263,9 @@ def phases_table(rows: list[PhaseRow]) -> Table:
         top = f"{s.top} ({format_bytes(s.top_bytes)})" if s.top else ""
         cells = (s.pid, s.device) if several else ()
         peak = f"≥ {format_bytes(s.peak)}" if s.samples else format_bytes(s.peak)  # JAX: sampled, a lower bound
-        table.add_row(s.phase, *cells, f"{r.start_s:.3f}s", peak, format_bytes(s.inuse_end), top)
+        # <none> gathers every unmarked stretch: one start would say little (and 0.000s in the last row misleads)
+        start = "unmarked" if s.phase == PHASE_NONE else f"{r.start_s:.3f}s"
+        table.add_row(s.phase, *cells, start, peak, format_bytes(s.inuse_end), top)
     if any(r.stat.samples for r in rows):
         table.caption = "≥: the largest of a few samples of live buffers (JAX): the phase's true peak may be higher"
     return table
