@@ -106,6 +106,24 @@ def test_unknown_backend_is_refused() -> None:
         gpuflame.start(backend="cobol")
 
 
+@pytest.mark.parametrize("kind", ["folder", "foreign file", "unwritable folder"])
+def test_an_output_that_cannot_take_the_profile_is_refused_at_start(tmp_path: Path, kind: str) -> None:
+    """As ``run -o`` checks at once: a profile must not be lost (or a file overwritten) at stop."""
+    target = {"folder": tmp_path, "foreign file": tmp_path / "notes.txt", "unwritable folder": Path("/proc/x.pb.gz")}
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(ValueError, match="cannot write|refusing to overwrite"):
+        gpuflame.start(target[kind], backend="torch")
+    assert gpuflame.stop() is None  # nothing was started
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+def test_a_missing_folder_of_the_output_is_made_at_start(tmp_path: Path) -> None:
+    out = tmp_path / "new" / "deeper" / "p.pb.gz"
+    gpuflame.start(out, backend="torch")
+    Buffers().allocate(1000)
+    assert gpuflame.stop() == out.resolve() and out.exists()
+
+
 def test_stop_without_writing_hands_back_the_profile_the_file_would_hold(tmp_path: Path) -> None:
     """``stop(write=False)``: no file, the same numbers, frames and notes as ``stop()`` writes."""
     written, kept = tmp_path / "written.pb.gz", tmp_path / "kept.pb.gz"

@@ -89,6 +89,54 @@ def test_generate_with_static_cache_exact_kv_cache(recorder: str, keep: bool) ->
     assert by_category(profile, INUSE).get("kv_cache", 0) == (expected if keep else 0)
 
 
+@pytest.mark.parametrize("recorder", RECORDERS)
+def test_weights_of_a_model_freed_before_the_profile_stay_parameters(recorder: str) -> None:
+    """The demo's case: the model is gone when the profile is written; its RMSNorm weights, made by
+    ``torch.ones`` in transformers' own ``__init__`` (no torch.nn frame), are still ``parameter``."""
+
+    def build_run_and_drop() -> int:
+        torch.manual_seed(0)
+        model = transformers.LlamaForCausalLM(tiny_llama_config()).eval()
+        weights = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+                   for t in (*model.parameters(), *model.buffers())}
+        with torch.no_grad():
+            model(input_ids=torch.randint(0, 128, (1, 8)))
+        return sum(weights.values())
+
+    profile, expected, _ = record(RECORDERS[recorder], build_run_and_drop)
+    norms = [s for s in profile.samples if s.stack and "RMSNorm" in profile.frames[s.stack[0]].name
+             and profile.frames[s.stack[0]].name.endswith("__init__")]
+    assert norms and all(s.label(categories.LABEL) == "parameter" for s in norms if s.values[PEAK])
+    assert by_category(profile, PEAK)["parameter"] == expected
+    assert by_category(profile, INUSE).get("parameter", 0) == 0
+
+
+@pytest.mark.parametrize("recorder", RECORDERS)
+def test_gradients_without_an_optimizer_are_gradients(recorder: str) -> None:
+    """A hand-written SGD step (no torch.optim) that drops the gradients: at the peak they were gradients,
+    not the activations their backward-pass stack suggests."""
+
+    def train() -> int:
+        torch.manual_seed(0)
+        model = transformers.LlamaForCausalLM(tiny_llama_config())
+        ids = torch.randint(0, 128, (2, 16))
+        grads = 0
+        for _ in range(2):
+            model(input_ids=ids, labels=ids).loss.backward()
+            grads = sum(p.grad.untyped_storage().nbytes() for p in model.parameters())
+            scratch = torch.empty(16 << 20, dtype=torch.uint8)  # the peak: every gradient alive, no activation
+            del scratch
+            with torch.no_grad():
+                for p in model.parameters():
+                    p -= 1e-3 * p.grad
+                    p.grad = None
+        return grads
+
+    profile, grads, _ = record(RECORDERS[recorder], train)
+    assert grads > 300_000
+    assert by_category(profile, PEAK)["gradient"] == grads
+
+
 def test_stack_category_rules() -> None:
     fwd = Frame("LlamaMLP > forward", "/x/modeling_llama.py", 3)
     cache = Frame("StaticLayer > lazy_initialization", "/site-packages/transformers/cache_utils.py", 9)
@@ -125,8 +173,12 @@ def test_optimizer_step_hooks_removed_at_stop() -> None:
     rec = TorchTensorRecorder()
     rec.start()
     assert len(optim_module._global_optimizer_pre_hooks) == before + 1
+    from torch.nn.modules import module as nn_module
+
+    registered = len(nn_module._global_parameter_registration_hooks)
     rec.stop()
     assert len(optim_module._global_optimizer_pre_hooks) == before
+    assert len(nn_module._global_parameter_registration_hooks) == registered - 1
 
 
 TRAIN_SCRIPT = """

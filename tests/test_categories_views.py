@@ -85,3 +85,12 @@ def test_top_by_category_without_categories_is_one_line_exit_2(capsys, tmp_path:
     save(bare, tmp_path / "bare.pb.gz")
     rc, out, err = run(capsys, "top", tmp_path / "bare.pb.gz", "--by", "category")
     assert rc == 2 and "no categories" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_top_by_category_with_nothing_in_use_says_the_type_is_empty(capsys, tmp_path: Path) -> None:
+    """Labelled, but nothing held at the end: the profile has categories; its in-use total is 0 B."""
+    p = Profile(TYPES, default_type="peak_space")
+    p.add([Frame("MLP > forward", "/m/mlp.py", 5)], [3000, 0], {"category": "activation"})
+    save(p, tmp_path / "freed.pb.gz")
+    rc, _, err = run(capsys, "top", tmp_path / "freed.pb.gz", "--by", "category", "--type", "inuse")
+    assert rc == 2 and "no categories to show: inuse_space is 0 B" in err and "only the torch" not in err

@@ -421,3 +421,19 @@ def test_python_dash_m_gpuflame(guide_file, guide):
     )
     assert bad.returncode == 2 and bad.stdout == ""
     assert len(bad.stderr.strip().splitlines()) == 1 and "no such file" in bad.stderr
+
+
+def test_the_report_header_names_the_filters_it_shows(capsys, tmp_path) -> None:
+    """A filtered report must not read as the whole profile: the header repeats the filters."""
+    from gpuflame.formats import save
+    from gpuflame.model import Frame, Profile
+
+    p = Profile([("peak_space", "bytes")])
+    p.add([Frame("f", "/a.py", 1), Frame("<interpreter trampoline>", kind="trampoline")], [10], {"device": "cpu"})
+    save(p, tmp_path / "p.pb.gz")
+    rc, out, err = run(capsys, "report", tmp_path / "p.pb.gz", "--hide-trampolines", "--label", "device=cpu",
+                       "--min-size", "1KiB", "--hide", "g h")
+    assert rc == 0, err
+    lines = out.splitlines()
+    header = " ".join(x.strip() for x in lines[: next(i for i, x in enumerate(lines) if x.startswith("peak_space"))])
+    assert header.endswith("p.pb.gz --label device=cpu --hide 'g h' --hide-trampolines --min-size 1024"), header

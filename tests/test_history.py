@@ -240,3 +240,15 @@ def test_a_history_comment_is_untrusted_input(change: dict) -> None:
     bad = {**good, "tracks": [{**track, **change}]}
     with pytest.raises(ValueError, match="damaged history"):
         History.from_comment(_comment(bad))
+
+
+@pytest.mark.parametrize("by", ["category", "phase"])
+def test_top_by_label_at_a_moment_says_moments_are_not_split(capsys, tmp_path: Path, by: str) -> None:
+    """The whole recording is labelled; a moment is not: say that, not "only torch records them"."""
+    p = profile_of(EVENTS)
+    p.add([FRAMES[0]], [1000, 1, 1000, 1, 1000, 1], {"device": "cpu", "pid": "1", "category": "parameter",
+                                                      "phase": "load"})
+    save(p, tmp_path / "labelled.pb.gz")
+    rc, _, err = run(capsys, "top", tmp_path / "labelled.pb.gz", "--by", by, "--at", "3.5")
+    assert rc == 2 and f"--at and --between profiles are not split by {by}" in err
+    assert "only the torch backends" not in err and "mark them with" not in err

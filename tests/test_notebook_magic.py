@@ -53,6 +53,8 @@ raise ValueError("boom in the cell")""",
     "%%gpuflame\nCache().grow(1024).numel();",
     # 13: the report under the graph, the viewer page kept
     "%%gpuflame --report -o cell.html\nkept = Cache().grow(3 << 20)",
+    # 14: an output that is a folder: refused before the cell runs, as gpuflame run -o refuses it
+    "%%gpuflame -o ./\nprint('must not run either')",
 ]
 
 
@@ -171,3 +173,11 @@ def test_report_flag_and_html_output(notebook) -> None:
     assert "gpuflame report last %%gpuflame cell" in text and "Cache > grow" in text and "3.00 MiB" in text
     page = (folder / "cell.html").read_text()
     assert page.startswith("<!doctype html>") and 'id="gpuflame-data"' in page
+
+
+def test_an_output_folder_is_refused_before_the_cell_runs(notebook) -> None:
+    cells, _ = notebook
+    cell = cells[14]
+    assert "must not run either" not in streams(cell, "stdout")
+    text = "".join(o.get("text", "") + "".join(o.get("traceback", [])) for o in cell.outputs)
+    assert "UsageError" in text and "it is a folder" in text and "the cell did not run" in text

@@ -245,6 +245,8 @@ def test_gpuflame_run_then_report_by_phase(tmp_path: Path) -> None:
     assert "By phase" in text
     line = next(x for x in text.splitlines() if x.startswith("serve"))
     assert "4.00 MiB" in line and "1.00 MiB" in line and "<module> (4.00 MiB)" in line
+    unmarked = next(x for x in text.splitlines() if x.startswith("<none>"))
+    assert unmarked.split()[1] == "unmarked"  # every unmarked stretch: no one start (0.000s last misled)
     top = subprocess.run([sys.executable, "-m", "gpuflame", "top", "--by", "phase", "--type", "inuse", "--json",
                           "run.pb.gz"], cwd=tmp_path, capture_output=True, text=True, check=True)
     assert {r["phase"]: r["total"] for r in json.loads(top.stdout)["phases"]} == {

@@ -25,6 +25,10 @@ from gpuflame.formats import load
 from gpuflame.model import Frame, Profile, memory_sample_types
 from gpuflame.ship.pusher import Pusher
 from gpuflame.ship.pyroscope import (
+    EXCERPT,
+    GARBAGE,
+    REFUSED,
+    TIMEOUT,
     Credentials,
     PushError,
     PyroscopeClient,
@@ -34,6 +38,7 @@ from gpuflame.ship.pyroscope import (
 )
 from gpuflame.ship.window import LOWER_BOUND_NOTE, IntervalWindow
 from test_run_cli import gpuflame_run
+from test_terminal_escapes import RAW
 
 TOKEN = "s3cret-token-0123456789"
 
@@ -72,6 +77,13 @@ class Handler(http.server.BaseHTTPRequestHandler):
         if mode == "hang":
             self.server.release.wait(60)
             return
+        if mode == "garbage":  # not HTTP, with terminal escapes and more than a message should quote
+            self.wfile.write(b"\x1b[2J\x1b]0;pwned\x07NOT HTTP " + b"x" * 5000 + b"\r\n\r\n")
+            self.close_connection = True
+            return
+        if mode == "trickle":  # a status line one byte at a time, never ending: each read gets a byte in time
+            self._trickle()
+            return
         with self.server.lock:
             self.server.requests.append({"path": self.path, "headers": dict(self.headers), "body": body})
         if mode == "429-once":
@@ -86,6 +98,16 @@ class Handler(http.server.BaseHTTPRequestHandler):
             self._answer(401, echo.encode(), {})
         else:
             self._answer(200, b"", {"Content-Type": "application/proto"})
+
+    def _trickle(self) -> None:
+        self.close_connection = True
+        try:
+            self.wfile.write(b"HTTP/1.1 200 ")
+            while not self.server.release.wait(0.05):  # the pace of a hostile server, not a synchronisation
+                self.wfile.write(b"x")
+                self.wfile.flush()
+        except OSError:  # the client gave up: what it should do
+            pass
 
     def _answer(self, status: int, body: bytes, headers: dict[str, str]) -> None:
         self.send_response(status)
@@ -246,6 +268,36 @@ def test_network_failures_are_push_errors(server: Server) -> None:
     assert time.monotonic() - started < 3
 
 
+def test_a_garbage_answer_is_named_and_quoted_escaped_and_short(server: Server) -> None:
+    server.mode = "garbage"
+    with pytest.raises(PushError) as info:
+        PyroscopeClient(server.url).push(two_device_profile(), {"service_name": "x"})
+    message = str(info.value)
+    assert info.value.kind == GARBAGE and "sent an answer that is not HTTP" in message
+    assert RAW.findall(message) == [] and "\\x1b[2J\\x1b]0;pwned\\x07NOT HTTP" in message
+    quoted = message.split(f"{GARBAGE}: ", 1)[1]
+    assert quoted.endswith("…") and len(quoted) < EXCERPT * 2  # 200 characters, a few of them escaped
+
+
+def test_a_trickling_answer_times_out_as_a_whole(server: Server) -> None:
+    """Each read gets its byte within the socket timeout: only a bound on the whole answer ends the push."""
+    server.mode = "trickle"
+    outcome: list[BaseException] = []
+
+    def push() -> None:
+        try:
+            PyroscopeClient(server.url, timeout=0.5).push(two_device_profile(), {"service_name": "x"})
+        except PushError as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=push, daemon=True)
+    thread.start()
+    thread.join(60)  # a guard for the test run, 120x the timeout: without the watchdog the push never ends
+    assert not thread.is_alive(), "the push was still reading a trickling answer"
+    assert len(outcome) == 1 and isinstance(outcome[0], PushError) and outcome[0].kind == TIMEOUT
+    assert "did not answer within 0.5s" in str(outcome[0])
+
+
 def test_https_verifies_certificates_by_default() -> None:
     client = PyroscopeClient("https://127.0.0.1:1")
     assert client._ssl is not None and client._ssl.verify_mode.name == "CERT_REQUIRED"
@@ -337,6 +389,38 @@ def test_a_refused_push_is_not_retried_and_is_counted(server: Server, capsys) ->
     assert len(server.requests) == 1
     err = capsys.readouterr().err
     assert "failed 1" in err and "HTTP 401" in err and TOKEN not in err
+
+
+def test_each_kind_of_failure_is_said_once_and_counted(server: Server, capsys) -> None:
+    server.mode = "500"
+    failing = PyroscopeClient(server.url)
+    refused = PyroscopeClient(f"http://127.0.0.1:{free_port()}")
+    pusher = Pusher(lambda client: client.push(two_device_profile(), {"service_name": "x"}), queue_size=8,
+                    attempts=1)
+    for client in (failing, failing, refused, failing, refused):
+        pusher.submit(client)
+    pusher.close(60)  # a flush: the thread sends all five before close returns
+    err = capsys.readouterr().err
+    said = [line for line in err.splitlines() if "push failed" in line]
+    assert len(said) == 2, err  # one line per kind, not per failure
+    assert "HTTP 500" in said[0] and REFUSED in said[1]
+    summary = err.splitlines()[-1]
+    assert "sent 0, dropped 0, failed 5" in summary
+    assert "HTTP 500 (3)" in summary and f"{REFUSED} (2)" in summary and "last error:" in summary
+
+
+def test_the_pusher_says_why_it_dropped(server: Server, capsys) -> None:
+    """A Pyroscope that never answers: no error yet, and still the drops have a reason."""
+    server.mode = "hang"
+    client = PyroscopeClient(server.url, timeout=30)
+    pusher = Pusher(lambda p: client.push(p, {"service_name": "x"}), queue_size=2)
+    for _ in range(6):
+        pusher.submit(two_device_profile())
+    pusher.close(timeout=0.2)
+    summary = capsys.readouterr().err.splitlines()[-1]
+    assert "dropped 6 (" in summary
+    assert "because the queue (2) was full while a push waited for Pyroscope's answer" in summary
+    assert "still unsent when the 0.2 s flush at exit ran out" in summary
 
 
 # -- gpuflame run --pyroscope and gpuflame push, end to end ------------------------------
@@ -451,6 +535,11 @@ def test_push_command_uploads_a_file(server: Server, tmp_path: Path, push_pb2, p
         capture_output=True, text=True, env={**env, "GPUFLAME_PYROSCOPE_TOKEN": TOKEN}, timeout=60,
     )
     assert done.returncode == 2 and "HTTP 401" in done.stderr and TOKEN not in done.stderr
+    server.mode = "garbage"
+    done = subprocess.run([sys.executable, "-m", "gpuflame", "push", str(path), "--url", server.url],
+                          capture_output=True, text=True, env=env, timeout=60)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and RAW.findall(done.stderr) == []
+    assert "not HTTP: \\x1b[2J" in done.stderr and len(done.stderr) < 2 * EXCERPT + 200
 
 
 def test_the_demo_pushes_its_kv_cache_and_weights_by_name(

@@ -166,6 +166,27 @@ def test_fail_on_increase_after_the_test_allocates_twice_as_much(pytester: pytes
     lenient.assert_outcomes(passed=2)
 
 
+def test_fail_on_increase_without_a_baseline_says_it_compared_nothing(pytester: pytest.Pytester) -> None:
+    """With pytest's cache off, a 2x growth cannot fail: the run must say so, not read as checked."""
+    pytester.makepyfile(test_growth=GROWING.format(size="4 << 20"))
+    pytester.runpytest("--gpuflame", "-p", "no:cacheprovider").assert_outcomes(passed=2)
+    pytester.makepyfile(test_growth=GROWING.format(size="(4 << 20) * 2"))
+    result = pytester.runpytest("--gpuflame-fail-on-increase", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=2)
+    assert "--gpuflame-fail-on-increase compared nothing: pytest's cache is off (-p no:cacheprovider)" in (
+        result.stdout.str()
+    )
+
+
+def test_fail_on_increase_on_a_first_run_names_the_tests_without_a_baseline(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_growth=GROWING.format(size="4 << 20"))
+    first = pytester.runpytest("--gpuflame-fail-on-increase")
+    first.assert_outcomes(passed=2)
+    assert "2 tests had no peak from an earlier run to compare with" in first.stdout.str()
+    again = pytester.runpytest("--gpuflame-fail-on-increase")
+    assert "had no peak from an earlier run" not in again.stdout.str()
+
+
 def test_xdist_workers_results_are_merged(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_suite=SUITE)
     result = pytester.runpytest_subprocess("-n", "2", "--gpuflame")
@@ -181,7 +202,8 @@ def test_xdist_workers_results_are_merged(pytester: pytest.Pytester) -> None:
 @pytest.mark.parametrize(
     ("option", "said"),
     [
-        (["--gpuflame-tolerance", "lots"], "--gpuflame-tolerance: not a size: 'lots'"),
+        (["--gpuflame-tolerance", "lots"], "--gpuflame-tolerance: not a tolerance: 'lots' (examples: 5%, 0%, 1MiB)"),
+        (["--gpuflame-tolerance=-5%"], "--gpuflame-tolerance: not a tolerance: '-5%' (examples: 5%, 0%, 1MiB)"),
         (["--gpuflame-backend", "cobol"], "--gpuflame-backend must be one of auto, torch-cuda, torch, jax"),
     ],
 )
@@ -190,6 +212,7 @@ def test_bad_options_are_one_line(pytester: pytest.Pytester, option: list[str], 
     result = pytester.runpytest(*option)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert said in result.stderr.str() and "Traceback" not in result.stderr.str()
+    assert result.stderr.str().count("(examples") <= 1
 
 
 def test_a_bad_limit_fails_the_test_in_one_line(pytester: pytest.Pytester) -> None:

@@ -27,6 +27,9 @@ from gpuflame.model import Profile
 from gpuflame.model import filter as pfilter
 from gpuflame.model.profile import NATIVE, PYTHON, SYNTHETIC, TRAMPOLINE_KIND
 from gpuflame.symbols.names import ALLOCATOR_ROUNDING, CACHED_FREE, display_name
+from gpuflame.units import format_bytes
+
+DATA = Path(__file__).parent / "data"
 
 FIXTURES = Path(__file__).parent / "fixtures"
 sys.path.insert(0, str(FIXTURES))
@@ -549,7 +552,8 @@ def test_timeline_peaks_at_the_peak_and_ends_at_the_end_state(snapshots, profile
         )
         assert points[-1][1] == end
         times = [e["time_us"] * 1000 for e in snap["device_traces"][dev]]
-        assert points[0][0] == min(times) and points[-1][0] == max(times)
+        every = [e["time_us"] * 1000 for t in snap["device_traces"] for e in t]  # the devices' one clock
+        assert points[0][0] == min(times) and points[-1][0] == max(every)
         assert [t for t, _ in points] == sorted(t for t, _ in points)
 
 
@@ -572,3 +576,65 @@ def save_bytes(profile: Profile) -> bytes:
     from gpuflame.formats import pprof
 
     return pprof.encode(profile)
+
+
+def test_memory_without_a_stack_is_explained_with_its_share(snapshots, profiles) -> None:
+    """``<allocated before the trace>`` and ``<no stack recorded>`` each get one note: how much, and why."""
+    profile = profiles["handwritten_overflowed_trace"]
+    i = profile.pick_type()
+    before = sum(s.values[i] for s in profile.samples
+                 if s.stack and profile.frames[s.stack[0]].name == "<allocated before the trace>")
+    assert before > 0
+    [note] = [c for c in profile.comments if c.startswith("<allocated before the trace>: ")]
+    assert format_bytes(before) in note and "ring buffer had wrapped" in note and "max_entries" in note
+
+
+def test_a_real_snapshot_of_weights_loaded_before_recording_says_why_they_have_no_stack() -> None:
+    profile = torch_snapshot.decode((DATA / "torch-snapshot-Wedsonlin-medium_128_inference.pickle.gz").read_bytes())
+    i = profile.pick_type()
+    held = sum(s.values[i] for s in profile.samples
+               if s.stack and profile.frames[s.stack[0]].name == "<no stack recorded>")
+    total = sum(s.values[i] for s in profile.samples)
+    [note] = [c for c in profile.comments if c.startswith("<no stack recorded>: ")]
+    assert f"{format_bytes(held)} of peak_space ({100 * held / total:.0f}%)" in note
+    assert "_record_memory_history" in note
+
+
+def test_a_device_whose_trace_ends_first_still_holds_its_memory_on_the_strip(profiles) -> None:
+    """Devices share one clock: cuda:1's last event comes 0.9 ms before cuda:0's, and what it holds then
+    stays held (the strip dropped it to 0 and undercounted a real multi-GPU peak by a whole device)."""
+    timeline = profiles["handwritten_two_devices"].timeline
+    series = {dict(labels)["device"]: points for labels, points in timeline.series.items()}
+    end = max(points[-1][0] for points in series.values())
+    assert all(points[-1][0] == end for points in series.values())
+    total = timeline.total()
+    assert total[-1] == (end, sum(points[-1][1] for points in series.values()))
+    # every moment of the strip counts each device at its last value so far
+    for t, b in dict(total).items():  # the last point of each instant
+        held = sum(max((p for p in points if p[0] <= t), default=(0, 0))[1] for points in series.values())
+        assert b == held, t
+
+
+def test_a_multi_gpu_headline_is_per_device_and_not_called_one_moment(capsys) -> None:
+    """Each device's peak is its own moment: the sum is named as such, --json says it is not exact, and the
+    devices' joint moment (one clock) is computed from the strip."""
+    import json as json_module
+
+    from gpuflame.cli.main import main
+
+    path = str(Path(__file__).parent / "fixtures" / "handwritten_two_devices.pickle")
+    assert main(["report", path, "--json"]) == 0
+    peak = json_module.loads(capsys.readouterr().out)["peak"]
+    profile = torch_snapshot.from_snapshot(pickle.loads(Path(path).read_bytes()))
+    i = profile.type_index("peak_space")
+    each = {d: sum(s.values[i] for s in profile.samples if s.label("device") == d) for d in ("cuda:0", "cuda:1")}
+    assert peak["exact"] is False
+    assert {d["device"]: d["peak"] for d in peak["devices"]} == each
+    joint = max(profile.timeline.total(), key=lambda p: p[1])
+    assert peak["devices_together"] == {"allocated": joint[1], "at_ns": joint[0]}
+    assert joint[1] < sum(each.values())
+    assert "2 devices, each at its own peak" in peak["description"]
+    assert "the sum is not one moment" in peak["description"]
+    assert main(["report", path, "--json", "--label", "device=cuda:1"]) == 0
+    one = json_module.loads(capsys.readouterr().out)["peak"]
+    assert one["exact"] is True and "devices_together" not in one

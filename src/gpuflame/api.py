@@ -43,6 +43,7 @@ from gpuflame.capture.session import Session
 from gpuflame.capture.settings import Settings
 from gpuflame.defaults import PUSH_INTERVAL_S
 from gpuflame.errors import GpuflameError
+from gpuflame.files import check_output
 from gpuflame.launch.store import PROFILE_NAME, RunMeta, new_run_folder, store_root
 from gpuflame.model import Profile
 from gpuflame.units import interval_seconds
@@ -125,8 +126,10 @@ def start(
     when a profile is running already). Raises ValueError for an option
     gpuflame cannot use (a backend or torch hook not in ``BACKENDS`` /
     ``TORCH_HOOKS``, an interval that is negative, unreadable or out of
-    ``defaults.MIN_INTERVAL_S``..``MAX_INTERVAL_S`` (0 is "only at exit"), a Pyroscope URL or
-    credentials file it cannot use, *output* together with *store*),
+    ``defaults.MIN_INTERVAL_S``..``MAX_INTERVAL_S`` (0 is "only at exit"), a
+    Pyroscope URL or credentials file it cannot use, *output* together with
+    *store*, an *output* that is a folder, cannot be written, or is a file
+    gpuflame did not write),
     TypeError for an option it does not take, and OSError when the store's
     folder cannot be made. Nothing else: once
     started, failures are reported on stderr and in the profile.
@@ -167,7 +170,7 @@ def _start(
             return _active, False
         started = time.time()
         run_folder = _run_folder(store, started)
-        path = run_folder / PROFILE_NAME if run_folder else Path(output or DEFAULT_OUTPUT).resolve()
+        path = run_folder / PROFILE_NAME if run_folder else _output_path(output)
         # no session folder: the API writes one file, and notes of what was lost go into it
         session = Session(settings, path=path)
         session.install_exit_hooks()
@@ -180,6 +183,20 @@ def _start(
         if run_folder is not None:
             _write_meta(_active)
         return _active, True
+
+
+def _output_path(output: str | os.PathLike[str] | None) -> Path:
+    """The file :func:`stop` will write, checked now as ``run -o`` checks it (missing folders made).
+
+    A folder, an unwritable place or a file gpuflame did not write is a
+    ValueError here, not a profile lost at the end.
+    """
+    path = Path(output or DEFAULT_OUTPUT).resolve()
+    try:
+        check_output(path, make_folders=True, force_hint="remove it, or give another name")
+    except GpuflameError as exc:
+        raise ValueError(str(exc)) from None
+    return path
 
 
 def settings_for(options: dict[str, object]) -> Settings:

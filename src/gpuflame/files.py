@@ -40,8 +40,8 @@ def read_bytes(path: str | os.PathLike[str]) -> bytes:
         raise GpuflameError(f"{p}: cannot read ({exc.strerror or exc})") from None
 
 
-def atomic_write(path: str | os.PathLike[str], data: bytes | str) -> None:
-    """Write *data* to *path* so that readers see the old file or the new one."""
+def atomic_write(path: str | os.PathLike[str], data: bytes | str, mode: int | None = None) -> None:
+    """Write *data* to *path* so that readers see the old file or the new one (*mode*: its permission bits)."""
     p = Path(path)
     payload = data.encode("utf-8") if isinstance(data, str) else data
     folder = p.parent if str(p.parent) else Path(".")
@@ -56,7 +56,7 @@ def atomic_write(path: str | os.PathLike[str], data: bytes | str) -> None:
     try:
         with os.fdopen(fd, "wb") as out:
             out.write(payload)
-        os.chmod(tmp, 0o644)
+        os.chmod(tmp, 0o644 if mode is None else mode)
         os.replace(tmp, p)
     except OSError as exc:
         _remove_quietly(tmp)
@@ -104,6 +104,7 @@ def check_output(
     inputs: Iterable[str | os.PathLike[str]] = (),
     force: bool = False,
     make_folders: bool = False,
+    force_hint: str = "--force replaces it",
 ) -> None:
     """Refuse an output path that would destroy something, before any work is done.
 
@@ -122,8 +123,7 @@ def check_output(
         raise GpuflameError(f"{p}: cannot write: it is a folder (give a file name)")
     if p.exists() and not force and not _written_by_gpuflame(p):
         raise GpuflameError(
-            f"{p}: exists and is not a file gpuflame wrote; refusing to overwrite it "
-            "(--force replaces it)"
+            f"{p}: exists and is not a file gpuflame wrote; refusing to overwrite it ({force_hint})"
         )
     _check_folder(p.parent if str(p.parent) else Path("."), p, make_folders)
 

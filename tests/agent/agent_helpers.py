@@ -109,13 +109,13 @@ class NativeCaller:
     The agent is started between the two (a process that is already running when it attaches).
     """
 
-    def __init__(self, code: str, libcuda: str, folder: Path) -> None:
+    def __init__(self, code: str, libcuda: str, folder: Path, prefix: tuple[str, ...] = ()) -> None:
         source, exe = folder / "caller.c", folder / "caller"
         source.write_text(code)
         lib_dir = os.path.dirname(libcuda)
         subprocess.run(["gcc", "-O0", "-fno-omit-frame-pointer", "-rdynamic", str(source), "-o", str(exe),
                         f"-L{lib_dir}", "-l:libcuda.so.1", f"-Wl,-rpath,{lib_dir}"], check=True)
-        self.proc = subprocess.Popen([str(exe)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen([*prefix, str(exe)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self.pid = self.proc.pid
         assert self._line() == "ready"
 
@@ -142,3 +142,43 @@ def wait_for(condition: Callable[[], bool], timeout: float = 15.0) -> bool:
             return True
         time.sleep(0.02)
     return condition()
+
+
+CHROOTED = "import os, sys; os.chroot(sys.argv[1]); os.chdir('/'); print('ready', flush=True); sys.stdin.read()"
+CGROUP_ROOTS = ("/sys/fs/cgroup/systemd", "/sys/fs/cgroup/unified", "/sys/fs/cgroup")
+
+
+class StandinContainer:
+    """A stand-in for a pod's container (NOT a container runtime's): a child chrooted into *root*, in a cgroup
+    named as the kubelet names a container's (``kubepods/pod<UID>/<CID>``), so the agent takes it for one."""
+
+    def __init__(self, root: Path, cid: str, pod_uid: str) -> None:
+        self.cgroup = self._cgroup(cid, pod_uid)
+        self.proc = subprocess.Popen([sys.executable, "-c", CHROOTED, str(root)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True)
+        self.pid = self.proc.pid
+        assert self.proc.stdout is not None and self.proc.stdout.readline().strip() == "ready"
+        (self.cgroup / "cgroup.procs").write_text(str(self.pid))
+
+    @staticmethod
+    def _cgroup(cid: str, pod_uid: str) -> Path:
+        for base in CGROUP_ROOTS:
+            folder = Path(base) / "kubepods" / f"pod{pod_uid}" / cid
+            try:
+                folder.mkdir(parents=True, exist_ok=True)
+            except OSError:
+                continue
+            if (folder / "cgroup.procs").exists():
+                return folder
+        import pytest
+
+        pytest.skip("no writable cgroup hierarchy to place a stand-in container in")
+
+    def close(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+        for folder in (self.cgroup, self.cgroup.parent, self.cgroup.parent.parent):
+            try:
+                folder.rmdir()
+            except OSError:
+                pass

@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -42,6 +43,7 @@ def test_pid_until_a_signal_writes_the_exact_profile(sig, start_target, bpf_obje
     assert proc.returncode == 0, stderr
     summary = json.loads(stdout)
     assert summary["processes"] == [target.pid]
+    assert stat.S_IMODE(out.stat().st_mode) == 0o600  # every process's stacks: not for other users
     profile = load(out)
     assert rows(profile) == replay(target.records)
     assert profile.default_type == "peak_space"
@@ -76,6 +78,8 @@ def test_duration_and_the_store(start_target, bpf_object, tmp_path):
     assert proc.returncode == 0, stderr
     (run,) = tmp_path.iterdir()
     assert rows(load(run / "profile.pb.gz")) == replay(target.records)
+    assert stat.S_IMODE((run / "profile.pb.gz").stat().st_mode) == 0o600
+    assert stat.S_IMODE(run.stat().st_mode) == 0o700
     meta = json.loads((run / "meta.json").read_text())
     assert meta["backend"] == "agent" and meta["processes"] == [target.pid]
     assert "gpuflame report" in stderr

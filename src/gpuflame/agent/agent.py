@@ -17,6 +17,8 @@ import time
 from collections.abc import Callable, Iterable
 
 from gpuflame.agent import build, procs
+from gpuflame.agent.call_sites import DRIVER_FUNCTIONS, MAX_SITES, Verifier
+from gpuflame.agent.confined import open_regular
 from gpuflame.agent.elf import ElfError, read_elf
 from gpuflame.agent.events import (
     ALLOCS,
@@ -71,6 +73,7 @@ from gpuflame.model.sample_types import memory_sample_types
 
 POLL_MS = 20
 RESCAN_SECONDS = 2.0  # every process: new libcuda files and the processes mapping them
+SITE_CHECKS_PER_PROCESS = 64  # return addresses one process may have checked (each reads its maps and code)
 PID_RESCAN_SECONDS = 0.25  # --pid: the watched processes loading the driver
 REGISTER_WINDOW = 3.0  # how long a new process is looked at for its interpreter
 LIBCUDA_DIRS = (
@@ -87,7 +90,11 @@ UPROBE_PROGRAMS = ("alloc_enter", "pitch_enter", "create_enter", "free_enter", "
 NO_PYTHON_STACK = Frame("<no Python stack>", kind=SYNTHETIC)
 TOO_EARLY = Frame("<before the agent knew the process>", kind=SYNTHETIC)
 TRUNCATED = Frame("<deeper frames not recorded>", kind=SYNTHETIC)
+OVER_LIMIT = (Frame("<stacks beyond the agent's limit>", kind=SYNTHETIC),)
+MAX_STACKS = 1 << 18  # distinct stacks named (each a row of the ledger and of the profile)
+MAX_RAW_STACK_BYTES = 64 << 20  # the raw frames kept to recognise stacks already named
 
+OUTPUT_MODE = 0o600  # the agent's profiles hold every process's stacks and pods: for their owner only
 CAPABILITIES = {"CAP_BPF": 39, "CAP_PERFMON": 38, "CAP_SYS_PTRACE": 19}
 CAP_SYS_ADMIN = 21
 
@@ -120,11 +127,15 @@ PUSH_RBP = 0x55  # a probed function starting with it is emulated by the kernel;
 def first_byte(path: str, offset: int) -> int:
     """The byte at *offset* of a file (a function's first instruction byte); -1 where unreadable."""
     try:
-        with open(path, "rb") as f:
-            f.seek(offset)
-            data = f.read(1)
-    except (OSError, ValueError):
+        fd = open_regular(path)
+    except OSError:
         return -1
+    try:
+        data = os.pread(fd, 1, offset)
+    except (OSError, ValueError, OverflowError):
+        return -1
+    finally:
+        os.close(fd)
     return data[0] if data else -1
 
 
@@ -155,6 +166,8 @@ class Agent:
         self.probes_why = ""
         self.pending = PendingResults()  # entry-only: allocations whose result is not read yet
         self.return_sites: dict[tuple[int, int, int], str] = {}  # entry-only: (dev, inode, offset) probed
+        self._verifier = Verifier()  # entry-only: return sites checked in their file before a probe
+        self._site_checks: dict[int, int] = {}  # pid -> return addresses checked
         self.ledger = Ledger()
         self.processes: dict[int, Process] = {}
         self.attached: dict[tuple[int, int], str] = {}
@@ -164,12 +177,15 @@ class Agent:
         self.skipped: list[str] = []  # libcuda files found but not probed, and why
         self._unprobeable: set[tuple[int, int]] = set()
         self.counts = {"not_registered": 0, "no_thread": 0, "truncated": 0, "untracked": 0, "handler_errors": 0,
-                       "results_next_entry": 0, "results_unknown": 0, "results_unread": 0, "sites_unprobed": 0}
+                       "results_next_entry": 0, "results_unknown": 0, "results_unread": 0, "sites_unprobed": 0,
+                       "sites_unverified": 0, "stacks_over_limit": 0}
         self.started_ns = 0
         self.first_event_ns = 0
         self._stacks: list[tuple[Frame, ...]] = []
         self._stack_ids: dict[tuple[Frame, ...], int] = {}
         self._raw_ids: dict[tuple[int, bytes], int] = {}
+        self._raw_bytes = 0  # the raw stacks kept as keys
+        self.max_stacks = MAX_STACKS
         self._labels: dict[int, dict[str, str]] = {}
         self._waiting: dict[int, float] = {}  # pid -> until when to look for its interpreter
         self._lock = threading.Lock()
@@ -320,7 +336,7 @@ class Agent:
         """Entry and return probes on the driver functions one libcuda file has."""
         assert self._obj is not None
         try:
-            elf = read_elf(path, full=False)  # the driver functions are exported
+            elf = read_elf(path, full=False, wanted=DRIVER_FUNCTIONS)  # the driver functions are exported
         except (OSError, ElfError) as exc:
             why = exc.strerror if isinstance(exc, OSError) else exc
             raise AgentError(f"cannot read {procs.as_seen(path)}: {why}") from None
@@ -527,32 +543,36 @@ class Agent:
         self.ledger.alloc(h.tgid, call.device, call.stack, (int(call.kind == K_CREATE), h.addr), h.size)
 
     def _probe_return_site(self, h: Header) -> None:
-        """A plain uprobe where a driver call returns to (in its file: every process that maps it)."""
-        for m in procs.maps(h.tgid):
-            if m.start <= h.addr < m.end:
-                path = procs.in_root(h.tgid, m.path)
-                break
-        else:
-            self.counts["sites_unprobed"] += 1  # not in a file (generated code)
+        """A plain uprobe where a driver call returns to (in its file: every process that maps it), once verified.
+
+        The address comes from the process's stack: only a site :mod:`call_sites` has verified in the file
+        (right after a call into the driver) is probed; the others are counted, their results read at the
+        thread's next driver call.
+        """
+        checked = self._site_checks[h.tgid] = self._site_checks.get(h.tgid, 0) + 1
+        if len(self.return_sites) >= MAX_SITES or checked > SITE_CHECKS_PER_PROCESS:
+            self.counts["sites_unverified"] += 1
+            return
+        site = self._verifier.site(h.tgid, h.addr)
+        if isinstance(site, str):
+            self.counts["sites_unverified"] += 1
+            if self.counts["sites_unverified"] == 1:
+                sys.stderr.write(f"gpuflame agent: not probing return address {h.addr:#x} of pid {h.tgid}: {site} "
+                                 "(its results are read at the next driver call)\n")
             return
         try:
-            st = os.stat(path)
-        except OSError:
-            self.counts["sites_unprobed"] += 1
-            return
-        offset = h.addr - m.start + m.offset
-        key = (st.st_dev, st.st_ino, offset)
-        if key in self.return_sites:
-            return
-        try:
+            if site.key in self.return_sites:
+                return
             if self._multi:
-                self._obj.attach_uprobe_multi("ret_site", path, [offset], [0], ret=False)
+                self._obj.attach_uprobe_multi("ret_site", site.path, [site.offset], [0], ret=False)
             else:
-                self._obj.attach_uprobe("ret_site", path, offset, ret=False)
+                self._obj.attach_uprobe("ret_site", site.path, site.offset, ret=False)
         except BpfError:
             self.counts["sites_unprobed"] += 1
             return
-        self.return_sites[key] = path
+        finally:
+            site.close()
+        self.return_sites[site.key] = site.shown
 
     def _new_stack(self, raw: tuple[int, bytes], h: Header, data: bytes) -> int | None:
         if not self.first_event_ns:
@@ -562,6 +582,10 @@ class Agent:
             proc = self._register(h.tgid)
         if proc is None:
             return None
+        if len(self._stacks) >= self.max_stacks or self._raw_bytes >= MAX_RAW_STACK_BYTES:
+            self.counts["stacks_over_limit"] += 1  # a process making stacks without end: bounded, and said
+            return self._intern(OVER_LIMIT)
+        self._raw_bytes += len(raw[1])
         stack = self._raw_ids[raw] = self._intern(self._frames(proc, h, data))
         return stack
 
@@ -596,6 +620,7 @@ class Agent:
 
     def _exit(self, pid: int) -> None:
         self._exited.add(pid)
+        self._site_checks.pop(pid, None)
         self.counts["results_unread"] += self.pending.drop(pid)
         for is_handle, addr in self.ledger.exit(pid):
             self._live.delete(BLOCK_KEY.pack(pid, is_handle, addr))
@@ -603,6 +628,7 @@ class Agent:
         if proc is not None:
             proc.close()
         self._raw_ids = {k: v for k, v in self._raw_ids.items() if k[0] != pid}
+        self._raw_bytes = sum(len(raw) for _, raw in self._raw_ids)
 
     # -- results --------------------------------------------------------------------
 
@@ -677,6 +703,10 @@ def loss_notes(stats: dict[str, int], probes: str = "") -> list[str]:
         "results_unread": "allocations were not counted: entry-only probes, their result was never read "
                           "(the process ended or the agent stopped before a return probe saw it)",
         "sites_unprobed": "return sites could not be probed (entry-only probes): results read at the next call",
+        "stacks_over_limit": "allocations were booked under <stacks beyond the agent's limit> (too many distinct "
+                             "stacks)",
+        "sites_unverified": "return addresses were not probed: not verified as right after a call into the driver "
+                            "in the file mapped there (entry-only probes); results read at the next call",
     }
     for key, text in said.items():
         if stats.get(key):

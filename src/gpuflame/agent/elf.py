@@ -4,21 +4,38 @@ Uprobes are placed by file offset, ``_PyRuntime`` is found by its symbol, and
 native frames are named from the symbol tables (``.symtab`` where the file
 has one, else ``.dynsym``). Standard library only: the agent runs where
 pyelftools may not be installed.
+
+Any file a process maps may be crafted (a container's own ``libcuda.so.1``),
+so every read is bounded: regular files only, opened non-blocking; at most
+``MAX_SYMBOLS`` symbols per table and ``MAX_NAME`` bytes per name (a string
+table without its NULs made each lookup scan to the end: quadratic), and a
+caller that needs a few symbols names them (*wanted*) so only those are kept.
 """
 
 from __future__ import annotations
 
 import bisect
 import mmap
+import os
 import struct
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
 
+from gpuflame.agent.confined import open_regular
+
 PT_LOAD = 1
+PT_GNU_EH_FRAME = 0x6474E550
 PF_X = 1
 SHT_SYMTAB = 2
+SHT_RELA = 4
 SHT_DYNSYM = 11
 STT_FUNC = 2
 STT_OBJECT = 1
+R_X86_64_GLOB_DAT, R_X86_64_JUMP_SLOT = 6, 7
+SYM_BYTES, RELA_BYTES = 24, 24
+MAX_SYMBOLS = 1 << 17  # per table: libtorch's .dynsym has ~100k; a crafted 16 MB one 700k
+MAX_NAME = 4096  # bytes of one symbol name (long C++ names fit)
+MAX_RELOCATIONS = 1 << 18
 
 
 class ElfError(ValueError):
@@ -34,7 +51,7 @@ class Segment:
     flags: int
 
 
-@dataclass
+@dataclass(slots=True)
 class Symbol:
     name: str
     value: int
@@ -49,6 +66,8 @@ class ElfFile:
     path: str
     segments: list[Segment]
     symbols: dict[str, Symbol]
+    eh_frame_hdr: Segment | None = None  # the sorted table of every function's start (.eh_frame_hdr)
+    slots: dict[int, str] = field(default_factory=dict)  # GOT slot address -> the symbol it is bound to
     _sorted: list[Symbol] = field(default_factory=list, repr=False)
     _starts: list[int] = field(default_factory=list, repr=False)
 
@@ -80,55 +99,100 @@ class ElfFile:
         return None
 
 
-def read_elf(path: str, full: bool = True) -> ElfFile:
-    """Parse *path* (only ``.dynsym`` unless *full*: fast, for the exported symbols); raises OSError or ElfError."""
-    with open(path, "rb") as f:
-        try:
-            data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        except ValueError as exc:  # an empty file
-            raise ElfError(f"{path}: not an ELF file") from exc
+def read_elf(path: str, full: bool = True, wanted: Collection[str] | None = None,
+             slot_names: Collection[str] = ()) -> ElfFile:
+    """Parse *path* (only ``.dynsym`` unless *full*: fast, for the exported symbols); raises OSError or ElfError.
+
+    *wanted*: keep only these symbols; *slot_names*: the GOT slots bound to these symbols, too.
+    """
+    fd = open_regular(path)
+    try:
+        data = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+    except ValueError as exc:  # an empty file
+        raise ElfError(f"{path}: not an ELF file") from exc
+    finally:
+        os.close(fd)
     with data:
         if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
             raise ElfError(f"{path}: not a 64-bit little-endian ELF file")
         try:
-            return _parse(path, data, (SHT_DYNSYM, SHT_SYMTAB) if full else (SHT_DYNSYM,))
+            return _parse(path, data, (SHT_DYNSYM, SHT_SYMTAB) if full else (SHT_DYNSYM,), wanted, slot_names)
         except (struct.error, ValueError, IndexError) as exc:
             raise ElfError(f"{path}: truncated or damaged ELF file") from exc
 
 
-def _parse(path: str, data: mmap.mmap, tables: tuple[int, ...]) -> ElfFile:
+def _parse(path: str, data: mmap.mmap, tables: tuple[int, ...], wanted: Collection[str] | None,
+           slot_names: Collection[str]) -> ElfFile:
     (phoff, shoff) = struct.unpack_from("<QQ", data, 0x20)
     (phentsize, phnum, shentsize, shnum) = struct.unpack_from("<HHHH", data, 0x36)
-    segments = []
+    segments, eh_frame_hdr = [], None
     for i in range(phnum):
         p_type, p_flags, p_offset, p_vaddr, _paddr, p_filesz, p_memsz = struct.unpack_from(
             "<IIQQQQQ", data, phoff + i * phentsize
         )
         if p_type == PT_LOAD:
             segments.append(Segment(p_vaddr, p_offset, p_filesz, p_memsz, p_flags))
+        elif p_type == PT_GNU_EH_FRAME:
+            eh_frame_hdr = Segment(p_vaddr, p_offset, p_filesz, p_memsz, p_flags)
     sections = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
     symbols: dict[str, Symbol] = {}
     # .dynsym first, .symtab second: the full table wins where both name a symbol
-    for wanted in tables:
+    for wanted_table in tables:
         for sh in sections:
-            if sh[1] != wanted:
-                continue
-            strtab = sections[sh[6]]
-            str_off, str_size = strtab[4], strtab[5]
-            for off in range(sh[4], sh[4] + sh[5], sh[9] or 24):
-                st_name, st_info, _other, st_shndx, st_value, st_size = struct.unpack_from("<IBBHQQ", data, off)
-                if not st_name or st_shndx == 0:
-                    continue
-                end = data.find(b"\0", str_off + st_name, str_off + str_size)
-                if end < 0:
-                    continue
-                name = data[str_off + st_name : end].decode(errors="replace")
-                symbols[name] = Symbol(name, st_value, st_size, st_info & 0xF)
-    return ElfFile(path, segments, symbols)
+            if sh[1] == wanted_table:
+                for sym in _symbols(data, sh, sections):
+                    if wanted is None or sym.name in wanted:
+                        symbols[sym.name] = sym
+    out = ElfFile(path, segments, symbols, eh_frame_hdr)
+    if slot_names:
+        out.slots = _slots(data, sections, slot_names)
+    return out
+
+
+def _symbols(data: mmap.mmap, sh: tuple[int, ...], sections: list[tuple[int, ...]]) -> Iterator[Symbol]:
+    """The named, defined symbols of one table (at most MAX_SYMBOLS)."""
+    if sh[9] not in (0, SYM_BYTES):
+        return
+    strtab = sections[sh[6]]
+    for i in range(min(sh[5] // SYM_BYTES, MAX_SYMBOLS)):
+        st_name, st_info, _other, st_shndx, st_value, st_size = struct.unpack_from("<IBBHQQ", data, sh[4] + i * 24)
+        if st_name and st_shndx:
+            name = _name(data, strtab, st_name)
+            if name is not None:
+                yield Symbol(name, st_value, st_size, st_info & 0xF)
+
+
+def _name(data: mmap.mmap, strtab: tuple[int, ...], index: int) -> str | None:
+    """A NUL-terminated name of a string table, None where it runs past MAX_NAME or the table."""
+    start, end = strtab[4] + index, strtab[4] + strtab[5]
+    stop = data.find(b"\0", start, min(end, start + MAX_NAME))
+    return None if stop < 0 else data[start:stop].decode(errors="replace")
+
+
+def _slots(data: mmap.mmap, sections: list[tuple[int, ...]], names: Collection[str]) -> dict[int, str]:
+    """GOT slot -> symbol name, for the relocations that bind a slot to one of *names* (PLT calls)."""
+    out: dict[int, str] = {}
+    for sh in sections:
+        if sh[1] != SHT_RELA or sh[9] not in (0, RELA_BYTES) or not 0 < sh[6] < len(sections):
+            continue
+        symtab = sections[sh[6]]
+        if symtab[1] != SHT_DYNSYM or not 0 <= symtab[6] < len(sections):
+            continue
+        for i in range(min(sh[5] // RELA_BYTES, MAX_RELOCATIONS)):
+            r_offset, r_info = struct.unpack_from("<QQ", data, sh[4] + i * RELA_BYTES)
+            index = r_info >> 32
+            if r_info & 0xFFFFFFFF in (R_X86_64_GLOB_DAT, R_X86_64_JUMP_SLOT) and index < symtab[5] // SYM_BYTES:
+                st_name = struct.unpack_from("<I", data, symtab[4] + index * SYM_BYTES)[0]
+                name = _name(data, sections[symtab[6]], st_name)
+                if name in names:
+                    out[r_offset] = name
+    return out
 
 
 def read_at(path: str, elf: ElfFile, vaddr: int, size: int) -> bytes:
     """*size* bytes of the file's initialised data at *vaddr* (a constant such as ``Py_Version``)."""
-    with open(path, "rb") as f:
-        f.seek(elf.file_offset(vaddr))
-        return f.read(size)
+    fd = open_regular(path)
+    try:
+        return os.pread(fd, size, elf.file_offset(vaddr))
+    finally:
+        os.close(fd)

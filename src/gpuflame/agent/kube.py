@@ -7,6 +7,10 @@ and container names): reading it needs only a read-only hostPath, no API
 access and no cluster-wide RBAC. Where no runtime state is readable, the
 namespace comes from the pod's service-account mount and the pod name from its
 hostname (as the kubelet sets it); the container is then unknown.
+
+Those two files belong to the container: they are read inside its root
+(:mod:`gpuflame.agent.confined`: no link leads out, no FIFO blocks), a few
+bytes at most, and used only if they read as a Kubernetes name.
 """
 
 from __future__ import annotations
@@ -16,6 +20,9 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+
+from gpuflame.agent.confined import read_in_root
+from gpuflame.agent.lru import LRU
 
 _CONTAINER_ID = re.compile(r"(?:cri-containerd-|crio-|docker-|containerd-)?([0-9a-f]{64})(?:\.scope)?$")
 _POD_UID = re.compile(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})")
@@ -36,6 +43,11 @@ ANNOTATIONS = {
     "io.kubernetes.container.name": "container",
 }
 SERVICE_ACCOUNT_NAMESPACE = "var/run/secrets/kubernetes.io/serviceaccount/namespace"
+NAME_BYTES = 256  # a namespace or a hostname is at most 63 characters
+SPEC_BYTES = 4 << 20  # a runtime's config.json
+CONTAINERS_KEPT = 4096  # containers whose labels are remembered (the oldest forgotten first)
+# a namespace, and the hostname the kubelet gives a pod (its name cut at 63): an RFC 1123 label
+_K8S_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
 
 def container_id(cgroup_text: str) -> tuple[str, str]:
@@ -50,12 +62,16 @@ def container_id(cgroup_text: str) -> tuple[str, str]:
     return "", ""
 
 
-def _read(path: str, limit: int = 1 << 20) -> str:
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            return f.read(limit)
-    except OSError:
-        return ""
+def _read(root: str, path: str, limit: int) -> str:
+    """A regular file inside *root*, cut at *limit* bytes; empty where it cannot be read that way."""
+    data = read_in_root(root, path, limit)
+    return "" if data is None else data.decode("utf-8", errors="replace")
+
+
+def _k8s_name(text: str) -> str:
+    """*text* if it reads as a Kubernetes namespace or pod hostname, else empty."""
+    text = text.strip()
+    return text if _K8S_NAME.fullmatch(text) else ""
 
 
 @dataclass
@@ -64,7 +80,7 @@ class Placement:
 
     host_root: str = "/"
     node: str = ""
-    _cache: dict[str, dict[str, str]] = field(default_factory=dict)
+    _cache: LRU[str, dict[str, str]] = field(default_factory=lambda: LRU(CONTAINERS_KEPT))
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Placement:
@@ -74,17 +90,18 @@ class Placement:
 
     def labels(self, pid: int) -> dict[str, str]:
         out = {"node": self.node} if self.node else {}
-        cid, _uid = container_id(_read(f"/proc/{pid}/cgroup"))
+        cid, _uid = container_id(_read(f"/proc/{pid}", "cgroup", 1 << 16))
         if not cid:
             return out
-        if cid not in self._cache:
-            self._cache[cid] = self.from_runtime(cid) or self.from_inside(pid)
-        return {**out, **self._cache[cid]}
+        found = self._cache.get(cid)
+        if found is None:
+            found = self._cache[cid] = self.from_runtime(cid) or self.from_inside(pid)
+        return {**out, **found}
 
     def from_runtime(self, cid: str) -> dict[str, str]:
         """The kubelet's annotations in the runtime's OCI spec of the container."""
         for pattern in RUNTIME_SPECS:
-            text = _read(os.path.join(self.host_root, pattern.format(id=cid)), 4 << 20)
+            text = _read(self.host_root, pattern.format(id=cid), SPEC_BYTES)
             if not text:
                 continue
             try:
@@ -99,12 +116,12 @@ class Placement:
     @staticmethod
     def from_inside(pid: int) -> dict[str, str]:
         """Namespace from the service-account mount, pod from the hostname, as the process sees them."""
-        root = f"/proc/{pid}/root/"
+        root = f"/proc/{pid}/root"
         out = {}
-        namespace = _read(root + SERVICE_ACCOUNT_NAMESPACE, 256).strip()
+        namespace = _k8s_name(_read(root, SERVICE_ACCOUNT_NAMESPACE, NAME_BYTES))
         if namespace:
             out["namespace"] = namespace
-        pod = _read(root + "etc/hostname", 256).strip()
+        pod = _k8s_name(_read(root, "etc/hostname", NAME_BYTES))
         if pod:
             out["pod"] = pod
         return out

@@ -7,6 +7,7 @@ import bisect
 from gpuflame.agent import procs
 from gpuflame.agent.elf import ElfFile
 from gpuflame.agent.events import P_NATIVE, proc_value
+from gpuflame.agent.lru import LRU
 from gpuflame.agent.py_offsets import OFFSETS
 from gpuflame.agent.pyremote import CodeReader, Memory
 from gpuflame.model.profile import NATIVE, Frame
@@ -14,6 +15,7 @@ from gpuflame.symbols.names import native_address_name
 
 # native frames from these files are the interpreter itself: the Python frames stand for them
 _INTERPRETER = ("libpython", "/python")
+NATIVE_NAMES_KEPT = 1 << 16  # native frames named, per process
 
 
 class Process:
@@ -28,12 +30,13 @@ class Process:
         if self.interpreter is not None and procs.supported(self.interpreter.version):
             offsets = OFFSETS[self.interpreter.version]
             try:
-                self.reader = CodeReader(Memory(pid), self.interpreter.version, offsets, root=f"/proc/{pid}/root")
+                self.reader = CodeReader(Memory(pid), self.interpreter.version, offsets, root=f"/proc/{pid}/root",
+                                         root_when_gone="/" if procs.sees_host_files(pid) else "")
             except OSError:
                 pass  # it ended between reading its maps and opening its memory (a fork child: the parent's)
         self._maps: list[procs.Mapping] = []
         self._starts: list[int] = []
-        self._native_names: dict[int, Frame] = {}
+        self._native_names: LRU[int, Frame] = LRU(NATIVE_NAMES_KEPT)
         self._shared = False  # the reader is the parent's (forked)
 
     @classmethod
@@ -98,7 +101,7 @@ class Process:
         m = self._mapping(addr)
         if m is None:
             return Frame(native_address_name(addr), kind=NATIVE)
-        elf = procs.elf_file(procs.in_root(self.pid, m.path), full=True)
+        elf = procs.mapped_elf(self.pid, m, full=True)
         if elf is not None:
             vaddr = self._file_vaddr(elf, m, addr)
             sym = elf.function_at(vaddr) if vaddr is not None else None

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 import struct
 from dataclasses import dataclass
 
+from gpuflame.agent.confined import open_in_root
 from gpuflame.agent.elf import ElfError, ElfFile, read_at, read_elf
+from gpuflame.agent.lru import LRU
 from gpuflame.agent.py_offsets import OFFSETS
 
 LIBCUDA = re.compile(r"(^|/)libcuda\.so(\.\d+)*$")
@@ -54,6 +57,55 @@ def maps(pid: int) -> list[Mapping]:
 def in_root(pid: int, path: str) -> str:
     """*path* as process *pid* sees it, openable from here."""
     return f"/proc/{pid}/root{path}"
+
+
+MAP_FILES = "/proc/{pid}/map_files/{start:x}-{end:x}"  # needs CAP_SYS_ADMIN or CAP_CHECKPOINT_RESTORE
+
+
+def map_file(pid: int, m: Mapping) -> str:
+    """The magic link to the very file of mapping *m* (no path resolved)."""
+    return MAP_FILES.format(pid=pid, start=m.start, end=m.end)
+
+
+def open_mapped(pid: int, m: Mapping) -> tuple[int, bool]:
+    """A read-only fd of the file of mapping *m*, and whether it is surely that file: the very file
+    (:func:`map_file`), else its path resolved inside the process's root (no link leads out of it, but the
+    process may have put another file there); raises OSError."""
+    try:
+        fd, exact = os.open(map_file(pid, m), os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC), True
+    except OSError:
+        fd, exact = open_in_root(f"/proc/{pid}/root", m.path), False
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(f"{m.path}: not a regular file")
+    return fd, exact
+
+
+def mapped_elf(pid: int, m: Mapping, full: bool = False) -> ElfFile | None:
+    """The parsed file of mapping *m* (:func:`open_mapped`, :func:`elf_file`)."""
+    try:
+        fd, _exact = open_mapped(pid, m)
+    except OSError:
+        return None
+    try:
+        return elf_file(f"/proc/self/fd/{fd}", full)
+    finally:
+        os.close(fd)
+
+
+def is_mapped(st: os.stat_result, m: Mapping) -> bool:
+    """*st* is the file of mapping *m* (its device and inode)."""
+    major, minor = (int(x, 16) for x in m.dev.split(":"))
+    return (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino) == (major, minor, m.inode)
+
+
+def sees_host_files(pid: int) -> bool:
+    """The process has this agent's mount namespace and root (not a container's): its paths are the host's."""
+    try:
+        same_ns = os.stat(f"/proc/{pid}/ns/mnt").st_ino == os.stat("/proc/self/ns/mnt").st_ino
+        return same_ns and os.path.samestat(os.stat(f"/proc/{pid}/root"), os.stat("/"))
+    except OSError:
+        return False
 
 
 def as_seen(path: str) -> str:
@@ -151,7 +203,10 @@ class Interpreter:
     path: str
 
 
-_ELF_CACHE: dict[tuple[int, int, int, bool], ElfFile | None] = {}
+ELF_FILES_KEPT = 64  # parsed files remembered, with at most ELF_SYMBOLS_KEPT symbols among them
+ELF_SYMBOLS_KEPT = 1 << 19
+_ELF_CACHE: LRU[tuple[int, int, int, bool], ElfFile | None] = LRU(ELF_FILES_KEPT, ELF_SYMBOLS_KEPT,
+                                                                   lambda elf: len(elf.symbols))
 
 
 def elf_file(path: str, full: bool = False) -> ElfFile | None:
@@ -161,12 +216,14 @@ def elf_file(path: str, full: bool = False) -> ElfFile | None:
     except OSError:
         return None
     key = (st.st_dev, st.st_ino, st.st_mtime_ns, full)
-    if key not in _ELF_CACHE:
-        try:
-            _ELF_CACHE[key] = read_elf(path, full)
-        except (OSError, ElfError):
-            _ELF_CACHE[key] = None
-    return _ELF_CACHE[key]
+    if key in _ELF_CACHE:
+        return _ELF_CACHE.get(key)
+    try:
+        elf = read_elf(path, full)
+    except (OSError, ElfError):
+        elf = None
+    _ELF_CACHE[key] = elf
+    return elf
 
 
 def load_bias(elf: ElfFile, mappings: list[Mapping]) -> int | None:
@@ -205,11 +262,18 @@ def interpreter(pid: int) -> Interpreter | None:
     for path in candidates:
         if path not in by_path:
             continue
-        real = in_root(pid, path)
-        elf = elf_file(real)
-        if elf is None or "_PyRuntime" not in elf.symbols:
+        try:
+            fd, _exact = open_mapped(pid, by_path[path][0])
+        except OSError:
             continue
-        version = python_version(real, elf) or python_version(path, elf)
+        try:
+            real = f"/proc/self/fd/{fd}"
+            elf = elf_file(real)
+            if elf is None or "_PyRuntime" not in elf.symbols:
+                continue
+            version = python_version(real, elf) or python_version(path, elf)
+        finally:
+            os.close(fd)
         bias = load_bias(elf, by_path[path])
         if version is None or bias is None:
             continue

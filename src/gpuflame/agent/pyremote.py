@@ -6,6 +6,11 @@ here they become :class:`~gpuflame.model.Frame` s with the same name
 source on 3.10), file and line as :mod:`gpuflame.capture.code_frames` gives in
 the process itself. A code object lives as long as its function, so it is
 read once per process and cached; lines come from its own line table.
+
+The process may be hostile: every read is capped (``MAX_STRING`` characters,
+``MAX_LINETABLE`` bytes) and the caches are bounded (:class:`~gpuflame.agent.lru.LRU`:
+``CODE_CACHE_BYTES`` of code objects, ``FRAME_CACHE_ENTRIES`` named frames per
+process); an entry forgotten is read again while the process lives.
 """
 
 from __future__ import annotations
@@ -14,13 +19,20 @@ import os
 import struct
 from dataclasses import dataclass
 
+from gpuflame.agent.confined import read_in_root
 from gpuflame.agent.events import CodeRecord
+from gpuflame.agent.lru import LRU
 from gpuflame.model.profile import Frame
-from gpuflame.symbols.names import display_name
-from gpuflame.symbols.qualnames import display as recovered_name
+from gpuflame.symbols.names import MODULE, display_name
+from gpuflame.symbols.qualnames import MAX_SOURCE_BYTES, FileIndex, index_source
 
 MAX_STRING = 4096
-MAX_LINETABLE = 1 << 20
+MAX_LINETABLE = 1 << 18  # a 10,000-line function's table is ~60 KiB
+CODE_CACHE_ENTRIES = 1 << 15
+CODE_CACHE_BYTES = 16 << 20  # per process: name, file and line table of each code object kept
+FRAME_CACHE_ENTRIES = 1 << 16
+SOURCES_KEPT = 32  # 3.10: parsed source files, per process
+CODE_OVERHEAD = 256  # bytes a cached code object costs besides its strings and table
 
 
 class Memory:
@@ -70,13 +82,16 @@ class Code:
 class CodeReader:
     """Code objects of one process, read once each."""
 
-    def __init__(self, memory: Memory, version: str, offsets: dict[str, int], root: str = "") -> None:
+    def __init__(self, memory: Memory, version: str, offsets: dict[str, int], root: str = "",
+                 root_when_gone: str = "") -> None:
         self.memory = memory
         self.version = version
         self.off = offsets
         self.root = root  # /proc/PID/root, to read 3.10 sources as the process sees them
-        self._codes: dict[int, Code | None] = {}
-        self._frames: dict[tuple[int, int], Frame] = {}
+        self.root_when_gone = root_when_gone  # "/" for a process that saw the host's files: read there once gone
+        self._codes: LRU[int, Code | None] = LRU(CODE_CACHE_ENTRIES, CODE_CACHE_BYTES, _code_bytes)
+        self._frames: LRU[tuple[int, int], Frame] = LRU(FRAME_CACHE_ENTRIES)
+        self._sources: LRU[str, FileIndex | None] = LRU(SOURCES_KEPT)
 
     def frame(self, code_addr: int, instr: int) -> Frame:
         key = (code_addr, instr)
@@ -112,17 +127,24 @@ class CodeReader:
             name = display_name(raw_name)
             adaptive = r.code + self.off["code_adaptive"]
         else:
-            name = _name_from_source(self.root, file, r.firstlineno, raw_name)
+            name = self._name_from_source(file, r.firstlineno, raw_name)
             adaptive = 0
         self._codes[r.code] = Code(name, file, r.firstlineno, table, self.version, adaptive)
 
     def code(self, addr: int) -> Code | None:
-        if addr not in self._codes:
-            try:
-                self._codes[addr] = self._read_code(addr)
-            except (OSError, ValueError, OverflowError, UnicodeError, struct.error):
-                self._codes[addr] = None
-        return self._codes[addr]
+        if addr in self._codes:
+            return self._codes.get(addr)
+        try:
+            code = self._read_code(addr)
+        except (OSError, ValueError, OverflowError, UnicodeError, struct.error):
+            code = None
+        self._codes[addr] = code
+        return code
+
+    @property
+    def cached_bytes(self) -> int:
+        """What the code objects kept weigh (bounded by CODE_CACHE_BYTES)."""
+        return self._codes.weight
 
     def _read_code(self, addr: int) -> Code | None:
         o, m = self.off, self.memory
@@ -137,9 +159,22 @@ class CodeReader:
             adaptive = addr + o["code_adaptive"]
         else:  # 3.10: no co_qualname; recover it from the source, as in-process capture does
             co_name = self.unicode(m.u64(addr + o["code_name"]))
-            name = _name_from_source(self.root, file, firstlineno, co_name)
+            name = self._name_from_source(file, firstlineno, co_name)
             adaptive = 0
         return Code(name, file, firstlineno, linetable, self.version, adaptive)
+
+    def _name_from_source(self, file: str, firstlineno: int, co_name: str) -> str:
+        """3.10's qualname, recovered from the source as the process sees it: a file named by the process is
+        read only inside its root (no link out of it, regular files, capped), once it is gone only if that root
+        was the host's; *co_name* where it cannot be read."""
+        index = None
+        root = self.root if os.path.isdir(self.root) else self.root_when_gone
+        if root and file.startswith("/") and co_name != MODULE:
+            if file in self._sources:
+                index = self._sources.get(file)
+            else:
+                index = self._sources[file] = _index(read_in_root(root, file, MAX_SOURCE_BYTES + 1))
+        return display_name(index.qualname(firstlineno, co_name) if index is not None else co_name)
 
     def string_at(self, addr: int, limit: int) -> str:
         """A C string (a type's ``tp_name``)."""
@@ -166,6 +201,19 @@ class CodeReader:
         return self.memory.read(addr + self.off["bytes_data"], size)
 
 
+def _index(source: bytes | None) -> FileIndex | None:
+    if source is None or len(source) > MAX_SOURCE_BYTES:
+        return None
+    try:
+        return index_source(source)
+    except (SyntaxError, ValueError, UnicodeError, MemoryError, RecursionError):
+        return None
+
+
+def _code_bytes(code: Code) -> int:
+    return CODE_OVERHEAD + len(code.name) + len(code.file) + len(code.linetable)
+
+
 def _decode(raw: bytes, state: int, length: int) -> tuple[str, bool]:
     """Characters of a copied str (its state word says ASCII or 1/2/4 bytes each); and whether all were copied."""
     width = 1 if (state >> 6) & 1 else max(1, (state >> 2) & 7)
@@ -173,13 +221,6 @@ def _decode(raw: bytes, state: int, length: int) -> tuple[str, bool]:
     got = min(need, len(raw)) // width * width
     codec = {1: "latin-1", 2: "utf-16-le", 4: "utf-32-le"}.get(width, "latin-1")
     return raw[:got].decode(codec, errors="replace"), need <= len(raw)
-
-
-def _name_from_source(root: str, file: str, firstlineno: int, co_name: str) -> str:
-    """3.10's qualname, recovered from the source as the process sees it (its root; the host's once it is gone)."""
-    if root and file.startswith("/") and os.path.isdir(root):
-        return recovered_name(root + file, firstlineno, co_name)
-    return recovered_name(file, firstlineno, co_name)
 
 
 def line_for(table: bytes, firstlineno: int, lasti: int, version: str) -> int | None:

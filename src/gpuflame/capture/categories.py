@@ -9,7 +9,8 @@ activations. Two sources, the first that knows wins:
    parameters and buffers, their ``.grad``, ``torch.optim.Optimizer.state``
    and transformers ``Cache`` objects, and maps each tensor's storage to a
    category; every ``optimizer.step()`` (a global step pre- and post-hook,
-   O(parameters)) does the same for that optimizer. A block the recorder
+   O(parameters)) does the same for that optimizer, and every parameter or
+   buffer a module registers is a ``parameter`` from that moment on. A block the recorder
    holds at such a storage takes the category and keeps it as a *tag*, so a
    block live at the peak and freed since (a gradient dropped by
    ``zero_grad(set_to_none=True)``) is still classed right.
@@ -19,8 +20,9 @@ activations. Two sources, the first that knows wins:
    ``forward`` or a ``backward`` frame is ``activation``; anything else is
    ``other``.
 
-Blind spots: a block freed before any snapshot or optimizer step saw it in
-the graph is classed by its stack alone (a gradient of a loop without a
+Blind spots: a block freed before any snapshot, optimizer step or
+registration hook saw it is classed by its stack alone (the gradient of a
+parameter made before the recording started, in a loop without a
 ``torch.optim`` optimizer, freed before the profile is taken, is an
 ``activation``: it was made in backward); a storage shared by two roles
 takes the first of parameter, gradient, optimizer state, KV cache; tensors
@@ -262,12 +264,23 @@ def _follow_alloc(out: dict[tuple[int, str], list[int]], default: Callable[[int]
 
 
 # -----------------------------------------------------------------------------
-# tagging at every optimizer step
+# tagging at every optimizer step and every weight a module registers
 # -----------------------------------------------------------------------------
 
 
-class StepTagger:
-    """Global optimizer step hooks that hand each step's roles to *tag* (never raising into the step)."""
+class EventTagger:
+    """Global torch hooks that hand roles to *tag* as they become known (never raising into the program).
+
+    Every ``optimizer.step()`` (pre and post) tags that optimizer's
+    parameters, gradients and state; every parameter or buffer a module
+    registers is tagged ``parameter`` then and there, so a model freed before
+    the profile is written (the demo's, at exit) keeps its weights classed
+    whoever allocated them (``LlamaRMSNorm``'s ``torch.ones``, not only
+    ``torch.nn``'s own modules), and such a parameter's gradient is tagged
+    ``gradient`` when autograd accumulates it, with or without an optimizer
+    (a post-accumulate-grad hook, removed at stop). One Python call per
+    registration and per parameter per backward pass.
+    """
 
     def __init__(self, key: StorageKey, tag: Callable[[dict[int, str]], None]) -> None:
         self.key = key
@@ -277,12 +290,17 @@ class StepTagger:
 
     def install(self) -> None:
         optimizer = sys.modules.get("torch.optim.optimizer")
-        if optimizer is None or not hasattr(optimizer, "register_optimizer_step_pre_hook"):
-            return
-        self.handles = [
-            optimizer.register_optimizer_step_pre_hook(self._on_step),
-            optimizer.register_optimizer_step_post_hook(self._on_step),
-        ]
+        if optimizer is not None and hasattr(optimizer, "register_optimizer_step_pre_hook"):
+            self.handles += [
+                optimizer.register_optimizer_step_pre_hook(self._on_step),
+                optimizer.register_optimizer_step_post_hook(self._on_step),
+            ]
+        module = sys.modules.get("torch.nn.modules.module")
+        if module is not None and hasattr(module, "register_module_parameter_registration_hook"):
+            self.handles += [
+                module.register_module_parameter_registration_hook(self._on_parameter),
+                module.register_module_buffer_registration_hook(self._on_weight),
+            ]
 
     def remove(self) -> None:
         handles, self.handles = self.handles, []
@@ -293,4 +311,33 @@ class StepTagger:
         try:
             self.tag(optimizer_roles(optimizer, self.key))
         except Exception:  # noqa: BLE001 - a failed tag loses a category, never the step
+            self.failed += 1
+
+    def _on_parameter(self, module: Any, name: str, value: Any) -> None:
+        """A parameter is a weight now, and its gradient a gradient once autograd accumulates it."""
+        self._on_weight(module, name, value)
+        if getattr(value, "requires_grad", False) and hasattr(value, "register_post_accumulate_grad_hook"):
+            try:
+                self.handles.append(value.register_post_accumulate_grad_hook(self._on_grad))
+            except Exception:  # noqa: BLE001 - a failed hook loses a category, never the module
+                self.failed += 1
+
+    def _on_grad(self, parameter: Any) -> None:
+        try:
+            roles: dict[int, str] = {}
+            _assign(roles, self.key, GRADIENT, (parameter.grad,))
+            if roles:
+                self.tag(roles)
+        except Exception:  # noqa: BLE001 - a failed tag loses a category, never the backward pass
+            self.failed += 1
+
+    def _on_weight(self, module: Any, name: str, value: Any) -> None:
+        if value is None:
+            return
+        try:
+            roles: dict[int, str] = {}
+            _assign(roles, self.key, PARAMETER, (value,))
+            if roles:
+                self.tag(roles)
+        except Exception:  # noqa: BLE001 - a failed tag loses a category, never the module
             self.failed += 1

@@ -23,7 +23,7 @@ class HookCategories:
     def __init__(self, recorder: TorchAllocatorRecorder) -> None:
         self.recorder = recorder
         self.defaults: list[str] = []  # site -> the category its stack implies
-        self.steps = categories.StepTagger(_data_ptr, self.tag)
+        self.steps = categories.EventTagger(_data_ptr, self.tag)
         # the hook's blocks when the window stopped (copied, as its rows are: the next window resets them)
         self.frozen: tuple[list[tuple[int, ...]], list[tuple[int, int, int, int]]] | None = None
 
@@ -74,7 +74,7 @@ class LedgerCategories:
     def __init__(self, recorder: TorchTensorRecorder) -> None:
         self.recorder = recorder
         self.defaults: list[str] = []  # site -> the category its stack implies
-        self.steps = categories.StepTagger(_cdata, self.tag)
+        self.steps = categories.EventTagger(_cdata, self.tag)
 
     def start(self) -> None:
         self.steps.install()

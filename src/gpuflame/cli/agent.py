@@ -16,8 +16,12 @@ from gpuflame.agent.events import LIVE_BLOCKS
 from gpuflame.cli.options import add_pyroscope_options, positive_duration
 from gpuflame.defaults import PUSH_INTERVAL_S
 from gpuflame.errors import GpuflameError
+from gpuflame.files import atomic_write
 from gpuflame.launch.store import PROFILE_NAME, RunMeta, new_run_folder, store_root
+from gpuflame.printable import printable
 from gpuflame.units import format_bytes
+
+PRIVATE_FOLDER_MODE = 0o700  # the run folder of a profile written to the store (its meta.json lists the pids)
 
 HELP = "profile every CUDA process on this machine (eBPF; no restart, any framework)"
 
@@ -111,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
         raise GpuflameError(str(exc)) from None
     done = threading.Event()
     previous = {sig: signal.signal(sig, lambda _s, _f: done.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
-    sys.stderr.write(agent.watching() + "\n")
+    sys.stderr.write(printable(agent.watching()) + "\n")  # it names files in containers
     sys.stderr.flush()
     try:
         _wait(args, agent, push, done)
@@ -125,10 +129,9 @@ def run(args: argparse.Namespace) -> int:
             push.close()
     if output is None:
         folder = new_run_folder(Path(args.store) if args.store else store_root(), ["agent"], started)
+        folder.chmod(PRIVATE_FOLDER_MODE)
         output = folder / PROFILE_NAME
-    from gpuflame.formats import save
-
-    save(profile, output)
+    _write(profile, output)
     totals = profile.totals()
     pids = sorted({int(p) for p in profile.label_values("pid")})
     if args.output is None:
@@ -136,6 +139,17 @@ def run(args: argparse.Namespace) -> int:
                 backend="agent", processes=pids, totals=totals, lost=profile.comments[1:]).write(output.parent)
     _say(args, output, profile.comments, totals, pids)
     return 0
+
+
+def _write(profile: object, output: Path) -> None:
+    """The node-wide profile, readable by its owner only (every process's stacks, names and pods)."""
+    from gpuflame.agent.agent import OUTPUT_MODE
+    from gpuflame.formats import dumps, save
+
+    if str(output) == "-":
+        save(profile, output)  # type: ignore[arg-type]
+    else:
+        atomic_write(output, dumps(profile), mode=OUTPUT_MODE)  # type: ignore[arg-type]
 
 
 def _output(args: argparse.Namespace) -> Path | None:
@@ -181,7 +195,7 @@ def _wait(args: argparse.Namespace, agent: object, push: object, done: threading
 def _say(args: argparse.Namespace, output: Path, comments: list[str], totals: dict[str, int], pids: list[int]) -> None:
     lost = comments[1:]
     for note in lost:
-        sys.stderr.write(f"{note}\n")
+        sys.stderr.write(printable(note) + "\n")  # it may name a process's own files
     if args.json:
         sys.stdout.write(json.dumps({"profile": str(output.resolve()), "processes": pids, "totals": totals,
                                      "lost": lost}) + "\n")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ from gpuflame.model.functions import missing_def_lines_note
 from gpuflame.model.moment import When, parse_when
 from gpuflame.model.peak import is_exact
 from gpuflame.model.profile import Profile
+from gpuflame.printable import printable
 from gpuflame.symbols.names import CACHED_FREE, TRAMPOLINE_NAME
 from gpuflame.symbols.qualnames import Resolver
 from gpuflame.symbols.source_paths import SourceMap, parse_root
@@ -288,8 +290,8 @@ def _frame_count(profile: Profile) -> int:
 def _warn_no_match(args: argparse.Namespace, option: str, profile: Profile, pattern: str) -> None:
     """A pattern that matched nothing is a typo more often than not: say so (pprof: "matched no samples")."""
     if profile.samples:
-        sys.stderr.write(f"{command_prefix(args)}: warning: {option} changed nothing: "
-                         f"{no_match_message(profile.frames, pattern)}\n")
+        sys.stderr.write(printable(f"{command_prefix(args)}: warning: {option} changed nothing: "
+                                   f"{no_match_message(profile.frames, pattern)}") + "\n")
 
 
 def _focus(profile: Profile, name: str) -> Profile:
@@ -315,7 +317,22 @@ def load_for_analysis(args: argparse.Namespace, paths: Sequence[str]) -> Loaded:
     if note:  # older gpuflame files, py-spy's, Go's: say why a bar has no line
         profile.comments.append(note)
     index = profile.pick_type(args.type)
-    return Loaded(apply_filters(profile, args, index), index, ", ".join(paths))
+    shown = " ".join([", ".join(paths), *filters_applied(args)])
+    return Loaded(apply_filters(profile, args, index), index, shown)
+
+
+def filters_applied(args: argparse.Namespace) -> list[str]:
+    """The filter flags of *args* as a user would type them: a header that shows a filtered profile says so."""
+    words = [f"--label {shlex.quote(f'{k}={v}')}" for k, v in args.label]
+    words += ["--no-cached"] if args.no_cached else []
+    words += [f"--ignore {shlex.quote(p)}" for p in args.ignore]
+    words += [f"--focus {shlex.quote(args.focus)}"] if args.focus else []
+    words += [f"--hide {shlex.quote(p)}" for p in args.hide]
+    words += ["--hide-trampolines"] if args.hide_trampolines else []
+    if args.prune_framework:
+        words.append(f"--prune-framework={args.prune_framework}")
+    words += [f"--min-size {args.min_size}"] if args.min_size else []
+    return words
 
 
 def print_json(data: Any) -> None:
@@ -343,5 +360,14 @@ def peak_json(profile: Profile, type_name: str) -> dict[str, object]:
     if not description:
         return {}
     units = profile.peak_units()
-    return {"peak": {"description": description, "exact": is_exact(units),
-                     "devices": [u.to_json() for u in units]}}
+    per_device = profile.device_totals(profile.type_index(type_name))
+    shown = [u for u in units if u.device in per_device] or units
+    several = len({u.device for u in shown}) > 1  # each device's own moment: the sum is not one moment
+    out: dict[str, object] = {
+        "description": description, "exact": is_exact(shown) and not several,
+        "devices": [{**u.to_json(), "peak": per_device.get(u.device, 0)} for u in shown],
+    }
+    joint = profile.joint_device_peak() if several else None
+    if joint:
+        out["devices_together"] = {"allocated": joint[1], "at_ns": joint[0]}
+    return {"peak": out}

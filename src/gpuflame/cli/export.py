@@ -22,6 +22,7 @@ from gpuflame.cli.common import (
 from gpuflame.files import STDIO, check_output
 from gpuflame.formats.torch_snapshot import UNITS_NOTE
 from gpuflame.model.profile import Profile
+from gpuflame.printable import printable
 from gpuflame.render.writers import FORMATS, output_format, save
 from gpuflame.units import format_bytes, format_count
 
@@ -122,12 +123,12 @@ def _say(args: argparse.Namespace, written: dict[str, Any]) -> None:
     totals = ", ".join(f"{name} {format_count(t['total'], t['unit'])}" for name, t in written["totals"].items())
     devices = written["labels"].get("device")
     where = f" on {', '.join(devices)}" if devices else ""
-    print(f"wrote {args.output} ({written['format']}, {what}, {counted}, {format_bytes(written['bytes'])})"
-          f"{where}: {totals}")
+    print(printable(f"wrote {args.output} ({written['format']}, {what}, {counted}, "
+                    f"{format_bytes(written['bytes'])}){where}: {totals}"))
     for comment in written["comments"]:
         if comment != UNITS_NOTE:  # the units are in convert --help and in the file; the rest as report says them
-            sys.stderr.write(f"{command_prefix(args)}: note: {comment}\n")
-    print(f"next: {written['next']}")
+            sys.stderr.write(printable(f"{command_prefix(args)}: note: {comment}") + "\n")
+    print(printable(f"next: {written['next']}"))
 
 
 def _size(path: str) -> int:

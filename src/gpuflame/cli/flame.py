@@ -16,7 +16,7 @@ from gpuflame.cli.common import (
 from gpuflame.files import atomic_write, check_output
 from gpuflame.render import svg
 from gpuflame.render.flame_text import flame_lines, render_flame
-from gpuflame.render.terminal import make_console, print_comments, type_title
+from gpuflame.render.terminal import make_console, plain, print_comments, type_title
 
 HELP = "the flame graph in the terminal"
 
@@ -92,6 +92,6 @@ def run(args: argparse.Namespace) -> int:
     peak = loaded.profile.peak_description(sample_type.type)
     render_flame(console, tree, lines, type_title(sample_type.type, sample_type.unit, tree.total, peak))
     if args.svg:
-        console.print(f"wrote {args.svg} (svg)", style="dim", markup=False, soft_wrap=True)
+        console.print(plain(f"wrote {args.svg} (svg)", style="dim"), soft_wrap=True)
     return 0
 

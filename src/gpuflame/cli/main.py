@@ -8,6 +8,7 @@ command is that module and its name in :data:`COMMANDS`.
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import os
 import sys
@@ -16,6 +17,7 @@ from typing import NoReturn, Protocol, cast
 
 from gpuflame import __version__
 from gpuflame.errors import GpuflameError
+from gpuflame.printable import printable
 
 # Order is the order of ``gpuflame --help``.
 COMMANDS = ("run", "report", "flame", "view", "serve", "top", "explain", "diff", "export", "convert", "push", "webhook")
@@ -58,8 +60,43 @@ class ArgumentParser(argparse.ArgumentParser):
     """argparse that reports a wrong flag in one line instead of a usage dump."""
 
     def error(self, message: str) -> NoReturn:
-        sys.stderr.write(f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        sys.stderr.write(printable(f"{self.prog}: error: {message} (see {self.prog} --help)") + "\n")
         raise SystemExit(2)
+
+
+def did_you_mean(unknown: Sequence[str], parser: argparse.ArgumentParser) -> str:
+    """`` (did you mean --backend?)`` for mistyped flags among *unknown*, or ``""``.
+
+    Python 3.11's argparse only says "unrecognized arguments"; a typo in a
+    long flag is the usual cause, so the nearest flag of the command is named.
+    """
+    flags = [s for action in parser._actions for s in action.option_strings if s.startswith("--")]
+    hints = []
+    for word in unknown:
+        if word.startswith("--"):
+            close = difflib.get_close_matches(word.split("=", 1)[0], flags, n=1, cutoff=0.7)
+            hints += [f"{word.split('=', 1)[0]} -> {close[0]}"] if close else []
+    if not hints:
+        return ""
+    if len(hints) == 1:
+        return f" (did you mean {hints[0].split(' -> ')[1]}?)"
+    return f" (did you mean: {', '.join(hints)}?)"
+
+
+def parse(parser: ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """Parse *argv*; an unknown flag is refused by its command's parser, with the flag it was likely meant to be."""
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        command = _commands(parser).get(getattr(args, "command", None) or "", parser)
+        command.error(f"unrecognized arguments: {' '.join(unknown)}{did_you_mean(unknown, command)}")
+    return args
+
+
+def _commands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
 
 
 def command_module(name: str) -> Command:
@@ -95,14 +132,14 @@ def build_parser() -> ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse(parser, argv)
     if not getattr(args, "command", None):
         parser.print_help()
         return 2
     try:
         return int(args.handler(args) or 0)
     except GpuflameError as exc:
-        sys.stderr.write(f"gpuflame {args.command}: error: {exc}\n")
+        sys.stderr.write(printable(f"gpuflame {args.command}: error: {exc}") + "\n")  # it may quote a file
         return 2
     except KeyboardInterrupt:
         sys.stderr.write("gpuflame: interrupted\n")
@@ -115,8 +152,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:  # a bug in gpuflame: still one line, unless asked
         if os.environ.get("GPUFLAME_DEBUG"):
             raise
-        sys.stderr.write(
+        sys.stderr.write(printable(
             f"gpuflame {args.command}: internal error: {type(exc).__name__}: {exc} "
-            "(set GPUFLAME_DEBUG=1 for a traceback, and please report it)\n"
-        )
+            "(set GPUFLAME_DEBUG=1 for a traceback, and please report it)"
+        ) + "\n")
         return 3

@@ -7,6 +7,7 @@ import json
 import sys
 
 from gpuflame.formats import load
+from gpuflame.printable import printable
 from gpuflame.ship.pyroscope import Credentials, PyroscopeClient, base_labels, push_request, service_name
 
 HELP = "upload a profile file to Pyroscope once"
@@ -51,5 +52,6 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(json.dumps({"url": client.url, "labels": labels, "bytes": len(body)}) + "\n")
     else:
-        sys.stderr.write(f"gpuflame: pushed {args.file} to {client.url} as service_name={labels['service_name']}\n")
+        said = f"gpuflame: pushed {args.file} to {client.url} as service_name={labels['service_name']}"
+        sys.stderr.write(printable(said) + "\n")
     return 0

@@ -23,13 +23,19 @@ or pick two and diff them.
 
 It listens on 127.0.0.1 only, unless --host says otherwise (profiles contain
 source paths and function names: think before sharing them), serves only
-files inside the folder, and never changes a file. Ctrl-C stops it."""
+files inside the folder, and never changes a file. Ctrl-C stops it.
+
+Whatever it listens on, it answers only requests addressed to this machine
+(localhost, its host name, its addresses; the Host header), so a web page
+cannot reach it by making its own name resolve here (DNS rebinding). Behind a
+reverse proxy, name the proxy's host with --allow-host."""
 
 EPILOG = """\
 examples:
   gpuflame serve                         the run store, on http://127.0.0.1:8080/
   gpuflame serve ./profiles --open       a folder of profile files, in the browser
-  gpuflame serve --port 0                any free port (printed at start)"""
+  gpuflame serve --port 0                any free port (printed at start)
+  gpuflame serve --host 0.0.0.0 --allow-host profiles.example.com   behind a reverse proxy"""
 
 DEFAULT_PORT = 8080
 
@@ -40,12 +46,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"port to listen on (default {DEFAULT_PORT}; 0 = any free port)")
     parser.add_argument("--host", default="127.0.0.1",
                         help="address to listen on (default 127.0.0.1: this machine only)")
+    parser.add_argument("--allow-host", action="append", default=[], metavar="NAME",
+                        help="also answer requests for this host name, e.g. a reverse proxy's (repeatable)")
     parser.add_argument("--open", action="store_true", help="open the page in the default browser")
 
 
 def run(args: argparse.Namespace) -> int:
     root = args.dir if args.dir is not None else _default_store()
-    server = make_server(root, args.host, args.port)
+    server = make_server(root, args.host, args.port, tuple(args.allow_host))
     _announce(server, args.host)
     if args.open:
         webbrowser.open(server.url)

@@ -18,6 +18,7 @@ from gpuflame.cli.common import (
     print_json,
 )
 from gpuflame.errors import GpuflameError
+from gpuflame.model import Profile
 from gpuflame.render.terminal import categories_table, make_console, print_comments, render_top, type_title
 
 HELP = "the top functions by self or total, or memory by category or phase"
@@ -110,7 +111,7 @@ def _by_label(args: argparse.Namespace, loaded: Loaded) -> int:
     totals_of, key, missing = _BY_LABEL[args.by]
     rows = totals_of(profile, loaded.type_index)
     if not rows:
-        raise GpuflameError(missing)
+        raise GpuflameError(_why_no_rows(args, profile, sample_type.type, key, missing))
     if args.json:
         total = sum(c.total for c in rows)
         print_json({"sample_type": sample_type.type, "unit": sample_type.unit, "total": total, "by": args.by,
@@ -122,6 +123,18 @@ def _by_label(args: argparse.Namespace, loaded: Loaded) -> int:
     console.print()
     console.print(categories_table(rows, sample_type.unit, args.by))
     return 0
+
+
+def _why_no_rows(args: argparse.Namespace, profile: Profile, type_name: str, key: str, missing: str) -> str:
+    """Why ``--by category|phase`` has nothing to show: a moment, nothing of this type held, or no such label."""
+    label = "category" if args.by == "category" else "phase"
+    if any(s.label(label) is not None for s in profile.samples):
+        return (f"no {key} to show: {type_name} is 0 B in this profile "
+                "(nothing of it was held; --type peak_space shows the peak)")
+    if getattr(args, "at", None) is not None or getattr(args, "between", None):
+        return (f"--at and --between profiles are not split by {args.by} (the event history keeps stacks, not "
+                f"{key}); drop --at/--between to see the {key} of the whole recording")
+    return missing
 
 
 def _row_json(row: dict[str, object], by: str) -> dict[str, object]:

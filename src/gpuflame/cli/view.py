@@ -20,6 +20,7 @@ from gpuflame.cli.common import (
 )
 from gpuflame.errors import GpuflameError
 from gpuflame.files import STDIO, atomic_write, check_output
+from gpuflame.printable import printable
 from gpuflame.render import svg
 from gpuflame.render.html import render_html
 from gpuflame.units import format_bytes
@@ -128,9 +129,9 @@ def run(args: argparse.Namespace) -> int:
 
 def _say(written: dict[str, Any], opened: bool) -> None:
     kind = "all sample types" if written["diff_base"] is None else "diff against " + written["diff_base"]
-    print(f"wrote {written['output']} ({format_bytes(written['bytes'])}, offline, {kind})")
+    print(printable(f"wrote {written['output']} ({format_bytes(written['bytes'])}, offline, {kind})"))
     if written["svg"]:
         picture = written["svg"]
-        print(f"wrote {picture['output']} ({format_bytes(picture['bytes'])}, svg, {picture['sample_type']})")
+        print(printable(f"wrote {picture['output']} ({format_bytes(picture['bytes'])}, svg, {picture['sample_type']})"))
     if not opened:
-        print(f"open it in a browser: {written['uri']}")
+        print(printable(f"open it in a browser: {written['uri']}"))

@@ -99,6 +99,21 @@ BEFORE_TRACE_FRAME = Frame("<allocated before the trace>", kind=SYNTHETIC)
 _BEFORE = object()  # the event history's stand-in for the frames of an allocation older than the trace
 NO_STACK_FRAME = Frame("<no stack recorded>", kind=SYNTHETIC)
 
+# why a block has no Python stack: the note said under the synthetic frame that holds it
+STACKLESS_WHY = {
+    BEFORE_TRACE_FRAME.name: (
+        "was allocated before the trace began, so its stack is not known: the trace's ring buffer had wrapped "
+        "(raise max_entries in torch.cuda.memory._record_memory_history) or recording started after these "
+        "blocks were made (start it before the model is loaded)"
+    ),
+    NO_STACK_FRAME.name: (
+        "has no stack in the snapshot: its blocks were allocated while torch recorded no stacks (before "
+        "torch.cuda.memory._record_memory_history was called, the usual case for weights loaded first, or with "
+        "stacks off), or by C++ code with no Python caller (cuBLAS workspaces, NCCL buffers); start recording "
+        "before the model is loaded to see them"
+    ),
+}
+
 INT64_MAX = (1 << 63) - 1  # what pprof can store
 
 # keys gpuflame's torch-cuda recorder adds to a live snapshot: the snapshot says it
@@ -314,6 +329,8 @@ class _Converter:
         self._devices_without_trace()
         self._note_unknown_def_lines()
         if times:
+            self._hold_to_the_end(max(t for _, t in times) * 1000)
+        if times:
             first = min(t for t, _ in times)
             last = max(t for _, t in times)
             self.profile.time_nanos = first * 1000
@@ -324,6 +341,7 @@ class _Converter:
         self.profile.phases = ordered(self.profile.phases)
         self._comment_stacks()
         self._comment_unqualified()
+        self._comment_stackless()
         if any(v < 0 or v > INT64_MAX for row in self.rows.values() for v in row):
             raise ProfileFormatError("sizes in the snapshot are out of range (a damaged file?)")
         return self.profile
@@ -342,6 +360,32 @@ class _Converter:
                 f"{unplaced:,} stacks had C++ frames between two Python frames whose place is not known "
                 "(CPython 3.11+ runs several Python frames in one C frame); they are left out"
             )
+
+    def _hold_to_the_end(self, end_ns: int) -> None:
+        """Carry each device's series to the snapshot's last event: the devices share one clock, and a
+        device whose trace ends first still holds its memory (a strip that dropped it to 0 undercounted
+        a multi-GPU peak by a whole device)."""
+        timeline = self.profile.timeline
+        if timeline is None:
+            return
+        for labels, points in timeline.series.items():
+            if points and points[-1][0] < end_ns:
+                timeline.series[labels] = [*points, (end_ns, points[-1][1])]
+
+    def _comment_stackless(self) -> None:
+        """Say what ``<allocated before the trace>`` and ``<no stack recorded>`` hold and why they have no stack."""
+        index = self.profile.pick_type()
+        held = {BEFORE_TRACE_FRAME.name: 0, NO_STACK_FRAME.name: 0}
+        for stack, labels in self.rows:
+            name = self.profile.frames[stack[0]].name if stack else ""
+            if name in held and self.profile.frames[stack[0]].kind == SYNTHETIC:
+                held[name] += self.rows[(stack, labels)][index]
+        total = sum(row[index] for row in self.rows.values())
+        kind = self.profile.sample_types[index].type
+        for name, size in held.items():
+            if size:
+                share = f"{format_bytes(size)} of {kind} ({100 * size / total:.0f}%)" if total else format_bytes(size)
+                self.comment(f"{name}: {share} {STACKLESS_WHY[name]}")
 
     def _comment_unqualified(self) -> None:
         """Say how many Python frames lack their class because their source is not here."""

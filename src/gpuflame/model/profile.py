@@ -19,6 +19,7 @@ from gpuflame.model.peak import BOUND, PROCESS, PeakUnit, describe
 from gpuflame.model.phases import PhaseStat
 from gpuflame.model.timeline import Timeline
 from gpuflame.symbols.kinds import FRAME_KINDS, NATIVE, PYTHON, SYNTHETIC, TRAMPOLINE_KIND  # noqa: F401 - with Frame
+from gpuflame.units import format_bytes
 
 if TYPE_CHECKING:
     from gpuflame.model.history import History
@@ -174,7 +175,8 @@ class Profile:
         """The type the user asked for, else the profile's default, else by preference.
 
         Preference follows README's sample types: peak (the OOM question), then in-use,
-        then allocated, then whatever comes first.
+        then allocated, then the last type, as pprof takes it when a file names no
+        default (JAX's device-memory profiles list ``allocations`` before ``space``).
         """
         if name:
             return self.type_index(name)
@@ -186,7 +188,7 @@ class Profile:
                 return names.index(preferred)
         if not names:
             raise UnknownSampleTypeError("this profile has no sample types")
-        return 0
+        return len(names) - 1
 
     # -- reading ----------------------------------------------------------
 
@@ -251,7 +253,38 @@ class Profile:
         devices = {s.label("device", "") or "" for s in shown}
         pids = {s.label("pid", "") or "" for s in shown}
         only_pid = next(iter(pids)) if len(pids) == 1 else ""
-        return describe([u for u in units if u.device in devices] or units, only_pid)
+        units = [u for u in units if u.device in devices] or units
+        text = describe(units, only_pid)
+        if len({u.device for u in units}) < 2:
+            return text
+        sums = self.device_totals(self.type_index(type_name))
+        each = ", ".join(f"{u.device} {format_bytes(sums.get(u.device, 0))}" for u in units)
+        joint = self.joint_device_peak()
+        together = (f": their allocations together peaked at {format_bytes(joint[1])}, "
+                    f"{(joint[0] - self._strip_origin()) / 1e9:.3f} s into the strip") if joint else ""
+        plain = all(u.kind == PROCESS and not u.why for u in units)
+        return (f"{len(units)} devices, each at its own peak (every GPU has its own memory): {each}; "
+                f"the sum is not one moment{together}" + ("" if plain else f"; per device: {text}"))
+
+    def device_totals(self, type_index: int) -> dict[str, int]:
+        """Each device's total of one sample type (``""`` for samples without a device)."""
+        out: dict[str, int] = {}
+        for s in self.samples:
+            device = s.label("device", "") or ""
+            out[device] = out.get(device, 0) + s.values[type_index]
+        return out
+
+    def joint_device_peak(self) -> tuple[int, int] | None:
+        """(epoch ns, bytes): the highest total of live allocations of all devices at one moment, from the
+        timeline (the devices of one process share its clock); None without a timeline."""
+        if self.timeline is None:
+            return None
+        total = self.timeline.total()
+        return max(total, key=lambda p: p[1]) if total else None
+
+    def _strip_origin(self) -> int:
+        series = [points for points in self.timeline.series.values() if points] if self.timeline else []
+        return min(points[0][0] for points in series) if series else self.time_nanos
 
     def __iter__(self) -> Iterator[Sample]:
         return iter(self.samples)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import IPython
+from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 from IPython.display import display
@@ -61,6 +62,7 @@ class GpuflameMagics(Magics):
         """
         __tracebackhide__ = True  # noqa: F841 - IPython leaves this frame out of the cell's traceback
         args = parse_argstring(self.gpuflame, line)
+        _check_output(args.output)
         code, value_code = self._compile(cell)
         session = self._start(args.backend)
         try:
@@ -154,6 +156,18 @@ def _nothing_recorded(backend: str, backends: list[str]) -> str:
     return f"nothing was recorded: the {', '.join(backends)} backend saw no allocation in this cell"
 
 
+def _check_output(output: str | None) -> None:
+    """Refuse a ``-o`` that cannot take the profile before the cell runs, as ``gpuflame run -o`` does."""
+    if output:
+        from gpuflame.errors import GpuflameError
+        from gpuflame.files import check_output
+
+        try:
+            check_output(output, make_folders=True, force_hint="remove it, or give another name")
+        except GpuflameError as exc:
+            raise UsageError(f"%%gpuflame -o: {exc}; the cell did not run") from None
+
+
 def _display(profile: Profile, args: Any, backends: list[str]) -> None:
     from gpuflame.analysis.summary import summarize
     from gpuflame.notebook.inline import inline_html, summary_line
@@ -161,8 +175,11 @@ def _display(profile: Profile, args: Any, backends: list[str]) -> None:
     index = profile.pick_type(args.type)
     line = summary_line(summarize(profile, profile.sample_types[index].type), backends)
     if args.output:
-        _save(profile, args.output, index, line)
-        line += f" (saved to {args.output})"
+        try:
+            _save(profile, args.output, index, line)
+            line += f" (saved to {args.output})"
+        except Exception as exc:  # the graph is still shown: the file is what was lost
+            say(f"could not save the profile to {args.output} ({exc})")
     title = os.path.basename(args.output) if args.output else "%%gpuflame cell"
     display({"text/plain": line, "text/html": inline_html(profile, title, index, line)}, raw=True)
     if args.report:
@@ -189,5 +206,6 @@ def _print_report(profile: Profile, type_name: str | None, limit: int) -> None:
     from gpuflame.render.terminal import PIPE_WIDTH, render_report
 
     tree = build_tree(profile, profile.pick_type(type_name))
-    console = Console(file=sys.stdout, highlight=False, force_jupyter=False, color_system=None, width=PIPE_WIDTH)
+    console = Console(file=sys.stdout, highlight=False, markup=False, emoji=False, force_jupyter=False,
+                      color_system=None, width=PIPE_WIDTH)
     render_report(console, build_report(profile, tree, limit), "last %%gpuflame cell")

@@ -66,13 +66,25 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(GpuflamePlugin(config), "gpuflame-plugin")
 
 
+def baseline_note(has_cache: bool, without_baseline: list[str]) -> str | None:
+    """What ``--gpuflame-fail-on-increase`` could not compare: a check with no baseline must not read as passed."""
+    if not has_cache:
+        return ("gpuflame: --gpuflame-fail-on-increase compared nothing: pytest's cache is off "
+                "(-p no:cacheprovider), so no earlier peak was read and none is kept")
+    if without_baseline:
+        count = len(without_baseline)
+        return (f"gpuflame: --gpuflame-fail-on-increase: {count} test{'s' if count != 1 else ''} had no peak "
+                "from an earlier run to compare with; this run's peaks are kept for the next")
+    return None
+
+
 def _tolerance(text: str) -> Any:
     from gpuflame.pytest_plugin.budget import Tolerance  # only now: a run that never profiles imports nothing
 
     try:
         return Tolerance.parse(text)
     except ValueError as exc:
-        raise pytest.UsageError(f"--gpuflame-tolerance: {exc} (examples: 5%, 0%, 1MiB)") from None
+        raise pytest.UsageError(f"--gpuflame-tolerance: {exc}") from None
 
 
 def _check_backend(name: str) -> None:
@@ -107,6 +119,7 @@ class GpuflamePlugin:
         self.worker = hasattr(config, "workerinput")  # a pytest-xdist worker: the controller reports
         cache = getattr(config, "cache", None)
         self.baseline: dict[str, int] = dict(cache.get(CACHE_KEY, {})) if cache and self.everything else {}
+        self.has_cache = cache is not None
         self.results: dict[str, dict[str, Any]] = {}
         self._scratch: Path | None = None
 
@@ -219,6 +232,10 @@ class GpuflamePlugin:
         terminalreporter.write_sep("=", title)
         for line in lines:
             terminalreporter.write_line(line)
+        if self.fail_on_increase:
+            note = baseline_note(self.has_cache, [nodeid for nodeid in self.results if nodeid not in self.baseline])
+            if note:
+                terminalreporter.write_line(note, yellow=True)
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         if self._scratch is not None:

@@ -29,13 +29,17 @@ class Tolerance:
 
     @classmethod
     def parse(cls, text: str) -> Tolerance:
+        """``5%`` or a size such as ``1MiB``; anything else is one ValueError that shows both forms."""
         text = text.strip()
-        if text.endswith("%"):
-            value = float(text[:-1])
-            if value < 0:
-                raise ValueError(f"tolerance must not be negative: {text!r}")
-            return cls(share=value / 100)
-        return cls(bytes=parse_size(text))
+        try:
+            if text.endswith("%"):
+                value = float(text[:-1])
+                if not 0 <= value < float("inf"):
+                    raise ValueError
+                return cls(share=value / 100)
+            return cls(bytes=parse_size(text))
+        except ValueError:
+            raise ValueError(f"not a tolerance: {text!r} (examples: 5%, 0%, 1MiB)") from None
 
     def allows(self, before: int, now: int) -> bool:
         return now <= before + max(self.bytes, int(before * self.share))

@@ -2,13 +2,18 @@
 
 Everything stays readable without colour (pipes, ``NO_COLOR``, CI logs):
 colour only repeats what the words and the column headers already say.
+
+Every name a profile brings (frames, files, comments, labels, sample types)
+is untrusted: it reaches rich only as :func:`plain` text (escaped by
+:func:`gpuflame.printable.printable`, never read as markup), and a table
+cell given as a string is made :func:`plain` by :class:`SafeTable`.
 """
 
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Iterable
+from typing import Any
 
 from rich import box
 from rich.cells import cell_len
@@ -22,8 +27,10 @@ from gpuflame.analysis.chains import Chain, Explanation, Step
 from gpuflame.analysis.compare import NEW, VANISHED, Change, Comparison
 from gpuflame.analysis.hotspots import Entry, Report, Root
 from gpuflame.analysis.phases import PhaseRow
+from gpuflame.model.phases import NONE as PHASE_NONE
 from gpuflame.model.profile import Frame
 from gpuflame.model.sample_types import DESCRIPTIONS
+from gpuflame.printable import printable
 from gpuflame.units import format_bytes, format_count
 
 # Width used when output is not a terminal and COLUMNS is unset: long
@@ -42,20 +49,51 @@ READING_HINT = (
     "(gpuflame explain FILE FUNCTION)."
 )
 
-_SITE = re.compile(r".*[/\\](?:site|dist)-packages[/\\]")
+SEPARATORS = "/\\"
+PACKAGES = "-packages"
+PACKAGE_DIRS = ("site", "dist")
 
 
 def make_console() -> Console:
-    """A console on stdout; wider than rich's 80 columns when writing to a pipe."""
-    console = Console(highlight=False)
+    """A console on stdout; wider than rich's 80 columns when writing to a pipe.
+
+    No markup and no emoji codes: a string printed is printed as written
+    (``[/]`` in a frame name once stopped a report with a MarkupError).
+    """
+    console = Console(highlight=False, markup=False, emoji=False)
     if not console.is_terminal and "COLUMNS" not in os.environ:
-        console = Console(highlight=False, width=PIPE_WIDTH)
+        console = Console(highlight=False, markup=False, emoji=False, width=PIPE_WIDTH)
     return console
 
 
+def plain(text: str, style: str = "") -> Text:
+    """Untrusted *text* (a name from a profile, a file name) as rich Text: controls escaped, no markup."""
+    return Text(printable(text), style=style)
+
+
+class SafeTable(Table):
+    """A table whose string cells are :func:`plain`: a cell cannot carry markup or a control character."""
+
+    def add_row(self, *renderables: Any, **kwargs: Any) -> None:
+        super().add_row(*(plain(c) if isinstance(c, str) else c for c in renderables), **kwargs)
+
+
 def short_path(path: str) -> str:
-    """A path as a reader locates it: installed packages from their package name on."""
-    return _SITE.sub("", path)
+    """A path as a reader locates it: installed packages from their package name on.
+
+    What follows the last ``/site-packages/`` or ``/dist-packages/`` (either
+    separator). A scan from the end with ``rfind``: linear in the path (the
+    regex it replaces backtracked, 67 s on a 40 KB path).
+    """
+    end = len(path)
+    while (at := path.rfind(PACKAGES, 0, end)) >= 0:
+        after = at + len(PACKAGES)
+        start = at - len(PACKAGE_DIRS[0])
+        if (start > 0 and path[start:at] in PACKAGE_DIRS and path[start - 1] in SEPARATORS
+                and after < len(path) and path[after] in SEPARATORS):
+            return path[after + 1 :]
+        end = at + len(PACKAGES) - 1  # the next occurrence starts before this one
+    return path
 
 
 def where(frame: Frame, line: int | None = None) -> Text:
@@ -63,7 +101,7 @@ def where(frame: Frame, line: int | None = None) -> Text:
     if not frame.file:
         return Text("")
     shown = frame.line if line is None else line
-    text = short_path(frame.file) + (f":{shown}" if shown else "")
+    text = printable(short_path(frame.file)) + (f":{shown}" if shown else "")
     if len(text) > WHERE_WIDTH:
         text = "..." + text[-(WHERE_WIDTH - 3) :]
     return Text(text, style="dim")
@@ -116,17 +154,17 @@ def pct(value: float | None, signed: bool = False) -> str:
 
 def type_title(type_name: str, unit: str, total: int, description: str = "") -> Text:
     """``peak_space  5.72 MiB  what it is``: *description* (the profile's own word on its peak) first."""
-    text = Text.assemble((type_name, "bold"), f"  {amount(total, unit)}")
+    text = Text.assemble((printable(type_name), "bold"), f"  {amount(total, unit)}")
     description = description or DESCRIPTIONS.get(type_name)
     if description:
-        text.append(f"  {description}", style="dim")
+        text.append(f"  {printable(description)}", style="dim")
     return text
 
 
 def print_comments(console: Console, comments: Iterable[str]) -> None:
     """The profile's own caveats, where they cannot be missed."""
     for comment in comments:
-        console.print(Text.assemble(("note: ", "bold yellow"), comment))
+        console.print(Text.assemble(("note: ", "bold yellow"), printable(comment)))
 
 
 NUMERIC_COLUMNS = {
@@ -149,7 +187,7 @@ NUMERIC_COLUMNS = {
 
 def _table(title: str, *columns: str) -> Table:
     """A borderless table: numbers right-aligned and never wrapped, names left."""
-    table = Table(
+    table = SafeTable(
         title=title,
         title_justify="left",
         title_style="bold",
@@ -173,11 +211,11 @@ def _table(title: str, *columns: str) -> Table:
 
 def render_report(console: Console, report: Report, source: str, peak: str = "") -> None:
     """The report; *peak* says what a peak total is (``Profile.peak_description``)."""
-    console.print(Text.assemble(("gpuflame report ", "bold"), source))
+    console.print(Text.assemble(("gpuflame report ", "bold"), printable(source)))
     console.print(type_title(report.type, report.unit, report.total, peak))
     print_comments(console, report.comments)
     if not report.total:
-        console.print(f"No {report.type} in this profile (after filters): nothing to report.")
+        console.print(plain(f"No {report.type} in this profile (after filters): nothing to report."))
         return
     sections = (
         _totals_table(report),
@@ -225,7 +263,9 @@ def phases_table(rows: list[PhaseRow]) -> Table:
         top = f"{s.top} ({format_bytes(s.top_bytes)})" if s.top else ""
         cells = (s.pid, s.device) if several else ()
         peak = f"≥ {format_bytes(s.peak)}" if s.samples else format_bytes(s.peak)  # JAX: sampled, a lower bound
-        table.add_row(s.phase, *cells, f"{r.start_s:.3f}s", peak, format_bytes(s.inuse_end), top)
+        # <none> gathers every unmarked stretch: one start would say little (and 0.000s in the last row misleads)
+        start = "unmarked" if s.phase == PHASE_NONE else f"{r.start_s:.3f}s"
+        table.add_row(s.phase, *cells, start, peak, format_bytes(s.inuse_end), top)
     if any(r.stat.samples for r in rows):
         table.caption = "≥: the largest of a few samples of live buffers (JAX): the phase's true peak may be higher"
     return table
@@ -278,10 +318,10 @@ def _trunk_rows(root: Root) -> list[tuple[Entry | None, str | Text]]:
             rows.append((None, Text(f"  ... {skipped} frames of the same width ...", style="dim")))
             continue
         prefix = "" if i == 0 else "  ^ "
-        rows.append((e, prefix + e.frame.name))
+        rows.append((e, prefix + printable(e.frame.name)))
     if root.branches:
         last_entry, label = rows[-1]
-        rows[-1] = (last_entry, Text.assemble(str(label), ("   <- splits here", "bold")))
+        rows[-1] = (last_entry, Text.assemble(printable(str(label)), ("   <- splits here", "bold")))
     return rows
 
 
@@ -351,7 +391,7 @@ def render_top(
 
 def render_explanation(console: Console, ex: Explanation, type_name: str, unit: str) -> None:
     names = ", ".join(sorted({f.name for f in ex.functions}))
-    header = Text.assemble(("explain ", "bold"), repr(ex.query), " matches ", (names, "bold"))
+    header = Text.assemble(("explain ", "bold"), printable(repr(ex.query)), " matches ", (printable(names), "bold"))
     if len(ex.functions) == 1 and ex.functions[0].file:
         header.append("  ").append_text(where(ex.functions[0]))
     console.print(header)
@@ -382,7 +422,7 @@ def _chain_table(n: int, count: int, chain: Chain, unit: str) -> Table:
     for i, step in enumerate(chain.steps):
         label: str | Text = ("" if i == 0 else "-> ") + step.frame.name
         if i == last:
-            label = Text(str(label), style="bold")
+            label = plain(label, style="bold")
         table.add_row(amount(step.total, unit), amount(step.self, unit), label, _step_where(step))
     for callee in chain.callees:
         table.add_row(
@@ -407,10 +447,10 @@ def _step_where(step: Step) -> PathCell:
 
 def render_comparison(console: Console, cmp: Comparison, base: str, new: str) -> None:
     change = 100.0 * cmp.delta / cmp.base_total if cmp.base_total else None
-    console.print(Text.assemble(("gpuflame diff ", "bold"), f"{base} -> {new}"))
+    console.print(Text.assemble(("gpuflame diff ", "bold"), printable(f"{base} -> {new}")))
     console.print(
         Text.assemble(
-            (cmp.type, "bold"),
+            (printable(cmp.type), "bold"),
             f"  base {amount(cmp.base_total, cmp.unit)} -> new {amount(cmp.new_total, cmp.unit)}"
             f"  ({amount(cmp.delta, cmp.unit, signed=True)}, {pct(change, signed=True)}), by {cmp.by}",
         )
@@ -426,7 +466,7 @@ def render_comparison(console: Console, cmp: Comparison, base: str, new: str) ->
 def _changes_table(title: str, changes: list[Change], unit: str) -> Table:
     table = _table(title, "delta", "base", "new", "change", "function", "file:line")
     for c in changes:
-        name = Text(c.frame.name)
+        name = plain(c.frame.name)
         if c.status in (NEW, VANISHED):
             name.append(f"  [{c.status}]", style="bold")
         style = "red" if c.delta > 0 else "green"

@@ -8,9 +8,11 @@ Routes (GET and HEAD only):
     /file/<id>          the profile's bytes, as a download
     /api/runs           the index as JSON (exact byte counts, meta.json as written)
 
-Every id goes through :func:`gpuflame.serve.catalog.resolve_id`. On a
-loopback address the server also answers only requests whose Host header is
-a loopback name, so a web page cannot reach it through DNS rebinding.
+Every id goes through :func:`gpuflame.serve.catalog.resolve_id`. Whatever
+address it listens on, the server answers only requests whose Host header
+names this machine (:class:`HostNames`): a web page whose own name was made
+to resolve to this machine (DNS rebinding) gets a 403, even when the server
+listens on 0.0.0.0.
 """
 
 from __future__ import annotations
@@ -36,13 +38,14 @@ from gpuflame.errors import GpuflameError
 from gpuflame.files import read_bytes
 from gpuflame.formats import loads
 from gpuflame.model import Profile
+from gpuflame.printable import printable
 from gpuflame.render.html import render_html
 from gpuflame.serve import catalog, pages
 from gpuflame.serve.catalog import BadId, NotServed
 
 DATA_CSP = "default-src 'none'; sandbox; frame-ancestors 'none'"
 _META_CSP = re.compile(r'<meta http-equiv="Content-Security-Policy" content="([^"]*)"', re.IGNORECASE)
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")  # not in a header value (the terminal's escaping: printable)
 CACHED_PAGES = 4  # viewer pages can be megabytes each
 
 
@@ -95,14 +98,54 @@ class PageCache:
         return page
 
 
+def host_name(header: str) -> str:
+    """The name in a Host header, without its port, brackets or final dot, in lower case."""
+    name = header[1:].split("]", 1)[0] if header.startswith("[") else header.rsplit(":", 1)[0]
+    return name.rstrip(".").lower()
+
+
+class HostNames:
+    """The Host names a request may carry: this machine's, and the ones the user allowed.
+
+    Loopback names, the address the server is bound to, the machine's host
+    name (and its first label), the address the request's connection arrived
+    on (any interface of this machine a client dialled by number), and each
+    ``--allow-host`` (a reverse proxy's name). No DNS lookup: a name is
+    trusted for what it is, never for where it resolves.
+    """
+
+    def __init__(self, bound: str, allowed: tuple[str, ...] = ()) -> None:
+        machine = socket.gethostname().lower()
+        self.names = {bound.strip("[]").rstrip(".").lower(), machine, machine.split(".", 1)[0],
+                      *(host_name(a) for a in allowed)} - {""}
+
+    def allows(self, header: str | None, local_address: str) -> bool:
+        if header is None:  # HTTP/1.0 without a Host: not what a browser sends
+            return True
+        name = host_name(header)
+        return is_loopback(name) or name in self.names or name in _spellings(local_address)
+
+
+def _spellings(address: str) -> set[str]:
+    """An address as a Host header may write it (a dual-stack socket sees IPv4 clients as ::ffff:a.b.c.d)."""
+    try:
+        ip = ipaddress.ip_address(address.split("%", 1)[0])
+    except ValueError:
+        return {address.lower()}
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return {address.lower(), str(ip), *([str(mapped)] if mapped else [])}
+
+
 class Server(ThreadingHTTPServer):
-    """One served folder (resolved), its page cache, and whether Host headers are checked."""
+    """One served folder (resolved), its page cache, and the Host names it answers to."""
 
     daemon_threads = True
+    # socketserver's 5 left 101 of 14,231 requests waiting 30 s for a SYN retry with 200 clients
+    request_queue_size = socket.SOMAXCONN
 
-    def __init__(self, root: Path, host: str, port: int) -> None:
+    def __init__(self, root: Path, host: str, port: int, allow_hosts: tuple[str, ...] = ()) -> None:
         self.root = root
-        self.loopback_only = is_loopback(host)
+        self.hosts = HostNames(host, allow_hosts)
         self.cache = PageCache()
         self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
         super().__init__((host.strip("[]"), port), Handler)
@@ -127,11 +170,11 @@ class Server(ThreadingHTTPServer):
         return f"http://{shown}:{self.port}/"
 
 
-def make_server(root: str | Path, host: str = "127.0.0.1", port: int = 0) -> Server:
+def make_server(root: str | Path, host: str = "127.0.0.1", port: int = 0, allow_hosts: tuple[str, ...] = ()) -> Server:
     """A bound server over *root* (checked and resolved); ``serve_forever`` starts it."""
     folder = catalog.check_root(root)
     try:
-        return Server(folder, host, port)
+        return Server(folder, host, port, allow_hosts)
     except OSError as exc:
         raise GpuflameError(f"cannot listen on {host}:{port} ({exc.strerror or exc})") from None
 
@@ -170,11 +213,12 @@ class Handler(BaseHTTPRequestHandler):
             self.wfile.write(response.body)
 
     def _log(self, status: int, reason: str) -> None:
-        sys.stderr.write(_CONTROL.sub("?", f"gpuflame serve: {status} {self.path}: {reason}") + "\n")
+        sys.stderr.write(printable(f"gpuflame serve: {status} {self.path}: {reason}") + "\n")
 
     def _route(self) -> Response:
-        if not self._host_allowed():
-            return error(403, "this server answers only to localhost names (the Host header was another)")
+        if not self.server.hosts.allows(self.headers.get("Host"), str(self.connection.getsockname()[0])):
+            return error(403, "this server answers only to the names of this machine (the Host header was "
+                              "another; a reverse proxy's name: gpuflame serve --allow-host NAME)")
         parts = urlsplit(self.path)
         path, query = parts.path, parse_qs(parts.query, keep_blank_values=True)
         if path == "/":
@@ -188,13 +232,6 @@ class Handler(BaseHTTPRequestHandler):
                 ident = unquote(path[len(prefix):])
                 return self._guard(serve, ident)
         return error(404, "no such page")
-
-    def _host_allowed(self) -> bool:
-        host = self.headers.get("Host")
-        if not self.server.loopback_only or host is None:
-            return True
-        name = host[1:].split("]", 1)[0] if host.startswith("[") else host.rsplit(":", 1)[0]
-        return is_loopback(name)
 
     def _guard(self, route: Callable[[Any], Response], arg: Any) -> Response:
         """Turn the catalog's refusals and unreadable profiles into their status pages."""

@@ -26,8 +26,10 @@ import http.client
 import json
 import os
 import re
+import socket
 import ssl
 import sys
+import threading
 import uuid
 from base64 import b64encode
 from collections.abc import Mapping
@@ -41,6 +43,7 @@ from gpuflame.errors import GpuflameError
 from gpuflame.formats.pprof import encode
 from gpuflame.formats.protobuf_wire import field_bytes, field_string
 from gpuflame.model import Profile, Sample, SampleType
+from gpuflame.printable import printable
 
 PUSH_PATH = "/push.v1.PusherService/Push"
 PROFILE_NAME = "gpu_memory"
@@ -53,15 +56,26 @@ SERIES_SAMPLE_LABELS = {"pid": "pid", "device": "gpu", "gpu_model": "gpu_model",
                         "phase": "phase"}
 DOWNWARD_API = {"namespace": "POD_NAMESPACE", "pod": "POD_NAME", "container": "CONTAINER_NAME", "node": "NODE_NAME"}
 ENV = "GPUFLAME_PYROSCOPE_"
+EXCERPT = 200  # characters of a server's answer quoted in a message (escaped)
+
+# What went wrong, in a few plain words: the pusher says each kind once and counts them.
+TIMEOUT = "no answer in time"
+REFUSED = "connection refused"
+CLOSED = "connection closed by the server"
+GARBAGE = "an answer that is not HTTP"
+UNREACHABLE = "server unreachable"
+TLS = "TLS failure"
 
 
 class PushError(GpuflameError):
-    """A push that did not reach Pyroscope; says whether retrying can help."""
+    """A push that did not reach Pyroscope; says whether retrying can help, and what kind of failure it was."""
 
-    def __init__(self, message: str, retryable: bool = True, retry_after: float | None = None) -> None:
+    def __init__(self, message: str, retryable: bool = True, retry_after: float | None = None,
+                 kind: str = "") -> None:
         super().__init__(message)
         self.retryable = retryable
         self.retry_after = retry_after
+        self.kind = kind or message
 
 
 # -- credentials ------------------------------------------------------------------
@@ -252,25 +266,47 @@ class PyroscopeClient:
         self.post(push_request(profile, labels))
 
     def post(self, body: bytes) -> None:
+        """One POST: connecting, then sending and the whole answer, each within the timeout.
+
+        The socket's timeout bounds each read, not the answer: a server that
+        trickles a byte a second would hold the push for ever, so a watchdog
+        closes the connection when the time is up.
+        """
         conn = self._connection()
+        expired = threading.Event()
+        watchdog = threading.Timer(self.timeout, _abort, (conn, expired))
+        watchdog.daemon = True
         try:
+            conn.connect()
+            watchdog.start()
             conn.request("POST", self.path, body=body, headers=self.headers())
             response = conn.getresponse()
             status = response.status
             reply = response.read(4096)
             retry_after = response.getheader("Retry-After")
             content_type = response.getheader("Content-Type", "")
-        except TimeoutError:
-            raise PushError(f"Pyroscope at {self.url} did not answer within {self.timeout:g}s") from None
-        except ssl.SSLError as exc:
-            raise PushError(f"TLS with Pyroscope at {self.url} failed: {exc.reason or exc}", retryable=False) from None
-        except (OSError, http.client.HTTPException) as exc:
-            raise PushError(f"cannot reach Pyroscope at {self.url}: {self._clean(_describe(exc))}") from None
+        except (TimeoutError, OSError, http.client.HTTPException) as exc:
+            raise self._failure(exc, expired.is_set()) from None
         finally:
+            watchdog.cancel()
             conn.close()
+        if expired.is_set():  # what was read before the cut (a status line cut short) is no answer
+            raise self._failure(TimeoutError(), expired=True)
         if 200 <= status < 300:
             return
         raise self._refused(status, reply, content_type, retry_after)
+
+    def _failure(self, exc: BaseException, expired: bool) -> PushError:
+        """A plain message for a push that got no usable answer; server bytes are quoted escaped and bounded."""
+        if expired or isinstance(exc, TimeoutError):
+            return PushError(f"Pyroscope at {self.url} did not answer within {self.timeout:g}s", kind=TIMEOUT)
+        if isinstance(exc, ssl.SSLError):
+            return PushError(f"TLS with Pyroscope at {self.url} failed: {exc.reason or exc}", retryable=False,
+                             kind=TLS)
+        kind, detail = _describe(exc)
+        if kind == GARBAGE:
+            return PushError(f"Pyroscope at {self.url} sent {GARBAGE}: {self._excerpt(detail)}", kind=GARBAGE)
+        return PushError(f"cannot reach Pyroscope at {self.url}: {self._excerpt(detail)}", kind=kind)
 
     def _connection(self) -> http.client.HTTPConnection:
         if self.https:
@@ -288,11 +324,11 @@ class PyroscopeClient:
                 detail = ""
         if not detail:
             detail = reply.decode("utf-8", "replace").strip().splitlines()[0] if reply.strip() else ""
-        detail = self._clean(detail)[:200]
+        detail = self._excerpt(detail)
         hint = {401: " (check the token or user/password)", 403: " (check the tenant and permissions)"}.get(status, "")
         message = f"Pyroscope at {self.url} answered HTTP {status}{hint}" + (f": {detail}" if detail else "")
         retryable = status in (408, 429) or status >= 500
-        return PushError(message, retryable=retryable, retry_after=_seconds(retry_after))
+        return PushError(message, retryable=retryable, retry_after=_seconds(retry_after), kind=f"HTTP {status}")
 
     def _clean(self, text: str) -> str:
         """Whatever comes back from the network must not echo a secret into our logs."""
@@ -300,13 +336,31 @@ class PyroscopeClient:
             text = text.replace(secret, "***")
         return text
 
+    def _excerpt(self, text: str) -> str:
+        """A server's words as a message may quote them: no secret, no control character, at most EXCERPT long."""
+        return printable(self._clean(text), limit=EXCERPT)
 
-def _describe(exc: BaseException) -> str:
+
+def _abort(conn: http.client.HTTPConnection, expired: threading.Event) -> None:
+    """The watchdog's end of a push: a blocked read returns at once, and the push says it timed out."""
+    expired.set()
+    sock = conn.sock
+    if sock is not None:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+
+def _describe(exc: BaseException) -> tuple[str, str]:
+    """(kind, detail) of a failed exchange; the detail of a garbage answer is the server's own bytes."""
     if isinstance(exc, ConnectionRefusedError):
-        return "connection refused"
+        return REFUSED, REFUSED
     if isinstance(exc, http.client.RemoteDisconnected | ConnectionResetError | BrokenPipeError):
-        return "the server closed the connection"
-    return getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+        return CLOSED, "the server closed the connection"
+    if isinstance(exc, http.client.HTTPException):  # a bad status line, a header line too long, a short body
+        return GARBAGE, str(exc) or type(exc).__name__
+    return UNREACHABLE, getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
 
 
 def _seconds(retry_after: str | None) -> float | None:
