@@ -40,13 +40,17 @@ def read_bytes(path: str | os.PathLike[str]) -> bytes:
         raise GpuflameError(f"{p}: cannot read ({exc.strerror or exc})") from None
 
 
-def atomic_write(path: str | os.PathLike[str], data: bytes | str) -> None:
-    """Write *data* to *path* so that readers see the old file or the new one."""
+def atomic_write(path: str | os.PathLike[str], data: bytes | str, mode: int | None = None) -> None:
+    """Write *data* to *path* so that readers see the old file or the new one.
+
+    The file gets the permissions ``open`` would give it (0666 less the
+    umask), or exactly *mode* (the node agent's 0600), never wider meanwhile.
+    """
     p = Path(path)
     payload = data.encode("utf-8") if isinstance(data, str) else data
     folder = p.parent if str(p.parent) else Path(".")
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=folder)
+        fd, tmp = _create_temporary(folder, p.name, 0o666 if mode is None else mode & 0o600)
     except FileNotFoundError:
         raise GpuflameError(f"{p}: cannot write (folder {folder} does not exist)") from None
     except PermissionError:
@@ -56,7 +60,8 @@ def atomic_write(path: str | os.PathLike[str], data: bytes | str) -> None:
     try:
         with os.fdopen(fd, "wb") as out:
             out.write(payload)
-        os.chmod(tmp, 0o644)
+            if mode is not None:
+                os.fchmod(out.fileno(), mode)
         os.replace(tmp, p)
     except OSError as exc:
         _remove_quietly(tmp)
@@ -64,6 +69,17 @@ def atomic_write(path: str | os.PathLike[str], data: bytes | str) -> None:
     except BaseException:
         _remove_quietly(tmp)
         raise
+
+
+def _create_temporary(folder: Path, name: str, mode: int) -> tuple[int, str]:
+    """A new file ``.NAME.RANDOM.tmp`` in *folder*, created with *mode* (the kernel applies the umask)."""
+    for _ in range(100):
+        tmp = os.path.join(folder, f".{name}.{os.urandom(4).hex()}.tmp")
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), mode), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free temporary name in {folder}")
 
 
 def write_output(path: str | os.PathLike[str], data: bytes | str) -> None:
