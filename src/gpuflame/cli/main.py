@@ -19,6 +19,7 @@ from gpuflame.errors import GpuflameError
 
 # Order is the order of ``gpuflame --help``.
 COMMANDS = ("run", "report", "flame", "view", "serve", "top", "explain", "diff", "export", "convert", "push", "webhook")
+COMMANDS += ("recover",)  # merge what a killed `gpuflame run` left (launch/recover.py)
 COMMANDS += ("agent",)  # the node agent (eBPF): src/gpuflame/agent
 
 DESCRIPTION = """\

@@ -22,7 +22,7 @@ from gpuflame.launch import roll_call
 from gpuflame.launch.collect import RunEnd, collect, idle_notes, remove_if_empty, tidy
 from gpuflame.launch.contract import PER_PROCESS, child_env
 from gpuflame.launch.outcome import say_where, write_meta
-from gpuflame.launch.store import PROCESSES_DIR, PROFILE_NAME, RunMeta, new_run_folder, store_root
+from gpuflame.launch.store import PROCESSES_DIR, PROFILE_NAME, RunMeta, new_run_folder, processes_folder, store_root
 from gpuflame.model import Profile
 from gpuflame.model.peak import run_note
 
@@ -87,7 +87,7 @@ def _places(request: Launch, started: float) -> tuple[Path, Path, Path | None]:
     """(the per-process folder, the merged profile, the store's run folder or None with -o)."""
     if request.output:
         output = Path(request.output)
-        folder = output.with_name(output.name + ".processes")
+        folder = processes_folder(output)
         folder.mkdir(parents=True, exist_ok=True)
         _clear_previous_run(folder)
         return folder, output, None
