@@ -20,7 +20,7 @@ from gpuflame.errors import GpuflameError
 from gpuflame.files import check_folder, check_output
 from gpuflame.launch import roll_call
 from gpuflame.launch.collect import RunEnd, collect, idle_notes, remove_if_empty, tidy
-from gpuflame.launch.contract import PER_PROCESS, child_env
+from gpuflame.launch.contract import PER_PROCESS, child_env, unprofiled_reason
 from gpuflame.launch.outcome import say_where, write_meta
 from gpuflame.launch.store import PROCESSES_DIR, PROFILE_NAME, RunMeta, new_run_folder, processes_folder, store_root
 from gpuflame.model import Profile
@@ -54,8 +54,9 @@ def launch(request: Launch, settings: Settings) -> int:
     folder, output, run_dir = _places(request, started)
     settings = replace(settings, enabled=True, session_dir=str(folder.resolve()))
     watch = roll_call.EndWatch(folder).start()
+    env = child_env(settings)
     try:
-        status, root_pid = _run_program(request.command, child_env(settings))
+        status, root_pid = _run_program(request.command, env)
     except GpuflameError:
         watch.stop()
         for empty in (folder, run_dir):
@@ -66,6 +67,9 @@ def launch(request: Launch, settings: Settings) -> int:
     exit_code = 128 - status if status < 0 else status  # as a shell gives it
     meta = RunMeta(command=request.command, started=started, ended=time.time(), exit_code=exit_code,
                    backend=settings.backend)
+    unprofiled = unprofiled_reason(request.command, env)
+    if unprofiled:  # before what the processes say: it is why the program itself left nothing
+        meta.lost.append(f"the program goes unprofiled: {unprofiled}")
     ending = RunEnd(root_pid, status, watch.stop(), settings.interval)
     merged: Profile | None = None
     try:
