@@ -45,9 +45,18 @@ ALLOCATE = "import torch\nx = torch.ones(1000, 1000)\nprint('program ok')\n"
 @pytest.fixture()
 def small_fs(tmp_path: Path):
     """A 1 MiB tmpfs of the test's own."""
-    point = tmp_path / "fs"
+    yield from tmpfs(tmp_path / "fs", "size=1m")
+
+
+@pytest.fixture()
+def one_inode_fs(tmp_path: Path):
+    """A tmpfs with room for one more file or folder."""
+    yield from tmpfs(tmp_path / "fs", "size=1m,nr_inodes=2")
+
+
+def tmpfs(point: Path, options: str):
     point.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(point)],
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(point)],
                           capture_output=True, text=True, check=False)
     if done.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
@@ -112,3 +121,12 @@ def test_the_roll_call_registers_on_a_full_disk(small_fs):
             f.flush()
     assert roll_call.register(str(small_fs), 4321) == ""
     assert roll_call.unfinished(small_fs) == [4321]
+
+
+def test_a_store_that_fills_up_while_the_run_folder_is_made_is_one_line(tmp_path, one_inode_fs):
+    script = tmp_path / "alloc.py"
+    script.write_text(ALLOCATE)
+    done = gpuflame_run("--store", str(one_inode_fs), str(script), cwd=tmp_path, env={"PYTHONPATH": SRC})
+    assert done.returncode == 2 and len(done.stderr.splitlines()) == 1, done.stderr  # not "internal error", exit 3
+    assert "No space left on device" in done.stderr and "program ok" not in done.stdout
+    assert list(one_inode_fs.iterdir()) == []  # the run folder made before it is gone again

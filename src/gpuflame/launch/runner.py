@@ -51,7 +51,10 @@ class Launch:
 def launch(request: Launch, settings: Settings) -> int:
     """Run *request* with *settings* (its session folder filled in here); the program's exit code."""
     started = time.time()
-    folder, output, run_dir = _places(request, started)
+    try:
+        folder, output, run_dir = _places(request, started)
+    except OSError as exc:  # a full disk that still made the check's empty file: before the program starts
+        raise GpuflameError(f"{exc.filename or 'the run folder'}: cannot make it ({exc.strerror or exc})") from None
     settings = replace(settings, enabled=True, session_dir=str(folder.resolve()))
     watch = roll_call.EndWatch(folder).start()
     env = child_env(settings)
@@ -97,7 +100,11 @@ def _places(request: Launch, started: float) -> tuple[Path, Path, Path | None]:
         return folder, output, None
     run_dir = new_run_folder(Path(request.store) if request.store else store_root(), request.asked, started)
     folder = run_dir / PROCESSES_DIR
-    folder.mkdir()
+    try:
+        folder.mkdir()
+    except OSError:
+        remove_if_empty(run_dir)
+        raise
     return folder, run_dir / PROFILE_NAME, run_dir
 
 
