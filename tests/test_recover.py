@@ -56,14 +56,16 @@ def wait_for_exit(pid: int) -> None:
         os.close(fd)
 
 
-def killed_run(tmp_path: Path) -> tuple[Path, int]:
-    """``gpuflame run -o run.pb.gz`` SIGKILL'd mid-run; (its -o path, the program's pid) once the program ended."""
+def killed_run(tmp_path: Path, *where: str) -> tuple[Path, int]:
+    """``gpuflame run -o run.pb.gz`` (or *where*) SIGKILL'd mid-run; (the -o path, the program's pid) once the
+    program ended."""
     script = tmp_path / "job.py"
     script.write_text(f"CHILD = {CHILD!r}\n" + PROGRAM)
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUFLAME_")} | {"PYTHONPATH": SRC}
     launcher = subprocess.Popen(
-        [sys.executable, "-m", "gpuflame", "run", "--backend", "torch", "--interval", "20ms", "-o", "run.pb.gz",
-         script.name], cwd=tmp_path, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        [sys.executable, "-m", "gpuflame", "run", "--backend", "torch", "--interval", "20ms",
+         *(where or ("-o", "run.pb.gz")), script.name],
+        cwd=tmp_path, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     program = int(launcher.stdout.readline())
     launcher.send_signal(signal.SIGKILL)
     launcher.wait()
@@ -102,6 +104,17 @@ def test_a_killed_run_is_recovered_with_its_bytes_and_its_losses(tmp_path):
     by_pid = inuse_by_pid(output)
     assert by_pid[program] >= 4 * MIB and 2 * MIB <= by_pid[partial["pid"]] < 4 * MIB, by_pid
     assert not list(output.with_name("run.pb.gz.processes").glob(STARTED_FILE.format(pid="*")))  # tidied
+
+
+def test_a_killed_run_of_the_store_is_recovered_in_place(tmp_path):
+    _, program = killed_run(tmp_path, "--store", "store")
+    (run_dir,) = (tmp_path / "store").iterdir()
+    assert not (run_dir / "meta.json").exists()
+    done = recover(str(run_dir), cwd=tmp_path)
+    assert done.returncode == 0 and str(run_dir / "profile.pb.gz") in done.stderr, done.stderr
+    meta = json.loads((run_dir / "meta.json").read_text())  # gpuflame serve lists the run now
+    assert meta["profile"] == "profile.pb.gz" and program in meta["processes"] and len(meta["lost_processes"]) == 1
+    assert inuse_by_pid(run_dir / "profile.pb.gz")[program] >= 4 * MIB
 
 
 def test_recover_refuses_what_is_not_a_run_in_one_line(tmp_path):
