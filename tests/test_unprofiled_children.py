@@ -15,8 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from gpuflame.inject.payload import install
 from gpuflame.launch.contract import BOOTSTRAP_DIR, unprofiled_reason
 from test_full_disk import SRC, said_lost
+from test_payload import webhook_env
 
 PARENT = """\
 import subprocess, sys
@@ -53,6 +55,23 @@ def test_the_interpreter_flags_that_skip_the_bootstrap(argv, flag):
 def test_an_environment_without_the_bootstrap():
     assert "pass the environment on" in unprofiled_reason(["python", "x.py"], {"PYTHONPATH": "/elsewhere"})
     assert unprofiled_reason(["python", "x.py"], {"PYTHONPATH": os.pathsep.join(["/a", BOOTSTRAP_DIR])}) == ""
+
+
+def test_a_pods_bootstrap_is_the_payloads_own():
+    pod = {"PYTHONPATH": "/gpuflame/bootstrap:/gpuflame/lib"}
+    assert unprofiled_reason(["python", "x.py"], pod, bootstrap="/gpuflame/bootstrap") == ""
+    assert "pass the environment on" in unprofiled_reason(["python", "x.py"], {}, bootstrap="/gpuflame/bootstrap")
+
+
+def test_in_a_pod_only_the_child_that_cannot_be_followed_is_named(tmp_path):
+    dest = install(tmp_path / "gpuflame")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUFLAME_") and k != "PYTHONPATH"}
+    env |= webhook_env(dest, tmp_path / "sessions" / "main")
+    parent = ("import subprocess, sys\n"
+              "for flags in ([], ['-I']):\n    subprocess.run([sys.executable, *flags, '-c', ''])\n")
+    done = subprocess.run([sys.executable, "-c", parent], env=env, capture_output=True, text=True, timeout=120)
+    said = [line for line in done.stderr.splitlines() if "goes unprofiled" in line]
+    assert done.returncode == 0 and len(said) == 1 and "start it without -I" in said[0], done.stderr
 
 
 def test_children_that_cannot_be_followed_are_named_once_each_with_the_fix(tmp_path):

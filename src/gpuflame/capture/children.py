@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
@@ -36,11 +37,12 @@ def watch(subprocess: ModuleType, say: Callable[[str], None]) -> None:
     real = popen.__init__
     if getattr(real, _MARK, False):
         return
+    bootstrap = _bootstrap_folder()
 
     @functools.wraps(real)
     def __init__(self: Any, args: Any, *rest: Any, **kwargs: Any) -> None:
         try:
-            reason = _reason(args, dict(zip(_POSITIONAL, rest, strict=False)) | kwargs)
+            reason = _reason(args, dict(zip(_POSITIONAL, rest, strict=False)) | kwargs, bootstrap)
             if reason:
                 say(f"a child process goes unprofiled: {reason}")
         except Exception:  # noqa: BLE001 - the child must start regardless
@@ -51,7 +53,17 @@ def watch(subprocess: ModuleType, say: Callable[[str], None]) -> None:
     popen.__init__ = __init__
 
 
-def _reason(args: Any, options: dict[str, Any]) -> str:
+def _bootstrap_folder() -> str:
+    """The folder of the ``sitecustomize`` that started gpuflame here ('' when it was not one): in a pod, the
+    payload's, which is not this package's own."""
+    module = sys.modules.get("sitecustomize")
+    path = getattr(module, "__file__", None)
+    if not path or not hasattr(module, "_gpuflame_start"):
+        return ""
+    return os.path.dirname(os.path.abspath(path))
+
+
+def _reason(args: Any, options: dict[str, Any], bootstrap: str) -> str:
     if isinstance(args, (str, bytes, os.PathLike)):
         text = os.fsdecode(args)
         argv = [text]
@@ -65,4 +77,4 @@ def _reason(args: Any, options: dict[str, Any]) -> str:
         argv = [os.fsdecode(options["executable"]), *argv[1:]]
     env = options.get("env")
     env = os.environ if env is None else {os.fsdecode(k): os.fsdecode(v) for k, v in env.items()}
-    return unprofiled_reason(argv, env)
+    return unprofiled_reason(argv, env, bootstrap)

@@ -70,12 +70,14 @@ _TAKES_VALUE = "WX"  # -W arg, -X opt
 _ENDS_OPTIONS = "cm"  # -c cmd, -m mod: what follows is the program's
 
 
-def unprofiled_reason(argv: Sequence[str], env: Mapping[str, str]) -> str:
+def unprofiled_reason(argv: Sequence[str], env: Mapping[str, str], bootstrap: str = BOOTSTRAP_DIR) -> str:
     """Why gpuflame cannot start in a Python started with *argv* and *env*, and the fix; '' when it can.
 
-    The bootstrap runs only from ``PYTHONPATH``: a child started with it
-    cleared, or an interpreter told to ignore it, runs unprofiled. A program
-    that is not Python (a shell, a launcher) is taken on trust ('').
+    The bootstrap (the folder *bootstrap*: a pod's is the payload's, not
+    this package's; '' when unknown, then only the flags are checked) runs
+    only from ``PYTHONPATH``: a child started with it cleared, or an
+    interpreter told to ignore it, runs unprofiled. A program that is not
+    Python (a shell, a launcher) is taken on trust ('').
     """
     if not argv or not _PYTHON.match(os.path.basename(str(argv[0]))):
         return ""
@@ -83,7 +85,8 @@ def unprofiled_reason(argv: Sequence[str], env: Mapping[str, str]) -> str:
     flag = _path_skipping_flag([str(w) for w in argv[1:]])
     if flag:
         return f"{name} {flag} {_SKIPS_PATH[flag[1]]}, where gpuflame starts: start it without {flag}"
-    if BOOTSTRAP_DIR not in env.get("PYTHONPATH", "").split(os.pathsep):
+    entries = [os.path.abspath(p) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if bootstrap and os.path.abspath(bootstrap) not in entries:
         return (f"{name} was started with a PYTHONPATH that lost gpuflame's bootstrap: pass the environment on "
                 "(env={**os.environ, ...})")
     return ""
