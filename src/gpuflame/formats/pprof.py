@@ -64,6 +64,7 @@ from itertools import chain
 from operator import itemgetter
 from typing import Any, NamedTuple
 
+from gpuflame import limits
 from gpuflame.errors import GpuflameError, ProfileFormatError
 from gpuflame.formats.load_save import GZIP_MAGIC, gunzip
 from gpuflame.formats.protobuf_wire import (
@@ -89,6 +90,7 @@ from gpuflame.formats.protobuf_wire import (
 )
 from gpuflame.gcpause import gc_paused
 from gpuflame.model import history, peak, phases
+from gpuflame.model.comments import InflateBudget
 from gpuflame.model.profile import NATIVE, PYTHON, Frame, Labels, Profile, Sample, SampleType
 from gpuflame.model.timeline import split_comments
 from gpuflame.symbols.kinds import guess_kind
@@ -340,12 +342,14 @@ def decode(data: bytes) -> Profile:
 
 def _decode_raw(data: bytes) -> Profile:
     raw = _split_profile(data)
+    _check_counts(raw)
     strings = _Strings(raw.strings)
     profile = Profile(sample_types=[_read_value_type(b, strings) for b in raw.sample_types])
-    profile.timeline, comments = split_comments([strings.get(i, "comment") for i in raw.comments])
+    budget = InflateBudget()
+    profile.timeline, comments = split_comments([strings.get(i, "comment") for i in raw.comments], budget)
     profile.peaks, comments = peak.split_comments(comments)
     profile.phases, comments = phases.split_comments(comments)
-    profile.history, profile.comments = history.split_comments(comments)
+    profile.history, profile.comments = history.split_comments(comments, budget)
     default = strings.get(raw.scalars.get(P_DEFAULT_SAMPLE_TYPE, 0), "default_sample_type")
     profile.default_type = default or None
     profile.time_nanos = to_int64(raw.scalars.get(P_TIME_NANOS, 0))
@@ -353,6 +357,24 @@ def _decode_raw(data: bytes) -> Profile:
     location_frames = _read_locations(raw, strings, profile)
     profile.samples = _read_samples(raw.samples, location_frames, strings, len(profile.sample_types))
     return profile
+
+
+def _check_counts(raw: _Raw) -> None:
+    """The tables' sizes against :mod:`gpuflame.limits`, before any entry becomes an object.
+
+    Checked once on the split fields rather than in the loop that splits
+    them, which keeps that loop as fast as before; what it holds by then is
+    slices of the (bounded) decompressed data.
+    """
+    if len(raw.samples) > limits.SAMPLES.value():
+        raise limits.SAMPLES.exceeded("pprof: the samples")
+    tables = (("locations", raw.locations), ("functions", raw.functions),
+              ("mappings", raw.mappings), ("strings", raw.strings))
+    for name, table in tables:
+        if len(table) > limits.FRAMES.value():
+            raise limits.FRAMES.exceeded(f"pprof: the {name}")
+    if len(raw.comments) > limits.COMMENTS.value():
+        raise limits.COMMENTS.exceeded("pprof: the comments")
 
 
 def _split_profile(data: bytes) -> _Raw:
@@ -660,6 +682,7 @@ def _read_samples(
     layouts go through :meth:`_SampleReader.general`.
     """
     reader = _SampleReader(location_frames, strings, n_types)
+    max_depth = reader.max_depth
     table, tails, words_of, getter, high = reader.table, reader.tails, reader.words_of, itemgetter, _HIGH_BYTES
     out: list[Sample] = []
     append = out.append
@@ -688,6 +711,8 @@ def _read_samples(
             append(reader.general(raw, ids, tail))
             continue
         n = len(words)
+        if n > max_depth:
+            raise limits.STACK_DEPTH.exceeded("pprof: a sample's stack")
         try:
             stack = getter(*words)(table) if n > 1 else (table[words[0]],) if n else ()
         except IndexError:
@@ -707,16 +732,23 @@ class _SampleReader:
         self.table = _fast_table(location_frames) if self.flat else None
         self.words_of = _WordUnpackers()
         self.tails = _TailMemo(strings, n_types)
+        self.max_depth = limits.STACK_DEPTH.value()
 
     def general(self, raw: bytes, ids: bytes, tail: tuple[tuple[int, ...], Labels] | None) -> Sample:
         """Fields in another order (*tail* None: parse it all), ids of mixed widths, locations of many frames."""
         if tail is None:
             keys, values, labels = self.tails.parse(raw)
-            return Sample(_stack(map(self.lookup, keys), self.flat), values, labels)
-        if ids and ids[-1] >= 0x80:
-            raise ProfileFormatError("truncated protobuf: the last value of packed field 1 runs past the end")
-        keys = ids if ids.isascii() else VARINT_RUN.findall(ids)
-        return Sample(_stack(map(self.lookup, keys), self.flat), tail[0], tail[1])
+        else:
+            if ids and ids[-1] >= 0x80:
+                raise ProfileFormatError("truncated protobuf: the last value of packed field 1 runs past the end")
+            keys = ids if ids.isascii() else VARINT_RUN.findall(ids)
+            values, labels = tail
+        if len(keys) > self.max_depth:
+            raise limits.STACK_DEPTH.exceeded("pprof: a sample's stack")
+        stack = _stack(map(self.lookup, keys), self.flat)
+        if len(stack) > self.max_depth:  # inlined locations hold several frames each
+            raise limits.STACK_DEPTH.exceeded("pprof: a sample's stack")
+        return Sample(stack, values, labels)
 
 
 class _WordUnpackers(dict):  # type: ignore[type-arg]

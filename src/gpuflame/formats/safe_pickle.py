@@ -11,7 +11,9 @@ snapshot from someone else is read here in two steps:
    plain types below), reports truncation with a byte offset, and rejects memo
    indices larger than the pickle itself (CPython's unpickler sizes its memo
    table by the largest index, so a 20-byte pickle could otherwise ask for
-   tens of GiB).
+   tens of GiB), and pickles that would build more lists and dicts than
+   :data:`gpuflame.limits.PICKLE_CONTAINERS` (a byte each; 56 bytes or
+   more each once built).
 2. CPython's C unpickler builds the data, with :meth:`find_class` allowing
    only ``set``, ``frozenset``, ``bytes``, ``bytearray`` and
    ``_codecs.encode`` (how protocols 0-2 spell sets and bytes), each through a
@@ -37,6 +39,7 @@ import sys
 from collections.abc import Callable
 from typing import NoReturn
 
+from gpuflame import limits
 from gpuflame.errors import ProfileFormatError, UnsafePickleError
 from gpuflame.gcpause import gc_paused
 
@@ -274,6 +277,7 @@ def scan(data: bytes) -> None:
     """Walk the opcodes of *data* without building anything; raise if unsafe or damaged."""
     if not data:
         raise ProfileFormatError("the pickle is empty")
+    check_containers(data)
     s = _Scan(data)
     n = s.n
     pos = 0
@@ -322,6 +326,23 @@ def scan(data: bytes) -> None:
             )
         else:
             raise ProfileFormatError(f"corrupt pickle (unknown opcode 0x{op:02x} at byte {pos})")
+
+
+# EMPTY_LIST, EMPTY_DICT, EMPTY_SET and MARK (protocols 0-1 build lists and
+# dicts after one): one byte of pickle, a 56-byte object or more in memory
+_CONTAINER_BYTES = b"]}\x8f("
+
+
+def check_containers(data: bytes) -> None:
+    """Refuse a pickle that would build more containers than :data:`limits.PICKLE_CONTAINERS`.
+
+    Counted as bytes (string contents included, so it over-counts) by one
+    C pass, and only when the pickle is longer than the limit: a shorter one
+    cannot hold that many. Real snapshots have one per 25-60 bytes.
+    """
+    cap = limits.PICKLE_CONTAINERS.value()
+    if len(data) > cap and len(data) - len(data.translate(None, _CONTAINER_BYTES)) > cap:
+        raise limits.PICKLE_CONTAINERS.exceeded("the number of lists and dicts in the pickle")
 
 
 def check_nesting(data: bytes) -> None:

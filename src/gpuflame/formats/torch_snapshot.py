@@ -72,6 +72,7 @@ from datetime import datetime, timezone
 from itertools import islice
 from typing import Any
 
+from gpuflame import limits
 from gpuflame.errors import GpuflameError, ProfileFormatError
 from gpuflame.formats import safe_pickle
 from gpuflame.formats.load_save import GZIP_MAGIC, gunzip
@@ -195,6 +196,7 @@ class _Stacks:
         self._entry_by_key: dict[tuple[str, int, str], Entry] = {}
         self.unknown_def_lines: set[str] = set()  # files whose functions' def lines were not found
         self.no_stack = (profile.frame_id(NO_STACK_FRAME),)
+        self.max_depth = limits.STACK_DEPTH.value()
 
     def stack(self, frames: Any) -> tuple[int, ...]:
         """The stack of a ``frames`` list taken from the snapshot."""
@@ -209,6 +211,8 @@ class _Stacks:
             return self.no_stack
         if type(frames) is not list:
             raise ProfileFormatError("a 'frames' entry is not a list")
+        if len(frames) > self.max_depth:
+            raise limits.STACK_DEPTH.exceeded("a stack in the snapshot")
         key = id(frames[0]) ^ (id(frames[-1]) << 1) ^ (id(frames[len(frames) >> 1]) << 2)
         bucket = self._by_shape.get(key)
         if bucket is None:
