@@ -219,7 +219,7 @@ class _Reader:
             labels = self._labels(entry, len(profiles))
             kind = entry.get("type")
             unit = entry.get("unit")
-            if unit not in _UNITS and unit != "none":
+            if not isinstance(unit, str) or (unit not in _UNITS and unit != "none"):
                 raise _bad(f"profile {n} has unknown unit {_shown(unit)}")
             type_index = self._type_index(unit)
             scale = _TIME_NS.get(unit, 1)
