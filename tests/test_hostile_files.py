@@ -22,7 +22,7 @@ import pytest
 
 from gpuflame import limits
 from gpuflame.errors import ProfileFormatError
-from gpuflame.formats import loads, pprof
+from gpuflame.formats import dumps, loads, pprof
 from gpuflame.model import Frame, Profile, SampleType
 
 HOSTILE = Path(__file__).parent / "data" / "hostile"
@@ -186,3 +186,39 @@ def test_protocol_0_pickle_is_not_sniffed_as_folded():
     assert detect(pickle.dumps({"segments": []}, protocol=1)) == "torch-snapshot"
     assert detect(gzip.compress(pickle.dumps([], protocol=1))) == "torch-snapshot"
     assert detect(b"(frame);b 12\n") == "folded"
+
+
+def _pprof_of(samples: int, comments: int = 0) -> bytes:
+    p = Profile(sample_types=[SampleType("inuse_space", "bytes")], comments=[f"c{i}" for i in range(comments)])
+    for i in range(samples):
+        p.add([Frame(f"f{i}", "a.py", i)], [i + 1])
+    return pprof.encode(p)
+
+
+@pytest.mark.parametrize(
+    ("env", "data"),
+    [
+        ("GPUFLAME_MAX_SAMPLES", lambda: _pprof_of(11)),
+        ("GPUFLAME_MAX_FRAMES", lambda: _pprof_of(11)),
+        ("GPUFLAME_MAX_COMMENTS", lambda: _pprof_of(1, comments=11)),
+        ("GPUFLAME_MAX_SAMPLES", lambda: b"".join(b"a;b %d\n" % i for i in range(11))),
+        ("GPUFLAME_MAX_FRAMES", lambda: b"".join(b"a%d 1\n" % i for i in range(11))),
+        ("GPUFLAME_MAX_STACK_DEPTH", lambda: b";".join([b"f"] * 11) + b" 1\n"),
+        ("GPUFLAME_MAX_SAMPLES", lambda: dumps(_rich_enough(), "speedscope")),
+        ("GPUFLAME_MAX_STACK_DEPTH", lambda: (FIXTURES / "handwritten_small_trace.pickle").read_bytes()),
+    ],
+)
+def test_each_limit_stops_its_reader_with_its_name(monkeypatch, env: str, data) -> None:  # type: ignore[no-untyped-def]
+    raw = data()
+    loads(raw)  # under the default limits it reads
+    monkeypatch.setenv(env, "10" if env != "GPUFLAME_MAX_STACK_DEPTH" else "2")
+    with pytest.raises(ProfileFormatError, match=env) as caught:
+        loads(raw)
+    assert "\n" not in str(caught.value)
+
+
+def _rich_enough() -> Profile:
+    p = Profile(sample_types=[SampleType("inuse_space", "bytes")])
+    for i in range(11):
+        p.add([Frame("a", "a.py", 1), Frame(f"f{i}", "a.py", i)], [i + 1])
+    return p

@@ -342,7 +342,6 @@ def decode(data: bytes) -> Profile:
 
 def _decode_raw(data: bytes) -> Profile:
     raw = _split_profile(data)
-    _check_counts(raw)
     strings = _Strings(raw.strings)
     profile = Profile(sample_types=[_read_value_type(b, strings) for b in raw.sample_types])
     budget = InflateBudget()
@@ -359,13 +358,11 @@ def _decode_raw(data: bytes) -> Profile:
     return profile
 
 
-def _check_counts(raw: _Raw) -> None:
-    """The tables' sizes against :mod:`gpuflame.limits`, before any entry becomes an object.
+_CHECK_EVERY = 16 << 20  # bytes of pprof split between two checks of the tables' sizes
 
-    Checked once on the split fields rather than in the loop that splits
-    them, which keeps that loop as fast as before; what it holds by then is
-    slices of the (bounded) decompressed data.
-    """
+
+def _check_counts(raw: _Raw) -> None:
+    """The tables' sizes against :mod:`gpuflame.limits`, before any entry becomes an object."""
     if len(raw.samples) > limits.SAMPLES.value():
         raise limits.SAMPLES.exceeded("pprof: the samples")
     tables = (("locations", raw.locations), ("functions", raw.functions),
@@ -382,7 +379,9 @@ def _split_profile(data: bytes) -> _Raw:
 
     Written out instead of using :func:`iter_fields` because a large profile
     has hundreds of thousands of ``sample`` fields; one-byte keys and
-    lengths, the common case, are read inline.
+    lengths, the common case, are read inline. The tables' sizes are checked
+    after each :data:`_CHECK_EVERY` bytes (no cost per field), so a hostile
+    file stops before its fields become more than a window's worth of slices.
     """
     raw = _Raw([], [], [], [], [], [], [], {})
     by_field: dict[int, list[bytes]] = {
@@ -397,34 +396,39 @@ def _split_profile(data: bytes) -> _Raw:
     end = len(data)
     try:
         while pos < end:
-            key = data[pos]
-            if key < 0x80:
-                pos += 1
-            else:
-                key, pos = read_varint(data, pos)
-            field = key >> 3
-            wire = key & 7
-            if field == 0:
-                raise ProfileFormatError("malformed protobuf: field number 0")
-            if wire == LEN:
-                size = data[pos]
-                if size < 0x80:
+            window = min(end, pos + _CHECK_EVERY)  # the counts are checked once per window
+            while pos < window:
+                key = data[pos]
+                if key < 0x80:
                     pos += 1
                 else:
-                    size, pos = read_varint(data, pos)
-                stop = pos + size
-                if stop > end:
-                    raise ProfileFormatError(
-                        f"truncated protobuf: field {field} runs past the end of the data"
-                    )
-                target = by_field.get(field)
-                if target is not None:
-                    target.append(data[pos:stop])
-                elif field == P_COMMENT:  # packed repeated int64
-                    raw.comments.extend(_packed_ints(data[pos:stop], field))
-                pos = stop
-            else:
-                pos = _read_scalar(data, pos, field, wire, raw)
+                    key, pos = read_varint(data, pos)
+                field = key >> 3
+                wire = key & 7
+                if field == 0:
+                    raise ProfileFormatError("malformed protobuf: field number 0")
+                if wire == LEN:
+                    size = data[pos]
+                    if size < 0x80:
+                        pos += 1
+                    else:
+                        size, pos = read_varint(data, pos)
+                    stop = pos + size
+                    if stop > end:
+                        raise ProfileFormatError(
+                            f"truncated protobuf: field {field} runs past the end of the data"
+                        )
+                    target = by_field.get(field)
+                    if target is not None:
+                        target.append(data[pos:stop])
+                    elif field == P_COMMENT:  # packed repeated int64, at most 10 bytes each
+                        if size > 10 * limits.COMMENTS.value():
+                            raise limits.COMMENTS.exceeded("pprof: the comments")
+                        raw.comments.extend(_packed_ints(data[pos:stop], field))
+                    pos = stop
+                else:
+                    pos = _read_scalar(data, pos, field, wire, raw)
+            _check_counts(raw)
     except IndexError:
         raise ProfileFormatError("truncated protobuf: a field runs past the end of the data") from None
     return raw
