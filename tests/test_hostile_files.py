@@ -222,3 +222,32 @@ def _rich_enough() -> Profile:
     for i in range(11):
         p.add([Frame("a", "a.py", 1), Frame(f"f{i}", "a.py", i)], [i + 1])
     return p
+
+
+def test_stacks_that_share_leaf_middle_and_root_frames_are_not_compared_pairwise(monkeypatch):
+    """Such lists (a crafted snapshot) shared one bucket, each new one compared with all before it:
+    8,000 blocks took 40 s. Each is now compared with at most a few."""
+    from gpuflame.formats import torch_snapshot
+
+    made = []
+    real_init = torch_snapshot._Stacks.__init__
+
+    def keep(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        real_init(self, *args, **kwargs)
+        made.append(self)
+
+    monkeypatch.setattr(torch_snapshot._Stacks, "__init__", keep)
+
+    def frame(name: str, line: int) -> dict[str, object]:
+        return {"filename": f"/x/{name}.py", "line": line, "name": name}
+
+    a, m, b = frame("a", 1), frame("m", 2), frame("b", 3)
+    n = 500
+    blocks = [{"size": 512, "requested_size": 512, "state": "active_allocated", "address": 4096 + 512 * i,
+               "frames": [a, frame(f"x{i}", i), m, frame(f"y{i}", i), b]} for i in range(n)]
+    segment = {"device": 0, "address": 4096, "total_size": 512 * n, "allocated_size": 512 * n,
+               "active_size": 512 * n, "requested_size": 512 * n, "stream": 0, "segment_type": "large",
+               "blocks": blocks}
+    p = loads(pickle.dumps({"segments": [segment], "device_traces": [[]]}))
+    assert len(p.samples) == n
+    assert made and max(len(bucket) for bucket in made[0]._by_shape.values()) <= torch_snapshot._SHAPE_BUCKET

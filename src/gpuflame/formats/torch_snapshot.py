@@ -172,6 +172,12 @@ def _short(exc: BaseException) -> str:
 # -- stacks --------------------------------------------------------------------
 
 
+# Lists kept per cheap key. Unbounded, lists that share their leaf, middle and root
+# frames but differ elsewhere (a crafted file) made reading quadratic: 8,000 blocks took 40 s.
+# Past it, such a list is read anew, which costs its length and nothing more.
+_SHAPE_BUCKET = 8
+
+
 class _Stacks:
     """Frame lists -> profile stacks (tuples of frame ids, leaf first), memoized.
 
@@ -226,7 +232,8 @@ class _Stacks:
             entries = [self._entry(f) for f in frames]
         frame_id = self.profile.frame_id
         found = tuple(frame_id(f) for f in self.reader.read(entries)) or self.no_stack  # type: ignore[arg-type]
-        bucket.append((frames, found))
+        if len(bucket) < _SHAPE_BUCKET:
+            bucket.append((frames, found))
         return found
 
     def _entry(self, frame: Any) -> Entry:
