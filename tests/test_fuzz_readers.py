@@ -3,8 +3,9 @@
 Each input must either load into a valid Profile or raise ProfileFormatError
 (one plain line); any other exception is a bug. Seeds are fixed, so a failure
 reproduces. Inputs: gzip pprof, raw pprof (small ids, two-byte ids, inlined
-locations), folded stacks, and every ``tests/fixtures/*.pickle`` (PyTorch
-snapshots) once ``gpuflame.formats.torch_snapshot`` exists.
+locations), folded stacks, speedscope JSON, and every ``tests/fixtures/*.pickle``
+(PyTorch snapshots; one again as protocol 0). ``GPUFLAME_FUZZ_MUTATIONS``
+raises the 700 mutations per seed for a longer run.
 
 For gzip, the protobuf inside is mutated and compressed again as well: bit
 flips in the gzip stream itself mostly stop at its CRC check and would never
@@ -16,6 +17,8 @@ from __future__ import annotations
 import base64
 import gzip
 import importlib.util
+import os
+import pickle
 import random
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,13 +26,13 @@ from pathlib import Path
 import pytest
 
 from gpuflame.errors import ProfileFormatError
-from gpuflame.formats import detect, folded, loads, pprof
+from gpuflame.formats import detect, folded, loads, pprof, speedscope
 from gpuflame.formats import protobuf_wire as wire
 from gpuflame.model import FRAME_KINDS, Frame, Profile, SampleType
 
 FIXTURES = sorted((Path(__file__).parent / "fixtures").glob("*.pickle"))
 SNAPSHOT_READER = importlib.util.find_spec("gpuflame.formats.torch_snapshot") is not None
-MUTATIONS_PER_SEED = 700
+MUTATIONS_PER_SEED = int(os.environ.get("GPUFLAME_FUZZ_MUTATIONS", "700"))
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1  # what pprof can store
 
 
@@ -149,14 +152,15 @@ def seeds(rich: Profile) -> dict[str, bytes]:
         "pprof-inlined": _inlined_raw(),
         "folded": folded_text.encode("utf-8"),
     }
+    out["speedscope"] = speedscope.encode(rich, pid_types).encode("utf-8")
     for path in FIXTURES:
         out[f"fixture-{path.name}"] = path.read_bytes()
+    out["pickle-protocol-0"] = pickle.dumps(pickle.loads(FIXTURES[0].read_bytes()), protocol=0)
     return out
 
 
-SEED_NAMES = ["pprof-gzip", "pprof-raw", "pprof-two-byte-ids", "pprof-inlined", "folded"] + [
-    f"fixture-{p.name}" for p in FIXTURES
-]
+SEED_NAMES = ["pprof-gzip", "pprof-raw", "pprof-two-byte-ids", "pprof-inlined", "folded", "speedscope",
+              "pickle-protocol-0"] + [f"fixture-{p.name}" for p in FIXTURES]
 
 
 @pytest.mark.parametrize("name", SEED_NAMES)
@@ -186,14 +190,12 @@ def test_mutated_inputs_load_or_fail_plainly(rich_profile: Profile, name: str) -
 # What such runs found is kept in tests/data/hostile/ (fuzz-*), run by tests/test_hostile_files.py.
 
 import json  # noqa: E402
-import os  # noqa: E402
-import pickle  # noqa: E402
 import zlib  # noqa: E402
 
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from gpuflame.formats import safe_pickle, speedscope  # noqa: E402
+from gpuflame.formats import safe_pickle  # noqa: E402
 from gpuflame.model import comments as comment_data  # noqa: E402
 from gpuflame.model import history, peak, phases, timeline  # noqa: E402
 
