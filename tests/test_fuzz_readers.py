@@ -186,7 +186,7 @@ def test_mutated_inputs_load_or_fail_plainly(rich_profile: Profile, name: str) -
 # Each target feeds one reader inputs derived from a real seed (bytes edited at drawn places, or JSON
 # values of the reader's own shape) and asserts the contract: a result, or ProfileFormatError in one
 # line; never another exception. The suite runs FUZZ_EXAMPLES per target, derandomized so a failure
-# reproduces; a longer run raises it: GPUFLAME_FUZZ_EXAMPLES=20000 pytest tests/test_fuzz_readers.py -k target.
+# reproduces; a longer run raises it: GPUFLAME_FUZZ_EXAMPLES=2500 pytest tests/test_fuzz_readers.py -k target.
 # What such runs found is kept in tests/data/hostile/ (fuzz-*), run by tests/test_hostile_files.py.
 
 import json  # noqa: E402
@@ -200,8 +200,10 @@ from gpuflame.model import comments as comment_data  # noqa: E402
 from gpuflame.model import history, peak, phases, timeline  # noqa: E402
 
 FUZZ_EXAMPLES = int(os.environ.get("GPUFLAME_FUZZ_EXAMPLES", "40"))
-FUZZ = settings(max_examples=FUZZ_EXAMPLES, deadline=None, derandomize=FUZZ_EXAMPLES <= 1000,
-                suppress_health_check=list(HealthCheck), database=None)
+# a long run can flag slow inputs too (GPUFLAME_FUZZ_DEADLINE_MS=2000); the suite never times anything
+_DEADLINE_MS = os.environ.get("GPUFLAME_FUZZ_DEADLINE_MS")
+FUZZ = settings(max_examples=FUZZ_EXAMPLES, deadline=int(_DEADLINE_MS) if _DEADLINE_MS else None,
+                derandomize=FUZZ_EXAMPLES <= 1000, suppress_health_check=list(HealthCheck), database=None)
 
 
 def _edits() -> st.SearchStrategy[list[tuple[int, int, bytes]]]:

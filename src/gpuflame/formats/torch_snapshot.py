@@ -176,6 +176,8 @@ def _short(exc: BaseException) -> str:
 # frames but differ elsewhere (a crafted file) made reading quadratic: 8,000 blocks took 40 s.
 # Past it, such a list is read anew, which costs its length and nothing more.
 _SHAPE_BUCKET = 8
+# Out-of-memory events described one comment each; the rest are counted (a file can hold millions).
+_OOM_COMMENTS = 20
 
 
 class _Stacks:
@@ -584,8 +586,10 @@ class _DeviceTrace:
         self._comment_reserved_after_peak(reserved_at_peak, reserved_end)
         window = self._window()
         self._comment_window(window, walk.freed_unknown)
-        for i, e, d, s in walk.ooms:
+        for i, e, d, s in walk.ooms[:_OOM_COMMENTS]:
             self._comment_oom(i, e, before_bytes + d, reserved_end - (seg - s))
+        if len(walk.ooms) > _OOM_COMMENTS:
+            conv.comment(f"{self.name}: {len(walk.ooms) - _OOM_COMMENTS:,} more out-of-memory events in the trace")
         if walk.unknown:
             conv.comment(f"{self.name}: ignored {walk.unknown} trace events of unknown kinds")
         return window
