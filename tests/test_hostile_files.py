@@ -251,3 +251,21 @@ def test_stacks_that_share_leaf_middle_and_root_frames_are_not_compared_pairwise
     p = loads(pickle.dumps({"segments": [segment], "device_traces": [[]]}))
     assert len(p.samples) == n
     assert made and max(len(bucket) for bucket in made[0]._by_shape.values()) <= torch_snapshot._SHAPE_BUCKET
+
+
+def test_comment_json_of_empty_lists_stops_at_the_values_limit(monkeypatch):
+    """'[],' repeated: 3 bytes of JSON, 64 bytes of list each once parsed; counted before parsing."""
+    import base64
+    import zlib
+
+    from gpuflame.model import timeline
+
+    text = b'{"series":[{"labels":[],"t":[' + b"[]," * 1000 + b'1],"b":[1]}]}'
+    comment = timeline.PREFIX + base64.b64encode(zlib.compress(text)).decode()
+    p = Profile(sample_types=[SampleType("inuse_space", "bytes")], comments=[comment])
+    p.add([Frame("a", "a.py", 1)], [1])
+    data = pprof.encode(p)
+    assert loads(data).comments  # damaged under the default limits (t holds lists): a note
+    monkeypatch.setenv("GPUFLAME_MAX_COMMENT_DATA_VALUES", "1000")
+    with pytest.raises(ProfileFormatError, match="GPUFLAME_MAX_COMMENT_DATA_VALUES"):
+        loads(data)

@@ -65,5 +65,9 @@ FRAMES = Limit("GPUFLAME_MAX_FRAMES", 10_000_000, "entries")
 COMMENTS = Limit("GPUFLAME_MAX_COMMENTS", 100_000, "comments")
 # the JSON that all of one profile's data comments (timeline, history, ...) inflate to, together
 COMMENT_DATA_BYTES = Limit("GPUFLAME_MAX_COMMENT_DATA_BYTES", 256 << 20, "bytes")
+# ... and the values in it (a full event history has three per event): each costs 8-64 bytes once
+# parsed, so "[]," repeated would otherwise make 256 MB of JSON several GB of lists
+COMMENT_DATA_VALUES = Limit("GPUFLAME_MAX_COMMENT_DATA_VALUES", 32_000_000, "values")
 
-ALL = (INFLATED_BYTES, PICKLE_CONTAINERS, STACK_DEPTH, SAMPLES, FRAMES, COMMENTS, COMMENT_DATA_BYTES)
+ALL = (INFLATED_BYTES, PICKLE_CONTAINERS, STACK_DEPTH, SAMPLES, FRAMES, COMMENTS, COMMENT_DATA_BYTES,
+       COMMENT_DATA_VALUES)
