@@ -286,3 +286,24 @@ def test_deeply_nested_json_is_one_plain_line() -> None:
 
     with pytest.raises(ProfileFormatError, match="nests too deeply"):
         loads(b'{"shared": ' + b"[" * 200_000 + b"]" * 200_000 + b"}")
+
+
+def test_evented_stacks_are_bounded_by_the_frames_limit(monkeypatch) -> None:
+    """Events deep inside a deep stack: each would be a stack as long as the depth (quadratic in the file).
+    Time per event no longer depends on the depth; the stacks made are counted against GPUFLAME_MAX_FRAMES."""
+    from gpuflame.errors import ProfileFormatError
+
+    depth, leaves = 200, 100
+    frames = [{"name": f"f{i}"} for i in range(depth + leaves)]
+    events = [{"type": "O", "frame": i, "at": i} for i in range(depth)]
+    for k in range(leaves):
+        events += [{"type": "O", "frame": depth + k, "at": depth + 2 * k},
+                   {"type": "C", "frame": depth + k, "at": depth + 2 * k + 1}]
+    events += [{"type": "C", "frame": i, "at": depth + 2 * leaves} for i in reversed(range(depth))]
+    doc = {**EVENTED, "shared": {"frames": frames},
+           "profiles": [{**EVENTED["profiles"][0], "unit": "none", "events": events}]}
+    p = speedscope.decode(json.dumps(doc))
+    assert sum(len(s.stack) for s in p.samples) > 20_000 and max(len(s.stack) for s in p.samples) == depth + 1
+    monkeypatch.setenv("GPUFLAME_MAX_FRAMES", "20000")
+    with pytest.raises(ProfileFormatError, match="GPUFLAME_MAX_FRAMES"):
+        speedscope.decode(json.dumps(doc))

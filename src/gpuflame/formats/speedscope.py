@@ -288,13 +288,17 @@ class _Reader:
         return out
 
     def _evented(self, entry: dict[str, Any], n: int) -> dict[tuple[int, ...], float]:
+        """Time per open stack. Stacks are nodes of a trie (one dict lookup per event, whatever the
+        depth); only the nodes that held time become tuples, against the frames limit, since a few
+        events deep inside a deep stack could otherwise ask for stacks quadratic in the file."""
         events = entry.get("events")
         if not isinstance(events, list):
             raise _bad(f"profile {n}: 'events' is not a list")
         self._count(len(events))
-        out: dict[tuple[int, ...], float] = {}
-        open_frames: list[int] = []
-        stack: tuple[int, ...] = ()
+        children: dict[tuple[int, int], int] = {}
+        parents: list[tuple[int, int]] = [(-1, -1)]  # node -> (parent node, frame id); node 0 is the root
+        weight: dict[int, float] = {}
+        path: list[int] = [0]  # the open nodes, root first
         last = _number(entry.get("startValue", 0), "startValue")
         for event in events:
             if not isinstance(event, dict):
@@ -302,23 +306,42 @@ class _Reader:
             at = _number(event.get("at"), "an event's time")
             if at < last:
                 raise _bad(f"profile {n}: events go back in time ({at} after {last})")
-            if stack:
-                out[stack] = out.get(stack, 0) + (at - last)
+            node = path[-1]
+            if node:
+                weight[node] = weight.get(node, 0) + (at - last)
             last = at
             fid = self._frame(event.get("frame"))
-            if event.get("type") == "O":
-                if len(open_frames) >= self.max_depth:
+            kind = event.get("type")
+            if kind == "O":
+                if len(path) > self.max_depth:
                     raise limits.STACK_DEPTH.exceeded("speedscope: a stack")
-                open_frames.append(fid)
-            elif event.get("type") == "C":
-                if not open_frames or open_frames[-1] != fid:
+                child = children.get((node, fid))
+                if child is None:
+                    child = children[(node, fid)] = len(parents)
+                    parents.append((node, fid))
+                path.append(child)
+            elif kind == "C":
+                if len(path) == 1 or parents[node][1] != fid:
                     raise _bad(f"profile {n}: a frame closes that is not the innermost open one")
-                open_frames.pop()
+                path.pop()
             else:
                 raise _bad(f"profile {n}: an event's type is not 'O' or 'C'")
-            stack = tuple(reversed(open_frames))
-        if open_frames:
-            raise _bad(f"profile {n}: {len(open_frames)} frames are still open at the end")
+        if len(path) > 1:
+            raise _bad(f"profile {n}: {len(path) - 1} frames are still open at the end")
+        return self._stacks_of(weight, parents)
+
+    def _stacks_of(self, weight: dict[int, float], parents: list[tuple[int, int]]) -> dict[tuple[int, ...], float]:
+        room = limits.FRAMES.value()
+        out: dict[tuple[int, ...], float] = {}
+        for node, value in weight.items():
+            stack = []
+            while node:
+                node, fid = parents[node]
+                stack.append(fid)
+            room -= len(stack)
+            if room < 0:
+                raise limits.FRAMES.exceeded("speedscope: the frames of an evented profile's stacks")
+            out[tuple(stack)] = value
         return out
 
     def _count(self, added: int) -> None:
