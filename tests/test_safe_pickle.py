@@ -126,6 +126,20 @@ def test_many_flat_tuples_load_after_the_exact_nesting_check() -> None:
     assert safe_pickle.loads(pickle.dumps(data, protocol=4)) == data
 
 
+def test_many_tuples_in_a_large_pickle_are_refused_before_the_slow_check(monkeypatch) -> None:
+    """The exact check is Python per opcode (~2 s a MB): a 1 MB gzip inflating to 1 GB with 10,001
+    tuples would have taken half an hour. Past the size limit the pickle is refused at once."""
+    from gpuflame.errors import ProfileFormatError
+
+    data = pickle.dumps([(0, i) for i in range(safe_pickle.HASHABLE_OPCODES_UNCHECKED + 5)], protocol=4)
+    checked = []
+    monkeypatch.setattr(safe_pickle, "check_nesting", checked.append)
+    monkeypatch.setenv("GPUFLAME_MAX_PICKLE_TUPLE_CHECK_BYTES", str(len(data) - 1))
+    with pytest.raises(ProfileFormatError, match="GPUFLAME_MAX_PICKLE_TUPLE_CHECK_BYTES"):
+        safe_pickle.loads(data)
+    assert checked == []
+
+
 # -- code and objects are refused ---------------------------------------------
 
 

@@ -55,6 +55,9 @@ class Limit:
 INFLATED_BYTES = Limit("GPUFLAME_MAX_INFLATED_BYTES", 1 << 30, "bytes")
 # lists, dicts, sets and marks in a pickle: each costs 56+ bytes for one byte of file
 PICKLE_CONTAINERS = Limit("GPUFLAME_MAX_PICKLE_CONTAINERS", 50_000_000, "containers")
+# a pickle with many tuples (snapshots have a few dozen) is checked opcode by opcode in Python
+# for tuples nested deeply enough to crash the interpreter: only up to this size (~2 s a MB)
+PICKLE_TUPLE_CHECK_BYTES = Limit("GPUFLAME_MAX_PICKLE_TUPLE_CHECK_BYTES", 8 << 20, "bytes")
 # frames in one stack (a sample's, or a snapshot block's)
 STACK_DEPTH = Limit("GPUFLAME_MAX_STACK_DEPTH", 16_384, "frames")
 # samples (pprof samples, folded lines, speedscope samples, snapshot blocks and events)
@@ -69,5 +72,7 @@ COMMENT_DATA_BYTES = Limit("GPUFLAME_MAX_COMMENT_DATA_BYTES", 256 << 20, "bytes"
 # parsed, so "[]," repeated would otherwise make 256 MB of JSON several GB of lists
 COMMENT_DATA_VALUES = Limit("GPUFLAME_MAX_COMMENT_DATA_VALUES", 32_000_000, "values")
 
-ALL = (INFLATED_BYTES, PICKLE_CONTAINERS, STACK_DEPTH, SAMPLES, FRAMES, COMMENTS, COMMENT_DATA_BYTES,
-       COMMENT_DATA_VALUES)
+ALL = (
+    INFLATED_BYTES, PICKLE_CONTAINERS, PICKLE_TUPLE_CHECK_BYTES, STACK_DEPTH, SAMPLES, FRAMES, COMMENTS,
+    COMMENT_DATA_BYTES, COMMENT_DATA_VALUES,
+)

@@ -26,7 +26,9 @@ anything is allocated. Deeply nested tuples are the exception: CPython
 hashes a tuple (a dict key) by recursing into it unguarded, so a key nested a
 few hundred thousand tuples deep would crash the interpreter mid-load. A
 pickle with few tuple opcodes cannot nest that deep; one with many (more than
-any snapshot has) gets an exact, slower check of tuple nesting first.
+any snapshot has) gets an exact, slower check of tuple nesting first, if it
+is small enough for that check to stay quick
+(:data:`gpuflame.limits.PICKLE_TUPLE_CHECK_BYTES`).
 """
 
 from __future__ import annotations
@@ -296,6 +298,11 @@ def scan(data: bytes) -> None:
             pos += 1
         elif op == 0x2E:  # STOP
             if hashables > HASHABLE_OPCODES_UNCHECKED:
+                if n > limits.PICKLE_TUPLE_CHECK_BYTES.value():
+                    raise limits.PICKLE_TUPLE_CHECK_BYTES.exceeded(
+                        f"a pickle with {hashables:,} tuples (a snapshot has a few dozen) must be checked for "
+                        "deep nesting opcode by opcode; its size"
+                    )
                 check_nesting(data)
             return
         elif op in _LINE:
