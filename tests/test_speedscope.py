@@ -241,7 +241,8 @@ def test_evented_profiles_sum_the_time_each_stack_was_open() -> None:
     p = speedscope.decode(json.dumps(EVENTED))
     assert p.sample_types == [SampleType("cpu", "nanoseconds")]
     assert stacks_of(p) == {("main",): 5_750_000, ("main", "load"): 1_750_000, ("main", "load", "parse"): 3_000_000}
-    assert p.frames[0].file == "app.py" and p.frames[0].line == 1
+    assert p.frames[0].file == "app.py" and p.frames[0].line == p.frames[0].start_line == 1
+    assert not any("definition lines unknown" in c for c in p.comments)
 
 
 def test_sampled_profiles_sum_equal_stacks() -> None:

@@ -26,6 +26,8 @@ Reading (:func:`decode`) takes any file of the schema, ``sampled`` and
 - a ``sampled`` profile: each stack (root first) with its weight; an
   ``evented`` one: the time between events, summed per open stack (frames
   must close in the order they opened).
+- a frame's line is where its function is defined (what the writer puts
+  there), so it is both the frame's line and its definition line.
 - weights and times become whole numbers (time in nanoseconds), as pprof stores them.
 - the counts of :mod:`gpuflame.limits` (samples, frames, stack depth) hold;
   JSON nested past the interpreter's recursion guard is refused.
@@ -376,7 +378,8 @@ def _read_frame(raw: object) -> Frame:
     line = int(line)
     if line < 0:
         raise _bad(f"frame {_shown(name)}'s line is out of range")
-    return Frame(name, file, line, guess_kind(name, file))
+    # a speedscope frame is a function (as the writer makes it): its line is where it is defined
+    return Frame(name, file, line, guess_kind(name, file), line)
 
 
 def _number(value: object, what: str) -> float:
