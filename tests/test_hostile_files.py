@@ -268,3 +268,12 @@ def test_comment_json_of_empty_lists_stops_at_the_values_limit(monkeypatch):
     monkeypatch.setenv("GPUFLAME_MAX_COMMENT_DATA_VALUES", "1000")
     with pytest.raises(ProfileFormatError, match="GPUFLAME_MAX_COMMENT_DATA_VALUES"):
         loads(data)
+
+
+def test_limits_have_one_owner_and_one_variable_each():
+    found = [v for v in vars(limits).values() if isinstance(v, limits.Limit)]
+    assert set(found) == set(limits.ALL) and len(found) == len(limits.ALL)
+    names = [limit.env for limit in limits.ALL]
+    assert len(set(names)) == len(names) and all(n.startswith("GPUFLAME_MAX_") for n in names)
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    assert "GPUFLAME_MAX_" in readme and "src/gpuflame/limits.py" in readme
