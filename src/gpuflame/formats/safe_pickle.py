@@ -154,17 +154,35 @@ class _PlainUnpickler(pickle.Unpickler):
 
 # -- the opcode scan -----------------------------------------------------------
 
-# Runs of fixed-size, harmless opcodes are skipped in C by one regular
-# expression; only strings, text arguments and the opcodes to check reach the
-# Python loop. Possessive repetition keeps the regex from saving a backtrack
-# point per opcode, which makes it several times faster on long runs.
+# Runs of harmless opcodes are skipped in C by one regular expression; only
+# long strings, memo indices that need checking and the opcodes to check reach
+# the Python loop. Possessive repetition keeps the regex from saving a
+# backtrack point per opcode, which makes it several times faster on long runs.
+# Strings shorter than 256 bytes, protocol 0's text arguments and memo puts
+# with small indices are skipped there too: a pickle of nothing but 3-byte
+# strings once took the Python loop 0.4 s a MB (7 minutes for a gzip bomb's
+# gigabyte), now 20 times less.
 _LONG1_SHORT = b"|".join(rb"\x8a" + re.escape(bytes([k])) + (rb".{%d}" % k if k else b"") for k in range(10))
+
+
+def _short_sized(opcodes: bytes, width: int) -> bytes:
+    """One of *opcodes*, a little-endian length below 256 in *width* bytes, then that many bytes."""
+    pad = re.escape(b"\x00" * (width - 1))
+    lengths = b"|".join(re.escape(bytes([k])) + pad + (rb".{%d}" % k if k else b"") for k in range(256))
+    return b"[" + re.escape(opcodes) + b"](?:" + lengths + b")"
+
+
+_SHORT_STRINGS = _short_sized(b"\x8cCU", 1) + b"|" + _short_sized(b"XBT", 4)
+# PUT and LONG_BINPUT with indices below 10**6 and 2**16: the memo they can ask for stays small
+_SMALL_PUTS = rb"p[0-9]{1,6}\n|r..\x00\x00"
+_TEXT_ARGUMENTS = rb"[ILSVFg][^\n]*+\n"
 # (Python 3.10 has no possessive repetition: runs are capped there instead, so
 # the saved backtrack points stay few.)
 _RUN = rb"*+" if sys.version_info >= (3, 11) else rb"{0,4096}"
 _FAST = re.compile(
     rb"(?:h.|[\x94\x88\x89N\)\]\}\(eusal0d12\x8f\x90R]"
-    rb"|[qK\x80].|M..|[Jj]....|G.{8}|\x95.{8}|" + _LONG1_SHORT + rb")" + _RUN,
+    rb"|[qK\x80].|M..|[Jj]....|G.{8}|\x95.{8}|" + _LONG1_SHORT + b"|" + _SHORT_STRINGS + b"|" + _SMALL_PUTS
+    + b"|" + _TEXT_ARGUMENTS + rb")" + _RUN,
     re.S,
 )
 
@@ -182,7 +200,6 @@ _SIZED = {
     0x8E: 8,  # BINBYTES8
     0x96: 8,  # BYTEARRAY8
 }
-_STRINGS = frozenset((0x8C, 0x58, 0x8D))
 # fixed-size opcodes the fast path skips (width of their argument): the loop
 # sees one only when a run was cut short (truncated data) or capped (3.10)
 _FIXED = {op: 0 for op in b"\x94\x88\x89N)]}(eusal0d12\x8f\x90R"}
@@ -220,7 +237,6 @@ class _Scan:
     def __init__(self, data: bytes) -> None:
         self.data = data
         self.n = len(data)
-        self.recent: list[str] = []  # the last literal strings, to name a STACK_GLOBAL
 
     def truncated(self, pos: int) -> NoReturn:
         raise ProfileFormatError(
@@ -238,8 +254,6 @@ class _Scan:
         end = start + size
         if end > self.n:
             self.truncated(self.n)
-        if op in _STRINGS and size <= 200:
-            self.recent = [*self.recent[-1:], self.data[start:end].decode("utf-8", "replace")]
         return end
 
     def line(self, pos: int) -> tuple[bytes, int]:
@@ -268,11 +282,35 @@ class _Scan:
             detail = f"a class registered with copyreg (opcode {what})"
         elif what.endswith("PERSID"):
             detail = "an external object (persistent id)"
-        elif len(self.recent) == 2:
-            detail = f"an object of {one_line(self.recent[0])}.{one_line(self.recent[1])} (opcode {what})"
+        elif (named := _last_stack_global(self.data, pos)) is not None:
+            detail = f"an object of {one_line(named[0])}.{one_line(named[1])} (opcode {what})"
         else:
             detail = f"an object (opcode {what})"
         raise UnsafePickleError(f"refusing to load: the pickle asks to construct {detail} — {PLAIN_DATA}")
+
+
+_NAMING_BYTES = 1 << 20  # how far into a refused pickle its class is looked for (Python per opcode)
+
+
+def _last_stack_global(data: bytes, pos: int) -> tuple[str, str] | None:
+    """The module and name the last STACK_GLOBAL before *pos* imports, for a refusal's message.
+
+    Only on the refusal path, and only in the first MB: the scan's fast path
+    skips strings, so they are read again here, opcode by opcode.
+    """
+    if pos > _NAMING_BYTES:
+        return None
+    strings: list[str] = []
+    found = None
+    try:
+        for opcode, arg, _ in pickletools.genops(data[:pos]):
+            if isinstance(arg, str) and opcode.name.endswith("UNICODE"):
+                strings = [*strings[-1:], arg]
+            elif opcode.name == "STACK_GLOBAL" and len(strings) == 2:
+                found = (strings[0], strings[1])
+    except Exception:  # the prefix ends without STOP, or is damaged: what was found stands
+        pass
+    return found
 
 
 def scan(data: bytes) -> None:
