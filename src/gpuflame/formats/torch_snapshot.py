@@ -249,7 +249,7 @@ class _Stacks:
             name = frame.get("name")
             key = (
                 file if type(file) is str else "",
-                line if type(line) is int else 0,
+                line if type(line) is int and 0 <= line <= INT64_MAX else 0,  # what pprof can store
                 name if type(name) is str else "",
             )
             entry = self._entry_by_key.get(key)
