@@ -38,6 +38,7 @@ EXPECTED_EXIT = {
     "comment-bomb.pb.gz": 2,
     "list-bomb.pickle.gz": 0,
     "fuzz-unit-not-a-string.speedscope.json": 2,
+    "fuzz-frame-line-2-63.pickle": 0,
 }
 
 CHILD = """
