@@ -184,6 +184,7 @@ def test_protocol_0_pickle_is_not_sniffed_as_folded():
 
     assert detect(pickle.dumps({"segments": []}, protocol=0)) == "torch-snapshot"
     assert detect(pickle.dumps({"segments": []}, protocol=1)) == "torch-snapshot"
+    assert detect(pickle.dumps({"segments": []}, protocol=0) + b"\n") == "torch-snapshot"
     assert detect(gzip.compress(pickle.dumps([], protocol=1))) == "torch-snapshot"
     assert detect(b"(frame);b 12\n") == "folded"
 

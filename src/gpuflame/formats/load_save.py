@@ -29,7 +29,7 @@ NOT_A_PROFILE = (
 )
 
 def detect(data: bytes) -> str:
-    """``pprof``, ``torch-snapshot``, ``folded`` or ``json``; raises if none fits."""
+    """``pprof``, ``torch-snapshot``, ``folded`` or ``json`` (speedscope); raises if none fits."""
     if not data:
         raise ProfileFormatError("the file is empty")
     head = data[:2]
@@ -40,7 +40,7 @@ def detect(data: bytes) -> str:
         if inner[:1] and inner[0] not in PPROF_FIRST_BYTES:
             raise ProfileFormatError(f"{NOT_A_PROFILE}; this is gzip data of something else")
         return "pprof"
-    if data[:1] == b"\x80" or (_old_pickle_head(data) and data.endswith(b".")):
+    if data[:1] == b"\x80" or (_old_pickle_head(data) and data.rstrip().endswith(b".")):
         return "torch-snapshot"
     stripped = data.lstrip()[:1]
     if stripped == b"{":
@@ -57,7 +57,8 @@ def _old_pickle_head(data: bytes) -> bool:
 
     Folded text never starts so: ``(`` and ``}`` would begin a frame name
     only in a hand-made file, and then the whole text must also end in the
-    pickle's STOP (``.``), which a folded line (ending in its count) cannot.
+    pickle's STOP (``.``, maybe followed by a line break an editor added),
+    which a folded line (ending in its count) cannot.
     """
     return data[:2] in (b"(d", b"(l") or data[:1] in (b"}", b"]")
 
