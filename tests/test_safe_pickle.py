@@ -139,6 +139,32 @@ def test_runs_of_short_strings_and_text_arguments_stay_in_the_fast_path(unit: by
     assert safe_pickle.loads(data) is None
 
 
+def test_stack_globals_allowed_globals_and_longs_stay_in_the_fast_path() -> None:
+    """STACK_GLOBAL and the allowed GLOBALs do nothing in the scan: a run of them was one Python iteration a byte."""
+    for run in (b"\x93" * 1000, b"cbuiltins\nset\n0" * 100, b"c_codecs\nencode\n0" * 100,
+                b"\x8a\x20" + bytes(32) + b"0", b"\x8b\x20\x00\x00\x00" + bytes(32) + b"0"):
+        assert safe_pickle._FAST.match(run + b".").end() == len(run)
+
+
+def test_memo_puts_of_large_pickles_stay_in_the_fast_path_when_their_size_allows_them() -> None:
+    assert safe_pickle.fast_path_for(1 << 24).match(b"r\x00\x00\x01\x00").end() == 5
+    assert safe_pickle.fast_path_for(10**7).match(b"p9999999\n").end() == 9
+    assert safe_pickle.fast_path_for(10**7).match(b"p99999999\n").end() == 0
+
+
+def test_tuples_past_the_limit_stop_the_scan_of_a_large_pickle_at_once(monkeypatch) -> None:
+    """The tuple that makes the count too large for the check ends the scan: the rest is never walked."""
+    from gpuflame.errors import ProfileFormatError
+
+    data = b"\x80\x04" + b"N\x850" * (safe_pickle.HASHABLE_OPCODES_UNCHECKED + 1) + b"\xff" * 100 + b"."
+    monkeypatch.setenv("GPUFLAME_MAX_PICKLE_TUPLE_CHECK_BYTES", "1000")
+    with pytest.raises(ProfileFormatError, match="GPUFLAME_MAX_PICKLE_TUPLE_CHECK_BYTES"):
+        safe_pickle.scan(data)
+    monkeypatch.delenv("GPUFLAME_MAX_PICKLE_TUPLE_CHECK_BYTES")
+    with pytest.raises(ProfileFormatError, match="unknown opcode 0xff"):
+        safe_pickle.scan(data)
+
+
 def test_memo_puts_past_the_small_index_leave_the_fast_path_and_are_checked() -> None:
     from gpuflame.errors import ProfileFormatError
 

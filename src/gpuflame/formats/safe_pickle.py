@@ -33,6 +33,7 @@ is small enough for that check to stay quick
 
 from __future__ import annotations
 
+import functools
 import io
 import pickle
 import pickletools
@@ -156,13 +157,12 @@ class _PlainUnpickler(pickle.Unpickler):
 
 # Runs of harmless opcodes are skipped in C by one regular expression; only
 # long strings, memo indices that need checking and the opcodes to check reach
-# the Python loop. Possessive repetition keeps the regex from saving a
-# backtrack point per opcode, which makes it several times faster on long runs.
-# Strings shorter than 256 bytes, protocol 0's text arguments and memo puts
-# with small indices are skipped there too: a pickle of nothing but 3-byte
-# strings once took the Python loop 0.4 s a MB (7 minutes for a gzip bomb's
-# gigabyte), now 20 times less.
-_LONG1_SHORT = b"|".join(rb"\x8a" + re.escape(bytes([k])) + (rb".{%d}" % k if k else b"") for k in range(10))
+# the Python loop, so each of its iterations stands for 256 bytes or more, or
+# ends the scan (a refusal), or is counted (tuples). Possessive repetition
+# keeps the regex from saving a backtrack point per opcode, which makes it
+# several times faster on long runs. Before strings below 256 bytes, protocol
+# 0's text arguments and memo puts went through the loop, a pickle of nothing
+# but 3-byte strings took 0.4 s a MB (7 minutes for a gzip bomb's gigabyte).
 
 
 def _short_sized(opcodes: bytes, width: int) -> bytes:
@@ -172,19 +172,38 @@ def _short_sized(opcodes: bytes, width: int) -> bytes:
     return b"[" + re.escape(opcodes) + b"](?:" + lengths + b")"
 
 
-_SHORT_STRINGS = _short_sized(b"\x8cCU", 1) + b"|" + _short_sized(b"XBT", 4)
-# PUT and LONG_BINPUT with indices below 10**6 and 2**16: the memo they can ask for stays small
-_SMALL_PUTS = rb"p[0-9]{1,6}\n|r..\x00\x00"
+# strings, bytes and LONG1/LONG4 integers below 256 bytes (checked only for their length)
+_SHORT_SIZED = b"|".join((_short_sized(b"\x8cCU\x8a", 1), _short_sized(b"XBT\x8b", 4),
+                          _short_sized(b"\x8d\x8e\x96", 8)))
 _TEXT_ARGUMENTS = rb"[ILSVFg][^\n]*+\n"
+# the GLOBALs find_class allows (protocols 0-2 spell sets and bytes so)
+_ALLOWED_GLOBALS = rb"c(?:builtins|__builtin__)\n(?:set|frozenset|bytes|bytearray)\n|c_codecs\nencode\n"
 # (Python 3.10 has no possessive repetition: runs are capped there instead, so
 # the saved backtrack points stay few.)
 _RUN = rb"*+" if sys.version_info >= (3, 11) else rb"{0,4096}"
-_FAST = re.compile(
-    rb"(?:h.|[\x94\x88\x89N\)\]\}\(eusal0d12\x8f\x90R]"
-    rb"|[qK\x80].|M..|[Jj]....|G.{8}|\x95.{8}|" + _LONG1_SHORT + b"|" + _SHORT_STRINGS + b"|" + _SMALL_PUTS
-    + b"|" + _TEXT_ARGUMENTS + rb")" + _RUN,
-    re.S,
-)
+
+
+@functools.lru_cache(maxsize=8)
+def _fast_path(put_digits: int, binput_bytes: int) -> re.Pattern[bytes]:
+    """The fast path for a pickle in which any PUT of *put_digits* digits and any LONG_BINPUT
+    whose index fits in *binput_bytes* bytes is within the memo the pickle's size allows."""
+    puts = rb"p[0-9]{1,%d}\n|r.{%d}%s" % (put_digits, binput_bytes, re.escape(b"\x00" * (4 - binput_bytes)))
+    return re.compile(
+        rb"(?:h.|[\x94\x88\x89N\)\]\}\(eusal0d12\x8f\x90R\x93]|[qK\x80].|M..|[Jj]....|G.{8}|\x95.{8}|"
+        + b"|".join((_SHORT_SIZED, _TEXT_ARGUMENTS, _ALLOWED_GLOBALS, puts)) + rb")" + _RUN,
+        re.S,
+    )
+
+
+def fast_path_for(n: int) -> re.Pattern[bytes]:
+    """The fast path for a pickle of *n* bytes: memo indices below 10**6 and 2**16 always (the memo
+    they ask for stays small), larger ones when the pickle is larger than any index they can spell."""
+    put_digits = max(6, len(str(n)) - 1)
+    binput_bytes = 4 if n >= 1 << 32 else 3 if n >= 1 << 24 else 2
+    return _fast_path(put_digits, binput_bytes)
+
+
+_FAST = fast_path_for(0)
 
 # opcode -> width of its length prefix, for length-prefixed arguments
 _SIZED = {
@@ -322,7 +341,9 @@ def scan(data: bytes) -> None:
     n = s.n
     pos = 0
     hashables = 0
-    match = _FAST.match
+    # past this many tuples in a pickle too large to check them, the scan stops at once
+    tuples_refused_at = HASHABLE_OPCODES_UNCHECKED + 1 if n > limits.PICKLE_TUPLE_CHECK_BYTES.value() else -1
+    match = fast_path_for(n).match
     while True:
         pos = match(data, pos).end()
         if pos >= n:
@@ -334,13 +355,10 @@ def scan(data: bytes) -> None:
         elif op in _HASHABLE_BUILDERS:
             hashables += 1
             pos += 1
+            if hashables == tuples_refused_at:
+                _refuse_tuples(hashables)
         elif op == 0x2E:  # STOP
             if hashables > HASHABLE_OPCODES_UNCHECKED:
-                if n > limits.PICKLE_TUPLE_CHECK_BYTES.value():
-                    raise limits.PICKLE_TUPLE_CHECK_BYTES.exceeded(
-                        f"a pickle with {hashables:,} tuples (a snapshot has a few dozen) must be checked for "
-                        "deep nesting opcode by opcode; its size"
-                    )
                 check_nesting(data)
             return
         elif op in _LINE:
@@ -388,6 +406,13 @@ def check_containers(data: bytes) -> None:
     cap = limits.PICKLE_CONTAINERS.value()
     if len(data) > cap and len(data) - len(data.translate(None, _CONTAINER_BYTES)) > cap:
         raise limits.PICKLE_CONTAINERS.exceeded("the number of lists and dicts in the pickle")
+
+
+def _refuse_tuples(count: int) -> NoReturn:
+    raise limits.PICKLE_TUPLE_CHECK_BYTES.exceeded(
+        f"a pickle with more than {count:,} tuples (a snapshot has a few dozen) must be checked for "
+        "deep nesting opcode by opcode; its size"
+    )
 
 
 def check_nesting(data: bytes) -> None:
