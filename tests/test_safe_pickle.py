@@ -126,6 +126,70 @@ def test_many_flat_tuples_load_after_the_exact_nesting_check() -> None:
     assert safe_pickle.loads(pickle.dumps(data, protocol=4)) == data
 
 
+@pytest.mark.parametrize(
+    "unit",
+    [b"\x8c\x02ab", b"C\x02ab", b"U\x02ab", b"X\x02\x00\x00\x00ab", b"B\x02\x00\x00\x00ab",
+     b"T\x02\x00\x00\x00ab", b"I12\n", b"L12L\n", b"S'ab'\n", b"Vab\n", b"F1.5\n", b"Mab"],
+)
+def test_runs_of_short_strings_and_text_arguments_stay_in_the_fast_path(unit: bytes) -> None:
+    """One Python iteration per 3-byte string made a gigabyte of them take 7 minutes to scan."""
+    body = (unit + b"0") * 1000  # each value pushed, then popped
+    data = b"\x80\x02" + body + b"N."
+    assert safe_pickle._FAST.match(data, 2).end() == len(data) - 1  # all but STOP, in C
+    assert safe_pickle.loads(data) is None
+
+
+def test_stack_globals_allowed_globals_and_longs_stay_in_the_fast_path() -> None:
+    """STACK_GLOBAL and the allowed GLOBALs do nothing in the scan: a run of them was one Python iteration a byte."""
+    for run in (b"\x93" * 1000, b"cbuiltins\nset\n0" * 100, b"c_codecs\nencode\n0" * 100,
+                b"\x8a\x20" + bytes(32) + b"0", b"\x8b\x20\x00\x00\x00" + bytes(32) + b"0"):
+        assert safe_pickle._FAST.match(run + b".").end() == len(run)
+
+
+def test_memo_puts_of_large_pickles_stay_in_the_fast_path_when_their_size_allows_them() -> None:
+    assert safe_pickle.fast_path_for(1 << 24).match(b"r\x00\x00\x01\x00").end() == 5
+    assert safe_pickle.fast_path_for(10**7).match(b"p9999999\n").end() == 9
+    assert safe_pickle.fast_path_for(10**7).match(b"p99999999\n").end() == 0
+
+
+def test_tuples_past_the_limit_stop_the_scan_of_a_large_pickle_at_once(monkeypatch) -> None:
+    """The tuple that makes the count too large for the check ends the scan: the rest is never walked."""
+    from gpuflame.errors import ProfileFormatError
+
+    data = b"\x80\x04" + b"N\x850" * (safe_pickle.HASHABLE_OPCODES_UNCHECKED + 1) + b"\xff" * 100 + b"."
+    monkeypatch.setenv("GPUFLAME_MAX_PICKLE_TUPLE_CHECK_BYTES", "1000")
+    with pytest.raises(ProfileFormatError, match="GPUFLAME_MAX_PICKLE_TUPLE_CHECK_BYTES"):
+        safe_pickle.scan(data)
+    monkeypatch.delenv("GPUFLAME_MAX_PICKLE_TUPLE_CHECK_BYTES")
+    with pytest.raises(ProfileFormatError, match="unknown opcode 0xff"):
+        safe_pickle.scan(data)
+
+
+def test_memo_puts_past_the_small_index_leave_the_fast_path_and_are_checked() -> None:
+    from gpuflame.errors import ProfileFormatError
+
+    assert safe_pickle._FAST.match(b"p999999\n").end() == 8
+    assert safe_pickle._FAST.match(b"p1000000\n").end() == 0
+    assert safe_pickle._FAST.match(b"r\x00\x00\x01\x00").end() == 0
+    for data in (b"N" + b"p99999999\n" + b".", b"\x80\x02N" + b"r\x00\x00\x00\x7f" + b"."):
+        with pytest.raises(ProfileFormatError, match="memo index"):
+            safe_pickle.loads(data)
+
+
+def test_many_tuples_in_a_large_pickle_are_refused_before_the_slow_check(monkeypatch) -> None:
+    """The exact check is Python per opcode (~2 s a MB): a 1 MB gzip inflating to 1 GB with 10,001
+    tuples would have taken half an hour. Past the size limit the pickle is refused at once."""
+    from gpuflame.errors import ProfileFormatError
+
+    data = pickle.dumps([(0, i) for i in range(safe_pickle.HASHABLE_OPCODES_UNCHECKED + 5)], protocol=4)
+    checked = []
+    monkeypatch.setattr(safe_pickle, "check_nesting", checked.append)
+    monkeypatch.setenv("GPUFLAME_MAX_PICKLE_TUPLE_CHECK_BYTES", str(len(data) - 1))
+    with pytest.raises(ProfileFormatError, match="GPUFLAME_MAX_PICKLE_TUPLE_CHECK_BYTES"):
+        safe_pickle.loads(data)
+    assert checked == []
+
+
 # -- code and objects are refused ---------------------------------------------
 
 

@@ -191,3 +191,120 @@ def test_unicode_names_survive(rich_profile: Profile) -> None:
 def test_units(unit: str, expected: str) -> None:
     assert speedscope.unit_of(unit) == expected
     assert expected in SCHEMA["definitions"]["FileFormat.ValueUnit"]["enum"]
+
+
+# -- reading ---------------------------------------------------------------------------------------
+
+# Written by hand in the shapes speedscope's file-format schema gives, the way other tools
+# export: times in milliseconds with fractions, an evented profile of nested calls.
+EVENTED = {
+    "$schema": speedscope.SCHEMA,
+    "shared": {"frames": [{"name": "main", "file": "app.py", "line": 1}, {"name": "load", "file": "app.py", "line": 9},
+                          {"name": "parse", "col": 4}]},
+    "profiles": [{
+        "type": "evented", "name": "thread 1", "unit": "milliseconds", "startValue": 0, "endValue": 10.5,
+        "events": [
+            {"type": "O", "frame": 0, "at": 0}, {"type": "O", "frame": 1, "at": 1.25},
+            {"type": "O", "frame": 2, "at": 2}, {"type": "C", "frame": 2, "at": 5},
+            {"type": "C", "frame": 1, "at": 6}, {"type": "C", "frame": 0, "at": 10.5},
+        ],
+    }],
+    "name": "app", "activeProfileIndex": 0, "exporter": "hand",
+}
+SAMPLED = {
+    "$schema": speedscope.SCHEMA,
+    "shared": {"frames": [{"name": "a"}, {"name": "b"}]},
+    "profiles": [{"type": "sampled", "name": "cpu", "unit": "none", "startValue": 0, "endValue": 3,
+                  "samples": [[0, 1], [0], [0, 1]], "weights": [1, 1, 1]}],
+}
+
+
+def stacks_of(p: Profile, type_index: int = 0) -> dict[tuple[str, ...], int]:
+    out: Counter[tuple[str, ...]] = Counter()
+    for s in p.samples:
+        out[tuple(p.frames[i].name for i in reversed(s.stack))] += s.values[type_index]
+    return dict(out)
+
+
+def test_gpuflame_speedscope_reads_back_as_the_profile_it_was(rich_profile: Profile) -> None:
+    from gpuflame.formats import folded, loads
+
+    index = rich_profile.type_index("inuse_space")
+    back = loads(dumps(rich_profile, "speedscope", "inuse_space"))
+    assert back.sample_types == [rich_profile.sample_types[index]]
+    assert folded.encode(back, 0) == folded.encode(rich_profile, index)
+    pids = {s.label("pid") for s in rich_profile.samples if s.values[index]}
+    assert {s.label("pid") for s in back.samples} == pids
+
+
+def test_evented_profiles_sum_the_time_each_stack_was_open() -> None:
+    p = speedscope.decode(json.dumps(EVENTED))
+    assert p.sample_types == [SampleType("cpu", "nanoseconds")]
+    assert stacks_of(p) == {("main",): 5_750_000, ("main", "load"): 1_750_000, ("main", "load", "parse"): 3_000_000}
+    assert p.frames[0].file == "app.py" and p.frames[0].line == p.frames[0].start_line == 1
+    assert not any("definition lines unknown" in c for c in p.comments)
+
+
+def test_sampled_profiles_sum_equal_stacks() -> None:
+    assert schema_errors(SAMPLED, SCHEMA) == [] and schema_errors(EVENTED, SCHEMA) == []
+    p = speedscope.decode(json.dumps(SAMPLED).encode())
+    assert p.sample_types == [SampleType("samples", "count")]
+    assert stacks_of(p) == {("a", "b"): 2, ("a",): 1}
+
+
+def test_report_reads_a_speedscope_file(tmp_path: Path, rich_profile: Profile) -> None:
+    from gpuflame.cli.main import main
+
+    path = tmp_path / "x.speedscope.json"
+    path.write_bytes(dumps(rich_profile, "speedscope", "inuse_space"))
+    assert main(["report", str(path)]) == 0
+
+
+@pytest.mark.parametrize(
+    ("doc", "message"),
+    [
+        ({"tree": {}}, "not a speedscope profile"),
+        ({**SAMPLED, "profiles": [{**SAMPLED["profiles"][0], "samples": [[0, 7]], "weights": [1]}]},
+         "not in shared.frames"),
+        ({**SAMPLED, "profiles": [{**SAMPLED["profiles"][0], "weights": [1]}]}, "3 samples but 1 weights"),
+        ({**SAMPLED, "profiles": [{**SAMPLED["profiles"][0], "unit": "parsecs"}]}, "unknown unit"),
+        ({**EVENTED, "profiles": [{**EVENTED["profiles"][0], "events": EVENTED["profiles"][0]["events"][:2]}]},
+         "still open"),
+        ({**SAMPLED, "profiles": [{**SAMPLED["profiles"][0], "weights": [1, 1e300, 1]}]}, "does not fit"),
+    ],
+)
+def test_bad_documents_are_one_plain_line(doc: dict[str, object], message: str) -> None:
+    from gpuflame.errors import ProfileFormatError
+
+    with pytest.raises(ProfileFormatError, match=message) as caught:
+        speedscope.decode(json.dumps(doc))
+    assert "\n" not in str(caught.value)
+
+
+def test_deeply_nested_json_is_one_plain_line() -> None:
+    from gpuflame.errors import ProfileFormatError
+    from gpuflame.formats import loads
+
+    with pytest.raises(ProfileFormatError, match="nests too deeply"):
+        loads(b'{"shared": ' + b"[" * 200_000 + b"]" * 200_000 + b"}")
+
+
+def test_evented_stacks_are_bounded_by_the_frames_limit(monkeypatch) -> None:
+    """Events deep inside a deep stack: each would be a stack as long as the depth (quadratic in the file).
+    Time per event no longer depends on the depth; the stacks made are counted against GPUFLAME_MAX_FRAMES."""
+    from gpuflame.errors import ProfileFormatError
+
+    depth, leaves = 200, 100
+    frames = [{"name": f"f{i}"} for i in range(depth + leaves)]
+    events = [{"type": "O", "frame": i, "at": i} for i in range(depth)]
+    for k in range(leaves):
+        events += [{"type": "O", "frame": depth + k, "at": depth + 2 * k},
+                   {"type": "C", "frame": depth + k, "at": depth + 2 * k + 1}]
+    events += [{"type": "C", "frame": i, "at": depth + 2 * leaves} for i in reversed(range(depth))]
+    doc = {**EVENTED, "shared": {"frames": frames},
+           "profiles": [{**EVENTED["profiles"][0], "unit": "none", "events": events}]}
+    p = speedscope.decode(json.dumps(doc))
+    assert sum(len(s.stack) for s in p.samples) > 20_000 and max(len(s.stack) for s in p.samples) == depth + 1
+    monkeypatch.setenv("GPUFLAME_MAX_FRAMES", "20000")
+    with pytest.raises(ProfileFormatError, match="GPUFLAME_MAX_FRAMES"):
+        speedscope.decode(json.dumps(doc))

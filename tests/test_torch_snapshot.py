@@ -296,6 +296,33 @@ def test_oom_is_noted_with_device_sizes_and_place(profiles) -> None:
     assert "in LlamaAttention > forward (" in note and "llama_like.py:" in note
 
 
+def test_many_oom_events_are_described_twenty_times_and_counted(snapshots) -> None:
+    """A trace can hold millions of oom events (a crafted file): one comment each made the report that long."""
+    import copy
+
+    snap = copy.deepcopy(snapshots["handwritten_oom"])
+    trace = snap["device_traces"][0]
+    oom = next(e for e in trace if e["action"] == "oom")
+    trace += [dict(oom) for _ in range(100)]
+    notes = [c for c in torch_snapshot.from_snapshot(snap).comments if "out of memory" in c or "out-of-memory" in c]
+    assert len(notes) == 21 and notes[-1] == "cuda:0: 81 more out-of-memory events in the trace"
+
+
+@pytest.mark.parametrize("line", [1 << 63, -5])
+def test_a_frame_line_pprof_cannot_store_is_unknown(snapshots, line: int) -> None:
+    """Found by the fuzz target of snapshot values: line 2**63 made a profile that could not be written."""
+    import copy
+
+    from gpuflame.formats import pprof
+
+    snap = copy.deepcopy(snapshots["handwritten_oom"])
+    block = next(b for seg in snap["segments"] for b in seg["blocks"] if b.get("frames"))
+    block["frames"][0]["line"] = line
+    profile = torch_snapshot.from_snapshot(snap)
+    assert all(0 <= f.line < 1 << 63 for f in profile.frames)
+    pprof.decode(pprof.encode(profile))
+
+
 def test_two_devices_are_kept_apart(snapshots, profiles) -> None:
     profile = profiles["handwritten_two_devices"]
     assert profile.label_values("device") == ["cuda:0", "cuda:1"]

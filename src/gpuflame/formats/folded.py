@@ -31,13 +31,15 @@ Reading (:func:`decode`):
   Names are kept as written (py-spy's ``Model.forward`` is not respelled
   ``Model > forward``; search finds either spelling).
 - every line becomes one sample of one sample type, ``inuse_space/bytes``
-  unless told otherwise.
+  unless told otherwise; lines and frames per line are bounded by
+  :mod:`gpuflame.limits` (the time is linear in the text).
 """
 
 from __future__ import annotations
 
 import re
 
+from gpuflame import limits
 from gpuflame.errors import ProfileFormatError
 from gpuflame.model.profile import Frame, Profile, Sample, SampleType
 from gpuflame.symbols.kinds import guess_kind
@@ -83,8 +85,12 @@ class _FrameIds(dict):  # type: ignore[type-arg]
     def __init__(self, profile: Profile) -> None:
         super().__init__()
         self._profile = profile
+        self._room = limits.FRAMES.value()
 
     def __missing__(self, text: str) -> int:
+        self._room -= 1
+        if self._room < 0:
+            raise limits.FRAMES.exceeded("folded stacks: the distinct frames")
         m = _PYSPY.fullmatch(text)
         if m:
             name, file, line = m.group(1), m.group(2), int(m.group(3))
@@ -104,6 +110,7 @@ def decode(
     frame_ids = _FrameIds(profile)
     lookup = frame_ids.__getitem__
     samples = profile.samples
+    max_depth, max_samples = limits.STACK_DEPTH.value(), limits.SAMPLES.value()
     for number, raw in enumerate(text.split("\n"), start=1):
         line = raw.rstrip()
         if not line:
@@ -114,9 +121,12 @@ def decode(
                 raise ProfileFormatError(_not_folded(number, line))
             raise ProfileFormatError(_bad_count(number, line))
         stack_text, count_text = m.groups()
-        # int() refuses very long digit strings (ValueError); no int64 has over 19 digits
-        too_long = len(count_text.lstrip("-").lstrip("0")) > 19
-        count = _INT64_MAX + 1 if too_long else int(count_text)
+        # int() refuses digit strings over 4300 long (ValueError), leading zeros
+        # included; no int64 has over 19 significant digits
+        digits = count_text.lstrip("-").lstrip("0")
+        count = 1 << 64 if len(digits) > 19 else int(digits or "0")
+        if count_text[0] == "-":
+            count = -count
         if count < 0 and not allow_negative:
             raise ProfileFormatError(
                 f"folded stacks, line {number}: the count {count} is negative "
@@ -126,6 +136,10 @@ def decode(
             shown = count_text if len(count_text) <= 40 else count_text[:37] + "..."
             raise ProfileFormatError(f"folded stacks, line {number}: the count {shown} is too large")
         names = stack_text.split(";") if stack_text else []
+        if len(names) > max_depth:
+            raise limits.STACK_DEPTH.exceeded(f"folded stacks, line {number}: the stack")
+        if len(samples) >= max_samples:
+            raise limits.SAMPLES.exceeded("folded stacks: the lines")
         names.reverse()
         samples.append(Sample(tuple(map(lookup, names)), (count,)))
     return profile

@@ -7,11 +7,11 @@ these three through here.
 
 from __future__ import annotations
 
-import gzip
 import os
 import zlib
 from typing import Any
 
+from gpuflame import limits
 from gpuflame.errors import ProfileFormatError
 from gpuflame.files import STDIO, read_bytes, write_output
 from gpuflame.model.profile import Profile
@@ -24,22 +24,23 @@ GZIP_MAGIC = b"\x1f\x8b"
 # The bytes a pprof Profile message can start with: the tag of one of its fields 1-14.
 PPROF_FIRST_BYTES = frozenset(b"\x0a\x12\x1a\x22\x2a\x32\x38\x3a\x40\x42\x48\x50\x5a\x60\x68\x6a\x70\x08")
 NOT_A_PROFILE = (
-    "not a profile gpuflame can read (expected gzip pprof, folded stacks, or a PyTorch memory snapshot pickle)"
+    "not a profile gpuflame can read "
+    "(expected gzip pprof, folded stacks, speedscope JSON, or a PyTorch memory snapshot pickle)"
 )
 
 def detect(data: bytes) -> str:
-    """``pprof``, ``torch-snapshot``, ``folded`` or ``json``; raises if none fits."""
+    """``pprof``, ``torch-snapshot``, ``folded`` or ``json`` (speedscope); raises if none fits."""
     if not data:
         raise ProfileFormatError("the file is empty")
     head = data[:2]
     if head == GZIP_MAGIC:
         inner = _gunzip_head(data)
-        if inner[:1] == b"\x80":
+        if inner[:1] == b"\x80" or _old_pickle_head(inner):
             return "torch-snapshot"
         if inner[:1] and inner[0] not in PPROF_FIRST_BYTES:
             raise ProfileFormatError(f"{NOT_A_PROFILE}; this is gzip data of something else")
         return "pprof"
-    if data[:1] == b"\x80":
+    if data[:1] == b"\x80" or (_old_pickle_head(data) and data.rstrip().endswith(b".")):
         return "torch-snapshot"
     stripped = data.lstrip()[:1]
     if stripped == b"{":
@@ -49,6 +50,17 @@ def detect(data: bytes) -> str:
     if data[0] in PPROF_FIRST_BYTES:
         return "pprof"
     raise ProfileFormatError(NOT_A_PROFILE)
+
+
+def _old_pickle_head(data: bytes) -> bool:
+    """A protocol 0 or 1 pickle of a dict or list (no PROTO opcode): ``(d``, ``(l``, ``}``, ``]``.
+
+    Folded text never starts so: ``(`` and ``}`` would begin a frame name
+    only in a hand-made file, and then the whole text must also end in the
+    pickle's STOP (``.``, maybe followed by a line break an editor added),
+    which a folded line (ending in its count) cannot.
+    """
+    return data[:2] in (b"(d", b"(l") or data[:1] in (b"}", b"]")
 
 
 def _gunzip_head(data: bytes) -> bytes:
@@ -71,13 +83,29 @@ def _looks_like_text(chunk: bytes) -> bool:
 
 
 def gunzip(data: bytes) -> bytes:
-    """Decompress with a plain-worded error for truncated or corrupt data."""
-    try:
-        return gzip.decompress(data)
-    except EOFError:
-        raise ProfileFormatError("the gzip data is truncated (the file was cut short)") from None
-    except (OSError, zlib.error) as exc:
-        raise ProfileFormatError(f"corrupt gzip data ({exc})") from None
+    """Decompress every gzip member, with a plain-worded error for truncated or corrupt data.
+
+    Inflated in one bounded call per member: zlib stops at
+    :data:`gpuflame.limits.INFLATED_BYTES`, so a bomb costs the limit, not
+    the machine (a 306 KB file once asked for 18.6 GB).
+    """
+    cap = limits.INFLATED_BYTES.value()
+    out: list[bytes] = []
+    size = 0
+    while data:
+        inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        try:
+            chunk = inflater.decompress(data, cap - size + 1)
+        except zlib.error as exc:
+            raise ProfileFormatError(f"corrupt gzip data ({exc})") from None
+        size += len(chunk)
+        if size > cap:
+            raise limits.INFLATED_BYTES.exceeded("the decompressed data")
+        if not inflater.eof:
+            raise ProfileFormatError("the gzip data is truncated (the file was cut short)")
+        out.append(chunk)
+        data = inflater.unused_data.lstrip(b"\0")  # gzip allows zero padding between members
+    return out[0] if len(out) == 1 else b"".join(out)
 
 
 def loads(data: bytes, source: str = "<bytes>", **snapshot_options: Any) -> Profile:
@@ -100,12 +128,18 @@ def loads(data: bytes, source: str = "<bytes>", **snapshot_options: Any) -> Prof
             from gpuflame.formats import folded
 
             return folded.decode(data.decode("utf-8", errors="replace"))
-        raise ProfileFormatError(
-            "this is a JSON file (speedscope or a flame tree); gpuflame writes those "
-            "but reads pprof, folded stacks and PyTorch snapshots"
-        )
+        from gpuflame.formats import speedscope
+
+        return speedscope.decode(data)
     except ProfileFormatError as exc:
         raise ProfileFormatError(f"{source}: {exc}") from None
+    except MemoryError:  # the limits keep a file within reach of a machine, not of every machine
+        raise ProfileFormatError(
+            f"{source}: out of memory while reading (the limits of gpuflame.limits were not reached; "
+            "lower one, e.g. GPUFLAME_MAX_INFLATED_BYTES, to be told which part is too large)"
+        ) from None
+    except RecursionError:
+        raise ProfileFormatError(f"{source}: the data nests too deeply to read") from None
 
 
 def load(path: str | os.PathLike[str], **snapshot_options: Any) -> Profile:

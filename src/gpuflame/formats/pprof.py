@@ -64,6 +64,7 @@ from itertools import chain
 from operator import itemgetter
 from typing import Any, NamedTuple
 
+from gpuflame import limits
 from gpuflame.errors import GpuflameError, ProfileFormatError
 from gpuflame.formats.load_save import GZIP_MAGIC, gunzip
 from gpuflame.formats.protobuf_wire import (
@@ -89,6 +90,7 @@ from gpuflame.formats.protobuf_wire import (
 )
 from gpuflame.gcpause import gc_paused
 from gpuflame.model import history, peak, phases
+from gpuflame.model.comments import InflateBudget
 from gpuflame.model.profile import NATIVE, PYTHON, Frame, Labels, Profile, Sample, SampleType
 from gpuflame.model.timeline import split_comments
 from gpuflame.symbols.kinds import guess_kind
@@ -342,10 +344,11 @@ def _decode_raw(data: bytes) -> Profile:
     raw = _split_profile(data)
     strings = _Strings(raw.strings)
     profile = Profile(sample_types=[_read_value_type(b, strings) for b in raw.sample_types])
-    profile.timeline, comments = split_comments([strings.get(i, "comment") for i in raw.comments])
+    budget = InflateBudget()
+    profile.timeline, comments = split_comments([strings.get(i, "comment") for i in raw.comments], budget)
     profile.peaks, comments = peak.split_comments(comments)
     profile.phases, comments = phases.split_comments(comments)
-    profile.history, profile.comments = history.split_comments(comments)
+    profile.history, profile.comments = history.split_comments(comments, budget)
     default = strings.get(raw.scalars.get(P_DEFAULT_SAMPLE_TYPE, 0), "default_sample_type")
     profile.default_type = default or None
     profile.time_nanos = to_int64(raw.scalars.get(P_TIME_NANOS, 0))
@@ -355,12 +358,30 @@ def _decode_raw(data: bytes) -> Profile:
     return profile
 
 
+_CHECK_EVERY = 16 << 20  # bytes of pprof split between two checks of the tables' sizes
+
+
+def _check_counts(raw: _Raw) -> None:
+    """The tables' sizes against :mod:`gpuflame.limits`, before any entry becomes an object."""
+    if len(raw.samples) > limits.SAMPLES.value():
+        raise limits.SAMPLES.exceeded("pprof: the samples")
+    tables = (("locations", raw.locations), ("functions", raw.functions),
+              ("mappings", raw.mappings), ("strings", raw.strings))
+    for name, table in tables:
+        if len(table) > limits.FRAMES.value():
+            raise limits.FRAMES.exceeded(f"pprof: the {name}")
+    if len(raw.comments) > limits.COMMENTS.value():
+        raise limits.COMMENTS.exceeded("pprof: the comments")
+
+
 def _split_profile(data: bytes) -> _Raw:
     """One pass over the top-level message, collecting each field's values.
 
     Written out instead of using :func:`iter_fields` because a large profile
     has hundreds of thousands of ``sample`` fields; one-byte keys and
-    lengths, the common case, are read inline.
+    lengths, the common case, are read inline. The tables' sizes are checked
+    after each :data:`_CHECK_EVERY` bytes (no cost per field), so a hostile
+    file stops before its fields become more than a window's worth of slices.
     """
     raw = _Raw([], [], [], [], [], [], [], {})
     by_field: dict[int, list[bytes]] = {
@@ -375,34 +396,39 @@ def _split_profile(data: bytes) -> _Raw:
     end = len(data)
     try:
         while pos < end:
-            key = data[pos]
-            if key < 0x80:
-                pos += 1
-            else:
-                key, pos = read_varint(data, pos)
-            field = key >> 3
-            wire = key & 7
-            if field == 0:
-                raise ProfileFormatError("malformed protobuf: field number 0")
-            if wire == LEN:
-                size = data[pos]
-                if size < 0x80:
+            window = min(end, pos + _CHECK_EVERY)  # the counts are checked once per window
+            while pos < window:
+                key = data[pos]
+                if key < 0x80:
                     pos += 1
                 else:
-                    size, pos = read_varint(data, pos)
-                stop = pos + size
-                if stop > end:
-                    raise ProfileFormatError(
-                        f"truncated protobuf: field {field} runs past the end of the data"
-                    )
-                target = by_field.get(field)
-                if target is not None:
-                    target.append(data[pos:stop])
-                elif field == P_COMMENT:  # packed repeated int64
-                    raw.comments.extend(_packed_ints(data[pos:stop], field))
-                pos = stop
-            else:
-                pos = _read_scalar(data, pos, field, wire, raw)
+                    key, pos = read_varint(data, pos)
+                field = key >> 3
+                wire = key & 7
+                if field == 0:
+                    raise ProfileFormatError("malformed protobuf: field number 0")
+                if wire == LEN:
+                    size = data[pos]
+                    if size < 0x80:
+                        pos += 1
+                    else:
+                        size, pos = read_varint(data, pos)
+                    stop = pos + size
+                    if stop > end:
+                        raise ProfileFormatError(
+                            f"truncated protobuf: field {field} runs past the end of the data"
+                        )
+                    target = by_field.get(field)
+                    if target is not None:
+                        target.append(data[pos:stop])
+                    elif field == P_COMMENT:  # packed repeated int64, at most 10 bytes each
+                        if size > 10 * limits.COMMENTS.value():
+                            raise limits.COMMENTS.exceeded("pprof: the comments")
+                        raw.comments.extend(_packed_ints(data[pos:stop], field))
+                    pos = stop
+                else:
+                    pos = _read_scalar(data, pos, field, wire, raw)
+            _check_counts(raw)
     except IndexError:
         raise ProfileFormatError("truncated protobuf: a field runs past the end of the data") from None
     return raw
@@ -660,6 +686,7 @@ def _read_samples(
     layouts go through :meth:`_SampleReader.general`.
     """
     reader = _SampleReader(location_frames, strings, n_types)
+    max_depth = reader.max_depth
     table, tails, words_of, getter, high = reader.table, reader.tails, reader.words_of, itemgetter, _HIGH_BYTES
     out: list[Sample] = []
     append = out.append
@@ -688,6 +715,8 @@ def _read_samples(
             append(reader.general(raw, ids, tail))
             continue
         n = len(words)
+        if n > max_depth:
+            raise limits.STACK_DEPTH.exceeded("pprof: a sample's stack")
         try:
             stack = getter(*words)(table) if n > 1 else (table[words[0]],) if n else ()
         except IndexError:
@@ -707,16 +736,23 @@ class _SampleReader:
         self.table = _fast_table(location_frames) if self.flat else None
         self.words_of = _WordUnpackers()
         self.tails = _TailMemo(strings, n_types)
+        self.max_depth = limits.STACK_DEPTH.value()
 
     def general(self, raw: bytes, ids: bytes, tail: tuple[tuple[int, ...], Labels] | None) -> Sample:
         """Fields in another order (*tail* None: parse it all), ids of mixed widths, locations of many frames."""
         if tail is None:
             keys, values, labels = self.tails.parse(raw)
-            return Sample(_stack(map(self.lookup, keys), self.flat), values, labels)
-        if ids and ids[-1] >= 0x80:
-            raise ProfileFormatError("truncated protobuf: the last value of packed field 1 runs past the end")
-        keys = ids if ids.isascii() else VARINT_RUN.findall(ids)
-        return Sample(_stack(map(self.lookup, keys), self.flat), tail[0], tail[1])
+        else:
+            if ids and ids[-1] >= 0x80:
+                raise ProfileFormatError("truncated protobuf: the last value of packed field 1 runs past the end")
+            keys = ids if ids.isascii() else VARINT_RUN.findall(ids)
+            values, labels = tail
+        if len(keys) > self.max_depth:
+            raise limits.STACK_DEPTH.exceeded("pprof: a sample's stack")
+        stack = _stack(map(self.lookup, keys), self.flat)
+        if len(stack) > self.max_depth:  # inlined locations hold several frames each
+            raise limits.STACK_DEPTH.exceeded("pprof: a sample's stack")
+        return Sample(stack, values, labels)
 
 
 class _WordUnpackers(dict):  # type: ignore[type-arg]

@@ -11,7 +11,9 @@ snapshot from someone else is read here in two steps:
    plain types below), reports truncation with a byte offset, and rejects memo
    indices larger than the pickle itself (CPython's unpickler sizes its memo
    table by the largest index, so a 20-byte pickle could otherwise ask for
-   tens of GiB).
+   tens of GiB; indices below 10**6, a 16 MB memo at most, pass unchecked), and pickles that would build more lists and dicts than
+   :data:`gpuflame.limits.PICKLE_CONTAINERS` (a byte each; 56 bytes or
+   more each once built).
 2. CPython's C unpickler builds the data, with :meth:`find_class` allowing
    only ``set``, ``frozenset``, ``bytes``, ``bytearray`` and
    ``_codecs.encode`` (how protocols 0-2 spell sets and bytes), each through a
@@ -24,11 +26,14 @@ anything is allocated. Deeply nested tuples are the exception: CPython
 hashes a tuple (a dict key) by recursing into it unguarded, so a key nested a
 few hundred thousand tuples deep would crash the interpreter mid-load. A
 pickle with few tuple opcodes cannot nest that deep; one with many (more than
-any snapshot has) gets an exact, slower check of tuple nesting first.
+any snapshot has) gets an exact, slower check of tuple nesting first, if it
+is small enough for that check to stay quick
+(:data:`gpuflame.limits.PICKLE_TUPLE_CHECK_BYTES`).
 """
 
 from __future__ import annotations
 
+import functools
 import io
 import pickle
 import pickletools
@@ -37,6 +42,7 @@ import sys
 from collections.abc import Callable
 from typing import NoReturn
 
+from gpuflame import limits
 from gpuflame.errors import ProfileFormatError, UnsafePickleError
 from gpuflame.gcpause import gc_paused
 
@@ -149,19 +155,55 @@ class _PlainUnpickler(pickle.Unpickler):
 
 # -- the opcode scan -----------------------------------------------------------
 
-# Runs of fixed-size, harmless opcodes are skipped in C by one regular
-# expression; only strings, text arguments and the opcodes to check reach the
-# Python loop. Possessive repetition keeps the regex from saving a backtrack
-# point per opcode, which makes it several times faster on long runs.
-_LONG1_SHORT = b"|".join(rb"\x8a" + re.escape(bytes([k])) + (rb".{%d}" % k if k else b"") for k in range(10))
+# Runs of harmless opcodes are skipped in C by one regular expression; only
+# long strings, memo indices that need checking and the opcodes to check reach
+# the Python loop, so each of its iterations stands for 256 bytes or more, or
+# ends the scan (a refusal), or is counted (tuples). Possessive repetition
+# keeps the regex from saving a backtrack point per opcode, which makes it
+# several times faster on long runs. Before strings below 256 bytes, protocol
+# 0's text arguments and memo puts went through the loop, a pickle of nothing
+# but 3-byte strings took 0.4 s a MB (7 minutes for a gzip bomb's gigabyte).
+
+
+def _short_sized(opcodes: bytes, width: int) -> bytes:
+    """One of *opcodes*, a little-endian length below 256 in *width* bytes, then that many bytes."""
+    pad = re.escape(b"\x00" * (width - 1))
+    lengths = b"|".join(re.escape(bytes([k])) + pad + (rb".{%d}" % k if k else b"") for k in range(256))
+    return b"[" + re.escape(opcodes) + b"](?:" + lengths + b")"
+
+
+# strings, bytes and LONG1/LONG4 integers below 256 bytes (checked only for their length)
+_SHORT_SIZED = b"|".join((_short_sized(b"\x8cCU\x8a", 1), _short_sized(b"XBT\x8b", 4),
+                          _short_sized(b"\x8d\x8e\x96", 8)))
+_TEXT_ARGUMENTS = rb"[ILSVFg][^\n]*+\n"
+# the GLOBALs find_class allows (protocols 0-2 spell sets and bytes so)
+_ALLOWED_GLOBALS = rb"c(?:builtins|__builtin__)\n(?:set|frozenset|bytes|bytearray)\n|c_codecs\nencode\n"
 # (Python 3.10 has no possessive repetition: runs are capped there instead, so
 # the saved backtrack points stay few.)
 _RUN = rb"*+" if sys.version_info >= (3, 11) else rb"{0,4096}"
-_FAST = re.compile(
-    rb"(?:h.|[\x94\x88\x89N\)\]\}\(eusal0d12\x8f\x90R]"
-    rb"|[qK\x80].|M..|[Jj]....|G.{8}|\x95.{8}|" + _LONG1_SHORT + rb")" + _RUN,
-    re.S,
-)
+
+
+@functools.lru_cache(maxsize=8)
+def _fast_path(put_digits: int, binput_bytes: int) -> re.Pattern[bytes]:
+    """The fast path for a pickle in which any PUT of *put_digits* digits and any LONG_BINPUT
+    whose index fits in *binput_bytes* bytes is within the memo the pickle's size allows."""
+    puts = rb"p[0-9]{1,%d}\n|r.{%d}%s" % (put_digits, binput_bytes, re.escape(b"\x00" * (4 - binput_bytes)))
+    return re.compile(
+        rb"(?:h.|[\x94\x88\x89N\)\]\}\(eusal0d12\x8f\x90R\x93]|[qK\x80].|M..|[Jj]....|G.{8}|\x95.{8}|"
+        + b"|".join((_SHORT_SIZED, _TEXT_ARGUMENTS, _ALLOWED_GLOBALS, puts)) + rb")" + _RUN,
+        re.S,
+    )
+
+
+def fast_path_for(n: int) -> re.Pattern[bytes]:
+    """The fast path for a pickle of *n* bytes: memo indices below 10**6 and 2**16 always (the memo
+    they ask for stays small), larger ones when the pickle is larger than any index they can spell."""
+    put_digits = max(6, len(str(n)) - 1)
+    binput_bytes = 4 if n >= 1 << 32 else 3 if n >= 1 << 24 else 2
+    return _fast_path(put_digits, binput_bytes)
+
+
+_FAST = fast_path_for(0)
 
 # opcode -> width of its length prefix, for length-prefixed arguments
 _SIZED = {
@@ -177,7 +219,6 @@ _SIZED = {
     0x8E: 8,  # BINBYTES8
     0x96: 8,  # BYTEARRAY8
 }
-_STRINGS = frozenset((0x8C, 0x58, 0x8D))
 # fixed-size opcodes the fast path skips (width of their argument): the loop
 # sees one only when a run was cut short (truncated data) or capped (3.10)
 _FIXED = {op: 0 for op in b"\x94\x88\x89N)]}(eusal0d12\x8f\x90R"}
@@ -215,7 +256,6 @@ class _Scan:
     def __init__(self, data: bytes) -> None:
         self.data = data
         self.n = len(data)
-        self.recent: list[str] = []  # the last literal strings, to name a STACK_GLOBAL
 
     def truncated(self, pos: int) -> NoReturn:
         raise ProfileFormatError(
@@ -233,8 +273,6 @@ class _Scan:
         end = start + size
         if end > self.n:
             self.truncated(self.n)
-        if op in _STRINGS and size <= 200:
-            self.recent = [*self.recent[-1:], self.data[start:end].decode("utf-8", "replace")]
         return end
 
     def line(self, pos: int) -> tuple[bytes, int]:
@@ -263,22 +301,49 @@ class _Scan:
             detail = f"a class registered with copyreg (opcode {what})"
         elif what.endswith("PERSID"):
             detail = "an external object (persistent id)"
-        elif len(self.recent) == 2:
-            detail = f"an object of {one_line(self.recent[0])}.{one_line(self.recent[1])} (opcode {what})"
+        elif (named := _last_stack_global(self.data, pos)) is not None:
+            detail = f"an object of {one_line(named[0])}.{one_line(named[1])} (opcode {what})"
         else:
             detail = f"an object (opcode {what})"
         raise UnsafePickleError(f"refusing to load: the pickle asks to construct {detail} — {PLAIN_DATA}")
+
+
+_NAMING_BYTES = 1 << 20  # how far into a refused pickle its class is looked for (Python per opcode)
+
+
+def _last_stack_global(data: bytes, pos: int) -> tuple[str, str] | None:
+    """The module and name the last STACK_GLOBAL before *pos* imports, for a refusal's message.
+
+    Only on the refusal path, and only in the first MB: the scan's fast path
+    skips strings, so they are read again here, opcode by opcode.
+    """
+    if pos > _NAMING_BYTES:
+        return None
+    strings: list[str] = []
+    found = None
+    try:
+        for opcode, arg, _ in pickletools.genops(data[:pos]):
+            if isinstance(arg, str) and opcode.name.endswith("UNICODE"):
+                strings = [*strings[-1:], arg]
+            elif opcode.name == "STACK_GLOBAL" and len(strings) == 2:
+                found = (strings[0], strings[1])
+    except Exception:  # the prefix ends without STOP, or is damaged: what was found stands
+        pass
+    return found
 
 
 def scan(data: bytes) -> None:
     """Walk the opcodes of *data* without building anything; raise if unsafe or damaged."""
     if not data:
         raise ProfileFormatError("the pickle is empty")
+    check_containers(data)
     s = _Scan(data)
     n = s.n
     pos = 0
     hashables = 0
-    match = _FAST.match
+    # past this many tuples in a pickle too large to check them, the scan stops at once
+    tuples_refused_at = HASHABLE_OPCODES_UNCHECKED + 1 if n > limits.PICKLE_TUPLE_CHECK_BYTES.value() else -1
+    match = fast_path_for(n).match
     while True:
         pos = match(data, pos).end()
         if pos >= n:
@@ -290,6 +355,8 @@ def scan(data: bytes) -> None:
         elif op in _HASHABLE_BUILDERS:
             hashables += 1
             pos += 1
+            if hashables == tuples_refused_at:
+                _refuse_tuples(hashables)
         elif op == 0x2E:  # STOP
             if hashables > HASHABLE_OPCODES_UNCHECKED:
                 check_nesting(data)
@@ -322,6 +389,30 @@ def scan(data: bytes) -> None:
             )
         else:
             raise ProfileFormatError(f"corrupt pickle (unknown opcode 0x{op:02x} at byte {pos})")
+
+
+# EMPTY_LIST, EMPTY_DICT, EMPTY_SET and MARK (protocols 0-1 build lists and
+# dicts after one): one byte of pickle, a 56-byte object or more in memory
+_CONTAINER_BYTES = b"]}\x8f("
+
+
+def check_containers(data: bytes) -> None:
+    """Refuse a pickle that would build more containers than :data:`limits.PICKLE_CONTAINERS`.
+
+    Counted as bytes (string contents included, so it over-counts) by one
+    C pass, and only when the pickle is longer than the limit: a shorter one
+    cannot hold that many. Real snapshots have one per 25-60 bytes.
+    """
+    cap = limits.PICKLE_CONTAINERS.value()
+    if len(data) > cap and len(data) - len(data.translate(None, _CONTAINER_BYTES)) > cap:
+        raise limits.PICKLE_CONTAINERS.exceeded("the number of lists and dicts in the pickle")
+
+
+def _refuse_tuples(count: int) -> NoReturn:
+    raise limits.PICKLE_TUPLE_CHECK_BYTES.exceeded(
+        f"a pickle with more than {count:,} tuples (a snapshot has a few dozen) must be checked for "
+        "deep nesting opcode by opcode; its size"
+    )
 
 
 def check_nesting(data: bytes) -> None:

@@ -72,6 +72,7 @@ from datetime import datetime, timezone
 from itertools import islice
 from typing import Any
 
+from gpuflame import limits
 from gpuflame.errors import GpuflameError, ProfileFormatError
 from gpuflame.formats import safe_pickle
 from gpuflame.formats.load_save import GZIP_MAGIC, gunzip
@@ -186,6 +187,14 @@ def _short(exc: BaseException) -> str:
 # -- stacks --------------------------------------------------------------------
 
 
+# Lists kept per cheap key. Unbounded, lists that share their leaf, middle and root
+# frames but differ elsewhere (a crafted file) made reading quadratic: 8,000 blocks took 40 s.
+# Past it, such a list is read anew, which costs its length and nothing more.
+_SHAPE_BUCKET = 8
+# Out-of-memory events described one comment each; the rest are counted (a file can hold millions).
+_OOM_COMMENTS = 20
+
+
 class _Stacks:
     """Frame lists -> profile stacks (tuples of frame ids, leaf first), memoized.
 
@@ -210,6 +219,7 @@ class _Stacks:
         self._entry_by_key: dict[tuple[str, int, str], Entry] = {}
         self.unknown_def_lines: set[str] = set()  # files whose functions' def lines were not found
         self.no_stack = (profile.frame_id(NO_STACK_FRAME),)
+        self.max_depth = limits.STACK_DEPTH.value()
 
     def stack(self, frames: Any) -> tuple[int, ...]:
         """The stack of a ``frames`` list taken from the snapshot."""
@@ -224,6 +234,8 @@ class _Stacks:
             return self.no_stack
         if type(frames) is not list:
             raise ProfileFormatError("a 'frames' entry is not a list")
+        if len(frames) > self.max_depth:
+            raise limits.STACK_DEPTH.exceeded("a stack in the snapshot")
         key = id(frames[0]) ^ (id(frames[-1]) << 1) ^ (id(frames[len(frames) >> 1]) << 2)
         bucket = self._by_shape.get(key)
         if bucket is None:
@@ -237,7 +249,8 @@ class _Stacks:
             entries = [self._entry(f) for f in frames]
         frame_id = self.profile.frame_id
         found = tuple(frame_id(f) for f in self.reader.read(entries)) or self.no_stack  # type: ignore[arg-type]
-        bucket.append((frames, found))
+        if len(bucket) < _SHAPE_BUCKET:
+            bucket.append((frames, found))
         return found
 
     def _entry(self, frame: Any) -> Entry:
@@ -251,7 +264,7 @@ class _Stacks:
             name = frame.get("name")
             key = (
                 file if type(file) is str else "",
-                line if type(line) is int else 0,
+                line if type(line) is int and 0 <= line <= INT64_MAX else 0,  # what pprof can store
                 name if type(name) is str else "",
             )
             entry = self._entry_by_key.get(key)
@@ -617,8 +630,10 @@ class _DeviceTrace:
         self._comment_reserved_after_peak(reserved_at_peak, reserved_end)
         window = self._window()
         self._comment_window(window, walk.freed_unknown)
-        for i, e, d, s in walk.ooms:
+        for i, e, d, s in walk.ooms[:_OOM_COMMENTS]:
             self._comment_oom(i, e, before_bytes + d, reserved_end - (seg - s))
+        if len(walk.ooms) > _OOM_COMMENTS:
+            conv.comment(f"{self.name}: {len(walk.ooms) - _OOM_COMMENTS:,} more out-of-memory events in the trace")
         if walk.unknown:
             conv.comment(f"{self.name}: ignored {walk.unknown} trace events of unknown kinds")
         return window

@@ -16,6 +16,8 @@ import zlib
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
+from gpuflame import limits
+
 T = TypeVar("T")
 
 
@@ -25,14 +27,20 @@ def split_comments(
     """What :func:`parse` made of each comment starting with *prefix*, and the other comments, in order.
 
     *parse* raises ValueError for a damaged comment: it is left out and
-    *damaged_note* (once) takes its place among the other comments.
+    *damaged_note* (once) takes its place among the other comments. A
+    comment repeated word for word is parsed once: a file that names one
+    large comment many times costs what one does.
     """
     found: list[T] = []
     rest: list[str] = []
+    seen: set[str] = set()
     for comment in comments:
         if not comment.startswith(prefix):
             rest.append(comment)
             continue
+        if comment in seen:
+            continue
+        seen.add(comment)
         try:
             found.append(parse(comment))
         except ValueError:
@@ -41,23 +49,48 @@ def split_comments(
     return found, rest
 
 
+class InflateBudget:
+    """What all the packed comments of one file may still inflate to: bytes, and JSON values in them."""
+
+    def __init__(self) -> None:
+        self.left = limits.COMMENT_DATA_BYTES.value()
+        self.values_left = limits.COMMENT_DATA_VALUES.value()
+
+
+# every byte but the four that start or separate JSON values: what translate() deletes to count them
+_NOT_SEPARATORS = bytes(sorted(set(range(256)) - set(b",:[{")))
+
+
 def pack_json(prefix: str, payload: Any, level: int = 9) -> str:
     """*payload* as one comment line: *prefix*, then base64 of zlib'd compact JSON."""
     text = json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
     return prefix + base64.b64encode(zlib.compress(text, level)).decode("ascii")
 
 
-def unpack_json(comment: str, prefix: str, what: str, max_bytes: int) -> Any:
-    """The JSON a :func:`pack_json` line holds; ValueError naming *what* when it is damaged or inflates past
-    *max_bytes* (a file is untrusted input: a small comment must not become gigabytes)."""
+def unpack_json(comment: str, prefix: str, what: str, budget: InflateBudget | None = None) -> Any:
+    """The JSON a :func:`pack_json` line holds; ValueError naming *what* when it is damaged.
+
+    A file is untrusted input: a small comment must not become gigabytes, so
+    inflating stops at what *budget* has left (a fresh one when None), the
+    values are counted before they are parsed, and going past either is an
+    error that names the limit.
+    """
     if not comment.startswith(prefix):
         raise ValueError(f"not a {what} comment")
+    budget = budget or InflateBudget()
     try:
         packed = base64.b64decode(comment[len(prefix):].encode("ascii"), validate=True)
         inflater = zlib.decompressobj()
-        text = inflater.decompress(packed, max_bytes)
+        text = inflater.decompress(packed, budget.left + 1)
+        budget.left -= len(text)
+        if budget.left < 0:
+            raise limits.COMMENT_DATA_BYTES.exceeded(f"the data of the {what} comment")
         if inflater.unconsumed_tail or not inflater.eof:
-            raise ValueError(f"{what} too large or truncated")
+            raise ValueError(f"damaged {what}: truncated")
+        # an upper bound on the values json.loads would build, counted in one C pass (~1% of parsing)
+        budget.values_left -= len(text.translate(None, _NOT_SEPARATORS))
+        if budget.values_left < 0:
+            raise limits.COMMENT_DATA_VALUES.exceeded(f"the values in the {what} comment")
         return json.loads(text)
     except (binascii.Error, zlib.error, UnicodeError, RecursionError, json.JSONDecodeError) as exc:
         raise ValueError(f"damaged {what}: {exc}") from None

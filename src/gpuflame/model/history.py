@@ -40,7 +40,6 @@ PREFIX = "gpuflame-history-v1:"
 MAX_EVENTS = 1_000_000  # events a recorder keeps (the oldest half is folded when full): ~24 MB
 DAMAGED_NOTE = "the event history stored in this profile is damaged and was left out"
 
-_MAX_JSON_BYTES = 512 << 20
 _INT64_MAX = (1 << 63) - 1
 
 Labels = tuple[tuple[str, str], ...]
@@ -211,9 +210,9 @@ class History:
         return comment_data.pack_json(PREFIX, payload, level=6)
 
     @classmethod
-    def from_comment(cls, comment: str) -> History:
-        """Parse one history comment; ValueError when it is damaged (it is untrusted input)."""
-        payload = comment_data.unpack_json(comment, PREFIX, "history", _MAX_JSON_BYTES)
+    def from_comment(cls, comment: str, budget: comment_data.InflateBudget | None = None) -> History:
+        """Parse one history comment; ValueError when it is damaged (it is untrusted input, bounded by *budget*)."""
+        payload = comment_data.unpack_json(comment, PREFIX, "history", budget)
         return _decode(payload)
 
 
@@ -254,9 +253,14 @@ def merged(histories: Sequence[History | None], extras: Sequence[Labels] | None 
     return out
 
 
-def split_comments(comments: Sequence[str]) -> tuple[History | None, list[str]]:
+def split_comments(
+    comments: Sequence[str], budget: comment_data.InflateBudget | None = None
+) -> tuple[History | None, list[str]]:
     """The history stored in *comments* (several are merged) and the other comments, in order."""
-    found, rest = comment_data.split_comments(comments, PREFIX, History.from_comment, DAMAGED_NOTE)
+    budget = budget or comment_data.InflateBudget()
+    found, rest = comment_data.split_comments(
+        comments, PREFIX, lambda c: History.from_comment(c, budget), DAMAGED_NOTE
+    )
     return (found[0] if len(found) == 1 else merged(found)), rest
 
 

@@ -36,8 +36,7 @@ PREFIX = "gpuflame-timeline-v1:"
 MAX_POINTS = 3000  # 999 buckets of up to three points: about one per pixel of a wide strip
 DAMAGED_NOTE = "the memory timeline stored in this profile is damaged and was left out"
 
-# Limits on what a reader accepts: a comment is untrusted input.
-_MAX_JSON_BYTES = 64 << 20
+# A comment is untrusted input: its inflated size is bounded by gpuflame.limits, its series here.
 _MAX_SERIES = 4096
 _INT64_MAX = (1 << 63) - 1
 
@@ -110,9 +109,9 @@ class Timeline:
         return comment_data.pack_json(PREFIX, payload)
 
     @classmethod
-    def from_comment(cls, comment: str) -> Timeline:
+    def from_comment(cls, comment: str, budget: comment_data.InflateBudget | None = None) -> Timeline:
         """Parse one timeline comment; raises ValueError when it is damaged."""
-        payload = comment_data.unpack_json(comment, PREFIX, "timeline", _MAX_JSON_BYTES)
+        payload = comment_data.unpack_json(comment, PREFIX, "timeline", budget)
         return cls(_decode_payload(payload))
 
     @classmethod
@@ -121,14 +120,19 @@ class Timeline:
         return split_comments(comments)
 
 
-def split_comments(comments: Sequence[str]) -> tuple[Timeline | None, list[str]]:
+def split_comments(
+    comments: Sequence[str], budget: comment_data.InflateBudget | None = None
+) -> tuple[Timeline | None, list[str]]:
     """The timeline stored in *comments* and the other comments, in order.
 
     Several timeline comments (a file written by hand) are combined, later
     series replacing earlier ones of the same labels. A damaged one is
     replaced by :data:`DAMAGED_NOTE`, never an exception, so the profile still loads.
     """
-    found, rest = comment_data.split_comments(comments, PREFIX, Timeline.from_comment, DAMAGED_NOTE)
+    budget = budget or comment_data.InflateBudget()
+    found, rest = comment_data.split_comments(
+        comments, PREFIX, lambda c: Timeline.from_comment(c, budget), DAMAGED_NOTE
+    )
     if not found:
         return None, rest
     return Timeline({k: v for timeline in found for k, v in timeline.series.items()}), rest
@@ -209,4 +213,5 @@ def _decode_series(entry: object) -> tuple[Labels, list[Point]]:
         if not 0 <= now <= _INT64_MAX:
             raise ValueError("damaged timeline: a time is out of range")
         points.append((now, b))
-    return tuple(sorted(labels)), points
+    # written series are downsampled already; one written by hand is made so here, so views stay bounded
+    return tuple(sorted(labels)), downsample(points)
