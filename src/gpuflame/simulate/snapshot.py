@@ -1,0 +1,303 @@
+"""Replay a PyTorch snapshot's trace through the allocator model, compared event by event with the recording.
+
+The trace (``device_traces``) is the input: each ``alloc`` is a request of
+its bytes on its stream, ``free_requested`` and ``free_completed`` end it
+(a block between the two is neither reusable nor merged), ``empty_cache()``
+shows as segments freed outside any allocation and is replayed as one, a
+``cudaMalloc`` that failed because the device was full shows as segments
+freed just before a new one is made (the next simulated cudaMalloc fails
+too), and an ``oom`` entry's ``device_free`` gives the device's capacity.
+The recorded ``segment_*`` entries are what the replay is checked against.
+
+A trace that starts part way through the run (the ring buffer wrapped, or
+recording began late) starts from the allocator state at its first event:
+the snapshot's segments with the trace's segment events undone, holding the
+blocks alive then (alive at the end and never allocated in the trace, at
+their recorded size; freed in the trace without an allocation, at their
+rounded size, taking the rest of their gap where the allocator would not
+have split it off).
+
+Under the recorded settings a new segment takes the address the recording
+gave it (best fit breaks ties by address, so placement can only be compared
+when addresses agree); under other settings, fresh addresses above all
+recorded ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpuflame.errors import ProfileFormatError
+from gpuflame.formats import safe_pickle
+from gpuflame.formats.load_save import GZIP_MAGIC, gunzip
+from gpuflame.simulate.allocator import SMALL_BUFFER, SMALL_SIZE, Allocator, Block, round_size
+from gpuflame.simulate.outcome import Outcome, Sites
+from gpuflame.simulate.settings import Settings
+
+FRESH_BASE = 1 << 50  # addresses of segments the recording did not make: above every real one
+ACTIVE = frozenset(("active_allocated", "active_pending_free", "active_awaiting_free"))
+RELEASE_RUN = ("segment_free", "segment_unmap", "free_completed")  # what one release writes to the trace
+GROWS = {"segment_alloc": 1, "segment_map": 1, "segment_free": -1, "segment_unmap": -1}
+
+
+def read(data: bytes) -> dict[str, Any]:
+    """The snapshot dict of a pickle (gzip or not), read by the restricted unpickler."""
+    if data[:2] == GZIP_MAGIC:
+        data = gunzip(data)
+    snapshot = safe_pickle.loads(data)
+    if isinstance(snapshot, list) and all(isinstance(s, dict) for s in snapshot):
+        snapshot = {"segments": snapshot}
+    if not isinstance(snapshot, dict) or not isinstance(snapshot.get("segments"), list):
+        raise ProfileFormatError("not a PyTorch memory snapshot (a dict with 'segments')")
+    return snapshot
+
+
+def traced_devices(snapshot: Mapping[str, Any]) -> list[int]:
+    """The devices whose trace holds at least one allocation."""
+    traces = snapshot.get("device_traces")
+    if not isinstance(traces, list):
+        return []
+    return [d for d, t in enumerate(traces)
+            if isinstance(t, list) and any(isinstance(e, dict) and e.get("action") == "alloc" for e in t)]
+
+
+@dataclass
+class _Start:
+    """The allocator state at the trace's first event, rebuilt."""
+
+    segments: dict[int, tuple[int, bool, int]] = field(default_factory=dict)  # addr -> (size, small, stream)
+    # addr -> (size, requested, frames, pending, size known)
+    live: dict[int, tuple[int, int, Any, bool, bool]] = field(default_factory=dict)
+    wrapped: bool = False
+
+
+class DeviceReplay:
+    """One device's trace replayed under *settings* (the recorded ones when *recorded* is true)."""
+
+    def __init__(self, snapshot: Mapping[str, Any], device: int, settings: Settings, recorded: bool,
+                 capacity: int | None = None, sites: Sites | None = None) -> None:
+        trace = [e for e in snapshot["device_traces"][device] if isinstance(e, dict)]
+        self.trace = sorted(trace, key=lambda e: _int(e.get("time_us", 0)))
+        self.snapshot, self.device, self.settings, self.recorded = snapshot, device, settings, recorded
+        self.sites = sites if sites is not None else Sites()
+        self.start = self._rebuild()
+        self.recorded_reserved, self.oom_capacity = self._recorded_reserved()
+        self.capacity = capacity if capacity is not None else self.oom_capacity
+        self.compare = recorded and capacity is None  # a replay on another device size is not checked
+        self.live: dict[int, Block] = {}
+
+    # -- the state at the first event ---------------------------------------------------
+
+    def _rebuild(self) -> _Start:
+        start = _Start()
+        for seg in self.snapshot["segments"]:
+            if isinstance(seg, dict) and _int(seg.get("device", 0)) == self.device:
+                small = seg.get("segment_type") == "small" if "segment_type" in seg else None
+                size = _int(seg["total_size"])
+                start.segments[_int(seg["address"])] = (size, size == SMALL_BUFFER if small is None else small,
+                                                        _int(seg.get("stream", 0)))
+        for e in reversed(self.trace):
+            action, addr = e.get("action"), _int(e.get("addr", 0))
+            if action == "segment_alloc":
+                start.segments.pop(addr, None)
+            elif action == "segment_free":
+                size = _int(e["size"])
+                start.segments[addr] = (size, size == SMALL_BUFFER, _int(e.get("stream", 0)))
+        in_trace: set[int] = set()
+        for e in self.trace:
+            action, addr = e.get("action"), _int(e.get("addr", 0))
+            if action == "alloc":
+                in_trace.add(addr)
+            elif action == "free_requested" and addr not in in_trace and addr not in start.live:
+                start.live[addr] = (0, _int(e["size"]), None, False, False)
+            elif action == "free_completed":
+                if addr in in_trace:
+                    in_trace.discard(addr)
+                elif addr not in start.live:
+                    start.live[addr] = (0, _int(e["size"]), None, True, False)
+        for seg in self.snapshot["segments"]:
+            if not (isinstance(seg, dict) and _int(seg.get("device", 0)) == self.device):
+                continue
+            for b in seg.get("blocks") or ():
+                addr = _int(b.get("address", 0))
+                if b.get("state") in ACTIVE and addr not in in_trace:
+                    old = start.live.get(addr)
+                    requested = _int(b.get("requested_size", b["size"]))
+                    start.live[addr] = (_int(b["size"]), old[1] if old else requested, b.get("frames"),
+                                        old[3] if old else False, True)
+        start.wrapped = bool(start.live) or any(
+            a not in {_int(e.get("addr", 0)) for e in self.trace if e.get("action") == "segment_alloc"}
+            for a in start.segments)
+        return start
+
+    def _recorded_reserved(self) -> tuple[list[int], int | None]:
+        """The recorded reserved bytes after each trace event; the capacity an oom entry reveals."""
+        reserved = sum(size for size, _, _ in self.start.segments.values())
+        out, capacity = [], None
+        for e in self.trace:
+            action = e.get("action")
+            if action in GROWS:
+                reserved += GROWS[action] * _int(e.get("size", 0))
+            elif action == "oom" and capacity is None:
+                capacity = reserved + _int(e.get("device_free", 0))
+            out.append(reserved)
+        return out, capacity
+
+    def _place_start(self, sim: Allocator) -> None:
+        by_segment: dict[int, list[tuple[int, int, int, int, bool]]] = {a: [] for a in self.start.segments}
+        seg_addrs = sorted(self.start.segments)
+        for addr, (size, requested, frames, pending, known) in sorted(self.start.live.items()):
+            seg = _containing(seg_addrs, self.start.segments, addr)
+            if seg is None:
+                continue
+            by_segment[seg].append((addr, size if known else round_size(requested, self.settings), requested,
+                                    self.sites.of(frames), pending))
+        for seg_addr, live in by_segment.items():
+            size, small, stream = self.start.segments[seg_addr]
+            live = self._unsplit_tails(seg_addr + size, small, live)
+            for b in sim.add_segment(seg_addr, size, small, stream, live):
+                self.live[b.addr] = b
+
+    def _unsplit_tails(self, end: int, small: bool, live: list[tuple[int, int, int, int, bool]]) -> list:
+        """A block of unknown size takes the gap after it when the allocator would not have split that off."""
+        known = {addr for addr, (_, _, _, _, k) in self.start.live.items() if k}
+        out = []
+        live = sorted(live)
+        for i, (addr, size, requested, site, pending) in enumerate(live):
+            nxt = live[i + 1][0] if i + 1 < len(live) else end
+            gap = nxt - addr - size
+            if addr not in known and gap > 0:
+                splits = gap >= 512 if small else (size < self.settings.max_split_size and gap > SMALL_SIZE)
+                if not splits:
+                    size += gap
+            out.append((addr, size, requested, site, pending))
+        return out
+
+    # -- the replay ------------------------------------------------------------------------
+
+    def run(self, stop_at: int | None = None) -> tuple[Allocator, Outcome]:
+        """Replay up to event *stop_at* (all by default); the allocator as it stands then and the outcome."""
+        fresh = [FRESH_BASE]
+        pending_segments: list[tuple[int, int]] = []  # recorded (addr, size) segments made before the current alloc
+
+        def new_address(size: int) -> int:
+            while pending_segments:
+                addr, rec_size = pending_segments.pop(0)
+                if rec_size == size and addr not in sim.segments:
+                    return addr
+            addr = fresh[0]
+            fresh[0] += -(-size // SMALL_BUFFER) * SMALL_BUFFER
+            return addr
+
+        sim = Allocator(self.settings, self.capacity, new_address)
+        self._place_start(sim)
+        out = Outcome(f"cuda:{self.device}", self.settings.describe())
+        out.wrapped = self.start.wrapped
+        peak_seen = sim.reserved_peak
+        recorded_events = []
+        for i, e in enumerate(self.trace):
+            if stop_at is not None and i > stop_at:
+                break
+            action = e.get("action")
+            if action in GROWS:
+                recorded_events.append((action, _int(e.get("addr", 0)), _int(e.get("size", 0))))
+                if action == "segment_alloc" and self.recorded:
+                    pending_segments.append((_int(e.get("addr", 0)), _int(e.get("size", 0))))
+                if action in ("segment_free", "segment_unmap"):
+                    self._released(i, sim)
+            elif action == "alloc":
+                if not self._alloc(i, e, sim, out):
+                    break
+                pending_segments.clear()
+            elif action == "free_requested":
+                b = self.live.get(_int(e.get("addr", 0)))
+                if b is not None:
+                    sim.free_request(b)
+            elif action == "free_completed":
+                b = self.live.pop(_int(e.get("addr", 0)), None)
+                if b is not None:
+                    sim.free_complete(b)
+            elif action == "oom":
+                b = sim.malloc(_int(e.get("size", 0)), _int(e.get("stream", 0)), self.sites.of(e.get("frames")))
+                if b is not None:
+                    sim.free(b)
+                    out.differ(i, "the recording ran out of memory here; the simulation found room")
+                elif out.oom is None:
+                    out.set_oom(i, e, sim, self.sites)
+            sim._note_peak()
+            if sim.reserved_peak > peak_seen:
+                peak_seen, out.peak_event = sim.reserved_peak, i
+        out.finish(sim, recorded_events if self.compare else None, self._recorded_summary())
+        return sim, out
+
+    def _alloc(self, i: int, e: Mapping[str, Any], sim: Allocator, out: Outcome) -> bool:
+        """One recorded allocation; False when the simulated device is out of memory (the program would stop)."""
+        addr, size = _int(e.get("addr", 0)), _int(e.get("size", 0))
+        made = len(sim.events)
+        b = sim.malloc(size, _int(e.get("stream", 0)), self.sites.of(e.get("frames")))
+        if b is None:
+            out.set_oom(i, e, sim, self.sites)
+            return False
+        out.allocations += 1
+        if b.addr == addr:
+            out.placed += 1
+        elif out.first_difference is None:
+            out.differ(i, _why(self.trace, i, len(sim.events) > made), addr=addr, simulated_addr=b.addr, size=size)
+        old = self.live.pop(addr, None)
+        if old is not None and (old.allocated or old.pending):
+            sim.free(old)  # the recording reused an address the replay still holds: it was freed unseen
+        self.live[addr] = b
+        return True
+
+    def _released(self, i: int, sim: Allocator) -> None:
+        """Recorded segments freed: the start of empty_cache(), or of a cudaMalloc that failed (device full)."""
+        prev = self.trace[i - 1].get("action") if i else None
+        if prev in ("segment_free", "segment_unmap"):
+            return  # the same release
+        j = i
+        while j < len(self.trace) and self.trace[j].get("action") in RELEASE_RUN:
+            j += 1
+        after = self.trace[j].get("action") if j < len(self.trace) else None
+        if after == "oom":
+            return
+        if after in ("segment_alloc", "segment_map"):
+            if self.recorded and self.capacity is None:
+                sim.fail_next_cuda_malloc = True
+            return
+        sim.release_cached()
+
+    def _recorded_summary(self) -> dict[str, int]:
+        peak = max([sum(s for s, _, _ in self.start.segments.values()), *self.recorded_reserved])
+        made = sum(1 for e in self.trace if e.get("action") in ("segment_alloc", "segment_map"))
+        return {"reserved_peak": peak, "segments_allocated": made}
+
+
+def _why(trace: list[Any], i: int, simulated_new: bool) -> str:
+    recorded_new = i > 0 and trace[i - 1].get("action") in ("segment_alloc", "segment_map")
+    if recorded_new and not simulated_new:
+        return "the recording made a new segment here; the simulation reused a cached block"
+    if simulated_new and recorded_new:
+        return "both made a new segment here, but of different sizes"
+    if simulated_new and not recorded_new:
+        return "the simulation found no cached block that fits and made a new segment; the recording reused one"
+    return ("both reused cached blocks, but different ones: the state before differed, "
+            "or the recording lacks what decided it")
+
+
+def _containing(addrs: list[int], segments: dict[int, tuple[int, bool, int]], addr: int) -> int | None:
+    from bisect import bisect_right
+
+    i = bisect_right(addrs, addr) - 1
+    if i >= 0 and addr < addrs[i] + segments[addrs[i]][0]:
+        return addrs[i]
+    return None
+
+
+def _int(value: Any) -> int:
+    if type(value) is int:
+        return value
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ProfileFormatError(f"a number in the snapshot is not an integer: {type(value).__name__}")
+    return int(value)

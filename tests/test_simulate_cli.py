@@ -1,0 +1,81 @@
+"""``gpuflame simulate``: its answers on real inputs, its JSON shape, and bad input as one line, exit 2."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpuflame.cli.main import main
+
+DATA = Path(__file__).parent / "data"
+DECOMFL = str(DATA / "torch-snapshot-DeComFL-memory.pickle.gz")
+
+CPU_RUN = """
+import sys, torch, gpuflame
+with gpuflame.profile(sys.argv[1], backend="torch"):
+    kept = []
+    for step in range(6):
+        kept.append(torch.zeros(300_000 * (step + 1)))
+        tmp = torch.ones(2_000_000)
+        del tmp
+"""
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    rc = main(["simulate", *argv])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_json_shape_per_device(capsys):
+    rc, out, _ = run(capsys, DECOMFL, "--json")
+    assert rc == 0
+    (dev,) = json.loads(out)["devices"]
+    assert dev["device"] == "cuda:0" and dev["settings"] == "PyTorch defaults"
+    assert dev["recorded"] == {"reserved_peak": 1897922560, "segments_allocated": 61}
+    assert set(dev["simulated"]) >= {"reserved_peak", "allocated_peak", "segments_allocated", "fragmentation_at_peak"}
+    assert dev["placed_same"] == 1.0 and dev["first_difference"] is None and dev["oom"] is None
+
+
+def test_terminal_answer_and_suggest(capsys):
+    rc, out, _ = run(capsys, DECOMFL, "--suggest", "--gpu-memory", "A100-40GB")
+    assert rc == 0
+    assert "reserved peak 1.77 GiB (recorded 1.77 GiB)" in out
+    assert "fits: headroom" in out and "expandable_segments:True: reserved peak" in out
+    assert out.splitlines()[-1].startswith("verdict: expandable_segments:True helps most")
+
+
+def test_out_of_memory_on_a_smaller_gpu(capsys):
+    rc, out, _ = run(capsys, DECOMFL, "--gpu-memory", "2GiB", "--json")
+    oom = json.loads(out)["devices"][0]["oom"]
+    assert rc == 0 and oom["stack"][0] == "<module>" and oom["size"] > 0
+
+
+@pytest.mark.parametrize("argv, message", [
+    ([str(DATA / "go-1.19-heap.pb.gz")], "has no allocation history"),
+    ([DECOMFL, "--alloc-conf", "colour:blue"], "unknown setting 'colour'"),
+    ([DECOMFL, "--gpu-memory", "lots"], "not a size or a known GPU"),
+    ([DECOMFL, "--device", "gpu0"], "expected cuda:N"),
+])
+def test_bad_input_is_one_line_and_exit_2(capsys, argv, message):
+    rc, out, err = run(capsys, *argv)
+    assert rc == 2 and out == "" and message in err and err.count("\n") == 1
+
+
+def test_a_cpu_run_predicted_for_a_gpu(tmp_path: Path, capsys):
+    """gpuflame's own profile of a real torch CPU run (the allocator hook's event history) on a GPU of 24 GiB."""
+    profile = tmp_path / "run.pb.gz"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
+    subprocess.run([sys.executable, "-c", CPU_RUN, str(profile)], check=True, env=env, timeout=120)
+    rc, out, _ = run(capsys, str(profile), "--gpu-memory", "24GiB")
+    assert rc == 0 and "fits: headroom" in out
+    assert "a CPU run's operators may allocate differently than CUDA kernels" in out
+    rc, out, _ = run(capsys, str(profile), "--json")
+    (dev,) = json.loads(out)["devices"]
+    assert dev["device"] == "cuda:0" and dev["recorded"] is None and dev["placed_same"] is None
+    assert dev["simulated"]["reserved_peak"] >= 6 * 300_000 * 4  # at least the tensors kept
