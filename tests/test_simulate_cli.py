@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from gpuflame.cli.main import main
+from gpuflame.formats.load_save import load
 
 DATA = Path(__file__).parent / "data"
 DECOMFL = str(DATA / "torch-snapshot-DeComFL-memory.pickle.gz")
@@ -19,10 +20,11 @@ CPU_RUN = """
 import sys, torch, gpuflame
 with gpuflame.profile(sys.argv[1], backend="torch"):
     kept = []
-    for step in range(6):
-        kept.append(torch.zeros(300_000 * (step + 1)))
-        tmp = torch.ones(2_000_000)
-        del tmp
+    with gpuflame.phase("train"):
+        for step in range(6):
+            kept.append(torch.zeros(300_000 * (step + 1)))
+            tmp = torch.ones(2_000_000)
+            del tmp
 """
 
 
@@ -79,3 +81,30 @@ def test_a_cpu_run_predicted_for_a_gpu(tmp_path: Path, capsys):
     (dev,) = json.loads(out)["devices"]
     assert dev["device"] == "cuda:0" and dev["recorded"] is None and dev["placed_same"] is None
     assert dev["simulated"]["reserved_peak"] >= 6 * 300_000 * 4  # at least the tensors kept
+    rc, out, _ = run(capsys, str(profile), "--gpu-memory", "530MiB", "--json")  # 18 MiB past the CUDA context
+    oom = json.loads(out)["devices"][0]["oom"]
+    assert oom["phase"] == "train" and oom["size"] > 0 and oom["allocated"] + oom["cached"] <= 18 << 20
+
+
+def test_the_fragmentation_profile_opens_in_the_views(tmp_path: Path, capsys):
+    frag = tmp_path / "frag.pb.gz"
+    rc, out, _ = run(capsys, DECOMFL, "-o", str(frag), "--json")
+    sim = json.loads(out)["devices"][0]["simulated"]
+    profile = load(frag)
+    assert profile.default_type == "fragmentation"
+    assert profile.totals() == {"fragmentation": sim["fragmentation_at_peak"], "reserved": sim["reserved_peak"]}
+    assert main(["flame", str(frag)]) == 0
+    assert main(["report", str(frag), "--type", "reserved"]) == 0
+    assert main(["view", str(frag), "-o", str(tmp_path / "frag.html")]) == 0
+    capsys.readouterr()
+    rc, _, err = run(capsys, DECOMFL, "-o", DECOMFL)
+    assert rc == 2 and "is an input of this command" in err
+
+
+def test_report_on_a_fragmented_snapshot_suggests_simulate(capsys):
+    fragmented = str(DATA / "torch-snapshot-silmont2000-mem_snapshot.pickle.gz")  # 14% cached at the peak
+    assert main(["report", fragmented]) == 0
+    out = capsys.readouterr().out
+    assert f"reserved 3.52 GiB, allocated 3.03 GiB at the peak: try `gpuflame simulate {fragmented} --suggest`" in out
+    assert main(["report", DECOMFL, "--json"]) == 0  # 5.6%: no hint
+    assert json.loads(capsys.readouterr().out)["fragmentation_hint"] is None

@@ -6,10 +6,13 @@ import argparse
 import re
 import sys
 
-from gpuflame.cli.common import print_json
+from gpuflame.cli.common import add_force_option, print_json
 from gpuflame.errors import GpuflameError
+from gpuflame.files import check_output
+from gpuflame.formats.load_save import save
 from gpuflame.printable import printable
 from gpuflame.simulate.allocator import PYTORCH_RULES
+from gpuflame.simulate.fragmentation import fragmentation_profile
 from gpuflame.simulate.gpus import capacity as parse_capacity
 from gpuflame.simulate.outcome import Outcome
 from gpuflame.simulate.replay import Run, read_input, settings_for, suggest
@@ -56,6 +59,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--suggest", action="store_true",
                         help="try the settings that usually help; say which helps most")
     parser.add_argument("--json", action="store_true", help="the answer as JSON")
+    parser.add_argument("-o", "--output", metavar="OUT",
+                        help="write the fragmentation profile here (pprof; any gpuflame view opens it)")
+    add_force_option(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -64,9 +70,13 @@ def run(args: argparse.Namespace) -> int:
     capacity, how = parse_capacity(args.gpu_memory) if args.gpu_memory else (None, "")
     if args.device is not None and not re.fullmatch(r"cuda:\d+", args.device):
         raise GpuflameError(f"--device: expected cuda:N, got {args.device!r}")
+    if args.output:
+        check_output(args.output, [args.input], force=args.force)
     main = Run(inp, settings, capacity, args.device)
     outcomes = main.outcomes()
     tried = suggest(inp, capacity, args.device) if args.suggest else []
+    if args.output:
+        save(fragmentation_profile(main), args.output)
     if args.json:
         data = {"pytorch_rules": PYTORCH_RULES, "capacity": capacity, "capacity_from": how or None,
                 "devices": [o.to_json() for o in outcomes]}
@@ -82,6 +92,8 @@ def run(args: argparse.Namespace) -> int:
         lines += describe(o, capacity)
     if tried:
         lines += verdict(outcomes, tried)
+    if args.output:
+        lines.append(f"wrote the fragmentation profile to {args.output} (gpuflame flame {args.output})")
     sys.stdout.write("".join(printable(line) + "\n" for line in lines))
     return 0
 
@@ -110,13 +122,17 @@ def describe(o: Outcome, capacity: int | None) -> list[str]:
     if o.oom:
         m = o.oom
         leaf = next((n for n in reversed(m["stack"]) if not n.startswith("<")), m["stack"][-1] if m["stack"] else "?")
-        out.append(f"  OUT OF MEMORY at event {m['event']}: a request of {format_bytes(m['size'])} from {leaf}; "
+        phase = f" in phase {m['phase']}" if m.get("phase") else ""
+        out.append(f"  OUT OF MEMORY at event {m['event']}{phase}: a request of {format_bytes(m['size'])} from {leaf}; "
                    f"allocated {format_bytes(m['allocated'])}, cached {format_bytes(m['cached'])} then")
         out.append("    stack: " + " > ".join(m["stack"]))
     elif capacity is not None:
         out.append(f"  fits: headroom {format_bytes(capacity - peak)} at the reserved peak")
     out += [f"  note: {n}" for n in o.notes]
     return out
+
+
+PAGES = " (expandable segments grow in 20 MiB pages, 2 MiB for small blocks: here that reserves a little more)"
 
 
 def verdict(base: list[Outcome], tried: list[tuple[str, list[Outcome]]]) -> list[str]:
@@ -126,7 +142,8 @@ def verdict(base: list[Outcome], tried: list[tuple[str, list[Outcome]]]) -> list
 
     was = total(base)
     lines = [f"  {conf}: reserved peak {format_bytes(total(outs))}, was {format_bytes(was)}"
-             + (" (out of memory)" if any(o.oom for o in outs) else "") for conf, outs in tried]
+             + (" (out of memory)" if any(o.oom for o in outs) else "")
+             + (PAGES if conf.startswith("expandable_segments") and total(outs) > was else "") for conf, outs in tried]
     fitting = [(total(outs), conf) for conf, outs in tried if not any(o.oom for o in outs)]
     best = min(fitting, default=None)
     if best is None and any(o.oom for o in base):

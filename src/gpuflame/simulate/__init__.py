@@ -11,4 +11,5 @@ command renders it. Nothing in capture/ imports it.
 - ``outcome``: one device's answer and the stacks it names.
 - ``replay``: the front: read an input, run every device, try other settings.
 - ``gpus``: ``--gpu-memory`` sizes and GPU names.
+- ``fragmentation``: the ``fragmentation`` profile at the reserved peak.
 """

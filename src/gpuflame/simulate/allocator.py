@@ -76,12 +76,16 @@ def allocation_size(size: int) -> int:
 class Segment:
     """One cudaMalloc (or one expandable segment's address space)."""
 
-    __slots__ = ("addr", "size", "small", "stream", "site", "expandable", "page")
+    __slots__ = ("addr", "size", "small", "stream", "site", "expandable", "page", "mapped")
 
     def __init__(self, addr: int, size: int, small: bool, stream: int, site: int, expandable: bool = False) -> None:
         self.addr, self.size, self.small, self.stream, self.site = addr, size, small, stream, site
         self.expandable = expandable
         self.page = SMALL_BUFFER if small else LARGE_BUFFER
+        self.mapped = 0 if expandable else size  # the bytes it holds on the device
+
+    def reserved(self) -> int:
+        return self.mapped
 
 
 class Block:
@@ -420,6 +424,7 @@ class Allocator:
             b.size = mapped
             pool.insert_unmapped(rest)
         self.events.append(("segment_map", b.addr, mapped))
+        b.segment.mapped += mapped
         self._merge(b, b.prev, pool)
         self._merge(b, b.next, pool)
         pool.insert(b)
@@ -451,6 +456,7 @@ class Allocator:
         b.addr, b.size, b.mapped = begin, end - begin, False
         self.reserved -= end - begin
         self.events.append(("segment_unmap", begin, end - begin))
+        b.segment.mapped -= end - begin
         self._merge(b, b.prev, pool)
         self._merge(b, b.next, pool)
         pool.insert_unmapped(b)

@@ -16,10 +16,12 @@ since a CPU run's operators may allocate differently than CUDA kernels do
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from gpuflame.model.history import History, Track
+from gpuflame.model.phases import NONE as NO_PHASE
+from gpuflame.model.phases import PhaseStat
 from gpuflame.simulate.allocator import Allocator, Block
 from gpuflame.simulate.outcome import Outcome, Sites
 from gpuflame.simulate.settings import Settings
@@ -57,8 +59,11 @@ def groups(history: History, device: str | None = None) -> list[Group]:
 class HistoryReplay:
     """One group's events through one allocator."""
 
-    def __init__(self, history: History, group: Group, settings: Settings, capacity: int | None) -> None:
+    def __init__(self, history: History, group: Group, settings: Settings, capacity: int | None,
+                 phases: Sequence[PhaseStat] = ()) -> None:
         self.history, self.group, self.settings, self.capacity = history, group, settings, capacity
+        pid = dict(group.track.labels).get("pid")
+        self.phases = [p for p in phases if p.phase != NO_PHASE and (not pid or not p.pid or p.pid == pid)]
         self.sites = Sites()
         self._site_ids: dict[int, int] = {}
 
@@ -98,7 +103,8 @@ class HistoryReplay:
                 if b is None:
                     out.oom = {"event": i, "size": size, "stack": self.sites.root_first(self._site(site)),
                                "allocated": sim.allocated, "cached": sim.reserved - sim.allocated,
-                               "capacity": sim.capacity}
+                               "capacity": sim.capacity,
+                               "phase": self._phase_at(self.group.track.times[i] if i >= 0 else 0)}
                     break
                 out.allocations += 1
                 live.setdefault(site, []).append(b)
@@ -110,6 +116,12 @@ class HistoryReplay:
                 peak_seen, out.peak_event = sim.reserved_peak, i
         out.finish(sim, None, None)
         return sim, out
+
+
+    def _phase_at(self, t: int) -> str | None:
+        """The phase entered last whose span covers *t* (the table keeps each phase's first entry and last exit)."""
+        covering = [p for p in self.phases if p.start <= t <= p.end]
+        return max(covering, key=lambda p: p.start).phase if covering else None
 
 
 def _take(blocks: list[Block] | None, size: int) -> Block | None:

@@ -90,6 +90,7 @@ class Outcome:
         self.oom = {
             "event": event, "size": int(entry.get("size", 0)), "stack": sites.root_first(site),
             "allocated": sim.allocated, "cached": sim.reserved - sim.allocated, "capacity": sim.capacity,
+            "phase": None,  # a snapshot's trace holds no phases
         }
 
     def finish(self, sim: Any, recorded_events: list[tuple[str, int, int]] | None,

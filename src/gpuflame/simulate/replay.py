@@ -9,6 +9,7 @@ from gpuflame.errors import GpuflameError
 from gpuflame.files import read_bytes
 from gpuflame.formats.load_save import detect, loads
 from gpuflame.model.history import History
+from gpuflame.model.phases import PhaseStat
 from gpuflame.simulate import snapshot as snapshots
 from gpuflame.simulate.allocator import Allocator
 from gpuflame.simulate.history import HistoryReplay, groups
@@ -27,6 +28,7 @@ class Input:
     source: str
     snapshot: dict[str, Any] | None = None
     history: History | None = None
+    phases: list[PhaseStat] = field(default_factory=list)
     recorded: Settings = DEFAULTS
     notes: list[str] = field(default_factory=list)
 
@@ -40,10 +42,11 @@ def read_input(path: str) -> Input:
             raise GpuflameError(NO_HISTORY.format(source=path))
         recorded = from_recorded(snap.get("allocator_settings"))
         return Input(path, snapshot=snap, recorded=recorded or DEFAULTS, notes=[] if recorded else [NOT_RECORDED])
-    history = loads(data, source=path).history
+    profile = loads(data, source=path)
+    history = profile.history
     if history is None or not any(len(t.times) or t.base for t in history.tracks):
         raise GpuflameError(NO_HISTORY.format(source=path))
-    return Input(path, history=history)
+    return Input(path, history=history, phases=profile.phases)
 
 
 def settings_for(inp: Input, alloc_conf: str | None) -> Settings:
@@ -68,7 +71,8 @@ class Run:
             return [snapshots.DeviceReplay(inp.snapshot, d, self.settings, self.recorded, self.capacity, sites)
                     for d in devices]
         assert inp.history is not None
-        return [HistoryReplay(inp.history, g, self.settings, self.capacity) for g in groups(inp.history, self.device)]
+        return [HistoryReplay(inp.history, g, self.settings, self.capacity, inp.phases)
+                for g in groups(inp.history, self.device)]
 
     def outcomes(self) -> list[Outcome]:
         replays = self.replays()

@@ -192,6 +192,7 @@ class DeviceReplay:
             return addr
 
         sim = Allocator(self.settings, self.capacity, new_address)
+        self.live = {}
         self._place_start(sim)
         out = Outcome(f"cuda:{self.device}", self.settings.describe())
         out.wrapped = self.start.wrapped
