@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
         print_json(data)
         return 0
     lines = [f"PyTorch {PYTORCH_RULES} caching-allocator rules; settings: {settings.describe()}"
-             + (" (as recorded)" if main.recorded else "")]
+             + (" (as recorded)" if main.recorded and inp.snapshot is not None and not inp.notes else "")]
     if how:
         lines.append(f"device memory: {format_bytes(capacity or 0)} ({how})")
     for o in outcomes:

@@ -157,7 +157,6 @@ class Allocator:
         self.segments: dict[int, Segment] = {}
         self.pending: dict[int, Block] = {}  # id -> block whose free waits for its stream
         self.events: list[tuple[str, int, int]] = []  # (segment_alloc|_free|_map|_unmap, addr, size)
-        self.fail_next_cuda_malloc = False  # the recording says the device was full here
         self._next = 0x7F00_0000_0000
         self.new_address = new_address or self._fresh_address
 
@@ -229,6 +228,18 @@ class Allocator:
                 self._unmap(b, pool)
         return True
 
+    def release_segment(self, addr: int) -> bool:
+        """Release the segment at *addr* if it is whole and free (a recorded ``segment_free`` followed)."""
+        seg = self.segments.get(addr)
+        if seg is None or seg.expandable:
+            return False
+        pool = self.small if seg.small else self.large
+        b = pool.blocks.get(addr)
+        if b is None or not b.whole():
+            return False
+        self._release_block(b, pool)
+        return True
+
     # -- finding and making blocks ------------------------------------------------------
 
     def _get_free_block(self, pool: Pool, stream: int, size: int) -> Block | None:
@@ -257,9 +268,6 @@ class Allocator:
         """cudaMalloc a new segment (or map pages of an expandable one); None when the device is full."""
         if self.settings.expandable_segments:
             return self._expandable_block(pool, stream, size, site)
-        if self.fail_next_cuda_malloc:
-            self.fail_next_cuda_malloc = False
-            return None
         if self.capacity is not None and self.reserved + seg_size > self.capacity:
             return None
         addr = self.new_address(seg_size)

@@ -2,11 +2,11 @@
 
 The trace (``device_traces``) is the input: each ``alloc`` is a request of
 its bytes on its stream, ``free_requested`` and ``free_completed`` end it
-(a block between the two is neither reusable nor merged), ``empty_cache()``
-shows as segments freed outside any allocation and is replayed as one, a
-``cudaMalloc`` that failed because the device was full shows as segments
-freed just before a new one is made (the next simulated cudaMalloc fails
-too), and an ``oom`` entry's ``device_free`` gives the device's capacity.
+(a block between the two is neither reusable nor merged), segments freed
+by ``empty_cache()`` or by a ``cudaMalloc`` that failed because the device
+was full are freed in the replay too (the very segments, under the recorded
+settings; the whole cache, under others), and an ``oom`` entry's
+``device_free`` gives the device's capacity.
 The recorded ``segment_*`` entries are what the replay is checked against.
 
 A trace that starts part way through the run (the ring buffer wrapped, or
@@ -253,21 +253,29 @@ class DeviceReplay:
         return True
 
     def _released(self, i: int, sim: Allocator) -> None:
-        """Recorded segments freed: the start of empty_cache(), or of a cudaMalloc that failed (device full)."""
+        """Recorded segments freed: by empty_cache(), or by a cudaMalloc that failed (the device was full).
+
+        The trace cannot tell the two apart (both free the cached whole
+        segments, then a new one may follow). Under the recorded settings
+        the replay frees the very segments the recording freed; under
+        others it empties the cache, as both would. A release just before
+        an ``oom`` entry is the failing allocation's own: the capacity
+        replays it.
+        """
+        e = self.trace[i]
+        if self.recorded and e.get("action") == "segment_free":
+            if sim.release_segment(_int(e.get("addr", 0))):
+                return
         prev = self.trace[i - 1].get("action") if i else None
         if prev in ("segment_free", "segment_unmap"):
             return  # the same release
         j = i
         while j < len(self.trace) and self.trace[j].get("action") in RELEASE_RUN:
             j += 1
-        after = self.trace[j].get("action") if j < len(self.trace) else None
-        if after == "oom":
+        if j < len(self.trace) and self.trace[j].get("action") == "oom":
             return
-        if after in ("segment_alloc", "segment_map"):
-            if self.recorded and self.capacity is None:
-                sim.fail_next_cuda_malloc = True
-            return
-        sim.release_cached()
+        if not self.recorded or e.get("action") == "segment_unmap":
+            sim.release_cached()
 
     def _recorded_summary(self) -> dict[str, int]:
         peak = max([sum(s for s, _, _ in self.start.segments.values()), *self.recorded_reserved])
