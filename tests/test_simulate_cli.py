@@ -108,3 +108,11 @@ def test_report_on_a_fragmented_snapshot_suggests_simulate(capsys):
     assert f"reserved 3.52 GiB, allocated 3.03 GiB at the peak: try `gpuflame simulate {fragmented} --suggest`" in out
     assert main(["report", DECOMFL, "--json"]) == 0  # 5.6%: no hint
     assert json.loads(capsys.readouterr().out)["fragmentation_hint"] is None
+
+
+def test_suggest_on_a_gpu_too_small_for_the_recorded_settings(capsys):
+    snap = str(DATA / "torch-snapshot-silmont2000-mem_snapshot.pickle.gz")
+    rc, out, _ = run(capsys, snap, "--suggest", "--gpu-memory", "3.6GiB")
+    assert rc == 0 and "OUT OF MEMORY at event 52: a request of 512.0 MiB from aten::mul.Tensor" in out
+    assert out.splitlines()[-1].startswith("verdict: ")
+    assert "fits (reserved peak" in out.splitlines()[-1] and "the recorded settings run out of memory" in out

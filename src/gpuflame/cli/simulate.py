@@ -136,21 +136,30 @@ PAGES = " (expandable segments grow in 20 MiB pages, 2 MiB for small blocks: her
 
 
 def verdict(base: list[Outcome], tried: list[tuple[str, list[Outcome]]]) -> list[str]:
-    """Which tried setting lowers the reserved peak most (summed over devices), or that none does."""
+    """Which tried setting lowers the reserved peak most (summed over devices), or fits where the others do not."""
     def total(outs: list[Outcome]) -> int:
         return sum(o.simulated["reserved_peak"] for o in outs)
 
-    was = total(base)
-    lines = [f"  {conf}: reserved peak {format_bytes(total(outs))}, was {format_bytes(was)}"
-             + (" (out of memory)" if any(o.oom for o in outs) else "")
-             + (PAGES if conf.startswith("expandable_segments") and total(outs) > was else "") for conf, outs in tried]
-    fitting = [(total(outs), conf) for conf, outs in tried if not any(o.oom for o in outs)]
-    best = min(fitting, default=None)
-    if best is None and any(o.oom for o in base):
-        head = "verdict: none of the settings tried avoids running out of memory"
-    elif best is None or best[0] >= was:
+    was, base_oom = total(base), any(o.oom for o in base)
+    lines = []
+    for conf, outs in tried:
+        oom = any(o.oom for o in outs)
+        more = conf.startswith("expandable_segments") and total(outs) > was and not oom
+        if base_oom:
+            fits = f"fits, reserved peak {format_bytes(total(outs))}"
+            lines.append(f"  {conf}: " + ("out of memory too" if oom else fits))
+            continue
+        lines.append(f"  {conf}: reserved peak {format_bytes(total(outs))}, was {format_bytes(was)}"
+                     + (" (out of memory)" if oom else "") + (PAGES if more else ""))
+    fitting = sorted((total(outs), conf) for conf, outs in tried if not any(o.oom for o in outs))
+    if base_oom:
+        head = (f"verdict: {fitting[0][1]} fits (reserved peak {format_bytes(fitting[0][0])}); "
+                "the recorded settings run out of memory" if fitting
+                else "verdict: none of the settings tried avoids running out of memory")
+    elif not fitting or fitting[0][0] >= was:
         head = "verdict: none of the settings tried lowers the reserved peak"
     else:
-        head = (f"verdict: {best[1]} helps most: reserved peak {format_bytes(best[0])}, was {format_bytes(was)} "
-                f"({100 * (was - best[0]) / was:.1f}% less)")
+        best, conf = fitting[0]
+        head = (f"verdict: {conf} helps most: reserved peak {format_bytes(best)}, was {format_bytes(was)} "
+                f"({100 * (was - best) / was:.1f}% less)")
     return ["settings tried:", *lines, head]
