@@ -116,3 +116,33 @@ def test_suggest_on_a_gpu_too_small_for_the_recorded_settings(capsys):
     assert rc == 0 and "OUT OF MEMORY at event 52: a request of 512.0 MiB from aten::mul.Tensor" in out
     assert out.splitlines()[-1].startswith("verdict: ")
     assert "fits (reserved peak" in out.splitlines()[-1] and "the recorded settings run out of memory" in out
+
+
+def test_one_device_of_two(capsys):
+    two = str(Path(__file__).parent / "fixtures" / "handwritten_two_devices.pickle")
+    rc, out, _ = run(capsys, two, "--device", "cuda:1", "--json")
+    assert rc == 0 and [d["device"] for d in json.loads(out)["devices"]] == ["cuda:1"]
+    rc, _, err = run(capsys, two, "--device", "cuda:5")
+    assert rc == 2 and "no allocation history on cuda:5" in err
+
+
+@pytest.mark.parametrize("damage", ["segment without size", "size as text", "trace entry not a dict",
+                                    "blocks not a list"])
+def test_a_damaged_snapshot_is_one_line(tmp_path: Path, capsys, damage):
+    import pickle
+
+    from gpuflame.simulate.snapshot import read
+
+    snap = read((DATA / "torch-snapshot-silmont2000-mem_snapshot.pickle.gz").read_bytes())
+    if damage == "segment without size":
+        del snap["segments"][0]["total_size"]
+    elif damage == "size as text":
+        snap["device_traces"][0][5]["size"] = "12"
+    elif damage == "trace entry not a dict":
+        snap["device_traces"][0][3] = ["alloc"]
+    else:
+        snap["segments"][0]["blocks"] = 7
+    bad = tmp_path / "bad.pickle"
+    bad.write_bytes(pickle.dumps(snap))
+    rc, out, err = run(capsys, str(bad))
+    assert rc == 2 and err.count("\n") == 1 and "Traceback" not in err, err

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuflame.errors import GpuflameError
+from gpuflame.errors import GpuflameError, ProfileFormatError
 from gpuflame.files import read_bytes
+from gpuflame.formats import safe_pickle
 from gpuflame.formats.load_save import detect, loads
 from gpuflame.model.history import History
 from gpuflame.model.phases import PhaseStat
@@ -38,7 +41,9 @@ def read_input(path: str) -> Input:
     data = read_bytes(path)
     if detect(data) == "torch-snapshot":
         snap = snapshots.read(data)
-        if not snapshots.traced_devices(snap):
+        with _untrusted(path):
+            devices = snapshots.traced_devices(snap)
+        if not devices:
             raise GpuflameError(NO_HISTORY.format(source=path))
         recorded = from_recorded(snap.get("allocator_settings"))
         return Input(path, snapshot=snap, recorded=recorded or DEFAULTS, notes=[] if recorded else [NOT_RECORDED])
@@ -75,24 +80,38 @@ class Run:
                 for g in groups(inp.history, self.device)]
 
     def outcomes(self) -> list[Outcome]:
-        replays = self.replays()
-        if not replays:
-            raise GpuflameError(f"{self.inp.source} has no allocation history on {self.device}")
-        out = []
-        for r in replays:
-            _, o = r.run()
-            o.notes[:0] = self.inp.notes
-            out.append(o)
-        return out
+        with _untrusted(self.inp.source):
+            replays = self.replays()
+            if not replays:
+                raise GpuflameError(f"{self.inp.source} has no allocation history on {self.device}")
+            out = []
+            for r in replays:
+                _, o = r.run()
+                o.notes[:0] = self.inp.notes
+                out.append(o)
+            return out
 
     def at_peaks(self) -> list[tuple[Allocator, Outcome, Sites]]:
         """Each device's allocator as it stood at its simulated reserved peak (a second replay up to it)."""
         found = []
-        for r in self.replays():
-            _, o = r.run()
-            sim, _ = r.run(stop_at=o.peak_event)
-            found.append((sim, o, r.sites))
+        with _untrusted(self.inp.source):
+            for r in self.replays():
+                _, o = r.run()
+                sim, _ = r.run(stop_at=o.peak_event)
+                found.append((sim, o, r.sites))
         return found
+
+
+@contextmanager
+def _untrusted(source: str) -> Iterator[None]:
+    """A snapshot is untrusted input: a value of the wrong kind or a missing key is one line, not a traceback."""
+    try:
+        yield
+    except GpuflameError:
+        raise
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError, OverflowError, RecursionError) as exc:
+        raise ProfileFormatError(f"{source}: not a valid PyTorch memory snapshot "
+                                 f"({type(exc).__name__}: {safe_pickle.one_line(str(exc), 100)})") from None
 
 
 # what --suggest tries, each over the recorded settings

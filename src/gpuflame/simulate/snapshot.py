@@ -78,7 +78,9 @@ class DeviceReplay:
 
     def __init__(self, snapshot: Mapping[str, Any], device: int, settings: Settings, recorded: bool,
                  capacity: int | None = None, sites: Sites | None = None) -> None:
-        trace = [e for e in snapshot["device_traces"][device] if isinstance(e, dict)]
+        trace = snapshot["device_traces"][device]
+        if not all(type(e) is dict for e in trace):
+            raise ProfileFormatError(f"a trace entry of device {device} is not a dict")
         self.trace = sorted(trace, key=lambda e: _int(e.get("time_us", 0)))
         self.snapshot, self.device, self.settings, self.recorded = snapshot, device, settings, recorded
         self.sites = sites if sites is not None else Sites()
