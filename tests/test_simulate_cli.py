@@ -42,6 +42,10 @@ def test_json_shape_per_device(capsys):
     assert dev["recorded"] == {"reserved_peak": 1897922560, "segments_allocated": 61}
     assert set(dev["simulated"]) >= {"reserved_peak", "allocated_peak", "segments_allocated", "fragmentation_at_peak"}
     assert dev["placed_same"] == 1.0 and dev["first_difference"] is None and dev["oom"] is None
+    over = dev["over_time"]
+    assert max(b for _, b in over["reserved"]) == dev["simulated"]["reserved_peak"]
+    assert max(b for _, b in over["allocated"]) == dev["simulated"]["allocated_peak"]
+    assert len(over["reserved"]) <= 300 and over["reserved"][0][0] < over["reserved"][-1][0]
 
 
 def test_terminal_answer_and_suggest(capsys):
@@ -93,6 +97,7 @@ def test_the_fragmentation_profile_opens_in_the_views(tmp_path: Path, capsys):
     profile = load(frag)
     assert profile.default_type == "fragmentation"
     assert profile.totals() == {"fragmentation": sim["fragmentation_at_peak"], "reserved": sim["reserved_peak"]}
+    assert max(b for _, b in profile.timeline.series[(("device", "cuda:0"),)]) == sim["allocated_peak"]
     assert main(["flame", str(frag)]) == 0
     assert main(["report", str(frag), "--type", "reserved"]) == 0
     assert main(["view", str(frag), "-o", str(tmp_path / "frag.html")]) == 0

@@ -188,7 +188,7 @@ class Allocator:
         if b is None:
             return None
         b = self._found(b, pool, size, orig, site)
-        self._note_peak()
+        self.note_peak()
         return b
 
     def free_request(self, b: Block) -> None:
@@ -372,7 +372,7 @@ class Allocator:
                     count -= 1
                     self._release_block(b, pool)
 
-    def _note_peak(self) -> None:
+    def note_peak(self) -> None:
         if self.reserved > self.reserved_peak:
             self.reserved_peak = self.reserved
             self.allocated_at_reserved_peak = self.allocated
@@ -498,7 +498,7 @@ class Allocator:
             else:
                 pool.insert(b)
         self.reserved += size
-        self._note_peak()
+        self.note_peak()
         return [b for b in chain if b.allocated or b.pending]
 
 

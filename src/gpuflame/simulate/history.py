@@ -112,6 +112,8 @@ class HistoryReplay:
                 b = _take(live.get(site), -size)
                 if b is not None:
                     sim.free(b)
+            out.over_time.add(self.group.track.times[i] if i >= 0 else self.group.track.fold,
+                              sim.reserved, sim.allocated)
             if sim.reserved_peak > peak_seen:
                 peak_seen, out.peak_event = sim.reserved_peak, i
         out.finish(sim, None, None)

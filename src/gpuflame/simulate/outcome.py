@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from array import array
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from gpuflame.formats.torch_frames import StackReader, make_entry
 from gpuflame.model.profile import SYNTHETIC, Frame
+from gpuflame.model.timeline import MAX_POINTS, downsample
 from gpuflame.symbols import names
 from gpuflame.symbols.qualnames import Resolver
 
+JSON_POINTS = 300  # per line in --json: enough to draw, small enough to read
 UNKNOWN_STACK = Frame("<no stack recorded>", kind=SYNTHETIC)
 
 
@@ -62,6 +65,22 @@ def _key(frame: Mapping[str, Any]) -> tuple[str, int, str]:
     return (file if type(file) is str else "", line if type(line) is int else 0, name if type(name) is str else "")
 
 
+class Series:
+    """Reserved and allocated bytes after each event (epoch ns), 24 bytes an event."""
+
+    def __init__(self) -> None:
+        self.times, self.reserved, self.allocated = array("q"), array("q"), array("q")
+
+    def add(self, t: int, reserved: int, allocated: int) -> None:
+        self.times.append(t)
+        self.reserved.append(reserved)
+        self.allocated.append(allocated)
+
+    def points(self, which: str, max_points: int = MAX_POINTS) -> list[tuple[int, int]]:
+        """One line, downsampled as timelines are (its peak and its end kept exactly)."""
+        return downsample(list(zip(self.times, getattr(self, which), strict=True)), max_points)
+
+
 @dataclass
 class Outcome:
     """One device's answer: the --json entry, plus what the terminal and the profile need."""
@@ -80,6 +99,7 @@ class Outcome:
     compared: bool = False
     capacity: int | None = None
     notes: list[str] = field(default_factory=list)
+    over_time: Series = field(default_factory=lambda: Series())
 
     def differ(self, event: int, why: str, **detail: int) -> None:
         if self.first_difference is None:
@@ -128,7 +148,7 @@ class Outcome:
             "segment_events_equal": self.segment_events_equal, "first_difference": self.first_difference,
             "oom": self.oom, "capacity": self.capacity, "trace_started_mid_run": self.wrapped,
             "notes": self.notes,
+            "over_time": {k: self.over_time.points(k, JSON_POINTS) for k in ("reserved", "allocated")},
         }
 
 
-Namer = Callable[[int], list[str]]

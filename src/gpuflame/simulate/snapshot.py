@@ -229,7 +229,8 @@ class DeviceReplay:
                     out.differ(i, "the recording ran out of memory here; the simulation found room")
                 elif out.oom is None:
                     out.set_oom(i, e, sim, self.sites)
-            sim._note_peak()
+            sim.note_peak()
+            out.over_time.add(_int(e.get("time_us", 0)) * 1000, sim.reserved, sim.allocated)
             if sim.reserved_peak > peak_seen:
                 peak_seen, out.peak_event = sim.reserved_peak, i
         out.finish(sim, recorded_events if self.compare else None, self._recorded_summary())
