@@ -81,3 +81,15 @@ def test_empty_cache_is_replayed_under_other_settings_too():
     ])
     (out,) = Run(Input("<test>", snapshot=snap), parse_alloc_conf("expandable_segments:True")).outcomes()
     assert out.simulated["segments_freed"] == 1  # the 20 MiB page unmapped
+
+
+def test_a_recorded_oom_avoided_on_a_larger_gpu_is_said():
+    trace = [("segment_alloc", A, 20 * MiB), ("alloc", A, 4 * MiB), ("free_requested", A, 4 * MiB),
+             ("free_completed", A, 4 * MiB), ("alloc", A, 4 * MiB), ("oom", 0, 18 * MiB)]
+    snap = snapshot(trace)
+    snap["device_traces"][0][5]["device_free"] = 0  # 20 MiB reserved, the device full
+    (recorded,) = Run(Input("<test>", snapshot=snap), DEFAULTS).outcomes()
+    assert recorded.oom is not None and recorded.capacity == 20 * MiB
+    (out,) = Run(Input("<test>", snapshot=snap), DEFAULTS, capacity=100 * MiB).outcomes()
+    assert out.oom is None and out.first_difference is None
+    assert any("ran out of memory at trace event 5: not in this replay" in n for n in out.notes)

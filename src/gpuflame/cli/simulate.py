@@ -110,6 +110,8 @@ def describe(o: Outcome, capacity: int | None) -> list[str]:
            f"({100 * frag / peak if peak else 0:.1f}%)",
            f"  segments made {s['segments_allocated']}" + (f" (recorded {rec['segments_allocated']})" if rec else "")
            + f", freed {s['segments_freed']}"]
+    if rec and "expandable_segments:True" in o.settings and peak > rec["reserved_peak"] and not o.oom:
+        out.append("  note: " + PAGES.strip(" ()"))
     if o.wrapped:
         out.append("  the trace starts part way through the run: replayed from the state at its first event")
     if o.placed_same is not None:
@@ -125,7 +127,7 @@ def describe(o: Outcome, capacity: int | None) -> list[str]:
         phase = f" in phase {m['phase']}" if m.get("phase") else ""
         out.append(f"  OUT OF MEMORY at event {m['event']}{phase}: a request of {format_bytes(m['size'])} from {leaf}; "
                    f"allocated {format_bytes(m['allocated'])}, cached {format_bytes(m['cached'])} then")
-        out.append("    stack: " + " > ".join(m["stack"]))
+        out.append("    stack: " + " -> ".join(m["stack"]))
     elif capacity is not None:
         out.append(f"  fits: headroom {format_bytes(capacity - peak)} at the reserved peak")
     out += [f"  note: {n}" for n in o.notes]
