@@ -165,3 +165,72 @@ def test_what_if_never_reserves_less_than_the_bytes_asked_for(seq, conf):
 def test_settings_describe_round_trip():
     conf = replace(DEFAULTS, expandable_segments=True)
     assert parse_alloc_conf(conf.describe()) == conf
+
+
+def _recorded(conf: str, seq) -> dict:
+    """A snapshot whose trace this model wrote (a capacity forces releases and retries), as torch lays it out."""
+    from gpuflame.simulate.allocator import SMALL_BUFFER
+
+    settings_ = parse_alloc_conf(conf) if conf else DEFAULTS
+    a = Allocator(settings_, capacity=160 * MiB)
+    trace, live, waiting, t = [], [], [], 0
+
+    def entry(action, addr, size, stream=0):
+        nonlocal t
+        t += 1
+        trace.append({"action": action, "addr": addr, "size": size, "stream": stream, "time_us": t, "frames": []})
+
+    for is_alloc, size, pick in seq:
+        waiting = [b for b in waiting if b.pending]  # a release completes the waiting frees (said in the trace)
+        if pick % 5 == 0 and waiting:  # a stream finishes with a block freed earlier
+            b = waiting.pop(0)
+            entry("free_completed", b.addr, b.requested, b.stream)
+            a.free_complete(b)
+        if is_alloc or not live:
+            seen = len(a.events)
+            b = a.malloc(size, stream=pick % 2)
+            for action, addr, seg_size in a.events[seen:]:
+                entry(action, addr, seg_size)
+            if b is None:
+                break
+            entry("alloc", b.addr, size, b.stream)
+            live.append(b)
+        else:
+            b = live.pop(pick % len(live))
+            entry("free_requested", b.addr, b.requested, b.stream)
+            a.free_request(b)
+            if pick % 3:
+                entry("free_completed", b.addr, b.requested, b.stream)
+                a.free_complete(b)
+            else:
+                waiting.append(b)
+    segments = [{"device": 0, "address": s.addr, "total_size": s.size, "stream": s.stream,
+                 "segment_type": "small" if s.small else "large", "blocks": []} for s in a.segments.values()]
+    assert all(s["total_size"] % SMALL_BUFFER == 0 for s in segments)
+    return {"segments": segments, "device_traces": [trace]}
+
+
+@settings(max_examples=80, deadline=None)
+@given(seq=ops, conf=st.sampled_from(["", "max_split_size_mb:64", "roundup_power2_divisions:4"]))
+def test_a_trace_this_model_wrote_replays_exactly(seq, conf):
+    """Streams, frees that wait for their stream, releases on a full device: the replay takes each from the trace."""
+    from gpuflame.simulate.replay import Input, Run
+
+    settings_ = parse_alloc_conf(conf) if conf else DEFAULTS
+    snap = _recorded(conf, seq)
+    (out,) = Run(Input("<model>", snapshot=snap, recorded=settings_), settings_).outcomes()
+    assert out.segment_events_equal, out.notes
+    assert out.placed_same in (None, 1.0), out.first_difference
+    assert out.simulated["reserved_peak"] == out.recorded["reserved_peak"]
+
+
+def test_a_retry_after_a_full_device_does_not_search_the_cache_again():
+    """A release completes a waiting free; the retried malloc makes a segment even though that block now fits."""
+    import random
+
+    from gpuflame.simulate.replay import Input, Run
+
+    rng = random.Random(117)  # a sequence where exactly this happens (found by the property above)
+    seq = [(rng.random() < 0.6, rng.randint(1, 64 * MiB), rng.randint(0, 50)) for _ in range(120)]
+    (out,) = Run(Input("<model>", snapshot=_recorded("", seq)), DEFAULTS).outcomes()
+    assert out.segment_events_equal and out.placed_same == 1.0, out.first_difference

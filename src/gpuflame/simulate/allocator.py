@@ -156,7 +156,9 @@ class Allocator:
         self.reserved_peak = self.allocated_peak = self.allocated_at_reserved_peak = 0
         self.segments: dict[int, Segment] = {}
         self.pending: dict[int, Block] = {}  # id -> block whose free waits for its stream
-        self.events: list[tuple[str, int, int]] = []  # (segment_alloc|_free|_map|_unmap, addr, size)
+        # what the trace would show of the allocator's own doing: (segment_alloc|_free|_map|_unmap, addr, size)
+        # and the waiting frees a release completes (free_completed, addr, requested)
+        self.events: list[tuple[str, int, int]] = []
         self._next = 0x7F00_0000_0000
         self.new_address = new_address or self._fresh_address
 
@@ -171,12 +173,18 @@ class Allocator:
 
     # -- the allocator's entry points ------------------------------------------------
 
-    def malloc(self, orig: int, stream: int = 0, site: int = 0) -> Block | None:
-        """A block for a request of *orig* bytes, or None: out of memory (the state keeps what the tries did)."""
+    def malloc(self, orig: int, stream: int = 0, site: int = 0, cached: bool = True) -> Block | None:
+        """A block for a request of *orig* bytes, or None: out of memory (the state keeps what the tries did).
+
+        *cached* false skips the search of the cached blocks: the replay of a
+        malloc whose search failed before the release the trace shows.
+        """
         size = round_size(orig, self.settings)
         pool = self.small if size <= SMALL_SIZE else self.large
         seg_size = allocation_size(size)
-        b = self._get_free_block(pool, stream, size)
+        if self.gc_on:
+            pool.calls += 1
+        b = self._get_free_block(pool, stream, size) if cached else None
         if b is None:
             if self.gc_on:
                 self._garbage_collect()
@@ -216,6 +224,7 @@ class Allocator:
     def release_cached(self) -> bool:
         """``empty_cache()`` and the last retry: finish waiting frees, release every whole free segment."""
         for b in list(self.pending.values()):
+            self.events.append(("free_completed", b.addr, b.requested))  # as the trace records it
             self.free_complete(b)
         for pool in (self.large, self.small):
             to_unmap = []
@@ -242,9 +251,18 @@ class Allocator:
 
     # -- finding and making blocks ------------------------------------------------------
 
+    def fits_cached(self, orig: int, stream: int = 0) -> bool:
+        """Whether a cached block would serve a request of *orig* bytes now (nothing changes)."""
+        size = round_size(orig, self.settings)
+        return self._find_free(self.small if size <= SMALL_SIZE else self.large, stream, size) is not None
+
     def _get_free_block(self, pool: Pool, stream: int, size: int) -> Block | None:
-        if self.gc_on:
-            pool.calls += 1
+        b = self._find_free(pool, stream, size)
+        if b is not None:
+            pool.remove(b)
+        return b
+
+    def _find_free(self, pool: Pool, stream: int, size: int) -> Block | None:
         lst = pool.free.get(stream)
         if not lst:
             return None
@@ -261,7 +279,6 @@ class Allocator:
             return None  # an oversize block is not split for a smaller request
         if size >= split_max and b.size >= size + self.settings.max_non_split_rounding:
             return None  # nor used for a request far below its size
-        pool.remove(b)
         return b
 
     def _alloc_block(self, pool: Pool, stream: int, size: int, seg_size: int, site: int) -> Block | None:

@@ -116,18 +116,19 @@ class Outcome:
     def finish(self, sim: Any, recorded_events: list[tuple[str, int, int]] | None,
                recorded: dict[str, int] | None) -> None:
         """Totals of the replay; with *recorded_events*, the comparison with the recording."""
-        made = sum(1 for a, _, _ in sim.events if a in ("segment_alloc", "segment_map"))
+        segment_events = [e for e in sim.events if e[0].startswith("segment_")]
+        made = sum(1 for a, _, _ in segment_events if a in ("segment_alloc", "segment_map"))
         self.capacity = sim.capacity
         self.simulated = {
             "reserved_peak": sim.reserved_peak, "allocated_peak": sim.allocated_peak, "segments_allocated": made,
-            "segments_freed": sum(1 for a, _, _ in sim.events if a in ("segment_free", "segment_unmap")),
+            "segments_freed": sum(1 for a, _, _ in segment_events if a in ("segment_free", "segment_unmap")),
             "fragmentation_at_peak": sim.reserved_peak - sim.allocated_at_reserved_peak,
         }
         self.recorded = recorded
         if recorded_events is None:
             return
         self.compared = True
-        simulated = [(a, s) for a, _, s in sim.events]
+        simulated = [(a, s) for a, _, s in segment_events]
         self.segment_events_equal = simulated == [(a, s) for a, _, s in recorded_events]
         if not self.segment_events_equal:
             n = next((k for k, (x, y) in enumerate(zip(simulated, recorded_events, strict=False)) if x != y[::2]),

@@ -181,25 +181,17 @@ class DeviceReplay:
 
     def run(self, stop_at: int | None = None) -> tuple[Allocator, Outcome]:
         """Replay up to event *stop_at* (all by default); the allocator as it stands then and the outcome."""
-        fresh = [FRESH_BASE]
-        pending_segments: list[tuple[int, int]] = []  # recorded (addr, size) segments made before the current alloc
-
-        def new_address(size: int) -> int:
-            while pending_segments:
-                addr, rec_size = pending_segments.pop(0)
-                if rec_size == size and addr not in sim.segments:
-                    return addr
-            addr = fresh[0]
-            fresh[0] += -(-size // SMALL_BUFFER) * SMALL_BUFFER
-            return addr
-
-        sim = Allocator(self.settings, self.capacity, new_address)
-        self.live = {}
+        self._fresh = FRESH_BASE
+        self._new_segments: list[tuple[int, int]] = []  # recorded (addr, size) made before the coming alloc
+        sim = Allocator(self.settings, self.capacity, self._address)
+        self._sim, self.live, self._held = sim, {}, []
         self._place_start(sim)
         out = Outcome(f"cuda:{self.device}", self.settings.describe())
         out.wrapped = self.start.wrapped
         peak_seen = sim.reserved_peak
-        recorded_events = []
+        recorded_events: list[tuple[str, int, int]] = []
+        retries = self._retries() if self.recorded else {}
+        hold_until = -1
         for i, e in enumerate(self.trace):
             if stop_at is not None and i > stop_at:
                 break
@@ -207,32 +199,12 @@ class DeviceReplay:
             if action in GROWS:
                 recorded_events.append((action, _int(e.get("addr", 0)), _int(e.get("size", 0))))
                 if action == "segment_alloc" and self.recorded:
-                    pending_segments.append((_int(e.get("addr", 0)), _int(e.get("size", 0))))
-                if action in ("segment_free", "segment_unmap"):
-                    self._released(i, sim)
-            elif action == "alloc":
-                if not self._alloc(i, e, sim, out):
-                    break
-                pending_segments.clear()
-            elif action == "free_requested":
-                b = self.live.get(_int(e.get("addr", 0)))
-                if b is not None:
-                    sim.free_request(b)
-            elif action == "free_completed":
-                b = self.live.pop(_int(e.get("addr", 0)), None)
-                if b is not None:
-                    sim.free_complete(b)
-            elif action == "oom":
-                b = sim.malloc(_int(e.get("size", 0)), _int(e.get("stream", 0)), self.sites.of(e.get("frames")))
-                if b is not None:
-                    sim.free(b)
-                    if self.compare:
-                        out.differ(i, "the recording ran out of memory here; the simulation found room")
-                    else:
-                        out.notes.append(f"the recording ran out of memory at trace event {i}: "
-                                         "not in this replay")
-                elif out.oom is None:
-                    out.set_oom(i, e, sim, self.sites)
+                    self._new_segments.append((_int(e.get("addr", 0)), _int(e.get("size", 0))))
+            hold_until = retries.get(i, hold_until)
+            if i < hold_until:
+                self._held.append(i)  # part of the coming malloc's release: replayed with it
+            elif not self._step(i, e, sim, out):
+                break
             sim.note_peak()
             out.over_time.add(_int(e.get("time_us", 0)) * 1000, sim.reserved, sim.allocated)
             if sim.reserved_peak > peak_seen:
@@ -240,11 +212,79 @@ class DeviceReplay:
         out.finish(sim, recorded_events if self.compare else None, self._recorded_summary())
         return sim, out
 
+    def _address(self, size: int) -> int:
+        """A new segment's address: the recording's, under the recorded settings, else a fresh one."""
+        while self._new_segments:
+            addr, rec_size = self._new_segments.pop(0)
+            if rec_size == size and addr not in self._sim.segments:
+                return addr
+        addr = self._fresh
+        self._fresh += -(-size // SMALL_BUFFER) * SMALL_BUFFER
+        return addr
+
+    def _step(self, i: int, e: Mapping[str, Any], sim: Allocator, out: Outcome) -> bool:
+        """One trace event applied to the replay; False when the replay stops (out of memory)."""
+        action = e.get("action")
+        if action in ("segment_free", "segment_unmap"):
+            self._released(i, sim)
+        elif action == "alloc":
+            if not self._alloc(i, e, sim, out):
+                return False
+            self._new_segments.clear()
+        elif action == "free_requested":
+            b = self.live.get(_int(e.get("addr", 0)))
+            if b is not None:
+                sim.free_request(b)
+        elif action == "free_completed":
+            b = self.live.pop(_int(e.get("addr", 0)), None)
+            if b is not None:
+                sim.free_complete(b)
+        elif action == "oom":
+            self._oom(i, e, sim, out)
+        return True
+
+    def _oom(self, i: int, e: Mapping[str, Any], sim: Allocator, out: Outcome) -> None:
+        b = sim.malloc(_int(e.get("size", 0)), _int(e.get("stream", 0)), self.sites.of(e.get("frames")))
+        if b is not None:
+            sim.free(b)
+            if self.compare:
+                out.differ(i, "the recording ran out of memory here; the simulation found room")
+            else:
+                out.notes.append(f"the recording ran out of memory at trace event {i}: not in this replay")
+        elif out.oom is None:
+            out.set_oom(i, e, sim, self.sites)
+
+    def _retries(self) -> dict[int, int]:
+        """Releases that may be a malloc's retry: the frees completed and segments freed just before a new
+        segment and its allocation. Their first event -> the allocation's index."""
+        t, out, i = self.trace, {}, 0
+        while i < len(t):
+            if t[i].get("action") not in ("segment_free", "segment_unmap"):
+                i += 1
+                continue
+            first = i
+            while first > 0 and t[first - 1].get("action") == "free_completed":
+                first -= 1
+            while i < len(t) and t[i].get("action") in RELEASE_RUN:
+                i += 1
+            k = i
+            while k < len(t) and t[k].get("action") in ("segment_alloc", "segment_map"):
+                k += 1
+            if i < k < len(t) and t[k].get("action") == "alloc":
+                out[first] = k
+        return out
+
     def _alloc(self, i: int, e: Mapping[str, Any], sim: Allocator, out: Outcome) -> bool:
         """One recorded allocation; False when the simulated device is out of memory (the program would stop)."""
-        addr, size = _int(e.get("addr", 0)), _int(e.get("size", 0))
+        addr, size, stream = _int(e.get("addr", 0)), _int(e.get("size", 0)), _int(e.get("stream", 0))
         made = len(sim.events)
-        b = sim.malloc(size, _int(e.get("stream", 0)), self.sites.of(e.get("frames")))
+        cached = True
+        if self._held:  # the release the trace shows before this allocation
+            cached = sim.fits_cached(size, stream)  # a cached block fits: it was empty_cache(), not a retry
+            for j in self._held:
+                self._step(j, self.trace[j], sim, out)
+            self._held = []
+        b = sim.malloc(size, stream, self.sites.of(e.get("frames")), cached=cached)
         if b is None:
             out.set_oom(i, e, sim, self.sites)
             return False
@@ -252,7 +292,8 @@ class DeviceReplay:
         if b.addr == addr:
             out.placed += 1
         elif self.compare and out.first_difference is None:
-            out.differ(i, _why(self.trace, i, len(sim.events) > made), addr=addr, simulated_addr=b.addr, size=size)
+            made_new = any(a == "segment_alloc" for a, _, _ in sim.events[made:])
+            out.differ(i, _why(self.trace, i, made_new), addr=addr, simulated_addr=b.addr, size=size)
         old = self.live.pop(addr, None)
         if old is not None and (old.allocated or old.pending):
             sim.free(old)  # the recording reused an address the replay still holds: it was freed unseen
