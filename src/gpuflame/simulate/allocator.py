@@ -73,6 +73,9 @@ def allocation_size(size: int) -> int:
     return -(-size // ROUND_LARGE) * ROUND_LARGE
 
 
+Live = tuple[int, int, int, int, bool]  # a block alive at the start: addr, size, requested, site, pending
+
+
 class Segment:
     """One cudaMalloc (or one expandable segment's address space)."""
 
@@ -488,33 +491,63 @@ class Allocator:
 
     # -- a state that existed before the replay ----------------------------------------
 
-    def add_segment(self, addr: int, size: int, small: bool, stream: int,
-                    live: list[tuple[int, int, int, int, bool]]) -> list[Block]:
+    def add_segment(self, addr: int, size: int, small: bool, stream: int, live: list[Live]) -> list[Block]:
         """A segment that exists already, with its live blocks (addr, size, requested, site, pending)."""
         seg = self.segments[addr] = Segment(addr, size, small, stream, 0)
-        pool = self.small if small else self.large
+        return self._settle(seg, self._pieces(seg, addr, addr + size, live))
+
+    def add_expandable(self, ranges: list[tuple[int, int]], small: bool, stream: int, live: list[Live]) -> list[Block]:
+        """An expandable segment that exists already: its mapped *ranges* (addr, size) and live blocks.
+
+        The segment's address space starts at its lowest mapped byte (a
+        snapshot shows only the mapped ranges).
+        """
+        ranges = sorted(ranges)
+        base = ranges[0][0]
+        page = SMALL_BUFFER if small else LARGE_BUFFER
+        space = -(-max(EXPANDABLE_SPACE, ranges[-1][0] + ranges[-1][1] - base) // page) * page
+        seg = self.segments[base] = Segment(base, space, small, stream, 0, expandable=True)
         chain: list[Block] = []
-        at = addr
+        at = base
+        for addr, size in ranges:
+            if addr > at:
+                chain.append(Block(at, addr - at, seg, mapped=False))
+            chain += self._pieces(seg, addr, addr + size, [x for x in live if addr <= x[0] < addr + size])
+            seg.mapped += size
+            at = addr + size
+        chain.append(Block(at, base + space - at, seg, mapped=False))
+        return self._settle(seg, chain)
+
+    def _pieces(self, seg: Segment, start: int, end: int, live: list[Live]) -> list[Block]:
+        """Blocks covering [start, end): the live ones, free ones between them."""
+        chain: list[Block] = []
+        at = start
         for b_addr, b_size, requested, site, pending in sorted(live):
             if b_addr > at:
                 chain.append(Block(at, b_addr - at, seg))
             b = Block(b_addr, b_size, seg)
-            b.allocated, b.requested, b.site = not pending, requested, site
+            b.allocated, b.pending, b.requested, b.site = not pending, pending, requested, site
             if pending:
-                b.pending = True
                 self.pending[id(b)] = b
             chain.append(b)
             at = b_addr + b_size
-        if at < addr + size:
-            chain.append(Block(at, addr + size - at, seg))
+        if at < end:
+            chain.append(Block(at, end - at, seg))
+        return chain
+
+    def _settle(self, seg: Segment, chain: list[Block]) -> list[Block]:
+        """Link *chain*, file its free blocks in their pool, count it; the live blocks."""
+        pool = self.small if seg.small else self.large
         for a, b in zip(chain, chain[1:], strict=False):
             a.next, b.prev = b, a
         for b in chain:
             if b.allocated or b.pending:
                 self.allocated += b.size
-            else:
+            elif b.mapped:
                 pool.insert(b)
-        self.reserved += size
+            else:
+                pool.insert_unmapped(b)
+        self.reserved += seg.mapped
         self.note_peak()
         return [b for b in chain if b.allocated or b.pending]
 

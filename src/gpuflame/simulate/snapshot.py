@@ -32,7 +32,7 @@ from typing import Any
 from gpuflame.errors import ProfileFormatError
 from gpuflame.formats import safe_pickle
 from gpuflame.formats.load_save import GZIP_MAGIC, gunzip
-from gpuflame.simulate.allocator import SMALL_BUFFER, SMALL_SIZE, Allocator, Block, round_size
+from gpuflame.simulate.allocator import LARGE_BUFFER, SMALL_BUFFER, SMALL_SIZE, Allocator, Block, Live, round_size
 from gpuflame.simulate.outcome import Outcome, Sites
 from gpuflame.simulate.settings import Settings
 
@@ -67,7 +67,7 @@ def traced_devices(snapshot: Mapping[str, Any]) -> list[int]:
 class _Start:
     """The allocator state at the trace's first event, rebuilt."""
 
-    segments: dict[int, tuple[int, bool, int]] = field(default_factory=dict)  # addr -> (size, small, stream)
+    segments: dict[int, tuple[int, bool, int, bool]] = field(default_factory=dict)  # see _start_segments
     # addr -> (size, requested, frames, pending, size known)
     live: dict[int, tuple[int, int, Any, bool, bool]] = field(default_factory=dict)
     wrapped: bool = False
@@ -93,20 +93,7 @@ class DeviceReplay:
     # -- the state at the first event ---------------------------------------------------
 
     def _rebuild(self) -> _Start:
-        start = _Start()
-        for seg in self.snapshot["segments"]:
-            if isinstance(seg, dict) and _int(seg.get("device", 0)) == self.device:
-                small = seg.get("segment_type") == "small" if "segment_type" in seg else None
-                size = _int(seg["total_size"])
-                start.segments[_int(seg["address"])] = (size, size == SMALL_BUFFER if small is None else small,
-                                                        _int(seg.get("stream", 0)))
-        for e in reversed(self.trace):
-            action, addr = e.get("action"), _int(e.get("addr", 0))
-            if action == "segment_alloc":
-                start.segments.pop(addr, None)
-            elif action == "segment_free":
-                size = _int(e["size"])
-                start.segments[addr] = (size, size == SMALL_BUFFER, _int(e.get("stream", 0)))
+        start = _Start(self._start_segments())
         in_trace: set[int] = set()
         for e in self.trace:
             action, addr = e.get("action"), _int(e.get("addr", 0))
@@ -119,9 +106,7 @@ class DeviceReplay:
                     in_trace.discard(addr)
                 elif addr not in start.live:
                     start.live[addr] = (0, _int(e["size"]), None, True, False)
-        for seg in self.snapshot["segments"]:
-            if not (isinstance(seg, dict) and _int(seg.get("device", 0)) == self.device):
-                continue
+        for seg in self._segments():
             for b in seg.get("blocks") or ():
                 addr = _int(b.get("address", 0))
                 if b.get("state") in ACTIVE and addr not in in_trace:
@@ -129,14 +114,39 @@ class DeviceReplay:
                     requested = _int(b.get("requested_size", b["size"]))
                     start.live[addr] = (_int(b["size"]), old[1] if old else requested, b.get("frames"),
                                         old[3] if old else False, True)
-        start.wrapped = bool(start.live) or any(
-            a not in {_int(e.get("addr", 0)) for e in self.trace if e.get("action") == "segment_alloc"}
-            for a in start.segments)
+        start.wrapped = bool(start.live) or bool(start.segments)
         return start
+
+    def _segments(self) -> list[Mapping[str, Any]]:
+        return [s for s in self.snapshot["segments"] if isinstance(s, dict) and _int(s.get("device", 0)) == self.device]
+
+    def _start_segments(self) -> dict[int, tuple[int, bool, int, bool]]:
+        """addr -> (size, small, stream, expandable) at the first event: the end's, the trace's segment events undone.
+
+        An expandable segment shows as its mapped ranges (as the snapshot
+        lists them); a range unmapped in the trace is taken as large when a
+        whole number of 20 MiB pages, else small.
+        """
+        segs: dict[int, tuple[int, bool, int, bool]] = {}
+        for seg in self._segments():
+            size = _int(seg["total_size"])
+            small = seg.get("segment_type") == "small" if "segment_type" in seg else size == SMALL_BUFFER
+            segs[_int(seg["address"])] = (size, small, _int(seg.get("stream", 0)), seg.get("is_expandable") is True)
+        for e in reversed(self.trace):
+            action, addr, size = e.get("action"), _int(e.get("addr", 0)), _int(e.get("size", 0))
+            if action == "segment_alloc":
+                segs.pop(addr, None)
+            elif action == "segment_free":
+                segs[addr] = (size, size == SMALL_BUFFER, _int(e.get("stream", 0)), False)
+            elif action == "segment_map":
+                _carve(segs, addr, size)
+            elif action == "segment_unmap":
+                segs[addr] = (size, size % LARGE_BUFFER != 0, _int(e.get("stream", 0)), True)
+        return segs
 
     def _recorded_reserved(self) -> tuple[list[int], int | None]:
         """The recorded reserved bytes after each trace event; the capacity an oom entry reveals."""
-        reserved = sum(size for size, _, _ in self.start.segments.values())
+        reserved = sum(seg[0] for seg in self.start.segments.values())
         out, capacity = [], None
         for e in self.trace:
             action = e.get("action")
@@ -148,22 +158,33 @@ class DeviceReplay:
         return out, capacity
 
     def _place_start(self, sim: Allocator) -> None:
-        by_segment: dict[int, list[tuple[int, int, int, int, bool]]] = {a: [] for a in self.start.segments}
+        by_segment: dict[int, list[Live]] = {a: [] for a in self.start.segments}
         seg_addrs = sorted(self.start.segments)
         for addr, (size, requested, frames, pending, known) in sorted(self.start.live.items()):
             seg = _containing(seg_addrs, self.start.segments, addr)
-            if seg is None:
-                continue
-            by_segment[seg].append((addr, size if known else round_size(requested, self.settings), requested,
-                                    self.sites.of(frames), pending))
+            if seg is not None:
+                by_segment[seg].append((addr, size if known else round_size(requested, self.settings), requested,
+                                        self.sites.of(frames), pending))
+        expandable: dict[tuple[bool, int], tuple[list[tuple[int, int]], list[Live]]] = {}
         for seg_addr, live in by_segment.items():
-            size, small, stream = self.start.segments[seg_addr]
-            live = self._unsplit_tails(seg_addr + size, small, live)
+            size, small, stream, is_expandable = self.start.segments[seg_addr]
+            live = self._unsplit_tails(seg_addr + size, small or is_expandable, live)
+            if is_expandable:
+                ranges, lives = expandable.setdefault((small, stream), ([], []))
+                ranges.append((seg_addr, size))
+                lives += live
+                continue
             for b in sim.add_segment(seg_addr, size, small, stream, live):
                 self.live[b.addr] = b
+        for (small, stream), (ranges, lives) in expandable.items():
+            for b in sim.add_expandable(_merged(ranges), small, stream, lives):
+                self.live[b.addr] = b
 
-    def _unsplit_tails(self, end: int, small: bool, live: list[tuple[int, int, int, int, bool]]) -> list:
-        """A block of unknown size takes the gap after it when the allocator would not have split that off."""
+    def _unsplit_tails(self, end: int, fine: bool, live: list[Live]) -> list[Live]:
+        """A block of unknown size takes the gap after it when the allocator would not have split that off.
+
+        *fine*: the segment splits off any rest of 512 bytes or more (small pool, expandable segment).
+        """
         known = {addr for addr, (_, _, _, _, k) in self.start.live.items() if k}
         out = []
         live = sorted(live)
@@ -171,7 +192,7 @@ class DeviceReplay:
             nxt = live[i + 1][0] if i + 1 < len(live) else end
             gap = nxt - addr - size
             if addr not in known and gap > 0:
-                splits = gap >= 512 if small else (size < self.settings.max_split_size and gap > SMALL_SIZE)
+                splits = gap >= 512 if fine else (size < self.settings.max_split_size and gap > SMALL_SIZE)
                 if not splits:
                     size += gap
             out.append((addr, size, requested, site, pending))
@@ -198,7 +219,7 @@ class DeviceReplay:
             action = e.get("action")
             if action in GROWS:
                 recorded_events.append((action, _int(e.get("addr", 0)), _int(e.get("size", 0))))
-                if action == "segment_alloc" and self.recorded:
+                if action in ("segment_alloc", "segment_map") and self.recorded:
                     self._new_segments.append((_int(e.get("addr", 0)), _int(e.get("size", 0))))
             hold_until = retries.get(i, hold_until)
             if i < hold_until:
@@ -214,9 +235,12 @@ class DeviceReplay:
 
     def _address(self, size: int) -> int:
         """A new segment's address: the recording's, under the recorded settings, else a fresh one."""
+        expandable = self.settings.expandable_segments  # a new expandable segment's first map is at its base
         while self._new_segments:
             addr, rec_size = self._new_segments.pop(0)
-            if rec_size == size and addr not in self._sim.segments:
+            if expandable and not any(s.addr <= addr < s.addr + s.size for s in self._sim.segments.values()):
+                return addr
+            if not expandable and rec_size == size and addr not in self._sim.segments:
                 return addr
         addr = self._fresh
         self._fresh += -(-size // SMALL_BUFFER) * SMALL_BUFFER
@@ -326,7 +350,7 @@ class DeviceReplay:
             sim.release_cached()
 
     def _recorded_summary(self) -> dict[str, int]:
-        peak = max([sum(s for s, _, _ in self.start.segments.values()), *self.recorded_reserved])
+        peak = max([sum(seg[0] for seg in self.start.segments.values()), *self.recorded_reserved])
         made = sum(1 for e in self.trace if e.get("action") in ("segment_alloc", "segment_map"))
         return {"reserved_peak": peak, "segments_allocated": made}
 
@@ -343,7 +367,29 @@ def _why(trace: list[Any], i: int, simulated_new: bool) -> str:
             "or the recording lacks what decided it")
 
 
-def _containing(addrs: list[int], segments: dict[int, tuple[int, bool, int]], addr: int) -> int | None:
+def _carve(segs: dict[int, tuple[int, bool, int, bool]], addr: int, size: int) -> None:
+    """Take [addr, addr + size) out of the mapped ranges it overlaps (undoing a segment_map)."""
+    end = addr + size
+    for start, (length, small, stream, expandable) in list(segs.items()):
+        if expandable and start < end and addr < start + length:
+            del segs[start]
+            if addr > start:
+                segs[start] = (addr - start, small, stream, True)
+            if end < start + length:
+                segs[end] = (start + length - end, small, stream, True)
+
+
+def _merged(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for addr, size in sorted(ranges):
+        if out and out[-1][0] + out[-1][1] == addr:
+            out[-1] = (out[-1][0], out[-1][1] + size)
+        else:
+            out.append((addr, size))
+    return out
+
+
+def _containing(addrs: list[int], segments: dict[int, tuple[int, bool, int, bool]], addr: int) -> int | None:
     from bisect import bisect_right
 
     i = bisect_right(addrs, addr) - 1
