@@ -15,7 +15,8 @@ the snapshot's segments with the trace's segment events undone, holding the
 blocks alive then (alive at the end and never allocated in the trace, at
 their recorded size; freed in the trace without an allocation, at their
 rounded size, taking the rest of their gap where the allocator would not
-have split it off).
+have split it off; an expandable segment from the mapped ranges the
+snapshot lists, the trace's maps and unmaps undone).
 
 Under the recorded settings a new segment takes the address the recording
 gave it (best fit breaks ties by address, so placement can only be compared
