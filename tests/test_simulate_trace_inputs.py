@@ -93,3 +93,13 @@ def test_a_recorded_oom_avoided_on_a_larger_gpu_is_said():
     (out,) = Run(Input("<test>", snapshot=snap), DEFAULTS, capacity=100 * MiB).outcomes()
     assert out.oom is None and out.first_difference is None
     assert any("ran out of memory at trace event 5: not in this replay" in n for n in out.notes)
+
+
+def test_the_oom_answer_names_the_phase_from_gpuflames_marks():
+    from gpuflame.formats.snapshot_phases import PHASES_KEY
+
+    snap = snapshot([("segment_alloc", A, 20 * MiB), ("alloc", A, 5 * MiB), ("segment_alloc", B, 16 * MiB),
+                     ("alloc", B, 16 * MiB)])
+    snap[PHASES_KEY] = [[1000, "load"], [1002, "train"]]  # as gpuflame's torch-cuda backend adds them
+    (out,) = Run(Input("<test>", snapshot=snap), DEFAULTS, capacity=22 * MiB).outcomes()
+    assert out.oom is not None and out.oom["phase"] == "train" and out.oom["event"] == 3

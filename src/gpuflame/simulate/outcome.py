@@ -105,12 +105,12 @@ class Outcome:
         if self.first_difference is None:
             self.first_difference = {"event": event, "why": why, **detail}
 
-    def set_oom(self, event: int, entry: Mapping[str, Any], sim: Any, sites: Sites) -> None:
+    def set_oom(self, event: int, entry: Mapping[str, Any], sim: Any, sites: Sites, phase: str | None = None) -> None:
         site = sites.of(entry.get("frames"))
         self.oom = {
             "event": event, "size": int(entry.get("size", 0)), "stack": sites.root_first(site),
             "allocated": sim.allocated, "cached": sim.reserved - sim.allocated, "capacity": sim.capacity,
-            "phase": None,  # a snapshot's trace holds no phases
+            "phase": phase,  # from gpuflame's phase marks in a snapshot its torch-cuda backend took
         }
 
     def finish(self, sim: Any, recorded_events: list[tuple[str, int, int]] | None,

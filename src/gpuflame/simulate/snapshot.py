@@ -33,6 +33,8 @@ from typing import Any
 from gpuflame.errors import ProfileFormatError
 from gpuflame.formats import safe_pickle
 from gpuflame.formats.load_save import GZIP_MAGIC, gunzip
+from gpuflame.formats.snapshot_phases import read_marks
+from gpuflame.model.phases import NONE as NO_PHASE
 from gpuflame.simulate.allocator import LARGE_BUFFER, SMALL_BUFFER, SMALL_SIZE, Allocator, Block, Live, round_size
 from gpuflame.simulate.outcome import Outcome, Sites
 from gpuflame.simulate.settings import Settings
@@ -90,6 +92,7 @@ class DeviceReplay:
         self.capacity = capacity if capacity is not None else self.oom_capacity
         self.compare = recorded and capacity is None  # a replay on another device size is not checked
         self.live: dict[int, Block] = {}
+        self._marks = read_marks(snapshot)
 
     # -- the state at the first event ---------------------------------------------------
 
@@ -277,7 +280,14 @@ class DeviceReplay:
             else:
                 out.notes.append(f"the recording ran out of memory at trace event {i}: not in this replay")
         elif out.oom is None:
-            out.set_oom(i, e, sim, self.sites)
+            out.set_oom(i, e, sim, self.sites, self._phase(e))
+
+    def _phase(self, e: Mapping[str, Any]) -> str | None:
+        """The gpuflame phase running at trace entry *e*, where the snapshot carries phase marks."""
+        if self._marks is None:
+            return None
+        name = self._marks.at(e.get("time_us"))
+        return None if name == NO_PHASE else name
 
     def _retries(self) -> dict[int, int]:
         """Releases that may be a malloc's retry: the frees completed and segments freed just before a new
@@ -311,7 +321,7 @@ class DeviceReplay:
             self._held = []
         b = sim.malloc(size, stream, self.sites.of(e.get("frames")), cached=cached)
         if b is None:
-            out.set_oom(i, e, sim, self.sites)
+            out.set_oom(i, e, sim, self.sites, self._phase(e))
             return False
         out.allocations += 1
         if b.addr == addr:
