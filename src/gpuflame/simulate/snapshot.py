@@ -338,9 +338,10 @@ class DeviceReplay:
     def _released(self, i: int, sim: Allocator) -> None:
         """Recorded segments freed: by empty_cache(), or by a cudaMalloc that failed (the device was full).
 
-        The trace cannot tell the two apart (both free the cached whole
-        segments, then a new one may follow). Under the recorded settings
-        the replay frees the very segments the recording freed; under
+        Under the recorded settings the replay frees the very segments the
+        recording freed (a release just before a new segment and its
+        allocation is held and replayed with that allocation, as its retry
+        when no cached block fitted before it: :meth:`_retries`); under
         others it empties the cache, as both would. A release just before
         an ``oom`` entry is the failing allocation's own: the capacity
         replays it.
