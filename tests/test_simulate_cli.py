@@ -54,6 +54,8 @@ def test_terminal_answer_and_suggest(capsys):
     assert "reserved peak 1.77 GiB (recorded 1.77 GiB)" in out
     assert "fits: headroom" in out and "expandable_segments:True: reserved peak" in out
     assert out.splitlines()[-1].startswith("verdict: expandable_segments:True helps most")
+    rc, out, _ = run(capsys, DECOMFL, "--suggest")
+    assert "garbage_collection_threshold:0.6: reserved peak 1.77 GiB, was 1.77 GiB (it acts only where" in out
 
 
 def test_out_of_memory_on_a_smaller_gpu(capsys):

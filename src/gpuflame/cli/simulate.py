@@ -134,6 +134,7 @@ def describe(o: Outcome, capacity: int | None) -> list[str]:
     return out
 
 
+NO_LIMIT = " (it acts only where the device's size is known: --gpu-memory)"
 PAGES = " (expandable segments grow in 20 MiB pages, 2 MiB for small blocks: here that reserves a little more)"
 
 
@@ -151,8 +152,9 @@ def verdict(base: list[Outcome], tried: list[tuple[str, list[Outcome]]]) -> list
             fits = f"fits, reserved peak {format_bytes(total(outs))}"
             lines.append(f"  {conf}: " + ("out of memory too" if oom else fits))
             continue
+        idle = conf.startswith("garbage_collection") and all(o.capacity is None for o in outs)
         lines.append(f"  {conf}: reserved peak {format_bytes(total(outs))}, was {format_bytes(was)}"
-                     + (" (out of memory)" if oom else "") + (PAGES if more else ""))
+                     + (" (out of memory)" if oom else "") + (PAGES if more else "") + (NO_LIMIT if idle else ""))
     fitting = sorted((total(outs), conf) for conf, outs in tried if not any(o.oom for o in outs))
     if base_oom:
         head = (f"verdict: {fitting[0][1]} fits (reserved peak {format_bytes(fitting[0][0])}); "
