@@ -153,3 +153,18 @@ def test_a_damaged_snapshot_is_one_line(tmp_path: Path, capsys, damage):
     bad.write_bytes(pickle.dumps(snap))
     rc, out, err = run(capsys, str(bad))
     assert rc == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+
+
+def test_a_snapshot_without_allocator_settings_says_defaults_were_assumed(tmp_path: Path, capsys):
+    import pickle
+
+    from gpuflame.simulate.snapshot import read
+
+    snap = read((DATA / "torch-snapshot-silmont2000-mem_snapshot.pickle.gz").read_bytes())
+    del snap["allocator_settings"]
+    old = tmp_path / "old.pickle"
+    old.write_bytes(pickle.dumps(snap))
+    rc, out, _ = run(capsys, str(old))
+    assert rc == 0 and "(as recorded)" not in out
+    assert "note: the snapshot does not record its allocator settings: PyTorch's defaults assumed" in out
+    assert "agreement: 100.0% of 36 allocations" in out
