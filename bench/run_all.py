@@ -11,6 +11,7 @@ ROOT = Path(__file__).resolve().parents[1]
 STEPS = [
     ["bench/make_snapshot.py"],
     ["bench/bench_convert.py"],
+    ["bench/bench_simulate.py"],
     ["bench/bench_profile.py"],
     ["bench/bench_capture_torch.py"],
     ["bench/bench_gil_contention.py"],

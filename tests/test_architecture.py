@@ -123,7 +123,7 @@ LAYERS = [
     ("symbols",),  # frame names and kinds: the model names its frames with them (once a cycle)
     ("model",),
     ("formats",),
-    ("analysis",),
+    ("analysis", "simulate"),  # simulate/ replays a history through the allocator model: data, never text
     ("render",),
     ("cli", "serve", "webhook", "notebook", "pytest_plugin"),
 ]
@@ -144,3 +144,10 @@ def test_layers_point_one_way(layer):
         if name.startswith(higher_than(layer))
     }
     assert upward == set()
+
+
+def test_capture_never_imports_the_simulation():
+    """simulate/ is a stage of its own (ARCHITECTURE.md): the in-process side never reaches it."""
+    found = {(module, name) for module, names in package_imports("capture").items()
+             for name in names if name.startswith("gpuflame.simulate")}
+    assert found == set()

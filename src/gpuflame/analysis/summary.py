@@ -14,6 +14,7 @@ import numpy as np
 
 from gpuflame.analysis.tree import NO_STACK, FlameTree, Node, frame_sort_key, function_frames
 from gpuflame.model.profile import Frame, Profile
+from gpuflame.symbols import names
 from gpuflame.units import percent
 
 
@@ -104,3 +105,28 @@ def top_stacks(tree: FlameTree, limit: int = 3) -> list[Stack]:
         line = tree.table.self_line(int(level.start[index]), int(level.end[index]), depth)
         out.append(Stack(frames, -neg, percent(-neg, tree.total), line))
     return out
+
+
+FRAGMENTED = 0.10  # cached but unused above this share of the reserved peak: report suggests gpuflame simulate
+
+
+def cached_at_peak(profile: Profile) -> tuple[int, int] | None:
+    """(reserved, cached free) at the peak of a snapshot's profile, when the cache exceeds :data:`FRAGMENTED`.
+
+    A snapshot's ``peak_space`` holds the reserved rest as ``<cached free blocks>``
+    (formats/torch_snapshot.py); other profiles have none, so this is None.
+    """
+    if "peak_space" not in profile.type_names():
+        return None
+    index = profile.type_index("peak_space")
+    cached_ids = {i for i, f in enumerate(profile.frames) if f.name == names.CACHED_FREE}
+    if not cached_ids:
+        return None
+    reserved = cached = 0
+    for s in profile.samples:
+        reserved += s.values[index]
+        if s.stack and s.stack[0] in cached_ids:
+            cached += s.values[index]
+    if reserved <= 0 or cached <= FRAGMENTED * reserved:
+        return None
+    return reserved, cached

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from gpuflame.analysis.hotspots import build_report
+from gpuflame.analysis.summary import cached_at_peak
 from gpuflame.analysis.tree import build_tree
 from gpuflame.cli.common import (
     FILTER_ORDER,
@@ -14,7 +15,9 @@ from gpuflame.cli.common import (
     positive_count,
     print_json,
 )
+from gpuflame.printable import printable
 from gpuflame.render.terminal import make_console, render_report
+from gpuflame.units import format_bytes
 
 HELP = "what holds the memory, on one screen"
 
@@ -72,8 +75,17 @@ def run(args: argparse.Namespace) -> int:
     tree = build_tree(loaded.profile, loaded.type_index, group_by=args.group_by, lines=args.lines)
     report = build_report(loaded.profile, tree, limit=max(1, args.limit))
     peak = loaded.profile.peak_description(report.type)
+    cached = cached_at_peak(loaded.profile)
+    hint = None
+    if cached is not None:
+        reserved, free = cached
+        hint = (f"reserved {format_bytes(reserved)}, allocated {format_bytes(reserved - free)} at the peak: "
+                f"try `gpuflame simulate {' '.join(args.files)} --suggest`")
     if args.json:
-        print_json({**report.to_dict(), **peak_json(loaded.profile, report.type)})
+        print_json({**report.to_dict(), **peak_json(loaded.profile, report.type), "fragmentation_hint": hint})
     else:
-        render_report(make_console(), report, loaded.source, peak)
+        console = make_console()
+        render_report(console, report, loaded.source, peak)
+        if hint:
+            console.print(printable(hint), markup=False, highlight=False, soft_wrap=True)
     return 0

@@ -16,6 +16,10 @@ ALLOC_OBJECTS = SampleType("alloc_objects", "count")
 JOINT_PEAK_SPACE = SampleType(JOINT_SPACE, "bytes")
 JOINT_PEAK_OBJECTS = SampleType(JOINT_OBJECTS, "count")
 
+# gpuflame simulate's profile (simulate/fragmentation.py), at the simulated reserved peak
+FRAGMENTATION = SampleType("fragmentation", "bytes")
+RESERVED = SampleType("reserved", "bytes")
+
 ALL = (PEAK_SPACE, PEAK_OBJECTS, INUSE_SPACE, INUSE_OBJECTS, ALLOC_SPACE, ALLOC_OBJECTS)
 
 DESCRIPTIONS = {
@@ -28,6 +32,9 @@ DESCRIPTIONS = {
     JOINT_SPACE: "live in this process at the highest total of its run's processes on the device, "
     "as far as it saw (gpuflame run merges it into peak_space)",
     JOINT_OBJECTS: "allocations live in this process at its run's joint peak",
+    "fragmentation": "cached by the allocator but unused at its reserved peak, under the stacks whose "
+    "allocations split the segments (gpuflame simulate)",
+    "reserved": "segments held at the reserved peak, under the stacks whose allocations made them (gpuflame simulate)",
 }
 
 

@@ -1,0 +1,169 @@
+"""``gpuflame simulate``: replay a recorded run through a model of PyTorch's CUDA caching allocator."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+
+from gpuflame.cli.common import add_force_option, print_json
+from gpuflame.errors import GpuflameError
+from gpuflame.files import check_output
+from gpuflame.formats.load_save import save
+from gpuflame.printable import printable
+from gpuflame.simulate.allocator import PYTORCH_RULES
+from gpuflame.simulate.fragmentation import fragmentation_profile
+from gpuflame.simulate.gpus import capacity as parse_capacity
+from gpuflame.simulate.outcome import Outcome
+from gpuflame.simulate.replay import Run, read_input, settings_for, suggest
+from gpuflame.units import format_bytes
+
+HELP = "replay a run through PyTorch's caching allocator: fragmentation, OOM on another GPU, other settings"
+
+DESCRIPTION = f"""\
+Replay the allocation history of INPUT through a model of PyTorch's CUDA
+caching allocator (the rules of PyTorch {PYTORCH_RULES}'s CUDACachingAllocator.cpp)
+and say what the allocator would do: reserved and allocated peaks, the
+memory reserved but unused at the reserved peak (fragmentation), the
+segments made, and, on a smaller GPU, the first allocation that would fail.
+
+INPUT is a PyTorch memory snapshot with a trace (torch.cuda.memory.
+_record_memory_history, then _dump_snapshot) or a gpuflame profile with its
+event history (any torch backend; a CPU run is predicted for cuda:0).
+
+Under the recorded settings the replay is checked against the recording:
+the share of allocations placed at the recorded segment and offset, and
+whether the segments made and freed are the recorded ones.
+"""
+
+EPILOG = """\
+examples:
+  gpuflame simulate snapshot.pickle
+  gpuflame simulate snapshot.pickle --alloc-conf expandable_segments:True
+  gpuflame simulate snapshot.pickle --gpu-memory L4
+  gpuflame simulate run.pb.gz --gpu-memory 24GiB --suggest
+  gpuflame simulate snapshot.pickle --json
+
+--alloc-conf takes PYTORCH_CUDA_ALLOC_CONF's syntax; the keys it does not
+name keep the recorded value (PyTorch's defaults when the file records
+none). --gpu-memory is a size or a GPU name (T4, L4, A10G, A100-40GB,
+A100-80GB, H100-80GB, H200, ...); 512 MiB of it is left for the CUDA context.
+"""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("input", metavar="INPUT", help="PyTorch snapshot with a trace, or a gpuflame profile")
+    parser.add_argument("--alloc-conf", metavar="STR", help="settings to try, in PYTORCH_CUDA_ALLOC_CONF syntax")
+    parser.add_argument("--gpu-memory", metavar="SIZE|GPU", help="the device's memory: cudaMalloc fails past it")
+    parser.add_argument("--device", metavar="cuda:N", help="replay this device only")
+    parser.add_argument("--suggest", action="store_true",
+                        help="try the settings that usually help; say which helps most")
+    parser.add_argument("--json", action="store_true", help="the answer as JSON")
+    parser.add_argument("-o", "--output", metavar="OUT",
+                        help="write the fragmentation profile here (pprof; any gpuflame view opens it)")
+    add_force_option(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    inp = read_input(args.input)
+    settings = settings_for(inp, args.alloc_conf)
+    capacity, how = parse_capacity(args.gpu_memory) if args.gpu_memory else (None, "")
+    if args.device is not None and not re.fullmatch(r"cuda:\d+", args.device):
+        raise GpuflameError(f"--device: expected cuda:N, got {args.device!r}")
+    if args.output:
+        check_output(args.output, [args.input], force=args.force)
+    main = Run(inp, settings, capacity, args.device)
+    outcomes = main.outcomes()
+    tried = suggest(inp, capacity, args.device) if args.suggest else []
+    if args.output:
+        save(fragmentation_profile(main), args.output)
+    if args.json:
+        data = {"pytorch_rules": PYTORCH_RULES, "capacity": capacity, "capacity_from": how or None,
+                "devices": [o.to_json() for o in outcomes]}
+        if tried:
+            data["suggest"] = [{"settings": conf, "devices": [o.to_json() for o in outs]} for conf, outs in tried]
+        print_json(data)
+        return 0
+    lines = [f"PyTorch {PYTORCH_RULES} caching-allocator rules; settings: {settings.describe()}"
+             + (" (as recorded)" if main.recorded and inp.snapshot is not None and not inp.notes else "")]
+    if how:
+        lines.append(f"device memory: {format_bytes(capacity or 0)} ({how})")
+    for o in outcomes:
+        lines += describe(o, capacity)
+    if tried:
+        lines += verdict(outcomes, tried)
+    if args.output:
+        lines.append(f"wrote the fragmentation profile to {args.output} (gpuflame flame {args.output})")
+    sys.stdout.write("".join(printable(line) + "\n" for line in lines))
+    return 0
+
+
+def describe(o: Outcome, capacity: int | None) -> list[str]:
+    """One device's answer in plain words."""
+    s = o.simulated
+    peak, frag = s["reserved_peak"], s["fragmentation_at_peak"]
+    rec = o.recorded
+    was = f" (recorded {format_bytes(rec['reserved_peak'])})" if rec else ""
+    out = [f"{o.device}:",
+           f"  reserved peak {format_bytes(peak)}{was}; allocated peak {format_bytes(s['allocated_peak'])}",
+           f"  reserved but unused at the reserved peak: {format_bytes(frag)} "
+           f"({100 * frag / peak if peak else 0:.1f}%)",
+           f"  segments made {s['segments_allocated']}" + (f" (recorded {rec['segments_allocated']})" if rec else "")
+           + f", freed {s['segments_freed']}"]
+    if rec and "expandable_segments:True" in o.settings and peak > rec["reserved_peak"] and not o.oom:
+        out.append("  note: " + PAGES.strip(" ()"))
+    if o.wrapped:
+        out.append("  the trace starts part way through the run: replayed from the state at its first event")
+    if o.placed_same is not None:
+        same = "the same as recorded" if o.segment_events_equal else "NOT the recorded ones"
+        out.append(f"  agreement: {100 * o.placed_same:.1f}% of {o.allocations:,} allocations at the recorded "
+                   f"segment and offset; segment events {same}")
+    if o.first_difference:
+        d = o.first_difference
+        out.append(f"  first difference at trace event {d['event']}: {d['why']}")
+    if o.oom:
+        m = o.oom
+        leaf = next((n for n in reversed(m["stack"]) if not n.startswith("<")), m["stack"][-1] if m["stack"] else "?")
+        phase = f" in phase {m['phase']}" if m.get("phase") else ""
+        out.append(f"  OUT OF MEMORY at event {m['event']}{phase}: a request of {format_bytes(m['size'])} from {leaf}; "
+                   f"allocated {format_bytes(m['allocated'])}, cached {format_bytes(m['cached'])} then")
+        out.append("    stack: " + " -> ".join(m["stack"]))
+    elif capacity is not None:
+        out.append(f"  fits: headroom {format_bytes(capacity - peak)} at the reserved peak")
+    out += [f"  note: {n}" for n in o.notes]
+    return out
+
+
+NO_LIMIT = " (it acts only where the device's size is known: --gpu-memory)"
+PAGES = " (expandable segments grow in 20 MiB pages, 2 MiB for small blocks: here that reserves a little more)"
+
+
+def verdict(base: list[Outcome], tried: list[tuple[str, list[Outcome]]]) -> list[str]:
+    """Which tried setting lowers the reserved peak most (summed over devices), or fits where the others do not."""
+    def total(outs: list[Outcome]) -> int:
+        return sum(o.simulated["reserved_peak"] for o in outs)
+
+    was, base_oom = total(base), any(o.oom for o in base)
+    lines = []
+    for conf, outs in tried:
+        oom = any(o.oom for o in outs)
+        more = conf.startswith("expandable_segments") and total(outs) > was and not oom
+        if base_oom:
+            fits = f"fits, reserved peak {format_bytes(total(outs))}"
+            lines.append(f"  {conf}: " + ("out of memory too" if oom else fits))
+            continue
+        idle = conf.startswith("garbage_collection") and all(o.capacity is None for o in outs)
+        lines.append(f"  {conf}: reserved peak {format_bytes(total(outs))}, was {format_bytes(was)}"
+                     + (" (out of memory)" if oom else "") + (PAGES if more else "") + (NO_LIMIT if idle else ""))
+    fitting = sorted((total(outs), conf) for conf, outs in tried if not any(o.oom for o in outs))
+    if base_oom:
+        head = (f"verdict: {fitting[0][1]} fits (reserved peak {format_bytes(fitting[0][0])}); "
+                "the recorded settings run out of memory" if fitting
+                else "verdict: none of the settings tried avoids running out of memory")
+    elif not fitting or fitting[0][0] >= was:
+        head = "verdict: none of the settings tried lowers the reserved peak"
+    else:
+        best, conf = fitting[0]
+        head = (f"verdict: {conf} helps most: reserved peak {format_bytes(best)}, was {format_bytes(was)} "
+                f"({100 * (was - best) / was:.1f}% less)")
+    return ["settings tried:", *lines, head]

@@ -1,0 +1,32 @@
+"""Device sizes for ``--gpu-memory``: a size, or a GPU's name from a small table."""
+
+from __future__ import annotations
+
+from gpuflame.errors import GpuflameError
+from gpuflame.units import parse_size
+
+MiB = 1 << 20
+CUDA_CONTEXT = 512 * MiB  # what the CUDA context and its libraries take before the allocator gets any (typical)
+
+# total memory as nvidia-smi reports it (MiB), by the names users write
+GPUS = {
+    "T4": 15360, "V100-16GB": 16384, "V100-32GB": 32768, "L4": 23034, "A10": 23028, "A10G": 23028,
+    "RTX-3090": 24576, "RTX-4090": 24564, "L40S": 46068, "A100-40GB": 40960, "A100-80GB": 81920,
+    "H100-80GB": 81559, "H100-94GB": 95830, "H200": 143771, "B200": 183359,
+}
+
+
+def capacity(text: str) -> tuple[int, str]:
+    """The bytes the allocator may reserve on *text* (a size or a GPU name), and how that was reached."""
+    key = text.strip().upper().replace(" ", "-").replace("_", "-")
+    if key in GPUS:
+        total = GPUS[key] * MiB
+        return total - CUDA_CONTEXT, f"{key}: {GPUS[key]} MiB less {CUDA_CONTEXT // MiB} MiB for the CUDA context"
+    try:
+        total = parse_size(text)
+    except ValueError:
+        raise GpuflameError(f"--gpu-memory: not a size or a known GPU: {text!r} "
+                            f"(a size such as 24GiB, or one of {', '.join(GPUS)})") from None
+    if total <= CUDA_CONTEXT:
+        raise GpuflameError(f"--gpu-memory: {text!r} is not more than the CUDA context ({CUDA_CONTEXT // MiB} MiB)")
+    return total - CUDA_CONTEXT, f"{text.strip()} less {CUDA_CONTEXT // MiB} MiB for the CUDA context"
