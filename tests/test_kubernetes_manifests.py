@@ -174,6 +174,9 @@ def test_webhook_deployment_is_locked_down(rendered):
     assert opts["--tls-cert"] == "/tls/tls.crt" and opts["--tls-key"] == "/tls/tls.key"
     assert opts["--port"] == "8443" and opts["--pyroscope-secret"] == "gpuflame-pyroscope"
     assert opts["--image"]
+    # --namespace's default: the webhook knows its own namespace, whose pods it never changes
+    own = next(e for e in c["env"] if e["name"] == "POD_NAMESPACE")
+    assert own["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.namespace"}} and "--namespace" not in opts
     tls = next(m for m in c["volumeMounts"] if m["name"] == "tls")
     assert tls["mountPath"] == "/tls" and tls["readOnly"] is True
 
@@ -202,7 +205,8 @@ def test_webhook_configuration_never_blocks_pods(rendered):
     assert rule["operations"] == ["CREATE"] and rule["resources"] == ["pods"] and rule["apiGroups"] == [""]
     excluded = next(e for e in hook["namespaceSelector"]["matchExpressions"]
                     if e["key"] == "kubernetes.io/metadata.name")
-    assert excluded["operator"] == "NotIn" and {"gpuflame-system", "kube-system"} <= set(excluded["values"])
+    assert excluded["operator"] == "NotIn" and "kube-system" in excluded["values"]
+    assert "gpuflame-system" not in excluded["values"]  # its own namespace: by label (see below), not by name
     # the certificate covers the name the API server calls
     cert = find(docs, "Certificate")
     assert f"{service['name']}.{service['namespace']}.svc" in cert["spec"]["dnsNames"]
@@ -235,6 +239,68 @@ def test_central_pods_run_as_non_root(rendered):
             for c in pod["containers"]:
                 assert c["securityContext"]["allowPrivilegeEscalation"] is False
                 assert c["securityContext"]["capabilities"]["drop"] == ["ALL"]
+
+
+# -- which pods call the webhook: selectors on labels ------------------------------
+
+
+def selects(selector: dict, labels: dict[str, str]) -> bool:
+    """A label selector as the API server evaluates it (matchLabels; In, NotIn, Exists, DoesNotExist)."""
+    if any(labels.get(k) != v for k, v in (selector.get("matchLabels") or {}).items()):
+        return False
+    for e in selector.get("matchExpressions") or []:
+        key, op, values = e["key"], e["operator"], e.get("values") or []
+        present = key in labels
+        if (op == "In" and labels.get(key) not in values) or (op == "NotIn" and present and labels[key] in values):
+            return False
+        if (op == "Exists" and not present) or (op == "DoesNotExist" and present):
+            return False
+    return True
+
+
+def namespace_labels(name: str, labels: dict[str, str] | None = None) -> dict[str, str]:
+    """A namespace's labels as the API server keeps them: its name is one (kubernetes.io/metadata.name)."""
+    return {**(labels or {}), "kubernetes.io/metadata.name": name}
+
+
+def assert_own_namespace_excluded(docs: list[dict]) -> None:
+    hook = find(docs, "MutatingWebhookConfiguration")["webhooks"][0]
+    ns = find(docs, "Namespace")
+    assert find(docs, "Deployment", "gpuflame-webhook")["metadata"]["namespace"] == ns["metadata"]["name"]
+    assert hook["clientConfig"]["service"]["namespace"] == ns["metadata"]["name"]  # where the Service is
+    assert not selects(hook["namespaceSelector"], namespace_labels(ns["metadata"]["name"], ns["metadata"]["labels"]))
+
+
+@needs_kubectl
+def test_the_api_server_calls_the_webhook_only_for_opted_in_pods_outside_excluded_namespaces(rendered):
+    """objectSelector: a pod without the label costs no call; namespaceSelector: by labels, never our name."""
+    docs = rendered["overlays/cert-manager"]
+    hook = find(docs, "MutatingWebhookConfiguration")["webhooks"][0]
+    assert_own_namespace_excluded(docs)
+    namespaces = hook["namespaceSelector"]
+    assert selects(namespaces, namespace_labels("ml"))
+    assert not selects(namespaces, namespace_labels("ml", {"gpuflame.io/injection": "disabled"}))
+    for control_plane in ("kube-system", "kube-public", "kube-node-lease"):
+        assert not selects(namespaces, namespace_labels(control_plane))
+    pods = hook["objectSelector"]
+    assert selects(pods, {"gpuflame.io/inject": "true", "app": "x"})
+    for labels in ({}, {"gpuflame.io/inject": "false"}, {"app": "x"}):
+        assert not selects(pods, labels)
+
+
+@needs_kubectl
+def test_installed_in_another_namespace_the_webhook_still_skips_its_own(tmp_path: Path):
+    """An overlay with its own `namespace:`: kustomize renames the Namespace, whose label keeps it excluded."""
+    tree = tmp_path / "kubernetes"
+    shutil.copytree(K8S, tree)
+    overlay = tree / "overlays" / "elsewhere"
+    overlay.mkdir()
+    (overlay / "kustomization.yaml").write_text(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nnamespace: ml-tools\n"
+        "resources:\n  - ../../base/webhook\n")
+    docs = kustomize(overlay)
+    assert find(docs, "Namespace")["metadata"]["name"] == "ml-tools"
+    assert_own_namespace_excluded(docs)
 
 
 # -- the self-hosted stack ------------------------------------------------------
@@ -280,8 +346,10 @@ def test_vllm_example_targets_an_aks_gpu_pool_and_opts_in(rendered):
     docs = rendered["examples/vllm-aks"]
     pod_template = find(docs, "Deployment", "vllm")["spec"]["template"]
     ann = pod_template["metadata"]["annotations"]
-    assert ann["gpuflame.io/inject"] == "true"
+    assert pod_template["metadata"]["labels"]["gpuflame.io/inject"] == "true"  # what the objectSelector sees
     assert ann["gpuflame.io/service-name"] == "vllm"
+    hook = find(kustomize(K8S / "base" / "webhook"), "MutatingWebhookConfiguration")["webhooks"][0]
+    assert selects(hook["objectSelector"], pod_template["metadata"]["labels"])
     spec = pod_template["spec"]
     assert spec["nodeSelector"] == {"kubernetes.azure.com/accelerator": "nvidia"}
     assert {"key": "sku", "operator": "Equal", "value": "gpu", "effect": "NoSchedule"} in spec["tolerations"]

@@ -45,6 +45,7 @@ def webhook_env(dest: Path, session_dir: Path) -> dict[str, str]:
     [env_op] = [op for op in ops if op["path"] == "/spec/containers/0/env"]
     env = {v["name"]: v["value"].replace(admission.MOUNT, str(dest)) for v in env_op["value"] if "value" in v}
     env["GPUFLAME_SESSION_DIR"] = str(session_dir)
+    env.pop("GPUFLAME_CACHE_DIR")  # the compiled hook's usual cache: a pod compiles once into its volume, not here
     return env
 
 

@@ -25,6 +25,7 @@ from gpuflame.capture.settings import Settings
 from gpuflame.cli.main import main
 from gpuflame.webhook import admission
 from gpuflame.webhook.admission import Config
+from gpuflame.webhook.patch import patch_for
 from gpuflame.webhook.server import WebhookServer, make_server
 
 jsonpatch = pytest.importorskip("jsonpatch")
@@ -210,14 +211,16 @@ def test_the_env_a_pod_gets_reads_back_as_the_settings_its_annotations_ask_for()
     """The webhook writes settings as ``Settings.to_env`` does; the bootstrap's ``from_env`` reads them back."""
     annotations = on(**{"gpuflame.io/interval": "2.5s", "gpuflame.io/backend": "jax",
                         "gpuflame.io/service-name": "vllm"})
-    ops = admission.patch_for(pod(annotations), admission.parse_request(annotations), Config())
+    request, notes = admission.parse_request(annotations)
+    assert notes == []
+    ops = patch_for(pod(annotations), [0], request, Config())
     [main_c] = jsonpatch.apply_patch(pod(annotations), ops)["spec"]["containers"]
     plain = {var["name"]: var["value"] for var in main_c["env"] if "value" in var}
     expected = Settings(enabled=True, session_dir="/gpuflame/sessions/main", backend="jax", interval=2.5,
                         service_name="vllm")
     assert Settings.from_env(plain) == expected
     assert plain["GPUFLAME_INTERVAL"] == "2.5" and plain["GPUFLAME_ENABLED"] == "1"  # the switch, said
-    defaults = admission.parse_request(on())  # no setting annotations: the defaults, said explicitly
+    defaults, _ = admission.parse_request(on())  # no setting annotations: the defaults, said explicitly
     assert Settings.from_env(admission.settings_env("app", defaults)) == Settings(
         enabled=True, session_dir="/gpuflame/sessions/app", interval=15.0)
 
@@ -279,30 +282,49 @@ def test_container_annotation_selects(server: WebhookServer, tls: tuple[Path, Pa
 
 
 @pytest.mark.parametrize(
-    ("annotations", "words"),
+    ("annotations", "words", "default"),
     [
-        ({"gpuflame.io/interval": "fast"}, ["gpuflame.io/interval", "'fast'", "not a duration"]),
-        ({"gpuflame.io/interval": "-5s"}, ["gpuflame.io/interval"]),
-        ({"gpuflame.io/backend": "tensorflow"}, ["gpuflame.io/backend", "'tensorflow'", "torch-cuda"]),
-        ({"gpuflame.io/container": "nope"}, ["gpuflame.io/container", "nope", "main"]),
-        ({"gpuflame.io/service-name": " "}, ["gpuflame.io/service-name", "empty"]),
+        ({"gpuflame.io/interval": "fast"}, ["gpuflame.io/interval", "'fast'", "not a duration"], ("INTERVAL", "15")),
+        ({"gpuflame.io/interval": "-5s"}, ["gpuflame.io/interval", "negative"], ("INTERVAL", "15")),
+        ({"gpuflame.io/backend": "tensorflow"}, ["gpuflame.io/backend", "'tensorflow'", "torch-cuda"],
+         ("BACKEND", "auto")),
+        ({"gpuflame.io/service-name": " "}, ["gpuflame.io/service-name", "empty"], ("SERVICE_NAME", None)),
     ],
 )
-def test_bad_annotation_is_denied_with_a_message(
+def test_a_bad_setting_annotation_is_ignored_with_the_reason_and_the_pod_admitted(
+    server: WebhookServer, tls: tuple[Path, Path], annotations: dict[str, str], words: list[str],
+    default: tuple[str, str | None],
+) -> None:
+    """Never a refused pod: the default is used, the reason is a warning for kubectl and an annotation."""
+    response, patched = mutate(server, tls, pod(on(**annotations)))
+    assert response["allowed"] is True and "status" not in response
+    (warning,) = response["warnings"]
+    assert "\n" not in warning and warning.endswith("; ignored")
+    for word in words:
+        assert word in warning
+    assert patched["metadata"]["annotations"]["gpuflame.io/ignored"] == warning.removeprefix("gpuflame: ")
+    env = env_of(patched["spec"]["containers"][0])
+    assert env.get(f"GPUFLAME_{default[0]}", {}).get("value") == default[1]
+
+
+@pytest.mark.parametrize(
+    ("annotations", "words"),
+    [
+        ({"gpuflame.io/inject": "maybe"}, ["gpuflame.io/inject annotation", "'maybe'"]),
+        ({"gpuflame.io/inject": "true", "gpuflame.io/container": "nope"}, ["gpuflame.io/container", "nope", "main"]),
+    ],
+)
+def test_a_pod_that_cannot_be_profiled_as_asked_is_admitted_unchanged_with_the_reason(
     server: WebhookServer, tls: tuple[Path, Path], annotations: dict[str, str], words: list[str]
 ) -> None:
-    response, _ = mutate(server, tls, pod(on(**annotations)))
-    assert response["allowed"] is False
-    assert "patch" not in response
-    message = response["status"]["message"]
-    assert "\n" not in message
+    response, patched = mutate(server, tls, pod(annotations))
+    assert response["allowed"] is True
+    (warning,) = response["warnings"]
     for word in words:
-        assert word in message
-
-
-def test_bad_inject_value_is_denied(server: WebhookServer, tls: tuple[Path, Path]) -> None:
-    response, _ = mutate(server, tls, pod({"gpuflame.io/inject": "maybe"}))
-    assert response["allowed"] is False and "gpuflame.io/inject" in response["status"]["message"]
+        assert word in warning
+    assert patched["spec"] == pod(annotations)["spec"]
+    assert patched["metadata"]["annotations"] == {**annotations,
+                                                  "gpuflame.io/skipped": warning.removeprefix("gpuflame: ")}
 
 
 def test_second_admission_changes_nothing(server: WebhookServer, tls: tuple[Path, Path]) -> None:
@@ -322,7 +344,12 @@ def test_other_kinds_and_operations_are_allowed(server: WebhookServer, tls: tupl
     "body",
     [b"{not json", b"[]", b'{"kind": "AdmissionReview"}', b"\xff\xfe",
      json.dumps({"kind": "AdmissionReview", "request": {"uid": "u", "kind": {"kind": "Pod"},
-                                                        "object": {"spec": {}}}}).encode()],
+                                                        "object": {"spec": {}}}}).encode(),
+     json.dumps({"kind": "AdmissionReview", "request": {"uid": "u", "kind": {"kind": "Pod"}, "object": {
+         "metadata": {"annotations": {"gpuflame.io/inject": "true"}}, "spec": {"containers": [1]}}}}).encode(),
+     json.dumps({"kind": "AdmissionReview", "request": {"uid": "u", "kind": {"kind": "Pod"}, "object": {
+         "metadata": {"annotations": {"gpuflame.io/inject": "true"}},
+         "spec": {"containers": [{"name": "a", "env": "PYTHONPATH"}]}}}}).encode()],
 )
 def test_malformed_body_is_400_and_the_server_keeps_serving(
     server: WebhookServer, tls: tuple[Path, Path], body: bytes
@@ -351,3 +378,26 @@ def test_cli_reports_a_missing_certificate(tmp_path: Path, capsys: pytest.Captur
     assert rc == 2
     err = capsys.readouterr().err
     assert "no.crt" in err and err.count("\n") == 1
+
+
+def test_the_cli_knows_its_own_namespace_from_the_downward_api(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpuflame.cli.main import build_parser
+
+    monkeypatch.setenv("POD_NAMESPACE", "tools")
+    assert build_parser().parse_args(["webhook", "--tls-cert", "c", "--tls-key", "k"]).namespace == "tools"
+
+
+def test_the_server_logs_why_a_pod_was_skipped(tls: tuple[Path, Path], capfd: pytest.CaptureFixture[str]) -> None:
+    """The operator's side of the warning the client gets: one line naming the pod."""
+    cert, key = tls
+    srv = make_server("127.0.0.1", 0, str(cert), str(key), Config(image=IMAGE), quiet=False)
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    try:
+        response, _ = mutate(srv, tls, pod(on(), os={"name": "windows"}))
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    (warning,) = response["warnings"]
+    lines = [line for line in capfd.readouterr().err.splitlines() if warning in line]
+    assert len(lines) == 1 and "ml/trainer-7d9f8b6c4-x2k9q: gpuflame: a Windows pod" in lines[0]

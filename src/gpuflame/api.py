@@ -46,7 +46,7 @@ from gpuflame.errors import GpuflameError
 from gpuflame.files import check_output
 from gpuflame.launch.store import PROFILE_NAME, RunMeta, new_run_folder, store_root
 from gpuflame.model import Profile
-from gpuflame.units import parse_duration
+from gpuflame.units import interval_seconds
 
 DEFAULT_OUTPUT = "gpuflame.pb.gz"
 
@@ -125,10 +125,11 @@ def start(
     Returns a :class:`Recording` (the running one, with a RuntimeWarning,
     when a profile is running already). Raises ValueError for an option
     gpuflame cannot use (a backend or torch hook not in ``BACKENDS`` /
-    ``TORCH_HOOKS``, a negative or unreadable interval, a Pyroscope URL or
-    credentials file it cannot use, *output* together with *store*, an
-    *output* that is a folder, cannot be written, or is a file gpuflame did
-    not write),
+    ``TORCH_HOOKS``, an interval that is negative, unreadable or out of
+    ``defaults.MIN_INTERVAL_S``..``MAX_INTERVAL_S`` (0 is "only at exit"), a
+    Pyroscope URL or credentials file it cannot use, *output* together with
+    *store*, an *output* that is a folder, cannot be written, or is a file
+    gpuflame did not write),
     TypeError for an option it does not take, and OSError when the store's
     folder cannot be made. Nothing else: once
     started, failures are reported on stderr and in the profile.
@@ -218,12 +219,9 @@ def settings_for(options: dict[str, object]) -> Settings:
 
 def _seconds(value: object) -> float:
     try:
-        seconds = parse_duration(value) if isinstance(value, str) else float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError) as exc:
+        return interval_seconds(value)  # type: ignore[arg-type]
+    except ValueError as exc:
         raise ValueError(f"interval: {exc}") from None
-    if seconds < 0:
-        raise ValueError(f"interval cannot be negative: {value!r}")
-    return seconds
 
 
 def _check_pyroscope(settings: Settings) -> None:

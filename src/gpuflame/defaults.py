@@ -11,3 +11,13 @@ TORCH_HOOK = "auto"  # --torch-hook, GPUFLAME_TORCH_HOOK
 PUSH_INTERVAL_S = 15.0  # seconds between Pyroscope pushes when none is given (run --pyroscope, the webhook)
 PUSH_TIMEOUT_S = 5.0  # seconds one push to Pyroscope may take
 PUSH_FLUSH_S = 3.0  # seconds a process may spend at exit sending what is still queued
+
+# The bounds of an interval between snapshots (--interval, the API's interval, GPUFLAME_INTERVAL, the webhook's
+# gpuflame.io/interval; checked by units.interval_seconds). Below MIN_INTERVAL_S the snapshot stops being
+# occasional: each one walks the recorder's rows and (torch) the object graph, a few ms on a small program and
+# tens of ms on a large one, so 100 ms keeps it to a few percent of a core while still leaving a snapshot before
+# a process killed half a second in (the suite's SIGKILL and os._exit tests use 100 ms); 1e-10 s halved the
+# program's throughput. Above MAX_INTERVAL_S there is no interval (0 says "only at exit"), and a timer wait past
+# threading.TIMEOUT_MAX (inf) raises OverflowError in the snapshot thread.
+MIN_INTERVAL_S = 0.1
+MAX_INTERVAL_S = 24 * 3600.0

@@ -41,12 +41,16 @@ def read_bytes(path: str | os.PathLike[str]) -> bytes:
 
 
 def atomic_write(path: str | os.PathLike[str], data: bytes | str, mode: int | None = None) -> None:
-    """Write *data* to *path* so that readers see the old file or the new one (*mode*: its permission bits)."""
+    """Write *data* to *path* so that readers see the old file or the new one.
+
+    The file gets the permissions ``open`` would give it (0666 less the
+    umask), or exactly *mode* (the node agent's 0600), never wider meanwhile.
+    """
     p = Path(path)
     payload = data.encode("utf-8") if isinstance(data, str) else data
     folder = p.parent if str(p.parent) else Path(".")
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=folder)
+        fd, tmp = _create_temporary(folder, p.name, 0o666 if mode is None else mode & 0o600)
     except FileNotFoundError:
         raise GpuflameError(f"{p}: cannot write (folder {folder} does not exist)") from None
     except PermissionError:
@@ -56,7 +60,8 @@ def atomic_write(path: str | os.PathLike[str], data: bytes | str, mode: int | No
     try:
         with os.fdopen(fd, "wb") as out:
             out.write(payload)
-        os.chmod(tmp, 0o644 if mode is None else mode)
+            if mode is not None:
+                os.fchmod(out.fileno(), mode)
         os.replace(tmp, p)
     except OSError as exc:
         _remove_quietly(tmp)
@@ -64,6 +69,17 @@ def atomic_write(path: str | os.PathLike[str], data: bytes | str, mode: int | No
     except BaseException:
         _remove_quietly(tmp)
         raise
+
+
+def _create_temporary(folder: Path, name: str, mode: int) -> tuple[int, str]:
+    """A new file ``.NAME.RANDOM.tmp`` in *folder*, created with *mode* (the kernel applies the umask)."""
+    for _ in range(100):
+        tmp = os.path.join(folder, f".{name}.{os.urandom(4).hex()}.tmp")
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), mode), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free temporary name in {folder}")
 
 
 def write_output(path: str | os.PathLike[str], data: bytes | str) -> None:
@@ -85,6 +101,9 @@ def _remove_quietly(path: str) -> None:
 
 
 # -- where an output may go ---------------------------------------------------
+
+# Bytes written to tell whether a folder still takes files (write_problem): a small profile.
+_PROBE_BYTES = 4096
 
 # Bytes read from an existing file to tell whether gpuflame wrote it.
 _SNIFF_BYTES = 65536
@@ -165,6 +184,25 @@ def _probe(folder: Path, target: Path) -> None:
         raise GpuflameError(f"{target}: cannot write in {folder} ({exc.strerror or exc})") from None
     os.close(fd)
     _remove_quietly(tmp)
+
+
+def write_problem(folder: str | os.PathLike[str]) -> str:
+    """'' when *folder* takes a small file now, else why not in the OS's words (a full disk, a read-only mount).
+
+    An empty file proves little: a full filesystem still makes one.
+    """
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".gpuflame-probe.", dir=folder)
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    try:
+        os.write(fd, bytes(_PROBE_BYTES))
+        return ""
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    finally:
+        os.close(fd)
+        _remove_quietly(tmp)
 
 
 def _written_by_gpuflame(path: Path) -> bool:

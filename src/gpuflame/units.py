@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import math
 import re
-from decimal import ROUND_HALF_UP, Decimal
+
+from gpuflame.defaults import MAX_INTERVAL_S, MIN_INTERVAL_S
 
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 
@@ -28,6 +30,8 @@ def _fixed(value: float, digits: int) -> str:
     even (4.125 -> 4.12 where the viewer shows 4.13). One number must read
     the same in the terminal and in the browser.
     """
+    from decimal import ROUND_HALF_UP, Decimal  # here: the profiled process imports this module, never this
+
     step = Decimal(1).scaleb(-digits)
     return str(Decimal(value).quantize(step, rounding=ROUND_HALF_UP))
 
@@ -77,3 +81,30 @@ def parse_duration(text: str) -> float:
     if not m:
         raise ValueError(f"not a duration: {text!r} (examples: 15s, 500ms, 2m)")
     return float(m.group(1)) * _SECONDS[m.group(2) or "s"]
+
+
+def interval_seconds(value: str | float, allow_off: bool = True) -> float:
+    """An interval between snapshots in seconds: 0 ("only at exit", where *allow_off*) or within the bounds.
+
+    The one check of ``--interval``, the API's ``interval``,
+    ``GPUFLAME_INTERVAL`` and the webhook's ``gpuflame.io/interval``
+    (bounds and why: ``defaults.MIN_INTERVAL_S``). ValueError with one line
+    that says what is allowed.
+    """
+    if isinstance(value, str):
+        if value.strip().startswith("-"):
+            raise ValueError(f"an interval cannot be negative: {value!r} (examples: 15s, 500ms, 2m)")
+        seconds = parse_duration(value)
+    elif isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"not a duration: {value!r} (seconds, or a text such as 15s, 500ms, 2m)")
+    else:
+        seconds = float(value)
+    if seconds < 0:
+        raise ValueError(f"an interval cannot be negative: {value!r} (examples: 15s, 500ms, 2m)")
+    if seconds == 0 and allow_off:
+        return 0.0
+    if not (math.isfinite(seconds) and MIN_INTERVAL_S <= seconds <= MAX_INTERVAL_S):
+        off = ", or 0 for only at exit" if allow_off else ""
+        raise ValueError(f"interval {value!r} is out of range: from {MIN_INTERVAL_S * 1000:g}ms "
+                         f"to {MAX_INTERVAL_S / 3600:g}h{off}")
+    return seconds

@@ -11,7 +11,7 @@ import os
 import weakref
 from dataclasses import replace
 
-from gpuflame.capture import backends
+from gpuflame.capture import backends, children
 from gpuflame.capture.post_import import when_imported
 from gpuflame.capture.session import Session
 from gpuflame.capture.settings import Settings
@@ -43,6 +43,9 @@ def start_from_env() -> Session | None:
     watch(session, settings.backend)
     if not settings.follow:
         stop_following()
+    elif settings.session_dir:
+        ref = weakref.ref(session)
+        when_imported("subprocess", lambda module: children.watch(module, lambda message: _report(ref, message)))
     _session = session
     return session
 
@@ -64,6 +67,12 @@ def watch(session: Session, backend: str) -> None:
     ref = weakref.ref(session)
     for framework in backends.frameworks(backend):
         when_imported(framework, lambda module: _add(ref, backends.for_framework(backend, module)))
+
+
+def _report(ref: weakref.ref[Session], message: str) -> None:
+    session = ref()
+    if session is not None:
+        session.report(message)
 
 
 def _add(ref: weakref.ref[Session], name: str) -> None:

@@ -43,6 +43,7 @@ class Recorder(ABC):
 
     def __init__(self) -> None:
         self.errors: list[str] = []
+        self.losses: list[str] = []  # what is missing while recording goes on (lose())
         self.running = False
         self.degraded = False
         self.started_ns = 0
@@ -118,6 +119,21 @@ class Recorder(ABC):
                 self._degrade()
         except Exception:  # noqa: BLE001 - even reporting must not break the workload
             self.degraded = True
+
+    def lose(self, message: str) -> None:
+        """Something will be missing from the profile while recording goes on: say it once on stderr.
+
+        The session forwards :attr:`losses` to the launcher (``lost-PID.txt``).
+        Never raises.
+        """
+        try:
+            with self._error_lock:
+                if message in self.losses:
+                    return
+                self.losses.append(message)
+            print(f"gpuflame: {self.name} backend: {message}", file=sys.stderr, flush=True)
+        except Exception:  # noqa: BLE001 - even reporting must not break the workload
+            pass
 
     def _stamp(self, profile: Profile) -> None:
         """Times and error notes every profile of this recorder carries."""

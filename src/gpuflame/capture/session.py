@@ -20,6 +20,7 @@ from gpuflame.capture import backends
 from gpuflame.capture.base import Recorder
 from gpuflame.capture.exit_hooks import HOOKS, signals_held
 from gpuflame.capture.settings import Settings
+from gpuflame.errors import GpuflameError
 from gpuflame.launch import roll_call
 from gpuflame.launch.contract import IDLE_FILE, LOST_FILE, PROCESS_FILE
 from gpuflame.model import Profile, merge
@@ -75,8 +76,7 @@ class Session:
         self._note_recorder_errors()
         if first:
             _prepare_writer()
-            if self.settings.session_dir:
-                roll_call.register(self.settings.session_dir, self.pid)
+            self._register()
         # The framework just imported has registered its own exit handlers
         # (JAX frees its buffers at exit); finishing before them writes the
         # profile while its buffers are still there.
@@ -153,8 +153,7 @@ class Session:
             return
         if not self.recorders:
             return
-        if self.settings.session_dir:
-            roll_call.register(self.settings.session_dir, self.pid)
+        self._register()
         if self.settings.interval > 0:
             self._start_timer()
 
@@ -173,6 +172,12 @@ class Session:
         self._done.set()
         if self.settings.session_dir:
             roll_call.unregister(self.settings.session_dir, self.pid)
+
+    def _register(self) -> None:
+        if self.settings.session_dir:
+            problem = roll_call.register(self.settings.session_dir, self.pid)
+            if problem:
+                self.report(problem)
 
     # -- writing ------------------------------------------------------------
 
@@ -221,11 +226,13 @@ class Session:
                 if profile is None:
                     return None
                 for message in self.lost:
-                    profile.comments.append(f"pid {self.pid}: {message}")
+                    if message not in profile.comments:  # a recorder may have noted it already
+                        profile.comments.append(f"pid {self.pid}: {message}")
                 if to_file:
                     self._write(profile, self.path)
             except Exception as exc:
-                where = f"write the profile to {self.path}" if to_file else "build the profile"
+                where = "build the profile" if not to_file else "write the profile" + (
+                    "" if isinstance(exc, GpuflameError) else f" to {self.path}")  # its message names the file
                 self.report(f"could not {where} ({exc}); this process's profile is lost")
                 return None
         self._hand_out(profile)
@@ -260,10 +267,12 @@ class Session:
             pass
 
     def _note_recorder_errors(self) -> None:
-        """Recorders print their own first error; the launcher still needs to hear of it."""
+        """Recorders print their own first error and their losses; the launcher still needs to hear of them."""
         for recorder in list(self.recorders):
             for error in getattr(recorder, "errors", [])[:1]:
                 self.report(error.removeprefix("gpuflame: "), say=False)
+            for loss in list(getattr(recorder, "losses", [])):
+                self.report(loss, say=False)
 
     # -- periodic snapshots ---------------------------------------------------
 
@@ -286,11 +295,12 @@ class Session:
         missed = [m for m in backends.frameworks("auto") if m in sys.modules and m not in recorded]
         if not missed:
             return
+        path = Path(self.settings.session_dir) / IDLE_FILE.format(pid=self.pid)
         try:
-            with open(Path(self.settings.session_dir) / IDLE_FILE.format(pid=self.pid), "w") as note:
+            with open(path, "w") as note:
                 note.write(f"imported {' and '.join(missed)}, which --backend {backend} does not record\n")
-        except OSError:
-            pass
+        except OSError as exc:
+            self.report(f"could not leave the note of why nothing was recorded ({path}: {exc.strerror or exc})")
 
 
 def _prepare_writer() -> None:

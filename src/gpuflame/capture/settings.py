@@ -12,8 +12,9 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 
-from gpuflame.capture.backends import BACKENDS, TORCH_HOOKS
+from gpuflame.capture.backends import BACKENDS, TORCH_HOOKS, say
 from gpuflame.defaults import BACKEND, PUSH_FLUSH_S, PUSH_TIMEOUT_S, TORCH_HOOK
+from gpuflame.units import interval_seconds
 
 PREFIX = "GPUFLAME_"
 __all__ = ["BACKENDS", "PREFIX", "TORCH_HOOKS", "Settings", "env_name"]  # BACKENDS, TORCH_HOOKS: capture/backends.py
@@ -63,17 +64,11 @@ class Settings:
             raw = env.get(env_name(f.name))
             if raw is None:
                 continue
-            default = getattr(cls, f.name)
             try:
-                if isinstance(default, bool):
-                    values[f.name] = raw.strip().lower() in ("1", "true", "yes", "on")
-                elif isinstance(default, int):
-                    values[f.name] = int(raw)
-                elif isinstance(default, float):
-                    values[f.name] = float(raw)
-                else:
-                    values[f.name] = raw
-            except ValueError:
+                values[f.name] = _value(f.name, getattr(cls, f.name), raw)
+            except ValueError as exc:
+                if f.name == "interval":  # a loop of snapshots must not be a typo away: say what was done
+                    say(f"{env_name(f.name)}={raw[:64]!r} ignored ({exc}); the default is used")
                 continue
         if "enabled" not in values:  # set by a launcher older than the switch (a pod's webhook): on with a folder
             values["enabled"] = bool(values.get("session_dir"))
@@ -82,6 +77,19 @@ class Settings:
         if values.get("torch_hook") not in TORCH_HOOKS:
             values.pop("torch_hook", None)
         return cls(**values)  # type: ignore[arg-type]
+
+
+def _value(name: str, default: object, raw: str) -> object:
+    """One variable's value as the type of its setting's default; ValueError for one that is not."""
+    if name == "interval":
+        return interval_seconds(raw)
+    if isinstance(default, bool):
+        return raw.strip().lower() in ("1", "true", "yes", "on")
+    if isinstance(default, int):
+        return int(raw)
+    if isinstance(default, float):
+        return float(raw)
+    return raw
 
 
 def env_name(setting: str) -> str:

@@ -96,6 +96,8 @@ class TorchAllocatorRecorder(Recorder):
                 raise HookBusy("another gpuflame recording holds the CPU allocator hook")
             _busy = self
         self._table, self._table_problem = joint_peak.claim(self._hook, "cpu")
+        if self._table_problem:
+            self.lose(self._table_problem)
         self._final_history = None
         try:
             self._hook.history_limit(event_history.MAX_EVENTS)

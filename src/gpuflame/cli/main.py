@@ -21,6 +21,7 @@ from gpuflame.printable import printable
 
 # Order is the order of ``gpuflame --help``.
 COMMANDS = ("run", "report", "flame", "view", "serve", "top", "explain", "diff", "export", "convert", "push", "webhook")
+COMMANDS += ("recover",)  # merge what a killed `gpuflame run` left (launch/recover.py)
 COMMANDS += ("agent",)  # the node agent (eBPF): src/gpuflame/agent
 
 DESCRIPTION = """\

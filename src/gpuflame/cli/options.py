@@ -11,18 +11,26 @@ from __future__ import annotations
 import argparse
 from socketserver import BaseServer
 
-from gpuflame.units import parse_duration
+from gpuflame.units import interval_seconds, parse_duration
 
 SECRETS = ("secrets only from the environment or files: GPUFLAME_PYROSCOPE_TOKEN, GPUFLAME_PYROSCOPE_PASSWORD "
            "(or their *_FILE variants)")
 
 
 def duration(text: str) -> float:
-    """A duration (``15s``, ``500ms``, ``2m``) in seconds, 0 included (``--interval 0``: only at exit)."""
+    """A duration (``15s``, ``500ms``, ``2m``) in seconds, 0 included."""
     if text.strip().startswith("-"):
         raise argparse.ArgumentTypeError(f"an interval cannot be negative: {text!r} (examples: 15s, 500ms, 2m)")
     try:
         return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def interval(text: str) -> float:
+    """``--interval``: 0 (only at exit) or within the bounds ``defaults.py`` sets and says why."""
+    try:
+        return interval_seconds(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 

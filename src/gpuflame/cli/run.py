@@ -12,7 +12,7 @@ from pathlib import Path
 from gpuflame.capture.backends import BACKENDS, TORCH_HOOKS
 from gpuflame.capture.settings import Settings, env_name
 from gpuflame.cli.common import add_force_option
-from gpuflame.cli.options import add_pyroscope_options, duration
+from gpuflame.cli.options import add_pyroscope_options, interval
 from gpuflame.defaults import BACKEND, PUSH_INTERVAL_S, TORCH_HOOK
 from gpuflame.errors import GpuflameError
 from gpuflame.launch.runner import Launch, launch
@@ -69,9 +69,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-o", "--output", metavar="FILE", help="write the merged profile here (.pb.gz)")
     add_force_option(parser)
     parser.add_argument("--backend", choices=BACKENDS, default=BACKEND, help=f"what to record (default {BACKEND})")
-    parser.add_argument("--interval", type=duration, default=None, metavar="DURATION",
-                        help="also write each process's profile every DURATION (15s, 500ms), so that a process "
-                        "ending by os._exit or SIGKILL still leaves a (partial) profile; "
+    parser.add_argument("--interval", type=interval, default=None, metavar="DURATION",
+                        help="also write each process's profile every DURATION (15s, 500ms; 100ms to 24h), so "
+                        "that a process ending by os._exit or SIGKILL still leaves a (partial) profile; "
                         f"default: only at exit, or {PUSH_INTERVAL_S:g}s with --pyroscope")
     parser.add_argument("--no-follow", action="store_true", help="do not profile child processes")
     parser.add_argument("--torch-hook", choices=TORCH_HOOKS, default=TORCH_HOOK,

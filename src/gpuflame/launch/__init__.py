@@ -13,6 +13,8 @@
 - ``collect.py``: merge the per-process files and account for every
   process that left nothing or only a partial snapshot.
 - ``outcome.py``: what the run says at its end (stderr, ``--json``).
+- ``recover.py``: ``gpuflame recover``: the merge and accounting of a run
+  whose launcher was killed, from the files its processes left.
 - ``store.py``: the local run store ``gpuflame serve`` lists.
 
 Nothing is imported here: ``capture/`` imports ``launch.contract`` and

@@ -9,10 +9,12 @@ as lost, with the likely reason.
 
 from __future__ import annotations
 
+import os
 import signal
 from pathlib import Path
 
 from gpuflame.errors import GpuflameError
+from gpuflame.files import write_problem
 from gpuflame.formats import load, save
 from gpuflame.launch import roll_call
 from gpuflame.launch.contract import IDLE_FILE, LOST_FILE, PROCESS_FILE, STARTED_FILE, TABLE_FILE, process_files
@@ -43,15 +45,19 @@ class RunEnd:
 
 def collect(folder: Path, output: Path, meta: RunMeta, ending: RunEnd) -> Profile | None:
     """Merge the per-process profiles into *output*; note what was lost, per pid."""
+    problem = write_problem(folder)
+    if problem:  # the processes could not write there either: say why before what is missing
+        meta.lost.append(f"the run's folder {folder} cannot be written ({problem}): the processes' profiles, "
+                         "and their notes of what they lost, may be missing")
     profiles: dict[int, Profile] = {}
     for pid, path in process_files(folder, PROCESS_FILE).items():
         try:
             profiles[pid] = load(path)
         except GpuflameError as exc:
             meta.lost.append(f"unreadable process profile: {exc}")
-    for pid, notes in process_files(folder, LOST_FILE).items():
-        meta.lost.extend(f"pid {pid}: {line}" for line in notes.read_text().splitlines() if line.strip())
-    _account_unfinished(folder, set(profiles), meta, ending)
+    for pid, path in process_files(folder, LOST_FILE).items():
+        meta.lost.extend(_lost_notes(pid, path))
+    _account_unfinished(folder, set(profiles), meta, ending, problem)
     if not profiles:
         return None
     merged = merge(list(profiles.values()), peaks="final")  # the peak: a moment of the whole run (model/merge.py)
@@ -64,15 +70,32 @@ def collect(folder: Path, output: Path, meta: RunMeta, ending: RunEnd) -> Profil
     return merged
 
 
-def _account_unfinished(folder: Path, written: set[int], meta: RunMeta, ending: RunEnd) -> None:
-    """Processes that started recording and never finished: their last snapshot is partial, or nothing is left."""
+def _lost_notes(pid: int, path: Path) -> list[str]:
+    """What pid lost, from its note; an empty note was made but could not be written (a full disk)."""
+    try:
+        lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
+    except OSError as exc:
+        return [f"pid {pid}: lost something; its note {path} cannot be read ({exc.strerror or exc})"]
+    return [f"pid {pid}: {line}" for line in lines] or [
+        f"pid {pid}: lost something but could not write down what (its note {path.name} is empty)"]
+
+
+def _account_unfinished(folder: Path, written: set[int], meta: RunMeta, ending: RunEnd, problem: str) -> None:
+    """Processes that started recording and never finished: their last snapshot is partial, or nothing is left.
+
+    In a read-only folder (*problem* says why it cannot be written), no
+    process could remove its roll-call file: that, not how it ended, is why.
+    """
+    stuck = bool(problem) and not os.access(folder, os.W_OK)
     for pid in roll_call.unfinished(folder):
         seen = ending.endings.get(pid, roll_call.Ending(None, seen_running=False))
+        if stuck and pid in written:
+            continue
         if pid in written:
             taken = (folder / PROCESS_FILE.format(pid=pid)).stat().st_mtime
             meta.partial_processes.append(_partial(pid, taken, seen, meta.ended, ending))
         else:
-            why = _nothing_written(pid, seen, ending)
+            why = f"pid {pid}: nothing could be written ({problem})" if stuck else _nothing_written(pid, seen, ending)
             meta.lost_processes.append({"pid": pid, "why": why})
             meta.lost.append(why)
 

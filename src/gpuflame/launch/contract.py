@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from gpuflame.capture.settings import Settings, env_name
@@ -61,6 +61,58 @@ def child_env(settings: Settings, base: Mapping[str, str] | None = None) -> dict
     env[HOME_ENV] = PACKAGE_HOME
     env.update(settings.to_env())
     return env
+
+
+_PYTHON = re.compile(r"python[0-9.]*$")  # the name of an interpreter gpuflame can start in
+# flags that keep the bootstrap from running: what each skips
+_SKIPS_PATH = {"I": "ignores PYTHONPATH", "E": "ignores PYTHONPATH", "S": "skips site (so sitecustomize)"}
+_TAKES_VALUE = "WX"  # -W arg, -X opt
+_ENDS_OPTIONS = "cm"  # -c cmd, -m mod: what follows is the program's
+
+
+def unprofiled_reason(argv: Sequence[str], env: Mapping[str, str], bootstrap: str = BOOTSTRAP_DIR) -> str:
+    """Why gpuflame cannot start in a Python started with *argv* and *env*, and the fix; '' when it can.
+
+    The bootstrap (the folder *bootstrap*: a pod's is the payload's, not
+    this package's; '' when unknown, then only the flags are checked) runs
+    only from ``PYTHONPATH``: a child started with it cleared, or an
+    interpreter told to ignore it, runs unprofiled. A program that is not
+    Python (a shell, a launcher) is taken on trust ('').
+    """
+    if not argv or not _PYTHON.match(os.path.basename(str(argv[0]))):
+        return ""
+    name = os.path.basename(str(argv[0]))
+    flag = _path_skipping_flag([str(w) for w in argv[1:]])
+    if flag:
+        return f"{name} {flag} {_SKIPS_PATH[flag[1]]}, where gpuflame starts: start it without {flag}"
+    entries = [os.path.abspath(p) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if bootstrap and os.path.abspath(bootstrap) not in entries:
+        return (f"{name} was started with a PYTHONPATH that lost gpuflame's bootstrap: pass the environment on "
+                "(env={**os.environ, ...})")
+    return ""
+
+
+def _path_skipping_flag(words: list[str]) -> str:
+    """``-I``, ``-E`` or ``-S`` among the interpreter's own options (``-IS`` too); ''."""
+    skip_next = False
+    for word in words:
+        if skip_next:
+            skip_next = False
+            continue
+        if word in ("-", "--") or not word.startswith("-"):
+            return ""  # the script (or stdin): the program's arguments follow
+        if word.startswith("--"):
+            skip_next = word == "--check-hash-based-pycs"
+            continue
+        for i, letter in enumerate(word[1:]):
+            if letter in _SKIPS_PATH:
+                return f"-{letter}"
+            if letter in _ENDS_OPTIONS:
+                return ""
+            if letter in _TAKES_VALUE:
+                skip_next = i == len(word) - 2  # its value is the next word
+                break
+    return ""
 
 
 def stop_following() -> None:

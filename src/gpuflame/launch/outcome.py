@@ -15,10 +15,11 @@ from gpuflame.units import format_bytes
 
 
 def write_meta(meta: RunMeta, run_dir: Path) -> None:
+    """``meta.json`` in the store; when it cannot be written, that is one more loss (said with the others)."""
     try:
         meta.write(run_dir)
     except GpuflameError as exc:
-        sys.stderr.write(f"gpuflame: could not write the run's metadata ({exc})\n")
+        meta.lost.append(f"the run's metadata could not be written ({exc}): gpuflame serve will not list it")
 
 
 def say_where(output: Path, meta: RunMeta, idle: dict[int, str], peak_note: str, as_json: bool = False) -> None:

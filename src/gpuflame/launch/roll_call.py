@@ -25,12 +25,23 @@ from gpuflame.launch.contract import STARTED_FILE, process_files
 POLL_S = 0.02  # how often the launcher looks for new processes and ended ones
 
 
-def register(folder: str, pid: int) -> None:
-    """This process records from now on; never raises (the launcher then just knows less)."""
+def register(folder: str, pid: int) -> str:
+    """This process records from now on; never raises: '' or why it could not register.
+
+    On a full disk the file is made empty: its name is what the launcher reads.
+    """
+    path = Path(folder) / STARTED_FILE.format(pid=pid)
     try:
-        atomic_write(Path(folder) / STARTED_FILE.format(pid=pid), json.dumps({"started": time.time()}))
-    except Exception:
+        atomic_write(path, json.dumps({"started": time.time()}))
+        return ""
+    except Exception:  # noqa: BLE001 - the launcher then just knows less
         pass
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o666))
+        return ""
+    except OSError as exc:
+        return (f"could not register in the run's roll call ({path}: {exc.strerror or exc}): if this process "
+                "ends without its exit hooks, the run cannot name it")
 
 
 def unregister(folder: str, pid: int) -> None:

@@ -20,9 +20,9 @@ from gpuflame.errors import GpuflameError
 from gpuflame.files import check_folder, check_output
 from gpuflame.launch import roll_call
 from gpuflame.launch.collect import RunEnd, collect, idle_notes, remove_if_empty, tidy
-from gpuflame.launch.contract import PER_PROCESS, child_env
+from gpuflame.launch.contract import PER_PROCESS, child_env, unprofiled_reason
 from gpuflame.launch.outcome import say_where, write_meta
-from gpuflame.launch.store import PROCESSES_DIR, PROFILE_NAME, RunMeta, new_run_folder, store_root
+from gpuflame.launch.store import PROCESSES_DIR, PROFILE_NAME, RunMeta, new_run_folder, processes_folder, store_root
 from gpuflame.model import Profile
 from gpuflame.model.peak import run_note
 
@@ -51,11 +51,15 @@ class Launch:
 def launch(request: Launch, settings: Settings) -> int:
     """Run *request* with *settings* (its session folder filled in here); the program's exit code."""
     started = time.time()
-    folder, output, run_dir = _places(request, started)
+    try:
+        folder, output, run_dir = _places(request, started)
+    except OSError as exc:  # a full disk that still made the check's empty file: before the program starts
+        raise GpuflameError(f"{exc.filename or 'the run folder'}: cannot make it ({exc.strerror or exc})") from None
     settings = replace(settings, enabled=True, session_dir=str(folder.resolve()))
     watch = roll_call.EndWatch(folder).start()
+    env = child_env(settings)
     try:
-        status, root_pid = _run_program(request.command, child_env(settings))
+        status, root_pid = _run_program(request.command, env)
     except GpuflameError:
         watch.stop()
         for empty in (folder, run_dir):
@@ -66,6 +70,9 @@ def launch(request: Launch, settings: Settings) -> int:
     exit_code = 128 - status if status < 0 else status  # as a shell gives it
     meta = RunMeta(command=request.command, started=started, ended=time.time(), exit_code=exit_code,
                    backend=settings.backend)
+    unprofiled = unprofiled_reason(request.command, env)
+    if unprofiled:  # before what the processes say: it is why the program itself left nothing
+        meta.lost.append(f"the program goes unprofiled: {unprofiled}")
     ending = RunEnd(root_pid, status, watch.stop(), settings.interval)
     merged: Profile | None = None
     try:
@@ -87,13 +94,17 @@ def _places(request: Launch, started: float) -> tuple[Path, Path, Path | None]:
     """(the per-process folder, the merged profile, the store's run folder or None with -o)."""
     if request.output:
         output = Path(request.output)
-        folder = output.with_name(output.name + ".processes")
+        folder = processes_folder(output)
         folder.mkdir(parents=True, exist_ok=True)
         _clear_previous_run(folder)
         return folder, output, None
     run_dir = new_run_folder(Path(request.store) if request.store else store_root(), request.asked, started)
     folder = run_dir / PROCESSES_DIR
-    folder.mkdir()
+    try:
+        folder.mkdir()
+    except OSError:
+        remove_if_empty(run_dir)
+        raise
     return folder, run_dir / PROFILE_NAME, run_dir
 
 

@@ -7,6 +7,8 @@ Layout (what ``gpuflame serve`` lists)::
         meta.json            command, times, exit code, totals, processes
         processes/           one proc-<pid>.pb.gz per profiled process
 
+``gpuflame run -o OUT`` writes OUT, and its per-process files in ``OUT.processes/``.
+
 The store is ``$GPUFLAME_STORE``, else ``$XDG_DATA_HOME/gpuflame/runs``,
 else ``~/.local/share/gpuflame/runs``.
 """
@@ -25,6 +27,12 @@ from gpuflame.files import atomic_write
 PROFILE_NAME = "profile.pb.gz"
 META_NAME = "meta.json"
 PROCESSES_DIR = "processes"
+PROCESSES_SUFFIX = ".processes"  # ``gpuflame run -o OUT`` keeps its per-process files in OUT.processes
+
+
+def processes_folder(output: Path) -> Path:
+    """Where ``gpuflame run -o OUTPUT`` keeps its per-process files."""
+    return output.with_name(output.name + PROCESSES_SUFFIX)
 
 
 def store_root() -> Path:

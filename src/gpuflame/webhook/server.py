@@ -80,10 +80,13 @@ class Handler(BaseHTTPRequestHandler):
             self._send(HTTPStatus.NOT_FOUND, b"not found\n", "text/plain")
             return
         try:
-            answer = review(self._body(), self.server.config)
+            body = self._body()
+            answer = review(body, self.server.config)
         except BadRequest as exc:
             self._send(HTTPStatus.BAD_REQUEST, f"bad request: {exc}\n".encode(), "text/plain")
             return
+        for warning in answer["response"].get("warnings", []):  # what was skipped or ignored, for the operator
+            self.log_message("%s: %s", _pod(body), warning)
         self._send(HTTPStatus.OK, json.dumps(answer).encode(), "application/json")
 
     def _body(self) -> Any:
@@ -110,6 +113,14 @@ class Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - http.server's signature
         if not self.server.quiet:
             sys.stderr.write(f"gpuflame webhook: {self.address_string()} {format % args}\n")
+
+
+def _pod(body: dict[str, Any]) -> str:
+    """``namespace/name`` of the pod in a review (``name*`` for a generateName), ascii-escaped for a log line."""
+    request = body["request"]
+    meta = (request.get("object") or {}).get("metadata") or {}
+    name = meta.get("name") or f"{meta.get('generateName', '')}*"
+    return ascii(f"{request.get('namespace') or meta.get('namespace', '')}/{name}")[1:-1]
 
 
 class WebhookServer(ThreadingHTTPServer):

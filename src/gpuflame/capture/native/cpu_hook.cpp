@@ -45,6 +45,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -279,6 +280,33 @@ void joints_after_fork_child() {
   for (Joint* j : *g_joints) j->slot = -1;  // the parent's slots are the parent's; rejoin explicitly
 }
 
+// Give the table file real blocks before anyone maps it: a file only sized
+// (ftruncate) has none, and on a full filesystem the first store through the
+// mapping kills the program with SIGBUS. posix_fallocate reserves them; where
+// the filesystem cannot, zeros are written past the end. Under flock, so a
+// process extending the file never writes zeros over a table another process
+// already uses. 0, or the errno of what failed.
+int reserve_table(int fd) {
+  while (flock(fd, LOCK_EX) != 0) {
+    if (errno != EINTR) return errno;
+  }
+  int err = posix_fallocate(fd, 0, sizeof(TableHeader));
+  if (err == EOPNOTSUPP || err == EINVAL) {
+    struct stat st {};
+    err = fstat(fd, &st) != 0 ? errno : 0;
+    static const char zeros[4096] = {};
+    for (off_t at = st.st_size; err == 0 && at < static_cast<off_t>(sizeof(TableHeader));) {
+      size_t n = std::min(sizeof(zeros), sizeof(TableHeader) - static_cast<size_t>(at));
+      ssize_t wrote = pwrite(fd, zeros, n, at);
+      if (wrote > 0) at += wrote;
+      else if (wrote == 0) err = ENOSPC;
+      else if (errno != EINTR) err = errno;
+    }
+  }
+  flock(fd, LOCK_UN);
+  return err;
+}
+
 // The table at *path*, mapped (created when missing); its handle.
 int open_table(const std::string& path) {
   if (g_joints == nullptr) {
@@ -290,12 +318,10 @@ int open_table(const std::string& path) {
   }
   int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
   if (fd < 0) throw std::runtime_error("cannot open " + path + ": " + std::strerror(errno));
-  struct stat st {};
-  if (fstat(fd, &st) != 0 ||
-      (static_cast<size_t>(st.st_size) < sizeof(TableHeader) && ftruncate(fd, sizeof(TableHeader)) != 0)) {
-    int err = errno;
+  int err = reserve_table(fd);
+  if (err != 0) {
     close(fd);
-    throw std::runtime_error("cannot size " + path + ": " + std::strerror(err));
+    throw std::runtime_error("cannot reserve space for " + path + ": " + std::strerror(err));
   }
   void* map = mmap(nullptr, sizeof(TableHeader), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   close(fd);

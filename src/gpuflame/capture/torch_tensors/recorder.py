@@ -166,6 +166,8 @@ class TorchTensorRecorder(Recorder):
                 joint_peak.release(device, handle)
                 handle, problem = -1, f"the run's shared peak table of {device} is full or unusable"
             self._table_problem = self._table_problem or problem
+            if problem:
+                self.lose(problem)
             self._tables[device] = handle
         return handle
 
