@@ -48,3 +48,33 @@ def test_one_fork_hook_runs_the_sessions_then_each_modules_reset_once() -> None:
     assert seen["modules"] == ["gpuflame.capture.joint_peak", "gpuflame.capture.torch_allocator",
                                "gpuflame.capture.torch_tensors.recorder"]
     assert seen["child"] == ["session", "reset"]
+
+
+SIGINT_DURING_THE_EXIT_WRITE = textwrap.dedent("""
+    import os, signal
+    from gpuflame.capture.exit_hooks import HOOKS, signals_held
+
+    class WritesSlowly:  # a session whose final write is hit by a SIGINT (sent to the whole group)
+        def finish(self, write=True):
+            with signals_held():
+                os.kill(os.getpid(), signal.SIGINT)
+        def after_fork(self, to_exec=False):
+            pass
+
+    try:  # before the exit: a SIGINT held during a write still interrupts the program afterwards
+        with signals_held():
+            os.kill(os.getpid(), signal.SIGINT)
+        print("not interrupted")
+    except KeyboardInterrupt:
+        print("interrupted")
+    HOOKS.attach(WritesSlowly())
+""")
+
+
+def test_a_sigint_during_the_final_write_prints_no_traceback_from_the_exit_hook() -> None:
+    """A SIGINT to the whole group reaches the program and, from the launcher, again: at exit, the second
+    one must not end as a KeyboardInterrupt traceback from gpuflame's atexit hook."""
+    result = subprocess.run([sys.executable, "-c", SIGINT_DURING_THE_EXIT_WRITE], capture_output=True, text=True)
+    assert result.stdout.split() == ["interrupted"]
+    assert "Traceback" not in result.stderr and "KeyboardInterrupt" not in result.stderr, result.stderr
+    assert result.returncode == 0

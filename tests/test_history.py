@@ -146,9 +146,28 @@ def test_a_merge_keeps_each_process_on_the_common_clock() -> None:
 def test_parse_when() -> None:
     assert parse_when("1.5") == 1.5 and parse_when("250ms") == 0.25 and parse_when("2s") == 2.0
     assert parse_when(" Peak ") == "peak"
-    for bad in ("-1", "x", "nan", "inf"):
+    assert parse_when("+2s") == ("start", 2.0) and parse_when("+250ms") == ("start", 0.25)
+    assert parse_when("14:03:07.5") == ("clock", 14 * 3600 + 3 * 60 + 7.5) and parse_when("9:05") == ("clock", 32700)
+    for bad in ("-1", "x", "nan", "inf", "+x", "25:00", "12:61", "1:2:3:4"):
         with pytest.raises(ValueError):
             parse_when(bad)
+
+
+def test_a_moment_from_the_recordings_start_or_on_the_wall_clock() -> None:
+    """The strip's 0 is the first allocation (4 s after the recording started here); +S counts from the start,
+    HH:MM:SS is local wall-clock time; every moment says where 0 is."""
+    from datetime import datetime
+
+    p = profile_of(EVENTS)
+    p.time_nanos = T0 - 4 * S  # torch's import took 4 s before anything was recorded
+    assert by_leaf(at(p, ("start", 5.0))) == naive_live(EVENTS, 1 * S) == {"load_model": 1000}
+    wall = datetime.fromtimestamp((T0 + 3.5 * S) / 1e9)
+    clock = wall.hour * 3600 + wall.minute * 60 + wall.second + wall.microsecond / 1e6
+    assert by_leaf(at(p, ("clock", clock))) == by_leaf(at(p, 3.5))
+    zero = datetime.fromtimestamp(T0 / 1e9).strftime("%H:%M:%S.%f")[:-3]
+    assert f"0 s is the first allocation at {zero}, 4.000 s after the recording started" in at(p, 3.5).moment
+    with pytest.raises(GpuflameError, match="before the recording started"):
+        at(p, ("clock", (clock - 3600) % 86400))
 
 
 def test_merged_histories_share_frames_and_sites() -> None:
@@ -193,7 +212,9 @@ def test_report_json_of_a_moment(capsys, history_file: Path) -> None:
     rc, out, err = run(capsys, "report", history_file, "--at", "3.5", "--json")
     data = json.loads(out)
     assert data["total"] == 1450 and data["sample_type"] == "inuse_space"
-    assert data["moment"] == "what was live at 3.500 s (from the event history)"
+    assert data["moment"].startswith("what was live at 3.500 s (")
+    assert data["moment"].endswith("from the event history)")
+    assert "0 s is the first allocation at " in data["moment"]
 
 
 def test_export_and_view_take_a_moment(capsys, history_file: Path, tmp_path: Path) -> None:
@@ -208,7 +229,7 @@ def test_export_and_view_take_a_moment(capsys, history_file: Path, tmp_path: Pat
 @pytest.mark.parametrize(("argv", "says"), [
     (["--at", "99"], "past the end of the recording (it spans 0 to 10.000 s"),
     (["--between", "5", "2"], "the window ends before it starts"),
-    (["--at", "soon"], "expected seconds from the start"),
+    (["--at", "soon"], "expected a time: 1.5 or 250ms (on the strip, 0 = its first allocation)"),
 ])
 def test_bad_times_are_one_line_and_exit_2(capsys, history_file: Path, argv: list[str], says: str) -> None:
     rc, out, err = run(capsys, "report", history_file, *argv)

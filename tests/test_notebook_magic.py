@@ -131,6 +131,9 @@ def test_report_of_the_last_profile(notebook) -> None:
     text = streams(cells[6], "stdout")
     assert "gpuflame report last %%gpuflame cell" in text
     assert "Cache > grow" in text and "1.00 MiB" in text
+    # a narrow table keeps its title on one line (it wrapped at the table's ~40 columns)
+    assert "What allocates the most: widest leaf bars (by self)\n" in text
+    assert "What is responsible: widest bars at the bottom, followed up to where they split\n" in text
 
 
 def test_nothing_recorded_is_one_line(notebook) -> None:

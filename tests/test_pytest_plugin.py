@@ -187,6 +187,23 @@ def test_fail_on_increase_on_a_first_run_names_the_tests_without_a_baseline(pyte
     assert "had no peak from an earlier run" not in again.stdout.str()
 
 
+def test_a_failure_names_each_allocating_line_apart(pytester: pytest.Pytester) -> None:
+    """4 MiB on one line and 512 KiB on the next are two rows, each with its own line and bytes."""
+    pytester.makepyfile(test_lines="""
+import pytest, torch
+
+@pytest.mark.limit_gpu_memory("1 MiB")
+def test_two_lines():
+    a = torch.empty(4 << 20, dtype=torch.uint8)
+    b = torch.empty(512 << 10, dtype=torch.uint8)
+""")
+    result = pytester.runpytest()
+    result.assert_outcomes(failed=1)
+    out = result.stdout.str()
+    assert re.search(r"4\.00 MiB \( 88\.9%\)  test_two_lines  \(test_lines\.py:5\)", out), out
+    assert re.search(r"512\.0 KiB \( 11\.1%\)  test_two_lines  \(test_lines\.py:6\)", out), out
+
+
 def test_xdist_workers_results_are_merged(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_suite=SUITE)
     result = pytester.runpytest_subprocess("-n", "2", "--gpuflame")
@@ -251,15 +268,10 @@ def test_nothing_waits_for_an_import():
 CATEGORY_SUITE = """
 import torch
 
-KEPT = []
+NET = torch.nn.Linear(256, 256, bias=False)  # made at import: before any test is recorded
 
-class Net(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.w = torch.nn.Parameter(torch.zeros(256, 256))  # made here, not in torch.nn: only the graph knows
-
-def test_keeps_a_layer():
-    KEPT.append(Net())  # 256 KiB of parameters, held after the test
+def test_keeps_a_gradient():
+    NET.weight.grad = torch.zeros(256, 256)  # 256 KiB set by hand: no hook sees it, only the object graph
 """
 
 
@@ -269,14 +281,14 @@ def test_categories_from_the_object_graph_only_when_asked(pytester: pytest.Pytes
     pytester.makepyfile(test_layer=CATEGORY_SUITE)
     args = ["--gpuflame-dir", "profiles", "-p", "no:cacheprovider"] + ["--gpuflame-categories"] * asked
     pytester.runpytest_inprocess(*args).assert_outcomes(passed=1)
-    profile = load(pytester.path / "profiles" / "test_layer.py_test_keeps_a_layer.pb.gz")
+    profile = load(pytester.path / "profiles" / "test_layer.py_test_keeps_a_gradient.pb.gz")
     index = profile.type_index("inuse_space")
     held = {s.label("category"): s.values[index] for s in profile.samples if s.values[index]}
-    parameter_bytes = 256 * 256 * 4
+    gradient_bytes = 256 * 256 * 4
     if asked:
-        assert held.get("parameter") == parameter_bytes
-    else:  # classed by the allocating stack: Net's __init__ is not torch.nn's, nor a forward, nor an optimizer
-        assert "parameter" not in held and sum(held.values()) == parameter_bytes
+        assert held.get("gradient") == gradient_bytes
+    else:  # classed by the allocating stack: the test body is no forward, backward or optimizer
+        assert "gradient" not in held and sum(held.values()) == gradient_bytes
 
 
 def test_a_run_without_categories_leaves_the_graph_walk_on_for_the_process(pytester: pytest.Pytester) -> None:

@@ -105,6 +105,15 @@ def test_the_saved_output_draws_the_flame_graph_inline(inline: tuple[Chrome, str
         DOCS_PICTURE.write_bytes(picture)
 
 
+def test_the_frame_is_tall_enough_for_the_whole_graph(inline: tuple[Chrome, str, Path]) -> None:
+    """The bottom ``total`` bar shows without scrolling the frame (it was cut off when the toolbar wrapped)."""
+    chrome, frame, _ = inline
+    chrome.wait_for(READY, session=frame)
+    fits = chrome.evaluate("document.getElementById('graph').getBoundingClientRect().bottom <= window.innerHeight",
+                           session=frame)
+    assert fits is True
+
+
 def _screenshot(chrome: Chrome) -> bytes:
     """The output only (the iframe and its caption), as a notebook shows it."""
     import base64

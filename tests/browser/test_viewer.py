@@ -429,3 +429,16 @@ def test_tooltip_says_where_the_function_is_defined(chrome: Chrome, tmp_path: Pa
     text = chrome.wait_for(f"!{tip}.hidden && {tip}.textContent")
     assert "defined at /app/train.py:13" in text
     assert "train.py:15" not in text and "train.py:21" not in text
+
+
+def test_one_bar_is_one_bar(chrome: Chrome, tmp_path: Path) -> None:
+    """The status line counts in words: "1 bar, 1 function", not "1 bars"."""
+    from gpuflame.model import Frame, Profile
+
+    p = Profile([("peak_space", "bytes")])
+    p.add([Frame("only", "/a.py", 1)], [1024])
+    save(p, tmp_path / "one.pb.gz")
+    assert main(["view", str(tmp_path / "one.pb.gz")]) == 0
+    assert open_viewer(chrome, tmp_path / "one.html")["error"] is None
+    status = chrome.evaluate("document.getElementById('status').textContent")
+    assert "in 1 bar, 1 function" in status, status

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from gpuflame.capture.session import Session
 
 HELD_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SIGHUP") if hasattr(signal, name))
+_exiting = False  # set once the exit hooks run: the process is leaving
 
 
 class ExitHooks:
@@ -87,6 +88,8 @@ class ExitHooks:
     # -- the hooks ------------------------------------------------------------
 
     def at_exit(self) -> None:
+        global _exiting
+        _exiting = True  # the interpreter is leaving: see signals_held
         for session in reversed(list(self.sessions)):  # the latest started first, as atexit would
             session.finish()
 
@@ -229,4 +232,8 @@ def signals_held() -> Iterator[None]:
         for sig, handler in previous.items():
             _raw_signal.signal(sig, handler)
         for sig in dict.fromkeys(arrived):
+            if _exiting and sig == signal.SIGINT and previous.get(sig) is signal.default_int_handler:
+                # the interpreter is leaving: a KeyboardInterrupt now would only print a traceback
+                # from the exit hook (a SIGINT sent to the whole group, which the launcher also passed on)
+                continue
             signal.raise_signal(sig)

@@ -68,10 +68,12 @@ def add_json_option(parser: argparse.ArgumentParser) -> None:
 
 def add_moment_options(parser: argparse.ArgumentParser) -> None:
     """``--at TIME`` / ``--between T1 T2``: any moment of the memory-over-time strip (model/moment.py)."""
-    group = parser.add_argument_group("any moment (times as on the memory-over-time strip: seconds from its start)")
+    group = parser.add_argument_group(
+        "any moment (TIME: 1.5 or 250ms on the memory-over-time strip, whose 0 is the first allocation; "
+        "+2s from the recording's start; 14:03:07.5 on the wall clock; or peak)")
     when = group.add_mutually_exclusive_group()
     when.add_argument("--at", type=moment_arg, metavar="TIME",
-                      help="show what was live at TIME (1.5, 250ms, or peak) instead of the peak and the end")
+                      help="show what was live at TIME instead of the peak and the end")
     when.add_argument("--between", type=moment_arg, nargs=2, metavar=("T1", "T2"),
                       help="show what was allocated from T1 to T2 (freed since or not)")
 

@@ -16,6 +16,7 @@ that instant; a process whose window does not cover it adds nothing.
 from __future__ import annotations
 
 import math
+from datetime import datetime
 
 from gpuflame.errors import GpuflameError
 from gpuflame.model.history import MAX_EVENTS, History, Track
@@ -23,17 +24,30 @@ from gpuflame.model.profile import Profile
 from gpuflame.model.sample_types import ALLOC_OBJECTS, ALLOC_SPACE, INUSE_OBJECTS, INUSE_SPACE
 
 PEAK = "peak"
-When = float | str  # seconds from the strip's start, or PEAK
+START = "start"  # ("start", s): seconds from the recording's start (``+2.5s``)
+CLOCK = "clock"  # ("clock", s): seconds after midnight, local time, on the recording's day (``14:03:07.5``)
+When = float | str | tuple[str, float]  # seconds on the strip, PEAK, or (START | CLOCK, seconds)
 
 NO_HISTORY = ("this profile has no event history, so it shows only its peak and its end (files written "
               "before gpuflame kept one, JAX profiles, other tools' profiles)")
 
+TIME_FORMS = "1.5 or 250ms (on the strip, 0 = its first allocation), +2s (from the recording's start), " \
+             "14:03:07.5 (wall clock), or peak"
+
 
 def parse_when(text: str) -> When:
-    """``peak``, or seconds from the start (``1.5``, ``1.5s``, ``250ms``); ValueError otherwise."""
+    """A time in any of :data:`TIME_FORMS`; ValueError otherwise."""
     word = text.strip().lower()
     if word == PEAK:
         return PEAK
+    if ":" in word:
+        return CLOCK, _clock_seconds(word, text)
+    since_start = word.startswith("+")
+    seconds = _seconds(word[1:] if since_start else word, text)
+    return (START, seconds) if since_start else seconds
+
+
+def _seconds(word: str, text: str) -> float:
     scale = 1.0
     if word.endswith("ms"):
         word, scale = word[:-2], 1e-3
@@ -42,10 +56,22 @@ def parse_when(text: str) -> When:
     try:
         seconds = float(word) * scale
     except ValueError:
-        raise ValueError(f"expected seconds from the start (e.g. 1.5) or 'peak', got {text!r}") from None
+        raise ValueError(f"expected a time: {TIME_FORMS}; got {text!r}") from None
     if not seconds >= 0 or seconds == float("inf"):
-        raise ValueError(f"expected seconds from the start, 0 or more, got {text!r}")
+        raise ValueError(f"expected a time of 0 or more: {TIME_FORMS}; got {text!r}")
     return seconds
+
+
+def _clock_seconds(word: str, text: str) -> float:
+    parts = word.split(":")
+    try:
+        hours, minutes = int(parts[0]), int(parts[1])
+        seconds = float(parts[2]) if len(parts) == 3 else 0.0
+    except (ValueError, IndexError):
+        raise ValueError(f"expected a wall-clock time as HH:MM:SS(.fff); got {text!r}") from None
+    if len(parts) > 3 or not (0 <= hours < 24 and 0 <= minutes < 60 and 0 <= seconds < 61):
+        raise ValueError(f"expected a wall-clock time as HH:MM:SS(.fff); got {text!r}")
+    return hours * 3600 + minutes * 60 + seconds
 
 
 def at(profile: Profile, when: When) -> Profile:
@@ -60,7 +86,7 @@ def at(profile: Profile, when: When) -> Profile:
         if t < track.fold:
             raise GpuflameError(_folded(profile, track, f"--at {_show(profile, when, t)}"))
         _add(out, history, track, track.live_at(t))
-    out.moment = f"what was live at {_clock(profile, t)} (from the event history)"
+    out.moment = f"what was live at {_clock(profile, t)} ({_wall(t)}; {where_zero_is(profile)}; from the event history)"
     out.comments.append(out.moment)
     return out
 
@@ -81,7 +107,8 @@ def between(profile: Profile, first: When, last: When) -> Profile:
         if track.folded and t1 <= track.fold:
             raise GpuflameError(_folded(profile, track, what))
         _add(out, history, track, track.allocated(t1, t2))
-    out.moment = f"what was allocated from {_clock(profile, t1)} to {_clock(profile, t2)} (from the event history)"
+    out.moment = (f"what was allocated from {_clock(profile, t1)} to {_clock(profile, t2)} "
+                  f"({_wall(t1)} to {_wall(t2)}; {where_zero_is(profile)}; from the event history)")
     out.comments.append(out.moment)
     return out
 
@@ -98,10 +125,39 @@ def origin(profile: Profile) -> int:
 
 
 def moment_ns(profile: Profile, when: When) -> int:
-    """Epoch ns of *when* (seconds from the strip's start, or PEAK)."""
+    """Epoch ns of *when*: seconds on the strip, from the recording's start, a wall-clock time, or PEAK."""
     if when == PEAK:
         return peak_ns(profile)
+    if isinstance(when, tuple):
+        clock, seconds = when
+        if clock == START:
+            return recording_start(profile) + round(seconds * 1e9)
+        return _on_the_recordings_day(origin(profile), seconds)
     return origin(profile) + round(float(when) * 1e9)
+
+
+def recording_start(profile: Profile) -> int:
+    """Epoch ns the recording started (its first window), else the strip's 0."""
+    return profile.time_nanos or origin(profile)
+
+
+def _on_the_recordings_day(near: int, seconds_of_day: float) -> int:
+    """Epoch ns of a local wall-clock time on the day of *near* (the day after, if the run crossed midnight)."""
+    day = datetime.fromtimestamp(near / 1e9).replace(hour=0, minute=0, second=0, microsecond=0)
+    t = round((day.timestamp() + seconds_of_day) * 1e9)
+    return t + 86_400 * 10**9 if t < near - 12 * 3600 * 10**9 else t
+
+
+def where_zero_is(profile: Profile) -> str:
+    """The strip's clock in words: where its 0 is on the wall clock and after the recording's start."""
+    zero = origin(profile)
+    after = (zero - profile.time_nanos) / 1e9 if profile.time_nanos else 0.0
+    since = f", {after:.3f} s after the recording started" if after > 0.0005 else ""
+    return f"0 s is the first allocation at {_wall(zero)}{since}"
+
+
+def _wall(t: int) -> str:
+    return datetime.fromtimestamp(t / 1e9).strftime("%H:%M:%S.%f")[:-3]
 
 
 def peak_ns(profile: Profile) -> int:
@@ -141,6 +197,9 @@ def _history(profile: Profile) -> History:
 
 def _check_range(profile: Profile, history: History, t: int, what: str) -> None:
     start, end = origin(profile), end_ns(profile, history)
+    if t < min(start, recording_start(profile)):
+        raise GpuflameError(f"{what}: before the recording started ({_wall(recording_start(profile))}; "
+                            f"{where_zero_is(profile)})")
     if t > end:
         raise GpuflameError(f"{what}: past the end of the recording (it spans 0 to "
                             f"{(end - start) / 1e9:.3f} s on the strip)")
@@ -178,4 +237,8 @@ def _clock(profile: Profile, t: int) -> str:
 
 
 def _show(profile: Profile, when: When, t: int) -> str:
-    return f"peak ({_clock(profile, t)})" if when == PEAK else f"{float(when):g}"
+    if when == PEAK:
+        return f"peak ({_clock(profile, t)})"
+    if isinstance(when, tuple):
+        return f"{'+' + format(when[1], 'g') + 's' if when[0] == START else _wall(t)} ({_clock(profile, t)})"
+    return f"{float(when):g}"

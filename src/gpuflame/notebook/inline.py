@@ -22,8 +22,9 @@ from gpuflame.render.html import render_html
 from gpuflame.units import format_count
 
 ROW_PX = 18  # the viewer's bar height (viewer.js ROW)
-CHROME_PX = 130  # toolbar (two rows in a notebook's width), status line and breadcrumb
-COMMENT_PX = 20  # each comment is a line of the status
+CHROME_PX = 160  # toolbar (two or three rows in a notebook's width), status line, breadcrumb, bottom margin
+COMMENT_PX = 20  # each line of a comment in the status
+COMMENT_CHARS = 90  # characters a status line holds in a narrow notebook (a longer comment wraps)
 TIMELINE_PX = 110  # the memory-over-time strip, when the profile has a timeline
 MIN_HEIGHT_PX = 260
 MAX_HEIGHT_PX = 900  # taller graphs scroll inside the frame
@@ -32,7 +33,8 @@ MAX_HEIGHT_PX = 900  # taller graphs scroll inside the frame
 def frame_height(profile: Profile, type_index: int) -> int:
     """Pixels that show the whole graph of a shallow profile without scrolling."""
     depth = build_tree(profile, type_index).depth
-    above = CHROME_PX + COMMENT_PX * len(profile.comments) + (TIMELINE_PX if profile.timeline else 0)
+    lines = sum(-(-len(c) // COMMENT_CHARS) for c in profile.comments)
+    above = CHROME_PX + COMMENT_PX * lines + (TIMELINE_PX if profile.timeline else 0)
     return max(MIN_HEIGHT_PX, min(MAX_HEIGHT_PX, above + ROW_PX * (depth + 1)))
 
 

@@ -195,6 +195,7 @@ def _table(title: str, *columns: str) -> Table:
         pad_edge=False,
         show_edge=False,
         padding=(0, 1, 0, 0),
+        min_width=len(title),  # a title is one line: a narrow table (a notebook report) wrapped it at 40 columns
     )
     for name in columns:
         if name in NUMERIC_COLUMNS:

@@ -671,12 +671,17 @@
     ui.status.textContent = statusLine();
   }
 
+  /** "1 bar", "2 bars", "1,024 functions". */
+  function counted(n, noun) {
+    return n.toLocaleString("en") + " " + noun + (n === 1 ? "" : "s");
+  }
+
   function statusLine() {
     const d = state.P.data, t = state.tree, st = d.types[state.typeIndex];
     // the peak's caption: a moment that happened, or a bound (the profile says which)
     const peak = d.peak && st[0].startsWith("peak_") ? "\n" + st[0] + ": " + d.peak : "";
-    return st[0] + ": " + formatValue(t.total[0], st[1]) + " in " + (t.count - 1).toLocaleString("en") +
-      " bars, " + state.P.frameCount.toLocaleString("en") + " functions" + peak +
+    return st[0] + ": " + formatValue(t.total[0], st[1]) + " in " + counted(t.count - 1, "bar") + ", " +
+      counted(state.P.frameCount, "function") + peak +
       (d.comments.length ? "\n" + d.comments.join("\n") : "");
   }
 
