@@ -138,6 +138,11 @@ def decode(data: bytes, *, native: bool = False, resolver: Resolver | None = Non
     *native* keeps the C++ frames of ``stacks="all"`` snapshots (see
     :mod:`gpuflame.formats.torch_frames`); *resolver* names Python frames.
     """
+    return from_snapshot(read_snapshot(data), native=native, resolver=resolver)
+
+
+def read_snapshot(data: bytes) -> dict[str, Any]:
+    """The snapshot dict of a pickle (gzip or not), by the restricted unpickler within the readers' limits."""
     if data[:2] == GZIP_MAGIC:
         data = gunzip(data)
     snapshot = safe_pickle.loads(data)
@@ -148,7 +153,7 @@ def decode(data: bytes, *, native: bool = False, resolver: Resolver | None = Non
             f"not a profile: a pickle of a {type(snapshot).__name__}, not a PyTorch memory snapshot "
             "(a dict with 'segments', as torch.cuda.memory._dump_snapshot writes)"
         )
-    return from_snapshot(snapshot, native=native, resolver=resolver)
+    return snapshot
 
 
 def from_snapshot(

@@ -31,9 +31,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuflame.errors import ProfileFormatError
-from gpuflame.formats import safe_pickle
-from gpuflame.formats.load_save import GZIP_MAGIC, gunzip
 from gpuflame.formats.snapshot_phases import read_marks
+from gpuflame.formats.torch_snapshot import read_snapshot
 from gpuflame.model.phases import NONE as NO_PHASE
 from gpuflame.simulate.allocator import LARGE_BUFFER, SMALL_BUFFER, SMALL_SIZE, Allocator, Block, Live, round_size
 from gpuflame.simulate.outcome import Outcome, Sites
@@ -46,15 +45,8 @@ GROWS = {"segment_alloc": 1, "segment_map": 1, "segment_free": -1, "segment_unma
 
 
 def read(data: bytes) -> dict[str, Any]:
-    """The snapshot dict of a pickle (gzip or not), read by the restricted unpickler."""
-    if data[:2] == GZIP_MAGIC:
-        data = gunzip(data)
-    snapshot = safe_pickle.loads(data)
-    if isinstance(snapshot, list) and all(isinstance(s, dict) for s in snapshot):
-        snapshot = {"segments": snapshot}
-    if not isinstance(snapshot, dict) or not isinstance(snapshot.get("segments"), list):
-        raise ProfileFormatError("not a PyTorch memory snapshot (a dict with 'segments')")
-    return snapshot
+    """The snapshot dict of a pickle (gzip or not): the converter's own reading, its limits included."""
+    return read_snapshot(data)
 
 
 def traced_devices(snapshot: Mapping[str, Any]) -> list[int]:
