@@ -11,7 +11,8 @@ snapshot from someone else is read here in two steps:
    plain types below), reports truncation with a byte offset, and rejects memo
    indices larger than the pickle itself (CPython's unpickler sizes its memo
    table by the largest index, so a 20-byte pickle could otherwise ask for
-   tens of GiB; indices below 10**6, a 16 MB memo at most, pass unchecked), and pickles that would build more lists and dicts than
+   tens of GiB; indices below 10**6, a 16 MB memo at most, pass
+   unchecked), and pickles that would build more lists and dicts than
    :data:`gpuflame.limits.PICKLE_CONTAINERS` (a byte each; 56 bytes or
    more each once built).
 2. CPython's C unpickler builds the data, with :meth:`find_class` allowing
