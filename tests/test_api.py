@@ -48,22 +48,28 @@ def test_the_file_is_written_when_the_block_raises(tmp_path: Path) -> None:
     assert leaf_bytes(out, "Buffers > allocate") == 2048
 
 
-def test_start_stop_and_a_second_start_is_a_warning_not_an_error(tmp_path: Path) -> None:
-    out = tmp_path / "ss.pb.gz"
+def test_a_second_start_is_nested_and_each_stop_gets_its_own_answer(tmp_path: Path) -> None:
+    """A start() inside a running recording shares it (with a warning); the first stop() ends the inner one,
+    writing what the recording held then, and the outer one goes on to its own stop()."""
+    out, inner = tmp_path / "ss.pb.gz", tmp_path / "other.pb.gz"
     first = gpuflame.start(out, backend="torch")
     try:
-        with pytest.warns(RuntimeWarning, match="already profiling this process into .*ss.pb.gz"):
-            again = gpuflame.start(tmp_path / "other.pb.gz")
-        assert again is first
         kept = Buffers().allocate(512)  # noqa: F841
+        with pytest.warns(RuntimeWarning, match="already profiling this process into .*ss.pb.gz.*shares"):
+            again = gpuflame.start(inner)
+        assert again is not first and again.nested and first.running
+        more = Buffers().allocate(1024)  # noqa: F841
+        assert gpuflame.stop() == inner.resolve()  # the innermost first
+        later = Buffers().allocate(2048)  # noqa: F841
     finally:
         assert gpuflame.stop() == out.resolve()
     assert gpuflame.stop() is None
-    assert leaf_bytes(out, "Buffers > allocate") == 512
-    assert not (tmp_path / "other.pb.gz").exists()
+    assert leaf_bytes(inner, "Buffers > allocate") == 512 + 1024
+    assert any("recorded inside another recording" in c for c in load(inner).comments)
+    assert leaf_bytes(out, "Buffers > allocate") == 512 + 1024 + 2048
 
 
-def test_a_nested_block_joins_the_running_profile_and_does_not_end_it(tmp_path: Path) -> None:
+def test_a_nested_block_writes_its_file_and_does_not_end_the_outer_one(tmp_path: Path) -> None:
     out = tmp_path / "outer.pb.gz"
     with gpuflame.profile(out, backend="torch"):
         with pytest.warns(RuntimeWarning, match="already profiling"):
@@ -72,7 +78,17 @@ def test_a_nested_block_joins_the_running_profile_and_does_not_end_it(tmp_path: 
         assert not out.exists()  # the inner block's end did not stop the outer profile
         outer = Buffers().allocate(3000)  # noqa: F841
     assert leaf_bytes(out, "Buffers > allocate") == 4000
+    assert leaf_bytes(tmp_path / "inner.pb.gz", "Buffers > allocate") == 1000
+
+
+def test_the_outer_recording_stopped_first_says_what_its_nested_one_lost(tmp_path: Path) -> None:
+    outer = gpuflame.start(tmp_path / "outer.pb.gz", backend="torch")
+    with pytest.warns(RuntimeWarning):
+        gpuflame.start(tmp_path / "inner.pb.gz")
+    Buffers().allocate(100)
+    assert outer.stop() == (tmp_path / "outer.pb.gz").resolve()
     assert not (tmp_path / "inner.pb.gz").exists()
+    assert any("was never stopped" in c and "inner.pb.gz" in c for c in load(tmp_path / "outer.pb.gz").comments)
 
 
 def test_profile_cycles_leave_no_session_handler_or_note_behind(tmp_path: Path, monkeypatch) -> None:

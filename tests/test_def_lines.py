@@ -153,3 +153,44 @@ def test_a_profile_without_def_lines_says_why_its_bars_have_no_line(capsys, tmp_
         "that ran): their bars show the file without a line; --lines and explain show the lines they ran"
     ]
     assert not any("definition lines" in c for c in run_json(capsys, "top", captured)["comments"])
+
+
+DECORATED = """\
+import functools
+import torch
+
+
+def logged(f):
+    @functools.wraps(f)
+    def wrapper(*args, **kwargs):
+        return f(*args, **kwargs)
+    return wrapper
+
+
+class Model:
+    @logged
+    @torch.no_grad()
+    def make(
+        self,
+    ):
+        return torch.empty(1 << 20, dtype=torch.uint8)
+
+
+held = Model().make()
+"""
+
+
+def test_a_decorated_function_is_named_at_its_def_not_its_first_decorator(tmp_path: Path, capsys) -> None:
+    """co_firstlineno is the first decorator's line (13); the bar says the def (15) in every view."""
+    (tmp_path / "deco.py").write_text(DECORATED)
+    done = gpuflame_run("-o", "deco.pb.gz", "--backend", "torch", "deco.py", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    recorded = [f for f in load(tmp_path / "deco.pb.gz").frames if f.name == "Model > make"]
+    assert {f.start_line for f in recorded} == {13}  # as CPython records it
+    data = run_json(capsys, "report", tmp_path / "deco.pb.gz")
+    [leaf] = [e for e in data["widest_leaves"] if e["name"] == "Model > make"]
+    assert (leaf["line"], leaf["def_line"]) == (15, 15)
+    profile = load(tmp_path / "deco.pb.gz")
+    frames = viewer_data(profile, "t")["frames"]
+    lines = {ln for n, ln in zip(frames["name"], frames["line"], strict=True) if n == "Model > make"}
+    assert lines == {15}

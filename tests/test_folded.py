@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import re
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -24,6 +27,8 @@ def tiny_reader(text: str) -> Counter:
     """Split on the last space, then on ';' — the least any folded reader does."""
     out: Counter = Counter()
     for line in text.splitlines():
+        if line.startswith("# "):  # gpuflame's header: no count, so flamegraph.pl skips it too
+            continue
         stack, _, count = line.rpartition(" ")
         out[tuple(stack.split(";")) if stack else ()] += int(count)
     return out
@@ -57,14 +62,16 @@ def test_zero_sums_are_left_out_and_equal_stacks_merged() -> None:
     p.add([a], [3])
     p.add([a], [-3])
     p.add([b], [0])
-    assert folded.encode(p, 0) == "a;b 12\n"
+    assert folded.encode(p, 0) == "# gpuflame folded stacks: inuse_space (bytes)\na;b 12\n"
 
 
 def test_positive_lines_match_flamegraph_pl_pattern(rich_profile: Profile) -> None:
     index = rich_profile.type_index("inuse_space")
     text = folded.encode(rich_profile, index)
     total = 0
-    for line in text.splitlines():
+    header, *lines = text.splitlines()
+    assert FLAMEGRAPH_PL_LINE.match(header) is None  # a line flamegraph.pl skips, as it skips any without a count
+    for line in lines:
         m = FLAMEGRAPH_PL_LINE.match(line)
         assert m, line
         total += int(m.group(2))
@@ -77,7 +84,7 @@ def test_negative_values_of_a_diff_are_written_and_read_back(rich_profile: Profi
     negative = [line for line in text.splitlines() if line.endswith(str(-(5 << 32)))]
     assert negative == ["<module>;LlamaMLP > forward -21474836480"]
     back = folded.decode(text, allow_negative=True)
-    assert back.totals() == {"inuse_space": sum(expected_sums(rich_profile, index).values())}
+    assert back.totals() == {"peak_space": sum(expected_sums(rich_profile, index).values())}  # the header's type
     number = text.splitlines().index(negative[0]) + 1
     with pytest.raises(ProfileFormatError, match=rf"line {number}: the count -21474836480 is negative"):
         folded.decode(text)  # by default: a negative size is damage
@@ -86,7 +93,7 @@ def test_negative_values_of_a_diff_are_written_and_read_back(rich_profile: Profi
 def test_separators_in_names_are_replaced() -> None:
     p = Profile(sample_types=[SampleType("inuse_space", "bytes")])
     p.add([Frame("leaf;with;semis"), Frame("two\nlines\r"), Frame("")], [9])
-    text = folded.encode(p, 0)
+    text = folded.encode(p, 0, header=False)
     assert text == "<unknown>;two lines ;leaf,with,semis 9\n"
     assert tiny_reader(text) == Counter({("<unknown>", "two lines ", "leaf,with,semis"): 9})
 
@@ -99,7 +106,7 @@ def test_locations_are_written_py_spy_style_and_read_back() -> None:
         Frame("native"),
     ]
     p.add(stack, [4096])
-    text = folded.encode(p, 0, locations=True)
+    text = folded.encode(p, 0, locations=True, header=False)
     assert text == "native;<module> (train.py:0);LlamaMLP > forward (/m/modeling_llama.py:123) 4096\n"
     back = folded.decode(text, sample_type="alloc_space/bytes")
     assert back.sample_types == [SampleType("alloc_space", "bytes")]
@@ -118,7 +125,7 @@ def test_decode_reads_py_spy_output() -> None:
         "   \n"
     )
     p = folded.decode(text)
-    assert p.sample_types == [SampleType("inuse_space", "bytes")]
+    assert p.sample_types == [SampleType("samples", "count")]  # py-spy counts samples: no bytes are claimed
     assert [s.values for s in p.samples] == [(7,), (3,)]
     first = p.stack_frames(p.samples[0])
     assert [(f.name, f.file, f.line) for f in first] == [
@@ -229,3 +236,18 @@ def test_cpp_names_without_a_file_are_native() -> None:
     assert guess_kind("aten::mm") == "native"
     assert guess_kind("torch::autograd::Engine::thread_main") == "native"
     assert guess_kind("LlamaMLP > forward") == "python"
+
+
+def test_gpuflames_own_folded_file_keeps_its_sample_type_and_anothers_reads_as_counts(tmp_path) -> None:
+    """perf's CPU folded stacks must not read as memory; a file gpuflame wrote names its type and unit."""
+    p = Profile(sample_types=[SampleType("peak_space", "bytes"), SampleType("alloc_space", "bytes")])
+    p.add([Frame("LlamaMLP > forward"), Frame("<module>")], [4096, 8192])
+    text = folded.encode(p, 1)
+    assert text.splitlines()[0] == "# gpuflame folded stacks: alloc_space (bytes)"
+    assert folded.decode(text).sample_types == [SampleType("alloc_space", "bytes")]
+    (tmp_path / "perf.folded").write_text("main;compute;memcpy 120\nmain;idle 30\n")
+    out = subprocess.run([sys.executable, "-m", "gpuflame", "report", str(tmp_path / "perf.folded"), "--json"],
+                         capture_output=True, text=True, check=True)
+    doc = json.loads(out.stdout)
+    assert (doc["sample_type"], doc["unit"], doc["total"]) == ("samples", "count", 150)
+    assert "peak" not in doc and "live at" not in out.stdout

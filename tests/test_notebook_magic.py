@@ -55,6 +55,9 @@ raise ValueError("boom in the cell")""",
     "%%gpuflame --report -o cell.html\nkept = Cache().grow(3 << 20)",
     # 14: an output that is a folder: refused before the cell runs, as gpuflame run -o refuses it
     "%%gpuflame -o ./\nprint('must not run either')",
+    # 15: the user's own start/stop inside the cell: nested, each gets its own answer
+    "%%gpuflame\ngpuflame.start('mine.pb.gz', backend='torch')\nmine = Cache().grow(4 << 20)\n"
+    "print(gpuflame.stop())",
 ]
 
 
@@ -184,3 +187,12 @@ def test_an_output_folder_is_refused_before_the_cell_runs(notebook) -> None:
     assert "must not run either" not in streams(cell, "stdout")
     text = "".join(o.get("text", "") + "".join(o.get("traceback", [])) for o in cell.outputs)
     assert "UsageError" in text and "it is a folder" in text and "the cell did not run" in text
+
+
+def test_a_users_own_stop_inside_the_cell_ends_only_the_users_recording(notebook) -> None:
+    cells, folder = notebook
+    cell = cells[15]
+    assert "mine.pb.gz" in streams(cell, "stdout")
+    [data] = displays(cell)
+    assert "peak 4.00 MiB" in data["text/plain"], data["text/plain"]  # the cell's own answer, not "no allocation"
+    assert gpuflame.load(folder / "mine.pb.gz").totals()["peak_space"] == 4 * MiB

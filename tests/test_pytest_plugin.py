@@ -204,6 +204,23 @@ def test_two_lines():
     assert re.search(r"512\.0 KiB \( 11\.1%\)  test_two_lines  \(test_lines\.py:6\)", out), out
 
 
+def test_a_tests_own_start_and_stop_get_their_answer_and_the_row_keeps_its_own(pytester: pytest.Pytester) -> None:
+    """The test's own gpuflame.start/stop nest in the plugin's recording: its file is written, the row is right."""
+    pytester.makepyfile(test_own="""
+import gpuflame, torch
+
+def test_records_itself(tmp_path):
+    gpuflame.start(tmp_path / "mine.pb.gz", backend="torch")
+    x = torch.empty(4 << 20, dtype=torch.uint8)
+    assert gpuflame.stop() == (tmp_path / "mine.pb.gz").resolve()
+    assert gpuflame.load(tmp_path / "mine.pb.gz").totals()["peak_space"] == 4 << 20
+""")
+    result = pytester.runpytest("--gpuflame", "-p", "no:cacheprovider", "-W", "ignore::RuntimeWarning")
+    result.assert_outcomes(passed=1)
+    rows = table_rows(result.stdout.str())
+    assert rows["test_own.py::test_records_itself"][0] == "4.00 MiB", rows
+
+
 def test_xdist_workers_results_are_merged(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_suite=SUITE)
     result = pytester.runpytest_subprocess("-n", "2", "--gpuflame")

@@ -86,7 +86,9 @@ def test_hostile_sample_type_names_are_escaped(capsys, tmp_path, command):
     save(profile, path)
     rc, out, err = run(capsys, command, path, *([path] if command == "diff" else []))
     assert_clean(rc, out, err)
-    assert "evil\\x1b[2J_space" in out
+    assert "n\\x9b2J" in out  # the type shown: no default named, so the last, as pprof opens it
+    if command == "report":  # its totals table lists every type
+        assert "evil\\x1b[2J_space" in out
 
 
 def test_rich_markup_in_a_name_is_shown_as_written(capsys, hostile):

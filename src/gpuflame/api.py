@@ -52,20 +52,29 @@ DEFAULT_OUTPUT = "gpuflame.pb.gz"
 
 _lock = threading.Lock()
 _active: Recording | None = None
+_nested: list[Recording] = []  # started inside _active (a user's own start() in a %%gpuflame cell), innermost last
 
 
 class Recording:
     """What :func:`start` returns: where the profile goes and what records it. Not the session itself."""
 
-    def __init__(self, session: Session, run_folder: Path | None, started: float) -> None:
+    def __init__(
+        self, session: Session, run_folder: Path | None, started: float, nested_into: Path | None = None
+    ) -> None:
         self._session = session
         self._run_folder = run_folder  # the store's folder for this profile, or None
         self._started = started
+        self._nested_into = nested_into  # a nested recording's own file (it shares the running session)
 
     @property
     def path(self) -> Path:
         """The file :func:`stop` writes (in the store's run folder with ``store=``)."""
-        return self._session.path
+        return self._nested_into or self._session.path
+
+    @property
+    def nested(self) -> bool:
+        """Started while another recording ran: it shares that one's recorders and gets its own answer."""
+        return self._nested_into is not None
 
     @property
     def settings(self) -> Settings:
@@ -87,8 +96,10 @@ class Recording:
         return list(self._session.lost)
 
     def stop(self, *, write: bool = True) -> Path | Profile | None:
-        """:func:`stop`, if this recording is the one running; else None (it has ended already)."""
-        return stop(write=write) if _active is self else None
+        """Stop this recording (and any still nested in it); None if it has ended already."""
+        if self.nested:
+            return _stop_nested(self, write)
+        return _stop_outer(write) if _active is self else None
 
     def __repr__(self) -> str:
         state = "running" if self.running else "stopped"
@@ -161,13 +172,15 @@ def _start(
         raise ValueError("give output or store, not both (store=True writes into a new run folder of the store)")
     with _lock:
         if _active is not None:
+            nested = Recording(_active._session, None, time.time(), nested_into=_output_path(output))
+            _nested.append(nested)
             warnings.warn(
-                f"gpuflame is already profiling this process into {_active.path}; this start() is ignored "
-                "and that profile goes on until its own stop()",
+                f"gpuflame is already profiling this process into {_active.path}; this start() shares that "
+                f"recording, which goes on, and its stop() writes what it holds then to {nested.path}",
                 RuntimeWarning,
                 stacklevel=3,
             )
-            return _active, False
+            return nested, True
         started = time.time()
         run_folder = _run_folder(store, started)
         path = run_folder / PROFILE_NAME if run_folder else _output_path(output)
@@ -267,7 +280,11 @@ def stop(*, write: Literal[False]) -> Profile | None: ...
 
 
 def stop(*, write: bool = True) -> Path | Profile | None:
-    """Stop recording and write the profile; its path, or None if nothing was written.
+    """Stop the innermost recording and write its profile; its path, or None if nothing was written.
+
+    A recording started inside another (a ``start()`` in a ``%%gpuflame``
+    cell or a test under ``pytest --gpuflame``) is stopped first and gets
+    what the running recording holds then; the outer one goes on.
 
     ``write=False`` writes no file and returns the :class:`~gpuflame.Profile`
     itself (what the file would hold, notes of what was lost included), or
@@ -275,11 +292,23 @@ def stop(*, write: bool = True) -> Path | Profile | None:
     the numbers at once, as the pytest plugin and the notebook magic do,
     without paying for encoding a file and reading it back. Never raises.
     """
+    with _lock:
+        innermost = _nested[-1] if _nested else None
+    if innermost is not None:
+        return _stop_nested(innermost, write)
+    return _stop_outer(write)
+
+
+def _stop_outer(write: bool) -> Path | Profile | None:
+    """Stop the recording that owns the session (its nested ones with it, said in its notes)."""
     global _active
     with _lock:
         recording, _active = _active, None
+        dropped, _nested[:] = list(_nested), []
     if recording is None:
         return None
+    for nested in dropped:  # stopped with their outer recording before their own stop(): say so
+        recording._session.report(f"a recording nested in this one was never stopped; {nested.path} was not written")
     session = recording._session
     session.finish(write=write)
     written = session.path.exists()
@@ -288,6 +317,30 @@ def stop(*, write: bool = True) -> Path | Profile | None:
     if not write:
         return session.result
     return session.path if written else None
+
+
+def _stop_nested(recording: Recording, write: bool) -> Path | Profile | None:
+    """A nested recording's answer: what the running recording holds now, said to be so; it goes on."""
+    with _lock:
+        if recording not in _nested:
+            return None
+        _nested.remove(recording)
+    session = recording._session
+    profile = session.current()
+    if profile is None:
+        return None
+    profile.comments.append(
+        f"recorded inside another recording (into {session.path}), which was running already: this profile holds "
+        f"what that one held at this stop(), from its own start, {recording._started - _outer_start(session):.3f} s "
+        "before this start()"
+    )
+    if not write:
+        return profile
+    return recording.path if session.save_to(profile, recording.path) else None
+
+
+def _outer_start(session: Session) -> float:
+    return _active._started if _active is not None and _active._session is session else time.time()
 
 
 @contextlib.contextmanager
@@ -299,7 +352,8 @@ def profile(
 ) -> Iterator[Recording]:
     """Profile the ``with`` block (:func:`start`'s options); the file is written when it ends, even by an exception.
 
-    Inside a running profile the block is part of that one (with a warning).
+    Inside a running profile the block shares that one (with a warning), which goes on; the block's file
+    holds what that recording held when the block ended.
     """
     store = options.pop("store", False)
     recording, started = _start(output, store, _options(backend=backend, interval=interval, **options))  # type: ignore[arg-type]
@@ -307,4 +361,4 @@ def profile(
         yield recording
     finally:
         if started:
-            stop()
+            recording.stop()

@@ -49,12 +49,12 @@ def start(path: Path, backend: str) -> gpuflame.api.Recording:
     return gpuflame.api.start(path, backend=backend)
 
 
-def stop(host_dirs: tuple[str, ...]) -> Profile | None:
+def stop(recording: gpuflame.api.Recording, host_dirs: tuple[str, ...]) -> Profile | None:
     """``gpuflame.stop`` without a file: the profile, the host's frames cut away; None if nothing was recorded.
 
     Encoding a file only to decode it again would cost more than a small test.
     """
-    profile = gpuflame.api.stop(write=False)
+    profile = recording.stop(write=False)  # the host's own: a user's recording nested in it ends with its stop()
     if profile is None:
         return None
     return cut_callers(profile, lambda f: f.file.startswith(host_dirs)).compact()

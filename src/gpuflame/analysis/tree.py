@@ -32,7 +32,8 @@ import numpy as np
 
 from gpuflame.errors import GpuflameError
 from gpuflame.model.functions import function_frames
-from gpuflame.model.profile import SYNTHETIC, Frame, Profile, Sample, SampleType
+from gpuflame.model.profile import PYTHON, SYNTHETIC, Frame, Profile, Sample, SampleType
+from gpuflame.symbols.def_lines import def_line
 from gpuflame.symbols.names import UNKNOWN
 
 # Rows are converted from Python tuples this many at a time, so the
@@ -70,7 +71,7 @@ def frame_dict(frame: Frame) -> dict[str, object]:
         "name": frame.name,
         "file": frame.file,
         "line": frame.line,
-        "def_line": frame.start_line,
+        "def_line": def_line(frame.file, frame.start_line) if frame.kind == PYTHON else frame.start_line,
         "kind": frame.kind,
     }
 

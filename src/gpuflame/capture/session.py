@@ -217,6 +217,27 @@ class Session:
         """Write the current profile atomically; False (and reported) when it could not."""
         return self._take(to_file=True) is not None
 
+    def current(self) -> Profile | None:
+        """The profile so far with the notes of what was lost, recording on: a nested recording's answer."""
+        with self._lock:
+            try:
+                profile = self.profile()
+            except Exception as exc:
+                self.report(f"could not build the profile ({exc})")
+                return None
+            if profile is not None:
+                profile.comments.extend(f"pid {self.pid}: {m}" for m in self.lost if m not in profile.comments)
+            return profile
+
+    def save_to(self, profile: Profile, path: Path) -> bool:
+        """Write *profile* to *path* (not this session's file); False, and said once, when it could not."""
+        try:
+            self._write(profile, path)
+            return True
+        except Exception as exc:
+            self.report(f"could not write the profile to {path} ({exc})")
+            return False
+
     def _take(self, to_file: bool) -> Profile | None:
         """The current profile with the notes of what was lost, written if *to_file*, handed out."""
         with self._lock:

@@ -30,8 +30,10 @@ Reading (:func:`decode`):
   line; the kind comes from :func:`gpuflame.symbols.kinds.guess_kind`.
   Names are kept as written (py-spy's ``Model.forward`` is not respelled
   ``Model > forward``; search finds either spelling).
-- every line becomes one sample of one sample type, ``inuse_space/bytes``
-  unless told otherwise; lines and frames per line are bounded by
+- every line becomes one sample of one sample type: the one gpuflame's
+  first line names (``# gpuflame folded stacks: inuse_space (bytes)``),
+  else ``samples/count`` (perf's and py-spy's folded stacks count
+  samples, not bytes), unless told otherwise; lines and frames per line are bounded by
   :mod:`gpuflame.limits` (the time is linear in the text).
 """
 
@@ -45,7 +47,11 @@ from gpuflame.model.profile import Frame, Profile, Sample, SampleType
 from gpuflame.symbols.kinds import guess_kind
 from gpuflame.symbols.names import UNKNOWN
 
-DEFAULT_SAMPLE_TYPE = SampleType("inuse_space", "bytes")
+# A folded file says nothing of what its numbers are: perf's and py-spy's count samples. gpuflame's own
+# files name their sample type on a first line that flamegraph.pl and speedscope skip (no count at its end).
+DEFAULT_SAMPLE_TYPE = SampleType("samples", "count")
+HEADER = "# gpuflame folded stacks: {type} ({unit})"
+_HEADER = re.compile(r"# gpuflame folded stacks: ([A-Za-z0-9_./-]{1,64}) \(([A-Za-z0-9_]{1,32})\)")
 
 # counts are stored as pprof int64 values
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
@@ -63,8 +69,8 @@ def frame_label(frame: Frame, locations: bool = False) -> str:
     return name
 
 
-def encode(profile: Profile, type_index: int, locations: bool = False) -> str:
-    """Folded stacks of one sample type, one line per distinct stack, root first."""
+def encode(profile: Profile, type_index: int, locations: bool = False, header: bool = True) -> str:
+    """Folded stacks of one sample type, one line per distinct stack, root first, after a :data:`HEADER`."""
     label = [frame_label(f, locations) for f in profile.frames].__getitem__
     by_ids: dict[tuple[int, ...], int] = {}
     for s in profile.samples:
@@ -76,6 +82,9 @@ def encode(profile: Profile, type_index: int, locations: bool = False) -> str:
         text = join(map(label, reversed(stack)))
         by_text[text] = by_text.get(text, 0) + value
     lines = [f"{text} {value}\n" for text, value in sorted(by_text.items()) if value]
+    if header:
+        kind = profile.sample_types[type_index]
+        lines.insert(0, HEADER.format(type=kind.type, unit=kind.unit) + "\n")
     return "".join(lines)
 
 
@@ -102,19 +111,24 @@ class _FrameIds(dict):  # type: ignore[type-arg]
 
 def decode(
     text: str,
-    sample_type: SampleType | tuple[str, str] | str = DEFAULT_SAMPLE_TYPE,
+    sample_type: SampleType | tuple[str, str] | str | None = None,
     allow_negative: bool = False,
 ) -> Profile:
-    """Read folded stacks; each line becomes one sample of *sample_type* (``type/unit``)."""
-    profile = Profile(sample_types=[_sample_type(sample_type)])
+    """Read folded stacks; each line becomes one sample of *sample_type* (``type/unit``), else of the type the
+    file's gpuflame header names, else of :data:`DEFAULT_SAMPLE_TYPE` (a count: another tool's samples)."""
+    named = _HEADER.fullmatch(text[: text.find("\n")].rstrip() if "\n" in text else text.rstrip())
+    if named:
+        text = text[text.find("\n") + 1 :] if "\n" in text else ""
+    chosen = sample_type or (SampleType(*named.groups()) if named else DEFAULT_SAMPLE_TYPE)
+    profile = Profile(sample_types=[_sample_type(chosen)])
     frame_ids = _FrameIds(profile)
     lookup = frame_ids.__getitem__
     samples = profile.samples
     max_depth, max_samples = limits.STACK_DEPTH.value(), limits.SAMPLES.value()
-    for number, raw in enumerate(text.split("\n"), start=1):
+    for number, raw in enumerate(text.split("\n"), start=2 if named else 1):
         line = raw.rstrip()
-        if not line:
-            continue
+        if not line or line.startswith("# gpuflame folded stacks:") and _HEADER.fullmatch(line):
+            continue  # blank, or the header of a second file appended to this one (cat a.folded b.folded)
         m = _LINE.fullmatch(line)
         if m is None:
             if not samples and not any(c.isdigit() for c in line.rsplit(None, 1)[-1]) and " " in line.strip():

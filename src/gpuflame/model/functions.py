@@ -8,6 +8,7 @@ default; the flame tree, the viewer and the exports all ask here.
 from __future__ import annotations
 
 from gpuflame.model.profile import PYTHON, Frame, Profile
+from gpuflame.symbols.def_lines import def_line
 
 # How every note about missing definition lines starts (one note per profile).
 DEF_LINES_UNKNOWN = "definition lines unknown"
@@ -34,6 +35,7 @@ def function_frames(frames: list[Frame]) -> list[Frame]:
     out: dict[tuple[str, str, str], Frame] = {}
     for key, line in start.items():
         name, file, kind = key
+        line = def_line(file, line) if kind == PYTHON else line  # the def, not its first decorator
         out[key] = Frame(name, file, line, kind, line)
     return [out[function_key(f)] for f in frames]
 

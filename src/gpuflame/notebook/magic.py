@@ -125,7 +125,7 @@ class GpuflameMagics(Magics):
     def _show(self, session: Any, args: Any) -> None:
         """Stop, then show the flame graph and the summary; a failure here is one line."""
         try:
-            profile = hosted.stop(HOST_DIRS)
+            profile = hosted.stop(session, HOST_DIRS)
             if profile is not None:
                 profile = name_cells(profile, self.shell.compile)
             backends = session.backends

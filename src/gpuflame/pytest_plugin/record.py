@@ -82,7 +82,7 @@ class PhaseRecorder:
             return NOTHING
         backends = getattr(self._session, "backends", [])
         try:
-            profile = hosted.stop(HOST_DIRS)
+            profile = hosted.stop(self._session, HOST_DIRS)  # type: ignore[arg-type]
             return measure(profile, backends) if profile is not None else Phase(None, 0, 0, "", backends)
         except Exception as exc:
             self.error = f"the profile of this test is lost ({type(exc).__name__}: {exc})"

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ast
 import os
+import threading
 from itertools import accumulate
 from typing import NamedTuple
 
@@ -133,9 +134,15 @@ _LEAF_NODES = (
 )
 
 
+# CPython 3.11's AST constructor keeps its recursion depth per interpreter, not per thread: two threads
+# parsing at once can fail with "SystemError: AST constructor recursion depth mismatch" (seen in the suite)
+_PARSE_LOCK = threading.Lock()
+
+
 def index_source(source: str | bytes) -> FileIndex:
     """Index Python source text; raises SyntaxError/ValueError on bad input."""
-    tree = ast.parse(source)
+    with _PARSE_LOCK:
+        tree = ast.parse(source)
     raw = source.encode("utf-8", "replace") if isinstance(source, str) else source
     spans: list[Span] = []
     _collect(tree, spans, _line_marks(raw))
