@@ -48,6 +48,20 @@ def test_agent_daemonset_least_privilege(docs):
 
 
 @needs_kubectl
+def test_agent_liveness_reads_the_file_the_agent_touches(docs):
+    """The probe runs the agent's own check on the very file its --alive-file names, in a writable volume."""
+    from gpuflame.cli.main import build_parser
+
+    c = find(docs, "DaemonSet", "gpuflame-agent")["spec"]["template"]["spec"]["containers"][0]
+    args = build_parser().parse_args(c["args"])
+    probe = c["livenessProbe"]["exec"]["command"]
+    assert probe[:3] == ["python", "-m", "gpuflame.agent.alive"] and probe[3:] == [args.alive_file]
+    store = next(m for m in c["volumeMounts"] if m["name"] == "store")
+    assert args.alive_file.startswith(store["mountPath"] + "/")
+    assert c["livenessProbe"]["periodSeconds"] * c["livenessProbe"]["failureThreshold"] >= 60
+
+
+@needs_kubectl
 def test_agent_namespace_is_its_own(docs):
     ns = find(docs, "Namespace", "gpuflame-agent")
     # gpuflame-system enforces 'restricted', which hostPID breaks: the agent lives apart

@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
-from gpuflame.agent import build, procs
+from gpuflame.agent import alive, build, procs
 from gpuflame.agent.call_sites import DRIVER_FUNCTIONS, MAX_SITES, Verifier
 from gpuflame.agent.confined import open_regular
 from gpuflame.agent.elf import ElfError, read_elf
@@ -94,6 +94,8 @@ OVER_LIMIT = (Frame("<stacks beyond the agent's limit>", kind=SYNTHETIC),)
 MAX_STACKS = 1 << 18  # distinct stacks named (each a row of the ledger and of the profile)
 MAX_RAW_STACK_BYTES = 64 << 20  # the raw frames kept to recognise stacks already named
 
+NO_CUDA_PROCESS = ("gpuflame agent: no CUDA process was seen: no process loaded libcuda.so while the agent "
+                   "watched")
 OUTPUT_MODE = 0o600  # the agent's profiles hold every process's stacks and pods: for their owner only
 CAPABILITIES = {"CAP_BPF": 39, "CAP_PERFMON": 38, "CAP_SYS_PTRACE": 19}
 CAP_SYS_ADMIN = 21
@@ -155,6 +157,7 @@ class Agent:
         max_blocks: int = LIVE_BLOCKS,
         labels_for: Callable[[int], dict[str, str]] | None = None,
         probes: str = "auto",
+        alive_file: str | None = None,
     ) -> None:
         self.pids = sorted(set(pids))
         self.libcuda = list(libcuda)
@@ -162,6 +165,8 @@ class Agent:
         self.max_blocks = max_blocks
         self.labels_for = labels_for  # pid -> extra labels (Kubernetes), or None
         self.probes_asked = probes  # auto | return | entry (procs.choose_probes)
+        self.alive_file = alive_file  # touched by the reader thread (alive.py)
+        self.cuda_seen = False  # a process loaded the driver or allocated while we watched
         self.probes = ""  # return | entry, chosen at start
         self.probes_why = ""
         self.pending = PendingResults()  # entry-only: allocations whose result is not read yet
@@ -215,38 +220,43 @@ class Agent:
         files = self._libcuda_files()
         self.probes, self.probes_why = procs.choose_probes(self.probes_asked, self.pids, self._driver_users())
         self._check_uretprobe_risk()
-        if not files and not self.pids:  # with --pid, probed once the watched processes load it
-            raise AgentError(f"no libcuda.so found (no process maps it, and it is not in {', '.join(LIBCUDA_DIRS)}); "
-                             "name it with --libcuda PATH")
         try:
-            obj_path = build.ensure()
+            self._obj_path = str(build.ensure())
         except build.BuildError as exc:
             raise AgentError(f"the agent's BPF object is not built and cannot be built here: {exc}") from None
-        self._attach_all(list(files.items()), str(obj_path))
+        self._attach_all(list(files.items()))  # none yet (an idle node): each file is probed as it appears
         self.started_ns = time.time_ns()
         if thread:
             self._thread = threading.Thread(target=self._loop, name="gpuflame-agent", daemon=True)
             self._thread.start()
 
-    def _attach_all(self, items: list[tuple[tuple[int, int], str]], obj_path: str) -> None:
+    def _attach_all(self, items: list[tuple[tuple[int, int], str]]) -> None:
         """Load, register the processes known now (before the probes: their first events have stacks), attach."""
-        self._load(obj_path, multi=True)
+        self._load(self._obj_path, multi=True)
+        self.cuda_seen = bool(self._cuda_pids())
         for pid in self.pids or self._cuda_pids():
             self._register(pid)
+        self._attach_items(items)
+        if items and not self.attached:
+            raise AgentError(f"no libcuda.so could be probed: {'; '.join(self.skipped)}")
+
+    def _attach_items(self, items: list[tuple[tuple[int, int], str]]) -> None:
+        """Probe these files; the first one probed tells whether the kernel takes uprobe-multi links."""
         if not items:
             return
-        try:
-            self._attach_first(items)
-        except BpfError:
-            if not self._multi:
-                raise
-            self._obj.close()  # a kernel before 6.6: one perf event per probe instead
-            self._load(obj_path, multi=False)
-            for pid in list(self.processes):
-                self._register(pid)
-            self._attach_first(items)
+        if not self.attached:
+            try:
+                self._attach_first(items)
+            except BpfError:
+                if not self._multi:
+                    raise
+                self._obj.close()  # a kernel before 6.6: one perf event per probe instead
+                self._load(self._obj_path, multi=False)
+                for pid in list(self.processes):
+                    self._register(pid)
+                self._attach_first(items)
         for key, path in items:
-            if key not in self.attached:
+            if key not in self.attached and key not in self._unprobeable:
                 self._attach_found(key, path)
 
     def _driver_users(self) -> list[int]:
@@ -318,7 +328,6 @@ class Agent:
         for key, path in items:
             if self._attach_found(key, path):
                 return
-        raise AgentError(f"no libcuda.so could be probed: {'; '.join(self.skipped)}")
 
     def _attach_found(self, key: tuple[int, int], path: str) -> bool:
         """Probe a file; one a process mapped may be gone by now: noted and skipped (one named by --libcuda fails)."""
@@ -380,7 +389,8 @@ class Agent:
         files = ", ".join(sorted({procs.as_seen(path) for path in self.attached.values()}))
         py = sum(1 for p in self.processes.values() if p.python)
         through = (f"through {len(self.attached)} libcuda file(s): {files}" if self.attached
-                   else "(libcuda.so is not loaded yet: probed when it is)")
+                   else "(no libcuda.so loaded yet: waiting for CUDA processes; each driver file is probed "
+                   "as it appears)")
         line = f"gpuflame agent: watching {who} ({len(self.processes)} now, {py} Python) {through}"
         line += f"; {self.probes_said()}"
         if self.single_stepped:
@@ -436,12 +446,25 @@ class Agent:
     def _loop(self) -> None:
         every = PID_RESCAN_SECONDS if self.pids else RESCAN_SECONDS  # a few watched processes are cheap to look at
         next_scan = time.monotonic() + every
+        next_touch = 0.0
         while not self._stop.is_set():
             busy = self._ring is not None and self._ring.more
             self.poll(0 if busy else 2 if self._waiting else POLL_MS)  # a new process: catch its interpreter early
-            if time.monotonic() > next_scan:
-                next_scan = time.monotonic() + every
+            now = time.monotonic()
+            if now > next_scan:
+                next_scan = now + every
                 self._rescan()
+            if self.alive_file and now > next_touch:
+                next_touch = now + alive.TOUCH_EVERY_S
+                self._touch_alive()
+
+    def _touch_alive(self) -> None:
+        try:
+            alive.touch(self.alive_file)  # type: ignore[arg-type]
+        except OSError as exc:
+            self.counts["handler_errors"] += 1
+            sys.stderr.write(f"gpuflame agent: cannot touch {self.alive_file}: {exc.strerror}\n")
+            self.alive_file = None  # said once; the liveness probe will say the rest
 
     def poll(self, timeout_ms: int = POLL_MS) -> None:
         """Read what the ring holds and book it."""
@@ -463,22 +486,32 @@ class Agent:
         """New libcuda files (a container with its own driver copy, a watched process loading the driver late)
         and, without --pid, processes mapping them."""
         try:
+            if not self.pids:  # a driver installed after the agent started (an idle node)
+                self._attach_items(self._new_files(default_libcuda()))
             for pid in list(self.processes) if self.pids else procs.all_pids():
                 files = procs.libcuda_files(pid)
-                for path in files.values():
-                    try:
-                        st = os.stat(path)
-                    except OSError:
-                        continue
-                    key = (st.st_dev, st.st_ino)
-                    if key not in self.attached and key not in self._unprobeable:
-                        self._attach_found(key, path)
+                self._attach_items(self._new_files(files.values()))
+                if files:
+                    self.cuda_seen = True
                 if files and pid not in self.processes and not self.pids:
                     with self._lock:
                         self._register(pid)
         except Exception as exc:  # noqa: BLE001
             self.counts["handler_errors"] += 1
             sys.stderr.write(f"gpuflame agent: rescan failed ({type(exc).__name__}: {exc})\n")
+
+    def _new_files(self, paths: Iterable[str]) -> list[tuple[tuple[int, int], str]]:
+        """The files among *paths* not probed yet (nor found unprobeable), by (device, inode)."""
+        found: dict[tuple[int, int], str] = {}
+        for path in paths:
+            try:
+                st = os.stat(path)
+            except OSError:
+                continue
+            key = (st.st_dev, st.st_ino)
+            if key not in self.attached and key not in self._unprobeable:
+                found.setdefault(key, path)
+        return list(found.items())
 
     def _handle(self, data: bytes) -> None:
         kind = data[0]
@@ -575,6 +608,7 @@ class Agent:
         self.return_sites[site.key] = site.shown
 
     def _new_stack(self, raw: tuple[int, bytes], h: Header, data: bytes) -> int | None:
+        self.cuda_seen = True
         if not self.first_event_ns:
             self.first_event_ns = time.time_ns()
         proc = self.processes.get(h.tgid)
@@ -659,6 +693,8 @@ class Agent:
         profile.time_nanos = self.started_ns
         profile.duration_nanos = max(0, time.time_ns() - self.started_ns) if self.started_ns else 0
         profile.comments += loss_notes(stats, self.probes_said())
+        if not self.cuda_seen:
+            profile.comments.append(NO_CUDA_PROCESS)
         return profile
 
     def stop(self) -> None:

@@ -90,6 +90,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "for processes a uretprobe could break (longjmp, unwinders; a seccomp filter on Linux "
                         "6.11-6.13); auto (default): entry on 6.11-6.13 where a seccomp-filtered process could "
                         "be reached, else return")
+    parser.add_argument("--alive-file", metavar="FILE",
+                        help="touch FILE every few seconds while the agent works, for a liveness probe "
+                        "(python -m gpuflame.agent.alive FILE fails once it is a minute old)")
     parser.add_argument("--store", metavar="DIR", help=f"store folder without -o (default {store_root()})")
     parser.add_argument("--json", action="store_true", help="print a JSON summary at the end (on stdout)")
     ship = add_pyroscope_options(parser, "one series per container (service_name, namespace, pod, container, node); ",
@@ -103,10 +106,12 @@ def run(args: argparse.Namespace) -> int:
     from gpuflame.agent.kube import Placement
 
     output = _output(args)
+    alive_file = _alive_file(args)
     push = _push(args)
     placement = Placement.from_env()
     agent = Agent(pids=args.pid, libcuda=args.libcuda, native=args.native,
-                  max_blocks=args.max_blocks or LIVE_BLOCKS, labels_for=placement.labels, probes=args.probes)
+                  max_blocks=args.max_blocks or LIVE_BLOCKS, labels_for=placement.labels, probes=args.probes,
+                  alive_file=alive_file)
     started = time.time()
     try:
         agent.start()
@@ -163,6 +168,19 @@ def _output(args: argparse.Namespace) -> Path | None:
     return path
 
 
+def _alive_file(args: argparse.Namespace) -> str | None:
+    """The liveness file, touched once now: a folder that is not there fails at start, not in the probe."""
+    if not args.alive_file:
+        return None
+    from gpuflame.agent import alive
+
+    try:
+        alive.touch(args.alive_file)
+    except OSError as exc:
+        raise GpuflameError(f"--alive-file {args.alive_file}: {exc.strerror}") from None
+    return args.alive_file
+
+
 def _push(args: argparse.Namespace):  # noqa: ANN202 - AgentPush, imported late
     if not args.pyroscope:
         return None
@@ -193,7 +211,9 @@ def _wait(args: argparse.Namespace, agent: object, push: object, done: threading
 
 
 def _say(args: argparse.Namespace, output: Path, comments: list[str], totals: dict[str, int], pids: list[int]) -> None:
-    lost = comments[1:]
+    from gpuflame.agent.agent import NO_CUDA_PROCESS
+
+    lost = [c for c in comments[1:] if c != NO_CUDA_PROCESS]  # an idle node lost nothing
     for note in lost:
         sys.stderr.write(printable(note) + "\n")  # it may name a process's own files
     if args.json:
@@ -201,7 +221,8 @@ def _say(args: argparse.Namespace, output: Path, comments: list[str], totals: di
                                      "lost": lost}) + "\n")
         return
     if not pids:
-        sys.stderr.write(f"gpuflame agent: no allocation was seen; the profile is empty: {output}\n")
+        seen = "no CUDA process was seen" if NO_CUDA_PROCESS in comments else "no allocation was seen"
+        sys.stderr.write(f"gpuflame agent: {seen}; the profile is empty: {output}\n")
         return
     n = len(pids)
     sys.stderr.write(

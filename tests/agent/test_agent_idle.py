@@ -1,0 +1,73 @@
+"""An idle GPU node: no driver loaded, no CUDA process. The agent keeps watching, never exits 2."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+
+import pytest
+from agent_helpers import wait_for
+from test_agent_cli import agent_cli, watching
+from test_agent_stacks import check_exact
+
+from gpuflame.formats import load
+
+
+def isolated() -> tuple[str, ...]:
+    """A pid namespace of its own with its own /proc: the agent sees no other job's CUDA processes."""
+    if shutil.which("unshare") is None:
+        pytest.skip("unshare (util-linux) is not installed")
+    return ("unshare", "--pid", "--fork", "--mount-proc", "--kill-child")
+
+
+def inner_pid(pid: int) -> int:
+    """The process unshare forked (the agent, pid 1 of its namespace)."""
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        return int(f.read().split()[0])
+
+
+def test_idle_node_watches_and_writes_a_profile_that_says_so(bpf_object, tmp_path):
+    out, alive_file = tmp_path / "idle.pb.gz", tmp_path / "alive"
+    proc = agent_cli("-o", str(out), "--alive-file", str(alive_file), prefix=isolated())
+    line = watching(proc)
+    assert "waiting for CUDA processes" in line, line
+    assert alive_file.exists()  # touched at start, then by the reader thread
+    alive = subprocess.run([sys.executable, "-m", "gpuflame.agent.alive", str(alive_file)], capture_output=True,
+                           text=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert alive.returncode == 0, alive.stderr
+    os.kill(inner_pid(proc.pid), signal.SIGTERM)  # as the kubelet stops a pod; unshare passes no signal on
+    _, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 0, stderr
+    assert "no CUDA process was seen; the profile is empty" in stderr
+    profile = load(out)
+    assert not profile.samples
+    assert any("no CUDA process was seen" in c for c in profile.comments)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o600
+
+
+def test_stale_alive_file_fails_the_probe(tmp_path):
+    from gpuflame.agent import alive
+
+    path = tmp_path / "alive"
+    assert alive.main([str(path)]) == 1  # never touched
+    alive.touch(str(path))
+    assert alive.main([str(path)]) == 0
+    os.utime(path, (0, 0))
+    assert alive.main([str(path)]) == 1
+
+
+def test_driver_loaded_after_an_idle_start_is_probed(libcuda, start_target, agent_for):
+    """No libcuda anywhere at start: the agent starts, then probes the driver file a process loads."""
+    agent = agent_for()  # every process; nothing to probe yet (another job's stand-in may be found: harmless)
+    target = start_target("3.12", "late")
+    target.ready()
+    target.run("load")
+    assert wait_for(lambda: target.pid in agent.processes and any(
+        os.path.samefile(p, libcuda) for p in agent.attached.values()))
+    target.run("basic")
+    check_exact(agent, target)
+    assert agent.cuda_seen
