@@ -388,9 +388,13 @@ class Agent:
         who = f"pid {', '.join(map(str, self.pids))}" if self.pids else "every process that loads the CUDA driver"
         files = ", ".join(sorted({procs.as_seen(path) for path in self.attached.values()}))
         py = sum(1 for p in self.processes.values() if p.python)
-        through = (f"through {len(self.attached)} libcuda file(s): {files}" if self.attached
-                   else "(no libcuda.so loaded yet: waiting for CUDA processes; each driver file is probed "
-                   "as it appears)")
+        if self.attached:
+            through = f"through {len(self.attached)} libcuda file(s): {files}"
+        elif self.pids:
+            through = ("(libcuda.so is not loaded yet: probed when it is; a driver file named otherwise is "
+                       "not found: give it with --libcuda PATH)")
+        else:
+            through = "(no libcuda.so loaded yet: waiting for CUDA processes; each driver file is probed as it appears)"
         line = f"gpuflame agent: watching {who} ({len(self.processes)} now, {py} Python) {through}"
         line += f"; {self.probes_said()}"
         if self.single_stepped:
@@ -422,7 +426,7 @@ class Agent:
         if proc.interpreter is not None and not proc.python and proc.version not in self.unsupported:
             self.unsupported.add(proc.version)
             sys.stderr.write(f"gpuflame agent: Python {proc.version} (pid {pid}) is not supported "
-                             "(3.10-3.13 are): its allocations get native stacks\n")
+                             f"({procs.supported_said()} are): its allocations get native stacks\n")
         return proc
 
     def _process_labels(self, proc: Process) -> dict[str, str]:
@@ -678,6 +682,8 @@ class Agent:
             out[names[i]] = sum(int.from_bytes(raw[k : k + 8], "little") for k in range(0, len(raw), 8)) if raw else 0
         if self.probes == "entry":  # every free reaches user space at its entry, before the driver says no
             out["unknown_frees_at_entry"] = self.ledger.unmatched_frees
+        else:  # after a live-map overflow the kernel sends the frees it does not know: matched here
+            out["unknown_frees"] += self.ledger.unmatched_frees
         return out
 
     def snapshot(self) -> Profile:
@@ -695,6 +701,9 @@ class Agent:
         profile.comments += loss_notes(stats, self.probes_said())
         if not self.cuda_seen:
             profile.comments.append(NO_CUDA_PROCESS)
+        for version in sorted(self.unsupported):
+            profile.comments.append(f"gpuflame agent: Python {version} is not supported "
+                                    f"({procs.supported_said()} are): its processes' allocations have native stacks")
         return profile
 
     def stop(self) -> None:
@@ -725,7 +734,7 @@ def loss_notes(stats: dict[str, int], probes: str = "") -> list[str]:
     said = {
         "lost_events": "events were lost (the ring buffer was full): the totals are short",
         "live_map_full": "blocks were not tracked in the kernel (live-block map full, raise --max-blocks): "
-                         "their frees were not seen, so in-use over-counts them",
+                         "their frees were matched in user space instead (each free one more event)",
         "calls_map_full": "driver calls were missed (too many threads inside the driver at once)",
         "unknown_frees": "frees of blocks allocated before the agent started were ignored",
         "unknown_frees_at_entry": "frees of addresses not known here were ignored (blocks allocated before the "

@@ -285,6 +285,12 @@ def supported(version: str) -> bool:
     return version in OFFSETS
 
 
+def supported_said() -> str:
+    """The CPython versions with offsets, in words (3.10-3.13)."""
+    versions = sorted(OFFSETS, key=lambda v: tuple(map(int, v.split("."))))
+    return f"{versions[0]}-{versions[-1]}"
+
+
 def pid_namespace_pid(pid: int) -> int:
     """The pid the process sees itself as (its innermost PID namespace)."""
     try:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import shlex
 import signal
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -16,7 +18,7 @@ from gpuflame.agent.events import LIVE_BLOCKS
 from gpuflame.cli.options import add_pyroscope_options, positive_duration
 from gpuflame.defaults import PUSH_INTERVAL_S
 from gpuflame.errors import GpuflameError
-from gpuflame.files import atomic_write
+from gpuflame.files import atomic_write, check_folder
 from gpuflame.launch.store import PROFILE_NAME, RunMeta, new_run_folder, store_root
 from gpuflame.printable import printable
 from gpuflame.units import format_bytes
@@ -38,8 +40,9 @@ profile holds peak, in-use and allocated bytes per stack, with the labels
 pid, comm and device (cuda, cuda:N for cuMemCreate's device, or host for
 pinned host memory), plus namespace/pod/container/node on Kubernetes.
 
-It prints one line "gpuflame agent: watching ..." once its probes are live,
-then writes the profile at --duration's end or on Ctrl-C/SIGTERM (to -o,
+It prints one line "gpuflame agent: watching ..." once its probes are live
+(on a node with no CUDA process yet, it says it is waiting, and probes each
+driver file as processes load it), then writes the profile at --duration's end or on Ctrl-C/SIGTERM (to -o,
 else the local store), and/or pushes to Pyroscope every --interval (with
 --pyroscope, a process that has ended is dropped after its last push, so a
 long-running agent holds only live processes).
@@ -158,13 +161,26 @@ def _write(profile: object, output: Path) -> None:
 
 
 def _output(args: argparse.Namespace) -> Path | None:
+    """-o checked now, by making a file beside it: not after --duration has been spent."""
     if not args.output:
+        if args.store:
+            check_folder(args.store)
         return None
     path = Path(args.output)
+    if str(path) == "-":
+        return path
     if path.is_dir():
         raise GpuflameError(f"-o {args.output}: is a folder; give a file name such as node.pb.gz")
-    if not path.parent.exists():
-        raise GpuflameError(f"-o {args.output}: no such folder {path.parent}")
+    folder = path.parent
+    if not folder.is_dir():
+        raise GpuflameError(f"-o {args.output}: no such folder {folder}")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".gpuflame-probe.", dir=folder)
+    except OSError as exc:  # /proc and /sys answer "no such file" for a folder that is there
+        why = "no file can be made there (a kernel file system)" if exc.errno == errno.ENOENT else exc.strerror
+        raise GpuflameError(f"-o {args.output}: cannot write in {folder}: {why}") from None
+    os.close(fd)
+    os.unlink(probe)
     return path
 
 

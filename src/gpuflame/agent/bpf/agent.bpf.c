@@ -117,6 +117,13 @@ static __always_inline int setting(__u32 which)
     return v && *v;
 }
 
+static __always_inline void set_setting(__u32 which)
+{
+    __u32 *v = bpf_map_lookup_elem(&settings, &which);
+    if (v && !*v)
+        *v = 1;
+}
+
 static __always_inline void count(__u32 which)
 {
     __u64 *v = bpf_map_lookup_elem(&stats, &which);
@@ -461,13 +468,14 @@ static __always_inline int record_alloc(struct pt_regs *ctx, struct thread_state
         if (bpf_map_update_elem(&live, &key, &size, BPF_ANY)) {
             e->flags |= F_UNTRACKED;
             count(STAT_LIVE_FULL);
+            set_setting(SET_LIVE_OVERFLOWED);
         }
     }
     __u64 hash = 0;
     if (p && p->runtime)
         hash = walk_python(p, t, e);
-    else
-        e->flags |= F_NOT_REGISTERED;
+    else if (!p)
+        e->flags |= F_NOT_REGISTERED; /* registered without Python (native code, an unsupported one): not late */
     if (!p || !p->runtime || (p->flags & P_NATIVE)) {
         __u32 off = e->nframes & (MAX_FRAMES - 1);
         if (e->nframes >= MAX_FRAMES)
@@ -687,17 +695,20 @@ int BPF_KRETPROBE(free_exit, long rc)
     __u64 id = bpf_get_current_pid_tgid();
     struct block_key key = {.tgid = id >> 32, .handle = call.kind == K_RELEASE, .addr = call.out};
     __u64 *size = bpf_map_lookup_elem(&live, &key);
-    if (!size) {
+    if (!size && !setting(SET_LIVE_OVERFLOWED)) {
         count(STAT_UNKNOWN_FREES); /* allocated before the agent started */
         return 0;
     }
+    /* once the live map has overflowed, user space matches the frees the map does not know (it books
+     * every allocation, the untracked ones too) */
     struct event *e = new_event(EV_FREE, call.kind, 0);
     if (!e)
         return 0;
     e->addr = call.out;
-    e->size = *size;
+    e->size = size ? *size : 0;
     e->device = call.device;
-    bpf_map_delete_elem(&live, &key);
+    if (size)
+        bpf_map_delete_elem(&live, &key);
     send(e, 0);
     return 0;
 }

@@ -70,7 +70,8 @@
 /* settings */
 #define SET_ONLY_REGISTERED 0 /* 1 = only processes in procs (--pid), 0 = every process */
 #define SET_ENTRY_ONLY 1      /* 1 = no uretprobes: allocations recorded at entry, results read back later */
-#define N_SETTINGS 2
+#define SET_LIVE_OVERFLOWED 2 /* set by the kernel side once the live map was full: unknown frees are sent */
+#define N_SETTINGS 3
 #define STACK_SPAN (8 << 20) /* an output pointer this close above the stack pointer is on the stack */
 
 struct py_offsets {
