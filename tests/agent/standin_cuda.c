@@ -101,6 +101,16 @@ CUresult CUDAAPI cuMemAllocHost(void **pp, size_t bytesize) {
 CUresult CUDAAPI cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags) {
     (void)Flags; return hand_out((uint64_t *)pp, bytesize, &next_address, HOST_TAG);
 }
+/* What cuda.h maps the async calls to under CUDA_API_PER_THREAD_DEFAULT_STREAM (its _ptsz entry points;
+ * not declared without that macro, so their signatures are spelled out here as cuda.h has them). */
+CUresult CUDAAPI cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream) {
+    (void)hStream; return hand_out((uint64_t *)dptr, bytesize, &next_address, 0);
+}
+CUresult CUDAAPI cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
+                                              CUstream hStream) {
+    (void)pool; (void)hStream; return hand_out((uint64_t *)dptr, bytesize, &next_address, 0);
+}
+CUresult CUDAAPI cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream) { (void)hStream; return take_back(dptr); }
 CUresult CUDAAPI cuMemFree(CUdeviceptr dptr) { return take_back(dptr); }
 CUresult CUDAAPI cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) { (void)hStream; return take_back(dptr); }
 CUresult CUDAAPI cuMemRelease(CUmemGenericAllocationHandle handle) { return take_back(handle | HANDLE_TAG); }

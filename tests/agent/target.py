@@ -4,7 +4,7 @@ It calls the stand-in libcuda through ctypes and writes, for every call, a
 JSON line with what it did and the Python stack that did it (from
 ``sys._getframe`` on the line of the call), so a test can compute the exact
 profile the agent must produce. Commands come one per line on stdin
-(``load`` with ``late``, ``basic``, ``threads``, ``deep N``, ``hold``, ``release``,
+(``load`` with ``late``, ``basic``, ``ptsz``, ``threads``, ``deep N``, ``hold``, ``release``,
 ``fork``, ``init``, ``oom``, ``exit``); ``ready`` and ``done`` lines pace the test. With the argument
 ``seccomp`` it first puts itself under an allow-all seccomp filter.
 """
@@ -82,6 +82,16 @@ def pool_alloc(n):
     return check(rc, "cuMemAllocFromPoolAsync", p.value, n, "cuda", here)
 
 
+def ptsz_alloc(n):
+    p = u64(); rc = LIB.cuMemAllocAsync_ptsz(ctypes.byref(p), size_t(n), None); here = stack(sys._getframe())  # noqa: E501,E702
+    return check(rc, "cuMemAllocAsync_ptsz", p.value, n, "cuda", here)
+
+
+def ptsz_pool_alloc(n):
+    p = u64(); rc = LIB.cuMemAllocFromPoolAsync_ptsz(ctypes.byref(p), size_t(n), None, None); here = stack(sys._getframe())  # noqa: E501,E702
+    return check(rc, "cuMemAllocFromPoolAsync_ptsz", p.value, n, "cuda", here)
+
+
 def managed_alloc(n):
     p = u64(); rc = LIB.cuMemAllocManaged(ctypes.byref(p), size_t(n), 1); here = stack(sys._getframe())  # noqa: E702
     return check(rc, "cuMemAllocManaged", p.value, n, "cuda", here)
@@ -116,8 +126,8 @@ def pinned_hostalloc(n):
 
 
 def free(api, addr):
-    if api == "cuMemFreeAsync":
-        rc = LIB.cuMemFreeAsync(u64(addr), None)
+    if api in ("cuMemFreeAsync", "cuMemFreeAsync_ptsz"):
+        rc = getattr(LIB, api)(u64(addr), None)
     elif api in ("cuMemRelease", "cuMemFreeHost"):
         rc = getattr(LIB, api)(u64(addr) if api == "cuMemRelease" else ctypes.c_void_p(addr))
     else:
@@ -161,6 +171,13 @@ def basic():
     free("cuMemFreeHost", pinned)
     device_alloc(0)  # fails: nothing allocated
     free("cuMemFree_v2", 0x1234)  # fails: never allocated
+
+
+def per_thread_stream():
+    """The _ptsz entry points (per-thread default stream), as a program built with that option calls them."""
+    a = ptsz_alloc(3000)
+    ptsz_pool_alloc(5000)
+    free("cuMemFreeAsync_ptsz", a)
 
 
 def worker(n):
@@ -215,6 +232,8 @@ def main():
             LIB.cuInit(0)
         elif cmd[0] == "basic":
             basic()
+        elif cmd[0] == "ptsz":
+            per_thread_stream()
         elif cmd[0] == "threads":
             threads()
         elif cmd[0] == "deep":

@@ -71,6 +71,16 @@ def test_threads_each_with_their_stack(version, start_target, agent_for):
     assert agent.stats()["no_thread"] == 0
 
 
+def test_per_thread_default_stream_entry_points(start_target, agent_for):
+    """cuMemAllocAsync_ptsz and friends (a program built with CUDA_API_PER_THREAD_DEFAULT_STREAM): exact."""
+    target = start_target("3.12")
+    target.ready()
+    agent = agent_for(target.pid)
+    target.run("ptsz")
+    got = check_exact(agent, target)
+    assert sum(v[4] for v in got.values()) == 8000
+
+
 def test_deep_stack(start_target, agent_for):
     target = start_target("3.11")
     target.ready()

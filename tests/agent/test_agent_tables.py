@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from agent_helpers import VERSIONS, python_for
+from agent_helpers import VERSIONS, cuda_include, python_for
 
 from gpuflame.agent import events
 from gpuflame.agent.build import BPF_DIR
@@ -96,6 +96,25 @@ def test_constants_match_agent_h():
     fields = re.search(r"struct py_offsets \{(.*?)\};", (BPF_DIR / "agent.h").read_text(), re.S).group(1)
     assert tuple(re.findall(r"__s32 (\w+);", fields)) == events.OFFSET_FIELDS
     assert all(set(events.OFFSET_FIELDS) <= set(OFFSETS[v]) for v in OFFSETS)
+
+
+def test_every_ptsz_and_v2_variant_in_cuda_h_is_probed():
+    """cuda.h renames calls (cuMemAlloc -> cuMemAlloc_v2; the async ones -> *_ptsz under
+    CUDA_API_PER_THREAD_DEFAULT_STREAM): every such name of a function we probe is probed too."""
+    include = cuda_include()
+    if include is None:
+        pytest.skip("no cuda.h here")
+    text = (include / "cuda.h").read_text(errors="replace")
+    probed = set(events.ALLOCS) | set(events.FREES)
+
+    def base(name: str) -> str:
+        return re.sub(r"(_v\d+)?(_ptsz)?$", "", name)
+
+    variants = {name + "_ptsz" for name in re.findall(r"__CUDA_API_PTSZ\((\w+)\)", text)}
+    variants |= set(re.findall(r"#define \w+\s+(\w+_v\d+)\b", text))
+    wanted = {v for v in variants if base(v) in {base(p) for p in probed}}
+    assert {"cuMemAllocAsync_ptsz", "cuMemFreeAsync_ptsz", "cuMemAlloc_v2"} <= wanted
+    assert wanted <= probed, sorted(wanted - probed)
 
 
 @pytest.mark.parametrize("version", sorted(OFFSETS))

@@ -34,7 +34,9 @@ LIVE_BLOCKS = 262144  # default size of the live-block map (--max-blocks)
 ALLOCS = {
     "cuMemAlloc_v2": ("alloc_enter", K_ALLOC),
     "cuMemAllocAsync": ("alloc_enter", K_ALLOC_ASYNC),
+    "cuMemAllocAsync_ptsz": ("alloc_enter", K_ALLOC_ASYNC),  # cuda.h's per-thread default stream variants
     "cuMemAllocFromPoolAsync": ("alloc_enter", K_ALLOC_POOL_ASYNC),
+    "cuMemAllocFromPoolAsync_ptsz": ("alloc_enter", K_ALLOC_POOL_ASYNC),
     "cuMemAllocManaged": ("alloc_enter", K_ALLOC_MANAGED),
     "cuMemAllocPitch_v2": ("pitch_enter", K_ALLOC_PITCH),
     "cuMemCreate": ("create_enter", K_CREATE),
@@ -44,6 +46,7 @@ ALLOCS = {
 FREES = {
     "cuMemFree_v2": K_FREE,
     "cuMemFreeAsync": K_FREE_ASYNC,
+    "cuMemFreeAsync_ptsz": K_FREE_ASYNC,
     "cuMemRelease": K_RELEASE,
     "cuMemFreeHost": K_FREE_HOST,
 }
