@@ -10,9 +10,10 @@ import subprocess
 import sys
 
 import pytest
+from agent_expected import replay
 from agent_helpers import wait_for
 from test_agent_cli import agent_cli, watching
-from test_agent_stacks import check_exact
+from test_agent_stacks import check_exact, own_rows
 
 from gpuflame.formats import load
 
@@ -71,3 +72,58 @@ def test_driver_loaded_after_an_idle_start_is_probed(libcuda, start_target, agen
     target.run("basic")
     check_exact(agent, target)
     assert agent.cuda_seen
+
+
+def test_a_driver_file_loaded_later_is_probed_on_the_kernel_side_word(libcuda, start_target, bpf_object, tmp_path):
+    """A new driver file (another inode) mapped after the start: the kernel side tells the reader at once,
+    no rescan needed (none runs here: no reader thread); the window before its probes is said."""
+    from gpuflame.agent.agent import Agent
+
+    copy = tmp_path / "late" / "libcuda.so.1"
+    copy.parent.mkdir()
+    shutil.copy(libcuda, copy)
+    copy.parent.chmod(0o755)
+    key = (os.stat(copy).st_dev, os.stat(copy).st_ino)
+    agent = Agent()
+    agent.start(thread=False)  # no rescans: only the kernel side's word can get the file probed
+    try:
+        if not agent.watch_loads:
+            pytest.skip("this kernel refuses fexit programs: new driver files are found by rescans only")
+        target = start_target("3.12", "late", lib=str(copy))
+        target.ready()
+        target.run("load")
+        assert wait_for(lambda: polled(agent) and key in agent.attached)
+        assert target.pid in agent.processes
+        target.run("basic")
+        expected = replay(target.records)
+        assert wait_for(lambda: polled(agent) and own_rows(agent, {str(target.pid)}) == expected)
+        assert target.pid in agent.late_loads
+        assert any("loaded a driver file the agent had not probed yet (probed " in c and " ms after the load" in c
+                   for c in agent.snapshot().comments)
+    finally:
+        agent.stop()
+
+
+def polled(agent) -> bool:  # noqa: ANN001
+    agent.poll(0)
+    return True
+
+
+def test_a_driver_file_found_by_a_rescan_says_what_may_be_missing(libcuda, start_target, agent_for, tmp_path):
+    """Found by a rescan (a kernel without fexit, or --pid): the profile says the window its probes came after."""
+    copy = tmp_path / "late" / "libcuda.so.1"
+    copy.parent.mkdir()
+    shutil.copy(libcuda, copy)
+    copy.parent.chmod(0o755)
+    target = start_target("3.11", "late", lib=str(copy))
+    target.ready()
+    agent = agent_for(target.pid)
+    target.run("load")
+    assert wait_for(lambda: bool(agent.attached))
+    target.run("basic")
+    check_exact(agent, target)
+    assert set(agent.late_loads) == {target.pid}
+    note = next(c for c in agent.snapshot().comments if "loaded a driver file the agent had not probed yet" in c)
+    assert "allocations in between are missing" in note
+    if not agent.watch_loads:  # else the kernel side's word may come first: a window in milliseconds
+        assert "probed at a rescan, up to 0.25 s after the load" in note

@@ -25,6 +25,7 @@ from gpuflame.agent.events import (
     BLOCK_KEY,
     EV_ALLOC,
     EV_CODE,
+    EV_DRIVER,
     EV_EXEC,
     EV_EXIT,
     EV_FORK,
@@ -86,6 +87,10 @@ LIBCUDA_DIRS = (
 
 UPROBE_PROGRAMS = ("alloc_enter", "pitch_enter", "create_enter", "free_enter", "alloc_exit", "free_exit", "init_enter",
                    "ret_site")
+
+# fexit on vm_mmap_pgoff: a driver file mapped later is probed at once; kernels that refuse fexit (lockdown,
+# no BPF trampolines) load without it and find such files at the next rescan
+OPTIONAL_PROGRAMS = ("driver_mapped",)
 
 NO_PYTHON_STACK = Frame("<no Python stack>", kind=SYNTHETIC)
 TOO_EARLY = Frame("<before the agent knew the process>", kind=SYNTHETIC)
@@ -167,6 +172,9 @@ class Agent:
         self.probes_asked = probes  # auto | return | entry (procs.choose_probes)
         self.alive_file = alive_file  # touched by the reader thread (alive.py)
         self.cuda_seen = False  # a process loaded the driver or allocated while we watched
+        self.watch_loads = False  # the kernel side tells of a driver file mapped (else: found at rescans)
+        self._skip: tuple[str, ...] = ()  # optional programs this kernel refused
+        self.late_loads: dict[int, int | None] = {}  # pid -> ms from its driver load to the probes (None: a rescan)
         self.probes = ""  # return | entry, chosen at start
         self.probes_why = ""
         self.pending = PendingResults()  # entry-only: allocations whose result is not read yet
@@ -291,7 +299,14 @@ class Agent:
     def _load(self, path: str, multi: bool) -> None:
         """Load the object and open its maps and ring."""
         self._multi = multi
-        self._obj = BpfObject(path, {"live": self.max_blocks}, multi=UPROBE_PROGRAMS if multi else ())
+        multi_programs = UPROBE_PROGRAMS if multi else ()
+        try:
+            self._obj = BpfObject(path, {"live": self.max_blocks}, multi=multi_programs, skip=self._skip)
+        except BpfError:
+            if self._skip == OPTIONAL_PROGRAMS:
+                raise
+            self._skip = OPTIONAL_PROGRAMS  # a kernel that refuses fexit programs: rescans find new drivers
+            self._obj = BpfObject(path, {"live": self.max_blocks}, multi=multi_programs, skip=self._skip)
         ncpu = possible_cpus()
         self._procs = Map(self._obj.map_fd("procs"), PROC.size)
         self._live = Map(self._obj.map_fd("live"), 8)
@@ -304,6 +319,13 @@ class Agent:
         self._ring = RingBuffer(self._obj.map_fd("events"), RING_BYTES, self._incoming.append)
         for program in ("process_exit", "process_fork", "process_exec"):
             self._obj.attach(program)
+        self.watch_loads = False
+        if "driver_mapped" not in self._skip:
+            try:
+                self._obj.attach("driver_mapped")
+                self.watch_loads = True
+            except BpfError:  # no BPF trampolines (fexit) here: a driver file loaded later waits for a rescan
+                pass
 
     def _libcuda_files(self) -> dict[tuple[int, int], str]:
         files: dict[tuple[int, int], str] = {}
@@ -448,7 +470,7 @@ class Agent:
     # -- the reader thread ----------------------------------------------------------
 
     def _loop(self) -> None:
-        every = PID_RESCAN_SECONDS if self.pids else RESCAN_SECONDS  # a few watched processes are cheap to look at
+        every = self._rescan_every()
         next_scan = time.monotonic() + every
         next_touch = 0.0
         while not self._stop.is_set():
@@ -494,7 +516,7 @@ class Agent:
                 self._attach_items(self._new_files(default_libcuda()))
             for pid in list(self.processes) if self.pids else procs.all_pids():
                 files = procs.libcuda_files(pid)
-                self._attach_items(self._new_files(files.values()))
+                self._probe_loaded(pid, files, None)
                 if files:
                     self.cuda_seen = True
                 if files and pid not in self.processes and not self.pids:
@@ -503,6 +525,31 @@ class Agent:
         except Exception as exc:  # noqa: BLE001
             self.counts["handler_errors"] += 1
             sys.stderr.write(f"gpuflame agent: rescan failed ({type(exc).__name__}: {exc})\n")
+
+    def _driver_loaded(self, pid: int, mapped_ns: int) -> None:
+        """The kernel side saw *pid* map a libcuda file: probe it now if it is new, and know the process."""
+        if not self._wanted(pid):
+            return
+        files = procs.libcuda_files(pid)
+        if not files:
+            return
+        self.cuda_seen = True
+        self._probe_loaded(pid, files, mapped_ns)
+        if pid not in self.processes:
+            self._register(pid)
+
+    def _probe_loaded(self, pid: int, files: dict[tuple[str, int], str], mapped_ns: int | None) -> None:
+        """Probe the files *pid* maps that are new; it loaded them before their probes were in, so note the
+        window (*mapped_ns*: when it mapped one, on the kernel's monotonic clock; None: found by a rescan)."""
+        new = self._new_files(files.values())
+        if not new:
+            return
+        before = len(self.attached)
+        self._attach_items(new)
+        if len(self.attached) > before:
+            ms = None if mapped_ns is None else max(0, time.monotonic_ns() - mapped_ns) // 1_000_000
+            old = self.late_loads.get(pid, 0)
+            self.late_loads[pid] = None if ms is None or old is None else max(old, ms)
 
     def _new_files(self, paths: Iterable[str]) -> list[tuple[tuple[int, int], str]]:
         """The files among *paths* not probed yet (nor found unprobeable), by (device, inode)."""
@@ -533,6 +580,9 @@ class Agent:
             proc = self.processes.get(record.tgid)
             if proc is not None and proc.reader is not None:
                 proc.reader.remember(record)
+        elif kind == EV_DRIVER:
+            h = header(data)
+            self._driver_loaded(h.tgid, h.ts)
         elif kind == EV_EXIT:
             self._exit(header(data).tgid)
         elif kind == EV_NEW_PROCESS:
@@ -701,10 +751,24 @@ class Agent:
         profile.comments += loss_notes(stats, self.probes_said())
         if not self.cuda_seen:
             profile.comments.append(NO_CUDA_PROCESS)
+        if self.late_loads:
+            profile.comments.append(self._late_note())
         for version in sorted(self.unsupported):
             profile.comments.append(f"gpuflame agent: Python {version} is not supported "
                                     f"({procs.supported_said()} are): its processes' allocations have native stacks")
         return profile
+
+    def _rescan_every(self) -> float:
+        return PID_RESCAN_SECONDS if self.pids else RESCAN_SECONDS  # a few watched processes are cheap to look at
+
+    def _late_note(self) -> str:
+        """What a driver file loaded after the agent started may have cost: the window before its probes."""
+        n = len(self.late_loads)
+        known = [ms for ms in self.late_loads.values() if ms is not None]
+        window = (f"probed {max(known)} ms after the load at most" if len(known) == n
+                  else f"probed at a rescan, up to {self._rescan_every():g} s after the load")
+        return (f"gpuflame agent: {n} process{'es' if n > 1 else ''} loaded a driver file the agent had not probed "
+                f"yet ({window}): allocations in between are missing, their frees counted as unknown")
 
     def stop(self) -> None:
         """Stop reading, book what is left, detach everything."""

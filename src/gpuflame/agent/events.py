@@ -15,6 +15,7 @@ K_ALLOC_HOST, K_HOST_ALLOC, K_FREE, K_FREE_ASYNC, K_RELEASE, K_FREE_HOST = 6, 7,
 # event types
 EV_ALLOC, EV_FREE, EV_EXIT, EV_NEW_PROCESS, EV_FORK, EV_EXEC, EV_CODE = 1, 2, 3, 4, 5, 6, 7
 EV_RESULT, EV_SITE = 8, 9  # entry-only probes: an allocation's outcome; a return address to probe
+EV_DRIVER = 10  # a process mapped a libcuda file (probed at once if new)
 
 # event flags
 F_NOT_REGISTERED, F_NO_THREAD, F_TRUNCATED, F_UNTRACKED = 1, 2, 4, 8

@@ -745,6 +745,34 @@ int BPF_PROG(process_exit, struct task_struct *task)
     return 0;
 }
 
+#define PROT_EXEC 4
+#define LIBCUDA_PREFIX "libcuda.so"
+
+/* A process has just mapped a libcuda file executable (the dynamic loader maps its code): user space
+ * probes a file it has not probed yet at once, before the process's first driver call in most cases
+ * (a real driver's cuInit alone takes far longer), rather than at its next rescan. */
+SEC("fexit/vm_mmap_pgoff")
+int BPF_PROG(driver_mapped, struct file *file, unsigned long addr, unsigned long len, unsigned long prot,
+             unsigned long flag, unsigned long pgoff, unsigned long ret)
+{
+    if (!file || !(prot & PROT_EXEC) || ret >= (unsigned long)-4095)
+        return 0;
+    char name[sizeof(LIBCUDA_PREFIX)] = {};
+    bpf_probe_read_kernel_str(name, sizeof(name), BPF_CORE_READ(file, f_path.dentry, d_name.name));
+    const char want[] = LIBCUDA_PREFIX;
+#pragma unroll
+    for (int i = 0; i < (int)sizeof(LIBCUDA_PREFIX) - 1; i++)
+        if (name[i] != want[i])
+            return 0;
+    __u32 tgid = bpf_get_current_pid_tgid() >> 32;
+    if (setting(SET_ONLY_REGISTERED) && !bpf_map_lookup_elem(&procs, &tgid))
+        return 0;
+    struct event *e = new_event(EV_DRIVER, 0, 1);
+    if (e)
+        send(e, 1);
+    return 0;
+}
+
 /* A fork child of a registered process has the same memory layout: register it here, before it runs. */
 SEC("tp_btf/sched_process_fork")
 int BPF_PROG(process_fork, struct task_struct *parent, struct task_struct *child)

@@ -41,6 +41,7 @@
  * outcome later as an EV_RESULT; EV_SITE: a return address user space may put a plain uprobe on */
 #define EV_RESULT 8
 #define EV_SITE 9
+#define EV_DRIVER 10 /* a process mapped a libcuda file executable: user space probes it now, not at a rescan */
 
 /* event flags */
 #define F_NOT_REGISTERED 1 /* no interpreter known for the process (yet) */
