@@ -15,6 +15,8 @@
 
 const char gpuflame_standin_libcuda[] = "gpuflame test stand-in for libcuda.so.1: fake addresses, no GPU";
 
+#define HANDLE_TAG (1ull << 62)
+#define HOST_TAG (1ull << 61)
 #define SLOTS (1u << 20)
 #define HUGE ((size_t)1 << 50)
 static uint64_t live[SLOTS]; /* open addressing; 0 = empty, 1 = deleted */
@@ -22,6 +24,14 @@ static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static uint64_t next_address = 0x7f0000000000ull;
 static uint64_t next_handle = 0x1000;
 static int initialized;
+/* gpuflame_standin_reuse(1): device addresses freed are handed out again at once, last freed first (as a
+ * real allocator reuses them), so that frees and allocations of one address race across threads */
+#define REUSE_SLOTS 4096
+static uint64_t reusable[REUSE_SLOTS];
+static unsigned n_reusable;
+static int reuse;
+
+void gpuflame_standin_reuse(int on) { reuse = on; }
 
 static uint64_t slot_of(uint64_t key) { return (key * 0x9e3779b97f4a7c15ull) >> 44; }
 
@@ -42,8 +52,13 @@ static CUresult hand_out(uint64_t *out, size_t size, uint64_t *counter, uint64_t
     if (!out || size == 0) return CUDA_ERROR_INVALID_VALUE;
     if (size >= HUGE) return CUDA_ERROR_OUT_OF_MEMORY;
     pthread_mutex_lock(&lock);
-    uint64_t at = *counter;
-    *counter += (size + 511) & ~(uint64_t)511;
+    uint64_t at;
+    if (reuse && tag == 0 && n_reusable) {
+        at = reusable[--n_reusable];
+    } else {
+        at = *counter;
+        *counter += (size + 511) & ~(uint64_t)511;
+    }
     int ok = remember(at | tag);
     pthread_mutex_unlock(&lock);
     if (!ok) return CUDA_ERROR_OUT_OF_MEMORY;
@@ -54,12 +69,12 @@ static CUresult hand_out(uint64_t *out, size_t size, uint64_t *counter, uint64_t
 static CUresult take_back(uint64_t key) {
     pthread_mutex_lock(&lock);
     int ok = forget(key);
+    if (ok && reuse && !(key & (HANDLE_TAG | HOST_TAG)) && n_reusable < REUSE_SLOTS)
+        reusable[n_reusable++] = key;
     pthread_mutex_unlock(&lock);
     return ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
-#define HANDLE_TAG (1ull << 62)
-#define HOST_TAG (1ull << 61)
 
 CUresult CUDAAPI cuInit(unsigned int Flags) { (void)Flags; initialized = 1; return CUDA_SUCCESS; }
 CUresult CUDAAPI cuDriverGetVersion(int *v) { *v = 13000; return CUDA_SUCCESS; }

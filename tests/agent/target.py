@@ -4,7 +4,7 @@ It calls the stand-in libcuda through ctypes and writes, for every call, a
 JSON line with what it did and the Python stack that did it (from
 ``sys._getframe`` on the line of the call), so a test can compute the exact
 profile the agent must produce. Commands come one per line on stdin
-(``load`` with ``late``, ``basic``, ``ptsz``, ``threads``, ``deep N``, ``hold``, ``release``,
+(``load`` with ``late``, ``basic``, ``ptsz``, ``threads``, ``race N``, ``deep N``, ``hold``, ``release``,
 ``fork``, ``init``, ``oom``, ``exit``); ``ready`` and ``done`` lines pace the test. With the argument
 ``seccomp`` it first puts itself under an allow-all seccomp filter.
 """
@@ -193,6 +193,27 @@ def threads():
         t.join()
 
 
+def churn(n, size):
+    """Allocate and free at once, *n* times: with the stand-in's reuse on, threads trade addresses."""
+    for _ in range(n):
+        p = u64()
+        assert LIB.cuMemAlloc_v2(ctypes.byref(p), size_t(size)) == 0
+        assert LIB.cuMemFree_v2(u64(p.value)) == 0
+
+
+def race(pairs):
+    """4 threads, *pairs* alloc/free pairs in all, addresses reused at once (no per-call log: it would serialise
+    them); one record of the totals."""
+    LIB.gpuflame_standin_reuse(1)
+    ts = [threading.Thread(target=churn, args=(pairs // 4, 8192)) for _ in range(4)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    LIB.gpuflame_standin_reuse(0)
+    say(op="raced", pairs=pairs // 4 * 4, size=8192, pid=os.getpid())
+
+
 def deep(n):
     if n <= 1:
         return device_alloc(333)
@@ -236,6 +257,8 @@ def main():
             per_thread_stream()
         elif cmd[0] == "threads":
             threads()
+        elif cmd[0] == "race":
+            race(int(cmd[1]))
         elif cmd[0] == "deep":
             deep(int(cmd[1]))
         elif cmd[0] == "hold":

@@ -165,6 +165,18 @@ def test_ledger_peak_equals_the_definition(seed):
     assert {s: v[2] for s, v in got.items()} == {s: inuse.get(s, 0) for s in got}
 
 
+def test_ledger_parks_a_block_whose_free_is_still_on_its_way():
+    """Thread A frees X, thread B gets X and its event comes first: A's free then takes A's block, not B's."""
+    ledger = Ledger()
+    ledger.alloc(7, "cuda", 0, (0, 0x1000), 100)
+    ledger.alloc(7, "cuda", 1, (0, 0x1000), 30, park=True)  # B: X again, A's free still returning
+    assert ledger.free(7, (0, 0x1000))  # A's free: A's block
+    assert {stack: v[2] for _, stack, v in ledger.rows()} == {0: 0, 1: 30}
+    assert ledger.free(7, (0, 0x1000))  # B's own free
+    assert {stack: v[2] for _, stack, v in ledger.rows()} == {0: 0, 1: 0}
+    assert ledger.unmatched_frees == 0 and not ledger.parked
+
+
 def test_ledger_exit_and_unknown_frees():
     ledger = Ledger()
     ledger.alloc(7, "cuda", 0, (0, 0x1000), 100)

@@ -37,6 +37,7 @@ from gpuflame.agent.events import (
     F_NO_THREAD,
     F_NOT_REGISTERED,
     F_PENDING,
+    F_REPLACED,
     F_RETURNED,
     F_TRUNCATED,
     F_UNKNOWN,
@@ -614,7 +615,8 @@ class Agent:
         if flags & F_PENDING:
             self.pending.add(tgid, tid, Pending(seq, kind, device_label(device), stack))
             return
-        self.ledger.alloc(tgid, device_label(device), stack, (int(kind == K_CREATE), addr), size)
+        self.ledger.alloc(tgid, device_label(device), stack, (int(kind == K_CREATE), addr), size,
+                          park=not flags & F_REPLACED)
 
     # -- entry-only probes: results read back ------------------------------------------
 

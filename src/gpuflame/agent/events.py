@@ -20,6 +20,7 @@ EV_DRIVER = 10  # a process mapped a libcuda file (probed at once if new)
 # event flags
 F_NOT_REGISTERED, F_NO_THREAD, F_TRUNCATED, F_UNTRACKED = 1, 2, 4, 8
 F_PENDING, F_FAILED, F_RETURNED, F_UNKNOWN = 16, 32, 64, 128
+F_REPLACED = 256  # an allocation at an address whose free was missed (none is still returning)
 
 DEVICE_CUDA, DEVICE_HOST = -1, -2
 P_NATIVE = 1

@@ -36,6 +36,9 @@ class Ledger:
         self.blocks: dict[int, dict[BlockKey, tuple[Group, int, int]]] = {}
         self.clock = 0
         self.unmatched_frees = 0
+        # (pid, key) -> block: taken over by a new allocation while its own free, already done in the
+        # driver, was still returning (its event comes next and takes this one away)
+        self.parked: dict[tuple[int, BlockKey], tuple[Group, int, int]] = {}
 
     def _change(self, g: GroupState, stack: int, size: int, count: int, allocated: bool) -> None:
         """Add *size* bytes and *count* blocks to a row (negative: a free), keeping its value at the peak."""
@@ -57,7 +60,9 @@ class Ledger:
             g.peak_total = g.total
             g.peak_time = self.clock
 
-    def alloc(self, pid: int, device: str, stack: int, key: BlockKey, size: int) -> None:
+    def alloc(self, pid: int, device: str, stack: int, key: BlockKey, size: int, park: bool = False) -> None:
+        """Book a block. An address still booked: its free was missed (released now), or, with *park*, its
+        free is still on its way (the block waits for it)."""
         group = (pid, device)
         g = self.groups.get(group)
         if g is None:
@@ -66,12 +71,21 @@ class Ledger:
         if blocks is None:
             blocks = self.blocks[pid] = {}
         elif key in blocks:  # an address handed out again without a free we saw
-            self._release(pid, key)
+            if park:
+                self.parked[(pid, key)] = blocks.pop(key)
+            else:
+                self._release(pid, key)
         self._change(g, stack, size, 1, True)
         blocks[key] = (group, stack, size)
 
     def free(self, pid: int, key: BlockKey) -> bool:
         """Free a block; False when it is not known (allocated before the agent started)."""
+        if self.parked:
+            parked = self.parked.pop((pid, key), None)
+            if parked is not None:
+                group, stack, size = parked
+                self._change(self.groups[group], stack, -size, -1, False)
+                return True
         if key not in self.blocks.get(pid, ()):
             self.clock += 1
             self.unmatched_frees += 1
@@ -88,6 +102,9 @@ class Ledger:
         keys = list(self.blocks.get(pid, {}))
         for key in keys:
             self._release(pid, key)
+        for pk in [pk for pk in self.parked if pk[0] == pid]:
+            group, stack, size = self.parked.pop(pk)
+            self._change(self.groups[group], stack, -size, -1, False)
         self.blocks.pop(pid, None)
         return keys
 

@@ -147,13 +147,13 @@ static __always_inline int device_of(__u32 kind)
     return (kind == K_ALLOC_HOST || kind == K_HOST_ALLOC || kind == K_FREE_HOST) ? DEVICE_HOST : DEVICE_CUDA;
 }
 
-static __always_inline void stash(__u32 kind, __u64 out, __u64 size, __u64 extra, __s32 device)
+static __always_inline struct thread_state *stash(__u32 kind, __u64 out, __u64 size, __u64 extra, __s32 device)
 {
     struct thread_state *t = bpf_task_storage_get(&threads, bpf_get_current_task_btf(), 0,
                                                   BPF_LOCAL_STORAGE_GET_F_CREATE);
     if (!t) {
         count(STAT_CALLS_FULL);
-        return;
+        return 0;
     }
     t->call.kind = kind;
     t->call.device = device;
@@ -161,6 +161,7 @@ static __always_inline void stash(__u32 kind, __u64 out, __u64 size, __u64 extra
     t->call.size = size;
     t->call.extra = extra;
     t->in_call = 1;
+    return t;
 }
 
 /* The call the thread is returning from (and its state), or NULL. */
@@ -465,6 +466,8 @@ static __always_inline int record_alloc(struct pt_regs *ctx, struct thread_state
         e->seq = t->seq;
     } else {
         struct block_key key = {.tgid = tgid, .handle = call->kind == K_CREATE, .addr = addr};
+        if (bpf_map_lookup_elem(&live, &key))
+            e->flags |= F_REPLACED; /* no free of it was seen: not one still returning */
         if (bpf_map_update_elem(&live, &key, &size, BPF_ANY)) {
             e->flags |= F_UNTRACKED;
             count(STAT_LIVE_FULL);
@@ -679,10 +682,23 @@ SEC("uprobe")
 int BPF_KPROBE(free_enter, __u64 addr)
 {
     __u32 kind = bpf_get_attach_cookie(ctx);
-    if (setting(SET_ENTRY_ONLY))
+    if (setting(SET_ENTRY_ONLY)) {
         free_at_entry(ctx, kind, addr, device_of(kind));
-    else
-        stash(kind, addr, 0, 0, device_of(kind));
+        return 0;
+    }
+    struct thread_state *t = stash(kind, addr, 0, 0, device_of(kind));
+    if (!t)
+        return 0;
+    /* The block leaves `live` now, before the driver can hand its address to another thread: that
+     * thread's allocation, returning before this free does, then finds no entry to overwrite (and this
+     * free does not take its block away). A refused free puts it back. */
+    struct block_key key = {.tgid = bpf_get_current_pid_tgid() >> 32, .handle = kind == K_RELEASE, .addr = addr};
+    __u64 *size = bpf_map_lookup_elem(&live, &key);
+    if (size) {
+        t->call.size = *size;
+        t->call.extra = 1;
+        bpf_map_delete_elem(&live, &key);
+    }
     return 0;
 }
 
@@ -690,12 +706,16 @@ SEC("uretprobe")
 int BPF_KRETPROBE(free_exit, long rc)
 {
     struct inflight call;
-    if (!returning(&call) || rc != 0)
+    if (!returning(&call))
         return 0;
-    __u64 id = bpf_get_current_pid_tgid();
-    struct block_key key = {.tgid = id >> 32, .handle = call.kind == K_RELEASE, .addr = call.out};
-    __u64 *size = bpf_map_lookup_elem(&live, &key);
-    if (!size && !setting(SET_LIVE_OVERFLOWED)) {
+    struct block_key key = {.tgid = bpf_get_current_pid_tgid() >> 32, .handle = call.kind == K_RELEASE,
+                            .addr = call.out};
+    if (rc != 0) {
+        if (call.extra) /* refused: the block lives on, and its address was not handed out again */
+            bpf_map_update_elem(&live, &key, &call.size, BPF_NOEXIST);
+        return 0;
+    }
+    if (!call.extra && !setting(SET_LIVE_OVERFLOWED)) {
         count(STAT_UNKNOWN_FREES); /* allocated before the agent started */
         return 0;
     }
@@ -705,10 +725,8 @@ int BPF_KRETPROBE(free_exit, long rc)
     if (!e)
         return 0;
     e->addr = call.out;
-    e->size = size ? *size : 0;
+    e->size = call.extra ? call.size : 0;
     e->device = call.device;
-    if (size)
-        bpf_map_delete_elem(&live, &key);
     send(e, 0);
     return 0;
 }

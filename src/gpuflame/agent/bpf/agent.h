@@ -53,6 +53,8 @@
 #define F_RETURNED 64      /* EV_RESULT: read at the call's return site (exact), not at the next entry */
 #define F_UNKNOWN 128      /* EV_RESULT: not read at the return site, and the output's memory may hold
                             * something else by now (heap, or a frame that returned): not counted */
+#define F_REPLACED 256     /* EV_ALLOC: the live map still held its address (a free missed), not a free
+                            * still returning from the driver (whose EV_FREE then comes after this) */
 
 /* device: an ordinal, or one of these */
 #define DEVICE_CUDA -1 /* the context's device, not known from the call */
