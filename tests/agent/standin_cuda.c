@@ -76,6 +76,8 @@ static CUresult take_back(uint64_t key) {
 }
 
 
+static void vmm_hold(uint64_t handle);
+
 CUresult CUDAAPI cuInit(unsigned int Flags) { (void)Flags; initialized = 1; return CUDA_SUCCESS; }
 CUresult CUDAAPI cuDriverGetVersion(int *v) { *v = 13000; return CUDA_SUCCESS; }
 
@@ -107,7 +109,7 @@ CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, 
     if (!prop) return CUDA_ERROR_INVALID_VALUE;
     uint64_t h;
     CUresult rc = hand_out(&h, size, &next_handle, HANDLE_TAG);
-    if (rc == CUDA_SUCCESS) *handle = h;
+    if (rc == CUDA_SUCCESS) { *handle = h; vmm_hold(h); }
     return rc;
 }
 CUresult CUDAAPI cuMemAllocHost(void **pp, size_t bytesize) {
@@ -128,5 +130,76 @@ CUresult CUDAAPI cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize
 CUresult CUDAAPI cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream) { (void)hStream; return take_back(dptr); }
 CUresult CUDAAPI cuMemFree(CUdeviceptr dptr) { return take_back(dptr); }
 CUresult CUDAAPI cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) { (void)hStream; return take_back(dptr); }
-CUresult CUDAAPI cuMemRelease(CUmemGenericAllocationHandle handle) { return take_back(handle | HANDLE_TAG); }
+/* VMM as the driver counts it: a cuMemCreate allocation lives while its handle (cuMemCreate's, and each
+ * cuMemRetainAllocationHandle's) or a mapping (cuMemMap) holds it; cuMemRelease and cuMemUnmap drop one. */
+#define VMM_SLOTS 1024
+static struct { uint64_t handle; int refs; } held[VMM_SLOTS];
+static struct { uint64_t va, size, handle; } mapped[VMM_SLOTS];
+
+static int held_slot(uint64_t handle) {
+    for (int i = 0; i < VMM_SLOTS; i++)
+        if (held[i].refs && held[i].handle == handle) return i;
+    return -1;
+}
+
+static CUresult vmm_drop(int slot) {
+    uint64_t handle = held[slot].handle;
+    if (--held[slot].refs) return CUDA_SUCCESS;
+    return take_back(handle | HANDLE_TAG);
+}
+
+static void vmm_hold(uint64_t handle) {
+    pthread_mutex_lock(&lock);
+    for (int i = 0; i < VMM_SLOTS; i++)
+        if (!held[i].refs) { held[i].handle = handle; held[i].refs = 1; break; }
+    pthread_mutex_unlock(&lock);
+}
+
+CUresult CUDAAPI cuMemRelease(CUmemGenericAllocationHandle handle) {
+    pthread_mutex_lock(&lock);
+    int slot = held_slot(handle);
+    pthread_mutex_unlock(&lock);
+    return slot < 0 ? CUDA_ERROR_INVALID_VALUE : vmm_drop(slot);
+}
+CUresult CUDAAPI cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
+                          unsigned long long flags) {
+    (void)offset; (void)flags;
+    CUresult rc = CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&lock);
+    int slot = held_slot(handle);
+    for (int i = 0; slot >= 0 && i < VMM_SLOTS; i++)
+        if (!mapped[i].size) {
+            mapped[i].va = ptr; mapped[i].size = size; mapped[i].handle = handle;
+            held[slot].refs++;
+            rc = CUDA_SUCCESS;
+            break;
+        }
+    pthread_mutex_unlock(&lock);
+    return rc;
+}
+CUresult CUDAAPI cuMemUnmap(CUdeviceptr ptr, size_t size) {
+    CUresult rc = CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&lock);
+    for (int i = 0; i < VMM_SLOTS; i++)
+        if (mapped[i].size && mapped[i].va == ptr && mapped[i].size == size) {
+            int slot = held_slot(mapped[i].handle);
+            mapped[i].size = 0;
+            pthread_mutex_unlock(&lock);
+            return slot < 0 ? CUDA_ERROR_INVALID_VALUE : vmm_drop(slot);
+        }
+    pthread_mutex_unlock(&lock);
+    return rc;
+}
+CUresult CUDAAPI cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr) {
+    CUresult rc = CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&lock);
+    for (int i = 0; i < VMM_SLOTS; i++)
+        if (mapped[i].size && mapped[i].va <= (uint64_t)addr && (uint64_t)addr < mapped[i].va + mapped[i].size) {
+            int slot = held_slot(mapped[i].handle);
+            if (slot >= 0) { held[slot].refs++; *handle = mapped[i].handle; rc = CUDA_SUCCESS; }
+            break;
+        }
+    pthread_mutex_unlock(&lock);
+    return rc;
+}
 CUresult CUDAAPI cuMemFreeHost(void *p) { return take_back((uint64_t)p | HOST_TAG); }

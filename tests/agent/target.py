@@ -4,7 +4,7 @@ It calls the stand-in libcuda through ctypes and writes, for every call, a
 JSON line with what it did and the Python stack that did it (from
 ``sys._getframe`` on the line of the call), so a test can compute the exact
 profile the agent must produce. Commands come one per line on stdin
-(``load`` with ``late``, ``basic``, ``ptsz``, ``threads``, ``race N``, ``deep N``, ``hold``, ``release``,
+(``load`` with ``late``, ``basic``, ``ptsz``, ``vmm``, ``threads``, ``race N``, ``deep N``, ``hold``, ``release``,
 ``fork``, ``init``, ``oom``, ``exit``); ``ready`` and ``done`` lines pace the test. With the argument
 ``seccomp`` it first puts itself under an allow-all seccomp filter.
 """
@@ -113,6 +113,32 @@ def vmm_create(n, device):
     prop = Prop(1, 0, 1, device)
     h = u64(); rc = LIB.cuMemCreate(ctypes.byref(h), size_t(n), ctypes.byref(prop), u64(0)); here = stack(sys._getframe())  # noqa: E501,E702
     return check(rc, "cuMemCreate", h.value, n, f"cuda:{device}", here)
+
+
+def vmm_lifetimes():
+    """VMM memory is held while a handle or a mapping holds it (cuMemRelease and cuMemUnmap drop one each): a
+    release while mapped, a retained handle (as NCCL does), then the last drop frees it. The log's "free" is
+    that last drop, made here by counting as the driver does."""
+    va = 0x7E0000000000  # a made-up reserved range (the stand-in needs no cuMemAddressReserve)
+    size = 12 << 20
+    h = vmm_create(size, 0)
+    assert LIB.cuMemMap(u64(va), size_t(size), size_t(0), u64(h), u64(0)) == 0
+    assert LIB.cuMemRelease(u64(h)) == 0  # still mapped: still held
+    say(op="checkpoint", name="released while mapped")
+    again = u64()
+    assert LIB.cuMemRetainAllocationHandle(ctypes.byref(again), ctypes.c_void_p(va + 4096)) == 0
+    assert LIB.cuMemUnmap(u64(va), size_t(size)) == 0  # still retained: still held
+    say(op="checkpoint", name="unmapped while retained")
+    assert LIB.cuMemRelease(u64(again.value)) == 0  # the last hold
+    say(op="free", api="cuMemRelease", addr=h, pid=os.getpid())
+    h2 = vmm_create(1 << 20, 0)  # mapped, unmapped, released: the plain order
+    assert LIB.cuMemMap(u64(va), size_t(1 << 20), size_t(0), u64(h2), u64(0)) == 0
+    assert LIB.cuMemUnmap(u64(va), size_t(1 << 20)) == 0
+    assert LIB.cuMemRelease(u64(h2)) == 0
+    say(op="free", api="cuMemRelease", addr=h2, pid=os.getpid())
+    h3 = vmm_create(3 << 20, 0)  # mapped and kept
+    assert LIB.cuMemMap(u64(va), size_t(3 << 20), size_t(0), u64(h3), u64(0)) == 0
+    assert LIB.cuMemRelease(u64(h3)) == 0
 
 
 def pinned_alloc(n):
@@ -253,6 +279,8 @@ def main():
             LIB.cuInit(0)
         elif cmd[0] == "basic":
             basic()
+        elif cmd[0] == "vmm":
+            vmm_lifetimes()
         elif cmd[0] == "ptsz":
             per_thread_stream()
         elif cmd[0] == "threads":

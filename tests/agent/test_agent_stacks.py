@@ -107,6 +107,25 @@ def test_concurrent_alloc_and_free_with_address_reuse_is_exact(probes, start_tar
         assert stats.get("unknown_frees", 0) == stats.get("unknown_frees_at_entry", 0) == 0, f"run {run}"
 
 
+@pytest.mark.parametrize("probes", ["return", "entry"])
+def test_vmm_memory_is_held_while_a_mapping_or_a_handle_holds_it(probes, start_target, agent_for):
+    """cuMemRelease while mapped, cuMemRetainAllocationHandle, cuMemUnmap: a reference count; the memory is
+    booked under cuMemCreate's stack until the last reference goes."""
+    target = start_target("3.11")
+    target.ready()
+    agent = agent_for(target.pid, probes=probes)
+    if probes == "entry":
+        target.run("init")  # ctypes' call site gets its return probe first
+        assert wait_for(lambda: bool(agent.return_sites))
+    target.run("vmm")
+    got = check_exact(agent, target)
+    inuse = {key[1]: v[2] for key, v in got.items() if v[2]}
+    assert inuse == {"cuda:0": 3 << 20}  # the mapped one; 12 MiB stayed in use until its retained handle went
+    assert all(key[2][0][0] == "vmm_create" for key in got)
+    assert max(v[0] for v in got.values()) == 12 << 20
+    assert agent.stats().get("unknown_frees", 0) == 0
+
+
 def test_deep_stack(start_target, agent_for):
     target = start_target("3.11")
     target.ready()

@@ -33,6 +33,7 @@ from gpuflame.agent.events import (
     EV_NEW_PROCESS,
     EV_RESULT,
     EV_SITE,
+    EV_VMM,
     F_FAILED,
     F_NO_THREAD,
     F_NOT_REGISTERED,
@@ -46,7 +47,10 @@ from gpuflame.agent.events import (
     HEADER,
     INIT,
     K_CREATE,
+    K_MAP,
     K_RELEASE,
+    K_RETAIN,
+    K_UNMAP,
     LIVE_BLOCKS,
     N_STATS,
     PROC,
@@ -57,6 +61,7 @@ from gpuflame.agent.events import (
     STAT_LIVE_FULL,
     STAT_LOST_EVENTS,
     STAT_UNKNOWN_FREES,
+    VMM,
     Header,
     code_record,
     device_label,
@@ -64,6 +69,7 @@ from gpuflame.agent.events import (
     native_frames,
     python_frames,
     unpack_free,
+    vmm_handle,
 )
 from gpuflame.agent.ledger import Ledger
 from gpuflame.agent.libbpf import BpfError, BpfObject, Map, RingBuffer, possible_cpus
@@ -87,7 +93,7 @@ LIBCUDA_DIRS = (
 )
 
 UPROBE_PROGRAMS = ("alloc_enter", "pitch_enter", "create_enter", "free_enter", "alloc_exit", "free_exit", "init_enter",
-                   "ret_site")
+                   "ret_site", "vmm_enter", "vmm_exit")
 
 # fexit on vm_mmap_pgoff: a driver file mapped later is probed at once; kernels that refuse fexit (lockdown,
 # no BPF trampolines) load without it and find such files at the next rescan
@@ -391,6 +397,8 @@ class Agent:
             add(name, program, "alloc_exit" if returns else None, kind)
         for name, kind in FREES.items():
             add(name, "free_enter", "free_exit" if returns else None, kind)
+        for name, kind in VMM.items():
+            add(name, "vmm_enter", "vmm_exit" if returns else None, kind)
         if not probes:
             raise AgentError(f"{path} has none of the CUDA driver's allocation functions")
         add(INIT, "init_enter", None, 0)
@@ -569,7 +577,10 @@ class Agent:
         kind = data[0]
         if kind == EV_FREE:  # the most frequent with allocations: kept short
             tgid, addr = unpack_free(data)
-            self.ledger.free(tgid, (int(data[1] == K_RELEASE), addr))
+            if data[1] == K_RELEASE:
+                self.ledger.release(tgid, addr)
+            else:
+                self.ledger.free(tgid, (0, addr))
         elif kind == EV_ALLOC:
             self._alloc(data)
         elif kind == EV_RESULT:
@@ -581,6 +592,14 @@ class Agent:
             proc = self.processes.get(record.tgid)
             if proc is not None and proc.reader is not None:
                 proc.reader.remember(record)
+        elif kind == EV_VMM:
+            h = header(data)
+            if h.kind == K_MAP:
+                self.ledger.map(h.tgid, h.addr, h.size, vmm_handle(data))
+            elif h.kind == K_UNMAP:
+                self.ledger.unmap(h.tgid, h.addr, h.size)
+            elif h.kind == K_RETAIN:
+                self.ledger.retain(h.tgid, h.addr)
         elif kind == EV_DRIVER:
             h = header(data)
             self._driver_loaded(h.tgid, h.ts)
@@ -616,7 +635,7 @@ class Agent:
             self.pending.add(tgid, tid, Pending(seq, kind, device_label(device), stack))
             return
         self.ledger.alloc(tgid, device_label(device), stack, (int(kind == K_CREATE), addr), size,
-                          park=not flags & F_REPLACED)
+                          park=not flags & F_REPLACED and kind != K_CREATE)
 
     # -- entry-only probes: results read back ------------------------------------------
 

@@ -11,11 +11,13 @@ from typing import NamedTuple
 # kinds: which driver function
 K_ALLOC, K_ALLOC_ASYNC, K_ALLOC_POOL_ASYNC, K_ALLOC_MANAGED, K_ALLOC_PITCH, K_CREATE = 0, 1, 2, 3, 4, 5
 K_ALLOC_HOST, K_HOST_ALLOC, K_FREE, K_FREE_ASYNC, K_RELEASE, K_FREE_HOST = 6, 7, 8, 9, 10, 11
+K_MAP, K_UNMAP, K_RETAIN = 12, 13, 14  # VMM references
 
 # event types
 EV_ALLOC, EV_FREE, EV_EXIT, EV_NEW_PROCESS, EV_FORK, EV_EXEC, EV_CODE = 1, 2, 3, 4, 5, 6, 7
 EV_RESULT, EV_SITE = 8, 9  # entry-only probes: an allocation's outcome; a return address to probe
 EV_DRIVER = 10  # a process mapped a libcuda file (probed at once if new)
+EV_VMM = 11  # a VMM reference: kind, addr, size, and the handle after the header
 
 # event flags
 F_NOT_REGISTERED, F_NO_THREAD, F_TRUNCATED, F_UNTRACKED = 1, 2, 4, 8
@@ -51,6 +53,12 @@ FREES = {
     "cuMemFreeAsync_ptsz": K_FREE_ASYNC,
     "cuMemRelease": K_RELEASE,
     "cuMemFreeHost": K_FREE_HOST,
+}
+# VMM references: symbol -> kind (one entry program, vmm_enter; its uretprobe vmm_exit)
+VMM = {
+    "cuMemMap": K_MAP,
+    "cuMemUnmap": K_UNMAP,
+    "cuMemRetainAllocationHandle": K_RETAIN,
 }
 INIT = "cuInit"
 
@@ -107,6 +115,11 @@ _FREE = struct.Struct("<8xI4xQ")  # tgid and address of a free record, nothing e
 
 def unpack_free(data: bytes) -> tuple[int, int]:
     return _FREE.unpack_from(data)
+
+
+def vmm_handle(data: bytes) -> int:
+    """The handle an EV_VMM record carries after its header (cuMemMap's)."""
+    return int.from_bytes(data[HEADER.size : HEADER.size + 8], "little")
 
 
 def python_frames(data: bytes, n: int) -> list[tuple[int, int]]:

@@ -464,8 +464,8 @@ static __always_inline int record_alloc(struct pt_regs *ctx, struct thread_state
     e->flags = flags;
     if (flags & F_PENDING) {
         e->seq = t->seq;
-    } else {
-        struct block_key key = {.tgid = tgid, .handle = call->kind == K_CREATE, .addr = addr};
+    } else if (call->kind != K_CREATE) { /* a handle's references are counted in user space */
+        struct block_key key = {.tgid = tgid, .handle = 0, .addr = addr};
         if (bpf_map_lookup_elem(&live, &key))
             e->flags |= F_REPLACED; /* no free of it was seen: not one still returning */
         if (bpf_map_update_elem(&live, &key, &size, BPF_ANY)) {
@@ -687,7 +687,7 @@ int BPF_KPROBE(free_enter, __u64 addr)
         return 0;
     }
     struct thread_state *t = stash(kind, addr, 0, 0, device_of(kind));
-    if (!t)
+    if (!t || kind == K_RELEASE) /* a handle: user space counts its references */
         return 0;
     /* The block leaves `live` now, before the driver can hand its address to another thread: that
      * thread's allocation, returning before this free does, then finds no entry to overwrite (and this
@@ -715,7 +715,7 @@ int BPF_KRETPROBE(free_exit, long rc)
             bpf_map_update_elem(&live, &key, &call.size, BPF_NOEXIST);
         return 0;
     }
-    if (!call.extra && !setting(SET_LIVE_OVERFLOWED)) {
+    if (!call.extra && call.kind != K_RELEASE && !setting(SET_LIVE_OVERFLOWED)) {
         count(STAT_UNKNOWN_FREES); /* allocated before the agent started */
         return 0;
     }
@@ -728,6 +728,52 @@ int BPF_KRETPROBE(free_exit, long rc)
     e->size = call.extra ? call.size : 0;
     e->device = call.device;
     send(e, 0);
+    return 0;
+}
+
+/* A VMM reference taken or dropped, for user space to count: the handle rides after the header. */
+static __always_inline void send_vmm(__u32 kind, __u64 addr, __u64 size, __u64 handle)
+{
+    __u32 tgid = bpf_get_current_pid_tgid() >> 32;
+    if (!bpf_map_lookup_elem(&procs, &tgid) && setting(SET_ONLY_REGISTERED))
+        return;
+    struct event *e = new_event(EV_VMM, kind, 0);
+    if (!e)
+        return;
+    e->addr = addr;
+    e->size = size;
+    e->nframes = 1; /* the slot that carries the handle */
+    e->frames[0].code = handle;
+    e->frames[0].instr = 0;
+    send(e, 0);
+}
+
+/* cuMemMap(ptr, size, offset, handle, flags), cuMemUnmap(ptr, size), cuMemRetainAllocationHandle(&handle,
+ * addr): the kind is the attach cookie. Entry-only probes send them at entry (a refused one is rare and
+ * changes nothing user space can match: an unknown mapping or handle). */
+SEC("uprobe")
+int BPF_KPROBE(vmm_enter, __u64 a0, __u64 a1, __u64 a2, __u64 a3)
+{
+    __u32 kind = bpf_get_attach_cookie(ctx);
+    __u64 addr = kind == K_RETAIN ? a1 : a0;
+    __u64 size = kind == K_RETAIN ? 0 : a1;
+    __u64 handle = kind == K_MAP ? a3 : 0;
+    if (setting(SET_ENTRY_ONLY)) {
+        __u64 ret;
+        entering(ctx, 0, 0, &ret);
+        send_vmm(kind, addr, size, handle);
+    } else {
+        stash(kind, addr, size, handle, DEVICE_CUDA);
+    }
+    return 0;
+}
+
+SEC("uretprobe")
+int BPF_KRETPROBE(vmm_exit, long rc)
+{
+    struct inflight call;
+    if (returning(&call) && rc == 0)
+        send_vmm(call.kind, call.out, call.size, call.extra);
     return 0;
 }
 

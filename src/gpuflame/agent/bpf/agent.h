@@ -28,6 +28,10 @@
 #define K_FREE_ASYNC 9
 #define K_RELEASE 10
 #define K_FREE_HOST 11
+/* VMM references (cuMemCreate's memory lives while a handle or a mapping holds it) */
+#define K_MAP 12    /* cuMemMap(ptr, size, offset, handle, flags) */
+#define K_UNMAP 13  /* cuMemUnmap(ptr, size) */
+#define K_RETAIN 14 /* cuMemRetainAllocationHandle(&handle, addr): one more handle on what addr maps */
 
 /* event types */
 #define EV_ALLOC 1
@@ -41,6 +45,7 @@
  * outcome later as an EV_RESULT; EV_SITE: a return address user space may put a plain uprobe on */
 #define EV_RESULT 8
 #define EV_SITE 9
+#define EV_VMM 11 /* a VMM reference taken or dropped: kind K_MAP/K_UNMAP/K_RETAIN, addr, size, then the handle */
 #define EV_DRIVER 10 /* a process mapped a libcuda file executable: user space probes it now, not at a rescan */
 
 /* event flags */
