@@ -4,8 +4,9 @@ It calls the stand-in libcuda through ctypes and writes, for every call, a
 JSON line with what it did and the Python stack that did it (from
 ``sys._getframe`` on the line of the call), so a test can compute the exact
 profile the agent must produce. Commands come one per line on stdin
-(``load`` with ``late``, ``basic``, ``ptsz``, ``vmm``, ``threads``, ``race N``, ``deep N``, ``hold``, ``release``,
-``fork``, ``init``, ``oom``, ``exit``); ``ready`` and ``done`` lines pace the test. With the argument
+(``load`` with ``late``, ``basic``, ``ptsz``, ``vmm``, ``threads``, ``race N``, ``crowd N``,
+``deep N``, ``hold``, ``release``, ``fork``, ``init``, ``oom``, ``exit``); ``ready`` and ``done``
+lines pace the test. With the argument
 ``seccomp`` it first puts itself under an allow-all seccomp filter.
 """
 
@@ -240,6 +241,28 @@ def race(pairs):
     say(op="raced", pairs=pairs // 4 * 4, size=8192, pid=os.getpid())
 
 
+def crowd(n):
+    """An old thread, then *n* newer idle ones (a server's pool; the interpreter lists the newest first): the
+    main thread and the old one allocate while all are alive."""
+    go, stop = threading.Event(), threading.Event()
+
+    def old():
+        go.wait()
+        device_alloc(4321)
+
+    first = threading.Thread(target=old)
+    first.start()
+    idle = [threading.Thread(target=stop.wait) for _ in range(n)]
+    for t in idle:
+        t.start()
+    device_alloc(1234)
+    go.set()
+    first.join()
+    stop.set()
+    for t in idle:
+        t.join()
+
+
 def deep(n):
     if n <= 1:
         return device_alloc(333)
@@ -287,6 +310,8 @@ def main():
             threads()
         elif cmd[0] == "race":
             race(int(cmd[1]))
+        elif cmd[0] == "crowd":
+            crowd(int(cmd[1]))
         elif cmd[0] == "deep":
             deep(int(cmd[1]))
         elif cmd[0] == "hold":

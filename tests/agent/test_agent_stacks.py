@@ -126,6 +126,19 @@ def test_vmm_memory_is_held_while_a_mapping_or_a_handle_holds_it(probes, start_t
     assert agent.stats().get("unknown_frees", 0) == 0
 
 
+@pytest.mark.parametrize("version", ["3.10", "3.12"])
+def test_main_and_old_threads_found_among_1000_newer_ones(version, start_target, agent_for):
+    """1,000 Python threads alive (newest first in the interpreter's list): the main thread's and an old
+    thread's allocations still get their Python stacks."""
+    target = start_target(version)
+    target.ready()
+    agent = agent_for(target.pid)
+    target.run("crowd 1000")
+    got = check_exact(agent, target)
+    assert {key[2][0][0] for key in got} == {"device_alloc"} and len(got) == 2
+    assert agent.stats()["no_thread"] == 0
+
+
 def test_deep_stack(start_target, agent_for):
     target = start_target("3.11")
     target.ready()

@@ -5,7 +5,10 @@
 #define RING_BYTES 16777216 /* 16 MiB */
 #define WAKE_BYTES (256 * 1024)
 #define MAX_PROCS 16384
-#define MAX_THREADS 128
+/* Python threads searched for the caller's thread state (the interpreter lists the newest first, so a
+ * server's pool hides the main thread behind it); once per thread (cached, re-checked at each use), two
+ * reads a thread: ~3 ms at the bound */
+#define MAX_THREADS 16384
 #define MAX_FRAMES 128 /* Python frames kept per allocation */
 #define MAX_WALK 160   /* frames visited (C-stack shim frames are skipped) */
 #define MAX_NATIVE 64
