@@ -4,7 +4,7 @@ It calls the stand-in libcuda through ctypes and writes, for every call, a
 JSON line with what it did and the Python stack that did it (from
 ``sys._getframe`` on the line of the call), so a test can compute the exact
 profile the agent must produce. Commands come one per line on stdin
-(``load`` with ``late``, ``basic``, ``ptsz``, ``vmm``, ``threads``, ``race N``, ``crowd N``,
+(``load`` with ``late``, ``basic``, ``ptsz``, ``vmm``, ``threads``, ``race N``, ``crowd N``, ``cells N``,
 ``deep N``, ``hold``, ``release``, ``fork``, ``init``, ``oom``, ``exit``); ``ready`` and ``done``
 lines pace the test. With the argument
 ``seccomp`` it first puts itself under an allow-all seccomp filter.
@@ -263,6 +263,17 @@ def crowd(n):
         t.join()
 
 
+CELL = "def {name}():\n    return device_alloc({size})\n\n\n{name}()\n"
+
+
+def cells(n):
+    """Notebook cells and generated functions: each run in a namespace of its own, dropped after, so its code
+    objects are freed and the next cell's are likely made at their addresses."""
+    for i in range(n):
+        name = "cell" if i % 2 else f"generated_{i}"
+        exec(compile(CELL.format(name=name, size=1000 + i), f"<cell {i}>", "exec"), {"device_alloc": device_alloc})
+
+
 def deep(n):
     if n <= 1:
         return device_alloc(333)
@@ -312,6 +323,8 @@ def main():
             race(int(cmd[1]))
         elif cmd[0] == "crowd":
             crowd(int(cmd[1]))
+        elif cmd[0] == "cells":
+            cells(int(cmd[1]))
         elif cmd[0] == "deep":
             deep(int(cmd[1]))
         elif cmd[0] == "hold":

@@ -139,6 +139,38 @@ def test_main_and_old_threads_found_among_1000_newer_ones(version, start_target,
     assert agent.stats()["no_thread"] == 0
 
 
+@pytest.mark.parametrize("version", VERSIONS)
+def test_code_made_again_at_a_freed_code_objects_address_gets_its_own_name(version, start_target, agent_for):
+    """20 notebook cells / generated functions, each freed before the next is made (most at the same
+    addresses): each allocation is named by its own cell's code, file and line."""
+    target = start_target(version)
+    target.ready()
+    agent = agent_for(target.pid)
+    target.run("cells 20")
+    got = check_exact(agent, target)
+    files = {key[2][0][1] for key in got} | {key[2][1][1] for key in got}
+    assert {f"<cell {i}>" for i in range(20)} <= files
+    assert not agent.unwatched_code_frees
+
+
+def test_code_frees_seen_in_a_stripped_system_python(libcuda, agent_for):
+    """Debian's python3 (no .symtab): code_dealloc found through PyCode_Type, the cells named all the same."""
+    from agent_helpers import Target
+
+    python = "/usr/bin/python3.11"
+    if not os.path.exists(python):
+        pytest.skip("no Debian python3.11 here")
+    target = Target(python, libcuda)
+    try:
+        target.ready()
+        agent = agent_for(target.pid)
+        target.run("cells 20")
+        check_exact(agent, target)
+        assert not agent.unwatched_code_frees
+    finally:
+        target.close()
+
+
 def test_deep_stack(start_target, agent_for):
     target = start_target("3.11")
     target.ready()

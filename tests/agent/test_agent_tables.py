@@ -117,6 +117,43 @@ def test_every_ptsz_and_v2_variant_in_cuda_h_is_probed():
     assert wanted <= probed, sorted(wanted - probed)
 
 
+@pytest.mark.parametrize("version", VERSIONS)
+def test_code_dealloc_found_by_symbol_and_by_pycode_types_pointer(version):
+    """code_dealloc: by its symbol where the build keeps it, else PyCode_Type.tp_dealloc read through the
+    file's relocation: both say the same function."""
+    from gpuflame.agent import procs
+    from gpuflame.agent.elf import pointer_at
+
+    python = python_for(version)
+    if python is None:
+        pytest.skip(f"no Python {version} here")
+    out = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_config_var('LDLIBRARY'), "
+                          "sysconfig.get_config_var('LIBDIR'))"], capture_output=True, text=True).stdout.split()
+    lib = Path(out[1]) / out[0]
+    path = str(lib) if lib.exists() and lib.suffix != ".a" else python
+    elf = read_elf(path)
+    if "code_dealloc" not in elf.symbols:
+        pytest.skip(f"{path} has no code_dealloc symbol to compare with")
+    assert pointer_at(path, elf, elf.symbols["PyCode_Type"].value + procs.TP_DEALLOC) == elf.symbols[
+        "code_dealloc"].value
+    assert procs.code_dealloc(path) == elf.file_offset(elf.symbols["code_dealloc"].value)
+
+
+def test_code_dealloc_of_a_stripped_interpreter():
+    """Debian's python3 keeps no .symtab: code_dealloc is found through PyCode_Type's relocation."""
+    from gpuflame.agent import procs
+
+    stripped = next((p for p in ("/usr/bin/python3.11", "/usr/bin/python3.12", "/usr/bin/python3.13")
+                     if os.path.exists(p) and "code_dealloc" not in read_elf(os.path.realpath(p)).symbols), None)
+    if stripped is None:
+        pytest.skip("no stripped system Python here")
+    offset = procs.code_dealloc(os.path.realpath(stripped))
+    assert offset > 0
+    elf = read_elf(os.path.realpath(stripped))
+    vaddr = elf.vaddr_of_offset(offset)
+    assert vaddr is not None and any(s.vaddr <= vaddr < s.vaddr + s.filesz and s.flags & 1 for s in elf.segments)
+
+
 @pytest.mark.parametrize("version", sorted(OFFSETS))
 def test_frame_fields_sit_in_the_bytes_read_per_frame(version):
     """The walk reads FRAME_BYTES of each frame at once; every field it takes must be inside."""

@@ -25,6 +25,7 @@ from gpuflame.agent.events import (
     BLOCK_KEY,
     EV_ALLOC,
     EV_CODE,
+    EV_CODE_FREED,
     EV_DRIVER,
     EV_EXEC,
     EV_EXIT,
@@ -93,7 +94,7 @@ LIBCUDA_DIRS = (
 )
 
 UPROBE_PROGRAMS = ("alloc_enter", "pitch_enter", "create_enter", "free_enter", "alloc_exit", "free_exit", "init_enter",
-                   "ret_site", "vmm_enter", "vmm_exit")
+                   "ret_site", "vmm_enter", "vmm_exit", "code_freed")
 
 # fexit on vm_mmap_pgoff: a driver file mapped later is probed at once; kernels that refuse fexit (lockdown,
 # no BPF trampolines) load without it and find such files at the next rescan
@@ -180,6 +181,8 @@ class Agent:
         self.alive_file = alive_file  # touched by the reader thread (alive.py)
         self.cuda_seen = False  # a process loaded the driver or allocated while we watched
         self.watch_loads = False  # the kernel side tells of a driver file mapped (else: found at rescans)
+        self._code_free_probes: set[tuple[int, int]] = set()  # interpreter files whose code_dealloc is probed
+        self.unwatched_code_frees: set[str] = set()  # interpreters without one: a reused code address misnames
         self._skip: tuple[str, ...] = ()  # optional programs this kernel refused
         self.late_loads: dict[int, int | None] = {}  # pid -> ms from its driver load to the probes (None: a rescan)
         self.probes = ""  # return | entry, chosen at start
@@ -306,6 +309,8 @@ class Agent:
     def _load(self, path: str, multi: bool) -> None:
         """Load the object and open its maps and ring."""
         self._multi = multi
+        self._code_free_probes = set()  # a new object: its probes are to be placed again
+        self.unwatched_code_frees = set()
         multi_programs = UPROBE_PROGRAMS if multi else ()
         try:
             self._obj = BpfObject(path, {"live": self.max_blocks}, multi=multi_programs, skip=self._skip)
@@ -450,6 +455,7 @@ class Agent:
         self.processes[pid] = proc
         self._procs.update(pid.to_bytes(4, "little"), proc.bpf_value())
         self._labels[pid] = self._process_labels(proc)
+        self._watch_code_frees(proc)
         if proc.interpreter is None and procs.looks_like_python(pid):
             self._waiting.setdefault(pid, time.monotonic() + REGISTER_WINDOW)  # libpython not mapped yet
         else:
@@ -459,6 +465,35 @@ class Agent:
             sys.stderr.write(f"gpuflame agent: Python {proc.version} (pid {pid}) is not supported "
                              f"({procs.supported_said()} are): its allocations get native stacks\n")
         return proc
+
+    def _watch_code_frees(self, proc: Process) -> None:
+        """A uprobe on the interpreter's code_dealloc (once per file, so in every process running it): a code
+        object's address reused by another (notebook cells, exec'd and generated code) gets its own name."""
+        interp = proc.interpreter
+        if not proc.python or interp is None or interp.mapping is None:
+            return
+        if interp.code_dealloc < 0:
+            self.unwatched_code_frees.add(interp.path)
+            return
+        try:
+            fd, _exact = procs.open_mapped(proc.pid, interp.mapping)
+        except OSError:
+            return
+        try:
+            st = os.fstat(fd)
+            key = (st.st_dev, st.st_ino)
+            if key in self._code_free_probes or self._obj is None:
+                return
+            path = f"/proc/self/fd/{fd}"
+            if self._multi:
+                self._obj.attach_uprobe_multi("code_freed", path, [interp.code_dealloc], [0], ret=False)
+            else:
+                self._obj.attach_uprobe("code_freed", path, interp.code_dealloc, ret=False)
+            self._code_free_probes.add(key)
+        except BpfError:
+            self.unwatched_code_frees.add(interp.path)
+        finally:
+            os.close(fd)
 
     def _process_labels(self, proc: Process) -> dict[str, str]:
         labels = {"pid": str(proc.pid), "comm": proc.comm}
@@ -592,6 +627,9 @@ class Agent:
             proc = self.processes.get(record.tgid)
             if proc is not None and proc.reader is not None:
                 proc.reader.remember(record)
+        elif kind == EV_CODE_FREED:
+            h = header(data)
+            self._code_freed(h.tgid, h.addr)
         elif kind == EV_VMM:
             h = header(data)
             if h.kind == K_MAP:
@@ -617,6 +655,15 @@ class Agent:
             tgid = header(data).tgid
             if tgid in self.processes or (not self.pids and procs.looks_like_python(tgid)):
                 self._register(tgid)  # a new image: what we knew of the process is void
+
+    def _code_freed(self, pid: int, code: int) -> None:
+        """A code object named in a stack is gone: forget its name and the raw stacks holding its address."""
+        proc = self.processes.get(pid)
+        if proc is not None and proc.reader is not None:
+            proc.reader.forget(code)
+        needle = code.to_bytes(8, "little")
+        self._raw_ids = {k: v for k, v in self._raw_ids.items() if k[0] != pid or needle not in k[1]}
+        self._raw_bytes = sum(len(raw) for _, raw in self._raw_ids)
 
     def _alloc(self, data: bytes) -> None:
         _type, kind, _n, _nn, flags, tgid, tid, addr, size, _ts, device, seq, _comm = HEADER.unpack_from(data)
@@ -774,6 +821,9 @@ class Agent:
             profile.comments.append(NO_CUDA_PROCESS)
         if self.late_loads:
             profile.comments.append(self._late_note())
+        for path in sorted(self.unwatched_code_frees):
+            profile.comments.append(f"gpuflame agent: code objects freed in {path} are not seen (no code_dealloc "
+                                    "found): code made again at a freed one's address keeps the old name")
         for version in sorted(self.unsupported):
             profile.comments.append(f"gpuflame agent: Python {version} is not supported "
                                     f"({procs.supported_said()} are): its processes' allocations have native stacks")

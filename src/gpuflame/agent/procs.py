@@ -14,7 +14,7 @@ import struct
 from dataclasses import dataclass
 
 from gpuflame.agent.confined import open_in_root
-from gpuflame.agent.elf import ElfError, ElfFile, read_at, read_elf
+from gpuflame.agent.elf import STT_FUNC, ElfError, ElfFile, pointer_at, read_at, read_elf
 from gpuflame.agent.lru import LRU
 from gpuflame.agent.py_offsets import OFFSETS
 
@@ -201,6 +201,8 @@ class Interpreter:
     runtime: int
     version: str
     path: str
+    mapping: Mapping | None = None  # one mapping of the interpreter's file (to open it as mapped)
+    code_dealloc: int = -1  # file offset of CPython's code_dealloc, -1 where not found
 
 
 ELF_FILES_KEPT = 64  # parsed files remembered, with at most ELF_SYMBOLS_KEPT symbols among them
@@ -272,13 +274,33 @@ def interpreter(pid: int) -> Interpreter | None:
             if elf is None or "_PyRuntime" not in elf.symbols:
                 continue
             version = python_version(real, elf) or python_version(path, elf)
+            dealloc = code_dealloc(real) if version is not None else -1
         finally:
             os.close(fd)
         bias = load_bias(elf, by_path[path])
         if version is None or bias is None:
             continue
-        return Interpreter(bias + elf.symbols["_PyRuntime"].value, version, path)
+        return Interpreter(bias + elf.symbols["_PyRuntime"].value, version, path, by_path[path][0], dealloc)
     return None
+
+
+TP_DEALLOC = 48  # PyTypeObject.tp_dealloc on every 64-bit CPython (after the header, name and sizes)
+
+
+def code_dealloc(path: str) -> int:
+    """The file offset of CPython's ``code_dealloc`` in an interpreter file: its symbol (unstripped builds), else
+    where ``PyCode_Type.tp_dealloc`` points; -1 where neither says."""
+    elf = elf_file(path, full=True)
+    if elf is None:
+        return -1
+    sym = elf.symbols.get("code_dealloc")
+    vaddr = sym.value if sym is not None and sym.kind == STT_FUNC else None
+    if vaddr is None and "PyCode_Type" in elf.symbols:
+        vaddr = pointer_at(path, elf, elf.symbols["PyCode_Type"].value + TP_DEALLOC)
+    try:
+        return elf.file_offset(vaddr) if vaddr else -1
+    except ElfError:
+        return -1
 
 
 def supported(version: str) -> bool:

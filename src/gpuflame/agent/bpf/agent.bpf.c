@@ -475,8 +475,11 @@ static __always_inline int record_alloc(struct pt_regs *ctx, struct thread_state
         }
     }
     __u64 hash = 0;
-    if (p && p->runtime)
+    if (p && p->runtime) {
         hash = walk_python(p, t, e);
+        if (hash)
+            hash = (hash ^ p->code_epoch) * 0x100000001b3ull;
+    }
     else if (!p)
         e->flags |= F_NOT_REGISTERED; /* registered without Python (native code, an unsupported one): not late */
     if (!p || !p->runtime || (p->flags & P_NATIVE)) {
@@ -728,6 +731,30 @@ int BPF_KRETPROBE(free_exit, long rc)
     e->size = call.extra ? call.size : 0;
     e->device = call.device;
     send(e, 0);
+    return 0;
+}
+
+/* CPython's code_dealloc(code): a code object of a stack already sent is going away, so its address
+ * may soon hold another (a notebook cell run again, exec'd or generated code): user space forgets its
+ * name, and a later stack with that address gets its code record sent again. */
+SEC("uprobe")
+int BPF_KPROBE(code_freed, __u64 code)
+{
+    struct code_key key = {.tgid = bpf_get_current_pid_tgid() >> 32, .code = code};
+    if (!bpf_map_lookup_elem(&codes_seen, &key))
+        return 0; /* never named: nothing to forget (most code objects) */
+    bpf_map_delete_elem(&codes_seen, &key);
+    /* the stacks holding its address are new again: their next allocation sends the code records of
+     * whatever lives there then (read now, not when user space gets to them, as freed memory may be
+     * reused or stale by then) */
+    struct proc *p = bpf_map_lookup_elem(&procs, &key.tgid);
+    if (p)
+        __sync_fetch_and_add(&p->code_epoch, 1);
+    struct event *e = new_event(EV_CODE_FREED, 0, 0);
+    if (e) {
+        e->addr = code;
+        send(e, 0);
+    }
     return 0;
 }
 

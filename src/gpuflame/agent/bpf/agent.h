@@ -49,6 +49,7 @@
 #define EV_RESULT 8
 #define EV_SITE 9
 #define EV_VMM 11 /* a VMM reference taken or dropped: kind K_MAP/K_UNMAP/K_RETAIN, addr, size, then the handle */
+#define EV_CODE_FREED 12 /* a code object named in a stack sent was deallocated: its address may hold another */
 #define EV_DRIVER 10 /* a process mapped a libcuda file executable: user space probes it now, not at a rescan */
 
 /* event flags */
@@ -119,7 +120,7 @@ struct code_offsets {
 struct proc {
     __u64 runtime; /* address of _PyRuntime in the process; 0: not Python */
     __u32 flags;
-    __u32 pad;
+    __u32 code_epoch; /* code objects of sent stacks freed so far: part of each stack's hash */
     struct py_offsets off;
     struct code_offsets code;
 };
