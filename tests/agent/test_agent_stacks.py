@@ -171,6 +171,36 @@ def test_code_frees_seen_in_a_stripped_system_python(libcuda, agent_for):
         target.close()
 
 
+@pytest.mark.parametrize(("version", "field"), [("3.11", "tstate_native_thread_id"),
+                                              ("3.12", "tstate_native_thread_id"), ("3.13", "frame_previous")])
+def test_a_layout_that_does_not_read_back_is_not_walked(version, field, start_target, agent_for, monkeypatch,
+                                                        capsys):
+    """A table that does not fit the process (a shifted field): one line, native stacks, never garbage names."""
+    from gpuflame.agent.py_offsets import OFFSETS
+
+    target = start_target(version)
+    target.ready()
+    monkeypatch.setitem(OFFSETS[version], field, OFFSETS[version][field] + 8)
+    agent = agent_for(target.pid)
+    lines = [line for line in capsys.readouterr().err.splitlines() if f"pid {target.pid}" in line]
+    assert len(lines) == 1 and "native stacks" in lines[0], lines
+    assert target.pid in agent.unverified
+    target.run("threads")
+    assert wait_for(lambda: booked(agent, target.records))
+    profile = agent.snapshot()
+    assert {f.kind for f in profile.frames} == {"native"}
+    assert profile.totals()["alloc_space"] == 20 * 777
+    assert any(f"pid {target.pid}'s Python was not walked" in c for c in profile.comments)
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_every_installed_version_reads_back_as_its_table_says(version, start_target, agent_for):
+    target = start_target(version)
+    target.ready()
+    agent = agent_for(target.pid)
+    assert agent.processes[target.pid].python and not agent.unverified
+
+
 def test_deep_stack(start_target, agent_for):
     target = start_target("3.11")
     target.ready()

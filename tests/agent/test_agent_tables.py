@@ -214,6 +214,21 @@ def test_ledger_parks_a_block_whose_free_is_still_on_its_way():
     assert ledger.unmatched_frees == 0 and not ledger.parked
 
 
+@pytest.mark.parametrize(("path", "why"), [
+    ("/usr/lib/x86_64-linux-gnu/libpython3.13t.so.1.0", "free-threaded"),
+    ("/usr/bin/python3.13t", "free-threaded"),
+    ("/opt/py/lib/libpython3.12d.so.1.0", "debug build"),
+    ("/usr/bin/python3.12", None),
+])
+def test_free_threaded_and_debug_builds_are_refused_by_name(path, why):
+    from gpuflame.agent import procs
+    from gpuflame.agent.py_layout import build_refused
+
+    named = procs.LIBPYTHON.search(path) or procs.PYTHON_EXE.search(path)
+    refused = build_refused(named.group(4))
+    assert (refused is None) if why is None else why in refused
+
+
 def test_ledger_exit_and_unknown_frees():
     ledger = Ledger()
     ledger.alloc(7, "cuda", 0, (0, 0x1000), 100)
@@ -293,15 +308,9 @@ def test_seccomp_filtered_processes_are_seen():
 
 
 # _Py_DebugOffsets (3.13's pycore_runtime.h): byte offset in _PyRuntime of each field we compare
-DEBUG_OFFSETS_313 = {
-    "runtime_interp_head": 40, "interp_threads_head": 72, "tstate_next": 168, "tstate_frame": 184,
-    "tstate_thread_id": 192, "tstate_native_thread_id": 200, "frame_previous": 232, "frame_code": 240,
-    "frame_instr": 248, "frame_owner": 264, "code_filename": 280, "code_name": 288, "code_qualname": 296,
-    "code_linetable": 304, "code_firstlineno": 312, "code_adaptive": 344, "object_type": 360, "type_name": 376,
-}
-
-
 def test_offsets_agree_with_313s_own_debug_offsets():
+    from gpuflame.agent.py_layout import DEBUG_OFFSETS_313
+
     """3.13 publishes its layout at the start of _PyRuntime (cookie xdebugpy): our table says the same."""
     from gpuflame.agent.procs import interpreter
     from gpuflame.agent.pyremote import Memory

@@ -107,6 +107,7 @@ OVER_LIMIT = (Frame("<stacks beyond the agent's limit>", kind=SYNTHETIC),)
 MAX_STACKS = 1 << 18  # distinct stacks named (each a row of the ledger and of the profile)
 MAX_RAW_STACK_BYTES = 64 << 20  # the raw frames kept to recognise stacks already named
 
+NEVER_READY = "its thread list never read back where the agent's table says it is"
 NO_CUDA_PROCESS = ("gpuflame agent: no CUDA process was seen: no process loaded libcuda.so while the agent "
                    "watched")
 OUTPUT_MODE = 0o600  # the agent's profiles hold every process's stacks and pods: for their owner only
@@ -197,6 +198,8 @@ class Agent:
         self.missing_functions: set[str] = set()
         self.single_stepped: set[str] = set()  # probed functions not starting with push %rbp
         self.unsupported: set[str] = set()  # Python versions seen without offsets
+        self.unverified: dict[int, str] = {}  # pid -> why its CPython's layout was not trusted (py_layout)
+        self._never_ready: set[int] = set()  # processes whose thread list stayed empty through their window
         self.skipped: list[str] = []  # libcuda files found but not probed, and why
         self._unprobeable: set[tuple[int, int]] = set()
         self.counts = {"not_registered": 0, "no_thread": 0, "truncated": 0, "untracked": 0, "handler_errors": 0,
@@ -453,14 +456,20 @@ class Agent:
         except OSError:
             return None  # gone already
         self.processes[pid] = proc
+        if proc.provisional and pid in self._never_ready:
+            proc.refuse(NEVER_READY)
         self._procs.update(pid.to_bytes(4, "little"), proc.bpf_value())
         self._labels[pid] = self._process_labels(proc)
         self._watch_code_frees(proc)
-        if proc.interpreter is None and procs.looks_like_python(pid):
+        if proc.interpreter is None and procs.looks_like_python(pid) or proc.provisional:
             self._waiting.setdefault(pid, time.monotonic() + REGISTER_WINDOW)  # libpython not mapped yet
         else:
             self._waiting.pop(pid, None)
-        if proc.interpreter is not None and not proc.python and proc.version not in self.unsupported:
+        if proc.unverified and self.unverified.get(pid) != proc.unverified:
+            self.unverified[pid] = proc.unverified
+            sys.stderr.write(f"gpuflame agent: pid {pid} (Python {proc.version}): {proc.unverified}; its "
+                             "allocations get native stacks\n")
+        elif proc.interpreter is not None and not proc.python and proc.version not in self.unsupported:
             self.unsupported.add(proc.version)
             sys.stderr.write(f"gpuflame agent: Python {proc.version} (pid {pid}) is not supported "
                              f"({procs.supported_said()} are): its allocations get native stacks\n")
@@ -507,6 +516,18 @@ class Agent:
         for pid, until in list(self._waiting.items()):
             if now > until or not procs.alive(pid):
                 self._waiting.pop(pid, None)
+                proc = self.processes.get(pid)
+                if proc is not None and proc.provisional and procs.alive(pid):
+                    self._never_ready.add(pid)
+                    self._register(pid)
+                continue
+            proc = self.processes.get(pid)
+            if proc is not None and proc.provisional:  # its layout could not be checked yet: again
+                proc.recheck()
+                if proc.unverified:
+                    self._register(pid)  # not the table's layout after all: native stacks from now on
+                elif not proc.provisional:
+                    self._waiting.pop(pid, None)
                 continue
             if procs.interpreter(pid) is not None:
                 self._register(pid)
@@ -824,6 +845,8 @@ class Agent:
         for path in sorted(self.unwatched_code_frees):
             profile.comments.append(f"gpuflame agent: code objects freed in {path} are not seen (no code_dealloc "
                                     "found): code made again at a freed one's address keeps the old name")
+        for pid, why in sorted(self.unverified.items()):
+            profile.comments.append(f"gpuflame agent: pid {pid}'s Python was not walked ({why}): native stacks")
         for version in sorted(self.unsupported):
             profile.comments.append(f"gpuflame agent: Python {version} is not supported "
                                     f"({procs.supported_said()} are): its processes' allocations have native stacks")

@@ -19,8 +19,8 @@ from gpuflame.agent.lru import LRU
 from gpuflame.agent.py_offsets import OFFSETS
 
 LIBCUDA = re.compile(r"(^|/)libcuda\.so(\.\d+)*$")
-LIBPYTHON = re.compile(r"(^|/)libpython(\d)\.(\d+)[a-z]*\.so")
-PYTHON_EXE = re.compile(r"(^|/)python(\d)\.(\d+)[a-z]*$")
+LIBPYTHON = re.compile(r"(^|/)libpython(\d)\.(\d+)([a-z]*)\.so")
+PYTHON_EXE = re.compile(r"(^|/)python(\d)\.(\d+)([a-z]*)$")
 PAGE = 4096
 
 
@@ -203,6 +203,7 @@ class Interpreter:
     path: str
     mapping: Mapping | None = None  # one mapping of the interpreter's file (to open it as mapped)
     code_dealloc: int = -1  # file offset of CPython's code_dealloc, -1 where not found
+    abiflags: str = ""  # from the file's name: t (free-threaded), d (debug)
 
 
 ELF_FILES_KEPT = 64  # parsed files remembered, with at most ELF_SYMBOLS_KEPT symbols among them
@@ -280,7 +281,9 @@ def interpreter(pid: int) -> Interpreter | None:
         bias = load_bias(elf, by_path[path])
         if version is None or bias is None:
             continue
-        return Interpreter(bias + elf.symbols["_PyRuntime"].value, version, path, by_path[path][0], dealloc)
+        named = LIBPYTHON.search(path) or PYTHON_EXE.search(path)
+        return Interpreter(bias + elf.symbols["_PyRuntime"].value, version, path, by_path[path][0], dealloc,
+                           named.group(4) if named else "")
     return None
 
 
