@@ -232,7 +232,7 @@ class Agent:
 
         *thread* False: no reader thread; the caller books events with :meth:`poll`.
         """
-        why = missing_privileges()
+        why = procs.below_kernel_floor() or missing_privileges()
         if why:
             raise AgentError(why)
         for pid in self.pids:

@@ -152,6 +152,24 @@ def uretprobe_seccomp_kernel(release: str | None = None) -> bool:
     return bool(m) and (int(m.group(1)), int(m.group(2))) in ((6, 11), (6, 12), (6, 13))
 
 
+# The oldest kernel the BPF object loads on: bpf_loop (5.17) walks the thread list and the frames; before it,
+# the attach cookies of uprobes (5.15), task storage (5.11), BTF tracepoints and the ring buffer (5.5-5.8).
+# Uprobe-multi links (6.6) and fexit (driver files loaded later) have fallbacks.
+KERNEL_FLOOR = (5, 17)
+KERNEL_FLOOR_NEEDS = "bpf_loop"
+
+
+def below_kernel_floor(release: str | None = None) -> str | None:
+    """The one line saying this kernel is older than the agent supports, or None."""
+    release = release or os.uname().release
+    m = re.match(r"(\d+)\.(\d+)", release)
+    if not m or (int(m.group(1)), int(m.group(2))) >= KERNEL_FLOOR:
+        return None
+    floor = ".".join(map(str, KERNEL_FLOOR))
+    return (f"Linux {release} is older than the agent's floor, {floor} (its BPF programs need {KERNEL_FLOOR_NEEDS}); "
+            f"run it on a {floor} or newer kernel")
+
+
 PROBE_MODES = ("auto", "return", "entry")
 
 
