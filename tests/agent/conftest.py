@@ -27,12 +27,13 @@ def bpf_object() -> Path:
 
 @pytest.fixture(scope="session")
 def libcuda(bpf_object: Path, tmp_path_factory: pytest.TempPathFactory) -> str:
-    """The stand-in libcuda.so.1 (tests/agent/standin_cuda.c), built from cuda.h's real signatures."""
+    """The stand-in libcuda.so.1 (tests/agent/standin_cuda.c), built from cuda.h's real signatures (each function
+    its own code: identical bodies folded into one, as -O2 does, would make a _ptsz variant a jump to its twin)."""
     out = tmp_path_factory.mktemp("standin") / "libcuda.so.1"
     subprocess.run(
         ["gcc", "-shared", "-fPIC", "-O2", "-fno-omit-frame-pointer", "-fno-optimize-sibling-calls", "-fno-inline",
-         "-fno-shrink-wrap", f"-I{cuda_include()}", "-Wl,-soname,libcuda.so.1", str(HERE / "standin_cuda.c"),
-         "-o", str(out), "-lpthread"],
+         "-fno-shrink-wrap", "-fno-ipa-icf", f"-I{cuda_include()}", "-Wl,-soname,libcuda.so.1",
+         str(HERE / "standin_cuda.c"), "-o", str(out), "-lpthread"],
         check=True, capture_output=True,
     )
     out.parent.chmod(0o755)

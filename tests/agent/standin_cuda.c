@@ -15,6 +15,8 @@
 
 const char gpuflame_standin_libcuda[] = "gpuflame test stand-in for libcuda.so.1: fake addresses, no GPU";
 
+#define HANDLE_TAG (1ull << 62)
+#define HOST_TAG (1ull << 61)
 #define SLOTS (1u << 20)
 #define HUGE ((size_t)1 << 50)
 static uint64_t live[SLOTS]; /* open addressing; 0 = empty, 1 = deleted */
@@ -22,6 +24,14 @@ static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static uint64_t next_address = 0x7f0000000000ull;
 static uint64_t next_handle = 0x1000;
 static int initialized;
+/* gpuflame_standin_reuse(1): device addresses freed are handed out again at once, last freed first (as a
+ * real allocator reuses them), so that frees and allocations of one address race across threads */
+#define REUSE_SLOTS 4096
+static uint64_t reusable[REUSE_SLOTS];
+static unsigned n_reusable;
+static int reuse;
+
+void gpuflame_standin_reuse(int on) { reuse = on; }
 
 static uint64_t slot_of(uint64_t key) { return (key * 0x9e3779b97f4a7c15ull) >> 44; }
 
@@ -42,8 +52,13 @@ static CUresult hand_out(uint64_t *out, size_t size, uint64_t *counter, uint64_t
     if (!out || size == 0) return CUDA_ERROR_INVALID_VALUE;
     if (size >= HUGE) return CUDA_ERROR_OUT_OF_MEMORY;
     pthread_mutex_lock(&lock);
-    uint64_t at = *counter;
-    *counter += (size + 511) & ~(uint64_t)511;
+    uint64_t at;
+    if (reuse && tag == 0 && n_reusable) {
+        at = reusable[--n_reusable];
+    } else {
+        at = *counter;
+        *counter += (size + 511) & ~(uint64_t)511;
+    }
     int ok = remember(at | tag);
     pthread_mutex_unlock(&lock);
     if (!ok) return CUDA_ERROR_OUT_OF_MEMORY;
@@ -54,12 +69,14 @@ static CUresult hand_out(uint64_t *out, size_t size, uint64_t *counter, uint64_t
 static CUresult take_back(uint64_t key) {
     pthread_mutex_lock(&lock);
     int ok = forget(key);
+    if (ok && reuse && !(key & (HANDLE_TAG | HOST_TAG)) && n_reusable < REUSE_SLOTS)
+        reusable[n_reusable++] = key;
     pthread_mutex_unlock(&lock);
     return ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
-#define HANDLE_TAG (1ull << 62)
-#define HOST_TAG (1ull << 61)
+
+static void vmm_hold(uint64_t handle);
 
 CUresult CUDAAPI cuInit(unsigned int Flags) { (void)Flags; initialized = 1; return CUDA_SUCCESS; }
 CUresult CUDAAPI cuDriverGetVersion(int *v) { *v = 13000; return CUDA_SUCCESS; }
@@ -92,7 +109,7 @@ CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, 
     if (!prop) return CUDA_ERROR_INVALID_VALUE;
     uint64_t h;
     CUresult rc = hand_out(&h, size, &next_handle, HANDLE_TAG);
-    if (rc == CUDA_SUCCESS) *handle = h;
+    if (rc == CUDA_SUCCESS) { *handle = h; vmm_hold(h); }
     return rc;
 }
 CUresult CUDAAPI cuMemAllocHost(void **pp, size_t bytesize) {
@@ -101,7 +118,88 @@ CUresult CUDAAPI cuMemAllocHost(void **pp, size_t bytesize) {
 CUresult CUDAAPI cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags) {
     (void)Flags; return hand_out((uint64_t *)pp, bytesize, &next_address, HOST_TAG);
 }
+/* What cuda.h maps the async calls to under CUDA_API_PER_THREAD_DEFAULT_STREAM (its _ptsz entry points;
+ * not declared without that macro, so their signatures are spelled out here as cuda.h has them). */
+CUresult CUDAAPI cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream) {
+    (void)hStream; return hand_out((uint64_t *)dptr, bytesize, &next_address, 0);
+}
+CUresult CUDAAPI cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
+                                              CUstream hStream) {
+    (void)pool; (void)hStream; return hand_out((uint64_t *)dptr, bytesize, &next_address, 0);
+}
+CUresult CUDAAPI cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream) { (void)hStream; return take_back(dptr); }
 CUresult CUDAAPI cuMemFree(CUdeviceptr dptr) { return take_back(dptr); }
 CUresult CUDAAPI cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) { (void)hStream; return take_back(dptr); }
-CUresult CUDAAPI cuMemRelease(CUmemGenericAllocationHandle handle) { return take_back(handle | HANDLE_TAG); }
+/* VMM as the driver counts it: a cuMemCreate allocation lives while its handle (cuMemCreate's, and each
+ * cuMemRetainAllocationHandle's) or a mapping (cuMemMap) holds it; cuMemRelease and cuMemUnmap drop one. */
+#define VMM_SLOTS 1024
+static struct { uint64_t handle; int refs; } held[VMM_SLOTS];
+static struct { uint64_t va, size, handle; } mapped[VMM_SLOTS];
+
+static int held_slot(uint64_t handle) {
+    for (int i = 0; i < VMM_SLOTS; i++)
+        if (held[i].refs && held[i].handle == handle) return i;
+    return -1;
+}
+
+static CUresult vmm_drop(int slot) {
+    uint64_t handle = held[slot].handle;
+    if (--held[slot].refs) return CUDA_SUCCESS;
+    return take_back(handle | HANDLE_TAG);
+}
+
+static void vmm_hold(uint64_t handle) {
+    pthread_mutex_lock(&lock);
+    for (int i = 0; i < VMM_SLOTS; i++)
+        if (!held[i].refs) { held[i].handle = handle; held[i].refs = 1; break; }
+    pthread_mutex_unlock(&lock);
+}
+
+CUresult CUDAAPI cuMemRelease(CUmemGenericAllocationHandle handle) {
+    pthread_mutex_lock(&lock);
+    int slot = held_slot(handle);
+    pthread_mutex_unlock(&lock);
+    return slot < 0 ? CUDA_ERROR_INVALID_VALUE : vmm_drop(slot);
+}
+CUresult CUDAAPI cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
+                          unsigned long long flags) {
+    (void)offset; (void)flags;
+    CUresult rc = CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&lock);
+    int slot = held_slot(handle);
+    for (int i = 0; slot >= 0 && i < VMM_SLOTS; i++)
+        if (!mapped[i].size) {
+            mapped[i].va = ptr; mapped[i].size = size; mapped[i].handle = handle;
+            held[slot].refs++;
+            rc = CUDA_SUCCESS;
+            break;
+        }
+    pthread_mutex_unlock(&lock);
+    return rc;
+}
+CUresult CUDAAPI cuMemUnmap(CUdeviceptr ptr, size_t size) {
+    CUresult rc = CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&lock);
+    for (int i = 0; i < VMM_SLOTS; i++)
+        if (mapped[i].size && mapped[i].va == ptr && mapped[i].size == size) {
+            int slot = held_slot(mapped[i].handle);
+            mapped[i].size = 0;
+            pthread_mutex_unlock(&lock);
+            return slot < 0 ? CUDA_ERROR_INVALID_VALUE : vmm_drop(slot);
+        }
+    pthread_mutex_unlock(&lock);
+    return rc;
+}
+CUresult CUDAAPI cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr) {
+    CUresult rc = CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&lock);
+    for (int i = 0; i < VMM_SLOTS; i++)
+        if (mapped[i].size && mapped[i].va <= (uint64_t)addr && (uint64_t)addr < mapped[i].va + mapped[i].size) {
+            int slot = held_slot(mapped[i].handle);
+            if (slot >= 0) { held[slot].refs++; *handle = mapped[i].handle; rc = CUDA_SUCCESS; }
+            break;
+        }
+    pthread_mutex_unlock(&lock);
+    return rc;
+}
 CUresult CUDAAPI cuMemFreeHost(void *p) { return take_back((uint64_t)p | HOST_TAG); }

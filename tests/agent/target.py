@@ -4,8 +4,9 @@ It calls the stand-in libcuda through ctypes and writes, for every call, a
 JSON line with what it did and the Python stack that did it (from
 ``sys._getframe`` on the line of the call), so a test can compute the exact
 profile the agent must produce. Commands come one per line on stdin
-(``load`` with ``late``, ``basic``, ``threads``, ``deep N``, ``hold``, ``release``,
-``fork``, ``init``, ``oom``, ``exit``); ``ready`` and ``done`` lines pace the test. With the argument
+(``load`` with ``late``, ``basic``, ``ptsz``, ``vmm``, ``threads``, ``race N``, ``crowd N``, ``cells N``,
+``deep N``, ``hold``, ``release``, ``fork``, ``init``, ``oom``, ``exit``); ``ready`` and ``done``
+lines pace the test. With the argument
 ``seccomp`` it first puts itself under an allow-all seccomp filter.
 """
 
@@ -82,6 +83,16 @@ def pool_alloc(n):
     return check(rc, "cuMemAllocFromPoolAsync", p.value, n, "cuda", here)
 
 
+def ptsz_alloc(n):
+    p = u64(); rc = LIB.cuMemAllocAsync_ptsz(ctypes.byref(p), size_t(n), None); here = stack(sys._getframe())  # noqa: E501,E702
+    return check(rc, "cuMemAllocAsync_ptsz", p.value, n, "cuda", here)
+
+
+def ptsz_pool_alloc(n):
+    p = u64(); rc = LIB.cuMemAllocFromPoolAsync_ptsz(ctypes.byref(p), size_t(n), None, None); here = stack(sys._getframe())  # noqa: E501,E702
+    return check(rc, "cuMemAllocFromPoolAsync_ptsz", p.value, n, "cuda", here)
+
+
 def managed_alloc(n):
     p = u64(); rc = LIB.cuMemAllocManaged(ctypes.byref(p), size_t(n), 1); here = stack(sys._getframe())  # noqa: E702
     return check(rc, "cuMemAllocManaged", p.value, n, "cuda", here)
@@ -105,6 +116,32 @@ def vmm_create(n, device):
     return check(rc, "cuMemCreate", h.value, n, f"cuda:{device}", here)
 
 
+def vmm_lifetimes():
+    """VMM memory is held while a handle or a mapping holds it (cuMemRelease and cuMemUnmap drop one each): a
+    release while mapped, a retained handle (as NCCL does), then the last drop frees it. The log's "free" is
+    that last drop, made here by counting as the driver does."""
+    va = 0x7E0000000000  # a made-up reserved range (the stand-in needs no cuMemAddressReserve)
+    size = 12 << 20
+    h = vmm_create(size, 0)
+    assert LIB.cuMemMap(u64(va), size_t(size), size_t(0), u64(h), u64(0)) == 0
+    assert LIB.cuMemRelease(u64(h)) == 0  # still mapped: still held
+    say(op="checkpoint", name="released while mapped")
+    again = u64()
+    assert LIB.cuMemRetainAllocationHandle(ctypes.byref(again), ctypes.c_void_p(va + 4096)) == 0
+    assert LIB.cuMemUnmap(u64(va), size_t(size)) == 0  # still retained: still held
+    say(op="checkpoint", name="unmapped while retained")
+    assert LIB.cuMemRelease(u64(again.value)) == 0  # the last hold
+    say(op="free", api="cuMemRelease", addr=h, pid=os.getpid())
+    h2 = vmm_create(1 << 20, 0)  # mapped, unmapped, released: the plain order
+    assert LIB.cuMemMap(u64(va), size_t(1 << 20), size_t(0), u64(h2), u64(0)) == 0
+    assert LIB.cuMemUnmap(u64(va), size_t(1 << 20)) == 0
+    assert LIB.cuMemRelease(u64(h2)) == 0
+    say(op="free", api="cuMemRelease", addr=h2, pid=os.getpid())
+    h3 = vmm_create(3 << 20, 0)  # mapped and kept
+    assert LIB.cuMemMap(u64(va), size_t(3 << 20), size_t(0), u64(h3), u64(0)) == 0
+    assert LIB.cuMemRelease(u64(h3)) == 0
+
+
 def pinned_alloc(n):
     p = u64(); rc = LIB.cuMemAllocHost_v2(ctypes.byref(p), size_t(n)); here = stack(sys._getframe())  # noqa: E702
     return check(rc, "cuMemAllocHost_v2", p.value, n, "host", here)
@@ -116,8 +153,8 @@ def pinned_hostalloc(n):
 
 
 def free(api, addr):
-    if api == "cuMemFreeAsync":
-        rc = LIB.cuMemFreeAsync(u64(addr), None)
+    if api in ("cuMemFreeAsync", "cuMemFreeAsync_ptsz"):
+        rc = getattr(LIB, api)(u64(addr), None)
     elif api in ("cuMemRelease", "cuMemFreeHost"):
         rc = getattr(LIB, api)(u64(addr) if api == "cuMemRelease" else ctypes.c_void_p(addr))
     else:
@@ -163,6 +200,13 @@ def basic():
     free("cuMemFree_v2", 0x1234)  # fails: never allocated
 
 
+def per_thread_stream():
+    """The _ptsz entry points (per-thread default stream), as a program built with that option calls them."""
+    a = ptsz_alloc(3000)
+    ptsz_pool_alloc(5000)
+    free("cuMemFreeAsync_ptsz", a)
+
+
 def worker(n):
     for _ in range(n):
         device_alloc(777)
@@ -174,6 +218,60 @@ def threads():
         t.start()
     for t in ts:
         t.join()
+
+
+def churn(n, size):
+    """Allocate and free at once, *n* times: with the stand-in's reuse on, threads trade addresses."""
+    for _ in range(n):
+        p = u64()
+        assert LIB.cuMemAlloc_v2(ctypes.byref(p), size_t(size)) == 0
+        assert LIB.cuMemFree_v2(u64(p.value)) == 0
+
+
+def race(pairs):
+    """4 threads, *pairs* alloc/free pairs in all, addresses reused at once (no per-call log: it would serialise
+    them); one record of the totals."""
+    LIB.gpuflame_standin_reuse(1)
+    ts = [threading.Thread(target=churn, args=(pairs // 4, 8192)) for _ in range(4)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    LIB.gpuflame_standin_reuse(0)
+    say(op="raced", pairs=pairs // 4 * 4, size=8192, pid=os.getpid())
+
+
+def crowd(n):
+    """An old thread, then *n* newer idle ones (a server's pool; the interpreter lists the newest first): the
+    main thread and the old one allocate while all are alive."""
+    go, stop = threading.Event(), threading.Event()
+
+    def old():
+        go.wait()
+        device_alloc(4321)
+
+    first = threading.Thread(target=old)
+    first.start()
+    idle = [threading.Thread(target=stop.wait) for _ in range(n)]
+    for t in idle:
+        t.start()
+    device_alloc(1234)
+    go.set()
+    first.join()
+    stop.set()
+    for t in idle:
+        t.join()
+
+
+CELL = "def {name}():\n    return device_alloc({size})\n\n\n{name}()\n"
+
+
+def cells(n):
+    """Notebook cells and generated functions: each run in a namespace of its own, dropped after, so its code
+    objects are freed and the next cell's are likely made at their addresses."""
+    for i in range(n):
+        name = "cell" if i % 2 else f"generated_{i}"
+        exec(compile(CELL.format(name=name, size=1000 + i), f"<cell {i}>", "exec"), {"device_alloc": device_alloc})
 
 
 def deep(n):
@@ -215,8 +313,18 @@ def main():
             LIB.cuInit(0)
         elif cmd[0] == "basic":
             basic()
+        elif cmd[0] == "vmm":
+            vmm_lifetimes()
+        elif cmd[0] == "ptsz":
+            per_thread_stream()
         elif cmd[0] == "threads":
             threads()
+        elif cmd[0] == "race":
+            race(int(cmd[1]))
+        elif cmd[0] == "crowd":
+            crowd(int(cmd[1]))
+        elif cmd[0] == "cells":
+            cells(int(cmd[1]))
         elif cmd[0] == "deep":
             deep(int(cmd[1]))
         elif cmd[0] == "hold":

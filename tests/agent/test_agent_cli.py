@@ -93,6 +93,7 @@ def test_duration_and_the_store(start_target, bpf_object, tmp_path):
         (["--duration", "soon"], "not a duration"),
         (["--libcuda", "/nonexistent/libcuda.so.1"], "--libcuda /nonexistent/libcuda.so.1"),
         (["-o", "/nonexistent-dir/x.pb.gz"], "no such folder"),
+        (["-o", "/proc/x.pb.gz"], "-o /proc/x.pb.gz: cannot write in /proc: no file can be made there"),
         (["--max-blocks", "0"], "not a positive number"),
         (["--probes", "exit"], "invalid choice: 'exit'"),
     ],

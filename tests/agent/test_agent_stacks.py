@@ -71,6 +71,136 @@ def test_threads_each_with_their_stack(version, start_target, agent_for):
     assert agent.stats()["no_thread"] == 0
 
 
+def test_per_thread_default_stream_entry_points(start_target, agent_for):
+    """cuMemAllocAsync_ptsz and friends (a program built with CUDA_API_PER_THREAD_DEFAULT_STREAM): exact."""
+    target = start_target("3.12")
+    target.ready()
+    agent = agent_for(target.pid)
+    target.run("ptsz")
+    got = check_exact(agent, target)
+    assert sum(v[4] for v in got.values()) == 8000
+
+
+@pytest.mark.parametrize("probes", ["return", "entry"])
+def test_concurrent_alloc_and_free_with_address_reuse_is_exact(probes, start_target, agent_for):
+    """4 threads allocate and free at once, each address handed out again at once (a free of X and another
+    thread's allocation of X race): 20,000 pairs, 10 times; in use back to 0, nothing taken for a free of a
+    block from before the agent."""
+    target = start_target("3.12")
+    target.ready()
+    agent = agent_for(target.pid, probes=probes)
+    if probes == "entry":
+        target.run("init")  # ctypes' call site gets its return probe first
+        assert wait_for(lambda: bool(agent.return_sites))
+    for run in range(1, 11):
+        target.run("race 20000")
+        want = run * 20000
+        assert wait_for(lambda want=want: agent.snapshot().totals()["alloc_objects"] >= want
+                        or agent.stats()["lost_events"])
+        stats = agent.stats()
+        if stats["lost_events"]:  # the ring was full (a starved reader on a loaded machine): said, not judged
+            pytest.skip(f"run {run}: the kernel dropped {stats['lost_events']} events (a loaded machine); "
+                        f"runs 1-{run - 1} were exact")
+        totals = agent.snapshot().totals()
+        assert (totals["alloc_objects"], totals["alloc_space"]) == (want, want * 8192)
+        assert (totals["inuse_objects"], totals["inuse_space"]) == (0, 0), f"run {run}"
+        assert stats.get("unknown_frees", 0) == stats.get("unknown_frees_at_entry", 0) == 0, f"run {run}"
+
+
+@pytest.mark.parametrize("probes", ["return", "entry"])
+def test_vmm_memory_is_held_while_a_mapping_or_a_handle_holds_it(probes, start_target, agent_for):
+    """cuMemRelease while mapped, cuMemRetainAllocationHandle, cuMemUnmap: a reference count; the memory is
+    booked under cuMemCreate's stack until the last reference goes."""
+    target = start_target("3.11")
+    target.ready()
+    agent = agent_for(target.pid, probes=probes)
+    if probes == "entry":
+        target.run("init")  # ctypes' call site gets its return probe first
+        assert wait_for(lambda: bool(agent.return_sites))
+    target.run("vmm")
+    got = check_exact(agent, target)
+    inuse = {key[1]: v[2] for key, v in got.items() if v[2]}
+    assert inuse == {"cuda:0": 3 << 20}  # the mapped one; 12 MiB stayed in use until its retained handle went
+    assert all(key[2][0][0] == "vmm_create" for key in got)
+    assert max(v[0] for v in got.values()) == 12 << 20
+    assert agent.stats().get("unknown_frees", 0) == 0
+
+
+@pytest.mark.parametrize("version", ["3.10", "3.12"])
+def test_main_and_old_threads_found_among_1000_newer_ones(version, start_target, agent_for):
+    """1,000 Python threads alive (newest first in the interpreter's list): the main thread's and an old
+    thread's allocations still get their Python stacks."""
+    target = start_target(version)
+    target.ready()
+    agent = agent_for(target.pid)
+    target.run("crowd 1000")
+    got = check_exact(agent, target)
+    assert {key[2][0][0] for key in got} == {"device_alloc"} and len(got) == 2
+    assert agent.stats()["no_thread"] == 0
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_code_made_again_at_a_freed_code_objects_address_gets_its_own_name(version, start_target, agent_for):
+    """20 notebook cells / generated functions, each freed before the next is made (most at the same
+    addresses): each allocation is named by its own cell's code, file and line."""
+    target = start_target(version)
+    target.ready()
+    agent = agent_for(target.pid)
+    target.run("cells 20")
+    got = check_exact(agent, target)
+    files = {key[2][0][1] for key in got} | {key[2][1][1] for key in got}
+    assert {f"<cell {i}>" for i in range(20)} <= files
+    assert not agent.unwatched_code_frees
+
+
+def test_code_frees_seen_in_a_stripped_system_python(libcuda, agent_for):
+    """Debian's python3 (no .symtab): code_dealloc found through PyCode_Type, the cells named all the same."""
+    from agent_helpers import Target
+
+    python = "/usr/bin/python3.11"
+    if not os.path.exists(python):
+        pytest.skip("no Debian python3.11 here")
+    target = Target(python, libcuda)
+    try:
+        target.ready()
+        agent = agent_for(target.pid)
+        target.run("cells 20")
+        check_exact(agent, target)
+        assert not agent.unwatched_code_frees
+    finally:
+        target.close()
+
+
+@pytest.mark.parametrize(("version", "field"), [("3.11", "tstate_native_thread_id"),
+                                              ("3.12", "tstate_native_thread_id"), ("3.13", "frame_previous")])
+def test_a_layout_that_does_not_read_back_is_not_walked(version, field, start_target, agent_for, monkeypatch,
+                                                        capsys):
+    """A table that does not fit the process (a shifted field): one line, native stacks, never garbage names."""
+    from gpuflame.agent.py_offsets import OFFSETS
+
+    target = start_target(version)
+    target.ready()
+    monkeypatch.setitem(OFFSETS[version], field, OFFSETS[version][field] + 8)
+    agent = agent_for(target.pid)
+    lines = [line for line in capsys.readouterr().err.splitlines() if f"pid {target.pid}" in line]
+    assert len(lines) == 1 and "native stacks" in lines[0], lines
+    assert target.pid in agent.unverified
+    target.run("threads")
+    assert wait_for(lambda: booked(agent, target.records))
+    profile = agent.snapshot()
+    assert {f.kind for f in profile.frames} == {"native"}
+    assert profile.totals()["alloc_space"] == 20 * 777
+    assert any(f"pid {target.pid}'s Python was not walked" in c for c in profile.comments)
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_every_installed_version_reads_back_as_its_table_says(version, start_target, agent_for):
+    target = start_target(version)
+    target.ready()
+    agent = agent_for(target.pid)
+    assert agent.processes[target.pid].python and not agent.unverified
+
+
 def test_deep_stack(start_target, agent_for):
     target = start_target("3.11")
     target.ready()
@@ -188,6 +318,9 @@ def test_non_python_caller_gets_native_stack(libcuda, agent_for, tmp_path):
         names = [f.name for f in profile.compact().stack_frames(sample)]
         assert names[:2] == ["allocate_weights", "main"]
         assert profile.compact().stack_frames(sample)[0].kind == "native"
+        # registered before it allocated: not one "before the agent knew the process"
+        assert agent.stats()["not_registered"] == 0
+        assert not any("before the agent knew" in c for c in profile.comments)
     finally:
         caller.close()
 
@@ -246,17 +379,20 @@ def test_native_frames_under_a_python_caller(start_target, agent_for):
 
 
 def test_live_block_map_overflow_is_counted_and_said(start_target, agent_for):
-    """More live blocks than --max-blocks: still booked (their frees are not seen), counted, said in the profile."""
+    """More live blocks than --max-blocks: still booked, counted, said in the profile; their frees matched in
+    user space, so in use stays exact and no free is taken for one of a block from before the agent."""
     target = start_target("3.11")
     target.ready()
     agent = agent_for(target.pid, max_blocks=2)
     target.run("threads")  # 20 blocks, none freed
-    assert wait_for(lambda: booked(agent, target.records))
+    target.run("basic")  # frees blocks the live map had no room for
+    check_exact(agent, target)
     stats = agent.stats()
-    assert stats["live_map_full"] == 18 and stats["untracked"] == 18
+    assert stats["live_map_full"] >= 18 and stats["untracked"] == stats["live_map_full"]
+    assert stats["unknown_frees"] == 0
     profile = agent.snapshot()
-    assert profile.totals()["alloc_objects"] == 20
-    assert any("18 blocks were not tracked in the kernel" in c for c in profile.comments)
+    assert any("blocks were not tracked in the kernel" in c for c in profile.comments)
+    assert not any("allocated before the agent started were ignored" in c for c in profile.comments)
 
 
 def test_functions_the_kernel_single_steps_are_named(libcuda, agent_for, tmp_path):
@@ -280,6 +416,7 @@ def test_watched_process_that_loads_the_driver_later(start_target, agent_for):
     target.ready()
     agent = agent_for(target.pid)
     assert not agent.attached and "not loaded yet" in agent.watching()
+    assert "give it with --libcuda PATH" in agent.watching()  # a driver named otherwise is never found
     target.run("load")
     assert wait_for(lambda: bool(agent.attached), timeout=5)
     target.run("basic")
@@ -297,3 +434,5 @@ def test_an_unsupported_python_is_said_and_gets_native_stacks(start_target, agen
     profile = agent.snapshot()
     assert profile.totals()["alloc_space"] == 20 * 777
     assert {f.kind for f in profile.frames} == {"native"}
+    assert any("Python 3.9 is not supported (3.10-3.13 are)" in c for c in profile.comments)
+    assert not any("before the agent knew" in c for c in profile.comments)

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from agent_helpers import VERSIONS, python_for
+from agent_helpers import VERSIONS, cuda_include, python_for
 
 from gpuflame.agent import events
 from gpuflame.agent.build import BPF_DIR
@@ -98,6 +98,62 @@ def test_constants_match_agent_h():
     assert all(set(events.OFFSET_FIELDS) <= set(OFFSETS[v]) for v in OFFSETS)
 
 
+def test_every_ptsz_and_v2_variant_in_cuda_h_is_probed():
+    """cuda.h renames calls (cuMemAlloc -> cuMemAlloc_v2; the async ones -> *_ptsz under
+    CUDA_API_PER_THREAD_DEFAULT_STREAM): every such name of a function we probe is probed too."""
+    include = cuda_include()
+    if include is None:
+        pytest.skip("no cuda.h here")
+    text = (include / "cuda.h").read_text(errors="replace")
+    probed = set(events.ALLOCS) | set(events.FREES)
+
+    def base(name: str) -> str:
+        return re.sub(r"(_v\d+)?(_ptsz)?$", "", name)
+
+    variants = {name + "_ptsz" for name in re.findall(r"__CUDA_API_PTSZ\((\w+)\)", text)}
+    variants |= set(re.findall(r"#define \w+\s+(\w+_v\d+)\b", text))
+    wanted = {v for v in variants if base(v) in {base(p) for p in probed}}
+    assert {"cuMemAllocAsync_ptsz", "cuMemFreeAsync_ptsz", "cuMemAlloc_v2"} <= wanted
+    assert wanted <= probed, sorted(wanted - probed)
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_code_dealloc_found_by_symbol_and_by_pycode_types_pointer(version):
+    """code_dealloc: by its symbol where the build keeps it, else PyCode_Type.tp_dealloc read through the
+    file's relocation: both say the same function."""
+    from gpuflame.agent import procs
+    from gpuflame.agent.elf import pointer_at
+
+    python = python_for(version)
+    if python is None:
+        pytest.skip(f"no Python {version} here")
+    out = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_config_var('LDLIBRARY'), "
+                          "sysconfig.get_config_var('LIBDIR'))"], capture_output=True, text=True).stdout.split()
+    lib = Path(out[1]) / out[0]
+    path = str(lib) if lib.exists() and lib.suffix != ".a" else python
+    elf = read_elf(path)
+    if "code_dealloc" not in elf.symbols:
+        pytest.skip(f"{path} has no code_dealloc symbol to compare with")
+    assert pointer_at(path, elf, elf.symbols["PyCode_Type"].value + procs.TP_DEALLOC) == elf.symbols[
+        "code_dealloc"].value
+    assert procs.code_dealloc(path) == elf.file_offset(elf.symbols["code_dealloc"].value)
+
+
+def test_code_dealloc_of_a_stripped_interpreter():
+    """Debian's python3 keeps no .symtab: code_dealloc is found through PyCode_Type's relocation."""
+    from gpuflame.agent import procs
+
+    stripped = next((p for p in ("/usr/bin/python3.11", "/usr/bin/python3.12", "/usr/bin/python3.13")
+                     if os.path.exists(p) and "code_dealloc" not in read_elf(os.path.realpath(p)).symbols), None)
+    if stripped is None:
+        pytest.skip("no stripped system Python here")
+    offset = procs.code_dealloc(os.path.realpath(stripped))
+    assert offset > 0
+    elf = read_elf(os.path.realpath(stripped))
+    vaddr = elf.vaddr_of_offset(offset)
+    assert vaddr is not None and any(s.vaddr <= vaddr < s.vaddr + s.filesz and s.flags & 1 for s in elf.segments)
+
+
 @pytest.mark.parametrize("version", sorted(OFFSETS))
 def test_frame_fields_sit_in_the_bytes_read_per_frame(version):
     """The walk reads FRAME_BYTES of each frame at once; every field it takes must be inside."""
@@ -126,6 +182,20 @@ def naive_peak(ops):
     return at_high, inuse
 
 
+@pytest.mark.parametrize(("release", "refused"), [
+    ("5.15.0-1068-azure", True), ("5.16.20", True), ("5.17.0", False), ("6.1.0-28-amd64", False),
+    ("6.18.44-fc-v1045", False),
+])
+def test_the_kernel_floor_is_one_line(release, refused):
+    """AKS's Ubuntu 22.04 GPU nodes run 5.15: the agent says at start that it needs 5.17 (bpf_loop)."""
+    from gpuflame.agent.procs import below_kernel_floor
+
+    line = below_kernel_floor(release)
+    assert (line is not None) is refused
+    if refused:
+        assert line.startswith(f"Linux {release} is older than the agent's floor, 5.17") and "\n" not in line
+
+
 @pytest.mark.parametrize("seed", range(20))
 def test_ledger_peak_equals_the_definition(seed):
     rng = random.Random(seed)
@@ -144,6 +214,33 @@ def test_ledger_peak_equals_the_definition(seed):
     got = {stack: values for (_, stack, values) in ledger.rows()}
     assert {s: v[0] for s, v in got.items() if v[0]} == {s: v for s, v in at_high.items() if v}
     assert {s: v[2] for s, v in got.items()} == {s: inuse.get(s, 0) for s in got}
+
+
+def test_ledger_parks_a_block_whose_free_is_still_on_its_way():
+    """Thread A frees X, thread B gets X and its event comes first: A's free then takes A's block, not B's."""
+    ledger = Ledger()
+    ledger.alloc(7, "cuda", 0, (0, 0x1000), 100)
+    ledger.alloc(7, "cuda", 1, (0, 0x1000), 30, park=True)  # B: X again, A's free still returning
+    assert ledger.free(7, (0, 0x1000))  # A's free: A's block
+    assert {stack: v[2] for _, stack, v in ledger.rows()} == {0: 0, 1: 30}
+    assert ledger.free(7, (0, 0x1000))  # B's own free
+    assert {stack: v[2] for _, stack, v in ledger.rows()} == {0: 0, 1: 0}
+    assert ledger.unmatched_frees == 0 and not ledger.parked
+
+
+@pytest.mark.parametrize(("path", "why"), [
+    ("/usr/lib/x86_64-linux-gnu/libpython3.13t.so.1.0", "free-threaded"),
+    ("/usr/bin/python3.13t", "free-threaded"),
+    ("/opt/py/lib/libpython3.12d.so.1.0", "debug build"),
+    ("/usr/bin/python3.12", None),
+])
+def test_free_threaded_and_debug_builds_are_refused_by_name(path, why):
+    from gpuflame.agent import procs
+    from gpuflame.agent.py_layout import build_refused
+
+    named = procs.LIBPYTHON.search(path) or procs.PYTHON_EXE.search(path)
+    refused = build_refused(named.group(4))
+    assert (refused is None) if why is None else why in refused
 
 
 def test_ledger_exit_and_unknown_frees():
@@ -225,15 +322,9 @@ def test_seccomp_filtered_processes_are_seen():
 
 
 # _Py_DebugOffsets (3.13's pycore_runtime.h): byte offset in _PyRuntime of each field we compare
-DEBUG_OFFSETS_313 = {
-    "runtime_interp_head": 40, "interp_threads_head": 72, "tstate_next": 168, "tstate_frame": 184,
-    "tstate_thread_id": 192, "tstate_native_thread_id": 200, "frame_previous": 232, "frame_code": 240,
-    "frame_instr": 248, "frame_owner": 264, "code_filename": 280, "code_name": 288, "code_qualname": 296,
-    "code_linetable": 304, "code_firstlineno": 312, "code_adaptive": 344, "object_type": 360, "type_name": 376,
-}
-
-
 def test_offsets_agree_with_313s_own_debug_offsets():
+    from gpuflame.agent.py_layout import DEBUG_OFFSETS_313
+
     """3.13 publishes its layout at the start of _PyRuntime (cookie xdebugpy): our table says the same."""
     from gpuflame.agent.procs import interpreter
     from gpuflame.agent.pyremote import Memory

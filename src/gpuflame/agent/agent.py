@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
-from gpuflame.agent import build, procs
+from gpuflame.agent import alive, build, procs
 from gpuflame.agent.call_sites import DRIVER_FUNCTIONS, MAX_SITES, Verifier
 from gpuflame.agent.confined import open_regular
 from gpuflame.agent.elf import ElfError, read_elf
@@ -25,6 +25,8 @@ from gpuflame.agent.events import (
     BLOCK_KEY,
     EV_ALLOC,
     EV_CODE,
+    EV_CODE_FREED,
+    EV_DRIVER,
     EV_EXEC,
     EV_EXIT,
     EV_FORK,
@@ -32,10 +34,12 @@ from gpuflame.agent.events import (
     EV_NEW_PROCESS,
     EV_RESULT,
     EV_SITE,
+    EV_VMM,
     F_FAILED,
     F_NO_THREAD,
     F_NOT_REGISTERED,
     F_PENDING,
+    F_REPLACED,
     F_RETURNED,
     F_TRUNCATED,
     F_UNKNOWN,
@@ -44,7 +48,10 @@ from gpuflame.agent.events import (
     HEADER,
     INIT,
     K_CREATE,
+    K_MAP,
     K_RELEASE,
+    K_RETAIN,
+    K_UNMAP,
     LIVE_BLOCKS,
     N_STATS,
     PROC,
@@ -55,6 +62,7 @@ from gpuflame.agent.events import (
     STAT_LIVE_FULL,
     STAT_LOST_EVENTS,
     STAT_UNKNOWN_FREES,
+    VMM,
     Header,
     code_record,
     device_label,
@@ -62,6 +70,7 @@ from gpuflame.agent.events import (
     native_frames,
     python_frames,
     unpack_free,
+    vmm_handle,
 )
 from gpuflame.agent.ledger import Ledger
 from gpuflame.agent.libbpf import BpfError, BpfObject, Map, RingBuffer, possible_cpus
@@ -85,7 +94,11 @@ LIBCUDA_DIRS = (
 )
 
 UPROBE_PROGRAMS = ("alloc_enter", "pitch_enter", "create_enter", "free_enter", "alloc_exit", "free_exit", "init_enter",
-                   "ret_site")
+                   "ret_site", "vmm_enter", "vmm_exit", "code_freed")
+
+# fexit on vm_mmap_pgoff: a driver file mapped later is probed at once; kernels that refuse fexit (lockdown,
+# no BPF trampolines) load without it and find such files at the next rescan
+OPTIONAL_PROGRAMS = ("driver_mapped",)
 
 NO_PYTHON_STACK = Frame("<no Python stack>", kind=SYNTHETIC)
 TOO_EARLY = Frame("<before the agent knew the process>", kind=SYNTHETIC)
@@ -94,6 +107,9 @@ OVER_LIMIT = (Frame("<stacks beyond the agent's limit>", kind=SYNTHETIC),)
 MAX_STACKS = 1 << 18  # distinct stacks named (each a row of the ledger and of the profile)
 MAX_RAW_STACK_BYTES = 64 << 20  # the raw frames kept to recognise stacks already named
 
+NEVER_READY = "its thread list never read back where the agent's table says it is"
+NO_CUDA_PROCESS = ("gpuflame agent: no CUDA process was seen: no process loaded libcuda.so while the agent "
+                   "watched")
 OUTPUT_MODE = 0o600  # the agent's profiles hold every process's stacks and pods: for their owner only
 CAPABILITIES = {"CAP_BPF": 39, "CAP_PERFMON": 38, "CAP_SYS_PTRACE": 19}
 CAP_SYS_ADMIN = 21
@@ -155,6 +171,7 @@ class Agent:
         max_blocks: int = LIVE_BLOCKS,
         labels_for: Callable[[int], dict[str, str]] | None = None,
         probes: str = "auto",
+        alive_file: str | None = None,
     ) -> None:
         self.pids = sorted(set(pids))
         self.libcuda = list(libcuda)
@@ -162,6 +179,13 @@ class Agent:
         self.max_blocks = max_blocks
         self.labels_for = labels_for  # pid -> extra labels (Kubernetes), or None
         self.probes_asked = probes  # auto | return | entry (procs.choose_probes)
+        self.alive_file = alive_file  # touched by the reader thread (alive.py)
+        self.cuda_seen = False  # a process loaded the driver or allocated while we watched
+        self.watch_loads = False  # the kernel side tells of a driver file mapped (else: found at rescans)
+        self._code_free_probes: set[tuple[int, int]] = set()  # interpreter files whose code_dealloc is probed
+        self.unwatched_code_frees: set[str] = set()  # interpreters without one: a reused code address misnames
+        self._skip: tuple[str, ...] = ()  # optional programs this kernel refused
+        self.late_loads: dict[int, int | None] = {}  # pid -> ms from its driver load to the probes (None: a rescan)
         self.probes = ""  # return | entry, chosen at start
         self.probes_why = ""
         self.pending = PendingResults()  # entry-only: allocations whose result is not read yet
@@ -174,6 +198,8 @@ class Agent:
         self.missing_functions: set[str] = set()
         self.single_stepped: set[str] = set()  # probed functions not starting with push %rbp
         self.unsupported: set[str] = set()  # Python versions seen without offsets
+        self.unverified: dict[int, str] = {}  # pid -> why its CPython's layout was not trusted (py_layout)
+        self._never_ready: set[int] = set()  # processes whose thread list stayed empty through their window
         self.skipped: list[str] = []  # libcuda files found but not probed, and why
         self._unprobeable: set[tuple[int, int]] = set()
         self.counts = {"not_registered": 0, "no_thread": 0, "truncated": 0, "untracked": 0, "handler_errors": 0,
@@ -206,7 +232,7 @@ class Agent:
 
         *thread* False: no reader thread; the caller books events with :meth:`poll`.
         """
-        why = missing_privileges()
+        why = procs.below_kernel_floor() or missing_privileges()
         if why:
             raise AgentError(why)
         for pid in self.pids:
@@ -215,38 +241,43 @@ class Agent:
         files = self._libcuda_files()
         self.probes, self.probes_why = procs.choose_probes(self.probes_asked, self.pids, self._driver_users())
         self._check_uretprobe_risk()
-        if not files and not self.pids:  # with --pid, probed once the watched processes load it
-            raise AgentError(f"no libcuda.so found (no process maps it, and it is not in {', '.join(LIBCUDA_DIRS)}); "
-                             "name it with --libcuda PATH")
         try:
-            obj_path = build.ensure()
+            self._obj_path = str(build.ensure())
         except build.BuildError as exc:
             raise AgentError(f"the agent's BPF object is not built and cannot be built here: {exc}") from None
-        self._attach_all(list(files.items()), str(obj_path))
+        self._attach_all(list(files.items()))  # none yet (an idle node): each file is probed as it appears
         self.started_ns = time.time_ns()
         if thread:
             self._thread = threading.Thread(target=self._loop, name="gpuflame-agent", daemon=True)
             self._thread.start()
 
-    def _attach_all(self, items: list[tuple[tuple[int, int], str]], obj_path: str) -> None:
+    def _attach_all(self, items: list[tuple[tuple[int, int], str]]) -> None:
         """Load, register the processes known now (before the probes: their first events have stacks), attach."""
-        self._load(obj_path, multi=True)
+        self._load(self._obj_path, multi=True)
+        self.cuda_seen = bool(self._cuda_pids())
         for pid in self.pids or self._cuda_pids():
             self._register(pid)
+        self._attach_items(items)
+        if items and not self.attached:
+            raise AgentError(f"no libcuda.so could be probed: {'; '.join(self.skipped)}")
+
+    def _attach_items(self, items: list[tuple[tuple[int, int], str]]) -> None:
+        """Probe these files; the first one probed tells whether the kernel takes uprobe-multi links."""
         if not items:
             return
-        try:
-            self._attach_first(items)
-        except BpfError:
-            if not self._multi:
-                raise
-            self._obj.close()  # a kernel before 6.6: one perf event per probe instead
-            self._load(obj_path, multi=False)
-            for pid in list(self.processes):
-                self._register(pid)
-            self._attach_first(items)
+        if not self.attached:
+            try:
+                self._attach_first(items)
+            except BpfError:
+                if not self._multi:
+                    raise
+                self._obj.close()  # a kernel before 6.6: one perf event per probe instead
+                self._load(self._obj_path, multi=False)
+                for pid in list(self.processes):
+                    self._register(pid)
+                self._attach_first(items)
         for key, path in items:
-            if key not in self.attached:
+            if key not in self.attached and key not in self._unprobeable:
                 self._attach_found(key, path)
 
     def _driver_users(self) -> list[int]:
@@ -281,7 +312,16 @@ class Agent:
     def _load(self, path: str, multi: bool) -> None:
         """Load the object and open its maps and ring."""
         self._multi = multi
-        self._obj = BpfObject(path, {"live": self.max_blocks}, multi=UPROBE_PROGRAMS if multi else ())
+        self._code_free_probes = set()  # a new object: its probes are to be placed again
+        self.unwatched_code_frees = set()
+        multi_programs = UPROBE_PROGRAMS if multi else ()
+        try:
+            self._obj = BpfObject(path, {"live": self.max_blocks}, multi=multi_programs, skip=self._skip)
+        except BpfError:
+            if self._skip == OPTIONAL_PROGRAMS:
+                raise
+            self._skip = OPTIONAL_PROGRAMS  # a kernel that refuses fexit programs: rescans find new drivers
+            self._obj = BpfObject(path, {"live": self.max_blocks}, multi=multi_programs, skip=self._skip)
         ncpu = possible_cpus()
         self._procs = Map(self._obj.map_fd("procs"), PROC.size)
         self._live = Map(self._obj.map_fd("live"), 8)
@@ -294,6 +334,13 @@ class Agent:
         self._ring = RingBuffer(self._obj.map_fd("events"), RING_BYTES, self._incoming.append)
         for program in ("process_exit", "process_fork", "process_exec"):
             self._obj.attach(program)
+        self.watch_loads = False
+        if "driver_mapped" not in self._skip:
+            try:
+                self._obj.attach("driver_mapped")
+                self.watch_loads = True
+            except BpfError:  # no BPF trampolines (fexit) here: a driver file loaded later waits for a rescan
+                pass
 
     def _libcuda_files(self) -> dict[tuple[int, int], str]:
         files: dict[tuple[int, int], str] = {}
@@ -318,7 +365,6 @@ class Agent:
         for key, path in items:
             if self._attach_found(key, path):
                 return
-        raise AgentError(f"no libcuda.so could be probed: {'; '.join(self.skipped)}")
 
     def _attach_found(self, key: tuple[int, int], path: str) -> bool:
         """Probe a file; one a process mapped may be gone by now: noted and skipped (one named by --libcuda fails)."""
@@ -359,6 +405,8 @@ class Agent:
             add(name, program, "alloc_exit" if returns else None, kind)
         for name, kind in FREES.items():
             add(name, "free_enter", "free_exit" if returns else None, kind)
+        for name, kind in VMM.items():
+            add(name, "vmm_enter", "vmm_exit" if returns else None, kind)
         if not probes:
             raise AgentError(f"{path} has none of the CUDA driver's allocation functions")
         add(INIT, "init_enter", None, 0)
@@ -379,8 +427,13 @@ class Agent:
         who = f"pid {', '.join(map(str, self.pids))}" if self.pids else "every process that loads the CUDA driver"
         files = ", ".join(sorted({procs.as_seen(path) for path in self.attached.values()}))
         py = sum(1 for p in self.processes.values() if p.python)
-        through = (f"through {len(self.attached)} libcuda file(s): {files}" if self.attached
-                   else "(libcuda.so is not loaded yet: probed when it is)")
+        if self.attached:
+            through = f"through {len(self.attached)} libcuda file(s): {files}"
+        elif self.pids:
+            through = ("(libcuda.so is not loaded yet: probed when it is; a driver file named otherwise is "
+                       "not found: give it with --libcuda PATH)")
+        else:
+            through = "(no libcuda.so loaded yet: waiting for CUDA processes; each driver file is probed as it appears)"
         line = f"gpuflame agent: watching {who} ({len(self.processes)} now, {py} Python) {through}"
         line += f"; {self.probes_said()}"
         if self.single_stepped:
@@ -403,17 +456,53 @@ class Agent:
         except OSError:
             return None  # gone already
         self.processes[pid] = proc
+        if proc.provisional and pid in self._never_ready:
+            proc.refuse(NEVER_READY)
         self._procs.update(pid.to_bytes(4, "little"), proc.bpf_value())
         self._labels[pid] = self._process_labels(proc)
-        if proc.interpreter is None and procs.looks_like_python(pid):
+        self._watch_code_frees(proc)
+        if proc.interpreter is None and procs.looks_like_python(pid) or proc.provisional:
             self._waiting.setdefault(pid, time.monotonic() + REGISTER_WINDOW)  # libpython not mapped yet
         else:
             self._waiting.pop(pid, None)
-        if proc.interpreter is not None and not proc.python and proc.version not in self.unsupported:
+        if proc.unverified and self.unverified.get(pid) != proc.unverified:
+            self.unverified[pid] = proc.unverified
+            sys.stderr.write(f"gpuflame agent: pid {pid} (Python {proc.version}): {proc.unverified}; its "
+                             "allocations get native stacks\n")
+        elif proc.interpreter is not None and not proc.python and proc.version not in self.unsupported:
             self.unsupported.add(proc.version)
             sys.stderr.write(f"gpuflame agent: Python {proc.version} (pid {pid}) is not supported "
-                             "(3.10-3.13 are): its allocations get native stacks\n")
+                             f"({procs.supported_said()} are): its allocations get native stacks\n")
         return proc
+
+    def _watch_code_frees(self, proc: Process) -> None:
+        """A uprobe on the interpreter's code_dealloc (once per file, so in every process running it): a code
+        object's address reused by another (notebook cells, exec'd and generated code) gets its own name."""
+        interp = proc.interpreter
+        if not proc.python or interp is None or interp.mapping is None:
+            return
+        if interp.code_dealloc < 0:
+            self.unwatched_code_frees.add(interp.path)
+            return
+        try:
+            fd, _exact = procs.open_mapped(proc.pid, interp.mapping)
+        except OSError:
+            return
+        try:
+            st = os.fstat(fd)
+            key = (st.st_dev, st.st_ino)
+            if key in self._code_free_probes or self._obj is None:
+                return
+            path = f"/proc/self/fd/{fd}"
+            if self._multi:
+                self._obj.attach_uprobe_multi("code_freed", path, [interp.code_dealloc], [0], ret=False)
+            else:
+                self._obj.attach_uprobe("code_freed", path, interp.code_dealloc, ret=False)
+            self._code_free_probes.add(key)
+        except BpfError:
+            self.unwatched_code_frees.add(interp.path)
+        finally:
+            os.close(fd)
 
     def _process_labels(self, proc: Process) -> dict[str, str]:
         labels = {"pid": str(proc.pid), "comm": proc.comm}
@@ -427,6 +516,18 @@ class Agent:
         for pid, until in list(self._waiting.items()):
             if now > until or not procs.alive(pid):
                 self._waiting.pop(pid, None)
+                proc = self.processes.get(pid)
+                if proc is not None and proc.provisional and procs.alive(pid):
+                    self._never_ready.add(pid)
+                    self._register(pid)
+                continue
+            proc = self.processes.get(pid)
+            if proc is not None and proc.provisional:  # its layout could not be checked yet: again
+                proc.recheck()
+                if proc.unverified:
+                    self._register(pid)  # not the table's layout after all: native stacks from now on
+                elif not proc.provisional:
+                    self._waiting.pop(pid, None)
                 continue
             if procs.interpreter(pid) is not None:
                 self._register(pid)
@@ -434,14 +535,27 @@ class Agent:
     # -- the reader thread ----------------------------------------------------------
 
     def _loop(self) -> None:
-        every = PID_RESCAN_SECONDS if self.pids else RESCAN_SECONDS  # a few watched processes are cheap to look at
+        every = self._rescan_every()
         next_scan = time.monotonic() + every
+        next_touch = 0.0
         while not self._stop.is_set():
             busy = self._ring is not None and self._ring.more
             self.poll(0 if busy else 2 if self._waiting else POLL_MS)  # a new process: catch its interpreter early
-            if time.monotonic() > next_scan:
-                next_scan = time.monotonic() + every
+            now = time.monotonic()
+            if now > next_scan:
+                next_scan = now + every
                 self._rescan()
+            if self.alive_file and now > next_touch:
+                next_touch = now + alive.TOUCH_EVERY_S
+                self._touch_alive()
+
+    def _touch_alive(self) -> None:
+        try:
+            alive.touch(self.alive_file)  # type: ignore[arg-type]
+        except OSError as exc:
+            self.counts["handler_errors"] += 1
+            sys.stderr.write(f"gpuflame agent: cannot touch {self.alive_file}: {exc.strerror}\n")
+            self.alive_file = None  # said once; the liveness probe will say the rest
 
     def poll(self, timeout_ms: int = POLL_MS) -> None:
         """Read what the ring holds and book it."""
@@ -463,16 +577,13 @@ class Agent:
         """New libcuda files (a container with its own driver copy, a watched process loading the driver late)
         and, without --pid, processes mapping them."""
         try:
+            if not self.pids:  # a driver installed after the agent started (an idle node)
+                self._attach_items(self._new_files(default_libcuda()))
             for pid in list(self.processes) if self.pids else procs.all_pids():
                 files = procs.libcuda_files(pid)
-                for path in files.values():
-                    try:
-                        st = os.stat(path)
-                    except OSError:
-                        continue
-                    key = (st.st_dev, st.st_ino)
-                    if key not in self.attached and key not in self._unprobeable:
-                        self._attach_found(key, path)
+                self._probe_loaded(pid, files, None)
+                if files:
+                    self.cuda_seen = True
                 if files and pid not in self.processes and not self.pids:
                     with self._lock:
                         self._register(pid)
@@ -480,11 +591,52 @@ class Agent:
             self.counts["handler_errors"] += 1
             sys.stderr.write(f"gpuflame agent: rescan failed ({type(exc).__name__}: {exc})\n")
 
+    def _driver_loaded(self, pid: int, mapped_ns: int) -> None:
+        """The kernel side saw *pid* map a libcuda file: probe it now if it is new, and know the process."""
+        if not self._wanted(pid):
+            return
+        files = procs.libcuda_files(pid)
+        if not files:
+            return
+        self.cuda_seen = True
+        self._probe_loaded(pid, files, mapped_ns)
+        if pid not in self.processes:
+            self._register(pid)
+
+    def _probe_loaded(self, pid: int, files: dict[tuple[str, int], str], mapped_ns: int | None) -> None:
+        """Probe the files *pid* maps that are new; it loaded them before their probes were in, so note the
+        window (*mapped_ns*: when it mapped one, on the kernel's monotonic clock; None: found by a rescan)."""
+        new = self._new_files(files.values())
+        if not new:
+            return
+        before = len(self.attached)
+        self._attach_items(new)
+        if len(self.attached) > before:
+            ms = None if mapped_ns is None else max(0, time.monotonic_ns() - mapped_ns) // 1_000_000
+            old = self.late_loads.get(pid, 0)
+            self.late_loads[pid] = None if ms is None or old is None else max(old, ms)
+
+    def _new_files(self, paths: Iterable[str]) -> list[tuple[tuple[int, int], str]]:
+        """The files among *paths* not probed yet (nor found unprobeable), by (device, inode)."""
+        found: dict[tuple[int, int], str] = {}
+        for path in paths:
+            try:
+                st = os.stat(path)
+            except OSError:
+                continue
+            key = (st.st_dev, st.st_ino)
+            if key not in self.attached and key not in self._unprobeable:
+                found.setdefault(key, path)
+        return list(found.items())
+
     def _handle(self, data: bytes) -> None:
         kind = data[0]
         if kind == EV_FREE:  # the most frequent with allocations: kept short
             tgid, addr = unpack_free(data)
-            self.ledger.free(tgid, (int(data[1] == K_RELEASE), addr))
+            if data[1] == K_RELEASE:
+                self.ledger.release(tgid, addr)
+            else:
+                self.ledger.free(tgid, (0, addr))
         elif kind == EV_ALLOC:
             self._alloc(data)
         elif kind == EV_RESULT:
@@ -496,6 +648,20 @@ class Agent:
             proc = self.processes.get(record.tgid)
             if proc is not None and proc.reader is not None:
                 proc.reader.remember(record)
+        elif kind == EV_CODE_FREED:
+            h = header(data)
+            self._code_freed(h.tgid, h.addr)
+        elif kind == EV_VMM:
+            h = header(data)
+            if h.kind == K_MAP:
+                self.ledger.map(h.tgid, h.addr, h.size, vmm_handle(data))
+            elif h.kind == K_UNMAP:
+                self.ledger.unmap(h.tgid, h.addr, h.size)
+            elif h.kind == K_RETAIN:
+                self.ledger.retain(h.tgid, h.addr)
+        elif kind == EV_DRIVER:
+            h = header(data)
+            self._driver_loaded(h.tgid, h.ts)
         elif kind == EV_EXIT:
             self._exit(header(data).tgid)
         elif kind == EV_NEW_PROCESS:
@@ -510,6 +676,15 @@ class Agent:
             tgid = header(data).tgid
             if tgid in self.processes or (not self.pids and procs.looks_like_python(tgid)):
                 self._register(tgid)  # a new image: what we knew of the process is void
+
+    def _code_freed(self, pid: int, code: int) -> None:
+        """A code object named in a stack is gone: forget its name and the raw stacks holding its address."""
+        proc = self.processes.get(pid)
+        if proc is not None and proc.reader is not None:
+            proc.reader.forget(code)
+        needle = code.to_bytes(8, "little")
+        self._raw_ids = {k: v for k, v in self._raw_ids.items() if k[0] != pid or needle not in k[1]}
+        self._raw_bytes = sum(len(raw) for _, raw in self._raw_ids)
 
     def _alloc(self, data: bytes) -> None:
         _type, kind, _n, _nn, flags, tgid, tid, addr, size, _ts, device, seq, _comm = HEADER.unpack_from(data)
@@ -527,7 +702,8 @@ class Agent:
         if flags & F_PENDING:
             self.pending.add(tgid, tid, Pending(seq, kind, device_label(device), stack))
             return
-        self.ledger.alloc(tgid, device_label(device), stack, (int(kind == K_CREATE), addr), size)
+        self.ledger.alloc(tgid, device_label(device), stack, (int(kind == K_CREATE), addr), size,
+                          park=not flags & F_REPLACED and kind != K_CREATE)
 
     # -- entry-only probes: results read back ------------------------------------------
 
@@ -575,6 +751,7 @@ class Agent:
         self.return_sites[site.key] = site.shown
 
     def _new_stack(self, raw: tuple[int, bytes], h: Header, data: bytes) -> int | None:
+        self.cuda_seen = True
         if not self.first_event_ns:
             self.first_event_ns = time.time_ns()
         proc = self.processes.get(h.tgid)
@@ -644,6 +821,8 @@ class Agent:
             out[names[i]] = sum(int.from_bytes(raw[k : k + 8], "little") for k in range(0, len(raw), 8)) if raw else 0
         if self.probes == "entry":  # every free reaches user space at its entry, before the driver says no
             out["unknown_frees_at_entry"] = self.ledger.unmatched_frees
+        else:  # after a live-map overflow the kernel sends the frees it does not know: matched here
+            out["unknown_frees"] += self.ledger.unmatched_frees
         return out
 
     def snapshot(self) -> Profile:
@@ -659,7 +838,31 @@ class Agent:
         profile.time_nanos = self.started_ns
         profile.duration_nanos = max(0, time.time_ns() - self.started_ns) if self.started_ns else 0
         profile.comments += loss_notes(stats, self.probes_said())
+        if not self.cuda_seen:
+            profile.comments.append(NO_CUDA_PROCESS)
+        if self.late_loads:
+            profile.comments.append(self._late_note())
+        for path in sorted(self.unwatched_code_frees):
+            profile.comments.append(f"gpuflame agent: code objects freed in {path} are not seen (no code_dealloc "
+                                    "found): code made again at a freed one's address keeps the old name")
+        for pid, why in sorted(self.unverified.items()):
+            profile.comments.append(f"gpuflame agent: pid {pid}'s Python was not walked ({why}): native stacks")
+        for version in sorted(self.unsupported):
+            profile.comments.append(f"gpuflame agent: Python {version} is not supported "
+                                    f"({procs.supported_said()} are): its processes' allocations have native stacks")
         return profile
+
+    def _rescan_every(self) -> float:
+        return PID_RESCAN_SECONDS if self.pids else RESCAN_SECONDS  # a few watched processes are cheap to look at
+
+    def _late_note(self) -> str:
+        """What a driver file loaded after the agent started may have cost: the window before its probes."""
+        n = len(self.late_loads)
+        known = [ms for ms in self.late_loads.values() if ms is not None]
+        window = (f"probed {max(known)} ms after the load at most" if len(known) == n
+                  else f"probed at a rescan, up to {self._rescan_every():g} s after the load")
+        return (f"gpuflame agent: {n} process{'es' if n > 1 else ''} loaded a driver file the agent had not probed "
+                f"yet ({window}): allocations in between are missing, their frees counted as unknown")
 
     def stop(self) -> None:
         """Stop reading, book what is left, detach everything."""
@@ -689,7 +892,7 @@ def loss_notes(stats: dict[str, int], probes: str = "") -> list[str]:
     said = {
         "lost_events": "events were lost (the ring buffer was full): the totals are short",
         "live_map_full": "blocks were not tracked in the kernel (live-block map full, raise --max-blocks): "
-                         "their frees were not seen, so in-use over-counts them",
+                         "their frees were matched in user space instead (each free one more event)",
         "calls_map_full": "driver calls were missed (too many threads inside the driver at once)",
         "unknown_frees": "frees of blocks allocated before the agent started were ignored",
         "unknown_frees_at_entry": "frees of addresses not known here were ignored (blocks allocated before the "

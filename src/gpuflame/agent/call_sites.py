@@ -26,10 +26,10 @@ from dataclasses import dataclass
 
 from gpuflame.agent import procs, x86
 from gpuflame.agent.elf import PF_X, ElfError, ElfFile, read_elf
-from gpuflame.agent.events import ALLOCS, FREES, INIT
+from gpuflame.agent.events import ALLOCS, FREES, INIT, VMM
 from gpuflame.agent.lru import LRU
 
-DRIVER_FUNCTIONS = frozenset((*ALLOCS, *FREES, INIT))
+DRIVER_FUNCTIONS = frozenset((*ALLOCS, *FREES, *VMM, INIT))
 MAX_FUNCTION_BYTES = 1 << 16  # decoded from a function's start to the site; a longer function is not probed
 MAX_SITES = 256  # return sites probed in all (each costs a breakpoint in every process mapping its file)
 FILES_KEPT = 16  # parsed files remembered (by device, inode and modification time)

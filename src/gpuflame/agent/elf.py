@@ -31,7 +31,7 @@ SHT_RELA = 4
 SHT_DYNSYM = 11
 STT_FUNC = 2
 STT_OBJECT = 1
-R_X86_64_GLOB_DAT, R_X86_64_JUMP_SLOT = 6, 7
+R_X86_64_GLOB_DAT, R_X86_64_JUMP_SLOT, R_X86_64_RELATIVE = 6, 7, 8
 SYM_BYTES, RELA_BYTES = 24, 24
 MAX_SYMBOLS = 1 << 17  # per table: libtorch's .dynsym has ~100k; a crafted 16 MB one 700k
 MAX_NAME = 4096  # bytes of one symbol name (long C++ names fit)
@@ -187,6 +187,31 @@ def _slots(data: mmap.mmap, sections: list[tuple[int, ...]], names: Collection[s
                 if name in names:
                     out[r_offset] = name
     return out
+
+
+def pointer_at(path: str, elf: ElfFile, vaddr: int) -> int | None:
+    """The address a pointer at *vaddr* holds once loaded (a static table's function pointer, such as a
+    type's ``tp_dealloc``): its R_X86_64_RELATIVE relocation's addend, else the file's own 8 bytes."""
+    fd = open_regular(path)
+    try:
+        data = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+    finally:
+        os.close(fd)
+    with data:
+        try:
+            (shoff,) = struct.unpack_from("<Q", data, 0x28)
+            (shentsize, shnum) = struct.unpack_from("<HH", data, 0x3A)
+            for i in range(shnum):
+                sh = struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize)
+                if sh[1] != SHT_RELA or sh[9] not in (0, RELA_BYTES):
+                    continue
+                for k in range(min(sh[5] // RELA_BYTES, MAX_RELOCATIONS)):
+                    r_offset, r_info, addend = struct.unpack_from("<QQq", data, sh[4] + k * RELA_BYTES)
+                    if r_offset == vaddr and r_info & 0xFFFFFFFF == R_X86_64_RELATIVE:
+                        return addend
+            return struct.unpack_from("<Q", data, elf.file_offset(vaddr))[0] or None
+        except (struct.error, ValueError, IndexError, ElfError):
+            return None
 
 
 def read_at(path: str, elf: ElfFile, vaddr: int, size: int) -> bytes:

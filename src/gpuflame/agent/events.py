@@ -11,20 +11,25 @@ from typing import NamedTuple
 # kinds: which driver function
 K_ALLOC, K_ALLOC_ASYNC, K_ALLOC_POOL_ASYNC, K_ALLOC_MANAGED, K_ALLOC_PITCH, K_CREATE = 0, 1, 2, 3, 4, 5
 K_ALLOC_HOST, K_HOST_ALLOC, K_FREE, K_FREE_ASYNC, K_RELEASE, K_FREE_HOST = 6, 7, 8, 9, 10, 11
+K_MAP, K_UNMAP, K_RETAIN = 12, 13, 14  # VMM references
 
 # event types
 EV_ALLOC, EV_FREE, EV_EXIT, EV_NEW_PROCESS, EV_FORK, EV_EXEC, EV_CODE = 1, 2, 3, 4, 5, 6, 7
 EV_RESULT, EV_SITE = 8, 9  # entry-only probes: an allocation's outcome; a return address to probe
+EV_DRIVER = 10  # a process mapped a libcuda file (probed at once if new)
+EV_CODE_FREED = 12  # a code object of a sent stack was deallocated (its address may be reused)
+EV_VMM = 11  # a VMM reference: kind, addr, size, and the handle after the header
 
 # event flags
 F_NOT_REGISTERED, F_NO_THREAD, F_TRUNCATED, F_UNTRACKED = 1, 2, 4, 8
 F_PENDING, F_FAILED, F_RETURNED, F_UNKNOWN = 16, 32, 64, 128
+F_REPLACED = 256  # an allocation at an address whose free was missed (none is still returning)
 
 DEVICE_CUDA, DEVICE_HOST = -1, -2
 P_NATIVE = 1
 STAT_LOST_EVENTS, STAT_LIVE_FULL, STAT_UNKNOWN_FREES, STAT_CALLS_FULL = 0, 1, 2, 3
 N_STATS = 4
-SET_ONLY_REGISTERED, SET_ENTRY_ONLY = 0, 1
+SET_ONLY_REGISTERED, SET_ENTRY_ONLY, SET_LIVE_OVERFLOWED = 0, 1, 2
 MAX_FRAMES = 128
 RING_BYTES = 16 * 1024 * 1024  # the events ring (its size is fixed in agent.h)
 FRAME_BYTES = 104  # the BPF walk reads this much of each interpreter frame at once
@@ -34,7 +39,9 @@ LIVE_BLOCKS = 262144  # default size of the live-block map (--max-blocks)
 ALLOCS = {
     "cuMemAlloc_v2": ("alloc_enter", K_ALLOC),
     "cuMemAllocAsync": ("alloc_enter", K_ALLOC_ASYNC),
+    "cuMemAllocAsync_ptsz": ("alloc_enter", K_ALLOC_ASYNC),  # cuda.h's per-thread default stream variants
     "cuMemAllocFromPoolAsync": ("alloc_enter", K_ALLOC_POOL_ASYNC),
+    "cuMemAllocFromPoolAsync_ptsz": ("alloc_enter", K_ALLOC_POOL_ASYNC),
     "cuMemAllocManaged": ("alloc_enter", K_ALLOC_MANAGED),
     "cuMemAllocPitch_v2": ("pitch_enter", K_ALLOC_PITCH),
     "cuMemCreate": ("create_enter", K_CREATE),
@@ -44,8 +51,15 @@ ALLOCS = {
 FREES = {
     "cuMemFree_v2": K_FREE,
     "cuMemFreeAsync": K_FREE_ASYNC,
+    "cuMemFreeAsync_ptsz": K_FREE_ASYNC,
     "cuMemRelease": K_RELEASE,
     "cuMemFreeHost": K_FREE_HOST,
+}
+# VMM references: symbol -> kind (one entry program, vmm_enter; its uretprobe vmm_exit)
+VMM = {
+    "cuMemMap": K_MAP,
+    "cuMemUnmap": K_UNMAP,
+    "cuMemRetainAllocationHandle": K_RETAIN,
 }
 INIT = "cuInit"
 
@@ -102,6 +116,11 @@ _FREE = struct.Struct("<8xI4xQ")  # tgid and address of a free record, nothing e
 
 def unpack_free(data: bytes) -> tuple[int, int]:
     return _FREE.unpack_from(data)
+
+
+def vmm_handle(data: bytes) -> int:
+    """The handle an EV_VMM record carries after its header (cuMemMap's)."""
+    return int.from_bytes(data[HEADER.size : HEADER.size + 8], "little")
 
 
 def python_frames(data: bytes, n: int) -> list[tuple[int, int]]:

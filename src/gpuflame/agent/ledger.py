@@ -36,6 +36,13 @@ class Ledger:
         self.blocks: dict[int, dict[BlockKey, tuple[Group, int, int]]] = {}
         self.clock = 0
         self.unmatched_frees = 0
+        # (pid, key) -> block: taken over by a new allocation while its own free, already done in the
+        # driver, was still returning (its event comes next and takes this one away)
+        self.parked: dict[tuple[int, BlockKey], tuple[Group, int, int]] = {}
+        # VMM: a cuMemCreate block lives while its handles (cuMemCreate's, each cuMemRetainAllocationHandle's)
+        # and its mappings hold it
+        self.refs: dict[tuple[int, int], int] = {}  # (pid, handle) -> references
+        self.mappings: dict[int, dict[int, tuple[int, int]]] = {}  # pid -> address -> (size, handle)
 
     def _change(self, g: GroupState, stack: int, size: int, count: int, allocated: bool) -> None:
         """Add *size* bytes and *count* blocks to a row (negative: a free), keeping its value at the peak."""
@@ -57,7 +64,9 @@ class Ledger:
             g.peak_total = g.total
             g.peak_time = self.clock
 
-    def alloc(self, pid: int, device: str, stack: int, key: BlockKey, size: int) -> None:
+    def alloc(self, pid: int, device: str, stack: int, key: BlockKey, size: int, park: bool = False) -> None:
+        """Book a block. An address still booked: its free was missed (released now), or, with *park*, its
+        free is still on its way (the block waits for it)."""
         group = (pid, device)
         g = self.groups.get(group)
         if g is None:
@@ -66,18 +75,58 @@ class Ledger:
         if blocks is None:
             blocks = self.blocks[pid] = {}
         elif key in blocks:  # an address handed out again without a free we saw
-            self._release(pid, key)
+            if park:
+                self.parked[(pid, key)] = blocks.pop(key)
+            else:
+                self._release(pid, key)
         self._change(g, stack, size, 1, True)
         blocks[key] = (group, stack, size)
+        if key[0]:
+            self.refs[(pid, key[1])] = 1
 
     def free(self, pid: int, key: BlockKey) -> bool:
         """Free a block; False when it is not known (allocated before the agent started)."""
+        if self.parked:
+            parked = self.parked.pop((pid, key), None)
+            if parked is not None:
+                group, stack, size = parked
+                self._change(self.groups[group], stack, -size, -1, False)
+                return True
         if key not in self.blocks.get(pid, ()):
             self.clock += 1
             self.unmatched_frees += 1
             return False
         self._release(pid, key)
         return True
+
+    def release(self, pid: int, handle: int) -> bool:
+        """cuMemRelease: one handle less; the memory goes with the last reference (False: an unknown handle)."""
+        n = self.refs.get((pid, handle))
+        if n is not None and n > 1:
+            self.refs[(pid, handle)] = n - 1
+            return True
+        self.refs.pop((pid, handle), None)
+        return self.free(pid, (1, handle))
+
+    def map(self, pid: int, address: int, size: int, handle: int) -> None:
+        """cuMemMap: the mapping holds the handle's memory until it is unmapped."""
+        if (pid, handle) in self.refs:
+            self.refs[(pid, handle)] += 1
+            self.mappings.setdefault(pid, {})[address] = (size, handle)
+
+    def unmap(self, pid: int, address: int, size: int) -> None:
+        """cuMemUnmap of [address, address + size): each mapping starting there lets go of its memory."""
+        maps = self.mappings.get(pid, {})
+        starts = [address] if address in maps else [a for a in maps if address <= a < address + size]
+        for start in starts:
+            self.release(pid, maps.pop(start)[1])
+
+    def retain(self, pid: int, address: int) -> None:
+        """cuMemRetainAllocationHandle: one more handle on the memory mapped at *address*."""
+        for start, (size, handle) in self.mappings.get(pid, {}).items():
+            if start <= address < start + size and (pid, handle) in self.refs:
+                self.refs[(pid, handle)] += 1
+                return
 
     def _release(self, pid: int, key: BlockKey) -> None:
         group, stack, size = self.blocks[pid].pop(key)
@@ -88,6 +137,12 @@ class Ledger:
         keys = list(self.blocks.get(pid, {}))
         for key in keys:
             self._release(pid, key)
+        self.mappings.pop(pid, None)
+        for ref in [ref for ref in self.refs if ref[0] == pid]:
+            del self.refs[ref]
+        for pk in [pk for pk in self.parked if pk[0] == pid]:
+            group, stack, size = self.parked.pop(pk)
+            self._change(self.groups[group], stack, -size, -1, False)
         self.blocks.pop(pid, None)
         return keys
 

@@ -80,6 +80,7 @@ def lib() -> ctypes.CDLL:
         "bpf_program__attach": (p, [p]),
         "bpf_program__fd": (i, [p]),
         "bpf_program__set_expected_attach_type": (i, [p, i]),
+        "bpf_program__set_autoload": (i, [p, ctypes.c_bool]),
         "bpf_program__attach_uprobe_opts": (p, [p, i, s, ctypes.c_size_t, ctypes.POINTER(UprobeOpts)]),
         "bpf_link__destroy": (i, [p]),
         "bpf_map_update_elem": (i, [i, p, p, ctypes.c_uint64]),
@@ -140,7 +141,8 @@ class BpfObject:
     detaches in one RCU grace period instead of one per probe (100 ms each).
     """
 
-    def __init__(self, path: str, max_entries: dict[str, int] | None = None, multi: tuple[str, ...] = ()) -> None:
+    def __init__(self, path: str, max_entries: dict[str, int] | None = None, multi: tuple[str, ...] = (),
+                 skip: tuple[str, ...] = ()) -> None:
         b = lib()
         self._obj = b.bpf_object__open_file(path.encode(), None)
         self.fds: list[int] = []
@@ -148,8 +150,12 @@ class BpfObject:
             raise _fail(f"cannot open the BPF object {path}")
         for name, n in (max_entries or {}).items():
             b.bpf_map__set_max_entries(self._map(name), n)
-        for name in multi:
-            b.bpf_program__set_expected_attach_type(self._program(name), BPF_TRACE_UPROBE_MULTI)
+        for name in multi:  # those of them the object has (a benchmark's empty stand-in has fewer)
+            prog = b.bpf_object__find_program_by_name(self._obj, name.encode())
+            if prog:
+                b.bpf_program__set_expected_attach_type(prog, BPF_TRACE_UPROBE_MULTI)
+        for name in skip:  # programs this kernel refuses (optional ones): not loaded
+            b.bpf_program__set_autoload(self._program(name), False)
         if b.bpf_object__load(self._obj) != 0:
             err = _fail("the kernel refused the agent's BPF programs")
             self.close()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import bisect
 
-from gpuflame.agent import procs
+from gpuflame.agent import procs, py_layout
 from gpuflame.agent.elf import ElfFile
 from gpuflame.agent.events import P_NATIVE, proc_value
 from gpuflame.agent.lru import LRU
@@ -26,18 +26,56 @@ class Process:
         self.comm = procs.comm(pid)
         self.native = native
         self.interpreter = procs.interpreter(pid)
-        self.reader: CodeReader | None = None
-        if self.interpreter is not None and procs.supported(self.interpreter.version):
-            offsets = OFFSETS[self.interpreter.version]
-            try:
-                self.reader = CodeReader(Memory(pid), self.interpreter.version, offsets, root=f"/proc/{pid}/root",
-                                         root_when_gone="/" if procs.sees_host_files(pid) else "")
-            except OSError:
-                pass  # it ended between reading its maps and opening its memory (a fork child: the parent's)
+        self.unverified = ""  # why its CPython is not walked although its version has offsets (py_layout)
+        self.provisional = False  # caught before its first thread: the layout is to be checked again
+        self.reader = self._reader(pid)
         self._maps: list[procs.Mapping] = []
         self._starts: list[int] = []
         self._native_names: LRU[int, Frame] = LRU(NATIVE_NAMES_KEPT)
         self._shared = False  # the reader is the parent's (forked)
+
+    def _reader(self, pid: int) -> CodeReader | None:
+        """The code-object reader, once the process's CPython has read back as its table says."""
+        interp = self.interpreter
+        if interp is None or not procs.supported(interp.version):
+            return None
+        offsets = OFFSETS[interp.version]
+        try:
+            memory = Memory(pid)
+        except OSError:
+            return None  # it ended between reading its maps and opening its memory (a fork child: the parent's)
+        try:
+            why = py_layout.build_refused(interp.abiflags) or py_layout.check(pid, interp.version, interp.runtime,
+                                                                               offsets, memory)
+        except py_layout.NotReady:
+            why, self.provisional = None, True
+        if why:
+            self.unverified = why
+            memory.close()
+            return None
+        return CodeReader(memory, interp.version, offsets, root=f"/proc/{pid}/root",
+                          root_when_gone="/" if procs.sees_host_files(pid) else "")
+
+    def recheck(self) -> None:
+        """Check a provisional layout again (the interpreter may have made its first thread by now)."""
+        if not self.provisional or self.reader is None or self.interpreter is None:
+            return
+        interp = self.interpreter
+        try:
+            why = py_layout.check(self.pid, interp.version, interp.runtime, OFFSETS[interp.version],
+                                  self.reader.memory)
+        except py_layout.NotReady:
+            return
+        self.provisional = False
+        self.unverified = why or ""
+
+    def refuse(self, why: str) -> None:
+        """Stop walking this process's Python: *why* its layout is not trusted."""
+        self.provisional = False
+        self.unverified = why
+        if self.reader is not None and not self._shared:
+            self.reader.memory.close()
+        self.reader = None
 
     @classmethod
     def forked(cls, pid: int, parent: Process) -> Process:

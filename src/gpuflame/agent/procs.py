@@ -14,13 +14,13 @@ import struct
 from dataclasses import dataclass
 
 from gpuflame.agent.confined import open_in_root
-from gpuflame.agent.elf import ElfError, ElfFile, read_at, read_elf
+from gpuflame.agent.elf import STT_FUNC, ElfError, ElfFile, pointer_at, read_at, read_elf
 from gpuflame.agent.lru import LRU
 from gpuflame.agent.py_offsets import OFFSETS
 
 LIBCUDA = re.compile(r"(^|/)libcuda\.so(\.\d+)*$")
-LIBPYTHON = re.compile(r"(^|/)libpython(\d)\.(\d+)[a-z]*\.so")
-PYTHON_EXE = re.compile(r"(^|/)python(\d)\.(\d+)[a-z]*$")
+LIBPYTHON = re.compile(r"(^|/)libpython(\d)\.(\d+)([a-z]*)\.so")
+PYTHON_EXE = re.compile(r"(^|/)python(\d)\.(\d+)([a-z]*)$")
 PAGE = 4096
 
 
@@ -152,6 +152,24 @@ def uretprobe_seccomp_kernel(release: str | None = None) -> bool:
     return bool(m) and (int(m.group(1)), int(m.group(2))) in ((6, 11), (6, 12), (6, 13))
 
 
+# The oldest kernel the BPF object loads on: bpf_loop (5.17) walks the thread list and the frames; before it,
+# the attach cookies of uprobes (5.15), task storage (5.11), BTF tracepoints and the ring buffer (5.5-5.8).
+# Uprobe-multi links (6.6) and fexit (driver files loaded later) have fallbacks.
+KERNEL_FLOOR = (5, 17)
+KERNEL_FLOOR_NEEDS = "bpf_loop"
+
+
+def below_kernel_floor(release: str | None = None) -> str | None:
+    """The one line saying this kernel is older than the agent supports, or None."""
+    release = release or os.uname().release
+    m = re.match(r"(\d+)\.(\d+)", release)
+    if not m or (int(m.group(1)), int(m.group(2))) >= KERNEL_FLOOR:
+        return None
+    floor = ".".join(map(str, KERNEL_FLOOR))
+    return (f"Linux {release} is older than the agent's floor, {floor} (its BPF programs need {KERNEL_FLOOR_NEEDS}); "
+            f"run it on a {floor} or newer kernel")
+
+
 PROBE_MODES = ("auto", "return", "entry")
 
 
@@ -201,6 +219,9 @@ class Interpreter:
     runtime: int
     version: str
     path: str
+    mapping: Mapping | None = None  # one mapping of the interpreter's file (to open it as mapped)
+    code_dealloc: int = -1  # file offset of CPython's code_dealloc, -1 where not found
+    abiflags: str = ""  # from the file's name: t (free-threaded), d (debug)
 
 
 ELF_FILES_KEPT = 64  # parsed files remembered, with at most ELF_SYMBOLS_KEPT symbols among them
@@ -272,17 +293,45 @@ def interpreter(pid: int) -> Interpreter | None:
             if elf is None or "_PyRuntime" not in elf.symbols:
                 continue
             version = python_version(real, elf) or python_version(path, elf)
+            dealloc = code_dealloc(real) if version is not None else -1
         finally:
             os.close(fd)
         bias = load_bias(elf, by_path[path])
         if version is None or bias is None:
             continue
-        return Interpreter(bias + elf.symbols["_PyRuntime"].value, version, path)
+        named = LIBPYTHON.search(path) or PYTHON_EXE.search(path)
+        return Interpreter(bias + elf.symbols["_PyRuntime"].value, version, path, by_path[path][0], dealloc,
+                           named.group(4) if named else "")
     return None
+
+
+TP_DEALLOC = 48  # PyTypeObject.tp_dealloc on every 64-bit CPython (after the header, name and sizes)
+
+
+def code_dealloc(path: str) -> int:
+    """The file offset of CPython's ``code_dealloc`` in an interpreter file: its symbol (unstripped builds), else
+    where ``PyCode_Type.tp_dealloc`` points; -1 where neither says."""
+    elf = elf_file(path, full=True)
+    if elf is None:
+        return -1
+    sym = elf.symbols.get("code_dealloc")
+    vaddr = sym.value if sym is not None and sym.kind == STT_FUNC else None
+    if vaddr is None and "PyCode_Type" in elf.symbols:
+        vaddr = pointer_at(path, elf, elf.symbols["PyCode_Type"].value + TP_DEALLOC)
+    try:
+        return elf.file_offset(vaddr) if vaddr else -1
+    except ElfError:
+        return -1
 
 
 def supported(version: str) -> bool:
     return version in OFFSETS
+
+
+def supported_said() -> str:
+    """The CPython versions with offsets, in words (3.10-3.13)."""
+    versions = sorted(OFFSETS, key=lambda v: tuple(map(int, v.split("."))))
+    return f"{versions[0]}-{versions[-1]}"
 
 
 def pid_namespace_pid(pid: int) -> int:

@@ -90,18 +90,26 @@ class CodeReader:
         self.root = root  # /proc/PID/root, to read 3.10 sources as the process sees them
         self.root_when_gone = root_when_gone  # "/" for a process that saw the host's files: read there once gone
         self._codes: LRU[int, Code | None] = LRU(CODE_CACHE_ENTRIES, CODE_CACHE_BYTES, _code_bytes)
-        self._frames: LRU[tuple[int, int], Frame] = LRU(FRAME_CACHE_ENTRIES)
+        self._frames: LRU[tuple[int, int], tuple[Code | None, Frame]] = LRU(FRAME_CACHE_ENTRIES)
         self._sources: LRU[str, FileIndex | None] = LRU(SOURCES_KEPT)
 
     def frame(self, code_addr: int, instr: int) -> Frame:
+        """The frame of *instr* in the code object at *code_addr* (kept while that object is the one there)."""
         key = (code_addr, instr)
-        frame = self._frames.get(key)
-        if frame is None:
-            frame = self._frames[key] = self._make(code_addr, instr)
+        cached = self._frames.get(key)
+        code = self.code(code_addr)
+        if cached is not None and cached[0] is code:
+            return cached[1]
+        frame = self._make(code_addr, code, instr)
+        self._frames[key] = (code, frame)
         return frame
 
-    def _make(self, code_addr: int, instr: int) -> Frame:
-        code = self.code(code_addr)
+    def forget(self, code_addr: int) -> None:
+        """The code object at *code_addr* was deallocated: the next one there is read afresh."""
+        self._codes.pop(code_addr)
+
+    @staticmethod
+    def _make(code_addr: int, code: Code | None, instr: int) -> Frame:
         if code is None:
             return Frame(f"<unreadable code object 0x{code_addr:x}>", kind="synthetic")
         return Frame(code.name, code.file, code.line(code.lasti(instr)))

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import shlex
 import signal
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -16,7 +18,7 @@ from gpuflame.agent.events import LIVE_BLOCKS
 from gpuflame.cli.options import add_pyroscope_options, positive_duration
 from gpuflame.defaults import PUSH_INTERVAL_S
 from gpuflame.errors import GpuflameError
-from gpuflame.files import atomic_write
+from gpuflame.files import atomic_write, check_folder
 from gpuflame.launch.store import PROFILE_NAME, RunMeta, new_run_folder, store_root
 from gpuflame.printable import printable
 from gpuflame.units import format_bytes
@@ -38,8 +40,9 @@ profile holds peak, in-use and allocated bytes per stack, with the labels
 pid, comm and device (cuda, cuda:N for cuMemCreate's device, or host for
 pinned host memory), plus namespace/pod/container/node on Kubernetes.
 
-It prints one line "gpuflame agent: watching ..." once its probes are live,
-then writes the profile at --duration's end or on Ctrl-C/SIGTERM (to -o,
+It prints one line "gpuflame agent: watching ..." once its probes are live
+(on a node with no CUDA process yet, it says it is waiting, and probes each
+driver file as processes load it), then writes the profile at --duration's end or on Ctrl-C/SIGTERM (to -o,
 else the local store), and/or pushes to Pyroscope every --interval (with
 --pyroscope, a process that has ended is dropped after its last push, so a
 long-running agent holds only live processes).
@@ -90,6 +93,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "for processes a uretprobe could break (longjmp, unwinders; a seccomp filter on Linux "
                         "6.11-6.13); auto (default): entry on 6.11-6.13 where a seccomp-filtered process could "
                         "be reached, else return")
+    parser.add_argument("--alive-file", metavar="FILE",
+                        help="touch FILE every few seconds while the agent works, for a liveness probe "
+                        "(python -m gpuflame.agent.alive FILE fails once it is a minute old)")
     parser.add_argument("--store", metavar="DIR", help=f"store folder without -o (default {store_root()})")
     parser.add_argument("--json", action="store_true", help="print a JSON summary at the end (on stdout)")
     ship = add_pyroscope_options(parser, "one series per container (service_name, namespace, pod, container, node); ",
@@ -103,10 +109,12 @@ def run(args: argparse.Namespace) -> int:
     from gpuflame.agent.kube import Placement
 
     output = _output(args)
+    alive_file = _alive_file(args)
     push = _push(args)
     placement = Placement.from_env()
     agent = Agent(pids=args.pid, libcuda=args.libcuda, native=args.native,
-                  max_blocks=args.max_blocks or LIVE_BLOCKS, labels_for=placement.labels, probes=args.probes)
+                  max_blocks=args.max_blocks or LIVE_BLOCKS, labels_for=placement.labels, probes=args.probes,
+                  alive_file=alive_file)
     started = time.time()
     try:
         agent.start()
@@ -153,14 +161,40 @@ def _write(profile: object, output: Path) -> None:
 
 
 def _output(args: argparse.Namespace) -> Path | None:
+    """-o checked now, by making a file beside it: not after --duration has been spent."""
     if not args.output:
+        if args.store:
+            check_folder(args.store)
         return None
     path = Path(args.output)
+    if str(path) == "-":
+        return path
     if path.is_dir():
         raise GpuflameError(f"-o {args.output}: is a folder; give a file name such as node.pb.gz")
-    if not path.parent.exists():
-        raise GpuflameError(f"-o {args.output}: no such folder {path.parent}")
+    folder = path.parent
+    if not folder.is_dir():
+        raise GpuflameError(f"-o {args.output}: no such folder {folder}")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".gpuflame-probe.", dir=folder)
+    except OSError as exc:  # /proc and /sys answer "no such file" for a folder that is there
+        why = "no file can be made there (a kernel file system)" if exc.errno == errno.ENOENT else exc.strerror
+        raise GpuflameError(f"-o {args.output}: cannot write in {folder}: {why}") from None
+    os.close(fd)
+    os.unlink(probe)
     return path
+
+
+def _alive_file(args: argparse.Namespace) -> str | None:
+    """The liveness file, touched once now: a folder that is not there fails at start, not in the probe."""
+    if not args.alive_file:
+        return None
+    from gpuflame.agent import alive
+
+    try:
+        alive.touch(args.alive_file)
+    except OSError as exc:
+        raise GpuflameError(f"--alive-file {args.alive_file}: {exc.strerror}") from None
+    return args.alive_file
 
 
 def _push(args: argparse.Namespace):  # noqa: ANN202 - AgentPush, imported late
@@ -193,7 +227,9 @@ def _wait(args: argparse.Namespace, agent: object, push: object, done: threading
 
 
 def _say(args: argparse.Namespace, output: Path, comments: list[str], totals: dict[str, int], pids: list[int]) -> None:
-    lost = comments[1:]
+    from gpuflame.agent.agent import NO_CUDA_PROCESS
+
+    lost = [c for c in comments[1:] if c != NO_CUDA_PROCESS]  # an idle node lost nothing
     for note in lost:
         sys.stderr.write(printable(note) + "\n")  # it may name a process's own files
     if args.json:
@@ -201,7 +237,8 @@ def _say(args: argparse.Namespace, output: Path, comments: list[str], totals: di
                                      "lost": lost}) + "\n")
         return
     if not pids:
-        sys.stderr.write(f"gpuflame agent: no allocation was seen; the profile is empty: {output}\n")
+        seen = "no CUDA process was seen" if NO_CUDA_PROCESS in comments else "no allocation was seen"
+        sys.stderr.write(f"gpuflame agent: {seen}; the profile is empty: {output}\n")
         return
     n = len(pids)
     sys.stderr.write(

@@ -117,6 +117,13 @@ static __always_inline int setting(__u32 which)
     return v && *v;
 }
 
+static __always_inline void set_setting(__u32 which)
+{
+    __u32 *v = bpf_map_lookup_elem(&settings, &which);
+    if (v && !*v)
+        *v = 1;
+}
+
 static __always_inline void count(__u32 which)
 {
     __u64 *v = bpf_map_lookup_elem(&stats, &which);
@@ -140,13 +147,13 @@ static __always_inline int device_of(__u32 kind)
     return (kind == K_ALLOC_HOST || kind == K_HOST_ALLOC || kind == K_FREE_HOST) ? DEVICE_HOST : DEVICE_CUDA;
 }
 
-static __always_inline void stash(__u32 kind, __u64 out, __u64 size, __u64 extra, __s32 device)
+static __always_inline struct thread_state *stash(__u32 kind, __u64 out, __u64 size, __u64 extra, __s32 device)
 {
     struct thread_state *t = bpf_task_storage_get(&threads, bpf_get_current_task_btf(), 0,
                                                   BPF_LOCAL_STORAGE_GET_F_CREATE);
     if (!t) {
         count(STAT_CALLS_FULL);
-        return;
+        return 0;
     }
     t->call.kind = kind;
     t->call.device = device;
@@ -154,6 +161,7 @@ static __always_inline void stash(__u32 kind, __u64 out, __u64 size, __u64 extra
     t->call.size = size;
     t->call.extra = extra;
     t->in_call = 1;
+    return t;
 }
 
 /* The call the thread is returning from (and its state), or NULL. */
@@ -456,18 +464,24 @@ static __always_inline int record_alloc(struct pt_regs *ctx, struct thread_state
     e->flags = flags;
     if (flags & F_PENDING) {
         e->seq = t->seq;
-    } else {
-        struct block_key key = {.tgid = tgid, .handle = call->kind == K_CREATE, .addr = addr};
+    } else if (call->kind != K_CREATE) { /* a handle's references are counted in user space */
+        struct block_key key = {.tgid = tgid, .handle = 0, .addr = addr};
+        if (bpf_map_lookup_elem(&live, &key))
+            e->flags |= F_REPLACED; /* no free of it was seen: not one still returning */
         if (bpf_map_update_elem(&live, &key, &size, BPF_ANY)) {
             e->flags |= F_UNTRACKED;
             count(STAT_LIVE_FULL);
+            set_setting(SET_LIVE_OVERFLOWED);
         }
     }
     __u64 hash = 0;
-    if (p && p->runtime)
+    if (p && p->runtime) {
         hash = walk_python(p, t, e);
-    else
-        e->flags |= F_NOT_REGISTERED;
+        if (hash)
+            hash = (hash ^ p->code_epoch) * 0x100000001b3ull;
+    }
+    else if (!p)
+        e->flags |= F_NOT_REGISTERED; /* registered without Python (native code, an unsupported one): not late */
     if (!p || !p->runtime || (p->flags & P_NATIVE)) {
         __u32 off = e->nframes & (MAX_FRAMES - 1);
         if (e->nframes >= MAX_FRAMES)
@@ -671,10 +685,23 @@ SEC("uprobe")
 int BPF_KPROBE(free_enter, __u64 addr)
 {
     __u32 kind = bpf_get_attach_cookie(ctx);
-    if (setting(SET_ENTRY_ONLY))
+    if (setting(SET_ENTRY_ONLY)) {
         free_at_entry(ctx, kind, addr, device_of(kind));
-    else
-        stash(kind, addr, 0, 0, device_of(kind));
+        return 0;
+    }
+    struct thread_state *t = stash(kind, addr, 0, 0, device_of(kind));
+    if (!t || kind == K_RELEASE) /* a handle: user space counts its references */
+        return 0;
+    /* The block leaves `live` now, before the driver can hand its address to another thread: that
+     * thread's allocation, returning before this free does, then finds no entry to overwrite (and this
+     * free does not take its block away). A refused free puts it back. */
+    struct block_key key = {.tgid = bpf_get_current_pid_tgid() >> 32, .handle = kind == K_RELEASE, .addr = addr};
+    __u64 *size = bpf_map_lookup_elem(&live, &key);
+    if (size) {
+        t->call.size = *size;
+        t->call.extra = 1;
+        bpf_map_delete_elem(&live, &key);
+    }
     return 0;
 }
 
@@ -682,23 +709,98 @@ SEC("uretprobe")
 int BPF_KRETPROBE(free_exit, long rc)
 {
     struct inflight call;
-    if (!returning(&call) || rc != 0)
+    if (!returning(&call))
         return 0;
-    __u64 id = bpf_get_current_pid_tgid();
-    struct block_key key = {.tgid = id >> 32, .handle = call.kind == K_RELEASE, .addr = call.out};
-    __u64 *size = bpf_map_lookup_elem(&live, &key);
-    if (!size) {
+    struct block_key key = {.tgid = bpf_get_current_pid_tgid() >> 32, .handle = call.kind == K_RELEASE,
+                            .addr = call.out};
+    if (rc != 0) {
+        if (call.extra) /* refused: the block lives on, and its address was not handed out again */
+            bpf_map_update_elem(&live, &key, &call.size, BPF_NOEXIST);
+        return 0;
+    }
+    if (!call.extra && call.kind != K_RELEASE && !setting(SET_LIVE_OVERFLOWED)) {
         count(STAT_UNKNOWN_FREES); /* allocated before the agent started */
         return 0;
     }
+    /* once the live map has overflowed, user space matches the frees the map does not know (it books
+     * every allocation, the untracked ones too) */
     struct event *e = new_event(EV_FREE, call.kind, 0);
     if (!e)
         return 0;
     e->addr = call.out;
-    e->size = *size;
+    e->size = call.extra ? call.size : 0;
     e->device = call.device;
-    bpf_map_delete_elem(&live, &key);
     send(e, 0);
+    return 0;
+}
+
+/* CPython's code_dealloc(code): a code object of a stack already sent is going away, so its address
+ * may soon hold another (a notebook cell run again, exec'd or generated code): user space forgets its
+ * name, and a later stack with that address gets its code record sent again. */
+SEC("uprobe")
+int BPF_KPROBE(code_freed, __u64 code)
+{
+    struct code_key key = {.tgid = bpf_get_current_pid_tgid() >> 32, .code = code};
+    if (!bpf_map_lookup_elem(&codes_seen, &key))
+        return 0; /* never named: nothing to forget (most code objects) */
+    bpf_map_delete_elem(&codes_seen, &key);
+    /* the stacks holding its address are new again: their next allocation sends the code records of
+     * whatever lives there then (read now, not when user space gets to them, as freed memory may be
+     * reused or stale by then) */
+    struct proc *p = bpf_map_lookup_elem(&procs, &key.tgid);
+    if (p)
+        __sync_fetch_and_add(&p->code_epoch, 1);
+    struct event *e = new_event(EV_CODE_FREED, 0, 0);
+    if (e) {
+        e->addr = code;
+        send(e, 0);
+    }
+    return 0;
+}
+
+/* A VMM reference taken or dropped, for user space to count: the handle rides after the header. */
+static __always_inline void send_vmm(__u32 kind, __u64 addr, __u64 size, __u64 handle)
+{
+    __u32 tgid = bpf_get_current_pid_tgid() >> 32;
+    if (!bpf_map_lookup_elem(&procs, &tgid) && setting(SET_ONLY_REGISTERED))
+        return;
+    struct event *e = new_event(EV_VMM, kind, 0);
+    if (!e)
+        return;
+    e->addr = addr;
+    e->size = size;
+    e->nframes = 1; /* the slot that carries the handle */
+    e->frames[0].code = handle;
+    e->frames[0].instr = 0;
+    send(e, 0);
+}
+
+/* cuMemMap(ptr, size, offset, handle, flags), cuMemUnmap(ptr, size), cuMemRetainAllocationHandle(&handle,
+ * addr): the kind is the attach cookie. Entry-only probes send them at entry (a refused one is rare and
+ * changes nothing user space can match: an unknown mapping or handle). */
+SEC("uprobe")
+int BPF_KPROBE(vmm_enter, __u64 a0, __u64 a1, __u64 a2, __u64 a3)
+{
+    __u32 kind = bpf_get_attach_cookie(ctx);
+    __u64 addr = kind == K_RETAIN ? a1 : a0;
+    __u64 size = kind == K_RETAIN ? 0 : a1;
+    __u64 handle = kind == K_MAP ? a3 : 0;
+    if (setting(SET_ENTRY_ONLY)) {
+        __u64 ret;
+        entering(ctx, 0, 0, &ret);
+        send_vmm(kind, addr, size, handle);
+    } else {
+        stash(kind, addr, size, handle, DEVICE_CUDA);
+    }
+    return 0;
+}
+
+SEC("uretprobe")
+int BPF_KRETPROBE(vmm_exit, long rc)
+{
+    struct inflight call;
+    if (returning(&call) && rc == 0)
+        send_vmm(call.kind, call.out, call.size, call.extra);
     return 0;
 }
 
@@ -729,6 +831,34 @@ int BPF_PROG(process_exit, struct task_struct *task)
         return 0;
     bpf_map_delete_elem(&procs, &tgid);
     struct event *e = new_event(EV_EXIT, 0, 1);
+    if (e)
+        send(e, 1);
+    return 0;
+}
+
+#define PROT_EXEC 4
+#define LIBCUDA_PREFIX "libcuda.so"
+
+/* A process has just mapped a libcuda file executable (the dynamic loader maps its code): user space
+ * probes a file it has not probed yet at once, before the process's first driver call in most cases
+ * (a real driver's cuInit alone takes far longer), rather than at its next rescan. */
+SEC("fexit/vm_mmap_pgoff")
+int BPF_PROG(driver_mapped, struct file *file, unsigned long addr, unsigned long len, unsigned long prot,
+             unsigned long flag, unsigned long pgoff, unsigned long ret)
+{
+    if (!file || !(prot & PROT_EXEC) || ret >= (unsigned long)-4095)
+        return 0;
+    char name[sizeof(LIBCUDA_PREFIX)] = {};
+    bpf_probe_read_kernel_str(name, sizeof(name), BPF_CORE_READ(file, f_path.dentry, d_name.name));
+    const char want[] = LIBCUDA_PREFIX;
+#pragma unroll
+    for (int i = 0; i < (int)sizeof(LIBCUDA_PREFIX) - 1; i++)
+        if (name[i] != want[i])
+            return 0;
+    __u32 tgid = bpf_get_current_pid_tgid() >> 32;
+    if (setting(SET_ONLY_REGISTERED) && !bpf_map_lookup_elem(&procs, &tgid))
+        return 0;
+    struct event *e = new_event(EV_DRIVER, 0, 1);
     if (e)
         send(e, 1);
     return 0;

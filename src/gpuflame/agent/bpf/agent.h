@@ -5,7 +5,10 @@
 #define RING_BYTES 16777216 /* 16 MiB */
 #define WAKE_BYTES (256 * 1024)
 #define MAX_PROCS 16384
-#define MAX_THREADS 128
+/* Python threads searched for the caller's thread state (the interpreter lists the newest first, so a
+ * server's pool hides the main thread behind it); once per thread (cached, re-checked at each use), two
+ * reads a thread: ~3 ms at the bound */
+#define MAX_THREADS 16384
 #define MAX_FRAMES 128 /* Python frames kept per allocation */
 #define MAX_WALK 160   /* frames visited (C-stack shim frames are skipped) */
 #define MAX_NATIVE 64
@@ -28,6 +31,10 @@
 #define K_FREE_ASYNC 9
 #define K_RELEASE 10
 #define K_FREE_HOST 11
+/* VMM references (cuMemCreate's memory lives while a handle or a mapping holds it) */
+#define K_MAP 12    /* cuMemMap(ptr, size, offset, handle, flags) */
+#define K_UNMAP 13  /* cuMemUnmap(ptr, size) */
+#define K_RETAIN 14 /* cuMemRetainAllocationHandle(&handle, addr): one more handle on what addr maps */
 
 /* event types */
 #define EV_ALLOC 1
@@ -41,6 +48,9 @@
  * outcome later as an EV_RESULT; EV_SITE: a return address user space may put a plain uprobe on */
 #define EV_RESULT 8
 #define EV_SITE 9
+#define EV_VMM 11 /* a VMM reference taken or dropped: kind K_MAP/K_UNMAP/K_RETAIN, addr, size, then the handle */
+#define EV_CODE_FREED 12 /* a code object named in a stack sent was deallocated: its address may hold another */
+#define EV_DRIVER 10 /* a process mapped a libcuda file executable: user space probes it now, not at a rescan */
 
 /* event flags */
 #define F_NOT_REGISTERED 1 /* no interpreter known for the process (yet) */
@@ -52,6 +62,8 @@
 #define F_RETURNED 64      /* EV_RESULT: read at the call's return site (exact), not at the next entry */
 #define F_UNKNOWN 128      /* EV_RESULT: not read at the return site, and the output's memory may hold
                             * something else by now (heap, or a frame that returned): not counted */
+#define F_REPLACED 256     /* EV_ALLOC: the live map still held its address (a free missed), not a free
+                            * still returning from the driver (whose EV_FREE then comes after this) */
 
 /* device: an ordinal, or one of these */
 #define DEVICE_CUDA -1 /* the context's device, not known from the call */
@@ -70,7 +82,8 @@
 /* settings */
 #define SET_ONLY_REGISTERED 0 /* 1 = only processes in procs (--pid), 0 = every process */
 #define SET_ENTRY_ONLY 1      /* 1 = no uretprobes: allocations recorded at entry, results read back later */
-#define N_SETTINGS 2
+#define SET_LIVE_OVERFLOWED 2 /* set by the kernel side once the live map was full: unknown frees are sent */
+#define N_SETTINGS 3
 #define STACK_SPAN (8 << 20) /* an output pointer this close above the stack pointer is on the stack */
 
 struct py_offsets {
@@ -107,7 +120,7 @@ struct code_offsets {
 struct proc {
     __u64 runtime; /* address of _PyRuntime in the process; 0: not Python */
     __u32 flags;
-    __u32 pad;
+    __u32 code_epoch; /* code objects of sent stacks freed so far: part of each stack's hash */
     struct py_offsets off;
     struct code_offsets code;
 };

@@ -1,0 +1,140 @@
+"""An idle GPU node: no driver loaded, no CUDA process. The agent keeps watching, never exits 2."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+
+import pytest
+from agent_expected import replay
+from agent_helpers import wait_for
+from test_agent_cli import agent_cli, watching
+from test_agent_stacks import check_exact, own_rows
+
+from gpuflame.formats import load
+
+
+def isolated() -> tuple[str, ...]:
+    """A pid namespace of its own with its own /proc: the agent sees no other job's CUDA processes."""
+    if shutil.which("unshare") is None:
+        pytest.skip("unshare (util-linux) is not installed")
+    return ("unshare", "--pid", "--fork", "--mount-proc", "--kill-child")
+
+
+def inner_pid(pid: int) -> int:
+    """The process unshare forked (the agent, pid 1 of its namespace)."""
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        return int(f.read().split()[0])
+
+
+def test_idle_node_watches_and_writes_a_profile_that_says_so(bpf_object, tmp_path):
+    out, alive_file = tmp_path / "idle.pb.gz", tmp_path / "alive"
+    proc = agent_cli("-o", str(out), "--alive-file", str(alive_file), prefix=isolated())
+    line = watching(proc)
+    assert "waiting for CUDA processes" in line, line
+    assert alive_file.exists()  # touched at start, then by the reader thread
+    alive = subprocess.run([sys.executable, "-m", "gpuflame.agent.alive", str(alive_file)], capture_output=True,
+                           text=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert alive.returncode == 0, alive.stderr
+    os.kill(inner_pid(proc.pid), signal.SIGTERM)  # as the kubelet stops a pod; unshare passes no signal on
+    _, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 0, stderr
+    assert "no CUDA process was seen; the profile is empty" in stderr
+    profile = load(out)
+    assert not profile.samples
+    assert any("no CUDA process was seen" in c for c in profile.comments)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o600
+
+
+def test_a_kernel_below_the_floor_is_said_at_start(bpf_object, monkeypatch):
+    """Started on 5.15 (AKS's Ubuntu 22.04 GPU nodes), the agent stops at once with one line, before loading."""
+    from gpuflame.agent.agent import Agent, AgentError
+
+    real = os.uname()
+    fake = os.uname_result((real.sysname, real.nodename, "5.15.0-1068-azure", real.version, real.machine))
+    monkeypatch.setattr(os, "uname", lambda: fake)
+    with pytest.raises(AgentError, match=r"^Linux 5.15.0-1068-azure is older than the agent's floor, 5.17"):
+        Agent().start()
+
+
+def test_stale_alive_file_fails_the_probe(tmp_path):
+    from gpuflame.agent import alive
+
+    path = tmp_path / "alive"
+    assert alive.main([str(path)]) == 1  # never touched
+    alive.touch(str(path))
+    assert alive.main([str(path)]) == 0
+    os.utime(path, (0, 0))
+    assert alive.main([str(path)]) == 1
+
+
+def test_driver_loaded_after_an_idle_start_is_probed(libcuda, start_target, agent_for):
+    """No libcuda anywhere at start: the agent starts, then probes the driver file a process loads."""
+    agent = agent_for()  # every process; nothing to probe yet (another job's stand-in may be found: harmless)
+    target = start_target("3.12", "late")
+    target.ready()
+    target.run("load")
+    assert wait_for(lambda: target.pid in agent.processes and any(
+        os.path.samefile(p, libcuda) for p in agent.attached.values()))
+    target.run("basic")
+    check_exact(agent, target)
+    assert agent.cuda_seen
+
+
+def test_a_driver_file_loaded_later_is_probed_on_the_kernel_side_word(libcuda, start_target, bpf_object, tmp_path):
+    """A new driver file (another inode) mapped after the start: the kernel side tells the reader at once,
+    no rescan needed (none runs here: no reader thread); the window before its probes is said."""
+    from gpuflame.agent.agent import Agent
+
+    copy = tmp_path / "late" / "libcuda.so.1"
+    copy.parent.mkdir()
+    shutil.copy(libcuda, copy)
+    copy.parent.chmod(0o755)
+    key = (os.stat(copy).st_dev, os.stat(copy).st_ino)
+    agent = Agent()
+    agent.start(thread=False)  # no rescans: only the kernel side's word can get the file probed
+    try:
+        if not agent.watch_loads:
+            pytest.skip("this kernel refuses fexit programs: new driver files are found by rescans only")
+        target = start_target("3.12", "late", lib=str(copy))
+        target.ready()
+        target.run("load")
+        assert wait_for(lambda: polled(agent) and key in agent.attached)
+        assert target.pid in agent.processes
+        target.run("basic")
+        expected = replay(target.records)
+        assert wait_for(lambda: polled(agent) and own_rows(agent, {str(target.pid)}) == expected)
+        assert target.pid in agent.late_loads
+        assert any("loaded a driver file the agent had not probed yet (probed " in c and " ms after the load" in c
+                   for c in agent.snapshot().comments)
+    finally:
+        agent.stop()
+
+
+def polled(agent) -> bool:  # noqa: ANN001
+    agent.poll(0)
+    return True
+
+
+def test_a_driver_file_found_by_a_rescan_says_what_may_be_missing(libcuda, start_target, agent_for, tmp_path):
+    """Found by a rescan (a kernel without fexit, or --pid): the profile says the window its probes came after."""
+    copy = tmp_path / "late" / "libcuda.so.1"
+    copy.parent.mkdir()
+    shutil.copy(libcuda, copy)
+    copy.parent.chmod(0o755)
+    target = start_target("3.11", "late", lib=str(copy))
+    target.ready()
+    agent = agent_for(target.pid)
+    target.run("load")
+    assert wait_for(lambda: bool(agent.attached))
+    target.run("basic")
+    check_exact(agent, target)
+    assert set(agent.late_loads) == {target.pid}
+    note = next(c for c in agent.snapshot().comments if "loaded a driver file the agent had not probed yet" in c)
+    assert "allocations in between are missing" in note
+    if not agent.watch_loads:  # else the kernel side's word may come first: a window in milliseconds
+        assert "probed at a rescan, up to 0.25 s after the load" in note
