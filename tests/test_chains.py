@@ -98,7 +98,10 @@ def test_chains_partition_the_functions_total(rows):
     ex = explain(tree, "b", limit=1000)
     through = sum(v for names, v in rows if "b" in names)
     assert ex.total == through == sum(c.total for c in ex.chains)
-    assert ex.self == sum(v for names, v in rows if names[0] == "b")
+    # self is at the chains' ends (a b that no other b calls); a b that b calls holds nested_self
+    assert ex.self == sum(v for names, v in rows if names[0] == "b" and "b" not in names[1:])
+    assert ex.self + ex.nested_self == sum(v for names, v in rows if names[0] == "b")
+    assert ex.self == sum(c.self for c in ex.chains)
     for chain in ex.chains:
         assert chain.steps[-1].frame.name == "b"
         assert all(s.frame.name != "b" for s in chain.steps[:-1])
@@ -124,3 +127,16 @@ def test_explanation_json_is_exact():
     steps = data["chains"][0]["steps"]
     assert steps[-1]["name"] == "LlamaMLP > __init__" and steps[-1]["line"] == 80
     assert steps[-2]["self"] == 300 * (1 << 20)  # LlamaForCausalLM's own allocation
+
+
+def test_a_self_no_chain_reaches_is_not_called_the_functions_self() -> None:
+    """Two classes' `forward` merged by name (no source): the outer one's chain ends at it; what the inner one
+    allocates is within that chain's total, not the outer's self, and the header says so apart."""
+    profile = Profile(sample_types=memory_sample_types(inuse=False, alloc=False))
+    profile.add([Frame("Linear > forward", "/t/linear.py", 1), Frame("Module > _call_impl", "/t/module.py", 9),
+                 Frame("forward", "/m/opt.py", 800), Frame("<module>", "/app.py", 1)], [9000, 1])
+    profile.add([Frame("forward", "/m/opt.py", 810), Frame("<module>", "/app.py", 1)], [100, 1])
+    ex = explain(build_tree(profile, 0), "forward")
+    [chain] = ex.chains
+    assert chain.steps[-1].frame.name == "forward" and chain.steps[-1].self == 100
+    assert (ex.total, ex.self, ex.nested_self) == (9100, 100, 9000)

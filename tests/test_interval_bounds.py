@@ -55,6 +55,18 @@ def test_run_refuses_an_interval_out_of_bounds_in_one_line(value: str, capsys: p
         assert "out of range: from 100ms to 24h, or 0 for only at exit" in line
 
 
+@pytest.mark.parametrize("value", TOO_SHORT + TOO_LONG + UNREADABLE + ("0",))
+def test_the_agent_refuses_a_push_interval_out_of_bounds_in_one_line(
+    value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The node agent pushes every --interval: the same bounds, and never 0 (it has no exit write to fall to)."""
+    with pytest.raises(SystemExit) as stop:
+        main(["agent", "--interval", value, "--duration", "1s"])
+    assert stop.value.code == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "--interval" in line and "Traceback" not in line
+
+
 @pytest.mark.parametrize("value", [1e-10, float("inf"), float("nan"), "0.0000000001s", "25h", 90000])
 def test_the_api_refuses_an_interval_out_of_bounds(value: object, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("GPUFLAME_INTERVAL", raising=False)

@@ -46,3 +46,25 @@ def test_stop_following_undoes_the_child_env(monkeypatch: pytest.MonkeyPatch) ->
     assert os.environ["PYTHONPATH"] == "/app/src"
     assert "GPUFLAME_SESSION_DIR" not in os.environ
     assert not Settings.from_env().enabled
+
+
+def test_what_a_process_wrote_of_its_losses_reaches_the_terminal_escaped(tmp_path, capsys) -> None:
+    """lost-PID.txt and the partial notes come from the profiled program's side: no control character passes."""
+    from gpuflame.launch.outcome import say_where
+    from gpuflame.launch.store import RunMeta
+
+    meta = RunMeta(command=["x"], started=0.0, lost=["pid 7: disk full\x1b[2J\rfake: line"],
+                   partial_processes=[{"pid": 8, "why": "partial\x1b]0;title\x07"}])
+    say_where(tmp_path / "p.pb.gz", meta, {}, "")
+    err = capsys.readouterr().err
+    assert "\x1b" not in err and "\r" not in err and "\x07" not in err
+    assert "disk full\\x1b[2J\\rfake: line" in err and "partial\\x1b]0;title\\x07" in err
+
+
+def test_the_webhook_queues_a_burst_of_pod_creations() -> None:
+    """socketserver's backlog of 5 made a burst of admission calls wait (and the API server time out)."""
+    import socket
+
+    from gpuflame.webhook.server import WebhookServer
+
+    assert WebhookServer.request_queue_size >= 128 and WebhookServer.request_queue_size == socket.SOMAXCONN

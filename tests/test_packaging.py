@@ -31,3 +31,26 @@ def test_the_wheel_holds_every_source_and_data_file(tmp_path: Path) -> None:
     }
     assert "gpuflame/inject/bootstrap/sitecustomize.py" in wanted
     assert wanted - shipped == set()
+
+
+def test_the_version_is_written_in_one_place_and_every_image_tag_follows_it() -> None:
+    """pyproject reads gpuflame.__version__; the manifests and the Dockerfile name the same tag."""
+    import re
+
+    import gpuflame
+    from gpuflame.webhook.patch import DEFAULT_IMAGE
+
+    root = Path(__file__).resolve().parents[1]
+    pyproject = (root / "pyproject.toml").read_text()
+    assert 'dynamic = ["version"]' in pyproject and 'version = {attr = "gpuflame.__version__"}' in pyproject
+    assert DEFAULT_IMAGE.endswith(":" + gpuflame.__version__)
+    import yaml
+
+    tags = set()
+    for path in [root / "Dockerfile", *root.glob("deploy/kubernetes/**/*.yaml")]:
+        text = path.read_text()
+        tags |= set(re.findall(r"ghcr\.io/gpuflame/gpuflame[-a-z]*:([0-9][^\s\"']*)", text))
+        if path.name == "kustomization.yaml":
+            images = (yaml.safe_load(text) or {}).get("images") or []
+            tags |= {str(i["newTag"]) for i in images if "gpuflame" in i.get("name", "") and "newTag" in i}
+    assert tags == {gpuflame.__version__}, tags

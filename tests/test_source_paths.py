@@ -85,15 +85,21 @@ def test_installed_packages_are_found_in_this_machines_site_packages(recorded) -
     assert {"Linear > forward", "Module > _call_impl", "Linear > __init__"} <= names(profile)
 
 
-def test_a_different_version_of_a_package_is_not_trusted_at_the_wrong_line(tmp_path: Path) -> None:
+def test_a_different_version_of_a_package_names_a_function_by_its_one_class(tmp_path: Path) -> None:
+    """Lines moved between versions: a name one class defines keeps that class (one function, one name:
+    not `Module > _apply` here and `_apply` there); a name several classes define is not guessed."""
     lib = tmp_path / "site-packages" / "pkg"
     lib.mkdir(parents=True)
-    (lib / "mod.py").write_text("class A:\n    def step(self):\n        pass\n\n\ndef other():\n    pass\n")
+    (lib / "mod.py").write_text("class A:\n    def step(self):\n        pass\n\n\ndef other():\n    pass\n\n\n"
+                                "class B:\n    def run(self):\n        pass\n\n\nclass C:\n    def run(self):\n"
+                                "        pass\n")
     resolver = Resolver(SourceMap(library_dirs=[str(tmp_path / "site-packages")]))
     recorded = "/venv/lib/python3.12/site-packages/pkg/mod.py"
     assert resolver.display(recorded, 3, "step") == "A > step"
-    assert resolver.display(recorded, 7, "step") == "step"  # line 7 is in other(): not trusted
-    assert (recorded, 7, "step") in resolver.unqualified
+    assert resolver.display(recorded, 7, "step") == "A > step"  # line 7 is in other() here: the name decides
+    assert resolver.def_line(recorded, 7, "step") == 0  # where it starts in the recording's version is unknown
+    assert resolver.display(recorded, 3, "run") == "run"  # B's or C's: not guessed
+    assert (recorded, 3, "run") in resolver.unqualified and recorded in resolver.other_version
 
 
 def test_stdlib_paths_are_mapped_too() -> None:
@@ -153,6 +159,16 @@ def test_a_real_windows_snapshot_gets_class_names_from_this_machines_torch() -> 
     qualified = {f.name for f in found.frames if " > " in f.name}
     assert qualified - {f.name for f in alone.frames}  # torch's own frames, found in site-packages here
     assert all(f.file.startswith("C:\\") for f in found.frames if f.kind == "python" and f.file)
+    # torch here is another version than the recording's: its files are here, their lines are not the same
+    assert any(c.startswith(f"{n} of ") and "another version of their file is here" in c
+               for c in found.comments for n in range(1, 200))
+    # one function, one name: a name torch's file defines in one class is qualified at every line it ran
+    # (transformers' modeling files define `forward` in many classes: those stay as they are)
+    by_file: dict[tuple[str, str], set[str]] = {}
+    for f in found.frames:
+        if f.kind == "python" and "\\torch\\" in f.file:
+            by_file.setdefault((f.file, f.name.rsplit(" > ", 1)[-1]), set()).add(f.name)
+    assert not [names for names in by_file.values() if len(names) > 1 and any(" > " in n for n in names)]
 
 
 def test_analysis_commands_read_snapshots_with_the_same_options(recorded, tmp_path: Path, capsys) -> None:

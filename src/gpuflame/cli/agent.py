@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from gpuflame.agent.events import LIVE_BLOCKS
-from gpuflame.cli.options import add_pyroscope_options, positive_duration
+from gpuflame.cli.options import add_pyroscope_options, positive_duration, push_interval
 from gpuflame.defaults import PUSH_INTERVAL_S
 from gpuflame.errors import GpuflameError
 from gpuflame.files import atomic_write, check_folder
@@ -100,7 +100,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print a JSON summary at the end (on stdout)")
     ship = add_pyroscope_options(parser, "one series per container (service_name, namespace, pod, container, node); ",
                                  "each pod's workload", repeatable=True)
-    ship.add_argument("--interval", type=positive_duration, default=PUSH_INTERVAL_S, metavar="DURATION",
+    ship.add_argument("--interval", type=push_interval, default=PUSH_INTERVAL_S, metavar="DURATION",
                       help=f"push every DURATION (default {PUSH_INTERVAL_S:g}s)")
 
 

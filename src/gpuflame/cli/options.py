@@ -35,6 +35,14 @@ def interval(text: str) -> float:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def push_interval(text: str) -> float:
+    """The agent's ``--interval``: how often it pushes, within the same bounds as every interval (never 0)."""
+    try:
+        return interval_seconds(text, allow_off=False)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def positive_duration(text: str) -> float:
     """A duration of more than 0 (how long to run, how often to push)."""
     value = duration(text)

@@ -412,11 +412,21 @@ class _Converter:
             return
         python = [f for f in self.profile.frames if f.kind == PYTHON and f.name != names.MODULE]
         lost = [f for f in python if (f.file, f.line) in missing]
-        if lost:
+        other = self.stacks.resolver.other_version
+        away = [f for f in lost if f.file not in other]
+        moved = [f for f in lost if f.file in other]
+        if away:
             self.comment(
-                f"{len(lost):,} of {len(python):,} Python frames could not be qualified: their source is not "
-                f"on this machine (e.g. {lost[0].file}), so a method among them shows without its class; "
+                f"{len(away):,} of {len(python):,} Python frames could not be qualified: their source is not "
+                f"on this machine (e.g. {away[0].file}), so a method among them shows without its class; "
                 "--source-root OLD=NEW maps the recording machine's paths to a copy here"
+            )
+        if moved:
+            self.comment(
+                f"{len(moved):,} of {len(python):,} Python frames could not be qualified: another version of "
+                f"their file is here (e.g. {moved[0].file}) whose lines differ from the recording's, and more "
+                "than one class defines their function; --source-root OLD=NEW maps them to a copy of the "
+                "recording's version"
             )
 
     # -- helpers used by the device replays --------------------------------

@@ -11,6 +11,7 @@ from pathlib import Path
 from gpuflame.capture.backends import AUTO, frameworks
 from gpuflame.errors import GpuflameError
 from gpuflame.launch.store import RunMeta
+from gpuflame.printable import printable
 from gpuflame.units import format_bytes
 
 
@@ -25,9 +26,9 @@ def write_meta(meta: RunMeta, run_dir: Path) -> None:
 def say_where(output: Path, meta: RunMeta, idle: dict[int, str], peak_note: str, as_json: bool = False) -> None:
     """Every loss on stderr, then the profile's place and size and the next command (or one JSON line on stdout)."""
     for message in meta.lost:
-        sys.stderr.write(f"gpuflame: lost: {message}\n")
+        sys.stderr.write(f"gpuflame: lost: {printable(message)}\n")  # written by the program's process: untrusted
     for partial in meta.partial_processes:
-        sys.stderr.write(f"gpuflame: {partial['why']}\n")
+        sys.stderr.write(f"gpuflame: {printable(partial['why'])}\n")
     if as_json:
         summary = {**asdict(meta), "profile": str(output.resolve()) if meta.processes else None}
         sys.stdout.write(json.dumps(summary) + "\n")
@@ -42,7 +43,7 @@ def say_where(output: Path, meta: RunMeta, idle: dict[int, str], peak_note: str,
         return
     shown = next((t for t in ("peak_space", "inuse_space", "alloc_space") if t in meta.totals), None)
     size = f", {shown.split('_')[0]} {format_bytes(meta.totals[shown])}" if shown else ""
-    sys.stderr.write(f"gpuflame: profile of {_processes_phrase(meta)}{size}: {output}\n")
+    sys.stderr.write(f"gpuflame: profile of {_processes_phrase(meta)}{size}: {printable(str(output))}\n")
     if peak_note:  # the peak is not one moment that happened (JAX samples, a bound): say what it is
         sys.stderr.write(f"gpuflame: {peak_note}\n")
     sys.stderr.write(f"gpuflame: next: gpuflame report {shlex.quote(str(output))}\n")

@@ -400,6 +400,8 @@ def render_explanation(console: Console, ex: Explanation, type_name: str, unit: 
     console.print(
         f"total {amount(ex.total, unit)} ({pct(ex.percent)} of {type_name}), "
         f"self {amount(ex.self, unit)}, through {chains} distinct call chain{'s' if chains != 1 else ''}"
+        + (f" (and {amount(ex.nested_self, unit)} self in matching functions they call, within their totals)"
+           if ex.nested_self else "")
     )
     for n, chain in enumerate(ex.chains, 1):
         console.print()

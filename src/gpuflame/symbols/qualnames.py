@@ -63,6 +63,10 @@ class FileIndex:
         for s in spans:
             self._by_name.setdefault(s.name, []).append(s)
 
+    def named(self, name: str) -> list[Span]:
+        """Every span of the code objects called *name* in this file."""
+        return self._by_name.get(name, [])
+
     def containing(self, line: int) -> list[Span]:
         """Spans holding *line*, innermost first."""
         i = self._innermost[line] if 0 < line < len(self._innermost) else -1
@@ -297,6 +301,7 @@ class Resolver:
         self._indexes: dict[str, FileIndex | None] = {}
         self.sources = sources if sources is not None else SourceMap()
         self.unqualified: set[tuple[str, int, str]] = set()  # frames whose source was not found
+        self.other_version: set[str] = set()  # of those, files here in another version whose lines differ
 
     def qualname(self, file: str, line: int, co_name: str) -> str:
         return self.lookup(file, line, co_name)[0]
@@ -345,10 +350,15 @@ class Resolver:
                 continue
             if candidate.exact:
                 return _named_span(index, line, co_name)
-            # another version of the package: only a def of that name holding that line
+            # another version of the package: a def of that name holding that line, else the one
+            # qualname every def of that name in the file has (`_apply` is Module's wherever its lines moved)
             for span in index.containing(line):
                 if span.name == co_name:
                     return span.qualname, span.start
+            named = {span.qualname for span in index.named(co_name)}
+            if len(named) == 1:
+                return named.pop(), 0
+            self.other_version.add(file)
         self.unqualified.add((file, line, co_name))
         return co_name, 0
 

@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuflame import defaults
+from gpuflame import __version__, defaults
 from gpuflame.capture.settings import Settings, env_name
 from gpuflame.launch.contract import HOME_ENV
 
@@ -37,7 +37,7 @@ MOUNT = "/gpuflame"
 VOLUME = "gpuflame"
 INIT_NAME = "gpuflame-payload"
 INSTALL = "gpuflame-payload-install"
-DEFAULT_IMAGE = "ghcr.io/gpuflame/gpuflame:0.1.0"
+DEFAULT_IMAGE = f"ghcr.io/gpuflame/gpuflame:{__version__}"
 DEFAULT_SECRET = "gpuflame-pyroscope"
 NONROOT_UID = 65532
 # requests == limits: a quota that requires limits admits the pod, a Guaranteed pod stays Guaranteed.

@@ -127,6 +127,7 @@ class WebhookServer(ThreadingHTTPServer):
     """Accepts plain TCP, wraps each connection in TLS with the current certificate."""
 
     daemon_threads = True
+    request_queue_size = socket.SOMAXCONN  # every pod creation of the cluster may call at once (socketserver: 5)
 
     def __init__(self, address: tuple[str, int], certificates: Certificates, config: Config, quiet: bool = False):
         self.certificates, self.config, self.quiet = certificates, config, quiet
