@@ -31,7 +31,6 @@ import functools
 import http.server
 import json
 import os
-import random
 import statistics
 import subprocess
 import sys
@@ -45,11 +44,12 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "tests" / "browser"))
+sys.path.insert(0, str(ROOT / "tests"))
 
 from chrome_pipe import CdpError, Chrome, find_chromium  # noqa: E402
+from large_profile import tree_profile  # noqa: E402
 
 from gpuflame.formats import dumps, save  # noqa: E402
-from gpuflame.model import Frame, Profile, memory_sample_types  # noqa: E402
 
 OUT = ROOT / "bench" / "out" / "viewer"
 SPEEDSCOPE = ROOT / "bench" / "viewer" / "node_modules" / "speedscope" / "dist" / "release"
@@ -98,32 +98,6 @@ PROBE = r"""
 # ---- profiles ----------------------------------------------------------------
 
 
-def make_viewer_profile(frames: int, seed: int = 1) -> Profile:
-    """A call tree over exactly *frames* distinct functions, one sample ending in each.
-
-    Function i is called from one earlier function, drawn towards recent
-    ones (``i * u**0.3``), so stacks are about 20 (1k) to 40 (100k) deep like
-    model code, and the merged flame graph has exactly *frames* nodes.
-    """
-    rng = random.Random(seed)
-    table = [
-        Frame(f"Class{i // 8} > method_{i % 8}" if i % 5 else f"function_{i}",
-              f"/src/pkg{i % 37}/module{i // 97}.py", 10 + (i * 7) % 900)
-        for i in range(frames)
-    ]
-    parent = [-1] + [int(i * rng.random() ** 0.3) for i in range(1, frames)]
-    profile = Profile(sample_types=memory_sample_types())
-    profile.default_type = "peak_space"
-    for i in range(frames):
-        stack, node = [], i
-        while node >= 0:  # leaf first, as Profile.add takes it
-            stack.append(table[node])
-            node = parent[node]
-        size = rng.choice((512, 4096, 1 << 20, 1 << 22)) * rng.randint(1, 64)
-        profile.add(stack, [size, 1, size // 2, 1, size * 3, 3], {"device": f"cuda:{i % 2}"})
-    return profile
-
-
 def write_inputs(frames: int, src: Path) -> tuple[Path, Path, dict[str, Any]]:
     """The gpuflame HTML and the speedscope JSON of one generated profile.
 
@@ -133,7 +107,7 @@ def write_inputs(frames: int, src: Path) -> tuple[Path, Path, dict[str, Any]]:
     OUT.mkdir(parents=True, exist_ok=True)
     pb, html, ss = (OUT / f"f{frames}{ext}" for ext in (".pb.gz", ".html", ".speedscope.json"))
     if not (pb.exists() and ss.exists()):
-        profile = make_viewer_profile(frames)
+        profile = tree_profile(frames)
         save(profile, pb)
         ss.write_bytes(dumps(profile, "speedscope"))
     env = {**os.environ, "PYTHONPATH": str(src)}

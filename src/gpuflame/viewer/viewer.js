@@ -67,32 +67,60 @@
 
   // ---- loading -----------------------------------------------------------
 
+  /** The page's payload (render/html.py encode_payload): a JSON head whose arrays are typed views of the body. */
   async function decodeData() {
     const text = el("gpuflame-data").textContent.trim();
-    const raw = atob(text);
-    const bytes = new Uint8Array(raw.length);
-    for (let i = 0; i < raw.length; i++) bytes[i] = raw.charCodeAt(i);
+    let bytes;
+    if (Uint8Array.fromBase64) bytes = Uint8Array.fromBase64(text);
+    else {
+      const raw = atob(text);
+      bytes = new Uint8Array(raw.length);
+      for (let i = 0; i < raw.length; i++) bytes[i] = raw.charCodeAt(i);
+    }
     const stream = new Blob([bytes]).stream().pipeThrough(new DecompressionStream("gzip"));
-    return JSON.parse(await new Response(stream).text());
+    const body = await new Response(stream).arrayBuffer();
+    const length = new DataView(body).getUint32(0, true);
+    const start = 4 + length + ((8 - (4 + length) % 8) % 8);
+    const head = JSON.parse(new TextDecoder().decode(new Uint8Array(body, 4, length)));
+    const Kinds = { i4: Int32Array, f8: Float64Array };
+    const resolve = (v) => {
+      if (v === null || typeof v !== "object") return v;
+      if (Array.isArray(v)) {
+        if (v.length && typeof v[0] === "object") for (let i = 0; i < v.length; i++) v[i] = resolve(v[i]);
+        return v;
+      }
+      const ref = v["@"];
+      if (ref) return new Kinds[ref[0]](body, start + ref[1], ref[2]);
+      for (const k of Object.keys(v)) v[k] = resolve(v[k]);
+      return v;
+    };
+    return resolve(head);
   }
 
-  /** Typed arrays and lookups derived once from the embedded JSON. */
+  const asInt32 = (a) => (a instanceof Int32Array ? a : Int32Array.from(a));
+  const asFloat64 = (a) => (a instanceof Float64Array ? a : Float64Array.from(a));
+
+  /**
+   * Typed arrays and lookups derived once from the embedded data. Stacks are
+   * a prefix tree (stacks.parent, stacks.frame; node 0 the root, parents
+   * before children): a sample's stack is the node where it ends.
+   */
   function prepare(data) {
     const f = data.frames;
     const n = f.name.length;
     const trampolineKind = data.kinds.indexOf(TRAMPOLINE_KIND);
     const isTrampoline = new Uint8Array(n);
     for (let i = 0; i < n; i++) isTrampoline[i] = f.kind[i] === trampolineKind ? 1 : 0;
-    const isFramework = Uint8Array.from(f.framework || new Array(n).fill(0));
+    const isFramework = f.framework ? Uint8Array.from(f.framework) : new Uint8Array(n);
     // Python sends the frame table sorted by name: a frame's index is its name rank.
     const nameRank = Int32Array.from({ length: n }, (_, i) => i);
-    const lengths = data.stacks.length;
-    const stackStart = new Int32Array(lengths.length + 1);
-    for (let i = 0; i < lengths.length; i++) stackStart[i + 1] = stackStart[i] + lengths[i];
+    const stackParent = asInt32(data.stacks.parent), stackFrame = asInt32(data.stacks.frame);
+    const stackDepth = new Int32Array(stackParent.length);
+    for (let i = 1; i < stackParent.length; i++) stackDepth[i] = stackDepth[stackParent[i]] + 1;
     return {
       data, frameCount: n, names: f.name, normalized: null, isTrampoline, isFramework, nameRank,
       categoryOfSet: categoryOfSets(data.labelSets),
-      stackStart, stackFrames: Int32Array.from(data.stacks.frames),
+      stackParent, stackFrame, stackDepth,
       ...sampleSet(data.samples), base: data.base ? sampleSet(data.base.samples) : null,
     };
   }
@@ -115,8 +143,8 @@
   /** One profile's samples (NEW's, or BASE's in diff mode) as typed columns. */
   function sampleSet(samples) {
     return {
-      sampleStack: Int32Array.from(samples.stack), sampleLabels: Int32Array.from(samples.labels),
-      values: samples.values.map((col) => Float64Array.from(col)),
+      sampleStack: asInt32(samples.stack), sampleLabels: asInt32(samples.labels),
+      values: samples.values.map(asFloat64),
     };
   }
 
@@ -133,14 +161,17 @@
     const sets = [{ set: P, into: "total" }];
     if (P.base) sets.push({ set: P.base, into: "base" });
     const keep = (set, s) => set.values[typeIndex][s] > 0 && (!allowedLabels || allowedLabels[set.sampleLabels[s]]);
-    let bound = 1;
+    const K = CATEGORIES.length, withCats = Boolean(P.categoryOfSet && !P.base);
+    if (!hideTrampolines && !hideFramework) return treeOfStacks(P, sets, typeIndex, keep, withCats);
+    let bound = 1, deepest = 0;
     for (const { set } of sets) {
       for (let s = 0; s < set.sampleStack.length; s++) {
-        if (keep(set, s)) bound += P.stackStart[set.sampleStack[s] + 1] - P.stackStart[set.sampleStack[s]];
+        if (keep(set, s)) { const d = P.stackDepth[set.sampleStack[s]]; bound += d; deepest = Math.max(deepest, d); }
       }
     }
     const b = treeBuilder(bound, P.base !== null);
-    const K = CATEGORIES.length, cats = P.categoryOfSet && !P.base ? new Float64Array(bound * K) : null;
+    const cats = withCats ? new Float64Array(bound * K) : null;
+    const stack = new Int32Array(deepest); // one sample's frames, root first
     for (const { set, into } of sets) {
       const values = set.values[typeIndex], sums = b.nodes[into];
       for (let s = 0; s < values.length; s++) {
@@ -149,10 +180,11 @@
         const k = cats ? P.categoryOfSet[set.sampleLabels[s]] : -1;
         let cur = 0;
         sums[0] += v;
-        const start = P.stackStart[sid], end = P.stackStart[sid + 1];
-        const kept = hideFramework ? frameworkKept(P, start, end) : null;
-        for (let i = start; i < end; i++) {
-          const fid = P.stackFrames[i];
+        const end = P.stackDepth[sid];
+        for (let node = sid, i = end; node > 0; node = P.stackParent[node]) stack[--i] = P.stackFrame[node];
+        const kept = hideFramework ? frameworkKept(P, stack, end) : null;
+        for (let i = 0; i < end; i++) {
+          const fid = stack[i];
           if (hideTrampolines && P.isTrampoline[fid]) continue;
           if (kept && !kept(i)) continue;
           cur = b.child(cur, fid);
@@ -164,6 +196,56 @@
     }
     const tree = layout(P, b.nodes, b.count());
     tree.category = cats ? dominantCategories(cats, tree.count, K) : null;
+    return tree;
+  }
+
+  /**
+   * The tree when no frame is hidden: the stack tree itself, summed once
+   * from the leaves down (children come after their parent), then the
+   * nodes no kept sample reaches are dropped. No per-frame work, so a
+   * million-frame page paints in a second or two.
+   */
+  function treeOfStacks(P, sets, typeIndex, keep, withCats) {
+    const N = P.stackParent.length, K = CATEGORIES.length, parent = P.stackParent;
+    const total = new Float64Array(N), self = new Float64Array(N), base = P.base ? new Float64Array(N) : null;
+    const cats = withCats ? new Float64Array(N * K) : null;
+    for (const { set, into } of sets) {
+      const values = set.values[typeIndex];
+      for (let s = 0; s < values.length; s++) {
+        if (!keep(set, s)) continue;
+        const v = values[s], sid = set.sampleStack[s];
+        if (into === "base") { base[sid] += v; continue; }
+        total[sid] += v; self[sid] += v;
+        const k = cats ? P.categoryOfSet[set.sampleLabels[s]] : -1;
+        if (k >= 0 && sid > 0) cats[sid * K + k] += v;
+      }
+    }
+    for (let n = N - 1; n > 0; n--) {
+      const p = parent[n];
+      total[p] += total[n];
+      if (base) base[p] += base[n];
+      if (cats && p > 0) for (let k = 0; k < K; k++) cats[p * K + k] += cats[n * K + k];
+    }
+    const id = new Int32Array(N).fill(-1);
+    let count = 1;
+    id[0] = 0;
+    for (let n = 1; n < N; n++) if (total[n] > 0 || (base && base[n] > 0)) id[n] = count++;
+    const nodes = {
+      frame: new Int32Array(count), parent: new Int32Array(count), total: new Float64Array(count),
+      self: new Float64Array(count), base: base ? new Float64Array(count) : null,
+    };
+    const dominant = cats ? dominantCategories(cats, N, K) : null, category = cats ? new Int8Array(count).fill(-1) : null;
+    for (let n = 0; n < N; n++) {
+      const m = id[n];
+      if (m < 0) continue;
+      nodes.frame[m] = n ? P.stackFrame[n] : -1;
+      nodes.parent[m] = n ? id[parent[n]] : -1;
+      nodes.total[m] = total[n]; nodes.self[m] = self[n];
+      if (base) nodes.base[m] = base[n];
+      if (category) category[m] = dominant[n];
+    }
+    const tree = layout(P, nodes, count);
+    tree.category = category;
     return tree;
   }
 
@@ -186,14 +268,14 @@
    * memory is); framework frames below the outermost user frame (a launcher)
    * stay; a stack with no user frame stays whole.
    */
-  function frameworkKept(P, start, end) {
+  function frameworkKept(P, stack, end) {
     let first = -1, last = -1, named = -1;
-    for (let i = start; i < end; i++) {
-      if (!P.isFramework[P.stackFrames[i]]) { if (first < 0) first = i; last = i; }
+    for (let i = 0; i < end; i++) {
+      if (!P.isFramework[stack[i]]) { if (first < 0) first = i; last = i; }
     }
     if (first < 0) return null;
-    for (let i = end - 1; i > last + 1 && named < 0; i--) if (P.isFramework[P.stackFrames[i]] === 2) named = i;
-    return (i) => !P.isFramework[P.stackFrames[i]] || i < first || i === last + 1 || i === named;
+    for (let i = end - 1; i > last + 1 && named < 0; i--) if (P.isFramework[stack[i]] === 2) named = i;
+    return (i) => !P.isFramework[stack[i]] || i < first || i === last + 1 || i === named;
   }
 
   /**
