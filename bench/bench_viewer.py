@@ -47,9 +47,9 @@ sys.path.insert(0, str(ROOT / "tests" / "browser"))
 sys.path.insert(0, str(ROOT / "tests"))
 
 from chrome_pipe import CdpError, Chrome, find_chromium  # noqa: E402
-from large_profile import tree_profile  # noqa: E402
 
 from gpuflame.formats import dumps, save  # noqa: E402
+from large_profile import tree_profile  # noqa: E402
 
 OUT = ROOT / "bench" / "out" / "viewer"
 SPEEDSCOPE = ROOT / "bench" / "viewer" / "node_modules" / "speedscope" / "dist" / "release"
@@ -111,9 +111,11 @@ def write_inputs(frames: int, src: Path) -> tuple[Path, Path, dict[str, Any]]:
         save(profile, pb)
         ss.write_bytes(dumps(profile, "speedscope"))
     env = {**os.environ, "PYTHONPATH": str(src)}
+    t0 = time.perf_counter()
     subprocess.run([sys.executable, "-m", "gpuflame", "view", str(pb), "-o", str(html)],
                    check=True, env=env, stdout=subprocess.DEVNULL)
-    return html, ss, {"html_mb": html.stat().st_size / 1e6, "json_mb": ss.stat().st_size / 1e6}
+    write_s = time.perf_counter() - t0
+    return html, ss, {"html_mb": html.stat().st_size / 1e6, "json_mb": ss.stat().st_size / 1e6, "write_s": write_s}
 
 
 # ---- the browser ---------------------------------------------------------------
@@ -155,6 +157,29 @@ def navigate(chrome: Chrome, url: str) -> None:
     chrome.send("Page.navigate", {"url": url})
 
 
+def renderer_mib(chrome: Chrome) -> float:
+    """Resident memory of the browser's largest renderer process (the page's), MiB, from /proc."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    pending, best = [chrome.proc.pid], 0.0
+    while pending:
+        pid = pending.pop()
+        pending.extend(children.get(pid, []))
+        try:
+            if b"--type=renderer" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                rss = next(line for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                           if line.startswith("VmRSS:"))
+                best = max(best, int(rss.split()[1]) / 1024)
+        except (OSError, StopIteration):
+            continue
+    return best
+
+
 def gpuflame_paint(chrome: Chrome, html: Path, timeout: float) -> dict[str, float]:
     """First paint by the page's hook and by the probe, ms since navigation start."""
     navigate(chrome, html.as_uri())
@@ -165,7 +190,8 @@ def gpuflame_paint(chrome: Chrome, html: Path, timeout: float) -> dict[str, floa
         raise CdpError(f"viewer error: {state['error']}")
     return {"hook": state["timings"]["firstPaint"], "probe": chrome.evaluate("window.__benchPaint"),
             "rects": state["drawnRects"], "decode": state["timings"].get("decode", 0.0),
-            "prepare": state["timings"].get("prepare", 0.0), "build": state["buildMs"], "draw": state["drawMs"]}
+            "prepare": state["timings"].get("prepare", 0.0), "build": state["buildMs"], "draw": state["drawMs"],
+            "renderer_mib": renderer_mib(chrome)}
 
 
 def speedscope_paint(chrome: Chrome, base: str, profile: Path, timeout: float) -> dict[str, float]:
@@ -267,7 +293,9 @@ def report(results: dict[int, dict[str, Any]], repeat: int) -> None:
               f"{fmt_s(s):>11} {ratio:>10} {r['g'][0]['rects']:>7,}")
         parts = min(r["g"], key=lambda x: x["hook"])
         print(f"{'':>8} gpuflame phases (best round): decode {parts['decode']:.0f} ms, prepare "
-              f"{parts['prepare']:.0f} ms, tree {parts['build']:.0f} ms, draw {parts['draw']:.0f} ms")
+              f"{parts['prepare']:.0f} ms, tree {parts['build']:.0f} ms, draw {parts['draw']:.0f} ms; renderer "
+              f"{max(x['renderer_mib'] for x in r['g']):.0f} MiB resident (most of any round); "
+              f"`gpuflame view` wrote the page in {r['write_s']:.1f} s")
         if r["s"]:
             parts = min(r["s"], key=lambda x: x["probe"])
             print(f"{'':>8} speedscope (best round): its script loaded at {parts['script']:.0f} ms, the profile "

@@ -74,11 +74,12 @@ def viewer_data(
         type_index = [st.type for st in common].index(chosen) if chosen in base.type_names() else None
     sites = _history_sites(profile) if base is None else None
     sources = ([profile] if base is None else [profile, base]) + ([sites] if sites is not None else [])
-    frames, frame_codes = _function_table(sources)
+    columns = [_stack_columns(p) for p in sources]
+    frames, frame_codes = _function_table(sources, [np.unique(c[1]).tolist() for c in columns])
     regex = framework_regex(DEFAULT_FRAMEWORKS)
     files = sorted({f.file for f in frames})
     file_index = {f: i for i, f in enumerate(files)}
-    stacks, sample_sets, label_sets = _sample_tables(sources, frame_codes)
+    stacks, sample_sets, label_sets = _sample_tables(columns, frame_codes)
     data: dict[str, object] = {
         "format": FORMAT,
         "version": VERSION,
@@ -91,9 +92,10 @@ def viewer_data(
             "name": [f.name for f in frames],
             "file": _int32([file_index[f.file] for f in frames]),
             "line": _int32([f.line for f in frames]),
-            "kind": _int32([FRAME_KINDS.index(f.kind) if f.kind in FRAME_KINDS else 0 for f in frames]),
+            "kind": np.array([FRAME_KINDS.index(f.kind) if f.kind in FRAME_KINDS else 0 for f in frames], np.uint8),
             # 1: a framework frame; 2: one that names what the memory is (model/prune.py)
-            "framework": _int32([(2 if names_the_memory(f) else 1) if is_framework(f, regex) else 0 for f in frames]),
+            "framework": np.array([(2 if names_the_memory(f) else 1) if is_framework(f, regex) else 0
+                                   for f in frames], np.uint8),
         },
         "files": files,
         "samples": sample_sets[0],
@@ -170,8 +172,11 @@ def history_data(history: History, start: int, sites: dict[str, list]) -> dict[s
     return {"stack": sites["stack"], "labels": sites["labels"], "tracks": tracks}
 
 
-def _stack_columns(profile: Profile, frame_code: np.ndarray) -> tuple[np.ndarray, np.ndarray, list[Sample], np.ndarray]:
-    """*profile*'s samples with a non-zero value: stack lengths, their function codes root first, the samples, values.
+Columns = tuple[np.ndarray, np.ndarray, list[Sample], np.ndarray]
+
+
+def _stack_columns(profile: Profile) -> Columns:
+    """*profile*'s samples with a non-zero value: stack lengths, their frame ids root first, the samples, values.
 
     Vectorised: a page of a million samples forty frames deep must not pay
     a Python step per frame.
@@ -183,18 +188,18 @@ def _stack_columns(profile: Profile, frame_code: np.ndarray) -> tuple[np.ndarray
     leaf_first = np.fromiter(chain.from_iterable(s.stack for s in samples), dtype=np.intp, count=int(lengths.sum()))
     ends = np.cumsum(lengths)
     root_first = np.repeat(2 * ends - lengths - 1, lengths) - np.arange(len(leaf_first))
-    return lengths, frame_code[leaf_first[root_first]], samples, values[keep]
+    return lengths, leaf_first[root_first], samples, values[keep]
 
 
-def _sample_tables(sources: list[Profile], frame_codes: list[np.ndarray]) -> tuple[dict, list[dict], list]:
-    """One stack table (a prefix tree of function codes) and label table for every sample set in *sources*.
+def _sample_tables(columns: list[Columns], frame_codes: list[np.ndarray]) -> tuple[dict, list[dict], list]:
+    """One stack table (a prefix tree of function codes) and label table for every sample set's *columns*.
 
     A stack is the node of the tree where it ends, so the page walks parent
     links instead of reading a frame list per stack: a million stacks forty
     deep are a million nodes, not forty million ids.
     """
-    columns = [_stack_columns(p, codes) for p, codes in zip(sources, frame_codes, strict=True)]
-    tree = prefix_tree(np.concatenate([c[0] for c in columns]), np.concatenate([c[1] for c in columns]))
+    tree = prefix_tree(np.concatenate([c[0] for c in columns]),
+                       np.concatenate([codes[c[1]] for c, codes in zip(columns, frame_codes, strict=True)]))
     label_index: dict[tuple[tuple[str, str], ...], int] = {}
     out, first = [], 0
     for _, _, samples, values in columns:
@@ -202,30 +207,27 @@ def _sample_tables(sources: list[Profile], frame_codes: list[np.ndarray]) -> tup
         out.append({
             "stack": tree.node_of_stack[first : first + len(samples)].astype("<i4"),
             "labels": np.array(labels, dtype="<i4"),
-            "values": [values[:, k].astype("<f8") for k in range(values.shape[1])],
+            "values": [_value_column(values[:, k]) for k in range(values.shape[1])],
         })
         first += len(samples)
     stacks = {"parent": tree.parent.astype("<i4"), "frame": tree.code.astype("<i4")}
     return stacks, out, [[list(pair) for pair in labels] for labels in label_index]
 
 
-def _used_frames(profile: Profile) -> list[int]:
-    """Frame ids the non-zero samples of *profile* use: filters leave the others behind."""
-    used: set[int] = set()
-    for s in profile.samples:
-        if any(s.values):
-            used.update(s.stack)
-    return sorted(used)
+def _value_column(values: np.ndarray) -> np.ndarray:
+    """Int32 where every value fits (half the bytes to inflate in the page), else float64 (exact below 2**53)."""
+    if not len(values) or (values.min() >= -(2**31) and values.max() < 2**31):
+        return values.astype("<i4")
+    return values.astype("<f8")
 
 
-def _function_table(profiles: list[Profile]) -> tuple[list[Frame], list[np.ndarray]]:
-    """Distinct function frames the samples of *profiles* use, sorted by name, and per profile each frame id's index.
+def _function_table(profiles: list[Profile], used: list[list[int]]) -> tuple[list[Frame], list[np.ndarray]]:
+    """Distinct function frames of the *used* frame ids of *profiles*, sorted by name, and per profile each id's index.
 
     Sorted here so the page can order children by frame index (as the flame
-    tree does, by name) without sorting 100k strings itself. Frames no sample
-    uses get -1.
+    tree does, by name) without sorting 100k strings itself. Frames no
+    sample uses (filters leave them behind) are not shipped: they get -1.
     """
-    used = [_used_frames(p) for p in profiles]
     shown = [function_frames([p.frames[i] for i in ids]) for p, ids in zip(profiles, used, strict=True)]
     table = sorted({f for frames in shown for f in frames}, key=frame_sort_key)
     index = {f: i for i, f in enumerate(table)}
@@ -241,9 +243,9 @@ def _int32(values: list[int]) -> np.ndarray:
     return np.array(values, dtype="<i4")
 
 
-# An array in the payload's JSON head: {"@": [kind, byte offset in the body, count]}.
+# An array in the payload's JSON head: {"@": [kind, byte offset after the head, count]}.
 ARRAY_REF = "@"
-_KINDS = {"i": "i4", "u": "i4", "f": "f8"}
+ARRAY_KINDS = ("i4", "u1", "f8")  # int32, uint8, float64, little-endian: the page's typed arrays
 # zlib level 6: level 9 took as long again for a page 1% smaller (bench/bench_viewer.py)
 COMPRESS_LEVEL = 6
 
@@ -261,7 +263,9 @@ def encode_payload(data: dict[str, object]) -> str:
 
     def ref(array: np.ndarray) -> dict[str, list]:
         nonlocal offset
-        kind = _KINDS[array.dtype.kind]
+        kind = f"{array.dtype.kind}{array.dtype.itemsize}"
+        if kind not in ARRAY_KINDS:
+            raise ValueError(f"the page has no typed array for {array.dtype}")
         raw = array.astype("<" + kind, copy=False).tobytes()
         blobs.append(raw + b"\0" * (-len(raw) % 8))
         at, offset = offset, offset + len(blobs[-1])

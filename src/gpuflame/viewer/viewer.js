@@ -82,7 +82,7 @@
     const length = new DataView(body).getUint32(0, true);
     const start = 4 + length + ((8 - (4 + length) % 8) % 8);
     const head = JSON.parse(new TextDecoder().decode(new Uint8Array(body, 4, length)));
-    const Kinds = { i4: Int32Array, f8: Float64Array };
+    const Kinds = { i4: Int32Array, u1: Uint8Array, f8: Float64Array };
     const resolve = (v) => {
       if (v === null || typeof v !== "object") return v;
       if (Array.isArray(v)) {
@@ -113,7 +113,8 @@
     for (let i = 0; i < n; i++) isTrampoline[i] = f.kind[i] === trampolineKind ? 1 : 0;
     const isFramework = f.framework ? Uint8Array.from(f.framework) : new Uint8Array(n);
     // Python sends the frame table sorted by name: a frame's index is its name rank.
-    const nameRank = Int32Array.from({ length: n }, (_, i) => i);
+    const nameRank = new Int32Array(n);
+    for (let i = 0; i < n; i++) nameRank[i] = i;
     const stackParent = asInt32(data.stacks.parent), stackFrame = asInt32(data.stacks.frame);
     const stackDepth = new Int32Array(stackParent.length);
     for (let i = 1; i < stackParent.length; i++) stackDepth[i] = stackDepth[stackParent[i]] + 1;
@@ -244,7 +245,7 @@
       if (base) nodes.base[m] = base[n];
       if (category) category[m] = dominant[n];
     }
-    const tree = layout(P, nodes, count);
+    const tree = layout(P, nodes, count, true);
     tree.category = category;
     return tree;
   }
@@ -316,7 +317,13 @@
 
   let treeIds = 0; // so a group's key names its tree as well as its node
 
-  function layout(P, nodes, count) {
+  /**
+   * Children lists, x offsets and depths of a tree built by treeBuilder or
+   * treeOfStacks. `ordered`: every node comes after its parent and siblings
+   * come in name order (the stack tree's numbering), so one forward pass
+   * lays it out with no sort and no walk.
+   */
+  function layout(P, nodes, count, ordered = false) {
     const childCount = new Int32Array(count + 1);
     for (let i = 1; i < count; i++) childCount[nodes.parent[i] + 1]++;
     const childStart = new Int32Array(count + 1);
@@ -324,6 +331,29 @@
     const fill = childStart.slice(0, count);
     const childOrder = new Int32Array(Math.max(count - 1, 0));
     for (let i = 1; i < count; i++) childOrder[fill[nodes.parent[i]]++] = i;
+    const x = new Float64Array(count), depth = new Int32Array(count);
+    let maxDepth = 0;
+    if (ordered) {
+      const next = new Float64Array(count); // where a node's next child starts
+      for (let c = 1; c < count; c++) {
+        const p = nodes.parent[c];
+        x[c] = next[c] = next[p];
+        next[p] += nodes.total[c];
+        depth[c] = depth[p] + 1;
+        if (depth[c] > maxDepth) maxDepth = depth[c];
+      }
+    } else {
+      sortChildren(P, nodes, count, childStart, childOrder);
+      maxDepth = placeChildren(nodes, childStart, childOrder, x, depth);
+    }
+    return {
+      id: ++treeIds, count, frame: nodes.frame.subarray(0, count), parent: nodes.parent.subarray(0, count),
+      total: nodes.total.subarray(0, count), self: nodes.self.subarray(0, count),
+      base: nodes.base ? nodes.base.subarray(0, count) : null, childStart, childOrder, x, depth, maxDepth,
+    };
+  }
+
+  function sortChildren(P, nodes, count, childStart, childOrder) {
     const rank = P.nameRank;
     for (let p = 0; p < count; p++) {
       const a = childStart[p], b = childStart[p + 1];
@@ -332,7 +362,10 @@
         part.sort((x, y) => rank[nodes.frame[x]] - rank[nodes.frame[y]]);
       }
     }
-    const x = new Float64Array(count), depth = new Int32Array(count);
+  }
+
+  /** Each node's x (its callers' offset plus its elder siblings' totals) and depth; the deepest depth. */
+  function placeChildren(nodes, childStart, childOrder, x, depth) {
     let maxDepth = 0;
     const pending = [0];
     while (pending.length) {
@@ -347,11 +380,7 @@
         pending.push(c);
       }
     }
-    return {
-      id: ++treeIds, count, frame: nodes.frame.subarray(0, count), parent: nodes.parent.subarray(0, count),
-      total: nodes.total.subarray(0, count), self: nodes.self.subarray(0, count),
-      base: nodes.base ? nodes.base.subarray(0, count) : null, childStart, childOrder, x, depth, maxDepth,
-    };
+    return maxDepth;
   }
 
   /** Self and total per function; a recursive function's total counts once per stack. */
