@@ -6,14 +6,20 @@ come from user code, so:
 - the CSS and JavaScript of ``gpuflame/viewer/`` are inlined at build time;
   a Content-Security-Policy allows only that exact script (by its SHA-256)
   and no fetches, so even a name that somehow became markup could not run;
-- the profile is a compact JSON, gzip-compressed and base64-encoded inside a
+- the profile is gzip-compressed and base64-encoded inside a
   non-executable ``<script type="application/octet-stream">``. Base64 has no
   ``<``, so ``</script>`` or ``<!--`` inside a name cannot end the element;
   the page decompresses it with the browser's ``DecompressionStream``.
 
-The JSON holds the frame table once and every sample with all its sample
-types and labels, so the page switches type, label and trampoline hiding
-without a rebuild. A profile with a timeline also ships it (not in diff
+The payload (:func:`encode_payload`) is a JSON head (names, files, labels,
+types) followed by the number columns as little-endian binary arrays, which
+the page views as typed arrays without parsing. It holds the frame table
+once, the distinct stacks as one prefix tree (a node per distinct stack
+prefix, :func:`gpuflame.analysis.tree.prefix_tree`) and every sample with all
+its sample types and labels pointing at its stack's node, so the page
+switches type, label and trampoline hiding without a rebuild, and with no
+frame hidden sums the tree in one pass over its nodes: a million-frame page
+paints in seconds. A profile with a timeline also ships it (not in diff
 mode), drawn as memory over time above the graph. Frames that differ only
 in their line are one function, as in the flame tree (:func:`gpuflame.model.functions.function_frames`).
 """

@@ -5,9 +5,11 @@
  *  - names, files and labels come from user code: they reach the page only
  *    through canvas fillText and element.textContent, never as markup;
  *  - no network: the data is decoded from the page itself;
- *  - large profiles (100k frames): the tree is aggregated once per (sample
- *    type, label, trampoline setting) into typed arrays, and drawing walks
- *    only nodes wider than MIN_PX, so cost follows what is visible.
+ *  - large profiles (a million frames): numbers arrive as typed arrays and
+ *    stacks as one prefix tree, so with no frame hidden the tree is summed
+ *    over its nodes in one pass (treeOfStacks); it is aggregated once per
+ *    (sample type, label, hiding setting), drawing walks only nodes wider
+ *    than MIN_PX, and the top table and the search index wait until asked.
  *
  * Diff mode (the page embeds a second sample set, "base"): one tree holds
  * both profiles, widths are NEW's, colours say how each bar changed. A bar
