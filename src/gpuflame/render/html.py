@@ -81,7 +81,9 @@ def viewer_data(
     sites = _history_sites(profile) if base is None else None
     sources = ([profile] if base is None else [profile, base]) + ([sites] if sites is not None else [])
     columns = [_stack_columns(p) for p in sources]
-    frames, frame_codes = _function_table(sources, [np.unique(c[1]).tolist() for c in columns])
+    used = [np.flatnonzero(np.bincount(c[1], minlength=len(p.frames))).tolist()
+            for p, c in zip(sources, columns, strict=True)]
+    frames, frame_codes = _function_table(sources, used)
     regex = framework_regex(DEFAULT_FRAMEWORKS)
     files = sorted({f.file for f in frames})
     file_index = {f: i for i, f in enumerate(files)}
