@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuflame.analysis.tree import NO_STACK, FlameTree, build_table, build_tree, group_frame
+from gpuflame.analysis.tree import NO_STACK, FlameTree, build_table, build_tree, group_frame, prefix_tree
 from gpuflame.errors import GpuflameError
 from gpuflame.model import Frame, Profile, SampleType
 from gpuflame.model.functions import function_frames
@@ -176,3 +176,21 @@ def test_exact_totals_beyond_float_precision():
     tree = build_tree(profile, 0)
     assert not tree.table.exact_float
     assert tree.node_total(tree.roots()[0]) == 2 * big
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 4), max_size=6), max_size=14))
+def test_prefix_tree_holds_every_stack_once(stacks):
+    lengths = np.array([len(s) for s in stacks], dtype=np.intp)
+    tree = prefix_tree(lengths, np.array([c for s in stacks for c in s], dtype=np.int64))
+    for i, stack in enumerate(stacks):  # each stack reads back from its node to the root
+        node, walked = int(tree.node_of_stack[i]), []
+        while node > 0:
+            walked.append(int(tree.code[node]))
+            node = int(tree.parent[node])
+        assert walked[::-1] == stack
+    prefixes = {tuple(s[:k]) for s in stacks for k in range(1, len(s) + 1)}
+    assert len(tree.parent) == len(prefixes) + 1  # one node a distinct prefix, and the root
+    assert all(tree.parent[n] < n for n in range(1, len(tree.parent)))  # parents first
+    children = [(int(p), int(c)) for p, c in zip(tree.parent[1:], tree.code[1:], strict=True)]
+    assert children == sorted(children)  # depth by depth, each node's children in code order

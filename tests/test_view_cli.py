@@ -13,6 +13,7 @@ import pytest
 
 from gpuflame.cli.view import default_output
 from gpuflame.formats import save
+from gpuflame.render.html import decode_payload, render_html
 from test_cli_analysis import run
 from viewer_profiles import XSS_COMMENT_FILE, XSS_IMG, XSS_LABEL, XSS_SCRIPT, viewer_profile
 
@@ -37,7 +38,7 @@ def page(profile_file: Path, capsys) -> str:
 def embedded(html: str) -> dict:
     match = DATA_ELEMENT.search(html)
     assert match, "no data element"
-    return json.loads(gzip.decompress(base64.b64decode(match.group(1))))
+    return decode_payload(match.group(1))
 
 
 def test_writes_one_file_next_to_the_input_and_says_where(profile_file: Path, capsys) -> None:
@@ -186,7 +187,7 @@ def test_two_files_write_one_offline_diff_page_embedding_both(profile_file: Path
     assert WARMUP.name in names and XSS_IMG in names  # one frame table for both
     assert len(set(names)) == len(names)
     assert data["base"]["samples"]["values"] and len(data["base"]["samples"]["values"]) == len(data["types"])
-    assert max(data["base"]["samples"]["stack"]) < len(data["stacks"]["length"])  # one stack table too
+    assert max(data["base"]["samples"]["stack"]) < len(data["stacks"]["parent"])  # one stack table too
     assert data["title"] == "base.pb.gz \u2192 run.pb.gz"
     test_no_url_outside_comments(html)
     test_user_text_never_appears_raw(html)
@@ -207,9 +208,23 @@ def test_three_files_are_exit_2(profile_file: Path, capsys) -> None:
 
 
 def test_render_html_diff_signature_for_serve() -> None:
-    from gpuflame.render.html import render_html
+
     from viewer_profiles import base_profile
 
     page = render_html(viewer_profile(), "t", base=base_profile())
     assert embedded(page)["base"]["samples"]["stack"]
     assert "base" not in embedded(render_html(viewer_profile(), "t"))
+
+
+def test_the_page_ships_each_stack_prefix_once_and_its_numbers_as_binary() -> None:
+    from large_profile import tree_profile
+
+    profile = tree_profile(2000)  # 2,000 functions, stacks ~20 deep: ~40,000 frame ids as a list per stack
+    payload = DATA_ELEMENT.search(render_html(profile, "t")).group(1)
+    data = decode_payload(payload)
+    assert len(data["stacks"]["parent"]) == len(data["stacks"]["frame"]) == 2001  # a node per function, the root
+    assert sorted(data["samples"]["values"][0]) == sorted(s.values[0] for s in profile.samples)
+    body = gzip.decompress(base64.b64decode(payload))
+    head = body[4 : 4 + int.from_bytes(body[:4], "little")]
+    strings = sum(len(json.dumps(n)) + 1 for n in data["frames"]["name"] + data["files"])
+    assert len(head) < strings + 2000  # names and files, and no numbers written out as text

@@ -443,3 +443,52 @@ def build_tree(
 ) -> FlameTree:
     """The flame tree of *profile* for the sample type at *type_index* (see :func:`build_table`)."""
     return FlameTree(build_table(profile, type_index, group_by, lines))
+
+
+class PrefixTree(NamedTuple):
+    """Distinct stacks as one tree of (parent, code) nodes: what the viewer's page ships.
+
+    Node 0 is the root (no frame); nodes are numbered depth by depth, so a
+    parent comes before its children, and children in code order.
+    ``node_of_stack[i]`` is the node where stack *i* ends (0: an empty stack).
+    """
+
+    parent: np.ndarray
+    code: np.ndarray
+    node_of_stack: np.ndarray
+
+
+def prefix_tree(lengths: np.ndarray, flat: np.ndarray) -> PrefixTree:
+    """The :class:`PrefixTree` of stacks given root first, concatenated in *flat* with their *lengths*.
+
+    Vectorised like :class:`FlameTree` (rows sorted as byte strings, a node
+    wherever a row's shared prefix ends), so a million stacks forty deep take
+    seconds, not the minutes of a dict lookup per frame.
+    """
+    n = len(lengths)
+    width = int(lengths.max()) if n else 0
+    if not width:
+        return PrefixTree(np.array([-1]), np.array([-1]), np.zeros(n, dtype=np.int64))
+    codes = np.zeros((n, width), dtype=">u4")
+    row = np.repeat(np.arange(n), lengths)
+    codes[row, np.arange(len(flat)) - np.repeat(np.cumsum(lengths) - lengths, lengths)] = flat + 1
+    order = _row_order(codes)
+    codes, lens = codes[order], lengths[order]
+    shared = np.zeros(n, dtype=np.intp)
+    if n > 1:
+        same = codes[1:] == codes[:-1]
+        shared[1:] = np.where(same.all(axis=1), np.minimum(lens[1:], lens[:-1]), same.argmin(axis=1))
+    parents, node_codes = [np.array([-1])], [np.array([-1])]
+    leaf = np.zeros(n, dtype=np.int64)
+    above_start, above_first, first = np.zeros(1, dtype=np.intp), 0, 1
+    for depth in range(width):
+        start = np.flatnonzero((shared <= depth) & (lens > depth))
+        parents.append(above_first + np.searchsorted(above_start, start, side="right") - 1 if depth else
+                       np.zeros(len(start), dtype=np.intp))
+        node_codes.append(codes[start, depth].astype(np.int64) - 1)
+        ends_here = np.flatnonzero(lens == depth + 1)
+        leaf[ends_here] = first + np.searchsorted(start, ends_here, side="right") - 1
+        above_start, above_first, first = start, first, first + len(start)
+    node_of_stack = np.empty(n, dtype=np.int64)
+    node_of_stack[order] = leaf
+    return PrefixTree(np.concatenate(parents).astype(np.int64), np.concatenate(node_codes), node_of_stack)

@@ -6,14 +6,20 @@ come from user code, so:
 - the CSS and JavaScript of ``gpuflame/viewer/`` are inlined at build time;
   a Content-Security-Policy allows only that exact script (by its SHA-256)
   and no fetches, so even a name that somehow became markup could not run;
-- the profile is a compact JSON, gzip-compressed and base64-encoded inside a
+- the profile is gzip-compressed and base64-encoded inside a
   non-executable ``<script type="application/octet-stream">``. Base64 has no
   ``<``, so ``</script>`` or ``<!--`` inside a name cannot end the element;
   the page decompresses it with the browser's ``DecompressionStream``.
 
-The JSON holds the frame table once and every sample with all its sample
-types and labels, so the page switches type, label and trampoline hiding
-without a rebuild. A profile with a timeline also ships it (not in diff
+The payload (:func:`encode_payload`) is a JSON head (names, files, labels,
+types) followed by the number columns as little-endian binary arrays, which
+the page views as typed arrays without parsing. It holds the frame table
+once, the distinct stacks as one prefix tree (a node per distinct stack
+prefix, :func:`gpuflame.analysis.tree.prefix_tree`) and every sample with all
+its sample types and labels pointing at its stack's node, so the page
+switches type, label and trampoline hiding without a rebuild, and with no
+frame hidden sums the tree in one pass over its nodes: a million-frame page
+paints in seconds. A profile with a timeline also ships it (not in diff
 mode), drawn as memory over time above the graph. Frames that differ only
 in their line are one function, as in the flame tree (:func:`gpuflame.model.functions.function_frames`).
 """
@@ -25,13 +31,17 @@ import gzip
 import hashlib
 import json
 import re
+import struct
 from importlib import resources
+from itertools import chain
 
-from gpuflame.analysis.tree import frame_sort_key, function_frames
+import numpy as np
+
+from gpuflame.analysis.tree import frame_sort_key, function_frames, prefix_tree
 from gpuflame.model.diff import select_types, shared_types
 from gpuflame.model.history import History
 from gpuflame.model.moment import NO_HISTORY
-from gpuflame.model.profile import FRAME_KINDS, Frame, Profile, SampleType
+from gpuflame.model.profile import FRAME_KINDS, Frame, Profile, Sample, SampleType
 from gpuflame.model.prune import DEFAULT_FRAMEWORKS, framework_regex, is_framework, names_the_memory
 from gpuflame.model.timeline import Timeline
 
@@ -51,11 +61,12 @@ def viewer_asset(name: str) -> str:
 def viewer_data(
     profile: Profile, title: str, type_index: int | None = None, base: Profile | None = None
 ) -> dict[str, object]:
-    """The profile as the viewer reads it: frame table, stacks (root first), samples.
+    """The profile as the viewer reads it: frame table, stacks (a prefix tree), samples.
 
-    The profile is compacted first, so frames that filters left unused are
-    not shipped and equal (stack, labels) samples are one; samples with the
-    same stack share one stack entry.
+    Frames that filters left unused are not shipped and all-zero samples are
+    left out; samples with the same stack share one node of the stack tree.
+    Number columns are numpy arrays, which :func:`encode_payload` ships as
+    binary.
 
     With *base* (diff mode) both profiles are reduced to the sample types
     they share and share one frame table, one stack table and one label
@@ -67,16 +78,16 @@ def viewer_data(
         chosen = profile.sample_types[type_index if type_index is not None else profile.pick_type()].type
         profile, base = select_types(profile, common).compact(), select_types(base, common).compact()
         type_index = [st.type for st in common].index(chosen) if chosen in base.type_names() else None
-    else:
-        profile = profile.compact()
     sites = _history_sites(profile) if base is None else None
-    sources = [profile] if base is None else [profile, base]
-    frames, frame_codes = _function_table(sources + ([sites] if sites is not None else []))
+    sources = ([profile] if base is None else [profile, base]) + ([sites] if sites is not None else [])
+    columns = [_stack_columns(p) for p in sources]
+    used = [np.flatnonzero(np.bincount(c[1], minlength=len(p.frames))).tolist()
+            for p, c in zip(sources, columns, strict=True)]
+    frames, frame_codes = _function_table(sources, used)
     regex = framework_regex(DEFAULT_FRAMEWORKS)
     files = sorted({f.file for f in frames})
     file_index = {f: i for i, f in enumerate(files)}
-    tables = _Tables()
-    new_samples = tables.samples(profile, frame_codes[0])
+    stacks, sample_sets, label_sets = _sample_tables(columns, frame_codes)
     data: dict[str, object] = {
         "format": FORMAT,
         "version": VERSION,
@@ -87,28 +98,29 @@ def viewer_data(
         "kinds": list(FRAME_KINDS),
         "frames": {
             "name": [f.name for f in frames],
-            "file": [file_index[f.file] for f in frames],
-            "line": [f.line for f in frames],
-            "kind": [FRAME_KINDS.index(f.kind) if f.kind in FRAME_KINDS else 0 for f in frames],
+            "file": _int32([file_index[f.file] for f in frames]),
+            "line": _int32([f.line for f in frames]),
+            "kind": np.array([FRAME_KINDS.index(f.kind) if f.kind in FRAME_KINDS else 0 for f in frames], np.uint8),
             # 1: a framework frame; 2: one that names what the memory is (model/prune.py)
-            "framework": [(2 if names_the_memory(f) else 1) if is_framework(f, regex) else 0 for f in frames],
+            "framework": np.array([(2 if names_the_memory(f) else 1) if is_framework(f, regex) else 0
+                                   for f in frames], np.uint8),
         },
         "files": files,
-        "samples": new_samples,
+        "samples": sample_sets[0],
     }
-    if base is None and profile.peak_description("peak_space"):
-        data["peak"] = profile.peak_description("peak_space")  # what the peak_* types are, in words
+    peak = profile.peak_description("peak_space") if base is None else None  # a pass over every sample
+    if peak:
+        data["peak"] = peak  # what the peak_* types are, in words
     if base is not None:
-        data["base"] = {"samples": tables.samples(base, frame_codes[1])}
+        data["base"] = {"samples": sample_sets[1]}
     elif profile.timeline is not None and any(profile.timeline.series.values()):
         data["timeline"] = timeline_data(profile.timeline)
         if sites is not None:
-            data["history"] = history_data(profile.history, data["timeline"]["start"],
-                                           tables.samples(sites, frame_codes[-1]))
+            data["history"] = history_data(profile.history, data["timeline"]["start"], sample_sets[-1])
         else:
             data["noHistory"] = NO_HISTORY
-    data["stacks"] = {"length": tables.stack_lengths, "frames": tables.stack_ids}
-    data["labelSets"] = [[list(pair) for pair in labels] for labels in tables.label_index]
+    data["stacks"] = stacks
+    data["labelSets"] = label_sets
     return data
 
 
@@ -168,54 +180,139 @@ def history_data(history: History, start: int, sites: dict[str, list]) -> dict[s
     return {"stack": sites["stack"], "labels": sites["labels"], "tracks": tracks}
 
 
-class _Tables:
-    """The stack and label tables, shared by every sample set put through :meth:`samples`."""
-
-    def __init__(self) -> None:
-        self.stack_index: dict[tuple[int, ...], int] = {}
-        self.stack_lengths: list[int] = []
-        self.stack_ids: list[int] = []
-        self.label_index: dict[tuple[tuple[str, str], ...], int] = {}
-
-    def stack(self, stack: tuple[int, ...]) -> int:
-        sid = self.stack_index.get(stack)
-        if sid is None:
-            sid = self.stack_index[stack] = len(self.stack_lengths)
-            self.stack_lengths.append(len(stack))
-            self.stack_ids.extend(stack)
-        return sid
-
-    def samples(self, profile: Profile, frame_code: list[int]) -> dict[str, list]:
-        """Columns of *profile*'s non-zero samples: stack id, label set id, one value list per type."""
-        stacks: list[int] = []
-        labels: list[int] = []
-        values: list[list[int]] = [[] for _ in profile.sample_types]
-        for sample in profile.samples:
-            if not any(sample.values):
-                continue
-            stacks.append(self.stack(tuple(frame_code[fid] for fid in reversed(sample.stack))))
-            labels.append(self.label_index.setdefault(sample.labels, len(self.label_index)))
-            for column, value in zip(values, sample.values, strict=True):
-                column.append(value)
-        return {"stack": stacks, "labels": labels, "values": values}
+Columns = tuple[np.ndarray, np.ndarray, list[Sample], np.ndarray]
 
 
-def _function_table(profiles: list[Profile]) -> tuple[list[Frame], list[list[int]]]:
-    """Distinct function frames of all *profiles* sorted by name, and per profile each frame id's index.
+def _stack_columns(profile: Profile) -> Columns:
+    """*profile*'s samples with a non-zero value: stack lengths, their frame ids root first, the samples, values.
+
+    Vectorised: a page of a million samples forty frames deep must not pay
+    a Python step per frame.
+    """
+    values = np.array([s.values for s in profile.samples], dtype=np.int64).reshape(-1, len(profile.sample_types))
+    keep = np.flatnonzero(values.any(axis=1))
+    samples = profile.samples if len(keep) == len(profile.samples) else [profile.samples[i] for i in keep.tolist()]
+    lengths = np.fromiter(map(len, (s.stack for s in samples)), dtype=np.intp, count=len(samples))
+    leaf_first = np.fromiter(chain.from_iterable(s.stack for s in samples), dtype=np.intp, count=int(lengths.sum()))
+    ends = np.cumsum(lengths)
+    root_first = np.repeat(2 * ends - lengths - 1, lengths) - np.arange(len(leaf_first))
+    return lengths, leaf_first[root_first], samples, values[keep]
+
+
+def _sample_tables(columns: list[Columns], frame_codes: list[np.ndarray]) -> tuple[dict, list[dict], list]:
+    """One stack table (a prefix tree of function codes) and label table for every sample set's *columns*.
+
+    A stack is the node of the tree where it ends, so the page walks parent
+    links instead of reading a frame list per stack: a million stacks forty
+    deep are a million nodes, not forty million ids.
+    """
+    tree = prefix_tree(np.concatenate([c[0] for c in columns]),
+                       np.concatenate([codes[c[1]] for c, codes in zip(columns, frame_codes, strict=True)]))
+    label_index: dict[tuple[tuple[str, str], ...], int] = {}
+    out, first = [], 0
+    for _, _, samples, values in columns:
+        labels = [label_index.setdefault(s.labels, len(label_index)) for s in samples]
+        out.append({
+            "stack": tree.node_of_stack[first : first + len(samples)].astype("<i4"),
+            "labels": np.array(labels, dtype="<i4"),
+            "values": [_value_column(values[:, k]) for k in range(values.shape[1])],
+        })
+        first += len(samples)
+    stacks = {"parent": tree.parent.astype("<i4"), "frame": tree.code.astype("<i4")}
+    return stacks, out, [[list(pair) for pair in labels] for labels in label_index]
+
+
+def _value_column(values: np.ndarray) -> np.ndarray:
+    """Int32 where every value fits (half the bytes to inflate in the page), else float64 (exact below 2**53)."""
+    if not len(values) or (values.min() >= -(2**31) and values.max() < 2**31):
+        return values.astype("<i4")
+    return values.astype("<f8")
+
+
+def _function_table(profiles: list[Profile], used: list[list[int]]) -> tuple[list[Frame], list[np.ndarray]]:
+    """Distinct function frames of the *used* frame ids of *profiles*, sorted by name, and per profile each id's index.
 
     Sorted here so the page can order children by frame index (as the flame
-    tree does, by name) without sorting 100k strings itself.
+    tree does, by name) without sorting 100k strings itself. Frames no
+    sample uses (filters leave them behind) are not shipped: they get -1.
     """
-    shown = [function_frames(p.frames) for p in profiles]
+    shown = [function_frames([p.frames[i] for i in ids]) for p, ids in zip(profiles, used, strict=True)]
     table = sorted({f for frames in shown for f in frames}, key=frame_sort_key)
     index = {f: i for i, f in enumerate(table)}
-    return table, [[index[f] for f in frames] for frames in shown]
+    codes = []
+    for p, ids, frames in zip(profiles, used, shown, strict=True):
+        code = np.full(max(len(p.frames), 1), -1, dtype=np.int64)
+        code[ids] = [index[f] for f in frames]
+        codes.append(code)
+    return table, codes
+
+
+def _int32(values: list[int]) -> np.ndarray:
+    return np.array(values, dtype="<i4")
+
+
+# An array in the payload's JSON head: {"@": [kind, byte offset after the head, count]}.
+ARRAY_REF = "@"
+ARRAY_KINDS = ("i4", "u1", "f8")  # int32, uint8, float64, little-endian: the page's typed arrays
+# zlib level 6: level 9 took as long again for a page 1% smaller (bench/bench_viewer.py)
+COMPRESS_LEVEL = 6
 
 
 def encode_payload(data: dict[str, object]) -> str:
-    """Compact JSON, gzip (fixed mtime, so equal input gives equal output), base64."""
-    text = json.dumps(data, separators=(",", ":"), ensure_ascii=False)
-    return base64.b64encode(gzip.compress(text.encode("utf-8"), compresslevel=9, mtime=0)).decode("ascii")
+    """The page's payload: base64 of gzip (fixed mtime, so equal input gives equal output) of a body.
+
+    The body is a little-endian u32 head length, the head (compact JSON),
+    then every numpy array of *data* as little-endian int32 or float64, each
+    at an offset that is a multiple of 8, so the page views them as typed
+    arrays with no parsing: a million-frame page parses names, not numbers.
+    """
+    blobs: list[bytes] = []
+    offset = 0
+
+    def ref(array: np.ndarray) -> dict[str, list]:
+        nonlocal offset
+        kind = f"{array.dtype.kind}{array.dtype.itemsize}"
+        if kind not in ARRAY_KINDS:
+            raise ValueError(f"the page has no typed array for {array.dtype}")
+        raw = array.astype("<" + kind, copy=False).tobytes()
+        blobs.append(raw + b"\0" * (-len(raw) % 8))
+        at, offset = offset, offset + len(blobs[-1])
+        return {ARRAY_REF: [kind, at, len(array)]}
+
+    def walk(value: object) -> object:
+        if isinstance(value, np.ndarray):
+            return ref(value)
+        if isinstance(value, dict):
+            return {k: walk(v) for k, v in value.items()}
+        if isinstance(value, list) and value and isinstance(value[0], (dict, list, np.ndarray)):
+            return [walk(v) for v in value]
+        return value
+
+    head = json.dumps(walk(data), separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    start = 4 + len(head) + (-(4 + len(head)) % 8)
+    body = struct.pack("<I", len(head)) + head + b"\0" * (start - 4 - len(head))
+    # offsets in the head count from the first array; the page adds `start`
+    payload = gzip.compress(body + b"".join(blobs), compresslevel=COMPRESS_LEVEL, mtime=0)
+    return base64.b64encode(payload).decode("ascii")
+
+
+def decode_payload(text: str) -> dict[str, object]:
+    """The data of :func:`encode_payload`, arrays as lists (for tests and scripts)."""
+    body = gzip.decompress(base64.b64decode(text))
+    (length,) = struct.unpack_from("<I", body)
+    start = 4 + length + (-(4 + length) % 8)
+
+    def walk(value: object) -> object:
+        if isinstance(value, dict):
+            if ARRAY_REF in value:
+                kind, at, count = value[ARRAY_REF]
+                return np.frombuffer(body, dtype="<" + kind, count=count, offset=start + at).tolist()
+            return {k: walk(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [walk(v) for v in value]
+        return value
+
+    return walk(json.loads(body[4 : 4 + length]))
 
 
 def script_hash(script: str) -> str:

@@ -5,9 +5,11 @@
  *  - names, files and labels come from user code: they reach the page only
  *    through canvas fillText and element.textContent, never as markup;
  *  - no network: the data is decoded from the page itself;
- *  - large profiles (100k frames): the tree is aggregated once per (sample
- *    type, label, trampoline setting) into typed arrays, and drawing walks
- *    only nodes wider than MIN_PX, so cost follows what is visible.
+ *  - large profiles (a million frames): numbers arrive as typed arrays and
+ *    stacks as one prefix tree, so with no frame hidden the tree is summed
+ *    over its nodes in one pass (treeOfStacks); it is aggregated once per
+ *    (sample type, label, hiding setting), drawing walks only nodes wider
+ *    than MIN_PX, and the top table and the search index wait until asked.
  *
  * Diff mode (the page embeds a second sample set, "base"): one tree holds
  * both profiles, widths are NEW's, colours say how each bar changed. A bar
@@ -67,32 +69,61 @@
 
   // ---- loading -----------------------------------------------------------
 
+  /** The page's payload (render/html.py encode_payload): a JSON head whose arrays are typed views of the body. */
   async function decodeData() {
     const text = el("gpuflame-data").textContent.trim();
-    const raw = atob(text);
-    const bytes = new Uint8Array(raw.length);
-    for (let i = 0; i < raw.length; i++) bytes[i] = raw.charCodeAt(i);
+    let bytes;
+    if (Uint8Array.fromBase64) bytes = Uint8Array.fromBase64(text);
+    else {
+      const raw = atob(text);
+      bytes = new Uint8Array(raw.length);
+      for (let i = 0; i < raw.length; i++) bytes[i] = raw.charCodeAt(i);
+    }
     const stream = new Blob([bytes]).stream().pipeThrough(new DecompressionStream("gzip"));
-    return JSON.parse(await new Response(stream).text());
+    const body = await new Response(stream).arrayBuffer();
+    const length = new DataView(body).getUint32(0, true);
+    const start = 4 + length + ((8 - (4 + length) % 8) % 8);
+    const head = JSON.parse(new TextDecoder().decode(new Uint8Array(body, 4, length)));
+    const Kinds = { i4: Int32Array, u1: Uint8Array, f8: Float64Array };
+    const resolve = (v) => {
+      if (v === null || typeof v !== "object") return v;
+      if (Array.isArray(v)) {
+        if (v.length && typeof v[0] === "object") for (let i = 0; i < v.length; i++) v[i] = resolve(v[i]);
+        return v;
+      }
+      const ref = v["@"];
+      if (ref) return new Kinds[ref[0]](body, start + ref[1], ref[2]);
+      for (const k of Object.keys(v)) v[k] = resolve(v[k]);
+      return v;
+    };
+    return resolve(head);
   }
 
-  /** Typed arrays and lookups derived once from the embedded JSON. */
+  const asInt32 = (a) => (a instanceof Int32Array ? a : Int32Array.from(a));
+  const asFloat64 = (a) => (a instanceof Float64Array ? a : Float64Array.from(a));
+
+  /**
+   * Typed arrays and lookups derived once from the embedded data. Stacks are
+   * a prefix tree (stacks.parent, stacks.frame; node 0 the root, parents
+   * before children): a sample's stack is the node where it ends.
+   */
   function prepare(data) {
     const f = data.frames;
     const n = f.name.length;
     const trampolineKind = data.kinds.indexOf(TRAMPOLINE_KIND);
     const isTrampoline = new Uint8Array(n);
     for (let i = 0; i < n; i++) isTrampoline[i] = f.kind[i] === trampolineKind ? 1 : 0;
-    const isFramework = Uint8Array.from(f.framework || new Array(n).fill(0));
+    const isFramework = f.framework ? Uint8Array.from(f.framework) : new Uint8Array(n);
     // Python sends the frame table sorted by name: a frame's index is its name rank.
-    const nameRank = Int32Array.from({ length: n }, (_, i) => i);
-    const lengths = data.stacks.length;
-    const stackStart = new Int32Array(lengths.length + 1);
-    for (let i = 0; i < lengths.length; i++) stackStart[i + 1] = stackStart[i] + lengths[i];
+    const nameRank = new Int32Array(n);
+    for (let i = 0; i < n; i++) nameRank[i] = i;
+    const stackParent = asInt32(data.stacks.parent), stackFrame = asInt32(data.stacks.frame);
+    const stackDepth = new Int32Array(stackParent.length);
+    for (let i = 1; i < stackParent.length; i++) stackDepth[i] = stackDepth[stackParent[i]] + 1;
     return {
       data, frameCount: n, names: f.name, normalized: null, isTrampoline, isFramework, nameRank,
       categoryOfSet: categoryOfSets(data.labelSets),
-      stackStart, stackFrames: Int32Array.from(data.stacks.frames),
+      stackParent, stackFrame, stackDepth,
       ...sampleSet(data.samples), base: data.base ? sampleSet(data.base.samples) : null,
     };
   }
@@ -115,8 +146,8 @@
   /** One profile's samples (NEW's, or BASE's in diff mode) as typed columns. */
   function sampleSet(samples) {
     return {
-      sampleStack: Int32Array.from(samples.stack), sampleLabels: Int32Array.from(samples.labels),
-      values: samples.values.map((col) => Float64Array.from(col)),
+      sampleStack: asInt32(samples.stack), sampleLabels: asInt32(samples.labels),
+      values: samples.values.map(asFloat64),
     };
   }
 
@@ -133,14 +164,17 @@
     const sets = [{ set: P, into: "total" }];
     if (P.base) sets.push({ set: P.base, into: "base" });
     const keep = (set, s) => set.values[typeIndex][s] > 0 && (!allowedLabels || allowedLabels[set.sampleLabels[s]]);
-    let bound = 1;
+    const K = CATEGORIES.length, withCats = Boolean(P.categoryOfSet && !P.base);
+    if (!hideTrampolines && !hideFramework) return treeOfStacks(P, sets, typeIndex, keep, withCats);
+    let bound = 1, deepest = 0;
     for (const { set } of sets) {
       for (let s = 0; s < set.sampleStack.length; s++) {
-        if (keep(set, s)) bound += P.stackStart[set.sampleStack[s] + 1] - P.stackStart[set.sampleStack[s]];
+        if (keep(set, s)) { const d = P.stackDepth[set.sampleStack[s]]; bound += d; deepest = Math.max(deepest, d); }
       }
     }
     const b = treeBuilder(bound, P.base !== null);
-    const K = CATEGORIES.length, cats = P.categoryOfSet && !P.base ? new Float64Array(bound * K) : null;
+    const cats = withCats ? new Float64Array(bound * K) : null;
+    const stack = new Int32Array(deepest); // one sample's frames, root first
     for (const { set, into } of sets) {
       const values = set.values[typeIndex], sums = b.nodes[into];
       for (let s = 0; s < values.length; s++) {
@@ -149,10 +183,11 @@
         const k = cats ? P.categoryOfSet[set.sampleLabels[s]] : -1;
         let cur = 0;
         sums[0] += v;
-        const start = P.stackStart[sid], end = P.stackStart[sid + 1];
-        const kept = hideFramework ? frameworkKept(P, start, end) : null;
-        for (let i = start; i < end; i++) {
-          const fid = P.stackFrames[i];
+        const end = P.stackDepth[sid];
+        for (let node = sid, i = end; node > 0; node = P.stackParent[node]) stack[--i] = P.stackFrame[node];
+        const kept = hideFramework ? frameworkKept(P, stack, end) : null;
+        for (let i = 0; i < end; i++) {
+          const fid = stack[i];
           if (hideTrampolines && P.isTrampoline[fid]) continue;
           if (kept && !kept(i)) continue;
           cur = b.child(cur, fid);
@@ -164,6 +199,56 @@
     }
     const tree = layout(P, b.nodes, b.count());
     tree.category = cats ? dominantCategories(cats, tree.count, K) : null;
+    return tree;
+  }
+
+  /**
+   * The tree when no frame is hidden: the stack tree itself, summed once
+   * from the leaves down (children come after their parent), then the
+   * nodes no kept sample reaches are dropped. No per-frame work, so a
+   * million-frame page paints in a second or two.
+   */
+  function treeOfStacks(P, sets, typeIndex, keep, withCats) {
+    const N = P.stackParent.length, K = CATEGORIES.length, parent = P.stackParent;
+    const total = new Float64Array(N), self = new Float64Array(N), base = P.base ? new Float64Array(N) : null;
+    const cats = withCats ? new Float64Array(N * K) : null;
+    for (const { set, into } of sets) {
+      const values = set.values[typeIndex];
+      for (let s = 0; s < values.length; s++) {
+        if (!keep(set, s)) continue;
+        const v = values[s], sid = set.sampleStack[s];
+        if (into === "base") { base[sid] += v; continue; }
+        total[sid] += v; self[sid] += v;
+        const k = cats ? P.categoryOfSet[set.sampleLabels[s]] : -1;
+        if (k >= 0 && sid > 0) cats[sid * K + k] += v;
+      }
+    }
+    for (let n = N - 1; n > 0; n--) {
+      const p = parent[n];
+      total[p] += total[n];
+      if (base) base[p] += base[n];
+      if (cats && p > 0) for (let k = 0; k < K; k++) cats[p * K + k] += cats[n * K + k];
+    }
+    const id = new Int32Array(N).fill(-1);
+    let count = 1;
+    id[0] = 0;
+    for (let n = 1; n < N; n++) if (total[n] > 0 || (base && base[n] > 0)) id[n] = count++;
+    const nodes = {
+      frame: new Int32Array(count), parent: new Int32Array(count), total: new Float64Array(count),
+      self: new Float64Array(count), base: base ? new Float64Array(count) : null,
+    };
+    const dominant = cats ? dominantCategories(cats, N, K) : null, category = cats ? new Int8Array(count).fill(-1) : null;
+    for (let n = 0; n < N; n++) {
+      const m = id[n];
+      if (m < 0) continue;
+      nodes.frame[m] = n ? P.stackFrame[n] : -1;
+      nodes.parent[m] = n ? id[parent[n]] : -1;
+      nodes.total[m] = total[n]; nodes.self[m] = self[n];
+      if (base) nodes.base[m] = base[n];
+      if (category) category[m] = dominant[n];
+    }
+    const tree = layout(P, nodes, count, true);
+    tree.category = category;
     return tree;
   }
 
@@ -186,14 +271,14 @@
    * memory is); framework frames below the outermost user frame (a launcher)
    * stay; a stack with no user frame stays whole.
    */
-  function frameworkKept(P, start, end) {
+  function frameworkKept(P, stack, end) {
     let first = -1, last = -1, named = -1;
-    for (let i = start; i < end; i++) {
-      if (!P.isFramework[P.stackFrames[i]]) { if (first < 0) first = i; last = i; }
+    for (let i = 0; i < end; i++) {
+      if (!P.isFramework[stack[i]]) { if (first < 0) first = i; last = i; }
     }
     if (first < 0) return null;
-    for (let i = end - 1; i > last + 1 && named < 0; i--) if (P.isFramework[P.stackFrames[i]] === 2) named = i;
-    return (i) => !P.isFramework[P.stackFrames[i]] || i < first || i === last + 1 || i === named;
+    for (let i = end - 1; i > last + 1 && named < 0; i--) if (P.isFramework[stack[i]] === 2) named = i;
+    return (i) => !P.isFramework[stack[i]] || i < first || i === last + 1 || i === named;
   }
 
   /**
@@ -234,7 +319,13 @@
 
   let treeIds = 0; // so a group's key names its tree as well as its node
 
-  function layout(P, nodes, count) {
+  /**
+   * Children lists, x offsets and depths of a tree built by treeBuilder or
+   * treeOfStacks. `ordered`: every node comes after its parent and siblings
+   * come in name order (the stack tree's numbering), so one forward pass
+   * lays it out with no sort and no walk.
+   */
+  function layout(P, nodes, count, ordered = false) {
     const childCount = new Int32Array(count + 1);
     for (let i = 1; i < count; i++) childCount[nodes.parent[i] + 1]++;
     const childStart = new Int32Array(count + 1);
@@ -242,6 +333,29 @@
     const fill = childStart.slice(0, count);
     const childOrder = new Int32Array(Math.max(count - 1, 0));
     for (let i = 1; i < count; i++) childOrder[fill[nodes.parent[i]]++] = i;
+    const x = new Float64Array(count), depth = new Int32Array(count);
+    let maxDepth = 0;
+    if (ordered) {
+      const next = new Float64Array(count); // where a node's next child starts
+      for (let c = 1; c < count; c++) {
+        const p = nodes.parent[c];
+        x[c] = next[c] = next[p];
+        next[p] += nodes.total[c];
+        depth[c] = depth[p] + 1;
+        if (depth[c] > maxDepth) maxDepth = depth[c];
+      }
+    } else {
+      sortChildren(P, nodes, count, childStart, childOrder);
+      maxDepth = placeChildren(nodes, childStart, childOrder, x, depth);
+    }
+    return {
+      id: ++treeIds, count, frame: nodes.frame.subarray(0, count), parent: nodes.parent.subarray(0, count),
+      total: nodes.total.subarray(0, count), self: nodes.self.subarray(0, count),
+      base: nodes.base ? nodes.base.subarray(0, count) : null, childStart, childOrder, x, depth, maxDepth,
+    };
+  }
+
+  function sortChildren(P, nodes, count, childStart, childOrder) {
     const rank = P.nameRank;
     for (let p = 0; p < count; p++) {
       const a = childStart[p], b = childStart[p + 1];
@@ -250,7 +364,10 @@
         part.sort((x, y) => rank[nodes.frame[x]] - rank[nodes.frame[y]]);
       }
     }
-    const x = new Float64Array(count), depth = new Int32Array(count);
+  }
+
+  /** Each node's x (its callers' offset plus its elder siblings' totals) and depth; the deepest depth. */
+  function placeChildren(nodes, childStart, childOrder, x, depth) {
     let maxDepth = 0;
     const pending = [0];
     while (pending.length) {
@@ -265,11 +382,7 @@
         pending.push(c);
       }
     }
-    return {
-      id: ++treeIds, count, frame: nodes.frame.subarray(0, count), parent: nodes.parent.subarray(0, count),
-      total: nodes.total.subarray(0, count), self: nodes.self.subarray(0, count),
-      base: nodes.base ? nodes.base.subarray(0, count) : null, childStart, childOrder, x, depth, maxDepth,
-    };
+    return maxDepth;
   }
 
   /** Self and total per function; a recursive function's total counts once per stack. */
