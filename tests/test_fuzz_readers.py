@@ -238,7 +238,7 @@ def holds_contract(read, data) -> None:  # type: ignore[no-untyped-def]
 
 
 def _rich() -> Profile:
-    from conftest import build_rich_profile
+    from rich_profile import build_rich_profile
 
     return build_rich_profile()
 

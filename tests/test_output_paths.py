@@ -159,7 +159,9 @@ def test_export_to_stdout_and_report_from_stdin(tmp_path, profile_file):
         capture_output=True, check=True,
     ).stdout
     want = guide_profile()
-    assert sum(int(line.rsplit(b" ", 1)[1]) for line in folded.splitlines()) == want.totals()["peak_space"]
+    header, *lines = folded.splitlines()
+    assert header == b"# gpuflame folded stacks: peak_space (bytes)"
+    assert sum(int(line.rsplit(b" ", 1)[1]) for line in lines) == want.totals()["peak_space"]
     pprof = subprocess.run(
         [*gpuflame, "export", str(profile_file), "-o", "-", "--format", "pprof"], capture_output=True, check=True
     ).stdout

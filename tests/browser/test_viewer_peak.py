@@ -48,3 +48,16 @@ def test_a_single_process_keeps_the_single_moment_caption(chrome: Chrome, tmp_pa
     assert main(["view", str(tmp_path / "one.pb.gz")]) == 0
     text = status(chrome, tmp_path / "one.html")
     assert "peak_space: live at the moment of the highest total of pid 7 on cpu" in text
+    assert "the strip above counts allocations only" not in text  # nothing reserved beyond the allocations
+
+
+def test_a_snapshots_page_says_which_peak_is_which(chrome: Chrome, tmp_path: Path) -> None:
+    """The graph's peak counts what the allocator reserved, the strip's only allocations: two numbers on
+    one page, each said for what it is."""
+    snapshot = Path(__file__).resolve().parents[1] / "fixtures" / "handwritten_small_trace.pickle"
+    assert main(["view", str(snapshot), "-o", str(tmp_path / "snap.html")]) == 0
+    text = status(chrome, tmp_path / "snap.html")
+    assert "the graph counts what the allocator reserved (allocations + <allocator rounding> + " in text
+    assert "the strip above counts allocations only" in text
+    label = chrome.evaluate("document.getElementById('timeline').getAttribute('aria-label')")
+    assert label.startswith("live allocations over time (not cached blocks or rounding)")

@@ -120,8 +120,10 @@
     const stackParent = asInt32(data.stacks.parent), stackFrame = asInt32(data.stacks.frame);
     const stackDepth = new Int32Array(stackParent.length);
     for (let i = 1; i < stackParent.length; i++) stackDepth[i] = stackDepth[stackParent[i]] + 1;
+    // a snapshot's peak counts what the allocator reserved; the strip counts allocations only: say which
+    const reserved = f.name.includes("<cached free blocks>") || f.name.includes("<allocator rounding>");
     return {
-      data, frameCount: n, names: f.name, normalized: null, isTrampoline, isFramework, nameRank,
+      data, frameCount: n, names: f.name, normalized: null, isTrampoline, isFramework, nameRank, reserved,
       categoryOfSet: categoryOfSets(data.labelSets),
       stackParent, stackFrame, stackDepth,
       ...sampleSet(data.samples), base: data.base ? sampleSet(data.base.samples) : null,
@@ -793,8 +795,12 @@
     const d = state.P.data, t = state.tree, st = d.types[state.typeIndex];
     // the peak's caption: a moment that happened, or a bound (the profile says which)
     const peak = d.peak && st[0].startsWith("peak_") ? "\n" + st[0] + ": " + d.peak : "";
+    const which = state.P.reserved && st[1] === "bytes"
+      ? "\nthe graph counts what the allocator reserved (allocations + <allocator rounding> + <cached free blocks>);" +
+        " the strip above counts allocations only"
+      : "";
     return st[0] + ": " + formatValue(t.total[0], st[1]) + " in " + counted(t.count - 1, "bar") + ", " +
-      counted(state.P.frameCount, "function") + peak +
+      counted(state.P.frameCount, "function") + peak + which +
       (d.comments.length ? "\n" + d.comments.join("\n") : "");
   }
 
@@ -1236,7 +1242,7 @@
     ctx.beginPath(); ctx.arc(px, py, 4, 0, 2 * Math.PI); ctx.fill();
     ctx.textBaseline = "bottom";
     ctx.textAlign = px > width / 2 ? "right" : "left";
-    ctx.fillText("peak " + formatBytes(tl.peakBytes) + " at " + formatDuration(tl.peakTime), px + (px > width / 2 ? -6 : 6), Math.max(py - 2, 12));
+    ctx.fillText("allocations' peak " + formatBytes(tl.peakBytes) + " at " + formatDuration(tl.peakTime), px + (px > width / 2 ? -6 : 6), Math.max(py - 2, 12));
     tl.peakX = px; tl.peakY = py;
   }
 
