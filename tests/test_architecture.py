@@ -58,6 +58,22 @@ def test_recording_and_writing_a_torch_profile_imports_no_launcher_dependency(tm
     assert out.stat().st_size > 0  # a profile was written, so the writer's imports were counted
 
 
+# what recording needs not: the readers of saved files (the snapshot reader compiles a large
+# regular expression and parses source files); a recording start pays for every import
+READERS_ONLY = ("gpuflame.formats.safe_pickle", "gpuflame.formats.torch_snapshot", "gpuflame.symbols.qualnames")
+
+
+@pytest.mark.parametrize("hook", ["allocator", "dispatch"])
+def test_recording_a_torch_profile_imports_no_snapshot_reader(tmp_path, hook):
+    pytest.importorskip("torch")
+    code = TORCH.replace('backend="torch"', f'backend="torch", torch_hook="{hook}"')
+    code = code.replace("m.split(\".\")[0] in {names!r}", "m in {names!r}")
+    proc = subprocess.run([sys.executable, "-c", code.format(names=set(READERS_ONLY)), str(tmp_path / "t.pb.gz")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout.splitlines()[-1]) == []
+
+
 def test_the_dispatch_recorder_imports_torch_only_when_it_starts():
     """capture/torch_tensors/mode.py subclasses torch's dispatch mode at its top level: the package imports it late."""
     code = ("import json, sys\nfrom gpuflame.capture.torch_tensors import TorchTensorRecorder\n"
