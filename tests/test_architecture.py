@@ -74,6 +74,20 @@ def test_recording_a_torch_profile_imports_no_snapshot_reader(tmp_path, hook):
     assert json.loads(proc.stdout.splitlines()[-1]) == []
 
 
+def test_gpuflame_run_imports_only_its_own_command_and_no_analysis(tmp_path):
+    """The launcher's imports are CPU time of every profiled run: no other command, no numpy, no reader."""
+    code = ("import json, sys\nfrom gpuflame.cli.main import main\n"
+            "rc = main(['run', '-o', sys.argv[1], '--', sys.executable, '-c', 'pass'])\n"
+            "print(json.dumps([rc, sorted(m for m in sys.modules if m.startswith(('gpuflame.cli.', 'numpy', "
+            "'rich', 'gpuflame.analysis', 'gpuflame.formats.torch_snapshot')))]))")
+    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path / "run.pb.gz")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    rc, imported = json.loads(proc.stdout.splitlines()[-1])
+    assert rc == 0, proc.stderr
+    assert imported == ["gpuflame.cli.main", "gpuflame.cli.options", "gpuflame.cli.run"]
+
+
 def test_the_dispatch_recorder_imports_torch_only_when_it_starts():
     """capture/torch_tensors/mode.py subclasses torch's dispatch mode at its top level: the package imports it late."""
     code = ("import json, sys\nfrom gpuflame.capture.torch_tensors import TorchTensorRecorder\n"
