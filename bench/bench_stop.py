@@ -6,9 +6,10 @@ its free over a few call sites, then ``stop()`` timed (building the profile,
 the event history and the final write). The resident-memory jump is the
 peak during ``stop()`` above the resident size just before it (the kernel's
 high-water mark, reset through ``/proc/self/clear_refs``). Runs alternate
-between the sizes; the medians are printed.
+between the sizes and, with ``--tree OTHER``, between this checkout and
+another (before/after pairs on one machine); the medians are printed.
 
-    python bench/bench_stop.py [--ops 10000 100000 1000000] [--runs 3] [--hook allocator]
+    python bench/bench_stop.py [--ops 10000 100000 1000000] [--runs 3] [--hook allocator] [--tree ../main]
 """
 
 from __future__ import annotations
@@ -59,9 +60,9 @@ print(json.dumps({"stop_s": took, "rss_jump_mib": (rss_kib("VmHWM:") - before) /
 """
 
 
-def one(ops: int, hook: str, folder: Path) -> dict[str, float]:
+def one(tree: Path, ops: int, hook: str, folder: Path) -> dict[str, float]:
     out = folder / f"stop-{ops}.pb.gz"
-    proc = subprocess.run([sys.executable, "-c", CHILD, str(ROOT / "src"), str(ops), str(out), hook],
+    proc = subprocess.run([sys.executable, "-c", CHILD, str(tree / "src"), str(ops), str(out), hook],
                           capture_output=True, text=True, timeout=1800)
     if proc.returncode != 0:
         sys.exit(proc.stderr)
@@ -73,15 +74,18 @@ def main() -> None:
     parser.add_argument("--ops", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--hook", default="allocator", choices=("allocator", "dispatch"))
+    parser.add_argument("--tree", type=Path, action="append", default=[], help="another checkout to compare")
     args = parser.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="gpuflame-bench-stop-"))
-    results: dict[int, list[dict[str, float]]] = {ops: [] for ops in args.ops}
-    for _ in range(args.runs):
-        for ops in args.ops:
-            results[ops].append(one(ops, args.hook, folder))
-    for ops, rows in results.items():
+    trees = [ROOT, *(t.resolve() for t in args.tree)]
+    results: dict[tuple[str, int], list[dict[str, float]]] = {(t.name, o): [] for t in trees for o in args.ops}
+    for run in range(args.runs):
+        for tree in (trees if run % 2 == 0 else trees[::-1]):
+            for ops in args.ops:
+                results[(tree.name, ops)].append(one(tree, ops, args.hook, folder))
+    for (tree_name, ops), rows in results.items():
         med = {key: statistics.median(r[key] for r in rows) for key in rows[0]}
-        print(f"{ops:>10,} operations ({args.hook}): stop {med['stop_s']:.3f} s, "
+        print(f"{tree_name}: {ops:>10,} operations ({args.hook}): stop {med['stop_s']:.3f} s, "
               f"RSS jump {med['rss_jump_mib']:.1f} MiB, file {med['file_mb']:.1f} MB ({args.runs} runs)")
 
 
