@@ -7,6 +7,9 @@ final write and merge all counted). Optionally ``--tree OTHER`` adds
 ``gpuflame run`` from another checkout (for before/after pairs on one
 machine). CPU time (user + system, of the whole process tree, from
 ``wait4``) and wall time; the median of the per-round ratios is printed.
+torch runs on one thread (``OMP_NUM_THREADS=1``), as in
+bench_capture_torch.py: its spinning worker threads otherwise swamp the CPU
+time on a shared machine.
 
     python bench/bench_run_whole.py [--rounds 7] [--tree ../main] [-- SCRIPT ARGS...]
 """
@@ -44,10 +47,10 @@ def main() -> None:
     args = parser.parse_args()
     out = Path(tempfile.mkdtemp(prefix="gpuflame-bench-run-"))
     bare = [sys.executable, *args.script]
-    variants: dict[str, tuple[list[str], dict[str, str]]] = {"bare": (bare, dict(os.environ)),
-                                                              "null": (bare, dict(os.environ))}
+    plain = dict(os.environ, OMP_NUM_THREADS="1")
+    variants: dict[str, tuple[list[str], dict[str, str]]] = {"bare": (bare, plain), "null": (bare, plain)}
     for tree in [ROOT, *args.tree]:
-        env = dict(os.environ, PYTHONPATH=str(tree.resolve() / "src"))
+        env = dict(plain, PYTHONPATH=str(tree.resolve() / "src"))
         cmd = [sys.executable, "-m", "gpuflame", "run", "--force", "-o", str(out / f"{tree.name}.pb.gz"), "--",
                *bare]
         variants[f"run:{tree.name}"] = (cmd, env)
