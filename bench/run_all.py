@@ -11,6 +11,9 @@ ROOT = Path(__file__).resolve().parents[1]
 STEPS = [
     ["bench/make_snapshot.py"],
     ["bench/bench_convert.py"],
+    ["bench/bench_read_snapshot.py"],
+    ["bench/bench_stop.py"],
+    ["bench/bench_run_whole.py"],
     ["bench/bench_simulate.py"],
     ["bench/bench_profile.py"],
     ["bench/bench_capture_torch.py"],

@@ -58,6 +58,36 @@ def test_recording_and_writing_a_torch_profile_imports_no_launcher_dependency(tm
     assert out.stat().st_size > 0  # a profile was written, so the writer's imports were counted
 
 
+# what recording needs not: the readers of saved files (the snapshot reader compiles a large
+# regular expression and parses source files); a recording start pays for every import
+READERS_ONLY = ("gpuflame.formats.safe_pickle", "gpuflame.formats.torch_snapshot", "gpuflame.symbols.qualnames")
+
+
+@pytest.mark.parametrize("hook", ["allocator", "dispatch"])
+def test_recording_a_torch_profile_imports_no_snapshot_reader(tmp_path, hook):
+    pytest.importorskip("torch")
+    code = TORCH.replace('backend="torch"', f'backend="torch", torch_hook="{hook}"')
+    code = code.replace("m.split(\".\")[0] in {names!r}", "m in {names!r}")
+    proc = subprocess.run([sys.executable, "-c", code.format(names=set(READERS_ONLY)), str(tmp_path / "t.pb.gz")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout.splitlines()[-1]) == []
+
+
+def test_gpuflame_run_imports_only_its_own_command_and_no_analysis(tmp_path):
+    """The launcher's imports are CPU time of every profiled run: no other command, no numpy, no reader."""
+    code = ("import json, sys\nfrom gpuflame.cli.main import main\n"
+            "rc = main(['run', '-o', sys.argv[1], '--', sys.executable, '-c', 'pass'])\n"
+            "print(json.dumps([rc, sorted(m for m in sys.modules if m.startswith(('gpuflame.cli.', 'numpy', "
+            "'rich', 'gpuflame.analysis', 'gpuflame.formats.torch_snapshot')))]))")
+    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path / "run.pb.gz")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    rc, imported = json.loads(proc.stdout.splitlines()[-1])
+    assert rc == 0, proc.stderr
+    assert imported == ["gpuflame.cli.main", "gpuflame.cli.options", "gpuflame.cli.run"]
+
+
 def test_the_dispatch_recorder_imports_torch_only_when_it_starts():
     """capture/torch_tensors/mode.py subclasses torch's dispatch mode at its top level: the package imports it late."""
     code = ("import json, sys\nfrom gpuflame.capture.torch_tensors import TorchTensorRecorder\n"

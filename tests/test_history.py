@@ -273,3 +273,45 @@ def test_top_by_label_at_a_moment_says_moments_are_not_split(capsys, tmp_path: P
     rc, _, err = run(capsys, "top", tmp_path / "labelled.pb.gz", "--by", by, "--at", "3.5")
     assert rc == 2 and f"--at and --between profiles are not split by {by}" in err
     assert "only the torch backends" not in err and "mark them with" not in err
+
+
+def _payload(comment: str) -> dict:
+    return json.loads(zlib.decompress(base64.b64decode(comment[len(PREFIX):])))
+
+
+def test_the_comment_holds_every_field_of_every_track() -> None:
+    """The stored JSON, field by field (times as differences from the fold, then from the previous event)."""
+    one, two = profile_of(EVENTS).history, profile_of(EVENTS[:2], pid="2é", start=S // 2).history
+    both = event_history.merged([one, two])
+    payload = _payload(both.to_comment())
+    assert payload["frames"] == [[f.name, f.file, f.line, f.kind, f.start_line] for f in both.frames]
+    assert payload["sites"] == [[list(stack), [list(p) for p in labels]] for stack, labels in both.sites]
+    for stored, track in zip(payload["tracks"], both.tracks, strict=True):
+        assert stored == {
+            "labels": [list(p) for p in track.labels], "start": track.start, "end": track.end, "fold": track.fold,
+            "folded": track.folded, "base": [[s, b, c] for s, (b, c) in sorted(track.base.items())],
+            "t": [b - a for a, b in zip([track.fold, *track.times[:-1]], track.times, strict=True)],
+            "s": list(track.sites), "b": list(track.sizes),
+        }
+    assert History.from_comment(both.to_comment()) == both
+
+
+def test_a_full_history_is_written_without_a_copy_of_its_events_in_python_objects() -> None:
+    """stop() writes the history: its memory must stay near the compressed size, not the ~100 bytes an event
+    that lists of ints and one JSON text cost (55 MiB above the recording's plateau at a full history)."""
+    import tracemalloc
+    from array import array
+
+    n = 300_000
+    times = array("q", (T0 + i * 1000 for i in range(n)))
+    track = event_history.Track((), T0, T0 + n * 1000, T0, 0, {}, times, array("q", [i % 3 for i in range(n)]),
+                                array("q", [64 if i % 2 == 0 else -64 for i in range(n)]))
+    history = History(list(FRAMES), list(SITES), [track])
+    tracemalloc.start()
+    try:
+        comment = history.to_comment()
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 * len(comment) + (2 << 20)  # the comment and its base64 copy, and a chunk of text
+    assert History.from_comment(comment).tracks[0].sizes == track.sizes

@@ -135,7 +135,7 @@ def test_runs_of_short_strings_and_text_arguments_stay_in_the_fast_path(unit: by
     """One Python iteration per 3-byte string made a gigabyte of them take 7 minutes to scan."""
     body = (unit + b"0") * 1000  # each value pushed, then popped
     data = b"\x80\x02" + body + b"N."
-    assert safe_pickle._FAST.match(data, 2).end() == len(data) - 1  # all but STOP, in C
+    assert safe_pickle.fast_path_for(0).match(data, 2).end() == len(data) - 1  # all but STOP, in C
     assert safe_pickle.loads(data) is None
 
 
@@ -143,7 +143,7 @@ def test_stack_globals_allowed_globals_and_longs_stay_in_the_fast_path() -> None
     """STACK_GLOBAL and the allowed GLOBALs do nothing in the scan: a run of them was one Python iteration a byte."""
     for run in (b"\x93" * 1000, b"cbuiltins\nset\n0" * 100, b"c_codecs\nencode\n0" * 100,
                 b"\x8a\x20" + bytes(32) + b"0", b"\x8b\x20\x00\x00\x00" + bytes(32) + b"0"):
-        assert safe_pickle._FAST.match(run + b".").end() == len(run)
+        assert safe_pickle.fast_path_for(0).match(run + b".").end() == len(run)
 
 
 def test_memo_puts_of_large_pickles_stay_in_the_fast_path_when_their_size_allows_them() -> None:
@@ -168,9 +168,9 @@ def test_tuples_past_the_limit_stop_the_scan_of_a_large_pickle_at_once(monkeypat
 def test_memo_puts_past_the_small_index_leave_the_fast_path_and_are_checked() -> None:
     from gpuflame.errors import ProfileFormatError
 
-    assert safe_pickle._FAST.match(b"p999999\n").end() == 8
-    assert safe_pickle._FAST.match(b"p1000000\n").end() == 0
-    assert safe_pickle._FAST.match(b"r\x00\x00\x01\x00").end() == 0
+    assert safe_pickle.fast_path_for(0).match(b"p999999\n").end() == 8
+    assert safe_pickle.fast_path_for(0).match(b"p1000000\n").end() == 0
+    assert safe_pickle.fast_path_for(0).match(b"r\x00\x00\x01\x00").end() == 0
     for data in (b"N" + b"p99999999\n" + b".", b"\x80\x02N" + b"r\x00\x00\x00\x7f" + b"."):
         with pytest.raises(ProfileFormatError, match="memo index"):
             safe_pickle.loads(data)

@@ -23,8 +23,9 @@ from dataclasses import replace
 from typing import Any
 
 from gpuflame.formats.snapshot_phases import PHASES_KEY
-from gpuflame.formats.torch_snapshot import CATEGORIES_KEY, allocated_bytes, from_snapshot
+from gpuflame.formats.torch_snapshot import allocated_bytes, from_snapshot
 from gpuflame.model import Profile, merge, select_types
+from gpuflame.model.categories import CATEGORIES_KEY
 from gpuflame.model.phases import PhaseStat, ordered
 from gpuflame.model.sample_types import (
     ALLOC_OBJECTS,

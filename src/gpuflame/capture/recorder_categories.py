@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from gpuflame.capture import categories
-from gpuflame.formats.torch_snapshot import BLOCK_CATEGORY_KEY, CATEGORIES_KEY
+from gpuflame.model.categories import BLOCK_CATEGORY_KEY, CATEGORIES_KEY
 
 if TYPE_CHECKING:
     from gpuflame.capture.torch_allocator import TorchAllocatorRecorder

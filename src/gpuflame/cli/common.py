@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuflame.analysis.chains import no_match_message
+from gpuflame.cli.options import add_force_option  # noqa: F401  (the analysis commands take it from here)
 from gpuflame.errors import GpuflameError
 from gpuflame.formats import load
 from gpuflame.model import (
@@ -141,14 +142,6 @@ def add_filter_options(parser: argparse.ArgumentParser) -> None:
         type=size_arg,
         metavar="SIZE",
         help="fold bars under SIZE (4096, 512KiB, 10MiB, 1.5G; units are binary)",
-    )
-
-
-def add_force_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--force",
-        action="store_true",
-        help="replace an existing output file that gpuflame did not write (never an input, never a folder)",
     )
 
 

@@ -110,7 +110,8 @@ def command_module(name: str) -> Command:
     return cast(Command, module)
 
 
-def build_parser() -> ArgumentParser:
+def build_parser(names: Sequence[str] = COMMANDS) -> ArgumentParser:
+    """The parser of the commands *names* (all of them for ``--help`` and a mistyped command)."""
     parser = ArgumentParser(
         prog="gpuflame",
         description=DESCRIPTION,
@@ -118,7 +119,7 @@ def build_parser() -> ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"gpuflame {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=ArgumentParser)
-    for name in COMMANDS:
+    for name in names:
         module = command_module(name)
         cmd = sub.add_parser(
             name,
@@ -132,8 +133,16 @@ def build_parser() -> ArgumentParser:
     return parser
 
 
+def commands_needed(argv: Sequence[str]) -> Sequence[str]:
+    """Only the command named first in *argv*, when it names one: each command module imports
+    what it uses (the viewer, the server, numpy, every reader), and ``gpuflame run`` would pay
+    for all of them (a second of CPU time) before the program starts."""
+    return argv[:1] if argv[:1] and argv[0] in COMMANDS else COMMANDS
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(commands_needed(argv))
     args = parse(parser, argv)
     if not getattr(args, "command", None):
         parser.print_help()

@@ -3,7 +3,8 @@
 One owner each: ``gpuflame run`` and ``gpuflame agent`` push to Pyroscope
 with the same options and read durations the same way; ``serve`` and
 ``webhook`` take a port and stop at Ctrl-C the same way. The options of the
-analysis commands (filters, ``--type``) are in :mod:`gpuflame.cli.common`.
+analysis commands (filters, ``--type``) are in :mod:`gpuflame.cli.common`, which
+imports the readers and numpy: ``gpuflame run`` must not pay for them.
 """
 
 from __future__ import annotations
@@ -90,3 +91,11 @@ def serve_until_interrupted(server: BaseServer, command: str) -> int:
     finally:
         server.server_close()
     return 0
+
+
+def add_force_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="replace an existing output file that gpuflame did not write (never an input, never a folder)",
+    )

@@ -11,8 +11,7 @@ from pathlib import Path
 
 from gpuflame.capture.backends import BACKENDS, TORCH_HOOKS
 from gpuflame.capture.settings import Settings, env_name
-from gpuflame.cli.common import add_force_option
-from gpuflame.cli.options import add_pyroscope_options, interval
+from gpuflame.cli.options import add_force_option, add_pyroscope_options, interval
 from gpuflame.defaults import BACKEND, PUSH_INTERVAL_S, TORCH_HOOK
 from gpuflame.errors import GpuflameError
 from gpuflame.launch.runner import Launch, launch

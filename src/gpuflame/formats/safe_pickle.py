@@ -187,11 +187,18 @@ _RUN = rb"*+" if sys.version_info >= (3, 11) else rb"{0,4096}"
 @functools.lru_cache(maxsize=8)
 def _fast_path(put_digits: int, binput_bytes: int) -> re.Pattern[bytes]:
     """The fast path for a pickle in which any PUT of *put_digits* digits and any LONG_BINPUT
-    whose index fits in *binput_bytes* bytes is within the memo the pickle's size allows."""
+    whose index fits in *binput_bytes* bytes is within the memo the pickle's size allows.
+
+    Compiled on first use, never at import: its hundreds of length alternatives take about
+    0.2 s to compile, which every command importing a reader would otherwise pay."""
     puts = rb"p[0-9]{1,%d}\n|r.{%d}%s" % (put_digits, binput_bytes, re.escape(b"\x00" * (4 - binput_bytes)))
+    # sre tries the alternatives in order, so the commonest opcodes of real
+    # snapshots come first: memo fetches (LONG_BINGET, BINGET: over half of
+    # them), one-byte opcodes, small ints, short strings and LONG1
     return re.compile(
-        rb"(?:h.|[\x94\x88\x89N\)\]\}\(eusal0d12\x8f\x90R\x93]|[qK\x80].|M..|[Jj]....|G.{8}|\x95.{8}|"
-        + b"|".join((_SHORT_SIZED, _TEXT_ARGUMENTS, _ALLOWED_GLOBALS, puts)) + rb")" + _RUN,
+        rb"(?:j....|h.|[\x94\x88\x89N\)\]\}\(eusal0d12\x8f\x90R\x93]|[qK\x80].|"
+        + _SHORT_SIZED + rb"|M..|J....|G.{8}|\x95.{8}|"
+        + b"|".join((_TEXT_ARGUMENTS, _ALLOWED_GLOBALS, puts)) + rb")" + _RUN,
         re.S,
     )
 
@@ -204,7 +211,6 @@ def fast_path_for(n: int) -> re.Pattern[bytes]:
     return _fast_path(put_digits, binput_bytes)
 
 
-_FAST = fast_path_for(0)
 
 # opcode -> width of its length prefix, for length-prefixed arguments
 _SIZED = {

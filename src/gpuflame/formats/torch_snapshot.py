@@ -81,7 +81,13 @@ from gpuflame.formats.snapshot_phases import phase_table as replay_phases
 from gpuflame.formats.torch_frames import Entry, StackReader, make_entry
 from gpuflame.gcpause import gc_paused
 from gpuflame.model import history as event_history
-from gpuflame.model.categories import LABEL, SYNTHETIC_CATEGORIES, stack_category
+from gpuflame.model.categories import (
+    BLOCK_CATEGORY_KEY,
+    CATEGORIES_KEY,
+    LABEL,
+    SYNTHETIC_CATEGORIES,
+    stack_category,
+)
 from gpuflame.model.functions import def_lines_note
 from gpuflame.model.history import History, Track
 from gpuflame.model.phases import LABEL as PHASE_LABEL
@@ -117,10 +123,6 @@ STACKLESS_WHY = {
 
 INT64_MAX = (1 << 63) - 1  # what pprof can store
 
-# keys gpuflame's torch-cuda recorder adds to a live snapshot: the snapshot says it
-# carries categories, an active block its category from the object graph
-CATEGORIES_KEY = "gpuflame_categories"
-BLOCK_CATEGORY_KEY = "gpuflame_category"
 
 # One unit for every view, said in every converted profile (and so in the report's header).
 UNITS_NOTE = (

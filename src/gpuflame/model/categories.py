@@ -25,6 +25,12 @@ CACHED_FREE = "cached_free"
 OUTSIDE_FRAMEWORK = "outside_framework"
 CATEGORIES = (PARAMETER, GRADIENT, OPTIMIZER_STATE, KV_CACHE, ACTIVATION, OTHER, CACHED_FREE, OUTSIDE_FRAMEWORK)
 
+# keys gpuflame's recorders add to a live PyTorch snapshot (formats/torch_snapshot.py reads them):
+# the snapshot says it carries categories, an active block its category from the object graph.
+# Here, not in the reader, so that recording never imports the snapshot reader.
+CATEGORIES_KEY = "gpuflame_categories"
+BLOCK_CATEGORY_KEY = "gpuflame_category"
+
 
 # synthetic frames that stand for a category of their own
 SYNTHETIC_CATEGORIES = {

@@ -13,7 +13,7 @@ import base64
 import binascii
 import json
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
 from gpuflame import limits
@@ -63,8 +63,21 @@ _NOT_SEPARATORS = bytes(sorted(set(range(256)) - set(b",:[{")))
 
 def pack_json(prefix: str, payload: Any, level: int = 9) -> str:
     """*payload* as one comment line: *prefix*, then base64 of zlib'd compact JSON."""
-    text = json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
-    return prefix + base64.b64encode(zlib.compress(text, level)).decode("ascii")
+    return pack_json_text(prefix, [compact_json(payload)], level)
+
+
+def compact_json(value: Any) -> str:
+    """*value* as the compact JSON every packed comment holds."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def pack_json_text(prefix: str, pieces: Iterable[str], level: int = 9) -> str:
+    """Like :func:`pack_json`, for JSON text made in *pieces*: compressed as they come, so a
+    large payload (a full event history) never exists as one text, nor as Python lists."""
+    packer = zlib.compressobj(level)
+    packed = [packer.compress(piece.encode("utf-8")) for piece in pieces]
+    packed.append(packer.flush())
+    return prefix + base64.b64encode(b"".join(packed)).decode("ascii")
 
 
 def unpack_json(comment: str, prefix: str, what: str, budget: InflateBudget | None = None) -> Any:

@@ -26,11 +26,12 @@ so filters and merges of the samples never break it.
 
 from __future__ import annotations
 
+import operator
 from array import array
 from bisect import bisect_right
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import accumulate
+from itertools import accumulate, chain, islice
 
 from gpuflame.model import comments as comment_data
 from gpuflame.model.profile import FRAME_KINDS, Frame
@@ -201,13 +202,24 @@ class History:
         return History(self.frames, self.sites, tracks)
 
     def to_comment(self) -> str:
-        """The single pprof comment line that stores this history."""
-        payload = {
-            "frames": [[f.name, f.file, f.line, f.kind, f.start_line] for f in self.frames],
-            "sites": [[list(stack), [list(p) for p in labels]] for stack, labels in self.sites],
-            "tracks": [_encode_track(t) for t in self.tracks],
-        }
-        return comment_data.pack_json(PREFIX, payload, level=6)
+        """The single pprof comment line that stores this history.
+
+        Written at ``stop()``, so streamed: the event columns go to the
+        compressor as text a chunk at a time (no list of a million ints, no
+        whole JSON text), at zlib's fastest level (the columns are small,
+        repetitive integers: level 6 took four times longer for a file a
+        fifth smaller).
+        """
+        return comment_data.pack_json_text(PREFIX, self._json_pieces(), level=1)
+
+    def _json_pieces(self) -> Iterator[str]:
+        dumps = comment_data.compact_json
+        yield '{"frames":' + dumps([[f.name, f.file, f.line, f.kind, f.start_line] for f in self.frames])
+        yield ',"sites":' + dumps([[list(stack), [list(p) for p in labels]] for stack, labels in self.sites])
+        yield ',"tracks":['
+        for n, t in enumerate(self.tracks):
+            yield from _track_pieces(t, first=n == 0)
+        yield "]}"
 
     @classmethod
     def from_comment(cls, comment: str, budget: comment_data.InflateBudget | None = None) -> History:
@@ -224,7 +236,7 @@ def of_track(track: Track, frames_of: Callable[[int], list[Frame]], labels_of: C
     sites = [(tuple(frame_ids.setdefault(f, len(frame_ids)) for f in frames_of(s)), labels_of(s)) for s in used]
     renumbered = Track(track.labels, track.start, track.end, track.fold, track.folded,
                        {index[s]: v for s, v in track.base.items()}, track.times,
-                       array("q", (index[s] for s in track.sites)), track.sizes)
+                       array("q", map(index.__getitem__, track.sites)), track.sizes)
     return History(list(frame_ids), sites, [renumbered])
 
 
@@ -247,7 +259,7 @@ def merged(histories: Sequence[History | None], extras: Sequence[Labels] | None 
             t = _with_labels(t, extras[n] if extras else ())
             out.tracks.append(Track(t.labels, t.start, t.end, t.fold, t.folded,
                                     {smap[s]: v for s, v in t.base.items()}, t.times,
-                                    array("q", (smap[s] for s in t.sites)), t.sizes))
+                                    array("q", map(smap.__getitem__, t.sites)), t.sizes))
     out.frames = list(frame_ids)
     out.sites = list(site_ids)
     return out
@@ -270,16 +282,25 @@ def _with_labels(t: Track, extra: Labels) -> Track:
     return Track(labels, t.start, t.end, t.fold, t.folded, t.base, t.times, t.sites, t.sizes)
 
 
-def _encode_track(t: Track) -> dict[str, object]:
-    deltas, last = [], t.fold
-    for time in t.times:
-        deltas.append(time - last)
-        last = time
-    return {
+_CHUNK = 1 << 13  # values per piece of a streamed column (its text and strs: ~0.5 MB)
+
+
+def _track_pieces(t: Track, first: bool) -> Iterator[str]:
+    """One track as JSON text: its head, then its columns (times as differences) a chunk at a time."""
+    head = {
         "labels": [list(p) for p in t.labels], "start": t.start, "end": t.end, "fold": t.fold,
         "folded": t.folded, "base": [[s, b, c] for s, (b, c) in sorted(t.base.items())],
-        "t": deltas, "s": list(t.sites), "b": list(t.sizes),
     }
+    yield ("" if first else ",") + comment_data.compact_json(head)[:-1]
+    deltas = map(operator.sub, t.times, chain((t.fold,), t.times))
+    for key, column in (("t", deltas), ("s", iter(t.sites)), ("b", iter(t.sizes))):
+        yield f',"{key}":['
+        sep = ""
+        while chunk := list(islice(column, _CHUNK)):
+            yield sep + repr(chunk)[1:-1]  # a list of ints' repr is JSON (1.6x faster than joining strs)
+            sep = ","
+        yield "]"
+    yield "}"
 
 
 def _decode(payload: object) -> History:
