@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import importlib
+import re
 import os
 import sys
 from collections.abc import Sequence
@@ -62,6 +63,10 @@ class ArgumentParser(argparse.ArgumentParser):
     """argparse that reports a wrong flag in one line instead of a usage dump."""
 
     def error(self, message: str) -> NoReturn:
+        wrong = re.match(r"argument COMMAND: invalid choice: '([^']*)'", message)
+        if wrong:  # a mistyped command: name the nearest, as a mistyped flag is named
+            close = difflib.get_close_matches(wrong.group(1), COMMANDS, n=1, cutoff=0.6)
+            message = f"no command {wrong.group(1)!r}" + (f" (did you mean {close[0]}?)" if close else "")
         sys.stderr.write(printable(f"{self.prog}: error: {message} (see {self.prog} --help)") + "\n")
         raise SystemExit(2)
 
