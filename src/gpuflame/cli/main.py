@@ -10,8 +10,8 @@ from __future__ import annotations
 import argparse
 import difflib
 import importlib
-import re
 import os
+import re
 import sys
 from collections.abc import Sequence
 from typing import NoReturn, Protocol, cast
