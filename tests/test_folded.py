@@ -251,3 +251,18 @@ def test_gpuflames_own_folded_file_keeps_its_sample_type_and_anothers_reads_as_c
     doc = json.loads(out.stdout)
     assert (doc["sample_type"], doc["unit"], doc["total"]) == ("samples", "count", 150)
     assert "peak" not in doc and "live at" not in out.stdout
+
+
+def test_a_real_perf_folded_file_reads_as_samples_not_memory() -> None:
+    """perf's CPU folded stacks (tests/data/README.md): their numbers are sample weights."""
+    path = Path(__file__).parent / "data" / "perf-folded-mojo-out.folded"
+    lines = path.read_text().splitlines()
+    total = sum(int(line.rsplit(" ", 1)[1]) for line in lines)
+    out = subprocess.run([sys.executable, "-m", "gpuflame", "report", str(path), "--json"],
+                         capture_output=True, text=True, check=True)
+    doc = json.loads(out.stdout)
+    assert (doc["sample_type"], doc["unit"], doc["total"]) == ("samples", "count", total)
+    text = subprocess.run([sys.executable, "-m", "gpuflame", "report", str(path)],
+                          capture_output=True, text=True, check=True).stdout
+    assert text.splitlines()[1].split()[:2] == ["samples", f"{total:,}"]
+    assert " B " not in text.splitlines()[1] and "live at" not in text
