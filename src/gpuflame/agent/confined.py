@@ -50,12 +50,7 @@ def open_in_root(root: str, path: str) -> int:
                          RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)
     finally:
         os.close(dirfd)
-    try:
-        if not stat.S_ISREG(os.fstat(where).st_mode):
-            raise OSError(f"{path}: not a regular file")
-        return os.open(f"/proc/self/fd/{where}", os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
-    finally:
-        os.close(where)
+    return _reopen_regular(where, path)
 
 
 def read_in_root(root: str, path: str, limit: int) -> bytes | None:
@@ -74,7 +69,14 @@ def read_in_root(root: str, path: str, limit: int) -> bytes | None:
 
 def open_regular(path: str) -> int:
     """A read-only, non-blocking fd of *path* if it is a regular file (a host path: links followed); raises OSError."""
-    where = os.open(path, os.O_PATH | os.O_CLOEXEC)
+    return _reopen_regular(os.open(path, os.O_PATH | os.O_CLOEXEC), path)
+
+
+def _reopen_regular(where: int, path: str) -> int:
+    """The O_PATH fd *where* (closed here) reopened to read, non-blocking, if it is a regular file; else OSError.
+
+    Checked on the fd itself, so a FIFO or device swapped in after the check is never opened.
+    """
     try:
         if not stat.S_ISREG(os.fstat(where).st_mode):
             raise OSError(f"{path}: not a regular file")
