@@ -115,9 +115,9 @@ def between(profile: Profile, first: When, last: When) -> Profile:
 
 def origin(profile: Profile) -> int:
     """Epoch ns of the strip's 0: the timeline's first point, else the first window's start."""
-    timeline = profile.timeline
-    if timeline is not None and any(timeline.series.values()):
-        return min(points[0][0] for points in timeline.series.values() if points)
+    start = profile.timeline.start() if profile.timeline is not None else None
+    if start is not None:
+        return start
     history = profile.history
     if history is not None and history.tracks:
         return min(t.start for t in history.tracks)

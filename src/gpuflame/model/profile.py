@@ -261,7 +261,7 @@ class Profile:
         each = ", ".join(f"{u.device} {format_bytes(sums.get(u.device, 0))}" for u in units)
         joint = self.joint_device_peak()
         together = (f": their allocations together peaked at {format_bytes(joint[1])}, "
-                    f"{(joint[0] - self._strip_origin()) / 1e9:.3f} s into the strip") if joint else ""
+                    f"{(joint[0] - (self.timeline.start() or joint[0])) / 1e9:.3f} s into the strip") if joint else ""
         plain = all(u.kind == PROCESS and not u.why for u in units)
         return (f"{len(units)} devices, each at its own peak (every GPU has its own memory): {each}; "
                 f"the sum is not one moment{together}" + ("" if plain else f"; per device: {text}"))
@@ -281,10 +281,6 @@ class Profile:
             return None
         total = self.timeline.total()
         return max(total, key=lambda p: p[1]) if total else None
-
-    def _strip_origin(self) -> int:
-        series = [points for points in self.timeline.series.values() if points] if self.timeline else []
-        return min(points[0][0] for points in series) if series else self.time_nanos
 
     def __iter__(self) -> Iterator[Sample]:
         return iter(self.samples)

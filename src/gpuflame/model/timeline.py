@@ -66,6 +66,11 @@ class Timeline:
             return None
         return max(points, key=lambda p: p[1])  # max keeps the first of equal values
 
+    def start(self) -> int | None:
+        """Epoch ns of the first point of any series (the strip's 0); None when every series is empty."""
+        firsts = [points[0][0] for points in self.series.values() if points]
+        return min(firsts) if firsts else None
+
     def total(self, match: Labels = ()) -> list[Point]:
         """The series whose labels include every pair of *match*, summed into one step line.
 

@@ -130,7 +130,7 @@ def timeline_data(timeline: Timeline) -> dict[str, object]:
     Epoch nanoseconds (~1.8e18) are past what a JavaScript number holds
     exactly (2^53); offsets from the start fit for 104 days.
     """
-    start = min(points[0][0] for points in timeline.series.values() if points)
+    start = timeline.start()
     return {
         "start": start,
         "series": [
