@@ -41,6 +41,7 @@ from typing import Any
 
 from gpuflame import __version__, limits
 from gpuflame.errors import GpuflameError, ProfileFormatError
+from gpuflame.formats.safe_pickle import one_line
 from gpuflame.model.functions import function_frames
 from gpuflame.model.profile import Frame, Profile, Sample, SampleType
 from gpuflame.symbols.kinds import guess_kind
@@ -391,6 +392,4 @@ def _number(value: object, what: str) -> float:
 
 
 def _shown(value: object) -> str:
-    text = repr(value)
-    text = "".join(c if c.isprintable() else "?" for c in text)
-    return text if len(text) <= 40 else text[:37] + "..."
+    return one_line(repr(value), 40)
