@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: all venv demo test lint bench clean bpf
+.PHONY: all venv demo test docs lint bench clean bpf
 
 all: test
 
@@ -33,6 +33,16 @@ demo: venv
 test: venv
 	$(BIN)/python -m pytest -q
 
+# The documentation site (docs/, mkdocs.yml) into site/, offline; --strict makes every
+# warning an error: a broken link or anchor, a page left out of nav. The versions are
+# pinned in pyproject's `docs` extra; torch and the test tools are not needed for it.
+$(VENV)/.docs-installed: $(BIN)/activate pyproject.toml
+	$(BIN)/pip install --quiet -e '.[docs]'
+	touch $@
+
+docs: $(VENV)/.docs-installed
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+
 # The node agent's BPF object (CO-RE, built once; needs clang, bpftool, libbpf-dev
 # and a kernel with BTF). Packages and images build it before the wheel; a
 # source checkout builds it here, or the agent's tests build it when missing.
@@ -49,4 +59,4 @@ bench: venv
 	$(BIN)/python bench/run_all.py
 
 clean:
-	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache
+	rm -rf $(VENV) build dist site src/*.egg-info .pytest_cache

@@ -277,5 +277,5 @@ def test_limits_have_one_owner_and_one_variable_each():
     assert set(found) == set(limits.ALL) and len(found) == len(limits.ALL)
     names = [limit.env for limit in limits.ALL]
     assert len(set(names)) == len(names) and all(n.startswith("GPUFLAME_MAX_") for n in names)
-    readme = (Path(__file__).parents[1] / "README.md").read_text()
-    assert "GPUFLAME_MAX_" in readme and "src/gpuflame/limits.py" in readme
+    page = (Path(__file__).parents[1] / "docs" / "formats.md").read_text()  # where users read of them
+    assert "GPUFLAME_MAX_" in page and "src/gpuflame/limits.py" in page

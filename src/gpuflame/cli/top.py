@@ -32,10 +32,10 @@ The functions holding the most memory, largest first.
                bottom, which say who is responsible
   --by category  what kind of memory: parameter, gradient, optimizer_state,
                kv_cache, activation, other, cached_free, outside_framework
-               (the `category` label the torch backends record; README),
+               (the `category` label the torch backends record; docs/categories.md),
                each with the function that allocated most of it
   --by phase   the phase the memory was allocated in (gpuflame.phase, or the
-               phases gpuflame marks in transformers and vLLM; README), in
+               phases gpuflame marks in transformers and vLLM; docs/phases-and-moments.md), in
                the order the phases began; `report` adds each phase's own peak
 
 A function with a large total and zero self only calls others: skip it and
@@ -99,9 +99,9 @@ def run(args: argparse.Namespace) -> int:
 # --by category / phase: what the table sums by, and what to say when the profile has no such label
 _BY_LABEL = {
     "category": (category_totals, "categories", "this profile has no categories: only the torch backends record "
-                 "them (see README, Categories)"),
+                 "them (see docs/categories.md)"),
     "phase": (phase_totals, "phases", "this profile has no phases: mark them with gpuflame.phase(\"name\") "
-              "(see README, Phases)"),
+              "(see docs/phases-and-moments.md)"),
 }
 
 
