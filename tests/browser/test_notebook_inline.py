@@ -5,7 +5,7 @@ LlamaMLP built by transformers from a config (random weights). Its saved
 text/html output is put into a page as a notebook front end puts an output
 (into the DOM, from a file:// page it did not write), and the sandboxed
 ``<iframe srcdoc>`` must draw the flame graph on its own: the right names,
-no network request, no error. The screenshot is README's picture
+no network request, no error. The screenshot is docs/notebook.md's picture
 (``GPUFLAME_UPDATE_DOCS=1`` writes it to docs/).
 """
 
