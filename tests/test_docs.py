@@ -107,3 +107,16 @@ def test_readme_starts_with_the_two_make_commands_and_stays_short() -> None:
     assert len(text.splitlines()) <= 250
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
     assert "make test" in ci and ci.index("make test") < ci.index("make docs")
+
+
+def test_the_api_page_reads_sphinx_roles_as_code() -> None:
+    """docs/hooks/sphinx_roles.py (griffe, from the docs extra) turns :func:`x` into `x`."""
+    pytest.importorskip("griffe")
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("sphinx_roles", DOCS / "hooks" / "sphinx_roles.py")
+    assert spec and spec.loader
+    roles = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(roles)
+    text = "Returns a :class:`Recording`; see :func:`~gpuflame.stop` and ``store=True``."
+    assert roles.plain(text) == "Returns a `Recording`; see `gpuflame.stop` and `store=True`."
