@@ -351,3 +351,32 @@ def test_offsets_read_from_the_process_itself_agree_with_the_table(version):
         proc.stdin.close()
         proc.wait()
     assert read == OFFSETS[version]
+
+
+class _Blob:
+    """A process's memory as py_layout reads it: one _PyRuntime at address 0."""
+
+    def __init__(self, raw: bytes) -> None:
+        self.raw = raw
+
+    def read(self, addr: int, size: int) -> bytes:
+        return self.raw[addr : addr + size].ljust(size, b"\0")
+
+
+@pytest.mark.parametrize(("version", "hexversion", "free_threaded", "why"), [
+    ("3.14", 0x030E00F0, 1, "free-threaded"),
+    ("3.13", 0x030E00F0, 0, "its debug offsets are Python 3.14's, its files say 3.13"),
+    ("3.14", 0x030E00F0, 0, "beyond any CPython structure"),
+])
+def test_published_offsets_that_cannot_be_walked_are_refused(version, hexversion, free_threaded, why):
+    """A free-threaded build, a version other than the files', absurd offsets: refused in words, never walked."""
+    from gpuflame.agent.py_layout import offsets_for
+
+    raw = bytearray(1024)
+    raw[:24] = b"xdebugpy" + hexversion.to_bytes(8, "little") + free_threaded.to_bytes(8, "little")
+    raw[DEBUG_POSITIONS[version]["frame_previous"] : DEBUG_POSITIONS[version]["frame_previous"] + 8] = \
+        (1 << 40).to_bytes(8, "little")
+    got = offsets_for(version, 0, _Blob(bytes(raw)))  # type: ignore[arg-type]
+    assert isinstance(got, str) and why in got
+    assert offsets_for(version, 0, _Blob(b"\0" * 1024)) == (  # type: ignore[arg-type]
+        "its _PyRuntime does not start with CPython's debug offsets")
