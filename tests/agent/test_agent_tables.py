@@ -380,3 +380,25 @@ def test_published_offsets_that_cannot_be_walked_are_refused(version, hexversion
     assert isinstance(got, str) and why in got
     assert offsets_for(version, 0, _Blob(b"\0" * 1024)) == (  # type: ignore[arg-type]
         "its _PyRuntime does not start with CPython's debug offsets")
+
+
+def test_every_variant_cuda_h_calls_resolve_to_is_probed(tmp_path):
+    """What a program's call compiles to, per cuda.h (the _v2 names always, the _ptsz/_ptds ones under
+    CUDA_API_PER_THREAD_DEFAULT_STREAM), is probed for every driver function the agent probes."""
+    from gpuflame.agent.events import ALLOCS, FREES, VMM
+
+    include = cuda_include()
+    if include is None or shutil.which("gcc") is None:
+        pytest.skip("no cuda.h or no gcc here")
+    probed = set(ALLOCS) | set(FREES) | set(VMM)
+    bases = sorted({re.sub(r"(_v\d+)?(_pt[sd][zs])?$", "", name) for name in probed})
+    source = tmp_path / "calls.c"
+    source.write_text("#include <cuda.h>\ngpuflame_calls: " + " ".join(bases) + "\n")
+    called = set()
+    for flags in ([], ["-DCUDA_API_PER_THREAD_DEFAULT_STREAM"]):
+        out = subprocess.run(["gcc", "-E", "-P", f"-I{include}", *flags, str(source)], capture_output=True,
+                             text=True, check=True).stdout
+        line = next(x for x in out.splitlines() if x.startswith("gpuflame_calls:"))
+        called |= set(line.split()[1:])
+    assert len(called) > len(bases)  # the _v2 and _ptsz names really came out of cuda.h
+    assert called - probed == set()
