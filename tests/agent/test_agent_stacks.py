@@ -261,6 +261,38 @@ def test_blocks_from_before_the_agent_do_not_go_negative(start_target, agent_for
     assert any("3 frees of blocks allocated before the agent started" in c for c in agent.snapshot().comments)
 
 
+def test_memory_held_before_the_agent_is_shown_from_nvml(standin_nvml, start_target, agent_for, tmp_path,
+                                                         monkeypatch):
+    """With NVML (a stand-in here): what a process holds beyond what the probes saw allocated is one frame,
+    <allocated before the agent started>, in use and at the peak; other processes' figures are not shown."""
+    figures = tmp_path / "nvml.txt"
+    monkeypatch.setenv("GPUFLAME_STANDIN_NVML", str(figures))
+    target = start_target("3.11")
+    target.ready()
+    target.run("hold")  # 3,000 bytes the agent never sees allocated
+    held = len(target.records)
+    agent = agent_for(target.pid, nvml_library=standin_nvml)
+    target.run("threads")
+    assert wait_for(lambda: booked(agent, target.records[held:]))
+    seen = sum(v[2] for k, v in rows(agent.snapshot()).items() if k[1].startswith("cuda"))
+    others = "".join(f"0 {900000 + i} 4096\n" for i in range(100))  # more than NVML is first asked for
+    figures.write_text(f"0 {target.pid} {seen + 1000}\n1 {target.pid} 2000\n{others}")
+    got = rows(agent.snapshot())
+    before = {k: v for k, v in got.items() if k[2][0][0] == "<allocated before the agent started>"}
+    assert before == {(str(target.pid), "cuda", (("<allocated before the agent started>", "", 0),)):
+                      (3000, 0, 3000, 0, 0, 0)}
+    assert any("from NVML's per-process figure" in c for c in agent.snapshot().comments)
+
+
+def test_without_nvml_the_profile_says_so(start_target, agent_for, tmp_path):
+    target = start_target("3.11")
+    target.ready()
+    agent = agent_for(target.pid, nvml_library=str(tmp_path / "libnvidia-ml.so.1"))
+    comments = agent.snapshot().comments
+    assert any("are not known (no NVML here" in c for c in comments)
+    assert not any(k[2][0][0].startswith("<allocated before") for k in rows(agent.snapshot()))
+
+
 def test_exit_frees_the_process_blocks(start_target, agent_for):
     target = start_target("3.12")
     target.ready()

@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
-from gpuflame.agent import alive, build, procs
+from gpuflame.agent import alive, build, nvml, procs
 from gpuflame.agent.call_sites import DRIVER_FUNCTIONS, MAX_SITES, Verifier
 from gpuflame.agent.confined import open_regular
 from gpuflame.agent.elf import ElfError, read_elf
@@ -101,6 +101,7 @@ UPROBE_PROGRAMS = ("alloc_enter", "pitch_enter", "create_enter", "free_enter", "
 OPTIONAL_PROGRAMS = ("driver_mapped",)
 
 NO_PYTHON_STACK = Frame("<no Python stack>", kind=SYNTHETIC)
+BEFORE_AGENT = (Frame("<allocated before the agent started>", kind=SYNTHETIC),)
 TOO_EARLY = Frame("<before the agent knew the process>", kind=SYNTHETIC)
 TRUNCATED = Frame("<deeper frames not recorded>", kind=SYNTHETIC)
 OVER_LIMIT = (Frame("<stacks beyond the agent's limit>", kind=SYNTHETIC),)
@@ -172,6 +173,7 @@ class Agent:
         labels_for: Callable[[int], dict[str, str]] | None = None,
         probes: str = "auto",
         alive_file: str | None = None,
+        nvml_library: str | None = nvml.LIBRARY,
     ) -> None:
         self.pids = sorted(set(pids))
         self.libcuda = list(libcuda)
@@ -180,6 +182,8 @@ class Agent:
         self.labels_for = labels_for  # pid -> extra labels (Kubernetes), or None
         self.probes_asked = probes  # auto | return | entry (procs.choose_probes)
         self.alive_file = alive_file  # touched by the reader thread (alive.py)
+        self.nvml_library = nvml_library  # None: do not ask NVML for what the probes did not see
+        self.nvml: nvml.Nvml | None = None
         self.cuda_seen = False  # a process loaded the driver or allocated while we watched
         self.watch_loads = False  # the kernel side tells of a driver file mapped (else: found at rescans)
         self._code_free_probes: set[tuple[int, int]] = set()  # interpreter files whose code_dealloc is probed
@@ -246,6 +250,8 @@ class Agent:
         except build.BuildError as exc:
             raise AgentError(f"the agent's BPF object is not built and cannot be built here: {exc}") from None
         self._attach_all(list(files.items()))  # none yet (an idle node): each file is probed as it appears
+        if self.nvml_library:
+            self.nvml = nvml.Nvml(self.nvml_library)
         self.started_ns = time.time_ns()
         if thread:
             self._thread = threading.Thread(target=self._loop, name="gpuflame-agent", daemon=True)
@@ -827,17 +833,26 @@ class Agent:
 
     def snapshot(self) -> Profile:
         """Everything booked so far, as a profile (peak, in use, allocated)."""
+        used = self.nvml.used() if self.nvml is not None else {}  # asked outside the lock: the reader goes on
         with self._lock:
             profile = Profile(sample_types=memory_sample_types(), default_type="peak_space")
+            seen: dict[int, int] = {}  # pid -> GPU memory in use that the probes saw allocated
             for (pid, device), stack, values in self.ledger.rows():
+                if device.startswith("cuda"):
+                    seen[pid] = seen.get(pid, 0) + values[2]
                 if not any(values):
                     continue
                 labels = dict(self._labels.get(pid, {"pid": str(pid)}), device=device)
                 profile.add(self._stacks[stack], values, labels)
+            for pid in sorted(set(used) & (set(self.processes) | set(seen))):
+                unseen = used[pid] - seen.get(pid, 0)
+                if unseen > 0:  # held all along as far as the agent knows: at the peak and in use, never allocated
+                    labels = dict(self._labels.get(pid, {"pid": str(pid)}), device="cuda")
+                    profile.add(BEFORE_AGENT, (unseen, 0, unseen, 0, 0, 0), labels)
             stats = self.stats()
         profile.time_nanos = self.started_ns
         profile.duration_nanos = max(0, time.time_ns() - self.started_ns) if self.started_ns else 0
-        profile.comments += loss_notes(stats, self.probes_said())
+        profile.comments += loss_notes(stats, self.probes_said(), self.nvml)
         if not self.cuda_seen:
             profile.comments.append(NO_CUDA_PROCESS)
         if self.late_loads:
@@ -883,12 +898,23 @@ class Agent:
             self._obj = None
         for proc in self.processes.values():
             proc.close()
+        if self.nvml is not None:
+            self.nvml.close()
 
 
-def loss_notes(stats: dict[str, int], probes: str = "") -> list[str]:
+def loss_notes(stats: dict[str, int], probes: str = "", gpu: nvml.Nvml | None = None) -> list[str]:
     """What the profile does not hold, in words (a profile lost silently is a bug); the first note is always there."""
-    notes = [f"gpuflame agent: {probes + '; ' if probes else ''}blocks allocated before the agent started are not "
-             "known; their frees are ignored, so in-use counts only blocks allocated since"]
+    said_probes = probes + "; " if probes else ""
+    if gpu is not None and gpu.ready:
+        first = (f"gpuflame agent: {said_probes}GPU memory a process held that the probes did not see allocated "
+                 "is under <allocated before the agent started>, from NVML's per-process figure (which also counts "
+                 "the driver's own memory for the process, its CUDA context); frees of blocks allocated before the "
+                 "agent started are ignored")
+    else:
+        why = f" ({gpu.missing}: how much they hold is not known)" if gpu is not None else ""
+        first = (f"gpuflame agent: {said_probes}blocks allocated before the agent started are not known{why}; their "
+                 "frees are ignored, so in-use counts only blocks allocated since")
+    notes = [first]
     said = {
         "lost_events": "events were lost (the ring buffer was full): the totals are short",
         "live_map_full": "blocks were not tracked in the kernel (live-block map full, raise --max-blocks): "
