@@ -57,7 +57,7 @@ def start_target(libcuda: str) -> Iterator[Callable[..., Target]]:
     def start(version: str = "3.11", *extra: str, prefix: tuple[str, ...] = (), lib: str = "") -> Target:
         python = python_for(version)
         if python is None:
-            where = "build it into /opt/cpython-3.14: docs/agent-python.md" if version == "3.14" else f"pyenv install {version}"
+            where = f"pyenv install {version}" if version != "3.14" else "/opt/cpython-3.14: docs/agent-python.md"
             pytest.skip(f"no Python {version} here ({where})")
         t = Target(python, lib or libcuda, *extra, prefix=prefix)
         started.append(t)

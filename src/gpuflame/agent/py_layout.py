@@ -86,7 +86,8 @@ def _read_debug_offsets(version: str, runtime: int, memory: Memory) -> dict[str,
             return f"its debug offsets put {name} at {value}, beyond any CPython structure"
         out[name] = value
     # not published: the compact str's data follows the ASCII header by as much as in the table
-    out["unicode_compact_data"] = out["unicode_ascii_data"] + table["unicode_compact_data"] - table["unicode_ascii_data"]
+    header = table["unicode_compact_data"] - table["unicode_ascii_data"]
+    out["unicode_compact_data"] = out["unicode_ascii_data"] + header
     return out
 
 
