@@ -228,6 +228,26 @@ def test_a_314_debug_build_reads_its_own_offsets(libcuda, agent_for):
         target.close()
 
 
+def test_a_debug_build_before_313_is_refused_whatever_its_name(libcuda, agent_for, tmp_path, capsys):
+    """Debian's python3.11d copied as plain python3.11: its exported _Py_NegativeRefcount says debug build; one
+    line, native stacks."""
+    if not os.access("/usr/bin/python3.11d", os.X_OK):
+        pytest.skip("no Debian python3.11-dbg here (apt-get install python3.11-dbg)")
+    python = tmp_path / "python3.11"
+    shutil.copy("/usr/bin/python3.11d", python)
+    target = Target(str(python), libcuda)
+    try:
+        target.ready()
+        agent = agent_for(target.pid)
+        lines = [line for line in capsys.readouterr().err.splitlines() if f"pid {target.pid}" in line]
+        assert len(lines) == 1 and "debug build" in lines[0] and "native stacks" in lines[0], lines
+        target.run("threads")
+        assert wait_for(lambda: booked(agent, target.records))
+        assert {f.kind for f in agent.snapshot().frames} == {"native"}
+    finally:
+        target.close()
+
+
 @pytest.mark.parametrize("version", VERSIONS)
 def test_every_installed_version_reads_back_as_its_table_says(version, start_target, agent_for):
     target = start_target(version)
