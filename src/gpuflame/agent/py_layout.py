@@ -10,8 +10,9 @@ walked blindly such a process would give garbage names or cut stacks. So:
   checking the cookie, that the version it publishes is the one the files say,
   and that its ``free_threaded`` word is 0. The table gives only what CPython
   does not publish. A debug build is read like any other.
-- 3.10-3.12: the table for the version, refused for builds the file names as
-  free-threaded or debug (abiflags ``t``/``d``).
+- 3.10-3.12: the table for the version, refused for free-threaded or debug
+  builds (abiflags ``t``/``d``: from the file's name or the functions only
+  such a build exports, :func:`gpuflame.agent.procs.build_flags`).
 
 Either way the thread list must then read back right: from ``_PyRuntime``
 through the first interpreter to its thread states, one of which carries the
