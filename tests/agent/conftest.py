@@ -40,6 +40,16 @@ def libcuda(bpf_object: Path, tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(out)
 
 
+@pytest.fixture(scope="session")
+def standin_nvml(bpf_object: Path, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A stand-in libnvidia-ml.so.1 (tests/agent/standin_nvml.c, prototypes from NVML's public reference): what it
+    reports per process is read from the file GPUFLAME_STANDIN_NVML names."""
+    out = tmp_path_factory.mktemp("standin_nvml") / "libnvidia-ml.so.1"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-O2", "-Wl,-soname,libnvidia-ml.so.1", str(HERE / "standin_nvml.c"),
+                    "-o", str(out)], check=True, capture_output=True)
+    return str(out)
+
+
 @pytest.fixture
 def start_target(libcuda: str) -> Iterator[Callable[..., Target]]:
     started: list[Target] = []
@@ -47,7 +57,8 @@ def start_target(libcuda: str) -> Iterator[Callable[..., Target]]:
     def start(version: str = "3.11", *extra: str, prefix: tuple[str, ...] = (), lib: str = "") -> Target:
         python = python_for(version)
         if python is None:
-            pytest.skip(f"no Python {version} here (pyenv install {version})")
+            where = f"pyenv install {version}" if version != "3.14" else "/opt/cpython-3.14: docs/agent-python.md"
+            pytest.skip(f"no Python {version} here ({where})")
         t = Target(python, lib or libcuda, *extra, prefix=prefix)
         started.append(t)
         return t

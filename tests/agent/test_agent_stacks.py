@@ -13,7 +13,7 @@ import subprocess
 
 import pytest
 from agent_expected import replay, rows
-from agent_helpers import VERSIONS, NativeCaller, wait_for
+from agent_helpers import VERSIONS, NativeCaller, Target, wait_for
 
 
 def booked(agent, records) -> bool:  # noqa: ANN001
@@ -172,15 +172,18 @@ def test_code_frees_seen_in_a_stripped_system_python(libcuda, agent_for):
 
 
 @pytest.mark.parametrize(("version", "field"), [("3.11", "tstate_native_thread_id"),
-                                              ("3.12", "tstate_native_thread_id"), ("3.13", "frame_previous")])
+                                              ("3.12", "tstate_native_thread_id"), ("3.13", "tstate_native_thread_id"),
+                                              ("3.14", "tstate_native_thread_id")])
 def test_a_layout_that_does_not_read_back_is_not_walked(version, field, start_target, agent_for, monkeypatch,
                                                         capsys):
-    """A table that does not fit the process (a shifted field): one line, native stacks, never garbage names."""
-    from gpuflame.agent.py_offsets import OFFSETS
+    """Offsets that do not fit the process (a shifted table field before 3.13, a published offset read from the
+    wrong place from 3.13 on): one line, native stacks, never garbage names."""
+    from gpuflame.agent.py_offsets import DEBUG_POSITIONS, OFFSETS
 
     target = start_target(version)
     target.ready()
-    monkeypatch.setitem(OFFSETS[version], field, OFFSETS[version][field] + 8)
+    table = DEBUG_POSITIONS[version] if version in DEBUG_POSITIONS else OFFSETS[version]
+    monkeypatch.setitem(table, field, table[field] + 8)
     agent = agent_for(target.pid)
     lines = [line for line in capsys.readouterr().err.splitlines() if f"pid {target.pid}" in line]
     assert len(lines) == 1 and "native stacks" in lines[0], lines
@@ -191,6 +194,58 @@ def test_a_layout_that_does_not_read_back_is_not_walked(version, field, start_ta
     assert {f.kind for f in profile.frames} == {"native"}
     assert profile.totals()["alloc_space"] == 20 * 777
     assert any(f"pid {target.pid}'s Python was not walked" in c for c in profile.comments)
+
+
+@pytest.mark.parametrize("version", ["3.13", "3.14"])
+def test_from_313_the_offsets_are_the_processs_own_not_the_tables(version, start_target, agent_for, monkeypatch):
+    """A table that is wrong for the process (a vendor's patch moved the frame's fields) does not matter from 3.13
+    on: the offsets CPython publishes in the process are the ones walked, and the stacks are exact."""
+    from gpuflame.agent.py_offsets import OFFSETS
+
+    target = start_target(version)
+    target.ready()
+    for field in ("frame_previous", "code_qualname", "tstate_frame"):
+        monkeypatch.setitem(OFFSETS[version], field, OFFSETS[version][field] + 8)
+    agent = agent_for(target.pid)
+    assert agent.processes[target.pid].python and not agent.unverified
+    target.run("basic")
+    check_exact(agent, target)
+
+
+def test_a_314_debug_build_reads_its_own_offsets(libcuda, agent_for):
+    """Py_DEBUG (python3.14d): its published offsets are read like any other build's; exact stacks."""
+    python = "/opt/cpython-3.14/bin/python3.14d"
+    if not os.access(python, os.X_OK):
+        pytest.skip("no debug build of Python 3.14 here (docs/agent-python.md)")
+    target = Target(python, libcuda)
+    try:
+        target.ready()
+        agent = agent_for(target.pid)
+        assert agent.processes[target.pid].python and not agent.unverified
+        target.run("basic")
+        check_exact(agent, target)
+    finally:
+        target.close()
+
+
+def test_a_debug_build_before_313_is_refused_whatever_its_name(libcuda, agent_for, tmp_path, capsys):
+    """Debian's python3.11d copied as plain python3.11: its exported _Py_NegativeRefcount says debug build; one
+    line, native stacks."""
+    if not os.access("/usr/bin/python3.11d", os.X_OK):
+        pytest.skip("no Debian python3.11-dbg here (apt-get install python3.11-dbg)")
+    python = tmp_path / "python3.11"
+    shutil.copy("/usr/bin/python3.11d", python)
+    target = Target(str(python), libcuda)
+    try:
+        target.ready()
+        agent = agent_for(target.pid)
+        lines = [line for line in capsys.readouterr().err.splitlines() if f"pid {target.pid}" in line]
+        assert len(lines) == 1 and "debug build" in lines[0] and "native stacks" in lines[0], lines
+        target.run("threads")
+        assert wait_for(lambda: booked(agent, target.records))
+        assert {f.kind for f in agent.snapshot().frames} == {"native"}
+    finally:
+        target.close()
 
 
 @pytest.mark.parametrize("version", VERSIONS)
@@ -224,6 +279,38 @@ def test_blocks_from_before_the_agent_do_not_go_negative(start_target, agent_for
     assert rows(agent.snapshot()) == expected
     assert wait_for(lambda: agent.stats()["unknown_frees"] == 3)
     assert any("3 frees of blocks allocated before the agent started" in c for c in agent.snapshot().comments)
+
+
+def test_memory_held_before_the_agent_is_shown_from_nvml(standin_nvml, start_target, agent_for, tmp_path,
+                                                         monkeypatch):
+    """With NVML (a stand-in here): what a process holds beyond what the probes saw allocated is one frame,
+    <allocated before the agent started>, in use and at the peak; other processes' figures are not shown."""
+    figures = tmp_path / "nvml.txt"
+    monkeypatch.setenv("GPUFLAME_STANDIN_NVML", str(figures))
+    target = start_target("3.11")
+    target.ready()
+    target.run("hold")  # 3,000 bytes the agent never sees allocated
+    held = len(target.records)
+    agent = agent_for(target.pid, nvml_library=standin_nvml)
+    target.run("threads")
+    assert wait_for(lambda: booked(agent, target.records[held:]))
+    seen = sum(v[2] for k, v in rows(agent.snapshot()).items() if k[1].startswith("cuda"))
+    others = "".join(f"0 {900000 + i} 4096\n" for i in range(100))  # more than NVML is first asked for
+    figures.write_text(f"0 {target.pid} {seen + 1000}\n1 {target.pid} 2000\n{others}")
+    got = rows(agent.snapshot())
+    before = {k: v for k, v in got.items() if k[2][0][0] == "<allocated before the agent started>"}
+    assert before == {(str(target.pid), "cuda", (("<allocated before the agent started>", "", 0),)):
+                      (3000, 0, 3000, 0, 0, 0)}
+    assert any("from NVML's per-process figure" in c for c in agent.snapshot().comments)
+
+
+def test_without_nvml_the_profile_says_so(start_target, agent_for, tmp_path):
+    target = start_target("3.11")
+    target.ready()
+    agent = agent_for(target.pid, nvml_library=str(tmp_path / "libnvidia-ml.so.1"))
+    comments = agent.snapshot().comments
+    assert any("are not known (no NVML here" in c for c in comments)
+    assert not any(k[2][0][0].startswith("<allocated before") for k in rows(agent.snapshot()))
 
 
 def test_exit_frees_the_process_blocks(start_target, agent_for):
@@ -434,5 +521,5 @@ def test_an_unsupported_python_is_said_and_gets_native_stacks(start_target, agen
     profile = agent.snapshot()
     assert profile.totals()["alloc_space"] == 20 * 777
     assert {f.kind for f in profile.frames} == {"native"}
-    assert any("Python 3.9 is not supported (3.10-3.13 are)" in c for c in profile.comments)
+    assert any("Python 3.9 is not supported (3.10-3.14 are)" in c for c in profile.comments)
     assert not any("before the agent knew" in c for c in profile.comments)

@@ -19,7 +19,7 @@ from gpuflame.agent import events
 from gpuflame.agent.build import BPF_DIR
 from gpuflame.agent.elf import read_elf
 from gpuflame.agent.ledger import Ledger
-from gpuflame.agent.py_offsets import OFFSETS
+from gpuflame.agent.py_offsets import DEBUG_POSITIONS, OFFSETS
 from gpuflame.agent.pyremote import line_for
 
 SOURCE = Path(__file__).resolve().parents[2] / "src" / "gpuflame" / "agent" / "py_offsets.c"
@@ -44,9 +44,12 @@ def test_offsets_match_each_versions_own_headers(version, tmp_path):
     if shutil.which("gcc") is None:
         pytest.skip("gcc is not installed")
     exe = tmp_path / "offsets"
-    subprocess.run(["gcc", f"-I{include}", f"-I{include / 'internal'}", str(SOURCE), "-o", str(exe)], check=True)
+    # the folder above: a Debian-style layout keeps pyconfig.h under <multiarch>/pythonX.Y there
+    subprocess.run(["gcc", f"-I{include}", f"-I{include / 'internal'}", f"-I{include.parent}", str(SOURCE), "-o",
+                    str(exe)], check=True)
     printed = json.loads(subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout)
     assert printed.pop("version") == version
+    assert DEBUG_POSITIONS.get(version) == printed.pop("debug", None)
     assert OFFSETS[version] == printed
 
 
@@ -230,16 +233,17 @@ def test_ledger_parks_a_block_whose_free_is_still_on_its_way():
 
 @pytest.mark.parametrize(("path", "why"), [
     ("/usr/lib/x86_64-linux-gnu/libpython3.13t.so.1.0", "free-threaded"),
-    ("/usr/bin/python3.13t", "free-threaded"),
+    ("/usr/bin/python3.14t", "free-threaded"),
     ("/opt/py/lib/libpython3.12d.so.1.0", "debug build"),
     ("/usr/bin/python3.12", None),
+    ("/usr/bin/python3.14d", None),  # 3.13+ publishes its own offsets: a debug build is read like any other
 ])
 def test_free_threaded_and_debug_builds_are_refused_by_name(path, why):
     from gpuflame.agent import procs
     from gpuflame.agent.py_layout import build_refused
 
     named = procs.LIBPYTHON.search(path) or procs.PYTHON_EXE.search(path)
-    refused = build_refused(named.group(4))
+    refused = build_refused(named.group(4), f"{named.group(2)}.{named.group(3)}")
     assert (refused is None) if why is None else why in refused
 
 
@@ -321,31 +325,80 @@ def test_seccomp_filtered_processes_are_seen():
         proc.wait()
 
 
-# _Py_DebugOffsets (3.13's pycore_runtime.h): byte offset in _PyRuntime of each field we compare
-def test_offsets_agree_with_313s_own_debug_offsets():
-    from gpuflame.agent.py_layout import DEBUG_OFFSETS_313
-
-    """3.13 publishes its layout at the start of _PyRuntime (cookie xdebugpy): our table says the same."""
+@pytest.mark.parametrize("version", sorted(DEBUG_POSITIONS))
+def test_offsets_read_from_the_process_itself_agree_with_the_table(version):
+    """3.13+ publishes its layout at the start of _PyRuntime (cookie xdebugpy): the agent reads it there, and for a
+    stock build it says what the table (from the headers) says."""
     from gpuflame.agent.procs import interpreter
+    from gpuflame.agent.py_layout import offsets_for
     from gpuflame.agent.pyremote import Memory
 
-    python = python_for("3.13")
+    python = python_for(version)
     if python is None:
-        pytest.skip("no Python 3.13 here")
+        pytest.skip(f"no Python {version} here")
     proc = subprocess.Popen([python, "-c", "import sys; print('ready', flush=True); sys.stdin.readline()"],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline().strip() == "ready"
         found = interpreter(proc.pid)
-        assert found is not None and found.version == "3.13"
+        assert found is not None and found.version == version
         memory = Memory(proc.pid)
         try:
-            raw = memory.read(found.runtime, 384)
+            read = offsets_for(version, found.runtime, memory)
         finally:
             memory.close()
     finally:
         proc.stdin.close()
         proc.wait()
-    assert raw[:8] == b"xdebugpy"
-    published = {name: int.from_bytes(raw[at : at + 8], "little") for name, at in DEBUG_OFFSETS_313.items()}
-    assert published == {name: OFFSETS["3.13"][name] for name in DEBUG_OFFSETS_313}
+    assert read == OFFSETS[version]
+
+
+class _Blob:
+    """A process's memory as py_layout reads it: one _PyRuntime at address 0."""
+
+    def __init__(self, raw: bytes) -> None:
+        self.raw = raw
+
+    def read(self, addr: int, size: int) -> bytes:
+        return self.raw[addr : addr + size].ljust(size, b"\0")
+
+
+@pytest.mark.parametrize(("version", "hexversion", "free_threaded", "why"), [
+    ("3.14", 0x030E00F0, 1, "free-threaded"),
+    ("3.13", 0x030E00F0, 0, "its debug offsets are Python 3.14's, its files say 3.13"),
+    ("3.14", 0x030E00F0, 0, "beyond any CPython structure"),
+])
+def test_published_offsets_that_cannot_be_walked_are_refused(version, hexversion, free_threaded, why):
+    """A free-threaded build, a version other than the files', absurd offsets: refused in words, never walked."""
+    from gpuflame.agent.py_layout import offsets_for
+
+    raw = bytearray(1024)
+    raw[:24] = b"xdebugpy" + hexversion.to_bytes(8, "little") + free_threaded.to_bytes(8, "little")
+    raw[DEBUG_POSITIONS[version]["frame_previous"] : DEBUG_POSITIONS[version]["frame_previous"] + 8] = \
+        (1 << 40).to_bytes(8, "little")
+    got = offsets_for(version, 0, _Blob(bytes(raw)))  # type: ignore[arg-type]
+    assert isinstance(got, str) and why in got
+    assert offsets_for(version, 0, _Blob(b"\0" * 1024)) == (  # type: ignore[arg-type]
+        "its _PyRuntime does not start with CPython's debug offsets")
+
+
+def test_every_variant_cuda_h_calls_resolve_to_is_probed(tmp_path):
+    """What a program's call compiles to, per cuda.h (the _v2 names always, the _ptsz/_ptds ones under
+    CUDA_API_PER_THREAD_DEFAULT_STREAM), is probed for every driver function the agent probes."""
+    from gpuflame.agent.events import ALLOCS, FREES, VMM
+
+    include = cuda_include()
+    if include is None or shutil.which("gcc") is None:
+        pytest.skip("no cuda.h or no gcc here")
+    probed = set(ALLOCS) | set(FREES) | set(VMM)
+    bases = sorted({re.sub(r"(_v\d+)?(_pt[sd][zs])?$", "", name) for name in probed})
+    source = tmp_path / "calls.c"
+    source.write_text("#include <cuda.h>\ngpuflame_calls: " + " ".join(bases) + "\n")
+    called = set()
+    for flags in ([], ["-DCUDA_API_PER_THREAD_DEFAULT_STREAM"]):
+        out = subprocess.run(["gcc", "-E", "-P", f"-I{include}", *flags, str(source)], capture_output=True,
+                             text=True, check=True).stdout
+        line = next(x for x in out.splitlines() if x.startswith("gpuflame_calls:"))
+        called |= set(line.split()[1:])
+    assert len(called) > len(bases)  # the _v2 and _ptsz names really came out of cuda.h
+    assert called - probed == set()

@@ -8,7 +8,6 @@ from gpuflame.agent import procs, py_layout
 from gpuflame.agent.elf import ElfFile
 from gpuflame.agent.events import P_NATIVE, proc_value
 from gpuflame.agent.lru import LRU
-from gpuflame.agent.py_offsets import OFFSETS
 from gpuflame.agent.pyremote import CodeReader, Memory
 from gpuflame.model.profile import NATIVE, Frame
 from gpuflame.symbols.names import native_address_name
@@ -28,6 +27,7 @@ class Process:
         self.interpreter = procs.interpreter(pid)
         self.unverified = ""  # why its CPython is not walked although its version has offsets (py_layout)
         self.provisional = False  # caught before its first thread: the layout is to be checked again
+        self.offsets: dict[str, int] = {}  # what its CPython is walked with (py_layout.offsets_for)
         self.reader = self._reader(pid)
         self._maps: list[procs.Mapping] = []
         self._starts: list[int] = []
@@ -35,24 +35,28 @@ class Process:
         self._shared = False  # the reader is the parent's (forked)
 
     def _reader(self, pid: int) -> CodeReader | None:
-        """The code-object reader, once the process's CPython has read back as its table says."""
+        """The code-object reader, once the process's CPython has read back as its offsets say (py_layout)."""
         interp = self.interpreter
         if interp is None or not procs.supported(interp.version):
             return None
-        offsets = OFFSETS[interp.version]
         try:
             memory = Memory(pid)
         except OSError:
             return None  # it ended between reading its maps and opening its memory (a fork child: the parent's)
-        try:
-            why = py_layout.build_refused(interp.abiflags) or py_layout.check(pid, interp.version, interp.runtime,
-                                                                               offsets, memory)
-        except py_layout.NotReady:
-            why, self.provisional = None, True
-        if why:
-            self.unverified = why
+        offsets = py_layout.build_refused(interp.abiflags, interp.version) or py_layout.offsets_for(
+            interp.version, interp.runtime, memory)
+        if isinstance(offsets, str):
+            why: str | None = offsets
+        else:
+            try:
+                why = py_layout.check(pid, offsets, interp.runtime, memory)
+            except py_layout.NotReady:
+                why, self.provisional = None, True
+        if why or isinstance(offsets, str):
+            self.unverified = why or ""
             memory.close()
             return None
+        self.offsets = offsets
         return CodeReader(memory, interp.version, offsets, root=f"/proc/{pid}/root",
                           root_when_gone="/" if procs.sees_host_files(pid) else "")
 
@@ -60,10 +64,8 @@ class Process:
         """Check a provisional layout again (the interpreter may have made its first thread by now)."""
         if not self.provisional or self.reader is None or self.interpreter is None:
             return
-        interp = self.interpreter
         try:
-            why = py_layout.check(self.pid, interp.version, interp.runtime, OFFSETS[interp.version],
-                                  self.reader.memory)
+            why = py_layout.check(self.pid, self.offsets, self.interpreter.runtime, self.reader.memory)
         except py_layout.NotReady:
             return
         self.provisional = False
@@ -87,6 +89,7 @@ class Process:
         child = cls(pid, parent.native)
         if parent.python and not child.python:
             child.interpreter, child.reader, child._shared = parent.interpreter, parent.reader, True
+            child.offsets = parent.offsets
             child.comm = child.comm or parent.comm
         return child
 
@@ -103,7 +106,7 @@ class Process:
         flags = P_NATIVE if (self.native or not self.python) else 0
         if self.reader is None or self.interpreter is None:
             return proc_value(0, flags, None)
-        return proc_value(self.interpreter.runtime, flags, OFFSETS[self.interpreter.version])
+        return proc_value(self.interpreter.runtime, flags, self.offsets)
 
     def python_frame(self, code: int, instr: int) -> Frame:
         assert self.reader is not None

@@ -11,6 +11,7 @@ import os
 import re
 import stat
 import struct
+from collections.abc import Container
 from dataclasses import dataclass
 
 from gpuflame.agent.confined import open_in_root
@@ -301,8 +302,17 @@ def interpreter(pid: int) -> Interpreter | None:
             continue
         named = LIBPYTHON.search(path) or PYTHON_EXE.search(path)
         return Interpreter(bias + elf.symbols["_PyRuntime"].value, version, path, by_path[path][0], dealloc,
-                           named.group(4) if named else "")
+                           build_flags(named.group(4) if named else "", elf.symbols))
     return None
+
+
+# functions only a debug (Py_DEBUG) or a free-threaded build exports: its kind, whatever its file is called
+BUILD_SYMBOLS = {"_Py_NegativeRefcount": "d", "_Py_MergeZeroLocalRefcount": "t"}
+
+
+def build_flags(named: str, symbols: Container[str]) -> str:
+    """The ABI flags of an interpreter file: those its name has, and those its exported functions show."""
+    return named + "".join(flag for sym, flag in BUILD_SYMBOLS.items() if sym in symbols and flag not in named)
 
 
 TP_DEALLOC = 48  # PyTypeObject.tp_dealloc on every 64-bit CPython (after the header, name and sizes)

@@ -14,10 +14,12 @@
 #if PY_VERSION_HEX >= 0x030B0000
 #include "pycore_frame.h"
 #include "pycore_code.h"
+
 #else
 #include "frameobject.h"
 #endif
 
+#define D(name, field) printf("    \"%s\": %ld,\n", name, (long)offsetof(_Py_DebugOffsets, field))
 #define F(name, expr) printf("  \"%s\": %ld,\n", name, (long)(expr))
 
 int main(void) {
@@ -65,7 +67,9 @@ int main(void) {
     F("code_qualname", -1);
     F("code_adaptive", -1);
 #endif
-#if PY_VERSION_HEX >= 0x030C0000
+#if PY_VERSION_HEX >= 0x030E0000
+    F("owner_cstack", FRAME_OWNED_BY_INTERPRETER); /* the first owner of a frame that is not Python's */
+#elif PY_VERSION_HEX >= 0x030C0000
     F("owner_cstack", FRAME_OWNED_BY_CSTACK);
 #else
     F("owner_cstack", -1);
@@ -82,6 +86,33 @@ int main(void) {
     F("unicode_length", offsetof(PyASCIIObject, length));
     F("unicode_ascii_data", sizeof(PyASCIIObject));
     F("unicode_compact_data", sizeof(PyCompactUnicodeObject));
+#if PY_VERSION_HEX >= 0x030D0000
+    /* where the process's own _Py_DebugOffsets (at the start of _PyRuntime) publishes each of them */
+    printf("  \"debug\": {\n");
+    D("runtime_interp_head", runtime_state.interpreters_head);
+    D("interp_threads_head", interpreter_state.threads_head);
+    D("tstate_next", thread_state.next);
+    D("tstate_frame", thread_state.current_frame);
+    D("tstate_thread_id", thread_state.thread_id);
+    D("tstate_native_thread_id", thread_state.native_thread_id);
+    D("frame_previous", interpreter_frame.previous);
+    D("frame_code", interpreter_frame.executable);
+    D("frame_instr", interpreter_frame.instr_ptr);
+    D("frame_owner", interpreter_frame.owner);
+    D("code_filename", code_object.filename);
+    D("code_name", code_object.name);
+    D("code_qualname", code_object.qualname);
+    D("code_linetable", code_object.linetable);
+    D("code_firstlineno", code_object.firstlineno);
+    D("code_adaptive", code_object.co_code_adaptive);
+    D("object_type", pyobject.ob_type);
+    D("type_name", type_object.tp_name);
+    D("bytes_size", bytes_object.ob_size);
+    D("bytes_data", bytes_object.ob_sval);
+    D("unicode_state", unicode_object.state);
+    D("unicode_length", unicode_object.length);
+    printf("    \"unicode_ascii_data\": %ld\n  },\n", (long)offsetof(_Py_DebugOffsets, unicode_object.asciiobject_size));
+#endif
     printf("  \"version\": \"%d.%d\"\n}\n", PY_MAJOR_VERSION, PY_MINOR_VERSION);
     return 0;
 }

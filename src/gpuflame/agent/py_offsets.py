@@ -3,7 +3,8 @@
 The agent reads CPython's structures from outside the process, so it needs their
 layout; production nodes have no Python headers, so the table lives here.
 tests/agent/test_py_offsets.py rebuilds it from every installed version's
-headers and compares. ``-1``: the field does not exist in that version.
+headers and compares. ``-1``: the field does not exist in that version. From 3.13 on the
+process publishes most of them itself (``_Py_DebugOffsets``): DEBUG_POSITIONS says where.
 """
 
 from __future__ import annotations
@@ -128,5 +129,91 @@ OFFSETS: dict[str, dict[str, int]] = {
         "unicode_length": 16,
         "unicode_ascii_data": 40,
         "unicode_compact_data": 56,
+    },
+    "3.14": {
+        "runtime_interp_head": 808,
+        "interp_threads_head": 7344,
+        "tstate_native_thread_id": 160,
+        "tstate_next": 8,
+        "tstate_thread_id": 152,
+        "tstate_cframe": -1,
+        "cframe_current_frame": -1,
+        "tstate_frame": 72,
+        "frame_code": 0,
+        "frame_instr": 56,
+        "frame_instr_size": 8,
+        "frame_previous": 8,
+        "frame_owner": 74,
+        "code_qualname": 128,
+        "code_adaptive": 208,
+        "owner_cstack": 3,
+        "code_filename": 112,
+        "code_name": 120,
+        "code_firstlineno": 68,
+        "code_linetable": 136,
+        "object_type": 8,
+        "type_name": 24,
+        "bytes_size": 16,
+        "bytes_data": 32,
+        "unicode_state": 32,
+        "unicode_length": 16,
+        "unicode_ascii_data": 40,
+        "unicode_compact_data": 56,
+    },
+}
+
+# 3.13+: where each of them sits in the process's own ``_Py_DebugOffsets`` (the start of ``_PyRuntime``), which
+# the agent reads instead of trusting the table (py_layout.read_debug_offsets); the table's values stand only
+# for what CPython does not publish (instruction width, shim-frame owner, compact str data).
+DEBUG_POSITIONS: dict[str, dict[str, int]] = {
+    "3.13": {
+        "runtime_interp_head": 40,
+        "interp_threads_head": 72,
+        "tstate_next": 168,
+        "tstate_frame": 184,
+        "tstate_thread_id": 192,
+        "tstate_native_thread_id": 200,
+        "frame_previous": 232,
+        "frame_code": 240,
+        "frame_instr": 248,
+        "frame_owner": 264,
+        "code_filename": 280,
+        "code_name": 288,
+        "code_qualname": 296,
+        "code_linetable": 304,
+        "code_firstlineno": 312,
+        "code_adaptive": 344,
+        "object_type": 360,
+        "type_name": 376,
+        "bytes_size": 520,
+        "bytes_data": 528,
+        "unicode_state": 544,
+        "unicode_length": 552,
+        "unicode_ascii_data": 560,
+    },
+    "3.14": {
+        "runtime_interp_head": 40,
+        "interp_threads_head": 72,
+        "tstate_next": 192,
+        "tstate_frame": 208,
+        "tstate_thread_id": 216,
+        "tstate_native_thread_id": 224,
+        "frame_previous": 256,
+        "frame_code": 264,
+        "frame_instr": 272,
+        "frame_owner": 288,
+        "code_filename": 320,
+        "code_name": 328,
+        "code_qualname": 336,
+        "code_linetable": 344,
+        "code_firstlineno": 352,
+        "code_adaptive": 384,
+        "object_type": 408,
+        "type_name": 424,
+        "bytes_size": 600,
+        "bytes_data": 608,
+        "unicode_state": 624,
+        "unicode_length": 632,
+        "unicode_ascii_data": 640,
     },
 }

@@ -256,7 +256,7 @@ def _line_310(table: bytes, line: int, lasti: int) -> int | None:
 
 
 def _line_311(table: bytes, line: int, lasti: int) -> int | None:
-    """3.11-3.13's location table (CPython's Objects/locations.md)."""
+    """3.11+'s location table (CPython's Objects/locations.md; 3.14's is the same)."""
     pos, addr, n = 0, 0, len(table)
 
     def varint() -> int:

@@ -49,7 +49,9 @@ long-running agent holds only live processes).
 
 The agent sees the driver's allocations: the segments PyTorch's caching
 allocator reserves, not the tensors inside them (gpuflame run and the webhook
-see those). Blocks allocated before it started are not known. Needs root, or
+see those). Memory a process held before it started is one frame, <allocated
+before the agent started>, where NVML (libnvidia-ml.so.1) can say how much;
+without it, only the frees of such blocks are counted. Needs root, or
 CAP_BPF + CAP_PERFMON + CAP_SYS_PTRACE."""
 
 EPILOG = """\

@@ -256,14 +256,15 @@ static long frame_step(__u64 i, struct frame_walk *w)
         return 1;
     }
     w->frame = *(__u64 *)(e->raw + (w->previous & RAW_U64_MASK));
-    if (w->owner >= 0 && e->raw[w->owner & RAW_U8_MASK] == w->owner_cstack)
-        return 0; /* a C-stack shim frame (3.12+) */
+    if (w->owner >= 0 && w->owner_cstack >= 0 && e->raw[w->owner & RAW_U8_MASK] >= w->owner_cstack)
+        return 0; /* a shim frame of the C stack or the interpreter (3.12+): no code object */
     __u32 n = w->n;
     if (n >= MAX_FRAMES) {
         w->frame = frame;
         return 1;
     }
-    __u64 code = *(__u64 *)(e->raw + (w->code & RAW_U64_MASK));
+    /* 3.14's f_executable is a tagged reference (_PyStackRef): objects are 8-aligned, the low bits are tags */
+    __u64 code = *(__u64 *)(e->raw + (w->code & RAW_U64_MASK)) & ~7ull;
     __u64 instr;
     if (w->instr_size == 4)
         instr = *(__u32 *)(e->raw + (w->instr & RAW_U32_MASK));
