@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: all venv demo test lint bench clean bpf
+.PHONY: all venv demo test test-fast lint bench clean bpf
 
 all: test
 
@@ -32,6 +32,11 @@ demo: venv
 
 test: venv
 	$(BIN)/python -m pytest -q
+
+# The unit tests that run in this process (no subprocess, browser, agent or
+# GPU): the lane to run while editing. tests/unit/conftest.py keeps it honest.
+test-fast: venv
+	$(BIN)/python -m pytest -q tests/unit -m "not subprocess"
 
 # The node agent's BPF object (CO-RE, built once; needs clang, bpftool, libbpf-dev
 # and a kernel with BTF). Packages and images build it before the wheel; a
