@@ -49,10 +49,12 @@ def run_fresh(code: str, out: Path) -> list[str]:
     return json.loads(proc.stdout.splitlines()[-1])
 
 
+@pytest.mark.subprocess
 def test_start_stop_imports_no_launcher_dependency(tmp_path):
     assert run_fresh(PLAIN, tmp_path / "p.pb.gz") == []
 
 
+@pytest.mark.subprocess
 def test_recording_and_writing_a_torch_profile_imports_no_launcher_dependency(tmp_path):
     pytest.importorskip("torch")
     out = tmp_path / "t.pb.gz"
@@ -65,6 +67,7 @@ def test_recording_and_writing_a_torch_profile_imports_no_launcher_dependency(tm
 READERS_ONLY = ("gpuflame.formats.safe_pickle", "gpuflame.formats.torch_snapshot", "gpuflame.symbols.qualnames")
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("hook", ["allocator", "dispatch"])
 def test_recording_a_torch_profile_imports_no_snapshot_reader(tmp_path, hook):
     pytest.importorskip("torch")
@@ -76,6 +79,7 @@ def test_recording_a_torch_profile_imports_no_snapshot_reader(tmp_path, hook):
     assert json.loads(proc.stdout.splitlines()[-1]) == []
 
 
+@pytest.mark.subprocess
 def test_gpuflame_run_imports_only_its_own_command_and_no_analysis(tmp_path):
     """The launcher's imports are CPU time of every profiled run: no other command, no numpy, no reader."""
     code = ("import json, sys\nfrom gpuflame.cli.main import main\n"
@@ -90,6 +94,7 @@ def test_gpuflame_run_imports_only_its_own_command_and_no_analysis(tmp_path):
     assert imported == ["gpuflame.cli.main", "gpuflame.cli.options", "gpuflame.cli.run"]
 
 
+@pytest.mark.subprocess
 def test_the_dispatch_recorder_imports_torch_only_when_it_starts():
     """capture/torch_tensors/mode.py subclasses torch's dispatch mode at its top level: the package imports it late."""
     code = ("import json, sys\nfrom gpuflame.capture.torch_tensors import TorchTensorRecorder\n"

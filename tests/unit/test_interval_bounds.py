@@ -89,6 +89,7 @@ def test_the_environment_reader_ignores_a_bad_interval_with_one_line(
     assert capsys.readouterr().err == ""
 
 
+@pytest.mark.subprocess
 def test_a_profiled_program_with_an_infinite_interval_runs_as_without_gpuflame(tmp_path: Path) -> None:
     """The bootstrap reads GPUFLAME_INTERVAL=inf inside the program: one line, exit 0, the profile written."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUFLAME_")}

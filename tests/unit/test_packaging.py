@@ -12,12 +12,15 @@ import sys
 import zipfile
 from pathlib import Path
 
+import pytest
+
 from tests.helpers.paths import REPO
 
 ROOT = REPO
 PACKAGE = ROOT / "src" / "gpuflame"
 
 
+@pytest.mark.subprocess
 def test_the_wheel_holds_every_source_and_data_file(tmp_path: Path) -> None:
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",

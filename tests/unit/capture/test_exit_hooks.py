@@ -74,6 +74,7 @@ SIGINT_DURING_THE_EXIT_WRITE = textwrap.dedent("""
 """)
 
 
+@pytest.mark.subprocess
 def test_a_sigint_during_the_final_write_prints_no_traceback_from_the_exit_hook() -> None:
     """A SIGINT to the whole group reaches the program and, from the launcher, again: at exit, the second
     one must not end as a KeyboardInterrupt traceback from gpuflame's atexit hook."""

@@ -134,6 +134,7 @@ def test_children_one_after_the_other_peak_at_6_not_8_mb(tmp_path: Path, capsys,
         report_says_one_moment_of_the_run(tmp_path / "run.pb.gz", parent, capsys)
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize(("hook", "method"), [("allocator", "forkserver"), ("dispatch", "fork")])
 def test_children_at_the_same_time_peak_at_their_real_joint_total(tmp_path: Path, hook: str, method: str) -> None:
     profile, (parent, big, small) = run_script(tmp_path, OVERLAPPING, hook, method)
@@ -186,6 +187,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("hook", ["allocator", "dispatch"])
 def test_threads_and_processes_churning_at_once_still_add_up_to_one_moment(tmp_path: Path, hook: str) -> None:
     """The shares at the joint peak must add up to the total the table saw, exactly, or the kind says so."""

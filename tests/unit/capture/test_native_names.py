@@ -35,6 +35,7 @@ def probe():
     return torch.zeros(1_000_000), torch.nn.functional.linear(torch.ones(2, 8), torch.ones(4, 8))
 
 
+@pytest.mark.subprocess
 def test_no_bare_address_where_the_library_has_a_symbol_table():
     tables = libraries_with_a_symbol_table()
     if not tables:

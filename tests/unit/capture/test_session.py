@@ -162,6 +162,7 @@ print("ending", flush=True)
 """
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("to_main", [True, False], ids=["to-main-thread", "to-another-thread"])
 def test_a_sigterm_during_the_exit_write_waits_for_the_file_then_kills(tmp_path: Path, to_main: bool) -> None:
     script = tmp_path / "ending.py"

@@ -238,6 +238,7 @@ def test_cpp_names_without_a_file_are_native() -> None:
     assert guess_kind("LlamaMLP > forward") == "python"
 
 
+@pytest.mark.subprocess
 def test_gpuflames_own_folded_file_keeps_its_sample_type_and_anothers_reads_as_counts(tmp_path) -> None:
     """perf's CPU folded stacks must not read as memory; a file gpuflame wrote names its type and unit."""
     p = Profile(sample_types=[SampleType("peak_space", "bytes"), SampleType("alloc_space", "bytes")])

@@ -122,6 +122,7 @@ def test_a_comment_named_twenty_times_is_parsed_once(monkeypatch):
     assert p.timeline is not None and max(len(v) for v in p.timeline.series.values()) <= timeline.MAX_POINTS
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize(
     ("env", "limit"),
     [("GPUFLAME_MAX_INFLATED_BYTES", "1000000"), ("GPUFLAME_MAX_PICKLE_CONTAINERS", "1000000")],

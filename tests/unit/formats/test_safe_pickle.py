@@ -340,6 +340,7 @@ def test_deep_lists_load_or_fail_plainly() -> None:
     assert plain_errors_only(data) in ("loaded", "rejected")
 
 
+@pytest.mark.subprocess
 def test_deeply_nested_tuple_keys_are_refused_before_they_crash_the_interpreter() -> None:
     # hashing a dict key nested 300k tuples deep overflows CPython's C stack;
     # run it in a child so that a crash fails the test instead of killing pytest

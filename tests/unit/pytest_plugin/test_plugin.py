@@ -222,6 +222,7 @@ def test_records_itself(tmp_path):
     assert rows["test_own.py::test_records_itself"][0] == "4.00 MiB", rows
 
 
+@pytest.mark.subprocess
 def test_xdist_workers_results_are_merged(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_suite=SUITE)
     result = pytester.runpytest_subprocess("-n", "2", "--gpuflame")

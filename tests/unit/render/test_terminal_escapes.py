@@ -164,6 +164,7 @@ SHORT_PATH_UNDER_CPU_LIMIT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.subprocess
 def test_short_path_is_linear_on_a_hostile_path():
     """The old ``.*[/\\\\](?:site|dist)-packages`` regex backtracked: 67 s on a 40 KB path, hours on this one.
 

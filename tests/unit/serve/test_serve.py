@@ -333,6 +333,7 @@ def test_a_non_loopback_host_gets_a_warning(tmp_path: Path, capsys: pytest.Captu
         srv.server_close()
 
 
+@pytest.mark.subprocess
 def test_ctrl_c_exits_cleanly(served: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     proc = subprocess.Popen(

@@ -459,6 +459,7 @@ def script(tmp_path: Path) -> Path:
     return path
 
 
+@pytest.mark.subprocess
 def test_run_pushes_every_interval_and_at_exit(
     server: Server, tmp_path: Path, script: Path, push_pb2: ModuleType, profile_pb2: ModuleType
 ) -> None:
@@ -498,6 +499,7 @@ def baseline(tmp_path_factory: pytest.TempPathFactory) -> float:
     return seconds
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("mode", ["down", "500", "429", "401", "hang", "close"])
 def test_a_failing_pyroscope_never_changes_the_workload(
     server: Server, tmp_path: Path, script: Path, baseline: float, mode: str
@@ -517,6 +519,7 @@ def test_a_failing_pyroscope_never_changes_the_workload(
     assert (tmp_path / "out.pb.gz").exists()  # the local profile is still written
 
 
+@pytest.mark.subprocess
 def test_push_command_uploads_a_file(server: Server, tmp_path: Path, push_pb2, profile_pb2) -> None:
     from gpuflame.formats import save
 
@@ -543,6 +546,7 @@ def test_push_command_uploads_a_file(server: Server, tmp_path: Path, push_pb2, p
     assert "not HTTP: \\x1b[2J" in done.stderr and len(done.stderr) < 2 * EXCERPT + 200
 
 
+@pytest.mark.subprocess
 def test_the_demo_pushes_its_kv_cache_and_weights_by_name(
     server: Server, tmp_path: Path, push_pb2: ModuleType, profile_pb2: ModuleType
 ) -> None:

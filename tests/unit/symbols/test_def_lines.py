@@ -180,6 +180,7 @@ held = Model().make()
 """
 
 
+@pytest.mark.subprocess
 def test_a_decorated_function_is_named_at_its_def_not_its_first_decorator(tmp_path: Path, capsys) -> None:
     """co_firstlineno is the first decorator's line (13); the bar says the def (15) in every view."""
     (tmp_path / "deco.py").write_text(DECORATED)
