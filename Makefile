@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: all venv demo test docs lint bench clean bpf
+.PHONY: all venv demo test test-fast docs lint bench clean bpf
 
 all: test
 
@@ -32,6 +32,11 @@ demo: venv
 
 test: venv
 	$(BIN)/python -m pytest -q
+
+# The unit tests that run in this process (no subprocess, browser, agent or
+# GPU): the lane to run while editing. tests/unit/conftest.py keeps it honest.
+test-fast: venv
+	$(BIN)/python -m pytest -q tests/unit -m "not subprocess"
 
 # The documentation site (docs/, mkdocs.yml) into site/, offline; --strict makes every
 # warning an error: a broken link or anchor, a page left out of nav. The versions are

@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import importlib.util
 import re
-import subprocess
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
 from gpuflame.model import Profile
-from rich_profile import build_rich_profile
+from tests.helpers.rich_profile import build_rich_profile
 
 TESTS = Path(__file__).resolve().parent
 
@@ -43,18 +41,10 @@ def compile_proto(name: str, tmp_path_factory: pytest.TempPathFactory) -> Module
     pytest.importorskip("grpc_tools")
     out = tmp_path_factory.mktemp(f"{name}_pb2")
     proto = TESTS / "proto"
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "grpc_tools.protoc",
-            f"-I{proto}",
-            f"--python_out={out}",
-            str(proto / f"{name}.proto"),
-        ],
-        check=True,
-        capture_output=True,
-    )
+    from grpc_tools import protoc  # in this process: the fast lane starts no subprocess
+
+    args = ["protoc", f"-I{proto}", f"--python_out={out}", str(proto / f"{name}.proto")]
+    assert protoc.main(args) == 0, f"protoc failed on {name}.proto"
     path = out / f"{name}_pb2.py"
     try:
         return _import_file(f"gpuflame_test_{name}_pb2", path)
@@ -77,3 +67,18 @@ def _import_file(name: str, path: Path) -> ModuleType:
 @pytest.fixture
 def rich_profile() -> Profile:
     return build_rich_profile()
+
+
+# =============================================================================
+# lanes: each test is marked by the folder it lives in (see CONTRIBUTING.md)
+# =============================================================================
+
+LANES = ("unit", "e2e", "browser", "agent", "gpu", "deploy")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark every test with its folder's lane, so `-m unit` or `-m "not browser"` selects by folder."""
+    for item in items:
+        parts = Path(str(item.fspath)).resolve().relative_to(TESTS).parts
+        if len(parts) > 1 and parts[0] in LANES:
+            item.add_marker(getattr(pytest.mark, parts[0]))

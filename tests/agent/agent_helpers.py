@@ -11,6 +11,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
+from tests.agent.agent_expected import replay, rows
+
 HERE = Path(__file__).resolve().parent
 TARGET = HERE / "target.py"
 VERSIONS = ("3.10", "3.11", "3.12", "3.13", "3.14")
@@ -174,7 +178,6 @@ class StandinContainer:
                 continue
             if (folder / "cgroup.procs").exists():
                 return folder
-        import pytest
 
         pytest.skip("no writable cgroup hierarchy to place a stand-in container in")
 
@@ -186,3 +189,38 @@ class StandinContainer:
                 folder.rmdir()
             except OSError:
                 pass
+
+
+def agent_cli(*args: str, env: dict[str, str] | None = None, prefix: tuple[str, ...] = ()) -> subprocess.Popen:
+    full = {k: v for k, v in os.environ.items() if not k.startswith("GPUFLAME_")}
+    full.update(env or {})
+    return subprocess.Popen([*prefix, sys.executable, "-m", "gpuflame", "agent", *args], env=full,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def watching(proc: subprocess.Popen) -> str:
+    line = proc.stderr.readline()
+    assert line.startswith("gpuflame agent: watching"), line + proc.stderr.read()
+    return line
+
+
+def booked(agent, records) -> bool:  # noqa: ANN001
+    """The agent has every allocation the target logged."""
+    want = sum(1 for r in records if r["op"] == "alloc")
+    return agent.snapshot().totals()["alloc_objects"] >= want
+
+
+def own_rows(agent, pids) -> dict:  # noqa: ANN001
+    """The agent's rows of these processes (an every-process agent also sees other jobs' processes)."""
+    return {k: v for k, v in rows(agent.snapshot()).items() if k[0] in pids}
+
+
+def check_exact(agent, target, pid_of=None) -> dict:  # noqa: ANN001
+    """The agent's profile equals the target's log (allocations and frees alike, once all are booked)."""
+    expected = replay(target.records, pid_of)
+    pids = {k[0] for k in expected}
+    wait_for(lambda: own_rows(agent, pids) == expected)
+    got = own_rows(agent, pids)
+    assert got == expected
+    return got
+

@@ -12,7 +12,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from agent_helpers import HERE, Target, cuda_include, python_for, why_not
+
+from tests.agent.agent_helpers import HERE, Target, cuda_include, python_for, why_not
 
 
 @pytest.fixture(scope="session")

@@ -111,8 +111,8 @@ def test_lru_forgets_by_count_and_by_weight():
 def test_stacks_beyond_the_limit_are_booked_under_one(start_target, agent_for):
     """A process making ever new stacks: the agent names only so many (here 3); the rest are booked under one
     synthetic stack, counted and said, and no byte is lost."""
-    from agent_expected import replay, rows
-    from agent_helpers import wait_for
+    from tests.agent.agent_expected import replay, rows
+    from tests.agent.agent_helpers import wait_for
 
     target = start_target("3.11")
     target.ready()

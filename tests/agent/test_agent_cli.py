@@ -3,31 +3,16 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import stat
-import subprocess
-import sys
 import time
 
 import pytest
-from agent_expected import replay, rows
 
 from gpuflame.formats import load
-
-
-def agent_cli(*args: str, env: dict[str, str] | None = None, prefix: tuple[str, ...] = ()) -> subprocess.Popen:
-    full = {k: v for k, v in os.environ.items() if not k.startswith("GPUFLAME_")}
-    full.update(env or {})
-    return subprocess.Popen([*prefix, sys.executable, "-m", "gpuflame", "agent", *args], env=full,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def watching(proc: subprocess.Popen) -> str:
-    line = proc.stderr.readline()
-    assert line.startswith("gpuflame agent: watching"), line + proc.stderr.read()
-    return line
+from tests.agent.agent_expected import replay, rows
+from tests.agent.agent_helpers import agent_cli, watching
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])

@@ -10,11 +10,10 @@ seen) or, for a variable in a live stack frame, at the thread's next call.
 from __future__ import annotations
 
 import pytest
-from agent_expected import replay, rows
-from agent_helpers import NativeCaller, wait_for
-from test_agent_stacks import booked, check_exact, own_rows
 
 from gpuflame.agent.procs import choose_probes
+from tests.agent.agent_expected import replay, rows
+from tests.agent.agent_helpers import NativeCaller, booked, check_exact, own_rows, wait_for
 
 
 def entry_agent(agent_for, target):  # noqa: ANN001, ANN201

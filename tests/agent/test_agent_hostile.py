@@ -16,10 +16,9 @@ import threading
 from pathlib import Path
 
 import pytest
-from agent_helpers import NativeCaller, StandinContainer, wait_for
-from test_agent_cli import agent_cli
 
 from gpuflame.agent.kube import SERVICE_ACCOUNT_NAMESPACE, Placement
+from tests.agent.agent_helpers import NativeCaller, StandinContainer, agent_cli, wait_for
 
 CID = "9c1d2e3f" * 8
 POD_UID = "0d1e2f3a-4b5c-4d6e-8f70-8192a3b4c5d6"

@@ -10,12 +10,10 @@ import subprocess
 import sys
 
 import pytest
-from agent_expected import replay
-from agent_helpers import wait_for
-from test_agent_cli import agent_cli, watching
-from test_agent_stacks import check_exact, own_rows
 
 from gpuflame.formats import load
+from tests.agent.agent_expected import replay
+from tests.agent.agent_helpers import agent_cli, check_exact, own_rows, wait_for, watching
 
 
 def isolated() -> tuple[str, ...]:

@@ -7,12 +7,12 @@ import signal
 import time
 
 import pytest
-from agent_expected import replay
-from test_agent_cli import agent_cli, watching
 
 from gpuflame.agent.kube import Placement, container_id
 from gpuflame.agent.push import series_of
 from gpuflame.model import Frame, Profile, memory_sample_types
+from tests.agent.agent_expected import replay
+from tests.agent.agent_helpers import agent_cli, watching
 
 CID = "3f4e1c2b" * 8
 UID = "5b7c0a52-9d1e-4c4f-8a0e-2f6d1b9c7e31"
@@ -85,7 +85,7 @@ def test_series_per_container():
 def test_agent_pushes_to_pyroscope_every_interval(start_target, bpf_object, push_pb2, profile_pb2):
     import threading
 
-    from test_pyroscope import Server, decode_push  # the loopback Pyroscope of the pusher's own tests
+    from tests.unit.ship.test_pyroscope import Server, decode_push  # the loopback Pyroscope of the pusher's own tests
 
     server = Server()
     threading.Thread(target=server.serve_forever, daemon=True).start()

@@ -12,29 +12,9 @@ import shutil
 import subprocess
 
 import pytest
-from agent_expected import replay, rows
-from agent_helpers import VERSIONS, NativeCaller, Target, wait_for
 
-
-def booked(agent, records) -> bool:  # noqa: ANN001
-    """The agent has every allocation the target logged."""
-    want = sum(1 for r in records if r["op"] == "alloc")
-    return agent.snapshot().totals()["alloc_objects"] >= want
-
-
-def own_rows(agent, pids) -> dict:  # noqa: ANN001
-    """The agent's rows of these processes (an every-process agent also sees other jobs' processes)."""
-    return {k: v for k, v in rows(agent.snapshot()).items() if k[0] in pids}
-
-
-def check_exact(agent, target, pid_of=None) -> dict:  # noqa: ANN001
-    """The agent's profile equals the target's log (allocations and frees alike, once all are booked)."""
-    expected = replay(target.records, pid_of)
-    pids = {k[0] for k in expected}
-    wait_for(lambda: own_rows(agent, pids) == expected)
-    got = own_rows(agent, pids)
-    assert got == expected
-    return got
+from tests.agent.agent_expected import replay, rows
+from tests.agent.agent_helpers import VERSIONS, NativeCaller, Target, booked, check_exact, own_rows, wait_for
 
 
 @pytest.mark.parametrize("version", VERSIONS)
@@ -155,7 +135,7 @@ def test_code_made_again_at_a_freed_code_objects_address_gets_its_own_name(versi
 
 def test_code_frees_seen_in_a_stripped_system_python(libcuda, agent_for):
     """Debian's python3 (no .symtab): code_dealloc found through PyCode_Type, the cells named all the same."""
-    from agent_helpers import Target
+    from tests.agent.agent_helpers import Target
 
     python = "/usr/bin/python3.11"
     if not os.path.exists(python):
@@ -484,7 +464,7 @@ def test_live_block_map_overflow_is_counted_and_said(start_target, agent_for):
 
 def test_functions_the_kernel_single_steps_are_named(libcuda, agent_for, tmp_path):
     """A driver built without frame setup: its probes are single-stepped (slower), and the watching line says so."""
-    from agent_helpers import HERE, cuda_include
+    from tests.agent.agent_helpers import HERE, cuda_include
 
     plain = tmp_path / "libcuda.so.1"
     subprocess.run(["gcc", "-shared", "-fPIC", "-O2", f"-I{cuda_include()}", str(HERE / "standin_cuda.c"),

@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from agent_helpers import VERSIONS, cuda_include, python_for
 
 from gpuflame.agent import events
 from gpuflame.agent.build import BPF_DIR
@@ -21,6 +20,7 @@ from gpuflame.agent.elf import read_elf
 from gpuflame.agent.ledger import Ledger
 from gpuflame.agent.py_offsets import DEBUG_POSITIONS, OFFSETS
 from gpuflame.agent.pyremote import line_for
+from tests.agent.agent_helpers import VERSIONS, cuda_include, python_for
 
 SOURCE = Path(__file__).resolve().parents[2] / "src" / "gpuflame" / "agent" / "py_offsets.c"
 

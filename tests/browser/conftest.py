@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-# The profiles these tests open are shared with tests/test_view_cli.py.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from chrome_pipe import Chrome, find_chromium  # noqa: E402
+from tests.browser.chrome_pipe import Chrome, find_chromium
 
 CHROMIUM = find_chromium()
 

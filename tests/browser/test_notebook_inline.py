@@ -16,10 +16,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from chrome_pipe import Chrome, find_chromium
-from test_viewer import READY
 
-from notebook_kernel import execute
+from tests.browser.chrome_pipe import Chrome, find_chromium
+from tests.browser.viewer_page import READY
+from tests.helpers.notebook_kernel import execute
 
 CHROMIUM = find_chromium()
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no chromium installed (apt-get install chromium)")

@@ -11,14 +11,14 @@ import struct
 import sys
 import zlib
 from pathlib import Path
-from typing import Any
 
 import pytest
-from chrome_pipe import Chrome, find_chromium
 
 from gpuflame.cli.main import main
 from gpuflame.formats import save
-from viewer_profiles import (
+from tests.browser.chrome_pipe import Chrome, find_chromium
+from tests.browser.viewer_page import choose, click_bar, open_viewer, search, settle, state
+from tests.helpers.viewer_profiles import (
     CHAIN,
     DECODER_LAYER,
     INUSE_TOTAL,
@@ -38,13 +38,8 @@ from viewer_profiles import (
 CHROMIUM = find_chromium()
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no chromium installed (apt-get install chromium)")
 
-READY = "window.gpuflameState && (window.gpuflameState.ready || window.gpuflameState.error) && window.gpuflameState"
 
 
-def open_viewer(chrome: Chrome, html: Path) -> dict[str, Any]:
-    """Load a viewer page from file:// and wait until it has drawn (or failed); its state."""
-    chrome.send("Page.navigate", {"url": html.as_uri()})
-    return chrome.wait_for(READY)
 
 
 @pytest.fixture(scope="module")
@@ -65,31 +60,14 @@ def page(chrome: Chrome, html_file: Path) -> Chrome:
     return chrome
 
 
-def state(chrome: Chrome) -> dict:
-    return chrome.evaluate("window.gpuflameState")
 
 
-def search(chrome: Chrome, text: str) -> dict:
-    chrome.evaluate("(() => { const s = document.getElementById('search'); s.value = ''; s.focus(); "
-                    "s.dispatchEvent(new Event('input')); })()")
-    chrome.type_text(text)
-    return chrome.wait_for(f"window.gpuflameState.query === {json.dumps(text)} && window.gpuflameState")
 
 
-def choose(chrome: Chrome, select_id: str, value: str) -> None:
-    chrome.evaluate(f"(() => {{ const s = document.getElementById({json.dumps(select_id)}); "
-                    f"s.value = {json.dumps(value)}; s.dispatchEvent(new Event('change')); }})()")
 
 
-def click_bar(chrome: Chrome, name: str) -> None:
-    centre = chrome.wait_for(f"window.gpuflameBarCenter({json.dumps(name)})")
-    chrome.click(centre["x"], centre["y"])
 
 
-def settle(chrome: Chrome) -> dict:
-    """The state after the next animation frame (drawing is batched to frames)."""
-    chrome.evaluate("new Promise((r) => requestAnimationFrame(() => requestAnimationFrame(r)))")
-    return state(chrome)
 
 
 def test_draws_the_graph_from_file_url_without_network(page: Chrome, html_file: Path) -> None:
@@ -320,8 +298,7 @@ def test_hiding_framework_frames_keeps_the_entry_and_the_bytes(chrome: Chrome, t
 
 
 def test_a_snapshot_profile_shows_memory_over_time_with_its_peak(chrome: Chrome, tmp_path: Path) -> None:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
-    make_snapshots = pytest.importorskip("make_snapshots")  # needs torch (a test dependency)
+    make_snapshots = pytest.importorskip("tests.fixtures.make_snapshots")  # needs torch (a test dependency)
     from gpuflame.formats import load, torch_snapshot
 
     profile = torch_snapshot.from_snapshot(make_snapshots.build_all()["handwritten_small_trace"])
@@ -360,7 +337,6 @@ def test_the_demo_run_renders_offline_with_the_guides_names(chrome: Chrome, tmp_
     """Issue 4's check: `gpuflame run` of the demo, `gpuflame view`, headless Chromium, the guide's names shown."""
     import os
     import subprocess
-    import sys
 
     root = Path(__file__).resolve().parents[2]
     env = dict(os.environ)

@@ -6,12 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from chrome_pipe import Chrome, find_chromium
-from test_viewer import choose, open_viewer, settle, state
 
 from gpuflame.cli.main import main
 from gpuflame.formats import save
 from gpuflame.model import Frame, Profile
+from tests.browser.chrome_pipe import Chrome, find_chromium
+from tests.browser.viewer_page import choose, open_viewer, settle, state
 
 CHROMIUM = find_chromium()
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no chromium installed (apt-get install chromium)")

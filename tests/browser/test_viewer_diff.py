@@ -6,12 +6,12 @@ import re
 from pathlib import Path
 
 import pytest
-from chrome_pipe import Chrome, find_chromium
-from test_viewer import click_bar, open_viewer, search, settle, state
 
 from gpuflame.cli.main import main
 from gpuflame.formats import save
-from viewer_profiles import (
+from tests.browser.chrome_pipe import Chrome, find_chromium
+from tests.browser.viewer_page import click_bar, open_viewer, search, settle, state
+from tests.helpers.viewer_profiles import (
     ALLOC_KV,
     BASE_PEAK_TOTAL,
     CACHED,

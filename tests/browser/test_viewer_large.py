@@ -14,13 +14,13 @@ import random
 from pathlib import Path
 
 import pytest
-from chrome_pipe import Chrome
-from test_viewer import choose, open_viewer, search, settle
 
 from gpuflame.cli.main import main
 from gpuflame.formats import save
 from gpuflame.model import Profile
-from large_profile import function_frame, tree_parents, tree_profile
+from tests.browser.chrome_pipe import Chrome
+from tests.browser.viewer_page import choose, open_viewer, search, settle
+from tests.helpers.large_profile import function_frame, tree_parents, tree_profile
 
 FUNCTIONS = 50_000
 QUERY = "Class1.method_3"  # Class1, Class10..19, Class100..: matches nested in matches

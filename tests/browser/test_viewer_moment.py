@@ -12,14 +12,14 @@ import time
 from pathlib import Path
 
 import pytest
-from chrome_pipe import Chrome, find_chromium
-from test_viewer import open_viewer, settle, state
 
 from gpuflame.cli.main import main
 from gpuflame.formats import load, save
 from gpuflame.model import Frame, Profile, memory_sample_types, merge, moment
 from gpuflame.model.history import EventLog, History
 from gpuflame.model.timeline import Timeline
+from tests.browser.chrome_pipe import Chrome, find_chromium
+from tests.browser.viewer_page import open_viewer, settle, state
 
 torch = pytest.importorskip("torch")
 CHROMIUM = find_chromium()

@@ -6,12 +6,13 @@ import time
 from pathlib import Path
 
 import pytest
-from chrome_pipe import Chrome, find_chromium
 
 from gpuflame.cli.main import main
 from gpuflame.formats import save
 from gpuflame.model import Frame, Profile, memory_sample_types, merge
 from gpuflame.model.peak import PROCESS, PeakUnit
+from tests.browser.chrome_pipe import Chrome, find_chromium
+from tests.helpers.paths import FIXTURES
 
 pytestmark = pytest.mark.skipif(find_chromium() is None, reason="no chromium installed (apt-get install chromium)")
 
@@ -54,7 +55,7 @@ def test_a_single_process_keeps_the_single_moment_caption(chrome: Chrome, tmp_pa
 def test_a_snapshots_page_says_which_peak_is_which(chrome: Chrome, tmp_path: Path) -> None:
     """The graph's peak counts what the allocator reserved, the strip's only allocations: two numbers on
     one page, each said for what it is."""
-    snapshot = Path(__file__).resolve().parents[1] / "fixtures" / "handwritten_small_trace.pickle"
+    snapshot = FIXTURES / "handwritten_small_trace.pickle"
     assert main(["view", str(snapshot), "-o", str(tmp_path / "snap.html")]) == 0
     text = status(chrome, tmp_path / "snap.html")
     assert "the graph counts what the allocator reserved (allocations + <allocator rounding> + " in text

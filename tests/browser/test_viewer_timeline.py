@@ -11,13 +11,13 @@ import json
 from pathlib import Path
 
 import pytest
-from chrome_pipe import Chrome, find_chromium
-from test_viewer import choose, open_viewer, state
 
 from gpuflame.cli.main import main
 from gpuflame.formats import save
 from gpuflame.model import Frame, Profile, memory_sample_types
 from gpuflame.model.timeline import Timeline
+from tests.browser.chrome_pipe import Chrome, find_chromium
+from tests.browser.viewer_page import choose, open_viewer, state
 
 CHROMIUM = find_chromium()
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no chromium installed (apt-get install chromium)")

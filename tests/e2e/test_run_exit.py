@@ -1,0 +1,374 @@
+"""``gpuflame run`` at the edges of a process's life: signals during the exit write, os._exit, SIGKILL, Ctrl-C.
+
+Every test runs real Python processes with real torch (CPU) under
+``python -m gpuflame run`` and checks exact bytes, the exit status the
+program would have had without gpuflame, and that every process is either
+in the profile or named, with the reason, as lost or partial.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gpuflame.formats import load
+from tests.e2e.test_run_cli import ALLOCATE, KIB, bytes_by_function, gpuflame_run, write
+
+POOL = """
+import multiprocessing as mp, os, sys, time, torch
+
+def work(kib):
+    keep = torch.zeros(kib * 256)  # kib KiB of float32, freed when the task returns
+    time.sleep(0.3)  # long enough that each worker takes a task
+    return os.getpid(), kib
+
+if __name__ == "__main__":
+    ctx = mp.get_context(sys.argv[1])
+    with ctx.Pool(3) as pool:  # leaving the block terminate()s the workers: SIGTERM while they exit
+        done = pool.map(work, [16, 32, 48], chunksize=1)
+    for pid, kib in done:
+        print(pid, kib, flush=True)
+"""
+
+
+def summary(result: subprocess.CompletedProcess) -> dict:
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
+def test_pool_workers_terminated_while_writing_keep_their_profile(tmp_path: Path, method: str) -> None:
+    """``with Pool(): pool.map(...)``: terminate() SIGTERMs workers inside their exit write (5 of 6 runs lost one)."""
+    script = write(tmp_path / "pool.py", POOL)
+    result = gpuflame_run("--json", "-o", "pool.pb.gz", script.name, method, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    worked: dict[int, int] = {}
+    for line in result.stdout.strip().splitlines()[:-1]:
+        pid, kib = (int(w) for w in line.split())
+        worked[pid] = worked.get(pid, 0) + kib * KIB
+    run = summary(result)
+    assert set(worked) <= set(run["processes"]), result.stderr
+    assert run["lost"] == [] and run["lost_processes"] == [], result.stderr
+    profile = load(tmp_path / "pool.pb.gz")
+    for pid, expected in worked.items():
+        assert bytes_by_function(profile, "alloc_space", pid=pid).get("work") == expected, pid
+        assert bytes_by_function(profile, "peak_space", pid=pid).get("work") == max(
+            kib * KIB for p, kib in _tasks(result) if p == pid)
+
+
+def _tasks(result: subprocess.CompletedProcess) -> list[tuple[int, int]]:
+    return [tuple(int(w) for w in line.split()) for line in result.stdout.strip().splitlines()[:-1]]  # type: ignore
+
+
+SWEEP = """
+import os, signal, sys, time, torch
+
+# Forked children end normally (their exit hooks write) while the parent
+# SIGTERMs each one a little later than the last: 0 to 78 ms after it said
+# it was done, so some signals land before the exit write, some during it
+# (or at its first line), some after the child is gone.
+results = []
+for step in range(40):
+    read, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        keep = torch.zeros((step + 1) * 256)  # (step + 1) KiB
+        os.write(write_end, b"x")
+        sys.exit(0)
+    os.read(read, 1)
+    time.sleep(step * 0.002)
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    _, status = os.waitpid(pid, 0)
+    results.append((pid, step + 1, os.waitstatus_to_exitcode(status)))
+for pid, kib, code in results:
+    print(pid, kib, code, flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_sigterm_swept_across_the_normal_end_never_loses_a_profile(tmp_path: Path) -> None:
+    script = write(tmp_path / "sweep.py", SWEEP)
+    result = gpuflame_run("--json", "-o", "sweep.pb.gz", script.name, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    run = summary(result)
+    assert run["lost"] == [], result.stderr
+    profile = load(tmp_path / "sweep.pb.gz")
+    codes = set()
+    for line in result.stdout.strip().splitlines()[:-1]:
+        pid, kib, code = (int(w) for w in line.split())
+        codes.add(code)
+        assert code in (0, -signal.SIGTERM)  # ended normally, or died of the signal: never another status
+        assert bytes_by_function(profile, "inuse_space", pid=pid).get("<module>") == kib * KIB, (pid, code)
+    assert -signal.SIGTERM in codes  # the sweep did reach processes still writing
+
+
+OS_EXIT = """
+import os, sys, time, torch
+
+def build(kib):
+    return torch.zeros(kib * 256)
+
+parent_keep = build(8)
+pid = os.fork()
+if pid == 0:
+    child_keep = build(24)
+    time.sleep({child_sleep})
+    os._exit(0)  # no exit hooks: nothing is written here
+os.waitpid(pid, 0)
+print(pid, flush=True)
+time.sleep({parent_sleep})
+"""
+
+
+@pytest.mark.slow
+def test_an_os_exit_child_is_named_as_lost_and_not_counted(tmp_path: Path) -> None:
+    script = write(tmp_path / "forks.py", OS_EXIT.format(child_sleep=0, parent_sleep=0))
+    result = gpuflame_run("-o", "f.pb.gz", script.name, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    child = int(result.stdout.split()[0])
+    assert f"gpuflame: lost: pid {child}: nothing could be written: it ended by os._exit(), SIGKILL or a crash" \
+        in result.stderr
+    assert "--interval 10s keeps a snapshot" in result.stderr
+    assert "profile of 1 of 2 processes (1 lost: see above)" in result.stderr
+    profile = load(tmp_path / "f.pb.gz")
+    assert profile.label_values("pid") == [str(_parent(profile, child))]
+    assert any(f"pid {child}: nothing could be written" in c for c in profile.comments)
+    json_run = gpuflame_run("--json", "-o", "g.pb.gz", script.name, cwd=tmp_path)
+    (lost,) = summary(json_run)["lost_processes"]
+    assert lost["pid"] == int(json_run.stdout.split()[0]) and "os._exit()" in lost["why"]
+
+
+def _parent(profile, child: int) -> int:
+    (pid,) = [int(p) for p in profile.label_values("pid") if int(p) != child]
+    return pid
+
+
+@pytest.mark.slow
+def test_with_interval_the_last_snapshot_of_an_os_exit_child_is_kept_and_marked_partial(tmp_path: Path) -> None:
+    script = write(tmp_path / "forks.py", OS_EXIT.format(child_sleep=0.5, parent_sleep=0))
+    result = gpuflame_run("--json", "--interval", "100ms", "-o", "i.pb.gz", script.name, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    child = int(result.stdout.split()[0])
+    run = summary(result)
+    assert run["lost_processes"] == [] and child in run["processes"]
+    (partial,) = run["partial_processes"]
+    assert partial["pid"] == child
+    assert 0 <= partial["missing_s"] < 1.5  # one interval, plus scheduling on a busy machine
+    assert f"pid {child}: partial: its profile stops at the last --interval snapshot, " in partial["why"]
+    assert "s before the process ended; the final profile was never written" in partial["why"]
+    assert partial["why"] in result.stderr
+    profile = load(tmp_path / "i.pb.gz")
+    assert bytes_by_function(profile, pid=child)["build"] == 24 * KIB
+    assert partial["why"] in profile.comments
+
+
+@pytest.mark.slow
+def test_sigkill_keeps_the_last_interval_snapshot_and_says_so(tmp_path: Path) -> None:
+    script = write(tmp_path / "killed.py", ALLOCATE, """
+    import signal, time
+    kept = Holder().make(40)
+    time.sleep(0.5)
+    os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    result = gpuflame_run("--json", "--interval", "100ms", "-o", "k.pb.gz", script.name, cwd=tmp_path)
+    assert result.returncode == 128 + signal.SIGKILL
+    (partial,) = summary(result)["partial_processes"]
+    assert "the final profile was never written (it was killed by SIGKILL)" in partial["why"]
+    assert bytes_by_function(load(tmp_path / "k.pb.gz"))["Holder > make"] == 40 * KIB
+    without = gpuflame_run("-o", "n.pb.gz", script.name, cwd=tmp_path)
+    assert without.returncode == 128 + signal.SIGKILL
+    assert "nothing could be written: it was killed by SIGKILL before its exit hooks ran" in without.stderr
+    assert "no profile was written: see what was lost above" in without.stderr
+    assert not (tmp_path / "n.pb.gz.processes").exists()  # no empty folder left behind
+
+
+@pytest.mark.slow
+def test_ctrl_c_exits_130_as_plain_python_does_and_keeps_the_profile(tmp_path: Path) -> None:
+    script = write(tmp_path / "waiting.py", ALLOCATE, """
+    import time
+    kept = Holder().make(12)
+    print("waiting", flush=True)
+    time.sleep(60)
+    """)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUFLAME_") and k != "PYTHONPATH"}
+    env["GPUFLAME_STORE"] = str(tmp_path / "store")
+    codes = {}
+    for how in ("python", "gpuflame"):
+        launcher = [sys.executable] if how == "python" else [sys.executable, "-m", "gpuflame", "run", "-o", "c.pb.gz"]
+        proc = subprocess.Popen([*launcher, script.name], cwd=tmp_path, env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "waiting"
+        time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        code = proc.wait(timeout=60)
+        codes[how] = 128 - code if code < 0 else code
+    assert codes == {"python": 130, "gpuflame": 130}
+    assert bytes_by_function(load(tmp_path / "c.pb.gz"))["Holder > make"] == 12 * KIB
+
+
+def test_a_negative_interval_is_named_not_taken_for_an_option(tmp_path: Path) -> None:
+    result = gpuflame_run("--interval", "-5s", "x.py", cwd=tmp_path)
+    assert result.returncode == 2
+    (line,) = result.stderr.strip().splitlines()
+    assert "an interval cannot be negative: '-5s'" in line and "expected one argument" not in line
+
+
+def test_a_run_without_a_profile_leaves_no_empty_folder_nor_a_meta_naming_a_missing_file(tmp_path: Path) -> None:
+    script = write(tmp_path / "plain.py", "print('no framework here')\n")
+    with_output = gpuflame_run("-o", "none.pb.gz", script.name, cwd=tmp_path)
+    assert with_output.returncode == 0
+    assert "no profile was written: no process imported torch or jax (--backend auto)" in with_output.stderr
+    assert not (tmp_path / "none.pb.gz.processes").exists() and not (tmp_path / "none.pb.gz").exists()
+    stored = gpuflame_run("--json", script.name, cwd=tmp_path)
+    (run_dir,) = (tmp_path / "store").iterdir()
+    meta = json.loads((run_dir / "meta.json").read_text())
+    assert meta["profile"] is None and summary(stored)["profile"] is None
+    assert sorted(p.name for p in run_dir.iterdir()) == ["meta.json"]
+
+
+def test_the_wrong_backend_says_what_was_imported_instead(tmp_path: Path) -> None:
+    script = write(tmp_path / "torchonly.py", ALLOCATE, "\nkept = Holder().make(4)\nprint(os.getpid())\n")
+    result = gpuflame_run("-o", "w.pb.gz", "--backend", "jax", script.name, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    pid = result.stdout.strip()
+    assert (f"gpuflame: no profile was written: jax was never imported (--backend jax); "
+            f"pid {pid} imported torch, which --backend jax does not record") in result.stderr
+
+
+def test_fork_children_that_run_another_program_are_not_taken_for_lost(tmp_path: Path) -> None:
+    """``subprocess`` with a preexec_fn and ``os.fork()`` + ``os.execvp()`` run our fork hook, then exec."""
+    script = write(tmp_path / "execs.py", ALLOCATE, """
+    import subprocess
+    kept = Holder().make(4)
+    subprocess.run(["true"], preexec_fn=lambda: None, check=True)
+    pid = os.fork()
+    if pid == 0:
+        os.execvp("true", ["true"])
+    os.waitpid(pid, 0)
+    """)
+    result = gpuflame_run("--json", "-o", "e.pb.gz", script.name, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    run = summary(result)
+    assert run["lost"] == [] and run["lost_processes"] == [] and len(run["processes"]) == 1, result.stderr
+    assert bytes_by_function(load(tmp_path / "e.pb.gz"))["Holder > make"] == 4 * KIB
+
+
+@pytest.mark.slow
+def test_ctrl_c_at_a_terminal_interrupts_the_program_once(tmp_path: Path) -> None:
+    """A real terminal (a pty): Ctrl-C reaches the launcher and the program; the program must see one SIGINT."""
+    import pty
+
+    script = write(tmp_path / "waiting.py", ALLOCATE, """
+    import time
+    kept = Holder().make(12)
+    print("waiting", flush=True)
+    try:
+        time.sleep(60)
+    except KeyboardInterrupt:
+        print("interrupted once", flush=True)
+        time.sleep(1)  # a second SIGINT (forwarded by the launcher) would land here
+        raise
+    """)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUFLAME_") and k != "PYTHONPATH"}
+    pid, master = pty.fork()
+    if pid == 0:  # pragma: no cover - the child becomes the launcher
+        os.chdir(tmp_path)
+        os.execve(sys.executable, [sys.executable, "-m", "gpuflame", "run", "-o", "t.pb.gz", script.name], env)
+    seen = b""
+    while b"waiting" not in seen:
+        seen += os.read(master, 1024)
+    time.sleep(0.3)  # into the sleep
+    os.write(master, b"\x03")  # Ctrl-C
+    while True:
+        try:
+            chunk = os.read(master, 1024)
+        except OSError:  # the terminal closed: everyone has exited
+            break
+        if not chunk:
+            break
+        seen += chunk
+    _, status = os.waitpid(pid, 0)
+    text = seen.decode(errors="replace")
+    assert os.waitstatus_to_exitcode(status) == 130, text
+    assert "interrupted once" in text and text.count("KeyboardInterrupt") == 1, text
+    assert bytes_by_function(load(tmp_path / "t.pb.gz"))["Holder > make"] == 12 * KIB
+
+
+def test_an_api_block_inside_a_run_leaves_both_profiles(tmp_path: Path) -> None:
+    """The run's session and the API's share the process's exit hooks: the block ending must not drop the run's."""
+    script = write(tmp_path / "both.py", ALLOCATE, """
+    import gpuflame
+    whole = Holder().make(16)
+    with gpuflame.profile("block.pb.gz"):
+        part = Holder().make(4)
+    """)
+    result = gpuflame_run("-o", "whole.pb.gz", script.name, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert bytes_by_function(load(tmp_path / "whole.pb.gz"))["Holder > make"] == 20 * KIB
+    assert bytes_by_function(load(tmp_path / "block.pb.gz"))["Holder > make"] == 4 * KIB
+
+
+SIGTERM_ON_ANOTHER_THREAD = """
+import signal, threading, time, torch
+kept = torch.zeros(64 * 256)  # 64 KiB
+held = threading.Lock()
+held.acquire()
+
+def take_the_sigterm():
+    time.sleep(0.3)
+    # what the kernel may do with `kill PID`: hand the SIGTERM to a thread other than the main one
+    signal.pthread_kill(threading.get_ident(), signal.SIGTERM)
+
+threading.Thread(target=take_the_sigterm, daemon=True).start()
+held.acquire()  # never released: only the SIGTERM ends this process, as it does without gpuflame
+"""
+
+
+def test_a_sigterm_taken_by_another_thread_still_ends_the_program_with_its_profile(tmp_path: Path) -> None:
+    """A pool worker waiting on its queue hung when torch's thread took the SIGTERM (about 1 run in 10)."""
+    script = write(tmp_path / "other_thread.py", SIGTERM_ON_ANOTHER_THREAD)
+    bare = subprocess.run([sys.executable, str(script)], capture_output=True, timeout=60)
+    assert bare.returncode == -signal.SIGTERM  # what the program does alone
+    result = gpuflame_run("--json", "-o", "t.pb.gz", script.name, cwd=tmp_path, timeout=60)
+    assert result.returncode == 128 + signal.SIGTERM, result.stderr
+    assert json.loads(result.stdout.strip().splitlines()[-1])["lost_processes"] == []
+    inuse = bytes_by_function(load(tmp_path / "t.pb.gz"))
+    assert inuse["<module>"] == 64 * KIB
+
+
+TERM_DURING_WRITER_IMPORT = """
+import os, signal, sys
+
+class TermOnImport:
+    # SIGTERM to this process while gpuflame imports its profile writer (a pool's terminate() can land there)
+    def find_spec(self, name, path=None, target=None):
+        if name == "gpuflame.formats.protobuf_wire":
+            sys.meta_path.remove(self)
+            os.kill(os.getpid(), signal.SIGTERM)
+        return None
+
+sys.meta_path.insert(0, TermOnImport())
+import torch  # the backend starts here, and imports the writer
+print("not reached", flush=True)
+"""
+
+
+def test_a_sigterm_while_the_writer_is_imported_waits_for_it(tmp_path: Path) -> None:
+    """The handler used to run inside that import and find the writer half imported: the profile was lost."""
+    script = write(tmp_path / "term.py", TERM_DURING_WRITER_IMPORT)
+    result = gpuflame_run("--json", "-o", "term.pb.gz", script.name, cwd=tmp_path)
+    assert result.returncode == 128 + signal.SIGTERM, result.stderr  # the program's own death
+    run = summary(result)
+    assert run["lost"] == [] and "could not write" not in result.stderr, result.stderr
+    assert len(run["processes"]) == 1 and (tmp_path / "term.pb.gz").exists()
+    assert "not reached" not in result.stdout

@@ -1,0 +1,63 @@
+"""Outputs get the permissions the umask asks for (as ``open`` gives them), or the exact mode a caller needs.
+
+Before: every output was chmod 0644 whatever the umask, so a user's umask 077
+(or the node agent's node-wide profiles) came out world-readable.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpuflame.files import atomic_write
+from tests.helpers import paths
+
+SRC = str(paths.SRC)  # this checkout's gpuflame, in every child
+
+
+def mode_of(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+@pytest.fixture()
+def umask():
+    """Set the process umask for one test, put it back after."""
+    previous = os.umask(0o022)
+    yield os.umask
+    os.umask(previous)
+
+
+@pytest.mark.parametrize(("mask", "expected"), [(0o077, 0o600), (0o022, 0o644), (0o002, 0o664)])
+def test_an_atomic_write_gets_what_the_umask_leaves(tmp_path, umask, mask, expected):
+    umask(mask)
+    atomic_write(tmp_path / "out.txt", "x")
+    atomic_write(tmp_path / "out.txt", "y")  # replacing a file: the same
+    assert mode_of(tmp_path / "out.txt") == expected
+    assert [p.name for p in tmp_path.iterdir()] == ["out.txt"]
+
+
+@pytest.mark.parametrize("mask", [0o022, 0o077, 0o000])
+def test_an_explicit_mode_is_exact_whatever_the_umask(tmp_path, umask, mask):
+    umask(mask)
+    atomic_write(tmp_path / "agent.pb.gz", b"x", mode=0o600)
+    assert mode_of(tmp_path / "agent.pb.gz") == 0o600
+
+
+@pytest.mark.subprocess
+@pytest.mark.parametrize(("mask", "expected"), [(0o077, 0o600), (0o022, 0o644)])
+def test_a_run_writes_every_file_with_the_umask(tmp_path, mask, expected):
+    script = tmp_path / "alloc.py"
+    script.write_text("import torch\nx = torch.ones(1000)\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUFLAME_")}
+    env.update(PYTHONPATH=SRC, GPUFLAME_STORE=str(tmp_path / "store"))
+    done = subprocess.run([sys.executable, "-m", "gpuflame", "run", "--backend", "torch", str(script)],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180, umask=mask)
+    assert done.returncode == 0, done.stderr
+    written = [p for p in (tmp_path / "store").rglob("*") if p.is_file()]
+    assert {p.name for p in written} >= {"profile.pb.gz", "meta.json"} and len(written) >= 3, written
+    assert {p.name: mode_of(p) for p in written} == {p.name: expected for p in written}

@@ -1,0 +1,171 @@
+"""``gpuflame simulate``: its answers on real inputs, its JSON shape, and bad input as one line, exit 2."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpuflame.cli.main import main
+from gpuflame.formats.load_save import load
+from tests.helpers.paths import DATA, FIXTURES, SRC
+
+DECOMFL = str(DATA / "torch-snapshot-DeComFL-memory.pickle.gz")
+
+CPU_RUN = """
+import sys, torch, gpuflame
+with gpuflame.profile(sys.argv[1], backend="torch"):
+    kept = []
+    with gpuflame.phase("train"):
+        for step in range(6):
+            kept.append(torch.zeros(300_000 * (step + 1)))
+            tmp = torch.ones(2_000_000)
+            del tmp
+"""
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    rc = main(["simulate", *argv])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_json_shape_per_device(capsys):
+    rc, out, _ = run(capsys, DECOMFL, "--json")
+    assert rc == 0
+    (dev,) = json.loads(out)["devices"]
+    assert dev["device"] == "cuda:0" and dev["settings"] == "PyTorch defaults"
+    assert dev["recorded"] == {"reserved_peak": 1897922560, "segments_allocated": 61}
+    assert set(dev["simulated"]) >= {"reserved_peak", "allocated_peak", "segments_allocated", "fragmentation_at_peak"}
+    assert dev["placed_same"] == 1.0 and dev["first_difference"] is None and dev["oom"] is None
+    over = dev["over_time"]
+    assert max(b for _, b in over["reserved"]) == dev["simulated"]["reserved_peak"]
+    assert max(b for _, b in over["allocated"]) == dev["simulated"]["allocated_peak"]
+    assert len(over["reserved"]) <= 300 and over["reserved"][0][0] < over["reserved"][-1][0]
+
+
+def test_terminal_answer_and_suggest(capsys):
+    rc, out, _ = run(capsys, DECOMFL, "--suggest", "--gpu-memory", "A100-40GB")
+    assert rc == 0
+    assert "reserved peak 1.77 GiB (recorded 1.77 GiB)" in out
+    assert "fits: headroom" in out and "expandable_segments:True: reserved peak" in out
+    assert out.splitlines()[-1].startswith("verdict: expandable_segments:True helps most")
+    rc, out, _ = run(capsys, DECOMFL, "--suggest")
+    assert "garbage_collection_threshold:0.6: reserved peak 1.77 GiB, was 1.77 GiB (it acts only where" in out
+
+
+def test_out_of_memory_on_a_smaller_gpu(capsys):
+    rc, out, _ = run(capsys, DECOMFL, "--gpu-memory", "2GiB", "--json")
+    oom = json.loads(out)["devices"][0]["oom"]
+    assert rc == 0 and oom["stack"][0] == "<module>" and oom["size"] > 0
+
+
+@pytest.mark.parametrize("argv, message", [
+    ([str(DATA / "go-1.19-heap.pb.gz")], "has no allocation history"),
+    ([DECOMFL, "--alloc-conf", "colour:blue"], "unknown setting 'colour'"),
+    ([DECOMFL, "--gpu-memory", "lots"], "not a size or a known GPU"),
+    ([DECOMFL, "--device", "gpu0"], "expected cuda:N"),
+])
+def test_bad_input_is_one_line_and_exit_2(capsys, argv, message):
+    rc, out, err = run(capsys, *argv)
+    assert rc == 2 and out == "" and message in err and err.count("\n") == 1
+
+
+@pytest.mark.subprocess
+def test_a_cpu_run_predicted_for_a_gpu(tmp_path: Path, capsys):
+    """gpuflame's own profile of a real torch CPU run (the allocator hook's event history) on a GPU of 24 GiB."""
+    profile = tmp_path / "run.pb.gz"
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    subprocess.run([sys.executable, "-c", CPU_RUN, str(profile)], check=True, env=env, timeout=120)
+    rc, out, _ = run(capsys, str(profile), "--gpu-memory", "24GiB")
+    assert rc == 0 and "fits: headroom" in out
+    assert "a CPU run's operators may allocate differently than CUDA kernels" in out
+    rc, out, _ = run(capsys, str(profile), "--json")
+    (dev,) = json.loads(out)["devices"]
+    assert dev["device"] == "cuda:0" and dev["recorded"] is None and dev["placed_same"] is None
+    assert dev["simulated"]["reserved_peak"] >= 6 * 300_000 * 4  # at least the tensors kept
+    rc, out, _ = run(capsys, str(profile), "--gpu-memory", "530MiB", "--json")  # 18 MiB past the CUDA context
+    oom = json.loads(out)["devices"][0]["oom"]
+    assert oom["phase"] == "train" and oom["size"] > 0 and oom["allocated"] + oom["cached"] <= 18 << 20
+
+
+def test_the_fragmentation_profile_opens_in_the_views(tmp_path: Path, capsys):
+    frag = tmp_path / "frag.pb.gz"
+    rc, out, _ = run(capsys, DECOMFL, "-o", str(frag), "--json")
+    sim = json.loads(out)["devices"][0]["simulated"]
+    profile = load(frag)
+    assert profile.default_type == "fragmentation"
+    assert profile.totals() == {"fragmentation": sim["fragmentation_at_peak"], "reserved": sim["reserved_peak"]}
+    assert max(b for _, b in profile.timeline.series[(("device", "cuda:0"),)]) == sim["allocated_peak"]
+    assert main(["flame", str(frag)]) == 0
+    assert main(["report", str(frag), "--type", "reserved"]) == 0
+    assert main(["view", str(frag), "-o", str(tmp_path / "frag.html")]) == 0
+    capsys.readouterr()
+    rc, _, err = run(capsys, DECOMFL, "-o", DECOMFL)
+    assert rc == 2 and "is an input of this command" in err
+
+
+def test_report_on_a_fragmented_snapshot_suggests_simulate(capsys):
+    fragmented = str(DATA / "torch-snapshot-silmont2000-mem_snapshot.pickle.gz")  # 14% cached at the peak
+    assert main(["report", fragmented]) == 0
+    out = capsys.readouterr().out
+    assert f"reserved 3.52 GiB, allocated 3.03 GiB at the peak: try `gpuflame simulate {fragmented} --suggest`" in out
+    assert main(["report", DECOMFL, "--json"]) == 0  # 5.6%: no hint
+    assert json.loads(capsys.readouterr().out)["fragmentation_hint"] is None
+
+
+def test_suggest_on_a_gpu_too_small_for_the_recorded_settings(capsys):
+    snap = str(DATA / "torch-snapshot-silmont2000-mem_snapshot.pickle.gz")
+    rc, out, _ = run(capsys, snap, "--suggest", "--gpu-memory", "3.6GiB")
+    assert rc == 0 and "OUT OF MEMORY at event 52: a request of 512.0 MiB from aten::mul.Tensor" in out
+    assert out.splitlines()[-1].startswith("verdict: ")
+    assert "fits (reserved peak" in out.splitlines()[-1] and "the recorded settings run out of memory" in out
+
+
+def test_one_device_of_two(capsys):
+    two = str(FIXTURES / "handwritten_two_devices.pickle")
+    rc, out, _ = run(capsys, two, "--device", "cuda:1", "--json")
+    assert rc == 0 and [d["device"] for d in json.loads(out)["devices"]] == ["cuda:1"]
+    rc, _, err = run(capsys, two, "--device", "cuda:5")
+    assert rc == 2 and "no allocation history on cuda:5" in err
+
+
+@pytest.mark.parametrize("damage", ["segment without size", "size as text", "trace entry not a dict",
+                                    "blocks not a list"])
+def test_a_damaged_snapshot_is_one_line(tmp_path: Path, capsys, damage):
+    import pickle
+
+    from gpuflame.simulate.snapshot import read
+
+    snap = read((DATA / "torch-snapshot-silmont2000-mem_snapshot.pickle.gz").read_bytes())
+    if damage == "segment without size":
+        del snap["segments"][0]["total_size"]
+    elif damage == "size as text":
+        snap["device_traces"][0][5]["size"] = "12"
+    elif damage == "trace entry not a dict":
+        snap["device_traces"][0][3] = ["alloc"]
+    else:
+        snap["segments"][0]["blocks"] = 7
+    bad = tmp_path / "bad.pickle"
+    bad.write_bytes(pickle.dumps(snap))
+    rc, out, err = run(capsys, str(bad))
+    assert rc == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+
+
+def test_a_snapshot_without_allocator_settings_says_defaults_were_assumed(tmp_path: Path, capsys):
+    import pickle
+
+    from gpuflame.simulate.snapshot import read
+
+    snap = read((DATA / "torch-snapshot-silmont2000-mem_snapshot.pickle.gz").read_bytes())
+    del snap["allocator_settings"]
+    old = tmp_path / "old.pickle"
+    old.write_bytes(pickle.dumps(snap))
+    rc, out, _ = run(capsys, str(old))
+    assert rc == 0 and "(as recorded)" not in out
+    assert "note: the snapshot does not record its allocator settings: PyTorch's defaults assumed" in out
+    assert "agreement: 100.0% of 36 allocations" in out

@@ -1,0 +1,319 @@
+"""The pytest plugin, run by pytester on real tests that allocate known bytes with CPU torch.
+
+The plugin is found through its entry point, not passed with ``-p``. Runs
+are in-process (this process has torch imported already, so each run takes
+a second), except where the run's own process matters: what a run that asks
+for nothing imports, and pytest-xdist's workers.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+# Imported before any run: pytester's in-process runs unload the modules they
+# imported, and numpy or torch cannot be loaded twice in one process.
+import torch  # noqa: F401, I001
+
+import gpuflame.pytest_plugin.budget  # noqa: F401
+import gpuflame.pytest_plugin.record  # noqa: F401
+from gpuflame.formats import load
+
+pytest_plugins = ("pytester",)
+
+
+@pytest.fixture(autouse=True)
+def _compiled_hook_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    """pytester moves HOME; keep the CPU allocator hook compiled once, in the user's cache."""
+    from gpuflame.capture.native import cache_dir
+
+    monkeypatch.setenv("GPUFLAME_CACHE_DIR", str(cache_dir()))
+
+MiB = 1 << 20
+
+SUITE = """
+import pytest, torch
+
+KEPT = []
+
+def allocate_four():
+    return torch.empty(4 << 20, dtype=torch.uint8)
+
+class Buffers:
+    def grow(self, n):
+        return torch.empty(n, dtype=torch.uint8)
+
+@pytest.fixture
+def weights():
+    return Buffers().grow(2 << 20)
+
+@pytest.mark.limit_gpu_memory("1 MiB")
+def test_over_budget():
+    x = allocate_four()
+
+@pytest.mark.limit_gpu_memory("8 MiB")
+def test_within_budget(weights):
+    x = allocate_four()
+
+@pytest.mark.limit_gpu_leaks("1 MiB")
+def test_leaks():
+    KEPT.append(Buffers().grow(3 << 20))   # held after the test: a leak
+    KEPT.append(torch.empty(512 << 10))    # 2 MiB of float32, also held, at another line
+    temporary = Buffers().grow(5 << 20)    # freed when the test returns
+
+@pytest.mark.limit_gpu_leaks("1 MiB")
+def test_small_leak_is_allowed():
+    KEPT.append(Buffers().grow(512 << 10))
+
+def test_unmarked():
+    x = torch.ones(1024)
+"""
+
+
+def table_rows(text: str) -> dict[str, list[str]]:
+    """The summary table: test id -> its cells (peak, in use, fixtures, top function)."""
+    rows = {}
+    for line in text.splitlines():
+        m = re.match(r"^\s*(\S+ \S+|-)\s+(\S+ \S+|-)\s+(\S+ \S+|-)\s+(.+?)\s+(\S+::\S+)$", line)
+        if m:
+            rows[m.group(5)] = [m.group(1), m.group(2), m.group(3), m.group(4)]
+    return rows
+
+
+def test_budgets_fixtures_and_the_summary_table(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_suite=SUITE)
+    result = pytester.runpytest("--gpuflame", "--gpuflame-dir", "profiles")
+    result.assert_outcomes(passed=3, failed=2)
+    out = result.stdout.str()
+    # over budget: the limit, the peak and the allocating function by name, and where the profile is
+    assert "gpuflame: peak 4.00 MiB is over the limit of 1.00 MiB (limit_gpu_memory, 3,145,728 bytes over)" in out
+    # each stack names the line that allocated its bytes (2 MiB: line 27, not 26 where test_leaks called grow)
+    assert re.search(r"4\.00 MiB \(100\.0%\)  test_over_budget -> allocate_four  \(test_suite\.py:6\)", out)
+    assert "profile: profiles/test_suite.py_test_over_budget.pb.gz" in out
+    # leaks: both held stacks, not the freed one
+    assert "gpuflame: 2 stacks still hold 5.00 MiB allocated during the test" in out
+    assert re.search(r"3\.00 MiB \( 60\.0%\)  test_leaks -> Buffers > grow", out)
+    assert re.search(r"2\.00 MiB \( 40\.0%\)  test_leaks  \(test_suite\.py:27\)", out)
+    # the table: body and fixtures apart, highest peak first
+    rows = table_rows(out)
+    assert rows["test_suite.py::test_leaks"] == ["10.0 MiB", "5.00 MiB", "-", "Buffers > grow"]
+    assert rows["test_suite.py::test_within_budget"] == ["4.00 MiB", "0 B", "2.00 MiB", "allocate_four"]
+    assert rows["test_suite.py::test_over_budget"] == ["4.00 MiB", "0 B", "-", "allocate_four"]
+    assert rows["test_suite.py::test_unmarked"][0] == "4.00 KiB"
+    assert list(rows)[0] == "test_suite.py::test_leaks"
+    # the kept profiles are what the messages describe
+    folder = pytester.path / "profiles"
+    body = load(folder / "test_suite.py_test_within_budget.pb.gz")
+    fixture = load(folder / "test_suite.py_test_within_budget.fixtures.pb.gz")
+    assert body.totals()["peak_space"] == 4 * MiB and fixture.totals()["peak_space"] == 2 * MiB
+    assert {f.name for f in fixture.frames} == {"weights", "Buffers > grow"}  # pytest's frames cut away
+
+
+@pytest.mark.subprocess
+def test_off_unless_asked_markers_alone_profile_their_tests(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_suite=SUITE)
+    result = pytester.runpytest()
+    result.assert_outcomes(passed=3, failed=2)
+    out = result.stdout.str()
+    assert "test_over_budget -> allocate_four" in out
+    assert "profiled tests" not in out  # no table without --gpuflame
+    assert "profile: .pytest_cache/d/gpuflame/test_suite.py_test_over_budget.pb.gz" in out
+    # a run that asks for nothing records nothing and loads neither a recorder nor the analysis (numpy);
+    # a marked test whose framework is imported only in its body says that it got no numbers
+    plain = pytester.makepyfile(test_plain="""
+import sys, pytest
+
+def test_nothing():
+    assert not {"gpuflame.analysis.tree", "gpuflame.pytest_plugin.record", "numpy"} & set(sys.modules)
+
+@pytest.mark.limit_gpu_memory("1 MiB")
+def test_imports_torch_late():
+    import torch
+    x = torch.empty(4 << 20, dtype=torch.uint8)
+""")
+    late = pytester.runpytest_subprocess(str(plain))
+    late.assert_outcomes(passed=2, warnings=1)
+    said = late.stdout.str()
+    assert "gpuflame: nothing recorded for this test: torch or jax was not imported when the test started" in said
+
+
+GROWING = """
+import torch
+
+def allocate():
+    return torch.empty({size}, dtype=torch.uint8)
+
+def test_grows():
+    x = allocate()
+
+def test_steady():
+    x = torch.empty(1 << 20, dtype=torch.uint8)
+"""
+
+
+def test_fail_on_increase_after_the_test_allocates_twice_as_much(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_growth=GROWING.format(size="4 << 20"))
+    pytester.runpytest("--gpuflame").assert_outcomes(passed=2)
+    pytester.makepyfile(test_growth=GROWING.format(size="(4 << 20) * 2"))
+    failed = pytester.runpytest("--gpuflame-fail-on-increase")
+    failed.assert_outcomes(passed=1, failed=1)
+    out = failed.stdout.str()
+    assert "gpuflame: peak grew from 4.00 MiB to 8.00 MiB (+100.0%, +4,194,304 bytes) since the last run" in out
+    assert "test_grows -> allocate" in out and "FAILED test_growth.py::test_grows" in out
+    # the failed test kept its old peak: the regression still fails, unless the tolerance allows it
+    pytester.runpytest("--gpuflame-fail-on-increase").assert_outcomes(passed=1, failed=1)
+    lenient = pytester.runpytest("--gpuflame-fail-on-increase", "--gpuflame-tolerance", "100%")
+    lenient.assert_outcomes(passed=2)
+
+
+def test_fail_on_increase_without_a_baseline_says_it_compared_nothing(pytester: pytest.Pytester) -> None:
+    """With pytest's cache off, a 2x growth cannot fail: the run must say so, not read as checked."""
+    pytester.makepyfile(test_growth=GROWING.format(size="4 << 20"))
+    pytester.runpytest("--gpuflame", "-p", "no:cacheprovider").assert_outcomes(passed=2)
+    pytester.makepyfile(test_growth=GROWING.format(size="(4 << 20) * 2"))
+    result = pytester.runpytest("--gpuflame-fail-on-increase", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=2)
+    assert "--gpuflame-fail-on-increase compared nothing: pytest's cache is off (-p no:cacheprovider)" in (
+        result.stdout.str()
+    )
+
+
+def test_fail_on_increase_on_a_first_run_names_the_tests_without_a_baseline(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_growth=GROWING.format(size="4 << 20"))
+    first = pytester.runpytest("--gpuflame-fail-on-increase")
+    first.assert_outcomes(passed=2)
+    assert "2 tests had no peak from an earlier run to compare with" in first.stdout.str()
+    again = pytester.runpytest("--gpuflame-fail-on-increase")
+    assert "had no peak from an earlier run" not in again.stdout.str()
+
+
+def test_a_failure_names_each_allocating_line_apart(pytester: pytest.Pytester) -> None:
+    """4 MiB on one line and 512 KiB on the next are two rows, each with its own line and bytes."""
+    pytester.makepyfile(test_lines="""
+import pytest, torch
+
+@pytest.mark.limit_gpu_memory("1 MiB")
+def test_two_lines():
+    a = torch.empty(4 << 20, dtype=torch.uint8)
+    b = torch.empty(512 << 10, dtype=torch.uint8)
+""")
+    result = pytester.runpytest()
+    result.assert_outcomes(failed=1)
+    out = result.stdout.str()
+    assert re.search(r"4\.00 MiB \( 88\.9%\)  test_two_lines  \(test_lines\.py:5\)", out), out
+    assert re.search(r"512\.0 KiB \( 11\.1%\)  test_two_lines  \(test_lines\.py:6\)", out), out
+
+
+def test_a_tests_own_start_and_stop_get_their_answer_and_the_row_keeps_its_own(pytester: pytest.Pytester) -> None:
+    """The test's own gpuflame.start/stop nest in the plugin's recording: its file is written, the row is right."""
+    pytester.makepyfile(test_own="""
+import gpuflame, torch
+
+def test_records_itself(tmp_path):
+    gpuflame.start(tmp_path / "mine.pb.gz", backend="torch")
+    x = torch.empty(4 << 20, dtype=torch.uint8)
+    assert gpuflame.stop() == (tmp_path / "mine.pb.gz").resolve()
+    assert gpuflame.load(tmp_path / "mine.pb.gz").totals()["peak_space"] == 4 << 20
+""")
+    result = pytester.runpytest("--gpuflame", "-p", "no:cacheprovider", "-W", "ignore::RuntimeWarning")
+    result.assert_outcomes(passed=1)
+    rows = table_rows(result.stdout.str())
+    assert rows["test_own.py::test_records_itself"][0] == "4.00 MiB", rows
+
+
+@pytest.mark.subprocess
+def test_xdist_workers_results_are_merged(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_suite=SUITE)
+    result = pytester.runpytest_subprocess("-n", "2", "--gpuflame")
+    result.assert_outcomes(passed=3, failed=2)
+    out = result.stdout.str()
+    assert "gpuflame: 5 of 5 profiled tests, highest peak first" in out
+    rows = table_rows(out)
+    assert rows["test_suite.py::test_within_budget"] == ["4.00 MiB", "0 B", "2.00 MiB", "allocate_four"]
+    assert rows["test_suite.py::test_leaks"][:2] == ["10.0 MiB", "5.00 MiB"]
+    assert "test_over_budget -> allocate_four" in out
+
+
+@pytest.mark.parametrize(
+    ("option", "said"),
+    [
+        (["--gpuflame-tolerance", "lots"], "--gpuflame-tolerance: not a tolerance: 'lots' (examples: 5%, 0%, 1MiB)"),
+        (["--gpuflame-tolerance=-5%"], "--gpuflame-tolerance: not a tolerance: '-5%' (examples: 5%, 0%, 1MiB)"),
+        (["--gpuflame-backend", "cobol"], "--gpuflame-backend must be one of auto, torch-cuda, torch, jax"),
+    ],
+)
+def test_bad_options_are_one_line(pytester: pytest.Pytester, option: list[str], said: str) -> None:
+    pytester.makepyfile(test_plain="def test_nothing():\n    assert 1\n")
+    result = pytester.runpytest(*option)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert said in result.stderr.str() and "Traceback" not in result.stderr.str()
+    assert result.stderr.str().count("(examples") <= 1
+
+
+def test_a_bad_limit_fails_the_test_in_one_line(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_bad="""
+import pytest, torch
+
+@pytest.mark.limit_gpu_memory("lots")
+def test_bad_limit():
+    x = torch.empty(1024)
+""")
+    result = pytester.runpytest()
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["gpuflame: @pytest.mark.limit_gpu_memory: not a size: 'lots' *"])
+    assert "Traceback" not in result.stdout.str() and "INTERNALERROR" not in result.stdout.str()
+
+
+def test_no_backend_start_is_left_waiting_for_an_import(pytester: pytest.Pytester) -> None:
+    """With ``auto``, a test only starts the backends of frameworks already imported: a later
+    ``import jax`` must not start recorders into the stopped sessions of earlier tests."""
+    pytester.makepyfile(test_pending="""
+import torch
+from gpuflame.capture import auto_phases, post_import
+
+def test_allocates():
+    x = torch.empty(1 << 20, dtype=torch.uint8)
+
+def test_nothing_waits_for_an_import():
+    # the known frameworks' phase marks (auto_phases) wait for their modules by design: they start nothing
+    waiting = [c for cs in post_import._callbacks.values() for c in cs
+               if getattr(c, "func", None) is not auto_phases._wrap_module]
+    assert not waiting
+""")
+    pytester.runpytest("--gpuflame", "-p", "no:cacheprovider").assert_outcomes(passed=2)
+
+
+CATEGORY_SUITE = """
+import torch
+
+NET = torch.nn.Linear(256, 256, bias=False)  # made at import: before any test is recorded
+
+def test_keeps_a_gradient():
+    NET.weight.grad = torch.zeros(256, 256)  # 256 KiB set by hand: no hook sees it, only the object graph
+"""
+
+
+@pytest.mark.parametrize("asked", [False, True])
+def test_categories_from_the_object_graph_only_when_asked(pytester: pytest.Pytester, asked: bool) -> None:
+    """A walk of every object per test costs tens of ms: off unless --gpuflame-categories."""
+    pytester.makepyfile(test_layer=CATEGORY_SUITE)
+    args = ["--gpuflame-dir", "profiles", "-p", "no:cacheprovider"] + ["--gpuflame-categories"] * asked
+    pytester.runpytest_inprocess(*args).assert_outcomes(passed=1)
+    profile = load(pytester.path / "profiles" / "test_layer.py_test_keeps_a_gradient.pb.gz")
+    index = profile.type_index("inuse_space")
+    held = {s.label("category"): s.values[index] for s in profile.samples if s.values[index]}
+    gradient_bytes = 256 * 256 * 4
+    if asked:
+        assert held.get("gradient") == gradient_bytes
+    else:  # classed by the allocating stack: the test body is no forward, backward or optimizer
+        assert "gradient" not in held and sum(held.values()) == gradient_bytes
+
+
+def test_a_run_without_categories_leaves_the_graph_walk_on_for_the_process(pytester: pytest.Pytester) -> None:
+    """The switch is the process's: after an in-process run the walk is back on for what comes next."""
+    from gpuflame.capture import categories
+
+    pytester.makepyfile(test_layer=CATEGORY_SUITE)
+    pytester.runpytest_inprocess("--gpuflame", "-p", "no:cacheprovider").assert_outcomes(passed=1)
+    assert categories._graph_walk is True
