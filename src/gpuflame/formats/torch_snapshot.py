@@ -90,6 +90,7 @@ from gpuflame.model.categories import (
 )
 from gpuflame.model.functions import def_lines_note
 from gpuflame.model.history import History, Track
+from gpuflame.model.peak import PeakUnit
 from gpuflame.model.phases import LABEL as PHASE_LABEL
 from gpuflame.model.phases import NONE as NO_PHASE
 from gpuflame.model.phases import ordered
@@ -336,6 +337,8 @@ class _Converter:
         # a live recorder's phase marks (formats/snapshot_phases.py): None when there are none
         self.marks = read_marks(snapshot)
         self.alloc_times: dict[int, dict[Any, Any]] = {}  # device -> addr -> time_us of its last alloc in the trace
+        # device -> (the most the allocator reserved at any moment of the trace, the live bytes then, epoch ns)
+        self.reserved_peaks: dict[int, tuple[int, int, int]] = {}
 
     def run(self) -> Profile:
         self.comment(UNITS_NOTE)
@@ -358,6 +361,7 @@ class _Converter:
         self.profile.samples = [
             Sample(stack, tuple(row), labels) for (stack, labels), row in self.rows.items()
         ]
+        self._reserved_peaks()
         self.profile.phases = ordered(self.profile.phases)
         self._comment_stacks()
         self._comment_unqualified()
@@ -365,6 +369,16 @@ class _Converter:
         if any(v < 0 or v > INT64_MAX for row in self.rows.values() for v in row):
             raise ProfileFormatError("sizes in the snapshot are out of range (a damaged file?)")
         return self.profile
+
+    def _reserved_peaks(self) -> None:
+        """Each traced device's peak unit with the allocator's true reserved peak (not the reserved bytes at
+        the allocations' peak, which peak_space shows): what ``report`` says and its fragmentation hint uses."""
+        start = self.profile.time_nanos
+        end = start + self.profile.duration_nanos if start and self.profile.duration_nanos else 0
+        self.profile.peaks = [
+            PeakUnit(self.device_name(d), start=start, end=end, reserved=r, reserved_allocated=a, reserved_at=t)
+            for d, (r, a, t) in sorted(self.reserved_peaks.items())
+        ]
 
     def _note_unknown_def_lines(self) -> None:
         """Say which files' functions show no ``def`` line: a snapshot records only call lines."""
@@ -642,6 +656,10 @@ class _DeviceTrace:
             peak_set, still_live, seg_at_best = end_set, end_set, seg
             best = sum(size for _, size, _ in end_set) - before_bytes
         reserved_at_peak = reserved_end - (seg - seg_at_best)
+        if reserved_start >= before_bytes:  # the segment events add up: the reserved peak is known
+            at = self.trace[walk.seg_top_i].get("time_us") if walk.seg_top_i >= 0 else self.trace[0].get("time_us")
+            conv.reserved_peaks[self.device] = (reserved_start + walk.seg_top, before_bytes + walk.delta_at_top,
+                                                at * 1000 if type(at) is int and 0 <= at <= INT64_MAX // 1000 else 0)
         self._add_peak(peak_set, before_bytes + best, reserved_at_peak, reserved_start >= before_bytes,
                        self._rounding(still_live))
         self._comment_reserved_after_peak(reserved_at_peak, reserved_end)
@@ -908,7 +926,7 @@ class _Walk:
 
     __slots__ = ("trace", "marks", "release_on_request", "live", "closed_at_peak", "allocs", "others",
                  "before_bytes", "freed_unknown", "best", "best_i", "seg", "seg_at_best", "ooms", "unknown",
-                 "points", "events", "base")
+                 "points", "events", "base", "seg_top", "seg_top_i", "delta_at_top")
 
     def __init__(self, trace: list[Any], marks: Marks | None) -> None:
         self.trace = trace
@@ -924,6 +942,9 @@ class _Walk:
         self.best = 0  # the live bytes at the peak, relative to the start
         self.best_i = -1  # the peak's trace index
         self.seg = self.seg_at_best = 0  # segment bytes added since the start: at the end, at the peak
+        # the reserved peak: the most segment bytes added at any moment (0: the start), the trace index that
+        # first reached it, and the most live bytes (relative) while they were that high (the least fragmentation)
+        self.seg_top, self.seg_top_i, self.delta_at_top = 0, -1, 0
         self.ooms: list[tuple[int, Any, int, int]] = []  # (index, entry, delta, seg) of each oom event
         self.unknown = 0  # events of unknown kinds
         self.points: list[tuple[Any, int]] = []  # (time_us, delta) after each alloc and free: the timeline
@@ -934,8 +955,8 @@ class _Walk:
         """The single pass: live bytes after each alloc and free, the peak, segments, the rest noted."""
         live, closed, points, events = self.live, self.closed_at_peak, self.points, self.events
         group, release_on_request = self._group, self.release_on_request
-        delta = best = seg = seg_at_best = 0  # locals while the loop runs; stored when it ends
-        best_i = -1
+        delta = best = seg = seg_at_best = top = delta_top = 0  # locals while the loop runs; stored when it ends
+        best_i = top_i = -1
         for i, e in enumerate(self.trace):
             action = e["action"]
             if action == "alloc":
@@ -958,6 +979,8 @@ class _Walk:
                 if delta > best:
                     best, best_i, seg_at_best = delta, i, seg
                     closed.clear()
+                if seg == top and delta > delta_top:
+                    delta_top = delta
             elif action == "free_completed" or (action == "free_requested" and release_on_request):
                 addr = e["addr"]
                 if type(addr) is not int:
@@ -977,7 +1000,12 @@ class _Walk:
                 # one the trace never saw allocated is picked up at completion, or from the blocks
                 # when it is still pending at the end)
                 seg = self._other(i, e, action, delta, seg)
+                if seg > top:
+                    top, top_i, delta_top = seg, i, delta
+                elif seg == top and delta > delta_top:
+                    delta_top = delta
         self.best, self.best_i, self.seg, self.seg_at_best = best, best_i, seg, seg_at_best
+        self.seg_top, self.seg_top_i, self.delta_at_top = top, top_i, delta_top
 
     def _group(self, frames: Any, size: int, time_us: Any) -> None:
         """Book an allocation to its stack's row without converting the stack.
