@@ -112,7 +112,8 @@ def test_report_on_a_fragmented_snapshot_suggests_simulate(capsys):
     fragmented = str(DATA / "torch-snapshot-silmont2000-mem_snapshot.pickle.gz")  # 14% cached at the peak
     assert main(["report", fragmented]) == 0
     out = capsys.readouterr().out
-    assert f"reserved 3.52 GiB, allocated 3.03 GiB at the reserved peak: try `gpuflame simulate {fragmented} --suggest`" in out
+    assert (f"reserved 3.52 GiB, allocated 3.03 GiB at the reserved peak: "
+            f"try `gpuflame simulate {fragmented} --suggest`") in out
     assert main(["report", DECOMFL, "--json"]) == 0  # 5.6%: no hint
     assert json.loads(capsys.readouterr().out)["fragmentation_hint"] is None
 

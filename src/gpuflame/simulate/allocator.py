@@ -393,7 +393,10 @@ class Allocator:
                     self._release_block(b, pool)
 
     def note_peak(self) -> None:
-        if self.reserved > self.reserved_peak:
+        """The peaks so far; at the reserved peak, the most allocated while it held (its least fragmentation,
+        as ``report`` takes it from a snapshot)."""
+        if self.reserved > self.reserved_peak or (
+                self.reserved == self.reserved_peak and self.allocated > self.allocated_at_reserved_peak):
             self.reserved_peak = self.reserved
             self.allocated_at_reserved_peak = self.allocated
         if self.allocated > self.allocated_peak:

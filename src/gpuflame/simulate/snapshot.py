@@ -205,7 +205,7 @@ class DeviceReplay:
         self._place_start(sim)
         out = Outcome(f"cuda:{self.device}", self.settings.describe())
         out.wrapped = self.start.wrapped
-        peak_seen = sim.reserved_peak
+        peak_seen = (sim.reserved_peak, sim.allocated_at_reserved_peak)
         recorded_events: list[tuple[str, int, int]] = []
         retries = self._retries() if self.recorded else {}
         hold_until = -1
@@ -224,8 +224,8 @@ class DeviceReplay:
                 break
             sim.note_peak()
             out.over_time.add(_int(e.get("time_us", 0)) * 1000, sim.reserved, sim.allocated)
-            if sim.reserved_peak > peak_seen:
-                peak_seen, out.peak_event = sim.reserved_peak, i
+            if (sim.reserved_peak, sim.allocated_at_reserved_peak) > peak_seen:
+                peak_seen, out.peak_event = (sim.reserved_peak, sim.allocated_at_reserved_peak), i
         out.finish(sim, recorded_events if self.compare else None, self._recorded_summary())
         return sim, out
 
