@@ -44,6 +44,14 @@ def test_best_fit_by_size_then_address_and_split():
     assert len(a.segments) == 1
 
 
+def test_fragmentation_at_the_reserved_peak_is_taken_when_most_was_allocated_there():
+    a = Allocator(DEFAULTS)
+    a.malloc(1000)  # the 2 MiB segment is made: reserved peak reached with 1 KiB allocated
+    for _ in range(9):
+        a.malloc(100_000)
+    assert a.reserved_peak == 2 * MiB and a.allocated_at_reserved_peak == 1024 + 9 * 100_352
+
+
 def test_large_block_not_split_unless_more_than_one_mib_remains():
     a = Allocator(DEFAULTS)
     b = a.malloc(19 * MiB + 512)  # 20 MiB segment, rest < 1 MiB: not split
