@@ -3,7 +3,7 @@
 Every real snapshot in tests/data (recorded on GPUs by other people) is
 replayed; the ones with segment events must match them exactly (count,
 sizes, order), with the recorded reserved peak, and >= 99% of allocations
-at the recorded segment and offset. The two whose traces start after every
+at the recorded segment and offset. The five whose traces start after every
 segment was made (no segment events) are held to the same placement bar.
 """
 
@@ -19,7 +19,9 @@ from gpuflame.simulate.snapshot import read
 DATA = Path(__file__).parent / "data"
 WITH_SEGMENT_EVENTS = ["torch-snapshot-DeComFL-memory.pickle.gz", "torch-snapshot-silmont2000-mem_snapshot.pickle.gz"]
 STARTED_LATE = ["torch-snapshot-Wedsonlin-medium_128_inference.pickle.gz",
-                "torch-snapshot-silmont2000-memory_forward_fp32_128.pickle.gz"]
+                "torch-snapshot-silmont2000-memory_forward_fp32_128.pickle.gz",
+                "torch-snapshot-MAGMA27-memory_snapshot.pickle.gz", "torch-snapshot-bcrafton-memory_snapshot.pickle.gz",
+                "torch-snapshot-notHanmin-memory_snapshot.pickle.gz"]
 
 
 @pytest.mark.parametrize("name", WITH_SEGMENT_EVENTS + STARTED_LATE)
