@@ -377,7 +377,7 @@ class _Converter:
         end = start + self.profile.duration_nanos if start and self.profile.duration_nanos else 0
         self.profile.peaks = [
             PeakUnit(self.device_name(d), start=start, end=end, reserved=r, reserved_allocated=a, reserved_at=t)
-            for d, (r, a, t) in sorted(self.reserved_peaks.items())
+            for d, (r, a, t) in sorted(self.reserved_peaks.items()) if r > 0
         ]
 
     def _note_unknown_def_lines(self) -> None:
