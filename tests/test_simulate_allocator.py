@@ -9,7 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuflame.errors import GpuflameError
-from gpuflame.simulate.allocator import Allocator, allocation_size, round_size
+from gpuflame.simulate.allocator import Allocator
+from gpuflame.simulate.blocks import allocation_size, round_size
 from gpuflame.simulate.settings import DEFAULTS, parse_alloc_conf
 
 MiB = 1 << 20

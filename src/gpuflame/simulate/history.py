@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from gpuflame.model.history import History, Track
 from gpuflame.model.phases import NONE as NO_PHASE
 from gpuflame.model.phases import PhaseStat
-from gpuflame.simulate.allocator import Allocator, Block
+from gpuflame.simulate.allocator import Allocator
+from gpuflame.simulate.blocks import Block
 from gpuflame.simulate.outcome import Outcome, Sites
 from gpuflame.simulate.settings import Settings
 

@@ -34,7 +34,8 @@ from gpuflame.errors import ProfileFormatError
 from gpuflame.formats.snapshot_phases import read_marks
 from gpuflame.formats.torch_snapshot import read_snapshot
 from gpuflame.model.phases import NONE as NO_PHASE
-from gpuflame.simulate.allocator import LARGE_BUFFER, SMALL_BUFFER, SMALL_SIZE, Allocator, Block, Live, round_size
+from gpuflame.simulate.allocator import Allocator
+from gpuflame.simulate.blocks import LARGE_BUFFER, SMALL_BUFFER, SMALL_SIZE, Block, Live, round_size
 from gpuflame.simulate.outcome import Outcome, Sites
 from gpuflame.simulate.settings import Settings
 
