@@ -62,3 +62,19 @@ def test_a_snapshots_page_says_which_peak_is_which(chrome: Chrome, tmp_path: Pat
     assert "the strip above counts allocations only" in text
     label = chrome.evaluate("document.getElementById('timeline').getAttribute('aria-label')")
     assert label.startswith("live allocations over time (not cached blocks or rounding)")
+
+
+def test_the_fragmentation_profile_opens_on_its_type(chrome: Chrome, tmp_path: Path) -> None:
+    """gpuflame simulate -o on a real snapshot: the page opens on `fragmentation`, `reserved` beside it
+    (issue 21 item 6), and its total is the replay's fragmentation at the reserved peak."""
+    from gpuflame.formats.load_save import load
+
+    snap = Path(__file__).resolve().parents[1] / "data" / "torch-snapshot-silmont2000-mem_snapshot.pickle.gz"
+    frag = tmp_path / "frag.pb.gz"
+    assert main(["simulate", str(snap), "-o", str(frag), "--json"]) == 0
+    assert main(["view", str(frag), "-o", str(tmp_path / "frag.html")]) == 0
+    chrome.send("Page.navigate", {"url": (tmp_path / "frag.html").as_uri()})
+    state = chrome.wait_for(READY)
+    assert state["error"] is None, state["error"]
+    assert state["type"] == "fragmentation" and state["types"] == ["fragmentation", "reserved"]
+    assert state["total"] == load(frag).totals()["fragmentation"] > 0

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from gpuflame.analysis.tree import NO_STACK, FlameTree, Node, frame_sort_key, function_frames
+from gpuflame.model.peak import PeakUnit
 from gpuflame.model.profile import Frame, Profile
 from gpuflame.symbols import names
 from gpuflame.units import percent
@@ -107,15 +108,42 @@ def top_stacks(tree: FlameTree, limit: int = 3) -> list[Stack]:
     return out
 
 
-FRAGMENTED = 0.10  # cached but unused above this share of the reserved peak: report suggests gpuflame simulate
+FRAGMENTED = 0.10  # reserved but unused above this share of the reserved peak: report suggests gpuflame simulate
 
 
-def cached_at_peak(profile: Profile) -> tuple[int, int] | None:
-    """(reserved, cached free) at the peak of a snapshot's profile, when the cache exceeds :data:`FRAGMENTED`.
+def reserved_peaks(profile: Profile) -> list[PeakUnit]:
+    """The peak units that know the allocator's true reserved peak (a PyTorch snapshot's trace), of the
+    devices whose samples are shown."""
+    shown = {s.label("device", "") or "" for s in profile.samples if any(s.values)}
+    return [u for u in profile.peaks if u.reserved and u.device in shown]
 
-    A snapshot's ``peak_space`` holds the reserved rest as ``<cached free blocks>``
-    (formats/torch_snapshot.py); other profiles have none, so this is None.
+
+def fragmented(profile: Profile) -> tuple[int, int] | None:
+    """(reserved, allocated) at the reserved peak, when the unused rest exceeds :data:`FRAGMENTED` of it.
+
+    The reserved peak is the most the allocator held at any moment
+    (:func:`reserved_peaks`, summed over devices); a profile that does not
+    know it (one converted before it was recorded) falls back to the
+    reserved bytes at the allocations' peak: ``peak_space`` holds the
+    reserved rest as ``<cached free blocks>`` (formats/torch_snapshot.py).
+    Other profiles have neither, so this is None.
     """
+    units = reserved_peaks(profile)
+    if units:
+        reserved = sum(u.reserved for u in units)
+        allocated = sum(u.reserved_allocated for u in units)
+    else:
+        found = _cached_at_peak(profile)
+        if found is None:
+            return None
+        reserved, allocated = found[0], found[0] - found[1]
+    if reserved <= 0 or reserved - allocated <= FRAGMENTED * reserved:
+        return None
+    return reserved, allocated
+
+
+def _cached_at_peak(profile: Profile) -> tuple[int, int] | None:
+    """(reserved, cached free) at the peak of a snapshot's ``peak_space``; None for other profiles."""
     if "peak_space" not in profile.type_names():
         return None
     index = profile.type_index("peak_space")
@@ -127,6 +155,4 @@ def cached_at_peak(profile: Profile) -> tuple[int, int] | None:
         reserved += s.values[index]
         if s.stack and s.stack[0] in cached_ids:
             cached += s.values[index]
-    if reserved <= 0 or cached <= FRAGMENTED * reserved:
-        return None
     return reserved, cached

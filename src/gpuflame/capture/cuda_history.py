@@ -26,6 +26,7 @@ from gpuflame.formats.snapshot_phases import PHASES_KEY
 from gpuflame.formats.torch_snapshot import allocated_bytes, from_snapshot
 from gpuflame.model import Profile, merge, select_types
 from gpuflame.model.categories import CATEGORIES_KEY
+from gpuflame.model.peak import PeakUnit
 from gpuflame.model.phases import PhaseStat, ordered
 from gpuflame.model.sample_types import (
     ALLOC_OBJECTS,
@@ -54,6 +55,8 @@ class SnapshotHistory:
         self._seen_until: dict[int, int] = {}  # device -> latest time_us folded
         self._seen_at_edge: dict[int, set[EventKey]] = {}  # events at that very microsecond
         self._phases: dict[tuple[str, str], PhaseStat] = {}  # (phase, device) -> its row over all snapshots
+        self._reserved: dict[str, tuple[int, int, int]] = {}  # device -> the highest reserved peak seen, with its
+        # allocations and time (PeakUnit's reserved fields)
 
     def add(self, snapshot: Mapping[str, Any]) -> Profile:
         """Fold in one snapshot; the profile of the run so far."""
@@ -67,6 +70,7 @@ class SnapshotHistory:
         out.comments = list(current.comments)
         out.phases = self._fold_phases(current.phases)
         out.history = current.history  # the latest snapshot's trace: the ring buffer is the history's bound
+        out.peaks = self._fold_reserved(current)
         if self.snapshots > 1:
             out.comments.append(
                 f"peak and allocated cover {self.snapshots} snapshots of the allocator's trace; "
@@ -81,6 +85,17 @@ class SnapshotHistory:
         if total > self._peak_total:
             self._peak_total = total
             self._peak = _types(current, PEAK_SPACE, PEAK_OBJECTS)
+
+    def _fold_reserved(self, current: Profile) -> list[PeakUnit]:
+        """The peak's units (one per device), each with the highest reserved peak any snapshot's trace saw:
+        the peak part may come from an earlier snapshot than the latest, and so may the reserved peak."""
+        for u in current.peaks:
+            if u.reserved > self._reserved.get(u.device, (0, 0, 0))[0]:
+                self._reserved[u.device] = (u.reserved, u.reserved_allocated, u.reserved_at)
+        units = self._peak.peaks if self._peak is not None else []
+        return [replace(u, **dict(zip(("reserved", "reserved_allocated", "reserved_at"), self._reserved[u.device],
+                                      strict=True)))
+                if u.device in self._reserved else u for u in units]
 
     def _fold_phases(self, rows: list[PhaseStat]) -> list[PhaseStat]:
         """Per phase, the highest moment any snapshot's window saw; its end and in use as the latest saw them."""

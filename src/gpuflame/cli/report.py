@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from gpuflame.analysis.hotspots import build_report
-from gpuflame.analysis.summary import cached_at_peak
+from gpuflame.analysis.summary import fragmented, reserved_peaks
 from gpuflame.analysis.tree import build_tree
 from gpuflame.cli.common import (
     FILTER_ORDER,
@@ -15,6 +15,9 @@ from gpuflame.cli.common import (
     positive_count,
     print_json,
 )
+from gpuflame.model.moment import origin
+from gpuflame.model.peak import PeakUnit
+from gpuflame.model.profile import Profile
 from gpuflame.printable import printable
 from gpuflame.render.terminal import make_console, render_report
 from gpuflame.units import format_bytes
@@ -75,17 +78,36 @@ def run(args: argparse.Namespace) -> int:
     tree = build_tree(loaded.profile, loaded.type_index, group_by=args.group_by, lines=args.lines)
     report = build_report(loaded.profile, tree, limit=max(1, args.limit))
     peak = loaded.profile.peak_description(report.type)
-    cached = cached_at_peak(loaded.profile)
+    units = reserved_peaks(loaded.profile)
+    found = fragmented(loaded.profile)
     hint = None
-    if cached is not None:
-        reserved, free = cached
-        hint = (f"reserved {format_bytes(reserved)}, allocated {format_bytes(reserved - free)} at the peak: "
+    if found is not None:
+        reserved, allocated = found
+        hint = (f"reserved {format_bytes(reserved)}, allocated {format_bytes(allocated)} at the reserved peak: "
                 f"try `gpuflame simulate {' '.join(args.files)} --suggest`")
     if args.json:
-        print_json({**report.to_dict(), **peak_json(loaded.profile, report.type), "fragmentation_hint": hint})
+        print_json({**report.to_dict(), **peak_json(loaded.profile, report.type), "fragmentation_hint": hint,
+                    "reserved_peak": [{"device": u.device, "reserved": u.reserved, "allocated": u.reserved_allocated,
+                                       "at_ns": u.reserved_at} for u in units] or None})
     else:
         console = make_console()
         render_report(console, report, loaded.source, peak)
-        if hint:
-            console.print(printable(hint), markup=False, highlight=False, soft_wrap=True)
+        for line in [*(reserved_line(loaded.profile, u) for u in units), *([hint] if hint else [])]:
+            console.print(printable(line), markup=False, highlight=False, soft_wrap=True)
     return 0
+
+
+def reserved_line(profile: Profile, unit: PeakUnit) -> str:
+    """The allocator's true reserved peak on one device, beside what it held when the allocations peaked."""
+    zero = origin(profile)
+    at = ""
+    if unit.reserved_at and zero:
+        at = (f" {(unit.reserved_at - zero) / 1e9:.3f} s into the strip" if unit.reserved_at > zero
+              else " from the start of the trace")
+    line = (f"{unit.device}: the allocator's reserved peak {format_bytes(unit.reserved)}{at}, "
+            f"{format_bytes(unit.reserved_allocated)} of it allocated")
+    if "peak_space" in profile.type_names():
+        at_peak = profile.device_totals(profile.type_index("peak_space")).get(unit.device, 0)
+        if at_peak != unit.reserved:
+            line += f"; {format_bytes(at_peak)} reserved when the allocations peaked (peak_space)"
+    return line

@@ -104,7 +104,8 @@ def merge(
                 have = {k for k, _ in lab}
                 lab = tuple(sorted(lab + tuple((k, v) for k, v in extra if k not in have)))
             out.samples.append(Sample(tuple(remap[f] for f in s.stack), tuple(row), lab))
-    out.peaks = plan.units if plan else [u for p in profiles for u in p.peaks]
+    # parts of one profile (its peak, in-use and alloc views) carry the same units: each is kept once
+    out.peaks = plan.units if plan else list(dict.fromkeys(u for p in profiles for u in p.peaks))
     out.phases = merge_rows(*(p.phases for p in profiles))  # per process and device, never summed
     extras = [make_labels(x) for x in labels] if labels else None
     out.timeline = _merge_timelines(out, profiles, extras)

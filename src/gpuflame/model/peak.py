@@ -70,6 +70,11 @@ class PeakUnit:
     epoch: int = 0  # the table's epoch at this process's joint mark
     table_max: int = 0  # the table's highest total at that epoch (``partial``: what all held together)
     why: str = ""  # why a merge could not be exact
+    # a PyTorch snapshot's trace: the most the caching allocator reserved at any moment (0: unknown),
+    # the live allocations then (their requested bytes) and when (epoch ns); not the peak's own moment
+    reserved: int = 0
+    reserved_allocated: int = 0
+    reserved_at: int = 0
 
     def overlaps(self, other: PeakUnit) -> bool:
         """Whether the two windows may have held memory at once (unknown times may)."""

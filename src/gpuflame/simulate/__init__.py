@@ -5,7 +5,7 @@ Its own stage beside analysis/: it reads what formats/ and the model give
 command renders it. Nothing in capture/ imports it.
 
 - ``settings``: PYTORCH_CUDA_ALLOC_CONF, parsed as PyTorch parses it.
-- ``allocator``: the caching allocator, block by block.
+- ``allocator``: the caching allocator, block by block; ``blocks``: what it moves (sizes, segments, blocks, pools).
 - ``snapshot``: a snapshot's trace replayed and compared with the recording.
 - ``history``: a gpuflame profile's event history replayed.
 - ``outcome``: one device's answer and the stacks it names.

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from gpuflame.model.history import History, Track
 from gpuflame.model.phases import NONE as NO_PHASE
 from gpuflame.model.phases import PhaseStat
-from gpuflame.simulate.allocator import Allocator, Block
+from gpuflame.simulate.allocator import Allocator
+from gpuflame.simulate.blocks import Block
 from gpuflame.simulate.outcome import Outcome, Sites
 from gpuflame.simulate.settings import Settings
 
@@ -94,7 +95,7 @@ class HistoryReplay:
         if self.group.track.folded:
             out.notes.append(FOLDED_NOTE.format(n=self.group.track.folded))
         live: dict[int, list[Block]] = {}
-        peak_seen = 0
+        peak_seen = (0, 0)
         for i, site, size in self._events():
             if stop_at is not None and i > stop_at:
                 break
@@ -114,8 +115,8 @@ class HistoryReplay:
                     sim.free(b)
             out.over_time.add(self.group.track.times[i] if i >= 0 else self.group.track.fold,
                               sim.reserved, sim.allocated)
-            if sim.reserved_peak > peak_seen:
-                peak_seen, out.peak_event = sim.reserved_peak, i
+            if (sim.reserved_peak, sim.allocated_at_reserved_peak) > peak_seen:
+                peak_seen, out.peak_event = (sim.reserved_peak, sim.allocated_at_reserved_peak), i
         out.finish(sim, None, None)
         return sim, out
 

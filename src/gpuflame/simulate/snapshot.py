@@ -34,7 +34,8 @@ from gpuflame.errors import ProfileFormatError
 from gpuflame.formats.snapshot_phases import read_marks
 from gpuflame.formats.torch_snapshot import read_snapshot
 from gpuflame.model.phases import NONE as NO_PHASE
-from gpuflame.simulate.allocator import LARGE_BUFFER, SMALL_BUFFER, SMALL_SIZE, Allocator, Block, Live, round_size
+from gpuflame.simulate.allocator import Allocator
+from gpuflame.simulate.blocks import LARGE_BUFFER, SMALL_BUFFER, SMALL_SIZE, Block, Live, round_size
 from gpuflame.simulate.outcome import Outcome, Sites
 from gpuflame.simulate.settings import Settings
 
@@ -205,7 +206,7 @@ class DeviceReplay:
         self._place_start(sim)
         out = Outcome(f"cuda:{self.device}", self.settings.describe())
         out.wrapped = self.start.wrapped
-        peak_seen = sim.reserved_peak
+        peak_seen = (sim.reserved_peak, sim.allocated_at_reserved_peak)
         recorded_events: list[tuple[str, int, int]] = []
         retries = self._retries() if self.recorded else {}
         hold_until = -1
@@ -224,8 +225,8 @@ class DeviceReplay:
                 break
             sim.note_peak()
             out.over_time.add(_int(e.get("time_us", 0)) * 1000, sim.reserved, sim.allocated)
-            if sim.reserved_peak > peak_seen:
-                peak_seen, out.peak_event = sim.reserved_peak, i
+            if (sim.reserved_peak, sim.allocated_at_reserved_peak) > peak_seen:
+                peak_seen, out.peak_event = (sim.reserved_peak, sim.allocated_at_reserved_peak), i
         out.finish(sim, recorded_events if self.compare else None, self._recorded_summary())
         return sim, out
 

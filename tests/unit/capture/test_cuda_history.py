@@ -135,3 +135,18 @@ def test_the_run_peak_is_the_most_allocated_never_below_the_latest_in_use() -> N
         snapshot([block(0, 100, "active_allocated", S1), block(100, 200, "active_allocated", S2)], second_trace)
     )
     assert allocated_bytes(run, "peak_space") == 300 >= allocated_bytes(run, "inuse_space") == 300
+
+
+def test_the_reserved_peak_is_the_highest_any_snapshot_saw() -> None:
+    """A 1000-byte segment made and freed (empty_cache()) in the first window: the allocator's reserved peak
+    (1450) stays the run's when a later snapshot's trace no longer holds it, one unit per device."""
+    blocks = [block(0, 100, "active_allocated", S1), block(100, 350, "inactive", [])]
+    first = snapshot(blocks, [event("alloc", 1, 0, 100, S1), event("segment_alloc", 2, 1000, 1000, []),
+                              event("alloc", 3, 1000, 1000, S2), event("free_completed", 4, 1000, 1000, S2),
+                              event("segment_free", 5, 1000, 1000, [])])
+    later = snapshot(blocks, [event("alloc", 6, 200, 10, S3), event("free_completed", 7, 200, 10, S3)])
+    history = SnapshotHistory()
+    assert [u.reserved for u in history.add(first).peaks] == [1450]
+    run = history.add(later)
+    assert [(u.device, u.reserved, u.reserved_allocated, u.reserved_at) for u in run.peaks] == [
+        ("cuda:0", 1450, 1100, 2000)]

@@ -235,16 +235,16 @@ def _rich_enough() -> Profile:
 def test_stacks_that_share_leaf_middle_and_root_frames_are_not_compared_pairwise(monkeypatch):
     """Such lists (a crafted snapshot) shared one bucket, each new one compared with all before it:
     8,000 blocks took 40 s. Each is now compared with at most a few."""
-    from gpuflame.formats import torch_snapshot
+    from gpuflame.formats import snapshot_stacks
 
     made = []
-    real_init = torch_snapshot._Stacks.__init__
+    real_init = snapshot_stacks.Stacks.__init__
 
     def keep(self, *args, **kwargs):  # type: ignore[no-untyped-def]
         real_init(self, *args, **kwargs)
         made.append(self)
 
-    monkeypatch.setattr(torch_snapshot._Stacks, "__init__", keep)
+    monkeypatch.setattr(snapshot_stacks.Stacks, "__init__", keep)
 
     def frame(name: str, line: int) -> dict[str, object]:
         return {"filename": f"/x/{name}.py", "line": line, "name": name}
@@ -258,7 +258,7 @@ def test_stacks_that_share_leaf_middle_and_root_frames_are_not_compared_pairwise
                "blocks": blocks}
     p = loads(pickle.dumps({"segments": [segment], "device_traces": [[]]}))
     assert len(p.samples) == n
-    assert made and max(len(bucket) for bucket in made[0]._by_shape.values()) <= torch_snapshot._SHAPE_BUCKET
+    assert made and max(len(bucket) for bucket in made[0]._by_shape.values()) <= snapshot_stacks.SHAPE_BUCKET
 
 
 def test_comment_json_of_empty_lists_stops_at_the_values_limit(monkeypatch):

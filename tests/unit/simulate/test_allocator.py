@@ -9,7 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuflame.errors import GpuflameError
-from gpuflame.simulate.allocator import Allocator, allocation_size, round_size
+from gpuflame.simulate.allocator import Allocator
+from gpuflame.simulate.blocks import allocation_size, round_size
 from gpuflame.simulate.settings import DEFAULTS, parse_alloc_conf
 
 MiB = 1 << 20
@@ -42,6 +43,14 @@ def test_best_fit_by_size_then_address_and_split():
     a.free(z)
     assert a.malloc(600).addr == x.addr  # two free blocks fit: x (1 KiB) is smaller than z's merged rest
     assert len(a.segments) == 1
+
+
+def test_fragmentation_at_the_reserved_peak_is_taken_when_most_was_allocated_there():
+    a = Allocator(DEFAULTS)
+    a.malloc(1000)  # the 2 MiB segment is made: reserved peak reached with 1 KiB allocated
+    for _ in range(9):
+        a.malloc(100_000)
+    assert a.reserved_peak == 2 * MiB and a.allocated_at_reserved_peak == 1024 + 9 * 100_352
 
 
 def test_large_block_not_split_unless_more_than_one_mib_remains():

@@ -1,0 +1,345 @@
+"""One device's allocator trace replayed: the ``alloc_*`` and ``peak_*`` views, the timeline, the event
+history, and the comments that qualify them (formats/torch_snapshot.py says what each counts)."""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Mapping
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any
+
+from gpuflame.formats.snapshot_blocks import (
+    BEFORE_TRACE_FRAME,
+    CACHED_FREE_FRAME,
+    INT64_MAX,
+    NO_STACK_FRAME,
+    ROUNDING_FRAME,
+    block_frames,
+    checked_int,
+    requested_bytes,
+)
+from gpuflame.formats.snapshot_phases import phase_table as replay_phases
+from gpuflame.formats.snapshot_walk import BEFORE, Walk, in_time_order, phase_of_key
+from gpuflame.model import history as event_history
+from gpuflame.model.categories import BLOCK_CATEGORY_KEY
+from gpuflame.model.history import History, Track
+from gpuflame.model.profile import PYTHON
+from gpuflame.model.timeline import Timeline
+from gpuflame.units import format_bytes
+
+if TYPE_CHECKING:
+    from gpuflame.formats.torch_snapshot import _Converter
+
+
+# Out-of-memory events described one comment each; the rest are counted (a file can hold millions).
+_OOM_COMMENTS = 20
+
+
+class DeviceTrace:
+    """One device's trace: alloc samples, the peak, and what qualifies them."""
+
+    def __init__(self, conv: _Converter, device: int, trace: list[Any]) -> None:
+        self.conv = conv
+        self.device = device
+        self.trace = in_time_order(trace)
+        self.name = conv.device_name(device)
+
+    def replay(self) -> tuple[int, int] | None:
+        """Walk the trace once; add alloc and peak samples; return its time window."""
+        conv = self.conv
+        walk = Walk(self.trace, conv.marks)
+        walk.run()
+        always = self._alive_throughout(walk.live, walk.release_on_request)
+        before_bytes = walk.before_bytes + sum(size for _, size, _ in always)
+        still_live = [v for v in walk.live.values() if v[0] <= walk.best_i] + always  # their blocks are known
+        peak_set = walk.closed_at_peak + still_live
+        best, seg, seg_at_best = walk.best, walk.seg, walk.seg_at_best
+        # reserved at a moment = reserved at the end minus segments added since
+        reserved_end = conv.reserved.get(self.device, 0)
+        reserved_start = reserved_end - seg
+        self._add_allocs(walk.allocs, walk.others)
+        self._add_timeline(walk.points, before_bytes)
+        self._add_history(walk.events, walk.base + [(block_frames(block), size) for _, size, block in always])
+        if walk.marks is not None and self._window() is not None:
+            conv.profile.phases += replay_phases(self.trace, walk.marks, self.name, before_bytes,
+                                                 walk.release_on_request, self._leaf_name, BEFORE_TRACE_FRAME.name)
+        end_set = self._end_state()
+        if sum(size for _, size, _ in end_set) > before_bytes + best:
+            # the replay stayed below what the allocator holds at the end
+            # (frees requested, never completed): the end is the peak
+            conv.comment(
+                f"{self.name}: the allocations alive when the snapshot was taken are more than the trace's "
+                "replay reaches at any moment (frees requested but not completed?); peak_* is that end state"
+            )
+            peak_set, still_live, seg_at_best = end_set, end_set, seg
+            best = sum(size for _, size, _ in end_set) - before_bytes
+        reserved_at_peak = reserved_end - (seg - seg_at_best)
+        if reserved_start >= before_bytes:  # the segment events add up: the reserved peak is known
+            at = self.trace[walk.seg_top_i].get("time_us") if walk.seg_top_i >= 0 else self.trace[0].get("time_us")
+            conv.reserved_peaks[self.device] = (reserved_start + walk.seg_top, before_bytes + walk.delta_at_top,
+                                                at * 1000 if type(at) is int and 0 <= at <= INT64_MAX // 1000 else 0)
+        self._add_peak(peak_set, before_bytes + best, reserved_at_peak, reserved_start >= before_bytes,
+                       self._rounding(still_live))
+        self._comment_reserved_after_peak(reserved_at_peak, reserved_end)
+        window = self._window()
+        self._comment_window(window, walk.freed_unknown)
+        for i, e, d, s in walk.ooms[:_OOM_COMMENTS]:
+            self._comment_oom(i, e, before_bytes + d, reserved_end - (seg - s))
+        if len(walk.ooms) > _OOM_COMMENTS:
+            conv.comment(f"{self.name}: {len(walk.ooms) - _OOM_COMMENTS:,} more out-of-memory events in the trace")
+        if walk.unknown:
+            conv.comment(f"{self.name}: ignored {walk.unknown} trace events of unknown kinds")
+        return window
+
+    def _alive_throughout(
+        self, live: dict[Any, tuple[int, int, Any]], release_on_request: bool
+    ) -> list[tuple[int, int, Any]]:
+        """Blocks active at the end that the trace never allocated nor freed: older than it, still held.
+
+        A block whose address the trace did allocate but no longer holds is
+        one whose free was requested and not completed, replayed as freed
+        (a trace recorded without ``free_completed`` events): not counted again.
+        Nor is one allocated before the trace whose requested free the replay
+        took as its free (it is counted among the bytes freed from before the trace).
+        """
+        out = []
+        seen: set[Any] | None = None
+        counted = ("alloc", "free_completed", "free_requested") if release_on_request else ("alloc", "free_completed")
+        for addr, block in self.conv.active.get(self.device, {}).items():
+            if addr in live:
+                continue
+            if seen is None:
+                seen = {e["addr"] for e in self.trace if e["action"] in counted}
+            if addr not in seen:
+                size = requested_bytes(block)
+                out.append((-1, checked_int(size, "block requested_size"), block))
+        return out
+
+    def _end_state(self) -> list[tuple[int, int, Any]]:
+        """The active blocks at the end, as peak entries (their requested bytes)."""
+        out = []
+        for block in self.conv.active.get(self.device, {}).values():
+            out.append((-1, requested_bytes(block), block))
+        return out
+
+    def _rounding(self, entries: list[tuple[int, int, Any]]) -> int:
+        """The allocator's rounding (block size - requested) of allocations whose block is known."""
+        active = self.conv.active.get(self.device, {})
+        total = 0
+        for _, size, source in entries:
+            block = source if source is not None and "action" not in source else None
+            if block is None and source is not None:
+                block = active.get(source.get("addr"))
+            if block is not None and requested_bytes(block) == size:
+                total += block["size"] - size
+        return total
+
+    def _comment_reserved_after_peak(self, at_peak: int, at_end: int) -> None:
+        if at_end > at_peak:
+            self.conv.comment(
+                f"{self.name}: the allocator reserved {format_bytes(at_end - at_peak)} more after the peak "
+                f"({format_bytes(at_peak)} at the peak, {format_bytes(at_end)} at the end), so peak_space "
+                "counts fewer reserved bytes than inuse_space; the live allocations are highest at the peak"
+            )
+
+    def _add_timeline(self, marks: list[tuple[Any, int]], baseline: int) -> None:
+        """The live allocated bytes after each event, as the peak counts them.
+
+        *baseline* is what was alive before the trace began (allocations the
+        trace frees but never allocated, and blocks alive throughout), so
+        the series' maximum is the peak's live allocations (``peak_space``
+        without ``<cached free blocks>``) and its last point the end state's
+        live allocations, at their requested sizes. Left out when the trace
+        has no plausible times to plot against.
+        """
+        window = self._window()
+        if not marks or window is None:
+            return
+        first, last = window
+        if any(type(t) is not int or not first <= t <= last for t, _ in marks):
+            return
+        # the series spans the trace's whole window, segment and oom events included
+        points = [(first * 1000, baseline)]
+        points += [(t * 1000, baseline + d) for t, d in marks]
+        if marks[-1][0] < last:
+            points.append((last * 1000, points[-1][1]))
+        timeline = self.conv.profile.timeline
+        if timeline is None:
+            timeline = self.conv.profile.timeline = Timeline()
+        timeline.add_series(self.conv.label(self.device), points)
+
+    def _add_history(self, events: list[tuple[Any, Any, int]], base: list[tuple[Any, int]]) -> None:
+        """The trace as the event history (model/history.py): its ring buffer is the bound.
+
+        What was alive before the trace began is the base state at its first
+        event; earlier moments are not available. Left out, as the timeline,
+        when the trace has no plausible times.
+        """
+        window = self._window()
+        if not events or window is None or any(type(t) is not int or not window[0] <= t <= window[1]
+                                                for t, _, _ in events):
+            return
+        conv = self.conv
+        labels = conv.label(self.device)
+        before = (conv.profile.frame_id(BEFORE_TRACE_FRAME),)
+        site_of: dict[tuple[int, ...], int] = {}
+
+        def site(frames: Any) -> int:
+            stack = before if frames is BEFORE else conv.stacks.stack(frames)
+            return site_of.setdefault(stack, len(site_of))
+
+        rows: dict[int, tuple[int, int]] = {}
+        for frames, size in base:
+            b, c = rows.get(site(frames), (0, 0))
+            rows[site(frames)] = (b + size, c + 1)
+        times = array("q", (t * 1000 for t, _, _ in events))
+        sites = array("q", (site(frames) for _, frames, _ in events))
+        track = Track((), 0, 0, window[0] * 1000, max(1, len(base)), rows, times, sites,
+                      array("q", (size for _, _, size in events)))
+        one = History(conv.profile.frames, [(stack, labels) for stack in site_of], [track])
+        conv.profile.history = event_history.merged([conv.profile.history, one])
+
+    def _add_allocs(self, allocs: dict[Any, list[Any]], others: list[tuple[Any, int, Any]]) -> None:
+        stack_of = self.conv.stacks.stack
+        for key, (frames, size, count) in allocs.items():
+            self.conv.add(stack_of(frames), self.device, "alloc_space", size, count, phase=phase_of_key(key))
+        for frames, size, key in others:
+            self.conv.add(stack_of(frames), self.device, "alloc_space", size, 1, phase=phase_of_key(key))
+
+    def _leaf_name(self, entry: Any) -> str:
+        """The function an alloc entry's stack ends in (its leaf), for the phase table."""
+        stack = self.conv.stacks.stack(entry.get("frames"))
+        return self.conv.profile.frames[stack[0]].name if stack else NO_STACK_FRAME.name
+
+    def _phase_of(self, source: Any) -> str | None:
+        """The phase a peak entry was allocated in: a trace entry's time, a block's last alloc."""
+        conv = self.conv
+        if conv.marks is None or source is None:
+            return None
+        if "action" in source:
+            return conv.marks.at(source.get("time_us"))
+        return conv.phase_of_block(self.device, source.get("address"))
+
+    def _marked(self, source: Any) -> str | None:
+        """The graph's category of a block live at the peak: its own mark, or that of the same allocation at the end."""
+        if source is None:
+            return None
+        if "action" not in source:
+            return source.get(BLOCK_CATEGORY_KEY)
+        block = self.conv.active.get(self.device, {}).get(source.get("addr"))
+        if block is not None and block.get("frames") == source.get("frames") and block["size"] == source.get("size"):
+            return block.get(BLOCK_CATEGORY_KEY)
+        return None
+
+    def _add_peak(
+        self, peak_set: list[tuple[int, int, Any]], allocated: int, reserved: int, sound: bool, rounding: int
+    ) -> None:
+        """Samples for what was alive at the peak, and the reserved rest.
+
+        *reserved* is what the allocator held at the peak; *sound* says the
+        trace's segment events add up (the memory reserved at the start holds
+        the allocations alive at the start); *rounding* is the allocator's
+        rounding of the allocations whose blocks are known (still alive at
+        the end), shown under ``<allocator rounding>``.
+        """
+        conv = self.conv
+        stack_of = conv.stacks.stack
+        before = (conv.profile.frame_id(BEFORE_TRACE_FRAME),)
+        by_stack: dict[tuple[tuple[int, ...], Any], list[int]] = {}
+        for _, size, source in peak_set:
+            if source is None:
+                st = before
+            elif "action" in source:  # a trace entry
+                st = stack_of(source.get("frames"))
+            else:  # a block
+                st = stack_of(block_frames(source))
+            key = (st, self._marked(source) if conv.categorize else None, self._phase_of(source))
+            row = by_stack.get(key)
+            if row is None:
+                by_stack[key] = [size, 1]
+            else:
+                row[0] += size
+                row[1] += 1
+        for (st, marked, phase), (size, count) in by_stack.items():
+            conv.add(st, self.device, "peak_space", size, count, {BLOCK_CATEGORY_KEY: marked}, phase)
+        cached = reserved - allocated - rounding
+        if sound and cached >= 0:
+            if rounding:
+                conv.add((conv.profile.frame_id(ROUNDING_FRAME),), self.device, "peak_space", rounding, 0)
+            if cached:
+                conv.add((conv.profile.frame_id(CACHED_FREE_FRAME),), self.device, "peak_space", cached, 0)
+        else:
+            conv.comment(
+                f"{self.name}: the memory reserved at the peak could not be reconstructed from the trace "
+                f"(segment events missing?); peak_* shows the live allocations only"
+            )
+
+    def _window(self) -> tuple[int, int] | None:
+        """First and last ``time_us``, if they are plausible times (they become pprof nanoseconds)."""
+        first = self.trace[0].get("time_us")
+        last = self.trace[-1].get("time_us")
+        if type(first) is int and type(last) is int and 0 <= first <= last <= INT64_MAX // 1000:
+            return first, last
+        return None
+
+    def _comment_window(self, window: tuple[int, int] | None, freed_unknown: int) -> None:
+        n = len(self.trace)
+        full = self.conv.max_entries is not None and n >= self.conv.max_entries
+        if not freed_unknown and not full:
+            return
+        span = f" from {_when(window[0])} to {_when(window[1])}" if window else ""
+        why = []
+        if full:
+            limit = self.conv.max_entries
+            why.append(f"it is full ({n:,} of max_entries {limit:,}), so older events were overwritten")
+        if freed_unknown:
+            why.append(
+                f"{freed_unknown:,} frees in it are of allocations made before it began, "
+                f"so at least {freed_unknown:,} earlier events are lost"
+            )
+        self.conv.comment(
+            f"{self.name}: the allocator trace does not reach back to the start of the run: it holds "
+            f"{n:,} events{span}; " + "; ".join(why) + ". peak_* is the highest point within this "
+            "recorded window only; an earlier, higher peak is possible"
+        )
+
+    def _comment_oom(self, index: int, entry: Mapping[str, Any], allocated: int, reserved: int) -> None:
+        size = entry.get("size")
+        free = entry.get("device_free")
+        when = entry.get("time_us")
+        parts = [f"{self.name}: out of memory"]
+        if isinstance(when, int):
+            parts.append(f" at {_when(when)}")
+        parts.append(f" (trace event {index + 1:,} of {len(self.trace):,})")
+        if isinstance(size, int):
+            parts.append(f": asked for {format_bytes(size)}")
+        if isinstance(free, int):
+            parts.append(f" with {format_bytes(free)} free on the device")
+        if allocated >= 0 and reserved >= allocated:
+            parts.append(
+                f"; PyTorch had {format_bytes(allocated)} allocated of {format_bytes(reserved)} reserved"
+            )
+        where = self._leaf_python(entry.get("frames"))
+        if where:
+            parts.append(f"; in {where}")
+        self.conv.comment("".join(parts))
+
+    def _leaf_python(self, frames: Any) -> str:
+        """The innermost Python frame of a stack, as ``name (file:line)``."""
+        profile = self.conv.profile
+        for fid in self.conv.stacks.stack(frames):
+            frame = profile.frames[fid]
+            if frame.kind == PYTHON:
+                return f"{frame.name} ({frame.location()})" if frame.file else frame.name
+        return ""
+
+
+def _when(time_us: int) -> str:
+    """Epoch microseconds as a UTC time; the raw number if it is not a plausible time."""
+    try:
+        moment = datetime.fromtimestamp(time_us / 1e6, tz=timezone.utc)
+    except (OverflowError, OSError, ValueError):
+        return f"t={time_us} us"
+    if moment.year < 2000:
+        return f"t={time_us} us"
+    return moment.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + " UTC"

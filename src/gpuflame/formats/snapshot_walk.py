@@ -1,0 +1,176 @@
+"""One pass over a device's time-ordered allocator trace: live bytes, the peak, segments, what was older.
+
+The running state the trace replay (formats/snapshot_trace.py) concludes
+from; kept apart because it is the hot loop of reading a snapshot.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Mapping
+from itertools import islice
+from typing import Any
+
+from gpuflame.errors import ProfileFormatError
+from gpuflame.formats.snapshot_blocks import checked_int
+from gpuflame.formats.snapshot_phases import Marks
+
+BEFORE = object()  # the event history's stand-in for the frames of an allocation older than the trace
+
+
+class Walk:
+    """The running state of one pass over a device's time-ordered trace: what ``replay`` concludes from.
+
+    Sizes are relative to the trace's start (``delta``): what was alive
+    before it is only known from its frees (``before_bytes``) and from the
+    blocks still active at the end, which ``replay`` adds.
+    """
+
+    __slots__ = ("trace", "marks", "release_on_request", "live", "closed_at_peak", "allocs", "others",
+                 "before_bytes", "freed_unknown", "best", "best_i", "seg", "seg_at_best", "ooms", "unknown",
+                 "points", "events", "base", "seg_top", "seg_top_i", "delta_at_top")
+
+    def __init__(self, trace: list[Any], marks: Marks | None) -> None:
+        self.trace = trace
+        self.marks = marks  # phase marks, when the recording had any
+        # a trace recorded without free_completed events: a requested free is the free
+        self.release_on_request = not any(e.get("action") == "free_completed" for e in trace)
+        self.live: dict[Any, tuple[int, int, Any]] = {}  # addr -> (start index, size, entry or None)
+        self.closed_at_peak: list[tuple[int, int, Any]] = []  # freed since the peak, alive at it
+        self.allocs: dict[Any, list[Any]] = {}  # stack key -> [frames, bytes, count]
+        self.others: list[tuple[Any, int, Any]] = []  # allocations whose key clashed with another stack
+        self.before_bytes = 0  # allocations older than the trace, known from their frees
+        self.freed_unknown = 0
+        self.best = 0  # the live bytes at the peak, relative to the start
+        self.best_i = -1  # the peak's trace index
+        self.seg = self.seg_at_best = 0  # segment bytes added since the start: at the end, at the peak
+        # the reserved peak: the most segment bytes added at any moment (0: the start), the trace index that
+        # first reached it, and the most live bytes (relative) while they were that high (the least fragmentation)
+        self.seg_top, self.seg_top_i, self.delta_at_top = 0, -1, 0
+        self.ooms: list[tuple[int, Any, int, int]] = []  # (index, entry, delta, seg) of each oom event
+        self.unknown = 0  # events of unknown kinds
+        self.points: list[tuple[Any, int]] = []  # (time_us, delta) after each alloc and free: the timeline
+        self.events: list[tuple[Any, Any, int]] = []  # (time_us, frames or BEFORE, +-bytes): the event history
+        self.base: list[Any] = []  # (frames or BEFORE, bytes) of what was alive before the trace began
+
+    def run(self) -> None:
+        """The single pass: live bytes after each alloc and free, the peak, segments, the rest noted."""
+        live, closed, points, events = self.live, self.closed_at_peak, self.points, self.events
+        group, release_on_request = self._group, self.release_on_request
+        delta = best = seg = seg_at_best = top = delta_top = 0  # locals while the loop runs; stored when it ends
+        best_i = top_i = -1
+        for i, e in enumerate(self.trace):
+            action = e["action"]
+            if action == "alloc":
+                addr = e["addr"]
+                size = e["size"]
+                if type(addr) is not int or type(size) is not int or size < 0:
+                    raise ProfileFormatError(f"trace event {i + 1}: addr or size is not an integer")
+                t, frames = e.get("time_us"), e.get("frames")
+                old = live.get(addr)
+                if old is not None:  # the address came back without a recorded free
+                    delta -= old[1]
+                    events.append((t, old[2].get("frames"), -old[1]))
+                    if old[0] <= best_i:
+                        closed.append(old)
+                live[addr] = (i, size, e)
+                delta += size
+                group(frames, size, t)
+                points.append((t, delta))
+                events.append((t, frames, size))
+                if delta > best:
+                    best, best_i, seg_at_best = delta, i, seg
+                    closed.clear()
+                if seg == top and delta > delta_top:
+                    delta_top = delta
+            elif action == "free_completed" or (action == "free_requested" and release_on_request):
+                addr = e["addr"]
+                if type(addr) is not int:
+                    raise ProfileFormatError(f"trace event {i + 1}: addr is not an integer")
+                t = e.get("time_us")
+                old = live.pop(addr, None)
+                if old is None:  # allocated before the trace began
+                    delta -= self._free_before(i, e)
+                else:
+                    delta -= old[1]
+                    if old[0] <= best_i:
+                        closed.append(old)
+                    events.append((t, old[2].get("frames"), -old[1]))
+                points.append((t, delta))
+            elif action != "free_requested":
+                # (a requested free changes nothing: an allocation counts until its free completes;
+                # one the trace never saw allocated is picked up at completion, or from the blocks
+                # when it is still pending at the end)
+                seg = self._other(i, e, action, delta, seg)
+                if seg > top:
+                    top, top_i, delta_top = seg, i, delta
+                elif seg == top and delta > delta_top:
+                    delta_top = delta
+        self.best, self.best_i, self.seg, self.seg_at_best = best, best_i, seg, seg_at_best
+        self.seg_top, self.seg_top_i, self.delta_at_top = top, top_i, delta_top
+
+    def _group(self, frames: Any, size: int, time_us: Any) -> None:
+        """Book an allocation to its stack's row without converting the stack.
+
+        A cheap key from three frames' identities, then list equality (an
+        identity check per frame, as torch shares frame dicts); a clash goes
+        to ``others``. With phase marks the key holds the phase too.
+        """
+        if type(frames) is list and frames:
+            key: Any = id(frames[0]) ^ (id(frames[-1]) << 1) ^ (id(frames[len(frames) >> 1]) << 2)
+        else:
+            key = id(frames)
+        if self.marks is not None:
+            key = (key, self.marks.at(time_us))
+        row = self.allocs.get(key)
+        if row is None:
+            self.allocs[key] = [frames, size, 1]
+        elif row[0] is frames or row[0] == frames:
+            row[1] += size
+            row[2] += 1
+        else:
+            self.others.append((frames, size, key))
+
+    def _free_before(self, i: int, e: Mapping[str, Any]) -> int:
+        """A free of an allocation made before the trace began: alive at any peak; its size."""
+        size = checked_int(e["size"], f"trace event {i + 1} size")
+        self.before_bytes += size
+        self.freed_unknown += 1
+        self.closed_at_peak.append((-1, size, None))
+        self.base.append((BEFORE, size))
+        self.events.append((e.get("time_us"), BEFORE, -size))
+        return size
+
+    def _other(self, i: int, e: Mapping[str, Any], action: str, delta: int, seg: int) -> int:
+        """A segment, oom or unknown event (rare beside allocs and frees); returns the segment bytes after it."""
+        if action == "segment_alloc" or action == "segment_map":
+            seg += checked_int(e["size"], f"trace event {i + 1} size")
+        elif action == "segment_free" or action == "segment_unmap":
+            seg -= checked_int(e["size"], f"trace event {i + 1} size")
+        elif action == "oom":
+            self.ooms.append((i, e, delta, seg))
+        elif action != "snapshot":
+            self.unknown += 1
+        return seg
+
+
+def phase_of_key(key: Any) -> str | None:
+    """An alloc row's phase: its key is (stack key, phase) when the snapshot has phase marks."""
+    return key[1] if type(key) is tuple else None
+
+
+def in_time_order(trace: list[Any]) -> list[Any]:
+    """The ring buffer hands entries out oldest first; re-sort only if they are not.
+
+    Sorting is stable, so events recorded within the same microsecond keep
+    the order the allocator recorded them in.
+    """
+    try:
+        times = [e["time_us"] for e in trace]
+        if all(map(operator.le, times, islice(times, 1, None))):
+            return trace
+        if any(type(t) is not int for t in times):
+            return trace
+    except (KeyError, TypeError, RecursionError):  # no usable times: keep the recorded order
+        return trace
+    return sorted(trace, key=lambda e: e["time_us"])
