@@ -9,6 +9,8 @@ segment was made (no segment events) are held to the same placement bar.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from gpuflame.simulate.replay import Run, read_input, settings_for
