@@ -74,6 +74,8 @@ def rich_profile() -> Profile:
 # =============================================================================
 
 LANES = ("unit", "e2e", "browser", "agent", "gpu", "deploy")
+# The agent tests load BPF programs and probe one stand-in driver as root: never two at once.
+SERIAL = ("agent",)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -82,3 +84,5 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         parts = Path(str(item.fspath)).resolve().relative_to(TESTS).parts
         if len(parts) > 1 and parts[0] in LANES:
             item.add_marker(getattr(pytest.mark, parts[0]))
+            if parts[0] in SERIAL:  # under `pytest -n`, one worker runs them all, one after another
+                item.add_marker(pytest.mark.xdist_group(parts[0]))
