@@ -192,7 +192,7 @@ static __always_inline __u64 read_ptr(__u64 addr)
 }
 
 /* All ones when *d* is 0, else 0, without a branch: the barrier keeps clang from turning it back into a
- * compare-and-jump (a jump in the loop's body would cost the verifier a pending branch per thread). */
+ * compare-and-jump. */
 static __always_inline __u64 zero_mask(__u64 d)
 {
     __u64 neg = -d;
@@ -200,35 +200,54 @@ static __always_inline __u64 zero_mask(__u64 d)
     return ((d | neg) >> 63) - 1;
 }
 
+struct thread_search {
+    __u64 ts;    /* the next thread to read; 0: the list's end */
+    __u64 want;  /* the id of the calling thread */
+    __u64 found; /* its PyThreadState, once found */
+    __s32 id_off;
+    __s32 next_off;
+};
+
+/* THREAD_CHUNK threads of the search, from s->ts. A global function: the verifier checks its bounded
+ * loop once per program, not once per call, so the search's cost to it does not grow with MAX_THREADS
+ * (5.15 has no bpf_loop). No branch on what it reads but the list's end (a read past the end gives 0,
+ * no thread's id). */
+__noinline int search_threads(struct thread_search *s)
+{
+    if (!s)
+        return 0;
+    __u64 ts = s->ts, want = s->want, found = 0, v;
+    for (int i = 0; i < THREAD_CHUNK && ts; i++) {
+        bpf_probe_read_user(&v, sizeof(v), (void *)(ts + s->id_off)); /* a failed read gives 0 */
+        found |= ts & zero_mask(v ^ want);
+        bpf_probe_read_user(&v, sizeof(v), (void *)(ts + s->next_off));
+        ts = v;
+    }
+    s->ts = ts;
+    s->found = found;
+    return 0;
+}
+
 /* The PyThreadState of the calling thread: its native_thread_id (3.11+) is the
- * namespaced tid; 3.10 has only thread_id, pthread_self(), which is the FS base.
- * A bounded loop, not bpf_loop (5.17), with no branch on what it reads but once
- * every THREAD_CHUNK threads (past the list's end a read gives 0, no thread's id):
- * the verifier keeps a pending branch per chunk, not per thread (its limit is 8192). */
+ * namespaced tid; 3.10 has only thread_id, pthread_self(), which is the FS base. */
 static __always_inline __u64 find_tstate(struct proc *p, struct thread_state *t)
 {
     struct task_struct *task = (struct task_struct *)bpf_get_current_task();
     int native = p->off.tstate_native_thread_id >= 0;
-    __u64 want = native ? namespaced_tid(task) : BPF_CORE_READ(task, thread.fsbase);
-    __s32 id_off = native ? p->off.tstate_native_thread_id : p->off.tstate_thread_id;
-    __s32 next_off = p->off.tstate_next;
-    if (t->tstate && read_ptr(t->tstate + id_off) == want)
+    struct thread_search s = {};
+    s.want = native ? namespaced_tid(task) : BPF_CORE_READ(task, thread.fsbase);
+    s.id_off = native ? p->off.tstate_native_thread_id : p->off.tstate_thread_id;
+    s.next_off = p->off.tstate_next;
+    if (t->tstate && read_ptr(t->tstate + s.id_off) == s.want)
         return t->tstate;
     __u64 interp = read_ptr(p->runtime + p->off.runtime_interp_head);
-    if (!interp || !want)
+    if (!interp || !s.want)
         return 0;
-    __u64 ts = read_ptr(interp + p->off.interp_threads_head);
-    __u64 found = 0, v;
-    for (int i = 0; i < MAX_THREADS; i++) {
-        bpf_probe_read_user(&v, sizeof(v), (void *)(ts + id_off)); /* a failed read gives 0 */
-        found |= ts & zero_mask(v ^ want);
-        bpf_probe_read_user(&v, sizeof(v), (void *)(ts + next_off));
-        ts = v;
-        if (i % THREAD_CHUNK == THREAD_CHUNK - 1 && (found || !ts))
-            break; /* i is known at each step: only this test, once a chunk, is a branch to the verifier */
-    }
-    t->tstate = found;
-    return found;
+    s.ts = read_ptr(interp + p->off.interp_threads_head);
+    for (int c = 0; c < MAX_THREADS / THREAD_CHUNK && s.ts && !s.found; c++)
+        search_threads(&s);
+    t->tstate = s.found;
+    return s.found;
 }
 
 /* Walks the frames into *e*; returns their hash. One read per frame: the fields the walk

@@ -7,11 +7,9 @@
 #define MAX_PROCS 16384
 /* Python threads searched for the caller's thread state (the interpreter lists the newest first, so a
  * server's pool hides the main thread behind it); once per thread (cached, re-checked at each use), two
- * reads a thread: ~1.5 ms at the bound. 8192, not 16384: a bounded loop (5.15 has no bpf_loop) is checked
- * by the verifier step by step, ~37 instructions a thread, and 8192 keeps each program near 300k of its
- * 1M limit. */
-#define MAX_THREADS 8192
-#define THREAD_CHUNK 32 /* threads read per step of the search, without a branch */
+ * reads a thread: ~3 ms at the bound */
+#define MAX_THREADS 16384
+#define THREAD_CHUNK 256 /* threads a call of search_threads reads (the verifier checks it once) */
 #define MAX_FRAMES 128 /* Python frames kept per allocation */
 #define MAX_WALK 160   /* frames visited (C-stack shim frames are skipped) */
 #define MAX_NATIVE 64
