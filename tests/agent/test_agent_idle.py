@@ -49,13 +49,13 @@ def test_idle_node_watches_and_writes_a_profile_that_says_so(bpf_object, tmp_pat
 
 
 def test_a_kernel_below_the_floor_is_said_at_start(bpf_object, monkeypatch):
-    """Started on 5.15 (AKS's Ubuntu 22.04 GPU nodes), the agent stops at once with one line, before loading."""
+    """Started on 5.10 (Debian 11's kernel), the agent stops at once with one line, before loading."""
     from gpuflame.agent.agent import Agent, AgentError
 
     real = os.uname()
-    fake = os.uname_result((real.sysname, real.nodename, "5.15.0-1068-azure", real.version, real.machine))
+    fake = os.uname_result((real.sysname, real.nodename, "5.10.0-33-amd64", real.version, real.machine))
     monkeypatch.setattr(os, "uname", lambda: fake)
-    with pytest.raises(AgentError, match=r"^Linux 5.15.0-1068-azure is older than the agent's floor, 5.17"):
+    with pytest.raises(AgentError, match=r"^Linux 5.10.0-33-amd64 is older than the agent's floor, 5.15"):
         Agent().start()
 
 

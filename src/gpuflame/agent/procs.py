@@ -153,11 +153,13 @@ def uretprobe_seccomp_kernel(release: str | None = None) -> bool:
     return bool(m) and (int(m.group(1)), int(m.group(2))) in ((6, 11), (6, 12), (6, 13))
 
 
-# The oldest kernel the BPF object loads on: bpf_loop (5.17) walks the thread list and the frames; before it,
-# the attach cookies of uprobes (5.15), task storage (5.11), BTF tracepoints and the ring buffer (5.5-5.8).
-# Uprobe-multi links (6.6) and fexit (driver files loaded later) have fallbacks.
-KERNEL_FLOOR = (5, 17)
-KERNEL_FLOOR_NEEDS = "bpf_loop"
+# The oldest kernel the BPF object loads on: uprobes' attach cookies (bpf_get_attach_cookie and perf links,
+# 5.15); before it, task storage in tracing programs (5.12), global functions with pointer arguments (5.12),
+# BTF tracepoints, fexit and the ring buffer (5.5-5.8). Loops are bounded loops (5.3), not bpf_loop (5.17).
+# Uprobe-multi links (6.6) and fexit on vm_mmap_pgoff (driver files loaded later) have fallbacks.
+# docs/agent-kernels.md says which kernel each was tested on.
+KERNEL_FLOOR = (5, 15)
+KERNEL_FLOOR_NEEDS = "uprobe attach cookies"
 
 
 def below_kernel_floor(release: str | None = None) -> str | None:

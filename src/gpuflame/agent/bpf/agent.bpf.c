@@ -191,23 +191,40 @@ static __always_inline __u64 read_ptr(__u64 addr)
     return v;
 }
 
+/* All ones when *d* is 0, else 0, without a branch: the barrier keeps clang from turning it back into a
+ * compare-and-jump. */
+static __always_inline __u64 zero_mask(__u64 d)
+{
+    __u64 neg = -d;
+    asm volatile("" : "+r"(neg));
+    return ((d | neg) >> 63) - 1;
+}
+
 struct thread_search {
-    __u64 ts;
-    __u64 want;
+    __u64 ts;    /* the next thread to read; 0: the list's end */
+    __u64 want;  /* the id of the calling thread */
+    __u64 found; /* its PyThreadState, once found */
     __s32 id_off;
     __s32 next_off;
-    __u64 found;
 };
 
-static long thread_step(__u64 i, struct thread_search *s)
+/* THREAD_CHUNK threads of the search, from s->ts. A global function: the verifier checks its bounded
+ * loop once per program, not once per call, so the search's cost to it does not grow with MAX_THREADS
+ * (5.15 has no bpf_loop). No branch on what it reads but the list's end (a read past the end gives 0,
+ * no thread's id). */
+__noinline int search_threads(struct thread_search *s)
 {
-    if (!s->ts)
-        return 1;
-    if (read_ptr(s->ts + s->id_off) == s->want) {
-        s->found = s->ts;
-        return 1;
+    if (!s)
+        return 0;
+    __u64 ts = s->ts, want = s->want, found = 0, v;
+    for (int i = 0; i < THREAD_CHUNK && ts; i++) {
+        bpf_probe_read_user(&v, sizeof(v), (void *)(ts + s->id_off)); /* a failed read gives 0 */
+        found |= ts & zero_mask(v ^ want);
+        bpf_probe_read_user(&v, sizeof(v), (void *)(ts + s->next_off));
+        ts = v;
     }
-    s->ts = read_ptr(s->ts + s->next_off);
+    s->ts = ts;
+    s->found = found;
     return 0;
 }
 
@@ -216,102 +233,78 @@ static long thread_step(__u64 i, struct thread_search *s)
 static __always_inline __u64 find_tstate(struct proc *p, struct thread_state *t)
 {
     struct task_struct *task = (struct task_struct *)bpf_get_current_task();
+    int native = p->off.tstate_native_thread_id >= 0;
     struct thread_search s = {};
-    s.want = p->off.tstate_native_thread_id >= 0 ? namespaced_tid(task) : BPF_CORE_READ(task, thread.fsbase);
-    s.id_off = p->off.tstate_native_thread_id >= 0 ? p->off.tstate_native_thread_id : p->off.tstate_thread_id;
+    s.want = native ? namespaced_tid(task) : BPF_CORE_READ(task, thread.fsbase);
+    s.id_off = native ? p->off.tstate_native_thread_id : p->off.tstate_thread_id;
     s.next_off = p->off.tstate_next;
     if (t->tstate && read_ptr(t->tstate + s.id_off) == s.want)
         return t->tstate;
     __u64 interp = read_ptr(p->runtime + p->off.runtime_interp_head);
-    if (!interp)
+    if (!interp || !s.want)
         return 0;
     s.ts = read_ptr(interp + p->off.interp_threads_head);
-    bpf_loop(MAX_THREADS, thread_step, &s, 0);
+    for (int c = 0; c < MAX_THREADS / THREAD_CHUNK && s.ts && !s.found; c++)
+        search_threads(&s);
     t->tstate = s.found;
     return s.found;
 }
 
-struct frame_walk {
-    struct event *e;
-    __u64 frame;
-    __u64 hash; /* of the frames kept: a new stack wakes the reader */
-    __u32 n;
-    __s32 previous;
-    __s32 code;
-    __s32 instr;
-    __s32 instr_size;
-    __s32 owner;
-    __s32 owner_cstack;
-};
-
-/* One read per frame: the fields we need all sit in its first FRAME_BYTES bytes. */
-static long frame_step(__u64 i, struct frame_walk *w)
+/* Walks the frames into *e*; returns their hash. One read per frame: the fields the walk
+ * needs all sit in its first FRAME_BYTES bytes. A bounded loop, not bpf_loop (5.17): the
+ * count of frames kept is re-read from the event at each step (volatile), so the verifier
+ * sees any count below MAX_FRAMES there, not one state per count. A global function: the
+ * verifier checks it once per program, not once per way a program comes to call it. */
+__noinline __u64 walk_python(struct proc *p, struct thread_state *t, struct event *e)
 {
-    __u64 frame = w->frame;
-    if (!frame)
-        return 1;
-    struct event *e = w->e;
-    if (bpf_probe_read_user(e->raw, FRAME_BYTES, (void *)frame)) {
-        w->frame = 0;
-        return 1;
-    }
-    w->frame = *(__u64 *)(e->raw + (w->previous & RAW_U64_MASK));
-    if (w->owner >= 0 && w->owner_cstack >= 0 && e->raw[w->owner & RAW_U8_MASK] >= w->owner_cstack)
-        return 0; /* a shim frame of the C stack or the interpreter (3.12+): no code object */
-    __u32 n = w->n;
-    if (n >= MAX_FRAMES) {
-        w->frame = frame;
-        return 1;
-    }
-    /* 3.14's f_executable is a tagged reference (_PyStackRef): objects are 8-aligned, the low bits are tags */
-    __u64 code = *(__u64 *)(e->raw + (w->code & RAW_U64_MASK)) & ~7ull;
-    __u64 instr;
-    if (w->instr_size == 4)
-        instr = *(__u32 *)(e->raw + (w->instr & RAW_U32_MASK));
-    else
-        instr = *(__u64 *)(e->raw + (w->instr & RAW_U64_MASK));
-    e->frames[n].code = code;
-    e->frames[n].instr = instr;
-    w->hash = (w->hash ^ code ^ (instr << 17)) * 0x100000001b3ull;
-    w->n = n + 1;
-    return 0;
-}
-
-/* Walks the frames into *e*; returns their hash. */
-static __always_inline __u64 walk_python(struct proc *p, struct thread_state *t, struct event *e)
-{
+    if (!p || !t || !e)
+        return 0;
     __u64 ts = find_tstate(p, t);
     if (!ts) {
         e->flags |= F_NO_THREAD;
         return 0;
     }
-    struct py_offsets *o = &p->off;
-    struct frame_walk w = {.e = e, .hash = 0xcbf29ce484222325ull, .previous = o->frame_previous, .code = o->frame_code, .instr = o->frame_instr,
-                           .instr_size = o->frame_instr_size, .owner = o->frame_owner,
-                           .owner_cstack = o->owner_cstack};
+    volatile struct py_offsets *o = &p->off; /* read at each step: a value kept across steps, once tested,
+                                               * would split the verifier's states for every step after */
+    __u64 hash = 0xcbf29ce484222325ull;
+    __u64 frame;
     if (o->tstate_cframe >= 0)
-        w.frame = read_ptr(read_ptr(ts + o->tstate_cframe) + o->cframe_current_frame);
+        frame = read_ptr(read_ptr(ts + o->tstate_cframe) + o->cframe_current_frame);
     else
-        w.frame = read_ptr(ts + o->tstate_frame);
-    bpf_loop(MAX_WALK, frame_step, &w, 0);
-    if (w.frame)
+        frame = read_ptr(ts + o->tstate_frame);
+    volatile __u16 *kept = &e->nframes;
+    *kept = 0;
+    for (int i = 0; i < MAX_WALK && frame; i++) {
+        if (bpf_probe_read_user(e->raw, FRAME_BYTES, (void *)frame)) {
+            frame = 0;
+            break;
+        }
+        __u64 here = frame;
+        frame = *(__u64 *)(e->raw + (o->frame_previous & RAW_U64_MASK));
+        __s32 owner = o->frame_owner;
+        if (owner >= 0 && o->owner_cstack >= 0 && e->raw[owner & RAW_U8_MASK] >= o->owner_cstack)
+            continue; /* a shim frame of the C stack or the interpreter (3.12+): no code object */
+        __u32 n = *kept;
+        if (n >= MAX_FRAMES) {
+            frame = here;
+            break;
+        }
+        /* 3.14's f_executable is a tagged reference (_PyStackRef): objects are 8-aligned, the low bits are tags */
+        __u64 code = *(__u64 *)(e->raw + (o->frame_code & RAW_U64_MASK)) & ~7ull;
+        __u64 instr;
+        __s32 instr_off = o->frame_instr;
+        if (o->frame_instr_size == 4)
+            instr = *(__u32 *)(e->raw + (instr_off & RAW_U32_MASK));
+        else
+            instr = *(__u64 *)(e->raw + (instr_off & RAW_U64_MASK));
+        e->frames[n].code = code;
+        e->frames[n].instr = instr;
+        hash = (hash ^ code ^ (instr << 17)) * 0x100000001b3ull;
+        *kept = n + 1;
+    }
+    if (frame)
         e->flags |= F_TRUNCATED;
-    e->nframes = w.n;
-    return w.hash;
-}
-
-struct stack_hash {
-    __u64 *words;
-    __u64 h;
-    __u32 n;
-};
-
-static long hash_step(__u64 i, struct stack_hash *s)
-{
-    if (i >= s->n || i >= MAX_NATIVE)
-        return 1;
-    s->h = (s->h ^ s->words[i]) * 0x100000001b3ull;
-    return 0;
+    return hash;
 }
 
 /* True the first time this process sends this stack (Python frames hashed by the walk, native ones here). */
@@ -319,9 +312,10 @@ static __always_inline int new_stack(struct event *e, __u64 hash)
 {
     if (e->nnative) {
         __u32 off = e->nframes < MAX_FRAMES ? e->nframes : MAX_FRAMES;
-        struct stack_hash s = {.words = (__u64 *)&e->frames[off], .h = hash, .n = e->nnative};
-        bpf_loop(MAX_NATIVE, hash_step, &s, 0);
-        hash = s.h;
+        __u64 *words = (__u64 *)&e->frames[off];
+        __u32 n = e->nnative;
+        for (__u32 i = 0; i < MAX_NATIVE && i < n; i++)
+            hash = (hash ^ words[i]) * 0x100000001b3ull;
     }
     struct stack_key key = {.tgid = e->tgid, .hash = hash};
     if (bpf_map_lookup_elem(&stacks_seen, &key))
@@ -396,19 +390,13 @@ static __always_inline void copy_str(struct code_offsets *o, __u64 str, char *bu
         bpf_probe_read_user(buf, bytes, (void *)data);
 }
 
-struct code_walk {
-    struct event *e;
-    struct proc *p;
-    __u32 tgid;
-};
-
-static long code_step(__u64 i, struct code_walk *w)
+/* One code object of a new stack, as a code record, unless sent already. A global function: the
+ * verifier checks it once, not once per frame of the loop that calls it (5.15 has no bpf_loop). */
+__noinline int send_code(struct code_offsets *o, __u32 tgid, __u64 code)
 {
-    struct event *e = w->e;
-    if (i >= e->nframes || i >= MAX_FRAMES)
-        return 1;
-    __u64 code = e->frames[i].code;
-    struct code_key key = {.tgid = w->tgid, .code = code};
+    if (!o)
+        return 0;
+    struct code_key key = {.tgid = tgid, .code = code};
     if (bpf_map_lookup_elem(&codes_seen, &key))
         return 0;
     __u8 one = 1;
@@ -416,10 +404,9 @@ static long code_step(__u64 i, struct code_walk *w)
     __u32 zero = 0;
     struct code_record *r = bpf_map_lookup_elem(&code_scratch, &zero);
     if (!r)
-        return 1;
-    struct code_offsets *o = &w->p->code;
+        return 0;
     r->type = EV_CODE;
-    r->tgid = w->tgid;
+    r->tgid = tgid;
     r->code = code;
     r->firstlineno = 0;
     bpf_probe_read_user(&r->firstlineno, 4, (void *)(code + o->code_firstlineno));
@@ -438,11 +425,12 @@ static long code_step(__u64 i, struct code_walk *w)
     return 0;
 }
 
-/* Before a new stack's record: its code objects not sent yet, each as a code record. */
+/* Before a new stack's record: its code objects not sent yet (a bounded loop, not bpf_loop). */
 static __always_inline void send_codes(struct event *e, struct proc *p)
 {
-    struct code_walk w = {.e = e, .p = p, .tgid = e->tgid};
-    bpf_loop(MAX_FRAMES, code_step, &w, 0);
+    __u32 n = e->nframes;
+    for (__u32 i = 0; i < MAX_FRAMES && i < n; i++)
+        send_code(&p->code, e->tgid, e->frames[i].code);
 }
 
 /* An allocation's event: its Python stack (and native frames where needed), sent to user space.

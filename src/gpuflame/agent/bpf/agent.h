@@ -9,6 +9,7 @@
  * server's pool hides the main thread behind it); once per thread (cached, re-checked at each use), two
  * reads a thread: ~3 ms at the bound */
 #define MAX_THREADS 16384
+#define THREAD_CHUNK 256 /* threads a call of search_threads reads (the verifier checks it once) */
 #define MAX_FRAMES 128 /* Python frames kept per allocation */
 #define MAX_WALK 160   /* frames visited (C-stack shim frames are skipped) */
 #define MAX_NATIVE 64
