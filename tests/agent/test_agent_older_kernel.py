@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from tests.agent.agent_helpers import HERE
 
 REPO = HERE.parents[1]
