@@ -75,7 +75,7 @@ from typing import Any
 from gpuflame import limits
 from gpuflame.errors import GpuflameError, ProfileFormatError
 from gpuflame.formats import safe_pickle
-from gpuflame.formats.load_save import GZIP_MAGIC, gunzip
+from gpuflame.formats.gzip_io import GZIP_MAGIC, gunzip
 from gpuflame.formats.snapshot_phases import Marks, read_marks
 from gpuflame.formats.snapshot_phases import phase_table as replay_phases
 from gpuflame.formats.torch_frames import Entry, StackReader, make_entry
