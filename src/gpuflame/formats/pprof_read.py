@@ -134,7 +134,9 @@ def _split_profile(data: bytes) -> RawProfile:
                     target = by_field.get(field)
                     if target is not None:
                         target.append(data[pos:stop])
-                    elif field == P_COMMENT:  # packed repeated int64, at most 10 bytes each
+                        pos = _run(data, stop, window, key, target)
+                        continue
+                    if field == P_COMMENT:  # packed repeated int64, at most 10 bytes each
                         if size > 10 * limits.COMMENTS.value():
                             raise limits.COMMENTS.exceeded("pprof: the comments")
                         raw.comments.extend(_packed_ints(data[pos:stop], field))
@@ -145,6 +147,31 @@ def _split_profile(data: bytes) -> RawProfile:
     except IndexError:
         raise ProfileFormatError("truncated protobuf: a field runs past the end of the data") from None
     return raw
+
+
+def _run(data: bytes, pos: int, window: int, key: int, target: list[bytes]) -> int:
+    """More fields of the same one-byte *key* with sizes of one or two bytes: the bulk of a large profile.
+
+    Returns where the run ends (another key, a longer size, or the window's end).
+    """
+    if key >= 0x80:
+        return pos
+    append = target.append
+    end = len(data)
+    while pos < window and data[pos] == key:
+        size = data[pos + 1]
+        start = pos + 2
+        if size >= 0x80:
+            high = data[start]
+            if high >= 0x80:
+                break
+            size = (size & 0x7F) | (high << 7)
+            start += 1
+        pos = start + size
+        if pos > end:
+            raise ProfileFormatError(f"truncated protobuf: field {key >> 3} runs past the end of the data")
+        append(data[start:pos])
+    return pos
 
 
 def _read_scalar(data: bytes, pos: int, field: int, wire: int, raw: RawProfile) -> int:

@@ -17,7 +17,7 @@ from typing import Any
 
 from gpuflame import limits
 from gpuflame.errors import ProfileFormatError
-from gpuflame.formats.pprof_tables import Strings, message_fields, scalar_field
+from gpuflame.formats.pprof_tables import BULK_MIN, Strings, message_fields, scalar_field
 from gpuflame.formats.protobuf_wire import (
     LEN,
     VARINT,
@@ -131,6 +131,7 @@ def read_samples(
     table, tails, words_of, getter, high = reader.table, reader.tails, reader.words_of, itemgetter, _HIGH_BYTES
     out: list[Sample] = []
     append = out.append
+    wide: list[tuple[int, bytes, bytes, Any]] = []
     for raw in chunks:
         if raw[:1] == b"\x0a":  # field 1 (the location ids) first: split it from the rest
             size = raw[1] if len(raw) > 1 else 0x80
@@ -153,7 +154,8 @@ def read_samples(
         elif not len(ids) & 1 and ids[1::2].isascii() and not ids[::2].translate(None, high):
             words = words_of[len(ids)](ids)
         else:
-            append(reader.general(raw, ids, tail))
+            wide.append((len(out), raw, ids, tail))
+            append(None)  # type: ignore[arg-type]
             continue
         n = len(words)
         if n > max_depth:
@@ -165,13 +167,31 @@ def read_samples(
         if -1 in stack:
             _raise_missing(words, table)
         append(Sample(stack, tail[0], tail[1]))
+    if wide:
+        _read_wide(wide, out, reader)
     return out
+
+
+def _read_wide(wide: list[tuple[int, bytes, bytes, Any]], out: list[Sample], reader: _SampleReader) -> None:
+    """Samples whose location ids are wider than two bytes (over 16,256 frames): in bulk where possible."""
+    stacks = None
+    if len(wide) >= BULK_MIN and reader.flat:
+        from gpuflame.formats import pprof_bulk  # numpy: only for this many samples
+
+        stacks = pprof_bulk.stacks([w[2] for w in wide], reader.location_frames, reader.max_depth)
+    if stacks is None:
+        for index, raw, ids, tail in wide:
+            out[index] = reader.general(raw, ids, tail)
+        return
+    for (index, _, _, tail), stack in zip(wide, stacks, strict=True):
+        out[index] = Sample(stack, tail[0], tail[1])
 
 
 class _SampleReader:
     """What decoding samples needs, built once per profile, and the way for samples off the fast path."""
 
     def __init__(self, location_frames: dict[int, tuple[int, ...]], strings: Strings, n_types: int) -> None:
+        self.location_frames = location_frames
         self.flat = all(len(v) == 1 for v in location_frames.values())
         self.lookup = _LocationMemo(location_frames, self.flat).__getitem__
         self.table = _fast_table(location_frames) if self.flat else None

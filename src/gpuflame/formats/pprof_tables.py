@@ -8,13 +8,21 @@ a million-frame profile has a million Functions and a million Locations.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from gpuflame.errors import ProfileFormatError
 from gpuflame.formats.pprof import frame_kind
 from gpuflame.formats.protobuf_wire import iter_fields, read_string, to_int64
 from gpuflame.model.profile import Frame, Profile, SampleType
 from gpuflame.symbols.names import UNKNOWN, native_address_name
+
+if TYPE_CHECKING:
+    import numpy as np
+
+
+# Tables smaller than this are read message by message: numpy's fixed costs
+# outweigh the gain, and the profiled process (JAX's small pprof) stays numpy-free.
+BULK_MIN = 4096
 
 
 class RawProfile(NamedTuple):
@@ -38,6 +46,7 @@ class Strings:
             raise ProfileFormatError("malformed pprof: string_table[0] must be the empty string")
         self._raw = raw
         self._cache: dict[int, str] = {0: ""}
+        self._all: list[str] | None = None
 
     def get(self, index: int, what: str) -> str:
         text = self._cache.get(index)
@@ -49,6 +58,17 @@ class Strings:
                 )
             text = self._cache[index] = read_string(self._raw[index])
         return text
+
+    def many(self, indices: np.ndarray) -> list[str] | None:
+        """The strings at *indices*; None if one is past the table (:meth:`get` says which).
+
+        Decodes the whole table once: called for tables of thousands of entries.
+        """
+        if len(indices) and int(indices.max()) >= len(self._raw):
+            return None
+        if self._all is None:
+            self._all = [b.decode("utf-8", "replace") for b in self._raw]
+        return list(map(self._all.__getitem__, indices.tolist()))
 
 
 def message_fields(data: bytes) -> dict[int, list[int | bytes]]:
@@ -109,6 +129,12 @@ def _table_id(f: dict[int, list[int | bytes]], what: str, seen: Mapping[int, obj
 
 def _read_functions(raw: RawProfile, strings: Strings) -> dict[int, tuple[str, str, int]]:
     """Function id -> (name, file, start_line); the name falls back to system_name."""
+    if len(raw.functions) >= BULK_MIN:
+        from gpuflame.formats import pprof_bulk  # numpy: only for tables this large
+
+        found = pprof_bulk.functions(raw.functions, strings)
+        if found is not None:
+            return found
     out: dict[int, tuple[str, str, int]] = {}
     for data in raw.functions:
         f = message_fields(data)
@@ -125,6 +151,12 @@ def read_locations(raw: RawProfile, strings: Strings, profile: Profile) -> dict[
     """Location id -> frame ids (leaf first), adding the frames to *profile*."""
     mappings = _read_mappings(raw, strings)
     functions = _read_functions(raw, strings)
+    if len(raw.locations) >= BULK_MIN:
+        from gpuflame.formats import pprof_bulk
+
+        found = pprof_bulk.locations(raw.locations, mappings, functions, profile)
+        if found is not None:
+            return found
     out: dict[int, tuple[int, ...]] = {}
     for data in raw.locations:
         f = message_fields(data)
