@@ -218,7 +218,7 @@ def _decoded(data: bytes) -> object:
 def test_bulk_reading_gives_the_message_by_message_answer(
     rich_profile: Profile, name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """formats/pprof_bulk.py (numpy, for tables of thousands) forced on small files, mutated: same result, same error."""
+    """formats/pprof_bulk.py forced on small mutated files: the same result, or the same error."""
     from gpuflame.formats import pprof_samples, pprof_tables
 
     data = {**seeds(rich_profile), "pprof-wide-ids": _wide_ids_raw()}[name]
