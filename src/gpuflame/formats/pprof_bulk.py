@@ -9,13 +9,17 @@ the exact error or the rare case's meaning. Launcher side only (numpy).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from functools import partial
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from gpuflame.formats import protobuf_bulk as bulk
 from gpuflame.formats.pprof import frame_kind
-from gpuflame.model.profile import Frame, Profile
+from gpuflame.model.profile import PYTHON, Frame, Profile
+from gpuflame.symbols.kinds import python_file
+from gpuflame.symbols.names import TRAMPOLINE_NAME
 
 if TYPE_CHECKING:
     from gpuflame.formats.pprof_tables import Strings
@@ -68,10 +72,22 @@ def locations(parts: list[bytes], mappings: dict[int, str], funcs: dict[int, tup
         return None
     if any(not name for name, _, _ in entries):
         return None  # named after the location's address: the message-by-message reader knows how
+    names, files, starts = zip(*entries, strict=True)
     lines = bulk.int64(table.sub_fields[2]).tolist()
-    kinds = list(map(frame_kind, (e[0] for e in entries), (e[1] for e in entries), (mids != 0).tolist()))
-    frames = map(Frame, (e[0] for e in entries), (e[1] for e in entries), lines, kinds, (e[2] for e in entries))
-    return dict(zip(lids, zip(profile.frame_ids(frames)), strict=True))
+    return dict(zip(lids, zip(profile.frame_ids(new_frames(names, files, lines, _kinds(names, files, mids),
+                                                           starts))), strict=True))
+
+
+def _kinds(names: tuple[str, ...], files: tuple[str, ...], mids: np.ndarray) -> list[str]:
+    """:func:`pprof.frame_kind` of each frame, asked per file where the file decides (a few thousand files)."""
+    python = {f: python_file(f) for f in set(files)}
+    return [PYTHON if python[f] and n != TRAMPOLINE_NAME else frame_kind(n, f, m)
+            for n, f, m in zip(names, files, (mids != 0).tolist(), strict=True)]
+
+
+def new_frames(*columns: Iterable[object]) -> list[Frame]:
+    """Frames from columns of their fields, built in C (``Frame(...)`` runs Python code per frame)."""
+    return list(map(partial(tuple.__new__, Frame), zip(*columns, strict=True)))
 
 
 def stacks(ids: list[bytes], location_frames: dict[int, tuple[int, ...]],

@@ -7,6 +7,7 @@ default; the flame tree, the viewer and the exports all ask here.
 
 from __future__ import annotations
 
+from functools import partial
 from operator import itemgetter, ne
 
 from gpuflame.model.profile import PYTHON, Frame, Profile
@@ -36,11 +37,12 @@ def function_frames(frames: list[Frame]) -> list[Frame]:
     if any(map(ne, map(start.__getitem__, keys), starts)):  # ...its greatest where they differ (rare)
         for key, line in zip(keys, starts, strict=True):
             start[key] = max(start[key], line)
-    out: dict[tuple[str, str, str], Frame] = {}
-    for key, line in start.items():
-        name, file, kind = key
-        line = def_line(file, line) if kind == PYTHON and line > 0 else line  # the def, not its first decorator
-        out[key] = Frame(name, file, line, kind, line)
+    lines = [def_line(key[1], line) if line > 0 and key[2] == PYTHON else line  # the def, not a decorator
+             for key, line in start.items()]
+    names, files, kinds = zip(*start, strict=True) if start else ((), (), ())
+    # Frame(...) runs Python code per frame; tuple.__new__ builds the same NamedTuple in C
+    bars = map(partial(tuple.__new__, Frame), zip(names, files, lines, kinds, lines, strict=True))
+    out = dict(zip(start, bars, strict=True))
     return list(map(out.__getitem__, keys))
 
 
