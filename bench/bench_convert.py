@@ -30,7 +30,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from gpuflame.formats import safe_pickle, torch_snapshot  # noqa: E402
-from gpuflame.formats.load_save import GZIP_MAGIC, gunzip  # noqa: E402
+from gpuflame.formats.gzip_io import GZIP_MAGIC, gunzip  # noqa: E402
 from gpuflame.symbols import qualnames  # noqa: E402
 from gpuflame.units import format_bytes  # noqa: E402
 

@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from gpuflame.formats import safe_pickle, torch_snapshot  # noqa: E402
-from gpuflame.formats.load_save import GZIP_MAGIC, gunzip  # noqa: E402
+from gpuflame.formats.gzip_io import GZIP_MAGIC, gunzip  # noqa: E402
 from gpuflame.symbols import qualnames  # noqa: E402
 
 

@@ -8,18 +8,15 @@ these three through here.
 from __future__ import annotations
 
 import os
-import zlib
 from typing import Any
 
-from gpuflame import limits
 from gpuflame.errors import ProfileFormatError
 from gpuflame.files import STDIO, read_bytes, write_output
+from gpuflame.formats.gzip_io import GZIP_MAGIC, gunzip_head
 from gpuflame.model.profile import Profile
 
 # The interchange formats written here (render/writers.py adds the renderings).
 FORMATS = ("pprof", "folded", "speedscope")
-
-GZIP_MAGIC = b"\x1f\x8b"
 
 # The bytes a pprof Profile message can start with: the tag of one of its fields 1-14.
 PPROF_FIRST_BYTES = frozenset(b"\x0a\x12\x1a\x22\x2a\x32\x38\x3a\x40\x42\x48\x50\x5a\x60\x68\x6a\x70\x08")
@@ -34,7 +31,7 @@ def detect(data: bytes) -> str:
         raise ProfileFormatError("the file is empty")
     head = data[:2]
     if head == GZIP_MAGIC:
-        inner = _gunzip_head(data)
+        inner = gunzip_head(data)
         if inner[:1] == b"\x80" or _old_pickle_head(inner):
             return "torch-snapshot"
         if inner[:1] and inner[0] not in PPROF_FIRST_BYTES:
@@ -63,13 +60,6 @@ def _old_pickle_head(data: bytes) -> bool:
     return data[:2] in (b"(d", b"(l") or data[:1] in (b"}", b"]")
 
 
-def _gunzip_head(data: bytes) -> bytes:
-    try:
-        return zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(data[:65536], 16)
-    except zlib.error as exc:
-        raise ProfileFormatError(f"corrupt gzip data ({exc})") from None
-
-
 def _looks_like_text(chunk: bytes) -> bool:
     try:
         text = chunk.decode("utf-8")
@@ -82,30 +72,6 @@ def _looks_like_text(chunk: bytes) -> bool:
     return all(c.isprintable() or c in "\t\r\n" for c in text)
 
 
-def gunzip(data: bytes) -> bytes:
-    """Decompress every gzip member, with a plain-worded error for truncated or corrupt data.
-
-    Inflated in one bounded call per member: zlib stops at
-    :data:`gpuflame.limits.INFLATED_BYTES`, so a bomb costs the limit, not
-    the machine (a 306 KB file once asked for 18.6 GB).
-    """
-    cap = limits.INFLATED_BYTES.value()
-    out: list[bytes] = []
-    size = 0
-    while data:
-        inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
-        try:
-            chunk = inflater.decompress(data, cap - size + 1)
-        except zlib.error as exc:
-            raise ProfileFormatError(f"corrupt gzip data ({exc})") from None
-        size += len(chunk)
-        if size > cap:
-            raise limits.INFLATED_BYTES.exceeded("the decompressed data")
-        if not inflater.eof:
-            raise ProfileFormatError("the gzip data is truncated (the file was cut short)")
-        out.append(chunk)
-        data = inflater.unused_data.lstrip(b"\0")  # gzip allows zero padding between members
-    return out[0] if len(out) == 1 else b"".join(out)
 
 
 def loads(data: bytes, source: str = "<bytes>", **snapshot_options: Any) -> Profile:

@@ -82,7 +82,7 @@ from typing import Any
 
 from gpuflame.errors import GpuflameError, ProfileFormatError
 from gpuflame.formats import safe_pickle
-from gpuflame.formats.load_save import GZIP_MAGIC, gunzip
+from gpuflame.formats.gzip_io import GZIP_MAGIC, gunzip
 from gpuflame.formats.snapshot_blocks import (
     BEFORE_TRACE_FRAME,
     INT64_MAX,

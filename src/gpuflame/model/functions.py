@@ -7,6 +7,9 @@ default; the flame tree, the viewer and the exports all ask here.
 
 from __future__ import annotations
 
+from functools import partial
+from operator import itemgetter, ne
+
 from gpuflame.model.profile import PYTHON, Frame, Profile
 from gpuflame.symbols.def_lines import def_line
 
@@ -28,16 +31,24 @@ def function_frames(frames: list[Frame]) -> list[Frame]:
     frame of the function knows its definition, the line is 0 (the bar
     shows the file only).
     """
-    start: dict[tuple[str, str, str], int] = {}
-    for f in frames:
-        key = function_key(f)
-        start[key] = max(start.get(key, 0), f.start_line)
-    out: dict[tuple[str, str, str], Frame] = {}
-    for key, line in start.items():
-        name, file, kind = key
-        line = def_line(file, line) if kind == PYTHON else line  # the def, not its first decorator
-        out[key] = Frame(name, file, line, kind, line)
-    return [out[function_key(f)] for f in frames]
+    keys = list(map(_KEY, frames))
+    starts = list(map(_START, frames))
+    start = dict(zip(keys, starts, strict=True))  # each function's last start_line...
+    if any(map(ne, map(start.__getitem__, keys), starts)):  # ...its greatest where they differ (rare)
+        for key, line in zip(keys, starts, strict=True):
+            start[key] = max(start[key], line)
+    lines = [def_line(key[1], line) if line > 0 and key[2] == PYTHON else line  # the def, not a decorator
+             for key, line in start.items()]
+    names, files, kinds = zip(*start, strict=True) if start else ((), (), ())
+    # Frame(...) runs Python code per frame; tuple.__new__ builds the same NamedTuple in C
+    bars = map(partial(tuple.__new__, Frame), zip(names, files, lines, kinds, lines, strict=True))
+    out = dict(zip(start, bars, strict=True))
+    return list(map(out.__getitem__, keys))
+
+
+# function_key and start_line as C calls: a million-frame page asks for a million of each
+_KEY = itemgetter(0, 1, 3)
+_START = itemgetter(4)
 
 
 def def_lines_note(files: list[str]) -> str:

@@ -136,6 +136,15 @@ class Profile:
             self._frame_ids[frame] = fid
         return fid
 
+    def frame_ids(self, frames: Iterable[Frame]) -> list[int]:
+        """:meth:`frame_id` of each of *frames*, in C loops: a reader adds a million at once."""
+        frames = list(frames)
+        table = self._frame_ids
+        new = [f for f in dict.fromkeys(frames) if f not in table]
+        table.update(zip(new, range(len(self.frames), len(self.frames) + len(new)), strict=True))
+        self.frames.extend(new)
+        return list(map(table.__getitem__, frames))
+
     def add(
         self,
         stack: Sequence[Frame],
@@ -223,9 +232,9 @@ class Profile:
             return list(self.peaks)
         index = self.type_index("peak_space")
         devices: dict[str, set[str]] = {}
-        for s in self.samples:
-            if s.values[index]:
-                devices.setdefault(s.label("device", "") or "", set()).add(s.label("pid", "") or "")
+        for labels in {s.labels for s in self.samples if s.values[index]}:  # a few label sets, not a label per sample
+            found = dict(labels)
+            devices.setdefault(found.get("device", "") or "", set()).add(found.get("pid", "") or "")
         units = list(self.peaks)
         known = {u.device for u in units}
         start = self.time_nanos
@@ -249,9 +258,9 @@ class Profile:
         if not type_name.split("/", 1)[0].startswith("peak_"):
             return ""
         units = self.peak_units()
-        shown = [s for s in self.samples if any(s.values)]
-        devices = {s.label("device", "") or "" for s in shown}
-        pids = {s.label("pid", "") or "" for s in shown}
+        shown = [dict(labels) for labels in {s.labels for s in self.samples if any(s.values)}]
+        devices = {labels.get("device", "") or "" for labels in shown}
+        pids = {labels.get("pid", "") or "" for labels in shown}
         only_pid = next(iter(pids)) if len(pids) == 1 else ""
         units = [u for u in units if u.device in devices] or units
         text = describe(units, only_pid)

@@ -37,7 +37,7 @@ from itertools import chain
 
 import numpy as np
 
-from gpuflame.analysis.tree import frame_sort_key, function_frames, prefix_tree
+from gpuflame.analysis.tree import function_frames, prefix_tree
 from gpuflame.model.diff import select_types, shared_types
 from gpuflame.model.history import History
 from gpuflame.model.moment import NO_HISTORY
@@ -85,6 +85,9 @@ def viewer_data(
             for p, c in zip(sources, columns, strict=True)]
     frames, frame_codes = _function_table(sources, used)
     regex = framework_regex(DEFAULT_FRAMEWORKS)
+    # by kind and file, not per frame: a million functions live in a few thousand files
+    in_framework = {(k, f): is_framework(Frame("", f, 0, k), regex) for k, f in {(f.kind, f.file) for f in frames}}
+    kind_code = {k: i for i, k in enumerate(FRAME_KINDS)}
     files = sorted({f.file for f in frames})
     file_index = {f: i for i, f in enumerate(files)}
     stacks, sample_sets, label_sets = _sample_tables(columns, frame_codes)
@@ -100,9 +103,9 @@ def viewer_data(
             "name": [f.name for f in frames],
             "file": _int32([file_index[f.file] for f in frames]),
             "line": _int32([f.line for f in frames]),
-            "kind": np.array([FRAME_KINDS.index(f.kind) if f.kind in FRAME_KINDS else 0 for f in frames], np.uint8),
+            "kind": np.array([kind_code.get(f.kind, 0) for f in frames], np.uint8),
             # 1: a framework frame; 2: one that names what the memory is (model/prune.py)
-            "framework": np.array([(2 if names_the_memory(f) else 1) if is_framework(f, regex) else 0
+            "framework": np.array([(2 if names_the_memory(f) else 1) if in_framework[f.kind, f.file] else 0
                                    for f in frames], np.uint8),
         },
         "files": files,
@@ -237,12 +240,13 @@ def _function_table(profiles: list[Profile], used: list[list[int]]) -> tuple[lis
     sample uses (filters leave them behind) are not shipped: they get -1.
     """
     shown = [function_frames([p.frames[i] for i in ids]) for p, ids in zip(profiles, used, strict=True)]
-    table = sorted({f for frames in shown for f in frames}, key=frame_sort_key)
-    index = {f: i for i, f in enumerate(table)}
+    # a Frame's fields are frame_sort_key's order: sorting the tuples needs no key call per frame
+    table = sorted({f for frames in shown for f in frames})
+    index = dict(zip(table, range(len(table)), strict=True))
     codes = []
     for p, ids, frames in zip(profiles, used, shown, strict=True):
         code = np.full(max(len(p.frames), 1), -1, dtype=np.int64)
-        code[ids] = [index[f] for f in frames]
+        code[ids] = list(map(index.__getitem__, frames))
         codes.append(code)
     return table, codes
 

@@ -181,6 +181,83 @@ def test_mutated_inputs_load_or_fail_plainly(rich_profile: Profile, name: str) -
     assert outcomes["loaded"] > 0 and outcomes["rejected"] > 0, outcomes
 
 
+def _wide_ids_raw() -> bytes:
+    """A raw pprof message whose location ids are three bytes long (as in a profile of over 16,256 frames)."""
+    strings = ["", "alloc_space", "bytes", "Model > forward", "step", "/src/m.py", "/bin/lib.so", "pid", "7"]
+    table = b"".join(wire.field_string(6, s) for s in strings)
+    st_ = wire.field_bytes(1, wire.field_varint(1, 1) + wire.field_varint(2, 2))
+    mapping = wire.field_bytes(3, wire.field_varint(1, 1) + wire.field_varint(5, 6))
+    fns = b"".join(
+        wire.field_bytes(5, wire.field_varint(1, fid) + wire.field_varint(2, name) + wire.field_varint(4, 5)
+                         + wire.field_varint(5, 10 * fid))
+        for fid, name in ((1, 3), (2, 4), (3, 4))
+    )
+    locs = b"".join(
+        wire.field_bytes(4, wire.field_varint(1, 20000 + i) + wire.field_varint(2, i == 3)
+                         + wire.field_bytes(4, wire.field_varint(1, i) + wire.field_varint(2, 40 + i)))
+        for i in (1, 2, 3)
+    )
+    label = wire.field_bytes(3, wire.field_varint(1, 7) + wire.field_varint(2, 8))
+    samples = b"".join(
+        wire.field_bytes(2, wire.field_packed(1, ids) + wire.field_packed(2, [size]) + label)
+        for ids, size in (([20001, 20002], 4096), ([20003, 20002, 20001], 512), ([20002], -7))
+    )
+    return st_ + samples + mapping + locs + fns + table
+
+
+def _decoded(data: bytes) -> object:
+    """What decoding gives, comparable: the profile's content, or the error's words."""
+    try:
+        p = pprof.decode(data)
+    except ProfileFormatError as exc:
+        return str(exc)
+    return p.frames, [(s.stack, s.values, s.labels) for s in p.samples], p.comments, p.sample_types
+
+
+@pytest.mark.parametrize("name", ["pprof-raw", "pprof-two-byte-ids", "pprof-inlined", "pprof-wide-ids"])
+def test_bulk_reading_gives_the_message_by_message_answer(
+    rich_profile: Profile, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """formats/pprof_bulk.py forced on small mutated files: the same result, or the same error."""
+    from gpuflame.formats import pprof_samples, pprof_tables
+
+    data = {**seeds(rich_profile), "pprof-wide-ids": _wide_ids_raw()}[name]
+    rng = random.Random(f"gpuflame-bulk-{name}")
+    differ = []
+    for mutated in [data, *mutations(data, rng, 250)]:
+        answers = []
+        for bulk_min in (0, 1 << 62):
+            monkeypatch.setattr(pprof_tables, "BULK_MIN", bulk_min)
+            monkeypatch.setattr(pprof_samples, "BULK_MIN", bulk_min)
+            answers.append(_decoded(mutated))
+        if answers[0] != answers[1]:
+            differ.append((mutated, answers))
+    assert not differ, differ[:2]
+    assert not isinstance(_decoded(data), str)
+
+
+def test_bulk_reading_takes_the_fast_road_on_plain_tables(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The seed above is read by the bulk functions themselves, not by their fallback."""
+    from gpuflame.formats import pprof_bulk, pprof_samples, pprof_tables
+
+    monkeypatch.setattr(pprof_tables, "BULK_MIN", 0)
+    monkeypatch.setattr(pprof_samples, "BULK_MIN", 0)
+    answered = {}
+    for name in ("functions", "locations", "stacks"):
+        real = getattr(pprof_bulk, name)
+
+        def spy(*args, _real=real, _name=name):  # type: ignore[no-untyped-def]
+            answered[_name] = result = _real(*args)
+            return result
+
+        monkeypatch.setattr(pprof_bulk, name, spy)
+    p = pprof.decode(_wide_ids_raw())
+    assert all(answered.get(n) is not None for n in ("functions", "locations", "stacks")), answered
+    assert [p.frames[i].name for i in p.samples[1].stack] == ["step", "step", "Model > forward"]
+    assert [p.frames[i].line for i in p.samples[1].stack] == [43, 42, 41]
+    assert [s.values for s in p.samples] == [(4096,), (512,), (-7,)]
+
+
 # -- one hypothesis target per reader ---------------------------------------------------------------
 #
 # Each target feeds one reader inputs derived from a real seed (bytes edited at drawn places, or JSON

@@ -573,3 +573,18 @@ def test_go_tool_pprof_reads_our_files(tmp_path: Path, rich_profile: Profile) ->
     ).stdout
     for name in ("<module>", "<interpreter trampoline>", "LlamaMLP > forward", "0x7f15deadbeef"):
         assert name in top
+
+
+def test_readers_take_gzip_from_below_and_pprof_fits_in_modules_under_500_lines() -> None:
+    """Issue 22 item 5: no import loop between formats/load_save.py and the readers; pprof split to size."""
+    import ast
+
+    folder = Path(pprof.__file__).parent
+    for name in ("pprof", "pprof_read", "pprof_tables", "pprof_samples", "pprof_bulk", "torch_snapshot"):
+        tree = ast.parse((folder / f"{name}.py").read_text(encoding="utf-8"))
+        imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+        assert "gpuflame.formats.load_save" not in imported, name
+    gzip_io = ast.parse((folder / "gzip_io.py").read_text(encoding="utf-8"))
+    assert not [n for n in ast.walk(gzip_io) if isinstance(n, ast.ImportFrom) and "formats" in (n.module or "")]
+    for path in folder.glob("pprof*.py"):
+        assert len(path.read_text(encoding="utf-8").splitlines()) < 500, path.name

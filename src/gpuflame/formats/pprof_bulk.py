@@ -1,0 +1,152 @@
+"""A large pprof's Functions and Locations read in bulk (numpy), where that gives the message-by-message answer.
+
+Each reader here returns None whenever the table is anything but the plain
+case (an id 0 or twice, an index past the string table, a location without
+exactly one line, a line without a function): the caller then reads the
+table message by message (:mod:`gpuflame.formats.pprof_tables`), which gives
+the exact error or the rare case's meaning. Launcher side only (numpy).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from functools import partial
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from gpuflame.formats import protobuf_bulk as bulk
+from gpuflame.formats.pprof import frame_kind
+from gpuflame.model.profile import PYTHON, Frame, Profile
+from gpuflame.symbols.kinds import python_file
+from gpuflame.symbols.names import TRAMPOLINE_NAME
+
+if TYPE_CHECKING:
+    from gpuflame.formats.pprof_tables import Strings
+
+def _ids(column: np.ndarray) -> list[int] | None:
+    """A table's ids as ints, None if one is 0 (the caller's dict says if one repeats)."""
+    if not len(column) or not column.all():
+        return None
+    return column.tolist()
+
+
+def functions(parts: list[bytes], strings: Strings) -> dict[int, tuple[str, str, int]] | None:
+    """Function id -> (name, file, start_line), as :func:`pprof_tables._read_functions` reads them."""
+    table = bulk.read_table(parts, (1, 2, 3, 4, 5))
+    if table is None:
+        return None
+    f = table.fields
+    fids = _ids(f[1])
+    names, files = strings.many(f[2]), strings.many(f[4])
+    if fids is None or names is None or files is None:
+        return None
+    empty = [i for i, name in enumerate(names) if not name]
+    if empty:  # the name falls back to system_name
+        system = strings.many(f[3][empty])
+        if system is None:
+            return None
+        for i, name in zip(empty, system, strict=True):
+            names[i] = name
+    starts = np.maximum(bulk.int64(f[5]), 0).tolist()
+    out = dict(zip(fids, zip(names, files, starts, strict=True), strict=True))
+    return out if len(out) == len(fids) else None  # an id twice
+
+
+def locations(parts: list[bytes], mappings: dict[int, str], funcs: dict[int, tuple[str, str, int]],
+              profile: Profile) -> dict[int, tuple[int, ...]] | None:
+    """Location id -> frame ids, for a table where every location has one line of a known function."""
+    table = bulk.read_table(parts, (1, 2), sub_field=4, sub_fields=(1, 2))
+    if table is None or len(table.sub_owner) != len(parts) or np.any(np.diff(table.sub_owner) != 1):
+        return None
+    lids = _ids(table.fields[1])
+    mids = table.fields[2]
+    line_fids = table.sub_fields[1]
+    if lids is None or not line_fids.all() or len(set(lids)) != len(lids):
+        return None
+    if np.any(~np.isin(mids[mids != 0], np.fromiter(mappings, np.uint64, len(mappings)))):
+        return None
+    try:
+        entries = list(map(funcs.__getitem__, line_fids.tolist()))
+    except KeyError:
+        return None
+    if any(not name for name, _, _ in entries):
+        return None  # named after the location's address: the message-by-message reader knows how
+    names, files, starts = zip(*entries, strict=True)
+    lines = bulk.int64(table.sub_fields[2]).tolist()
+    return dict(zip(lids, zip(profile.frame_ids(new_frames(names, files, lines, _kinds(names, files, mids),
+                                                           starts))), strict=True))
+
+
+def _kinds(names: tuple[str, ...], files: tuple[str, ...], mids: np.ndarray) -> list[str]:
+    """:func:`pprof.frame_kind` of each frame, asked per file where the file decides (a few thousand files)."""
+    python = {f: python_file(f) for f in set(files)}
+    return [PYTHON if python[f] and n != TRAMPOLINE_NAME else frame_kind(n, f, m)
+            for n, f, m in zip(names, files, (mids != 0).tolist(), strict=True)]
+
+
+def new_frames(*columns: Iterable[object]) -> list[Frame]:
+    """Frames from columns of their fields, built in C (``Frame(...)`` runs Python code per frame)."""
+    return list(map(partial(tuple.__new__, Frame), zip(*columns, strict=True)))
+
+
+def stacks(ids: list[bytes], location_frames: dict[int, tuple[int, ...]],
+           max_depth: int) -> list[tuple[int, ...]] | None:
+    """Each sample's frame ids from its packed location ids, every location one frame."""
+    data, ends = bulk.blob(ids)
+    found = bulk.varints(data)
+    if found is None or not location_frames:
+        return None
+    lids, last = found
+    bounds = np.searchsorted(last, ends)  # varints of sample i: bounds[i-1]:bounds[i]
+    counts = np.diff(bounds, prepend=0)
+    cut = ends[counts > 0] - 1  # a stack's ids end where a varint ends
+    if np.any(last[bounds[counts > 0] - 1] != cut) or (len(counts) and counts.max() > max_depth):
+        return None
+    frame_ids = _frames_of(lids, location_frames)
+    if frame_ids is None:
+        return None  # a location that does not exist: the sample-by-sample reader names it
+    return _tuples(frame_ids, bounds.tolist())
+
+
+def _frames_of(lids: np.ndarray, location_frames: dict[int, tuple[int, ...]]) -> np.ndarray | None:
+    """The frame id of each location id; None if one is not a location.
+
+    A table indexed by id where the ids are dense (pprof writers number them
+    1..n, gpuflame from a base), a binary search otherwise: forty million
+    random searches cost seconds, forty million table reads a fraction.
+    """
+    keys = np.fromiter(location_frames, np.uint64, len(location_frames))
+    frame_of = np.fromiter((v[0] for v in location_frames.values()), np.int64, len(keys))
+    top = int(keys.max())
+    if top <= 4 * len(keys) + (1 << 22):
+        table = np.full(top + 1, -1, dtype=np.int64)
+        table[keys] = frame_of
+        if len(lids) and int(lids.max()) > top:
+            return None
+        found = table[lids]
+        return None if np.any(found < 0) else found
+    order = np.argsort(keys)
+    keys, frame_of = keys[order], frame_of[order]
+    at = np.minimum(np.searchsorted(keys, lids), len(keys) - 1)
+    return None if np.any(keys[at] != lids) else frame_of[at]
+
+
+def _tuples(frame_ids: np.ndarray, bounds: list[int]) -> list[tuple[int, ...]]:
+    """Slices of *frame_ids* as tuples of shared int objects (not a new int per id: 40 M of them at 28 bytes)."""
+    pool = np.array(list(range(int(frame_ids.max()) + 1 if len(frame_ids) else 0)), dtype=object)
+    out: list[tuple[int, ...]] = []
+    start, first = 0, 0
+    step = 1 << 22  # ids made into a list at a time
+    while first < len(bounds):
+        last = first
+        while last < len(bounds) and bounds[last] - start <= step:
+            last += 1
+        last = max(last, first + 1)
+        chunk = pool[frame_ids[start : bounds[last - 1]]].tolist()
+        prev = 0
+        for end in bounds[first:last]:
+            out.append(tuple(chunk[prev : end - start]))
+            prev = end - start
+        start, first = bounds[last - 1], last
+    return out
