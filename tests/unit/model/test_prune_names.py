@@ -56,6 +56,7 @@ def adamw(tmp_path_factory) -> Path:
     return folder / "train.pb.gz"
 
 
+@pytest.mark.subprocess
 def test_adamw_state_is_named_after_adam_with_its_exact_bytes(capsys, adamw):
     top = run_json(capsys, "top", adamw, "--type", "inuse", "--prune-framework")
     by_name = {f["name"]: f["self"] for f in top["functions"]}
@@ -64,6 +65,7 @@ def test_adamw_state_is_named_after_adam_with_its_exact_bytes(capsys, adamw):
     assert not any("profile_hook_step" in name for name in by_name)  # the entry calls on: no self
 
 
+@pytest.mark.subprocess
 def test_explain_adam_finds_the_state_after_pruning(capsys, adamw):
     ex = run_json(capsys, "explain", adamw, "Adam", "--type", "inuse", "--prune-framework")
     assert [f["name"] for f in ex["functions"]] == ["Adam > _init_group"]

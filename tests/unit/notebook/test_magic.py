@@ -17,6 +17,9 @@ import gpuflame
 from gpuflame.formats import load
 from tests.helpers.notebook_kernel import execute
 
+# Every test here uses a fixture that starts a child process (a server, a kernel, openssl).
+pytestmark = pytest.mark.subprocess
+
 MiB = 1 << 20
 
 CELLS = [

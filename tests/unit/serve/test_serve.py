@@ -32,6 +32,9 @@ from gpuflame.units import format_bytes
 from tests.e2e.test_run_cli import gpuflame_run
 from tests.helpers.profiles import small_profile
 
+# Every test here uses a fixture that starts a child process (a server, a kernel, openssl).
+pytestmark = pytest.mark.subprocess
+
 SCRIPT = """
     import sys, torch
 
@@ -333,7 +336,6 @@ def test_a_non_loopback_host_gets_a_warning(tmp_path: Path, capsys: pytest.Captu
         srv.server_close()
 
 
-@pytest.mark.subprocess
 def test_ctrl_c_exits_cleanly(served: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     proc = subprocess.Popen(

@@ -52,6 +52,7 @@ def captured(tmp_path_factory) -> Path:
     return folder / "lines.pb.gz"
 
 
+@pytest.mark.subprocess
 def test_captured_frames_know_where_their_function_starts(captured):
     profile = load(captured)
     starts = {(f.name, f.line): f.start_line for f in profile.frames if f.file.endswith("lines.py")}
@@ -59,6 +60,7 @@ def test_captured_frames_know_where_their_function_starts(captured):
     assert starts[("main", 11)] == 10 and starts[("<module>", 15)] == 1
 
 
+@pytest.mark.subprocess
 def test_top_and_report_show_the_def_line_not_the_first_line_seen(capsys, captured):
     top = run_json(capsys, "top", captured)
     [build] = [f for f in top["functions"] if f["name"] == "build"]
@@ -70,6 +72,7 @@ def test_top_and_report_show_the_def_line_not_the_first_line_seen(capsys, captur
     assert rc == 0 and "lines.py:4" in out and "lines.py:5" not in out
 
 
+@pytest.mark.subprocess
 def test_lines_keeps_one_bar_per_line(capsys, captured):
     top = run_json(capsys, "top", captured, "--lines")
     by_line = {f["line"]: f["self"] for f in top["functions"] if f["name"] == "build"}
@@ -77,6 +80,7 @@ def test_lines_keeps_one_bar_per_line(capsys, captured):
     assert all(f["def_line"] == 4 for f in top["functions"] if f["name"] == "build")
 
 
+@pytest.mark.subprocess
 def test_explain_shows_the_line_of_each_call(capsys, captured):
     ex = run_json(capsys, "explain", captured, "build")
     steps = ex["chains"][0]["steps"]
@@ -88,6 +92,7 @@ def test_explain_shows_the_line_of_each_call(capsys, captured):
     assert rc == 0 and "lines.py:15" in out and "lines.py:11" in out and "lines.py:6 +1 line" in out
 
 
+@pytest.mark.subprocess
 def test_pprof_keeps_start_line_in_the_function_and_the_line_in_the_location(captured):
     profile = load(captured)
     again = pprof.decode(pprof.encode(profile))
@@ -95,6 +100,7 @@ def test_pprof_keeps_start_line_in_the_function_and_the_line_in_the_location(cap
     assert b"\x28\x04" in pprof.encode_raw(profile)  # Function.start_line (field 5) = 4, for build
 
 
+@pytest.mark.subprocess
 def test_svg_speedscope_and_the_viewer_show_the_def_line(captured):
     profile = load(captured)
     index = profile.type_index("peak_space")
@@ -142,6 +148,7 @@ def test_a_snapshot_gets_def_lines_from_the_source_and_says_when_it_cannot(tmp_p
     assert any(c.startswith("definition lines unknown for functions of /nowhere/model.py") for c in gone.comments)
 
 
+@pytest.mark.subprocess
 def test_a_profile_without_def_lines_says_why_its_bars_have_no_line(capsys, tmp_path, captured):
     old = Profile(sample_types=[SampleType("inuse_space", "bytes")])
     old.add([Frame("build", "/app/lines.py", 6), Frame("<module>", "/app/lines.py", 15)], [BIG])

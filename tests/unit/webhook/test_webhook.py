@@ -28,6 +28,9 @@ from gpuflame.webhook.admission import Config
 from gpuflame.webhook.patch import patch_for
 from gpuflame.webhook.server import WebhookServer, make_server
 
+# Every test here uses a fixture that starts a child process (a server, a kernel, openssl).
+pytestmark = pytest.mark.subprocess
+
 jsonpatch = pytest.importorskip("jsonpatch")
 
 IMAGE = "registry.example/gpuflame:test"
