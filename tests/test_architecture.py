@@ -89,8 +89,8 @@ def test_gpuflame_run_imports_only_its_own_command_and_no_analysis(tmp_path):
 
 
 def test_the_dispatch_recorder_imports_torch_only_when_it_starts():
-    """capture/torch_tensors/mode.py subclasses torch's dispatch mode at its top level: the package imports it late."""
-    code = ("import json, sys\nfrom gpuflame.capture.torch_tensors import TorchTensorRecorder\n"
+    """capture/recorders/dispatch/mode.py subclasses torch's dispatch mode at its top: the package imports it late."""
+    code = ("import json, sys\nfrom gpuflame.capture.recorders.dispatch import TorchTensorRecorder\n"
             "TorchTensorRecorder()\n"
             "print(json.dumps(sorted(m for m in sys.modules if m == 'torch' or m.endswith('torch_tensors.mode'))))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

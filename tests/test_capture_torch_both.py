@@ -23,9 +23,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from gpuflame.capture.base import Recorder  # noqa: E402
-from gpuflame.capture.native import NativeUnavailable, load_cpu_hook  # noqa: E402
-from gpuflame.capture.torch_allocator import TorchAllocatorRecorder  # noqa: E402
-from gpuflame.capture.torch_tensors import TorchTensorRecorder  # noqa: E402
+from gpuflame.capture.recorders.allocator import TorchAllocatorRecorder  # noqa: E402
+from gpuflame.capture.recorders.allocator.native import NativeUnavailable, load_cpu_hook  # noqa: E402
+from gpuflame.capture.recorders.dispatch import TorchTensorRecorder  # noqa: E402
 from gpuflame.errors import GpuflameError  # noqa: E402
 from gpuflame.formats import pprof  # noqa: E402
 from gpuflame.model import Profile, moment  # noqa: E402

@@ -16,9 +16,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from gpuflame.boundary.contract import STARTED_FILE
 from gpuflame.cli.main import build_parser
 from gpuflame.formats import load
-from gpuflame.launch.contract import STARTED_FILE
 from test_full_disk import SRC
 
 PROGRAM = """\

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from gpuflame.boundary.contract import BOOTSTRAP_DIR, unprofiled_reason
 from gpuflame.inject.payload import install
-from gpuflame.launch.contract import BOOTSTRAP_DIR, unprofiled_reason
 from test_full_disk import SRC, said_lost
 from test_payload import webhook_env
 

@@ -9,8 +9,8 @@ import shutil
 import sys
 from pathlib import Path
 
-from gpuflame.capture.backends import BACKENDS, TORCH_HOOKS
-from gpuflame.capture.settings import Settings, env_name
+from gpuflame.boundary.backends import BACKENDS, TORCH_HOOKS
+from gpuflame.boundary.settings import Settings, env_name
 from gpuflame.cli.options import add_force_option, add_pyroscope_options, interval
 from gpuflame.defaults import BACKEND, PUSH_INTERVAL_S, TORCH_HOOK
 from gpuflame.errors import GpuflameError

@@ -25,7 +25,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from IPython.display import display
 
 from gpuflame import hosted
-from gpuflame.capture.backends import BACKENDS
+from gpuflame.boundary.backends import BACKENDS
 from gpuflame.hosted import already_profiling, package_dirs
 from gpuflame.model import Profile
 from gpuflame.notebook import last, remember

@@ -88,7 +88,7 @@ def _tolerance(text: str) -> Any:
 
 
 def _check_backend(name: str) -> None:
-    from gpuflame.capture.backends import BACKENDS
+    from gpuflame.boundary.backends import BACKENDS
 
     if name not in BACKENDS:
         raise pytest.UsageError(f"--gpuflame-backend must be one of {', '.join(BACKENDS)}, not {name!r}")
@@ -129,7 +129,7 @@ class GpuflamePlugin:
         return self.everything or any(item.get_closest_marker(name) for name in MARKERS)
 
     def _recorder(self) -> Any:
-        from gpuflame.capture import categories
+        from gpuflame.capture.books import categories
         from gpuflame.pytest_plugin.record import PhaseRecorder, scratch_folder
 
         if self._scratch is None:
@@ -240,7 +240,7 @@ class GpuflamePlugin:
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         if self._scratch is not None:
             shutil.rmtree(self._scratch, ignore_errors=True)
-            from gpuflame.capture import categories
+            from gpuflame.capture.books import categories
 
             categories.set_graph_walk(True)  # the process's own default again (pytester runs in-process)
         cache = getattr(self.config, "cache", None)

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from gpuflame.capture import phases
+from gpuflame.capture.books import phases
 from gpuflame.capture.post_import import when_imported
 
 # (module, class, function, phase); the README's list of auto-marked phases
