@@ -38,6 +38,8 @@ FIXTURES = pytest.StashKey[Any]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
+    from gpuflame.boundary.backends import AUTO, BACKENDS, spoken
+
     group = parser.getgroup("gpuflame", "GPU memory per test (gpuflame)")
     group.addoption("--gpuflame", action="store_true",
                     help="profile every test's GPU memory (body and fixtures separately); "
@@ -50,8 +52,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--gpuflame-tolerance", default=DEFAULT_TOLERANCE, metavar="T",
                     help="growth allowed by --gpuflame-fail-on-increase: a share (5%%) or bytes (1MiB); "
                          "default 5%%")
-    group.addoption("--gpuflame-backend", default="auto", metavar="NAME",
-                    help="auto (default), torch-cuda, torch or jax, as gpuflame run --backend")
+    group.addoption("--gpuflame-backend", default=AUTO, metavar="NAME",
+                    help=f"{AUTO} (default), {spoken(BACKENDS[1:])}, as gpuflame run --backend")
     group.addoption("--gpuflame-categories", action="store_true",
                     help="class each test's memory by what it is (parameter, gradient, optimizer_state, ...) "
                          "from the object graph: a walk of every object per test, tens of ms each; "

@@ -18,8 +18,8 @@ from typing import Any
 from gpuflame.boundary.backends import TORCH
 from gpuflame.capture.base import Recorder, empty_profile
 from gpuflame.capture.books import auto_phases, categories, joint_peak, phase_table, phases, site_row
-from gpuflame.capture.books.recorder_categories import LedgerCategories
 from gpuflame.capture.exit_hooks import HOOKS
+from gpuflame.capture.recorders.categories import LedgerCategories
 from gpuflame.capture.recorders.dispatch.ledger import Ledger
 from gpuflame.capture.recorders.dispatch.stacks import Stacks
 from gpuflame.model import phases as phase_model

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 from gpuflame.boundary.backends import TORCH_CUDA
 from gpuflame.capture.base import Recorder, empty_profile
 from gpuflame.capture.books import auto_phases, phases
-from gpuflame.capture.books.recorder_categories import mark_categories
+from gpuflame.capture.recorders.categories import mark_categories
 from gpuflame.capture.recorders.torch_cuda.history import SnapshotHistory
 from gpuflame.formats.snapshot_phases import PHASES_KEY
 from gpuflame.model import SYNTHETIC, Frame, Profile, categories, make_labels
