@@ -25,16 +25,75 @@ gpuflame.stop()
 print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in {names!r})))
 """
 
-TORCH = """
-import json, sys
-before = set(sys.modules)
+# Installed before gpuflame is imported, after the frameworks (JAX needs numpy; torch loads it when
+# it is there): a new import of numpy or rich fails for anyone, and any import of them by a gpuflame
+# module fails even when the framework has loaded them already, so nothing is subtracted.
+BLOCK = """
+import builtins, importlib.abc, sys
+BLOCKED = ("numpy", "rich")
+attempts = []
+
+
+class Blocked(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in BLOCKED:
+            attempts.append(name)
+            raise ImportError(f"{name} is blocked: the in-process side imports only the standard library")
+        return None
+
+
+_real_import = builtins.__import__
+
+
+def _guarded(name, globals=None, locals=None, fromlist=(), level=0):
+    caller = (globals or {}).get("__name__") or ""
+    if caller.split(".")[0] == "gpuflame" and name.split(".")[0] in BLOCKED:
+        attempts.append(f"{caller} -> {name}")
+        raise ImportError(f"{name} is blocked for {caller}")
+    return _real_import(name, globals, locals, fromlist, level)
+
+
+sys.meta_path.insert(0, Blocked())
+builtins.__import__ = _guarded
+"""
+
+# each backend and hook, recorded with numpy and rich blocked (torch-cuda needs CUDA: tests/gpu/)
+RECORD = """
+import json, sys, threading, http.server
 import torch
-imported_by_torch = set(sys.modules) - before
+try:
+    import jax, jax.numpy
+except ImportError:
+    jax = None
+{block}
 import gpuflame
-with gpuflame.profile(sys.argv[1], backend="torch"):
-    kept = torch.zeros(1 << 16)
-ours = sorted(m for m in set(sys.modules) - before - imported_by_torch if m.split(".")[0] in {names!r})
-print(json.dumps(ours))
+out, how = sys.argv[1], sys.argv[2]
+pushes = []
+
+
+class Ingest(http.server.BaseHTTPRequestHandler):
+    def do_POST(self):
+        pushes.append(len(self.rfile.read(int(self.headers.get("Content-Length", 0)))))
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+if how in ("allocator", "dispatch"):
+    with gpuflame.profile(out, backend="torch", torch_hook=how):
+        kept = torch.zeros(1 << 16)
+elif how == "jax":
+    with gpuflame.profile(out, backend="jax"):
+        kept = jax.numpy.zeros(1 << 16).block_until_ready()
+else:  # continuous push to a loopback Pyroscope
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Ingest)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    with gpuflame.profile(out, backend="torch", pyroscope=f"http://127.0.0.1:{{server.server_address[1]}}"):
+        kept = torch.zeros(1 << 16)
+print(json.dumps({{"attempts": attempts, "rich": sorted(m for m in sys.modules if m.split(".")[0] == "rich"),
+                  "pushes": len(pushes)}}))
 """
 
 
@@ -51,12 +110,43 @@ def test_start_stop_imports_no_launcher_dependency(tmp_path):
     assert run_fresh(PLAIN, tmp_path / "p.pb.gz") == []
 
 
-def test_recording_and_writing_a_torch_profile_imports_no_launcher_dependency(tmp_path):
+@pytest.mark.parametrize("how", ["allocator", "dispatch", "jax", "push"])
+def test_every_backend_and_hook_records_with_numpy_and_rich_blocked(tmp_path, how):
+    """elf_symbols.py imported numpy at its top: in a pod without numpy the torch backend recorded nothing."""
     pytest.importorskip("torch")
+    if how == "jax":
+        pytest.importorskip("jax")
     out = tmp_path / "t.pb.gz"
-    assert run_fresh(TORCH, out) == []
-    assert out.stat().st_size > 0  # a profile was written, so the writer's imports were counted
+    proc = subprocess.run([sys.executable, "-c", RECORD.format(block=BLOCK), str(out), how],
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr
+    seen = json.loads(proc.stdout.splitlines()[-1])
+    assert seen["attempts"] == [] and seen["rich"] == [], proc.stderr
+    said = [line for line in proc.stderr.splitlines() if line.startswith("gpuflame:")]
+    assert all("pyroscope push" in line and "failed 0" in line for line in said), proc.stderr  # nothing lost
+    from gpuflame.formats import load
 
+    assert max(load(str(out)).totals().values()) >= 1 << 16  # the block's allocation was recorded
+    assert seen["pushes"] >= (1 if how == "push" else 0)
+
+
+def test_the_block_refuses_numpy_to_gpuflame_even_when_loaded():
+    code = BLOCK + "\nimport numpy\nns = {'__name__': 'gpuflame.capture.x'}\ntry:\n    exec('import numpy', ns)\n" \
+        "except ImportError:\n    print('refused')\n"
+    pytest.importorskip("numpy")
+    code = "import numpy\n" + code
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.stdout.split() == ["refused"], proc.stderr
+
+
+TORCH = """
+import json, sys
+import torch
+import gpuflame
+with gpuflame.profile(sys.argv[1], backend="torch"):
+    kept = torch.zeros(1 << 16)
+print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in {names!r})))
+"""
 
 # what recording needs not: the readers of saved files (the snapshot reader compiles a large
 # regular expression and parses source files); a recording start pays for every import
