@@ -26,8 +26,9 @@ print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in {names!r}))
 """
 
 # Installed before gpuflame is imported, after the frameworks (JAX needs numpy; torch loads it when
-# it is there): a new import of numpy or rich fails for anyone, and any import of them by a gpuflame
-# module fails even when the framework has loaded them already, so nothing is subtracted.
+# it is there): a new import of numpy or rich fails for anyone, as a missing package does
+# (ModuleNotFoundError), and any import of them by a gpuflame module fails even when the framework
+# has loaded them already, so nothing is subtracted.
 BLOCK = """
 import builtins, importlib.abc, sys
 BLOCKED = ("numpy", "rich")
@@ -38,7 +39,7 @@ class Blocked(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
         if name.split(".")[0] in BLOCKED:
             attempts.append(name)
-            raise ImportError(f"{name} is blocked: the in-process side imports only the standard library")
+            raise ModuleNotFoundError(f"{name} is blocked: the in-process side imports only the standard library")
         return None
 
 
@@ -49,7 +50,7 @@ def _guarded(name, globals=None, locals=None, fromlist=(), level=0):
     caller = (globals or {}).get("__name__") or ""
     if caller.split(".")[0] == "gpuflame" and name.split(".")[0] in BLOCKED:
         attempts.append(f"{caller} -> {name}")
-        raise ImportError(f"{name} is blocked for {caller}")
+        raise ModuleNotFoundError(f"{name} is blocked for {caller}")
     return _real_import(name, globals, locals, fromlist, level)
 
 
