@@ -183,7 +183,7 @@ def test_the_dispatch_recorder_imports_torch_only_when_it_starts():
     """capture/recorders/dispatch/mode.py subclasses torch's dispatch mode at its top: the package imports it late."""
     code = ("import json, sys\nfrom gpuflame.capture.recorders.dispatch import TorchTensorRecorder\n"
             "TorchTensorRecorder()\n"
-            "print(json.dumps(sorted(m for m in sys.modules if m == 'torch' or m.endswith('torch_tensors.mode'))))")
+            "print(json.dumps(sorted(m for m in sys.modules if m == 'torch' or m.endswith('dispatch.mode'))))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout) == []

@@ -100,10 +100,13 @@ class JaxMemoryRecorder(Recorder):
             self._source = lambda: jax.profiler.device_memory_profile(backend)
         self._phase, self._phase_rows = phases.current(), {}
         self._take()
-        phases.listen(self._on_phase)
+        self._listen_to_phases()
+
+    def _entered_phase(self, phase_id: int) -> None:
+        pass  # the running phase was read before the first sample
 
     def _stop(self) -> None:
-        phases.unlisten(self._on_phase)
+        self._stop_listening()
         self._take()
 
     def _on_phase(self, phase_id: int, _now: int) -> None:

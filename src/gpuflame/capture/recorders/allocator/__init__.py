@@ -35,7 +35,7 @@ from types import ModuleType
 
 from gpuflame.boundary.backends import TORCH
 from gpuflame.capture.base import Recorder, empty_profile
-from gpuflame.capture.books import auto_phases, categories, joint_peak, phase_table, phases, site_row
+from gpuflame.capture.books import categories, joint_peak, phase_table, phases, site_row
 from gpuflame.capture.code_frames import CodeFrames
 from gpuflame.capture.exit_hooks import HOOKS
 from gpuflame.capture.recorders.allocator.native import elf_symbols
@@ -64,6 +64,7 @@ class HookBusy(RuntimeError):
 class TorchAllocatorRecorder(Recorder):
     """CPU allocations through PyTorch's allocator after ``start()``, per Python stack."""
 
+    marks_known_phases = True
     name = f"{TORCH} (allocator hook)"  # in errors: which of the two torch recorders failed
     backend = TORCH
 
@@ -108,9 +109,10 @@ class TorchAllocatorRecorder(Recorder):
             raise
         self._final = None
         self._kinds.start()
-        auto_phases.install()  # transformers' and vLLM's known phases (README)
-        phases.listen(self._on_phase)
-        self._hook.set_phase(phases.current())  # started inside a phase: it runs from here
+        self._listen_to_phases()
+
+    def _entered_phase(self, phase_id: int) -> None:
+        self._hook.set_phase(phase_id)  # started inside a phase (or none): it runs from here
 
     def _on_phase(self, phase_id: int, _now: int) -> None:
         hook = self._hook
@@ -121,7 +123,7 @@ class TorchAllocatorRecorder(Recorder):
         try:
             if self._hook is not None and _busy is self:
                 self._hook.stop()
-                phases.unlisten(self._on_phase)
+                self._stop_listening()
                 self._kinds.stop()
                 hook = self._hook
                 self._final = (hook.rows(), hook.totals(), hook.timeline(), hook.phase_rows())

@@ -17,7 +17,7 @@ from typing import Any
 
 from gpuflame.boundary.backends import TORCH
 from gpuflame.capture.base import Recorder, empty_profile
-from gpuflame.capture.books import auto_phases, categories, joint_peak, phase_table, phases, site_row
+from gpuflame.capture.books import categories, joint_peak, phase_table, phases, site_row
 from gpuflame.capture.exit_hooks import HOOKS
 from gpuflame.capture.recorders.categories import LedgerCategories
 from gpuflame.capture.recorders.dispatch.ledger import Ledger
@@ -35,6 +35,7 @@ OWN_THREAD_PREFIX = "gpuflame-"
 class TorchTensorRecorder(Recorder):
     """Tensor storages made by torch operations after ``start()``, per Python stack and device."""
 
+    marks_known_phases = True
     name = f"{TORCH} (dispatch)"  # in errors: which of the two torch recorders failed
     backend = TORCH
 
@@ -104,10 +105,7 @@ class TorchTensorRecorder(Recorder):
         self.site_keys = []
         self.site_phase = []
         self.phased = {}
-        auto_phases.install()  # transformers' and vLLM's known phases (README)
-        phases.listen(self._on_phase)
-        if phases.current():  # started inside a phase: it runs from here
-            self._on_phase(phases.current(), time.time_ns())
+        self._listen_to_phases()  # started inside a phase: it runs from here
         self._mode = _make_mode(self)
         self._mode.__enter__()
         if self.follow_threads:
@@ -118,7 +116,7 @@ class TorchTensorRecorder(Recorder):
 
     def _stop(self) -> None:
         mode, self._mode = self._mode, None
-        phases.unlisten(self._on_phase)
+        self._stop_listening()
         self._kinds.stop()
         self._unhook_threads()
         if mode is not None:
@@ -191,7 +189,7 @@ class TorchTensorRecorder(Recorder):
     def _degrade(self) -> None:
         if self._mode is not None:
             self._mode.on = False
-        phases.unlisten(self._on_phase)
+        self._stop_listening()
         self._kinds.stop()
         self._unhook_threads()
 

@@ -27,14 +27,13 @@ This backend needs a GPU and is tested in ``tests/gpu/``.
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from gpuflame.boundary.backends import TORCH_CUDA
 from gpuflame.capture.base import Recorder, empty_profile
-from gpuflame.capture.books import auto_phases, phases
+from gpuflame.capture.books import phases
 from gpuflame.capture.recorders.categories import mark_categories
 from gpuflame.capture.recorders.torch_cuda.history import SnapshotHistory
 from gpuflame.formats.snapshot_phases import PHASES_KEY
@@ -59,6 +58,7 @@ def create(session: Session) -> TorchCudaRecorder:
 class TorchCudaRecorder(Recorder):
     """Caching-allocator history with Python stacks, snapshots on demand and at OOM."""
 
+    marks_known_phases = True
     name = TORCH_CUDA
     backend = TORCH_CUDA
 
@@ -82,10 +82,7 @@ class TorchCudaRecorder(Recorder):
     def _start(self) -> None:
         import torch
 
-        auto_phases.install()  # transformers' and vLLM's known phases (README)
-        phases.listen(self._on_phase)
-        if phases.current():  # started inside a phase: it runs from here
-            self._on_phase(phases.current(), time.time_ns())
+        self._listen_to_phases()  # started inside a phase: it runs from here
 
         torch.cuda.memory._record_memory_history(
             enabled="all",
@@ -100,7 +97,7 @@ class TorchCudaRecorder(Recorder):
     def _stop(self) -> None:
         import torch
 
-        phases.unlisten(self._on_phase)
+        self._stop_listening()
         torch.cuda.memory._record_memory_history(enabled=None)
 
     def _snapshot(self) -> Profile:
