@@ -49,6 +49,15 @@ def webhook_env(dest: Path, session_dir: Path) -> dict[str, str]:
     return env
 
 
+def assert_recorded_the_workload(sessions: Path) -> None:
+    """The one process wrote its profile, holding the workload's 3 MiB under its own function."""
+    [profile_file] = sessions.glob("proc-*.pb.gz")
+    profile = load(str(profile_file))
+    names = {profile.frames[i].name for s in profile.samples for i in s.stack}
+    assert "payload_allocation" in names
+    assert max(profile.totals().values()) >= 3 * 1024 * 1024
+
+
 def test_install_lays_out_lib_bootstrap_sessions(tmp_path: Path) -> None:
     dest = install(tmp_path / "gpuflame")
     assert (dest / "bootstrap" / "sitecustomize.py").is_file()
@@ -93,11 +102,7 @@ def test_payload_starts_the_profiler_in_a_fresh_process(tmp_path: Path) -> None:
                             capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stderr
     assert "gpuflame:" not in result.stderr, result.stderr
-    [profile_file] = sessions.glob("proc-*.pb.gz")
-    profile = load(str(profile_file))
-    names = {profile.frames[i].name for s in profile.samples for i in s.stack}
-    assert "payload_allocation" in names
-    assert max(profile.totals().values()) >= 3 * 1024 * 1024
+    assert_recorded_the_workload(sessions)
 
 
 @pytest.mark.slow
@@ -122,8 +127,4 @@ def test_the_payload_records_on_a_bare_interpreter_with_numpy_and_rich_blocked(t
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[-1] == "BY_GPUFLAME []", result.stdout
     assert "gpuflame:" not in result.stderr, result.stderr
-    [profile_file] = sessions.glob("proc-*.pb.gz")
-    profile = load(str(profile_file))
-    names = {profile.frames[i].name for s in profile.samples for i in s.stack}
-    assert "payload_allocation" in names
-    assert max(profile.totals().values()) >= 3 * 1024 * 1024
+    assert_recorded_the_workload(sessions)
