@@ -63,6 +63,8 @@ def test_install_lays_out_lib_bootstrap_sessions(tmp_path: Path) -> None:
     assert (dest / "bootstrap" / "sitecustomize.py").is_file()
     assert (dest / "lib" / "gpuflame" / "capture" / "autostart.py").is_file()
     assert (dest / "lib" / "gpuflame" / "ship" / "pyroscope.py").is_file()
+    assert (dest / "lib" / "gpuflame" / "boundary" / "settings.py").is_file()  # both sides' contract
+    assert (dest / "lib" / "gpuflame" / "capture" / "recorders" / "allocator" / "native" / "cpu_hook.cpp").is_file()
     assert (dest / "sessions").stat().st_mode & 0o1777 == 0o1777
     assert not list(dest.rglob("*.new"))
 
