@@ -16,10 +16,10 @@ noisy, shared machine slows them alike), best of --repeat:
   only), when memray is installed (``pip install memray``);
 * both gpuflame recorders with the program marking phases (``gpuflame.phase``):
   four phases, the loop inside the last, so each allocation and free books
-  its phase's own peak (capture/phases.py);
+  its phase's own peak (capture/books/phases.py);
 * both gpuflame recorders again as a process of ``gpuflame run`` sees them:
   publishing every allocation and free to the run's shared peak table (the
-  joint peak, capture/joint_peak.py); then the table's cost per allocation
+  joint peak, capture/books/joint_peak.py); then the table's cost per allocation
   (``torch.empty(10)`` in a loop, with and without it).
 
 The workload is ``examples/demo.py``'s ``ModelRunner.generate`` (a small
@@ -50,11 +50,11 @@ sys.path.insert(0, str(ROOT / "src"))
 import torch  # noqa: E402
 
 import gpuflame  # noqa: E402
-from gpuflame.capture import phases  # noqa: E402
 from gpuflame.capture.base import Recorder  # noqa: E402
-from gpuflame.capture.native import load_cpu_hook  # noqa: E402
-from gpuflame.capture.torch_allocator import TorchAllocatorRecorder  # noqa: E402
-from gpuflame.capture.torch_tensors import TorchTensorRecorder  # noqa: E402
+from gpuflame.capture.books import phases  # noqa: E402
+from gpuflame.capture.recorders.allocator import TorchAllocatorRecorder  # noqa: E402
+from gpuflame.capture.recorders.allocator.native import load_cpu_hook  # noqa: E402
+from gpuflame.capture.recorders.dispatch import TorchTensorRecorder  # noqa: E402
 
 
 def demo_workload(batch: int, prompt_len: int, new_tokens: int) -> Callable[[], Any]:

@@ -25,9 +25,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 import torch  # noqa: E402
 
 from gpuflame.capture.base import Recorder  # noqa: E402
-from gpuflame.capture.native import load_cpu_hook  # noqa: E402
-from gpuflame.capture.torch_allocator import TorchAllocatorRecorder  # noqa: E402
-from gpuflame.capture.torch_tensors import TorchTensorRecorder  # noqa: E402
+from gpuflame.capture.recorders.allocator import TorchAllocatorRecorder  # noqa: E402
+from gpuflame.capture.recorders.allocator.native import load_cpu_hook  # noqa: E402
+from gpuflame.capture.recorders.dispatch import TorchTensorRecorder  # noqa: E402
 
 
 def torch_loop(steps: int) -> float:

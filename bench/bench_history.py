@@ -80,8 +80,8 @@ def hook_rss(events: int) -> None:
     try:
         import torch
 
-        from gpuflame.capture.native import load_cpu_hook
-        from gpuflame.capture.torch_allocator import TorchAllocatorRecorder
+        from gpuflame.capture.recorders.allocator import TorchAllocatorRecorder
+        from gpuflame.capture.recorders.allocator.native import load_cpu_hook
     except Exception as exc:  # noqa: BLE001 - a bench without torch skips this part
         print(f"  skipped: {exc}")
         return
@@ -141,9 +141,9 @@ def demo_cost(rounds: int) -> None:
 
         sys.path.insert(0, str(ROOT / "bench"))
         from bench_capture_torch import demo_workload
-        from gpuflame.capture.native import load_cpu_hook
-        from gpuflame.capture.torch_allocator import TorchAllocatorRecorder
-        from gpuflame.capture.torch_tensors import TorchTensorRecorder
+        from gpuflame.capture.recorders.allocator import TorchAllocatorRecorder
+        from gpuflame.capture.recorders.allocator.native import load_cpu_hook
+        from gpuflame.capture.recorders.dispatch import TorchTensorRecorder
     except Exception as exc:  # noqa: BLE001
         print(f"  skipped: {exc}")
         return

@@ -34,8 +34,8 @@ def child(tree: Path, repeat: int) -> None:
 
     import gpuflame
     from bench_capture_torch import demo_workload
-    from gpuflame.capture.native import load_cpu_hook
-    from gpuflame.capture.torch_allocator import TorchAllocatorRecorder
+    from gpuflame.capture.recorders.allocator import TorchAllocatorRecorder
+    from gpuflame.capture.recorders.allocator.native import load_cpu_hook
 
     assert Path(gpuflame.__file__).resolve().is_relative_to(tree.resolve()), gpuflame.__file__
     torch.set_num_threads(1)

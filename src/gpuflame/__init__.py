@@ -11,7 +11,7 @@ import os
 from typing import Any
 
 from gpuflame.api import Recording, profile, start, stop
-from gpuflame.capture.phases import phase
+from gpuflame.capture.books.phases import phase
 from gpuflame.formats import load
 from gpuflame.model import Frame, Profile, Sample, SampleType
 from gpuflame.notebook import last

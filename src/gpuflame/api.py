@@ -37,10 +37,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Literal, overload
 
+from gpuflame.boundary.backends import BACKENDS, TORCH_HOOKS
+from gpuflame.boundary.settings import Settings
 from gpuflame.capture.autostart import watch
-from gpuflame.capture.backends import BACKENDS, TORCH_HOOKS
 from gpuflame.capture.session import Session
-from gpuflame.capture.settings import Settings
 from gpuflame.defaults import PUSH_INTERVAL_S
 from gpuflame.errors import GpuflameError
 from gpuflame.files import check_output
@@ -188,7 +188,7 @@ def _start(
         session = Session(settings, path=path)
         session.install_exit_hooks()
         if settings.pyroscope_url:
-            from gpuflame.ship.continuous import attach
+            from gpuflame.capture.continuous import attach
 
             attach(session)
         watch(session, settings.backend)
@@ -239,7 +239,7 @@ def _seconds(value: object) -> float:
 
 def _check_pyroscope(settings: Settings) -> None:
     """A bad URL or credentials file fails here, in the caller, as ``gpuflame run`` fails before the program."""
-    from gpuflame.ship.continuous import ContinuousPush
+    from gpuflame.capture.continuous import ContinuousPush
 
     try:
         ContinuousPush(settings)

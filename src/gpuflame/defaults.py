@@ -6,7 +6,7 @@ A default that only one module uses stays in that module.
 
 from __future__ import annotations
 
-BACKEND = "auto"  # --backend, GPUFLAME_BACKEND, the webhook's gpuflame.io/backend, the API (capture/backends.py)
+BACKEND = "auto"  # --backend, GPUFLAME_BACKEND, the webhook's gpuflame.io/backend, the API (boundary/backends.py)
 TORCH_HOOK = "auto"  # --torch-hook, GPUFLAME_TORCH_HOOK
 PUSH_INTERVAL_S = 15.0  # seconds between Pyroscope pushes when none is given (run --pyroscope, the webhook)
 PUSH_TIMEOUT_S = 5.0  # seconds one push to Pyroscope may take

@@ -14,7 +14,7 @@ from pathlib import Path
 from types import ModuleType
 
 import gpuflame.api
-from gpuflame.capture import backends
+from gpuflame.boundary import backends
 from gpuflame.capture.code_frames import GPUFLAME_DIR
 from gpuflame.model import Profile, cut_callers
 

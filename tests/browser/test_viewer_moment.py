@@ -43,7 +43,7 @@ def step() -> int:
 
 @pytest.fixture(scope="module")
 def moment_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from gpuflame.capture.torch_tensors import TorchTensorRecorder
+    from gpuflame.capture.recorders.dispatch import TorchTensorRecorder
 
     folder = tmp_path_factory.mktemp("moment")
     rec = TorchTensorRecorder()

@@ -17,10 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from gpuflame.capture.settings import Settings
-from gpuflame.launch import roll_call
+from gpuflame.boundary import roll_call
+from gpuflame.boundary.contract import STARTED_FILE, child_env
+from gpuflame.boundary.settings import Settings
 from gpuflame.launch.collect import RunEnd, collect
-from gpuflame.launch.contract import STARTED_FILE, child_env
+from gpuflame.launch.roll_call import unfinished
 from gpuflame.launch.store import RunMeta
 from tests.e2e.test_run_cli import gpuflame_run
 from tests.helpers.children import SRC, said_lost
@@ -116,7 +117,7 @@ def test_the_roll_call_registers_on_a_full_disk(small_fs):
             f.write(bytes(65536))
             f.flush()
     assert roll_call.register(str(small_fs), 4321) == ""
-    assert roll_call.unfinished(small_fs) == [4321]
+    assert unfinished(small_fs) == [4321]
 
 
 def test_a_store_that_fills_up_while_the_run_folder_is_made_is_one_line(tmp_path, one_inode_fs):

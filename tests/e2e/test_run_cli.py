@@ -289,7 +289,7 @@ def test_a_second_run_to_the_same_output_does_not_merge_the_first(tmp_path: Path
 
 def test_an_unwritable_output_keeps_the_programs_exit_code(tmp_path: Path) -> None:
     # the program itself puts a folder where the profile should go (a folder there
-    # before the run is refused up front: tests/test_output_paths.py)
+    # before the run is refused up front: tests/e2e/test_output_paths.py)
     taken = "\nimport os\nos.makedirs('taken/out.pb.gz')\nkept = Holder().make(4)\nsys.exit(6)\n"
     script = write(tmp_path / "ok.py", ALLOCATE, taken)
     result = gpuflame_run("-o", "taken/out.pb.gz", script.name, cwd=tmp_path)

@@ -5,7 +5,7 @@ Each script computes its own expected sizes from the tensors it made
 compares those with what the profile holds under the script's own
 functions, per pid. Models are small and built from a config with random
 weights (no downloads). ``multiprocessing.Pool`` (fork, spawn, forkserver)
-is in tests/test_run_exit.py, with the signals its ``terminate()`` sends.
+is in tests/e2e/test_run_exit.py, with the signals its ``terminate()`` sends.
 
 Only per-process (pid label) values are checked here: how the merged peak
 of several processes is computed is tested with the merge itself.

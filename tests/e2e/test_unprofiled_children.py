@@ -15,10 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from gpuflame.boundary.contract import BOOTSTRAP_DIR, unprofiled_reason
 from gpuflame.inject.payload import install
-from gpuflame.launch.contract import BOOTSTRAP_DIR, unprofiled_reason
-from tests.e2e.test_full_disk import SRC, said_lost
-from tests.unit.inject.test_payload import webhook_env
+from tests.helpers.children import SRC, said_lost, webhook_env
 
 PARENT = """\
 import subprocess, sys

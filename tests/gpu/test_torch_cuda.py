@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuflame.capture.torch_cuda import TorchCudaRecorder
+from gpuflame.capture.recorders.torch_cuda import TorchCudaRecorder
 from gpuflame.formats import load, loads
 from gpuflame.model.filter import ignore
 from gpuflame.symbols.names import CACHED_FREE
@@ -208,7 +208,7 @@ def test_phases_on_a_real_trace() -> None:
     import torch
 
     import gpuflame
-    from gpuflame.capture import phases
+    from gpuflame.capture.books import phases
 
     rec = TorchCudaRecorder()
     rec.start()

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 import torch
 
-from gpuflame.capture.native import NativeUnavailable, load_cpu_hook
-from gpuflame.capture.torch_allocator import TorchAllocatorRecorder
-from gpuflame.capture.torch_tensors import TorchTensorRecorder
+from gpuflame.capture.recorders.allocator import TorchAllocatorRecorder
+from gpuflame.capture.recorders.allocator.native import NativeUnavailable, load_cpu_hook
+from gpuflame.capture.recorders.dispatch import TorchTensorRecorder
 from gpuflame.model import Profile
 
 PEAK, PEAK_N, INUSE, INUSE_N, ALLOC, ALLOC_N = range(6)

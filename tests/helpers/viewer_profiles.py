@@ -1,4 +1,4 @@
-"""Profiles for the HTML viewer's tests (tests/test_view_cli.py, tests/browser/).
+"""Profiles for the HTML viewer's tests (tests/unit/cli/test_view.py, tests/browser/).
 
 Realistic names from the AKS guide (``LlamaMLP > __init__``,
 ``GPUModelRunner > _allocate_kv_cache_tensors``), a trampoline, native and

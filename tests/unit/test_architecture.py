@@ -27,16 +27,76 @@ gpuflame.stop()
 print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in {names!r})))
 """
 
-TORCH = """
-import json, sys
-before = set(sys.modules)
+# Installed before gpuflame is imported, after the frameworks (JAX needs numpy; torch loads it when
+# it is there): a new import of numpy or rich fails for anyone, as a missing package does
+# (ModuleNotFoundError), and any import of them by a gpuflame module fails even when the framework
+# has loaded them already, so nothing is subtracted.
+BLOCK = """
+import builtins, importlib.abc, sys
+BLOCKED = ("numpy", "rich")
+attempts = []
+
+
+class Blocked(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in BLOCKED:
+            attempts.append(name)
+            raise ModuleNotFoundError(f"{name} is blocked: the in-process side imports only the standard library")
+        return None
+
+
+_real_import = builtins.__import__
+
+
+def _guarded(name, globals=None, locals=None, fromlist=(), level=0):
+    caller = (globals or {}).get("__name__") or ""
+    if caller.split(".")[0] == "gpuflame" and name.split(".")[0] in BLOCKED:
+        attempts.append(f"{caller} -> {name}")
+        raise ModuleNotFoundError(f"{name} is blocked for {caller}")
+    return _real_import(name, globals, locals, fromlist, level)
+
+
+sys.meta_path.insert(0, Blocked())
+builtins.__import__ = _guarded
+"""
+
+# each backend and hook, recorded with numpy and rich blocked (torch-cuda needs CUDA: tests/gpu/)
+RECORD = """
+import json, sys, threading, http.server
 import torch
-imported_by_torch = set(sys.modules) - before
+try:
+    import jax, jax.numpy
+except ImportError:
+    jax = None
+{block}
 import gpuflame
-with gpuflame.profile(sys.argv[1], backend="torch"):
-    kept = torch.zeros(1 << 16)
-ours = sorted(m for m in set(sys.modules) - before - imported_by_torch if m.split(".")[0] in {names!r})
-print(json.dumps(ours))
+out, how = sys.argv[1], sys.argv[2]
+pushes = []
+
+
+class Ingest(http.server.BaseHTTPRequestHandler):
+    def do_POST(self):
+        pushes.append(len(self.rfile.read(int(self.headers.get("Content-Length", 0)))))
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+if how in ("allocator", "dispatch"):
+    with gpuflame.profile(out, backend="torch", torch_hook=how):
+        kept = torch.zeros(1 << 16)
+elif how == "jax":
+    with gpuflame.profile(out, backend="jax"):
+        kept = jax.numpy.zeros(1 << 16).block_until_ready()
+else:  # continuous push to a loopback Pyroscope
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Ingest)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    with gpuflame.profile(out, backend="torch", pyroscope=f"http://127.0.0.1:{{server.server_address[1]}}"):
+        kept = torch.zeros(1 << 16)
+print(json.dumps({{"attempts": attempts, "rich": sorted(m for m in sys.modules if m.split(".")[0] == "rich"),
+                  "pushes": len(pushes)}}))
 """
 
 
@@ -49,25 +109,53 @@ def run_fresh(code: str, out: Path) -> list[str]:
     return json.loads(proc.stdout.splitlines()[-1])
 
 
-@pytest.mark.subprocess
 def test_start_stop_imports_no_launcher_dependency(tmp_path):
     assert run_fresh(PLAIN, tmp_path / "p.pb.gz") == []
 
 
-@pytest.mark.subprocess
-def test_recording_and_writing_a_torch_profile_imports_no_launcher_dependency(tmp_path):
+@pytest.mark.parametrize("how", ["allocator", "dispatch", "jax", "push"])
+def test_every_backend_and_hook_records_with_numpy_and_rich_blocked(tmp_path, how):
+    """elf_symbols.py imported numpy at its top: in a pod without numpy the torch backend recorded nothing."""
     pytest.importorskip("torch")
+    if how == "jax":
+        pytest.importorskip("jax")
     out = tmp_path / "t.pb.gz"
-    assert run_fresh(TORCH, out) == []
-    assert out.stat().st_size > 0  # a profile was written, so the writer's imports were counted
+    proc = subprocess.run([sys.executable, "-c", RECORD.format(block=BLOCK), str(out), how],
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr
+    seen = json.loads(proc.stdout.splitlines()[-1])
+    assert seen["attempts"] == [] and seen["rich"] == [], proc.stderr
+    said = [line for line in proc.stderr.splitlines() if line.startswith("gpuflame:")]
+    assert all("pyroscope push" in line and "failed 0" in line for line in said), proc.stderr  # nothing lost
+    from gpuflame.formats import load
 
+    assert max(load(str(out)).totals().values()) >= 1 << 16  # the block's allocation was recorded
+    assert seen["pushes"] >= (1 if how == "push" else 0)
+
+
+def test_the_block_refuses_numpy_to_gpuflame_even_when_loaded():
+    code = BLOCK + "\nimport numpy\nns = {'__name__': 'gpuflame.capture.x'}\ntry:\n    exec('import numpy', ns)\n" \
+        "except ImportError:\n    print('refused')\n"
+    pytest.importorskip("numpy")
+    code = "import numpy\n" + code
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.stdout.split() == ["refused"], proc.stderr
+
+
+TORCH = """
+import json, sys
+import torch
+import gpuflame
+with gpuflame.profile(sys.argv[1], backend="torch"):
+    kept = torch.zeros(1 << 16)
+print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in {names!r})))
+"""
 
 # what recording needs not: the readers of saved files (the snapshot reader compiles a large
 # regular expression and parses source files); a recording start pays for every import
 READERS_ONLY = ("gpuflame.formats.safe_pickle", "gpuflame.formats.torch_snapshot", "gpuflame.symbols.qualnames")
 
 
-@pytest.mark.subprocess
 @pytest.mark.parametrize("hook", ["allocator", "dispatch"])
 def test_recording_a_torch_profile_imports_no_snapshot_reader(tmp_path, hook):
     pytest.importorskip("torch")
@@ -79,7 +167,6 @@ def test_recording_a_torch_profile_imports_no_snapshot_reader(tmp_path, hook):
     assert json.loads(proc.stdout.splitlines()[-1]) == []
 
 
-@pytest.mark.subprocess
 def test_gpuflame_run_imports_only_its_own_command_and_no_analysis(tmp_path):
     """The launcher's imports are CPU time of every profiled run: no other command, no numpy, no reader."""
     code = ("import json, sys\nfrom gpuflame.cli.main import main\n"
@@ -94,12 +181,11 @@ def test_gpuflame_run_imports_only_its_own_command_and_no_analysis(tmp_path):
     assert imported == ["gpuflame.cli.main", "gpuflame.cli.options", "gpuflame.cli.run"]
 
 
-@pytest.mark.subprocess
 def test_the_dispatch_recorder_imports_torch_only_when_it_starts():
-    """capture/torch_tensors/mode.py subclasses torch's dispatch mode at its top level: the package imports it late."""
-    code = ("import json, sys\nfrom gpuflame.capture.torch_tensors import TorchTensorRecorder\n"
+    """capture/recorders/dispatch/mode.py subclasses torch's dispatch mode at its top: the package imports it late."""
+    code = ("import json, sys\nfrom gpuflame.capture.recorders.dispatch import TorchTensorRecorder\n"
             "TorchTensorRecorder()\n"
-            "print(json.dumps(sorted(m for m in sys.modules if m == 'torch' or m.endswith('torch_tensors.mode'))))")
+            "print(json.dumps(sorted(m for m in sys.modules if m == 'torch' or m.endswith('dispatch.mode'))))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout) == []
@@ -155,31 +241,137 @@ def test_every_command_module_declares_the_command_protocol():
     assert COMMAND_ATTRIBUTES == ("HELP", "DESCRIPTION", "EPILOG", "add_arguments", "run")
 
 
-# The layers of ARCHITECTURE.md, lowest first: a module never imports a package of a higher layer.
-LAYERS = [
-    ("symbols",),  # frame names and kinds: the model names its frames with them (once a cycle)
+# The layers of ARCHITECTURE.md, lowest first: every package and loose module of src/gpuflame has
+# one, and imports only what lies below it (its floor). Same-layer units never import each other.
+LAYERS: list[tuple[str, ...]] = [
+    ("errors", "defaults", "gcpause", "printable", "symbols"),  # import nothing of gpuflame
+    ("files", "limits", "units"),  # standard-library helpers both sides use
+    ("boundary",),  # the process boundary: the launcher and the profiled process both import it
     ("model",),
     ("formats",),
-    ("analysis", "simulate"),  # simulate/ replays a history through the allocator model: data, never text
-    ("render",),
-    ("cli", "serve", "webhook", "notebook", "pytest_plugin"),
+    ("analysis", "simulate", "ship"),  # simulate/ replays a history through the allocator model: data, never text
+    ("capture", "launch", "render"),  # the in-process side; the launcher's side; text and pictures
+    ("api", "agent"),
+    ("hosted",),
+    ("notebook", "pytest_plugin", "serve", "webhook"),
+    ("cli",),
+    ("__init__", "__main__"),  # the package's public names; python -m gpuflame
+    ("inject",),  # the webhook's payload copies the whole package
 ]
+# the in-process side (ARCHITECTURE.md): what a profiled process may reach, at most
+IN_PROCESS = {"errors", "defaults", "gcpause", "printable", "symbols", "files", "limits", "units", "boundary",
+              "model", "formats", "ship", "capture"}
 
 
-def higher_than(layer: int) -> tuple[str, ...]:
-    return tuple(f"gpuflame.{p}" for packages in LAYERS[layer + 1:] for p in packages)
+def unit_of(module: str) -> str | None:
+    """The package or loose module *module* belongs to (``gpuflame.capture.session`` -> ``capture``)."""
+    parts = module.split(".")
+    if parts[0] != "gpuflame":
+        return None
+    if len(parts) == 1:
+        return "__init__"
+    return parts[1] if (PACKAGE / parts[1]).is_dir() or (PACKAGE / f"{parts[1]}.py").is_file() else "__init__"
 
 
-@pytest.mark.parametrize("layer", range(len(LAYERS) - 1))
-def test_layers_point_one_way(layer):
-    """formats/ once imported render/ to write SVG and the JSON flame tree; render/writers.py owns them now."""
-    upward = {
-        (module, name)
-        for package in LAYERS[layer]
-        for module, names in package_imports(package).items()
-        for name in names
-        if name.startswith(higher_than(layer))
-    }
+def all_units() -> set[str]:
+    found = {p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").is_file()}
+    return found | {p.stem for p in PACKAGE.glob("*.py")}
+
+
+def unit_imports() -> dict[str, dict[str, set[str]]]:
+    """unit -> the units it imports -> the files that do (the package's ``__version__`` is a constant)."""
+    graph: dict[str, dict[str, set[str]]] = {unit: {} for unit in all_units()}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE)
+        source = rel.parts[0] if len(rel.parts) > 1 else rel.stem
+        for name in imports_of(path) - {"gpuflame", "gpuflame.__version__"} | ({"gpuflame"} & plain_imports(path)):
+            target = unit_of(name)
+            if target is not None and target != source:
+                graph[source].setdefault(target, set()).add(str(rel))
+    return graph
+
+
+def plain_imports(path: Path) -> set[str]:
+    """``import gpuflame`` itself (the payload reads the package's folder from it)."""
+    import ast
+
+    return {a.name for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+            if isinstance(node, ast.Import) for a in node.names if a.name == "gpuflame"}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected groups of more than one node (Tarjan), each sorted: every import loop."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for succ in graph.get(node, ()):
+            if succ not in index:
+                visit(succ)
+                low[node] = min(low[node], low[succ])
+            elif succ in stack:
+                low[node] = min(low[node], index[succ])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                member = stack.pop()
+                group.append(member)
+                if member == node:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_every_package_and_loose_module_has_a_layer():
+    placed = [unit for layer in LAYERS for unit in layer]
+    assert sorted(placed) == sorted(set(placed)), "a unit placed twice"
+    assert set(placed) == all_units()
+
+
+@pytest.mark.parametrize("layer", range(len(LAYERS)))
+def test_each_layer_imports_only_its_floor(layer):
+    """formats/ once imported render/ to write SVG; capture/ and launch/ once imported each other (boundary/ now)."""
+    floor = {unit for lower in LAYERS[:layer] for unit in lower}
+    graph = unit_imports()
+    above = {(unit, target, ", ".join(sorted(files))) for unit in LAYERS[layer]
+             for target, files in graph[unit].items() if target not in floor}
+    assert above == set()
+
+
+def test_no_import_loop_between_packages():
+    assert cycles({unit: set(targets) for unit, targets in unit_imports().items()}) == []
+
+
+def test_the_loop_finder_finds_loops():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_the_in_process_side_reaches_only_its_own_units():
+    """What ``capture/`` imports, directly or through others, stays inside the in-process side."""
+    graph = unit_imports()
+    reached, todo = set(), ["capture", "boundary"]
+    while todo:
+        unit = todo.pop()
+        if unit not in reached:
+            reached.add(unit)
+            todo.extend(graph[unit])
+    assert reached <= IN_PROCESS, sorted(reached - IN_PROCESS)
+
+
+def test_the_books_never_import_the_recorders():
+    """capture/'s wings: recorders/ keep their rows with books/ (phases, categories, joint peak, site row)."""
+    upward = {(module, name) for module, names in package_imports("capture/books").items()
+              for name in names if name.startswith("gpuflame.capture.recorders")}
     assert upward == set()
 
 
@@ -188,3 +380,59 @@ def test_capture_never_imports_the_simulation():
     found = {(module, name) for module, names in package_imports("capture").items()
              for name in names if name.startswith("gpuflame.simulate")}
     assert found == set()
+
+
+# -- a backend is one module and one registry line ---------------------------------------------------
+
+REGISTRY_FILE = PACKAGE / "boundary" / "backends.py"
+
+
+def backend_literals(path: Path, names: tuple[str, ...]) -> list[str]:
+    """The string literals of *path* that write a backend's name or list the backends (docstrings aside).
+
+    A literal equal to a name counts unless it is a module name (``sys.modules.get("torch")``);
+    a literal lists them when it joins two names (``torch or jax``) or names them all.
+    """
+    import ast
+    import re
+
+    alt = "|".join(re.escape(n) for n in sorted(names, key=len, reverse=True))
+    joined = re.compile(rf"(?<![\w/.-])({alt})\s*(,|\||\bor\b|\band\b)\s*({alt})(?![\w/-])")
+    words = [re.compile(rf"(?<![\w/.-]){re.escape(n)}(?![\w/-])") for n in names]
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                  and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    module_names = {id(node.args[0]) for node in ast.walk(tree)
+                    if isinstance(node, ast.Call) and node.args and ast.unparse(node.func) == "sys.modules.get"}
+    module_names |= {id(node.slice) for node in ast.walk(tree)
+                     if isinstance(node, ast.Subscript) and ast.unparse(node.value) == "sys.modules"}
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Constant) or not isinstance(node.value, str) or id(node) in docstrings:
+            continue
+        text = node.value
+        named = text in names and id(node) not in module_names
+        if named or joined.search(text) or all(w.search(text) for w in words):
+            where = path.relative_to(PACKAGE) if path.is_relative_to(PACKAGE) else path.name
+            found.append(f"{where}:{node.lineno}: {text[:60]!r}")
+    return sorted(found)
+
+
+def test_backend_names_are_written_only_in_the_registry():
+    """cli/run.py, pytest_plugin/record.py and model/prune.py once wrote them (adding a backend touched 4-6 files)."""
+    from gpuflame.boundary.backends import REGISTRY
+
+    names = tuple(REGISTRY)
+    found = [hit for path in sorted(PACKAGE.rglob("*.py")) if path != REGISTRY_FILE
+             for hit in backend_literals(path, names)]
+    assert found == []
+
+
+def test_the_backend_name_check_sees_each_way_of_writing_them(tmp_path):
+    module = tmp_path / "probe.py"
+    module.write_text('"""Docstrings may say torch-cuda, torch or jax."""\nimport sys\nsys.modules.get("torch")\n'
+                      'HELP = "auto (default), torch-cuda, torch or jax"\nWANTED = {"jax": 1}\n'
+                      'DESC = "torch-cuda (history), torch (any device), jax (buffers)"\n')
+    found = backend_literals(module, ("torch-cuda", "torch", "jax"))
+    assert [hit.split(":")[1] for hit in found] == ["4", "5", "6"]

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 import gpuflame
-from gpuflame.capture.settings import Settings
+from gpuflame.boundary.settings import Settings
 from gpuflame.cli.main import main
 from gpuflame.defaults import MAX_INTERVAL_S, MIN_INTERVAL_S
 from gpuflame.units import interval_seconds

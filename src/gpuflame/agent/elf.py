@@ -3,7 +3,8 @@
 Uprobes are placed by file offset, ``_PyRuntime`` is found by its symbol, and
 native frames are named from the symbol tables (``.symtab`` where the file
 has one, else ``.dynsym``). Standard library only: the agent runs where
-pyelftools may not be installed.
+pyelftools may not be installed. The headers, sections and names are read
+by ``symbols/elf.py``, the ELF reader the in-process native names share.
 
 Any file a process maps may be crafted (a container's own ``libcuda.so.1``),
 so every read is bounded: regular files only, opened non-blocking; at most
@@ -22,24 +23,28 @@ from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
 
 from gpuflame.agent.confined import open_regular
+from gpuflame.symbols.elf import (  # noqa: F401 - PF_X, STT_OBJECT: the agent's names for them
+    PF_X,
+    PT_GNU_EH_FRAME,
+    PT_LOAD,
+    SHT_DYNSYM,
+    SHT_RELA,
+    SHT_SYMTAB,
+    STT_FUNC,
+    STT_OBJECT,
+    SYM_BYTES,
+    ElfError,
+    c_string,
+    is_elf64le,
+    program_headers,
+    section_headers,
+)
 
-PT_LOAD = 1
-PT_GNU_EH_FRAME = 0x6474E550
-PF_X = 1
-SHT_SYMTAB = 2
-SHT_RELA = 4
-SHT_DYNSYM = 11
-STT_FUNC = 2
-STT_OBJECT = 1
 R_X86_64_GLOB_DAT, R_X86_64_JUMP_SLOT, R_X86_64_RELATIVE = 6, 7, 8
-SYM_BYTES, RELA_BYTES = 24, 24
+RELA_BYTES = 24
 MAX_SYMBOLS = 1 << 17  # per table: libtorch's .dynsym has ~100k; a crafted 16 MB one 700k
 MAX_NAME = 4096  # bytes of one symbol name (long C++ names fit)
 MAX_RELOCATIONS = 1 << 18
-
-
-class ElfError(ValueError):
-    """Not a 64-bit little-endian ELF file, or one cut short."""
 
 
 @dataclass
@@ -113,7 +118,7 @@ def read_elf(path: str, full: bool = True, wanted: Collection[str] | None = None
     finally:
         os.close(fd)
     with data:
-        if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
+        if not is_elf64le(data):
             raise ElfError(f"{path}: not a 64-bit little-endian ELF file")
         try:
             return _parse(path, data, (SHT_DYNSYM, SHT_SYMTAB) if full else (SHT_DYNSYM,), wanted, slot_names)
@@ -123,18 +128,13 @@ def read_elf(path: str, full: bool = True, wanted: Collection[str] | None = None
 
 def _parse(path: str, data: mmap.mmap, tables: tuple[int, ...], wanted: Collection[str] | None,
            slot_names: Collection[str]) -> ElfFile:
-    (phoff, shoff) = struct.unpack_from("<QQ", data, 0x20)
-    (phentsize, phnum, shentsize, shnum) = struct.unpack_from("<HHHH", data, 0x36)
     segments, eh_frame_hdr = [], None
-    for i in range(phnum):
-        p_type, p_flags, p_offset, p_vaddr, _paddr, p_filesz, p_memsz = struct.unpack_from(
-            "<IIQQQQQ", data, phoff + i * phentsize
-        )
+    for p_type, p_flags, p_offset, p_vaddr, _paddr, p_filesz, p_memsz in program_headers(data):
         if p_type == PT_LOAD:
             segments.append(Segment(p_vaddr, p_offset, p_filesz, p_memsz, p_flags))
         elif p_type == PT_GNU_EH_FRAME:
             eh_frame_hdr = Segment(p_vaddr, p_offset, p_filesz, p_memsz, p_flags)
-    sections = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
+    sections = section_headers(data)
     symbols: dict[str, Symbol] = {}
     # .dynsym first, .symtab second: the full table wins where both name a symbol
     for wanted_table in tables:
@@ -165,8 +165,7 @@ def _symbols(data: mmap.mmap, sh: tuple[int, ...], sections: list[tuple[int, ...
 def _name(data: mmap.mmap, strtab: tuple[int, ...], index: int) -> str | None:
     """A NUL-terminated name of a string table, None where it runs past MAX_NAME or the table."""
     start, end = strtab[4] + index, strtab[4] + strtab[5]
-    stop = data.find(b"\0", start, min(end, start + MAX_NAME))
-    return None if stop < 0 else data[start:stop].decode(errors="replace")
+    return c_string(data, start, min(end, start + MAX_NAME))
 
 
 def _slots(data: mmap.mmap, sections: list[tuple[int, ...]], names: Collection[str]) -> dict[int, str]:

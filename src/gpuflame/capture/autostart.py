@@ -11,12 +11,13 @@ import os
 import weakref
 from dataclasses import replace
 
-from gpuflame.capture import backends, children
+from gpuflame.boundary import backends
+from gpuflame.boundary.contract import stop_following
+from gpuflame.boundary.settings import Settings
+from gpuflame.capture import children, recorders
 from gpuflame.capture.post_import import when_imported
 from gpuflame.capture.session import Session
-from gpuflame.capture.settings import Settings
 from gpuflame.defaults import PUSH_INTERVAL_S
-from gpuflame.launch.contract import stop_following
 
 _session: Session | None = None
 
@@ -37,7 +38,7 @@ def start_from_env() -> Session | None:
     session.install_exit_hooks()
     if settings.pyroscope_url:
         # imported only when asked: ssl and http.client cost start-up time
-        from gpuflame.ship.continuous import attach
+        from gpuflame.capture.continuous import attach
 
         attach(session)
     watch(session, settings.backend)
@@ -59,7 +60,7 @@ def _make_session_dir(path: str) -> None:
 
 
 def watch(session: Session, backend: str) -> None:
-    """Start the backend(s) once the workload imports their framework (capture/backends.py picks which).
+    """Start the backend(s) once the workload imports their framework (boundary/backends.py picks which).
 
     The import hook holds the session weakly: a finished API session whose
     framework is never imported must not stay alive for the process's life.
@@ -80,7 +81,7 @@ def _add(ref: weakref.ref[Session], name: str) -> None:
     if session is None or session.finished:
         return
     try:
-        recorder = backends.create(name, session)
+        recorder = recorders.create(name, session)
     except Exception as exc:
         session.report(f"the {name} backend is not available ({exc}); nothing is recorded by it")
         return

@@ -23,6 +23,7 @@ import time
 from abc import ABC, abstractmethod
 from types import TracebackType
 
+from gpuflame.capture.books import auto_phases, phases
 from gpuflame.model.profile import Profile
 from gpuflame.model.sample_types import memory_sample_types
 
@@ -39,6 +40,7 @@ class Recorder(ABC):
     """
 
     name: str = "recorder"  # in messages: which recorder (which hook) said it
+    marks_known_phases: bool = False  # mark transformers' and vLLM's known phases while recording (auto_phases)
     backend: str = "recorder"  # the --backend it records for (two torch recorders share "torch")
 
     def __init__(self) -> None:
@@ -96,6 +98,26 @@ class Recorder(ABC):
 
     @abstractmethod
     def _snapshot(self) -> Profile: ...
+
+    # -- phases (capture/books/phases.py): each recorder books them its own way, listens the same way --
+
+    def _listen_to_phases(self) -> None:
+        """From now on every phase change reaches :meth:`_on_phase`; the running phase is :meth:`_entered_phase`'s."""
+        if self.marks_known_phases:
+            auto_phases.install()  # transformers' and vLLM's known phases (README)
+        phases.listen(self._on_phase)
+        self._entered_phase(phases.current())
+
+    def _stop_listening(self) -> None:
+        phases.unlisten(self._on_phase)
+
+    def _on_phase(self, phase_id: int, now_ns: int) -> None:  # noqa: B027 - a recorder that books phases overrides it
+        """Phase *phase_id* runs from *now_ns* (the epoch ns of the change)."""
+
+    def _entered_phase(self, phase_id: int) -> None:
+        """Recording starts inside *phase_id* (0: none): by default booked as a change now, where there is one."""
+        if phase_id:
+            self._on_phase(phase_id, time.time_ns())
 
     def _degrade(self) -> None:  # noqa: B027 - optional hook, most recorders need nothing
         """Stop recording after an internal error; must not raise. Default: nothing."""

@@ -1,11 +1,11 @@
 """Say when the program starts a Python child that gpuflame cannot follow.
 
-gpuflame follows children through ``PYTHONPATH`` (``launch/contract.py``).
+gpuflame follows children through ``PYTHONPATH`` (``boundary/contract.py``).
 A child started with an environment that lost it, or with ``-I``/``-E``/``-S``,
 runs unprofiled and leaves no file: the run would only see its absence. So
 ``subprocess.Popen`` is wrapped (once, when the program imports
 ``subprocess``) to check each child's command line and environment with
-:func:`~gpuflame.launch.contract.unprofiled_reason` before it starts; the
+:func:`~gpuflame.boundary.contract.unprofiled_reason` before it starts; the
 session says it once per reason, on stderr and to the launcher. A wrapper
 costs a few microseconds per Popen (a fork costs milliseconds); an audit
 hook would see every exec too, but it also runs on every ``sys._getframe``
@@ -24,7 +24,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from gpuflame.launch.contract import unprofiled_reason
+from gpuflame.boundary.contract import unprofiled_reason
 
 # Popen's parameters after ``args``, in order (a caller may pass them by position)
 _POSITIONAL = ("bufsize", "executable", "stdin", "stdout", "stderr", "preexec_fn", "close_fds", "shell", "cwd", "env")

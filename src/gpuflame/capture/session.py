@@ -16,13 +16,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from gpuflame.capture import backends
+from gpuflame.boundary import backends, roll_call
+from gpuflame.boundary.contract import IDLE_FILE, LOST_FILE, PROCESS_FILE
+from gpuflame.boundary.settings import Settings
 from gpuflame.capture.base import Recorder
 from gpuflame.capture.exit_hooks import HOOKS, signals_held
-from gpuflame.capture.settings import Settings
 from gpuflame.errors import GpuflameError
-from gpuflame.launch import roll_call
-from gpuflame.launch.contract import IDLE_FILE, LOST_FILE, PROCESS_FILE
 from gpuflame.model import Profile, merge
 
 FINISH_WAIT_S = 60.0  # how long a signal handler waits for another thread's final write
@@ -50,7 +49,7 @@ class Session:
         self._timer: threading.Thread | None = None
         self._stop_timer = threading.Event()
         self._forked = False
-        # continuous mode: every written snapshot, then the end (ship/continuous.py)
+        # continuous mode: every written snapshot, then the end (capture/continuous.py)
         self.on_snapshot: list[Callable[[Profile], None]] = []
         self.on_finish: list[Callable[[], None]] = []
         self.result: Profile | None = None  # the final profile, once finished (None when nothing was recorded)

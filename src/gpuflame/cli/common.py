@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuflame.analysis.chains import no_match_message
+from gpuflame.boundary.backends import AUTO, frameworks
 from gpuflame.cli.options import add_force_option  # noqa: F401  (the analysis commands take it from here)
 from gpuflame.errors import GpuflameError
 from gpuflame.formats import load
@@ -41,7 +42,7 @@ from gpuflame.symbols.qualnames import Resolver
 from gpuflame.symbols.source_paths import SourceMap, parse_root
 from gpuflame.units import parse_size
 
-FILTER_ORDER = """\
+FILTER_ORDER = f"""\
 filters, applied in this order whatever their order on the command line:
   1. --label KEY=VALUE       keep one process, device, ... (repeat: same key = any of, keys = all of)
   2. --no-cached             drop <cached free blocks> (reserved by the allocator, not in use)
@@ -49,7 +50,7 @@ filters, applied in this order whatever their order on the command line:
   4. --focus NAME            keep the samples through NAME; NAME becomes the root
   5. --hide PATTERN, --hide-trampolines
                              remove matching frames; their bytes stay with the callers
-  6. --prune-framework       remove framework frames (torch, jax) between your own frames
+  6. --prune-framework       remove framework frames ({', '.join(frameworks(AUTO))}) between your own frames
   7. --min-size SIZE         fold bars narrower than SIZE into one <frames under SIZE> bar
 Names match either spelling (Foo.bar or "Foo > bar"), anywhere in the name, ignoring case."""
 

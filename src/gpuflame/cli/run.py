@@ -7,10 +7,11 @@ import os
 import re
 import shutil
 import sys
+import textwrap
 from pathlib import Path
 
-from gpuflame.capture.backends import BACKENDS, TORCH_HOOKS
-from gpuflame.capture.settings import Settings, env_name
+from gpuflame.boundary.backends import AUTO_RULE, BACKENDS, JAX, REGISTRY, TORCH_CUDA, TORCH_HOOKS
+from gpuflame.boundary.settings import Settings, env_name
 from gpuflame.cli.options import add_force_option, add_pyroscope_options, interval
 from gpuflame.defaults import BACKEND, PUSH_INTERVAL_S, TORCH_HOOK
 from gpuflame.errors import GpuflameError
@@ -35,16 +36,14 @@ merges them. The exit code is the program's. A process that ends without its
 exit hooks (os._exit, SIGKILL, a crash) is named with the reason; with
 --interval its last snapshot is kept and marked partial.
 
-Backends (--backend): torch-cuda (PyTorch's caching-allocator history: peak,
-in use, allocated, cached free blocks), torch (torch memory on any device,
-CPU included), jax (JAX's live buffers). auto picks torch-cuda when CUDA is
-available, else torch, plus jax when the program imports it.
+{backends}
 
 How torch records (--torch-hook): allocator wraps PyTorch's CPU allocator
 with a small C++ hook compiled on first use (needs a C++ compiler; the
 fastest, CPU memory only); dispatch follows every operation through a
 TorchDispatchMode (any device, slower). auto takes allocator when torch has
-no accelerator and a compiler is there, else dispatch."""
+no accelerator and a compiler is there, else dispatch.""".format(backends=textwrap.fill(
+    "Backends (--backend): " + ", ".join(f"{b.name} ({b.summary})" for b in REGISTRY.values()) + f". {AUTO_RULE}.", 76))
 
 EPILOG = """\
 examples:
@@ -78,9 +77,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "auto (default)")
     parser.add_argument("--native", action="store_true",
                         help="C++ frames too: below each Python caller with torch's allocator hook "
-                        "(which aten op allocated), from the allocator history with torch-cuda")
+                        f"(which aten op allocated), from the allocator history with {TORCH_CUDA}")
     parser.add_argument("--keep-framework", action="store_true",
-                        help="keep framework-internal frames (jax/, jaxlib/) that the jax backend prunes")
+                        help=f"keep framework-internal frames ({', '.join(p + '/' for p in REGISTRY[JAX].packages)}) "
+                        f"that the {JAX} backend prunes")
     parser.add_argument("--store", metavar="DIR", help=f"store folder for runs without -o (default {store_root()})")
     parser.add_argument("--json", action="store_true", help="print a JSON summary at the end (on stdout)")
     add_pyroscope_options(parser, "", "$GPUFLAME_SERVICE_NAME, the pod's workload, the script")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
+from gpuflame.boundary.backends import AUTO, BACKENDS
 from gpuflame.cli.options import port_number, serve_until_interrupted
 from gpuflame.defaults import PUSH_INTERVAL_S
 from gpuflame.webhook.admission import DEFAULT_IMAGE, DEFAULT_SECRET, Config
@@ -28,7 +29,7 @@ same name is read too, for a configuration without one):
   gpuflame.io/inject: "true"          turn profiling on
 Annotations:
   gpuflame.io/interval: 30s           push every 30s (default {PUSH_INTERVAL_S:g}s, 100ms to 24h)
-  gpuflame.io/backend: auto           auto | torch-cuda | torch | jax
+  gpuflame.io/backend: {AUTO}           {' | '.join(BACKENDS)}
   gpuflame.io/service-name: NAME      service_name label (default: the workload's name)
   gpuflame.io/container: a,b          only these containers (default: all)
 

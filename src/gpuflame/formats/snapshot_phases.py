@@ -12,7 +12,7 @@ Blind spots: a block whose allocation fell out of the ring buffer (or was
 made before the history started) has no time, so its phase label is
 :data:`~gpuflame.model.phases.NONE`; a phase whose whole stretch fell out
 of the ring buffer is not in the table of that snapshot (the recorder keeps
-the highest row of every snapshot it took, capture/cuda_history.py).
+the highest row of every snapshot it took, capture/recorders/torch_cuda/history.py).
 """
 
 from __future__ import annotations

@@ -220,7 +220,7 @@ class _Converter:
         self.reserved: dict[int, int] = {}
         self.active: dict[int, dict[int, Any]] = {}  # device -> address -> active block
         # a live gpuflame recorder marks its snapshots and each block the object graph classed
-        # (capture/categories.py); a saved snapshot has no categories, and gets none
+        # (capture/books/categories.py); a saved snapshot has no categories, and gets none
         self.categorize = bool(snapshot.get(CATEGORIES_KEY))
         self.categories: dict[tuple[int, ...], str] = {}  # stack -> the category its frames imply
         # a live recorder's phase marks (formats/snapshot_phases.py): None when there are none

@@ -13,11 +13,11 @@ import os
 import signal
 from pathlib import Path
 
+from gpuflame.boundary.contract import IDLE_FILE, LOST_FILE, PROCESS_FILE, STARTED_FILE, TABLE_FILE, process_files
 from gpuflame.errors import GpuflameError
 from gpuflame.files import write_problem
 from gpuflame.formats import load, save
 from gpuflame.launch import roll_call
-from gpuflame.launch.contract import IDLE_FILE, LOST_FILE, PROCESS_FILE, STARTED_FILE, TABLE_FILE, process_files
 from gpuflame.launch.store import RunMeta
 from gpuflame.model import Profile, merge
 

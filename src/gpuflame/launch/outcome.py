@@ -8,7 +8,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from gpuflame.capture.backends import AUTO, frameworks
+from gpuflame.boundary.backends import AUTO, frameworks
 from gpuflame.errors import GpuflameError
 from gpuflame.launch.store import RunMeta
 from gpuflame.printable import printable

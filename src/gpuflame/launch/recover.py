@@ -17,11 +17,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpuflame.boundary.contract import PER_PROCESS, process_files
 from gpuflame.errors import GpuflameError
 from gpuflame.files import check_output
 from gpuflame.launch import roll_call
 from gpuflame.launch.collect import RunEnd, collect, idle_notes, tidy
-from gpuflame.launch.contract import PER_PROCESS, process_files
 from gpuflame.launch.outcome import say_where, write_meta
 from gpuflame.launch.store import PROCESSES_DIR, PROCESSES_SUFFIX, PROFILE_NAME, RunMeta, processes_folder
 from gpuflame.model import Profile

@@ -1,17 +1,16 @@
-"""Which processes of a run recorded, and which ended without writing their final profile.
+"""Which processes of a run recorded, and which ended without writing their final profile: the launcher's half.
 
-A process registers in the session folder (``started-PID``, holding its
-start time) when it starts recording, and removes that file once its final
-profile is written (or its loss noted). A file still there after the run
-names a process that ended without its exit hooks: ``os._exit``, SIGKILL, a
-crash. The launcher (:class:`EndWatch`) notes when each registered process
+A process registers in the session folder (``started-PID``) when it starts
+recording and removes that file once its final profile is written
+(``boundary/roll_call.py``, the half the profiled process imports). A file
+still there after the run names a process that ended without its exit
+hooks: ``os._exit``, SIGKILL, a crash. The launcher (:class:`EndWatch`) notes when each registered process
 ends, so that it can say how much of such a process a kept ``--interval``
 snapshot misses, and which pids left nothing at all.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import select
 import threading
@@ -19,37 +18,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpuflame.files import atomic_write
-from gpuflame.launch.contract import STARTED_FILE, process_files
+from gpuflame.boundary.contract import STARTED_FILE, process_files
 
 POLL_S = 0.02  # how often the launcher looks for new processes and ended ones
-
-
-def register(folder: str, pid: int) -> str:
-    """This process records from now on; never raises: '' or why it could not register.
-
-    On a full disk the file is made empty: its name is what the launcher reads.
-    """
-    path = Path(folder) / STARTED_FILE.format(pid=pid)
-    try:
-        atomic_write(path, json.dumps({"started": time.time()}))
-        return ""
-    except Exception:  # noqa: BLE001 - the launcher then just knows less
-        pass
-    try:
-        os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o666))
-        return ""
-    except OSError as exc:
-        return (f"could not register in the run's roll call ({path}: {exc.strerror or exc}): if this process "
-                "ends without its exit hooks, the run cannot name it")
-
-
-def unregister(folder: str, pid: int) -> None:
-    """This process's exit hooks ran: what it wrote (or the note of what it lost) is final."""
-    try:
-        os.unlink(Path(folder) / STARTED_FILE.format(pid=pid))
-    except OSError:
-        pass
 
 
 def unfinished(folder: Path) -> list[int]:

@@ -1,7 +1,7 @@
 """Run a program under the profiler: its session folder, its environment, its signals, then the merge.
 
 ``gpuflame run`` parses its arguments into a :class:`Launch` and
-:class:`~gpuflame.capture.settings.Settings` and calls :func:`launch`; the
+:class:`~gpuflame.boundary.settings.Settings` and calls :func:`launch`; the
 program's exit code is the run's, whatever happens to the profile.
 """
 
@@ -15,12 +15,12 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from gpuflame.capture.settings import Settings
+from gpuflame.boundary.contract import PER_PROCESS, child_env, unprofiled_reason
+from gpuflame.boundary.settings import Settings
 from gpuflame.errors import GpuflameError
 from gpuflame.files import check_folder, check_output
 from gpuflame.launch import roll_call
 from gpuflame.launch.collect import RunEnd, collect, idle_notes, remove_if_empty, tidy
-from gpuflame.launch.contract import PER_PROCESS, child_env, unprofiled_reason
 from gpuflame.launch.outcome import say_where, write_meta
 from gpuflame.launch.store import PROCESSES_DIR, PROFILE_NAME, RunMeta, new_run_folder, processes_folder, store_root
 from gpuflame.model import Profile

@@ -1,6 +1,6 @@
 """The ``category`` label's vocabulary: what kind of memory a sample is.
 
-One owner for the names, for the recorders (capture/categories.py finds
+One owner for the names, for the recorders (capture/books/categories.py finds
 them), the analyses and views that group by them, and the rule that reads a
 category from an allocating stack alone (used by every source that has no
 object graph: a saved PyTorch snapshot, blocks freed before they were seen).

@@ -18,9 +18,10 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
+from gpuflame.boundary.backends import framework_packages
 from gpuflame.model.profile import NATIVE, PYTHON, Frame, Profile, Sample
 
-DEFAULT_FRAMEWORKS = ("torch", "jax", "jaxlib")
+DEFAULT_FRAMEWORKS = framework_packages()  # torch/, jax/, jaxlib/: every backend's framework
 
 
 def framework_regex(packages: Iterable[str]) -> re.Pattern[str]:

@@ -25,7 +25,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from IPython.display import display
 
 from gpuflame import hosted
-from gpuflame.capture.backends import BACKENDS
+from gpuflame.boundary.backends import AUTO, BACKENDS, frameworks, spoken
 from gpuflame.hosted import already_profiling, package_dirs
 from gpuflame.model import Profile
 from gpuflame.notebook import last, remember
@@ -152,7 +152,7 @@ def name_cells(profile: Profile, compiler: Any) -> Profile:
 def _nothing_recorded(backend: str, backends: list[str]) -> str:
     if not backends:
         return (f"nothing was recorded: no backend started (--backend {backend} starts when the cell, "
-                "or the kernel before it, imports torch or jax)")
+                f"or the kernel before it, imports {spoken(frameworks(AUTO))})")
     return f"nothing was recorded: the {', '.join(backends)} backend saw no allocation in this cell"
 
 

@@ -38,6 +38,8 @@ FIXTURES = pytest.StashKey[Any]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
+    from gpuflame.boundary.backends import AUTO, BACKENDS, spoken
+
     group = parser.getgroup("gpuflame", "GPU memory per test (gpuflame)")
     group.addoption("--gpuflame", action="store_true",
                     help="profile every test's GPU memory (body and fixtures separately); "
@@ -50,8 +52,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--gpuflame-tolerance", default=DEFAULT_TOLERANCE, metavar="T",
                     help="growth allowed by --gpuflame-fail-on-increase: a share (5%%) or bytes (1MiB); "
                          "default 5%%")
-    group.addoption("--gpuflame-backend", default="auto", metavar="NAME",
-                    help="auto (default), torch-cuda, torch or jax, as gpuflame run --backend")
+    group.addoption("--gpuflame-backend", default=AUTO, metavar="NAME",
+                    help=f"{AUTO} (default), {spoken(BACKENDS[1:])}, as gpuflame run --backend")
     group.addoption("--gpuflame-categories", action="store_true",
                     help="class each test's memory by what it is (parameter, gradient, optimizer_state, ...) "
                          "from the object graph: a walk of every object per test, tens of ms each; "
@@ -88,7 +90,7 @@ def _tolerance(text: str) -> Any:
 
 
 def _check_backend(name: str) -> None:
-    from gpuflame.capture.backends import BACKENDS
+    from gpuflame.boundary.backends import BACKENDS
 
     if name not in BACKENDS:
         raise pytest.UsageError(f"--gpuflame-backend must be one of {', '.join(BACKENDS)}, not {name!r}")
@@ -129,7 +131,7 @@ class GpuflamePlugin:
         return self.everything or any(item.get_closest_marker(name) for name in MARKERS)
 
     def _recorder(self) -> Any:
-        from gpuflame.capture import categories
+        from gpuflame.capture.books import categories
         from gpuflame.pytest_plugin.record import PhaseRecorder, scratch_folder
 
         if self._scratch is None:
@@ -240,7 +242,7 @@ class GpuflamePlugin:
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         if self._scratch is not None:
             shutil.rmtree(self._scratch, ignore_errors=True)
-            from gpuflame.capture import categories
+            from gpuflame.capture.books import categories
 
             categories.set_graph_walk(True)  # the process's own default again (pytester runs in-process)
         cache = getattr(self.config, "cache", None)

@@ -19,6 +19,7 @@ import pluggy
 
 from gpuflame import hosted
 from gpuflame.analysis.summary import widest_leaf
+from gpuflame.boundary.backends import frameworks, spoken
 from gpuflame.hosted import already_profiling, backend_for_now, package_dirs
 from gpuflame.model import Profile
 
@@ -69,7 +70,7 @@ class PhaseRecorder:
             return
         backend = backend_for_now(self.backend)
         if backend is None:
-            wanted = {"auto": "torch or jax", "jax": "jax"}.get(self.backend, "torch")
+            wanted = spoken(frameworks(self.backend) or (self.backend,))
             self.error = f"{wanted} was not imported when the test started"
             return
         try:

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from gpuflame.capture.settings import env_name
+from gpuflame.boundary.settings import env_name
 from gpuflame.defaults import PUSH_TIMEOUT_S
 from gpuflame.errors import GpuflameError
 from gpuflame.formats.pprof import encode

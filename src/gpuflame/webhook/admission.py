@@ -34,7 +34,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from gpuflame import defaults
-from gpuflame.capture.backends import BACKENDS
+from gpuflame.boundary.backends import BACKENDS
 from gpuflame.units import interval_seconds
 from gpuflame.webhook.patch import (
     DEFAULT_IMAGE,

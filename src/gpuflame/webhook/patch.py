@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuflame import __version__, defaults
-from gpuflame.capture.settings import Settings, env_name
-from gpuflame.launch.contract import HOME_ENV
+from gpuflame.boundary.contract import HOME_ENV
+from gpuflame.boundary.settings import Settings, env_name
 
 MOUNT = "/gpuflame"
 VOLUME = "gpuflame"

@@ -2,7 +2,7 @@
 
 Run from the repository root: ``python tests/data/hostile/make_hostile.py``.
 Every file is a few KB at most; the ones that would be large are made in
-the tests instead (tests/test_hostile_files.py).
+the tests instead (tests/unit/formats/test_hostile_files.py).
 """
 
 from __future__ import annotations

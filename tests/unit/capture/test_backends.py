@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from gpuflame.capture import backends
-from gpuflame.capture.settings import Settings
+from gpuflame.boundary import backends
+from gpuflame.boundary.settings import Settings
+from gpuflame.capture import recorders
 
 
 def test_every_registered_backend_is_accepted_by_the_environment_and_unknown_ones_are_not() -> None:
@@ -14,7 +15,7 @@ def test_every_registered_backend_is_accepted_by_the_environment_and_unknown_one
         assert Settings.from_env({"GPUFLAME_BACKEND": name}).backend == name
     assert Settings.from_env({"GPUFLAME_BACKEND": "tensorflow"}).backend == "auto"
     with pytest.raises(ValueError, match="unknown backend 'tensorflow'"):
-        backends.create("tensorflow", None)  # type: ignore[arg-type]
+        recorders.create("tensorflow", None)  # type: ignore[arg-type]
 
 
 def test_the_frameworks_each_backend_waits_for() -> None:

@@ -1,4 +1,4 @@
-"""The ``category`` label (capture/categories.py) on both recorders of the ``torch`` backend.
+"""The ``category`` label (capture/books/categories.py) on both recorders of the ``torch`` backend.
 
 Exact bytes per category on real transformers models built from a config
 (random weights): an AdamW training loop and a generate loop with a static
@@ -18,9 +18,9 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from gpuflame.capture import categories  # noqa: E402
-from gpuflame.capture.categories import Block, split_rows, stack_category  # noqa: E402
-from gpuflame.capture.torch_tensors import TorchTensorRecorder  # noqa: E402
+from gpuflame.capture.books import categories  # noqa: E402
+from gpuflame.capture.books.categories import Block, split_rows, stack_category  # noqa: E402
+from gpuflame.capture.recorders.dispatch import TorchTensorRecorder  # noqa: E402
 from gpuflame.formats import load  # noqa: E402
 from gpuflame.model import Frame, Profile  # noqa: E402
 from tests.e2e.test_run_cli import gpuflame_run  # noqa: E402

@@ -11,7 +11,7 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from gpuflame.capture.cuda_history import SnapshotHistory
+from gpuflame.capture.recorders.torch_cuda.history import SnapshotHistory
 from gpuflame.model import Profile
 
 

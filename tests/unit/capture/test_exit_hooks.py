@@ -14,7 +14,9 @@ SCRIPT = textwrap.dedent("""
     registered = []
     real = os.register_at_fork
     os.register_at_fork = lambda **kw: (registered.append(kw), real(**kw))[1]
-    from gpuflame.capture import joint_peak, torch_allocator, torch_tensors
+    from gpuflame.capture.books import joint_peak
+    from gpuflame.capture.recorders import allocator as torch_allocator
+    from gpuflame.capture.recorders import dispatch as torch_tensors
     from gpuflame.capture.exit_hooks import HOOKS
 
     class StandInSession:  # only what the hooks call
@@ -48,8 +50,8 @@ def test_one_fork_hook_runs_the_sessions_then_each_modules_reset_once() -> None:
     assert proc.returncode == 0, proc.stderr
     seen = json.loads(proc.stdout.splitlines()[-1])
     assert seen["registered"] == 1  # joint_peak, both torch recorders and the sessions share the one hook
-    assert seen["modules"] == ["gpuflame.capture.joint_peak", "gpuflame.capture.torch_allocator",
-                               "gpuflame.capture.torch_tensors.recorder"]
+    assert seen["modules"] == ["gpuflame.capture.books.joint_peak", "gpuflame.capture.recorders.allocator",
+                               "gpuflame.capture.recorders.dispatch.recorder"]
     assert seen["child"] == ["session", "reset"]
 
 

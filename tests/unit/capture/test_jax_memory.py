@@ -12,7 +12,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 jax = pytest.importorskip("jax")
 jnp = pytest.importorskip("jax.numpy")
 
-from gpuflame.capture.jax_memory import JaxMemoryRecorder, take_profile  # noqa: E402
+from gpuflame.capture.recorders.jax_memory import JaxMemoryRecorder, take_profile  # noqa: E402
 from gpuflame.model import Profile  # noqa: E402
 
 PEAK, PEAK_N, INUSE, INUSE_N = range(4)
@@ -158,7 +158,7 @@ def test_phases_are_sampled_at_each_change() -> None:
     table holds each phase's largest sampled total (here every buffer lives to its phase's end: exact),
     and samples carry no phase label."""
     import gpuflame
-    from gpuflame.capture import phases
+    from gpuflame.capture.books import phases
 
     rec = JaxMemoryRecorder()
     base = sum(a.nbytes for a in jax.live_arrays())

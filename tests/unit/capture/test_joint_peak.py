@@ -304,7 +304,7 @@ def test_windows_apart_in_time_merge_by_max_per_device() -> None:
 def test_jax_peak_says_it_is_sampled_and_how_to_sharpen_it() -> None:
     import jax.numpy as jnp
 
-    from gpuflame.capture.jax_memory import take_profile
+    from gpuflame.capture.recorders.jax_memory import take_profile
 
     kept = jnp.ones((1000,))
     profile = take_profile()

@@ -14,8 +14,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from gpuflame.capture.native import NativeUnavailable, elf_symbols, load_cpu_hook  # noqa: E402
-from gpuflame.capture.torch_allocator import TorchAllocatorRecorder  # noqa: E402
+from gpuflame.capture.recorders.allocator import TorchAllocatorRecorder  # noqa: E402
+from gpuflame.capture.recorders.allocator.native import NativeUnavailable, elf_symbols, load_cpu_hook  # noqa: E402
 
 try:
     HOOK = load_cpu_hook()

@@ -21,7 +21,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 import gpuflame  # noqa: E402
-from gpuflame.capture import auto_phases, phases  # noqa: E402
+from gpuflame.capture.books import auto_phases, phases  # noqa: E402
 from gpuflame.formats import pprof  # noqa: E402
 from gpuflame.model import (  # noqa: E402
     Frame,
@@ -156,7 +156,7 @@ def test_llama_load_train_generate_exact_per_phase(recorder: str) -> None:
 
 
 def _cache_tensors(cache: Any) -> list[Any]:
-    from gpuflame.capture import categories
+    from gpuflame.capture.books import categories
 
     return list(categories._tensors_in(vars(cache), 4))
 

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from gpuflame.boundary.settings import Settings
 from gpuflame.capture.post_import import when_imported
 from gpuflame.capture.session import Session
-from gpuflame.capture.settings import Settings
 from gpuflame.formats import load
 from gpuflame.model import Profile
 from tests.helpers.paths import REPO
@@ -123,7 +123,7 @@ def test_sigterm_writes_the_profile_and_the_process_still_dies_of_sigterm(tmp_pa
         sys.path.insert(0, {str(REPO)!r})
         from tests.helpers.standin_recorder import StandInRecorder
         from gpuflame.capture.session import Session
-        from gpuflame.capture.settings import Settings
+        from gpuflame.boundary.settings import Settings
         s = Session(Settings(session_dir={str(tmp_path)!r}))
         s.install_exit_hooks()
         s.add(StandInRecorder())
@@ -142,7 +142,7 @@ import os, signal, sys, threading, time
 sys.path.insert(0, {tests!r})
 from tests.helpers.standin_recorder import StandInRecorder
 from gpuflame.capture.session import Session, _save
-from gpuflame.capture.settings import Settings
+from gpuflame.boundary.settings import Settings
 
 sleeper = threading.Thread(target=time.sleep, args=(30,), daemon=True)
 sleeper.start()
@@ -225,7 +225,7 @@ def test_a_program_that_ignores_sigterm_keeps_being_recorded(tmp_path: Path) -> 
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         from tests.helpers.standin_recorder import StandInRecorder
         from gpuflame.capture.session import Session
-        from gpuflame.capture.settings import Settings
+        from gpuflame.boundary.settings import Settings
         s = Session(Settings(session_dir={str(tmp_path)!r}))
         s.install_exit_hooks()
         s.add(StandInRecorder())
@@ -253,11 +253,11 @@ def test_a_profile_that_has_the_pid_already_is_the_one_a_merge_would_give(tmp_pa
     """The torch recorder labels its samples and timeline with the pid: taken as is, equal to merging it."""
     import torch
 
-    from gpuflame.capture import backends
+    from gpuflame.capture import recorders
     from gpuflame.model import merge
 
     s = Session(Settings(backend="torch", follow=False), path=tmp_path / "p.pb.gz")
-    recorder = backends.create("torch", s)
+    recorder = recorders.create("torch", s)
     s.add(recorder)
     kept = torch.nn.Linear(8, 8)(torch.randn(2, 8))  # noqa: F841
     recorder.stop()

@@ -1,4 +1,4 @@
-"""The per-site row (capture/site_row.py): one definition that the profile, the ledger and the C++ hook agree on."""
+"""The per-site row (capture/books/site_row.py): one definition the profile, the ledger and the C++ hook agree on."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from gpuflame.capture import site_row  # noqa: E402
 from gpuflame.capture.base import empty_profile  # noqa: E402
-from gpuflame.capture.native import NativeUnavailable, load_cpu_hook  # noqa: E402
-from gpuflame.capture.site_row import ALLOC, COUNT, INUSE, JOINT, PEAK  # noqa: E402
-from gpuflame.capture.torch_allocator import TorchAllocatorRecorder  # noqa: E402
-from gpuflame.capture.torch_tensors import TorchTensorRecorder  # noqa: E402
+from gpuflame.capture.books import site_row  # noqa: E402
+from gpuflame.capture.books.site_row import ALLOC, COUNT, INUSE, JOINT, PEAK  # noqa: E402
+from gpuflame.capture.recorders.allocator import TorchAllocatorRecorder  # noqa: E402
+from gpuflame.capture.recorders.allocator.native import NativeUnavailable, load_cpu_hook  # noqa: E402
+from gpuflame.capture.recorders.dispatch import TorchTensorRecorder  # noqa: E402
 from gpuflame.model.sample_types import JOINT_PEAK_OBJECTS, JOINT_PEAK_SPACE  # noqa: E402
 
 

@@ -1,6 +1,6 @@
 """The ``torch`` backend's CPU allocator hook: every CPU allocation, with its exact Python stack.
 
-The same questions as tests/test_capture_torch.py (the dispatch mode), asked
+The same questions as tests/unit/capture/test_torch_tensors.py (the dispatch mode), asked
 of the C++ hook that ``auto`` picks on a CPU-only machine: exact bytes,
 views and in-place ops not counted, nothing made before start() attributed,
 resize_, threads, real transformers models. Expectations come from torch
@@ -28,10 +28,11 @@ from tests.helpers.paths import REPO
 
 torch = pytest.importorskip("torch")
 
-from gpuflame.capture import backends, native  # noqa: E402
-from gpuflame.capture.native import NativeUnavailable, load_cpu_hook  # noqa: E402
-from gpuflame.capture.torch_allocator import TorchAllocatorRecorder  # noqa: E402
-from gpuflame.capture.torch_tensors import TorchTensorRecorder  # noqa: E402
+from gpuflame.boundary import backends  # noqa: E402
+from gpuflame.capture.recorders import torch_hook  # noqa: E402
+from gpuflame.capture.recorders.allocator import TorchAllocatorRecorder, native  # noqa: E402
+from gpuflame.capture.recorders.allocator.native import NativeUnavailable, load_cpu_hook  # noqa: E402
+from gpuflame.capture.recorders.dispatch import TorchTensorRecorder  # noqa: E402
 from gpuflame.formats import load, pprof  # noqa: E402
 from gpuflame.model import Profile  # noqa: E402
 from gpuflame.symbols.names import short_cpp_name  # noqa: E402
@@ -434,11 +435,11 @@ def test_forks_under_allocation_churn_never_deadlock_and_children_record() -> No
 
 
 def test_a_recording_inside_a_recording_falls_back_to_the_dispatch_mode() -> None:
-    outer = backends.torch_recorder("auto", print)
+    outer = torch_hook.torch_recorder("auto", print)
     assert isinstance(outer, TorchAllocatorRecorder)
     outer.start()
     try:
-        inner = backends.torch_recorder("auto", print)
+        inner = torch_hook.torch_recorder("auto", print)
         assert isinstance(inner, TorchTensorRecorder)
         with inner:
             x, line = torch.empty(30), here()
@@ -450,20 +451,20 @@ def test_a_recording_inside_a_recording_falls_back_to_the_dispatch_mode() -> Non
 
 def test_the_hook_choice(monkeypatch: pytest.MonkeyPatch) -> None:
     said: list[str] = []
-    assert isinstance(backends.torch_recorder("dispatch", said.append), TorchTensorRecorder)
-    assert isinstance(backends.torch_recorder("allocator", said.append), TorchAllocatorRecorder)
+    assert isinstance(torch_hook.torch_recorder("dispatch", said.append), TorchTensorRecorder)
+    assert isinstance(torch_hook.torch_recorder("allocator", said.append), TorchAllocatorRecorder)
     monkeypatch.setattr(backends, "accelerator", lambda torch: "mps")  # an accelerator: auto takes dispatch
-    assert isinstance(backends.torch_recorder("auto", said.append), TorchTensorRecorder)
+    assert isinstance(torch_hook.torch_recorder("auto", said.append), TorchTensorRecorder)
     monkeypatch.undo()
 
     def unavailable() -> Any:
         raise NativeUnavailable("no C++ compiler found (install g++, or set CXX)")
 
     monkeypatch.setattr(native, "load_cpu_hook", unavailable)
-    assert isinstance(backends.torch_recorder("auto", said.append), TorchTensorRecorder)
+    assert isinstance(torch_hook.torch_recorder("auto", said.append), TorchTensorRecorder)
     assert len(said) == 1 and "no C++ compiler found" in said[0] and "dispatch mode" in said[0]
     with pytest.raises(NativeUnavailable):
-        backends.torch_recorder("allocator", said.append)
+        torch_hook.torch_recorder("allocator", said.append)
 
 
 def test_an_internal_error_keeps_the_workload_going(monkeypatch: pytest.MonkeyPatch,
@@ -750,7 +751,7 @@ def test_gpuflame_run_native_gives_native_frames(tmp_path: Path) -> None:
 
 def test_threads_without_a_python_stack_say_the_running_phase() -> None:
     import gpuflame
-    from gpuflame.capture import phases
+    from gpuflame.capture.books import phases
 
     _scripted_fork(4)
 

@@ -2,8 +2,8 @@
 
 Each test runs once per recorder (the ``make_recorder`` fixture); what only
 one of them does (kernel temporaries, tagged stacks, the hook's build and
-fallback) is tested in tests/test_capture_torch.py (dispatch) and
-tests/test_capture_torch_allocator.py (allocator hook). Expectations come
+fallback) is tested in tests/unit/capture/test_torch_tensors.py (dispatch) and
+tests/unit/capture/test_torch_allocator.py (allocator hook). Expectations come
 from torch itself (``nbytes()``, ``numel() * element_size()``), never from
 the recorder.
 """
@@ -23,9 +23,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from gpuflame.capture.base import Recorder  # noqa: E402
-from gpuflame.capture.native import NativeUnavailable, load_cpu_hook  # noqa: E402
-from gpuflame.capture.torch_allocator import TorchAllocatorRecorder  # noqa: E402
-from gpuflame.capture.torch_tensors import TorchTensorRecorder  # noqa: E402
+from gpuflame.capture.recorders.allocator import TorchAllocatorRecorder  # noqa: E402
+from gpuflame.capture.recorders.allocator.native import NativeUnavailable, load_cpu_hook  # noqa: E402
+from gpuflame.capture.recorders.dispatch import TorchTensorRecorder  # noqa: E402
 from gpuflame.errors import GpuflameError  # noqa: E402
 from gpuflame.formats import pprof  # noqa: E402
 from gpuflame.model import Profile, moment  # noqa: E402

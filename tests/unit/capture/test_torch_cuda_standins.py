@@ -26,10 +26,11 @@ import pytest
 torch = pytest.importorskip("torch")
 make_snapshots = pytest.importorskip("tests.fixtures.make_snapshots")
 
-from gpuflame.capture import backends, torch_cuda  # noqa: E402
+from gpuflame.boundary.settings import Settings  # noqa: E402
+from gpuflame.capture import recorders  # noqa: E402
+from gpuflame.capture.recorders import torch_cuda  # noqa: E402
+from gpuflame.capture.recorders.torch_cuda import TorchCudaRecorder  # noqa: E402
 from gpuflame.capture.session import Session  # noqa: E402
-from gpuflame.capture.settings import Settings  # noqa: E402
-from gpuflame.capture.torch_cuda import TorchCudaRecorder  # noqa: E402
 from gpuflame.errors import GpuflameError  # noqa: E402
 from gpuflame.formats import load, save  # noqa: E402
 from gpuflame.formats.torch_snapshot import from_snapshot  # noqa: E402
@@ -142,7 +143,7 @@ def test_an_oom_writes_the_profile_at_that_moment(cuda: StandInCuda, tmp_path: P
     cuda.snapshot = make_snapshots.build_all()["handwritten_oom"]
     out = tmp_path / "oom.pb.gz"
     session = Session(Settings(session_dir=str(tmp_path), backend="torch-cuda", follow=False), path=out)
-    session.add(backends.create("torch-cuda", session))
+    session.add(recorders.create("torch-cuda", session))
     assert cuda.observers and not out.exists()
     cuda.observers[-1](0, 40 << 30, 79 << 30, 512 * MiB)  # the allocator, on an out-of-memory error
     profile = load(out)
@@ -185,7 +186,7 @@ def test_categories_from_the_object_graph_and_the_stacks(cuda: StandInCuda, monk
     """Stand-in: CUDA blocks cannot exist here, so the hand-written snapshot's blocks are moved (with their
     trace events) to the addresses of real CPU tensors: two become a module's parameters, one a parameter's
     ``.grad``; the graph walk is the real one. The rest are classed by their stacks."""
-    from gpuflame.capture.categories import CATEGORIES, LABEL
+    from gpuflame.capture.books.categories import CATEGORIES, LABEL
 
     model = torch.nn.Linear(4, 4)
     model.weight.grad = torch.zeros_like(model.weight)
@@ -227,7 +228,7 @@ def test_categories_from_the_object_graph_and_the_stacks(cuda: StandInCuda, monk
 def test_phases_replayed_against_the_trace(cuda: StandInCuda, monkeypatch: pytest.MonkeyPatch) -> None:
     """Stand-in: the hand-written snapshot's trace runs on its own clock, so the phase marks are stamped on
     it (``phases._clock``) at three of its moments; the expected peaks come from a naive replay here."""
-    from gpuflame.capture import phases
+    from gpuflame.capture.books import phases
     from gpuflame.model.phases import LABEL
 
     trace = cuda.snapshot["device_traces"][0]

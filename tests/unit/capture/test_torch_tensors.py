@@ -21,8 +21,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from gpuflame.capture import code_frames, torch_tensors  # noqa: E402
-from gpuflame.capture.torch_tensors import TorchTensorRecorder  # noqa: E402
+from gpuflame.capture import code_frames  # noqa: E402
+from gpuflame.capture.recorders import dispatch  # noqa: E402
+from gpuflame.capture.recorders.dispatch import TorchTensorRecorder  # noqa: E402
 from gpuflame.model import Profile  # noqa: E402
 from tests.helpers.torch_helpers import (  # noqa: E402
     ALLOC,
@@ -164,7 +165,7 @@ def test_meta_tensors_hold_no_memory() -> None:
 
 
 def test_many_events_are_replayed_in_order() -> None:
-    n = 3 * torch_tensors.Ledger.BATCH
+    n = 3 * dispatch.Ledger.BATCH
 
     def work() -> Any:
         x = None
@@ -221,7 +222,7 @@ def checked_stacks(monkeypatch: pytest.MonkeyPatch) -> StackCheck:
     exactly the op's caller's); free events (dead storage) pass through.
     """
     check = StackCheck()
-    original_init = torch_tensors.Ledger.__init__
+    original_init = dispatch.Ledger.__init__
     original_start = TorchTensorRecorder._start
 
     class CheckingQueue(deque):  # type: ignore[type-arg]
@@ -245,7 +246,7 @@ def checked_stacks(monkeypatch: pytest.MonkeyPatch) -> StackCheck:
         check.recorder = self
         original_start(self)
 
-    monkeypatch.setattr(torch_tensors.Ledger, "__init__", init)
+    monkeypatch.setattr(dispatch.Ledger, "__init__", init)
     monkeypatch.setattr(TorchTensorRecorder, "_start", start)
     return check
 
@@ -390,7 +391,7 @@ def test_internal_error_keeps_results_and_is_reported_once(
     def broken(self: Any, f: Any) -> int:
         raise RuntimeError("injected fault")
 
-    monkeypatch.setattr(torch_tensors.Stacks, "above", broken)
+    monkeypatch.setattr(dispatch.Stacks, "above", broken)
     profile, got, rec = record(workload)
     assert torch.equal(got, expected)
     err = capsys.readouterr().err
@@ -406,7 +407,7 @@ def test_a_failing_profile_build_returns_an_empty_profile(
     rec = TorchTensorRecorder()
     rec.start()
     x = torch.empty(10)
-    monkeypatch.setattr(torch_tensors.Ledger, "rows", lambda self: 1 / 0)
+    monkeypatch.setattr(dispatch.Ledger, "rows", lambda self: 1 / 0)
     profile = rec.snapshot()
     rec.stop()
     assert len(profile) == 0 and "ZeroDivisionError" in capsys.readouterr().err
@@ -419,7 +420,7 @@ def test_a_failing_start_leaves_torch_untouched(
     def boom(recorder: Any) -> Any:
         raise ImportError("no torch here")
 
-    monkeypatch.setattr(torch_tensors.recorder, "_make_mode", boom)
+    monkeypatch.setattr(dispatch.recorder, "_make_mode", boom)
     rec = TorchTensorRecorder()
     rec.start()
     assert torch.ones(3).sum().item() == 3
@@ -625,7 +626,7 @@ def test_gpuflames_own_threads_are_not_followed() -> None:
 
     from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-    from gpuflame.capture.torch_tensors import TorchTensorRecorder
+    from gpuflame.capture.recorders.dispatch import TorchTensorRecorder
 
     seen: dict[str, object] = {}
 

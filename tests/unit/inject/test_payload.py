@@ -36,11 +36,22 @@ print("OK", gpuflame.__file__)
 
 
 
+def assert_recorded_the_workload(sessions: Path) -> None:
+    """The one process wrote its profile, holding the workload's 3 MiB under its own function."""
+    [profile_file] = sessions.glob("proc-*.pb.gz")
+    profile = load(str(profile_file))
+    names = {profile.frames[i].name for s in profile.samples for i in s.stack}
+    assert "payload_allocation" in names
+    assert max(profile.totals().values()) >= 3 * 1024 * 1024
+
+
 def test_install_lays_out_lib_bootstrap_sessions(tmp_path: Path) -> None:
     dest = install(tmp_path / "gpuflame")
     assert (dest / "bootstrap" / "sitecustomize.py").is_file()
     assert (dest / "lib" / "gpuflame" / "capture" / "autostart.py").is_file()
     assert (dest / "lib" / "gpuflame" / "ship" / "pyroscope.py").is_file()
+    assert (dest / "lib" / "gpuflame" / "boundary" / "settings.py").is_file()  # both sides' contract
+    assert (dest / "lib" / "gpuflame" / "capture" / "recorders" / "allocator" / "native" / "cpu_hook.cpp").is_file()
     assert (dest / "sessions").stat().st_mode & 0o1777 == 0o1777
     assert not list(dest.rglob("*.new"))
 
@@ -81,8 +92,29 @@ def test_payload_starts_the_profiler_in_a_fresh_process(tmp_path: Path) -> None:
                             capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stderr
     assert "gpuflame:" not in result.stderr, result.stderr
-    [profile_file] = sessions.glob("proc-*.pb.gz")
-    profile = load(str(profile_file))
-    names = {profile.frames[i].name for s in profile.samples for i in s.stack}
-    assert "payload_allocation" in names
-    assert max(profile.totals().values()) >= 3 * 1024 * 1024
+    assert_recorded_the_workload(sessions)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("hook", ["allocator", "dispatch"])
+def test_the_payload_records_on_a_bare_interpreter_with_numpy_and_rich_blocked(tmp_path: Path, hook: str) -> None:
+    """The payload ships no dependency: its bootstrap, started after a block on numpy and rich, still records."""
+    pytest.importorskip("torch")
+    from test_architecture import BLOCK
+
+    dest = install(tmp_path / "gpuflame")
+    sessions = tmp_path / "session"
+    script = tmp_path / "workload.py"
+    script.write_text(textwrap.dedent(SCRIPT).format(site=sysconfig.get_paths()["purelib"], lib=str(dest / "lib")))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GPUFLAME_", "PYTHON", "VIRTUAL_ENV"))}
+    env.update(webhook_env(dest, sessions), GPUFLAME_TORCH_HOOK=hook)
+    # -S: no site, so the bootstrap's sitecustomize runs where this says, after the block
+    start = BLOCK + f"\nimport sitecustomize, runpy\nrunpy.run_path({str(script)!r}, run_name='__main__')\n" \
+        "print('BY_GPUFLAME', [a for a in attempts if ' -> ' in a])\n"  # torch's own tries are its business
+    python = getattr(sys, "_base_executable", sys.executable)
+    result = subprocess.run([python, "-S", "-s", "-c", start], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[-1] == "BY_GPUFLAME []", result.stdout
+    assert "gpuflame:" not in result.stderr, result.stderr
+    assert_recorded_the_workload(sessions)

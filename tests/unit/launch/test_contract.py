@@ -1,4 +1,4 @@
-"""The launcher <-> profiled-process contract (launch/contract.py): file names, pids, the child's environment."""
+"""The launcher <-> profiled-process contract (boundary/contract.py): file names, pids, the child's environment."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuflame.capture.settings import Settings
-from gpuflame.launch import contract
+from gpuflame.boundary import contract
+from gpuflame.boundary.settings import Settings
 
 
 def test_every_per_process_file_gives_its_pid_back() -> None:

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
+from gpuflame.boundary.contract import STARTED_FILE
 from gpuflame.cli.main import build_parser
 from gpuflame.formats import load
-from gpuflame.launch.contract import STARTED_FILE
-from tests.e2e.test_full_disk import SRC
+from tests.helpers.children import SRC
 
 PROGRAM = """\
 import os, subprocess, sys

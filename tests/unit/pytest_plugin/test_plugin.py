@@ -26,7 +26,7 @@ pytest_plugins = ("pytester",)
 @pytest.fixture(autouse=True)
 def _compiled_hook_cache(monkeypatch: pytest.MonkeyPatch) -> None:
     """pytester moves HOME; keep the CPU allocator hook compiled once, in the user's cache."""
-    from gpuflame.capture.native import cache_dir
+    from gpuflame.capture.recorders.allocator.native import cache_dir
 
     monkeypatch.setenv("GPUFLAME_CACHE_DIR", str(cache_dir()))
 
@@ -270,7 +270,8 @@ def test_no_backend_start_is_left_waiting_for_an_import(pytester: pytest.Pyteste
     ``import jax`` must not start recorders into the stopped sessions of earlier tests."""
     pytester.makepyfile(test_pending="""
 import torch
-from gpuflame.capture import auto_phases, post_import
+from gpuflame.capture.books import auto_phases
+from gpuflame.capture import post_import
 
 def test_allocates():
     x = torch.empty(1 << 20, dtype=torch.uint8)
@@ -312,7 +313,7 @@ def test_categories_from_the_object_graph_only_when_asked(pytester: pytest.Pytes
 
 def test_a_run_without_categories_leaves_the_graph_walk_on_for_the_process(pytester: pytest.Pytester) -> None:
     """The switch is the process's: after an in-process run the walk is back on for what comes next."""
-    from gpuflame.capture import categories
+    from gpuflame.capture.books import categories
 
     pytester.makepyfile(test_layer=CATEGORY_SUITE)
     pytester.runpytest_inprocess("--gpuflame", "-p", "no:cacheprovider").assert_outcomes(passed=1)

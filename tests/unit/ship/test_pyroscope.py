@@ -571,7 +571,7 @@ def test_the_demo_pushes_its_kv_cache_and_weights_by_name(
 
 def test_gpu_and_gpu_model_become_series_labels(server: Server, push_pb2, profile_pb2) -> None:
     """The torch-cuda backend labels samples with the device and its model name (no GPU here: set by hand)."""
-    from gpuflame.capture.torch_cuda import label_gpu_models
+    from gpuflame.capture.recorders.torch_cuda import label_gpu_models
 
     p = two_device_profile()
     label_gpu_models(p, {"cuda:0": "NVIDIA H200", "cuda:1": "NVIDIA H200"})

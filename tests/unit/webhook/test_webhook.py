@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from gpuflame.capture.settings import Settings
+from gpuflame.boundary.settings import Settings
 from gpuflame.cli.main import main
 from gpuflame.webhook import admission
 from gpuflame.webhook.admission import Config

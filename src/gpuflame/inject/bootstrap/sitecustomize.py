@@ -13,7 +13,7 @@ import sys
 
 def _gpuflame_start() -> None:
     try:
-        home = os.environ.get("GPUFLAME_HOME")  # launch/contract.py:HOME_ENV (gpuflame is not importable yet)
+        home = os.environ.get("GPUFLAME_HOME")  # boundary/contract.py:HOME_ENV (gpuflame is not importable yet)
         if home and home not in sys.path:
             sys.path.append(home)
         from gpuflame.capture.autostart import start_from_env

@@ -33,12 +33,13 @@ import time
 from array import array
 from types import ModuleType
 
-from gpuflame.capture import auto_phases, categories, joint_peak, phase_table, phases, site_row
+from gpuflame.boundary.backends import TORCH
 from gpuflame.capture.base import Recorder, empty_profile
+from gpuflame.capture.books import categories, joint_peak, phase_table, phases, site_row
 from gpuflame.capture.code_frames import CodeFrames
 from gpuflame.capture.exit_hooks import HOOKS
-from gpuflame.capture.native import elf_symbols
-from gpuflame.capture.recorder_categories import HookCategories
+from gpuflame.capture.recorders.allocator.native import elf_symbols
+from gpuflame.capture.recorders.categories import HookCategories
 from gpuflame.model import history as event_history
 from gpuflame.model import phases as phase_model
 from gpuflame.model.history import History, Track, of_track
@@ -63,8 +64,9 @@ class HookBusy(RuntimeError):
 class TorchAllocatorRecorder(Recorder):
     """CPU allocations through PyTorch's allocator after ``start()``, per Python stack."""
 
-    name = "torch (allocator hook)"  # in errors: which of the two torch recorders failed
-    backend = "torch"
+    marks_known_phases = True
+    name = f"{TORCH} (allocator hook)"  # in errors: which of the two torch recorders failed
+    backend = TORCH
 
     def __init__(self, hook: ModuleType | None = None, native: bool = False) -> None:
         super().__init__()
@@ -77,7 +79,7 @@ class TorchAllocatorRecorder(Recorder):
         # the hook's books are one per process and the next window resets them, so the
         # books of a stopped window are copied out at stop(): (rows, totals, timeline)
         self._final: tuple[list[tuple[int, ...]], dict[str, int], list[tuple[int, int]], list] | None = None
-        self._table = -1  # the run's shared peak table for the CPU (capture/joint_peak.py), -1 for none
+        self._table = -1  # the run's shared peak table for the CPU (capture/books/joint_peak.py), -1 for none
         self._table_problem = ""
         self._kinds = HookCategories(self)
         self._final_history: tuple | None = None  # the hook's history() at stop()
@@ -88,7 +90,7 @@ class TorchAllocatorRecorder(Recorder):
     def _start(self) -> None:
         global _busy
         if self._hook is None:
-            from gpuflame.capture.native import load_cpu_hook
+            from gpuflame.capture.recorders.allocator.native import load_cpu_hook
 
             self._hook = load_cpu_hook()
         with _busy_lock:
@@ -107,9 +109,10 @@ class TorchAllocatorRecorder(Recorder):
             raise
         self._final = None
         self._kinds.start()
-        auto_phases.install()  # transformers' and vLLM's known phases (README)
-        phases.listen(self._on_phase)
-        self._hook.set_phase(phases.current())  # started inside a phase: it runs from here
+        self._listen_to_phases()
+
+    def _entered_phase(self, phase_id: int) -> None:
+        self._hook.set_phase(phase_id)  # started inside a phase (or none): it runs from here
 
     def _on_phase(self, phase_id: int, _now: int) -> None:
         hook = self._hook
@@ -120,7 +123,7 @@ class TorchAllocatorRecorder(Recorder):
         try:
             if self._hook is not None and _busy is self:
                 self._hook.stop()
-                phases.unlisten(self._on_phase)
+                self._stop_listening()
                 self._kinds.stop()
                 hook = self._hook
                 self._final = (hook.rows(), hook.totals(), hook.timeline(), hook.phase_rows())

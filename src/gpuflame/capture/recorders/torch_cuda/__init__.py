@@ -8,7 +8,7 @@ replaying the trace, in use, allocated, cached free blocks) is the same one
 give the same numbers.
 
 A live process keeps taking snapshots (every ``--interval``, at exit, at an
-OOM), and :class:`~gpuflame.capture.cuda_history.SnapshotHistory` folds them
+OOM), and :class:`~gpuflame.capture.recorders.torch_cuda.history.SnapshotHistory` folds them
 so that peak and allocated cover the whole run although PyTorch's ring
 buffer holds only the last ``max_entries`` events.
 
@@ -27,19 +27,22 @@ This backend needs a GPU and is tested in ``tests/gpu/``.
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gpuflame.capture import auto_phases, phases
+from gpuflame.boundary.backends import TORCH_CUDA
 from gpuflame.capture.base import Recorder, empty_profile
-from gpuflame.capture.cuda_history import SnapshotHistory
-from gpuflame.capture.recorder_categories import mark_categories
+from gpuflame.capture.books import phases
+from gpuflame.capture.recorders.categories import mark_categories
+from gpuflame.capture.recorders.torch_cuda.history import SnapshotHistory
 from gpuflame.formats.snapshot_phases import PHASES_KEY
 from gpuflame.model import SYNTHETIC, Frame, Profile, categories, make_labels
 from gpuflame.model import phases as phase_model
 from gpuflame.symbols.names import OUTSIDE_FRAMEWORK
+
+if TYPE_CHECKING:
+    from gpuflame.capture.session import Session
 
 # Trace entries kept by PyTorch's ring buffer: about 100 bytes each plus the
 # stacks, shared. Enough for minutes of a training step; a comment in the
@@ -47,11 +50,17 @@ from gpuflame.symbols.names import OUTSIDE_FRAMEWORK
 DEFAULT_MAX_ENTRIES = 200_000
 
 
+def create(session: Session) -> TorchCudaRecorder:
+    """The ``torch-cuda`` backend's recorder for *session* (its registry line names this module)."""
+    return TorchCudaRecorder(on_oom=session.write, native=session.settings.native)
+
+
 class TorchCudaRecorder(Recorder):
     """Caching-allocator history with Python stacks, snapshots on demand and at OOM."""
 
-    name = "torch-cuda"
-    backend = "torch-cuda"
+    marks_known_phases = True
+    name = TORCH_CUDA
+    backend = TORCH_CUDA
 
     def __init__(
         self,
@@ -73,10 +82,7 @@ class TorchCudaRecorder(Recorder):
     def _start(self) -> None:
         import torch
 
-        auto_phases.install()  # transformers' and vLLM's known phases (README)
-        phases.listen(self._on_phase)
-        if phases.current():  # started inside a phase: it runs from here
-            self._on_phase(phases.current(), time.time_ns())
+        self._listen_to_phases()  # started inside a phase: it runs from here
 
         torch.cuda.memory._record_memory_history(
             enabled="all",
@@ -91,7 +97,7 @@ class TorchCudaRecorder(Recorder):
     def _stop(self) -> None:
         import torch
 
-        phases.unlisten(self._on_phase)
+        self._stop_listening()
         torch.cuda.memory._record_memory_history(enabled=None)
 
     def _snapshot(self) -> Profile:

@@ -12,12 +12,12 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 
-from gpuflame.capture.backends import BACKENDS, TORCH_HOOKS, say
+from gpuflame.boundary.backends import BACKENDS, TORCH_HOOKS, say
 from gpuflame.defaults import BACKEND, PUSH_FLUSH_S, PUSH_TIMEOUT_S, TORCH_HOOK
 from gpuflame.units import interval_seconds
 
 PREFIX = "GPUFLAME_"
-__all__ = ["BACKENDS", "PREFIX", "TORCH_HOOKS", "Settings", "env_name"]  # BACKENDS, TORCH_HOOKS: capture/backends.py
+__all__ = ["BACKENDS", "PREFIX", "TORCH_HOOKS", "Settings", "env_name"]  # BACKENDS, TORCH_HOOKS: boundary/backends.py
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,7 @@ class Settings:
     torch_hook: str = TORCH_HOOK  # torch backend: allocator (CPU, fast), dispatch (any device), auto
     keep_framework: bool = False  # keep framework-internal frames (jax/, jaxlib/) the jax backend prunes
     root_pid: int = 0  # the process gpuflame run started
-    # continuous mode (ship/continuous.py); secrets never travel here, only the files that hold them
+    # continuous mode (capture/continuous.py); secrets never travel here, only the files that hold them
     pyroscope_url: str = ""
     service_name: str = ""
     tenant: str = ""  # X-Scope-OrgID

@@ -1,4 +1,4 @@
-"""Each torch recorder's blocks split by category (the rules live in capture/categories.py).
+"""Each torch recorder's blocks split by category (the rules live in capture/books/categories.py).
 
 One adapter per recorder, so the recorders' own modules change by a few
 lines: tags are set at every optimizer step and every profile, the rows
@@ -9,16 +9,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from gpuflame.capture import categories
+from gpuflame.capture.books import categories
 from gpuflame.model.categories import BLOCK_CATEGORY_KEY, CATEGORIES_KEY
 
 if TYPE_CHECKING:
-    from gpuflame.capture.torch_allocator import TorchAllocatorRecorder
-    from gpuflame.capture.torch_tensors import Ledger, TorchTensorRecorder
+    from gpuflame.capture.recorders.allocator import TorchAllocatorRecorder
+    from gpuflame.capture.recorders.dispatch import Ledger, TorchTensorRecorder
 
 
 class HookCategories:
-    """The hook's blocks split by category (capture/categories.py): tags at each optimizer step and snapshot."""
+    """The hook's blocks split by category (capture/books/categories.py): tags at each optimizer step and snapshot."""
 
     def __init__(self, recorder: TorchAllocatorRecorder) -> None:
         self.recorder = recorder
@@ -46,7 +46,7 @@ class HookCategories:
     def rows(self, rows: list[tuple[int, ...]], joint_is_peak: bool = False) -> dict[tuple[int, str], list[int]]:
         """Per (site, category) rows, the live blocks classed by the object graph as it is now.
 
-        *rows* are the hook's ``rows()``: ``(site, *row)``, the row of capture/site_row.py.
+        *rows* are the hook's ``rows()``: ``(site, *row)``, the row of capture/books/site_row.py.
         """
         hook = self.recorder._hook
         assert hook is not None

@@ -20,9 +20,9 @@ import re
 import threading
 from types import ModuleType
 
+from gpuflame.boundary.contract import TABLE_FILE
+from gpuflame.boundary.settings import env_name
 from gpuflame.capture.exit_hooks import HOOKS
-from gpuflame.capture.settings import env_name
-from gpuflame.launch.contract import TABLE_FILE
 
 SESSION_ENV = env_name("session_dir")  # set by gpuflame run for every process
 

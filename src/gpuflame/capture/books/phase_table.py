@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from gpuflame.capture import phases
+from gpuflame.capture.books import phases
 from gpuflame.model.phases import PhaseStat, ordered
 
 # (phase id, start ns, end ns (0: still running), peak, peak ns, in use at end, [(site, bytes at the peak)])

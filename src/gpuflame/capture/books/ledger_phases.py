@@ -1,4 +1,4 @@
-"""The dispatch recorder's per-phase books (capture/torch_tensors/ledger.py), exact.
+"""The dispatch recorder's per-phase books (capture/recorders/dispatch/ledger.py), exact.
 
 Phase changes are queued among the ledger's events as ``(None, phase id,
 epoch ns)`` (a joint mark is ``(device, epoch, highest total)``), so they
@@ -60,7 +60,7 @@ class LedgerPhases:
                 book.gone[site] = book.gone.get(site, 0) + nbytes
 
     def rows(self, live: list[Any], total: int) -> list[tuple[int, int, int, int, int, int, list[tuple[int, int]]]]:
-        """As capture/phase_table.py reads them; *live*: the ledger's live references (copied)."""
+        """As capture/books/phase_table.py reads them; *live*: the ledger's live references (copied)."""
         out = []
         for phase_id, book in self.books.items():
             at_peak = dict(book.gone)

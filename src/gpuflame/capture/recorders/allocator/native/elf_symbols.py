@@ -24,40 +24,21 @@ import re
 import struct
 from functools import lru_cache
 
-import numpy as np
-
-_SYM = np.dtype(
-    [("name", "<u4"), ("info", "u1"), ("other", "u1"), ("shndx", "<u2"), ("value", "<u8"), ("size", "<u8")]
-)
-_SHT_SYMTAB = 2
-_STT_FUNC = 2
-_PT_LOAD = 1
-_PAGE = 4096
+from gpuflame.symbols.elf import ElfError, FunctionTable, first_load_vaddr, function_table, is_elf64le, program_headers
 
 
 class LibrarySymbols:
-    """The function symbols of one mapped library, sorted by address, and its load bias."""
+    """The function symbols of one mapped library (``symbols/elf.py``'s table) and its load bias."""
 
-    def __init__(self, path: str, bias: int, starts: np.ndarray, ends: np.ndarray,
-                 names: np.ndarray, data: mmap.mmap, strings_end: int) -> None:
+    def __init__(self, path: str, bias: int, table: FunctionTable, data: mmap.mmap) -> None:
         self.path = path
         self.bias = bias
-        self._starts = starts
-        self._ends = ends
-        self._names = names  # file offsets of the names in the string table
-        self._data = data
-        self._strings_end = strings_end
+        self._table = table
+        self._data = data  # the mapping the names are read from, kept open
 
     def name(self, address: int) -> str | None:
         """The mangled name of the function holding return address *address*, if the table has it."""
-        where = address - 1 - self.bias  # a return address points after the call
-        i = int(np.searchsorted(self._starts, where, side="right")) - 1
-        if i < 0 or where >= int(self._ends[i]):
-            return None
-        offset = int(self._names[i])
-        end = self._data.find(b"\0", offset, self._strings_end)
-        raw = self._data[offset : end if end >= 0 else self._strings_end]
-        return raw.decode("utf-8", "replace") or None
+        return self._table.name(address - 1 - self.bias)  # a return address points after the call
 
 
 def name_of(address: int, library: str) -> str | None:
@@ -106,45 +87,22 @@ def _symbols(path: str) -> LibrarySymbols | None:
         return None
     try:
         return _read(path, bias)
-    except (OSError, ValueError, struct.error, IndexError):
+    except (OSError, ElfError, ValueError, struct.error, IndexError):
         return None
 
 
 def _read(path: str, start: int) -> LibrarySymbols | None:
     with open(path, "rb") as f:
         data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-    if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
-        data.close()
-        return None  # only 64-bit little-endian libraries
-    phoff, shoff = struct.unpack_from("<QQ", data, 0x20)
-    phentsize, phnum, shentsize, shnum = struct.unpack_from("<HHHH", data, 0x36)
-    first_load = None
-    for k in range(phnum):
-        p_type, _, p_offset, p_vaddr = struct.unpack_from("<IIQQ", data, phoff + k * phentsize)
-        if p_type == _PT_LOAD and p_offset == 0:
-            first_load = p_vaddr & ~(_PAGE - 1)
-            break
-    if first_load is None:
+    try:
+        first_load = first_load_vaddr(program_headers(data)) if is_elf64le(data) else None
+        table = function_table(data) if first_load is not None else None
+    except (ValueError, struct.error, IndexError):
+        table = None
+    if table is None:  # not 64-bit little-endian, no offset-0 segment, or stripped
         data.close()
         return None
-    for k in range(shnum):
-        base = shoff + k * shentsize
-        sh_type = struct.unpack_from("<I", data, base + 4)[0]
-        if sh_type != _SHT_SYMTAB:
-            continue
-        offset, size = struct.unpack_from("<QQ", data, base + 0x18)
-        link = struct.unpack_from("<I", data, base + 0x28)[0]
-        str_offset, str_size = struct.unpack_from("<QQ", data, shoff + link * shentsize + 0x18)
-        table = np.frombuffer(data, dtype=_SYM, count=size // _SYM.itemsize, offset=offset)
-        funcs = table[((table["info"] & 0xF) == _STT_FUNC) & (table["value"] != 0)]  # a copy
-        del table  # the mapping stays open for the names, read one at a time
-        funcs = funcs[np.argsort(funcs["value"], kind="stable")]
-        starts = funcs["value"].astype(np.int64)
-        ends = starts + np.maximum(funcs["size"].astype(np.int64), 1)
-        names = funcs["name"].astype(np.int64) + str_offset
-        return LibrarySymbols(path, start - first_load, starts, ends, names, data, str_offset + str_size)
-    data.close()
-    return None
+    return LibrarySymbols(path, start - first_load, table, data)
 
 
 def _load_bias(path: str) -> int | None:

@@ -17,8 +17,8 @@ from gpuflame.ship.pyroscope import Credentials, PyroscopeClient, base_labels, s
 from gpuflame.ship.window import IntervalWindow
 
 if TYPE_CHECKING:
+    from gpuflame.boundary.settings import Settings
     from gpuflame.capture.session import Session
-    from gpuflame.capture.settings import Settings
     from gpuflame.model import Profile
 
 

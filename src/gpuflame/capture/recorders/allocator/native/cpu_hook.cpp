@@ -90,7 +90,7 @@ struct Live {
   uint64_t nbytes;
   uint64_t seq;
   uint32_t site;
-  uint8_t tag = 0;  // category found in the object graph (capture/categories.py: TAGGED), 0: none
+  uint8_t tag = 0;  // category found in the object graph (capture/books/categories.py: TAGGED), 0: none
 };
 
 // tagged blocks live at the peak and freed since, per (site, tag), stamped
@@ -479,7 +479,7 @@ struct HistoryBooks {
 // own worker threads) or while the interpreter is shutting down.
 constexpr uint32_t kNoPythonSite = 0;
 
-// -- phases (gpuflame.phase, capture/phases.py) -------------------------------------
+// -- phases (gpuflame.phase, capture/books/phases.py) -------------------------------------
 //
 // A phase id comes from Python (0: before the first mark). A block's phase is
 // part of its site: capture_site appends a marker frame (nullptr, -id) to the
@@ -1014,7 +1014,7 @@ PyObject* py_stacks(PyObject*, PyObject* arg) {
 
 // rows(): [(site, peak bytes, peak count, inuse bytes, inuse count, alloc bytes, alloc count,
 //          joint bytes, joint count)]: the site, then the per-site row whose columns
-//          capture/site_row.py names (keep the two in step); totals() then says which
+//          capture/books/site_row.py names (keep the two in step); totals() then says which
 //          epoch of which table the joint columns are at
 PyObject* py_rows(PyObject*, PyObject*) {
   std::vector<SiteBooks> sites;
@@ -1227,7 +1227,7 @@ PyObject* py_history(PyObject*, PyObject*) {
       static_cast<Py_ssize_t>(h.sizes.size() * sizeof(int64_t)));
 }
 
-// tag([(address, tag)]): give live blocks their category (capture/categories.py); unknown ones are skipped
+// tag([(address, tag)]): give live blocks their category (capture/books/categories.py); unknown ones are skipped
 PyObject* py_tag(PyObject*, PyObject* arg) {
   std::vector<std::pair<void*, uint8_t>> tags;
   PyObject* seq = PySequence_Fast(arg, "tag() takes a list of (address, tag)");
@@ -1293,7 +1293,7 @@ PyObject* py_gone_tagged(PyObject*, PyObject*) {
   return out;
 }
 
-// set_phase(id): the running phase from now on (capture/phases.py; 0: none)
+// set_phase(id): the running phase from now on (capture/books/phases.py; 0: none)
 PyObject* py_set_phase(PyObject*, PyObject* arg) {
   long id = PyLong_AsLong(arg);
   if (id == -1 && PyErr_Occurred()) return nullptr;

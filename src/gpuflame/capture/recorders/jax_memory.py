@@ -35,9 +35,11 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
-from gpuflame.capture import phases
+from gpuflame.boundary.backends import JAX, REGISTRY
 from gpuflame.capture.base import Recorder, empty_profile
+from gpuflame.capture.books import phases
 from gpuflame.model.peak import SAMPLED, PeakUnit
 from gpuflame.model.phases import PhaseStat, ordered
 from gpuflame.model.profile import PYTHON, Frame, Labels, Profile
@@ -46,17 +48,25 @@ from gpuflame.model.timeline import MAX_POINTS, Point, Timeline, downsample
 from gpuflame.symbols.names import display_name
 from gpuflame.symbols.qualnames import Resolver
 
-JAX_PACKAGES = ("jax", "jaxlib")
+if TYPE_CHECKING:
+    from gpuflame.capture.session import Session
+
+JAX_PACKAGES = REGISTRY[JAX].packages  # jax/, jaxlib/
 
 # one sample, reduced to what the recorder keeps: (stack, labels) -> [bytes, buffers]
 Rows = dict[tuple[tuple[Frame, ...], Labels], list[int]]
 
 
+def create(session: Session) -> JaxMemoryRecorder:
+    """The ``jax`` backend's recorder for *session* (its registry line names this module)."""
+    return JaxMemoryRecorder(keep_framework=session.settings.keep_framework)
+
+
 class JaxMemoryRecorder(Recorder):
     """Samples of JAX's live buffers: peak (highest sampled total) and in-use (latest)."""
 
-    name = "jax"
-    backend = "jax"
+    name = JAX
+    backend = JAX
 
     def __init__(
         self,
@@ -76,7 +86,7 @@ class JaxMemoryRecorder(Recorder):
         self.samples_taken = 0
         self._series: dict[Labels, list[Point]] = {}  # (device, pid) -> (epoch ns, sampled total)
         self._lock = threading.Lock()  # samples come from a timer thread and from snapshot()
-        self._phase = 0  # the running phase (capture/phases.py)
+        self._phase = 0  # the running phase (capture/books/phases.py)
         self._phase_rows: dict[int, PhaseStat] = {}  # phase id -> its sampled row
         self._last: tuple[int, int, Rows] | None = None  # the latest sample: (epoch ns, total, rows)
 
@@ -90,10 +100,13 @@ class JaxMemoryRecorder(Recorder):
             self._source = lambda: jax.profiler.device_memory_profile(backend)
         self._phase, self._phase_rows = phases.current(), {}
         self._take()
-        phases.listen(self._on_phase)
+        self._listen_to_phases()
+
+    def _entered_phase(self, phase_id: int) -> None:
+        pass  # the running phase was read before the first sample
 
     def _stop(self) -> None:
-        phases.unlisten(self._on_phase)
+        self._stop_listening()
         self._take()
 
     def _on_phase(self, phase_id: int, _now: int) -> None:

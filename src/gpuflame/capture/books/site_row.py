@@ -11,12 +11,12 @@ its count in the next column (``+ COUNT``). The order is the profile's
 sample types' (model/sample_types.py), so a row goes into
 ``Profile.add`` as it is: all of it in a process of ``gpuflame run``, whose
 last pair is what the process held at the run's joint peak
-(capture/joint_peak.py), only the first ``WIDTH`` columns otherwise.
+(capture/books/joint_peak.py), only the first ``WIDTH`` columns otherwise.
 
-Written by the dispatch recorder's ledger (capture/torch_tensors/ledger.py)
-and, in C++, by the CPU allocator hook (capture/native/cpu_hook.cpp,
+Written by the dispatch recorder's ledger (capture/recorders/dispatch/ledger.py)
+and, in C++, by the CPU allocator hook (capture/recorders/allocator/native/cpu_hook.cpp,
 ``rows()`` returns ``(site, *row)``; it follows this order and names no
-index); read by capture/categories.py, which moves columns between
+index); read by capture/books/categories.py, which moves columns between
 categories, and by the recorders when they build a profile.
 """
 

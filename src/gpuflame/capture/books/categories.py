@@ -40,7 +40,7 @@ import sys
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from gpuflame.capture.site_row import ALLOC, COUNT, INUSE, JOINT, PEAK
+from gpuflame.capture.books.site_row import ALLOC, COUNT, INUSE, JOINT, PEAK
 from gpuflame.model.categories import (  # noqa: F401 - the vocabulary, re-exported for the recorders
     CATEGORIES,
     GRADIENT,
@@ -203,10 +203,10 @@ def split_rows(
     roles: dict[int, str],
     joint_is_peak: bool = False,
 ) -> dict[tuple[int, str], list[int]]:
-    """Per (site, category): its row (capture/site_row.py), split from each site's *rows*.
+    """Per (site, category): its row (capture/books/site_row.py), split from each site's *rows*.
 
     Rows of a process in ``gpuflame run`` carry the joint-peak pair, what it
-    held at the run's joint peak (capture/joint_peak.py). They move with the peak
+    held at the run's joint peak (capture/books/joint_peak.py). They move with the peak
     columns when *joint_is_peak* (the joint moment is this process's own
     peak: a single-process run, or the process that set the run's high);
     otherwise they stay under the stack's category, which the profile says.

@@ -18,10 +18,10 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from gpuflame.capture.torch_tensors.ledger import Ledger, StorageRef
-from gpuflame.capture.torch_tensors.plans import FRESH, FRESH_CHECK, HOP, LIFT, PASS, PLANS, Resize, plan_for
-from gpuflame.capture.torch_tensors.recorder import TorchTensorRecorder
-from gpuflame.capture.torch_tensors.stacks import Stacks
+from gpuflame.capture.recorders.dispatch.ledger import Ledger, StorageRef
+from gpuflame.capture.recorders.dispatch.plans import FRESH, FRESH_CHECK, HOP, LIFT, PASS, PLANS, Resize, plan_for
+from gpuflame.capture.recorders.dispatch.recorder import TorchTensorRecorder
+from gpuflame.capture.recorders.dispatch.stacks import Stacks
 
 # the hot path's names, bound once
 Tensor = torch.Tensor

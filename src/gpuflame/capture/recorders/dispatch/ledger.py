@@ -1,7 +1,7 @@
 """The dispatch recorder's books: live storages, the peak, totals per site.
 
 A site is one (stack, device) (see stacks.py and recorder.py); each site's
-row is the per-site row of capture/site_row.py. The dispatch mode
+row is the per-site row of capture/books/site_row.py. The dispatch mode
 (mode.py) queues every new storage here; the recorder reads the rows when it
 builds a profile.
 """
@@ -15,9 +15,9 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from gpuflame.capture import site_row
-from gpuflame.capture.ledger_phases import LedgerPhases
-from gpuflame.capture.site_row import ALLOC, COUNT, INUSE, JOINT, PEAK
+from gpuflame.capture.books import site_row
+from gpuflame.capture.books.ledger_phases import LedgerPhases
+from gpuflame.capture.books.site_row import ALLOC, COUNT, INUSE, JOINT, PEAK
 from gpuflame.model.history import EventLog
 
 
@@ -32,7 +32,7 @@ class StorageRef(weakref.ref):
     (-1: none), so that its free is published there too.
     """
 
-    __slots__ = ("cdata", "site", "nbytes", "seq", "table", "tag", "t0", "t1")  # tag: capture/categories.py
+    __slots__ = ("cdata", "site", "nbytes", "seq", "table", "tag", "t0", "t1")  # tag: capture/books/categories.py
     # t0, t1: when it was made and when it died (epoch ns), for the event history
 
     cdata: int
@@ -58,7 +58,7 @@ class Ledger:
     storages around.
 
     In a run (``gpuflame run``), each device's events are also published to
-    the run's shared peak table (capture/joint_peak.py) at the moment they
+    the run's shared peak table (capture/books/joint_peak.py) at the moment they
     happen, and the table queues *marks* ``(device, epoch, highest total)``
     among them where this process's share at the run's joint peak is to be
     taken; replaying a mark is the same trick as the peak's, per device
@@ -92,7 +92,7 @@ class Ledger:
         self.joint_gone: dict[int, list[int]] = {}
         self.log = EventLog(time.time_ns(), key_of=self.site_device.__getitem__)  # model/history.py
         self.on_free = self._free_callback() if hook is not None else self._stamped_free()
-        # phases (capture/ledger_phases.py): from the first (None, id, ns) event on
+        # phases (capture/books/ledger_phases.py): from the first (None, id, ns) event on
         self.phases: LedgerPhases | None = None
         self.site_for: Callable[[int, int], int] = lambda site, phase_id: site
 
@@ -192,7 +192,7 @@ class Ledger:
     def _mark(self, device: str | None, epoch: int, table_max: int) -> None:
         """This process's share of *device* at the run's joint peak is its books as they are now.
 
-        ``(None, phase id, epoch ns)``: a phase begins (capture/ledger_phases.py).
+        ``(None, phase id, epoch ns)``: a phase begins (capture/books/ledger_phases.py).
         """
         if device is None:
             if self.phases is None:
@@ -254,7 +254,7 @@ class Ledger:
             self.frozen = True
 
     def phase_rows(self) -> list[Any]:
-        """Each phase's books (capture/phase_table.py); [] before the first phase mark."""
+        """Each phase's books (capture/books/phase_table.py); [] before the first phase mark."""
         with self.lock:
             self._process()
             if self.phases is None:
@@ -263,7 +263,7 @@ class Ledger:
             return self.phases.rows(live, self.total)
 
     def rows(self) -> dict[int, list[int]]:
-        """Site -> its row (capture/site_row.py), joint-peak pair included."""
+        """Site -> its row (capture/books/site_row.py), joint-peak pair included."""
         with self.lock:
             if not self.frozen:
                 self.look()

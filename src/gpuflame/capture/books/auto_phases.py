@@ -9,7 +9,7 @@ parent's) marks nothing more. The wrappers stay after the recording ends
 and then cost one attribute read per call.
 
 vLLM is not installed where gpuflame's tests run: its entries are tested
-with a stand-in module of the same names (tests/test_phases.py).
+with a stand-in module of the same names (tests/unit/capture/test_phases.py).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from gpuflame.capture import phases
+from gpuflame.capture.books import phases
 from gpuflame.capture.post_import import when_imported
 
 # (module, class, function, phase); the README's list of auto-marked phases

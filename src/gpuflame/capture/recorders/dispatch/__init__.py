@@ -58,8 +58,8 @@ the package imports the standard library only; ``mode.py`` imports torch
 and is imported when a recording starts.
 """
 
-from gpuflame.capture.torch_tensors.ledger import Ledger
-from gpuflame.capture.torch_tensors.recorder import OWN_THREAD_PREFIX, TorchTensorRecorder
-from gpuflame.capture.torch_tensors.stacks import Stacks
+from gpuflame.capture.recorders.dispatch.ledger import Ledger
+from gpuflame.capture.recorders.dispatch.recorder import OWN_THREAD_PREFIX, TorchTensorRecorder
+from gpuflame.capture.recorders.dispatch.stacks import Stacks
 
 __all__ = ["OWN_THREAD_PREFIX", "Ledger", "Stacks", "TorchTensorRecorder"]

@@ -15,12 +15,13 @@ import weakref
 from types import FrameType
 from typing import Any
 
-from gpuflame.capture import auto_phases, categories, joint_peak, phase_table, phases, site_row
+from gpuflame.boundary.backends import TORCH
 from gpuflame.capture.base import Recorder, empty_profile
+from gpuflame.capture.books import categories, joint_peak, phase_table, phases, site_row
 from gpuflame.capture.exit_hooks import HOOKS
-from gpuflame.capture.recorder_categories import LedgerCategories
-from gpuflame.capture.torch_tensors.ledger import Ledger
-from gpuflame.capture.torch_tensors.stacks import Stacks
+from gpuflame.capture.recorders.categories import LedgerCategories
+from gpuflame.capture.recorders.dispatch.ledger import Ledger
+from gpuflame.capture.recorders.dispatch.stacks import Stacks
 from gpuflame.model import phases as phase_model
 from gpuflame.model.history import History, of_track
 from gpuflame.model.peak import PeakUnit
@@ -34,8 +35,9 @@ OWN_THREAD_PREFIX = "gpuflame-"
 class TorchTensorRecorder(Recorder):
     """Tensor storages made by torch operations after ``start()``, per Python stack and device."""
 
-    name = "torch (dispatch)"  # in errors: which of the two torch recorders failed
-    backend = "torch"
+    marks_known_phases = True
+    name = f"{TORCH} (dispatch)"  # in errors: which of the two torch recorders failed
+    backend = TORCH
 
     def __init__(self, follow_threads: bool = True) -> None:
         super().__init__()
@@ -46,7 +48,7 @@ class TorchTensorRecorder(Recorder):
         # dict lookup per allocation finds both the stack and the device
         self.sites: dict[tuple[int, int, int, Any], int] = {}
         self.site_keys: list[tuple[int, str]] = []  # site -> (stack node, device name)
-        self.site_phase: list[int] = []  # site -> phase id (capture/phases.py) its allocations were made in
+        self.site_phase: list[int] = []  # site -> phase id (capture/books/phases.py) its allocations were made in
         self.phased: dict[tuple[int, int], int] = {}  # (site of phase 0, phase id) -> site
         self.skipped = 0
         self._hook: Any = None  # the compiled hook module, for the run's shared peak tables
@@ -103,10 +105,7 @@ class TorchTensorRecorder(Recorder):
         self.site_keys = []
         self.site_phase = []
         self.phased = {}
-        auto_phases.install()  # transformers' and vLLM's known phases (README)
-        phases.listen(self._on_phase)
-        if phases.current():  # started inside a phase: it runs from here
-            self._on_phase(phases.current(), time.time_ns())
+        self._listen_to_phases()  # started inside a phase: it runs from here
         self._mode = _make_mode(self)
         self._mode.__enter__()
         if self.follow_threads:
@@ -117,12 +116,12 @@ class TorchTensorRecorder(Recorder):
 
     def _stop(self) -> None:
         mode, self._mode = self._mode, None
-        phases.unlisten(self._on_phase)
+        self._stop_listening()
         self._kinds.stop()
         self._unhook_threads()
         if mode is not None:
             mode.on = False
-            from gpuflame.capture.torch_tensors.mode import pop_if_top
+            from gpuflame.capture.recorders.dispatch.mode import pop_if_top
 
             pop_if_top(mode)
         self._leave_tables()
@@ -148,7 +147,7 @@ class TorchTensorRecorder(Recorder):
         self._table_problem = ""
         if not joint_peak.table_path("cpu"):
             return None
-        from gpuflame.capture.native import NativeUnavailable, load_cpu_hook
+        from gpuflame.capture.recorders.allocator.native import NativeUnavailable, load_cpu_hook
 
         try:
             return load_cpu_hook()
@@ -190,7 +189,7 @@ class TorchTensorRecorder(Recorder):
     def _degrade(self) -> None:
         if self._mode is not None:
             self._mode.on = False
-        phases.unlisten(self._on_phase)
+        self._stop_listening()
         self._kinds.stop()
         self._unhook_threads()
 
@@ -311,7 +310,7 @@ class TorchTensorRecorder(Recorder):
         ours = threading.current_thread().name.startswith(OWN_THREAD_PREFIX)
         if mode is not None and mode.on and not ours:
             try:
-                from gpuflame.capture.torch_tensors.mode import push_in_this_thread
+                from gpuflame.capture.recorders.dispatch.mode import push_in_this_thread
 
                 push_in_this_thread(mode)
             except Exception as exc:  # noqa: BLE001
@@ -356,7 +355,7 @@ HOOKS.at_fork_child(_after_fork_in_child)
 
 def _make_mode(recorder: TorchTensorRecorder) -> Any:
     """A dispatch mode bound to *recorder*; imports the mode's module, so only once torch is imported."""
-    from gpuflame.capture.torch_tensors.mode import RecordingMode
+    from gpuflame.capture.recorders.dispatch.mode import RecordingMode
 
     return RecordingMode(recorder)
 

@@ -1,7 +1,7 @@
 """What ``gpuflame run`` (or the webhook) and a profiled process agree on, in one place.
 
 The launcher hands every process of a run one session folder (its path in
-``GPUFLAME_SESSION_DIR``, with the other settings: ``capture/settings.py``)
+``GPUFLAME_SESSION_DIR``, with the other settings: ``boundary/settings.py``)
 and puts :data:`BOOTSTRAP_DIR` in front of ``PYTHONPATH``, so that Python's
 ``sitecustomize`` starts the profiler in the program and its children. Each
 process writes into that folder the files named here; the launcher reads
@@ -17,7 +17,7 @@ import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from gpuflame.capture.settings import Settings, env_name
+from gpuflame.boundary.settings import Settings, env_name
 
 # -- the session folder ----------------------------------------------------------------
 
@@ -25,7 +25,7 @@ PROCESS_FILE = "proc-{pid}.pb.gz"  # the process's profile (its last --interval 
 LOST_FILE = "lost-{pid}.txt"  # one line per thing the process could not record
 IDLE_FILE = "idle-{pid}.txt"  # why a process that ran under the profiler recorded nothing
 STARTED_FILE = "started-{pid}"  # recording, final profile not written yet (roll_call.py)
-TABLE_FILE = "peak-{device}.table"  # the run's shared peak table of one device (capture/joint_peak.py)
+TABLE_FILE = "peak-{device}.table"  # the run's shared peak table of one device (capture/books/joint_peak.py)
 PER_PROCESS = (PROCESS_FILE, LOST_FILE, IDLE_FILE, STARTED_FILE)
 _PID = re.compile(r"^[a-z]+-(\d+)(?:\.|$)")
 
