@@ -26,9 +26,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
-sys.path.insert(0, str(ROOT / "tests" / "agent"))
+sys.path.insert(0, str(ROOT))  # the test suite's helpers, as the package tests.*
 
-from agent_helpers import cuda_include, why_not  # noqa: E402
+from tests.agent.agent_helpers import cuda_include, why_not  # noqa: E402
 
 from gpuflame.agent import build  # noqa: E402
 from gpuflame.agent.agent import UPROBE_PROGRAMS, Agent  # noqa: E402

@@ -7,7 +7,7 @@ the **null control**: the base against itself, whose ratio is what noise
 alone gives on this shared machine. Reported per round and as medians: the
 child's CPU seconds (user + system, from ``os.wait4``; steadier than wall
 time when other work shares the cores) and wall seconds. The profile is
-``tests/large_profile.py``'s ``tree_profile(N)`` (N distinct functions, one
+``tests/helpers/large_profile.py``'s ``tree_profile(N)`` (N distinct functions, one
 sample each, stacks 40-60 deep), made once into ``bench/out/``.
 
     git archive a37b21f src | tar -x -C /tmp/base
@@ -35,9 +35,9 @@ def make_profile(frames: int) -> Path:
     path = OUT / f"tree{frames}.pb.gz"
     if not path.exists():
         code = ("import sys; sys.path[:0] = [sys.argv[1], sys.argv[2]]\n"
-                "from large_profile import tree_profile\nfrom gpuflame.formats import save\n"
+                "from tests.helpers.large_profile import tree_profile\nfrom gpuflame.formats import save\n"
                 "save(tree_profile(int(sys.argv[3])), sys.argv[4])")
-        subprocess.run([sys.executable, "-c", code, str(ROOT / "src"), str(ROOT / "tests"), str(frames), str(path)],
+        subprocess.run([sys.executable, "-c", code, str(ROOT / "src"), str(ROOT), str(frames), str(path)],
                        check=True)
     return path
 

@@ -263,7 +263,8 @@ def test_bulk_reading_takes_the_fast_road_on_plain_tables(monkeypatch: pytest.Mo
 # Each target feeds one reader inputs derived from a real seed (bytes edited at drawn places, or JSON
 # values of the reader's own shape) and asserts the contract: a result, or ProfileFormatError in one
 # line; never another exception. The suite runs FUZZ_EXAMPLES per target, derandomized so a failure
-# reproduces; a longer run raises it: GPUFLAME_FUZZ_EXAMPLES=2500 pytest tests/unit/formats/test_fuzz_readers.py -k target.
+# reproduces; a longer run raises it:
+# GPUFLAME_FUZZ_EXAMPLES=2500 pytest tests/unit/formats/test_fuzz_readers.py -k target.
 # What such runs found is kept in tests/data/hostile/ (fuzz-*), run by tests/unit/formats/test_hostile_files.py.
 
 import json  # noqa: E402

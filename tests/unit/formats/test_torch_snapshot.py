@@ -379,7 +379,7 @@ def test_methods_show_their_class(profiles) -> None:
 
 
 def test_native_frames_with_stacks_all(profiles) -> None:
-    """stacks="all": the op above the Python caller; the C++ and CPython frames go (tests/unit/formats/test_torch_frames.py)."""
+    """stacks="all": the op above the Python caller; the C++ and CPython frames go (test_torch_frames.py)."""
     profile = profiles["handwritten_native_frames"]
     names = [f.name for f in profile.frames]
     assert not any("unwind::unwind" in n or "CapturedTraceback" in n or "CUDACachingAllocator" in n for n in names)
