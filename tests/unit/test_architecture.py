@@ -109,10 +109,12 @@ def run_fresh(code: str, out: Path) -> list[str]:
     return json.loads(proc.stdout.splitlines()[-1])
 
 
+@pytest.mark.subprocess
 def test_start_stop_imports_no_launcher_dependency(tmp_path):
     assert run_fresh(PLAIN, tmp_path / "p.pb.gz") == []
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("how", ["allocator", "dispatch", "jax", "push"])
 def test_every_backend_and_hook_records_with_numpy_and_rich_blocked(tmp_path, how):
     """elf_symbols.py imported numpy at its top: in a pod without numpy the torch backend recorded nothing."""
@@ -133,6 +135,7 @@ def test_every_backend_and_hook_records_with_numpy_and_rich_blocked(tmp_path, ho
     assert seen["pushes"] >= (1 if how == "push" else 0)
 
 
+@pytest.mark.subprocess
 def test_the_block_refuses_numpy_to_gpuflame_even_when_loaded():
     code = BLOCK + "\nimport numpy\nns = {'__name__': 'gpuflame.capture.x'}\ntry:\n    exec('import numpy', ns)\n" \
         "except ImportError:\n    print('refused')\n"
@@ -156,6 +159,7 @@ print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in {names!r}))
 READERS_ONLY = ("gpuflame.formats.safe_pickle", "gpuflame.formats.torch_snapshot", "gpuflame.symbols.qualnames")
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("hook", ["allocator", "dispatch"])
 def test_recording_a_torch_profile_imports_no_snapshot_reader(tmp_path, hook):
     pytest.importorskip("torch")
@@ -167,6 +171,7 @@ def test_recording_a_torch_profile_imports_no_snapshot_reader(tmp_path, hook):
     assert json.loads(proc.stdout.splitlines()[-1]) == []
 
 
+@pytest.mark.subprocess
 def test_gpuflame_run_imports_only_its_own_command_and_no_analysis(tmp_path):
     """The launcher's imports are CPU time of every profiled run: no other command, no numpy, no reader."""
     code = ("import json, sys\nfrom gpuflame.cli.main import main\n"
@@ -181,6 +186,7 @@ def test_gpuflame_run_imports_only_its_own_command_and_no_analysis(tmp_path):
     assert imported == ["gpuflame.cli.main", "gpuflame.cli.options", "gpuflame.cli.run"]
 
 
+@pytest.mark.subprocess
 def test_the_dispatch_recorder_imports_torch_only_when_it_starts():
     """capture/recorders/dispatch/mode.py subclasses torch's dispatch mode at its top: the package imports it late."""
     code = ("import json, sys\nfrom gpuflame.capture.recorders.dispatch import TorchTensorRecorder\n"
