@@ -169,10 +169,12 @@ def _check_output(output: str | None) -> None:
 
 
 def _display(profile: Profile, args: Any, backends: list[str]) -> None:
+    from gpuflame.analysis.selection import Selection
     from gpuflame.analysis.summary import summarize
     from gpuflame.notebook.inline import inline_html, summary_line
 
-    index = profile.pick_type(args.type)
+    view = Selection(sample_type=args.type).apply(profile)  # the view the CLI would show for --type
+    profile, index = view.profile, view.type_index
     line = summary_line(summarize(profile, profile.sample_types[index].type), backends)
     if args.output:
         try:
@@ -202,10 +204,10 @@ def _print_report(profile: Profile, type_name: str | None, limit: int) -> None:
     from rich.console import Console
 
     from gpuflame.analysis.hotspots import build_report
-    from gpuflame.analysis.tree import build_tree
+    from gpuflame.analysis.selection import Selection
     from gpuflame.render.terminal import PIPE_WIDTH, render_report
 
-    tree = build_tree(profile, profile.pick_type(type_name))
+    view = Selection(sample_type=type_name).apply(profile)  # as gpuflame report --type TYPE
     console = Console(file=sys.stdout, highlight=False, markup=False, emoji=False, force_jupyter=False,
                       color_system=None, width=PIPE_WIDTH)
-    render_report(console, build_report(profile, tree, limit), "last %%gpuflame cell")
+    render_report(console, build_report(view.profile, view.tree(), limit), "last %%gpuflame cell")
