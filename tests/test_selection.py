@@ -23,8 +23,8 @@ from gpuflame.model.history import EventLog, History
 from gpuflame.model.profile import TRAMPOLINE_KIND
 from gpuflame.model.timeline import Timeline
 from gpuflame.serve import make_server
-from test_view_cli import embedded
 from gpuflame.symbols.names import CACHED_FREE
+from test_view_cli import embedded
 
 MS = 1_000_000
 T0 = 1_767_225_600_000_000_000

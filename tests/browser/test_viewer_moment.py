@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 from chrome_pipe import Chrome, find_chromium
-from fake_clock import driven_clock
 from test_viewer import open_viewer, settle, state
 
+from fake_clock import driven_clock
 from gpuflame.cli.main import main
 from gpuflame.formats import load, save
 from gpuflame.model import Frame, Profile, memory_sample_types, merge, moment

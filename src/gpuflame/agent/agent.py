@@ -271,6 +271,7 @@ class Agent:
             except BpfError:
                 if not self._multi:
                     raise
+                assert self._obj is not None  # _attach_first ran on the loaded object
                 self._obj.close()  # a kernel before 6.6: one perf event per probe instead
                 self._load(self._obj_path, multi=False)
                 for pid in list(self.processes):
@@ -739,6 +740,7 @@ class Agent:
         try:
             if site.key in self.return_sites:
                 return
+            assert self._obj is not None  # return sites are found in the events of a loaded object
             if self._multi:
                 self._obj.attach_uprobe_multi("ret_site", site.path, [site.offset], [0], ret=False)
             else:

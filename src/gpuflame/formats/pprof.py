@@ -59,7 +59,7 @@ from __future__ import annotations
 import gzip
 import struct
 import sys
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from itertools import chain
 from operator import itemgetter
 from typing import Any, NamedTuple
@@ -129,7 +129,7 @@ def system_name(display: str) -> str:
 # =============================================================================
 
 
-class _StringTable(dict):  # type: ignore[type-arg]
+class _StringTable(dict):
     """``str -> index`` in pprof's string table, adding strings on first use."""
 
     def __init__(self) -> None:
@@ -455,7 +455,7 @@ def _read_scalar(data: bytes, pos: int, field: int, wire: int, raw: _Raw) -> int
 
 def _packed_ints(chunk: bytes, field: int) -> list[int]:
     memo = VarintMemo()
-    return [memo[k] for k in split_packed(chunk, field)]  # type: ignore[misc]
+    return [memo[k] for k in split_packed(chunk, field)]
 
 
 class _Strings:
@@ -592,7 +592,7 @@ def _line_frame(
     return Frame(name, file, line, frame_kind(name, file, bool(mapping_id)), start)
 
 
-class _LocationMemo(dict):  # type: ignore[type-arg]
+class _LocationMemo(dict):
     """``location id (varint bytes or int) -> frame id(s)``: the inner lookup of every stack."""
 
     def __init__(self, frames_of: dict[int, tuple[int, ...]], flat: bool) -> None:
@@ -602,7 +602,7 @@ class _LocationMemo(dict):  # type: ignore[type-arg]
 
     def __missing__(self, key: bytes | int) -> int | tuple[int, ...]:
         lid = key if isinstance(key, int) else decode_varint_bytes(key)
-        frames = self._frames_of.get(lid)  # type: ignore[arg-type]
+        frames = self._frames_of.get(lid)
         if frames is None:
             raise ProfileFormatError(
                 f"malformed pprof: a sample refers to location {lid}, which does not exist"
@@ -612,7 +612,7 @@ class _LocationMemo(dict):  # type: ignore[type-arg]
         return value
 
 
-class _TailMemo(dict):  # type: ignore[type-arg]
+class _TailMemo(dict):
     """``bytes after a sample's location ids -> (values, labels)``.
 
     Samples share values and labels far more often than not, so each distinct
@@ -643,10 +643,10 @@ class _TailMemo(dict):  # type: ignore[type-arg]
                 if wire == LEN:
                     ids.extend(split_packed(value, 1))  # type: ignore[arg-type]
                 elif wire == VARINT:
-                    ids.append(value)  # type: ignore[arg-type]
+                    ids.append(value)
             elif field == 2:
                 if wire == LEN:
-                    values.extend(self._values[k] for k in split_packed(value, 2))  # type: ignore[arg-type,misc]
+                    values.extend(self._values[k] for k in split_packed(value, 2))  # type: ignore[arg-type]
                 elif wire == VARINT:
                     values.append(to_int64(value))  # type: ignore[arg-type]
             elif field == 3 and wire == LEN:
@@ -740,6 +740,7 @@ class _SampleReader:
 
     def general(self, raw: bytes, ids: bytes, tail: tuple[tuple[int, ...], Labels] | None) -> Sample:
         """Fields in another order (*tail* None: parse it all), ids of mixed widths, locations of many frames."""
+        keys: Sequence[bytes | int]  # location ids: bytes of one-byte varints, or each id's varint
         if tail is None:
             keys, values, labels = self.tails.parse(raw)
         else:
@@ -755,7 +756,7 @@ class _SampleReader:
         return Sample(stack, values, labels)
 
 
-class _WordUnpackers(dict):  # type: ignore[type-arg]
+class _WordUnpackers(dict):
     """``byte length -> Struct.unpack`` reading that many bytes as native 16-bit words."""
 
     def __missing__(self, size: int) -> Callable[[bytes], tuple[int, ...]]:

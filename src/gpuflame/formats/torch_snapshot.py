@@ -495,7 +495,8 @@ class _Converter:
         rounding: dict[int, int] = {}
         stack_of = self.stacks.stack_of
         by_list = self.stacks.by_list
-        inuse_by_device: dict[int, dict[tuple[tuple[int, ...], Any], list[int]]] = {}
+        # device -> (stack, category, phase) -> [bytes, count]
+        inuse_by_device: dict[int, dict[tuple[tuple[int, ...], Any, str | None], list[int]]] = {}
         for seg in self.segments:
             device = _int(seg.get("device", 0), "segment device")
             total = _int(seg["total_size"], "segment total_size")
@@ -808,8 +809,8 @@ class _DeviceTrace:
         """
         conv = self.conv
         stack_of = conv.stacks.stack
-        before = (conv.profile.frame_id(BEFORE_TRACE_FRAME),)
-        by_stack: dict[tuple[tuple[int, ...], Any], list[int]] = {}
+        before: tuple[int, ...] = (conv.profile.frame_id(BEFORE_TRACE_FRAME),)
+        by_stack: dict[tuple[tuple[int, ...], Any, str | None], list[int]] = {}  # (stack, category, phase)
         for _, size, source in peak_set:
             if source is None:
                 st = before
