@@ -54,9 +54,11 @@ docs: $(VENV)/.docs-installed
 bpf: venv
 	$(BIN)/python -m gpuflame.agent.build
 
+# ruff and mypy are pinned in the test extra (pyproject.toml); mypy's settings are there too
 lint: venv
-	$(BIN)/pip install --quiet ruff
 	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff format --check src tests bench
+	$(BIN)/mypy
 
 bench: venv
 	$(BIN)/pip install --quiet -e '.[test,bench]'

@@ -55,6 +55,6 @@ def stop(recording: gpuflame.api.Recording, host_dirs: tuple[str, ...]) -> Profi
     Encoding a file only to decode it again would cost more than a small test.
     """
     profile = recording.stop(write=False)  # the host's own: a user's recording nested in it ends with its stop()
-    if profile is None:
+    if not isinstance(profile, Profile):  # None: nothing recorded (a path only comes back from a written file)
         return None
     return cut_callers(profile, lambda f: f.file.startswith(host_dirs)).compact()

@@ -224,3 +224,24 @@ def check_exact(agent, target, pid_of=None) -> dict:  # noqa: ANN001
     assert got == expected
     return got
 
+
+NATIVE_CALLER = r"""
+#include <stdio.h>
+typedef unsigned long long CUdeviceptr;
+int cuInit(unsigned int);
+int cuMemAlloc_v2(CUdeviceptr *, size_t);
+__attribute__((noinline)) void allocate_weights(void) {
+    for (int i = 0; i < 3; i++) { CUdeviceptr p; cuMemAlloc_v2(&p, 4096); }
+}
+int main(void) {
+    char line[8];
+    cuInit(0);
+    printf("ready\n"); fflush(stdout);
+    if (!fgets(line, sizeof line, stdin)) return 1;
+    allocate_weights();
+    printf("done\n"); fflush(stdout);
+    fgets(line, sizeof line, stdin);
+    return 0;
+}
+"""
+

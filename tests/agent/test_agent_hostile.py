@@ -232,7 +232,7 @@ def test_a_310_source_is_read_inside_the_process_root(tmp_path):
 def test_native_frames_are_named_from_the_file_mapped(libcuda, agent_for, tmp_path):
     """A process in its own mount namespace mounts another file over its executable's path: its native frames
     are named from the file it maps (/proc/PID/map_files), not from what its path now leads to."""
-    from test_agent_stacks import NATIVE_CALLER
+    from tests.agent.agent_helpers import NATIVE_CALLER
 
     if shutil.which("nsenter") is None:
         pytest.skip("no nsenter")

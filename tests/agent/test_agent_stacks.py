@@ -14,7 +14,16 @@ import subprocess
 import pytest
 
 from tests.agent.agent_expected import replay, rows
-from tests.agent.agent_helpers import VERSIONS, NativeCaller, Target, booked, check_exact, own_rows, wait_for
+from tests.agent.agent_helpers import (
+    NATIVE_CALLER,
+    VERSIONS,
+    NativeCaller,
+    Target,
+    booked,
+    check_exact,
+    own_rows,
+    wait_for,
+)
 
 
 @pytest.mark.parametrize("version", VERSIONS)
@@ -392,25 +401,6 @@ def test_non_python_caller_gets_native_stack(libcuda, agent_for, tmp_path):
         caller.close()
 
 
-NATIVE_CALLER = r"""
-#include <stdio.h>
-typedef unsigned long long CUdeviceptr;
-int cuInit(unsigned int);
-int cuMemAlloc_v2(CUdeviceptr *, size_t);
-__attribute__((noinline)) void allocate_weights(void) {
-    for (int i = 0; i < 3; i++) { CUdeviceptr p; cuMemAlloc_v2(&p, 4096); }
-}
-int main(void) {
-    char line[8];
-    cuInit(0);
-    printf("ready\n"); fflush(stdout);
-    if (!fgets(line, sizeof line, stdin)) return 1;
-    allocate_weights();
-    printf("done\n"); fflush(stdout);
-    fgets(line, sizeof line, stdin);
-    return 0;
-}
-"""
 
 
 def test_new_libcuda_file_found_by_rescanning(libcuda, start_target, agent_for, tmp_path):

@@ -1,14 +1,15 @@
 """Click and drag on the memory-over-time strip, in a real headless Chromium.
 
 The profile is recorded by the real torch recorder (dispatch mode) on a
-workload with three phases apart in time; what the page shows for an
-instant or a window is checked against the model's own verbs
+workload with three phases apart in time; the recorder's clock is driven
+by the test (tests/fake_clock.py), so the phases are exactly 300 ms apart
+however loaded the machine is. What the page shows for an instant or a
+window is checked against the model's own verbs
 (``moment.at``/``moment.between``) at the very times the page chose.
 """
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ from gpuflame.model.history import EventLog, History
 from gpuflame.model.timeline import Timeline
 from tests.browser.chrome_pipe import Chrome, find_chromium
 from tests.browser.viewer_page import open_viewer, settle, state
+from tests.helpers.fake_clock import driven_clock
 
 torch = pytest.importorskip("torch")
 CHROMIUM = find_chromium()
@@ -46,18 +48,21 @@ def moment_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from gpuflame.capture.recorders.dispatch import TorchTensorRecorder
 
     folder = tmp_path_factory.mktemp("moment")
-    rec = TorchTensorRecorder()
-    rec.start()
-    held = weights()
-    time.sleep(0.3)
-    held += kv_cache()
-    time.sleep(0.3)
-    step()
-    time.sleep(0.3)
-    rec.stop()
+    with driven_clock() as clock:
+        rec = TorchTensorRecorder()
+        rec.start()
+        held = weights()
+        clock.advance(0.3)
+        held += kv_cache()
+        clock.advance(0.3)
+        step()
+        clock.advance(0.3)
+        rec.stop()
     save(rec.snapshot(), folder / "run.pb.gz")
     assert main(["view", str(folder / "run.pb.gz")]) == 0
     assert len(held) == 4
+    kv, step_, end = phase_times(load(folder / "run.pb.gz"))
+    assert 300 * MS <= step_ - kv < 301 * MS and 300 * MS <= end - step_ < 301 * MS  # the clock the test drove
     return folder / "run.pb.gz"
 
 
@@ -87,8 +92,8 @@ def drag(chrome: Chrome, a: tuple[float, float], b: tuple[float, float]) -> None
 def phase_times(profile: Profile) -> tuple[int, int, int]:
     """(when the KV cache was all there, when the step began, the strip's end), ns after the strip's 0.
 
-    Read from the recorded profile itself: the sleeps between phases are at least 300 ms, but on a loaded
-    machine the work between them may take any time, so no time is assumed.
+    Read from the recorded profile itself (the driven clock puts 300 ms between phases, and a microsecond
+    on each reading within one).
     """
     [points] = profile.timeline.series.values()
     zero = points[0][0]

@@ -174,13 +174,25 @@ def test_with_interval_the_last_snapshot_of_an_os_exit_child_is_kept_and_marked_
 
 @pytest.mark.slow
 def test_sigkill_keeps_the_last_interval_snapshot_and_says_so(tmp_path: Path) -> None:
+    # no sleep: with "wait", the program waits until two --interval snapshots were written after its
+    # allocation (the second began after the first ended, so it holds the 40 KiB), however slow the machine
     script = write(tmp_path / "killed.py", ALLOCATE, """
     import signal, time
     kept = Holder().make(40)
-    time.sleep(0.5)
+    snapshot = os.path.join(os.environ.get("GPUFLAME_SESSION_DIR", ""), f"proc-{os.getpid()}.pb.gz")
+    def written():
+        try:
+            return os.stat(snapshot).st_ino  # each snapshot is a new file renamed into place
+        except OSError:
+            return None
+    seen, changes, guard = written(), 0, time.monotonic() + 120  # a guard against a hang, not a measure
+    while sys.argv[1:] == ["wait"] and changes < 2 and time.monotonic() < guard:
+        time.sleep(0.01)
+        now = written()
+        changes, seen = changes + (now is not None and now != seen), now
     os.kill(os.getpid(), signal.SIGKILL)
     """)
-    result = gpuflame_run("--json", "--interval", "100ms", "-o", "k.pb.gz", script.name, cwd=tmp_path)
+    result = gpuflame_run("--json", "--interval", "100ms", "-o", "k.pb.gz", script.name, "wait", cwd=tmp_path)
     assert result.returncode == 128 + signal.SIGKILL
     (partial,) = summary(result)["partial_processes"]
     assert "the final profile was never written (it was killed by SIGKILL)" in partial["why"]
@@ -271,8 +283,8 @@ def test_ctrl_c_at_a_terminal_interrupts_the_program_once(tmp_path: Path) -> Non
     script = write(tmp_path / "waiting.py", ALLOCATE, """
     import time
     kept = Holder().make(12)
-    print("waiting", flush=True)
     try:
+        print("waiting", flush=True)  # inside the try: a Ctrl-C read right after it lands here, however slow
         time.sleep(60)
     except KeyboardInterrupt:
         print("interrupted once", flush=True)
@@ -287,7 +299,6 @@ def test_ctrl_c_at_a_terminal_interrupts_the_program_once(tmp_path: Path) -> Non
     seen = b""
     while b"waiting" not in seen:
         seen += os.read(master, 1024)
-    time.sleep(0.3)  # into the sleep
     os.write(master, b"\x03")  # Ctrl-C
     while True:
         try:

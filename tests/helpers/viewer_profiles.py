@@ -8,7 +8,10 @@ markup or script if a page ever treated them as HTML.
 
 from __future__ import annotations
 
+import re
+
 from gpuflame.model import Frame, Profile, memory_sample_types
+from gpuflame.render.html import decode_payload
 
 MiB = 1024 * 1024
 
@@ -123,3 +126,13 @@ def chain_profile() -> Profile:
     p.add([Frame("leaf_a", "/app/chain.py", 91), *CHAIN[::-1], MODULE], [10 * MiB])
     p.add([Frame("leaf_b", "/app/chain.py", 92), *CHAIN[::-1], MODULE], [5 * MiB])
     return p
+
+
+DATA_ELEMENT = re.compile(r'<script type="application/octet-stream" id="gpuflame-data">([A-Za-z0-9+/=]*)</script>')
+
+
+def embedded(html: str) -> dict:
+    match = DATA_ELEMENT.search(html)
+    assert match, "no data element"
+    return decode_payload(match.group(1))
+

@@ -59,3 +59,14 @@ def test_the_version_is_written_in_one_place_and_every_image_tag_follows_it() ->
             images = (yaml.safe_load(text) or {}).get("images") or []
             tags |= {str(i["newTag"]) for i in images if "gpuflame" in i.get("name", "") and "newTag" in i}
     assert tags == {gpuflame.__version__}, tags
+    newest = re.search(r"^## \[([^\]]+)\]", (root / "CHANGELOG.md").read_text(), re.MULTILINE)
+    assert newest and newest.group(1) == gpuflame.__version__  # the changelog's newest heading
+
+
+def test_make_lint_runs_ruff_the_format_check_and_mypy_and_ci_runs_it() -> None:
+    root = Path(__file__).resolve().parents[1]
+    lint = root.joinpath("Makefile").read_text().split("\nlint:", 1)[1].split("\n\n", 1)[0]
+    assert "ruff check" in lint and "ruff format --check" in lint and "mypy" in lint
+    assert "make lint" in root.joinpath(".ci", "run").read_text()
+    pyproject = root.joinpath("pyproject.toml").read_text()
+    assert "[tool.mypy]" in pyproject and '"mypy==' in pyproject and '"ruff==' in pyproject

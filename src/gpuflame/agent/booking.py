@@ -178,6 +178,7 @@ class Booking:
         try:
             if site.key in self.return_sites:
                 return
+            assert self._obj is not None  # return sites are found in the events of a loaded object
             if self._multi:
                 self._obj.attach_uprobe_multi("ret_site", site.path, [site.offset], [0], ret=False)
             else:

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import IO
 
 BPF_DIR = Path(__file__).resolve().parent / "bpf"
 SOURCE = BPF_DIR / "agent.bpf.c"
@@ -85,7 +86,7 @@ def ensure() -> Path:
     return build(path)
 
 
-def _run(cmd: list[str], stdout: object = None) -> None:
+def _run(cmd: list[str], stdout: IO[str] | None = None) -> None:
     try:
         result = subprocess.run(cmd, stdout=stdout or subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     except OSError as exc:

@@ -183,7 +183,7 @@ def _slots(data: mmap.mmap, sections: list[tuple[int, ...]], names: Collection[s
             if r_info & 0xFFFFFFFF in (R_X86_64_GLOB_DAT, R_X86_64_JUMP_SLOT) and index < symtab[5] // SYM_BYTES:
                 st_name = struct.unpack_from("<I", data, symtab[4] + index * SYM_BYTES)[0]
                 name = _name(data, sections[symtab[6]], st_name)
-                if name in names:
+                if name is not None and name in names:
                     out[r_offset] = name
     return out
 

@@ -281,12 +281,13 @@ class RingBuffer:
             self._data = mmap.mmap(fd, page + 2 * size, mmap.MAP_SHARED, mmap.PROT_READ, offset=page)
         except OSError as exc:
             raise BpfError(f"cannot map the events ring buffer: {exc.strerror}") from None
-        self._epoll = select.epoll()
+        self._epoll: select.epoll | None = select.epoll()
         self._epoll.register(fd, select.EPOLLIN)
 
     def drain(self, timeout_ms: int) -> int:
         """Wait up to *timeout_ms* for records (returns at once if some wait), then hand them over."""
         if timeout_ms and not self.more:
+            assert self._epoll is not None, "drained after close"
             self._epoll.poll(timeout_ms / 1000)
         data, page, mask, handle = self._data, self._page, self._mask, self._handle
         unpack, busy, discard = _U32.unpack_from, self.BUSY, self.DISCARD

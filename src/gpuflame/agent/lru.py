@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -20,7 +20,8 @@ V = TypeVar("V")
 class LRU(Generic[K, V]):
     """At most *entries* entries and *budget* weight (``weigh(value)``, e.g. bytes); the least recently used go."""
 
-    def __init__(self, entries: int, budget: int = 0, weigh: Callable[[V], int] | None = None) -> None:
+    # weigh is never given None (a remembered miss weighs nothing), which V (often X | None) cannot say
+    def __init__(self, entries: int, budget: int = 0, weigh: Callable[[Any], int] | None = None) -> None:
         self.entries = entries
         self.budget = budget
         self._weigh = weigh

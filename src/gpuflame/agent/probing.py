@@ -114,6 +114,7 @@ class Probing:
             except BpfError:
                 if not self._multi:
                     raise
+                assert self._obj is not None  # _attach_first ran on the loaded object
                 self._obj.close()  # a kernel before 6.6: one perf event per probe instead
                 self._load(self._obj_path, multi=False)
                 for pid in list(self.processes):

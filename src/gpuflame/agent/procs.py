@@ -150,7 +150,7 @@ def uretprobe_seccomp_kernel(release: str | None = None) -> bool:
     without filtering") exempt it; a backport cannot be seen from the version.
     """
     m = re.match(r"(\d+)\.(\d+)", release or os.uname().release)
-    return bool(m) and (int(m.group(1)), int(m.group(2))) in ((6, 11), (6, 12), (6, 13))
+    return m is not None and (int(m.group(1)), int(m.group(2))) in ((6, 11), (6, 12), (6, 13))
 
 
 # The oldest kernel the BPF object loads on: uprobes' attach cookies (bpf_get_attach_cookie and perf links,

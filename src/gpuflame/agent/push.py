@@ -12,6 +12,8 @@ in-process pushers send).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from functools import partial
+from typing import Any
 
 from gpuflame.model import Profile
 from gpuflame.ship.pusher import Pusher
@@ -43,9 +45,7 @@ class AgentPush:
         for url in urls:
             client = PyroscopeClient(url, credentials=credentials or Credentials(), tenant=tenant or None,
                                      ca_file=ca or None, timeout=timeout)
-            self.pushers.append(
-                Pusher(lambda item, c=client: c.push(item[1], item[0]), queue_size=QUEUE, name=f"pyroscope {url}")
-            )
+            self.pushers.append(Pusher(partial(_send, client), queue_size=QUEUE, name=f"pyroscope {url}"))
         self._windows: dict[tuple[tuple[str, str], ...], IntervalWindow] = {}
 
     def submit(self, snapshot: Profile) -> None:
@@ -60,3 +60,9 @@ class AgentPush:
     def close(self, timeout: float = 5.0) -> None:
         for pusher in self.pushers:
             pusher.close(timeout)
+
+
+def _send(client: PyroscopeClient, item: tuple[Mapping[str, str], Any]) -> None:
+    """One queued (labels, profile) to one Pyroscope."""
+    labels, profile = item
+    client.push(profile, labels)

@@ -121,7 +121,7 @@ def _check_threads(pid: int, runtime: int, offsets: dict[str, int], memory: Memo
 
 def _thread_ids(pid: int) -> set[int]:
     """The process's thread ids as it sees them (its innermost pid namespace: what CPython stores)."""
-    out = set()
+    out: set[int] = set()
     try:
         tasks = os.listdir(f"/proc/{pid}/task")
     except OSError:

@@ -82,8 +82,9 @@ def _one_byte(code: bytes, pos: int, rex_w: bool, opsize: bool, addr32: bool) ->
             return None
         if op in (0xF6, 0xF7) and (code[pos] >> 3) & 7 in (0, 1):  # test r/m, imm
             imm = 1 if op == 0xF6 else immz
-        pos = _modrm(code, pos)
-    return None if pos is None else pos + imm
+        end = _modrm(code, pos)
+        return None if end is None else end + imm
+    return pos + imm
 
 
 def _two_byte(code: bytes, pos: int) -> int | None:

@@ -114,10 +114,11 @@ def _by_frame(stats: FunctionStats, by: str, lines: bool) -> dict[tuple[object, 
     function at different first lines.
     """
     values = stats.self if by == "self" else stats.total
-    out = {}
+    out: dict[tuple[object, ...], tuple[Frame, int]] = {}
     for code in stats.ranked(by):
         frame = stats.frame(int(code))
-        out[(*function_key(frame), frame.line if lines else None)] = (frame, int(values[code]))
+        key = (*function_key(frame), frame.line if lines else None)
+        out[key] = (frame, int(values[code]))
     return out
 
 

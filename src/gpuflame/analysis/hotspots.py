@@ -214,7 +214,7 @@ def optimisation_targets(stats: FunctionStats, limit: int) -> list[Entry]:
     are not code; they are left to the other sections.
     """
     floor = TARGET_MIN_SHARE * stats.grand_total
-    out = []
+    out: list[Entry] = []
     for code in stats.ranked("self"):
         e = entry(stats, int(code), "self")
         if e.self < floor or len(out) == limit:
@@ -227,7 +227,7 @@ def optimisation_targets(stats: FunctionStats, limit: int) -> list[Entry]:
 def skippable_wrappers(stats: FunctionStats, limit: int) -> list[Entry]:
     """Wide bars with (almost) no self: orchestration to read past, not a source."""
     floor = WRAPPER_MIN_SHARE * stats.grand_total
-    out = []
+    out: list[Entry] = []
     for code in stats.ranked("total"):
         e = entry(stats, int(code), "total")
         if e.total < floor or len(out) == limit:

@@ -298,7 +298,7 @@ class Node(NamedTuple):
     """A handle on one node: its depth and its position in that depth's level."""
 
     depth: int
-    index: int
+    index: int  # type: ignore[assignment]  # a field named as tuple.index, which it hides on purpose
 
 
 @dataclass(eq=False)

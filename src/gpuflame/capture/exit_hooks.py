@@ -36,7 +36,7 @@ from gpuflame.capture.signal_watch import SignalWatch
 try:  # signal's own C functions, without its enum wrapping (3 us a call): a host stops a profile per test
     import _signal as _raw_signal
 except ImportError:  # pragma: no cover - not CPython
-    _raw_signal = signal  # type: ignore[assignment]
+    _raw_signal = signal
 
 if TYPE_CHECKING:
     from gpuflame.capture.session import Session
@@ -198,7 +198,7 @@ def _calling_first(hook: Callable[[], None], real: Callable[..., Any]) -> Callab
 
 def _forking_to_exec() -> bool:
     """Whether this fork child is subprocess's, about to run another program (its preexec_fn ran our hook)."""
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None:
         if frame.f_code.co_name == "_execute_child" and frame.f_code.co_filename.endswith("subprocess.py"):
             return True

@@ -10,34 +10,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gpuflame.analysis.chains import no_match_message
+from gpuflame.analysis.selection import Selection, View
 from gpuflame.boundary.backends import AUTO, frameworks
 from gpuflame.cli.options import add_force_option  # noqa: F401  (the analysis commands take it from here)
-from gpuflame.errors import GpuflameError
 from gpuflame.formats import load
-from gpuflame.model import (
-    DEFAULT_FRAMEWORKS,
-    drop_small,
-    focus,
-    hide,
-    ignore,
-    merge,
-    moment,
-    prune_framework,
-    select_labels,
-)
+from gpuflame.model import DEFAULT_FRAMEWORKS, merge
 from gpuflame.model.functions import missing_def_lines_note
 from gpuflame.model.moment import When, parse_when
 from gpuflame.model.peak import is_exact
 from gpuflame.model.profile import Profile
 from gpuflame.printable import printable
-from gpuflame.symbols.names import CACHED_FREE, TRAMPOLINE_NAME
 from gpuflame.symbols.qualnames import Resolver
 from gpuflame.symbols.source_paths import SourceMap, parse_root
 from gpuflame.units import parse_size
@@ -89,11 +76,7 @@ def moment_arg(text: str) -> When:
 
 def select_moment(profile: Profile, args: argparse.Namespace) -> Profile:
     """The profile of the moment or window asked for, else *profile* itself."""
-    if getattr(args, "at", None) is not None:
-        return moment.at(profile, args.at)
-    if getattr(args, "between", None):
-        return moment.between(profile, *args.between)
-    return profile
+    return selection_from_args(args).at_moment(profile)
 
 
 def add_filter_options(parser: argparse.ArgumentParser) -> None:
@@ -232,45 +215,24 @@ def load_profile(paths: Sequence[str], **snapshot_options: Any) -> Profile:
     return profiles[0] if len(profiles) == 1 else merge(profiles)
 
 
-def apply_filters(profile: Profile, args: argparse.Namespace, type_index: int) -> Profile:
-    """The filters of *args*, in :data:`FILTER_ORDER`."""
-    profile = _select_labels(profile, args.label)
-    if args.no_cached:
-        profile = ignore(profile, CACHED_FREE)
-    for pattern in args.ignore:
-        kept = ignore(profile, pattern)
-        if len(kept.samples) == len(profile.samples):
-            _warn_no_match(args, "--ignore", profile, pattern)
-        profile = kept
-    if args.focus:
-        profile = _focus(profile, args.focus)
-    for pattern in args.hide:
-        shown = hide(profile, pattern)
-        if _frame_count(shown) == _frame_count(profile):
-            _warn_no_match(args, "--hide", profile, pattern)
-        profile = shown
-    if args.hide_trampolines:  # a flag, not a pattern: a profile without trampolines is no mistake
-        profile = hide(profile, TRAMPOLINE_NAME)
-    if args.prune_framework:
-        profile = prune_framework(profile, [p for p in args.prune_framework.split(",") if p.strip()])
-    if args.min_size:
-        profile = drop_small(profile, args.min_size, type_index)
-    return profile
+def selection_from_args(args: argparse.Namespace) -> Selection:
+    """The view the command line asks for: the one :class:`Selection` every front end builds."""
+    prune = getattr(args, "prune_framework", None)
+    return Selection(
+        sample_type=getattr(args, "type", None), labels=tuple(getattr(args, "label", [])),
+        no_cached=getattr(args, "no_cached", False), ignore=tuple(getattr(args, "ignore", [])),
+        focus=getattr(args, "focus", None), hide=tuple(getattr(args, "hide", [])),
+        hide_trampolines=getattr(args, "hide_trampolines", False),
+        prune_framework=tuple(p for p in (prune or "").split(",") if p.strip()),
+        min_size=getattr(args, "min_size", None) or 0, at=getattr(args, "at", None),
+        between=(args.between[0], args.between[1]) if getattr(args, "between", None) else None,
+        group_by=getattr(args, "group_by", None), lines=getattr(args, "lines", False),
+    )
 
 
-def _select_labels(profile: Profile, pairs: list[tuple[str, str]]) -> Profile:
-    wanted: dict[str, set[str]] = {}
-    for key, value in pairs:
-        wanted.setdefault(key, set()).add(value)
-    for key, values in wanted.items():
-        selected = select_labels(profile, key, values)
-        if not selected.samples and profile.samples:
-            have = ", ".join(profile.label_values(key)) or "none"
-            raise GpuflameError(
-                f"no sample has label {key}={'|'.join(sorted(values))} ({key} values here: {have})"
-            )
-        profile = selected
-    return profile
+def apply_filters(profile: Profile, args: argparse.Namespace) -> Profile:
+    """The filters of *args* on *profile* (already at its moment), in :data:`FILTER_ORDER`; notes on stderr."""
+    return _say_notes(args, selection_from_args(args).filter(profile)).profile
 
 
 def command_prefix(args: argparse.Namespace) -> str:
@@ -279,22 +241,10 @@ def command_prefix(args: argparse.Namespace) -> str:
     return f"gpuflame {command}" if command else "gpuflame"
 
 
-def _frame_count(profile: Profile) -> int:
-    return sum(len(s.stack) for s in profile.samples)
-
-
-def _warn_no_match(args: argparse.Namespace, option: str, profile: Profile, pattern: str) -> None:
-    """A pattern that matched nothing is a typo more often than not: say so (pprof: "matched no samples")."""
-    if profile.samples:
-        sys.stderr.write(printable(f"{command_prefix(args)}: warning: {option} changed nothing: "
-                                   f"{no_match_message(profile.frames, pattern)}") + "\n")
-
-
-def _focus(profile: Profile, name: str) -> Profile:
-    focused = focus(profile, name)
-    if not focused.samples and profile.samples:
-        raise GpuflameError(f"--focus: {no_match_message(profile.frames, name)}")
-    return focused
+def _say_notes(args: argparse.Namespace, view: View) -> View:
+    for note in view.notes:
+        sys.stderr.write(printable(f"{command_prefix(args)}: warning: {note}") + "\n")
+    return view
 
 
 @dataclass
@@ -304,31 +254,24 @@ class Loaded:
     profile: Profile
     type_index: int
     source: str
+    view: View
 
 
 def load_for_analysis(args: argparse.Namespace, paths: Sequence[str]) -> Loaded:
     """Read *paths*, pick ``--type``, apply the filters: what every analysis command starts with."""
-    profile = select_moment(load_profile(paths, **snapshot_options(args)), args)
+    selection = selection_from_args(args)
+    profile = selection.at_moment(load_profile(paths, **snapshot_options(args)))
     note = missing_def_lines_note(profile)
     if note:  # older gpuflame files, py-spy's, Go's: say why a bar has no line
         profile.comments.append(note)
-    index = profile.pick_type(args.type)
-    shown = " ".join([", ".join(paths), *filters_applied(args)])
-    return Loaded(apply_filters(profile, args, index), index, shown)
+    shown = " ".join([", ".join(paths), *selection.words()])
+    view = _say_notes(args, selection.filter(profile))
+    return Loaded(view.profile, view.type_index, shown, view)
 
 
 def filters_applied(args: argparse.Namespace) -> list[str]:
     """The filter flags of *args* as a user would type them: a header that shows a filtered profile says so."""
-    words = [f"--label {shlex.quote(f'{k}={v}')}" for k, v in args.label]
-    words += ["--no-cached"] if args.no_cached else []
-    words += [f"--ignore {shlex.quote(p)}" for p in args.ignore]
-    words += [f"--focus {shlex.quote(args.focus)}"] if args.focus else []
-    words += [f"--hide {shlex.quote(p)}" for p in args.hide]
-    words += ["--hide-trampolines"] if args.hide_trampolines else []
-    if args.prune_framework:
-        words.append(f"--prune-framework={args.prune_framework}")
-    words += [f"--min-size {args.min_size}"] if args.min_size else []
-    return words
+    return selection_from_args(args).words()
 
 
 def print_json(data: Any) -> None:

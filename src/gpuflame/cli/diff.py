@@ -56,8 +56,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     # --at/--between: each file at its own time (seconds from its own strip's start)
     base, new = (select_moment(load_profile([p], **snapshot_options(args)), args) for p in (args.base, args.new))
-    base = apply_filters(base, args, base.pick_type(args.type))
-    new = apply_filters(new, args, new.pick_type(args.type))
+    base = apply_filters(base, args)
+    new = apply_filters(new, args)
     comparison = compare(base, new, args.type, by=args.by, limit=max(1, args.limit), lines=args.lines)
     if args.json:
         print_json(comparison.to_dict())

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from gpuflame.analysis.tree import build_tree, frame_dict
+from gpuflame.analysis.tree import frame_dict
 from gpuflame.cli.common import (
     FILTER_ORDER,
     add_analysis_options,
@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     if args.svg:
         check_output(args.svg, args.files, force=args.force)
     loaded = load_for_analysis(args, args.files)
-    tree = build_tree(loaded.profile, loaded.type_index, group_by=args.group_by, lines=args.lines)
+    tree = loaded.view.tree()
     lines = flame_lines(tree, max(0.0, args.min_percent), args.depth, args.expand)
     sample_type = tree.table.sample_type
     if args.svg:

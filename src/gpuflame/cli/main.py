@@ -21,8 +21,8 @@ from gpuflame.errors import GpuflameError
 from gpuflame.printable import printable
 
 # Order is the order of ``gpuflame --help``.
-COMMANDS = ("run", "report", "flame", "view", "serve", "top", "explain", "diff", "export", "convert", "simulate",
-            "push", "webhook")
+COMMANDS: tuple[str, ...] = ("run", "report", "flame", "view", "serve", "top", "explain", "diff", "export",
+                             "convert", "simulate", "push", "webhook")
 COMMANDS += ("recover",)  # merge what a killed `gpuflame run` left (launch/recover.py)
 COMMANDS += ("agent",)  # the node agent (eBPF): src/gpuflame/agent
 

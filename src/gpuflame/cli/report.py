@@ -6,7 +6,6 @@ import argparse
 
 from gpuflame.analysis.hotspots import build_report
 from gpuflame.analysis.summary import fragmented, reserved_peaks
-from gpuflame.analysis.tree import build_tree
 from gpuflame.cli.common import (
     FILTER_ORDER,
     add_analysis_options,
@@ -75,7 +74,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     loaded = load_for_analysis(args, args.files)
-    tree = build_tree(loaded.profile, loaded.type_index, group_by=args.group_by, lines=args.lines)
+    tree = loaded.view.tree()
     report = build_report(loaded.profile, tree, limit=max(1, args.limit))
     peak = loaded.profile.peak_description(report.type)
     units = reserved_peaks(loaded.profile)

@@ -9,6 +9,7 @@ import shutil
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 from gpuflame.boundary.backends import AUTO_RULE, BACKENDS, JAX, REGISTRY, TORCH_CUDA, TORCH_HOOKS
 from gpuflame.boundary.settings import Settings, env_name
@@ -133,7 +134,7 @@ def _interval(args: argparse.Namespace) -> float:
     return PUSH_INTERVAL_S if args.pyroscope else 0.0
 
 
-def _pyroscope_settings(args: argparse.Namespace) -> dict[str, str]:
+def _pyroscope_settings(args: argparse.Namespace) -> dict[str, Any]:
     """Continuous-mode settings, checked here so a bad URL or file fails before the program starts.
 
     An option left out keeps the value already in the environment (the

@@ -88,7 +88,7 @@ def encode(profile: Profile, type_index: int, locations: bool = False, header: b
     return "".join(lines)
 
 
-class _FrameIds(dict):  # type: ignore[type-arg]
+class _FrameIds(dict):
     """``folded frame text -> frame id`` in *profile*, parsing each distinct text once."""
 
     def __init__(self, profile: Profile) -> None:

@@ -53,7 +53,7 @@ def encode_varint(value: int) -> bytes:
     return bytes(out)
 
 
-class VarintCache(dict):  # type: ignore[type-arg]
+class VarintCache(dict):
     """``int -> varint bytes``, computed once per distinct value.
 
     Profiles repeat the same ids and sizes over and over, so a dict lookup
@@ -174,7 +174,7 @@ def decode_varint_bytes(chunk: bytes) -> int:
 VARINT_RUN = re.compile(rb"[\x80-\xff]*[\x00-\x7f]")
 
 
-class VarintMemo(dict):  # type: ignore[type-arg]
+class VarintMemo(dict):
     """``varint bytes -> value`` (or ``-> convert(value)``), computed once per distinct key.
 
     Keys may also be plain ints (a one-byte varint read by iterating bytes):

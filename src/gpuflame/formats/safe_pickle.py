@@ -76,35 +76,44 @@ def _short(exc: BaseException) -> str:
 
 
 def _plain_set(items: object = ()) -> set[object]:
-    _require(isinstance(items, (list, tuple, set, frozenset)), "set")
-    return set(items)  # type: ignore[arg-type]
+    if not isinstance(items, (list, tuple, set, frozenset)):
+        _refuse("set")
+    return set(items)
 
 
 def _plain_frozenset(items: object = ()) -> frozenset[object]:
-    _require(isinstance(items, (list, tuple, set, frozenset)), "frozenset")
-    return frozenset(items)  # type: ignore[arg-type]
+    if not isinstance(items, (list, tuple, set, frozenset)):
+        _refuse("frozenset")
+    return frozenset(items)
 
 
 def _plain_bytes(value: object = b"") -> bytes:
     # bytes(10**12) would allocate a terabyte: only copies of bytes are allowed
-    _require(isinstance(value, (bytes, bytearray)), "bytes")
-    return bytes(value)  # type: ignore[arg-type]
+    if not isinstance(value, (bytes, bytearray)):
+        _refuse("bytes")
+    return bytes(value)
 
 
 def _plain_bytearray(value: object = b"") -> bytearray:
-    _require(isinstance(value, (bytes, bytearray)), "bytearray")
-    return bytearray(value)  # type: ignore[arg-type]
+    if not isinstance(value, (bytes, bytearray)):
+        _refuse("bytearray")
+    return bytearray(value)
 
 
 def _latin1_encode(text: object, encoding: object = "latin1") -> bytes:
     """How protocols 0-2 pickle ``bytes``: ``_codecs.encode(str, 'latin1')``."""
-    _require(isinstance(text, str) and encoding in ("latin1", "latin-1"), "_codecs.encode")
-    return text.encode("latin1")  # type: ignore[union-attr]
+    if not isinstance(text, str) or encoding not in ("latin1", "latin-1"):
+        _refuse("_codecs.encode")
+    return text.encode("latin1")
 
 
 def _require(ok: bool, what: str) -> None:
     if not ok:
-        raise ProfileFormatError(f"corrupt pickle ({what} called with arguments that are not plain data)")
+        _refuse(what)
+
+
+def _refuse(what: str) -> NoReturn:
+    raise ProfileFormatError(f"corrupt pickle ({what} called with arguments that are not plain data)")
 
 
 _ALLOWED: dict[tuple[str, str], Callable[..., object]] = {}
@@ -352,7 +361,7 @@ def scan(data: bytes) -> None:
     tuples_refused_at = HASHABLE_OPCODES_UNCHECKED + 1 if n > limits.PICKLE_TUPLE_CHECK_BYTES.value() else -1
     match = fast_path_for(n).match
     while True:
-        pos = match(data, pos).end()
+        pos = match(data, pos).end()  # type: ignore[union-attr]  # the fast path also matches nothing: never None
         if pos >= n:
             s.truncated(n)
         op = data[pos]

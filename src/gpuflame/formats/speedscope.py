@@ -127,7 +127,7 @@ def _pid_order(pid: str | None) -> tuple[int, int, str]:
     return (1, 0, pid)
 
 
-class _SharedFrames(dict):  # type: ignore[type-arg]
+class _SharedFrames(dict):
     """``model frame id -> index in shared.frames``, adding each function on first use.
 
     A speedscope frame is a function, as a flame-graph bar is: its line is
@@ -387,7 +387,7 @@ def _number(value: object, what: str) -> float:
     if type(value) not in (int, float) or not math.isfinite(value):  # type: ignore[arg-type]
         raise _bad(f"{what} is not a finite number")
     if abs(value) > _INT64_MAX:  # type: ignore[arg-type]
-        raise _bad(f"{what} ({value:g}) does not fit in 64 bits")  # type: ignore[str-format]
+        raise _bad(f"{what} ({value:g}) does not fit in 64 bits")
     return value  # type: ignore[return-value]
 
 

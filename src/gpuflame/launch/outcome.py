@@ -28,7 +28,7 @@ def say_where(output: Path, meta: RunMeta, idle: dict[int, str], peak_note: str,
     for message in meta.lost:
         sys.stderr.write(f"gpuflame: lost: {printable(message)}\n")  # written by the program's process: untrusted
     for partial in meta.partial_processes:
-        sys.stderr.write(f"gpuflame: {printable(partial['why'])}\n")
+        sys.stderr.write(f"gpuflame: {printable(str(partial['why']))}\n")
     if as_json:
         summary = {**asdict(meta), "profile": str(output.resolve()) if meta.processes else None}
         sys.stdout.write(json.dumps(summary) + "\n")

@@ -3,11 +3,16 @@
 Each returns a new profile over the same frame table (call ``compact()`` to
 shed unused frames). Frame patterns accept either spelling of a method
 (``Foo.bar`` or ``Foo > bar``) and match anywhere in the name, case-insensitive.
+
+A filter that matches nothing is a typo more often than not (pprof says so
+too): the ``*_matched`` forms return whether the filter changed anything,
+so a caller never has to infer it by counting samples or frames.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 from gpuflame.model.profile import SYNTHETIC, Frame, Profile, Sample
 from gpuflame.symbols.names import compile_query, normalize
@@ -21,12 +26,24 @@ def frame_matcher(profile: Profile, pattern: str) -> Callable[[int], bool]:
     return hits.__contains__
 
 
+class Filtered(NamedTuple):
+    """A filter's result and whether it matched: kept a sample (focus, labels), or dropped or changed one."""
+
+    profile: Profile
+    matched: bool
+
+
 def focus(profile: Profile, pattern: str, trim: bool = True) -> Profile:
     """Only the samples whose stack passes through a frame matching *pattern*.
 
     With *trim* (Grafana's "Focus block"), the outermost matching frame
     becomes the root: the callers below it are cut away.
     """
+    return focus_matched(profile, pattern, trim).profile
+
+
+def focus_matched(profile: Profile, pattern: str, trim: bool = True) -> Filtered:
+    """:func:`focus`, and whether any sample passes through *pattern*."""
     hit = frame_matcher(profile, pattern)
     out: list[Sample] = []
     for s in profile.samples:
@@ -39,7 +56,7 @@ def focus(profile: Profile, pattern: str, trim: bool = True) -> Profile:
             continue
         stack = s.stack[: root_most + 1] if trim else s.stack
         out.append(Sample(stack, s.values, s.labels))
-    return profile.derive(out)
+    return Filtered(profile.derive(out), bool(out))
 
 
 def ignore(profile: Profile, pattern: str) -> Profile:
@@ -47,8 +64,14 @@ def ignore(profile: Profile, pattern: str) -> Profile:
 
     This is how ``<cached free blocks>`` is taken out of an in-use view.
     """
+    return ignore_matched(profile, pattern).profile
+
+
+def ignore_matched(profile: Profile, pattern: str) -> Filtered:
+    """:func:`ignore`, and whether it dropped a sample."""
     hit = frame_matcher(profile, pattern)
-    return profile.derive([s for s in profile.samples if not any(hit(f) for f in s.stack)])
+    kept = [s for s in profile.samples if not any(hit(f) for f in s.stack)]
+    return Filtered(profile.derive(kept), len(kept) < len(profile.samples))
 
 
 def hide(profile: Profile, pattern: str) -> Profile:
@@ -57,15 +80,29 @@ def hide(profile: Profile, pattern: str) -> Profile:
     Used for ``<interpreter trampoline>``: its callers and callees join up.
     A sample left with no frame keeps an empty stack (its bytes stay counted).
     """
+    return hide_matched(profile, pattern).profile
+
+
+def hide_matched(profile: Profile, pattern: str) -> Filtered:
+    """:func:`hide`, and whether it removed a frame from any stack."""
     hit = frame_matcher(profile, pattern)
-    return profile.derive(
-        [Sample(tuple(f for f in s.stack if not hit(f)), s.values, s.labels) for s in profile.samples]
-    )
+    out, removed = [], False
+    for s in profile.samples:
+        stack = tuple(f for f in s.stack if not hit(f))
+        removed = removed or len(stack) < len(s.stack)
+        out.append(Sample(stack, s.values, s.labels))
+    return Filtered(profile.derive(out), removed)
 
 
 def select_labels(profile: Profile, key: str, values: set[str]) -> Profile:
     """Only the samples whose label *key* has one of *values* (e.g. one pid)."""
-    return profile.derive([s for s in profile.samples if s.label(key) in values])
+    return select_labels_matched(profile, key, values).profile
+
+
+def select_labels_matched(profile: Profile, key: str, values: set[str]) -> Filtered:
+    """:func:`select_labels`, and whether any sample has one of *values*."""
+    kept = [s for s in profile.samples if s.label(key) in values]
+    return Filtered(profile.derive(kept), bool(kept))
 
 
 def drop_small(profile: Profile, min_value: int, type_index: int) -> Profile:

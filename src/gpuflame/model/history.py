@@ -95,11 +95,11 @@ class EventLog:
         self.fold = self.times[n - 1]
         self.folded += n
         if self.key_of is not None:
-            self._fold_lines(n)
+            self._fold_lines(n, self.key_of)
         del self.times[:n], self.sites[:n], self.sizes[:n]
 
-    def _fold_lines(self, n: int) -> None:
-        key_of, totals, past = self.key_of, self.past_total, self.past
+    def _fold_lines(self, n: int, key_of: Callable[[int], str]) -> None:
+        totals, past = self.past_total, self.past
         for t, site, size in zip(self.times[:n], self.sites[:n], self.sizes[:n], strict=True):
             key = key_of(site)
             total = totals[key] = totals.get(key, 0) + size

@@ -89,7 +89,8 @@ class Timeline:
         events += [(points[-1][0], 1, k, 0) for k, points in enumerate(chosen) if points[-1][0] < end]
         events.sort(key=lambda e: (e[0], e[1]))  # stable: an end comes after the updates of its moment
         current = [0] * len(chosen)
-        total, out = 0, []
+        total = 0
+        out: list[tuple[int, int]] = []
         for t, _, k, b in events:
             total += b - current[k]
             current[k] = b

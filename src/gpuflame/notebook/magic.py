@@ -16,10 +16,12 @@ import os
 import sys
 import tempfile
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import IPython
 from IPython.core.error import UsageError
+from IPython.core.interactiveshell import InteractiveShell
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 from IPython.display import display
@@ -48,6 +50,12 @@ class GpuflameMagics(Magics):
         super().__init__(shell)
         self._folder: tempfile.TemporaryDirectory[str] | None = None  # removed with the kernel
 
+    @property
+    def _kernel(self) -> InteractiveShell:
+        """The shell the magics were registered with: IPython gives every Magics it loads one."""
+        assert self.shell is not None
+        return self.shell
+
     @magic_arguments()
     @argument("--type", choices=TYPES, help="sample type shown first and named in the summary (default: peak)")
     @argument("--backend", choices=BACKENDS, default="auto", help="what records (default: auto, as gpuflame run)")
@@ -66,7 +74,7 @@ class GpuflameMagics(Magics):
         code, value_code = self._compile(cell)
         session = self._start(args.backend)
         try:
-            namespace = self.shell.user_ns
+            namespace = self._kernel.user_ns
             exec(code, namespace)  # noqa: S102 - the user's own cell, as IPython runs it
             value = eval(value_code, namespace) if value_code is not None else None  # noqa: S307
         finally:
@@ -91,25 +99,26 @@ class GpuflameMagics(Magics):
 
     def _compile(self, cell: str) -> tuple[Any, Any]:
         """The cell as IPython compiles it, its last expression split off to be returned (as %%time does)."""
-        shell = self.shell
+        shell = self._kernel
         source = shell.transform_cell(cell)
         tree = shell.transform_ast(shell.compile.ast_parse(source))
         filename = shell.compile.cache(source, self._cell_number(), raw_code=cell)
         value = None
         if tree.body and isinstance(tree.body[-1], ast.Expr):
-            value = shell.compile(ast.Expression(tree.body.pop().value), filename, "eval")
+            # IPython's hint says source text; its compiler, like compile(), takes the AST too
+            value = shell.compile(ast.Expression(tree.body.pop().value), filename, "eval")  # type: ignore[arg-type]
         return shell.compile(tree, filename, "exec"), value
 
     def _cell_number(self) -> int:
         """The running cell's ``In[n]``, read from the cell's own frame: while a cell runs, IPython's
         ``execution_count`` already names the next one."""
-        frame = sys._getframe(1)
+        frame: FrameType | None = sys._getframe(1)
         while frame is not None:
-            label = self.shell.compile.format_code_name(frame.f_code.co_filename)
+            label = self._kernel.compile.format_code_name(frame.f_code.co_filename)
             if label and label[1].startswith("In[") and label[1][3:-1].isdigit():
                 return int(label[1][3:-1])
             frame = frame.f_back
-        return self.shell.execution_count
+        return self._kernel.execution_count
 
     def _start(self, backend: str) -> Any:
         if already_profiling():
@@ -127,12 +136,12 @@ class GpuflameMagics(Magics):
         try:
             profile = hosted.stop(session, HOST_DIRS)
             if profile is not None:
-                profile = name_cells(profile, self.shell.compile)
+                profile = name_cells(profile, self._kernel.compile)
             backends = session.backends
             if profile is None or not any(profile.totals().values()):
                 say(_nothing_recorded(args.backend, backends))
                 return
-            self.shell.user_ns["_gpuflame"] = profile
+            self._kernel.user_ns["_gpuflame"] = profile
             remember(profile)
             _display(profile, args, backends)
         except Exception as exc:
@@ -169,10 +178,12 @@ def _check_output(output: str | None) -> None:
 
 
 def _display(profile: Profile, args: Any, backends: list[str]) -> None:
+    from gpuflame.analysis.selection import Selection
     from gpuflame.analysis.summary import summarize
     from gpuflame.notebook.inline import inline_html, summary_line
 
-    index = profile.pick_type(args.type)
+    view = Selection(sample_type=args.type).apply(profile)  # the view the CLI would show for --type
+    profile, index = view.profile, view.type_index
     line = summary_line(summarize(profile, profile.sample_types[index].type), backends)
     if args.output:
         try:
@@ -202,10 +213,10 @@ def _print_report(profile: Profile, type_name: str | None, limit: int) -> None:
     from rich.console import Console
 
     from gpuflame.analysis.hotspots import build_report
-    from gpuflame.analysis.tree import build_tree
+    from gpuflame.analysis.selection import Selection
     from gpuflame.render.terminal import PIPE_WIDTH, render_report
 
-    tree = build_tree(profile, profile.pick_type(type_name))
+    view = Selection(sample_type=type_name).apply(profile)  # as gpuflame report --type TYPE
     console = Console(file=sys.stdout, highlight=False, markup=False, emoji=False, force_jupyter=False,
                       color_system=None, width=PIPE_WIDTH)
-    render_report(console, build_report(profile, tree, limit), "last %%gpuflame cell")
+    render_report(console, build_report(view.profile, view.tree(), limit), "last %%gpuflame cell")

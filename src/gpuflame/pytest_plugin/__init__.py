@@ -194,9 +194,10 @@ class GpuflamePlugin:
                 failed["memory"] = lambda saved: budget.over_limit(profile, peak, limits["limit_gpu_memory"], saved)
             if "limit_gpu_leaks" in limits and (stacks := budget.leaks(profile, limits["limit_gpu_leaks"])):
                 failed["leaks"] = lambda saved: budget.leaking(stacks, limits["limit_gpu_leaks"], saved)
-            before = self.baseline.get(item.nodeid)
-            if self.fail_on_increase and before is not None and not self.tolerance.allows(before, peak):
-                failed["grew"] = lambda saved: budget.grew(profile, before, peak, self.tolerance, saved)
+            before, tolerance = self.baseline.get(item.nodeid), self.tolerance  # set with fail_on_increase
+            if self.fail_on_increase and before is not None and tolerance is not None \
+                    and not tolerance.allows(before, peak):
+                failed["grew"] = lambda saved: budget.grew(profile, before, peak, tolerance, saved)
         saved = self._save(item.nodeid, body, fixtures, keep=bool(failed))
         return {name: make(saved) for name, make in failed.items()}
 

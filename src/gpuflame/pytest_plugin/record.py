@@ -18,6 +18,7 @@ import _pytest
 import pluggy
 
 from gpuflame import hosted
+from gpuflame.analysis.selection import Selection
 from gpuflame.analysis.summary import widest_leaf
 from gpuflame.boundary.backends import frameworks, spoken
 from gpuflame.hosted import already_profiling, backend_for_now, package_dirs
@@ -93,5 +94,6 @@ class PhaseRecorder:
 def measure(profile: Profile, backends: list[str]) -> Phase:
     totals = profile.totals()
     peak = totals.get("peak_space", totals.get("inuse_space", 0))
-    leaf = widest_leaf(profile, profile.pick_type("peak_space" if "peak_space" in totals else None))
+    view = Selection(sample_type="peak_space" if "peak_space" in totals else None).apply(profile)
+    leaf = widest_leaf(view.profile, view.type_index)
     return Phase(profile, peak, totals.get("inuse_space", 0), leaf.frame.name if leaf else "", backends)

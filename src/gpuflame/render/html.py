@@ -118,8 +118,8 @@ def viewer_data(
         data["base"] = {"samples": sample_sets[1]}
     elif profile.timeline is not None and any(profile.timeline.series.values()):
         data["timeline"] = timeline_data(profile.timeline)
-        if sites is not None:
-            data["history"] = history_data(profile.history, data["timeline"]["start"], sample_sets[-1])
+        if sites is not None and profile.history is not None:  # sites come from the history
+            data["history"] = history_data(profile.history, profile.timeline.start() or 0, sample_sets[-1])
         else:
             data["noHistory"] = NO_HISTORY
     data["stacks"] = stacks
@@ -133,7 +133,7 @@ def timeline_data(timeline: Timeline) -> dict[str, object]:
     Epoch nanoseconds (~1.8e18) are past what a JavaScript number holds
     exactly (2^53); offsets from the start fit for 104 days.
     """
-    start = timeline.start()
+    start = timeline.start() or 0  # None only without points, and then there is no t to shift
     return {
         "start": start,
         "series": [
@@ -316,7 +316,9 @@ def decode_payload(text: str) -> dict[str, object]:
             return [walk(v) for v in value]
         return value
 
-    return walk(json.loads(body[4 : 4 + length]))
+    data = walk(json.loads(body[4 : 4 + length]))
+    assert isinstance(data, dict)  # the head is always one JSON object
+    return data
 
 
 def script_hash(script: str) -> str:

@@ -131,7 +131,7 @@ class Placed(NamedTuple):
     """The bars drawn at one depth: node indices into that level, left edges and widths in px."""
 
     depth: int
-    index: np.ndarray
+    index: np.ndarray  # type: ignore[assignment]  # a field named as tuple.index, which it hides on purpose
     x: np.ndarray
     width: np.ndarray
 

@@ -155,7 +155,7 @@ def pct(value: float | None, signed: bool = False) -> str:
 def type_title(type_name: str, unit: str, total: int, description: str = "") -> Text:
     """``peak_space  5.72 MiB  what it is``: *description* (the profile's own word on its peak) first."""
     text = Text.assemble((printable(type_name), "bold"), f"  {amount(total, unit)}")
-    description = description or DESCRIPTIONS.get(type_name)
+    description = description or DESCRIPTIONS.get(type_name, "")
     if description:
         text.append(f"  {printable(description)}", style="dim")
     return text
@@ -423,9 +423,8 @@ def _chain_table(n: int, count: int, chain: Chain, unit: str) -> Table:
     table = _table(title, "total", "self", "frame", "file:line")
     last = len(chain.steps) - 1
     for i, step in enumerate(chain.steps):
-        label: str | Text = ("" if i == 0 else "-> ") + step.frame.name
-        if i == last:
-            label = plain(label, style="bold")
+        name = ("" if i == 0 else "-> ") + step.frame.name
+        label: str | Text = plain(name, style="bold") if i == last else name
         table.add_row(amount(step.total, unit), amount(step.self, unit), label, _step_where(step))
     for callee in chain.callees:
         table.add_row(

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
+from gpuflame.analysis.selection import Selection
 from gpuflame.errors import GpuflameError
 from gpuflame.files import read_bytes
 from gpuflame.formats import loads
@@ -227,10 +228,10 @@ class Handler(BaseHTTPRequestHandler):
             return json_response([e.to_json() for e in catalog.scan(self.server.root)])
         if path == "/diff":
             return self._guard(self._diff, query)
-        for prefix, serve in (("/view/", self._view), ("/file/", self._file)):
-            if path.startswith(prefix):
-                ident = unquote(path[len(prefix):])
-                return self._guard(serve, ident)
+        if path.startswith("/view/"):
+            return self._guard(self._view, (unquote(path[len("/view/"):]), query))
+        if path.startswith("/file/"):
+            return self._guard(self._file, unquote(path[len("/file/"):]))
         return error(404, "no such page")
 
     def _guard(self, route: Callable[[Any], Response], arg: Any) -> Response:
@@ -245,11 +246,21 @@ class Handler(BaseHTTPRequestHandler):
             self._log(422, str(exc))
             return error(422, str(exc))
 
-    def _view(self, ident: str) -> Response:
+    def _view(self, ident_query: tuple[str, dict[str, list[str]]]) -> Response:
+        """The viewer page of a profile, as the query selects it (``?focus=f&type=inuse``: the CLI's options)."""
+        ident, query = ident_query
         path = catalog.resolve_id(self.server.root, ident)
         entry = catalog.entry_for(self.server.root, ident)
-        key = ("view", *file_key(path))
-        return viewer_response(self.server.cache.get(key, lambda: render_html(load(path, ident), entry.label).encode()))
+        try:
+            selection = Selection.from_query(query)
+        except ValueError as exc:
+            return error(400, str(exc))
+        key = ("view", *file_key(path), selection)
+        try:
+            return viewer_response(self.server.cache.get(key, lambda: view_page(load(path, ident), entry.label,
+                                                                               selection)))
+        except GpuflameError as exc:  # a focus or label that leaves nothing, a moment the profile cannot show
+            return error(400, str(exc))
 
     def _file(self, ident: str) -> Response:
         data = read_or_unreadable(catalog.resolve_id(self.server.root, ident), ident)
@@ -285,6 +296,13 @@ class Handler(BaseHTTPRequestHandler):
         older, newer = sorted((catalog.entry_for(self.server.root, p) for p in picks), key=lambda e: e.time)
         target = f"/diff?base={quote(older.id, safe='/')}&new={quote(newer.id, safe='/')}"
         return Response(303, b"", "text/plain; charset=utf-8", {"Location": target})
+
+
+def view_page(profile: Profile, title: str, selection: Selection) -> bytes:
+    """The page of *selection*'s view; its notes (a filter that matched nothing) are the page's comments."""
+    view = selection.apply(profile)
+    view.profile.comments.extend(view.notes)
+    return render_html(view.profile, title, view.type_index if selection.sample_type else None).encode()
 
 
 def file_key(path: Path) -> tuple[object, ...]:

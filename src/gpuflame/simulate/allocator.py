@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Callable
+from typing import TypeGuard
 
 from gpuflame.simulate.blocks import (
     LARGE_BUFFER,
@@ -324,7 +325,8 @@ class Allocator:
             c = pool.unmapped_blocks[addr]
             if _usable(c.prev):
                 c = c.prev
-            room, b = 0, c
+            room = 0
+            b: Block | None = c
             while room < size and _usable(b):
                 room += b.size
                 b = b.next
@@ -461,5 +463,5 @@ def _grows_to(b: Block) -> int:
     return b.size + (nxt.size if nxt is not None and not nxt.mapped else 0)
 
 
-def _usable(b: Block | None) -> bool:
+def _usable(b: Block | None) -> TypeGuard[Block]:
     return b is not None and not b.allocated and not b.pending

@@ -142,8 +142,8 @@ def _divisions(value: str) -> tuple[int, ...]:
         out[last] = d
     first = next((d for d in out if d is not None), 0)
     filled, prev = [], first
-    for d in out:  # an interval without its own value takes the one below it (the first: the first given)
-        prev = d if d is not None else prev
+    for given in out:  # an interval without its own value takes the one below it (the first: the first given)
+        prev = given if given is not None else prev
         filled.append(prev)
     return tuple(filled)
 

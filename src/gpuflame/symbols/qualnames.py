@@ -227,9 +227,8 @@ def _scopes(node: ast.AST) -> tuple[list[ast.AST], list[ast.AST]]:
         body = node.body if isinstance(node.body, list) else [node.body]
         return outer, list(body)
     if isinstance(node, ast.ClassDef):
-        return list(node.decorator_list) + list(node.bases) + [k.value for k in node.keywords], list(
-            node.body
-        )
+        outer_nodes: list[ast.AST] = [*node.decorator_list, *node.bases, *(k.value for k in node.keywords)]
+        return outer_nodes, list(node.body)
     # a comprehension: the first iterable is evaluated outside
     generators = node.generators  # type: ignore[attr-defined]
     outer = [generators[0].iter]
@@ -257,7 +256,7 @@ def _span_of(node: ast.AST, prefix: str, depth: int, parent: int) -> Span | None
 class _Cached(NamedTuple):
     mtime_ns: int
     size: int
-    index: FileIndex | None
+    index: FileIndex | None  # type: ignore[assignment]  # a field named as tuple.index, which it hides on purpose
 
 
 _FILES: dict[str, _Cached] = {}

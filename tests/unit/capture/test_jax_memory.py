@@ -198,3 +198,10 @@ def test_a_jax_profile_says_it_has_no_history_for_any_moment() -> None:
             verb(profile, *args)
         assert "\n" not in str(caught.value)
     assert kept.nbytes == 16 * 256 * 4
+
+
+def test_the_recorder_names_its_backend_jax_whatever_platform_it_reads() -> None:
+    """Recording.backends lists each recorder's --backend name: the JAX platform asked for (None: JAX's default)
+    once took its place, so the list said [None] (found by mypy)."""
+    assert JaxMemoryRecorder().backend == "jax" and JaxMemoryRecorder(backend="cpu").backend == "jax"
+    assert JaxMemoryRecorder(backend="cpu").platform == "cpu"

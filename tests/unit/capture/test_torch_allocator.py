@@ -548,14 +548,12 @@ def run_gpuflame(tmp_path: Path, env: dict[str, str], *args: str) -> subprocess.
 
 @pytest.mark.subprocess
 def test_gpuflame_run_uses_the_hook_and_keeps_the_exit_code(tmp_path: Path) -> None:
-    started = time.time()
     done = run_gpuflame(tmp_path, {})
     assert done.returncode == 3, done.stderr
     assert "Traceback" not in done.stderr
     profile = load(tmp_path / "out.pb.gz")
     assert by_frame(profile, "make", INUSE) == 10_000
     assert any("CPU allocator hook" in c for c in profile.comments)
-    assert time.time() - started < 300
 
 
 @pytest.mark.subprocess
@@ -625,11 +623,12 @@ def test_the_timeline_shows_short_spikes_rising_and_falling() -> None:
     assert rec.errors == []
     (points,) = profile.timeline.series.values()
     assert [t for t, _ in points] == sorted({t for t, _ in points})
-    for before, after in spikes:
+    for (before, after), (next_before, _) in zip(spikes, spikes[1:] + [(points[-1][0], 0)], strict=True):
         inside = [b for t, b in points if before <= t <= after]
         assert max(inside) == 5_000_000  # it rose to 5 MB, inside the spike's microseconds
         assert value_at(points, after) == 1_000_000  # and fell back before it was over
-        assert value_at(points, after + 50_000_000) == 1_000_000  # between spikes: the 1 MB held
+        # between spikes (the moments read here, never assumed): the 1 MB held, nothing more
+        assert {b for t, b in points if after <= t < next_before} <= {1_000_000}
     assert points[-1][1] == 1_000_000 and column(profile, PEAK) == 5_000_000
 
 

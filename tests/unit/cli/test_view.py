@@ -14,11 +14,16 @@ import pytest
 from gpuflame.cli.view import default_output
 from gpuflame.formats import save
 from gpuflame.render.html import decode_payload, render_html
-from tests.helpers.viewer_profiles import XSS_COMMENT_FILE, XSS_IMG, XSS_LABEL, XSS_SCRIPT, viewer_profile
+from tests.helpers.viewer_profiles import (
+    DATA_ELEMENT,
+    XSS_COMMENT_FILE,
+    XSS_IMG,
+    XSS_LABEL,
+    XSS_SCRIPT,
+    embedded,
+    viewer_profile,
+)
 from tests.unit.cli.test_analysis_commands import run
-
-DATA_ELEMENT = re.compile(r'<script type="application/octet-stream" id="gpuflame-data">([A-Za-z0-9+/=]*)</script>')
-
 
 
 @pytest.fixture
@@ -35,10 +40,6 @@ def page(profile_file: Path, capsys) -> str:
     return profile_file.with_name("run.html").read_text(encoding="utf-8")
 
 
-def embedded(html: str) -> dict:
-    match = DATA_ELEMENT.search(html)
-    assert match, "no data element"
-    return decode_payload(match.group(1))
 
 
 def test_writes_one_file_next_to_the_input_and_says_where(profile_file: Path, capsys) -> None:

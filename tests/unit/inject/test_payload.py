@@ -100,7 +100,7 @@ def test_payload_starts_the_profiler_in_a_fresh_process(tmp_path: Path) -> None:
 def test_the_payload_records_on_a_bare_interpreter_with_numpy_and_rich_blocked(tmp_path: Path, hook: str) -> None:
     """The payload ships no dependency: its bootstrap, started after a block on numpy and rich, still records."""
     pytest.importorskip("torch")
-    from test_architecture import BLOCK
+    from tests.helpers.blocking import BLOCK
 
     dest = install(tmp_path / "gpuflame")
     sessions = tmp_path / "session"

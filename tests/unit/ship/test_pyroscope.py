@@ -263,10 +263,9 @@ def test_network_failures_are_push_errors(server: Server) -> None:
     with pytest.raises(PushError, match="cannot reach"):
         PyroscopeClient(server.url).push(two_device_profile(), {"service_name": "x"})
     server.mode = "hang"
-    started = time.monotonic()
-    with pytest.raises(PushError, match="did not answer within"):
+    with pytest.raises(PushError, match=r"did not answer within 0.3s") as hung:  # the client's own timeout ran out
         PyroscopeClient(server.url, timeout=0.3).push(two_device_profile(), {"service_name": "x"})
-    assert time.monotonic() - started < 3
+    assert hung.value.kind == TIMEOUT
 
 
 def test_a_garbage_answer_is_named_and_quoted_escaped_and_short(server: Server) -> None:
@@ -344,20 +343,22 @@ def test_the_window_pushes_interval_values() -> None:
 
 
 def test_submit_never_waits_and_the_queue_drops_the_oldest(server: Server, capsys) -> None:
-    server.mode = "hang"
-    client = PyroscopeClient(server.url, timeout=5)
-    pusher = Pusher(lambda p: client.push(p, {"service_name": "x"}), queue_size=2)
-    worst = 0.0
+    """No clock: the push is held on a gate the test opens only after every submit and the close returned,
+    so a submit or a close that waited for the push could not return before it (the gate's own wait is a
+    guard that turns such a bug into a failure, not a hang)."""
+    gate, pushing = threading.Event(), []
+
+    def push(profile: object) -> None:
+        pushing.append(threading.current_thread())
+        gate.wait(60)
+        raise PushError("held by the test")
+
+    pusher = Pusher(push, queue_size=2)
     for _ in range(20):
-        started = time.perf_counter()
         pusher.submit(two_device_profile())
-        worst = max(worst, time.perf_counter() - started)
-    # the server hangs until the client's 5 s timeout: a submit that waited on the network would take
-    # that long; the bound tells "never waits" from "waits", not a speed (that is in bench/)
-    assert worst < 1.0
-    started = time.monotonic()
-    pusher.close(timeout=0.5)
-    assert time.monotonic() - started < 1.5
+    pusher.close(timeout=0)  # the push in flight is still held: what it and the queue hold is unsent
+    assert not gate.is_set() and threading.main_thread() not in pushing
+    gate.set()
     assert pusher.dropped == 20 and pusher.sent == 0
     err = capsys.readouterr().err
     assert "dropped 20" in err and "Traceback" not in err
@@ -489,24 +490,24 @@ def test_run_pushes_every_interval_and_at_exit(
 
 
 @pytest.fixture(scope="module")
-def baseline(tmp_path_factory: pytest.TempPathFactory) -> float:
-    """How long the script takes under gpuflame run without pushing."""
+def baseline(tmp_path_factory: pytest.TempPathFactory) -> subprocess.CompletedProcess:
+    """The script under gpuflame run without pushing."""
     pytest.importorskip("torch")
     tmp = tmp_path_factory.mktemp("baseline")
     (tmp / "tiny_train.py").write_text(SCRIPT)
-    done, seconds = run_gpuflame(tmp, "--interval", "200ms", str(tmp / "tiny_train.py"), "1")
+    done, _ = run_gpuflame(tmp, "--interval", "200ms", str(tmp / "tiny_train.py"), "1")
     assert done.returncode == 3, done.stderr
-    return seconds
+    return done
 
 
 @pytest.mark.subprocess
 @pytest.mark.parametrize("mode", ["down", "500", "429", "401", "hang", "close"])
 def test_a_failing_pyroscope_never_changes_the_workload(
-    server: Server, tmp_path: Path, script: Path, baseline: float, mode: str
+    server: Server, tmp_path: Path, script: Path, baseline: subprocess.CompletedProcess, mode: str
 ) -> None:
     server.mode = mode
     url = f"http://127.0.0.1:{free_port()}" if mode == "down" else server.url
-    done, seconds = run_gpuflame(
+    done, _ = run_gpuflame(
         tmp_path, "--pyroscope", url, "--interval", "200ms", str(script), "1",
         env={"GPUFLAME_PYROSCOPE_TOKEN": TOKEN},
     )
@@ -514,9 +515,9 @@ def test_a_failing_pyroscope_never_changes_the_workload(
     assert "Traceback" not in done.stderr
     assert TOKEN not in done.stderr and TOKEN not in done.stdout
     assert "sent 0," in done.stderr and ("dropped" in done.stderr and "failed" in done.stderr)
-    # at most the flush time (3 s) at exit on top of the run without pushing, plus noise
-    assert seconds < baseline + 6, (seconds, baseline)
+    # the flush at exit is bounded by its deadline, not by the server (test_submit_never_waits_...)
     assert (tmp_path / "out.pb.gz").exists()  # the local profile is still written
+    assert done.returncode == baseline.returncode  # the workload ends as it does without pushing
 
 
 @pytest.mark.subprocess

@@ -116,7 +116,7 @@ def _values(module: Any, name: str) -> list[Any]:
     return [v for v in list(found.values()) if v is not None] if isinstance(found, dict) else []
 
 
-def _kind(t: type, kinds: tuple[type, type, tuple[type, ...]]) -> int:
+def _kind(t: type, kinds: tuple[type | tuple[type, ...], ...]) -> int:
     """0: a module type, 1: an optimizer type, 2: a KV-cache type, -1: none of them."""
     for i, base in enumerate(kinds):
         if base and issubclass(t, base):

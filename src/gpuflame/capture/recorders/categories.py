@@ -136,7 +136,8 @@ def mark_categories(snapshot: dict[str, Any]) -> None:
         roles = {}
     for segment in snapshot.get("segments") or []:
         for block in segment.get("blocks") or []:
-            role = roles.get(block.get("address")) if isinstance(block, dict) else None
+            address = block.get("address") if isinstance(block, dict) else None
+            role = roles.get(address) if isinstance(address, int) else None
             if role is not None:
                 block[BLOCK_CATEGORY_KEY] = role
     snapshot[CATEGORIES_KEY] = True

@@ -77,7 +77,7 @@ class JaxMemoryRecorder(Recorder):
         """*source* returns one gzipped pprof (default: JAX's ``device_memory_profile``)."""
         super().__init__()
         self.keep_framework = keep_framework
-        self.backend = backend
+        self.platform = backend  # JAX's backend (cpu, gpu, ...): not self.backend, the --backend name
         self._source = source
         self._resolver = Resolver()
         self._latest: Rows = {}
@@ -96,7 +96,7 @@ class JaxMemoryRecorder(Recorder):
         if self._source is None:
             import jax.profiler  # ImportError is reported by start()
 
-            backend = self.backend
+            backend = self.platform
             self._source = lambda: jax.profiler.device_memory_profile(backend)
         self._phase, self._phase_rows = phases.current(), {}
         self._take()

@@ -40,6 +40,9 @@ class StorageRef(weakref.ref):
     nbytes: int
     seq: int
     table: int
+    tag: int
+    t0: int
+    t1: int
 
 
 class Ledger:
@@ -83,7 +86,8 @@ class Ledger:
         self.seq = 0
         self.frozen = False
         # the joint peak: the hook module's table functions, when in a run
-        self.table_event = hook.table_event if hook is not None else None
+        # Any: a function of the compiled hook; called only for a table handle >= 0, which only the hook gives
+        self.table_event: Any = hook.table_event if hook is not None else None
         self.site_table: list[int] = []  # site -> table handle of its device, -1 for none
         self.site_device: list[str] = []
         self.publishing = True  # False once this ledger is not the process's (a fork child's old one)

@@ -209,7 +209,7 @@ class TorchTensorRecorder(Recorder):
             labels = {"device": device, "pid": pid, categories.LABEL: category}
             if phase_rows:  # a recording that saw a phase: every sample says its phase
                 labels[phase_model.LABEL] = phases.name_of(self.site_phase[site])
-            profile.add(self.stacks.frames(sid), site_row.sample_values(values, joint), labels)
+            profile.add(self.stacks.frames(sid), site_row.sample_values(values, bool(joint)), labels)
         out = profile.compact()
         out.default_type = profile.default_type
         out.comments = self._comments()

@@ -203,7 +203,7 @@ def add_outside_framework(profile: Profile, outside: dict[int, int]) -> None:
     frame = Frame(OUTSIDE_FRAMEWORK, kind=SYNTHETIC)
     names = profile.type_names()
     for index, size in sorted(outside.items()):
-        values = {t: size for t in ("inuse_space", "peak_space") if t in names}
+        values: dict[str, int] = {t: size for t in ("inuse_space", "peak_space") if t in names}
         if values:
             labels = {"device": f"cuda:{index}", "pid": os.getpid(), categories.LABEL: categories.OUTSIDE_FRAMEWORK}
             if profile.phases:  # every sample says its phase: memory made in none (the CUDA context, early)

@@ -129,6 +129,8 @@ def _compiler() -> str:
 
 def _torch_flags(torch: ModuleType) -> list[str]:
     """Compile and link flags that match the running torch."""
+    if torch.__file__ is None:  # a namespace package: no install folder to compile against
+        raise NativeUnavailable("torch has no install folder (torch.__file__ is None)")
     root = Path(torch.__file__).resolve().parent
     include, lib = root / "include", root / "lib"
     if not (include / "c10" / "core" / "Allocator.h").exists():
