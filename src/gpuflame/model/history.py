@@ -333,7 +333,7 @@ def _column_text(column: Sequence[int], previous: int | None) -> Iterator[str | 
         values = map(operator.sub, column, chain((previous,), column))
     sep = ""
     while chunk := list(islice(values, _CHUNK)):
-        yield sep + repr(chunk)[1:-1]  # a list of ints' repr is JSON (1.6x faster than joining strs)
+        yield sep + repr(chunk)[1:-1].replace(" ", "")  # JSON (1.6x faster than joining strs), compact as C's
         sep = ","
 
 
