@@ -780,17 +780,17 @@ def test_the_hooks_column_text_is_the_python_writers(monkeypatch: pytest.MonkeyP
     lo, hi = -(1 << 63), (1 << 63) - 1
     wide = array("q", [0, 1, -1, 9, 10, -10, 12345678901234, hi, lo, hi, 0, lo, 5, 5, 5, -7, 99])
     narrow = array("I", [0, 1, 9, 10, (1 << 32) - 1, 4, 4, 70000, 3, 2])
-    for column in (wide, narrow, memoryview(wide.tobytes()).cast("q"), memoryview(narrow.tobytes()).cast("I"),
+    for values in (wide, narrow, memoryview(wide.tobytes()).cast("q"), memoryview(narrow.tobytes()).cast("I"),
                    array("q"), wide[:7], wide[:8]):
-        for previous in ((None, 0, lo, hi) if column.itemsize == 8 else (None, 0)):
+        for previous in ((None, 0, lo, hi) if values.itemsize == 8 else (None, 0)):
             with monkeypatch.context() as m:
                 m.setattr(history_module, "_ints_text", None)
                 slow = b"".join(p if isinstance(p, bytes) else p.encode()
-                                for p in history_module._column_text(column, previous))
+                                for p in history_module._column_text(values, previous))
             monkeypatch.setattr(history_module, "_ints_text", HOOK.ints_text)
             fast = b"".join(p if isinstance(p, bytes) else p.encode()
-                            for p in history_module._column_text(column, previous))
-            assert fast == slow, (column, previous)
+                            for p in history_module._column_text(values, previous))
+            assert fast == slow, (values, previous)
     with pytest.raises(TypeError):
         HOOK.ints_text(array("d", [1.0]))
 

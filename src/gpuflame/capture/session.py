@@ -115,7 +115,8 @@ class Session:
 
     def _finish(self, write: bool) -> None:
         self._stop_timer.set()
-        first = [r for r in self.recorders if getattr(r, "final_after_stop", False)]  # hand their books over instead of copying
+        # those that hand their books over instead of copying them: stopped first
+        first = [r for r in self.recorders if getattr(r, "final_after_stop", False)]
         self._stop_recorders(first)
         self.result = self._take(to_file=write)
         self._stop_recorders([r for r in self.recorders if r not in first])

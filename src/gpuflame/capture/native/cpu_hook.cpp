@@ -1195,11 +1195,29 @@ PyObject* py_history_limit(PyObject*, PyObject* arg) {
   Py_RETURN_NONE;
 }
 
-// a column as bytes, its vector freed at once (taking the books: one column's copy at a time in memory)
+// a column as bytes, its vector freed: copied a MiB at a time, each copied page of the vector handed
+// back to the kernel at once (MADV_DONTNEED: it reads as zeros after), so a full history's 8 MB column
+// never sits in memory twice (issue 23: no RSS jump at stop)
 template <typename T>
 PyObject* column_bytes(std::vector<T>& column) {
-  PyObject* out = PyBytes_FromStringAndSize(reinterpret_cast<const char*>(column.data()),
-                                            static_cast<Py_ssize_t>(column.size() * sizeof(T)));
+  size_t size = column.size() * sizeof(T);
+  PyObject* out = PyBytes_FromStringAndSize(nullptr, static_cast<Py_ssize_t>(size));
+  if (out == nullptr) return nullptr;
+  char* from = reinterpret_cast<char*>(column.data());
+  char* to = PyBytes_AS_STRING(out);
+  const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  uintptr_t released = (reinterpret_cast<uintptr_t>(from) + page - 1) & ~(page - 1);  // whole pages only
+  constexpr size_t kPiece = size_t{1} << 20;
+  for (size_t done = 0; done < size;) {
+    size_t n = std::min(kPiece, size - done);
+    std::memcpy(to + done, from + done, n);
+    done += n;
+    uintptr_t copied = (reinterpret_cast<uintptr_t>(from) + done) & ~(page - 1);
+    if (copied > released) {
+      madvise(reinterpret_cast<void*>(released), copied - released, MADV_DONTNEED);
+      released = copied;
+    }
+  }
   std::vector<T>().swap(column);
   return out;
 }
