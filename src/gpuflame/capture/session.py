@@ -117,8 +117,9 @@ class Session:
         self._stop_timer.set()
         # those that hand their books over instead of copying them: stopped first
         first = [r for r in self.recorders if getattr(r, "final_after_stop", False)]
-        self._stop_recorders(first)
-        self.result = self._take(to_file=write)
+        with gc_paused():  # what they copy out is many small objects: no collection walks torch's meanwhile
+            self._stop_recorders(first)
+            self.result = self._take(to_file=write)
         self._stop_recorders([r for r in self.recorders if r not in first])
         for hook in list(self.on_finish):
             try:

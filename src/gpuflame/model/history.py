@@ -21,7 +21,9 @@ epoch-ns clock, so a moment is the sum of what each process held then.
 In a file the history rides as ONE pprof comment (model/comments.py):
 :data:`PREFIX` then base64 of zlib-compressed compact JSON, times stored as
 differences from the previous event. The history has its own frame table,
-so filters and merges of the samples never break it.
+so filters and merges of the samples never break it. A track's columns are
+any sequences of ints; the CPU hook's are memoryviews over the bytes it
+handed over, written by its C formatter (:func:`use_ints_text`).
 """
 
 from __future__ import annotations
