@@ -7,9 +7,13 @@ the event history and the final write). The resident-memory jump is the
 peak during ``stop()`` above the resident size just before it (the kernel's
 high-water mark, reset through ``/proc/self/clear_refs``). Runs alternate
 between the sizes and, with ``--tree OTHER``, between this checkout and
-another (before/after pairs on one machine); the medians are printed.
+another (before/after pairs on one machine), and with ``--null`` this
+checkout a second time (the null control: what noise alone gives). Wall and
+CPU time of ``stop()`` (CPU time is steadier on a shared machine); the
+medians, and the median of the per-run ratios to this checkout's run of the
+same round, are printed.
 
-    python bench/bench_stop.py [--ops 10000 100000 1000000] [--runs 3] [--hook allocator] [--tree ../main]
+    python bench/bench_stop.py [--ops 10000 100000 1000000] [--runs 3] [--hook allocator] [--tree ../main] [--null]
 """
 
 from __future__ import annotations
@@ -52,10 +56,10 @@ site_b(ops - ops // 2)
 with open("/proc/self/clear_refs", "w") as f:
     f.write("5")  # reset the high-water mark to the current resident size
 before = rss_kib("VmRSS:")
-t = time.perf_counter()
+t, c = time.perf_counter(), time.process_time()
 gpuflame.stop()
-took = time.perf_counter() - t
-print(json.dumps({"stop_s": took, "rss_jump_mib": (rss_kib("VmHWM:") - before) / 1024,
+took, cpu = time.perf_counter() - t, time.process_time() - c
+print(json.dumps({"stop_s": took, "stop_cpu_s": cpu, "rss_jump_mib": (rss_kib("VmHWM:") - before) / 1024,
                   "file_mb": os.path.getsize(out) / 1e6}))
 """
 
@@ -75,18 +79,22 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--hook", default="allocator", choices=("allocator", "dispatch"))
     parser.add_argument("--tree", type=Path, action="append", default=[], help="another checkout to compare")
+    parser.add_argument("--null", action="store_true", help="run this checkout twice: the null control")
     args = parser.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="gpuflame-bench-stop-"))
-    trees = [ROOT, *(t.resolve() for t in args.tree)]
-    results: dict[tuple[str, int], list[dict[str, float]]] = {(t.name, o): [] for t in trees for o in args.ops}
+    trees = [(ROOT.name, ROOT), *([("null", ROOT)] if args.null else []), *((t.name, t.resolve()) for t in args.tree)]
+    results: dict[tuple[str, int], list[dict[str, float]]] = {(name, o): [] for name, _ in trees for o in args.ops}
     for run in range(args.runs):
-        for tree in (trees if run % 2 == 0 else trees[::-1]):
+        for name, tree in (trees if run % 2 == 0 else trees[::-1]):
             for ops in args.ops:
-                results[(tree.name, ops)].append(one(tree, ops, args.hook, folder))
-    for (tree_name, ops), rows in results.items():
+                results[(name, ops)].append(one(tree, ops, args.hook, folder))
+    for (name, ops), rows in results.items():
         med = {key: statistics.median(r[key] for r in rows) for key in rows[0]}
-        print(f"{tree_name}: {ops:>10,} operations ({args.hook}): stop {med['stop_s']:.3f} s, "
-              f"RSS jump {med['rss_jump_mib']:.1f} MiB, file {med['file_mb']:.1f} MB ({args.runs} runs)")
+        mine = results[(ROOT.name, ops)]
+        ratio = statistics.median(r["stop_cpu_s"] / m["stop_cpu_s"] for r, m in zip(rows, mine, strict=True))
+        print(f"{name}: {ops:>10,} operations ({args.hook}): stop {med['stop_s']:.3f} s, CPU {med['stop_cpu_s']:.3f} s "
+              f"({ratio:.2f}x {ROOT.name}), RSS jump {med['rss_jump_mib']:.1f} MiB, file {med['file_mb']:.1f} MB "
+              f"({args.runs} runs)")
 
 
 if __name__ == "__main__":

@@ -7,16 +7,40 @@ In a notebook: ``%load_ext gpuflame``, then ``%%gpuflame`` on a cell.
 Phases: ``with gpuflame.phase("train"): ...`` (or ``gpuflame.phase("serve")``).
 """
 
+import importlib
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gpuflame.api import Recording, profile, start, stop
-from gpuflame.capture.books.phases import phase
-from gpuflame.formats import load
-from gpuflame.model import Frame, Profile, Sample, SampleType
-from gpuflame.notebook import last
+if TYPE_CHECKING:
+    from gpuflame.api import Recording, profile, start, stop
+    from gpuflame.capture.books.phases import phase
+    from gpuflame.formats import load
+    from gpuflame.model import Frame, Profile, Sample, SampleType
+    from gpuflame.notebook import last
 
 __version__ = "0.1.0"
+
+# imported on first use: `gpuflame run`'s bootstrap imports gpuflame.capture.autostart, which
+# imports this package first; the API, the readers and the model's verbs are not what it needs
+_LAZY = {
+    "Recording": "gpuflame.api", "profile": "gpuflame.api", "start": "gpuflame.api", "stop": "gpuflame.api",
+    "phase": "gpuflame.capture.books.phases", "load": "gpuflame.formats", "Frame": "gpuflame.model",
+    "Profile": "gpuflame.model", "Sample": "gpuflame.model", "SampleType": "gpuflame.model",
+    "last": "gpuflame.notebook",
+}
+
+
+def __getattr__(name: str) -> Any:
+    where = _LAZY.get(name)
+    if where is None:
+        raise AttributeError(f"module 'gpuflame' has no attribute {name!r}")
+    value = getattr(importlib.import_module(where), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
 
 __all__ = [
     "Frame", "Profile", "Recording", "Sample", "SampleType", "__version__", "last", "load", "phase", "profile",
@@ -24,7 +48,9 @@ __all__ = [
 ]
 
 
-def save(profile: Profile, path: str | os.PathLike[str], fmt: str | None = None, type_name: str | None = None) -> None:
+def save(
+    profile: "Profile", path: str | os.PathLike[str], fmt: str | None = None, type_name: str | None = None
+) -> None:
     """Write *profile* as ``gpuflame export`` does: the format from *fmt*, else *path*'s name, else pprof.
 
     Text formats (folded, speedscope, json, svg) carry one sample type

@@ -42,6 +42,9 @@ class Recorder(ABC):
     name: str = "recorder"  # in messages: which recorder (which hook) said it
     marks_known_phases: bool = False  # mark transformers' and vLLM's known phases while recording (auto_phases)
     backend: str = "recorder"  # the --backend it records for (two torch recorders share "torch")
+    # the session stops it before taking the final profile (its snapshot after stop() is complete
+    # and cheaper: the books are handed over, not copied); others are snapshotted, then stopped
+    final_after_stop: bool = False
 
     def __init__(self) -> None:
         self.errors: list[str] = []

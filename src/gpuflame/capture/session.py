@@ -22,6 +22,7 @@ from gpuflame.boundary.settings import Settings
 from gpuflame.capture.base import Recorder
 from gpuflame.capture.exit_hooks import HOOKS, signals_held
 from gpuflame.errors import GpuflameError
+from gpuflame.gcpause import gc_paused
 from gpuflame.model import Profile, merge
 
 FINISH_WAIT_S = 60.0  # how long a signal handler waits for another thread's final write
@@ -113,12 +114,12 @@ class Session:
 
     def _finish(self, write: bool) -> None:
         self._stop_timer.set()
-        self.result = self._take(to_file=write)
-        for recorder in list(self.recorders):
-            try:
-                recorder.stop()
-            except Exception as exc:
-                self.report(f"stopping the {recorder.name} backend failed ({exc})")
+        # those that hand their books over instead of copying them: stopped first
+        first = [r for r in self.recorders if getattr(r, "final_after_stop", False)]
+        with gc_paused():  # what they copy out is many small objects: no collection walks torch's meanwhile
+            self._stop_recorders(first)
+            self.result = self._take(to_file=write)
+        self._stop_recorders([r for r in self.recorders if r not in first])
         for hook in list(self.on_finish):
             try:
                 hook()
@@ -129,6 +130,13 @@ class Session:
                 self._note_idle()
             roll_call.unregister(self.settings.session_dir, self.pid)
         HOOKS.detach(self)
+
+    def _stop_recorders(self, recorders: list[Recorder]) -> None:
+        for recorder in recorders:
+            try:
+                recorder.stop()
+            except Exception as exc:
+                self.report(f"stopping the {recorder.name} backend failed ({exc})")
 
     def after_fork(self, to_exec: bool = False) -> None:
         """In a forked child: a new process with its own pid, file and (fresh) timer.
@@ -239,7 +247,7 @@ class Session:
 
     def _take(self, to_file: bool) -> Profile | None:
         """The current profile with the notes of what was lost, written if *to_file*, handed out."""
-        with self._lock:
+        with self._lock, gc_paused():  # building it makes many objects, no cycles: no collection walks torch's
             try:
                 profile = self.profile()
                 self._note_recorder_errors()

@@ -71,11 +71,12 @@ def compact_json(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
-def pack_json_text(prefix: str, pieces: Iterable[str], level: int = 9) -> str:
-    """Like :func:`pack_json`, for JSON text made in *pieces*: compressed as they come, so a
-    large payload (a full event history) never exists as one text, nor as Python lists."""
+def pack_json_text(prefix: str, pieces: Iterable[str | bytes], level: int = 9) -> str:
+    """Like :func:`pack_json`, for JSON text made in *pieces* (str, or bytes of UTF-8): compressed
+    as they come, so a large payload (a full event history) never exists as one text, nor as
+    Python lists."""
     packer = zlib.compressobj(level)
-    packed = [packer.compress(piece.encode("utf-8")) for piece in pieces]
+    packed = [packer.compress(piece if isinstance(piece, bytes) else piece.encode("utf-8")) for piece in pieces]
     packed.append(packer.flush())
     return prefix + base64.b64encode(b"".join(packed)).decode("ascii")
 

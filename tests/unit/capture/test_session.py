@@ -43,6 +43,31 @@ def test_finish_writes_the_profile_with_the_pid_label_once(tmp_path: Path) -> No
     assert not s.lost
 
 
+def test_finish_stops_a_recorder_that_hands_its_books_over_before_the_final_profile(tmp_path: Path) -> None:
+    """The CPU hook's recorder (final_after_stop) is stopped first, then snapshotted: its history is handed
+    over instead of copied; the others are snapshotted while they still record, then stopped, as before."""
+    order: list[str] = []
+
+    class Told(StandInRecorder):
+        def __init__(self, name: str, first: bool) -> None:
+            super().__init__()
+            self.name, self.final_after_stop = name, first
+
+        def stop(self) -> None:
+            order.append(f"stop {self.name}")
+
+        def snapshot(self) -> Profile:
+            order.append(f"snapshot {self.name}")
+            return super().snapshot()
+
+    s = session(tmp_path)
+    s.add(Told("hook", True))
+    s.add(Told("other", False))
+    s.finish()
+    assert order == ["stop hook", "snapshot hook", "snapshot other", "stop other"]
+    assert load(s.path).totals()["peak_space"] == 2 * 4096
+
+
 @pytest.mark.parametrize("step", ["start", "snapshot", "stop"])
 def test_a_failing_recorder_is_reported_once_and_never_raises(tmp_path: Path, step: str, capsys) -> None:
     s = session(tmp_path)

@@ -35,6 +35,7 @@ from gpuflame.capture.recorders.allocator.native import NativeUnavailable, load_
 from gpuflame.capture.recorders.dispatch import TorchTensorRecorder  # noqa: E402
 from gpuflame.formats import load, pprof  # noqa: E402
 from gpuflame.model import Profile  # noqa: E402
+from gpuflame.model import history as history_module  # noqa: E402
 from gpuflame.symbols.names import short_cpp_name  # noqa: E402
 from tests.e2e.test_run_cli import gpuflame_run  # noqa: E402
 from tests.helpers.torch_helpers import (  # noqa: E402
@@ -766,3 +767,78 @@ def test_threads_without_a_python_stack_say_the_running_phase() -> None:
     held = [s for s in profile.samples if s.values[INUSE]]
     assert [(profile.stack_frames(s)[0].name, s.label("phase"), s.values[INUSE]) for s in held] == [
         ("<no Python stack>", "serve", 4000)]
+
+
+# -----------------------------------------------------------------------------
+# stop(): the history handed over and written in C (issue 23 item 3)
+# -----------------------------------------------------------------------------
+
+
+def _python_comment(history: Any, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The history's comment as the pure-Python writer makes it (no C formatter)."""
+    with monkeypatch.context() as m:
+        m.setattr(history_module, "_ints_text", None)
+        return history.to_comment()
+
+
+def test_the_hooks_column_text_is_the_python_writers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every value and difference as Python writes it: extremes, both widths, across its chunks."""
+    from array import array
+
+    monkeypatch.setattr(history_module, "_FAST_CHUNK", 7)
+    lo, hi = -(1 << 63), (1 << 63) - 1
+    wide = array("q", [0, 1, -1, 9, 10, -10, 12345678901234, hi, lo, hi, 0, lo, 5, 5, 5, -7, 99])
+    narrow = array("I", [0, 1, 9, 10, (1 << 32) - 1, 4, 4, 70000, 3, 2])
+    for values in (wide, narrow, memoryview(wide.tobytes()).cast("q"), memoryview(narrow.tobytes()).cast("I"),
+                   array("q"), wide[:7], wide[:8]):
+        for previous in ((None, 0, lo, hi) if values.itemsize == 8 else (None, 0)):
+            with monkeypatch.context() as m:
+                m.setattr(history_module, "_ints_text", None)
+                slow = b"".join(p if isinstance(p, bytes) else p.encode()
+                                for p in history_module._column_text(values, previous))
+            monkeypatch.setattr(history_module, "_ints_text", HOOK.ints_text)
+            fast = b"".join(p if isinstance(p, bytes) else p.encode()
+                            for p in history_module._column_text(values, previous))
+            assert fast == slow, (values, previous)
+    with pytest.raises(TypeError):
+        HOOK.ints_text(array("d", [1.0]))
+
+
+def test_a_recorded_history_is_the_one_the_old_way_wrote(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The hook numbers the sites as of_track does and the comment is the pure-Python writer's, byte for byte;
+    the file gives the same history back."""
+    from array import array
+
+    monkeypatch.setattr(history_module, "MAX_EVENTS", 256)  # folded too: a base to renumber
+
+    def work() -> list[Any]:
+        keep = [torch.empty(n % 5 + 1) for n in range(40)]
+        for n in range(300):
+            keep[n % 40] = torch.empty(n % 7 + 1) if n % 3 else torch.zeros(n % 11 + 2)
+        return keep
+
+    warm = TorchAllocatorRecorder(HOOK)  # sites of an earlier window: the hook's ids used are not 0, 1, 2...
+    warm.start()
+    _ = [torch.empty(3) for _ in range(5)]
+    warm.stop()
+    rec = TorchAllocatorRecorder(HOOK)
+    rec.start()
+    keep = work()
+    copied = HOOK.history()  # while recording: a copy, with the hook's ids of the sites it names
+    rec.stop()
+    assert HOOK.history()[4] == b""  # at stop it was handed over, not copied
+    profile = rec.snapshot()
+    history = profile.history
+    track = history.tracks[0]
+    assert track.folded > 0 and track.base and isinstance(track.times, memoryview)
+    used = copied[7]
+    assert used != list(range(len(used)))
+    # the old way: a track in the hook's own site ids, renumbered by of_track
+    old = history_module.Track(track.labels, track.start, track.end, track.fold, track.folded,
+                               {used[s]: v for s, v in track.base.items()}, array("q", track.times),
+                               array("q", (used[s] for s in track.sites)), array("q", track.sizes))
+    old_history = history_module.of_track(old, rec._stacks.__getitem__, lambda _: (("device", "cpu"),))
+    assert old_history == history
+    assert history.to_comment() == _python_comment(old_history, monkeypatch)
+    assert pprof.decode(pprof.encode(profile)).history == history
+    assert len(keep) == 40

@@ -30,7 +30,6 @@ from __future__ import annotations
 import os
 import threading
 import time
-from array import array
 from types import ModuleType
 
 from gpuflame.boundary.backends import TORCH
@@ -67,6 +66,7 @@ class TorchAllocatorRecorder(Recorder):
     marks_known_phases = True
     name = f"{TORCH} (allocator hook)"  # in errors: which of the two torch recorders failed
     backend = TORCH
+    final_after_stop = True  # stop() keeps the books (self._final): the history is handed over, not copied
 
     def __init__(self, hook: ModuleType | None = None, native: bool = False) -> None:
         super().__init__()
@@ -93,6 +93,8 @@ class TorchAllocatorRecorder(Recorder):
             from gpuflame.capture.recorders.allocator.native import load_cpu_hook
 
             self._hook = load_cpu_hook()
+        if hasattr(self._hook, "ints_text"):
+            event_history.use_ints_text(self._hook.ints_text)  # the history's columns written in C
         with _busy_lock:
             if _busy is not None and _busy is not self:
                 raise HookBusy("another gpuflame recording holds the CPU allocator hook")
@@ -127,7 +129,7 @@ class TorchAllocatorRecorder(Recorder):
                 self._kinds.stop()
                 hook = self._hook
                 self._final = (hook.rows(), hook.totals(), hook.timeline(), hook.phase_rows())
-                self._final_history = hook.history()
+                self._final_history = hook.history(True)  # handed over, not copied: the window is over
         finally:
             self._release()
 
@@ -175,19 +177,20 @@ class TorchAllocatorRecorder(Recorder):
         return out
 
     def _history(self, raw: tuple) -> History | None:
-        """The hook's event history as the model's (model/history.py); None when it has none to give."""
-        fold, folded, dropped, base, times, sites, sizes = raw
+        """The hook's event history as the model's (model/history.py); None when it has none to give.
+
+        The columns stay the bytes the hook made (read through memoryviews, no copy), its sites
+        already numbered by their rank among those used, as of_track would number them.
+        """
+        fold, folded, dropped, base, times, sites, sizes, used = raw
         self._history_dropped = bool(dropped)
         if dropped or not (times or folded):
             return None
-        events = [array("q"), array("I"), array("q")]
-        for column, data in zip(events, (times, sites, sizes), strict=True):
-            column.frombytes(data)
         start = self.started_ns
         track = Track((("pid", str(os.getpid())),), start, self.stopped_ns or time.time_ns(),
                       fold if folded else start, folded, {s: (b, c) for s, b, c in base},
-                      events[0], array("q", events[1]), events[2])
-        return of_track(track, self._stacks.__getitem__, lambda _: (("device", "cpu"),))
+                      memoryview(times).cast("q"), memoryview(sites).cast("I"), memoryview(sizes).cast("q"))
+        return of_track(track, self._stacks.__getitem__, lambda _: (("device", "cpu"),), used=used)
 
     # -- helpers --------------------------------------------------------------
 

@@ -1195,36 +1195,174 @@ PyObject* py_history_limit(PyObject*, PyObject* arg) {
   Py_RETURN_NONE;
 }
 
-// history(): (fold ns, folded, dropped, [(site, bytes, count)] at the fold, times, sites, sizes)
-// with times and sizes as native int64 bytes and sites as native uint32 bytes
-PyObject* py_history(PyObject*, PyObject*) {
+// a column as bytes, its vector freed: copied a MiB at a time, each copied page of the vector handed
+// back to the kernel at once (MADV_DONTNEED: it reads as zeros after), so a full history's 8 MB column
+// never sits in memory twice (issue 23: no RSS jump at stop)
+template <typename T>
+PyObject* column_bytes(std::vector<T>& column) {
+  size_t size = column.size() * sizeof(T);
+  PyObject* out = PyBytes_FromStringAndSize(nullptr, static_cast<Py_ssize_t>(size));
+  if (out == nullptr) return nullptr;
+  char* from = reinterpret_cast<char*>(column.data());
+  char* to = PyBytes_AS_STRING(out);
+  const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  uintptr_t released = (reinterpret_cast<uintptr_t>(from) + page - 1) & ~(page - 1);  // whole pages only
+  constexpr size_t kPiece = size_t{1} << 20;
+  for (size_t done = 0; done < size;) {
+    size_t n = std::min(kPiece, size - done);
+    std::memcpy(to + done, from + done, n);
+    done += n;
+    uintptr_t copied = (reinterpret_cast<uintptr_t>(from) + done) & ~(page - 1);
+    if (copied > released) {
+      madvise(reinterpret_cast<void*>(released), copied - released, MADV_DONTNEED);
+      released = copied;
+    }
+  }
+  std::vector<T>().swap(column);
+  return out;
+}
+
+// the sites the history names (its events' and the base's), in order; events renumbered to their rank
+PyObject* dense_sites(HistoryBooks& h, std::vector<uint32_t>& rank) {
+  for (uint32_t s : h.sites) {
+    if (s >= rank.size()) rank.resize(static_cast<size_t>(s) + 1, 0);
+    rank[s] = 1;
+  }
+  if (h.base.size() > rank.size()) rank.resize(h.base.size(), 0);
+  for (size_t s = 0; s < h.base.size(); ++s) {
+    if (h.base[s].first != 0 || h.base[s].second != 0) rank[s] = 1;
+  }
+  PyObject* used = PyList_New(0);
+  if (used == nullptr) return nullptr;
+  uint32_t n = 0;
+  for (size_t s = 0; s < rank.size(); ++s) {
+    if (!rank[s]) continue;
+    PyObject* id = PyLong_FromSize_t(s);
+    if (id == nullptr || PyList_Append(used, id) < 0) { Py_XDECREF(id); Py_DECREF(used); return nullptr; }
+    Py_DECREF(id);
+    rank[s] = n++;
+  }
+  for (uint32_t& s : h.sites) s = rank[s];
+  return used;
+}
+
+// history(take=False): (fold ns, folded, dropped, [(site, bytes, count)] at the fold, times, sites, sizes,
+// used) with times and sizes as native int64 bytes and sites as native uint32 bytes; sites are numbered
+// by their rank among `used`, the hook's site ids the history names, in order (model/history.py's
+// of_track renumbers the same way). take=True (a stopped recording) hands the books' history over
+// instead of copying it: the hook's history is empty afterwards.
+PyObject* py_history(PyObject*, PyObject* args) {
+  int take = 0;
+  if (!PyArg_ParseTuple(args, "|p", &take)) return nullptr;
   HistoryBooks h;
   {
     Books* b = books();
     std::lock_guard<std::mutex> guard(b->lock);
-    h.times = b->history.times;
-    h.sites = b->history.sites;
-    h.sizes = b->history.sizes;
-    h.base = b->history.base;
+    if (take) {
+      h.times.swap(b->history.times);
+      h.sites.swap(b->history.sites);
+      h.sizes.swap(b->history.sizes);
+      h.base.swap(b->history.base);
+    } else {
+      h.times = b->history.times;
+      h.sites = b->history.sites;
+      h.sizes = b->history.sizes;
+      h.base = b->history.base;
+    }
     h.fold = b->history.fold;
     h.folded = b->history.folded;
     h.dropped = b->history.dropped;
+    if (take) {
+      size_t limit = b->history.limit;
+      b->history.clear();
+      b->history.limit = limit;
+    }
   }
+  std::vector<uint32_t> rank;  // the hook's site id -> its rank among those used
+  PyObject* used = dense_sites(h, rank);
+  if (used == nullptr) return nullptr;
   PyObject* base = PyList_New(0);
-  if (base == nullptr) return nullptr;
+  if (base == nullptr) { Py_DECREF(used); return nullptr; }
   for (size_t s = 0; s < h.base.size(); ++s) {
     if (h.base[s].first == 0 && h.base[s].second == 0) continue;
-    PyObject* row = Py_BuildValue("(kLL)", static_cast<unsigned long>(s), static_cast<long long>(h.base[s].first),
+    PyObject* row = Py_BuildValue("(kLL)", static_cast<unsigned long>(rank[s]), static_cast<long long>(h.base[s].first),
                                   static_cast<long long>(h.base[s].second));
-    if (row == nullptr || PyList_Append(base, row) < 0) { Py_XDECREF(row); Py_DECREF(base); return nullptr; }
+    if (row == nullptr || PyList_Append(base, row) < 0) {
+      Py_XDECREF(row);
+      Py_DECREF(base);
+      Py_DECREF(used);
+      return nullptr;
+    }
     Py_DECREF(row);
   }
-  return Py_BuildValue(
-      "(LKKNy#y#y#)", static_cast<long long>(h.fold), static_cast<unsigned long long>(h.folded),
-      static_cast<unsigned long long>(h.dropped), base, reinterpret_cast<const char*>(h.times.data()),
-      static_cast<Py_ssize_t>(h.times.size() * sizeof(int64_t)), reinterpret_cast<const char*>(h.sites.data()),
-      static_cast<Py_ssize_t>(h.sites.size() * sizeof(uint32_t)), reinterpret_cast<const char*>(h.sizes.data()),
-      static_cast<Py_ssize_t>(h.sizes.size() * sizeof(int64_t)));
+  PyObject* times = column_bytes(h.times);
+  PyObject* sites = times == nullptr ? nullptr : column_bytes(h.sites);
+  PyObject* sizes = sites == nullptr ? nullptr : column_bytes(h.sizes);
+  if (sizes == nullptr) {
+    Py_XDECREF(times);
+    Py_XDECREF(sites);
+    Py_DECREF(base);
+    Py_DECREF(used);
+    return nullptr;
+  }
+  return Py_BuildValue("(LKKNNNNN)", static_cast<long long>(h.fold), static_cast<unsigned long long>(h.folded),
+                       static_cast<unsigned long long>(h.dropped), base, times, sites, sizes, used);
+}
+
+// decimal digits of v, sign included, written backwards from the end of buf; returns where they start
+// (|v| < 2**64 always: the difference of two int64; 64-bit division, not 128-bit, which is a library call)
+char* decimal(__int128 v, char* end) {
+  bool negative = v < 0;
+  uint64_t u = static_cast<uint64_t>(negative ? -v : v);
+  do {
+    *--end = static_cast<char>('0' + static_cast<int>(u % 10));
+    u /= 10;
+  } while (u != 0);
+  if (negative) *--end = '-';
+  return end;
+}
+
+// ints_text(column, previous=None) -> bytes: the integers of an int64 or uint32 buffer as JSON text
+// without brackets ("1,-2,3"); with previous, each value minus the one before it (the first minus
+// previous). model/history.py writes the event history's columns with it: a C loop where Python
+// makes an int and a str per value (the writer's pure-Python way gives the same text).
+PyObject* py_ints_text(PyObject*, PyObject* args) {
+  PyObject* column = nullptr;
+  PyObject* previous = Py_None;
+  if (!PyArg_ParseTuple(args, "O|O", &column, &previous)) return nullptr;
+  bool delta = previous != Py_None;
+  long long prev = 0;
+  if (delta) {
+    prev = PyLong_AsLongLong(previous);
+    if (prev == -1 && PyErr_Occurred()) return nullptr;
+  }
+  Py_buffer view;
+  if (PyObject_GetBuffer(column, &view, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0) return nullptr;
+  const char* format = view.format != nullptr ? view.format : "B";
+  if (*format == '@' || *format == '=') ++format;
+  bool wide = view.itemsize == 8 && (std::strcmp(format, "q") == 0 || std::strcmp(format, "l") == 0);
+  bool narrow = view.itemsize == 4 && (std::strcmp(format, "I") == 0 || std::strcmp(format, "L") == 0);
+  if (!wide && !narrow) {
+    PyBuffer_Release(&view);
+    PyErr_SetString(PyExc_TypeError, "ints_text() takes a buffer of int64 ('q') or uint32 ('I')");
+    return nullptr;
+  }
+  Py_ssize_t n = view.len / view.itemsize;
+  std::string text;
+  text.reserve(static_cast<size_t>(n) * 8);
+  char digits[48];
+  char* end = digits + sizeof digits;
+  __int128 before = prev;
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    __int128 v = wide ? static_cast<__int128>(static_cast<const int64_t*>(view.buf)[i])
+                      : static_cast<__int128>(static_cast<const uint32_t*>(view.buf)[i]);
+    if (i) text.push_back(',');
+    const char* first = decimal(delta ? v - before : v, end);
+    text.append(first, static_cast<size_t>(end - first));
+    before = v;
+  }
+  PyBuffer_Release(&view);
+  return PyBytes_FromStringAndSize(text.data(), static_cast<Py_ssize_t>(text.size()));
 }
 
 // tag([(address, tag)]): give live blocks their category (capture/books/categories.py); unknown ones are skipped
@@ -1424,7 +1562,8 @@ PyMethodDef kMethods[] = {
     {"totals", guarded<py_totals>, METH_NOARGS, "Totals of the current window."},
     {"timeline", guarded<py_timeline>, METH_NOARGS, "Live bytes over time (bounded, peaks kept)."},
     {"history_limit", guarded<py_history_limit>, METH_O, "Keep at most n events of history (0: none)."},
-    {"history", guarded<py_history>, METH_NOARGS, "The event history: fold, folded, dropped, base, events."},
+    {"history", guarded<py_history>, METH_VARARGS, "history(take=False): fold, folded, dropped, base, events, sites."},
+    {"ints_text", guarded<py_ints_text>, METH_VARARGS, "ints_text(int64 or uint32 buffer, previous=None) -> b'1,2'."},
     {"tag", guarded<py_tag>, METH_O, "tag([(address, tag)]): categories of live blocks (categories.py)."},
     {"blocks", guarded<py_blocks>, METH_NOARGS, "Live blocks: (address, bytes, site, at peak, tag)."},
     {"gone_tagged", guarded<py_gone_tagged>, METH_NOARGS, "Tagged blocks live at the peak, freed since."},
