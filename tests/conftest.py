@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
 from pathlib import Path
 from types import ModuleType
@@ -67,6 +68,17 @@ def _import_file(name: str, path: Path) -> ModuleType:
 @pytest.fixture
 def rich_profile() -> Profile:
     return build_rich_profile()
+
+
+# =============================================================================
+# the terminal: output is checked as a pipe gets it (132 columns), however pytest runs
+# =============================================================================
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Forget an inherited terminal size: pytest-xdist's workers get COLUMNS=80, a shell may export one."""
+    for name in ("COLUMNS", "LINES"):
+        os.environ.pop(name, None)
 
 
 # =============================================================================

@@ -64,7 +64,7 @@ def test_the_version_is_written_in_one_place_and_every_image_tag_follows_it() ->
 
 
 def test_make_lint_runs_ruff_the_format_check_and_mypy_and_ci_runs_it() -> None:
-    root = Path(__file__).resolve().parents[1]
+    root = REPO
     lint = root.joinpath("Makefile").read_text().split("\nlint:", 1)[1].split("\n\n", 1)[0]
     assert "ruff check" in lint and "ruff format --check" in lint and "mypy" in lint
     assert "make lint" in root.joinpath(".ci", "run").read_text()

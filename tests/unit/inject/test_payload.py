@@ -95,6 +95,7 @@ def test_payload_starts_the_profiler_in_a_fresh_process(tmp_path: Path) -> None:
     assert_recorded_the_workload(sessions)
 
 
+@pytest.mark.subprocess
 @pytest.mark.slow
 @pytest.mark.parametrize("hook", ["allocator", "dispatch"])
 def test_the_payload_records_on_a_bare_interpreter_with_numpy_and_rich_blocked(tmp_path: Path, hook: str) -> None:
