@@ -9,8 +9,9 @@ process exits take them back. :meth:`Agent.snapshot` is the profile so far.
 
 Its parts, one module each, share the Agent's state: ``probing.py`` (the BPF
 object, driver files, uprobes), ``registry.py`` (the processes and their
-interpreters), ``booking.py`` (each record of the ring into the ledger); this
-module has the Agent's state, its start, reader loop, snapshot and stop.
+interpreters), ``booking.py`` (each record of the ring into the ledger), all
+on ``state.py``, which declares that shared state with its types; this module
+gives the state its values and has the start, reader loop, snapshot and stop.
 """
 
 from __future__ import annotations
@@ -32,10 +33,8 @@ from gpuflame.agent.events import (
     STAT_UNKNOWN_FREES,
 )
 from gpuflame.agent.ledger import Ledger
-from gpuflame.agent.libbpf import BpfObject, RingBuffer
 from gpuflame.agent.pending import PendingResults
 from gpuflame.agent.probing import UPROBE_PROGRAMS, AgentError, Probing, missing_privileges
-from gpuflame.agent.process import Process
 from gpuflame.agent.registry import Registry
 from gpuflame.model.profile import SYNTHETIC, Frame, Profile
 from gpuflame.model.sample_types import memory_sample_types
@@ -54,7 +53,10 @@ OUTPUT_MODE = 0o600  # the agent's profiles hold every process's stacks and pods
 
 
 class Agent(Probing, Registry, Booking):
-    """Probes, the ring reader thread, and what they have recorded."""
+    """Probes, the ring reader thread, and what they have recorded.
+
+    The attributes its parts share are declared, with their types, in :class:`~gpuflame.agent.state.AgentState`.
+    """
 
     def __init__(
         self,
@@ -71,55 +73,55 @@ class Agent(Probing, Registry, Booking):
         self.libcuda = list(libcuda)
         self.native = native
         self.max_blocks = max_blocks
-        self.labels_for = labels_for  # pid -> extra labels (Kubernetes), or None
-        self.probes_asked = probes  # auto | return | entry (procs.choose_probes)
+        self.labels_for = labels_for
+        self.probes_asked = probes
         self.alive_file = alive_file  # touched by the reader thread (alive.py)
         self.nvml_library = nvml_library  # None: do not ask NVML for what the probes did not see
         self.nvml: nvml.Nvml | None = None
-        self.cuda_seen = False  # a process loaded the driver or allocated while we watched
-        self.watch_loads = False  # the kernel side tells of a driver file mapped (else: found at rescans)
-        self._code_free_probes: set[tuple[int, int]] = set()  # interpreter files whose code_dealloc is probed
-        self.unwatched_code_frees: set[str] = set()  # interpreters without one: a reused code address misnames
-        self._skip: tuple[str, ...] = ()  # optional programs this kernel refused
-        self.late_loads: dict[int, int | None] = {}  # pid -> ms from its driver load to the probes (None: a rescan)
-        self.probes = ""  # return | entry, chosen at start
+        self.cuda_seen = False
+        self.watch_loads = False
+        self._code_free_probes = set()
+        self.unwatched_code_frees = set()
+        self._skip = ()
+        self.late_loads = {}
+        self.probes = ""
         self.probes_why = ""
-        self.pending = PendingResults()  # entry-only: allocations whose result is not read yet
-        self.return_sites: dict[tuple[int, int, int], str] = {}  # entry-only: (dev, inode, offset) probed
-        self._verifier = Verifier()  # entry-only: return sites checked in their file before a probe
-        self._site_checks: dict[int, int] = {}  # pid -> return addresses checked
+        self.pending = PendingResults()
+        self.return_sites = {}
+        self._verifier = Verifier()
+        self._site_checks = {}
         self.ledger = Ledger()
-        self.processes: dict[int, Process] = {}
-        self.attached: dict[tuple[int, int], str] = {}
-        self.missing_functions: set[str] = set()
-        self.single_stepped: set[str] = set()  # probed functions not starting with push %rbp
-        self.unsupported: set[str] = set()  # Python versions seen without offsets
-        self.unverified: dict[int, str] = {}  # pid -> why its CPython's layout was not trusted (py_layout)
-        self._never_ready: set[int] = set()  # processes whose thread list stayed empty through their window
-        self.skipped: list[str] = []  # libcuda files found but not probed, and why
-        self._unprobeable: set[tuple[int, int]] = set()
+        self.processes = {}
+        self.attached = {}
+        self.missing_functions = set()
+        self.single_stepped = set()
+        self.unsupported = set()
+        self.unverified = {}
+        self._never_ready = set()
+        self.skipped = []
+        self._unprobeable = set()
         self.counts = {"not_registered": 0, "no_thread": 0, "truncated": 0, "untracked": 0, "handler_errors": 0,
                        "results_next_entry": 0, "results_unknown": 0, "results_unread": 0, "sites_unprobed": 0,
                        "sites_unverified": 0, "stacks_over_limit": 0}
         self.started_ns = 0
         self.first_event_ns = 0
-        self._stacks: list[tuple[Frame, ...]] = []
-        self._stack_ids: dict[tuple[Frame, ...], int] = {}
-        self._raw_ids: dict[tuple[int, bytes], int] = {}
-        self._raw_bytes = 0  # the raw stacks kept as keys
+        self._stacks = []
+        self._stack_ids = {}
+        self._raw_ids = {}
+        self._raw_bytes = 0
         self.max_stacks = MAX_STACKS
-        self._labels: dict[int, dict[str, str]] = {}
-        self._waiting: dict[int, float] = {}  # pid -> until when to look for its interpreter
+        self._labels = {}
+        self._waiting = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._incoming: list[bytes] = []
-        self._obj: BpfObject | None = None
-        self._ring: RingBuffer | None = None
+        self._incoming = []
+        self._obj = None
+        self._ring = None
         self._multi = True
         self.final_stats: dict[str, int] = {}
-        self._scanned: dict[int, dict[tuple[str, int], str]] = {}
-        self._exited: set[int] = set()
+        self._scanned = {}
+        self._exited = set()
 
     def start(self, thread: bool = True) -> None:
         """Load, attach, register; raises :class:`AgentError` with one line on failure.

@@ -56,6 +56,7 @@ from gpuflame.agent.events import (
 from gpuflame.agent.libbpf import BpfError
 from gpuflame.agent.pending import Pending
 from gpuflame.agent.process import Process
+from gpuflame.agent.state import AgentState
 from gpuflame.model.profile import SYNTHETIC, Frame
 
 SITE_CHECKS_PER_PROCESS = 64  # return addresses one process may have checked (each reads its maps and code)
@@ -67,7 +68,7 @@ MAX_STACKS = 1 << 18  # distinct stacks named (each a row of the ledger and of t
 MAX_RAW_STACK_BYTES = 64 << 20  # the raw frames kept to recognise stacks already named
 
 
-class Booking:
+class Booking(AgentState):
     """The Agent's events, booked (mixed into :class:`~gpuflame.agent.agent.Agent`)."""
 
     def _handle(self, data: bytes) -> None:

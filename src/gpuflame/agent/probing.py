@@ -30,6 +30,7 @@ from gpuflame.agent.events import (
 )
 from gpuflame.agent.libbpf import BpfError, BpfObject, Map, RingBuffer, possible_cpus
 from gpuflame.agent.process import Process
+from gpuflame.agent.state import AgentState
 from gpuflame.errors import GpuflameError
 
 LIBCUDA_DIRS = (
@@ -91,7 +92,7 @@ def default_libcuda() -> list[str]:
     return [p for d in LIBCUDA_DIRS if os.path.exists(p := os.path.join(d, "libcuda.so.1"))]
 
 
-class Probing:
+class Probing(AgentState):
     """The Agent's probes: loading, driver files, attaching (mixed into :class:`~gpuflame.agent.agent.Agent`)."""
 
     def _attach_all(self, items: list[tuple[tuple[int, int], str]]) -> None:

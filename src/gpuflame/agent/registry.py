@@ -14,12 +14,13 @@ import time
 
 from gpuflame.agent import procs
 from gpuflame.agent.process import Process
+from gpuflame.agent.state import AgentState
 
 REGISTER_WINDOW = 3.0  # how long a new process is looked at for its interpreter
 NEVER_READY = "its thread list never read back where its offsets say it is"
 
 
-class Registry:
+class Registry(AgentState):
     """The Agent's processes (mixed into :class:`~gpuflame.agent.agent.Agent`)."""
 
     def _wanted(self, pid: int) -> bool:
