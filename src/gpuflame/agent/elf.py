@@ -34,6 +34,7 @@ from gpuflame.symbols.elf import (  # noqa: F401 - PF_X, STT_OBJECT: the agent's
     STT_OBJECT,
     SYM_BYTES,
     ElfError,
+    SectionHeader,
     c_string,
     is_elf64le,
     program_headers,
@@ -149,7 +150,7 @@ def _parse(path: str, data: mmap.mmap, tables: tuple[int, ...], wanted: Collecti
     return out
 
 
-def _symbols(data: mmap.mmap, sh: tuple[int, ...], sections: list[tuple[int, ...]]) -> Iterator[Symbol]:
+def _symbols(data: mmap.mmap, sh: SectionHeader, sections: list[SectionHeader]) -> Iterator[Symbol]:
     """The named, defined symbols of one table (at most MAX_SYMBOLS)."""
     if sh[9] not in (0, SYM_BYTES):
         return
@@ -162,13 +163,13 @@ def _symbols(data: mmap.mmap, sh: tuple[int, ...], sections: list[tuple[int, ...
                 yield Symbol(name, st_value, st_size, st_info & 0xF)
 
 
-def _name(data: mmap.mmap, strtab: tuple[int, ...], index: int) -> str | None:
+def _name(data: mmap.mmap, strtab: SectionHeader, index: int) -> str | None:
     """A NUL-terminated name of a string table, None where it runs past MAX_NAME or the table."""
     start, end = strtab[4] + index, strtab[4] + strtab[5]
     return c_string(data, start, min(end, start + MAX_NAME))
 
 
-def _slots(data: mmap.mmap, sections: list[tuple[int, ...]], names: Collection[str]) -> dict[int, str]:
+def _slots(data: mmap.mmap, sections: list[SectionHeader], names: Collection[str]) -> dict[int, str]:
     """GOT slot -> symbol name, for the relocations that bind a slot to one of *names* (PLT calls)."""
     out: dict[int, str] = {}
     for sh in sections:

@@ -45,14 +45,15 @@ class Nvml:
         except OSError:
             self.missing = f"no NVML here ({path} cannot be loaded)"
             return
-        self._query = next((getattr(lib, q) for q in QUERIES if hasattr(lib, q)), None)
-        if self._query is None or not hasattr(lib, "nvmlInit_v2"):
+        query = next((getattr(lib, q) for q in QUERIES if hasattr(lib, q)), None)
+        if query is None or not hasattr(lib, "nvmlInit_v2"):
             self.missing = f"{path} has no per-process memory query"
             return
         rc = lib.nvmlInit_v2()
         if rc != SUCCESS:
             self.missing = f"NVML did not start (nvmlInit_v2 returned {rc})"
             return
+        self._query = query  # set with _lib: used only while it is (ready)
         self._lib = lib
 
     @property

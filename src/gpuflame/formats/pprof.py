@@ -106,7 +106,7 @@ def system_name(display: str) -> str:
 # =============================================================================
 
 
-class _StringTable(dict):  # type: ignore[type-arg]
+class _StringTable(dict):
     """``str -> index`` in pprof's string table, adding strings on first use."""
 
     def __init__(self) -> None:

@@ -195,6 +195,6 @@ def _read_scalar(data: bytes, pos: int, field: int, wire: int, raw: RawProfile) 
 
 def _packed_ints(chunk: bytes, field: int) -> list[int]:
     memo = VarintMemo()
-    return [memo[k] for k in split_packed(chunk, field)]  # type: ignore[misc]
+    return [memo[k] for k in split_packed(chunk, field)]
 
 

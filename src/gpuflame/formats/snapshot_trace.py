@@ -14,6 +14,7 @@ from gpuflame.formats.snapshot_blocks import (
     INT64_MAX,
     NO_STACK_FRAME,
     ROUNDING_FRAME,
+    RowKey,
     block_frames,
     checked_int,
     requested_bytes,
@@ -244,8 +245,8 @@ class DeviceTrace:
         """
         conv = self.conv
         stack_of = conv.stacks.stack
-        before = (conv.profile.frame_id(BEFORE_TRACE_FRAME),)
-        by_stack: dict[tuple[tuple[int, ...], Any], list[int]] = {}
+        before: tuple[int, ...] = (conv.profile.frame_id(BEFORE_TRACE_FRAME),)
+        by_stack: dict[RowKey, list[int]] = {}
         for _, size, source in peak_set:
             if source is None:
                 st = before

@@ -114,6 +114,7 @@ class TorchAllocatorRecorder(Recorder):
         self._listen_to_phases()
 
     def _entered_phase(self, phase_id: int) -> None:
+        assert self._hook is not None  # called by _start, which loaded it
         self._hook.set_phase(phase_id)  # started inside a phase (or none): it runs from here
 
     def _on_phase(self, phase_id: int, _now: int) -> None:

@@ -93,9 +93,13 @@ class SnapshotHistory:
             if u.reserved > self._reserved.get(u.device, (0, 0, 0))[0]:
                 self._reserved[u.device] = (u.reserved, u.reserved_allocated, u.reserved_at)
         units = self._peak.peaks if self._peak is not None else []
-        return [replace(u, **dict(zip(("reserved", "reserved_allocated", "reserved_at"), self._reserved[u.device],
-                                      strict=True)))
-                if u.device in self._reserved else u for u in units]
+        out = []
+        for u in units:
+            if u.device in self._reserved:
+                reserved, allocated, at = self._reserved[u.device]
+                u = replace(u, reserved=reserved, reserved_allocated=allocated, reserved_at=at)
+            out.append(u)
+        return out
 
     def _fold_phases(self, rows: list[PhaseStat]) -> list[PhaseStat]:
         """Per phase, the highest moment any snapshot's window saw; its end and in use as the latest saw them."""
