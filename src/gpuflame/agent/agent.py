@@ -39,16 +39,22 @@ from gpuflame.agent.registry import Registry
 from gpuflame.model.profile import SYNTHETIC, Frame, Profile
 from gpuflame.model.sample_types import memory_sample_types
 
-__all__ = ["NO_CUDA_PROCESS", "OUTPUT_MODE", "UPROBE_PROGRAMS", "Agent", "AgentError", "loss_notes",
-           "missing_privileges"]
+__all__ = [
+    "NO_CUDA_PROCESS",
+    "OUTPUT_MODE",
+    "UPROBE_PROGRAMS",
+    "Agent",
+    "AgentError",
+    "loss_notes",
+    "missing_privileges",
+]
 
 POLL_MS = 20
 RESCAN_SECONDS = 2.0  # every process: new libcuda files and the processes mapping them
 PID_RESCAN_SECONDS = 0.25  # --pid: the watched processes loading the driver
 BEFORE_AGENT = (Frame("<allocated before the agent started>", kind=SYNTHETIC),)
 
-NO_CUDA_PROCESS = ("gpuflame agent: no CUDA process was seen: no process loaded libcuda.so while the agent "
-                   "watched")
+NO_CUDA_PROCESS = "gpuflame agent: no CUDA process was seen: no process loaded libcuda.so while the agent watched"
 OUTPUT_MODE = 0o600  # the agent's profiles hold every process's stacks and pods: for their owner only
 
 
@@ -100,9 +106,19 @@ class Agent(Probing, Registry, Booking):
         self._never_ready = set()
         self.skipped = []
         self._unprobeable = set()
-        self.counts = {"not_registered": 0, "no_thread": 0, "truncated": 0, "untracked": 0, "handler_errors": 0,
-                       "results_next_entry": 0, "results_unknown": 0, "results_unread": 0, "sites_unprobed": 0,
-                       "sites_unverified": 0, "stacks_over_limit": 0}
+        self.counts = {
+            "not_registered": 0,
+            "no_thread": 0,
+            "truncated": 0,
+            "untracked": 0,
+            "handler_errors": 0,
+            "results_next_entry": 0,
+            "results_unknown": 0,
+            "results_unread": 0,
+            "sites_unprobed": 0,
+            "sites_unverified": 0,
+            "stacks_over_limit": 0,
+        }
         self.started_ns = 0
         self.first_event_ns = 0
         self._stacks = []
@@ -157,15 +173,19 @@ class Agent(Probing, Registry, Booking):
         if self.attached:
             through = f"through {len(self.attached)} libcuda file(s): {files}"
         elif self.pids:
-            through = ("(libcuda.so is not loaded yet: probed when it is; a driver file named otherwise is "
-                       "not found: give it with --libcuda PATH)")
+            through = (
+                "(libcuda.so is not loaded yet: probed when it is; a driver file named otherwise is "
+                "not found: give it with --libcuda PATH)"
+            )
         else:
             through = "(no libcuda.so loaded yet: waiting for CUDA processes; each driver file is probed as it appears)"
         line = f"gpuflame agent: watching {who} ({len(self.processes)} now, {py} Python) {through}"
         line += f"; {self.probes_said()}"
         if self.single_stepped:
-            line += (f"; note: {', '.join(sorted(self.single_stepped))} do not start with push %rbp, "
-                     "so the kernel single-steps their probes (slower calls)")
+            line += (
+                f"; note: {', '.join(sorted(self.single_stepped))} do not start with push %rbp, "
+                "so the kernel single-steps their probes (slower calls)"
+            )
         return line
 
     def _loop(self) -> None:
@@ -212,8 +232,12 @@ class Agent(Probing, Registry, Booking):
         if self._obj is None:
             return dict(self.final_stats or self.counts)
         out = dict(self.counts)
-        names = {STAT_LOST_EVENTS: "lost_events", STAT_LIVE_FULL: "live_map_full",
-                 STAT_UNKNOWN_FREES: "unknown_frees", STAT_CALLS_FULL: "calls_map_full"}
+        names = {
+            STAT_LOST_EVENTS: "lost_events",
+            STAT_LIVE_FULL: "live_map_full",
+            STAT_UNKNOWN_FREES: "unknown_frees",
+            STAT_CALLS_FULL: "calls_map_full",
+        }
         for i in range(N_STATS):
             raw = self._stats.lookup(i.to_bytes(4, "little"))
             out[names[i]] = sum(int.from_bytes(raw[k : k + 8], "little") for k in range(0, len(raw), 8)) if raw else 0
@@ -250,13 +274,17 @@ class Agent(Probing, Registry, Booking):
         if self.late_loads:
             profile.comments.append(self._late_note())
         for path in sorted(self.unwatched_code_frees):
-            profile.comments.append(f"gpuflame agent: code objects freed in {path} are not seen (no code_dealloc "
-                                    "found): code made again at a freed one's address keeps the old name")
+            profile.comments.append(
+                f"gpuflame agent: code objects freed in {path} are not seen (no code_dealloc "
+                "found): code made again at a freed one's address keeps the old name"
+            )
         for pid, why in sorted(self.unverified.items()):
             profile.comments.append(f"gpuflame agent: pid {pid}'s Python was not walked ({why}): native stacks")
         for version in sorted(self.unsupported):
-            profile.comments.append(f"gpuflame agent: Python {version} is not supported "
-                                    f"({procs.supported_said()} are): its processes' allocations have native stacks")
+            profile.comments.append(
+                f"gpuflame agent: Python {version} is not supported "
+                f"({procs.supported_said()} are): its processes' allocations have native stacks"
+            )
         return profile
 
     def _rescan_every(self) -> float:
@@ -266,10 +294,15 @@ class Agent(Probing, Registry, Booking):
         """What a driver file loaded after the agent started may have cost: the window before its probes."""
         n = len(self.late_loads)
         known = [ms for ms in self.late_loads.values() if ms is not None]
-        window = (f"probed {max(known)} ms after the load at most" if len(known) == n
-                  else f"probed at a rescan, up to {self._rescan_every():g} s after the load")
-        return (f"gpuflame agent: {n} process{'es' if n > 1 else ''} loaded a driver file the agent had not probed "
-                f"yet ({window}): allocations in between are missing, their frees counted as unknown")
+        window = (
+            f"probed {max(known)} ms after the load at most"
+            if len(known) == n
+            else f"probed at a rescan, up to {self._rescan_every():g} s after the load"
+        )
+        return (
+            f"gpuflame agent: {n} process{'es' if n > 1 else ''} loaded a driver file the agent had not probed "
+            f"yet ({window}): allocations in between are missing, their frees counted as unknown"
+        )
 
     def stop(self) -> None:
         """Stop reading, book what is left, detach everything."""
@@ -298,36 +331,40 @@ def loss_notes(stats: dict[str, int], probes: str = "", gpu: nvml.Nvml | None = 
     """What the profile does not hold, in words (a profile lost silently is a bug); the first note is always there."""
     said_probes = probes + "; " if probes else ""
     if gpu is not None and gpu.ready:
-        first = (f"gpuflame agent: {said_probes}GPU memory a process held that the probes did not see allocated "
-                 "is under <allocated before the agent started>, from NVML's per-process figure (which also counts "
-                 "the driver's own memory for the process, its CUDA context); frees of blocks allocated before the "
-                 "agent started are ignored")
+        first = (
+            f"gpuflame agent: {said_probes}GPU memory a process held that the probes did not see allocated "
+            "is under <allocated before the agent started>, from NVML's per-process figure (which also counts "
+            "the driver's own memory for the process, its CUDA context); frees of blocks allocated before the "
+            "agent started are ignored"
+        )
     else:
         why = f" ({gpu.missing}: how much they hold is not known)" if gpu is not None else ""
-        first = (f"gpuflame agent: {said_probes}blocks allocated before the agent started are not known{why}; their "
-                 "frees are ignored, so in-use counts only blocks allocated since")
+        first = (
+            f"gpuflame agent: {said_probes}blocks allocated before the agent started are not known{why}; their "
+            "frees are ignored, so in-use counts only blocks allocated since"
+        )
     notes = [first]
     said = {
         "lost_events": "events were lost (the ring buffer was full): the totals are short",
         "live_map_full": "blocks were not tracked in the kernel (live-block map full, raise --max-blocks): "
-                         "their frees were matched in user space instead (each free one more event)",
+        "their frees were matched in user space instead (each free one more event)",
         "calls_map_full": "driver calls were missed (too many threads inside the driver at once)",
         "unknown_frees": "frees of blocks allocated before the agent started were ignored",
         "unknown_frees_at_entry": "frees of addresses not known here were ignored (blocks allocated before the "
-                                  "agent started, or frees the driver refused: entry-only probes see them all)",
+        "agent started, or frees the driver refused: entry-only probes see them all)",
         "not_registered": "allocations came before the agent knew the process: no Python stack for them",
         "no_thread": "allocations came from threads with no Python thread state",
         "truncated": "stacks were deeper than the frames recorded",
         "handler_errors": "events could not be booked (internal error)",
         "results_unknown": "allocations were not counted: entry-only probes, made before their call site's "
-                           "return probe was placed, and their result was in memory the caller may have reused",
+        "return probe was placed, and their result was in memory the caller may have reused",
         "results_unread": "allocations were not counted: entry-only probes, their result was never read "
-                          "(the process ended or the agent stopped before a return probe saw it)",
+        "(the process ended or the agent stopped before a return probe saw it)",
         "sites_unprobed": "return sites could not be probed (entry-only probes): results read at the next call",
         "stacks_over_limit": "allocations were booked under <stacks beyond the agent's limit> (too many distinct "
-                             "stacks)",
+        "stacks)",
         "sites_unverified": "return addresses were not probed: not verified as right after a call into the driver "
-                            "in the file mapped there (entry-only probes); results read at the next call",
+        "in the file mapped there (entry-only probes); results read at the next call",
     }
     for key, text in said.items():
         if stats.get(key):

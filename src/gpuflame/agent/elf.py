@@ -105,8 +105,9 @@ class ElfFile:
         return None
 
 
-def read_elf(path: str, full: bool = True, wanted: Collection[str] | None = None,
-             slot_names: Collection[str] = ()) -> ElfFile:
+def read_elf(
+    path: str, full: bool = True, wanted: Collection[str] | None = None, slot_names: Collection[str] = ()
+) -> ElfFile:
     """Parse *path* (only ``.dynsym`` unless *full*: fast, for the exported symbols); raises OSError or ElfError.
 
     *wanted*: keep only these symbols; *slot_names*: the GOT slots bound to these symbols, too.
@@ -127,8 +128,9 @@ def read_elf(path: str, full: bool = True, wanted: Collection[str] | None = None
             raise ElfError(f"{path}: truncated or damaged ELF file") from exc
 
 
-def _parse(path: str, data: mmap.mmap, tables: tuple[int, ...], wanted: Collection[str] | None,
-           slot_names: Collection[str]) -> ElfFile:
+def _parse(
+    path: str, data: mmap.mmap, tables: tuple[int, ...], wanted: Collection[str] | None, slot_names: Collection[str]
+) -> ElfFile:
     segments, eh_frame_hdr = [], None
     for p_type, p_flags, p_offset, p_vaddr, _paddr, p_filesz, p_memsz in program_headers(data):
         if p_type == PT_LOAD:

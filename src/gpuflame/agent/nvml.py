@@ -30,8 +30,12 @@ QUERIES = ("nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetComputeRunni
 class ProcessInfo(ctypes.Structure):
     """``nvmlProcessInfo_t`` (the v2/v3 queries): the process and its GPU memory on one device."""
 
-    _fields_ = [("pid", ctypes.c_uint), ("usedGpuMemory", ctypes.c_ulonglong), ("gpuInstanceId", ctypes.c_uint),
-                ("computeInstanceId", ctypes.c_uint)]
+    _fields_ = [
+        ("pid", ctypes.c_uint),
+        ("usedGpuMemory", ctypes.c_ulonglong),
+        ("gpuInstanceId", ctypes.c_uint),
+        ("computeInstanceId", ctypes.c_uint),
+    ]
 
 
 class Nvml:

@@ -45,9 +45,7 @@ class _LocationMemo(dict):
         lid = key if isinstance(key, int) else decode_varint_bytes(key)
         frames = self._frames_of.get(lid)
         if frames is None:
-            raise ProfileFormatError(
-                f"malformed pprof: a sample refers to location {lid}, which does not exist"
-            )
+            raise ProfileFormatError(f"malformed pprof: a sample refers to location {lid}, which does not exist")
         value = frames[0] if self._flat else frames
         self[key] = value
         return value
@@ -94,8 +92,7 @@ class _TailMemo(dict):
                 labels.append(self._label(value))  # type: ignore[arg-type]
         if len(values) != self._n_types:
             raise ProfileFormatError(
-                f"malformed pprof: a sample has {len(values)} values "
-                f"but the profile has {self._n_types} sample types"
+                f"malformed pprof: a sample has {len(values)} values but the profile has {self._n_types} sample types"
             )
         return ids, tuple(values), tuple(sorted(labels))
 
@@ -256,7 +253,5 @@ def _raise_missing(words: bytes | tuple[int, ...], table: list[int]) -> None:
     for w in words:
         if w >= len(table) or table[w] == -1:
             lid = w if w < 0x80 else decode_varint_bytes(w.to_bytes(2, sys.byteorder))
-            raise ProfileFormatError(
-                f"malformed pprof: a sample refers to location {lid}, which does not exist"
-            )
+            raise ProfileFormatError(f"malformed pprof: a sample refers to location {lid}, which does not exist")
     raise ProfileFormatError("malformed pprof: a sample refers to a location that does not exist")

@@ -86,8 +86,11 @@ def book_in_use(conv: _Converter) -> None:
                     st = by_list[id(frames)] = stack_of(frames)
                 asked = requested_bytes(block)
                 rounding[device] = rounding.get(device, 0) + size - asked
-                key = (st, block.get(BLOCK_CATEGORY_KEY) if conv.categorize else None,
-                       conv.phase_of_block(device, addr))
+                key = (
+                    st,
+                    block.get(BLOCK_CATEGORY_KEY) if conv.categorize else None,
+                    conv.phase_of_block(device, addr),
+                )
                 row = inuse.get(key)
                 if row is None:
                     inuse[key] = [asked, 1]

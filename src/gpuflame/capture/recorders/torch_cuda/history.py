@@ -73,8 +73,7 @@ class SnapshotHistory:
         out.peaks = self._fold_reserved(current)
         if self.snapshots > 1:
             out.comments.append(
-                f"peak and allocated cover {self.snapshots} snapshots of the allocator's trace; "
-                "in use is the latest"
+                f"peak and allocated cover {self.snapshots} snapshots of the allocator's trace; in use is the latest"
             )
         return out
 
@@ -107,8 +106,14 @@ class SnapshotHistory:
             key = (r.phase, r.device)
             old = self._phases.get(key)
             if old is not None and old.peak > r.peak:  # that moment fell out of the ring buffer since
-                r = replace(r, peak=old.peak, peak_time=old.peak_time, top=old.top, top_bytes=old.top_bytes,
-                            start=min(old.start, r.start))
+                r = replace(
+                    r,
+                    peak=old.peak,
+                    peak_time=old.peak_time,
+                    top=old.top,
+                    top_bytes=old.top_bytes,
+                    start=min(old.start, r.start),
+                )
             self._phases[key] = r
         return ordered(self._phases.values())
 
@@ -117,8 +122,12 @@ class SnapshotHistory:
         if not any(fresh):
             return
         converted = from_snapshot(
-            {"segments": [], "device_traces": fresh, CATEGORIES_KEY: snapshot.get(CATEGORIES_KEY),
-             PHASES_KEY: snapshot.get(PHASES_KEY)},
+            {
+                "segments": [],
+                "device_traces": fresh,
+                CATEGORIES_KEY: snapshot.get(CATEGORIES_KEY),
+                PHASES_KEY: snapshot.get(PHASES_KEY),
+            },
             resolver=self.resolver,
             native=self.native,
         )
