@@ -56,8 +56,8 @@ bpf: venv
 
 # ruff and mypy are pinned in the test extra (pyproject.toml); mypy's settings are there too
 lint: venv
-	$(BIN)/ruff check src tests bench
-	$(BIN)/ruff format --check src tests bench
+	$(BIN)/ruff check src tests bench examples
+	$(BIN)/ruff format --check src tests bench examples
 	$(BIN)/mypy
 
 bench: venv

@@ -43,13 +43,41 @@ DEPTHS = (3, 30, 64)
 
 def build_standins(tmp: Path) -> tuple[str, str]:
     lib = tmp / "libcuda.so.1"
-    subprocess.run(["gcc", "-shared", "-fPIC", "-O2", "-fno-omit-frame-pointer", "-fno-optimize-sibling-calls",
-                    "-fno-inline", "-fno-shrink-wrap", f"-I{cuda_include()}", "-Wl,-soname,libcuda.so.1",
-                    str(ROOT / "tests" / "agent" / "standin_cuda.c"), "-o", str(lib), "-lpthread"], check=True)
+    subprocess.run(
+        [
+            "gcc",
+            "-shared",
+            "-fPIC",
+            "-O2",
+            "-fno-omit-frame-pointer",
+            "-fno-optimize-sibling-calls",
+            "-fno-inline",
+            "-fno-shrink-wrap",
+            f"-I{cuda_include()}",
+            "-Wl,-soname,libcuda.so.1",
+            str(ROOT / "tests" / "agent" / "standin_cuda.c"),
+            "-o",
+            str(lib),
+            "-lpthread",
+        ],
+        check=True,
+    )
     empty = tmp / "empty.bpf.o"
-    subprocess.run(["clang", "-O2", "-g", "-target", "bpf", "-I/usr/include/x86_64-linux-gnu", "-c",
-                    str(HERE / "empty.bpf.c"), "-o", str(empty)],
-                   check=True)
+    subprocess.run(
+        [
+            "clang",
+            "-O2",
+            "-g",
+            "-target",
+            "bpf",
+            "-I/usr/include/x86_64-linux-gnu",
+            "-c",
+            str(HERE / "empty.bpf.c"),
+            "-o",
+            str(empty),
+        ],
+        check=True,
+    )
     return str(lib), str(empty)
 
 
@@ -57,8 +85,9 @@ class Pairs:
     """bench/agent/pairs.py in a child process."""
 
     def __init__(self, lib: str) -> None:
-        self.proc = subprocess.Popen([PYTHON, str(HERE / "pairs.py"), lib], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(
+            [PYTHON, str(HERE / "pairs.py"), lib], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
         assert self.proc.stdout.readline().strip() == "ready"
         self.pid = self.proc.pid
 
@@ -156,8 +185,14 @@ def rate_run(lib: str, rate: int, seconds: float, procs: int) -> dict[str, float
     for t in targets:
         t.close()
     events = 2 * booked  # an alloc and a free per pair
-    return {"rate": made / seconds, "made": made, "booked": booked, "lost": stats["lost_events"],
-            "cpu_per_event_us": 1e6 * cpu / max(events, 1), "cpu_share": cpu / seconds}
+    return {
+        "rate": made / seconds,
+        "made": made,
+        "booked": booked,
+        "lost": stats["lost_events"],
+        "cpu_per_event_us": 1e6 * cpu / max(events, 1),
+        "cpu_share": cpu / seconds,
+    }
 
 
 def first_named_sample(lib: str) -> float:
@@ -210,8 +245,10 @@ def main() -> int:
         print("\nrate (allocations/s), several paced processes at 10 frames")
         for rate, procs in ((100_000, 2), (300_000, 4)):
             r = rate_run(lib, rate, args.seconds, procs)
-            print(f"asked {rate:>7}: made {r['rate']:>9.0f}/s, booked {r['booked']}/{r['made']}, lost {r['lost']}, "
-                  f"agent CPU {r['cpu_per_event_us']:.2f} us/event ({100 * r['cpu_share']:.0f}% of a core)")
+            print(
+                f"asked {rate:>7}: made {r['rate']:>9.0f}/s, booked {r['booked']}/{r['made']}, lost {r['lost']}, "
+                f"agent CPU {r['cpu_per_event_us']:.2f} us/event ({100 * r['cpu_share']:.0f}% of a core)"
+            )
         took = first_named_sample(lib)
         print(f"\nfirst correctly named sample: {took:.3f} s after starting the agent")
     return 0

@@ -269,17 +269,25 @@ def main() -> None:
         f"gpuflame torch slowdown / torch.profiler slowdown: {ours / peer:.2f} in the loop, "
         f"{(ratios['gpuflame torch incl'] - 1) / peer_incl:.2f} including building the profile (goal < 0.5)"
     )
-    print(f"gpuflame torch ratio {ratios['gpuflame torch']:.2f}x (goal < 1.3x); "
-          f"with --torch-hook dispatch {ratios['gpuflame dispatch']:.2f}x")
+    print(
+        f"gpuflame torch ratio {ratios['gpuflame torch']:.2f}x (goal < 1.3x); "
+        f"with --torch-hook dispatch {ratios['gpuflame dispatch']:.2f}x"
+    )
     if "memray" in ratios:
         print(f"gpuflame torch slowdown / memray slowdown: {ours / (ratios['memray'] - 1):.2f} in the loop")
-    print(f"in gpuflame run (joint peak table): hook {ratios['gpuflame torch, run']:.2f}x (goal < 1.1x), "
-          f"dispatch {ratios['gpuflame dispatch, run']:.2f}x")
-    print(f"with phases marked (gpuflame.phase): hook {ratios['gpuflame torch, phases']:.2f}x (goal < 1.15x), "
-          f"dispatch {ratios['gpuflame dispatch, ph.']:.2f}x")
+    print(
+        f"in gpuflame run (joint peak table): hook {ratios['gpuflame torch, run']:.2f}x (goal < 1.1x), "
+        f"dispatch {ratios['gpuflame dispatch, run']:.2f}x"
+    )
+    print(
+        f"with phases marked (gpuflame.phase): hook {ratios['gpuflame torch, phases']:.2f}x (goal < 1.15x), "
+        f"dispatch {ratios['gpuflame dispatch, ph.']:.2f}x"
+    )
     plain, shared = table_cost_per_allocation()
-    print(f"per torch.empty(10) and its free under the hook: {plain:.3f} µs, {shared:.3f} µs with the run's table "
-          f"(+{shared - plain:.3f} µs)")
+    print(
+        f"per torch.empty(10) and its free under the hook: {plain:.3f} µs, {shared:.3f} µs with the run's table "
+        f"(+{shared - plain:.3f} µs)"
+    )
 
 
 if __name__ == "__main__":

@@ -81,9 +81,7 @@ def main() -> None:
         identity: Callable[[str], str] = lambda text: text  # noqa: E731  (skip flamegraph.pl)
         return len(_memory_viz.segments(snap, identity)) + len(_memory_viz.memory(snap, identity))
 
-    t_ours, profile = best(
-        lambda: torch_snapshot.from_snapshot(snap, native=args.native), args.repeat, clear_gpuflame
-    )
+    t_ours, profile = best(lambda: torch_snapshot.from_snapshot(snap, native=args.native), args.repeat, clear_gpuflame)
     t_viz, _ = best(viz, args.repeat, clear_viz)
     t_load_ours, _ = best(lambda: safe_pickle.loads(data), args.repeat, lambda: None)
     t_load_plain, _ = best(lambda: pickle.loads(plain), args.repeat, lambda: None)

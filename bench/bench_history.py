@@ -67,9 +67,11 @@ def python_log(events: int, sites: int) -> EventLog:
         log.add(t, site, sizes[site])
         log.add(t + rng.randrange(9_000), site, -sizes[site])
         if (k + 2) % step == 0:
-            print(f"  {k + 2:>11,} events ({(k + 2) / DEMO_EVENTS_PER_S / 60:6.1f} min of the demo loop): "
-                  f"{log_bytes(log) / MiB:6.1f} MiB held (most so far {most / MiB:.1f}), "
-                  f"{len(log.times):,} events kept, {log.folded:,} folded")
+            print(
+                f"  {k + 2:>11,} events ({(k + 2) / DEMO_EVENTS_PER_S / 60:6.1f} min of the demo loop): "
+                f"{log_bytes(log) / MiB:6.1f} MiB held (most so far {most / MiB:.1f}), "
+                f"{len(log.times):,} events kept, {log.folded:,} folded"
+            )
     took = time.perf_counter() - t0
     print(f"  {took / events * 1e9:.0f} ns per event (fold and the measuring included)")
     return log
@@ -114,7 +116,7 @@ def full_history(log: EventLog, sites: int) -> None:
     frames = [Frame(f"f{i}", "/app/model.py", i) for i in range(sites + 8)]
     t0 = time.perf_counter()
     track = log.track(log.times[-1], (("pid", "1"),))
-    history = event_history.of_track(track, lambda s: frames[s:s + 8], lambda s: (("device", "cpu"),))
+    history = event_history.of_track(track, lambda s: frames[s : s + 8], lambda s: (("device", "cpu"),))
     built = time.perf_counter() - t0
     p = Profile(memory_sample_types())
     p.history = history
@@ -129,8 +131,10 @@ def full_history(log: EventLog, sites: int) -> None:
     moment.at(back, span * 0.99)
     moment.between(back, span * 0.95, span)
     verbs = time.perf_counter() - t0
-    print(f"  {history.events():,} events: build {built:.2f} s, write {wrote:.2f} s, read {read:.2f} s, "
-          f"file {len(data) / MiB:.1f} MiB, at + between {verbs:.2f} s")
+    print(
+        f"  {history.events():,} events: build {built:.2f} s, write {wrote:.2f} s, read {read:.2f} s, "
+        f"file {len(data) / MiB:.1f} MiB, at + between {verbs:.2f} s"
+    )
     assert isinstance(back.history, History)
 
 
@@ -168,9 +172,13 @@ def demo_cost(rounds: int) -> None:
         event_history.MAX_EVENTS = bound
         return loop, time.perf_counter() - t0
 
-    ways = {"bare": None, "hook, history": (lambda: TorchAllocatorRecorder(hook), True),
-            "hook, no history": (lambda: TorchAllocatorRecorder(hook), False),
-            "dispatch, history": (TorchTensorRecorder, True), "dispatch, no history": (TorchTensorRecorder, False)}
+    ways = {
+        "bare": None,
+        "hook, history": (lambda: TorchAllocatorRecorder(hook), True),
+        "hook, no history": (lambda: TorchAllocatorRecorder(hook), False),
+        "dispatch, history": (TorchTensorRecorder, True),
+        "dispatch, no history": (TorchTensorRecorder, False),
+    }
     best: dict[str, tuple[float, float]] = {}
     for _ in range(rounds):
         for name, way in ways.items():

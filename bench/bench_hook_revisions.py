@@ -89,10 +89,12 @@ def main() -> None:
                     best[name][key] = min(best[name].get(key, value), value)
     print(f"demo generate loop, best of {args.rounds} x {args.repeat}; hook loop / bare loop")
     for name, b in best.items():
-        print(f"{name:14} wall {b['hook wall'] / b['bare wall']:.3f}x ({b['bare wall'] * 1e3:.1f} ms bare)"
-              f"   cpu {b['hook cpu'] / b['bare cpu']:.3f}x ({b['bare cpu'] * 1e3:.1f} ms bare)"
-              f"   per allocation +{(b['churn hook cpu'] - b['churn bare cpu']) * 1e4:.0f} ns cpu"
-              f" ({b['churn bare cpu'] * 1e4:.0f} ns bare)")
+        print(
+            f"{name:14} wall {b['hook wall'] / b['bare wall']:.3f}x ({b['bare wall'] * 1e3:.1f} ms bare)"
+            f"   cpu {b['hook cpu'] / b['bare cpu']:.3f}x ({b['bare cpu'] * 1e3:.1f} ms bare)"
+            f"   per allocation +{(b['churn hook cpu'] - b['churn bare cpu']) * 1e4:.0f} ns cpu"
+            f" ({b['churn bare cpu'] * 1e4:.0f} ns bare)"
+        )
 
 
 if __name__ == "__main__":

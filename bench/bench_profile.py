@@ -82,9 +82,11 @@ def main() -> None:
     data = args.profile.read_bytes()
     raw = gzip.decompress(data)
     profile = load(args.profile)
-    print(f"profile: {args.profile} ({len(data) / 1e6:.1f} MB gzip, {len(raw) / 1e6:.1f} MB raw, "
-          f"{len(profile.samples):,} samples, {len(profile.frames):,} frames, "
-          f"max depth {max(len(s.stack) for s in profile.samples)})")
+    print(
+        f"profile: {args.profile} ({len(data) / 1e6:.1f} MB gzip, {len(raw) / 1e6:.1f} MB raw, "
+        f"{len(profile.samples):,} samples, {len(profile.frames):,} frames, "
+        f"max depth {max(len(s.stack) for s in profile.samples)})"
+    )
     assert detect(data) == "pprof"
 
     t_ours, _ = best(lambda: decode(data), args.repeat)
@@ -93,15 +95,19 @@ def main() -> None:
     t_google, _ = best(lambda: Profile.FromString(gzip.decompress(data)), args.repeat)
     print(f"load   gpuflame decode (pure Python)      {t_ours:7.3f} s")
     ratio = t_ours / t_google
-    print(f"load   google protobuf parse (C upb)      {t_google:7.3f} s   ratio gpuflame/google {ratio:5.1f}x"
-          f"   (gunzip alone {t_gunzip:.3f} s)")
+    print(
+        f"load   google protobuf parse (C upb)      {t_google:7.3f} s   ratio gpuflame/google {ratio:5.1f}x"
+        f"   (gunzip alone {t_gunzip:.3f} s)"
+    )
 
     for name, argv in (
         ("report", ("report", str(args.profile))),
         ("top", ("top", str(args.profile))),
         ("flame", ("flame", str(args.profile))),
-        ("report --prune-framework --min-size 1MiB", ("report", str(args.profile), "--prune-framework",
-                                                      "--min-size", "1MiB")),
+        (
+            "report --prune-framework --min-size 1MiB",
+            ("report", str(args.profile), "--prune-framework", "--min-size", "1MiB"),
+        ),
     ):
         t, _ = best(cli(*argv), args.repeat)
         print(f"cli    gpuflame {name:<40} {t:7.3f} s  (new process, end to end)")

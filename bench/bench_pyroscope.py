@@ -64,9 +64,24 @@ def run_once(args: list[str], rounds: int, workdir: Path) -> tuple[float, float,
     pushes_before = PushCounter.pushes
     start = time.perf_counter()
     subprocess.run(
-        [sys.executable, "-m", "gpuflame", "run", "--backend", "torch", "-o", str(workdir / "b.pb.gz"), *args,
-         str(ROOT / "examples" / "demo.py"), "--rounds", str(rounds)],
-        check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            sys.executable,
+            "-m",
+            "gpuflame",
+            "run",
+            "--backend",
+            "torch",
+            "-o",
+            str(workdir / "b.pb.gz"),
+            *args,
+            str(ROOT / "examples" / "demo.py"),
+            "--rounds",
+            str(rounds),
+        ],
+        check=True,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     wall = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -106,8 +121,10 @@ def main() -> None:
     slow_default = best["default interval, push"][0] / best["no interval, no push"][0]
     pushes_1s = max(1, best["interval 1s, push"][2])
     cpu_per_push = (best["interval 1s, push"][1] - best["interval 1s, no push"][1]) / pushes_1s
-    print(f"push every second: {100 * (slow_1s - 1):+.1f}% wall time, "
-          f"{1000 * cpu_per_push:.1f} ms CPU per push ({pushes_1s} pushes)")
+    print(
+        f"push every second: {100 * (slow_1s - 1):+.1f}% wall time, "
+        f"{1000 * cpu_per_push:.1f} ms CPU per push ({pushes_1s} pushes)"
+    )
     print(f"default interval (15 s) with Pyroscope: {100 * (slow_default - 1):+.1f}% wall time (goal < 1%)")
 
 

@@ -39,7 +39,7 @@ import tempfile
 import time
 from pathlib import Path
 
-SUITE = '''
+SUITE = """
 import pytest
 import torch
 
@@ -59,7 +59,7 @@ def test_small(i):
 @pytest.mark.parametrize("i", range({with_fixture}))
 def test_small_with_fixture(i, layer):
     forward(layer)
-'''
+"""
 
 
 def run(folder: Path, args: list[str], src: str = "") -> tuple[float, float, float]:
@@ -70,8 +70,14 @@ def run(folder: Path, args: list[str], src: str = "") -> tuple[float, float, flo
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [src, os.environ.get("PYTHONPATH")]))}
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", *args], cwd=folder,
-                          capture_output=True, text=True, check=False, env=env)
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", *args],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        check=False,
+        env=env,
+    )
     wall = time.perf_counter() - started
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
@@ -85,10 +91,17 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tests", type=int, default=200)
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--against", metavar="SRC", default="",
-                        help="also run --gpuflame with gpuflame imported from SRC (an older checkout's src)")
-    parser.add_argument("--no-peer", action="store_true",
-                        help="leave pytest-memray out (it takes most of the bench's time), for more rounds")
+    parser.add_argument(
+        "--against",
+        metavar="SRC",
+        default="",
+        help="also run --gpuflame with gpuflame imported from SRC (an older checkout's src)",
+    )
+    parser.add_argument(
+        "--no-peer",
+        action="store_true",
+        help="leave pytest-memray out (it takes most of the bench's time), for more rounds",
+    )
     args = parser.parse_args()
     ways = {"bare": [], "--gpuflame": ["--gpuflame"], "--gpuflame-fail-on-increase": ["--gpuflame-fail-on-increase"]}
     sources = {name: "" for name in ways}
@@ -111,8 +124,10 @@ def main() -> int:
             for name, extra in ways.items():
                 rounds[name].append(run(folder, extra, sources.get(name, "")))
     bare = rounds["bare"]
-    print(f"{args.tests} small torch tests, {args.repeat} rounds: the best time of each way, and its overhead "
-          "as the median over rounds of (way / bare of the same round), and per test")
+    print(
+        f"{args.tests} small torch tests, {args.repeat} rounds: the best time of each way, and its overhead "
+        "as the median over rounds of (way / bare of the same round), and per test"
+    )
     print(f"{'':30} {'cpu':>16} {'wall':>16} {'session':>16} {'per test (cpu)':>15}")
     for name, times in rounds.items():
         best = [min(column) for column in zip(*times, strict=True)]

@@ -73,19 +73,24 @@ def bench(path: Path, rounds: int) -> None:
         torch_snapshot.decode(raw)
 
     runs: dict[str, Callable[[], object]] = {
-        "pickle": lambda: pickle.loads(data), "null": lambda: pickle.loads(data),
-        "safe": lambda: safe_pickle.loads(data), "convert": convert, "viz": viz,
+        "pickle": lambda: pickle.loads(data),
+        "null": lambda: pickle.loads(data),
+        "safe": lambda: safe_pickle.loads(data),
+        "convert": convert,
+        "viz": viz,
     }
     times: dict[str, list[float]] = {name: [] for name in runs}
     for r in range(rounds):
-        for name in (list(runs) if r % 2 == 0 else list(reversed(runs))):
+        for name in list(runs) if r % 2 == 0 else list(reversed(runs)):
             times[name].append(timed(runs[name]))
     med = {name: statistics.median(t) * 1000 for name, t in times.items()}
     print(f"{path.name}: {len(data) / 1e6:.2f} MB, {events:,} trace events, {rounds} rounds")
     print("  medians: " + ", ".join(f"{name} {ms:.1f} ms" for name, ms in med.items()))
-    print(f"  null pickle/pickle {median_ratio(times['null'], times['pickle']):.2f}x  "
-          f"safe/pickle {median_ratio(times['safe'], times['pickle']):.2f}x  "
-          f"convert/viz {median_ratio(times['convert'], times['viz']):.2f}x")
+    print(
+        f"  null pickle/pickle {median_ratio(times['null'], times['pickle']):.2f}x  "
+        f"safe/pickle {median_ratio(times['safe'], times['pickle']):.2f}x  "
+        f"convert/viz {median_ratio(times['convert'], times['viz']):.2f}x"
+    )
 
 
 def main() -> None:

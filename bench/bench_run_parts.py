@@ -8,6 +8,7 @@ that file. CPU time (user + system) from ``wait4``, torch on one thread.
 
     python bench/bench_run_parts.py TREE [ROUNDS]
 """
+
 import json
 import os
 import subprocess
@@ -19,6 +20,8 @@ TREE = sys.argv[1]
 DEMO = os.path.join(TREE, "examples", "demo.py")
 env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.path.join(TREE, "src"))
 out = tempfile.mkdtemp()
+
+
 def cpu(cmd, capture=False):
     out = subprocess.PIPE if capture else subprocess.DEVNULL
     p = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.PIPE)
@@ -26,7 +29,9 @@ def cpu(cmd, capture=False):
     data = p.stdout.read().decode() if capture else ""
     assert os.waitstatus_to_exitcode(st) == 0, p.stderr.read().decode()
     return ru.ru_utime + ru.ru_stime, data
-API = r'''
+
+
+API = r"""
 import sys, time, runpy, json
 import gpuflame
 t0 = time.process_time()
@@ -39,8 +44,8 @@ gpuflame.stop()
 t3 = time.process_time()
 p = gpuflame.load(__import__("os").environ["OUTF"])
 print(json.dumps({"start": t1 - t0, "stop": t3 - t2, "events": p.history.events() if p.history else 0}))
-'''
-MERGE = r'''
+"""
+MERGE = r"""
 import sys, time, json
 t0 = time.process_time()
 from gpuflame.formats import load, save
@@ -53,10 +58,14 @@ t3 = time.process_time()
 save(m, sys.argv[2])
 t4 = time.process_time()
 print(json.dumps({"import": t1 - t0, "load": t2 - t1, "merge": t3 - t2, "save": t4 - t3}))
-'''
+"""
 rows = {}
+
+
 def add(k, v):
     rows.setdefault(k, []).append(v)
+
+
 for _ in range(int(sys.argv[2]) if len(sys.argv) > 2 else 3):
     add("pass", cpu([PY, "-c", "pass"])[0])
     add("import autostart", cpu([PY, "-c", "import gpuflame.capture.autostart"])[0])
@@ -73,4 +82,4 @@ for _ in range(int(sys.argv[2]) if len(sys.argv) > 2 else 3):
     for k, v in json.loads(data.splitlines()[-1]).items():
         add("launcher " + k, v)
 for k, v in rows.items():
-    print(f"{k:28} min {min(v):.3f}  median {sorted(v)[len(v)//2]:.3f}")
+    print(f"{k:28} min {min(v):.3f}  median {sorted(v)[len(v) // 2]:.3f}")

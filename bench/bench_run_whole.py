@@ -51,13 +51,12 @@ def main() -> None:
     variants: dict[str, tuple[list[str], dict[str, str]]] = {"bare": (bare, plain), "null": (bare, plain)}
     for tree in [ROOT, *args.tree]:
         env = dict(plain, PYTHONPATH=str(tree.resolve() / "src"))
-        cmd = [sys.executable, "-m", "gpuflame", "run", "--force", "-o", str(out / f"{tree.name}.pb.gz"), "--",
-               *bare]
+        cmd = [sys.executable, "-m", "gpuflame", "run", "--force", "-o", str(out / f"{tree.name}.pb.gz"), "--", *bare]
         variants[f"run:{tree.name}"] = (cmd, env)
     cpu: dict[str, list[float]] = {k: [] for k in variants}
     wall: dict[str, list[float]] = {k: [] for k in variants}
     for r in range(args.rounds):
-        for name in (list(variants) if r % 2 == 0 else list(reversed(variants))):
+        for name in list(variants) if r % 2 == 0 else list(reversed(variants)):
             c, w = run(*variants[name])
             cpu[name].append(c)
             wall[name].append(w)
@@ -65,8 +64,10 @@ def main() -> None:
     for name in variants:
         rc = statistics.median(a / b for a, b in zip(cpu[name], cpu["bare"], strict=True))
         rw = statistics.median(a / b for a, b in zip(wall[name], wall["bare"], strict=True))
-        print(f"  {name:16} CPU {statistics.median(cpu[name]):6.2f} s ({rc:.2f}x bare)  "
-              f"wall {statistics.median(wall[name]):6.2f} s ({rw:.2f}x bare)")
+        print(
+            f"  {name:16} CPU {statistics.median(cpu[name]):6.2f} s ({rc:.2f}x bare)  "
+            f"wall {statistics.median(wall[name]):6.2f} s ({rw:.2f}x bare)"
+        )
 
 
 if __name__ == "__main__":

@@ -47,8 +47,10 @@ def one(events: int, repeat: int) -> None:
     simulate = best(lambda: Run(inp, inp.recorded).outcomes(), repeat)
     expandable = best(lambda: Run(inp, Settings(expandable_segments=True)).outcomes(), repeat)
     convert = best(lambda: torch_snapshot.from_snapshot(snap), repeat)
-    print(f"{n:>9,} events: simulate {simulate:6.2f} s (expandable_segments:True {expandable:6.2f} s), "
-          f"convert {convert:6.2f} s, simulate/convert {simulate / convert:.2f}")
+    print(
+        f"{n:>9,} events: simulate {simulate:6.2f} s (expandable_segments:True {expandable:6.2f} s), "
+        f"convert {convert:6.2f} s, simulate/convert {simulate / convert:.2f}"
+    )
 
 
 def main() -> None:

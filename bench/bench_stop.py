@@ -66,8 +66,12 @@ print(json.dumps({"stop_s": took, "stop_cpu_s": cpu, "rss_jump_mib": (rss_kib("V
 
 def one(tree: Path, ops: int, hook: str, folder: Path) -> dict[str, float]:
     out = folder / f"stop-{ops}.pb.gz"
-    proc = subprocess.run([sys.executable, "-c", CHILD, str(tree / "src"), str(ops), str(out), hook],
-                          capture_output=True, text=True, timeout=1800)
+    proc = subprocess.run(
+        [sys.executable, "-c", CHILD, str(tree / "src"), str(ops), str(out), hook],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     if proc.returncode != 0:
         sys.exit(proc.stderr)
     return json.loads(proc.stdout.splitlines()[-1])
@@ -85,16 +89,18 @@ def main() -> None:
     trees = [(ROOT.name, ROOT), *([("null", ROOT)] if args.null else []), *((t.name, t.resolve()) for t in args.tree)]
     results: dict[tuple[str, int], list[dict[str, float]]] = {(name, o): [] for name, _ in trees for o in args.ops}
     for run in range(args.runs):
-        for name, tree in (trees if run % 2 == 0 else trees[::-1]):
+        for name, tree in trees if run % 2 == 0 else trees[::-1]:
             for ops in args.ops:
                 results[(name, ops)].append(one(tree, ops, args.hook, folder))
     for (name, ops), rows in results.items():
         med = {key: statistics.median(r[key] for r in rows) for key in rows[0]}
         mine = results[(ROOT.name, ops)]
         ratio = statistics.median(r["stop_cpu_s"] / m["stop_cpu_s"] for r, m in zip(rows, mine, strict=True))
-        print(f"{name}: {ops:>10,} operations ({args.hook}): stop {med['stop_s']:.3f} s, CPU {med['stop_cpu_s']:.3f} s "
-              f"({ratio:.2f}x {ROOT.name}), RSS jump {med['rss_jump_mib']:.1f} MiB, file {med['file_mb']:.1f} MB "
-              f"({args.runs} runs)")
+        print(
+            f"{name}: {ops:>10,} operations ({args.hook}): stop {med['stop_s']:.3f} s, CPU {med['stop_cpu_s']:.3f} s "
+            f"({ratio:.2f}x {ROOT.name}), RSS jump {med['rss_jump_mib']:.1f} MiB, file {med['file_mb']:.1f} MB "
+            f"({args.runs} runs)"
+        )
 
 
 if __name__ == "__main__":

@@ -34,11 +34,12 @@ def make_profile(frames: int) -> Path:
     OUT.mkdir(parents=True, exist_ok=True)
     path = OUT / f"tree{frames}.pb.gz"
     if not path.exists():
-        code = ("import sys; sys.path[:0] = [sys.argv[1], sys.argv[2]]\n"
-                "from tests.helpers.large_profile import tree_profile\nfrom gpuflame.formats import save\n"
-                "save(tree_profile(int(sys.argv[3])), sys.argv[4])")
-        subprocess.run([sys.executable, "-c", code, str(ROOT / "src"), str(ROOT), str(frames), str(path)],
-                       check=True)
+        code = (
+            "import sys; sys.path[:0] = [sys.argv[1], sys.argv[2]]\n"
+            "from tests.helpers.large_profile import tree_profile\nfrom gpuflame.formats import save\n"
+            "save(tree_profile(int(sys.argv[3])), sys.argv[4])"
+        )
+        subprocess.run([sys.executable, "-c", code, str(ROOT / "src"), str(ROOT), str(frames), str(path)], check=True)
     return path
 
 
@@ -46,8 +47,9 @@ def run_view(src: Path, profile: Path, page: Path) -> tuple[float, float]:
     """(CPU seconds, wall seconds) of one ``gpuflame view`` with *src* first on the path."""
     env = {**os.environ, "PYTHONPATH": str(src)}
     start = time.perf_counter()
-    child = subprocess.Popen([sys.executable, "-m", "gpuflame", "view", str(profile), "-o", str(page)],
-                             env=env, stdout=subprocess.DEVNULL)
+    child = subprocess.Popen(
+        [sys.executable, "-m", "gpuflame", "view", str(profile), "-o", str(page)], env=env, stdout=subprocess.DEVNULL
+    )
     _, status, usage = os.wait4(child.pid, 0)
     wall = time.perf_counter() - start
     if os.waitstatus_to_exitcode(status) != 0:
@@ -70,16 +72,20 @@ def main() -> None:
         for name in order:
             times[name].append(run_view(trees[name], profile, OUT / f"{name}.html"))
         row = {k: v[-1] for k, v in times.items()}
-        print(f"round {round_ + 1}: " + ", ".join(f"{k} {c:.1f} s CPU / {w:.1f} s wall" for k, (c, w) in row.items()),
-              f"| new/base {row['new'][0] / row['base'][0]:.2f}x, null/base {row['null'][0] / row['base'][0]:.2f}x",
-              flush=True)
+        print(
+            f"round {round_ + 1}: " + ", ".join(f"{k} {c:.1f} s CPU / {w:.1f} s wall" for k, (c, w) in row.items()),
+            f"| new/base {row['new'][0] / row['base'][0]:.2f}x, null/base {row['null'][0] / row['base'][0]:.2f}x",
+            flush=True,
+        )
     same = (OUT / "new.html").read_bytes() == (OUT / "base.html").read_bytes()
     for kind, i in (("CPU", 0), ("wall", 1)):
         ratio = statistics.median(n[i] / b[i] for n, b in zip(times["new"], times["base"], strict=True))
         null = statistics.median(n[i] / b[i] for n, b in zip(times["null"], times["base"], strict=True))
-        print(f"{args.frames} frames, {kind}: base {statistics.median(t[i] for t in times['base']):.1f} s, "
-              f"new {statistics.median(t[i] for t in times['new']):.1f} s; median new/base {ratio:.3f}x, "
-              f"null (base/base) {null:.3f}x")
+        print(
+            f"{args.frames} frames, {kind}: base {statistics.median(t[i] for t in times['base']):.1f} s, "
+            f"new {statistics.median(t[i] for t in times['new']):.1f} s; median new/base {ratio:.3f}x, "
+            f"null (base/base) {null:.3f}x"
+        )
     print("pages identical" if same else "pages differ")
 
 

@@ -55,8 +55,22 @@ OUT = ROOT / "bench" / "out" / "viewer"
 SPEEDSCOPE = ROOT / "bench" / "viewer" / "node_modules" / "speedscope" / "dist" / "release"
 SIZES = (1_000, 10_000, 100_000)
 # typed as a user would, one keystroke a query; the first pays for normalizing every name once
-QUERIES = ("f", "fu", "fun", "func", "function_", "function_4", "function_42", "C", "Cl", "Class", "Class1",
-           "Class1 > method_3", "Class1.method_3", "zzz")
+QUERIES = (
+    "f",
+    "fu",
+    "fun",
+    "func",
+    "function_",
+    "function_4",
+    "function_42",
+    "C",
+    "Cl",
+    "Class",
+    "Class1",
+    "Class1 > method_3",
+    "Class1.method_3",
+    "zzz",
+)
 GOAL_PAINT_S = 1.0
 GOAL_SEARCH_MS = 100.0
 
@@ -112,8 +126,12 @@ def write_inputs(frames: int, src: Path) -> tuple[Path, Path, dict[str, Any]]:
         ss.write_bytes(dumps(profile, "speedscope"))
     env = {**os.environ, "PYTHONPATH": str(src)}
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "gpuflame", "view", str(pb), "-o", str(html)],
-                   check=True, env=env, stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [sys.executable, "-m", "gpuflame", "view", str(pb), "-o", str(html)],
+        check=True,
+        env=env,
+        stdout=subprocess.DEVNULL,
+    )
     write_s = time.perf_counter() - t0
     return html, ss, {"html_mb": html.stat().st_size / 1e6, "json_mb": ss.stat().st_size / 1e6, "write_s": write_s}
 
@@ -172,8 +190,9 @@ def renderer_mib(chrome: Chrome) -> float:
         pending.extend(children.get(pid, []))
         try:
             if b"--type=renderer" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                rss = next(line for line in Path(f"/proc/{pid}/status").read_text().splitlines()
-                           if line.startswith("VmRSS:"))
+                rss = next(
+                    line for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith("VmRSS:")
+                )
                 best = max(best, int(rss.split()[1]) / 1024)
         except (OSError, StopIteration):
             continue
@@ -183,15 +202,23 @@ def renderer_mib(chrome: Chrome) -> float:
 def gpuflame_paint(chrome: Chrome, html: Path, timeout: float) -> dict[str, float]:
     """First paint by the page's hook and by the probe, ms since navigation start."""
     navigate(chrome, html.as_uri())
-    ready = ("window.gpuflameState && (window.gpuflameState.error || (window.gpuflameState.ready && "
-             "window.__benchPaint !== null)) && window.gpuflameState")
+    ready = (
+        "window.gpuflameState && (window.gpuflameState.error || (window.gpuflameState.ready && "
+        "window.__benchPaint !== null)) && window.gpuflameState"
+    )
     state = chrome.wait_for(ready, timeout=timeout)
     if state["error"]:
         raise CdpError(f"viewer error: {state['error']}")
-    return {"hook": state["timings"]["firstPaint"], "probe": chrome.evaluate("window.__benchPaint"),
-            "rects": state["drawnRects"], "decode": state["timings"].get("decode", 0.0),
-            "prepare": state["timings"].get("prepare", 0.0), "build": state["buildMs"], "draw": state["drawMs"],
-            "renderer_mib": renderer_mib(chrome)}
+    return {
+        "hook": state["timings"]["firstPaint"],
+        "probe": chrome.evaluate("window.__benchPaint"),
+        "rects": state["drawnRects"],
+        "decode": state["timings"].get("decode", 0.0),
+        "prepare": state["timings"].get("prepare", 0.0),
+        "build": state["buildMs"],
+        "draw": state["drawMs"],
+        "renderer_mib": renderer_mib(chrome),
+    }
 
 
 def speedscope_paint(chrome: Chrome, base: str, profile: Path, timeout: float) -> dict[str, float]:
@@ -204,8 +231,11 @@ def speedscope_paint(chrome: Chrome, base: str, profile: Path, timeout: float) -
     if not loaded:
         raise CdpError("speedscope painted but does not show the profile")
     entry = "performance.getEntriesByType('resource').find((e) => e.name.endsWith({})).responseEnd"
-    return {"probe": probe, "script": chrome.evaluate(entry.format(json.dumps(".js"))),
-            "fetched": chrome.evaluate(entry.format(json.dumps(profile.name)))}
+    return {
+        "probe": probe,
+        "script": chrome.evaluate(entry.format(json.dumps(".js"))),
+        "fetched": chrome.evaluate(entry.format(json.dumps(profile.name))),
+    }
 
 
 SEARCH_JS = """
@@ -283,23 +313,31 @@ def measure(binary: str, sizes: list[int], repeat: int, timeout: float, src: Pat
 
 def report(results: dict[int, dict[str, Any]], repeat: int) -> None:
     print(f"first paint, ms since navigation start, best of {repeat} (headless Chromium, 1280x900)")
-    print(f"{'frames':>8} {'html MB':>8} {'json MB':>8} {'gpuflame hook':>14} {'gpuflame probe':>15} "
-          f"{'speedscope':>11} {'ratio s/g':>10} {'rects':>7}")
+    print(
+        f"{'frames':>8} {'html MB':>8} {'json MB':>8} {'gpuflame hook':>14} {'gpuflame probe':>15} "
+        f"{'speedscope':>11} {'ratio s/g':>10} {'rects':>7}"
+    )
     for n, r in results.items():
         g_hook, g_probe = best_of(r["g"], "hook"), best_of(r["g"], "probe")
         s = best_of(r["s"], "probe") if r["s"] else None
         ratio = f"{s / g_probe:9.2f}x" if s else "n/a"
-        print(f"{n:>8,} {r['html_mb']:>8.1f} {r['json_mb']:>8.1f} {fmt_s(g_hook):>14} {fmt_s(g_probe):>15} "
-              f"{fmt_s(s):>11} {ratio:>10} {r['g'][0]['rects']:>7,}")
+        print(
+            f"{n:>8,} {r['html_mb']:>8.1f} {r['json_mb']:>8.1f} {fmt_s(g_hook):>14} {fmt_s(g_probe):>15} "
+            f"{fmt_s(s):>11} {ratio:>10} {r['g'][0]['rects']:>7,}"
+        )
         parts = min(r["g"], key=lambda x: x["hook"])
-        print(f"{'':>8} gpuflame phases (best round): decode {parts['decode']:.0f} ms, prepare "
-              f"{parts['prepare']:.0f} ms, tree {parts['build']:.0f} ms, draw {parts['draw']:.0f} ms; renderer "
-              f"{max(x['renderer_mib'] for x in r['g']):.0f} MiB resident (most of any round); "
-              f"`gpuflame view` wrote the page in {r['write_s']:.1f} s")
+        print(
+            f"{'':>8} gpuflame phases (best round): decode {parts['decode']:.0f} ms, prepare "
+            f"{parts['prepare']:.0f} ms, tree {parts['build']:.0f} ms, draw {parts['draw']:.0f} ms; renderer "
+            f"{max(x['renderer_mib'] for x in r['g']):.0f} MiB resident (most of any round); "
+            f"`gpuflame view` wrote the page in {r['write_s']:.1f} s"
+        )
         if r["s"]:
             parts = min(r["s"], key=lambda x: x["probe"])
-            print(f"{'':>8} speedscope (best round): its script loaded at {parts['script']:.0f} ms, the profile "
-                  f"fetched at {parts['fetched']:.0f} ms")
+            print(
+                f"{'':>8} speedscope (best round): its script loaded at {parts['script']:.0f} ms, the profile "
+                f"fetched at {parts['fetched']:.0f} ms"
+            )
         if r["s_error"]:
             print(f"{'':>8} speedscope not measured: {r['s_error']}")
     largest = max(results)
@@ -307,29 +345,42 @@ def report(results: dict[int, dict[str, Any]], repeat: int) -> None:
     g = best_of(r["g"], "probe") / 1000
     s = best_of(r["s"], "probe") / 1000 if r["s"] else None
     ok = g < GOAL_PAINT_S and (s is None or g <= s)
-    print(f"goal: < {GOAL_PAINT_S:.0f} s at {largest:,} frames and no slower than speedscope: "
-          f"{'met' if ok else 'MISSED'} ({g:.3f} s vs {'speedscope not measured' if s is None else f'{s:.3f} s'})")
+    print(
+        f"goal: < {GOAL_PAINT_S:.0f} s at {largest:,} frames and no slower than speedscope: "
+        f"{'met' if ok else 'MISSED'} ({g:.3f} s vs {'speedscope not measured' if s is None else f'{s:.3f} s'})"
+    )
     search = r.get("search", [])
     if search:
         first, rest = search[0], search[1:]
         med_frame = statistics.median(x["frame"] for x in rest)
         med_handler = statistics.median(x["handler"] for x in rest)
-        print(f"search on {largest:,} frames, {len(rest)} queries after the first: median {med_frame:.1f} ms to "
-              f"the redrawn frame (handler {med_handler:.1f} ms, max {max(x['frame'] for x in rest):.1f} ms); "
-              f"first query {first['frame']:.1f} ms (normalizes every name once)")
+        print(
+            f"search on {largest:,} frames, {len(rest)} queries after the first: median {med_frame:.1f} ms to "
+            f"the redrawn frame (handler {med_handler:.1f} ms, max {max(x['frame'] for x in rest):.1f} ms); "
+            f"first query {first['frame']:.1f} ms (normalizes every name once)"
+        )
         print("  " + ", ".join(f"{x['q']!r} {x['frame']:.0f}" for x in search))
-        print(f"goal: search < {GOAL_SEARCH_MS:.0f} ms a keystroke: "
-              f"{'met' if med_frame < GOAL_SEARCH_MS else 'MISSED'}")
+        print(
+            f"goal: search < {GOAL_SEARCH_MS:.0f} ms a keystroke: {'met' if med_frame < GOAL_SEARCH_MS else 'MISSED'}"
+        )
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--frames", type=int, action="append",
-                        help="distinct functions in a generated profile (repeatable; default 1k, 10k, 100k)")
+    parser.add_argument(
+        "--frames",
+        type=int,
+        action="append",
+        help="distinct functions in a generated profile (repeatable; default 1k, 10k, 100k)",
+    )
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for one page")
-    parser.add_argument("--src", type=Path, default=ROOT / "src",
-                        help="the gpuflame sources whose viewer to measure (e.g. an unpacked `git archive HEAD`)")
+    parser.add_argument(
+        "--src",
+        type=Path,
+        default=ROOT / "src",
+        help="the gpuflame sources whose viewer to measure (e.g. an unpacked `git archive HEAD`)",
+    )
     args = parser.parse_args()
     binary = find_chromium()
     if binary is None:

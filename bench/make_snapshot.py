@@ -51,10 +51,7 @@ def _torch_functions(limit: int = 40) -> list[tuple[str, int, str]]:
 def make_snapshot(entries: int = 200_000, depth: int = 20, seed: int = 1) -> dict[str, Any]:
     rng = random.Random(seed)
     functions = _torch_functions()
-    frames = [
-        {"name": n, "filename": f, "line": ln}
-        for f, ln, n in rng.sample(functions, min(3000, len(functions)))
-    ]
+    frames = [{"name": n, "filename": f, "line": ln} for f, ln, n in rng.sample(functions, min(3000, len(functions)))]
     callees = [[rng.randrange(len(frames)) for _ in range(5)] for _ in frames]
     roots = [rng.randrange(len(frames)) for _ in range(3)]
 
@@ -137,9 +134,7 @@ def make_snapshot(entries: int = 200_000, depth: int = 20, seed: int = 1) -> dic
             record("alloc", b["address"], b["size"], b["frames"])
     # activations: allocated and freed in a loop inside one big workspace segment
     workspace = address
-    new_segment(
-        [{"address": 0, "size": 4096 * MiB, "requested_size": 0, "state": "inactive", "frames": []}], []
-    )
+    new_segment([{"address": 0, "size": 4096 * MiB, "requested_size": 0, "state": "inactive", "frames": []}], [])
     while len(trace) + 3 * 64 <= entries:
         live = []
         at = workspace

@@ -23,9 +23,16 @@ __version__ = "0.1.0"
 # imported on first use: `gpuflame run`'s bootstrap imports gpuflame.capture.autostart, which
 # imports this package first; the API, the readers and the model's verbs are not what it needs
 _LAZY = {
-    "Recording": "gpuflame.api", "profile": "gpuflame.api", "start": "gpuflame.api", "stop": "gpuflame.api",
-    "phase": "gpuflame.capture.books.phases", "load": "gpuflame.formats", "Frame": "gpuflame.model",
-    "Profile": "gpuflame.model", "Sample": "gpuflame.model", "SampleType": "gpuflame.model",
+    "Recording": "gpuflame.api",
+    "profile": "gpuflame.api",
+    "start": "gpuflame.api",
+    "stop": "gpuflame.api",
+    "phase": "gpuflame.capture.books.phases",
+    "load": "gpuflame.formats",
+    "Frame": "gpuflame.model",
+    "Profile": "gpuflame.model",
+    "Sample": "gpuflame.model",
+    "SampleType": "gpuflame.model",
     "last": "gpuflame.notebook",
 }
 
@@ -42,9 +49,21 @@ def __getattr__(name: str) -> Any:
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_LAZY))
 
+
 __all__ = [
-    "Frame", "Profile", "Recording", "Sample", "SampleType", "__version__", "last", "load", "phase", "profile",
-    "save", "start", "stop",
+    "Frame",
+    "Profile",
+    "Recording",
+    "Sample",
+    "SampleType",
+    "__version__",
+    "last",
+    "load",
+    "phase",
+    "profile",
+    "save",
+    "start",
+    "stop",
 ]
 
 

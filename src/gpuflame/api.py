@@ -145,10 +145,20 @@ def start(
     folder cannot be made. Nothing else: once
     started, failures are reported on stderr and in the profile.
     """
-    options = _options(backend=backend, interval=interval, torch_hook=torch_hook, native=native,
-                       keep_framework=keep_framework, pyroscope=pyroscope, service_name=service_name, tenant=tenant,
-                       pyroscope_ca=pyroscope_ca, pyroscope_user=pyroscope_user,
-                       pyroscope_token_file=pyroscope_token_file, pyroscope_password_file=pyroscope_password_file)
+    options = _options(
+        backend=backend,
+        interval=interval,
+        torch_hook=torch_hook,
+        native=native,
+        keep_framework=keep_framework,
+        pyroscope=pyroscope,
+        service_name=service_name,
+        tenant=tenant,
+        pyroscope_ca=pyroscope_ca,
+        pyroscope_user=pyroscope_user,
+        pyroscope_token_file=pyroscope_token_file,
+        pyroscope_password_file=pyroscope_password_file,
+    )
     return _start(output, store, options)[0]
 
 
@@ -157,8 +167,9 @@ def _options(**given: object) -> dict[str, object]:
     known = set(inspect.signature(start).parameters) - {"output", "store"}
     unknown = sorted(set(given) - known)
     if unknown:
-        raise TypeError(f"gpuflame.start() got unknown options {', '.join(unknown)} "
-                        f"(it takes {', '.join(sorted(known))})")
+        raise TypeError(
+            f"gpuflame.start() got unknown options {', '.join(unknown)} (it takes {', '.join(sorted(known))})"
+        )
     return {("pyroscope_url" if k == "pyroscope" else k): v for k, v in given.items()}
 
 
@@ -261,10 +272,16 @@ def _write_meta(recording: Recording, profile: Profile | None = None) -> None:
     if folder is None:
         return
     ended = time.time() if not recording.running else 0.0
-    meta = RunMeta(command=[sys.executable, *sys.argv], started=recording._started, ended=ended,
-                   backend=recording.settings.backend, processes=[os.getpid()], lost=recording.lost,
-                   totals=profile.totals() if profile is not None else {},
-                   profile=PROFILE_NAME if recording.running or profile is not None else None)
+    meta = RunMeta(
+        command=[sys.executable, *sys.argv],
+        started=recording._started,
+        ended=ended,
+        backend=recording.settings.backend,
+        processes=[os.getpid()],
+        lost=recording.lost,
+        totals=profile.totals() if profile is not None else {},
+        profile=PROFILE_NAME if recording.running or profile is not None else None,
+    )
     try:
         meta.write(folder)
     except OSError as exc:

@@ -141,9 +141,7 @@ def check_output(
     if p.is_dir():
         raise GpuflameError(f"{p}: cannot write: it is a folder (give a file name)")
     if p.exists() and not force and not _written_by_gpuflame(p):
-        raise GpuflameError(
-            f"{p}: exists and is not a file gpuflame wrote; refusing to overwrite it ({force_hint})"
-        )
+        raise GpuflameError(f"{p}: exists and is not a file gpuflame wrote; refusing to overwrite it ({force_hint})")
     _check_folder(p.parent if str(p.parent) else Path("."), p, make_folders)
 
 

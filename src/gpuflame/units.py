@@ -105,6 +105,7 @@ def interval_seconds(value: str | float, allow_off: bool = True) -> float:
         return 0.0
     if not (math.isfinite(seconds) and MIN_INTERVAL_S <= seconds <= MAX_INTERVAL_S):
         off = ", or 0 for only at exit" if allow_off else ""
-        raise ValueError(f"interval {value!r} is out of range: from {MIN_INTERVAL_S * 1000:g}ms "
-                         f"to {MAX_INTERVAL_S / 3600:g}h{off}")
+        raise ValueError(
+            f"interval {value!r} is out of range: from {MIN_INTERVAL_S * 1000:g}ms to {MAX_INTERVAL_S / 3600:g}h{off}"
+        )
     return seconds

@@ -69,7 +69,10 @@ def rows(profile: Profile) -> dict[Key, Row]:
     out: dict[Key, Row] = {}
     compact = profile.compact()
     for s in compact.samples:
-        key = (s.label("pid") or "", s.label("device") or "",
-               tuple((f.name, f.file, f.line) for f in compact.stack_frames(s)))
+        key = (
+            s.label("pid") or "",
+            s.label("device") or "",
+            tuple((f.name, f.file, f.line) for f in compact.stack_frames(s)),
+        )
         out[key] = tuple(s.values)  # type: ignore[assignment]
     return out

@@ -75,8 +75,9 @@ class Target:
     """tests/agent/target.py in a child process: commands in, JSON records out."""
 
     def __init__(self, python: str, libcuda: str, *extra: str, prefix: tuple[str, ...] = ()) -> None:
-        self.proc = subprocess.Popen([*prefix, python, str(TARGET), libcuda, *extra], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(
+            [*prefix, python, str(TARGET), libcuda, *extra], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
         self.records: list[dict] = []
         self.pid = self.proc.pid
 
@@ -121,8 +122,21 @@ class NativeCaller:
         source, exe = folder / "caller.c", folder / "caller"
         source.write_text(code)
         lib_dir = os.path.dirname(libcuda)
-        subprocess.run(["gcc", "-O0", "-fno-omit-frame-pointer", "-rdynamic", str(source), "-o", str(exe),
-                        f"-L{lib_dir}", "-l:libcuda.so.1", f"-Wl,-rpath,{lib_dir}"], check=True)
+        subprocess.run(
+            [
+                "gcc",
+                "-O0",
+                "-fno-omit-frame-pointer",
+                "-rdynamic",
+                str(source),
+                "-o",
+                str(exe),
+                f"-L{lib_dir}",
+                "-l:libcuda.so.1",
+                f"-Wl,-rpath,{lib_dir}",
+            ],
+            check=True,
+        )
         self.proc = subprocess.Popen([*prefix, str(exe)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self.pid = self.proc.pid
         assert self._line() == "ready"
@@ -162,8 +176,9 @@ class StandinContainer:
 
     def __init__(self, root: Path, cid: str, pod_uid: str) -> None:
         self.cgroup = self._cgroup(cid, pod_uid)
-        self.proc = subprocess.Popen([sys.executable, "-c", CHROOTED, str(root)], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", CHROOTED, str(root)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
         self.pid = self.proc.pid
         assert self.proc.stdout is not None and self.proc.stdout.readline().strip() == "ready"
         (self.cgroup / "cgroup.procs").write_text(str(self.pid))
@@ -194,8 +209,13 @@ class StandinContainer:
 def agent_cli(*args: str, env: dict[str, str] | None = None, prefix: tuple[str, ...] = ()) -> subprocess.Popen:
     full = {k: v for k, v in os.environ.items() if not k.startswith("GPUFLAME_")}
     full.update(env or {})
-    return subprocess.Popen([*prefix, sys.executable, "-m", "gpuflame", "agent", *args], env=full,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [*prefix, sys.executable, "-m", "gpuflame", "agent", *args],
+        env=full,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def watching(proc: subprocess.Popen) -> str:
@@ -244,4 +264,3 @@ int main(void) {
     return 0;
 }
 """
-

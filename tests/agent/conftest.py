@@ -32,10 +32,25 @@ def libcuda(bpf_object: Path, tmp_path_factory: pytest.TempPathFactory) -> str:
     its own code: identical bodies folded into one, as -O2 does, would make a _ptsz variant a jump to its twin)."""
     out = tmp_path_factory.mktemp("standin") / "libcuda.so.1"
     subprocess.run(
-        ["gcc", "-shared", "-fPIC", "-O2", "-fno-omit-frame-pointer", "-fno-optimize-sibling-calls", "-fno-inline",
-         "-fno-shrink-wrap", "-fno-ipa-icf", f"-I{cuda_include()}", "-Wl,-soname,libcuda.so.1",
-         str(HERE / "standin_cuda.c"), "-o", str(out), "-lpthread"],
-        check=True, capture_output=True,
+        [
+            "gcc",
+            "-shared",
+            "-fPIC",
+            "-O2",
+            "-fno-omit-frame-pointer",
+            "-fno-optimize-sibling-calls",
+            "-fno-inline",
+            "-fno-shrink-wrap",
+            "-fno-ipa-icf",
+            f"-I{cuda_include()}",
+            "-Wl,-soname,libcuda.so.1",
+            str(HERE / "standin_cuda.c"),
+            "-o",
+            str(out),
+            "-lpthread",
+        ],
+        check=True,
+        capture_output=True,
     )
     out.parent.chmod(0o755)
     return str(out)
@@ -46,8 +61,20 @@ def standin_nvml(bpf_object: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     """A stand-in libnvidia-ml.so.1 (tests/agent/standin_nvml.c, prototypes from NVML's public reference): what it
     reports per process is read from the file GPUFLAME_STANDIN_NVML names."""
     out = tmp_path_factory.mktemp("standin_nvml") / "libnvidia-ml.so.1"
-    subprocess.run(["gcc", "-shared", "-fPIC", "-O2", "-Wl,-soname,libnvidia-ml.so.1", str(HERE / "standin_nvml.c"),
-                    "-o", str(out)], check=True, capture_output=True)
+    subprocess.run(
+        [
+            "gcc",
+            "-shared",
+            "-fPIC",
+            "-O2",
+            "-Wl,-soname,libnvidia-ml.so.1",
+            str(HERE / "standin_nvml.c"),
+            "-o",
+            str(out),
+        ],
+        check=True,
+        capture_output=True,
+    )
     return str(out)
 
 

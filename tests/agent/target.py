@@ -2,7 +2,7 @@
 
 It calls the stand-in libcuda through ctypes and writes, for every call, a
 JSON line with what it did and the Python stack that did it (from
-``sys._getframe`` on the line of the call), so a test can compute the exact
+``sys._getframe`` on the line of the call: one line each, ``# fmt: skip``), so a test can compute the exact
 profile the agent must produce. Commands come one per line on stdin
 (``load`` with ``late``, ``basic``, ``ptsz``, ``vmm``, ``threads``, ``race N``, ``crowd N``, ``cells N``,
 ``deep N``, ``hold``, ``release``, ``fork``, ``init``, ``oom``, ``exit``); ``ready`` and ``done``
@@ -47,8 +47,9 @@ def stack(frame):
     out = []
     while frame is not None:
         code = frame.f_code
-        out.append([getattr(code, "co_qualname", None), code.co_name, code.co_filename, code.co_firstlineno,
-                    frame.f_lineno])
+        out.append(
+            [getattr(code, "co_qualname", None), code.co_name, code.co_filename, code.co_firstlineno, frame.f_lineno]
+        )
         frame = frame.f_back
     return out
 
@@ -60,8 +61,7 @@ def say(**record):
 
 
 def check(rc, api, addr, size, device, where):
-    say(op="alloc" if rc == 0 else "failed", api=api, addr=addr, size=size, device=device, stack=where,
-        pid=os.getpid())
+    say(op="alloc" if rc == 0 else "failed", api=api, addr=addr, size=size, device=device, stack=where, pid=os.getpid())
     return addr
 
 
@@ -69,50 +69,56 @@ def check(rc, api, addr, size, device, where):
 
 
 def device_alloc(n):
-    p = u64(); rc = LIB.cuMemAlloc_v2(ctypes.byref(p), size_t(n)); here = stack(sys._getframe())  # noqa: E702
+    p = u64(); rc = LIB.cuMemAlloc_v2(ctypes.byref(p), size_t(n)); here = stack(sys._getframe())  # noqa: E702  # fmt: skip
     return check(rc, "cuMemAlloc_v2", p.value, n, "cuda", here)
 
 
 def async_alloc(n):
-    p = u64(); rc = LIB.cuMemAllocAsync(ctypes.byref(p), size_t(n), None); here = stack(sys._getframe())  # noqa: E702
+    p = u64(); rc = LIB.cuMemAllocAsync(ctypes.byref(p), size_t(n), None); here = stack(sys._getframe())  # noqa: E702  # fmt: skip
     return check(rc, "cuMemAllocAsync", p.value, n, "cuda", here)
 
 
 def pool_alloc(n):
-    p = u64(); rc = LIB.cuMemAllocFromPoolAsync(ctypes.byref(p), size_t(n), None, None); here = stack(sys._getframe())  # noqa: E501,E702
+    p = u64(); rc = LIB.cuMemAllocFromPoolAsync(ctypes.byref(p), size_t(n), None, None); here = stack(sys._getframe())  # noqa: E501,E702  # fmt: skip
     return check(rc, "cuMemAllocFromPoolAsync", p.value, n, "cuda", here)
 
 
 def ptsz_alloc(n):
-    p = u64(); rc = LIB.cuMemAllocAsync_ptsz(ctypes.byref(p), size_t(n), None); here = stack(sys._getframe())  # noqa: E501,E702
+    p = u64(); rc = LIB.cuMemAllocAsync_ptsz(ctypes.byref(p), size_t(n), None); here = stack(sys._getframe())  # noqa: E501,E702  # fmt: skip
     return check(rc, "cuMemAllocAsync_ptsz", p.value, n, "cuda", here)
 
 
 def ptsz_pool_alloc(n):
-    p = u64(); rc = LIB.cuMemAllocFromPoolAsync_ptsz(ctypes.byref(p), size_t(n), None, None); here = stack(sys._getframe())  # noqa: E501,E702
+    p = u64(); rc = LIB.cuMemAllocFromPoolAsync_ptsz(ctypes.byref(p), size_t(n), None, None); here = stack(sys._getframe())  # noqa: E501,E702  # fmt: skip
     return check(rc, "cuMemAllocFromPoolAsync_ptsz", p.value, n, "cuda", here)
 
 
 def managed_alloc(n):
-    p = u64(); rc = LIB.cuMemAllocManaged(ctypes.byref(p), size_t(n), 1); here = stack(sys._getframe())  # noqa: E702
+    p = u64(); rc = LIB.cuMemAllocManaged(ctypes.byref(p), size_t(n), 1); here = stack(sys._getframe())  # noqa: E702  # fmt: skip
     return check(rc, "cuMemAllocManaged", p.value, n, "cuda", here)
 
 
 def pitch_alloc(width, height):
-    p, pitch = u64(), size_t(); rc = LIB.cuMemAllocPitch_v2(ctypes.byref(p), ctypes.byref(pitch), size_t(width), size_t(height), 4); here = stack(sys._getframe())  # noqa: E501,E702
+    p, pitch = u64(), size_t(); rc = LIB.cuMemAllocPitch_v2(ctypes.byref(p), ctypes.byref(pitch), size_t(width), size_t(height), 4); here = stack(sys._getframe())  # noqa: E501,E702  # fmt: skip
     return check(rc, "cuMemAllocPitch_v2", p.value, pitch.value * height, "cuda", here)
 
 
 class Prop(ctypes.Structure):
     """CUmemAllocationProp: type, requestedHandleTypes, location {type, id}, win32HandleMetaData, allocFlags."""
 
-    _fields_ = [("type", ctypes.c_int), ("handle_types", ctypes.c_int), ("loc_type", ctypes.c_int),
-                ("loc_id", ctypes.c_int), ("win32", ctypes.c_void_p), ("flags", ctypes.c_ubyte * 8)]
+    _fields_ = [
+        ("type", ctypes.c_int),
+        ("handle_types", ctypes.c_int),
+        ("loc_type", ctypes.c_int),
+        ("loc_id", ctypes.c_int),
+        ("win32", ctypes.c_void_p),
+        ("flags", ctypes.c_ubyte * 8),
+    ]
 
 
 def vmm_create(n, device):
     prop = Prop(1, 0, 1, device)
-    h = u64(); rc = LIB.cuMemCreate(ctypes.byref(h), size_t(n), ctypes.byref(prop), u64(0)); here = stack(sys._getframe())  # noqa: E501,E702
+    h = u64(); rc = LIB.cuMemCreate(ctypes.byref(h), size_t(n), ctypes.byref(prop), u64(0)); here = stack(sys._getframe())  # noqa: E501,E702  # fmt: skip
     return check(rc, "cuMemCreate", h.value, n, f"cuda:{device}", here)
 
 
@@ -143,12 +149,12 @@ def vmm_lifetimes():
 
 
 def pinned_alloc(n):
-    p = u64(); rc = LIB.cuMemAllocHost_v2(ctypes.byref(p), size_t(n)); here = stack(sys._getframe())  # noqa: E702
+    p = u64(); rc = LIB.cuMemAllocHost_v2(ctypes.byref(p), size_t(n)); here = stack(sys._getframe())  # noqa: E702  # fmt: skip
     return check(rc, "cuMemAllocHost_v2", p.value, n, "host", here)
 
 
 def pinned_hostalloc(n):
-    p = u64(); rc = LIB.cuMemHostAlloc(ctypes.byref(p), size_t(n), 0); here = stack(sys._getframe())  # noqa: E702
+    p = u64(); rc = LIB.cuMemHostAlloc(ctypes.byref(p), size_t(n), 0); here = stack(sys._getframe())  # noqa: E702  # fmt: skip
     return check(rc, "cuMemHostAlloc", p.value, n, "host", here)
 
 

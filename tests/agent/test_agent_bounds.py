@@ -60,15 +60,19 @@ def crafted_elf(path: Path, symbols: int, nul: bool = True) -> None:
     """An ELF file whose .dynsym holds *symbols* distinct names (a crafted ``libcuda.so.1``)."""
     names = b"".join(b"f%07d" % i + (b"\0" if nul else b"") for i in range(symbols))
     stride = 9 if nul else 8
-    dynsym = bytes(24) + b"".join(struct.pack("<IBBHQQ", 1 + i * stride, 0x12, 0, 1, 0x1000 + i, 16)
-                                  for i in range(symbols))
+    dynsym = bytes(24) + b"".join(
+        struct.pack("<IBBHQQ", 1 + i * stride, 0x12, 0, 1, 0x1000 + i, 16) for i in range(symbols)
+    )
     strtab = b"\0" + names
     shoff = 64 + len(dynsym) + len(strtab)
-    header = b"\x7fELF\x02\x01\x01" + bytes(9) + struct.pack("<HHIQQQIHHHHHH", 3, 62, 1, 0, 0, shoff, 0, 64, 56, 0,
-                                                             64, 3, 0)
-    sections = [bytes(64),
-                struct.pack("<IIQQQQIIQQ", 0, 11, 2, 0, 64, len(dynsym), 2, 1, 8, 24),
-                struct.pack("<IIQQQQIIQQ", 0, 3, 2, 0, 64 + len(dynsym), len(strtab), 0, 0, 1, 0)]
+    header = (
+        b"\x7fELF\x02\x01\x01" + bytes(9) + struct.pack("<HHIQQQIHHHHHH", 3, 62, 1, 0, 0, shoff, 0, 64, 56, 0, 64, 3, 0)
+    )
+    sections = [
+        bytes(64),
+        struct.pack("<IIQQQQIIQQ", 0, 11, 2, 0, 64, len(dynsym), 2, 1, 8, 24),
+        struct.pack("<IIQQQQIIQQ", 0, 3, 2, 0, 64 + len(dynsym), len(strtab), 0, 0, 1, 0),
+    ]
     path.write_bytes(header + dynsym + strtab + b"".join(sections))
 
 

@@ -95,8 +95,9 @@ def test_without_privileges_one_clear_line(bpf_object, tmp_path):
         pytest.skip("setpriv (util-linux) is not installed")
     # root with every capability dropped: the agent checks capabilities, and the same user can still
     # read the checkout wherever it lies (a private temporary folder in CI)
-    proc = agent_cli("--duration", "1s", prefix=("setpriv", "--inh-caps=-all", "--bounding-set=-all"),
-                     env={"HOME": str(tmp_path)})
+    proc = agent_cli(
+        "--duration", "1s", prefix=("setpriv", "--inh-caps=-all", "--bounding-set=-all"), env={"HOME": str(tmp_path)}
+    )
     _, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 2, stderr
     assert "needs root, or the capabilities CAP_BPF, CAP_PERFMON and CAP_SYS_PTRACE" in stderr

@@ -201,11 +201,23 @@ def named_310(root: Path, file: str, line: int, co_name: str) -> str:
 
     reader = CodeReader(Memory(os.getpid()), "3.10", OFFSETS["3.10"], root=str(root))
     ascii_state = 1 << 6
-    record = CodeRecord(os.getpid(), 0x1000, line, ascii_state, ascii_state, len(co_name), len(file), 0,
-                        co_name.encode(), file.encode(), b"")
+    record = CodeRecord(
+        os.getpid(),
+        0x1000,
+        line,
+        ascii_state,
+        ascii_state,
+        len(co_name),
+        len(file),
+        0,
+        co_name.encode(),
+        file.encode(),
+        b"",
+    )
     got: list[str] = []
-    naming = threading.Thread(target=lambda: (reader.remember(record), got.append(reader.code(0x1000).name)),
-                              daemon=True)
+    naming = threading.Thread(
+        target=lambda: (reader.remember(record), got.append(reader.code(0x1000).name)), daemon=True
+    )
     naming.start()
     naming.join(60)
     reader.memory.close()
@@ -243,8 +255,7 @@ def test_native_frames_are_named_from_the_file_mapped(libcuda, agent_for, tmp_pa
         decoy = tmp_path / "decoy"
         decoy.mkdir()
         shutil.copy("/bin/true", decoy / "caller")
-        subprocess.run(["nsenter", "-t", str(caller.pid), "-m", "mount", "--bind", str(decoy), str(folder)],
-                       check=True)
+        subprocess.run(["nsenter", "-t", str(caller.pid), "-m", "mount", "--bind", str(decoy), str(folder)], check=True)
         assert "allocate_weights" not in Path(f"/proc/{caller.pid}/root{folder}/caller").read_bytes().decode("latin-1")
         agent = agent_for(caller.pid)
         caller.go()

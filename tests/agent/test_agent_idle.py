@@ -35,8 +35,12 @@ def test_idle_node_watches_and_writes_a_profile_that_says_so(bpf_object, tmp_pat
     line = watching(proc)
     assert "waiting for CUDA processes" in line, line
     assert alive_file.exists()  # touched at start, then by the reader thread
-    alive = subprocess.run([sys.executable, "-m", "gpuflame.agent.alive", str(alive_file)], capture_output=True,
-                           text=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    alive = subprocess.run(
+        [sys.executable, "-m", "gpuflame.agent.alive", str(alive_file)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
     assert alive.returncode == 0, alive.stderr
     os.kill(inner_pid(proc.pid), signal.SIGTERM)  # as the kubelet stops a pod; unshare passes no signal on
     _, stderr = proc.communicate(timeout=30)
@@ -76,8 +80,9 @@ def test_driver_loaded_after_an_idle_start_is_probed(libcuda, start_target, agen
     target = start_target("3.12", "late")
     target.ready()
     target.run("load")
-    assert wait_for(lambda: target.pid in agent.processes and any(
-        os.path.samefile(p, libcuda) for p in agent.attached.values()))
+    assert wait_for(
+        lambda: target.pid in agent.processes and any(os.path.samefile(p, libcuda) for p in agent.attached.values())
+    )
     target.run("basic")
     check_exact(agent, target)
     assert agent.cuda_seen
@@ -107,8 +112,10 @@ def test_a_driver_file_loaded_later_is_probed_on_the_kernel_side_word(libcuda, s
         expected = replay(target.records)
         assert wait_for(lambda: polled(agent) and own_rows(agent, {str(target.pid)}) == expected)
         assert target.pid in agent.late_loads
-        assert any("loaded a driver file the agent had not probed yet (probed " in c and " ms after the load" in c
-                   for c in agent.snapshot().comments)
+        assert any(
+            "loaded a driver file the agent had not probed yet (probed " in c and " ms after the load" in c
+            for c in agent.snapshot().comments
+        )
     finally:
         agent.stop()
 

@@ -39,12 +39,22 @@ def test_container_id_from_cgroup(text, expected):
 @pytest.mark.parametrize(
     ("layout", "annotations"),
     [
-        ("run/containerd/io.containerd.runtime.v2.task/k8s.io/{id}/config.json",
-         {"io.kubernetes.cri.sandbox-namespace": "serving", "io.kubernetes.cri.sandbox-name": "vllm-7d9f8b6c4-x2k9q",
-          "io.kubernetes.cri.container-name": "vllm"}),
-        ("run/containers/storage/overlay-containers/{id}/userdata/config.json",
-         {"io.kubernetes.pod.namespace": "serving", "io.kubernetes.pod.name": "vllm-7d9f8b6c4-x2k9q",
-          "io.kubernetes.container.name": "vllm"}),
+        (
+            "run/containerd/io.containerd.runtime.v2.task/k8s.io/{id}/config.json",
+            {
+                "io.kubernetes.cri.sandbox-namespace": "serving",
+                "io.kubernetes.cri.sandbox-name": "vllm-7d9f8b6c4-x2k9q",
+                "io.kubernetes.cri.container-name": "vllm",
+            },
+        ),
+        (
+            "run/containers/storage/overlay-containers/{id}/userdata/config.json",
+            {
+                "io.kubernetes.pod.namespace": "serving",
+                "io.kubernetes.pod.name": "vllm-7d9f8b6c4-x2k9q",
+                "io.kubernetes.container.name": "vllm",
+            },
+        ),
     ],
 )
 def test_placement_from_the_runtime_spec(tmp_path, layout, annotations):
@@ -92,8 +102,18 @@ def test_agent_pushes_to_pyroscope_every_interval(start_target, bpf_object, push
     try:
         target = start_target("3.11")
         target.ready()
-        proc = agent_cli("--pid", str(target.pid), "--pyroscope", server.url, "--interval", "0.5s",
-                         "--service-name", "trainer", "-o", "/dev/null")
+        proc = agent_cli(
+            "--pid",
+            str(target.pid),
+            "--pyroscope",
+            server.url,
+            "--interval",
+            "0.5s",
+            "--service-name",
+            "trainer",
+            "-o",
+            "/dev/null",
+        )
         watching(proc)
         target.run("basic")
         deadline = time.monotonic() + 20

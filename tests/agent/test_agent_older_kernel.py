@@ -41,7 +41,7 @@ def older_kernel() -> tuple[Path, Path] | None:
     running = _release_key(os.uname().release)
     found = []
     for image in Path("/boot").glob("vmlinuz-*"):
-        release = image.name[len("vmlinuz-"):]
+        release = image.name[len("vmlinuz-") :]
         modules = Path("/lib/modules") / release
         if _release_key(release) < running and (modules / "kernel/fs/9p/9p.ko").exists():
             found.append((_release_key(release), image, modules))
@@ -146,8 +146,13 @@ def initramfs(modules: Path) -> bytes:
     present = [Path(m).name[:-3] for m in present]
     files["init"] = (0o100755, INIT.format(modules=" ".join(present)).encode())
     tests = " ".join(f"'{t}'" for t in GUEST_TESTS)
-    guest = GUEST.format(repo=REPO, home=os.environ.get("HOME", "/root"), path=os.environ.get("PATH", ""),
-                         python=sys.executable, tests=tests)
+    guest = GUEST.format(
+        repo=REPO,
+        home=os.environ.get("HOME", "/root"),
+        path=os.environ.get("PATH", ""),
+        python=sys.executable,
+        tests=tests,
+    )
     files["guest.sh"] = (0o100755, guest.encode())
     return _cpio(files)
 
@@ -161,19 +166,37 @@ def test_the_agent_loads_and_works_on_an_older_kernel(bpf_object, tmp_path):
     initrd = tmp_path / "initrd.cpio"
     initrd.write_bytes(initramfs(modules))
     accel = accelerator()
-    cmd = ["qemu-system-x86_64", *ACCEL_ARGS[accel], "-m", "2048", "-smp", "2", "-nographic",
-           "-no-reboot", "-kernel", str(image), "-initrd", str(initrd),
-           "-append", "console=ttyS0 quiet loglevel=3 panic=-1",
-           "-virtfs", "local,path=/,mount_tag=host,security_model=none,readonly=on,multidevs=remap"]
+    cmd = [
+        "qemu-system-x86_64",
+        *ACCEL_ARGS[accel],
+        "-m",
+        "2048",
+        "-smp",
+        "2",
+        "-nographic",
+        "-no-reboot",
+        "-kernel",
+        str(image),
+        "-initrd",
+        str(initrd),
+        "-append",
+        "console=ttyS0 quiet loglevel=3 panic=-1",
+        "-virtfs",
+        "local,path=/,mount_tag=host,security_model=none,readonly=on,multidevs=remap",
+    ]
     log = tmp_path / "console.txt"  # the guest's serial console, written as it runs (for a slow guest's progress)
-    with open(log, "w") as out, subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out,
-                                                 stderr=subprocess.STDOUT) as vm:
+    with (
+        open(log, "w") as out,
+        subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT) as vm,
+    ):
         try:
             vm.wait(timeout=BOOT_SECONDS[accel])
         except subprocess.TimeoutExpired:
             vm.kill()
-            pytest.fail(f"the guest did not finish in {BOOT_SECONDS[accel]} s ({accel}):\n"
-                        f"{log.read_text(errors='replace')[-4000:]}")
+            pytest.fail(
+                f"the guest did not finish in {BOOT_SECONDS[accel]} s ({accel}):\n"
+                f"{log.read_text(errors='replace')[-4000:]}"
+            )
     console = log.read_text(errors="replace")
     assert f"guest: Linux {modules.name}" in console, console[-4000:]
     rc = RC_LINE.search(console)

@@ -84,12 +84,15 @@ def test_concurrent_alloc_and_free_with_address_reuse_is_exact(probes, start_tar
     for run in range(1, 11):
         target.run("race 20000")
         want = run * 20000
-        assert wait_for(lambda want=want: agent.snapshot().totals()["alloc_objects"] >= want
-                        or agent.stats()["lost_events"])
+        assert wait_for(
+            lambda want=want: agent.snapshot().totals()["alloc_objects"] >= want or agent.stats()["lost_events"]
+        )
         stats = agent.stats()
         if stats["lost_events"]:  # the ring was full (a starved reader on a loaded machine): said, not judged
-            pytest.skip(f"run {run}: the kernel dropped {stats['lost_events']} events (a loaded machine); "
-                        f"runs 1-{run - 1} were exact")
+            pytest.skip(
+                f"run {run}: the kernel dropped {stats['lost_events']} events (a loaded machine); "
+                f"runs 1-{run - 1} were exact"
+            )
         totals = agent.snapshot().totals()
         assert (totals["alloc_objects"], totals["alloc_space"]) == (want, want * 8192)
         assert (totals["inuse_objects"], totals["inuse_space"]) == (0, 0), f"run {run}"
@@ -160,11 +163,16 @@ def test_code_frees_seen_in_a_stripped_system_python(libcuda, agent_for):
         target.close()
 
 
-@pytest.mark.parametrize(("version", "field"), [("3.11", "tstate_native_thread_id"),
-                                              ("3.12", "tstate_native_thread_id"), ("3.13", "tstate_native_thread_id"),
-                                              ("3.14", "tstate_native_thread_id")])
-def test_a_layout_that_does_not_read_back_is_not_walked(version, field, start_target, agent_for, monkeypatch,
-                                                        capsys):
+@pytest.mark.parametrize(
+    ("version", "field"),
+    [
+        ("3.11", "tstate_native_thread_id"),
+        ("3.12", "tstate_native_thread_id"),
+        ("3.13", "tstate_native_thread_id"),
+        ("3.14", "tstate_native_thread_id"),
+    ],
+)
+def test_a_layout_that_does_not_read_back_is_not_walked(version, field, start_target, agent_for, monkeypatch, capsys):
     """Offsets that do not fit the process (a shifted table field before 3.13, a published offset read from the
     wrong place from 3.13 on): one line, native stacks, never garbage names."""
     from gpuflame.agent.py_offsets import DEBUG_POSITIONS, OFFSETS
@@ -270,8 +278,7 @@ def test_blocks_from_before_the_agent_do_not_go_negative(start_target, agent_for
     assert any("3 frees of blocks allocated before the agent started" in c for c in agent.snapshot().comments)
 
 
-def test_memory_held_before_the_agent_is_shown_from_nvml(standin_nvml, start_target, agent_for, tmp_path,
-                                                         monkeypatch):
+def test_memory_held_before_the_agent_is_shown_from_nvml(standin_nvml, start_target, agent_for, tmp_path, monkeypatch):
     """With NVML (a stand-in here): what a process holds beyond what the probes saw allocated is one frame,
     <allocated before the agent started>, in use and at the peak; other processes' figures are not shown."""
     figures = tmp_path / "nvml.txt"
@@ -288,8 +295,9 @@ def test_memory_held_before_the_agent_is_shown_from_nvml(standin_nvml, start_tar
     figures.write_text(f"0 {target.pid} {seen + 1000}\n1 {target.pid} 2000\n{others}")
     got = rows(agent.snapshot())
     before = {k: v for k, v in got.items() if k[2][0][0] == "<allocated before the agent started>"}
-    assert before == {(str(target.pid), "cuda", (("<allocated before the agent started>", "", 0),)):
-                      (3000, 0, 3000, 0, 0, 0)}
+    assert before == {
+        (str(target.pid), "cuda", (("<allocated before the agent started>", "", 0),)): (3000, 0, 3000, 0, 0, 0)
+    }
     assert any("from NVML's per-process figure" in c for c in agent.snapshot().comments)
 
 
@@ -401,8 +409,6 @@ def test_non_python_caller_gets_native_stack(libcuda, agent_for, tmp_path):
         caller.close()
 
 
-
-
 def test_new_libcuda_file_found_by_rescanning(libcuda, start_target, agent_for, tmp_path):
     """Every-process mode: a process loading another copy of the driver (another inode) is probed too."""
     copy = tmp_path / "other" / "libcuda.so.1"
@@ -432,7 +438,7 @@ def test_native_frames_under_a_python_caller(start_target, agent_for):
     assert first_python > 0 and set(kinds[:first_python]) == {"native"}
     assert set(kinds[first_python:]) == {"python"}
     assert any("ffi" in f.file or "ctypes" in f.file for f in frames[:first_python])
-    assert [f.name for f in frames[first_python:first_python + 2]] == ["device_alloc", "worker"]
+    assert [f.name for f in frames[first_python : first_python + 2]] == ["device_alloc", "worker"]
 
 
 def test_live_block_map_overflow_is_counted_and_said(start_target, agent_for):
@@ -457,8 +463,20 @@ def test_functions_the_kernel_single_steps_are_named(libcuda, agent_for, tmp_pat
     from tests.agent.agent_helpers import HERE, cuda_include
 
     plain = tmp_path / "libcuda.so.1"
-    subprocess.run(["gcc", "-shared", "-fPIC", "-O2", f"-I{cuda_include()}", str(HERE / "standin_cuda.c"),
-                    "-o", str(plain), "-lpthread"], check=True)
+    subprocess.run(
+        [
+            "gcc",
+            "-shared",
+            "-fPIC",
+            "-O2",
+            f"-I{cuda_include()}",
+            str(HERE / "standin_cuda.c"),
+            "-o",
+            str(plain),
+            "-lpthread",
+        ],
+        check=True,
+    )
     fast = agent_for(libcuda=[libcuda])
     assert fast.single_stepped == set() and "single-steps" not in fast.watching()
     fast.stop()

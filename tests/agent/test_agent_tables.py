@@ -29,8 +29,9 @@ def include_dir(version: str) -> Path | None:
     python = python_for(version)
     if python is None:
         return None
-    out = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['include'])"],
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['include'])"], capture_output=True, text=True
+    )
     path = Path(out.stdout.strip())
     return path if (path / "internal" / "pycore_frame.h").exists() or version == "3.10" else None
 
@@ -45,8 +46,10 @@ def test_offsets_match_each_versions_own_headers(version, tmp_path):
         pytest.skip("gcc is not installed")
     exe = tmp_path / "offsets"
     # the folder above: a Debian-style layout keeps pyconfig.h under <multiarch>/pythonX.Y there
-    subprocess.run(["gcc", f"-I{include}", f"-I{include / 'internal'}", f"-I{include.parent}", str(SOURCE), "-o",
-                    str(exe)], check=True)
+    subprocess.run(
+        ["gcc", f"-I{include}", f"-I{include / 'internal'}", f"-I{include.parent}", str(SOURCE), "-o", str(exe)],
+        check=True,
+    )
     printed = json.loads(subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout)
     assert printed.pop("version") == version
     assert DEBUG_POSITIONS.get(version) == printed.pop("debug", None)
@@ -76,8 +79,7 @@ def test_line_tables_read_as_the_interpreter_reads_them(version):
     python = python_for(version)
     if python is None:
         pytest.skip(f"no Python {version} here")
-    codes = json.loads(subprocess.run([python, "-c", LINES_SCRIPT], capture_output=True, text=True,
-                                      check=True).stdout)
+    codes = json.loads(subprocess.run([python, "-c", LINES_SCRIPT], capture_output=True, text=True, check=True).stdout)
     checked = 0
     for table_hex, first, ranges in codes:
         table = bytes.fromhex(table_hex)
@@ -130,15 +132,23 @@ def test_code_dealloc_found_by_symbol_and_by_pycode_types_pointer(version):
     python = python_for(version)
     if python is None:
         pytest.skip(f"no Python {version} here")
-    out = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_config_var('LDLIBRARY'), "
-                          "sysconfig.get_config_var('LIBDIR'))"], capture_output=True, text=True).stdout.split()
+    out = subprocess.run(
+        [
+            python,
+            "-c",
+            "import sysconfig; print(sysconfig.get_config_var('LDLIBRARY'), sysconfig.get_config_var('LIBDIR'))",
+        ],
+        capture_output=True,
+        text=True,
+    ).stdout.split()
     lib = Path(out[1]) / out[0]
     path = str(lib) if lib.exists() and lib.suffix != ".a" else python
     elf = read_elf(path)
     if "code_dealloc" not in elf.symbols:
         pytest.skip(f"{path} has no code_dealloc symbol to compare with")
-    assert pointer_at(path, elf, elf.symbols["PyCode_Type"].value + procs.TP_DEALLOC) == elf.symbols[
-        "code_dealloc"].value
+    assert (
+        pointer_at(path, elf, elf.symbols["PyCode_Type"].value + procs.TP_DEALLOC) == elf.symbols["code_dealloc"].value
+    )
     assert procs.code_dealloc(path) == elf.file_offset(elf.symbols["code_dealloc"].value)
 
 
@@ -146,8 +156,14 @@ def test_code_dealloc_of_a_stripped_interpreter():
     """Debian's python3 keeps no .symtab: code_dealloc is found through PyCode_Type's relocation."""
     from gpuflame.agent import procs
 
-    stripped = next((p for p in ("/usr/bin/python3.11", "/usr/bin/python3.12", "/usr/bin/python3.13")
-                     if os.path.exists(p) and "code_dealloc" not in read_elf(os.path.realpath(p)).symbols), None)
+    stripped = next(
+        (
+            p
+            for p in ("/usr/bin/python3.11", "/usr/bin/python3.12", "/usr/bin/python3.13")
+            if os.path.exists(p) and "code_dealloc" not in read_elf(os.path.realpath(p)).symbols
+        ),
+        None,
+    )
     if stripped is None:
         pytest.skip("no stripped system Python here")
     offset = procs.code_dealloc(os.path.realpath(stripped))
@@ -185,10 +201,17 @@ def naive_peak(ops):
     return at_high, inuse
 
 
-@pytest.mark.parametrize(("release", "refused"), [
-    ("5.10.0-33-amd64", True), ("5.14.21", True), ("5.15.0-1068-azure", False), ("5.16.20", False),
-    ("6.1.0-28-amd64", False), ("6.18.44-fc-v1045", False),
-])
+@pytest.mark.parametrize(
+    ("release", "refused"),
+    [
+        ("5.10.0-33-amd64", True),
+        ("5.14.21", True),
+        ("5.15.0-1068-azure", False),
+        ("5.16.20", False),
+        ("6.1.0-28-amd64", False),
+        ("6.18.44-fc-v1045", False),
+    ],
+)
 def test_the_kernel_floor_is_one_line(release, refused):
     """AKS's Ubuntu 22.04 GPU nodes run 5.15, the floor (uprobe attach cookies): older kernels get one line."""
     from gpuflame.agent.procs import below_kernel_floor
@@ -231,13 +254,16 @@ def test_ledger_parks_a_block_whose_free_is_still_on_its_way():
     assert ledger.unmatched_frees == 0 and not ledger.parked
 
 
-@pytest.mark.parametrize(("path", "why"), [
-    ("/usr/lib/x86_64-linux-gnu/libpython3.13t.so.1.0", "free-threaded"),
-    ("/usr/bin/python3.14t", "free-threaded"),
-    ("/opt/py/lib/libpython3.12d.so.1.0", "debug build"),
-    ("/usr/bin/python3.12", None),
-    ("/usr/bin/python3.14d", None),  # 3.13+ publishes its own offsets: a debug build is read like any other
-])
+@pytest.mark.parametrize(
+    ("path", "why"),
+    [
+        ("/usr/lib/x86_64-linux-gnu/libpython3.13t.so.1.0", "free-threaded"),
+        ("/usr/bin/python3.14t", "free-threaded"),
+        ("/opt/py/lib/libpython3.12d.so.1.0", "debug build"),
+        ("/usr/bin/python3.12", None),
+        ("/usr/bin/python3.14d", None),  # 3.13+ publishes its own offsets: a debug build is read like any other
+    ],
+)
 def test_free_threaded_and_debug_builds_are_refused_by_name(path, why):
     from gpuflame.agent import procs
     from gpuflame.agent.py_layout import build_refused
@@ -285,11 +311,21 @@ def test_elf_symbols_and_offsets():
     func = elf.symbols["PyEval_EvalCode"]
     assert elf.function_at(func.value + 1).name == "PyEval_EvalCode"
     assert elf.file_offset(func.value) == func.value - next(
-        s.vaddr - s.offset for s in elf.segments if s.vaddr <= func.value < s.vaddr + s.filesz)
+        s.vaddr - s.offset for s in elf.segments if s.vaddr <= func.value < s.vaddr + s.filesz
+    )
 
 
-@pytest.mark.parametrize(("release", "risky"), [("6.10.14", False), ("6.11.0-1-generic", True), ("6.12.44", True),
-                                                ("6.13.2", True), ("6.14.0", False), ("6.18.44-fc", False)])
+@pytest.mark.parametrize(
+    ("release", "risky"),
+    [
+        ("6.10.14", False),
+        ("6.11.0-1-generic", True),
+        ("6.12.44", True),
+        ("6.13.2", True),
+        ("6.14.0", False),
+        ("6.18.44-fc", False),
+    ],
+)
 def test_kernels_where_uretprobes_meet_seccomp(release, risky):
     from gpuflame.agent.procs import uretprobe_seccomp_kernel
 
@@ -314,8 +350,9 @@ sys.stdin.readline()
 def test_seccomp_filtered_processes_are_seen():
     from gpuflame.agent.procs import seccomp_filtered
 
-    proc = subprocess.Popen([sys.executable, "-c", ALLOW_ALL_FILTER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", ALLOW_ALL_FILTER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     try:
         assert proc.stdout.readline().strip() == "filtered"
         assert seccomp_filtered(proc.pid) is True
@@ -336,8 +373,12 @@ def test_offsets_read_from_the_process_itself_agree_with_the_table(version):
     python = python_for(version)
     if python is None:
         pytest.skip(f"no Python {version} here")
-    proc = subprocess.Popen([python, "-c", "import sys; print('ready', flush=True); sys.stdin.readline()"],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [python, "-c", "import sys; print('ready', flush=True); sys.stdin.readline()"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert proc.stdout.readline().strip() == "ready"
         found = interpreter(proc.pid)
@@ -363,23 +404,28 @@ class _Blob:
         return self.raw[addr : addr + size].ljust(size, b"\0")
 
 
-@pytest.mark.parametrize(("version", "hexversion", "free_threaded", "why"), [
-    ("3.14", 0x030E00F0, 1, "free-threaded"),
-    ("3.13", 0x030E00F0, 0, "its debug offsets are Python 3.14's, its files say 3.13"),
-    ("3.14", 0x030E00F0, 0, "beyond any CPython structure"),
-])
+@pytest.mark.parametrize(
+    ("version", "hexversion", "free_threaded", "why"),
+    [
+        ("3.14", 0x030E00F0, 1, "free-threaded"),
+        ("3.13", 0x030E00F0, 0, "its debug offsets are Python 3.14's, its files say 3.13"),
+        ("3.14", 0x030E00F0, 0, "beyond any CPython structure"),
+    ],
+)
 def test_published_offsets_that_cannot_be_walked_are_refused(version, hexversion, free_threaded, why):
     """A free-threaded build, a version other than the files', absurd offsets: refused in words, never walked."""
     from gpuflame.agent.py_layout import offsets_for
 
     raw = bytearray(1024)
     raw[:24] = b"xdebugpy" + hexversion.to_bytes(8, "little") + free_threaded.to_bytes(8, "little")
-    raw[DEBUG_POSITIONS[version]["frame_previous"] : DEBUG_POSITIONS[version]["frame_previous"] + 8] = \
-        (1 << 40).to_bytes(8, "little")
+    raw[DEBUG_POSITIONS[version]["frame_previous"] : DEBUG_POSITIONS[version]["frame_previous"] + 8] = (
+        1 << 40
+    ).to_bytes(8, "little")
     got = offsets_for(version, 0, _Blob(bytes(raw)))  # type: ignore[arg-type]
     assert isinstance(got, str) and why in got
     assert offsets_for(version, 0, _Blob(b"\0" * 1024)) == (  # type: ignore[arg-type]
-        "its _PyRuntime does not start with CPython's debug offsets")
+        "its _PyRuntime does not start with CPython's debug offsets"
+    )
 
 
 def test_every_variant_cuda_h_calls_resolve_to_is_probed(tmp_path):
@@ -396,8 +442,9 @@ def test_every_variant_cuda_h_calls_resolve_to_is_probed(tmp_path):
     source.write_text("#include <cuda.h>\ngpuflame_calls: " + " ".join(bases) + "\n")
     called = set()
     for flags in ([], ["-DCUDA_API_PER_THREAD_DEFAULT_STREAM"]):
-        out = subprocess.run(["gcc", "-E", "-P", f"-I{include}", *flags, str(source)], capture_output=True,
-                             text=True, check=True).stdout
+        out = subprocess.run(
+            ["gcc", "-E", "-P", f"-I{include}", *flags, str(source)], capture_output=True, text=True, check=True
+        ).stdout
         line = next(x for x in out.splitlines() if x.startswith("gpuflame_calls:"))
         called |= set(line.split()[1:])
     assert len(called) > len(bases)  # the _v2 and _ptsz names really came out of cuda.h

@@ -47,8 +47,9 @@ def test_lengths_match_objdump(library):
     if path is None:
         pytest.skip(f"no library matching {library} mapped here")
     vaddr, code = text_of(path)
-    listing = subprocess.run(["objdump", "-d", "--no-show-raw-insn", "-j", ".text", path], capture_output=True,
-                             text=True, check=True).stdout
+    listing = subprocess.run(
+        ["objdump", "-d", "--no-show-raw-insn", "-j", ".text", path], capture_output=True, text=True, check=True
+    ).stdout
     starts = [int(a, 16) for a in re.findall(r"^\s+([0-9a-f]+):\s+\S", listing, re.M)]
     assert len(starts) > 1000
     wrong = [hex(a) for a, b in zip(starts, starts[1:], strict=False) if x86.length(code, a - vaddr) != b - a]

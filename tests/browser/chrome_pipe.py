@@ -61,11 +61,20 @@ class Chrome:
             os.dup2(to_chrome_r, 3)
             os.dup2(from_chrome_w, 4)
 
-        args = [binary, *QUIET_FLAGS, f"--user-data-dir={self.profile_dir}", f"--window-size={width},{height}",
-                "--remote-debugging-pipe", "about:blank"]
+        args = [
+            binary,
+            *QUIET_FLAGS,
+            f"--user-data-dir={self.profile_dir}",
+            f"--window-size={width},{height}",
+            "--remote-debugging-pipe",
+            "about:blank",
+        ]
         self.proc = subprocess.Popen(  # noqa: S603 - a fixed local binary
-            args, pass_fds=(3, 4), preexec_fn=map_fds,
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            args,
+            pass_fds=(3, 4),
+            preexec_fn=map_fds,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
         os.close(to_chrome_r)
         os.close(from_chrome_w)
@@ -102,8 +111,9 @@ class Chrome:
                         self.events.append(message)
                     self._lock.notify_all()
 
-    def send(self, method: str, params: dict[str, Any] | None = None, session: str | None = "page",
-             timeout: float = 30.0) -> dict[str, Any]:
+    def send(
+        self, method: str, params: dict[str, Any] | None = None, session: str | None = "page", timeout: float = 30.0
+    ) -> dict[str, Any]:
         """Send a command and wait for its result; *session* ``None`` means the browser."""
         with self._lock:
             self._next_id += 1
@@ -136,8 +146,7 @@ class Chrome:
             time.sleep(0.1)
         if not pages:
             raise CdpError("chromium opened no page")
-        result = self.send("Target.attachToTarget", {"targetId": pages[0]["targetId"], "flatten": True},
-                           session=None)
+        result = self.send("Target.attachToTarget", {"targetId": pages[0]["targetId"], "flatten": True}, session=None)
         return result["sessionId"]
 
     # -- page helpers ------------------------------------------------------
@@ -168,8 +177,10 @@ class Chrome:
     def click(self, x: float, y: float, modifiers: int = 0, button: str = "left") -> None:
         """A mouse click; *modifiers* as CDP's bit field (8 = shift)."""
         for kind in ("mouseMoved", "mousePressed", "mouseReleased"):
-            self.send("Input.dispatchMouseEvent",
-                      {"type": kind, "x": x, "y": y, "button": button, "clickCount": 1, "modifiers": modifiers})
+            self.send(
+                "Input.dispatchMouseEvent",
+                {"type": kind, "x": x, "y": y, "button": button, "clickCount": 1, "modifiers": modifiers},
+            )
 
     def hover(self, x: float, y: float) -> None:
         self.send("Input.dispatchMouseEvent", {"type": "mouseMoved", "x": x, "y": y})

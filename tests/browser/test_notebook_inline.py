@@ -72,8 +72,11 @@ def inline(output_html: str, tmp_path: Path) -> Iterator[tuple[Chrome, str, Path
 
 def _wait_for_frame(chrome: Chrome) -> str:
     def attached() -> list[str]:
-        return [e["params"]["sessionId"] for e in chrome.events_named("Target.attachedToTarget")
-                if e["params"]["targetInfo"]["type"] == "iframe"]
+        return [
+            e["params"]["sessionId"]
+            for e in chrome.events_named("Target.attachedToTarget")
+            if e["params"]["targetInfo"]["type"] == "iframe"
+        ]
 
     chrome.wait_for("document.readyState === 'complete'")
     for _ in range(200):
@@ -96,8 +99,13 @@ def test_the_saved_output_draws_the_flame_graph_inline(inline: tuple[Chrome, str
     assert [e["params"]["request"]["url"] for e in requests] == [host.as_uri()]
     assert not chrome.events_named("Runtime.exceptionThrown")
     # the frame is sandboxed: the host page cannot reach into it (opaque origin)
-    assert chrome.evaluate("(() => { try { return document.querySelector('iframe').contentWindow.document && 'open'; }"
-                           " catch (e) { return 'blocked'; } })()") == "blocked"
+    assert (
+        chrome.evaluate(
+            "(() => { try { return document.querySelector('iframe').contentWindow.document && 'open'; }"
+            " catch (e) { return 'blocked'; } })()"
+        )
+        == "blocked"
+    )
     picture = _screenshot(chrome)
     (tmp_path / "notebook-inline.png").write_bytes(picture)
     assert picture[:8] == b"\x89PNG\r\n\x1a\n" and len(picture) > 10_000
@@ -109,8 +117,9 @@ def test_the_frame_is_tall_enough_for_the_whole_graph(inline: tuple[Chrome, str,
     """The bottom ``total`` bar shows without scrolling the frame (it was cut off when the toolbar wrapped)."""
     chrome, frame, _ = inline
     chrome.wait_for(READY, session=frame)
-    fits = chrome.evaluate("document.getElementById('graph').getBoundingClientRect().bottom <= window.innerHeight",
-                           session=frame)
+    fits = chrome.evaluate(
+        "document.getElementById('graph').getBoundingClientRect().bottom <= window.innerHeight", session=frame
+    )
     assert fits is True
 
 
@@ -118,7 +127,9 @@ def _screenshot(chrome: Chrome) -> bytes:
     """The output only (the iframe and its caption), as a notebook shows it."""
     import base64
 
-    box = chrome.evaluate("(() => { const r = document.querySelector('.output').getBoundingClientRect(); "
-                          "return {x: r.left, y: r.top, width: r.width, height: r.height}; })()")
+    box = chrome.evaluate(
+        "(() => { const r = document.querySelector('.output').getBoundingClientRect(); "
+        "return {x: r.left, y: r.top, width: r.width, height: r.height}; })()"
+    )
     clip = {**box, "scale": 1}
     return base64.b64decode(chrome.send("Page.captureScreenshot", {"format": "png", "clip": clip})["data"])

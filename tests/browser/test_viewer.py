@@ -39,9 +39,6 @@ CHROMIUM = find_chromium()
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no chromium installed (apt-get install chromium)")
 
 
-
-
-
 @pytest.fixture(scope="module")
 def html_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("viewer")
@@ -58,16 +55,6 @@ def page(chrome: Chrome, html_file: Path) -> Chrome:
     state = open_viewer(chrome, html_file)
     assert state["error"] is None, state["error"]
     return chrome
-
-
-
-
-
-
-
-
-
-
 
 
 def test_draws_the_graph_from_file_url_without_network(page: Chrome, html_file: Path) -> None:
@@ -131,8 +118,10 @@ def test_top_table_sorts_and_links_to_the_graph(page: Chrome) -> None:
     s = settle(page)
     assert s["tableSort"] == "total" and s["tableRows"][:2] == ["<module>", "main"]
     page.evaluate("document.querySelector('#top-table th button[data-sort=self]').click()")
-    row = page.evaluate("(() => { const r = document.querySelector('#top-table tbody tr'); r.click(); "
-                        "return r.firstChild.textContent; })()")
+    row = page.evaluate(
+        "(() => { const r = document.querySelector('#top-table tbody tr'); r.click(); "
+        "return r.firstChild.textContent; })()"
+    )
     s = settle(page)
     assert row == NATIVE.name
     assert s["focus"] == row and s["matchShare"] == pytest.approx(0.55)
@@ -177,11 +166,14 @@ def test_sandwich_of_a_function_called_from_two_places(page: Chrome) -> None:
     s = settle(page)
     assert s["sandwich"] == MLP_INIT.name and s["sandwichTotal"] == MLP_PEAK
     assert s["sandwichCallers"] == [
-        {"name": DECODER_LAYER.name, "total": 20 * MiB}, {"name": TRAMPOLINE_FRAME.name, "total": 10 * MiB},
+        {"name": DECODER_LAYER.name, "total": 20 * MiB},
+        {"name": TRAMPOLINE_FRAME.name, "total": 10 * MiB},
     ]
     assert s["sandwichCallees"] == [{"name": LINEAR_INIT.name, "total": 20 * MiB}]
-    me, caller, callee = (page.evaluate(f"window.gpuflameBar({json.dumps(n)})")
-                          for n in (MLP_INIT.name, DECODER_LAYER.name, LINEAR_INIT.name))
+    me, caller, callee = (
+        page.evaluate(f"window.gpuflameBar({json.dumps(n)})")
+        for n in (MLP_INIT.name, DECODER_LAYER.name, LINEAR_INIT.name)
+    )
     assert caller["y"] > me["y"] > callee["y"]  # callers below, callees above
     assert me["width"] > 1000  # the function spans the whole width
     page.evaluate("document.getElementById('sandwich-back').click()")
@@ -192,9 +184,11 @@ def test_sandwich_of_a_function_called_from_two_places(page: Chrome) -> None:
 def test_sandwich_from_the_top_table(page: Chrome) -> None:
     page.evaluate("document.getElementById('table-toggle').click()")
     settle(page)
-    page.evaluate("[...document.querySelectorAll('#top-table tbody tr')]"
-                  f".find(r => r.firstChild.textContent === {json.dumps(LINEAR_INIT.name)})"
-                  ".querySelector('button.sandwich').click()")
+    page.evaluate(
+        "[...document.querySelectorAll('#top-table tbody tr')]"
+        f".find(r => r.firstChild.textContent === {json.dumps(LINEAR_INIT.name)})"
+        ".querySelector('button.sandwich').click()"
+    )
     s = settle(page)
     assert s["sandwich"] == LINEAR_INIT.name and s["sandwichTotal"] == 20 * MiB
     assert s["sandwichCallers"] == [{"name": MLP_INIT.name, "total": 20 * MiB}] and s["sandwichCallees"] == []
@@ -313,9 +307,11 @@ def test_a_snapshot_profile_shows_memory_over_time_with_its_peak(chrome: Chrome,
     assert tl["visible"] and tl["peakBytes"] == peak_bytes
     assert tl["peakTime"] == peak_time - points[0][0]
     assert [p[1] for p in tl["points"]] == [b for _, b in points]
-    box = chrome.evaluate("(() => { const r = document.getElementById('timeline').getBoundingClientRect(); "
-                          "return {top: r.top, height: r.height, graph: document.getElementById('graph')"
-                          ".getBoundingClientRect().top}; })()")
+    box = chrome.evaluate(
+        "(() => { const r = document.getElementById('timeline').getBoundingClientRect(); "
+        "return {top: r.top, height: r.height, graph: document.getElementById('graph')"
+        ".getBoundingClientRect().top}; })()"
+    )
     assert box["height"] > 40 and box["top"] < box["graph"]  # a strip above the flame graph
     # the peak dot is painted where the state says (red, not the line's blue)
     pixel = chrome.evaluate(
@@ -343,8 +339,13 @@ def test_the_demo_run_renders_offline_with_the_guides_names(chrome: Chrome, tmp_
     env.pop("PYTHONPATH", None)
     env["GPUFLAME_STORE"] = str(tmp_path / "store")
     demo = [str(root / "examples" / "demo.py"), "--rounds", "1", "--new-tokens", "2"]
-    run = subprocess.run([sys.executable, "-m", "gpuflame", "run", "-o", str(tmp_path / "demo.pb.gz"), *demo],
-                         capture_output=True, text=True, env=env, timeout=300)
+    run = subprocess.run(
+        [sys.executable, "-m", "gpuflame", "run", "-o", str(tmp_path / "demo.pb.gz"), *demo],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stderr
     assert main(["view", str(tmp_path / "demo.pb.gz")]) == 0
     html = tmp_path / "demo.html"
@@ -377,8 +378,10 @@ def adamw_profile():
         ],
         [2 * MiB],
     )
-    p.add([Frame("train", "/app/train.py", 15, start_line=13), Frame("<module>", "/app/train.py", 25, start_line=1)],
-          [2 * MiB])
+    p.add(
+        [Frame("train", "/app/train.py", 15, start_line=13), Frame("<module>", "/app/train.py", 25, start_line=1)],
+        [2 * MiB],
+    )
     return p
 
 

@@ -86,8 +86,10 @@ def test_tooltip_shows_base_new_and_delta(page: Chrome) -> None:
     assert "base  40.0 MiB" in text and "new   55.0 MiB" in text and "delta +15.0 MiB (+37.5%)" in text
     shrunk = page.wait_for(f"window.gpuflameBar({LINEAR_INIT.name!r})")
     page.hover(shrunk["x"], shrunk["y"])
-    text = page.wait_for("document.getElementById('tooltip').textContent.includes('-10.0 MiB') && "
-                         "document.getElementById('tooltip').textContent")
+    text = page.wait_for(
+        "document.getElementById('tooltip').textContent.includes('-10.0 MiB') && "
+        "document.getElementById('tooltip').textContent"
+    )
     assert "delta -10.0 MiB (-33.3%)" in text
 
 
@@ -104,8 +106,10 @@ def test_search_focus_and_type_switch_keep_working(page: Chrome) -> None:
     search(page, "")
     click_bar(page, "main")
     assert settle(page)["focus"] == "main"
-    page.evaluate("(() => { const s = document.getElementById('type-select'); s.value = '2'; "
-                  "s.dispatchEvent(new Event('change')); })()")
+    page.evaluate(
+        "(() => { const s = document.getElementById('type-select'); s.value = '2'; "
+        "s.dispatchEvent(new Event('change')); })()"
+    )
     s = settle(page)
     assert s["type"] == "inuse_space" and s["focus"] == "main" and s["baseTotal"] == BASE_PEAK_TOTAL
     assert "base 92.0 MiB" in s["diffText"]

@@ -97,8 +97,10 @@ def test_every_function_is_one_bar_and_the_total_is_exact(large: Chrome, expecte
     s = settle(large)
     assert s["total"] == sum(expected.self[1::2])
     # hiding trampolines takes the path that walks every stack frame by frame: the same tree here
-    large.evaluate("(() => { const c = document.getElementById('hide-trampolines'); c.checked = true; "
-                   "c.dispatchEvent(new Event('change')); })()")
+    large.evaluate(
+        "(() => { const c = document.getElementById('hide-trampolines'); c.checked = true; "
+        "c.dispatchEvent(new Event('change')); })()"
+    )
     s = settle(large)
     assert s["total"] == sum(expected.self[1::2]) and s["hideTrampolines"]
 

@@ -77,16 +77,24 @@ def page(chrome: Chrome, moment_file: Path) -> Chrome:
 def strip_point(chrome: Chrome, t_ns: int) -> tuple[float, float]:
     """Client coordinates of the strip at *t_ns* after its start, halfway up."""
     local = chrome.evaluate(f"window.gpuflameTimelineAt({t_ns}, 0)")
-    rect = chrome.evaluate("(() => { const r = document.getElementById('timeline').getBoundingClientRect(); "
-                           "return {left: r.left, top: r.top, height: r.height}; })()")
+    rect = chrome.evaluate(
+        "(() => { const r = document.getElementById('timeline').getBoundingClientRect(); "
+        "return {left: r.left, top: r.top, height: r.height}; })()"
+    )
     return rect["left"] + local["x"], rect["top"] + rect["height"] / 2
 
 
 def drag(chrome: Chrome, a: tuple[float, float], b: tuple[float, float]) -> None:
-    for kind, (x, y), buttons in (("mouseMoved", a, 0), ("mousePressed", a, 1), ("mouseMoved", b, 1),
-                                  ("mouseReleased", b, 0)):
-        chrome.send("Input.dispatchMouseEvent", {"type": kind, "x": x, "y": y, "button": "left",
-                                                 "buttons": buttons, "clickCount": 1})
+    for kind, (x, y), buttons in (
+        ("mouseMoved", a, 0),
+        ("mousePressed", a, 1),
+        ("mouseMoved", b, 1),
+        ("mouseReleased", b, 0),
+    ):
+        chrome.send(
+            "Input.dispatchMouseEvent",
+            {"type": kind, "x": x, "y": y, "button": "left", "buttons": buttons, "clickCount": 1},
+        )
 
 
 def phase_times(profile: Profile) -> tuple[int, int, int]:
@@ -127,8 +135,12 @@ def test_a_click_shows_what_was_live_then_and_back_goes_to_the_peak(page: Chrome
     assert page.evaluate("document.getElementById('moment-label').textContent") == sel["label"]
     names = {b.split(" ")[0] for b in page.evaluate("window.gpuflameBarLabels()")}
     assert {"weights", "kv_cache"} <= names and "step" not in names
-    page.click(*page.evaluate("(() => { const r = document.getElementById('moment-back')"
-                              ".getBoundingClientRect(); return [r.left + r.width / 2, r.top + r.height / 2]; })()"))
+    page.click(
+        *page.evaluate(
+            "(() => { const r = document.getElementById('moment-back')"
+            ".getBoundingClientRect(); return [r.left + r.width / 2, r.top + r.height / 2]; })()"
+        )
+    )
     s = settle(page)
     assert s["moment"] is None and s["type"] == "peak_space" and s["total"] == peak_total
     assert not page.events_named("Runtime.exceptionThrown")
@@ -164,10 +176,13 @@ def synthetic(history: bool, limit: int = 1000, pid: str = "1", shift: int = 0) 
     return p
 
 
-@pytest.mark.parametrize(("history", "says"), [
-    (False, "this profile has no event history"),
-    (True, "not available: the history before 0.400 s was folded to keep its memory bounded"),
-])
+@pytest.mark.parametrize(
+    ("history", "says"),
+    [
+        (False, "this profile has no event history"),
+        (True, "not available: the history before 0.400 s was folded to keep its memory bounded"),
+    ],
+)
 def test_a_moment_that_cannot_be_shown_says_why(chrome: Chrome, tmp_path: Path, history: bool, says: str) -> None:
     save(synthetic(history, limit=8), tmp_path / "s.pb.gz")
     assert main(["view", str(tmp_path / "s.pb.gz")]) == 0

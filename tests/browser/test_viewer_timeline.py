@@ -84,8 +84,9 @@ def blue_rows(chrome: Chrome, x: float) -> list[float]:
 
 def pick(chrome: Chrome, text: str) -> dict:
     """Choose *text* in the label selector; the state once the strip has followed."""
-    options = chrome.evaluate("[...document.querySelectorAll('#label-select option')]"
-                              ".map(o => [o.value, o.textContent])")
+    options = chrome.evaluate(
+        "[...document.querySelectorAll('#label-select option')].map(o => [o.value, o.textContent])"
+    )
     value = next(v for v, label in options if label == text)
     choose(chrome, "label-select", value)
     return chrome.wait_for(f"window.gpuflameState.timeline.title.includes({json.dumps(text)}) && window.gpuflameState")

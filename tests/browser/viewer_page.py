@@ -22,15 +22,19 @@ def state(chrome: Chrome) -> dict:
 
 
 def search(chrome: Chrome, text: str) -> dict:
-    chrome.evaluate("(() => { const s = document.getElementById('search'); s.value = ''; s.focus(); "
-                    "s.dispatchEvent(new Event('input')); })()")
+    chrome.evaluate(
+        "(() => { const s = document.getElementById('search'); s.value = ''; s.focus(); "
+        "s.dispatchEvent(new Event('input')); })()"
+    )
     chrome.type_text(text)
     return chrome.wait_for(f"window.gpuflameState.query === {json.dumps(text)} && window.gpuflameState")
 
 
 def choose(chrome: Chrome, select_id: str, value: str) -> None:
-    chrome.evaluate(f"(() => {{ const s = document.getElementById({json.dumps(select_id)}); "
-                    f"s.value = {json.dumps(value)}; s.dispatchEvent(new Event('change')); }})()")
+    chrome.evaluate(
+        f"(() => {{ const s = document.getElementById({json.dumps(select_id)}); "
+        f"s.value = {json.dumps(value)}; s.dispatchEvent(new Event('change')); }})()"
+    )
 
 
 def click_bar(chrome: Chrome, name: str) -> None:
@@ -42,4 +46,3 @@ def settle(chrome: Chrome) -> dict:
     """The state after the next animation frame (drawing is batched to frames)."""
     chrome.evaluate("new Promise((r) => requestAnimationFrame(() => requestAnimationFrame(r)))")
     return state(chrome)
-

@@ -184,7 +184,8 @@ def test_a_time_series_of_memory_in_use_per_pod() -> None:
     dash = load_dashboard()
     series = [p for p in query_panels(dash) if p["type"] == "timeseries"]
     wanted = [
-        p for p in series
+        p
+        for p in series
         for t in p["targets"]
         if t["queryType"] == "metrics"
         and t["profileTypeId"] == "gpu_memory:inuse_space:bytes:space:bytes"
@@ -245,7 +246,7 @@ def test_every_query_filters_on_every_label_variable() -> None:
 def test_label_selector_parser_rejects_junk() -> None:
     assert parse_label_selector('{a="x", b=~`y.*`}') == [("a", "=", "x"), ("b", "=~", "y.*")]
     with pytest.raises(AssertionError):
-        parse_label_selector('{a=x}')
+        parse_label_selector("{a=x}")
 
 
 # -- provisioning ----------------------------------------------------------------------

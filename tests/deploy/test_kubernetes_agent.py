@@ -49,8 +49,10 @@ def test_agent_daemonset_least_privilege(docs):
     # GPU nodes of AKS (as examples/vllm-aks) or of a GPU Operator cluster: either label schedules it
     assert "nodeSelector" not in pod
     terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
-    wanted = [{"key": "kubernetes.azure.com/accelerator", "operator": "In", "values": ["nvidia"]},
-              {"key": "nvidia.com/gpu.present", "operator": "In", "values": ["true"]}]
+    wanted = [
+        {"key": "kubernetes.azure.com/accelerator", "operator": "In", "values": ["nvidia"]},
+        {"key": "nvidia.com/gpu.present", "operator": "In", "values": ["true"]},
+    ]
     assert [t["matchExpressions"] for t in terms] == [[w] for w in wanted]  # terms are ORed
     assert {"key": "sku", "operator": "Equal", "value": "gpu", "effect": "NoSchedule"} in pod["tolerations"]
 

@@ -33,9 +33,6 @@ from tests.helpers.kubernetes import (
 WRITE_VERBS = {"create", "update", "patch", "delete", "deletecollection", "*", "escalate", "bind", "impersonate"}
 
 
-
-
-
 @pytest.fixture(scope="module")
 def self_signed_tree(tmp_path_factory) -> Path:
     """A copy of deploy/kubernetes with make-certs.sh run in it (the overlay needs its output)."""
@@ -45,8 +42,9 @@ def self_signed_tree(tmp_path_factory) -> Path:
     shutil.copytree(K8S, tree, ignore=shutil.ignore_patterns("tls.*", "ca.crt", "cabundle-patch.yaml"))
     # the copy keeps deploy/grafana at the same relative place for the stack
     shutil.copytree(ROOT / "deploy" / "grafana", tree.parent / "grafana")
-    subprocess.run(["sh", str(tree / "overlays" / "self-signed" / "make-certs.sh")], check=True,
-                   capture_output=True, timeout=60)
+    subprocess.run(
+        ["sh", str(tree / "overlays" / "self-signed" / "make-certs.sh")], check=True, capture_output=True, timeout=60
+    )
     return tree
 
 
@@ -73,12 +71,6 @@ def rendered() -> dict[str, list[dict]]:
     if KUBECTL is None:
         pytest.skip("kubectl not installed (.ci/run installs it)")
     return {name: kustomize(K8S / name) for name in RENDERED}
-
-
-
-
-
-
 
 
 # -- rendering and schemas ------------------------------------------------------
@@ -172,8 +164,9 @@ def test_webhook_configuration_never_blocks_pods(rendered):
     assert service == {"name": "gpuflame-webhook", "namespace": "gpuflame-system", "path": "/mutate", "port": 443}
     (rule,) = hook["rules"]
     assert rule["operations"] == ["CREATE"] and rule["resources"] == ["pods"] and rule["apiGroups"] == [""]
-    excluded = next(e for e in hook["namespaceSelector"]["matchExpressions"]
-                    if e["key"] == "kubernetes.io/metadata.name")
+    excluded = next(
+        e for e in hook["namespaceSelector"]["matchExpressions"] if e["key"] == "kubernetes.io/metadata.name"
+    )
     assert excluded["operator"] == "NotIn" and "kube-system" in excluded["values"]
     assert "gpuflame-system" not in excluded["values"]  # its own namespace: by label (see below), not by name
     # the certificate covers the name the API server calls
@@ -266,7 +259,8 @@ def test_installed_in_another_namespace_the_webhook_still_skips_its_own(tmp_path
     overlay.mkdir()
     (overlay / "kustomization.yaml").write_text(
         "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nnamespace: ml-tools\n"
-        "resources:\n  - ../../base/webhook\n")
+        "resources:\n  - ../../base/webhook\n"
+    )
     docs = kustomize(overlay)
     assert find(docs, "Namespace")["metadata"]["name"] == "ml-tools"
     assert_own_namespace_excluded(docs)
@@ -281,7 +275,8 @@ def test_stack_provisions_grafana_from_deploy_grafana(rendered):
     pyro = find(docs, "Service", "pyroscope")
     assert pyro["spec"]["ports"][0]["port"] == 4040
     assert find(docs, "StatefulSet", "pyroscope")["spec"]["template"]["spec"]["containers"][0]["image"].startswith(
-        "grafana/pyroscope:")
+        "grafana/pyroscope:"
+    )
     grafana = find(docs, "Deployment", "grafana")["spec"]["template"]["spec"]
     (c,) = grafana["containers"]
     assert c["image"].startswith("grafana/grafana:")

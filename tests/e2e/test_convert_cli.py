@@ -94,9 +94,7 @@ def test_snapshot_to_pprof(capsys, small: Path, tmp_path: Path) -> None:
 @pytest.mark.parametrize("fmt", [f for f in FORMATS if f != "pprof"])
 def test_snapshot_to_single_type_formats(capsys, small: Path, tmp_path: Path, fmt: str) -> None:
     out_path = tmp_path / f"memory.{fmt}"
-    code, out, err = run_cli(
-        capsys, str(small), "-o", str(out_path), "--format", fmt, "--type", "inuse_space"
-    )
+    code, out, err = run_cli(capsys, str(small), "-o", str(out_path), "--format", fmt, "--type", "inuse_space")
     assert code == 0, err
     text = out_path.read_text(encoding="utf-8")
     assert f"({fmt}, inuse_space, " in out
@@ -142,12 +140,8 @@ def test_json_summary(capsys, snapshot_files: dict[str, Path], tmp_path: Path) -
     assert summary["next"] == f"gpuflame report {out_path}"
 
 
-def test_overflow_and_oom_are_warnings_on_stderr(
-    capsys, snapshot_files: dict[str, Path], tmp_path: Path
-) -> None:
-    code, _, err = run_cli(
-        capsys, str(snapshot_files["handwritten_overflowed_trace"]), "-o", str(tmp_path / "a.pb.gz")
-    )
+def test_overflow_and_oom_are_warnings_on_stderr(capsys, snapshot_files: dict[str, Path], tmp_path: Path) -> None:
+    code, _, err = run_cli(capsys, str(snapshot_files["handwritten_overflowed_trace"]), "-o", str(tmp_path / "a.pb.gz"))
     assert code == 0
     assert err.startswith("gpuflame convert: note: cuda:0: the allocator trace does not reach back")
     code, _, err = run_cli(capsys, str(snapshot_files["handwritten_oom"]), "-o", str(tmp_path / "b.pb.gz"))
@@ -161,9 +155,7 @@ def test_pprof_type_choice_becomes_the_default_view(capsys, small: Path, tmp_pat
     assert load(out_path).default_type == "alloc_space"
 
 
-def test_every_fixture_converts_and_names_classes(
-    capsys, snapshot_files: dict[str, Path], tmp_path: Path
-) -> None:
+def test_every_fixture_converts_and_names_classes(capsys, snapshot_files: dict[str, Path], tmp_path: Path) -> None:
     for name, path in snapshot_files.items():
         out_path = tmp_path / f"{name}.pb.gz"
         code, _, err = run_cli(capsys, str(path), "-o", str(out_path))
@@ -200,9 +192,7 @@ def one_plain_line(err: str) -> str:
     return lines[0]
 
 
-@pytest.mark.parametrize(
-    "protocol", [2, 3, 4, 5]
-)  # what pickle.dump writes (0 and 1 are not read as pickles)
+@pytest.mark.parametrize("protocol", [2, 3, 4, 5])  # what pickle.dump writes (0 and 1 are not read as pickles)
 def test_malicious_pickle_exits_2_with_one_line_and_runs_nothing(tmp_path: Path, protocol: int) -> None:
     sentinel = tmp_path / "PWNED"
     evil = tmp_path / "snapshot.pickle"
@@ -278,9 +268,7 @@ def test_failed_conversion_keeps_the_old_output(capsys, tmp_path: Path) -> None:
         (b"\x1f\x8b\x08\x00broken", "gzip"),
     ],
 )
-def test_bad_inputs_exit_2_with_one_line(
-    capsys, tmp_path: Path, content: bytes | None, expected: str
-) -> None:
+def test_bad_inputs_exit_2_with_one_line(capsys, tmp_path: Path, content: bytes | None, expected: str) -> None:
     path = tmp_path / "input.pickle"
     if content is not None:
         path.write_bytes(content)
@@ -370,8 +358,9 @@ def test_convert_is_export(capsys, small: Path, tmp_path: Path) -> None:
     written = {}
     for command in ("convert", "export"):
         out_path = tmp_path / f"{command}.folded"
-        code = main([command, str(small), "-o", str(out_path), "--type", "inuse", "--no-cached",
-                     "--hide", "LlamaMLP > forward"])
+        code = main(
+            [command, str(small), "-o", str(out_path), "--type", "inuse", "--no-cached", "--hide", "LlamaMLP > forward"]
+        )
         _, err = capsys.readouterr()
         assert code == 0, err
         written[command] = out_path.read_text(encoding="utf-8")

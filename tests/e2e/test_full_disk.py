@@ -56,8 +56,9 @@ def one_inode_fs(tmp_path: Path):
 
 def tmpfs(point: Path, options: str):
     point.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(point)],
-                          capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(point)], capture_output=True, text=True, check=False
+    )
     if done.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
     yield point
@@ -68,14 +69,23 @@ def read_only(point: Path) -> None:
     subprocess.run(["mount", "-o", "remount,ro", str(point)], check=True, capture_output=True)
 
 
-
-
 @pytest.mark.parametrize("hook", ["allocator", "dispatch"])
 def test_a_full_disk_keeps_the_program_and_says_what_was_lost(tmp_path, small_fs, hook):
     script = tmp_path / "fill.py"
     script.write_text(FILL_THEN_ALLOCATE)
-    done = gpuflame_run("--json", "--backend", "torch", "--torch-hook", hook, "-o", str(small_fs / "run.pb.gz"),
-                        str(script), str(small_fs), cwd=tmp_path, env={"PYTHONPATH": SRC})
+    done = gpuflame_run(
+        "--json",
+        "--backend",
+        "torch",
+        "--torch-hook",
+        hook,
+        "-o",
+        str(small_fs / "run.pb.gz"),
+        str(script),
+        str(small_fs),
+        cwd=tmp_path,
+        env={"PYTHONPATH": SRC},
+    )
     assert done.returncode == 0, done.stderr  # not 135 (SIGBUS)
     assert done.stdout.splitlines()[0] == "program ok"
     summary = json.loads(done.stdout.splitlines()[-1])

@@ -156,7 +156,8 @@ def test_export_to_stdout_and_report_from_stdin(tmp_path, profile_file):
     gpuflame = [sys.executable, "-m", "gpuflame"]
     folded = subprocess.run(
         [*gpuflame, "export", str(profile_file), "-o", "-", "--format", "folded"],
-        capture_output=True, check=True,
+        capture_output=True,
+        check=True,
     ).stdout
     want = guide_profile()
     header, *lines = folded.splitlines()
@@ -165,9 +166,7 @@ def test_export_to_stdout_and_report_from_stdin(tmp_path, profile_file):
     pprof = subprocess.run(
         [*gpuflame, "export", str(profile_file), "-o", "-", "--format", "pprof"], capture_output=True, check=True
     ).stdout
-    top = subprocess.run(
-        [*gpuflame, "top", "-", "--json"], input=pprof, capture_output=True, check=True
-    ).stdout
+    top = subprocess.run([*gpuflame, "top", "-", "--json"], input=pprof, capture_output=True, check=True).stdout
     assert json.loads(top)["total"] == want.totals()["peak_space"]
     assert os.listdir(tmp_path) == ["guide.pb.gz"]  # no file named "-"
 

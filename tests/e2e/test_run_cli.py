@@ -32,7 +32,11 @@ def gpuflame_run(
     full_env.update(env or {})
     return subprocess.run(
         [sys.executable, "-m", "gpuflame", "run", *args],
-        cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout,
+        cwd=cwd,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
 
 
@@ -69,11 +73,15 @@ ALLOCATE = """
 
 
 def test_exit_code_output_and_next_command(tmp_path: Path) -> None:
-    script = write(tmp_path / "job.py", ALLOCATE, """
+    script = write(
+        tmp_path / "job.py",
+        ALLOCATE,
+        """
     kept = Holder().make(64)
     print("done", flush=True)
     sys.exit(3)
-    """)
+    """,
+    )
     result = gpuflame_run("-o", "out.pb.gz", script.name, cwd=tmp_path)
     assert result.returncode == 3, result.stderr
     assert result.stdout == "done\n"  # the program's output, untouched
@@ -96,7 +104,9 @@ def test_module_and_command_forms(tmp_path: Path) -> None:
 @pytest.mark.parametrize("method", ["spawn", "fork", "forkserver"])
 def test_multiprocessing_children_are_profiled_with_their_pid(tmp_path: Path, method: str) -> None:
     write(tmp_path / "jobmp.py", ALLOCATE)
-    script = write(tmp_path / "parent.py", f"""
+    script = write(
+        tmp_path / "parent.py",
+        f"""
     import multiprocessing as mp, os, torch
     from jobmp import Holder, child_work
 
@@ -107,7 +117,8 @@ def test_multiprocessing_children_are_profiled_with_their_pid(tmp_path: Path, me
         p.start()
         p.join()
         print(f"parent {{os.getpid()}} child {{p.pid}}", flush=True)
-    """)
+    """,
+    )
     result = gpuflame_run("-o", "mp.pb.gz", script.name, cwd=tmp_path, env={"PYTHONPATH": str(tmp_path)})
     assert result.returncode == 0, result.stderr
     parent_pid, child_pid = (int(w) for w in result.stdout.strip().splitlines()[-1].split()[1::2])
@@ -120,10 +131,13 @@ def test_multiprocessing_children_are_profiled_with_their_pid(tmp_path: Path, me
 
 def test_subprocess_children_are_followed_unless_no_follow(tmp_path: Path) -> None:
     write(tmp_path / "kid.py", ALLOCATE, "\nkeep = child_work(24)\n")
-    script = write(tmp_path / "boss.py", """
+    script = write(
+        tmp_path / "boss.py",
+        """
     import subprocess, sys
     subprocess.run([sys.executable, "kid.py"], check=True)
-    """)
+    """,
+    )
     followed = gpuflame_run("-o", "f.pb.gz", script.name, cwd=tmp_path)
     assert followed.returncode == 0, followed.stderr
     kid_pid = int(followed.stdout.split()[1])
@@ -139,10 +153,14 @@ def test_an_existing_sitecustomize_still_runs(tmp_path: Path) -> None:
     site = tmp_path / "site"
     site.mkdir()
     write(site / "sitecustomize.py", "import os\nos.environ['USER_SITECUSTOMIZE_RAN'] = 'yes'\n")
-    script = write(tmp_path / "check.py", ALLOCATE, """
+    script = write(
+        tmp_path / "check.py",
+        ALLOCATE,
+        """
     kept = Holder().make(4)
     print(os.environ.get("USER_SITECUSTOMIZE_RAN"))
-    """)
+    """,
+    )
     result = gpuflame_run("-o", "s.pb.gz", script.name, cwd=tmp_path, env={"PYTHONPATH": str(site)})
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "yes"
@@ -151,13 +169,17 @@ def test_an_existing_sitecustomize_still_runs(tmp_path: Path) -> None:
 
 def test_a_lost_profile_never_changes_the_workload(tmp_path: Path) -> None:
     """The program removes gpuflame's folder: the write fails, the program's exit code stays."""
-    script = write(tmp_path / "vandal.py", ALLOCATE, """
+    script = write(
+        tmp_path / "vandal.py",
+        ALLOCATE,
+        """
     import shutil
     kept = Holder().make(4)
     shutil.rmtree("v.pb.gz.processes")
     print("still here", flush=True)
     sys.exit(7)
-    """)
+    """,
+    )
     result = gpuflame_run("-o", "v.pb.gz", script.name, cwd=tmp_path)
     assert result.returncode == 7
     assert result.stdout == "still here\n"
@@ -179,17 +201,25 @@ def test_runs_without_output_go_to_the_store_with_metadata(tmp_path: Path) -> No
 
 
 def test_sigterm_is_passed_on_and_the_profile_is_still_written(tmp_path: Path) -> None:
-    script = write(tmp_path / "server.py", ALLOCATE, """
+    script = write(
+        tmp_path / "server.py",
+        ALLOCATE,
+        """
     import time
     kept = Holder().make(20)
     print("serving", flush=True)
     time.sleep(60)
-    """)
+    """,
+    )
     env = dict(os.environ, GPUFLAME_STORE=str(tmp_path / "store"))
     env.pop("PYTHONPATH", None)
     proc = subprocess.Popen(
         [sys.executable, "-m", "gpuflame", "run", "-o", "t.pb.gz", script.name],
-        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     assert proc.stdout is not None and proc.stdout.readline().strip() == "serving"
     time.sleep(0.2)
@@ -230,13 +260,17 @@ def test_a_backend_that_cannot_start_is_reported_and_the_program_runs(tmp_path: 
     fake = tmp_path / "fakes" / "jax"
     fake.mkdir(parents=True)
     (fake / "__init__.py").write_text("VERSION = 'broken'\n")
-    script = write(tmp_path / "usesjax.py", """
+    script = write(
+        tmp_path / "usesjax.py",
+        """
     import sys, jax
     print("ran with", jax.VERSION, flush=True)
     sys.exit(4)
-    """)
-    result = gpuflame_run("-o", "j.pb.gz", "--backend", "jax", script.name, cwd=tmp_path,
-                          env={"PYTHONPATH": str(tmp_path / "fakes")})
+    """,
+    )
+    result = gpuflame_run(
+        "-o", "j.pb.gz", "--backend", "jax", script.name, cwd=tmp_path, env={"PYTHONPATH": str(tmp_path / "fakes")}
+    )
     assert result.returncode == 4
     assert result.stdout == "ran with broken\n"
     assert "Traceback" not in result.stderr

@@ -60,7 +60,8 @@ def test_pool_workers_terminated_while_writing_keep_their_profile(tmp_path: Path
     for pid, expected in worked.items():
         assert bytes_by_function(profile, "alloc_space", pid=pid).get("work") == expected, pid
         assert bytes_by_function(profile, "peak_space", pid=pid).get("work") == max(
-            kib * KIB for p, kib in _tasks(result) if p == pid)
+            kib * KIB for p, kib in _tasks(result) if p == pid
+        )
 
 
 def _tasks(result: subprocess.CompletedProcess) -> list[tuple[int, int]]:
@@ -136,8 +137,10 @@ def test_an_os_exit_child_is_named_as_lost_and_not_counted(tmp_path: Path) -> No
     result = gpuflame_run("-o", "f.pb.gz", script.name, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     child = int(result.stdout.split()[0])
-    assert f"gpuflame: lost: pid {child}: nothing could be written: it ended by os._exit(), SIGKILL or a crash" \
+    assert (
+        f"gpuflame: lost: pid {child}: nothing could be written: it ended by os._exit(), SIGKILL or a crash"
         in result.stderr
+    )
     assert "--interval 10s keeps a snapshot" in result.stderr
     assert "profile of 1 of 2 processes (1 lost: see above)" in result.stderr
     profile = load(tmp_path / "f.pb.gz")
@@ -176,7 +179,10 @@ def test_with_interval_the_last_snapshot_of_an_os_exit_child_is_kept_and_marked_
 def test_sigkill_keeps_the_last_interval_snapshot_and_says_so(tmp_path: Path) -> None:
     # no sleep: with "wait", the program waits until two --interval snapshots were written after its
     # allocation (the second began after the first ended, so it holds the 40 KiB), however slow the machine
-    script = write(tmp_path / "killed.py", ALLOCATE, """
+    script = write(
+        tmp_path / "killed.py",
+        ALLOCATE,
+        """
     import signal, time
     kept = Holder().make(40)
     snapshot = os.path.join(os.environ.get("GPUFLAME_SESSION_DIR", ""), f"proc-{os.getpid()}.pb.gz")
@@ -191,7 +197,8 @@ def test_sigkill_keeps_the_last_interval_snapshot_and_says_so(tmp_path: Path) ->
         now = written()
         changes, seen = changes + (now is not None and now != seen), now
     os.kill(os.getpid(), signal.SIGKILL)
-    """)
+    """,
+    )
     result = gpuflame_run("--json", "--interval", "100ms", "-o", "k.pb.gz", script.name, "wait", cwd=tmp_path)
     assert result.returncode == 128 + signal.SIGKILL
     (partial,) = summary(result)["partial_processes"]
@@ -206,19 +213,24 @@ def test_sigkill_keeps_the_last_interval_snapshot_and_says_so(tmp_path: Path) ->
 
 @pytest.mark.slow
 def test_ctrl_c_exits_130_as_plain_python_does_and_keeps_the_profile(tmp_path: Path) -> None:
-    script = write(tmp_path / "waiting.py", ALLOCATE, """
+    script = write(
+        tmp_path / "waiting.py",
+        ALLOCATE,
+        """
     import time
     kept = Holder().make(12)
     print("waiting", flush=True)
     time.sleep(60)
-    """)
+    """,
+    )
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUFLAME_") and k != "PYTHONPATH"}
     env["GPUFLAME_STORE"] = str(tmp_path / "store")
     codes = {}
     for how in ("python", "gpuflame"):
         launcher = [sys.executable] if how == "python" else [sys.executable, "-m", "gpuflame", "run", "-o", "c.pb.gz"]
-        proc = subprocess.Popen([*launcher, script.name], cwd=tmp_path, env=env,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [*launcher, script.name], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
         assert proc.stdout is not None and proc.stdout.readline().strip() == "waiting"
         time.sleep(0.2)
         proc.send_signal(signal.SIGINT)
@@ -253,13 +265,18 @@ def test_the_wrong_backend_says_what_was_imported_instead(tmp_path: Path) -> Non
     result = gpuflame_run("-o", "w.pb.gz", "--backend", "jax", script.name, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     pid = result.stdout.strip()
-    assert (f"gpuflame: no profile was written: jax was never imported (--backend jax); "
-            f"pid {pid} imported torch, which --backend jax does not record") in result.stderr
+    assert (
+        f"gpuflame: no profile was written: jax was never imported (--backend jax); "
+        f"pid {pid} imported torch, which --backend jax does not record"
+    ) in result.stderr
 
 
 def test_fork_children_that_run_another_program_are_not_taken_for_lost(tmp_path: Path) -> None:
     """``subprocess`` with a preexec_fn and ``os.fork()`` + ``os.execvp()`` run our fork hook, then exec."""
-    script = write(tmp_path / "execs.py", ALLOCATE, """
+    script = write(
+        tmp_path / "execs.py",
+        ALLOCATE,
+        """
     import subprocess
     kept = Holder().make(4)
     subprocess.run(["true"], preexec_fn=lambda: None, check=True)
@@ -267,7 +284,8 @@ def test_fork_children_that_run_another_program_are_not_taken_for_lost(tmp_path:
     if pid == 0:
         os.execvp("true", ["true"])
     os.waitpid(pid, 0)
-    """)
+    """,
+    )
     result = gpuflame_run("--json", "-o", "e.pb.gz", script.name, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     run = summary(result)
@@ -280,7 +298,10 @@ def test_ctrl_c_at_a_terminal_interrupts_the_program_once(tmp_path: Path) -> Non
     """A real terminal (a pty): Ctrl-C reaches the launcher and the program; the program must see one SIGINT."""
     import pty
 
-    script = write(tmp_path / "waiting.py", ALLOCATE, """
+    script = write(
+        tmp_path / "waiting.py",
+        ALLOCATE,
+        """
     import time
     kept = Holder().make(12)
     try:
@@ -290,7 +311,8 @@ def test_ctrl_c_at_a_terminal_interrupts_the_program_once(tmp_path: Path) -> Non
         print("interrupted once", flush=True)
         time.sleep(1)  # a second SIGINT (forwarded by the launcher) would land here
         raise
-    """)
+    """,
+    )
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUFLAME_") and k != "PYTHONPATH"}
     pid, master = pty.fork()
     if pid == 0:  # pragma: no cover - the child becomes the launcher
@@ -317,12 +339,16 @@ def test_ctrl_c_at_a_terminal_interrupts_the_program_once(tmp_path: Path) -> Non
 
 def test_an_api_block_inside_a_run_leaves_both_profiles(tmp_path: Path) -> None:
     """The run's session and the API's share the process's exit hooks: the block ending must not drop the run's."""
-    script = write(tmp_path / "both.py", ALLOCATE, """
+    script = write(
+        tmp_path / "both.py",
+        ALLOCATE,
+        """
     import gpuflame
     whole = Holder().make(16)
     with gpuflame.profile("block.pb.gz"):
         part = Holder().make(4)
-    """)
+    """,
+    )
     result = gpuflame_run("-o", "whole.pb.gz", script.name, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert bytes_by_function(load(tmp_path / "whole.pb.gz"))["Holder > make"] == 20 * KIB

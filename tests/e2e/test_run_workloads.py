@@ -78,8 +78,9 @@ print(json.dumps({"pid": os.getpid(), "model": sum(storages.values()),
 
 def test_adamw_training_loop_on_a_transformers_model(tmp_path: Path) -> None:
     script = write(tmp_path / "adamw.py", ADAMW)
-    result = gpuflame_run("--json", "-o", "adamw.pb.gz", script.name, cwd=tmp_path,
-                          env={"TRANSFORMERS_VERBOSITY": "error"})
+    result = gpuflame_run(
+        "--json", "-o", "adamw.pb.gz", script.name, cwd=tmp_path, env={"TRANSFORMERS_VERBOSITY": "error"}
+    )
     assert result.returncode == 0, result.stderr
     (sizes,), run = run_json(result)
     pid = sizes["pid"]
@@ -220,10 +221,15 @@ def test_jax_jit(tmp_path: Path) -> None:
         assert under(profile, "step", type_name) == {pid: sizes["y"]}
 
 
-MARKED = ADAMW.replace("model = build()\n", "model = build()\nbuilt = time.time_ns()\n").replace(
-    "train(model, opt, 3)\n", "train(model, opt, 3)\ntrained = time.time_ns()\n").replace(
-    'print(json.dumps({"pid": os.getpid(),', 'print(json.dumps({"built": built, "trained": trained, "pid": os.getpid(),'
-).replace("import json, os, torch", "import json, os, time, torch")
+MARKED = (
+    ADAMW.replace("model = build()\n", "model = build()\nbuilt = time.time_ns()\n")
+    .replace("train(model, opt, 3)\n", "train(model, opt, 3)\ntrained = time.time_ns()\n")
+    .replace(
+        'print(json.dumps({"pid": os.getpid(),',
+        'print(json.dumps({"built": built, "trained": trained, "pid": os.getpid(),',
+    )
+    .replace("import json, os, torch", "import json, os, time, torch")
+)
 
 
 def test_any_moment_of_a_run_from_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -232,8 +238,9 @@ def test_any_moment_of_a_run_from_the_command_line(tmp_path: Path, capsys: pytes
     from gpuflame.model import moment
 
     script = write(tmp_path / "marked.py", MARKED)
-    result = gpuflame_run("--json", "-o", "marked.pb.gz", script.name, cwd=tmp_path,
-                          env={"TRANSFORMERS_VERBOSITY": "error"})
+    result = gpuflame_run(
+        "--json", "-o", "marked.pb.gz", script.name, cwd=tmp_path, env={"TRANSFORMERS_VERBOSITY": "error"}
+    )
     assert result.returncode == 0, result.stderr
     (sizes,), _ = run_json(result)
     path = tmp_path / "marked.pb.gz"

@@ -33,19 +33,23 @@ def gpuflame_run(*argv: str, cwd: Path) -> subprocess.CompletedProcess:
     (cwd / "child.py").write_text("print('child ok')\n")
     (cwd / "parent.py").write_text(PARENT)
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUFLAME_")} | {"PYTHONPATH": SRC}
-    return subprocess.run([sys.executable, "-m", "gpuflame", "run", *argv], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "gpuflame", "run", *argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=120
+    )
 
 
-@pytest.mark.parametrize(("argv", "flag"), [
-    (["python3", "-I", "x.py"], "-I"),
-    (["/usr/bin/python3.12", "-sE", "x.py"], "-E"),
-    (["python", "-W", "ignore", "-S", "x.py"], "-S"),
-    (["python", "-Xdev", "-I", "-m", "m"], "-I"),
-    (["python", "-c", "pass", "-I"], ""),  # the program's own arguments
-    (["python", "x.py", "-E"], ""),
-    (["bash", "-I"], ""),  # not Python: taken on trust
-])
+@pytest.mark.parametrize(
+    ("argv", "flag"),
+    [
+        (["python3", "-I", "x.py"], "-I"),
+        (["/usr/bin/python3.12", "-sE", "x.py"], "-E"),
+        (["python", "-W", "ignore", "-S", "x.py"], "-S"),
+        (["python", "-Xdev", "-I", "-m", "m"], "-I"),
+        (["python", "-c", "pass", "-I"], ""),  # the program's own arguments
+        (["python", "x.py", "-E"], ""),
+        (["bash", "-I"], ""),  # not Python: taken on trust
+    ],
+)
 def test_the_interpreter_flags_that_skip_the_bootstrap(argv, flag):
     reason = unprofiled_reason(argv, {"PYTHONPATH": BOOTSTRAP_DIR})
     assert (f"start it without {flag}" in reason) if flag else reason == ""
@@ -66,8 +70,9 @@ def test_in_a_pod_only_the_child_that_cannot_be_followed_is_named(tmp_path):
     dest = install(tmp_path / "gpuflame")
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUFLAME_") and k != "PYTHONPATH"}
     env |= webhook_env(dest, tmp_path / "sessions" / "main")
-    parent = ("import subprocess, sys\n"
-              "for flags in ([], ['-I']):\n    subprocess.run([sys.executable, *flags, '-c', ''])\n")
+    parent = (
+        "import subprocess, sys\nfor flags in ([], ['-I']):\n    subprocess.run([sys.executable, *flags, '-c', ''])\n"
+    )
     done = subprocess.run([sys.executable, "-c", parent], env=env, capture_output=True, text=True, timeout=120)
     said = [line for line in done.stderr.splitlines() if "goes unprofiled" in line]
     assert done.returncode == 0 and len(said) == 1 and "start it without -I" in said[0], done.stderr

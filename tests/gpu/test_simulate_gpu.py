@@ -62,8 +62,9 @@ else:
 def _run(tmp: Path, device: str, name: str, conf: str = "") -> tuple[Path, int | None]:
     out = tmp / name
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2] / "src"), "PYTORCH_CUDA_ALLOC_CONF": conf}
-    done = subprocess.run([sys.executable, "-c", LOOP, device, str(out)], env=env, capture_output=True,
-                          text=True, timeout=300, check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", LOOP, device, str(out)], env=env, capture_output=True, text=True, timeout=300, check=True
+    )
     peak = json.loads(done.stdout.strip().splitlines()[-1])["reserved_peak"] if device == "cuda" else None
     return out, peak
 
@@ -103,7 +104,9 @@ def test_expandable_segments_what_if_matches_the_real_expandable_run(runs):
     (out,) = Run(inp, settings_for(inp, "expandable_segments:True")).outcomes()
     predicted = out.simulated["reserved_peak"]
     assert abs(predicted - real_expandable_peak) <= 0.10 * real_expandable_peak + 40 * MiB, (
-        predicted, real_expandable_peak)
+        predicted,
+        real_expandable_peak,
+    )
 
 
 def test_the_real_expandable_snapshot_replays_its_reserved_peak(runs):

@@ -80,8 +80,9 @@ def test_outside_framework_matches_nvml_when_available() -> None:
     pynvml.nvmlInit()
     try:
         handle = pynvml.nvmlDeviceGetHandleByIndex(0)
-        used = sum(p.usedGpuMemory or 0 for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
-                   if p.pid == os.getpid())
+        used = sum(
+            p.usedGpuMemory or 0 for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle) if p.pid == os.getpid()
+        )
     finally:
         pynvml.nvmlShutdown()
     device0 = [s for s in profile.samples if s.label("device") == "cuda:0"]
@@ -92,7 +93,8 @@ def test_outside_framework_matches_nvml_when_available() -> None:
 
 def test_an_oom_writes_the_profile_and_the_workload_sees_its_oom(tmp_path: Path) -> None:
     script = tmp_path / "oom.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(
+        textwrap.dedent("""
         import torch
         class KVCache:
             def allocate(self):
@@ -103,12 +105,26 @@ def test_an_oom_writes_the_profile_and_the_workload_sees_its_oom(tmp_path: Path)
         except torch.OutOfMemoryError:
             print("caught oom", flush=True)
             raise SystemExit(9)
-    """))
+    """)
+    )
     env = dict(os.environ)
     env.pop("PYTHONPATH", None)
     result = subprocess.run(
-        [sys.executable, "-m", "gpuflame", "run", "--backend", "torch-cuda", "-o", str(tmp_path / "oom.pb.gz"),
-         str(script)], capture_output=True, text=True, env=env, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "gpuflame",
+            "run",
+            "--backend",
+            "torch-cuda",
+            "-o",
+            str(tmp_path / "oom.pb.gz"),
+            str(script),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
     )
     assert result.returncode == 9, result.stderr
     assert "caught oom" in result.stdout
@@ -196,8 +212,12 @@ def test_categories_of_an_adamw_step_on_the_gpu() -> None:
     for s in profile.samples:
         inuse[s.label(LABEL) or ""] = inuse.get(s.label(LABEL) or "", 0) + s.values[idx]
     params = sum(p.numel() * p.element_size() for p in model.parameters())
-    state_on_gpu = sum(t.untyped_storage().nbytes() for st in opt.state.values() for t in st.values()
-                       if torch.is_tensor(t) and t.is_cuda)
+    state_on_gpu = sum(
+        t.untyped_storage().nbytes()
+        for st in opt.state.values()
+        for t in st.values()
+        if torch.is_tensor(t) and t.is_cuda
+    )
     assert inuse["parameter"] == params
     assert inuse["gradient"] == params
     assert inuse["optimizer_state"] == state_on_gpu >= 2 * params

@@ -34,4 +34,3 @@ def _guarded(name, globals=None, locals=None, fromlist=(), level=0):
 sys.meta_path.insert(0, Blocked())
 builtins.__import__ = _guarded
 """
-

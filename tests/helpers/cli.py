@@ -21,4 +21,3 @@ def run_json(capsys, *argv: str) -> dict:
     rc, out, err = run(capsys, *argv, "--json")
     assert rc == 0, err
     return json.loads(out)
-

@@ -67,4 +67,3 @@ def guide_profile() -> Profile:
     add([Frame("<cached free blocks>", kind=SYNTHETIC)], 3 * GiB)
     profile.comments.append("trace ring buffer overflowed; peak only over the recorded window")
     return profile
-

@@ -30,7 +30,10 @@ def kustomize(path: Path) -> list[dict]:
     # A plain `kubectl kustomize`, as Argo CD and Flux run it: no --load-restrictor.
     proc = subprocess.run(
         [KUBECTL, "kustomize", str(path)],
-        capture_output=True, text=True, timeout=120, env={**os.environ, "KUBECONFIG": os.devnull},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "KUBECONFIG": os.devnull},
     )
     assert proc.returncode == 0, f"kubectl kustomize {path} failed:\n{proc.stderr}"
     docs = [d for d in yaml.safe_load_all(proc.stdout) if d]
@@ -65,7 +68,16 @@ def validate_cert_manager(doc: dict) -> None:
     if doc["kind"] == "Issuer":
         assert set(spec) == {"selfSigned"}
     else:
-        assert set(spec) <= {"secretName", "commonName", "dnsNames", "duration", "renewBefore", "privateKey",
-                             "usages", "issuerRef", "isCA", "subject"}
+        assert set(spec) <= {
+            "secretName",
+            "commonName",
+            "dnsNames",
+            "duration",
+            "renewBefore",
+            "privateKey",
+            "usages",
+            "issuerRef",
+            "isCA",
+            "subject",
+        }
         assert spec["secretName"] and spec["issuerRef"]["kind"] in {"Issuer", "ClusterIssuer"}
-

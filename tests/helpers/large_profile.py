@@ -16,8 +16,11 @@ def tree_parents(frames: int, rng: random.Random) -> list[int]:
 
 
 def function_frame(i: int) -> Frame:
-    return Frame(f"Class{i // 8} > method_{i % 8}" if i % 5 else f"function_{i}",
-                 f"/src/pkg{i % 37}/module{i // 97}.py", 10 + (i * 7) % 900)
+    return Frame(
+        f"Class{i // 8} > method_{i % 8}" if i % 5 else f"function_{i}",
+        f"/src/pkg{i % 37}/module{i // 97}.py",
+        10 + (i * 7) % 900,
+    )
 
 
 def tree_profile(frames: int, seed: int = 1) -> Profile:

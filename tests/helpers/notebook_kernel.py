@@ -31,8 +31,9 @@ def execute(cells: list[str], folder: Path) -> nbformat.NotebookNode:
     """Run *cells* in a fresh kernel (in *folder*), going on past errors; the notebook as saved and read back."""
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell(source) for source in cells]
-    client = NotebookClient(nb, kernel_name=KERNEL, timeout=120, allow_errors=True,
-                            resources={"metadata": {"path": str(folder)}})
+    client = NotebookClient(
+        nb, kernel_name=KERNEL, timeout=120, allow_errors=True, resources={"metadata": {"path": str(folder)}}
+    )
     with pytest.MonkeyPatch.context() as env:
         env.setenv("JUPYTER_PATH", str(kernel_spec(folder / "jupyter")))
         client.execute()

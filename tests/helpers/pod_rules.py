@@ -13,8 +13,16 @@ from typing import Any
 
 KUBERNETES_VERSION = "1.32.0"
 ANNOTATIONS_MAX_BYTES = 256 * 1024  # metadata.annotations: total size of keys and values
-RESTRICTED_VOLUMES = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim",
-                      "projected", "secret"}
+RESTRICTED_VOLUMES = {
+    "configMap",
+    "csi",
+    "downwardAPI",
+    "emptyDir",
+    "ephemeral",
+    "persistentVolumeClaim",
+    "projected",
+    "secret",
+}
 CONTAINER_LISTS = ("containers", "initContainers", "ephemeralContainers")
 
 
@@ -46,10 +54,16 @@ def api_errors(pod: dict[str, Any]) -> list[str]:
         paths = [m["mountPath"] for m in c.get("volumeMounts") or []]
         if len(paths) != len(set(paths)):
             errors.append(f"{c['name']}: mountPath not unique: {paths}")
-        errors += [f"{c['name']}: mounts a volume {m['name']!r} the pod lacks"
-                   for m in c.get("volumeMounts") or [] if m["name"] not in volumes]
-        errors += [f"{c['name']}: env {v['name']} has both value and valueFrom"
-                   for v in c.get("env") or [] if v.get("value") and "valueFrom" in v]
+        errors += [
+            f"{c['name']}: mounts a volume {m['name']!r} the pod lacks"
+            for m in c.get("volumeMounts") or []
+            if m["name"] not in volumes
+        ]
+        errors += [
+            f"{c['name']}: env {v['name']} has both value and valueFrom"
+            for v in c.get("env") or []
+            if v.get("value") and "valueFrom" in v
+        ]
     size = sum(len(k) + len(v) for k, v in (pod["metadata"].get("annotations") or {}).items())
     if size > ANNOTATIONS_MAX_BYTES:
         errors.append(f"annotations of {size} bytes")
@@ -67,8 +81,11 @@ def restricted_errors(spec: dict[str, Any]) -> list[str]:
     """
     pod_sc = spec.get("securityContext") or {}
     errors = [f"spec.{f} is set" for f in ("hostNetwork", "hostPID", "hostIPC") if spec.get(f)]
-    errors += [f"volume {v['name']} is not of an allowed type" for v in spec.get("volumes") or []
-               if not set(v) - {"name"} <= RESTRICTED_VOLUMES]
+    errors += [
+        f"volume {v['name']} is not of an allowed type"
+        for v in spec.get("volumes") or []
+        if not set(v) - {"name"} <= RESTRICTED_VOLUMES
+    ]
     for c in all_containers(spec):
         sc, where = c.get("securityContext") or {}, c["name"]
         caps = sc.get("capabilities") or {}

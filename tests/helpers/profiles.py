@@ -9,4 +9,3 @@ def small_profile(name: str, size: int) -> Profile:
     p = Profile(sample_types=memory_sample_types())
     p.add([Frame(name, "/app/probe.py", 7), Frame("<module>", "/app/probe.py", 1)], [size, 1, size, 1, size, 1])
     return p
-

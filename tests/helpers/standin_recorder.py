@@ -30,4 +30,3 @@ class StandInRecorder:
         p = Profile(sample_types=memory_sample_types())
         p.add([Frame("Cache > grow", "/app/cache.py", 7)], [4096, 1, 1024, 1, 8192, 2], {"device": "cpu"})
         return p
-

@@ -57,9 +57,12 @@ def viewer_profile() -> Profile:
     p.comments = ["made by the viewer tests"]
     for stack, (peak, inuse, alloc), pid, device in STACKS:
         values = {
-            "peak_space": peak * MiB, "peak_objects": 1 if peak else 0,
-            "inuse_space": inuse * MiB, "inuse_objects": 1 if inuse else 0,
-            "alloc_space": alloc * MiB, "alloc_objects": 1 if alloc else 0,
+            "peak_space": peak * MiB,
+            "peak_objects": 1 if peak else 0,
+            "inuse_space": inuse * MiB,
+            "inuse_objects": 1 if inuse else 0,
+            "alloc_space": alloc * MiB,
+            "alloc_objects": 1 if alloc else 0,
         }
         p.add(stack[::-1], values, {"pid": pid, "device": device})
     return p
@@ -108,8 +111,12 @@ def base_profile() -> Profile:
     p = Profile(sample_types=memory_sample_types())
     for stack, mib in BASE_STACKS:
         values = {
-            "peak_space": mib * MiB, "peak_objects": 1, "inuse_space": mib * MiB, "inuse_objects": 1,
-            "alloc_space": mib * MiB, "alloc_objects": 1,
+            "peak_space": mib * MiB,
+            "peak_objects": 1,
+            "inuse_space": mib * MiB,
+            "inuse_objects": 1,
+            "alloc_space": mib * MiB,
+            "alloc_objects": 1,
         }
         p.add(stack[::-1], values, {"pid": "1", "device": "cuda:0"})
     return p
@@ -135,4 +142,3 @@ def embedded(html: str) -> dict:
     match = DATA_ELEMENT.search(html)
     assert match, "no data element"
     return decode_payload(match.group(1))
-

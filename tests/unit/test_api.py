@@ -96,8 +96,9 @@ def test_profile_cycles_leave_no_session_handler_or_note_behind(tmp_path: Path, 
     registered: list[object] = []  # atexit cannot list its entries: keep a shadow list of ours
     real_register, real_unregister = atexit.register, atexit.unregister
     monkeypatch.setattr(atexit, "register", lambda f, *a: (registered.append(f), real_register(f, *a))[1])
-    monkeypatch.setattr(atexit, "unregister", lambda f: (registered.remove(f) if f in registered else None,
-                                                         real_unregister(f))[1])
+    monkeypatch.setattr(
+        atexit, "unregister", lambda f: (registered.remove(f) if f in registered else None, real_unregister(f))[1]
+    )
     refs = []
     for i in range(6):
         with gpuflame.profile(tmp_path / f"c{i}.pb.gz") as recording:  # auto: also waits for jax

@@ -44,8 +44,9 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
 
 def test_start_takes_run_s_options_and_returns_a_handle(tmp_path: Path, clean_env) -> None:
     out = tmp_path / "opts.pb.gz"
-    recording = gpuflame.start(out, backend="torch", torch_hook="dispatch", interval="2s", native=True,
-                               keep_framework=True)
+    recording = gpuflame.start(
+        out, backend="torch", torch_hook="dispatch", interval="2s", native=True, keep_framework=True
+    )
     assert isinstance(recording, gpuflame.Recording) and not isinstance(recording, Session)
     settings = recording.settings
     assert (settings.backend, settings.torch_hook, settings.interval) == ("torch", "dispatch", 2.0)
@@ -57,8 +58,9 @@ def test_start_takes_run_s_options_and_returns_a_handle(tmp_path: Path, clean_en
     assert not recording.running and recording.stop() is None  # stopped once
     profile = gpuflame.load(out)
     index = profile.type_index("alloc")
-    assert sum(s.values[index] for s in profile.samples if profile.frames[s.stack[0]].name == "Buffers > allocate") \
-        == 4096
+    assert (
+        sum(s.values[index] for s in profile.samples if profile.frames[s.stack[0]].name == "Buffers > allocate") == 4096
+    )
 
 
 def test_options_not_given_come_from_the_environment(tmp_path: Path, clean_env) -> None:
@@ -107,13 +109,16 @@ def test_store_puts_the_profile_where_serve_lists_it(tmp_path: Path, clean_env) 
     store = tmp_path / "store"
     with gpuflame.profile(backend="torch", store=store) as recording:
         kept = Buffers().allocate(8192)  # noqa: F841
-        assert recording.path.parent.parent == store and json.loads(
-            (recording.path.parent / "meta.json").read_text())["ended"] == 0.0  # listed even if the process dies
+        assert (
+            recording.path.parent.parent == store
+            and json.loads((recording.path.parent / "meta.json").read_text())["ended"] == 0.0
+        )  # listed even if the process dies
     [entry] = scan(store)
     assert entry.kind == "run" and entry.id == f"{recording.path.parent.name}/profile.pb.gz"
     assert entry.meta["totals"] == gpuflame.load(recording.path).totals() and entry.meta["ended"] > 0
-    assert entry.peak() == ("peak_space", gpuflame.load(recording.path).totals()["peak_space"]) \
-        and entry.peak()[1] >= 8192
+    assert (
+        entry.peak() == ("peak_space", gpuflame.load(recording.path).totals()["peak_space"]) and entry.peak()[1] >= 8192
+    )
     clean_env.setenv("GPUFLAME_STORE", str(tmp_path / "default"))
     gpuflame.start(backend="torch", store=True)
     gpuflame.stop()
@@ -165,8 +170,12 @@ def test_load_and_save_beside_profile(tmp_path: Path) -> None:
     profile.add([gpuflame.Frame("Model > forward", "model.py", 3)], [4096])
     for name in ("p.pb.gz", "p.folded", "p.svg", "p.data"):
         gpuflame.save(profile, tmp_path / name)
-    assert gpuflame.load(tmp_path / "p.pb.gz").totals() == gpuflame.load(tmp_path / "p.folded").totals() \
-        == gpuflame.load(tmp_path / "p.data").totals() == {"inuse_space": 4096}  # no suffix: pprof
+    assert (
+        gpuflame.load(tmp_path / "p.pb.gz").totals()
+        == gpuflame.load(tmp_path / "p.folded").totals()
+        == gpuflame.load(tmp_path / "p.data").totals()
+        == {"inuse_space": 4096}
+    )  # no suffix: pprof
     assert (tmp_path / "p.svg").read_text().startswith("<svg") or "<svg" in (tmp_path / "p.svg").read_text()
     gpuflame.save(profile, tmp_path / "q.txt", "speedscope")
     assert json.loads((tmp_path / "q.txt").read_text())["shared"]["frames"][0]["name"] == "Model > forward"

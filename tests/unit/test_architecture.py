@@ -72,7 +72,9 @@ print(json.dumps({{"attempts": attempts, "rich": sorted(m for m in sys.modules i
 def run_fresh(code: str, out: Path) -> list[str]:
     proc = subprocess.run(
         [sys.executable, "-c", code.format(names=set(LAUNCHER_ONLY)), str(out)],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.splitlines()[-1])
@@ -91,8 +93,9 @@ def test_every_backend_and_hook_records_with_numpy_and_rich_blocked(tmp_path, ho
     if how == "jax":
         pytest.importorskip("jax")
     out = tmp_path / "t.pb.gz"
-    proc = subprocess.run([sys.executable, "-c", RECORD.format(block=BLOCK), str(out), how],
-                          capture_output=True, text=True, timeout=240)
+    proc = subprocess.run(
+        [sys.executable, "-c", RECORD.format(block=BLOCK), str(out), how], capture_output=True, text=True, timeout=240
+    )
     assert proc.returncode == 0, proc.stderr
     seen = json.loads(proc.stdout.splitlines()[-1])
     assert seen["attempts"] == [] and seen["rich"] == [], proc.stderr
@@ -106,8 +109,10 @@ def test_every_backend_and_hook_records_with_numpy_and_rich_blocked(tmp_path, ho
 
 @pytest.mark.subprocess
 def test_the_block_refuses_numpy_to_gpuflame_even_when_loaded():
-    code = BLOCK + "\nimport numpy\nns = {'__name__': 'gpuflame.capture.x'}\ntry:\n    exec('import numpy', ns)\n" \
+    code = (
+        BLOCK + "\nimport numpy\nns = {'__name__': 'gpuflame.capture.x'}\ntry:\n    exec('import numpy', ns)\n"
         "except ImportError:\n    print('refused')\n"
+    )
     pytest.importorskip("numpy")
     code = "import numpy\n" + code
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
@@ -133,9 +138,13 @@ READERS_ONLY = ("gpuflame.formats.safe_pickle", "gpuflame.formats.torch_snapshot
 def test_recording_a_torch_profile_imports_no_snapshot_reader(tmp_path, hook):
     pytest.importorskip("torch")
     code = TORCH.replace('backend="torch"', f'backend="torch", torch_hook="{hook}"')
-    code = code.replace("m.split(\".\")[0] in {names!r}", "m in {names!r}")
-    proc = subprocess.run([sys.executable, "-c", code.format(names=set(READERS_ONLY)), str(tmp_path / "t.pb.gz")],
-                          capture_output=True, text=True, timeout=120)
+    code = code.replace('m.split(".")[0] in {names!r}', "m in {names!r}")
+    proc = subprocess.run(
+        [sys.executable, "-c", code.format(names=set(READERS_ONLY)), str(tmp_path / "t.pb.gz")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout.splitlines()[-1]) == []
 
@@ -143,12 +152,15 @@ def test_recording_a_torch_profile_imports_no_snapshot_reader(tmp_path, hook):
 @pytest.mark.subprocess
 def test_gpuflame_run_imports_only_its_own_command_and_no_analysis(tmp_path):
     """The launcher's imports are CPU time of every profiled run: no other command, no numpy, no reader."""
-    code = ("import json, sys\nfrom gpuflame.cli.main import main\n"
-            "rc = main(['run', '-o', sys.argv[1], '--', sys.executable, '-c', 'pass'])\n"
-            "print(json.dumps([rc, sorted(m for m in sys.modules if m.startswith(('gpuflame.cli.', 'numpy', "
-            "'rich', 'gpuflame.analysis', 'gpuflame.formats.torch_snapshot')))]))")
-    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path / "run.pb.gz")],
-                          capture_output=True, text=True, timeout=120)
+    code = (
+        "import json, sys\nfrom gpuflame.cli.main import main\n"
+        "rc = main(['run', '-o', sys.argv[1], '--', sys.executable, '-c', 'pass'])\n"
+        "print(json.dumps([rc, sorted(m for m in sys.modules if m.startswith(('gpuflame.cli.', 'numpy', "
+        "'rich', 'gpuflame.analysis', 'gpuflame.formats.torch_snapshot')))]))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "run.pb.gz")], capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr
     rc, imported = json.loads(proc.stdout.splitlines()[-1])
     assert rc == 0, proc.stderr
@@ -158,9 +170,11 @@ def test_gpuflame_run_imports_only_its_own_command_and_no_analysis(tmp_path):
 @pytest.mark.subprocess
 def test_the_dispatch_recorder_imports_torch_only_when_it_starts():
     """capture/recorders/dispatch/mode.py subclasses torch's dispatch mode at its top: the package imports it late."""
-    code = ("import json, sys\nfrom gpuflame.capture.recorders.dispatch import TorchTensorRecorder\n"
-            "TorchTensorRecorder()\n"
-            "print(json.dumps(sorted(m for m in sys.modules if m == 'torch' or m.endswith('dispatch.mode'))))")
+    code = (
+        "import json, sys\nfrom gpuflame.capture.recorders.dispatch import TorchTensorRecorder\n"
+        "TorchTensorRecorder()\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m == 'torch' or m.endswith('dispatch.mode'))))"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout) == []
@@ -234,8 +248,21 @@ LAYERS: list[tuple[str, ...]] = [
     ("inject",),  # the webhook's payload copies the whole package
 ]
 # the in-process side (ARCHITECTURE.md): what a profiled process may reach, at most
-IN_PROCESS = {"errors", "defaults", "gcpause", "printable", "symbols", "files", "limits", "units", "boundary",
-              "model", "formats", "ship", "capture"}
+IN_PROCESS = {
+    "errors",
+    "defaults",
+    "gcpause",
+    "printable",
+    "symbols",
+    "files",
+    "limits",
+    "units",
+    "boundary",
+    "model",
+    "formats",
+    "ship",
+    "capture",
+}
 
 
 def unit_of(module: str) -> str | None:
@@ -270,8 +297,13 @@ def plain_imports(path: Path) -> set[str]:
     """``import gpuflame`` itself (the payload reads the package's folder from it)."""
     import ast
 
-    return {a.name for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
-            if isinstance(node, ast.Import) for a in node.names if a.name == "gpuflame"}
+    return {
+        a.name
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.Import)
+        for a in node.names
+        if a.name == "gpuflame"
+    }
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -317,8 +349,12 @@ def test_each_layer_imports_only_its_floor(layer):
     """formats/ once imported render/ to write SVG; capture/ and launch/ once imported each other (boundary/ now)."""
     floor = {unit for lower in LAYERS[:layer] for unit in lower}
     graph = unit_imports()
-    above = {(unit, target, ", ".join(sorted(files))) for unit in LAYERS[layer]
-             for target, files in graph[unit].items() if target not in floor}
+    above = {
+        (unit, target, ", ".join(sorted(files)))
+        for unit in LAYERS[layer]
+        for target, files in graph[unit].items()
+        if target not in floor
+    }
     assert above == set()
 
 
@@ -345,15 +381,23 @@ def test_the_in_process_side_reaches_only_its_own_units():
 
 def test_the_books_never_import_the_recorders():
     """capture/'s wings: recorders/ keep their rows with books/ (phases, categories, joint peak, site row)."""
-    upward = {(module, name) for module, names in package_imports("capture/books").items()
-              for name in names if name.startswith("gpuflame.capture.recorders")}
+    upward = {
+        (module, name)
+        for module, names in package_imports("capture/books").items()
+        for name in names
+        if name.startswith("gpuflame.capture.recorders")
+    }
     assert upward == set()
 
 
 def test_capture_never_imports_the_simulation():
     """simulate/ is a stage of its own (ARCHITECTURE.md): the in-process side never reaches it."""
-    found = {(module, name) for module, names in package_imports("capture").items()
-             for name in names if name.startswith("gpuflame.simulate")}
+    found = {
+        (module, name)
+        for module, names in package_imports("capture").items()
+        for name in names
+        if name.startswith("gpuflame.simulate")
+    }
     assert found == set()
 
 
@@ -375,13 +419,24 @@ def backend_literals(path: Path, names: tuple[str, ...]) -> list[str]:
     joined = re.compile(rf"(?<![\w/.-])({alt})\s*(,|\||\bor\b|\band\b)\s*({alt})(?![\w/-])")
     words = [re.compile(rf"(?<![\w/.-]){re.escape(n)}(?![\w/-])") for n in names]
     tree = ast.parse(path.read_text(encoding="utf-8"))
-    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
-                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
-                  and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
-    module_names = {id(node.args[0]) for node in ast.walk(tree)
-                    if isinstance(node, ast.Call) and node.args and ast.unparse(node.func) == "sys.modules.get"}
-    module_names |= {id(node.slice) for node in ast.walk(tree)
-                     if isinstance(node, ast.Subscript) and ast.unparse(node.value) == "sys.modules"}
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    module_names = {
+        id(node.args[0])
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and node.args and ast.unparse(node.func) == "sys.modules.get"
+    }
+    module_names |= {
+        id(node.slice)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Subscript) and ast.unparse(node.value) == "sys.modules"
+    }
     found = []
     for node in ast.walk(tree):
         if not isinstance(node, ast.Constant) or not isinstance(node.value, str) or id(node) in docstrings:
@@ -399,15 +454,18 @@ def test_backend_names_are_written_only_in_the_registry():
     from gpuflame.boundary.backends import REGISTRY
 
     names = tuple(REGISTRY)
-    found = [hit for path in sorted(PACKAGE.rglob("*.py")) if path != REGISTRY_FILE
-             for hit in backend_literals(path, names)]
+    found = [
+        hit for path in sorted(PACKAGE.rglob("*.py")) if path != REGISTRY_FILE for hit in backend_literals(path, names)
+    ]
     assert found == []
 
 
 def test_the_backend_name_check_sees_each_way_of_writing_them(tmp_path):
     module = tmp_path / "probe.py"
-    module.write_text('"""Docstrings may say torch-cuda, torch or jax."""\nimport sys\nsys.modules.get("torch")\n'
-                      'HELP = "auto (default), torch-cuda, torch or jax"\nWANTED = {"jax": 1}\n'
-                      'DESC = "torch-cuda (history), torch (any device), jax (buffers)"\n')
+    module.write_text(
+        '"""Docstrings may say torch-cuda, torch or jax."""\nimport sys\nsys.modules.get("torch")\n'
+        'HELP = "auto (default), torch-cuda, torch or jax"\nWANTED = {"jax": 1}\n'
+        'DESC = "torch-cuda (history), torch (any device), jax (buffers)"\n'
+    )
     found = backend_literals(module, ("torch-cuda", "torch", "jax"))
     assert [hit.split(":")[1] for hit in found] == ["4", "5", "6"]

@@ -93,8 +93,9 @@ def test_every_relative_link_resolves(page: Path) -> None:
 
 def test_the_checker_sees_a_broken_link_and_a_broken_anchor(tmp_path: Path) -> None:
     page = tmp_path / "page.md"
-    page.write_text("# A `code` title\n\n[ok](#a-code-title) [gone](missing.md) `[not a](link.md)`\n"
-                    "```\n[nor](this.md)\n```\n")
+    page.write_text(
+        "# A `code` title\n\n[ok](#a-code-title) [gone](missing.md) `[not a](link.md)`\n```\n[nor](this.md)\n```\n"
+    )
     assert relative_links(page) == ["#a-code-title", "missing.md"]
     assert anchors(page) == {"a-code-title"}
 

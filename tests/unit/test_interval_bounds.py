@@ -37,7 +37,10 @@ UNREADABLE = ("inf", "nan", "1e-10", "-5s")
 
 def test_the_bounds_are_the_documented_ones() -> None:
     assert (interval_seconds("100ms"), interval_seconds("24h"), interval_seconds("0")) == (
-        MIN_INTERVAL_S, MAX_INTERVAL_S, 0.0)
+        MIN_INTERVAL_S,
+        MAX_INTERVAL_S,
+        0.0,
+    )
     for value in (1e-10, float("inf"), float("nan"), MAX_INTERVAL_S * 2, -1.0, True):
         with pytest.raises(ValueError):
             interval_seconds(value)
@@ -93,26 +96,40 @@ def test_the_environment_reader_ignores_a_bad_interval_with_one_line(
 def test_a_profiled_program_with_an_infinite_interval_runs_as_without_gpuflame(tmp_path: Path) -> None:
     """The bootstrap reads GPUFLAME_INTERVAL=inf inside the program: one line, exit 0, the profile written."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUFLAME_")}
-    env.update(PYTHONPATH=f"{BOOTSTRAP}{os.pathsep}{SRC}", GPUFLAME_ENABLED="1", GPUFLAME_INTERVAL="inf",
-               GPUFLAME_SESSION_DIR=str(tmp_path / "s"), GPUFLAME_BACKEND="jax")
-    done = subprocess.run([sys.executable, "-c", "print('ran')"], env=env, capture_output=True, text=True,
-                          timeout=120)
+    env.update(
+        PYTHONPATH=f"{BOOTSTRAP}{os.pathsep}{SRC}",
+        GPUFLAME_ENABLED="1",
+        GPUFLAME_INTERVAL="inf",
+        GPUFLAME_SESSION_DIR=str(tmp_path / "s"),
+        GPUFLAME_BACKEND="jax",
+    )
+    done = subprocess.run([sys.executable, "-c", "print('ran')"], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout == "ran\n"
     assert "Traceback" not in done.stderr and "Exception" not in done.stderr, done.stderr
     assert [line for line in done.stderr.splitlines() if "GPUFLAME_INTERVAL" in line] == [
         "gpuflame: GPUFLAME_INTERVAL='inf' ignored (not a duration: 'inf' (examples: 15s, 500ms, 2m)); "
-        "the default is used"]
+        "the default is used"
+    ]
 
 
 @pytest.mark.parametrize("value", ["0", "0.0000000001s", "25h", "inf", "fast", "-5s", "9" * 200, "9" * 300])
 def test_the_webhook_ignores_a_bad_interval_annotation_and_admits_the_pod(value: str) -> None:
     jsonpatch = pytest.importorskip("jsonpatch")
-    pod = {"apiVersion": "v1", "kind": "Pod",
-           "metadata": {"name": "p", "labels": {"gpuflame.io/inject": "true"},
-                        "annotations": {"gpuflame.io/interval": value}},
-           "spec": {"containers": [{"name": "main", "image": "x"}]}}
-    body = {"kind": "AdmissionReview", "apiVersion": "admission.k8s.io/v1",
-            "request": {"uid": "u", "kind": {"kind": "Pod"}, "operation": "CREATE", "object": pod}}
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "p",
+            "labels": {"gpuflame.io/inject": "true"},
+            "annotations": {"gpuflame.io/interval": value},
+        },
+        "spec": {"containers": [{"name": "main", "image": "x"}]},
+    }
+    body = {
+        "kind": "AdmissionReview",
+        "apiVersion": "admission.k8s.io/v1",
+        "request": {"uid": "u", "kind": {"kind": "Pod"}, "operation": "CREATE", "object": pod},
+    }
     response = admission.review(body)["response"]
     assert response["allowed"] is True
     (warning,) = response["warnings"]

@@ -23,9 +23,21 @@ PACKAGE = ROOT / "src" / "gpuflame"
 @pytest.mark.subprocess
 def test_the_wheel_holds_every_source_and_data_file(tmp_path: Path) -> None:
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
-         "-w", str(tmp_path), str(ROOT)],
-        check=True, capture_output=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(tmp_path),
+            str(ROOT),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
     )
     wheel = next(tmp_path.glob("gpuflame-*.whl"))
     shipped = set(zipfile.ZipFile(wheel).namelist())

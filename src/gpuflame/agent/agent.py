@@ -9,8 +9,9 @@ process exits take them back. :meth:`Agent.snapshot` is the profile so far.
 
 Its parts, one module each, share the Agent's state: ``probing.py`` (the BPF
 object, driver files, uprobes), ``registry.py`` (the processes and their
-interpreters), ``booking.py`` (each record of the ring into the ledger); this
-module has the Agent's state, its start, reader loop, snapshot and stop.
+interpreters), ``booking.py`` (each record of the ring into the ledger), all
+on ``state.py``, which declares that shared state with its types; this module
+gives the state its values and has the start, reader loop, snapshot and stop.
 """
 
 from __future__ import annotations
@@ -32,29 +33,36 @@ from gpuflame.agent.events import (
     STAT_UNKNOWN_FREES,
 )
 from gpuflame.agent.ledger import Ledger
-from gpuflame.agent.libbpf import BpfObject, RingBuffer
 from gpuflame.agent.pending import PendingResults
 from gpuflame.agent.probing import UPROBE_PROGRAMS, AgentError, Probing, missing_privileges
-from gpuflame.agent.process import Process
 from gpuflame.agent.registry import Registry
 from gpuflame.model.profile import SYNTHETIC, Frame, Profile
 from gpuflame.model.sample_types import memory_sample_types
 
-__all__ = ["NO_CUDA_PROCESS", "OUTPUT_MODE", "UPROBE_PROGRAMS", "Agent", "AgentError", "loss_notes",
-           "missing_privileges"]
+__all__ = [
+    "NO_CUDA_PROCESS",
+    "OUTPUT_MODE",
+    "UPROBE_PROGRAMS",
+    "Agent",
+    "AgentError",
+    "loss_notes",
+    "missing_privileges",
+]
 
 POLL_MS = 20
 RESCAN_SECONDS = 2.0  # every process: new libcuda files and the processes mapping them
 PID_RESCAN_SECONDS = 0.25  # --pid: the watched processes loading the driver
 BEFORE_AGENT = (Frame("<allocated before the agent started>", kind=SYNTHETIC),)
 
-NO_CUDA_PROCESS = ("gpuflame agent: no CUDA process was seen: no process loaded libcuda.so while the agent "
-                   "watched")
+NO_CUDA_PROCESS = "gpuflame agent: no CUDA process was seen: no process loaded libcuda.so while the agent watched"
 OUTPUT_MODE = 0o600  # the agent's profiles hold every process's stacks and pods: for their owner only
 
 
 class Agent(Probing, Registry, Booking):
-    """Probes, the ring reader thread, and what they have recorded."""
+    """Probes, the ring reader thread, and what they have recorded.
+
+    The attributes its parts share are declared, with their types, in :class:`~gpuflame.agent.state.AgentState`.
+    """
 
     def __init__(
         self,
@@ -71,55 +79,65 @@ class Agent(Probing, Registry, Booking):
         self.libcuda = list(libcuda)
         self.native = native
         self.max_blocks = max_blocks
-        self.labels_for = labels_for  # pid -> extra labels (Kubernetes), or None
-        self.probes_asked = probes  # auto | return | entry (procs.choose_probes)
+        self.labels_for = labels_for
+        self.probes_asked = probes
         self.alive_file = alive_file  # touched by the reader thread (alive.py)
         self.nvml_library = nvml_library  # None: do not ask NVML for what the probes did not see
         self.nvml: nvml.Nvml | None = None
-        self.cuda_seen = False  # a process loaded the driver or allocated while we watched
-        self.watch_loads = False  # the kernel side tells of a driver file mapped (else: found at rescans)
-        self._code_free_probes: set[tuple[int, int]] = set()  # interpreter files whose code_dealloc is probed
-        self.unwatched_code_frees: set[str] = set()  # interpreters without one: a reused code address misnames
-        self._skip: tuple[str, ...] = ()  # optional programs this kernel refused
-        self.late_loads: dict[int, int | None] = {}  # pid -> ms from its driver load to the probes (None: a rescan)
-        self.probes = ""  # return | entry, chosen at start
+        self.cuda_seen = False
+        self.watch_loads = False
+        self._code_free_probes = set()
+        self.unwatched_code_frees = set()
+        self._skip = ()
+        self.late_loads = {}
+        self.probes = ""
         self.probes_why = ""
-        self.pending = PendingResults()  # entry-only: allocations whose result is not read yet
-        self.return_sites: dict[tuple[int, int, int], str] = {}  # entry-only: (dev, inode, offset) probed
-        self._verifier = Verifier()  # entry-only: return sites checked in their file before a probe
-        self._site_checks: dict[int, int] = {}  # pid -> return addresses checked
+        self.pending = PendingResults()
+        self.return_sites = {}
+        self._verifier = Verifier()
+        self._site_checks = {}
         self.ledger = Ledger()
-        self.processes: dict[int, Process] = {}
-        self.attached: dict[tuple[int, int], str] = {}
-        self.missing_functions: set[str] = set()
-        self.single_stepped: set[str] = set()  # probed functions not starting with push %rbp
-        self.unsupported: set[str] = set()  # Python versions seen without offsets
-        self.unverified: dict[int, str] = {}  # pid -> why its CPython's layout was not trusted (py_layout)
-        self._never_ready: set[int] = set()  # processes whose thread list stayed empty through their window
-        self.skipped: list[str] = []  # libcuda files found but not probed, and why
-        self._unprobeable: set[tuple[int, int]] = set()
-        self.counts = {"not_registered": 0, "no_thread": 0, "truncated": 0, "untracked": 0, "handler_errors": 0,
-                       "results_next_entry": 0, "results_unknown": 0, "results_unread": 0, "sites_unprobed": 0,
-                       "sites_unverified": 0, "stacks_over_limit": 0}
+        self.processes = {}
+        self.attached = {}
+        self.missing_functions = set()
+        self.single_stepped = set()
+        self.unsupported = set()
+        self.unverified = {}
+        self._never_ready = set()
+        self.skipped = []
+        self._unprobeable = set()
+        self.counts = {
+            "not_registered": 0,
+            "no_thread": 0,
+            "truncated": 0,
+            "untracked": 0,
+            "handler_errors": 0,
+            "results_next_entry": 0,
+            "results_unknown": 0,
+            "results_unread": 0,
+            "sites_unprobed": 0,
+            "sites_unverified": 0,
+            "stacks_over_limit": 0,
+        }
         self.started_ns = 0
         self.first_event_ns = 0
-        self._stacks: list[tuple[Frame, ...]] = []
-        self._stack_ids: dict[tuple[Frame, ...], int] = {}
-        self._raw_ids: dict[tuple[int, bytes], int] = {}
-        self._raw_bytes = 0  # the raw stacks kept as keys
+        self._stacks = []
+        self._stack_ids = {}
+        self._raw_ids = {}
+        self._raw_bytes = 0
         self.max_stacks = MAX_STACKS
-        self._labels: dict[int, dict[str, str]] = {}
-        self._waiting: dict[int, float] = {}  # pid -> until when to look for its interpreter
+        self._labels = {}
+        self._waiting = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._incoming: list[bytes] = []
-        self._obj: BpfObject | None = None
-        self._ring: RingBuffer | None = None
+        self._incoming = []
+        self._obj = None
+        self._ring = None
         self._multi = True
         self.final_stats: dict[str, int] = {}
-        self._scanned: dict[int, dict[tuple[str, int], str]] = {}
-        self._exited: set[int] = set()
+        self._scanned = {}
+        self._exited = set()
 
     def start(self, thread: bool = True) -> None:
         """Load, attach, register; raises :class:`AgentError` with one line on failure.
@@ -155,15 +173,19 @@ class Agent(Probing, Registry, Booking):
         if self.attached:
             through = f"through {len(self.attached)} libcuda file(s): {files}"
         elif self.pids:
-            through = ("(libcuda.so is not loaded yet: probed when it is; a driver file named otherwise is "
-                       "not found: give it with --libcuda PATH)")
+            through = (
+                "(libcuda.so is not loaded yet: probed when it is; a driver file named otherwise is "
+                "not found: give it with --libcuda PATH)"
+            )
         else:
             through = "(no libcuda.so loaded yet: waiting for CUDA processes; each driver file is probed as it appears)"
         line = f"gpuflame agent: watching {who} ({len(self.processes)} now, {py} Python) {through}"
         line += f"; {self.probes_said()}"
         if self.single_stepped:
-            line += (f"; note: {', '.join(sorted(self.single_stepped))} do not start with push %rbp, "
-                     "so the kernel single-steps their probes (slower calls)")
+            line += (
+                f"; note: {', '.join(sorted(self.single_stepped))} do not start with push %rbp, "
+                "so the kernel single-steps their probes (slower calls)"
+            )
         return line
 
     def _loop(self) -> None:
@@ -210,8 +232,12 @@ class Agent(Probing, Registry, Booking):
         if self._obj is None:
             return dict(self.final_stats or self.counts)
         out = dict(self.counts)
-        names = {STAT_LOST_EVENTS: "lost_events", STAT_LIVE_FULL: "live_map_full",
-                 STAT_UNKNOWN_FREES: "unknown_frees", STAT_CALLS_FULL: "calls_map_full"}
+        names = {
+            STAT_LOST_EVENTS: "lost_events",
+            STAT_LIVE_FULL: "live_map_full",
+            STAT_UNKNOWN_FREES: "unknown_frees",
+            STAT_CALLS_FULL: "calls_map_full",
+        }
         for i in range(N_STATS):
             raw = self._stats.lookup(i.to_bytes(4, "little"))
             out[names[i]] = sum(int.from_bytes(raw[k : k + 8], "little") for k in range(0, len(raw), 8)) if raw else 0
@@ -248,13 +274,17 @@ class Agent(Probing, Registry, Booking):
         if self.late_loads:
             profile.comments.append(self._late_note())
         for path in sorted(self.unwatched_code_frees):
-            profile.comments.append(f"gpuflame agent: code objects freed in {path} are not seen (no code_dealloc "
-                                    "found): code made again at a freed one's address keeps the old name")
+            profile.comments.append(
+                f"gpuflame agent: code objects freed in {path} are not seen (no code_dealloc "
+                "found): code made again at a freed one's address keeps the old name"
+            )
         for pid, why in sorted(self.unverified.items()):
             profile.comments.append(f"gpuflame agent: pid {pid}'s Python was not walked ({why}): native stacks")
         for version in sorted(self.unsupported):
-            profile.comments.append(f"gpuflame agent: Python {version} is not supported "
-                                    f"({procs.supported_said()} are): its processes' allocations have native stacks")
+            profile.comments.append(
+                f"gpuflame agent: Python {version} is not supported "
+                f"({procs.supported_said()} are): its processes' allocations have native stacks"
+            )
         return profile
 
     def _rescan_every(self) -> float:
@@ -264,10 +294,15 @@ class Agent(Probing, Registry, Booking):
         """What a driver file loaded after the agent started may have cost: the window before its probes."""
         n = len(self.late_loads)
         known = [ms for ms in self.late_loads.values() if ms is not None]
-        window = (f"probed {max(known)} ms after the load at most" if len(known) == n
-                  else f"probed at a rescan, up to {self._rescan_every():g} s after the load")
-        return (f"gpuflame agent: {n} process{'es' if n > 1 else ''} loaded a driver file the agent had not probed "
-                f"yet ({window}): allocations in between are missing, their frees counted as unknown")
+        window = (
+            f"probed {max(known)} ms after the load at most"
+            if len(known) == n
+            else f"probed at a rescan, up to {self._rescan_every():g} s after the load"
+        )
+        return (
+            f"gpuflame agent: {n} process{'es' if n > 1 else ''} loaded a driver file the agent had not probed "
+            f"yet ({window}): allocations in between are missing, their frees counted as unknown"
+        )
 
     def stop(self) -> None:
         """Stop reading, book what is left, detach everything."""
@@ -296,36 +331,40 @@ def loss_notes(stats: dict[str, int], probes: str = "", gpu: nvml.Nvml | None = 
     """What the profile does not hold, in words (a profile lost silently is a bug); the first note is always there."""
     said_probes = probes + "; " if probes else ""
     if gpu is not None and gpu.ready:
-        first = (f"gpuflame agent: {said_probes}GPU memory a process held that the probes did not see allocated "
-                 "is under <allocated before the agent started>, from NVML's per-process figure (which also counts "
-                 "the driver's own memory for the process, its CUDA context); frees of blocks allocated before the "
-                 "agent started are ignored")
+        first = (
+            f"gpuflame agent: {said_probes}GPU memory a process held that the probes did not see allocated "
+            "is under <allocated before the agent started>, from NVML's per-process figure (which also counts "
+            "the driver's own memory for the process, its CUDA context); frees of blocks allocated before the "
+            "agent started are ignored"
+        )
     else:
         why = f" ({gpu.missing}: how much they hold is not known)" if gpu is not None else ""
-        first = (f"gpuflame agent: {said_probes}blocks allocated before the agent started are not known{why}; their "
-                 "frees are ignored, so in-use counts only blocks allocated since")
+        first = (
+            f"gpuflame agent: {said_probes}blocks allocated before the agent started are not known{why}; their "
+            "frees are ignored, so in-use counts only blocks allocated since"
+        )
     notes = [first]
     said = {
         "lost_events": "events were lost (the ring buffer was full): the totals are short",
         "live_map_full": "blocks were not tracked in the kernel (live-block map full, raise --max-blocks): "
-                         "their frees were matched in user space instead (each free one more event)",
+        "their frees were matched in user space instead (each free one more event)",
         "calls_map_full": "driver calls were missed (too many threads inside the driver at once)",
         "unknown_frees": "frees of blocks allocated before the agent started were ignored",
         "unknown_frees_at_entry": "frees of addresses not known here were ignored (blocks allocated before the "
-                                  "agent started, or frees the driver refused: entry-only probes see them all)",
+        "agent started, or frees the driver refused: entry-only probes see them all)",
         "not_registered": "allocations came before the agent knew the process: no Python stack for them",
         "no_thread": "allocations came from threads with no Python thread state",
         "truncated": "stacks were deeper than the frames recorded",
         "handler_errors": "events could not be booked (internal error)",
         "results_unknown": "allocations were not counted: entry-only probes, made before their call site's "
-                           "return probe was placed, and their result was in memory the caller may have reused",
+        "return probe was placed, and their result was in memory the caller may have reused",
         "results_unread": "allocations were not counted: entry-only probes, their result was never read "
-                          "(the process ended or the agent stopped before a return probe saw it)",
+        "(the process ended or the agent stopped before a return probe saw it)",
         "sites_unprobed": "return sites could not be probed (entry-only probes): results read at the next call",
         "stacks_over_limit": "allocations were booked under <stacks beyond the agent's limit> (too many distinct "
-                             "stacks)",
+        "stacks)",
         "sites_unverified": "return addresses were not probed: not verified as right after a call into the driver "
-                            "in the file mapped there (entry-only probes); results read at the next call",
+        "in the file mapped there (entry-only probes); results read at the next call",
     }
     for key, text in said.items():
         if stats.get(key):

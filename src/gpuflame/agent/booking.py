@@ -56,6 +56,7 @@ from gpuflame.agent.events import (
 from gpuflame.agent.libbpf import BpfError
 from gpuflame.agent.pending import Pending
 from gpuflame.agent.process import Process
+from gpuflame.agent.state import AgentState
 from gpuflame.model.profile import SYNTHETIC, Frame
 
 SITE_CHECKS_PER_PROCESS = 64  # return addresses one process may have checked (each reads its maps and code)
@@ -67,7 +68,7 @@ MAX_STACKS = 1 << 18  # distinct stacks named (each a row of the ledger and of t
 MAX_RAW_STACK_BYTES = 64 << 20  # the raw frames kept to recognise stacks already named
 
 
-class Booking:
+class Booking(AgentState):
     """The Agent's events, booked (mixed into :class:`~gpuflame.agent.agent.Agent`)."""
 
     def _handle(self, data: bytes) -> None:
@@ -136,15 +137,25 @@ class Booking:
             if stack is None:
                 return
         if flags:
-            for flag, name in ((F_NOT_REGISTERED, "not_registered"), (F_NO_THREAD, "no_thread"),
-                               (F_TRUNCATED, "truncated"), (F_UNTRACKED, "untracked")):
+            for flag, name in (
+                (F_NOT_REGISTERED, "not_registered"),
+                (F_NO_THREAD, "no_thread"),
+                (F_TRUNCATED, "truncated"),
+                (F_UNTRACKED, "untracked"),
+            ):
                 if flags & flag:
                     self.counts[name] += 1
         if flags & F_PENDING:
             self.pending.add(tgid, tid, Pending(seq, kind, device_label(device), stack))
             return
-        self.ledger.alloc(tgid, device_label(device), stack, (int(kind == K_CREATE), addr), size,
-                          park=not flags & F_REPLACED and kind != K_CREATE)
+        self.ledger.alloc(
+            tgid,
+            device_label(device),
+            stack,
+            (int(kind == K_CREATE), addr),
+            size,
+            park=not flags & F_REPLACED and kind != K_CREATE,
+        )
 
     def _result(self, h: Header) -> None:
         call = self.pending.take(h.tgid, h.tid, h.seq)
@@ -172,8 +183,10 @@ class Booking:
         if isinstance(site, str):
             self.counts["sites_unverified"] += 1
             if self.counts["sites_unverified"] == 1:
-                sys.stderr.write(f"gpuflame agent: not probing return address {h.addr:#x} of pid {h.tgid}: {site} "
-                                 "(its results are read at the next driver call)\n")
+                sys.stderr.write(
+                    f"gpuflame agent: not probing return address {h.addr:#x} of pid {h.tgid}: {site} "
+                    "(its results are read at the next driver call)\n"
+                )
             return
         try:
             if site.key in self.return_sites:

@@ -62,8 +62,24 @@ def build(out: Path = OBJECT) -> Path:
         with open(vmlinux, "w") as f:
             _run([bpftool, "btf", "dump", "file", KERNEL_BTF, "format", "c"], stdout=f)
         partial = Path(tmp) / "agent.bpf.o"
-        _run(["clang", "-O2", "-g", "-target", "bpf", "-D__TARGET_ARCH_x86", "-Wall", "-Wno-unused-value",
-              f"-I{tmp}", f"-I{BPF_DIR}", "-c", str(SOURCE), "-o", str(partial)])
+        _run(
+            [
+                "clang",
+                "-O2",
+                "-g",
+                "-target",
+                "bpf",
+                "-D__TARGET_ARCH_x86",
+                "-Wall",
+                "-Wno-unused-value",
+                f"-I{tmp}",
+                f"-I{BPF_DIR}",
+                "-c",
+                str(SOURCE),
+                "-o",
+                str(partial),
+            ]
+        )
         out.parent.mkdir(parents=True, exist_ok=True)
         shutil.move(str(partial), str(out))
     return out

@@ -82,8 +82,9 @@ class Verifier:
     def _elf(self, fd: int, key: tuple[int, int, int]) -> ElfFile:
         elf = self._files.get(key)
         if elf is None:
-            elf = self._files[key] = read_elf(f"/proc/self/fd/{fd}", full=False, wanted=DRIVER_FUNCTIONS,
-                                              slot_names=DRIVER_FUNCTIONS)
+            elf = self._files[key] = read_elf(
+                f"/proc/self/fd/{fd}", full=False, wanted=DRIVER_FUNCTIONS, slot_names=DRIVER_FUNCTIONS
+            )
         return elf
 
     def _verify(self, fd: int, key: tuple[int, int, int], offset: int) -> str | None:

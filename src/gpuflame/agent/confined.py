@@ -31,8 +31,13 @@ _libc.syscall.restype = ctypes.c_long
 
 def _openat2(dirfd: int, path: str, flags: int, resolve: int) -> int:
     how = _OpenHow(flags, 0, resolve)
-    fd = _libc.syscall(ctypes.c_long(SYS_OPENAT2), ctypes.c_int(dirfd), ctypes.c_char_p(os.fsencode(path)),
-                       ctypes.byref(how), ctypes.c_size_t(ctypes.sizeof(how)))
+    fd = _libc.syscall(
+        ctypes.c_long(SYS_OPENAT2),
+        ctypes.c_int(dirfd),
+        ctypes.c_char_p(os.fsencode(path)),
+        ctypes.byref(how),
+        ctypes.c_size_t(ctypes.sizeof(how)),
+    )
     if fd < 0:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err), path)
@@ -46,8 +51,9 @@ def open_in_root(root: str, path: str) -> int:
     """
     dirfd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        where = _openat2(dirfd, path.lstrip("/") or ".", os.O_PATH | os.O_CLOEXEC,
-                         RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)
+        where = _openat2(
+            dirfd, path.lstrip("/") or ".", os.O_PATH | os.O_CLOEXEC, RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS
+        )
     finally:
         os.close(dirfd)
     return _reopen_regular(where, path)

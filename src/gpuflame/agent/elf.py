@@ -34,6 +34,7 @@ from gpuflame.symbols.elf import (  # noqa: F401 - PF_X, STT_OBJECT: the agent's
     STT_OBJECT,
     SYM_BYTES,
     ElfError,
+    SectionHeader,
     c_string,
     is_elf64le,
     program_headers,
@@ -104,8 +105,9 @@ class ElfFile:
         return None
 
 
-def read_elf(path: str, full: bool = True, wanted: Collection[str] | None = None,
-             slot_names: Collection[str] = ()) -> ElfFile:
+def read_elf(
+    path: str, full: bool = True, wanted: Collection[str] | None = None, slot_names: Collection[str] = ()
+) -> ElfFile:
     """Parse *path* (only ``.dynsym`` unless *full*: fast, for the exported symbols); raises OSError or ElfError.
 
     *wanted*: keep only these symbols; *slot_names*: the GOT slots bound to these symbols, too.
@@ -126,8 +128,9 @@ def read_elf(path: str, full: bool = True, wanted: Collection[str] | None = None
             raise ElfError(f"{path}: truncated or damaged ELF file") from exc
 
 
-def _parse(path: str, data: mmap.mmap, tables: tuple[int, ...], wanted: Collection[str] | None,
-           slot_names: Collection[str]) -> ElfFile:
+def _parse(
+    path: str, data: mmap.mmap, tables: tuple[int, ...], wanted: Collection[str] | None, slot_names: Collection[str]
+) -> ElfFile:
     segments, eh_frame_hdr = [], None
     for p_type, p_flags, p_offset, p_vaddr, _paddr, p_filesz, p_memsz in program_headers(data):
         if p_type == PT_LOAD:
@@ -149,7 +152,7 @@ def _parse(path: str, data: mmap.mmap, tables: tuple[int, ...], wanted: Collecti
     return out
 
 
-def _symbols(data: mmap.mmap, sh: tuple[int, ...], sections: list[tuple[int, ...]]) -> Iterator[Symbol]:
+def _symbols(data: mmap.mmap, sh: SectionHeader, sections: list[SectionHeader]) -> Iterator[Symbol]:
     """The named, defined symbols of one table (at most MAX_SYMBOLS)."""
     if sh[9] not in (0, SYM_BYTES):
         return
@@ -162,13 +165,13 @@ def _symbols(data: mmap.mmap, sh: tuple[int, ...], sections: list[tuple[int, ...
                 yield Symbol(name, st_value, st_size, st_info & 0xF)
 
 
-def _name(data: mmap.mmap, strtab: tuple[int, ...], index: int) -> str | None:
+def _name(data: mmap.mmap, strtab: SectionHeader, index: int) -> str | None:
     """A NUL-terminated name of a string table, None where it runs past MAX_NAME or the table."""
     start, end = strtab[4] + index, strtab[4] + strtab[5]
     return c_string(data, start, min(end, start + MAX_NAME))
 
 
-def _slots(data: mmap.mmap, sections: list[tuple[int, ...]], names: Collection[str]) -> dict[int, str]:
+def _slots(data: mmap.mmap, sections: list[SectionHeader], names: Collection[str]) -> dict[int, str]:
     """GOT slot -> symbol name, for the relocations that bind a slot to one of *names* (PLT calls)."""
     out: dict[int, str] = {}
     for sh in sections:

@@ -65,9 +65,20 @@ INIT = "cuInit"
 
 HEADER = struct.Struct("<BBHHHIIQQQiI16s")
 OFFSET_FIELDS = (
-    "runtime_interp_head", "interp_threads_head", "tstate_next", "tstate_native_thread_id", "tstate_thread_id",
-    "tstate_cframe", "cframe_current_frame", "tstate_frame", "frame_previous", "frame_code", "frame_instr",
-    "frame_instr_size", "frame_owner", "owner_cstack",
+    "runtime_interp_head",
+    "interp_threads_head",
+    "tstate_next",
+    "tstate_native_thread_id",
+    "tstate_thread_id",
+    "tstate_cframe",
+    "cframe_current_frame",
+    "tstate_frame",
+    "frame_previous",
+    "frame_code",
+    "frame_instr",
+    "frame_instr_size",
+    "frame_owner",
+    "owner_cstack",
 )
 # struct code_offsets: the py_offsets.py name each takes its value from (3.10 has no co_qualname)
 CODE_OFFSET_FIELDS = {

@@ -141,8 +141,13 @@ class BpfObject:
     detaches in one RCU grace period instead of one per probe (100 ms each).
     """
 
-    def __init__(self, path: str, max_entries: dict[str, int] | None = None, multi: tuple[str, ...] = (),
-                 skip: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        path: str,
+        max_entries: dict[str, int] | None = None,
+        multi: tuple[str, ...] = (),
+        skip: tuple[str, ...] = (),
+    ) -> None:
         b = lib()
         self._obj = b.bpf_object__open_file(path.encode(), None)
         self.fds: list[int] = []
@@ -212,8 +217,12 @@ class BpfObject:
         )
         syscall = _libc.syscall
         syscall.restype = ctypes.c_long
-        fd = syscall(ctypes.c_long(SYS_BPF), ctypes.c_long(BPF_LINK_CREATE), ctypes.byref(attr),
-                     ctypes.c_uint(ctypes.sizeof(attr)))
+        fd = syscall(
+            ctypes.c_long(SYS_BPF),
+            ctypes.c_long(BPF_LINK_CREATE),
+            ctypes.byref(attr),
+            ctypes.c_uint(ctypes.sizeof(attr)),
+        )
         if fd < 0:
             raise _fail(f"cannot attach {program} to {path} ({n} uprobe{'s' if n > 1 else ''})")
         self.fds.append(fd)

@@ -30,8 +30,12 @@ QUERIES = ("nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetComputeRunni
 class ProcessInfo(ctypes.Structure):
     """``nvmlProcessInfo_t`` (the v2/v3 queries): the process and its GPU memory on one device."""
 
-    _fields_ = [("pid", ctypes.c_uint), ("usedGpuMemory", ctypes.c_ulonglong), ("gpuInstanceId", ctypes.c_uint),
-                ("computeInstanceId", ctypes.c_uint)]
+    _fields_ = [
+        ("pid", ctypes.c_uint),
+        ("usedGpuMemory", ctypes.c_ulonglong),
+        ("gpuInstanceId", ctypes.c_uint),
+        ("computeInstanceId", ctypes.c_uint),
+    ]
 
 
 class Nvml:
@@ -45,14 +49,15 @@ class Nvml:
         except OSError:
             self.missing = f"no NVML here ({path} cannot be loaded)"
             return
-        self._query = next((getattr(lib, q) for q in QUERIES if hasattr(lib, q)), None)
-        if self._query is None or not hasattr(lib, "nvmlInit_v2"):
+        query = next((getattr(lib, q) for q in QUERIES if hasattr(lib, q)), None)
+        if query is None or not hasattr(lib, "nvmlInit_v2"):
             self.missing = f"{path} has no per-process memory query"
             return
         rc = lib.nvmlInit_v2()
         if rc != SUCCESS:
             self.missing = f"NVML did not start (nvmlInit_v2 returned {rc})"
             return
+        self._query = query  # set with _lib: used only while it is (ready)
         self._lib = lib
 
     @property

@@ -30,6 +30,7 @@ from gpuflame.agent.events import (
 )
 from gpuflame.agent.libbpf import BpfError, BpfObject, Map, RingBuffer, possible_cpus
 from gpuflame.agent.process import Process
+from gpuflame.agent.state import AgentState
 from gpuflame.errors import GpuflameError
 
 LIBCUDA_DIRS = (
@@ -39,8 +40,19 @@ LIBCUDA_DIRS = (
     "/usr/local/nvidia/lib64",
     "/usr/local/cuda/compat",
 )
-UPROBE_PROGRAMS = ("alloc_enter", "pitch_enter", "create_enter", "free_enter", "alloc_exit", "free_exit", "init_enter",
-                   "ret_site", "vmm_enter", "vmm_exit", "code_freed")
+UPROBE_PROGRAMS = (
+    "alloc_enter",
+    "pitch_enter",
+    "create_enter",
+    "free_enter",
+    "alloc_exit",
+    "free_exit",
+    "init_enter",
+    "ret_site",
+    "vmm_enter",
+    "vmm_exit",
+    "code_freed",
+)
 # fexit on vm_mmap_pgoff: a driver file mapped later is probed at once; kernels that refuse fexit (lockdown,
 # no BPF trampolines) load without it and find such files at the next rescan
 OPTIONAL_PROGRAMS = ("driver_mapped",)
@@ -91,7 +103,7 @@ def default_libcuda() -> list[str]:
     return [p for d in LIBCUDA_DIRS if os.path.exists(p := os.path.join(d, "libcuda.so.1"))]
 
 
-class Probing:
+class Probing(AgentState):
     """The Agent's probes: loading, driver files, attaching (mixed into :class:`~gpuflame.agent.agent.Agent`)."""
 
     def _attach_all(self, items: list[tuple[tuple[int, int], str]]) -> None:
@@ -133,8 +145,10 @@ class Probing:
     def probes_said(self) -> str:
         """The probes in words, for the watching line and the profile."""
         if self.probes == "entry":
-            return (f"probes: entry-only, no uretprobes ({self.probes_why}); results read at each call's return "
-                    "site once probed, else at the thread's next driver call")
+            return (
+                f"probes: entry-only, no uretprobes ({self.probes_why}); results read at each call's return "
+                "site once probed, else at the thread's next driver call"
+            )
         return f"probes: entry and return ({self.probes_why})"
 
     def _check_uretprobe_risk(self) -> None:
@@ -146,12 +160,14 @@ class Probing:
             raise AgentError(
                 f"process {', '.join(map(str, filtered))} runs under a seccomp filter, and on Linux "
                 f"{os.uname().release} a uretprobe may get it killed (the filter can refuse the uretprobe "
-                "syscall); not probing it with --probes return (--probes entry or auto would: no uretprobes)")
+                "syscall); not probing it with --probes return (--probes entry or auto would: no uretprobes)"
+            )
         if not self.pids:
             sys.stderr.write(
                 f"gpuflame agent: warning: on Linux {os.uname().release}, processes under a seccomp filter that "
                 "refuses the uretprobe syscall are killed by uretprobes (--probes return); --probes entry "
-                "avoids them\n")
+                "avoids them\n"
+            )
 
     def _load(self, path: str, multi: bool) -> None:
         """Load the object and open its maps and ring."""

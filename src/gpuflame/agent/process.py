@@ -44,7 +44,8 @@ class Process:
         except OSError:
             return None  # it ended between reading its maps and opening its memory (a fork child: the parent's)
         offsets = py_layout.build_refused(interp.abiflags, interp.version) or py_layout.offsets_for(
-            interp.version, interp.runtime, memory)
+            interp.version, interp.runtime, memory
+        )
         if isinstance(offsets, str):
             why: str | None = offsets
         else:
@@ -57,8 +58,13 @@ class Process:
             memory.close()
             return None
         self.offsets = offsets
-        return CodeReader(memory, interp.version, offsets, root=f"/proc/{pid}/root",
-                          root_when_gone="/" if procs.sees_host_files(pid) else "")
+        return CodeReader(
+            memory,
+            interp.version,
+            offsets,
+            root=f"/proc/{pid}/root",
+            root_when_gone="/" if procs.sees_host_files(pid) else "",
+        )
 
     def recheck(self) -> None:
         """Check a provisional layout again (the interpreter may have made its first thread by now)."""
@@ -168,4 +174,3 @@ class Process:
     def close(self) -> None:
         if self.reader is not None and not self._shared:
             self.reader.memory.close()
-

@@ -47,8 +47,15 @@ def maps(pid: int) -> list[Mapping]:
                     continue
                 lo, hi = parts[0].split("-")
                 out.append(
-                    Mapping(int(lo, 16), int(hi, 16), parts[1], int(parts[2], 16), int(parts[4]), parts[3],
-                            parts[5].rstrip("\n"))
+                    Mapping(
+                        int(lo, 16),
+                        int(hi, 16),
+                        parts[1],
+                        int(parts[2], 16),
+                        int(parts[4]),
+                        parts[3],
+                        parts[5].rstrip("\n"),
+                    )
                 )
     except (OSError, ValueError):
         return []
@@ -169,15 +176,18 @@ def below_kernel_floor(release: str | None = None) -> str | None:
     if not m or (int(m.group(1)), int(m.group(2))) >= KERNEL_FLOOR:
         return None
     floor = ".".join(map(str, KERNEL_FLOOR))
-    return (f"Linux {release} is older than the agent's floor, {floor} (its BPF programs need {KERNEL_FLOOR_NEEDS}); "
-            f"run it on a {floor} or newer kernel")
+    return (
+        f"Linux {release} is older than the agent's floor, {floor} (its BPF programs need {KERNEL_FLOOR_NEEDS}); "
+        f"run it on a {floor} or newer kernel"
+    )
 
 
 PROBE_MODES = ("auto", "return", "entry")
 
 
-def choose_probes(asked: str, pids: list[int], driver_users: list[int], release: str | None = None,
-                  proc: str = "/proc") -> tuple[str, str]:
+def choose_probes(
+    asked: str, pids: list[int], driver_users: list[int], release: str | None = None, proc: str = "/proc"
+) -> tuple[str, str]:
     """``("return" | "entry", why)``: the probes for this run (``--probes``).
 
     A uprobe sits on a file's inode, so a uretprobe fires in every process that
@@ -193,12 +203,16 @@ def choose_probes(asked: str, pids: list[int], driver_users: list[int], release:
     if not uretprobe_seccomp_kernel(release):
         return "return", f"Linux {release} runs uretprobes without a syscall seccomp could refuse"
     if not pids:
-        return "entry", (f"on Linux {release} a uretprobe can get a process under a seccomp filter killed, "
-                         "and any process may start under one")
+        return "entry", (
+            f"on Linux {release} a uretprobe can get a process under a seccomp filter killed, "
+            "and any process may start under one"
+        )
     filtered = sorted({pid for pid in [*pids, *driver_users] if seccomp_filtered(pid, proc)})
     if filtered:
-        return "entry", (f"on Linux {release} a uretprobe can get a process under a seccomp filter killed "
-                         f"(pid {', '.join(map(str, filtered))})")
+        return "entry", (
+            f"on Linux {release} a uretprobe can get a process under a seccomp filter killed "
+            f"(pid {', '.join(map(str, filtered))})"
+        )
     return "return", f"no process mapping the driver runs under a seccomp filter (Linux {release})"
 
 
@@ -229,8 +243,9 @@ class Interpreter:
 
 ELF_FILES_KEPT = 64  # parsed files remembered, with at most ELF_SYMBOLS_KEPT symbols among them
 ELF_SYMBOLS_KEPT = 1 << 19
-_ELF_CACHE: LRU[tuple[int, int, int, bool], ElfFile | None] = LRU(ELF_FILES_KEPT, ELF_SYMBOLS_KEPT,
-                                                                   lambda elf: len(elf.symbols))
+_ELF_CACHE: LRU[tuple[int, int, int, bool], ElfFile | None] = LRU(
+    ELF_FILES_KEPT, ELF_SYMBOLS_KEPT, lambda elf: len(elf.symbols)
+)
 
 
 def elf_file(path: str, full: bool = False) -> ElfFile | None:
@@ -303,8 +318,14 @@ def interpreter(pid: int) -> Interpreter | None:
         if version is None or bias is None:
             continue
         named = LIBPYTHON.search(path) or PYTHON_EXE.search(path)
-        return Interpreter(bias + elf.symbols["_PyRuntime"].value, version, path, by_path[path][0], dealloc,
-                           build_flags(named.group(4) if named else "", elf.symbols))
+        return Interpreter(
+            bias + elf.symbols["_PyRuntime"].value,
+            version,
+            path,
+            by_path[path][0],
+            dealloc,
+            build_flags(named.group(4) if named else "", elf.symbols),
+        )
     return None
 
 

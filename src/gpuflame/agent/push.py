@@ -38,13 +38,26 @@ def series_of(profile: Profile, service: str) -> dict[tuple[tuple[str, str], ...
 class AgentPush:
     """Pushers for every URL; windows per series."""
 
-    def __init__(self, urls: list[str], *, service: str = "", tenant: str = "", ca: str = "",
-                 credentials: Credentials | None = None, timeout: float = 10.0) -> None:
+    def __init__(
+        self,
+        urls: list[str],
+        *,
+        service: str = "",
+        tenant: str = "",
+        ca: str = "",
+        credentials: Credentials | None = None,
+        timeout: float = 10.0,
+    ) -> None:
         self.service = service
         self.pushers = []
         for url in urls:
-            client = PyroscopeClient(url, credentials=credentials or Credentials(), tenant=tenant or None,
-                                     ca_file=ca or None, timeout=timeout)
+            client = PyroscopeClient(
+                url,
+                credentials=credentials or Credentials(),
+                tenant=tenant or None,
+                ca_file=ca or None,
+                timeout=timeout,
+            )
             self.pushers.append(Pusher(partial(_send, client), queue_size=QUEUE, name=f"pyroscope {url}"))
         self._windows: dict[tuple[tuple[str, str], ...], IntervalWindow] = {}
 

@@ -82,8 +82,9 @@ class Code:
 class CodeReader:
     """Code objects of one process, read once each."""
 
-    def __init__(self, memory: Memory, version: str, offsets: dict[str, int], root: str = "",
-                 root_when_gone: str = "") -> None:
+    def __init__(
+        self, memory: Memory, version: str, offsets: dict[str, int], root: str = "", root_when_gone: str = ""
+    ) -> None:
         self.memory = memory
         self.version = version
         self.off = offsets

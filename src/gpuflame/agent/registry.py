@@ -14,12 +14,13 @@ import time
 
 from gpuflame.agent import procs
 from gpuflame.agent.process import Process
+from gpuflame.agent.state import AgentState
 
 REGISTER_WINDOW = 3.0  # how long a new process is looked at for its interpreter
 NEVER_READY = "its thread list never read back where its offsets say it is"
 
 
-class Registry:
+class Registry(AgentState):
     """The Agent's processes (mixed into :class:`~gpuflame.agent.agent.Agent`)."""
 
     def _wanted(self, pid: int) -> bool:
@@ -46,12 +47,16 @@ class Registry:
             self._waiting.pop(pid, None)
         if proc.unverified and self.unverified.get(pid) != proc.unverified:
             self.unverified[pid] = proc.unverified
-            sys.stderr.write(f"gpuflame agent: pid {pid} (Python {proc.version}): {proc.unverified}; its "
-                             "allocations get native stacks\n")
+            sys.stderr.write(
+                f"gpuflame agent: pid {pid} (Python {proc.version}): {proc.unverified}; its "
+                "allocations get native stacks\n"
+            )
         elif proc.interpreter is not None and not proc.python and proc.version not in self.unsupported:
             self.unsupported.add(proc.version)
-            sys.stderr.write(f"gpuflame agent: Python {proc.version} (pid {pid}) is not supported "
-                             f"({procs.supported_said()} are): its allocations get native stacks\n")
+            sys.stderr.write(
+                f"gpuflame agent: Python {proc.version} (pid {pid}) is not supported "
+                f"({procs.supported_said()} are): its allocations get native stacks\n"
+            )
         return proc
 
     def _process_labels(self, proc: Process) -> dict[str, str]:

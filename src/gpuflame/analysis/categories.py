@@ -21,8 +21,12 @@ class CategoryTotal:
     top_function: str  # the function that allocated most of it (the widest leaf), "" when none
 
     def to_dict(self) -> dict[str, object]:
-        return {"category": self.category, "total": self.total, "percent": self.percent,
-                "top_function": self.top_function}
+        return {
+            "category": self.category,
+            "total": self.total,
+            "percent": self.percent,
+            "top_function": self.top_function,
+        }
 
 
 def category_totals(profile: Profile, type_index: int) -> list[CategoryTotal]:
@@ -30,8 +34,9 @@ def category_totals(profile: Profile, type_index: int) -> list[CategoryTotal]:
     if not any(s.label(LABEL) is not None for s in profile.samples):  # a recorder that labels, not only synthetics
         return []
     order = {name: i for i, name in enumerate((*CATEGORIES, UNKNOWN))}
-    return sums_by(profile, type_index, lambda s: category_of(profile, s) or UNKNOWN,
-                   lambda n: (order.get(n, len(order)), n))
+    return sums_by(
+        profile, type_index, lambda s: category_of(profile, s) or UNKNOWN, lambda n: (order.get(n, len(order)), n)
+    )
 
 
 def sums_by(

@@ -136,11 +136,7 @@ def no_match_message(frames: list[Frame], query: str) -> str:
     by_normal = {normalize(f.name): f.name for f in frames}
     close = difflib.get_close_matches(normalize(query), list(by_normal), n=3, cutoff=0.5)
     if close:
-        return (
-            f"no function matches {query!r}; did you mean "
-            + ", ".join(repr(by_normal[c]) for c in close)
-            + "?"
-        )
+        return f"no function matches {query!r}; did you mean " + ", ".join(repr(by_normal[c]) for c in close) + "?"
     return f"no function matches {query!r} (see `gpuflame top` for the names in this profile)"
 
 

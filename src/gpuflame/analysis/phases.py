@@ -21,10 +21,22 @@ class PhaseRow:
 
     def to_dict(self) -> dict[str, object]:
         s = self.stat
-        return {"phase": s.phase, "device": s.device, "pid": s.pid, "start_s": self.start_s, "end_s": self.end_s,
-                "peak": s.peak, "peak_s": self.peak_s, "inuse_end": s.inuse_end, "top_function": s.top,
-                "top_bytes": s.top_bytes, "start_ns": s.start, "end_ns": s.end, "peak_time_ns": s.peak_time,
-                "samples": s.samples}
+        return {
+            "phase": s.phase,
+            "device": s.device,
+            "pid": s.pid,
+            "start_s": self.start_s,
+            "end_s": self.end_s,
+            "peak": s.peak,
+            "peak_s": self.peak_s,
+            "inuse_end": s.inuse_end,
+            "top_function": s.top,
+            "top_bytes": s.top_bytes,
+            "start_ns": s.start,
+            "end_ns": s.end,
+            "peak_time_ns": s.peak_time,
+            "samples": s.samples,
+        }
 
 
 def phase_rows(profile: Profile) -> list[PhaseRow]:
@@ -38,8 +50,7 @@ def phase_rows(profile: Profile) -> list[PhaseRow]:
     def seconds(ns: int) -> float:
         return round(max(0, ns - origin) / 1e9, 6)
 
-    return [PhaseRow(r, seconds(r.start), seconds(r.end), seconds(r.peak_time) if r.peak_time else None)
-            for r in rows]
+    return [PhaseRow(r, seconds(r.start), seconds(r.end), seconds(r.peak_time) if r.peak_time else None) for r in rows]
 
 
 def phase_totals(profile: Profile, type_index: int) -> list[CategoryTotal]:
@@ -47,8 +58,7 @@ def phase_totals(profile: Profile, type_index: int) -> list[CategoryTotal]:
     if not any(s.label(LABEL) is not None for s in profile.samples):
         return []
     began = {r.phase: i for i, r in enumerate(_none_last(ordered(profile.phases)))}
-    return sums_by(profile, type_index, lambda s: s.label(LABEL) or NONE,
-                   lambda n: (began.get(n, len(began)), n))
+    return sums_by(profile, type_index, lambda s: s.label(LABEL) or NONE, lambda n: (began.get(n, len(began)), n))
 
 
 def _none_last(rows: list[PhaseStat]) -> list[PhaseStat]:

@@ -40,8 +40,7 @@ class View:
 
     def tree(self) -> FlameTree:
         """The flame tree of the view, grouped and by line as the selection asks."""
-        return build_tree(self.profile, self.type_index, group_by=self.selection.group_by,
-                          lines=self.selection.lines)
+        return build_tree(self.profile, self.type_index, group_by=self.selection.group_by, lines=self.selection.lines)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -106,9 +105,7 @@ class Selection:
             selected = select_labels_matched(profile, key, values)
             if not selected.matched and profile.samples:
                 have = ", ".join(profile.label_values(key)) or "none"
-                raise GpuflameError(
-                    f"no sample has label {key}={'|'.join(sorted(values))} ({key} values here: {have})"
-                )
+                raise GpuflameError(f"no sample has label {key}={'|'.join(sorted(values))} ({key} values here: {have})")
             profile = selected.profile
         return profile
 
@@ -153,19 +150,37 @@ class Selection:
             raise ValueError("at and between: give one of them (an instant, or a window)")
         size, at, prune, focus = one("min-size"), one("at"), one("prune-framework"), one("focus")
         return cls(
-            sample_type=one("type") or None, labels=tuple(_label(v) for v in query.get("label") or []),
-            no_cached=flag("no-cached"), ignore=_patterns("ignore", query.get("ignore") or []),
+            sample_type=one("type") or None,
+            labels=tuple(_label(v) for v in query.get("label") or []),
+            no_cached=flag("no-cached"),
+            ignore=_patterns("ignore", query.get("ignore") or []),
             focus=_patterns("focus", [focus])[0] if focus is not None else None,
-            hide=_patterns("hide", query.get("hide") or []), hide_trampolines=flag("hide-trampolines"),
+            hide=_patterns("hide", query.get("hide") or []),
+            hide_trampolines=flag("hide-trampolines"),
             prune_framework=tuple(p for p in (prune or "").split(",") if p.strip()),
-            min_size=_size(size) if size else 0, at=_when("at", at) if at else None,
+            min_size=_size(size) if size else 0,
+            at=_when("at", at) if at else None,
             between=(between[0], between[1]) if between else None,
-            group_by=one("group-by") or None, lines=flag("lines"),
+            group_by=one("group-by") or None,
+            lines=flag("lines"),
         )
 
 
-QUERY_NAMES = ("type", "label", "no-cached", "ignore", "focus", "hide", "hide-trampolines", "prune-framework",
-               "min-size", "at", "between", "group-by", "lines")  # the command line's option names
+QUERY_NAMES = (
+    "type",
+    "label",
+    "no-cached",
+    "ignore",
+    "focus",
+    "hide",
+    "hide-trampolines",
+    "prune-framework",
+    "min-size",
+    "at",
+    "between",
+    "group-by",
+    "lines",
+)  # the command line's option names
 
 
 def _noted(result: tuple[Profile, bool], before: Profile, option: str, pattern: str, notes: list[str]) -> Profile:

@@ -176,9 +176,7 @@ class StackTable:
         return self.codes[np.arange(self.rows), self.lengths - 1].astype(np.intp)
 
 
-def build_table(
-    profile: Profile, type_index: int, group_by: str | None = None, lines: bool = False
-) -> StackTable:
+def build_table(profile: Profile, type_index: int, group_by: str | None = None, lines: bool = False) -> StackTable:
     """The :class:`StackTable` of one sample type, rows sorted.
 
     With *group_by* (a label key such as ``pid`` or ``device``), each
@@ -256,9 +254,7 @@ def _frame_codes(
     return frames, code_of_id, group_codes, position[NO_STACK] if has_empty else 0
 
 
-def _fill_rows(
-    block: np.ndarray, chunk: list[Sample], code_of_id: np.ndarray, offset: int, unknown: int
-) -> None:
+def _fill_rows(block: np.ndarray, chunk: list[Sample], code_of_id: np.ndarray, offset: int, unknown: int) -> None:
     """Write the chunk's stacks into *block* root first, starting at column *offset*."""
     stacks = [s.stack for s in chunk]
     lens = np.fromiter(map(len, stacks), dtype=np.intp, count=len(stacks))
@@ -438,9 +434,7 @@ class FlameTree:
         return Level(codes=codes, start=start, end=end, total=cs[end] - cs[start])
 
 
-def build_tree(
-    profile: Profile, type_index: int, group_by: str | None = None, lines: bool = False
-) -> FlameTree:
+def build_tree(profile: Profile, type_index: int, group_by: str | None = None, lines: bool = False) -> FlameTree:
     """The flame tree of *profile* for the sample type at *type_index* (see :func:`build_table`)."""
     return FlameTree(build_table(profile, type_index, group_by, lines))
 
@@ -483,8 +477,11 @@ def prefix_tree(lengths: np.ndarray, flat: np.ndarray) -> PrefixTree:
     above_start, above_first, first = np.zeros(1, dtype=np.intp), 0, 1
     for depth in range(width):
         start = np.flatnonzero((shared <= depth) & (lens > depth))
-        parents.append(above_first + np.searchsorted(above_start, start, side="right") - 1 if depth else
-                       np.zeros(len(start), dtype=np.intp))
+        parents.append(
+            above_first + np.searchsorted(above_start, start, side="right") - 1
+            if depth
+            else np.zeros(len(start), dtype=np.intp)
+        )
         node_codes.append(codes[start, depth].astype(np.int64) - 1)
         ends_here = np.flatnonzero(lens == depth + 1)
         leaf[ends_here] = first + np.searchsorted(start, ends_here, side="right") - 1

@@ -34,12 +34,20 @@ class Backend:
 AUTO = "auto"  # the name that lets the rules below decide (for_framework, torch_hook_for)
 TORCH_CUDA, TORCH, JAX = "torch-cuda", "torch", "jax"  # each backend's name, written once
 _RECORDERS = "gpuflame.capture.recorders."
-REGISTRY = {b.name: b for b in (
-    Backend(TORCH_CUDA, "torch", _RECORDERS + "torch_cuda", ("torch",),
-            "PyTorch's caching-allocator history: peak, in use, allocated, cached free blocks"),
-    Backend(TORCH, "torch", _RECORDERS + "torch_hook", ("torch",), "torch memory on any device, CPU included"),
-    Backend(JAX, "jax", _RECORDERS + "jax_memory", ("jax", "jaxlib"), "JAX's live buffers"),
-)}
+REGISTRY = {
+    b.name: b
+    for b in (
+        Backend(
+            TORCH_CUDA,
+            "torch",
+            _RECORDERS + "torch_cuda",
+            ("torch",),
+            "PyTorch's caching-allocator history: peak, in use, allocated, cached free blocks",
+        ),
+        Backend(TORCH, "torch", _RECORDERS + "torch_hook", ("torch",), "torch memory on any device, CPU included"),
+        Backend(JAX, "jax", _RECORDERS + "jax_memory", ("jax", "jaxlib"), "JAX's live buffers"),
+    )
+}
 BACKENDS = (AUTO, *REGISTRY)  # what --backend and GPUFLAME_BACKEND accept
 AUTO_RULE = f"{AUTO} picks {TORCH_CUDA} when CUDA is available, else {TORCH}, plus {JAX} when the program imports it"
 ALLOCATOR, DISPATCH = "allocator", "dispatch"  # the torch backend's two hooks (torch_hook_for)

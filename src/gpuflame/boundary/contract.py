@@ -87,8 +87,10 @@ def unprofiled_reason(argv: Sequence[str], env: Mapping[str, str], bootstrap: st
         return f"{name} {flag} {_SKIPS_PATH[flag[1]]}, where gpuflame starts: start it without {flag}"
     entries = [os.path.abspath(p) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     if bootstrap and os.path.abspath(bootstrap) not in entries:
-        return (f"{name} was started with a PYTHONPATH that lost gpuflame's bootstrap: pass the environment on "
-                "(env={**os.environ, ...})")
+        return (
+            f"{name} was started with a PYTHONPATH that lost gpuflame's bootstrap: pass the environment on "
+            "(env={**os.environ, ...})"
+        )
     return ""
 
 

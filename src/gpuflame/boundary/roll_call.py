@@ -36,8 +36,10 @@ def register(folder: str, pid: int) -> str:
         os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o666))
         return ""
     except OSError as exc:
-        return (f"could not register in the run's roll call ({path}: {exc.strerror or exc}): if this process "
-                "ends without its exit hooks, the run cannot name it")
+        return (
+            f"could not register in the run's roll call ({path}: {exc.strerror or exc}): if this process "
+            "ends without its exit hooks, the run cannot name it"
+        )
 
 
 def unregister(folder: str, pid: int) -> None:

@@ -21,6 +21,7 @@ from gpuflame.defaults import PUSH_INTERVAL_S
 
 _session: Session | None = None
 
+
 def current_session() -> Session | None:
     return _session
 

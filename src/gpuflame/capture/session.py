@@ -259,8 +259,11 @@ class Session:
                 if to_file:
                     self._write(profile, self.path)
             except Exception as exc:
-                where = "build the profile" if not to_file else "write the profile" + (
-                    "" if isinstance(exc, GpuflameError) else f" to {self.path}")  # its message names the file
+                where = (
+                    "build the profile"
+                    if not to_file
+                    else "write the profile" + ("" if isinstance(exc, GpuflameError) else f" to {self.path}")
+                )  # its message names the file
                 self.report(f"could not {where} ({exc}); this process's profile is lost")
                 return None
         self._hand_out(profile)

@@ -76,34 +76,70 @@ def pid_arg(text: str) -> int:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--pid", type=pid_arg, action="append", default=[], metavar="PID",
-                        help="watch only this process and its fork children (repeatable); default: every process")
-    parser.add_argument("--libcuda", action="append", default=[], metavar="PATH",
-                        help="probe this libcuda.so too (repeatable); default: the ones processes map, "
-                        "else libcuda.so.1 in the usual library folders")
-    parser.add_argument("--duration", type=positive_duration, metavar="DURATION",
-                        help="stop after DURATION (30s, 5m); default: at Ctrl-C or SIGTERM")
+    parser.add_argument(
+        "--pid",
+        type=pid_arg,
+        action="append",
+        default=[],
+        metavar="PID",
+        help="watch only this process and its fork children (repeatable); default: every process",
+    )
+    parser.add_argument(
+        "--libcuda",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="probe this libcuda.so too (repeatable); default: the ones processes map, "
+        "else libcuda.so.1 in the usual library folders",
+    )
+    parser.add_argument(
+        "--duration",
+        type=positive_duration,
+        metavar="DURATION",
+        help="stop after DURATION (30s, 5m); default: at Ctrl-C or SIGTERM",
+    )
     parser.add_argument("-o", "--output", metavar="FILE", help="write the profile here (.pb.gz); default: the store")
-    parser.add_argument("--native", action="store_true",
-                        help="native frames between the driver and the Python caller, too")
-    parser.add_argument("--max-blocks", type=count_arg, default=None, metavar="N",
-                        help=f"live blocks tracked in the kernel (default {LIVE_BLOCKS}); "
-                        "beyond, frees are counted as lost")
-    parser.add_argument("--probes", choices=("auto", "return", "entry"), default="auto",
-                        help="return: entry and return probes (uretprobes); entry: entry probes only, each result "
-                        "read back at the call's return site (a plain uprobe) or the thread's next driver call, "
-                        "for processes a uretprobe could break (longjmp, unwinders; a seccomp filter on Linux "
-                        "6.11-6.13); auto (default): entry on 6.11-6.13 where a seccomp-filtered process could "
-                        "be reached, else return")
-    parser.add_argument("--alive-file", metavar="FILE",
-                        help="touch FILE every few seconds while the agent works, for a liveness probe "
-                        "(python -m gpuflame.agent.alive FILE fails once it is a minute old)")
+    parser.add_argument(
+        "--native", action="store_true", help="native frames between the driver and the Python caller, too"
+    )
+    parser.add_argument(
+        "--max-blocks",
+        type=count_arg,
+        default=None,
+        metavar="N",
+        help=f"live blocks tracked in the kernel (default {LIVE_BLOCKS}); beyond, frees are counted as lost",
+    )
+    parser.add_argument(
+        "--probes",
+        choices=("auto", "return", "entry"),
+        default="auto",
+        help="return: entry and return probes (uretprobes); entry: entry probes only, each result "
+        "read back at the call's return site (a plain uprobe) or the thread's next driver call, "
+        "for processes a uretprobe could break (longjmp, unwinders; a seccomp filter on Linux "
+        "6.11-6.13); auto (default): entry on 6.11-6.13 where a seccomp-filtered process could "
+        "be reached, else return",
+    )
+    parser.add_argument(
+        "--alive-file",
+        metavar="FILE",
+        help="touch FILE every few seconds while the agent works, for a liveness probe "
+        "(python -m gpuflame.agent.alive FILE fails once it is a minute old)",
+    )
     parser.add_argument("--store", metavar="DIR", help=f"store folder without -o (default {store_root()})")
     parser.add_argument("--json", action="store_true", help="print a JSON summary at the end (on stdout)")
-    ship = add_pyroscope_options(parser, "one series per container (service_name, namespace, pod, container, node); ",
-                                 "each pod's workload", repeatable=True)
-    ship.add_argument("--interval", type=push_interval, default=PUSH_INTERVAL_S, metavar="DURATION",
-                      help=f"push every DURATION (default {PUSH_INTERVAL_S:g}s)")
+    ship = add_pyroscope_options(
+        parser,
+        "one series per container (service_name, namespace, pod, container, node); ",
+        "each pod's workload",
+        repeatable=True,
+    )
+    ship.add_argument(
+        "--interval",
+        type=push_interval,
+        default=PUSH_INTERVAL_S,
+        metavar="DURATION",
+        help=f"push every DURATION (default {PUSH_INTERVAL_S:g}s)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -114,9 +150,15 @@ def run(args: argparse.Namespace) -> int:
     alive_file = _alive_file(args)
     push = _push(args)
     placement = Placement.from_env()
-    agent = Agent(pids=args.pid, libcuda=args.libcuda, native=args.native,
-                  max_blocks=args.max_blocks or LIVE_BLOCKS, labels_for=placement.labels, probes=args.probes,
-                  alive_file=alive_file)
+    agent = Agent(
+        pids=args.pid,
+        libcuda=args.libcuda,
+        native=args.native,
+        max_blocks=args.max_blocks or LIVE_BLOCKS,
+        labels_for=placement.labels,
+        probes=args.probes,
+        alive_file=alive_file,
+    )
     started = time.time()
     try:
         agent.start()
@@ -145,8 +187,16 @@ def run(args: argparse.Namespace) -> int:
     totals = profile.totals()
     pids = sorted({int(p) for p in profile.label_values("pid")})
     if args.output is None:
-        RunMeta(command=["gpuflame", "agent", *sys.argv[2:]], started=started, ended=time.time(), exit_code=0,
-                backend="agent", processes=pids, totals=totals, lost=profile.comments[1:]).write(output.parent)
+        RunMeta(
+            command=["gpuflame", "agent", *sys.argv[2:]],
+            started=started,
+            ended=time.time(),
+            exit_code=0,
+            backend="agent",
+            processes=pids,
+            totals=totals,
+            lost=profile.comments[1:],
+        ).write(output.parent)
     _say(args, output, profile.comments, totals, pids)
     return 0
 
@@ -205,11 +255,19 @@ def _push(args: argparse.Namespace):  # noqa: ANN202 - AgentPush, imported late
     from gpuflame.agent.push import AgentPush
     from gpuflame.ship.pyroscope import Credentials
 
-    credentials = Credentials.from_env(user=args.pyroscope_user or "", token_file=args.pyroscope_token_file or "",
-                                       password_file=args.pyroscope_password_file or "")
+    credentials = Credentials.from_env(
+        user=args.pyroscope_user or "",
+        token_file=args.pyroscope_token_file or "",
+        password_file=args.pyroscope_password_file or "",
+    )
     tenant = args.tenant or os.environ.get("GPUFLAME_TENANT", "")  # the webhook's Secret key, as its pods get it
-    return AgentPush(args.pyroscope, service=args.service_name or "", tenant=tenant,
-                     ca=args.pyroscope_ca or "", credentials=credentials)
+    return AgentPush(
+        args.pyroscope,
+        service=args.service_name or "",
+        tenant=tenant,
+        ca=args.pyroscope_ca or "",
+        credentials=credentials,
+    )
 
 
 def _wait(args: argparse.Namespace, agent: object, push: object, done: threading.Event) -> None:
@@ -235,8 +293,9 @@ def _say(args: argparse.Namespace, output: Path, comments: list[str], totals: di
     for note in lost:
         sys.stderr.write(printable(note) + "\n")  # it may name a process's own files
     if args.json:
-        sys.stdout.write(json.dumps({"profile": str(output.resolve()), "processes": pids, "totals": totals,
-                                     "lost": lost}) + "\n")
+        sys.stdout.write(
+            json.dumps({"profile": str(output.resolve()), "processes": pids, "totals": totals, "lost": lost}) + "\n"
+        )
         return
     if not pids:
         seen = "no CUDA process was seen" if NO_CUDA_PROCESS in comments else "no allocation was seen"

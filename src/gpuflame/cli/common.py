@@ -37,7 +37,7 @@ filters, applied in this order whatever their order on the command line:
   4. --focus NAME            keep the samples through NAME; NAME becomes the root
   5. --hide PATTERN, --hide-trampolines
                              remove matching frames; their bytes stay with the callers
-  6. --prune-framework       remove framework frames ({', '.join(frameworks(AUTO))}) between your own frames
+  6. --prune-framework       remove framework frames ({", ".join(frameworks(AUTO))}) between your own frames
   7. --min-size SIZE         fold bars narrower than SIZE into one <frames under SIZE> bar
 Names match either spelling (Foo.bar or "Foo > bar"), anywhere in the name, ignoring case."""
 
@@ -59,12 +59,19 @@ def add_moment_options(parser: argparse.ArgumentParser) -> None:
     """``--at TIME`` / ``--between T1 T2``: any moment of the memory-over-time strip (model/moment.py)."""
     group = parser.add_argument_group(
         "any moment (TIME: 1.5 or 250ms on the memory-over-time strip, whose 0 is the first allocation; "
-        "+2s from the recording's start; 14:03:07.5 on the wall clock; or peak)")
+        "+2s from the recording's start; 14:03:07.5 on the wall clock; or peak)"
+    )
     when = group.add_mutually_exclusive_group()
-    when.add_argument("--at", type=moment_arg, metavar="TIME",
-                      help="show what was live at TIME instead of the peak and the end")
-    when.add_argument("--between", type=moment_arg, nargs=2, metavar=("T1", "T2"),
-                      help="show what was allocated from T1 to T2 (freed since or not)")
+    when.add_argument(
+        "--at", type=moment_arg, metavar="TIME", help="show what was live at TIME instead of the peak and the end"
+    )
+    when.add_argument(
+        "--between",
+        type=moment_arg,
+        nargs=2,
+        metavar=("T1", "T2"),
+        help="show what was allocated from T1 to T2 (freed since or not)",
+    )
 
 
 def moment_arg(text: str) -> When:
@@ -110,9 +117,7 @@ def add_filter_options(parser: argparse.ArgumentParser) -> None:
         metavar="PATTERN",
         help="remove matching frames, keeping their bytes (repeatable)",
     )
-    group.add_argument(
-        "--hide-trampolines", action="store_true", help="remove <interpreter trampoline> frames"
-    )
+    group.add_argument("--hide-trampolines", action="store_true", help="remove <interpreter trampoline> frames")
     group.add_argument(
         "--prune-framework",
         nargs="?",
@@ -130,9 +135,11 @@ def add_filter_options(parser: argparse.ArgumentParser) -> None:
 
 
 def add_lines_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--lines", action="store_true",
-                        help="one bar per source line instead of one per function "
-                        "(a function's file:line is where it is defined)")
+    parser.add_argument(
+        "--lines",
+        action="store_true",
+        help="one bar per source line instead of one per function (a function's file:line is where it is defined)",
+    )
 
 
 def add_analysis_options(parser: argparse.ArgumentParser) -> None:
@@ -219,14 +226,19 @@ def selection_from_args(args: argparse.Namespace) -> Selection:
     """The view the command line asks for: the one :class:`Selection` every front end builds."""
     prune = getattr(args, "prune_framework", None)
     return Selection(
-        sample_type=getattr(args, "type", None), labels=tuple(getattr(args, "label", [])),
-        no_cached=getattr(args, "no_cached", False), ignore=tuple(getattr(args, "ignore", [])),
-        focus=getattr(args, "focus", None), hide=tuple(getattr(args, "hide", [])),
+        sample_type=getattr(args, "type", None),
+        labels=tuple(getattr(args, "label", [])),
+        no_cached=getattr(args, "no_cached", False),
+        ignore=tuple(getattr(args, "ignore", [])),
+        focus=getattr(args, "focus", None),
+        hide=tuple(getattr(args, "hide", [])),
         hide_trampolines=getattr(args, "hide_trampolines", False),
         prune_framework=tuple(p for p in (prune or "").split(",") if p.strip()),
-        min_size=getattr(args, "min_size", None) or 0, at=getattr(args, "at", None),
+        min_size=getattr(args, "min_size", None) or 0,
+        at=getattr(args, "at", None),
         between=(args.between[0], args.between[1]) if getattr(args, "between", None) else None,
-        group_by=getattr(args, "group_by", None), lines=getattr(args, "lines", False),
+        group_by=getattr(args, "group_by", None),
+        lines=getattr(args, "lines", False),
     )
 
 
@@ -303,7 +315,8 @@ def peak_json(profile: Profile, type_name: str) -> dict[str, object]:
     shown = [u for u in units if u.device in per_device] or units
     several = len({u.device for u in shown}) > 1  # each device's own moment: the sum is not one moment
     out: dict[str, object] = {
-        "description": description, "exact": is_exact(shown) and not several,
+        "description": description,
+        "exact": is_exact(shown) and not several,
         "devices": [{**u.to_json(), "peak": per_device.get(u.device, 0)} for u in shown],
     }
     joint = profile.joint_device_peak() if several else None

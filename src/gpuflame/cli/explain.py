@@ -53,9 +53,7 @@ examples:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("file", metavar="FILE", help="profile: pprof (.pb.gz), folded, or PyTorch snapshot")
-    parser.add_argument(
-        "function", type=name_pattern, metavar="FUNCTION", help="function name, Foo.bar or 'Foo > bar'"
-    )
+    parser.add_argument("function", type=name_pattern, metavar="FUNCTION", help="function name, Foo.bar or 'Foo > bar'")
     parser.add_argument(
         "--chains", type=positive_count, default=5, metavar="N", help="chains shown in full (default 5)"
     )

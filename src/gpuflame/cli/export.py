@@ -61,6 +61,7 @@ examples:
 
 {FILTER_ORDER}"""
 
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("file", metavar="FILE", help="profile: pprof (.pb.gz), folded, or PyTorch snapshot")
     parser.add_argument("-o", "--output", required=True, metavar="OUT", help="file to write; - for standard output")
@@ -98,8 +99,13 @@ def _written(args: argparse.Namespace, fmt: str, type_index: int, profile: Profi
     size = _size(args.output)
     sample_type = None if fmt == "pprof" else profile.sample_types[type_index].type
     return {
-        "input": str(args.file), "output": str(args.output), "format": fmt,
-        "bytes": size, "bytes_written": size, "sample_type": sample_type, "type": sample_type,
+        "input": str(args.file),
+        "output": str(args.output),
+        "format": fmt,
+        "bytes": size,
+        "bytes_written": size,
+        "sample_type": sample_type,
+        "type": sample_type,
         **profile_summary(profile, type_index),
         "next": _next_command(args, fmt),
     }
@@ -123,8 +129,12 @@ def _say(args: argparse.Namespace, written: dict[str, Any]) -> None:
     totals = ", ".join(f"{name} {format_count(t['total'], t['unit'])}" for name, t in written["totals"].items())
     devices = written["labels"].get("device")
     where = f" on {', '.join(devices)}" if devices else ""
-    print(printable(f"wrote {args.output} ({written['format']}, {what}, {counted}, "
-                    f"{format_bytes(written['bytes'])}){where}: {totals}"))
+    print(
+        printable(
+            f"wrote {args.output} ({written['format']}, {what}, {counted}, "
+            f"{format_bytes(written['bytes'])}){where}: {totals}"
+        )
+    )
     for comment in written["comments"]:
         if comment != UNITS_NOTE:  # the units are in convert --help and in the file; the rest as report says them
             sys.stderr.write(printable(f"{command_prefix(args)}: note: {comment}") + "\n")

@@ -46,8 +46,13 @@ examples:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("files", nargs="+", metavar="FILE", help="profile: pprof (.pb.gz), folded, or PyTorch snapshot")
-    parser.add_argument("--min-percent", type=float, default=1.0, metavar="P",
-                        help="fold bars narrower than P%% of the total (default 1)")
+    parser.add_argument(
+        "--min-percent",
+        type=float,
+        default=1.0,
+        metavar="P",
+        help="fold bars narrower than P%% of the total (default 1)",
+    )
     parser.add_argument("--depth", type=int, metavar="N", help="show at most N levels")
     parser.add_argument("--expand", action="store_true", help="expand all groups: one line per frame")
     parser.add_argument("--group-by", metavar="LABEL", help="one subtree per value of a label (pid, device, ...)")
@@ -94,4 +99,3 @@ def run(args: argparse.Namespace) -> int:
     if args.svg:
         console.print(plain(f"wrote {args.svg} (svg)", style="dim"), soft_wrap=True)
     return 0
-

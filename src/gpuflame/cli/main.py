@@ -21,8 +21,21 @@ from gpuflame.errors import GpuflameError
 from gpuflame.printable import printable
 
 # Order is the order of ``gpuflame --help``.
-COMMANDS: tuple[str, ...] = ("run", "report", "flame", "view", "serve", "top", "explain", "diff", "export",
-                             "convert", "simulate", "push", "webhook")
+COMMANDS: tuple[str, ...] = (
+    "run",
+    "report",
+    "flame",
+    "view",
+    "serve",
+    "top",
+    "explain",
+    "diff",
+    "export",
+    "convert",
+    "simulate",
+    "push",
+    "webhook",
+)
 COMMANDS += ("recover",)  # merge what a killed `gpuflame run` left (launch/recover.py)
 COMMANDS += ("agent",)  # the node agent (eBPF): src/gpuflame/agent
 
@@ -168,8 +181,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:  # a bug in gpuflame: still one line, unless asked
         if os.environ.get("GPUFLAME_DEBUG"):
             raise
-        sys.stderr.write(printable(
-            f"gpuflame {args.command}: internal error: {type(exc).__name__}: {exc} "
-            "(set GPUFLAME_DEBUG=1 for a traceback, and please report it)"
-        ) + "\n")
+        sys.stderr.write(
+            printable(
+                f"gpuflame {args.command}: internal error: {type(exc).__name__}: {exc} "
+                "(set GPUFLAME_DEBUG=1 for a traceback, and please report it)"
+            )
+            + "\n"
+        )
         return 3

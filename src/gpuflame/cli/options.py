@@ -14,8 +14,10 @@ from socketserver import BaseServer
 
 from gpuflame.units import interval_seconds, parse_duration
 
-SECRETS = ("secrets only from the environment or files: GPUFLAME_PYROSCOPE_TOKEN, GPUFLAME_PYROSCOPE_PASSWORD "
-           "(or their *_FILE variants)")
+SECRETS = (
+    "secrets only from the environment or files: GPUFLAME_PYROSCOPE_TOKEN, GPUFLAME_PYROSCOPE_PASSWORD "
+    "(or their *_FILE variants)"
+)
 
 
 def duration(text: str) -> float:
@@ -68,11 +70,17 @@ def add_pyroscope_options(
     """``--pyroscope`` and how to reach it (TLS, tenant, credentials); the group, for a command's own additions."""
     group = parser.add_argument_group("continuous profiling into Pyroscope", f"{about}{SECRETS}")
     if repeatable:
-        group.add_argument("--pyroscope", action="append", default=[], metavar="URL",
-                           help="push to this Pyroscope every interval (repeatable)")
+        group.add_argument(
+            "--pyroscope",
+            action="append",
+            default=[],
+            metavar="URL",
+            help="push to this Pyroscope every interval (repeatable)",
+        )
     else:
-        group.add_argument("--pyroscope", metavar="URL",
-                           help="push each process's profile to this Pyroscope every interval")
+        group.add_argument(
+            "--pyroscope", metavar="URL", help="push each process's profile to this Pyroscope every interval"
+        )
     group.add_argument("--service-name", metavar="NAME", help=f"service_name label (default: {service_default})")
     group.add_argument("--tenant", metavar="ID", help="X-Scope-OrgID header (default: $GPUFLAME_TENANT)")
     group.add_argument("--pyroscope-ca", metavar="FILE", help="CA certificate file to verify Pyroscope's TLS with")

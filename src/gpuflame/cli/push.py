@@ -27,8 +27,11 @@ examples:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("file", metavar="FILE", help="the profile to upload")
     parser.add_argument("--url", required=True, help="Pyroscope's base URL (http://pyroscope:4040)")
-    parser.add_argument("--service-name", metavar="NAME",
-                        help="service_name label (default: $GPUFLAME_SERVICE_NAME, the pod's workload, the file name)")
+    parser.add_argument(
+        "--service-name",
+        metavar="NAME",
+        help="service_name label (default: $GPUFLAME_SERVICE_NAME, the pod's workload, the file name)",
+    )
     parser.add_argument("--tenant", metavar="ID", help="X-Scope-OrgID header")
     parser.add_argument("--ca", metavar="FILE", help="CA certificate file to verify TLS with")
     parser.add_argument("--user", metavar="USER", help="basic auth user")

@@ -36,8 +36,12 @@ then: gpuflame report PROFILE"""
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_folder", metavar="RUN", help="the run's folder in the store, or the run's -o file")
-    parser.add_argument("-o", "--output", metavar="FILE",
-                        help="write the merged profile here (default: where the run would have written it)")
+    parser.add_argument(
+        "-o",
+        "--output",
+        metavar="FILE",
+        help="write the merged profile here (default: where the run would have written it)",
+    )
     add_force_option(parser)
     parser.add_argument("--json", action="store_true", help="print the run's JSON summary at the end (on stdout)")
 

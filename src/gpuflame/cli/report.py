@@ -60,15 +60,11 @@ examples:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "files", nargs="+", metavar="FILE", help="profile: pprof (.pb.gz), folded, or PyTorch snapshot"
-    )
+    parser.add_argument("files", nargs="+", metavar="FILE", help="profile: pprof (.pb.gz), folded, or PyTorch snapshot")
     parser.add_argument(
         "-n", "--limit", type=positive_count, default=10, metavar="N", help="entries per section (default 10)"
     )
-    parser.add_argument(
-        "--group-by", metavar="LABEL", help="one subtree per value of a label (pid, device, ...)"
-    )
+    parser.add_argument("--group-by", metavar="LABEL", help="one subtree per value of a label (pid, device, ...)")
     add_analysis_options(parser)
 
 
@@ -82,12 +78,28 @@ def run(args: argparse.Namespace) -> int:
     hint = None
     if found is not None:
         reserved, allocated = found
-        hint = (f"reserved {format_bytes(reserved)}, allocated {format_bytes(allocated)} at the reserved peak: "
-                f"try `gpuflame simulate {' '.join(args.files)} --suggest`")
+        hint = (
+            f"reserved {format_bytes(reserved)}, allocated {format_bytes(allocated)} at the reserved peak: "
+            f"try `gpuflame simulate {' '.join(args.files)} --suggest`"
+        )
     if args.json:
-        print_json({**report.to_dict(), **peak_json(loaded.profile, report.type), "fragmentation_hint": hint,
-                    "reserved_peak": [{"device": u.device, "reserved": u.reserved, "allocated": u.reserved_allocated,
-                                       "at_ns": u.reserved_at} for u in units] or None})
+        print_json(
+            {
+                **report.to_dict(),
+                **peak_json(loaded.profile, report.type),
+                "fragmentation_hint": hint,
+                "reserved_peak": [
+                    {
+                        "device": u.device,
+                        "reserved": u.reserved,
+                        "allocated": u.reserved_allocated,
+                        "at_ns": u.reserved_at,
+                    }
+                    for u in units
+                ]
+                or None,
+            }
+        )
     else:
         console = make_console()
         render_report(console, report, loaded.source, peak)
@@ -101,10 +113,15 @@ def reserved_line(profile: Profile, unit: PeakUnit) -> str:
     zero = origin(profile)
     at = ""
     if unit.reserved_at and zero:
-        at = (f" {(unit.reserved_at - zero) / 1e9:.3f} s into the strip" if unit.reserved_at > zero
-              else " from the start of the trace")
-    line = (f"{unit.device}: the allocator's reserved peak {format_bytes(unit.reserved)}{at}, "
-            f"{format_bytes(unit.reserved_allocated)} of it allocated")
+        at = (
+            f" {(unit.reserved_at - zero) / 1e9:.3f} s into the strip"
+            if unit.reserved_at > zero
+            else " from the start of the trace"
+        )
+    line = (
+        f"{unit.device}: the allocator's reserved peak {format_bytes(unit.reserved)}{at}, "
+        f"{format_bytes(unit.reserved_allocated)} of it allocated"
+    )
     if "peak_space" in profile.type_names():
         at_peak = profile.device_totals(profile.type_index("peak_space")).get(unit.device, 0)
         if at_peak != unit.reserved:

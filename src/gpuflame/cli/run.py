@@ -43,8 +43,12 @@ How torch records (--torch-hook): allocator wraps PyTorch's CPU allocator
 with a small C++ hook compiled on first use (needs a C++ compiler; the
 fastest, CPU memory only); dispatch follows every operation through a
 TorchDispatchMode (any device, slower). auto takes allocator when torch has
-no accelerator and a compiler is there, else dispatch.""".format(backends=textwrap.fill(
-    "Backends (--backend): " + ", ".join(f"{b.name} ({b.summary})" for b in REGISTRY.values()) + f". {AUTO_RULE}.", 76))
+no accelerator and a compiler is there, else dispatch.""".format(
+    backends=textwrap.fill(
+        "Backends (--backend): " + ", ".join(f"{b.name} ({b.summary})" for b in REGISTRY.values()) + f". {AUTO_RULE}.",
+        76,
+    )
+)
 
 EPILOG = """\
 examples:
@@ -68,26 +72,44 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-o", "--output", metavar="FILE", help="write the merged profile here (.pb.gz)")
     add_force_option(parser)
     parser.add_argument("--backend", choices=BACKENDS, default=BACKEND, help=f"what to record (default {BACKEND})")
-    parser.add_argument("--interval", type=interval, default=None, metavar="DURATION",
-                        help="also write each process's profile every DURATION (15s, 500ms; 100ms to 24h), so "
-                        "that a process ending by os._exit or SIGKILL still leaves a (partial) profile; "
-                        f"default: only at exit, or {PUSH_INTERVAL_S:g}s with --pyroscope")
+    parser.add_argument(
+        "--interval",
+        type=interval,
+        default=None,
+        metavar="DURATION",
+        help="also write each process's profile every DURATION (15s, 500ms; 100ms to 24h), so "
+        "that a process ending by os._exit or SIGKILL still leaves a (partial) profile; "
+        f"default: only at exit, or {PUSH_INTERVAL_S:g}s with --pyroscope",
+    )
     parser.add_argument("--no-follow", action="store_true", help="do not profile child processes")
-    parser.add_argument("--torch-hook", choices=TORCH_HOOKS, default=TORCH_HOOK,
-                        help="how the torch backend records: allocator (CPU, fast), dispatch (any device), "
-                        "auto (default)")
-    parser.add_argument("--native", action="store_true",
-                        help="C++ frames too: below each Python caller with torch's allocator hook "
-                        f"(which aten op allocated), from the allocator history with {TORCH_CUDA}")
-    parser.add_argument("--keep-framework", action="store_true",
-                        help=f"keep framework-internal frames ({', '.join(p + '/' for p in REGISTRY[JAX].packages)}) "
-                        f"that the {JAX} backend prunes")
+    parser.add_argument(
+        "--torch-hook",
+        choices=TORCH_HOOKS,
+        default=TORCH_HOOK,
+        help="how the torch backend records: allocator (CPU, fast), dispatch (any device), auto (default)",
+    )
+    parser.add_argument(
+        "--native",
+        action="store_true",
+        help="C++ frames too: below each Python caller with torch's allocator hook "
+        f"(which aten op allocated), from the allocator history with {TORCH_CUDA}",
+    )
+    parser.add_argument(
+        "--keep-framework",
+        action="store_true",
+        help=f"keep framework-internal frames ({', '.join(p + '/' for p in REGISTRY[JAX].packages)}) "
+        f"that the {JAX} backend prunes",
+    )
     parser.add_argument("--store", metavar="DIR", help=f"store folder for runs without -o (default {store_root()})")
     parser.add_argument("--json", action="store_true", help="print a JSON summary at the end (on stdout)")
     add_pyroscope_options(parser, "", "$GPUFLAME_SERVICE_NAME, the pod's workload, the script")
     parser.add_argument("-m", dest="module", metavar="MODULE", help="run a module, like python -m")
-    parser.add_argument("target", nargs=argparse.REMAINDER, metavar="script.py | -- COMMAND",
-                        help="the script and its arguments, a command on PATH (python train.py), or -- and any command")
+    parser.add_argument(
+        "target",
+        nargs=argparse.REMAINDER,
+        metavar="script.py | -- COMMAND",
+        help="the script and its arguments, a command on PATH (python train.py), or -- and any command",
+    )
 
 
 def command_line(args: argparse.Namespace) -> list[str]:

@@ -42,12 +42,23 @@ DEFAULT_PORT = 8080
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("dir", metavar="DIR", nargs="?", help=f"folder to serve (default: the store, {store_root()})")
-    parser.add_argument("--port", type=port_number, default=DEFAULT_PORT, metavar="N",
-                        help=f"port to listen on (default {DEFAULT_PORT}; 0 = any free port)")
-    parser.add_argument("--host", default="127.0.0.1",
-                        help="address to listen on (default 127.0.0.1: this machine only)")
-    parser.add_argument("--allow-host", action="append", default=[], metavar="NAME",
-                        help="also answer requests for this host name, e.g. a reverse proxy's (repeatable)")
+    parser.add_argument(
+        "--port",
+        type=port_number,
+        default=DEFAULT_PORT,
+        metavar="N",
+        help=f"port to listen on (default {DEFAULT_PORT}; 0 = any free port)",
+    )
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)"
+    )
+    parser.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="also answer requests for this host name, e.g. a reverse proxy's (repeatable)",
+    )
     parser.add_argument("--open", action="store_true", help="open the page in the default browser")
 
 

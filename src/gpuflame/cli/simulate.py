@@ -56,11 +56,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--alloc-conf", metavar="STR", help="settings to try, in PYTORCH_CUDA_ALLOC_CONF syntax")
     parser.add_argument("--gpu-memory", metavar="SIZE|GPU", help="the device's memory: cudaMalloc fails past it")
     parser.add_argument("--device", metavar="cuda:N", help="replay this device only")
-    parser.add_argument("--suggest", action="store_true",
-                        help="try the settings that usually help; say which helps most")
+    parser.add_argument(
+        "--suggest", action="store_true", help="try the settings that usually help; say which helps most"
+    )
     parser.add_argument("--json", action="store_true", help="the answer as JSON")
-    parser.add_argument("-o", "--output", metavar="OUT",
-                        help="write the fragmentation profile here (pprof; any gpuflame view opens it)")
+    parser.add_argument(
+        "-o", "--output", metavar="OUT", help="write the fragmentation profile here (pprof; any gpuflame view opens it)"
+    )
     add_force_option(parser)
 
 
@@ -78,14 +80,20 @@ def run(args: argparse.Namespace) -> int:
     if args.output:
         save(fragmentation_profile(main), args.output)
     if args.json:
-        data = {"pytorch_rules": PYTORCH_RULES, "capacity": capacity, "capacity_from": how or None,
-                "devices": [o.to_json() for o in outcomes]}
+        data = {
+            "pytorch_rules": PYTORCH_RULES,
+            "capacity": capacity,
+            "capacity_from": how or None,
+            "devices": [o.to_json() for o in outcomes],
+        }
         if tried:
             data["suggest"] = [{"settings": conf, "devices": [o.to_json() for o in outs]} for conf, outs in tried]
         print_json(data)
         return 0
-    lines = [f"PyTorch {PYTORCH_RULES} caching-allocator rules; settings: {settings.describe()}"
-             + (" (as recorded)" if main.recorded and inp.snapshot is not None and not inp.notes else "")]
+    lines = [
+        f"PyTorch {PYTORCH_RULES} caching-allocator rules; settings: {settings.describe()}"
+        + (" (as recorded)" if main.recorded and inp.snapshot is not None and not inp.notes else "")
+    ]
     if how:
         lines.append(f"device memory: {format_bytes(capacity or 0)} ({how})")
     for o in outcomes:
@@ -104,20 +112,24 @@ def describe(o: Outcome, capacity: int | None) -> list[str]:
     peak, frag = s["reserved_peak"], s["fragmentation_at_peak"]
     rec = o.recorded
     was = f" (recorded {format_bytes(rec['reserved_peak'])})" if rec else ""
-    out = [f"{o.device}:",
-           f"  reserved peak {format_bytes(peak)}{was}; allocated peak {format_bytes(s['allocated_peak'])}",
-           f"  reserved but unused at the reserved peak: {format_bytes(frag)} "
-           f"({100 * frag / peak if peak else 0:.1f}%)",
-           f"  segments made {s['segments_allocated']}" + (f" (recorded {rec['segments_allocated']})" if rec else "")
-           + f", freed {s['segments_freed']}"]
+    out = [
+        f"{o.device}:",
+        f"  reserved peak {format_bytes(peak)}{was}; allocated peak {format_bytes(s['allocated_peak'])}",
+        f"  reserved but unused at the reserved peak: {format_bytes(frag)} ({100 * frag / peak if peak else 0:.1f}%)",
+        f"  segments made {s['segments_allocated']}"
+        + (f" (recorded {rec['segments_allocated']})" if rec else "")
+        + f", freed {s['segments_freed']}",
+    ]
     if rec and "expandable_segments:True" in o.settings and peak > rec["reserved_peak"] and not o.oom:
         out.append("  note: " + PAGES.strip(" ()"))
     if o.wrapped:
         out.append("  the trace starts part way through the run: replayed from the state at its first event")
     if o.placed_same is not None:
         same = "the same as recorded" if o.segment_events_equal else "NOT the recorded ones"
-        out.append(f"  agreement: {100 * o.placed_same:.1f}% of {o.allocations:,} allocations at the recorded "
-                   f"segment and offset; segment events {same}")
+        out.append(
+            f"  agreement: {100 * o.placed_same:.1f}% of {o.allocations:,} allocations at the recorded "
+            f"segment and offset; segment events {same}"
+        )
     if o.first_difference:
         d = o.first_difference
         out.append(f"  first difference at trace event {d['event']}: {d['why']}")
@@ -125,8 +137,10 @@ def describe(o: Outcome, capacity: int | None) -> list[str]:
         m = o.oom
         leaf = next((n for n in reversed(m["stack"]) if not n.startswith("<")), m["stack"][-1] if m["stack"] else "?")
         phase = f" in phase {m['phase']}" if m.get("phase") else ""
-        out.append(f"  OUT OF MEMORY at event {m['event']}{phase}: a request of {format_bytes(m['size'])} from {leaf}; "
-                   f"allocated {format_bytes(m['allocated'])}, cached {format_bytes(m['cached'])} then")
+        out.append(
+            f"  OUT OF MEMORY at event {m['event']}{phase}: a request of {format_bytes(m['size'])} from {leaf}; "
+            f"allocated {format_bytes(m['allocated'])}, cached {format_bytes(m['cached'])} then"
+        )
         out.append("    stack: " + " -> ".join(m["stack"]))
     elif capacity is not None:
         out.append(f"  fits: headroom {format_bytes(capacity - peak)} at the reserved peak")
@@ -140,6 +154,7 @@ PAGES = " (expandable segments grow in 20 MiB pages, 2 MiB for small blocks: her
 
 def verdict(base: list[Outcome], tried: list[tuple[str, list[Outcome]]]) -> list[str]:
     """Which tried setting lowers the reserved peak most (summed over devices), or fits where the others do not."""
+
     def total(outs: list[Outcome]) -> int:
         return sum(o.simulated["reserved_peak"] for o in outs)
 
@@ -153,17 +168,26 @@ def verdict(base: list[Outcome], tried: list[tuple[str, list[Outcome]]]) -> list
             lines.append(f"  {conf}: " + ("out of memory too" if oom else fits))
             continue
         idle = conf.startswith("garbage_collection") and all(o.capacity is None for o in outs)
-        lines.append(f"  {conf}: reserved peak {format_bytes(total(outs))}, was {format_bytes(was)}"
-                     + (" (out of memory)" if oom else "") + (PAGES if more else "") + (NO_LIMIT if idle else ""))
+        lines.append(
+            f"  {conf}: reserved peak {format_bytes(total(outs))}, was {format_bytes(was)}"
+            + (" (out of memory)" if oom else "")
+            + (PAGES if more else "")
+            + (NO_LIMIT if idle else "")
+        )
     fitting = sorted((total(outs), conf) for conf, outs in tried if not any(o.oom for o in outs))
     if base_oom:
-        head = (f"verdict: {fitting[0][1]} fits (reserved peak {format_bytes(fitting[0][0])}); "
-                "the recorded settings run out of memory" if fitting
-                else "verdict: none of the settings tried avoids running out of memory")
+        head = (
+            f"verdict: {fitting[0][1]} fits (reserved peak {format_bytes(fitting[0][0])}); "
+            "the recorded settings run out of memory"
+            if fitting
+            else "verdict: none of the settings tried avoids running out of memory"
+        )
     elif not fitting or fitting[0][0] >= was:
         head = "verdict: none of the settings tried lowers the reserved peak"
     else:
         best, conf = fitting[0]
-        head = (f"verdict: {conf} helps most: reserved peak {format_bytes(best)}, was {format_bytes(was)} "
-                f"({100 * (was - best) / was:.1f}% less)")
+        head = (
+            f"verdict: {conf} helps most: reserved peak {format_bytes(best)}, was {format_bytes(was)} "
+            f"({100 * (was - best) / was:.1f}% less)"
+        )
     return ["settings tried:", *lines, head]

@@ -55,12 +55,12 @@ examples:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("files", nargs="+", metavar="FILE", help="profile: pprof (.pb.gz), folded, or PyTorch snapshot")
     parser.add_argument(
-        "files", nargs="+", metavar="FILE", help="profile: pprof (.pb.gz), folded, or PyTorch snapshot"
-    )
-    parser.add_argument(
-        "--by", choices=("self", "total", "category", "phase"), default="self",
-        help="rank functions by self or total, or sum by category or phase (default self)"
+        "--by",
+        choices=("self", "total", "category", "phase"),
+        default="self",
+        help="rank functions by self or total, or sum by category or phase (default self)",
     )
     parser.add_argument(
         "-n", "--limit", type=positive_count, default=20, metavar="N", help="how many functions (default 20)"
@@ -91,17 +91,30 @@ def run(args: argparse.Namespace) -> int:
         return 0
     console = make_console()
     print_comments(console, loaded.profile.comments)
-    render_top(console, entries, args.by, sample_type.type, sample_type.unit, stats.grand_total,
-               loaded.profile.peak_description(sample_type.type))
+    render_top(
+        console,
+        entries,
+        args.by,
+        sample_type.type,
+        sample_type.unit,
+        stats.grand_total,
+        loaded.profile.peak_description(sample_type.type),
+    )
     return 0
 
 
 # --by category / phase: what the table sums by, and what to say when the profile has no such label
 _BY_LABEL = {
-    "category": (category_totals, "categories", "this profile has no categories: only the torch backends record "
-                 "them (see docs/categories.md)"),
-    "phase": (phase_totals, "phases", "this profile has no phases: mark them with gpuflame.phase(\"name\") "
-              "(see docs/phases-and-moments.md)"),
+    "category": (
+        category_totals,
+        "categories",
+        "this profile has no categories: only the torch backends record them (see docs/categories.md)",
+    ),
+    "phase": (
+        phase_totals,
+        "phases",
+        'this profile has no phases: mark them with gpuflame.phase("name") (see docs/phases-and-moments.md)',
+    ),
 }
 
 
@@ -114,8 +127,16 @@ def _by_label(args: argparse.Namespace, loaded: Loaded) -> int:
         raise GpuflameError(_why_no_rows(args, profile, sample_type.type, key, missing))
     if args.json:
         total = sum(c.total for c in rows)
-        print_json({"sample_type": sample_type.type, "unit": sample_type.unit, "total": total, "by": args.by,
-                    "comments": profile.comments, key: [_row_json(c.to_dict(), args.by) for c in rows]})
+        print_json(
+            {
+                "sample_type": sample_type.type,
+                "unit": sample_type.unit,
+                "total": total,
+                "by": args.by,
+                "comments": profile.comments,
+                key: [_row_json(c.to_dict(), args.by) for c in rows],
+            }
+        )
         return 0
     console = make_console()
     print_comments(console, profile.comments)
@@ -129,11 +150,15 @@ def _why_no_rows(args: argparse.Namespace, profile: Profile, type_name: str, key
     """Why ``--by category|phase`` has nothing to show: a moment, nothing of this type held, or no such label."""
     label = "category" if args.by == "category" else "phase"
     if any(s.label(label) is not None for s in profile.samples):
-        return (f"no {key} to show: {type_name} is 0 B in this profile "
-                "(nothing of it was held; --type peak_space shows the peak)")
+        return (
+            f"no {key} to show: {type_name} is 0 B in this profile "
+            "(nothing of it was held; --type peak_space shows the peak)"
+        )
     if getattr(args, "at", None) is not None or getattr(args, "between", None):
-        return (f"--at and --between profiles are not split by {args.by} (the event history keeps stacks, not "
-                f"{key}); drop --at/--between to see the {key} of the whole recording")
+        return (
+            f"--at and --between profiles are not split by {args.by} (the event history keeps stacks, not "
+            f"{key}); drop --at/--between to see the {key} of the whole recording"
+        )
     return missing
 
 

@@ -58,13 +58,24 @@ examples:
 
 # Profile suffixes dropped to name the HTML file, longest first.
 PROFILE_SUFFIXES = (
-    ".speedscope.json", ".pb.gz", ".pickle.gz", ".folded", ".pickle", ".pprof", ".json", ".txt", ".pb", ".gz",
+    ".speedscope.json",
+    ".pb.gz",
+    ".pickle.gz",
+    ".folded",
+    ".pickle",
+    ".pprof",
+    ".json",
+    ".txt",
+    ".pb",
+    ".gz",
 )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "files", metavar="FILE", nargs="+",
+        "files",
+        metavar="FILE",
+        nargs="+",
         help="profile: pprof (.pb.gz), folded, or PyTorch snapshot; two files (BASE NEW) show NEW's diff against BASE",
     )
     parser.add_argument(
@@ -73,8 +84,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--open", action="store_true", help="open the page in the default browser")
     parser.add_argument("--svg", metavar="SVG", help="also write a static SVG flame graph (for CI logs and reviews)")
     add_force_option(parser)
-    parser.add_argument("--json", action="store_true",
-                        help="print what was written as JSON (paths, sizes, the profile's totals and notes)")
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="print what was written as JSON (paths, sizes, the profile's totals and notes)",
+    )
     add_type_option(parser)
     add_filter_options(parser)
     add_snapshot_options(parser)
@@ -110,8 +124,11 @@ def run(args: argparse.Namespace) -> int:
     atomic_write(output, page)
     uri = Path(output).resolve().as_uri()
     written: dict[str, Any] = {
-        "output": output, "uri": uri, "bytes": len(page.encode("utf-8")),
-        "diff_base": args.files[0] if base is not None else None, "svg": None,
+        "output": output,
+        "uri": uri,
+        "bytes": len(page.encode("utf-8")),
+        "diff_base": args.files[0] if base is not None else None,
+        "svg": None,
     }
     if args.svg:
         picture = svg.encode(loaded.profile, loaded.type_index, title=os.path.basename(path))

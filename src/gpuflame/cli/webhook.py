@@ -29,7 +29,7 @@ same name is read too, for a configuration without one):
   gpuflame.io/inject: "true"          turn profiling on
 Annotations:
   gpuflame.io/interval: 30s           push every 30s (default {PUSH_INTERVAL_S:g}s, 100ms to 24h)
-  gpuflame.io/backend: {AUTO}           {' | '.join(BACKENDS)}
+  gpuflame.io/backend: {AUTO}           {" | ".join(BACKENDS)}
   gpuflame.io/service-name: NAME      service_name label (default: the workload's name)
   gpuflame.io/container: a,b          only these containers (default: all)
 
@@ -47,11 +47,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=port_number, default=8443, metavar="N", help="port (default 8443)")
     parser.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
     parser.add_argument("--image", default=DEFAULT_IMAGE, help=f"init container image (default {DEFAULT_IMAGE})")
-    parser.add_argument("--pyroscope-secret", default=DEFAULT_SECRET, metavar="NAME",
-                        help=f"Secret with keys url, token, tenant (default {DEFAULT_SECRET})")
-    parser.add_argument("--namespace", default=os.environ.get("POD_NAMESPACE", ""), metavar="NAME",
-                        help="the namespace the webhook runs in, whose pods it never changes whatever its "
-                        "configuration's selectors say (default $POD_NAMESPACE)")
+    parser.add_argument(
+        "--pyroscope-secret",
+        default=DEFAULT_SECRET,
+        metavar="NAME",
+        help=f"Secret with keys url, token, tenant (default {DEFAULT_SECRET})",
+    )
+    parser.add_argument(
+        "--namespace",
+        default=os.environ.get("POD_NAMESPACE", ""),
+        metavar="NAME",
+        help="the namespace the webhook runs in, whose pods it never changes whatever its "
+        "configuration's selectors say (default $POD_NAMESPACE)",
+    )
     parser.add_argument("--quiet", action="store_true", help="no line per request")
 
 

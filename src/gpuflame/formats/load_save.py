@@ -25,6 +25,7 @@ NOT_A_PROFILE = (
     "(expected gzip pprof, folded stacks, speedscope JSON, or a PyTorch memory snapshot pickle)"
 )
 
+
 def detect(data: bytes) -> str:
     """``pprof``, ``torch-snapshot``, ``folded`` or ``json`` (speedscope); raises if none fits."""
     if not data:
@@ -70,8 +71,6 @@ def _looks_like_text(chunk: bytes) -> bool:
         except UnicodeDecodeError:
             return False
     return all(c.isprintable() or c in "\t\r\n" for c in text)
-
-
 
 
 def loads(data: bytes, source: str = "<bytes>", **snapshot_options: Any) -> Profile:
@@ -134,5 +133,7 @@ def dumps(profile: Profile, fmt: str = "pprof", type_name: str | None = None) ->
         from gpuflame.formats import speedscope
 
         return speedscope.encode(profile, index).encode("utf-8")
-    raise ValueError(f"unknown format {fmt!r} (formats writes {', '.join(FORMATS)}; "
-                     "the JSON flame tree and SVG are in gpuflame.render.writers)")
+    raise ValueError(
+        f"unknown format {fmt!r} (formats writes {', '.join(FORMATS)}; "
+        "the JSON flame tree and SVG are in gpuflame.render.writers)"
+    )

@@ -106,7 +106,7 @@ def system_name(display: str) -> str:
 # =============================================================================
 
 
-class _StringTable(dict):  # type: ignore[type-arg]
+class _StringTable(dict):
     """``str -> index`` in pprof's string table, adding strings on first use."""
 
     def __init__(self) -> None:
@@ -210,9 +210,7 @@ def _check_int64(value: int, what: str) -> int:
     return value
 
 
-def _encode_frames(
-    frames: list[Frame], strings: _StringTable
-) -> tuple[list[bytes], list[bytes], list[bytes]]:
+def _encode_frames(frames: list[Frame], strings: _StringTable) -> tuple[list[bytes], list[bytes], list[bytes]]:
     """Mapping, Location and Function messages for the frame table."""
     base = location_id_base(len(frames))
     mapping_ids: dict[str, int] = {}
@@ -298,4 +296,3 @@ def decode(data: bytes) -> Profile:
     from gpuflame.formats.pprof_read import decode as read
 
     return read(data)
-

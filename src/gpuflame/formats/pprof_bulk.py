@@ -24,6 +24,7 @@ from gpuflame.symbols.names import TRAMPOLINE_NAME
 if TYPE_CHECKING:
     from gpuflame.formats.pprof_tables import Strings
 
+
 def _ids(column: np.ndarray) -> list[int] | None:
     """A table's ids as ints, None if one is 0 (the caller's dict says if one repeats)."""
     if not len(column) or not column.all():
@@ -53,8 +54,9 @@ def functions(parts: list[bytes], strings: Strings) -> dict[int, tuple[str, str,
     return out if len(out) == len(fids) else None  # an id twice
 
 
-def locations(parts: list[bytes], mappings: dict[int, str], funcs: dict[int, tuple[str, str, int]],
-              profile: Profile) -> dict[int, tuple[int, ...]] | None:
+def locations(
+    parts: list[bytes], mappings: dict[int, str], funcs: dict[int, tuple[str, str, int]], profile: Profile
+) -> dict[int, tuple[int, ...]] | None:
     """Location id -> frame ids, for a table where every location has one line of a known function."""
     table = bulk.read_table(parts, (1, 2), sub_field=4, sub_fields=(1, 2))
     if table is None or len(table.sub_owner) != len(parts) or np.any(np.diff(table.sub_owner) != 1):
@@ -74,15 +76,22 @@ def locations(parts: list[bytes], mappings: dict[int, str], funcs: dict[int, tup
         return None  # named after the location's address: the message-by-message reader knows how
     names, files, starts = zip(*entries, strict=True)
     lines = bulk.int64(table.sub_fields[2]).tolist()
-    return dict(zip(lids, zip(profile.frame_ids(new_frames(names, files, lines, _kinds(names, files, mids),
-                                                           starts))), strict=True))
+    return dict(
+        zip(
+            lids,
+            zip(profile.frame_ids(new_frames(names, files, lines, _kinds(names, files, mids), starts))),
+            strict=True,
+        )
+    )
 
 
 def _kinds(names: tuple[str, ...], files: tuple[str, ...], mids: np.ndarray) -> list[str]:
     """:func:`pprof.frame_kind` of each frame, asked per file where the file decides (a few thousand files)."""
     python = {f: python_file(f) for f in set(files)}
-    return [PYTHON if python[f] and n != TRAMPOLINE_NAME else frame_kind(n, f, m)
-            for n, f, m in zip(names, files, (mids != 0).tolist(), strict=True)]
+    return [
+        PYTHON if python[f] and n != TRAMPOLINE_NAME else frame_kind(n, f, m)
+        for n, f, m in zip(names, files, (mids != 0).tolist(), strict=True)
+    ]
 
 
 def new_frames(*columns: Iterable[object]) -> list[Frame]:
@@ -90,8 +99,9 @@ def new_frames(*columns: Iterable[object]) -> list[Frame]:
     return list(map(partial(tuple.__new__, Frame), zip(*columns, strict=True)))
 
 
-def stacks(ids: list[bytes], location_frames: dict[int, tuple[int, ...]],
-           max_depth: int) -> list[tuple[int, ...]] | None:
+def stacks(
+    ids: list[bytes], location_frames: dict[int, tuple[int, ...]], max_depth: int
+) -> list[tuple[int, ...]] | None:
     """Each sample's frame ids from its packed location ids, every location one frame."""
     data, ends = bulk.blob(ids)
     found = bulk.varints(data)

@@ -78,8 +78,12 @@ def _check_counts(raw: RawProfile) -> None:
     """The tables' sizes against :mod:`gpuflame.limits`, before any entry becomes an object."""
     if len(raw.samples) > limits.SAMPLES.value():
         raise limits.SAMPLES.exceeded("pprof: the samples")
-    tables = (("locations", raw.locations), ("functions", raw.functions),
-              ("mappings", raw.mappings), ("strings", raw.strings))
+    tables = (
+        ("locations", raw.locations),
+        ("functions", raw.functions),
+        ("mappings", raw.mappings),
+        ("strings", raw.strings),
+    )
     for name, table in tables:
         if len(table) > limits.FRAMES.value():
             raise limits.FRAMES.exceeded(f"pprof: the {name}")
@@ -128,9 +132,7 @@ def _split_profile(data: bytes) -> RawProfile:
                         size, pos = read_varint(data, pos)
                     stop = pos + size
                     if stop > end:
-                        raise ProfileFormatError(
-                            f"truncated protobuf: field {field} runs past the end of the data"
-                        )
+                        raise ProfileFormatError(f"truncated protobuf: field {field} runs past the end of the data")
                     target = by_field.get(field)
                     if target is not None:
                         target.append(data[pos:stop])
@@ -195,6 +197,4 @@ def _read_scalar(data: bytes, pos: int, field: int, wire: int, raw: RawProfile) 
 
 def _packed_ints(chunk: bytes, field: int) -> list[int]:
     memo = VarintMemo()
-    return [memo[k] for k in split_packed(chunk, field)]  # type: ignore[misc]
-
-
+    return [memo[k] for k in split_packed(chunk, field)]

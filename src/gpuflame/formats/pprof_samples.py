@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import struct
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from itertools import chain
 from operator import itemgetter
 from typing import Any
@@ -33,7 +33,7 @@ from gpuflame.formats.protobuf_wire import (
 from gpuflame.model.profile import Labels, Sample
 
 
-class _LocationMemo(dict):  # type: ignore[type-arg]
+class _LocationMemo(dict):
     """``location id (varint bytes or int) -> frame id(s)``: the inner lookup of every stack."""
 
     def __init__(self, frames_of: dict[int, tuple[int, ...]], flat: bool) -> None:
@@ -43,17 +43,15 @@ class _LocationMemo(dict):  # type: ignore[type-arg]
 
     def __missing__(self, key: bytes | int) -> int | tuple[int, ...]:
         lid = key if isinstance(key, int) else decode_varint_bytes(key)
-        frames = self._frames_of.get(lid)  # type: ignore[arg-type]
+        frames = self._frames_of.get(lid)
         if frames is None:
-            raise ProfileFormatError(
-                f"malformed pprof: a sample refers to location {lid}, which does not exist"
-            )
+            raise ProfileFormatError(f"malformed pprof: a sample refers to location {lid}, which does not exist")
         value = frames[0] if self._flat else frames
         self[key] = value
         return value
 
 
-class _TailMemo(dict):  # type: ignore[type-arg]
+class _TailMemo(dict):
     """``bytes after a sample's location ids -> (values, labels)``.
 
     Samples share values and labels far more often than not, so each distinct
@@ -79,23 +77,22 @@ class _TailMemo(dict):  # type: ignore[type-arg]
         ids: list[bytes | int] = []
         values: list[int] = []
         labels: list[tuple[str, str]] = []
-        for field, wire, value in iter_fields(data):
+        for field, wire, value in iter_fields(data):  # value: bytes where wire is LEN, else int (the ignores)
             if field == 1:
                 if wire == LEN:
                     ids.extend(split_packed(value, 1))  # type: ignore[arg-type]
                 elif wire == VARINT:
-                    ids.append(value)  # type: ignore[arg-type]
+                    ids.append(value)
             elif field == 2:
                 if wire == LEN:
-                    values.extend(self._values[k] for k in split_packed(value, 2))  # type: ignore[arg-type,misc]
+                    values.extend(self._values[k] for k in split_packed(value, 2))  # type: ignore[arg-type]
                 elif wire == VARINT:
                     values.append(to_int64(value))  # type: ignore[arg-type]
             elif field == 3 and wire == LEN:
                 labels.append(self._label(value))  # type: ignore[arg-type]
         if len(values) != self._n_types:
             raise ProfileFormatError(
-                f"malformed pprof: a sample has {len(values)} values "
-                f"but the profile has {self._n_types} sample types"
+                f"malformed pprof: a sample has {len(values)} values but the profile has {self._n_types} sample types"
             )
         return ids, tuple(values), tuple(sorted(labels))
 
@@ -201,6 +198,7 @@ class _SampleReader:
 
     def general(self, raw: bytes, ids: bytes, tail: tuple[tuple[int, ...], Labels] | None) -> Sample:
         """Fields in another order (*tail* None: parse it all), ids of mixed widths, locations of many frames."""
+        keys: Sequence[bytes | int]  # location id keys: varint bytes, or the ints of one-byte ids
         if tail is None:
             keys, values, labels = self.tails.parse(raw)
         else:
@@ -216,7 +214,7 @@ class _SampleReader:
         return Sample(stack, values, labels)
 
 
-class _WordUnpackers(dict):  # type: ignore[type-arg]
+class _WordUnpackers(dict):
     """``byte length -> Struct.unpack`` reading that many bytes as native 16-bit words."""
 
     def __missing__(self, size: int) -> Callable[[bytes], tuple[int, ...]]:
@@ -255,7 +253,5 @@ def _raise_missing(words: bytes | tuple[int, ...], table: list[int]) -> None:
     for w in words:
         if w >= len(table) or table[w] == -1:
             lid = w if w < 0x80 else decode_varint_bytes(w.to_bytes(2, sys.byteorder))
-            raise ProfileFormatError(
-                f"malformed pprof: a sample refers to location {lid}, which does not exist"
-            )
+            raise ProfileFormatError(f"malformed pprof: a sample refers to location {lid}, which does not exist")
     raise ProfileFormatError("malformed pprof: a sample refers to a location that does not exist")

@@ -163,9 +163,7 @@ def read_locations(raw: RawProfile, strings: Strings, profile: Profile) -> dict[
         lid = _table_id(f, "location", out)
         mid = scalar_field(f, 2, "location")
         if mid and mid not in mappings:
-            raise ProfileFormatError(
-                f"malformed pprof: location {lid} refers to mapping {mid}, which does not exist"
-            )
+            raise ProfileFormatError(f"malformed pprof: location {lid} refers to mapping {mid}, which does not exist")
         address = scalar_field(f, 3, "location")
         frames = [_line_frame(line, lid, address, mid, functions) for line in _subs(f, 4, "location")]
         if not frames:
@@ -188,11 +186,7 @@ def _line_frame(
     elif fid in functions:
         name, file, start = functions[fid]
     else:
-        raise ProfileFormatError(
-            f"malformed pprof: location {lid} refers to function {fid}, which does not exist"
-        )
+        raise ProfileFormatError(f"malformed pprof: location {lid} refers to function {fid}, which does not exist")
     if not name:
         name = native_address_name(address) if address else UNKNOWN
     return Frame(name, file, line, frame_kind(name, file, bool(mapping_id)), start)
-
-

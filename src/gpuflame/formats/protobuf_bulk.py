@@ -78,8 +78,9 @@ class Table(NamedTuple):
     sub_fields: dict[int, np.ndarray]
 
 
-def read_table(parts: list[bytes], fields: tuple[int, ...], sub_field: int = 0,
-               sub_fields: tuple[int, ...] = ()) -> Table | None:
+def read_table(
+    parts: list[bytes], fields: tuple[int, ...], sub_field: int = 0, sub_fields: tuple[int, ...] = ()
+) -> Table | None:
     """*fields* of every message in *parts*, and *sub_fields* of each sub-message at field *sub_field*.
 
     None where the pair view would not be exact (see the module's docstring).
@@ -93,8 +94,9 @@ def read_table(parts: list[bytes], fields: tuple[int, ...], sub_field: int = 0,
         return None  # an empty message: rare, read the slow way
     # every message ends where a varint ends, with an even number of varints
     token_end = np.searchsorted(last, msg_ends - 1)
-    if len(msg_ends) and (np.any(token_end >= len(last)) or np.any(last[np.minimum(token_end, len(last) - 1)]
-                                                                   != msg_ends - 1)):
+    if len(msg_ends) and (
+        np.any(token_end >= len(last)) or np.any(last[np.minimum(token_end, len(last) - 1)] != msg_ends - 1)
+    ):
         return None
     counts = np.diff(token_end + 1, prepend=0)
     if np.any(counts & 1):
@@ -121,8 +123,15 @@ def read_table(parts: list[bytes], fields: tuple[int, ...], sub_field: int = 0,
     return Table(out, sub_owner, sub)
 
 
-def _nested(keys: np.ndarray, vals: np.ndarray, key_at: np.ndarray, val_end: np.ndarray, owner: np.ndarray,
-            msg_ends: np.ndarray, sub_field: int) -> tuple[np.ndarray, np.ndarray] | None:
+def _nested(
+    keys: np.ndarray,
+    vals: np.ndarray,
+    key_at: np.ndarray,
+    val_end: np.ndarray,
+    owner: np.ndarray,
+    msg_ends: np.ndarray,
+    sub_field: int,
+) -> tuple[np.ndarray, np.ndarray] | None:
     """Each pair's depth (0 in the message, 1 in a sub-message) and its sub-message's index; None if not exact."""
     is_len = (keys & 7) == 2
     starts = val_end[is_len].astype(np.int64) + 1
@@ -151,8 +160,9 @@ def _nested(keys: np.ndarray, vals: np.ndarray, key_at: np.ndarray, val_end: np.
     return depth, sub_index
 
 
-def _columns(number: np.ndarray, vals: np.ndarray, row: np.ndarray, rows: int,
-             wanted: tuple[int, ...]) -> dict[int, np.ndarray] | None:
+def _columns(
+    number: np.ndarray, vals: np.ndarray, row: np.ndarray, rows: int, wanted: tuple[int, ...]
+) -> dict[int, np.ndarray] | None:
     """One column per wanted field number; None when a field appears twice in one row."""
     out: dict[int, np.ndarray] = {}
     for f in wanted:

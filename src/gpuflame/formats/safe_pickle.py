@@ -183,8 +183,9 @@ def _short_sized(opcodes: bytes, width: int) -> bytes:
 
 
 # strings, bytes and LONG1/LONG4 integers below 256 bytes (checked only for their length)
-_SHORT_SIZED = b"|".join((_short_sized(b"\x8cCU\x8a", 1), _short_sized(b"XBT\x8b", 4),
-                          _short_sized(b"\x8d\x8e\x96", 8)))
+_SHORT_SIZED = b"|".join(
+    (_short_sized(b"\x8cCU\x8a", 1), _short_sized(b"XBT\x8b", 4), _short_sized(b"\x8d\x8e\x96", 8))
+)
 _TEXT_ARGUMENTS = rb"[ILSVFg][^\n]*+\n"
 # the GLOBALs find_class allows (protocols 0-2 spell sets and bytes so)
 _ALLOWED_GLOBALS = rb"c(?:builtins|__builtin__)\n(?:set|frozenset|bytes|bytearray)\n|c_codecs\nencode\n"
@@ -206,8 +207,11 @@ def _fast_path(put_digits: int, binput_bytes: int) -> re.Pattern[bytes]:
     # them), one-byte opcodes, small ints, short strings and LONG1
     return re.compile(
         rb"(?:j....|h.|[\x94\x88\x89N\)\]\}\(eusal0d12\x8f\x90R\x93]|[qK\x80].|"
-        + _SHORT_SIZED + rb"|M..|J....|G.{8}|\x95.{8}|"
-        + b"|".join((_TEXT_ARGUMENTS, _ALLOWED_GLOBALS, puts)) + rb")" + _RUN,
+        + _SHORT_SIZED
+        + rb"|M..|J....|G.{8}|\x95.{8}|"
+        + b"|".join((_TEXT_ARGUMENTS, _ALLOWED_GLOBALS, puts))
+        + rb")"
+        + _RUN,
         re.S,
     )
 
@@ -218,7 +222,6 @@ def fast_path_for(n: int) -> re.Pattern[bytes]:
     put_digits = max(6, len(str(n)) - 1)
     binput_bytes = 4 if n >= 1 << 32 else 3 if n >= 1 << 24 else 2
     return _fast_path(put_digits, binput_bytes)
-
 
 
 # opcode -> width of its length prefix, for length-prefixed arguments
@@ -274,9 +277,7 @@ class _Scan:
         self.n = len(data)
 
     def truncated(self, pos: int) -> NoReturn:
-        raise ProfileFormatError(
-            f"the pickle is truncated at byte {pos} of {self.n} (the file was cut short)"
-        )
+        raise ProfileFormatError(f"the pickle is truncated at byte {pos} of {self.n} (the file was cut short)")
 
     def sized(self, pos: int, op: int, width: int) -> int:
         """Skip a length-prefixed argument; return the position after it."""
@@ -400,9 +401,7 @@ def scan(data: bytes) -> None:
             if pos > n:
                 s.truncated(n)
         elif op in _BUFFERS:
-            raise UnsafePickleError(
-                f"refusing to load: the pickle refers to out-of-band buffers — {PLAIN_DATA}"
-            )
+            raise UnsafePickleError(f"refusing to load: the pickle refers to out-of-band buffers — {PLAIN_DATA}")
         else:
             raise ProfileFormatError(f"corrupt pickle (unknown opcode 0x{op:02x} at byte {pos})")
 

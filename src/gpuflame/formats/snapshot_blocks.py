@@ -43,6 +43,9 @@ STACKLESS_WHY = {
 
 INT64_MAX = (1 << 63) - 1  # what pprof can store
 
+# one row of a view: (stack, the block's category or None, the phase it was allocated in or None)
+RowKey = tuple[tuple[int, ...], Any, str | None]
+
 
 # "active_awaiting_free" is how torch's docstring spells the state the C++ code writes
 # as "active_pending_free"; accept both.
@@ -55,7 +58,7 @@ def book_in_use(conv: _Converter) -> None:
     rounding: dict[int, int] = {}
     stack_of = conv.stacks.stack_of
     by_list = conv.stacks.by_list
-    inuse_by_device: dict[int, dict[tuple[tuple[int, ...], Any], list[int]]] = {}
+    inuse_by_device: dict[int, dict[RowKey, list[int]]] = {}
     for seg in conv.segments:
         device = checked_int(seg.get("device", 0), "segment device")
         total = checked_int(seg["total_size"], "segment total_size")
@@ -83,8 +86,11 @@ def book_in_use(conv: _Converter) -> None:
                     st = by_list[id(frames)] = stack_of(frames)
                 asked = requested_bytes(block)
                 rounding[device] = rounding.get(device, 0) + size - asked
-                key = (st, block.get(BLOCK_CATEGORY_KEY) if conv.categorize else None,
-                       conv.phase_of_block(device, addr))
+                key = (
+                    st,
+                    block.get(BLOCK_CATEGORY_KEY) if conv.categorize else None,
+                    conv.phase_of_block(device, addr),
+                )
                 row = inuse.get(key)
                 if row is None:
                     inuse[key] = [asked, 1]

@@ -135,8 +135,15 @@ def phase_table(
     return [_row(name, b, spans, device, before_bytes, name_of, before_name) for name, b in books.items()]
 
 
-def _row(name: str, b: _Book, spans: dict[int, list[Any]], device: str, before: int,
-         name_of: Callable[[Any], str], before_name: str) -> PhaseStat:
+def _row(
+    name: str,
+    b: _Book,
+    spans: dict[int, list[Any]],
+    device: str,
+    before: int,
+    name_of: Callable[[Any], str],
+    before_name: str,
+) -> PhaseStat:
     by_function: dict[str, int] = {}
     held = 0
     for start, (size, entry, end) in spans.items():
@@ -148,6 +155,16 @@ def _row(name: str, b: _Book, spans: dict[int, list[Any]], device: str, before: 
     if total > held:
         by_function[before_name] = total - held
     top = max(by_function.items(), key=lambda kv: (kv[1], kv[0]), default=("", 0))
-    return PhaseStat(name, device, "", start=b.start * 1000, end=b.end * 1000, peak=total,
-                     peak_time=b.peak_t * 1000, inuse_end=before + b.end_level, top=top[0], top_bytes=top[1],
-                     order=b.order)
+    return PhaseStat(
+        name,
+        device,
+        "",
+        start=b.start * 1000,
+        end=b.end * 1000,
+        peak=total,
+        peak_time=b.peak_t * 1000,
+        inuse_end=before + b.end_level,
+        top=top[0],
+        top_bytes=top[1],
+        order=b.order,
+    )

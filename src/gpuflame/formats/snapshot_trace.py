@@ -14,6 +14,7 @@ from gpuflame.formats.snapshot_blocks import (
     INT64_MAX,
     NO_STACK_FRAME,
     ROUNDING_FRAME,
+    RowKey,
     block_frames,
     checked_int,
     requested_bytes,
@@ -61,8 +62,15 @@ class DeviceTrace:
         self._add_timeline(walk.points, before_bytes)
         self._add_history(walk.events, walk.base + [(block_frames(block), size) for _, size, block in always])
         if walk.marks is not None and self._window() is not None:
-            conv.profile.phases += replay_phases(self.trace, walk.marks, self.name, before_bytes,
-                                                 walk.release_on_request, self._leaf_name, BEFORE_TRACE_FRAME.name)
+            conv.profile.phases += replay_phases(
+                self.trace,
+                walk.marks,
+                self.name,
+                before_bytes,
+                walk.release_on_request,
+                self._leaf_name,
+                BEFORE_TRACE_FRAME.name,
+            )
         end_set = self._end_state()
         if sum(size for _, size, _ in end_set) > before_bytes + best:
             # the replay stayed below what the allocator holds at the end
@@ -76,10 +84,14 @@ class DeviceTrace:
         reserved_at_peak = reserved_end - (seg - seg_at_best)
         if reserved_start >= before_bytes:  # the segment events add up: the reserved peak is known
             at = self.trace[walk.seg_top_i].get("time_us") if walk.seg_top_i >= 0 else self.trace[0].get("time_us")
-            conv.reserved_peaks[self.device] = (reserved_start + walk.seg_top, before_bytes + walk.delta_at_top,
-                                                at * 1000 if type(at) is int and 0 <= at <= INT64_MAX // 1000 else 0)
-        self._add_peak(peak_set, before_bytes + best, reserved_at_peak, reserved_start >= before_bytes,
-                       self._rounding(still_live))
+            conv.reserved_peaks[self.device] = (
+                reserved_start + walk.seg_top,
+                before_bytes + walk.delta_at_top,
+                at * 1000 if type(at) is int and 0 <= at <= INT64_MAX // 1000 else 0,
+            )
+        self._add_peak(
+            peak_set, before_bytes + best, reserved_at_peak, reserved_start >= before_bytes, self._rounding(still_live)
+        )
         self._comment_reserved_after_peak(reserved_at_peak, reserved_end)
         window = self._window()
         self._comment_window(window, walk.freed_unknown)
@@ -176,8 +188,11 @@ class DeviceTrace:
         when the trace has no plausible times.
         """
         window = self._window()
-        if not events or window is None or any(type(t) is not int or not window[0] <= t <= window[1]
-                                                for t, _, _ in events):
+        if (
+            not events
+            or window is None
+            or any(type(t) is not int or not window[0] <= t <= window[1] for t, _, _ in events)
+        ):
             return
         conv = self.conv
         labels = conv.label(self.device)
@@ -194,8 +209,17 @@ class DeviceTrace:
             rows[site(frames)] = (b + size, c + 1)
         times = array("q", (t * 1000 for t, _, _ in events))
         sites = array("q", (site(frames) for _, frames, _ in events))
-        track = Track((), 0, 0, window[0] * 1000, max(1, len(base)), rows, times, sites,
-                      array("q", (size for _, _, size in events)))
+        track = Track(
+            (),
+            0,
+            0,
+            window[0] * 1000,
+            max(1, len(base)),
+            rows,
+            times,
+            sites,
+            array("q", (size for _, _, size in events)),
+        )
         one = History(conv.profile.frames, [(stack, labels) for stack in site_of], [track])
         conv.profile.history = event_history.merged([conv.profile.history, one])
 
@@ -244,8 +268,8 @@ class DeviceTrace:
         """
         conv = self.conv
         stack_of = conv.stacks.stack
-        before = (conv.profile.frame_id(BEFORE_TRACE_FRAME),)
-        by_stack: dict[tuple[tuple[int, ...], Any], list[int]] = {}
+        before: tuple[int, ...] = (conv.profile.frame_id(BEFORE_TRACE_FRAME),)
+        by_stack: dict[RowKey, list[int]] = {}
         for _, size, source in peak_set:
             if source is None:
                 st = before
@@ -316,9 +340,7 @@ class DeviceTrace:
         if isinstance(free, int):
             parts.append(f" with {format_bytes(free)} free on the device")
         if allocated >= 0 and reserved >= allocated:
-            parts.append(
-                f"; PyTorch had {format_bytes(allocated)} allocated of {format_bytes(reserved)} reserved"
-            )
+            parts.append(f"; PyTorch had {format_bytes(allocated)} allocated of {format_bytes(reserved)} reserved")
         where = self._leaf_python(entry.get("frames"))
         if where:
             parts.append(f"; in {where}")

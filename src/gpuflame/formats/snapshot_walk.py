@@ -26,9 +26,29 @@ class Walk:
     blocks still active at the end, which ``replay`` adds.
     """
 
-    __slots__ = ("trace", "marks", "release_on_request", "live", "closed_at_peak", "allocs", "others",
-                 "before_bytes", "freed_unknown", "best", "best_i", "seg", "seg_at_best", "ooms", "unknown",
-                 "points", "events", "base", "seg_top", "seg_top_i", "delta_at_top")
+    __slots__ = (
+        "trace",
+        "marks",
+        "release_on_request",
+        "live",
+        "closed_at_peak",
+        "allocs",
+        "others",
+        "before_bytes",
+        "freed_unknown",
+        "best",
+        "best_i",
+        "seg",
+        "seg_at_best",
+        "ooms",
+        "unknown",
+        "points",
+        "events",
+        "base",
+        "seg_top",
+        "seg_top_i",
+        "delta_at_top",
+    )
 
     def __init__(self, trace: list[Any], marks: Marks | None) -> None:
         self.trace = trace

@@ -103,8 +103,7 @@ def _group_by_process(profile: Profile, type_index: int) -> list[tuple[str, dict
         value = s.values[type_index]
         if value < 0:
             raise GpuflameError(
-                "speedscope cannot show negative values (this looks like a diff); "
-                "export it as pprof or folded instead"
+                "speedscope cannot show negative values (this looks like a diff); export it as pprof or folded instead"
             )
         pid = s.label(PID_LABEL)
         stacks = groups.setdefault(pid, {})

@@ -169,9 +169,7 @@ def from_snapshot(
     except RecursionError:
         raise ProfileFormatError("not a valid PyTorch memory snapshot (values nested too deeply)") from None
     except (KeyError, TypeError, ValueError, AttributeError, IndexError, OverflowError) as exc:
-        raise ProfileFormatError(
-            f"not a valid PyTorch memory snapshot ({type(exc).__name__}: {_short(exc)})"
-        ) from None
+        raise ProfileFormatError(f"not a valid PyTorch memory snapshot ({type(exc).__name__}: {_short(exc)})") from None
 
 
 def _short(exc: BaseException) -> str:
@@ -208,9 +206,7 @@ class _Converter:
         self.device_type = device_type
         self.has_trace = any(isinstance(t, list) and t for t in traces)
         types = memory_sample_types(peak=self.has_trace, inuse=True, alloc=self.has_trace)
-        self.profile = Profile(
-            sample_types=types, default_type="peak_space" if self.has_trace else "inuse_space"
-        )
+        self.profile = Profile(sample_types=types, default_type="peak_space" if self.has_trace else "inuse_space")
         names_ = [t.type for t in types]
         self.col = {name: i for i, name in enumerate(names_)}
         self.width = len(types)
@@ -247,9 +243,7 @@ class _Converter:
             last = max(t for _, t in times)
             self.profile.time_nanos = first * 1000
             self.profile.duration_nanos = max(0, last - first) * 1000
-        self.profile.samples = [
-            Sample(stack, tuple(row), labels) for (stack, labels), row in self.rows.items()
-        ]
+        self.profile.samples = [Sample(stack, tuple(row), labels) for (stack, labels), row in self.rows.items()]
         self._reserved_peaks()
         self.profile.phases = ordered(self.profile.phases)
         self._comment_stacks()
@@ -266,7 +260,8 @@ class _Converter:
         end = start + self.profile.duration_nanos if start and self.profile.duration_nanos else 0
         self.profile.peaks = [
             PeakUnit(self.device_name(d), start=start, end=end, reserved=r, reserved_allocated=a, reserved_at=t)
-            for d, (r, a, t) in sorted(self.reserved_peaks.items()) if r > 0
+            for d, (r, a, t) in sorted(self.reserved_peaks.items())
+            if r > 0
         ]
 
     def _note_unknown_def_lines(self) -> None:
@@ -343,7 +338,13 @@ class _Converter:
         return found
 
     def add(
-        self, stack: tuple[int, ...], device: int, space: str, size: int, count: int, source: Any = None,
+        self,
+        stack: tuple[int, ...],
+        device: int,
+        space: str,
+        size: int,
+        count: int,
+        source: Any = None,
         phase: str | None = None,
     ) -> None:
         """Book *size* bytes (*count* objects) of *space*; *source*: the block or trace entry, for its category."""

@@ -97,8 +97,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except GpuflameError as exc:
         sys.stderr.write(f"gpuflame-payload-install: error: {exc}\n")
         return 1
-    print(f"gpuflame-payload-install: gpuflame {gpuflame.__version__} in {root} "
-          f"(PYTHONPATH={root / 'bootstrap'}:{root / 'lib'})")
+    print(
+        f"gpuflame-payload-install: gpuflame {gpuflame.__version__} in {root} "
+        f"(PYTHONPATH={root / 'bootstrap'}:{root / 'lib'})"
+    )
     return 0
 
 

@@ -47,8 +47,10 @@ def collect(folder: Path, output: Path, meta: RunMeta, ending: RunEnd) -> Profil
     """Merge the per-process profiles into *output*; note what was lost, per pid."""
     problem = write_problem(folder)
     if problem:  # the processes could not write there either: say why before what is missing
-        meta.lost.append(f"the run's folder {folder} cannot be written ({problem}): the processes' profiles, "
-                         "and their notes of what they lost, may be missing")
+        meta.lost.append(
+            f"the run's folder {folder} cannot be written ({problem}): the processes' profiles, "
+            "and their notes of what they lost, may be missing"
+        )
     profiles: dict[int, Profile] = {}
     for pid, path in process_files(folder, PROCESS_FILE).items():
         try:
@@ -77,7 +79,8 @@ def _lost_notes(pid: int, path: Path) -> list[str]:
     except OSError as exc:
         return [f"pid {pid}: lost something; its note {path} cannot be read ({exc.strerror or exc})"]
     return [f"pid {pid}: {line}" for line in lines] or [
-        f"pid {pid}: lost something but could not write down what (its note {path.name} is empty)"]
+        f"pid {pid}: lost something but could not write down what (its note {path.name} is empty)"
+    ]
 
 
 def _account_unfinished(folder: Path, written: set[int], meta: RunMeta, ending: RunEnd, problem: str) -> None:
@@ -104,21 +107,28 @@ def _partial(pid: int, taken: float, seen: roll_call.Ending, run_ended: float, e
     """A process whose profile is its last --interval snapshot: how much of its life that misses."""
     if seen.ended is None and seen.seen_running:
         missing: float | None = run_ended - taken
-        why = (f"pid {pid}: partial: still running when the run ended; its profile is its last --interval "
-               f"snapshot, taken {missing:.1f} s before that")
+        why = (
+            f"pid {pid}: partial: still running when the run ended; its profile is its last --interval "
+            f"snapshot, taken {missing:.1f} s before that"
+        )
     else:
         missing = seen.ended - taken if seen.ended is not None else None
         when = f", {missing:.1f} s before the process ended" if missing is not None else ""
-        why = (f"pid {pid}: partial: its profile stops at the last --interval snapshot{when}; "
-               f"the final profile was never written ({ending.how(pid)})")
+        why = (
+            f"pid {pid}: partial: its profile stops at the last --interval snapshot{when}; "
+            f"the final profile was never written ({ending.how(pid)})"
+        )
     return {"pid": pid, "why": why, "missing_s": missing}
 
 
 def _nothing_written(pid: int, seen: roll_call.Ending, ending: RunEnd) -> str:
     if seen.ended is None and seen.seen_running:
         return f"pid {pid}: nothing written: still running when the run ended"
-    hint = ("; it ended before its first --interval snapshot" if ending.interval > 0
-            else "; --interval 10s keeps a snapshot of such a process")
+    hint = (
+        "; it ended before its first --interval snapshot"
+        if ending.interval > 0
+        else "; --interval 10s keeps a snapshot of such a process"
+    )
     return f"pid {pid}: nothing could be written: {ending.how(pid)} before its exit hooks ran{hint}"
 
 

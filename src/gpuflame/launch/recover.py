@@ -62,8 +62,7 @@ def recover(given: Path, output: Path | None = None, force: bool = False, as_jso
     meta = RunMeta(command=[], started=_first_write(run.folder), ended=time.time(), backend="")
     running = _still_running(run.folder)
     ending = RunEnd(root_pid=0, status=0, endings=running, interval=0.0)
-    meta.lost.append("the launcher did not end the run: the program's exit code and how each process ended "
-                     "are unknown")
+    meta.lost.append("the launcher did not end the run: the program's exit code and how each process ended are unknown")
     merged: Profile | None = None
     try:
         merged = collect(run.folder, target, meta, ending)
@@ -74,9 +73,11 @@ def recover(given: Path, output: Path | None = None, force: bool = False, as_jso
         meta.profile = None
     idle = idle_notes(run.folder)
     if running:
-        sys.stderr.write(f"gpuflame: {len(running)} process(es) of the run still run (pid "
-                         f"{', '.join(map(str, running))}): their profiles are not final; recover again once "
-                         "they have ended\n")
+        sys.stderr.write(
+            f"gpuflame: {len(running)} process(es) of the run still run (pid "
+            f"{', '.join(map(str, running))}): their profiles are not final; recover again once "
+            "they have ended\n"
+        )
     else:
         tidy(run.folder)
     if run.run_dir is not None and output is None:

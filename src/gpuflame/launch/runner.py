@@ -68,8 +68,9 @@ def launch(request: Launch, settings: Settings) -> int:
         raise
     _wait_for_stragglers(watch)
     exit_code = 128 - status if status < 0 else status  # as a shell gives it
-    meta = RunMeta(command=request.command, started=started, ended=time.time(), exit_code=exit_code,
-                   backend=settings.backend)
+    meta = RunMeta(
+        command=request.command, started=started, ended=time.time(), exit_code=exit_code, backend=settings.backend
+    )
     unprofiled = unprofiled_reason(request.command, env)
     if unprofiled:  # before what the processes say: it is why the program itself left nothing
         meta.lost.append(f"the program goes unprofiled: {unprofiled}")
@@ -112,8 +113,10 @@ def _wait_for_stragglers(watch: roll_call.EndWatch) -> None:
     """Processes that outlive the program (a forkserver, orphans) may still be writing: give them time, and say so."""
     waiting = watch.settle(1.0)
     if waiting:
-        sys.stderr.write(f"gpuflame: waiting up to {SETTLE_S:.0f} s for {waiting} process"
-                         f"{'es' if waiting > 1 else ''} that outlive the program to write their profile\n")
+        sys.stderr.write(
+            f"gpuflame: waiting up to {SETTLE_S:.0f} s for {waiting} process"
+            f"{'es' if waiting > 1 else ''} that outlive the program to write their profile\n"
+        )
         watch.settle(SETTLE_S)
 
 

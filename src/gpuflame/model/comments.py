@@ -93,7 +93,7 @@ def unpack_json(comment: str, prefix: str, what: str, budget: InflateBudget | No
         raise ValueError(f"not a {what} comment")
     budget = budget or InflateBudget()
     try:
-        packed = base64.b64decode(comment[len(prefix):].encode("ascii"), validate=True)
+        packed = base64.b64decode(comment[len(prefix) :].encode("ascii"), validate=True)
         inflater = zlib.decompressobj()
         text = inflater.decompress(packed, budget.left + 1)
         budget.left -= len(text)

@@ -37,8 +37,10 @@ def function_frames(frames: list[Frame]) -> list[Frame]:
     if any(map(ne, map(start.__getitem__, keys), starts)):  # ...its greatest where they differ (rare)
         for key, line in zip(keys, starts, strict=True):
             start[key] = max(start[key], line)
-    lines = [def_line(key[1], line) if line > 0 and key[2] == PYTHON else line  # the def, not a decorator
-             for key, line in start.items()]
+    lines = [
+        def_line(key[1], line) if line > 0 and key[2] == PYTHON else line  # the def, not a decorator
+        for key, line in start.items()
+    ]
     names, files, kinds = zip(*start, strict=True) if start else ((), (), ())
     # Frame(...) runs Python code per frame; tuple.__new__ builds the same NamedTuple in C
     bars = map(partial(tuple.__new__, Frame), zip(names, files, lines, kinds, lines, strict=True))

@@ -125,8 +125,17 @@ class EventLog:
         """A copy as a :class:`Track`; *sites* renumbers the log's sites to the history's."""
         remap = (lambda s: sites[s]) if sites is not None else (lambda s: s)
         base = {remap(s): (b, c) for s, (b, c) in self.base.items() if b or c}
-        return Track(labels, self.start, end, self.fold, self.folded, base,
-                     array("q", self.times), array("q", (remap(s) for s in self.sites)), array("q", self.sizes))
+        return Track(
+            labels,
+            self.start,
+            end,
+            self.fold,
+            self.folded,
+            base,
+            array("q", self.times),
+            array("q", (remap(s) for s in self.sites)),
+            array("q", self.sizes),
+        )
 
 
 @dataclass
@@ -230,8 +239,12 @@ class History:
         return _decode(payload)
 
 
-def of_track(track: Track, frames_of: Callable[[int], list[Frame]], labels_of: Callable[[int], Labels],
-             used: Sequence[int] | None = None) -> History:
+def of_track(
+    track: Track,
+    frames_of: Callable[[int], list[Frame]],
+    labels_of: Callable[[int], Labels],
+    used: Sequence[int] | None = None,
+) -> History:
     """A history of one recorder's *track*, whose sites are the recorder's own (renumbered to those used).
 
     With *used* (the recorder's sites the track names, in order), the track is numbered already:
@@ -240,9 +253,17 @@ def of_track(track: Track, frames_of: Callable[[int], list[Frame]], labels_of: C
     if used is None:
         used = sorted(set(track.sites) | set(track.base))
         index = {s: i for i, s in enumerate(used)}
-        track = Track(track.labels, track.start, track.end, track.fold, track.folded,
-                      {index[s]: v for s, v in track.base.items()}, track.times,
-                      array("q", map(index.__getitem__, track.sites)), track.sizes)
+        track = Track(
+            track.labels,
+            track.start,
+            track.end,
+            track.fold,
+            track.folded,
+            {index[s]: v for s, v in track.base.items()},
+            track.times,
+            array("q", map(index.__getitem__, track.sites)),
+            track.sizes,
+        )
     frame_ids: dict[Frame, int] = {}
     sites = [(tuple(frame_ids.setdefault(f, len(frame_ids)) for f in frames_of(s)), labels_of(s)) for s in used]
     return History(list(frame_ids), sites, [track])
@@ -265,9 +286,19 @@ def merged(histories: Sequence[History | None], extras: Sequence[Labels] | None 
             smap.append(site_ids.setdefault(key, len(site_ids)))
         for t in h.tracks:
             t = _with_labels(t, extras[n] if extras else ())
-            out.tracks.append(Track(t.labels, t.start, t.end, t.fold, t.folded,
-                                    {smap[s]: v for s, v in t.base.items()}, t.times,
-                                    array("q", map(smap.__getitem__, t.sites)), t.sizes))
+            out.tracks.append(
+                Track(
+                    t.labels,
+                    t.start,
+                    t.end,
+                    t.fold,
+                    t.folded,
+                    {smap[s]: v for s, v in t.base.items()},
+                    t.times,
+                    array("q", map(smap.__getitem__, t.sites)),
+                    t.sizes,
+                )
+            )
     out.frames = list(frame_ids)
     out.sites = list(site_ids)
     return out
@@ -278,9 +309,7 @@ def split_comments(
 ) -> tuple[History | None, list[str]]:
     """The history stored in *comments* (several are merged) and the other comments, in order."""
     budget = budget or comment_data.InflateBudget()
-    found, rest = comment_data.split_comments(
-        comments, PREFIX, lambda c: History.from_comment(c, budget), DAMAGED_NOTE
-    )
+    found, rest = comment_data.split_comments(comments, PREFIX, lambda c: History.from_comment(c, budget), DAMAGED_NOTE)
     return (found[0] if len(found) == 1 else merged(found)), rest
 
 
@@ -307,8 +336,12 @@ def use_ints_text(formatter: Callable[..., bytes]) -> None:
 def _track_pieces(t: Track, first: bool) -> Iterator[str | bytes]:
     """One track as JSON text: its head, then its columns (times as differences) a chunk at a time."""
     head = {
-        "labels": [list(p) for p in t.labels], "start": t.start, "end": t.end, "fold": t.fold,
-        "folded": t.folded, "base": [[s, b, c] for s, (b, c) in sorted(t.base.items())],
+        "labels": [list(p) for p in t.labels],
+        "start": t.start,
+        "end": t.end,
+        "fold": t.fold,
+        "folded": t.folded,
+        "base": [[s, b, c] for s, (b, c) in sorted(t.base.items())],
     }
     yield ("" if first else ",") + comment_data.compact_json(head)[:-1]
     for key, column, previous in (("t", t.times, t.fold), ("s", t.sites, None), ("b", t.sizes, None)):
@@ -326,7 +359,7 @@ def _column_text(column: Sequence[int], previous: int | None) -> Iterator[str | 
     view = memoryview(column) if fast is not None and isinstance(column, (array, memoryview)) else None
     if fast is not None and view is not None and (view.format, view.itemsize) in _FAST_FORMATS:
         for at in range(0, len(view), _FAST_CHUNK):
-            piece = view[at:at + _FAST_CHUNK]
+            piece = view[at : at + _FAST_CHUNK]
             yield (b"," if at else b"") + fast(piece, previous)
             previous = piece[-1] if previous is not None else None
         return
@@ -405,7 +438,12 @@ def _labels(value: object) -> Labels:
 
 
 def _frame(value: object) -> Frame:
-    if not (isinstance(value, list) and len(value) == 5 and isinstance(value[0], str) and isinstance(value[1], str)
-            and value[3] in FRAME_KINDS):
+    if not (
+        isinstance(value, list)
+        and len(value) == 5
+        and isinstance(value[0], str)
+        and isinstance(value[1], str)
+        and value[3] in FRAME_KINDS
+    ):
         raise ValueError("damaged history: a frame is not [name, file, line, kind, start_line]")
     return Frame(value[0], value[1], _int(value[2]), value[3], _int(value[4]))

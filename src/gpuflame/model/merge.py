@@ -134,8 +134,11 @@ class _PeakPlan:
     def fixer(self, n: int, p: Profile, names: list[str]) -> Callable[[Sample, list[int]], None] | None:
         """The function that sets one sample's peak columns in the merged row; None when they stay."""
         names_in = p.type_names()
-        columns = [(names.index(t), names_in.index(j) if j in names_in else -1)
-                   for t, j in zip(PEAK_TYPES, (JOINT_SPACE, JOINT_OBJECTS), strict=True) if t in names]
+        columns = [
+            (names.index(t), names_in.index(j) if j in names_in else -1)
+            for t, j in zip(PEAK_TYPES, (JOINT_SPACE, JOINT_OBJECTS), strict=True)
+            if t in names
+        ]
         choice = {d: c for (m, d), c in self.choice.items() if m == n}
         if not choice or all(c == OWN for c in choice.values()):
             return None
@@ -172,8 +175,7 @@ def _plan_peaks(profiles: Sequence[Profile], final: bool) -> _PeakPlan | None:
     if not resolved:
         return None
     plan.drop = (JOINT_SPACE, JOINT_OBJECTS)
-    plan.units = [replace(u, table="", epoch=0, table_max=u.table_max if u.kind == PARTIAL else 0)
-                  for u in plan.units]
+    plan.units = [replace(u, table="", epoch=0, table_max=u.table_max if u.kind == PARTIAL else 0) for u in plan.units]
     return plan
 
 
@@ -206,12 +208,20 @@ def _joint(profiles: Sequence[Profile], device: str, group: list[tuple[int, Peak
     share = sum(_device_peak(profiles[n], device, JOINT_SPACE) for n, _ in at_last)
     expected = at_last[0][1].table_max
     if share > expected:
-        return (f"the processes' shares at their joint peak add up to {share:,} B, more than the {expected:,} B "
-                "they held together")
+        return (
+            f"the processes' shares at their joint peak add up to {share:,} B, more than the {expected:,} B "
+            "they held together"
+        )
     kind = (JOINT if len(group) > 1 else PROCESS) if share == expected else PARTIAL
-    unit = PeakUnit(device, kind, start=min(u.start for _, u in group), end=max(u.end for _, u in group),
-                    pid=group[0][1].pid if len(group) == 1 and kind == PROCESS else "", processes=len(group),
-                    table_max=expected if kind == PARTIAL else 0)
+    unit = PeakUnit(
+        device,
+        kind,
+        start=min(u.start for _, u in group),
+        end=max(u.end for _, u in group),
+        pid=group[0][1].pid if len(group) == 1 and kind == PROCESS else "",
+        processes=len(group),
+        table_max=expected if kind == PARTIAL else 0,
+    )
     choice = {n: (SHARE if u.epoch == last else NONE) for n, u in group}
     return _Window(unit, share, choice)
 
@@ -240,8 +250,7 @@ def _combine(windows: list[_Window], why: str) -> tuple[PeakUnit, dict[int, str]
     processes = sum(w.unit.processes for w in best)
     device = best[0].unit.device
     sampled = [w.unit.samples for w in best if w.unit.kind == SAMPLED or w.unit.samples]
-    return PeakUnit(device, BOUND, start, end, processes=processes, samples=min(sampled, default=0),
-                    why=why), choice
+    return PeakUnit(device, BOUND, start, end, processes=processes, samples=min(sampled, default=0), why=why), choice
 
 
 def _device_peak(p: Profile, device: str, type_name: str) -> int:
@@ -252,9 +261,7 @@ def _device_peak(p: Profile, device: str, type_name: str) -> int:
     return sum(s.values[i] for s in p.samples if (s.label("device", "") or "") == device)
 
 
-def _merge_timelines(
-    out: Profile, profiles: Sequence[Profile], extras: Sequence[Labels] | None
-) -> Timeline | None:
+def _merge_timelines(out: Profile, profiles: Sequence[Profile], extras: Sequence[Labels] | None) -> Timeline | None:
     """The union of the profiles' timeline series (see :func:`merge`); None when none has one."""
     if not any(p.timeline for p in profiles):
         return None

@@ -28,11 +28,15 @@ START = "start"  # ("start", s): seconds from the recording's start (``+2.5s``)
 CLOCK = "clock"  # ("clock", s): seconds after midnight, local time, on the recording's day (``14:03:07.5``)
 When = float | str | tuple[str, float]  # seconds on the strip, PEAK, or (START | CLOCK, seconds)
 
-NO_HISTORY = ("this profile has no event history, so it shows only its peak and its end (files written "
-              "before gpuflame kept one, JAX profiles, other tools' profiles)")
+NO_HISTORY = (
+    "this profile has no event history, so it shows only its peak and its end (files written "
+    "before gpuflame kept one, JAX profiles, other tools' profiles)"
+)
 
-TIME_FORMS = "1.5 or 250ms (on the strip, 0 = its first allocation), +2s (from the recording's start), " \
-             "14:03:07.5 (wall clock), or peak"
+TIME_FORMS = (
+    "1.5 or 250ms (on the strip, 0 = its first allocation), +2s (from the recording's start), "
+    "14:03:07.5 (wall clock), or peak"
+)
 
 
 def parse_when(text: str) -> When:
@@ -107,8 +111,10 @@ def between(profile: Profile, first: When, last: When) -> Profile:
         if track.folded and t1 <= track.fold:
             raise GpuflameError(_folded(profile, track, what))
         _add(out, history, track, track.allocated(t1, t2))
-    out.moment = (f"what was allocated from {_clock(profile, t1)} to {_clock(profile, t2)} "
-                  f"({_wall(t1)} to {_wall(t2)}; {where_zero_is(profile)}; from the event history)")
+    out.moment = (
+        f"what was allocated from {_clock(profile, t1)} to {_clock(profile, t2)} "
+        f"({_wall(t1)} to {_wall(t2)}; {where_zero_is(profile)}; from the event history)"
+    )
     out.comments.append(out.moment)
     return out
 
@@ -198,11 +204,13 @@ def _history(profile: Profile) -> History:
 def _check_range(profile: Profile, history: History, t: int, what: str) -> None:
     start, end = origin(profile), end_ns(profile, history)
     if t < min(start, recording_start(profile)):
-        raise GpuflameError(f"{what}: before the recording started ({_wall(recording_start(profile))}; "
-                            f"{where_zero_is(profile)})")
+        raise GpuflameError(
+            f"{what}: before the recording started ({_wall(recording_start(profile))}; {where_zero_is(profile)})"
+        )
     if t > end:
-        raise GpuflameError(f"{what}: past the end of the recording (it spans 0 to "
-                            f"{(end - start) / 1e9:.3f} s on the strip)")
+        raise GpuflameError(
+            f"{what}: past the end of the recording (it spans 0 to {(end - start) / 1e9:.3f} s on the strip)"
+        )
 
 
 def _folded(profile: Profile, track: Track, what: str) -> str:
@@ -211,8 +219,10 @@ def _folded(profile: Profile, track: Track, what: str) -> str:
     if track.start == 0:  # torch-cuda: the allocator's own ring buffer is the bound
         why = f"the history{who} begins at {since}, where the allocator's trace (its latest events) begins"
     else:
-        why = (f"the history{who} before {since} was folded to keep its memory bounded (gpuflame keeps the "
-               f"latest {MAX_EVENTS // 2:,} to {MAX_EVENTS:,} events of a recording)")
+        why = (
+            f"the history{who} before {since} was folded to keep its memory bounded (gpuflame keeps the "
+            f"latest {MAX_EVENTS // 2:,} to {MAX_EVENTS:,} events of a recording)"
+        )
     earliest = math.ceil((track.fold - origin(profile) + 1) / 1e6) / 1e3
     return f"{what}: not available: {why}; the earliest exact moment is {earliest:.3f} s"
 

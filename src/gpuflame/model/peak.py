@@ -90,30 +90,47 @@ class PeakUnit:
     def _what(self, only_pid: str) -> str:
         on = f" on {self.device}" if self.device else ""
         if self.kind == JOINT and only_pid:
-            return (f"pid {only_pid}'s share of one moment: the highest total of the {self.processes} "
-                    f"processes{on} together")
+            return (
+                f"pid {only_pid}'s share of one moment: the highest total of the {self.processes} "
+                f"processes{on} together"
+            )
         if self.kind == JOINT:
-            return (f"live at one moment: the highest total of the {self.processes} processes{on} together, "
-                    "each process's share at that moment")
+            return (
+                f"live at one moment: the highest total of the {self.processes} processes{on} together, "
+                "each process's share at that moment"
+            )
         if self.kind == PARTIAL:
-            shown = ("the 1 profile here shows what its process held then" if self.processes == 1
-                     else f"the {self.processes} profiles here show what each held then")
-            return (f"part of one moment: the run's processes{on} held {_size(self.table_max)} together at their "
-                    f"highest total; {shown}, and the rest "
-                    "was in processes whose profile is missing (not given, killed, or lost at exit)")
+            shown = (
+                "the 1 profile here shows what its process held then"
+                if self.processes == 1
+                else f"the {self.processes} profiles here show what each held then"
+            )
+            return (
+                f"part of one moment: the run's processes{on} held {_size(self.table_max)} together at their "
+                f"highest total; {shown}, and the rest "
+                "was in processes whose profile is missing (not given, killed, or lost at exit)"
+            )
         if self.kind == MAX:
-            return (f"the highest of {self.windows} recording windows{on} that did not overlap in time, "
-                    "live at its highest total")
+            return (
+                f"the highest of {self.windows} recording windows{on} that did not overlap in time, "
+                "live at its highest total"
+            )
         if self.kind == SAMPLED:
-            return (f"the largest total of {self.samples} samples of live buffers{on}: the true peak may be "
-                    "higher (gpuflame run --interval samples more often)")
+            return (
+                f"the largest total of {self.samples} samples of live buffers{on}: the true peak may be "
+                "higher (gpuflame run --interval samples more often)"
+            )
         if self.kind == BOUND and self.samples:
-            return (f"sum of each process's own peak{on} ({self.processes} processes or recording windows "
-                    "that overlapped in time, each at its own moment, some the largest of a few samples): "
-                    "not a moment that happened, and the true peak may be higher or lower")
+            return (
+                f"sum of each process's own peak{on} ({self.processes} processes or recording windows "
+                "that overlapped in time, each at its own moment, some the largest of a few samples): "
+                "not a moment that happened, and the true peak may be higher or lower"
+            )
         if self.kind == BOUND:
-            return (f"sum of each process's own peak{on} ({self.processes} processes or recording windows "
-                    "that overlapped in time, each at its own moment): an upper bound, not a moment that happened")
+            return (
+                f"sum of each process's own peak{on} ({self.processes} processes or recording windows "
+                "that overlapped in time, each at its own moment): an upper bound, not a moment that happened"
+            )
         who = f" of pid {self.pid}" if self.pid else ""
         return f"live at the moment of the highest total{who}{on}"
 
@@ -140,8 +157,10 @@ def run_note(units: Sequence[PeakUnit]) -> str:
     sampled = [u for u in units if u.kind == SAMPLED]
     if sampled:
         fewest = min(u.samples for u in sampled)
-        return (f"the JAX peak is the largest of {fewest} samples of live buffers: the true peak may be higher; "
-                "--interval 100ms samples more often")
+        return (
+            f"the JAX peak is the largest of {fewest} samples of live buffers: the true peak may be higher; "
+            "--interval 100ms samples more often"
+        )
     if not is_exact(units):
         return "the peak is " + describe([u for u in units if u.kind not in EXACT])
     return ""
@@ -156,7 +175,7 @@ def to_comment(units: Sequence[PeakUnit]) -> str:
 def from_comment(comment: str) -> list[PeakUnit]:
     """Parse one peak comment; ValueError when it is damaged (it is untrusted input)."""
     try:
-        payload = json.loads(comment[len(PREFIX):])
+        payload = json.loads(comment[len(PREFIX) :])
     except (json.JSONDecodeError, RecursionError) as exc:
         raise ValueError(f"damaged peak description: {exc}") from None
     raw = payload.get("units") if isinstance(payload, dict) else None

@@ -46,7 +46,7 @@ def check_name(name: object) -> str:
     if not isinstance(name, str) or not name.strip() or len(name) > MAX_NAME or name != name.strip():
         raise ValueError(
             f"a phase name is a non-empty string of at most {MAX_NAME} characters without surrounding "
-            f"spaces, e.g. gpuflame.phase(\"load_model\"); got {name!r}"[:300]
+            f'spaces, e.g. gpuflame.phase("load_model"); got {name!r}'[:300]
         )
     if any(not ch.isprintable() for ch in name):
         raise ValueError(f"a phase name must be printable text; got {name!r}"[:300])
@@ -82,7 +82,7 @@ def to_comment(rows: Sequence[PhaseStat]) -> str:
 def from_comment(comment: str) -> list[PhaseStat]:
     """Parse one phase comment; ValueError when it is damaged (it is untrusted input)."""
     try:
-        raw = json.loads(comment[len(PREFIX):])
+        raw = json.loads(comment[len(PREFIX) :])
     except (json.JSONDecodeError, RecursionError) as exc:
         raise ValueError(f"damaged phase table: {exc}") from None
     if not isinstance(raw, list) or len(raw) > _MAX_ROWS:
@@ -92,8 +92,9 @@ def from_comment(comment: str) -> list[PhaseStat]:
     for entry in raw:
         if not isinstance(entry, dict) or not isinstance(entry.get("phase"), str):
             raise ValueError("damaged phase table: a row has no phase")
-        values = {k: v for k, v in entry.items()
-                  if k in kinds and type(v) is kinds[k] and (type(v) is not int or v >= 0)}
+        values = {
+            k: v for k, v in entry.items() if k in kinds and type(v) is kinds[k] and (type(v) is not int or v >= 0)
+        }
         rows.append(PhaseStat(**values))
     return rows
 

@@ -270,11 +270,19 @@ class Profile:
         each = ", ".join(f"{u.device} {format_bytes(sums.get(u.device, 0))}" for u in units)
         joint = self.joint_device_peak()
         start = self.timeline.start() if self.timeline is not None else None
-        together = (f": their allocations together peaked at {format_bytes(joint[1])}, "
-                    f"{(joint[0] - (start or joint[0])) / 1e9:.3f} s into the strip") if joint else ""
+        together = (
+            (
+                f": their allocations together peaked at {format_bytes(joint[1])}, "
+                f"{(joint[0] - (start or joint[0])) / 1e9:.3f} s into the strip"
+            )
+            if joint
+            else ""
+        )
         plain = all(u.kind == PROCESS and not u.why for u in units)
-        return (f"{len(units)} devices, each at its own peak (every GPU has its own memory): {each}; "
-                f"the sum is not one moment{together}" + ("" if plain else f"; per device: {text}"))
+        return (
+            f"{len(units)} devices, each at its own peak (every GPU has its own memory): {each}; "
+            f"the sum is not one moment{together}" + ("" if plain else f"; per device: {text}")
+        )
 
     def device_totals(self, type_index: int) -> dict[str, int]:
         """Each device's total of one sample type (``""`` for samples without a device)."""

@@ -59,8 +59,6 @@ def summary_line(summary: Summary, backends: list[str]) -> str:
             parts.append(f"{label} {format_count(value, 'bytes')}")
     if summary.top is not None:
         shown = summary.type.removesuffix("_space").replace("inuse", "in use")
-        parts.append(
-            f"top: {summary.top.frame.name} ({format_count(summary.top.self, summary.unit)} self at {shown})"
-        )
+        parts.append(f"top: {summary.top.frame.name} ({format_count(summary.top.self, summary.unit)} self at {shown})")
     where = f" [{', '.join(backends)}]" if backends else ""
     return "gpuflame" + where + ": " + ", ".join(parts)

@@ -160,8 +160,10 @@ def name_cells(profile: Profile, compiler: Any) -> Profile:
 
 def _nothing_recorded(backend: str, backends: list[str]) -> str:
     if not backends:
-        return (f"nothing was recorded: no backend started (--backend {backend} starts when the cell, "
-                f"or the kernel before it, imports {spoken(frameworks(AUTO))})")
+        return (
+            f"nothing was recorded: no backend started (--backend {backend} starts when the cell, "
+            f"or the kernel before it, imports {spoken(frameworks(AUTO))})"
+        )
     return f"nothing was recorded: the {', '.join(backends)} backend saw no allocation in this cell"
 
 
@@ -217,6 +219,13 @@ def _print_report(profile: Profile, type_name: str | None, limit: int) -> None:
     from gpuflame.render.terminal import PIPE_WIDTH, render_report
 
     view = Selection(sample_type=type_name).apply(profile)  # as gpuflame report --type TYPE
-    console = Console(file=sys.stdout, highlight=False, markup=False, emoji=False, force_jupyter=False,
-                      color_system=None, width=PIPE_WIDTH)
+    console = Console(
+        file=sys.stdout,
+        highlight=False,
+        markup=False,
+        emoji=False,
+        force_jupyter=False,
+        color_system=None,
+        width=PIPE_WIDTH,
+    )
     render_report(console, build_report(view.profile, view.tree(), limit), "last %%gpuflame cell")

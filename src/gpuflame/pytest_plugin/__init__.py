@@ -26,7 +26,7 @@ import pytest
 
 MARKERS = {
     "limit_gpu_memory": "limit_gpu_memory(limit): fail when the test body's peak GPU memory is over limit "
-    "(\"2 GiB\", \"512MiB\", or bytes); gpuflame names the top stacks at the peak",
+    '("2 GiB", "512MiB", or bytes); gpuflame names the top stacks at the peak',
     "limit_gpu_leaks": "limit_gpu_leaks(limit): fail when a stack still holds more than limit, allocated "
     "during the test body, when the test returns; gpuflame lists those stacks",
 }
@@ -41,25 +41,45 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     from gpuflame.boundary.backends import AUTO, BACKENDS, spoken
 
     group = parser.getgroup("gpuflame", "GPU memory per test (gpuflame)")
-    group.addoption("--gpuflame", action="store_true",
-                    help="profile every test's GPU memory (body and fixtures separately); "
-                         "print the tests with the highest peak at the end")
-    group.addoption("--gpuflame-dir", metavar="DIR",
-                    help="keep each test's profile in DIR (TEST.pb.gz, TEST.fixtures.pb.gz); implies --gpuflame")
-    group.addoption("--gpuflame-fail-on-increase", action="store_true",
-                    help="fail a test whose peak grew since the last --gpuflame run by more than the "
-                         "tolerance (peaks are kept in pytest's cache); implies --gpuflame")
-    group.addoption("--gpuflame-tolerance", default=DEFAULT_TOLERANCE, metavar="T",
-                    help="growth allowed by --gpuflame-fail-on-increase: a share (5%%) or bytes (1MiB); "
-                         "default 5%%")
-    group.addoption("--gpuflame-backend", default=AUTO, metavar="NAME",
-                    help=f"{AUTO} (default), {spoken(BACKENDS[1:])}, as gpuflame run --backend")
-    group.addoption("--gpuflame-categories", action="store_true",
-                    help="class each test's memory by what it is (parameter, gradient, optimizer_state, ...) "
-                         "from the object graph: a walk of every object per test, tens of ms each; "
-                         "without it the categories follow the allocating stacks")
-    group.addoption("--gpuflame-top", type=int, default=10, metavar="N",
-                    help="tests listed in the summary table (default 10)")
+    group.addoption(
+        "--gpuflame",
+        action="store_true",
+        help="profile every test's GPU memory (body and fixtures separately); "
+        "print the tests with the highest peak at the end",
+    )
+    group.addoption(
+        "--gpuflame-dir",
+        metavar="DIR",
+        help="keep each test's profile in DIR (TEST.pb.gz, TEST.fixtures.pb.gz); implies --gpuflame",
+    )
+    group.addoption(
+        "--gpuflame-fail-on-increase",
+        action="store_true",
+        help="fail a test whose peak grew since the last --gpuflame run by more than the "
+        "tolerance (peaks are kept in pytest's cache); implies --gpuflame",
+    )
+    group.addoption(
+        "--gpuflame-tolerance",
+        default=DEFAULT_TOLERANCE,
+        metavar="T",
+        help="growth allowed by --gpuflame-fail-on-increase: a share (5%%) or bytes (1MiB); default 5%%",
+    )
+    group.addoption(
+        "--gpuflame-backend",
+        default=AUTO,
+        metavar="NAME",
+        help=f"{AUTO} (default), {spoken(BACKENDS[1:])}, as gpuflame run --backend",
+    )
+    group.addoption(
+        "--gpuflame-categories",
+        action="store_true",
+        help="class each test's memory by what it is (parameter, gradient, optimizer_state, ...) "
+        "from the object graph: a walk of every object per test, tens of ms each; "
+        "without it the categories follow the allocating stacks",
+    )
+    group.addoption(
+        "--gpuflame-top", type=int, default=10, metavar="N", help="tests listed in the summary table (default 10)"
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -71,12 +91,16 @@ def pytest_configure(config: pytest.Config) -> None:
 def baseline_note(has_cache: bool, without_baseline: list[str]) -> str | None:
     """What ``--gpuflame-fail-on-increase`` could not compare: a check with no baseline must not read as passed."""
     if not has_cache:
-        return ("gpuflame: --gpuflame-fail-on-increase compared nothing: pytest's cache is off "
-                "(-p no:cacheprovider), so no earlier peak was read and none is kept")
+        return (
+            "gpuflame: --gpuflame-fail-on-increase compared nothing: pytest's cache is off "
+            "(-p no:cacheprovider), so no earlier peak was read and none is kept"
+        )
     if without_baseline:
         count = len(without_baseline)
-        return (f"gpuflame: --gpuflame-fail-on-increase: {count} test{'s' if count != 1 else ''} had no peak "
-                "from an earlier run to compare with; this run's peaks are kept for the next")
+        return (
+            f"gpuflame: --gpuflame-fail-on-increase: {count} test{'s' if count != 1 else ''} had no peak "
+            "from an earlier run to compare with; this run's peaks are kept for the next"
+        )
     return None
 
 
@@ -173,8 +197,12 @@ class GpuflamePlugin:
         if error:
             item.warn(pytest.PytestWarning(f"gpuflame: nothing recorded for this test: {error}"))
         failures = self._check(item, body, fixtures)
-        report.gpuflame = {"body": body.to_dict(), "fixtures": fixtures.to_dict() if fixtures else None,
-                           "error": error, "grew": bool(failures.get("grew"))}
+        report.gpuflame = {
+            "body": body.to_dict(),
+            "fixtures": fixtures.to_dict() if fixtures else None,
+            "error": error,
+            "grew": bool(failures.get("grew")),
+        }
         if failures and report.passed:
             report.outcome = "failed"
             report.longrepr = "\n\n".join(failures.values())
@@ -195,8 +223,12 @@ class GpuflamePlugin:
             if "limit_gpu_leaks" in limits and (stacks := budget.leaks(profile, limits["limit_gpu_leaks"])):
                 failed["leaks"] = lambda saved: budget.leaking(stacks, limits["limit_gpu_leaks"], saved)
             before, tolerance = self.baseline.get(item.nodeid), self.tolerance  # set with fail_on_increase
-            if self.fail_on_increase and before is not None and tolerance is not None \
-                    and not tolerance.allows(before, peak):
+            if (
+                self.fail_on_increase
+                and before is not None
+                and tolerance is not None
+                and not tolerance.allows(before, peak)
+            ):
                 failed["grew"] = lambda saved: budget.grew(profile, before, peak, tolerance, saved)
         saved = self._save(item.nodeid, body, fixtures, keep=bool(failed))
         return {name: make(saved) for name, make in failed.items()}
@@ -252,6 +284,7 @@ class GpuflamePlugin:
         # a test that failed (over budget, grown, broken) keeps its previous peak:
         # a regression fails again next run until it is fixed or the cache is cleared
         peaks = dict(cache.get(CACHE_KEY, {}))
-        peaks.update({nodeid: r["body"]["peak"] for nodeid, r in self.results.items()
-                      if r["passed"] and not r["error"]})
+        peaks.update(
+            {nodeid: r["body"]["peak"] for nodeid, r in self.results.items() if r["passed"] and not r["error"]}
+        )
         cache.set(CACHE_KEY, peaks)

@@ -51,7 +51,7 @@ class Tolerance:
 def limit_of(marker_args: tuple, name: str) -> int:
     """The byte limit given to a ``limit_gpu_*`` marker: ``"2 GiB"`` or a number of bytes."""
     if len(marker_args) != 1:
-        raise ValueError(f"@pytest.mark.{name} takes one limit, such as \"2 GiB\"")
+        raise ValueError(f'@pytest.mark.{name} takes one limit, such as "2 GiB"')
     value = marker_args[0]
     try:
         return int(value) if isinstance(value, int) else parse_size(str(value))
@@ -65,7 +65,7 @@ def stack_line(stack: Stack) -> str:
 
     names = [f.name for f in stack.frames]
     if len(names) > FRAMES_SHOWN:
-        names = names[:1] + ["..."] + names[-(FRAMES_SHOWN - 1):]
+        names = names[:1] + ["..."] + names[-(FRAMES_SHOWN - 1) :]
     where = short_path(shown(stack.where()))
     return f"  {format_bytes(stack.value):>10} ({stack.percent:5.1f}%)  {' -> '.join(names)}" + (
         f"  ({where})" if where else ""
@@ -79,9 +79,11 @@ def stacks_at(profile: Profile, type_name: str, limit: int = STACKS_SHOWN) -> li
 
 
 def over_limit(profile: Profile, peak: int, limit: int, saved: str) -> str:
-    lines = [f"gpuflame: peak {format_bytes(peak)} is over the limit of {format_bytes(limit)} "
-             f"(limit_gpu_memory, {peak - limit:,} bytes over); fixtures not counted",
-             "top stacks at the peak (test first, allocating function last):"]
+    lines = [
+        f"gpuflame: peak {format_bytes(peak)} is over the limit of {format_bytes(limit)} "
+        f"(limit_gpu_memory, {peak - limit:,} bytes over); fixtures not counted",
+        "top stacks at the peak (test first, allocating function last):",
+    ]
     lines += [stack_line(s) for s in stacks_at(profile, "peak_space")]
     return "\n".join(lines + [_saved(saved)])
 
@@ -93,9 +95,11 @@ def leaks(profile: Profile, limit: int) -> list[Stack]:
 
 def leaking(stacks: list[Stack], limit: int, saved: str) -> str:
     held = sum(s.value for s in stacks)
-    lines = [f"gpuflame: {len(stacks)} stack{'s still hold' if len(stacks) > 1 else ' still holds'} "
-             f"{format_bytes(held)} allocated during the test, each over the limit of "
-             f"{format_bytes(limit)} per stack (limit_gpu_leaks):"]
+    lines = [
+        f"gpuflame: {len(stacks)} stack{'s still hold' if len(stacks) > 1 else ' still holds'} "
+        f"{format_bytes(held)} allocated during the test, each over the limit of "
+        f"{format_bytes(limit)} per stack (limit_gpu_leaks):"
+    ]
     lines += [stack_line(s) for s in stacks[:10]]
     if len(stacks) > 10:
         lines.append(f"  ... and {len(stacks) - 10} more")
@@ -104,9 +108,11 @@ def leaking(stacks: list[Stack], limit: int, saved: str) -> str:
 
 def grew(profile: Profile, before: int, now: int, tolerance: Tolerance, saved: str) -> str:
     change = f"+{100 * (now - before) / before:.1f}%" if before else "from nothing"
-    lines = [f"gpuflame: peak grew from {format_bytes(before)} to {format_bytes(now)} ({change}, "
-             f"{now - before:+,} bytes) since the last run; tolerance {tolerance} (--gpuflame-fail-on-increase)",
-             "top stacks at the peak now:"]
+    lines = [
+        f"gpuflame: peak grew from {format_bytes(before)} to {format_bytes(now)} ({change}, "
+        f"{now - before:+,} bytes) since the last run; tolerance {tolerance} (--gpuflame-fail-on-increase)",
+        "top stacks at the peak now:",
+    ]
     lines += [stack_line(s) for s in stacks_at(profile, "peak_space")]
     return "\n".join(lines + [_saved(saved)])
 
@@ -114,7 +120,7 @@ def grew(profile: Profile, before: int, now: int, tolerance: Tolerance, saved: s
 def shown(path: str) -> str:
     """A path under the current folder relative to it, as pytest shows test files."""
     here = os.getcwd() + os.sep
-    return path[len(here):] if path.startswith(here) else path
+    return path[len(here) :] if path.startswith(here) else path
 
 
 def _saved(path: str) -> str:

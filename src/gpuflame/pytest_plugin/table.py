@@ -23,8 +23,11 @@ def summary_lines(results: dict[str, dict[str, Any]], top: int, folder: Path | N
         lines.append("  ".join(cells + [row[4]]).rstrip())
     lost = [nodeid for nodeid, r in results.items() if r["error"]]
     if lost:
-        lines.append(f"nothing recorded for {len(lost)} test{'s' if len(lost) > 1 else ''} (see warnings): "
-                     + ", ".join(lost[:3]) + (" ..." if len(lost) > 3 else ""))
+        lines.append(
+            f"nothing recorded for {len(lost)} test{'s' if len(lost) > 1 else ''} (see warnings): "
+            + ", ".join(lost[:3])
+            + (" ..." if len(lost) > 3 else "")
+        )
     lines.append("peaks are the test body's; fixtures are recorded apart (set-up only)")
     if folder is not None:
         lines.append(f"profiles: {folder}/  (gpuflame view {folder}/TEST.pb.gz)")

@@ -81,8 +81,10 @@ def viewer_data(
     sites = _history_sites(profile) if base is None else None
     sources = ([profile] if base is None else [profile, base]) + ([sites] if sites is not None else [])
     columns = [_stack_columns(p) for p in sources]
-    used = [np.flatnonzero(np.bincount(c[1], minlength=len(p.frames))).tolist()
-            for p, c in zip(sources, columns, strict=True)]
+    used = [
+        np.flatnonzero(np.bincount(c[1], minlength=len(p.frames))).tolist()
+        for p, c in zip(sources, columns, strict=True)
+    ]
     frames, frame_codes = _function_table(sources, used)
     regex = framework_regex(DEFAULT_FRAMEWORKS)
     # by kind and file, not per frame: a million functions live in a few thousand files
@@ -105,8 +107,9 @@ def viewer_data(
             "line": _int32([f.line for f in frames]),
             "kind": np.array([kind_code.get(f.kind, 0) for f in frames], np.uint8),
             # 1: a framework frame; 2: one that names what the memory is (model/prune.py)
-            "framework": np.array([(2 if names_the_memory(f) else 1) if in_framework[f.kind, f.file] else 0
-                                   for f in frames], np.uint8),
+            "framework": np.array(
+                [(2 if names_the_memory(f) else 1) if in_framework[f.kind, f.file] else 0 for f in frames], np.uint8
+            ),
         },
         "files": files,
         "samples": sample_sets[0],
@@ -174,12 +177,18 @@ def history_data(history: History, start: int, sites: dict[str, list]) -> dict[s
         for t in track.times:
             deltas.append(t - last)
             last = t
-        tracks.append({
-            "start": track.start - start if track.start else None, "end": track.end - start if track.end else None,
-            "fold": track.fold - start, "folded": track.folded,
-            "base": [[k * width + s, b, c] for s, (b, c) in track.base.items()],
-            "t": deltas, "s": [k * width + s for s in track.sites], "b": list(track.sizes),
-        })
+        tracks.append(
+            {
+                "start": track.start - start if track.start else None,
+                "end": track.end - start if track.end else None,
+                "fold": track.fold - start,
+                "folded": track.folded,
+                "base": [[k * width + s, b, c] for s, (b, c) in track.base.items()],
+                "t": deltas,
+                "s": [k * width + s for s in track.sites],
+                "b": list(track.sizes),
+            }
+        )
     return {"stack": sites["stack"], "labels": sites["labels"], "tracks": tracks}
 
 
@@ -209,17 +218,21 @@ def _sample_tables(columns: list[Columns], frame_codes: list[np.ndarray]) -> tup
     links instead of reading a frame list per stack: a million stacks forty
     deep are a million nodes, not forty million ids.
     """
-    tree = prefix_tree(np.concatenate([c[0] for c in columns]),
-                       np.concatenate([codes[c[1]] for c, codes in zip(columns, frame_codes, strict=True)]))
+    tree = prefix_tree(
+        np.concatenate([c[0] for c in columns]),
+        np.concatenate([codes[c[1]] for c, codes in zip(columns, frame_codes, strict=True)]),
+    )
     label_index: dict[tuple[tuple[str, str], ...], int] = {}
     out, first = [], 0
     for _, _, samples, values in columns:
         labels = [label_index.setdefault(s.labels, len(label_index)) for s in samples]
-        out.append({
-            "stack": tree.node_of_stack[first : first + len(samples)].astype("<i4"),
-            "labels": np.array(labels, dtype="<i4"),
-            "values": [_value_column(values[:, k]) for k in range(values.shape[1])],
-        })
+        out.append(
+            {
+                "stack": tree.node_of_stack[first : first + len(samples)].astype("<i4"),
+                "labels": np.array(labels, dtype="<i4"),
+                "values": [_value_column(values[:, k]) for k in range(values.shape[1])],
+            }
+        )
         first += len(samples)
     stacks = {"parent": tree.parent.astype("<i4"), "frame": tree.code.astype("<i4")}
     return stacks, out, [[list(pair) for pair in labels] for labels in label_index]

@@ -89,8 +89,13 @@ def short_path(path: str) -> str:
     while (at := path.rfind(PACKAGES, 0, end)) >= 0:
         after = at + len(PACKAGES)
         start = at - len(PACKAGE_DIRS[0])
-        if (start > 0 and path[start:at] in PACKAGE_DIRS and path[start - 1] in SEPARATORS
-                and after < len(path) and path[after] in SEPARATORS):
+        if (
+            start > 0
+            and path[start:at] in PACKAGE_DIRS
+            and path[start - 1] in SEPARATORS
+            and after < len(path)
+            and path[after] in SEPARATORS
+        ):
             return path[after + 1 :]
         end = at + len(PACKAGES) - 1  # the next occurrence starts before this one
     return path
@@ -222,9 +227,7 @@ def render_report(console: Console, report: Report, source: str, peak: str = "")
         _totals_table(report),
         *([categories_table(report.categories, report.unit)] if report.categories else []),
         *([phases_table(report.phases)] if report.phases else []),
-        _entries_table(
-            "What allocates the most: widest leaf bars (by self)", report.leaves, report.unit, "self"
-        ),
+        _entries_table("What allocates the most: widest leaf bars (by self)", report.leaves, report.unit, "self"),
         _roots_table(report.roots, report.unit),
         _targets_table(report.targets, report.unit),
         _wrappers_table(report.wrappers, report.unit),
@@ -257,8 +260,15 @@ def phases_table(rows: list[PhaseRow]) -> Table:
     """Peak per phase, in order: each phase's own highest live total, in use at its end, who held most then."""
     several = len({(r.stat.pid, r.stat.device) for r in rows}) > 1
     who = ("pid", "device") if several else ()
-    table = _table("By phase: each phase's own peak (bytes)", "phase", *who, "start", "peak", "in use at end",
-                   "top function at the phase's peak")
+    table = _table(
+        "By phase: each phase's own peak (bytes)",
+        "phase",
+        *who,
+        "start",
+        "peak",
+        "in use at end",
+        "top function at the phase's peak",
+    )
     for r in rows:
         s = r.stat
         top = f"{s.top} ({format_bytes(s.top_bytes)})" if s.top else ""
@@ -302,9 +312,7 @@ def _roots_table(roots: list[Root], unit: str) -> Table:
         for b in root.branches:
             table.add_row(amount(b.total, unit), pct(b.percent), f"    +- {b.frame.name}", where_cell(b.frame))
         if root.branches and root.rest:
-            table.add_row(
-                amount(root.rest, unit), "", Text("    +- (self and smaller branches)", style="dim"), ""
-            )
+            table.add_row(amount(root.rest, unit), "", Text("    +- (self and smaller branches)", style="dim"), "")
     return table
 
 
@@ -371,9 +379,7 @@ def render_top(
 ) -> None:
     console.print(type_title(type_name, unit, total, peak))
     console.print()
-    table = _table(
-        f"Top functions by {by}", "#", "self", "self %", "total", "total %", "function", "file:line"
-    )
+    table = _table(f"Top functions by {by}", "#", "self", "self %", "total", "total %", "function", "file:line")
     for i, e in enumerate(entries, 1):
         table.add_row(
             str(i),
@@ -400,8 +406,11 @@ def render_explanation(console: Console, ex: Explanation, type_name: str, unit: 
     console.print(
         f"total {amount(ex.total, unit)} ({pct(ex.percent)} of {type_name}), "
         f"self {amount(ex.self, unit)}, through {chains} distinct call chain{'s' if chains != 1 else ''}"
-        + (f" (and {amount(ex.nested_self, unit)} self in matching functions they call, within their totals)"
-           if ex.nested_self else "")
+        + (
+            f" (and {amount(ex.nested_self, unit)} self in matching functions they call, within their totals)"
+            if ex.nested_self
+            else ""
+        )
     )
     for n, chain in enumerate(ex.chains, 1):
         console.print()
@@ -409,13 +418,9 @@ def render_explanation(console: Console, ex: Explanation, type_name: str, unit: 
     if ex.more_chains:
         console.print()
         console.print(
-            Text(
-                f"... and {ex.more_chains} narrower chains holding {amount(ex.more_total, unit)}", style="dim"
-            )
+            Text(f"... and {ex.more_chains} narrower chains holding {amount(ex.more_total, unit)}", style="dim")
         )
-    console.print(
-        Text("Each chain reads bottom-up: the entry point first, the matched function last.", style="dim")
-    )
+    console.print(Text("Each chain reads bottom-up: the entry point first, the matched function last.", style="dim"))
 
 
 def _chain_table(n: int, count: int, chain: Chain, unit: str) -> Table:
@@ -460,9 +465,7 @@ def render_comparison(console: Console, cmp: Comparison, base: str, new: str) ->
     console.print(_changes_table("Grew", cmp.grew, cmp.unit))
     console.print(_changes_table("Shrank", cmp.shrank, cmp.unit))
     if cmp.changed > len(cmp.grew) + len(cmp.shrank):
-        console.print(
-            Text(f"{cmp.changed} functions changed in all; showing the largest changes.", style="dim")
-        )
+        console.print(Text(f"{cmp.changed} functions changed in all; showing the largest changes.", style="dim"))
 
 
 def _changes_table(title: str, changes: list[Change], unit: str) -> Table:

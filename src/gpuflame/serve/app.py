@@ -117,8 +117,12 @@ class HostNames:
 
     def __init__(self, bound: str, allowed: tuple[str, ...] = ()) -> None:
         machine = socket.gethostname().lower()
-        self.names = {bound.strip("[]").rstrip(".").lower(), machine, machine.split(".", 1)[0],
-                      *(host_name(a) for a in allowed)} - {""}
+        self.names = {
+            bound.strip("[]").rstrip(".").lower(),
+            machine,
+            machine.split(".", 1)[0],
+            *(host_name(a) for a in allowed),
+        } - {""}
 
     def allows(self, header: str | None, local_address: str) -> bool:
         if header is None:  # HTTP/1.0 without a Host: not what a browser sends
@@ -218,8 +222,11 @@ class Handler(BaseHTTPRequestHandler):
 
     def _route(self) -> Response:
         if not self.server.hosts.allows(self.headers.get("Host"), str(self.connection.getsockname()[0])):
-            return error(403, "this server answers only to the names of this machine (the Host header was "
-                              "another; a reverse proxy's name: gpuflame serve --allow-host NAME)")
+            return error(
+                403,
+                "this server answers only to the names of this machine (the Host header was "
+                "another; a reverse proxy's name: gpuflame serve --allow-host NAME)",
+            )
         parts = urlsplit(self.path)
         path, query = parts.path, parse_qs(parts.query, keep_blank_values=True)
         if path == "/":
@@ -229,9 +236,9 @@ class Handler(BaseHTTPRequestHandler):
         if path == "/diff":
             return self._guard(self._diff, query)
         if path.startswith("/view/"):
-            return self._guard(self._view, (unquote(path[len("/view/"):]), query))
+            return self._guard(self._view, (unquote(path[len("/view/") :]), query))
         if path.startswith("/file/"):
-            return self._guard(self._file, unquote(path[len("/file/"):]))
+            return self._guard(self._file, unquote(path[len("/file/") :]))
         return error(404, "no such page")
 
     def _guard(self, route: Callable[[Any], Response], arg: Any) -> Response:
@@ -257,16 +264,18 @@ class Handler(BaseHTTPRequestHandler):
             return error(400, str(exc))
         key = ("view", *file_key(path), selection)
         try:
-            return viewer_response(self.server.cache.get(key, lambda: view_page(load(path, ident), entry.label,
-                                                                               selection)))
+            return viewer_response(
+                self.server.cache.get(key, lambda: view_page(load(path, ident), entry.label, selection))
+            )
         except GpuflameError as exc:  # a focus or label that leaves nothing, a moment the profile cannot show
             return error(400, str(exc))
 
     def _file(self, ident: str) -> Response:
         data = read_or_unreadable(catalog.resolve_id(self.server.root, ident), ident)
         name = re.sub(r"[^A-Za-z0-9._-]", "_", ident.replace("/", "-"))
-        return Response(200, data, "application/octet-stream",
-                        {"Content-Disposition": f'attachment; filename="{name}"'})
+        return Response(
+            200, data, "application/octet-stream", {"Content-Disposition": f'attachment; filename="{name}"'}
+        )
 
     def _diff(self, query: dict[str, list[str]]) -> Response:
         picks = query.get("pick")

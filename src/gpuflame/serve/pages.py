@@ -49,9 +49,9 @@ def link(route: str, ident: str) -> str:
 def page(title: str, body: str) -> str:
     """A whole page around *body* (already escaped markup); *title* is escaped here."""
     return (
-        "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-        "<meta name=\"referrer\" content=\"no-referrer\">"
-        "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
+        '<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'
+        '<meta name="referrer" content="no-referrer">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<title>{escape(title)}</title><style>{STYLE}</style></head>\n<body>\n{body}\n</body></html>\n"
     )
 
@@ -59,8 +59,7 @@ def page(title: str, body: str) -> str:
 def message_page(status: int, reason: str, message: str) -> str:
     """An error page: the status, one line saying why, and the way back."""
     body = (
-        f"<h1>{status} {escape(reason)}</h1>\n<p>{escape(message)}</p>\n"
-        "<p><a href=\"/\">back to the list of runs</a></p>"
+        f'<h1>{status} {escape(reason)}</h1>\n<p>{escape(message)}</p>\n<p><a href="/">back to the list of runs</a></p>'
     )
     return page(f"gpuflame: {status} {reason}", body)
 
@@ -71,8 +70,8 @@ def index_page(root: str, entries: list[Entry]) -> str:
     files = [e for e in entries if e.kind == "file"]
     parts = [
         "<h1>gpuflame runs</h1>",
-        f"<p class=\"where\">{escape(root)}</p>",
-        "<form method=\"get\" action=\"/diff\">",
+        f'<p class="where">{escape(root)}</p>',
+        '<form method="get" action="/diff">',
     ]
     if not entries:
         parts.append("<p>No runs or profile files here yet: <code>gpuflame run script.py</code> makes one.</p>")
@@ -82,16 +81,18 @@ def index_page(root: str, entries: list[Entry]) -> str:
         parts += [f"<h2>Profile files ({len(files)})</h2>", _files_table(files)]
     if len([e for e in entries if e.size is not None]) >= 2:
         parts.append(
-            "<p class=\"bar\"><button type=\"submit\">Diff the two picked</button> "
-            "<span class=\"dim\">the older one is the base</span></p>"
+            '<p class="bar"><button type="submit">Diff the two picked</button> '
+            '<span class="dim">the older one is the base</span></p>'
         )
     parts.append("</form>")
     return page("gpuflame runs", "\n".join(parts))
 
 
 def _runs_table(runs: list[Entry]) -> str:
-    head = "<tr><th>pick</th><th>started</th><th>command</th><th>exit</th><th>peak</th>" \
+    head = (
+        "<tr><th>pick</th><th>started</th><th>command</th><th>exit</th><th>peak</th>"
         "<th>processes</th><th>profile</th></tr>"
+    )
     return "<table>\n" + head + "\n" + "\n".join(_run_row(e) for e in runs) + "\n</table>"
 
 
@@ -100,11 +101,12 @@ def _run_row(entry: Entry) -> str:
     full, short = _command(meta.get("command"))
     cells = [
         _pick(entry),
-        f"<td title=\"{escape(entry.label)}\">{escape(_when(entry.time))}</td>",
-        f"<td class=\"cmd\" title=\"{escape(full)}\">{escape(short)}</td>"
-        if entry.problem is None else f"<td class=\"bad\">{escape(entry.problem)}</td>",
+        f'<td title="{escape(entry.label)}">{escape(_when(entry.time))}</td>',
+        f'<td class="cmd" title="{escape(full)}">{escape(short)}</td>'
+        if entry.problem is None
+        else f'<td class="bad">{escape(entry.problem)}</td>',
         _exit_cell(meta.get("exit_code")),
-        f"<td class=\"num\">{escape(_peak(entry))}</td>",
+        f'<td class="num">{escape(_peak(entry))}</td>',
         _processes_cell(meta.get("processes")),
         _links(entry),
     ]
@@ -114,8 +116,8 @@ def _run_row(entry: Entry) -> str:
 def _files_table(files: list[Entry]) -> str:
     head = "<tr><th>pick</th><th>modified</th><th>file</th><th>size</th><th>profile</th></tr>"
     rows = [
-        "<tr>" + _pick(e) + f"<td>{escape(_when(e.time))}</td><td class=\"cmd\">{escape(e.id)}</td>"
-        f"<td class=\"num\">{escape(format_bytes(e.size or 0))}</td>" + _links(e) + "</tr>"
+        "<tr>" + _pick(e) + f'<td>{escape(_when(e.time))}</td><td class="cmd">{escape(e.id)}</td>'
+        f'<td class="num">{escape(format_bytes(e.size or 0))}</td>' + _links(e) + "</tr>"
         for e in files
     ]
     return "<table>\n" + head + "\n" + "\n".join(rows) + "\n</table>"
@@ -124,17 +126,19 @@ def _files_table(files: list[Entry]) -> str:
 def _pick(entry: Entry) -> str:
     if entry.size is None:
         return "<td></td>"
-    return f"<td><input type=\"checkbox\" name=\"pick\" value=\"{escape(entry.id)}\" " \
-        f"aria-label=\"pick {escape(entry.label)} for a diff\"></td>"
+    return (
+        f'<td><input type="checkbox" name="pick" value="{escape(entry.id)}" '
+        f'aria-label="pick {escape(entry.label)} for a diff"></td>'
+    )
 
 
 def _links(entry: Entry) -> str:
     if entry.size is None:
-        return "<td class=\"dim\">no profile written</td>"
+        return '<td class="dim">no profile written</td>'
     return (
-        f"<td><a href=\"{escape(link('view', entry.id))}\">open</a> · "
-        f"<a href=\"{escape(link('file', entry.id))}\" download>download</a> "
-        f"<span class=\"dim\">({escape(format_bytes(entry.size))})</span></td>"
+        f'<td><a href="{escape(link("view", entry.id))}">open</a> · '
+        f'<a href="{escape(link("file", entry.id))}" download>download</a> '
+        f'<span class="dim">({escape(format_bytes(entry.size))})</span></td>'
     )
 
 
@@ -150,15 +154,15 @@ def _command(words: object) -> tuple[str, str]:
 
 def _exit_cell(code: object) -> str:
     if not isinstance(code, int):
-        return "<td class=\"dim\">—</td>"
-    return f"<td class=\"num{' bad' if code else ''}\">{code}</td>"
+        return '<td class="dim">—</td>'
+    return f'<td class="num{" bad" if code else ""}">{code}</td>'
 
 
 def _processes_cell(pids: object) -> str:
     if not isinstance(pids, list):
-        return "<td class=\"dim\">—</td>"
+        return '<td class="dim">—</td>'
     shown = ", ".join(str(p) for p in pids)
-    return f"<td class=\"num\" title=\"pids {escape(shown)}\">{len(pids)}</td>"
+    return f'<td class="num" title="pids {escape(shown)}">{len(pids)}</td>'
 
 
 def _peak(entry: Entry) -> str:

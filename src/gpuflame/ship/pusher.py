@@ -144,8 +144,11 @@ class Pusher:
         try:
             payload = self._prepare(item) if self._prepare is not None else item
         except Exception as exc:  # noqa: BLE001 - a bug here must not kill the thread
-            self._failed(PushError(f"could not prepare the profile ({type(exc).__name__}: {exc})",
-                                   kind="could not prepare the profile"))
+            self._failed(
+                PushError(
+                    f"could not prepare the profile ({type(exc).__name__}: {exc})", kind="could not prepare the profile"
+                )
+            )
             return streak
         for attempt in range(self._attempts):
             try:

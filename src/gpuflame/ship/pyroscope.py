@@ -52,8 +52,13 @@ MAX_LABEL_VALUES = 16  # above this a sample label is not made a series label
 # sample label -> series label; gpu is the device (cuda:0), gpu_model its name (NVIDIA H200)
 # category: eight values at most (model/categories.py), so Grafana can split a service by the kind of memory;
 # phase: the program's few phases (model/phases.py), kept only while MAX_LABEL_VALUES bounds them
-SERIES_SAMPLE_LABELS = {"pid": "pid", "device": "gpu", "gpu_model": "gpu_model", "category": "category",
-                        "phase": "phase"}
+SERIES_SAMPLE_LABELS = {
+    "pid": "pid",
+    "device": "gpu",
+    "gpu_model": "gpu_model",
+    "category": "category",
+    "phase": "phase",
+}
 DOWNWARD_API = {"namespace": "POD_NAMESPACE", "pod": "POD_NAME", "container": "CONTAINER_NAME", "node": "NODE_NAME"}
 ENV = "GPUFLAME_PYROSCOPE_"
 EXCERPT = 200  # characters of a server's answer quoted in a message (escaped)
@@ -70,8 +75,7 @@ TLS = "TLS failure"
 class PushError(GpuflameError):
     """A push that did not reach Pyroscope; says whether retrying can help, and what kind of failure it was."""
 
-    def __init__(self, message: str, retryable: bool = True, retry_after: float | None = None,
-                 kind: str = "") -> None:
+    def __init__(self, message: str, retryable: bool = True, retry_after: float | None = None, kind: str = "") -> None:
         super().__init__(message)
         self.retryable = retryable
         self.retry_after = retry_after
@@ -301,8 +305,7 @@ class PyroscopeClient:
         if expired or isinstance(exc, TimeoutError):
             return PushError(f"Pyroscope at {self.url} did not answer within {self.timeout:g}s", kind=TIMEOUT)
         if isinstance(exc, ssl.SSLError):
-            return PushError(f"TLS with Pyroscope at {self.url} failed: {exc.reason or exc}", retryable=False,
-                             kind=TLS)
+            return PushError(f"TLS with Pyroscope at {self.url} failed: {exc.reason or exc}", retryable=False, kind=TLS)
         kind, detail = _describe(exc)
         if kind == GARBAGE:
             return PushError(f"Pyroscope at {self.url} sent {GARBAGE}: {self._excerpt(detail)}", kind=GARBAGE)

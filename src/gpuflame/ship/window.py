@@ -40,8 +40,9 @@ class IntervalWindow:
     def next(self, snapshot: Profile) -> Profile:
         """The interval from the previous snapshot (or the start) to *snapshot*."""
         if JOINT_SPACE in snapshot.type_names():  # a run's bookkeeping between processes, not a view
-            snapshot = select_types(snapshot, [t for t in snapshot.sample_types
-                                               if t.type not in (JOINT_SPACE, JOINT_OBJECTS)])
+            snapshot = select_types(
+                snapshot, [t for t in snapshot.sample_types if t.type not in (JOINT_SPACE, JOINT_OBJECTS)]
+            )
         rows = _rows(snapshot)
         names = snapshot.type_names()
         previous = self._rows if self._types == names else None

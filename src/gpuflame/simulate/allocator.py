@@ -52,8 +52,9 @@ EXPANDABLE_SPACE = 1 << 40  # an expandable segment's address space when the dev
 class Allocator:
     """One device's caching allocator; its segment events are in :attr:`events`."""
 
-    def __init__(self, settings: Settings, capacity: int | None = None,
-                 new_address: Callable[[int], int] | None = None) -> None:
+    def __init__(
+        self, settings: Settings, capacity: int | None = None, new_address: Callable[[int], int] | None = None
+    ) -> None:
         self.settings = settings
         self.capacity = capacity  # bytes the device lets us reserve (None: no limit)
         self.small, self.large = Pool(True), Pool(False)
@@ -298,7 +299,8 @@ class Allocator:
         """The peaks so far; at the reserved peak, the most allocated while it held (its least fragmentation,
         as ``report`` takes it from a snapshot)."""
         if self.reserved > self.reserved_peak or (
-                self.reserved == self.reserved_peak and self.allocated > self.allocated_at_reserved_peak):
+            self.reserved == self.reserved_peak and self.allocated > self.allocated_at_reserved_peak
+        ):
             self.reserved_peak = self.reserved
             self.allocated_at_reserved_peak = self.allocated
         if self.allocated > self.allocated_peak:

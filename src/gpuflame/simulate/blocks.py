@@ -71,8 +71,21 @@ class Segment:
 class Block:
     """A piece of a segment: allocated, waiting for its stream (pending), free, or (expandable) unmapped."""
 
-    __slots__ = ("addr", "size", "stream", "segment", "prev", "next", "allocated", "pending", "mapped",
-                 "requested", "site", "origin", "gc_base")
+    __slots__ = (
+        "addr",
+        "size",
+        "stream",
+        "segment",
+        "prev",
+        "next",
+        "allocated",
+        "pending",
+        "mapped",
+        "requested",
+        "site",
+        "origin",
+        "gc_base",
+    )
 
     def __init__(self, addr: int, size: int, segment: Segment, mapped: bool = True) -> None:
         self.addr, self.size, self.segment, self.stream = addr, size, segment, segment.stream

@@ -37,5 +37,6 @@ def fragmentation_profile(run: Run) -> Profile:
         timeline.add_series((("device", out.device),), out.over_time.points("allocated"))
         profile.comments.append(
             f"{out.device}: gpuflame simulate at the simulated reserved peak ({format_bytes(sim.reserved)} reserved, "
-            f"{format_bytes(sim.allocated)} allocated), settings: {out.settings}")
+            f"{format_bytes(sim.allocated)} allocated), settings: {out.settings}"
+        )
     return profile

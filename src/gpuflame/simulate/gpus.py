@@ -10,9 +10,21 @@ CUDA_CONTEXT = 512 * MiB  # what the CUDA context and its libraries take before 
 
 # total memory as nvidia-smi reports it (MiB), by the names users write
 GPUS = {
-    "T4": 15360, "V100-16GB": 16384, "V100-32GB": 32768, "L4": 23034, "A10": 23028, "A10G": 23028,
-    "RTX-3090": 24576, "RTX-4090": 24564, "L40S": 46068, "A100-40GB": 40960, "A100-80GB": 81920,
-    "H100-80GB": 81559, "H100-94GB": 95830, "H200": 143771, "B200": 183359,
+    "T4": 15360,
+    "V100-16GB": 16384,
+    "V100-32GB": 32768,
+    "L4": 23034,
+    "A10": 23028,
+    "A10G": 23028,
+    "RTX-3090": 24576,
+    "RTX-4090": 24564,
+    "L40S": 46068,
+    "A100-40GB": 40960,
+    "A100-80GB": 81920,
+    "H100-80GB": 81559,
+    "H100-94GB": 95830,
+    "H200": 143771,
+    "B200": 183359,
 }
 
 
@@ -25,8 +37,9 @@ def capacity(text: str) -> tuple[int, str]:
     try:
         total = parse_size(text)
     except ValueError:
-        raise GpuflameError(f"--gpu-memory: not a size or a known GPU: {text!r} "
-                            f"(a size such as 24GiB, or one of {', '.join(GPUS)})") from None
+        raise GpuflameError(
+            f"--gpu-memory: not a size or a known GPU: {text!r} (a size such as 24GiB, or one of {', '.join(GPUS)})"
+        ) from None
     if total <= CUDA_CONTEXT:
         raise GpuflameError(f"--gpu-memory: {text!r} is not more than the CUDA context ({CUDA_CONTEXT // MiB} MiB)")
     return total - CUDA_CONTEXT, f"{text.strip()} less {CUDA_CONTEXT // MiB} MiB for the CUDA context"

@@ -27,8 +27,10 @@ from gpuflame.simulate.blocks import Block
 from gpuflame.simulate.outcome import Outcome, Sites
 from gpuflame.simulate.settings import Settings
 
-CPU_NOTE = ("recorded on the CPU: a CPU run's operators may allocate differently than CUDA kernels "
-            "(cuBLAS/cuDNN workspaces, attention kernels), so this is a prediction, not a replay")
+CPU_NOTE = (
+    "recorded on the CPU: a CPU run's operators may allocate differently than CUDA kernels "
+    "(cuBLAS/cuDNN workspaces, attention kernels), so this is a prediction, not a replay"
+)
 FOLDED_NOTE = "the oldest {n} events were folded when recorded; their live blocks are replayed as equal allocations"
 _MATCH_WINDOW = 64  # how far back a free looks for a live allocation of its exact size
 
@@ -60,8 +62,9 @@ def groups(history: History, device: str | None = None) -> list[Group]:
 class HistoryReplay:
     """One group's events through one allocator."""
 
-    def __init__(self, history: History, group: Group, settings: Settings, capacity: int | None,
-                 phases: Sequence[PhaseStat] = ()) -> None:
+    def __init__(
+        self, history: History, group: Group, settings: Settings, capacity: int | None, phases: Sequence[PhaseStat] = ()
+    ) -> None:
         self.history, self.group, self.settings, self.capacity = history, group, settings, capacity
         pid = dict(group.track.labels).get("pid")
         self.phases = [p for p in phases if p.phase != NO_PHASE and (not pid or not p.pid or p.pid == pid)]
@@ -71,8 +74,7 @@ class HistoryReplay:
     def _events(self) -> Iterator[tuple[int, int, int]]:
         """(index, history site, size) of this group's events, the folded base first (index -1)."""
         sites, track, label = self.history.sites, self.group.track, self.group.device
-        mine = {s for s in set(track.sites) | set(track.base)
-                if dict(sites[s][1]).get("device", "cpu") == label}
+        mine = {s for s in set(track.sites) | set(track.base) if dict(sites[s][1]).get("device", "cpu") == label}
         for site, (size, count) in sorted(track.base.items()):
             if site in mine and count > 0 and size > 0:
                 for _ in range(count):
@@ -102,10 +104,15 @@ class HistoryReplay:
             if size > 0:
                 b = sim.malloc(size, 0, self._site(site))
                 if b is None:
-                    out.oom = {"event": i, "size": size, "stack": self.sites.root_first(self._site(site)),
-                               "allocated": sim.allocated, "cached": sim.reserved - sim.allocated,
-                               "capacity": sim.capacity,
-                               "phase": self._phase_at(self.group.track.times[i] if i >= 0 else 0)}
+                    out.oom = {
+                        "event": i,
+                        "size": size,
+                        "stack": self.sites.root_first(self._site(site)),
+                        "allocated": sim.allocated,
+                        "cached": sim.reserved - sim.allocated,
+                        "capacity": sim.capacity,
+                        "phase": self._phase_at(self.group.track.times[i] if i >= 0 else 0),
+                    }
                     break
                 out.allocations += 1
                 live.setdefault(site, []).append(b)
@@ -113,13 +120,13 @@ class HistoryReplay:
                 b = _take(live.get(site), -size)
                 if b is not None:
                     sim.free(b)
-            out.over_time.add(self.group.track.times[i] if i >= 0 else self.group.track.fold,
-                              sim.reserved, sim.allocated)
+            out.over_time.add(
+                self.group.track.times[i] if i >= 0 else self.group.track.fold, sim.reserved, sim.allocated
+            )
             if (sim.reserved_peak, sim.allocated_at_reserved_peak) > peak_seen:
                 peak_seen, out.peak_event = (sim.reserved_peak, sim.allocated_at_reserved_peak), i
         out.finish(sim, None, None)
         return sim, out
-
 
     def _phase_at(self, t: int) -> str | None:
         """The phase entered last whose span covers *t* (the table keeps each phase's first entry and last exit)."""

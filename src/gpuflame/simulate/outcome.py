@@ -108,19 +108,26 @@ class Outcome:
     def set_oom(self, event: int, entry: Mapping[str, Any], sim: Any, sites: Sites, phase: str | None = None) -> None:
         site = sites.of(entry.get("frames"))
         self.oom = {
-            "event": event, "size": int(entry.get("size", 0)), "stack": sites.root_first(site),
-            "allocated": sim.allocated, "cached": sim.reserved - sim.allocated, "capacity": sim.capacity,
+            "event": event,
+            "size": int(entry.get("size", 0)),
+            "stack": sites.root_first(site),
+            "allocated": sim.allocated,
+            "cached": sim.reserved - sim.allocated,
+            "capacity": sim.capacity,
             "phase": phase,  # from gpuflame's phase marks in a snapshot its torch-cuda backend took
         }
 
-    def finish(self, sim: Any, recorded_events: list[tuple[str, int, int]] | None,
-               recorded: dict[str, int] | None) -> None:
+    def finish(
+        self, sim: Any, recorded_events: list[tuple[str, int, int]] | None, recorded: dict[str, int] | None
+    ) -> None:
         """Totals of the replay; with *recorded_events*, the comparison with the recording."""
         segment_events = [e for e in sim.events if e[0].startswith("segment_")]
         made = sum(1 for a, _, _ in segment_events if a in ("segment_alloc", "segment_map"))
         self.capacity = sim.capacity
         self.simulated = {
-            "reserved_peak": sim.reserved_peak, "allocated_peak": sim.allocated_peak, "segments_allocated": made,
+            "reserved_peak": sim.reserved_peak,
+            "allocated_peak": sim.allocated_peak,
+            "segments_allocated": made,
             "segments_freed": sum(1 for a, _, _ in segment_events if a in ("segment_free", "segment_unmap")),
             "fragmentation_at_peak": sim.reserved_peak - sim.allocated_at_reserved_peak,
         }
@@ -131,10 +138,14 @@ class Outcome:
         simulated = [(a, s) for a, _, s in segment_events]
         self.segment_events_equal = simulated == [(a, s) for a, _, s in recorded_events]
         if not self.segment_events_equal:
-            n = next((k for k, (x, y) in enumerate(zip(simulated, recorded_events, strict=False)) if x != y[::2]),
-                     min(len(simulated), len(recorded_events)))
-            self.notes.append(f"segment events differ from number {n + 1}: {len(simulated)} simulated, "
-                              f"{len(recorded_events)} recorded")
+            n = next(
+                (k for k, (x, y) in enumerate(zip(simulated, recorded_events, strict=False)) if x != y[::2]),
+                min(len(simulated), len(recorded_events)),
+            )
+            self.notes.append(
+                f"segment events differ from number {n + 1}: {len(simulated)} simulated, "
+                f"{len(recorded_events)} recorded"
+            )
 
     @property
     def placed_same(self) -> float | None:
@@ -144,12 +155,16 @@ class Outcome:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "device": self.device, "settings": self.settings, "recorded": self.recorded,
-            "simulated": self.simulated, "placed_same": self.placed_same,
-            "segment_events_equal": self.segment_events_equal, "first_difference": self.first_difference,
-            "oom": self.oom, "capacity": self.capacity, "trace_started_mid_run": self.wrapped,
+            "device": self.device,
+            "settings": self.settings,
+            "recorded": self.recorded,
+            "simulated": self.simulated,
+            "placed_same": self.placed_same,
+            "segment_events_equal": self.segment_events_equal,
+            "first_difference": self.first_difference,
+            "oom": self.oom,
+            "capacity": self.capacity,
+            "trace_started_mid_run": self.wrapped,
             "notes": self.notes,
             "over_time": {k: self.over_time.points(k, JSON_POINTS) for k in ("reserved", "allocated")},
         }
-
-

@@ -19,8 +19,10 @@ from gpuflame.simulate.history import HistoryReplay, groups
 from gpuflame.simulate.outcome import Outcome, Sites
 from gpuflame.simulate.settings import DEFAULTS, Settings, from_recorded, parse_alloc_conf
 
-NO_HISTORY = ("{source} has no allocation history to replay (a PyTorch snapshot needs a trace: "
-              "torch.cuda.memory._record_memory_history before the run; a gpuflame profile needs its event history)")
+NO_HISTORY = (
+    "{source} has no allocation history to replay (a PyTorch snapshot needs a trace: "
+    "torch.cuda.memory._record_memory_history before the run; a gpuflame profile needs its event history)"
+)
 NOT_RECORDED = "the snapshot does not record its allocator settings: PyTorch's defaults assumed"
 
 
@@ -73,11 +75,15 @@ class Run:
             if self.device is not None:
                 devices = [d for d in devices if f"cuda:{d}" == self.device]
             sites = Sites()
-            return [snapshots.DeviceReplay(inp.snapshot, d, self.settings, self.recorded, self.capacity, sites)
-                    for d in devices]
+            return [
+                snapshots.DeviceReplay(inp.snapshot, d, self.settings, self.recorded, self.capacity, sites)
+                for d in devices
+            ]
         assert inp.history is not None
-        return [HistoryReplay(inp.history, g, self.settings, self.capacity, inp.phases)
-                for g in groups(inp.history, self.device)]
+        return [
+            HistoryReplay(inp.history, g, self.settings, self.capacity, inp.phases)
+            for g in groups(inp.history, self.device)
+        ]
 
     def outcomes(self) -> list[Outcome]:
         with _untrusted(self.inp.source):
@@ -110,15 +116,19 @@ def _untrusted(source: str) -> Iterator[None]:
     except GpuflameError:
         raise
     except (KeyError, TypeError, ValueError, AttributeError, IndexError, OverflowError, RecursionError) as exc:
-        raise ProfileFormatError(f"{source}: not a valid PyTorch memory snapshot "
-                                 f"({type(exc).__name__}: {safe_pickle.one_line(str(exc), 100)})") from None
+        raise ProfileFormatError(
+            f"{source}: not a valid PyTorch memory snapshot "
+            f"({type(exc).__name__}: {safe_pickle.one_line(str(exc), 100)})"
+        ) from None
 
 
 # what --suggest tries, each over the recorded settings
 CANDIDATES = (
     "expandable_segments:True",
-    "max_split_size_mb:128", "max_split_size_mb:512",
-    "roundup_power2_divisions:4", "roundup_power2_divisions:8",
+    "max_split_size_mb:128",
+    "max_split_size_mb:512",
+    "roundup_power2_divisions:4",
+    "roundup_power2_divisions:8",
     "garbage_collection_threshold:0.6",
 )
 
@@ -132,5 +142,3 @@ def suggest(inp: Input, capacity: int | None, device: str | None) -> list[tuple[
             continue
         out.append((conf, Run(inp, settings, capacity, device).outcomes()))
     return out
-
-

@@ -22,10 +22,17 @@ MB = 1 << 20
 SIZE_MAX = (1 << 64) - 1  # PyTorch's "no limit" (std::numeric_limits<size_t>::max())
 LARGE_BUFFER = 20 * MB  # kLargeBuffer: also max_non_split_rounding's default
 INTERVALS = 16  # kRoundUpPowerOfTwoIntervals: 1 MiB .. 32 GiB, one power of two each
-IGNORED_KEYS = frozenset((
-    "backend", "release_lock_on_cudamalloc", "pinned_use_cuda_host_register", "pinned_num_register_threads",
-    "pinned_use_background_threads", "graph_capture_record_stream_reuse", "pinned_reserve_segment_size_mb",
-))
+IGNORED_KEYS = frozenset(
+    (
+        "backend",
+        "release_lock_on_cudamalloc",
+        "pinned_use_cuda_host_register",
+        "pinned_num_register_threads",
+        "pinned_use_background_threads",
+        "graph_capture_record_stream_reuse",
+        "pinned_reserve_segment_size_mb",
+    )
+)
 
 
 @dataclass(frozen=True)
@@ -104,6 +111,7 @@ def _mb_above_large_buffer(key: str) -> Any:
         if mb <= LARGE_BUFFER // MB:
             raise GpuflameError(f"--alloc-conf: {key} must be more than {LARGE_BUFFER // MB} (PyTorch's rule)")
         return mb * MB
+
     return parse
 
 
@@ -135,7 +143,7 @@ def _divisions(value: str) -> tuple[int, ...]:
         key, _, div = item.partition(":")
         d = _power_of_two("roundup_power2_divisions", div)
         if key.strip() == ">":
-            out[last + 1:] = [d] * (INTERVALS - last - 1)
+            out[last + 1 :] = [d] * (INTERVALS - last - 1)
             continue
         mb = _power_of_two("roundup_power2_divisions", key)
         last = min(max(mb.bit_length() - 1, 0), INTERVALS - 1)

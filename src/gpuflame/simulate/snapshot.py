@@ -55,8 +55,11 @@ def traced_devices(snapshot: Mapping[str, Any]) -> list[int]:
     traces = snapshot.get("device_traces")
     if not isinstance(traces, list):
         return []
-    return [d for d, t in enumerate(traces)
-            if isinstance(t, list) and any(isinstance(e, dict) and e.get("action") == "alloc" for e in t)]
+    return [
+        d
+        for d, t in enumerate(traces)
+        if isinstance(t, list) and any(isinstance(e, dict) and e.get("action") == "alloc" for e in t)
+    ]
 
 
 @dataclass
@@ -72,8 +75,15 @@ class _Start:
 class DeviceReplay:
     """One device's trace replayed under *settings* (the recorded ones when *recorded* is true)."""
 
-    def __init__(self, snapshot: Mapping[str, Any], device: int, settings: Settings, recorded: bool,
-                 capacity: int | None = None, sites: Sites | None = None) -> None:
+    def __init__(
+        self,
+        snapshot: Mapping[str, Any],
+        device: int,
+        settings: Settings,
+        recorded: bool,
+        capacity: int | None = None,
+        sites: Sites | None = None,
+    ) -> None:
         trace = snapshot["device_traces"][device]
         if not all(type(e) is dict for e in trace):
             raise ProfileFormatError(f"a trace entry of device {device} is not a dict")
@@ -109,8 +119,13 @@ class DeviceReplay:
                 if b.get("state") in ACTIVE and addr not in in_trace:
                     old = start.live.get(addr)
                     requested = _int(b.get("requested_size", b["size"]))
-                    start.live[addr] = (_int(b["size"]), old[1] if old else requested, b.get("frames"),
-                                        old[3] if old else False, True)
+                    start.live[addr] = (
+                        _int(b["size"]),
+                        old[1] if old else requested,
+                        b.get("frames"),
+                        old[3] if old else False,
+                        True,
+                    )
         start.wrapped = bool(start.live) or bool(start.segments)
         return start
 
@@ -160,8 +175,15 @@ class DeviceReplay:
         for addr, (size, requested, frames, pending, known) in sorted(self.start.live.items()):
             seg = _containing(seg_addrs, self.start.segments, addr)
             if seg is not None:
-                by_segment[seg].append((addr, size if known else round_size(requested, self.settings), requested,
-                                        self.sites.of(frames), pending))
+                by_segment[seg].append(
+                    (
+                        addr,
+                        size if known else round_size(requested, self.settings),
+                        requested,
+                        self.sites.of(frames),
+                        pending,
+                    )
+                )
         expandable: dict[tuple[bool, int], tuple[list[tuple[int, int]], list[Live]]] = {}
         for seg_addr, live in by_segment.items():
             size, small, stream, is_expandable = self.start.segments[seg_addr]
@@ -368,8 +390,10 @@ def _why(trace: list[Any], i: int, simulated_new: bool) -> str:
         return "both made a new segment here, but of different sizes"
     if simulated_new and not recorded_new:
         return "the simulation found no cached block that fits and made a new segment; the recording reused one"
-    return ("both reused cached blocks, but different ones: the state before differed, "
-            "or the recording lacks what decided it")
+    return (
+        "both reused cached blocks, but different ones: the state before differed, "
+        "or the recording lacks what decided it"
+    )
 
 
 def _carve(segs: dict[int, tuple[int, bool, int, bool]], addr: int, size: int) -> None:

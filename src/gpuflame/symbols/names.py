@@ -98,8 +98,25 @@ _TRAILING_QUALIFIERS = (" const", " volatile", " &&", " &", " noexcept")
 # at::_ops::<op>[_<overload>]::call: the struct name joins the op and its
 # overload with "_"; these overload names are split off as ``aten::op.overload``.
 _OVERLOADS = frozenset(
-    ("Tensor", "Scalar", "Tensor_Tensor", "Tensor_Scalar", "Scalar_Tensor", "memory_format", "int", "dim",
-     "dim_IntList", "out", "self", "other", "names", "using_ints", "SymInt", "Tensor_mode", "input")
+    (
+        "Tensor",
+        "Scalar",
+        "Tensor_Tensor",
+        "Tensor_Scalar",
+        "Scalar_Tensor",
+        "memory_format",
+        "int",
+        "dim",
+        "dim_IntList",
+        "out",
+        "self",
+        "other",
+        "names",
+        "using_ints",
+        "SymInt",
+        "Tensor_mode",
+        "input",
+    )
 )
 _OP_CALL = re.compile(r"^at::_ops::(\w+)::(call|redispatch)\(")
 

@@ -217,9 +217,7 @@ def _scopes(node: ast.AST) -> tuple[list[ast.AST], list[ast.AST]]:
         outer: list[ast.AST] = list(getattr(node, "decorator_list", []))
         args = node.args
         outer += [d for d in args.defaults] + [d for d in args.kw_defaults if d is not None]
-        every_arg = (
-            args.posonlyargs + args.args + args.kwonlyargs + [a for a in (args.vararg, args.kwarg) if a]
-        )
+        every_arg = args.posonlyargs + args.args + args.kwonlyargs + [a for a in (args.vararg, args.kwarg) if a]
         outer += [a.annotation for a in every_arg if a.annotation is not None]
         returns = getattr(node, "returns", None)
         if returns is not None:

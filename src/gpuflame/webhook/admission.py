@@ -51,8 +51,21 @@ from gpuflame.webhook.patch import (
     settings_env,
 )
 
-__all__ = ["DEFAULT_IMAGE", "DEFAULT_SECRET", "INIT_NAME", "MOUNT", "VOLUME", "BadRequest", "Config", "Request",
-           "Skip", "parse_request", "pointer", "review", "settings_env"]
+__all__ = [
+    "DEFAULT_IMAGE",
+    "DEFAULT_SECRET",
+    "INIT_NAME",
+    "MOUNT",
+    "VOLUME",
+    "BadRequest",
+    "Config",
+    "Request",
+    "Skip",
+    "parse_request",
+    "pointer",
+    "review",
+    "settings_env",
+]
 
 PREFIX = "gpuflame.io/"
 INJECT = PREFIX + "inject"
@@ -114,8 +127,7 @@ def pod_service_name(text: str) -> str:
     return text.strip()
 
 
-def _setting(annotations: Mapping[str, Any], key: str, parse: Callable[[str], T], default: T,
-             notes: list[str]) -> T:
+def _setting(annotations: Mapping[str, Any], key: str, parse: Callable[[str], T], default: T, notes: list[str]) -> T:
     """One setting annotation, or *default* with a note saying why the annotation was ignored."""
     if key not in annotations:
         return default

@@ -46,7 +46,9 @@ INIT_RESOURCES = {"cpu": "250m", "memory": "128Mi"}
 
 # Secret key -> variable; all optional so a pod starts without the Secret.
 SECRET_KEYS = (
-    ("url", env_name("pyroscope_url")), ("token", "GPUFLAME_PYROSCOPE_TOKEN"), ("tenant", env_name("tenant")),
+    ("url", env_name("pyroscope_url")),
+    ("token", "GPUFLAME_PYROSCOPE_TOKEN"),
+    ("tenant", env_name("tenant")),
 )
 FIELD_REFS = (("POD_NAMESPACE", "metadata.namespace"), ("POD_NAME", "metadata.name"), ("NODE_NAME", "spec.nodeName"))
 
@@ -127,8 +129,11 @@ def _mount_taken(path: str, mounts: list[str]) -> bool:
 def layout_for(spec: Mapping[str, Any], profiled: list[Mapping[str, Any]]) -> Layout:
     """The volume name, init container name and mount path this pod leaves free."""
     volumes = {str(v.get("name")) for v in spec.get("volumes") or []}
-    names = {str(c.get("name")) for key in ("containers", "initContainers", "ephemeralContainers")
-             for c in spec.get(key) or []}
+    names = {
+        str(c.get("name"))
+        for key in ("containers", "initContainers", "ephemeralContainers")
+        for c in spec.get(key) or []
+    }
     mounts = [str(m.get("mountPath", "")).rstrip("/") for c in profiled for m in c.get("volumeMounts") or []]
     mount, n = MOUNT, 1
     while _mount_taken(mount, mounts):
@@ -161,8 +166,13 @@ def init_container(config: Config, layout: Layout) -> dict[str, Any]:
 
 def settings_env(container_name: str, request: Request, layout: Layout = Layout()) -> dict[str, str]:
     """The profiler's settings for one container, as ``gpuflame run`` passes them (``Settings.to_env``)."""
-    settings = Settings(enabled=True, session_dir=f"{layout.mount}/sessions/{container_name}",
-                        backend=request.backend, interval=request.interval, service_name=request.service_name)
+    settings = Settings(
+        enabled=True,
+        session_dir=f"{layout.mount}/sessions/{container_name}",
+        backend=request.backend,
+        interval=request.interval,
+        service_name=request.service_name,
+    )
     names = ("enabled", "session_dir", "backend", "interval", *["service_name"] * bool(request.service_name))
     return settings.to_env(*names)
 
@@ -213,11 +223,13 @@ def container_patch(spec: Mapping[str, Any], index: int, request: Request, confi
     env = list(container.get("env") or [])
     ops, appended = pythonpath_ops(env, base, layout.pythonpath)
     own = {var.get("name") for var in env}
-    appended += [var for var in profiler_env(str(container.get("name", "")), request, config, layout)
-                 if var["name"] not in own]
+    appended += [
+        var for var in profiler_env(str(container.get("name", "")), request, config, layout) if var["name"] not in own
+    ]
     ops += add_items(container, base, "env", appended)
-    ops += add_items(container, base, "volumeMounts",
-                     [{"name": layout.volume, "mountPath": layout.mount, "readOnly": False}])
+    ops += add_items(
+        container, base, "volumeMounts", [{"name": layout.volume, "mountPath": layout.mount, "readOnly": False}]
+    )
     return ops
 
 

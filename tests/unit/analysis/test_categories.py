@@ -67,14 +67,21 @@ def test_report_has_a_by_category_table(capsys, labelled_file: Path) -> None:
     assert "7.81 KiB" in line and "48.5%" in line and "Adam > _init_group" in line
     data = run_json(capsys, "report", labelled_file, "--type", "inuse")
     assert {c["category"]: c["total"] for c in data["by_category"]} == {
-        "parameter": 5000, "optimizer_state": 8000, "cached_free": 700}
+        "parameter": 5000,
+        "optimizer_state": 8000,
+        "cached_free": 700,
+    }
 
 
 def test_top_by_category(capsys, labelled_file: Path) -> None:
     data = run_json(capsys, "top", labelled_file, "--by", "category")
     assert data["by"] == "category" and data["total"] == 16500
     assert [(c["category"], c["total"]) for c in data["categories"]] == [
-        ("parameter", 5000), ("optimizer_state", 8000), ("activation", 3000), ("cached_free", 500)]
+        ("parameter", 5000),
+        ("optimizer_state", 8000),
+        ("activation", 3000),
+        ("cached_free", 500),
+    ]
     rc, out, _ = run(capsys, "top", labelled_file, "--by", "category")
     assert rc == 0 and "activation" in out and "MLP > forward" in out
 

@@ -81,11 +81,7 @@ def test_limit_keeps_the_widest_chains_and_counts_the_rest():
 
 
 @settings(max_examples=100, deadline=None)
-@given(
-    st.lists(
-        st.tuples(st.lists(st.sampled_from("abcd"), min_size=1, max_size=6), st.integers(1, 99)), min_size=1
-    )
-)
+@given(st.lists(st.tuples(st.lists(st.sampled_from("abcd"), min_size=1, max_size=6), st.integers(1, 99)), min_size=1))
 def test_chains_partition_the_functions_total(rows):
     profile = Profile(sample_types=memory_sample_types(inuse=False, alloc=False))
     for names, v in rows:
@@ -133,8 +129,15 @@ def test_a_self_no_chain_reaches_is_not_called_the_functions_self() -> None:
     """Two classes' `forward` merged by name (no source): the outer one's chain ends at it; what the inner one
     allocates is within that chain's total, not the outer's self, and the header says so apart."""
     profile = Profile(sample_types=memory_sample_types(inuse=False, alloc=False))
-    profile.add([Frame("Linear > forward", "/t/linear.py", 1), Frame("Module > _call_impl", "/t/module.py", 9),
-                 Frame("forward", "/m/opt.py", 800), Frame("<module>", "/app.py", 1)], [9000, 1])
+    profile.add(
+        [
+            Frame("Linear > forward", "/t/linear.py", 1),
+            Frame("Module > _call_impl", "/t/module.py", 9),
+            Frame("forward", "/m/opt.py", 800),
+            Frame("<module>", "/app.py", 1),
+        ],
+        [9000, 1],
+    )
     profile.add([Frame("forward", "/m/opt.py", 810), Frame("<module>", "/app.py", 1)], [100, 1])
     ex = explain(build_tree(profile, 0), "forward")
     [chain] = ex.chains

@@ -53,8 +53,9 @@ def with_history() -> Profile:
     log = EventLog(T0, 1000)
     for t, _ in points[1:]:
         log.add(t, 0, 100)
-    p.history = History([Frame("hold", "/app/a.py", 3)], [((0,), (("device", "cpu"),))],
-                        [log.track(T0 + 1000 * MS, (("pid", "1"),))])
+    p.history = History(
+        [Frame("hold", "/app/a.py", 3)], [((0,), (("device", "cpu"),))], [log.track(T0 + 1000 * MS, (("pid", "1"),))]
+    )
     return p
 
 
@@ -72,6 +73,7 @@ def names(p: Profile) -> set[str]:
 
 # ---------------------------------------------------------------- the model's filters say whether they matched
 
+
 def test_each_filter_says_whether_it_matched() -> None:
     p = profile()
     assert ignore_matched(p, "linear").matched and not ignore_matched(p, "nowhere").matched
@@ -82,6 +84,7 @@ def test_each_filter_says_whether_it_matched() -> None:
 
 
 # ---------------------------------------------------------------- each field
+
 
 def test_the_default_selection_is_the_whole_profile_at_its_peak() -> None:
     p = profile()
@@ -112,8 +115,7 @@ def test_ignore_and_its_note_when_it_matched_nothing() -> None:
     assert "empty" not in leaves(view.profile) and view.notes == ()
     missed = Selection(ignore=("lienar",)).apply(profile())
     assert len(missed.profile.samples) == 3
-    assert missed.notes == ("--ignore changed nothing: no function matches 'lienar'; did you mean "
-                            "'Linear > forward'?",)
+    assert missed.notes == ("--ignore changed nothing: no function matches 'lienar'; did you mean 'Linear > forward'?",)
 
 
 def test_focus_roots_at_the_function_and_one_that_matches_nothing_is_an_error() -> None:
@@ -158,19 +160,54 @@ def test_group_by_and_lines_shape_the_tree() -> None:
 
 
 def test_words_are_the_command_line_in_filter_order() -> None:
-    sel = Selection(hide=("a b",), focus="f", ignore=("i",), labels=(("pid", "1"),), no_cached=True,
-                    hide_trampolines=True, prune_framework=("torch", "jax"), min_size=4096)
-    assert sel.words() == ["--label pid=1", "--no-cached", "--ignore i", "--focus f", "--hide 'a b'",
-                           "--hide-trampolines", "--prune-framework=torch,jax", "--min-size 4096"]
+    sel = Selection(
+        hide=("a b",),
+        focus="f",
+        ignore=("i",),
+        labels=(("pid", "1"),),
+        no_cached=True,
+        hide_trampolines=True,
+        prune_framework=("torch", "jax"),
+        min_size=4096,
+    )
+    assert sel.words() == [
+        "--label pid=1",
+        "--no-cached",
+        "--ignore i",
+        "--focus f",
+        "--hide 'a b'",
+        "--hide-trampolines",
+        "--prune-framework=torch,jax",
+        "--min-size 4096",
+    ]
 
 
 # ---------------------------------------------------------------- every front end builds the same one
 
-ARGV = ["--type", "inuse", "--label", "pid=1", "--label", "pid=2", "--no-cached", "--ignore", "nowhere",
-        "--focus", "train", "--hide", "trampoline", "--hide-trampolines", "--prune-framework=torch",
-        "--min-size", "64", "--lines"]
-QUERY = ("type=inuse&label=pid%3D1&label=pid%3D2&no-cached&ignore=nowhere&focus=train&hide=trampoline"
-         "&hide-trampolines=1&prune-framework=torch&min-size=64&lines")
+ARGV = [
+    "--type",
+    "inuse",
+    "--label",
+    "pid=1",
+    "--label",
+    "pid=2",
+    "--no-cached",
+    "--ignore",
+    "nowhere",
+    "--focus",
+    "train",
+    "--hide",
+    "trampoline",
+    "--hide-trampolines",
+    "--prune-framework=torch",
+    "--min-size",
+    "64",
+    "--lines",
+]
+QUERY = (
+    "type=inuse&label=pid%3D1&label=pid%3D2&no-cached&ignore=nowhere&focus=train&hide=trampoline"
+    "&hide-trampolines=1&prune-framework=torch&min-size=64&lines"
+)
 
 
 def test_the_command_line_and_a_query_give_the_same_selection() -> None:
@@ -183,15 +220,18 @@ def test_the_command_line_and_a_query_give_the_same_selection() -> None:
     assert selection_from_args(moment_args) == Selection.from_query({"between": ["0.1", "+0.5s"]})
 
 
-@pytest.mark.parametrize(("query", "says"), [
-    ({"focus": [""]}, "focus: the name is empty"),
-    ({"label": ["pid"]}, "label: expected KEY=VALUE"),
-    ({"min-size": ["big"]}, "min-size: "),
-    ({"between": ["1"]}, "between: give two times"),
-    ({"at": ["1"], "between": ["1", "2"]}, "give one of them"),
-    ({"colour": ["red"]}, "unknown parameter 'colour'"),
-    ({"type": ["a", "b"]}, "type: give it once"),
-])
+@pytest.mark.parametrize(
+    ("query", "says"),
+    [
+        ({"focus": [""]}, "focus: the name is empty"),
+        ({"label": ["pid"]}, "label: expected KEY=VALUE"),
+        ({"min-size": ["big"]}, "min-size: "),
+        ({"between": ["1"]}, "between: give two times"),
+        ({"at": ["1"], "between": ["1", "2"]}, "give one of them"),
+        ({"colour": ["red"]}, "unknown parameter 'colour'"),
+        ({"type": ["a", "b"]}, "type: give it once"),
+    ],
+)
 def test_a_query_that_cannot_be_read_says_which_parameter(query: dict[str, list[str]], says: str) -> None:
     with pytest.raises(ValueError, match=says):
         Selection.from_query(query)
@@ -229,6 +269,7 @@ def test_serve_shows_the_page_gpuflame_view_writes_for_the_same_selection(
     written, shown = embedded((out / "p.html").read_text()), embedded(body.decode())
     notes = [c for c in shown.pop("comments") if c not in written.pop("comments")]  # type: ignore[union-attr]
     assert shown == written  # the same frames, stacks, samples, types and default type
-    assert notes == ["--ignore changed nothing: no function matches 'nowhere' (see `gpuflame top` for the names "
-                     "in this profile)"]  # serve has no stderr: the page says it
+    assert notes == [
+        "--ignore changed nothing: no function matches 'nowhere' (see `gpuflame top` for the names in this profile)"
+    ]  # serve has no stderr: the page says it
     assert bad_status == 400 and b"--focus: no function matches" in bad

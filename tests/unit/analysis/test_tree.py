@@ -15,15 +15,11 @@ from gpuflame.model import Frame, Profile, SampleType
 from gpuflame.model.functions import function_frames
 from gpuflame.model.profile import SYNTHETIC
 
-FRAMES = [
-    Frame(name, "m.py", i + 1) for i, name in enumerate(["main", "A > f", "B > g", "h", "zeta", "alpha"])
-]
+FRAMES = [Frame(name, "m.py", i + 1) for i, name in enumerate(["main", "A > f", "B > g", "h", "zeta", "alpha"])]
 TYPES = [SampleType("peak_space", "bytes"), SampleType("alloc_space", "bytes")]
 
 
-def naive_tree(
-    profile: Profile, type_index: int, group_by: str | None = None
-) -> dict[tuple[Frame, ...], list[int]]:
+def naive_tree(profile: Profile, type_index: int, group_by: str | None = None) -> dict[tuple[Frame, ...], list[int]]:
     """{root-first frame path: [self, total]} from the samples, one stack at a time."""
     nodes: dict[tuple[Frame, ...], list[int]] = defaultdict(lambda: [0, 0])
     bars = function_frames(profile.frames)  # a bar is a function, at its def line

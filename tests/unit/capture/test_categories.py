@@ -77,8 +77,9 @@ def test_generate_with_static_cache_exact_kv_cache(recorder: str, keep: bool) ->
         ids = torch.randint(0, 128, (1, 8))
         with torch.no_grad():
             model.generate(ids, cache=cache, max_new_tokens=6, do_sample=False)
-        storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
-                    for t in categories._tensors_in(vars(cache), 4)}
+        storages = {
+            t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in categories._tensors_in(vars(cache), 4)
+        }
         return (cache if keep else None), sum(storages.values())
 
     profile, (_cache, expected), _ = record(RECORDERS[recorder], generate)
@@ -97,15 +98,22 @@ def test_weights_of_a_model_freed_before_the_profile_stay_parameters(recorder: s
     def build_run_and_drop() -> int:
         torch.manual_seed(0)
         model = transformers.LlamaForCausalLM(tiny_llama_config()).eval()
-        weights = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
-                   for t in (*model.parameters(), *model.buffers())}
+        weights = {
+            t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+            for t in (*model.parameters(), *model.buffers())
+        }
         with torch.no_grad():
             model(input_ids=torch.randint(0, 128, (1, 8)))
         return sum(weights.values())
 
     profile, expected, _ = record(RECORDERS[recorder], build_run_and_drop)
-    norms = [s for s in profile.samples if s.stack and "RMSNorm" in profile.frames[s.stack[0]].name
-             and profile.frames[s.stack[0]].name.endswith("__init__")]
+    norms = [
+        s
+        for s in profile.samples
+        if s.stack
+        and "RMSNorm" in profile.frames[s.stack[0]].name
+        and profile.frames[s.stack[0]].name.endswith("__init__")
+    ]
     assert norms and all(s.label(categories.LABEL) == "parameter" for s in norms if s.values[PEAK])
     assert by_category(profile, PEAK)["parameter"] == expected
     assert by_category(profile, INUSE).get("parameter", 0) == 0

@@ -36,8 +36,16 @@ S1, S2, S3 = [frame(Trainer.load)], [frame(Trainer.step)], [frame(cache_blocks)]
 
 
 def event(action: str, t: int, addr: int, size: int, frames: list[dict[str, Any]]) -> dict[str, Any]:
-    return {"action": action, "addr": addr, "size": size, "stream": 0, "time_us": t, "frames": frames,
-            "compile_context": "", "user_metadata": ""}
+    return {
+        "action": action,
+        "addr": addr,
+        "size": size,
+        "stream": 0,
+        "time_us": t,
+        "frames": frames,
+        "compile_context": "",
+        "user_metadata": "",
+    }
 
 
 def block(addr: int, size: int, state: str, frames: list[dict[str, Any]]) -> dict[str, Any]:
@@ -47,9 +55,20 @@ def block(addr: int, size: int, state: str, frames: list[dict[str, Any]]) -> dic
 def snapshot(blocks: list[dict[str, Any]], trace: list[dict[str, Any]]) -> dict[str, Any]:
     total = sum(b["size"] for b in blocks)
     active = sum(b["size"] for b in blocks if b["state"] != "inactive")
-    segment = {"device": 0, "address": 0, "total_size": total, "allocated_size": active, "active_size": active,
-               "requested_size": active, "stream": 0, "segment_type": "large", "segment_pool_id": (0, 0),
-               "is_expandable": False, "frames": [], "blocks": blocks}
+    segment = {
+        "device": 0,
+        "address": 0,
+        "total_size": total,
+        "allocated_size": active,
+        "active_size": active,
+        "requested_size": active,
+        "stream": 0,
+        "segment_type": "large",
+        "segment_pool_id": (0, 0),
+        "is_expandable": False,
+        "frames": [],
+        "blocks": blocks,
+    }
     return {"segments": [segment], "device_traces": [trace], "allocator_settings": {}, "external_annotations": []}
 
 
@@ -70,8 +89,12 @@ FIRST = snapshot(
     EVENTS[:4],
 )
 SECOND = snapshot(
-    [block(0, 20, "inactive", []), block(20, 30, "active_allocated", S3), block(50, 350, "inactive", []),
-     block(400, 50, "active_allocated", S1)],
+    [
+        block(0, 20, "inactive", []),
+        block(20, 30, "active_allocated", S3),
+        block(50, 350, "inactive", []),
+        block(400, 50, "active_allocated", S1),
+    ],
     EVENTS[4:],
 )
 
@@ -141,12 +164,20 @@ def test_the_reserved_peak_is_the_highest_any_snapshot_saw() -> None:
     """A 1000-byte segment made and freed (empty_cache()) in the first window: the allocator's reserved peak
     (1450) stays the run's when a later snapshot's trace no longer holds it, one unit per device."""
     blocks = [block(0, 100, "active_allocated", S1), block(100, 350, "inactive", [])]
-    first = snapshot(blocks, [event("alloc", 1, 0, 100, S1), event("segment_alloc", 2, 1000, 1000, []),
-                              event("alloc", 3, 1000, 1000, S2), event("free_completed", 4, 1000, 1000, S2),
-                              event("segment_free", 5, 1000, 1000, [])])
+    first = snapshot(
+        blocks,
+        [
+            event("alloc", 1, 0, 100, S1),
+            event("segment_alloc", 2, 1000, 1000, []),
+            event("alloc", 3, 1000, 1000, S2),
+            event("free_completed", 4, 1000, 1000, S2),
+            event("segment_free", 5, 1000, 1000, []),
+        ],
+    )
     later = snapshot(blocks, [event("alloc", 6, 200, 10, S3), event("free_completed", 7, 200, 10, S3)])
     history = SnapshotHistory()
     assert [u.reserved for u in history.add(first).peaks] == [1450]
     run = history.add(later)
     assert [(u.device, u.reserved, u.reserved_allocated, u.reserved_at) for u in run.peaks] == [
-        ("cuda:0", 1450, 1100, 2000)]
+        ("cuda:0", 1450, 1100, 2000)
+    ]

@@ -50,8 +50,11 @@ def test_one_fork_hook_runs_the_sessions_then_each_modules_reset_once() -> None:
     assert proc.returncode == 0, proc.stderr
     seen = json.loads(proc.stdout.splitlines()[-1])
     assert seen["registered"] == 1  # joint_peak, both torch recorders and the sessions share the one hook
-    assert seen["modules"] == ["gpuflame.capture.books.joint_peak", "gpuflame.capture.recorders.allocator",
-                               "gpuflame.capture.recorders.dispatch.recorder"]
+    assert seen["modules"] == [
+        "gpuflame.capture.books.joint_peak",
+        "gpuflame.capture.recorders.allocator",
+        "gpuflame.capture.recorders.dispatch.recorder",
+    ]
     assert seen["child"] == ["session", "reset"]
 
 

@@ -31,9 +31,7 @@ class Model:
 
 def at(profile: Profile, name: str, column: int) -> int:
     """Sum of *column* over samples with a frame named *name*."""
-    return sum(
-        s.values[column] for s in profile.samples if any(f.name == name for f in profile.stack_frames(s))
-    )
+    return sum(s.values[column] for s in profile.samples if any(f.name == name for f in profile.stack_frames(s)))
 
 
 def test_arrays_made_in_a_method_land_on_class_and_method() -> None:
@@ -47,9 +45,7 @@ def test_arrays_made_in_a_method_land_on_class_and_method() -> None:
     assert at(profile, "Model > make", INUSE) == x.nbytes == 128 * 256 * 4
     assert at(profile, "Model > make", INUSE_N) == 1
     assert at(profile, "Model > make_nested > inner", INUSE) == y.nbytes == 4000
-    sample = next(
-        s for s in profile.samples if any(f.name == "Model > make" for f in profile.stack_frames(s))
-    )
+    sample = next(s for s in profile.samples if any(f.name == "Model > make" for f in profile.stack_frames(s)))
     frames = profile.stack_frames(sample)
     make = next(f for f in frames if f.name == "Model > make")
     assert make.file == __file__ and make.line > 0
@@ -71,9 +67,7 @@ def test_framework_frames_are_pruned_unless_kept() -> None:
     kept = take_profile(keep_framework=True)
 
     def stack_of(profile: Profile) -> list[Any]:
-        sample = next(
-            s for s in profile.samples if any(f.name == "Model > make" for f in profile.stack_frames(s))
-        )
+        sample = next(s for s in profile.samples if any(f.name == "Model > make" for f in profile.stack_frames(s)))
         return profile.stack_frames(sample)
 
     def in_jax(f: Any) -> bool:

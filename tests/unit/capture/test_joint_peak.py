@@ -116,8 +116,9 @@ def header(out: str) -> str:
 
 
 @pytest.mark.subprocess
-@pytest.mark.parametrize(("hook", "method"), [("allocator", "spawn"), ("allocator", "fork"),
-                                              ("dispatch", "forkserver")])
+@pytest.mark.parametrize(
+    ("hook", "method"), [("allocator", "spawn"), ("allocator", "fork"), ("dispatch", "forkserver")]
+)
 def test_children_one_after_the_other_peak_at_6_not_8_mb(tmp_path: Path, capsys, hook: str, method: str) -> None:
     profile, (parent, first, second) = run_script(tmp_path, SEQUENTIAL, hook, method)
     assert profile.totals()["peak_space"] == 6 * MB
@@ -127,8 +128,10 @@ def test_children_one_after_the_other_peak_at_6_not_8_mb(tmp_path: Path, capsys,
     assert [u.kind for u in profile.peaks] == [JOINT] and profile.peaks[0].processes == 3
     assert JOINT_PEAK_SPACE.type not in profile.type_names()
     # each process's own file keeps its own exact peak
-    own = {pid: load(tmp_path / f"run.pb.gz.processes/proc-{pid}.pb.gz").totals()["peak_space"]
-           for pid in (parent, first, second)}
+    own = {
+        pid: load(tmp_path / f"run.pb.gz.processes/proc-{pid}.pb.gz").totals()["peak_space"]
+        for pid in (parent, first, second)
+    }
     assert own == {parent: 4 * MB, first: 2 * MB, second: 2 * MB}
     if method == "fork":
         report_says_one_moment_of_the_run(tmp_path / "run.pb.gz", parent, capsys)
@@ -316,8 +319,9 @@ def test_jax_peak_says_it_is_sampled_and_how_to_sharpen_it() -> None:
 def shares(pid: int, own: int, share: int, epoch: int, table_max: int, start: int, end: int) -> Profile:
     """A run's per-process file: its own peak, and its share at the table's epoch."""
     p = Profile(sample_types=[*memory_sample_types(), JOINT_PEAK_SPACE, JOINT_PEAK_OBJECTS])
-    p.add([Frame(f"f{pid}", "job.py", 1)], [own, 1, 0, 0, own, 1, share, 1 if share else 0],
-          {"device": "cpu", "pid": pid})
+    p.add(
+        [Frame(f"f{pid}", "job.py", 1)], [own, 1, 0, 0, own, 1, share, 1 if share else 0], {"device": "cpu", "pid": pid}
+    )
     p.peaks = [PeakUnit("cpu", PROCESS, start, end, pid=str(pid), table="ab", epoch=epoch, table_max=table_max)]
     return p
 

@@ -59,8 +59,10 @@ def test_no_bare_address_where_the_library_has_a_symbol_table():
 @pytest.mark.parametrize(
     "name, short",
     [
-        ("c10::impl::wrap_kernel_functor_unboxed_<c10::impl::detail::X<at::Tensor (long), &f>, at::Tensor>::call",
-         "c10::impl::wrap_kernel_functor_unboxed_<…>::call"),
+        (
+            "c10::impl::wrap_kernel_functor_unboxed_<c10::impl::detail::X<at::Tensor (long), &f>, at::Tensor>::call",
+            "c10::impl::wrap_kernel_functor_unboxed_<…>::call",
+        ),
         ("at::native::empty_cpu", "at::native::empty_cpu"),
         ("std::vector<int>::operator<(std::vector<int> const&)",) * 2,  # operator< is no template
     ],

@@ -227,8 +227,13 @@ def test_gpuflame_run_then_report_by_phase(tmp_path: Path) -> None:
     (tmp_path / "app.py").write_text(PHASE_SCRIPT)
     result = gpuflame_run("-o", "run.pb.gz", "app.py", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    report = subprocess.run([sys.executable, "-m", "gpuflame", "report", "--json", "run.pb.gz"], cwd=tmp_path,
-                            capture_output=True, text=True, check=True)
+    report = subprocess.run(
+        [sys.executable, "-m", "gpuflame", "report", "--json", "run.pb.gz"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     rows = {r["phase"]: r for r in json.loads(report.stdout)["by_phase"]}
     assert list(rows) == ["load_model", "serve", "<none>"]  # the phases as they began; unmarked time last
     assert rows["<none>"]["peak"] == 1 << 20  # between the load block and serve, the weights were live
@@ -241,19 +246,37 @@ def test_gpuflame_run_then_report_by_phase(tmp_path: Path) -> None:
     profile = gpuflame.load(tmp_path / "run.pb.gz")
     for name, left in (("load_model", 1 << 20), ("serve", (1 << 20) + (1 << 10))):
         assert moment.at(profile, rows[name]["end_s"]).totals()["inuse_space"] == left, name
-    text = subprocess.run([sys.executable, "-m", "gpuflame", "report", "run.pb.gz"], cwd=tmp_path,
-                          capture_output=True, text=True, check=True, env={**os.environ, "COLUMNS": "160"}).stdout
+    text = subprocess.run(
+        [sys.executable, "-m", "gpuflame", "report", "run.pb.gz"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "COLUMNS": "160"},
+    ).stdout
     assert "By phase" in text
     line = next(x for x in text.splitlines() if x.startswith("serve"))
     assert "4.00 MiB" in line and "1.00 MiB" in line and "<module> (4.00 MiB)" in line
     unmarked = next(x for x in text.splitlines() if x.startswith("<none>"))
     assert unmarked.split()[1] == "unmarked"  # every unmarked stretch: no one start (0.000s last misled)
-    top = subprocess.run([sys.executable, "-m", "gpuflame", "top", "--by", "phase", "--type", "inuse", "--json",
-                          "run.pb.gz"], cwd=tmp_path, capture_output=True, text=True, check=True)
+    top = subprocess.run(
+        [sys.executable, "-m", "gpuflame", "top", "--by", "phase", "--type", "inuse", "--json", "run.pb.gz"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert {r["phase"]: r["total"] for r in json.loads(top.stdout)["phases"]} == {
-        "load_model": 1 << 20, "serve": 1 << 10}
-    filtered = subprocess.run([sys.executable, "-m", "gpuflame", "top", "--label", "phase=serve", "--type", "inuse",
-                               "--json", "run.pb.gz"], cwd=tmp_path, capture_output=True, text=True, check=True)
+        "load_model": 1 << 20,
+        "serve": 1 << 10,
+    }
+    filtered = subprocess.run(
+        [sys.executable, "-m", "gpuflame", "top", "--label", "phase=serve", "--type", "inuse", "--json", "run.pb.gz"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert json.loads(filtered.stdout)["total"] == 1 << 10
 
 
@@ -262,8 +285,12 @@ def test_top_by_phase_without_phases_is_one_clear_error(tmp_path: Path) -> None:
     profile = Profile(sample_types=[("inuse_space", "bytes")])
     profile.add([Frame("f", "/f.py", 1)], [10], {"pid": "1"})
     (tmp_path / "p.pb.gz").write_bytes(pprof.encode(profile))
-    result = subprocess.run([sys.executable, "-m", "gpuflame", "top", "--by", "phase", "p.pb.gz"], cwd=tmp_path,
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "gpuflame", "top", "--by", "phase", "p.pb.gz"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 2 and "no phases" in result.stderr and "Traceback" not in result.stderr
 
 

@@ -143,7 +143,8 @@ def test_profiling_is_switched_on_by_its_own_flag_not_by_the_folder() -> None:
 @pytest.mark.subprocess
 def test_sigterm_writes_the_profile_and_the_process_still_dies_of_sigterm(tmp_path: Path) -> None:
     script = tmp_path / "victim.py"
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(
+        textwrap.dedent(f"""
         import sys, time
         sys.path.insert(0, {str(REPO)!r})
         from tests.helpers.standin_recorder import StandInRecorder
@@ -154,7 +155,8 @@ def test_sigterm_writes_the_profile_and_the_process_still_dies_of_sigterm(tmp_pa
         s.add(StandInRecorder())
         print("ready", flush=True)
         time.sleep(30)
-    """))
+    """)
+    )
     child = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
     assert child.stdout is not None and child.stdout.readline().strip() == "ready"
     child.send_signal(signal.SIGTERM)
@@ -191,8 +193,7 @@ print("ending", flush=True)
 @pytest.mark.parametrize("to_main", [True, False], ids=["to-main-thread", "to-another-thread"])
 def test_a_sigterm_during_the_exit_write_waits_for_the_file_then_kills(tmp_path: Path, to_main: bool) -> None:
     script = tmp_path / "ending.py"
-    script.write_text(HELD_SCRIPT.format(tests=str(REPO), to_main=to_main, signal="SIGTERM",
-                                         folder=str(tmp_path)))
+    script.write_text(HELD_SCRIPT.format(tests=str(REPO), to_main=to_main, signal="SIGTERM", folder=str(tmp_path)))
     child = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
     assert child.returncode == -signal.SIGTERM, child.stderr  # the status the signal makes
     assert child.stdout == "ending\nwritten\n"
@@ -244,7 +245,8 @@ def test_a_fork_resets_each_torch_recorder_once_and_registers_the_child(tmp_path
 def test_a_program_that_ignores_sigterm_keeps_being_recorded(tmp_path: Path) -> None:
     """SIGTERM set to SIG_IGN before gpuflame started: a snapshot is written, the session goes on."""
     script = tmp_path / "stubborn.py"
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(
+        textwrap.dedent(f"""
         import os, signal, sys
         sys.path.insert(0, {str(REPO)!r})
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -256,7 +258,8 @@ def test_a_program_that_ignores_sigterm_keeps_being_recorded(tmp_path: Path) -> 
         s.add(StandInRecorder())
         signal.raise_signal(signal.SIGTERM)
         print("snapshot", os.path.exists(s.path), "finished", s.finished, flush=True)
-    """))
+    """)
+    )
     child = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
     assert child.returncode == 0, child.stderr
     assert child.stdout == "snapshot True finished False\n"

@@ -26,7 +26,7 @@ def test_the_columns_are_the_profiles_sample_types_in_order() -> None:
         assert (names[col], names[col + COUNT]) == (f"{measure}_space", f"{measure}_objects")
     assert (names[JOINT], names[JOINT + COUNT]) == (JOINT_PEAK_SPACE.type, JOINT_PEAK_OBJECTS.type)
     row = list(range(site_row.JOINT_WIDTH))
-    assert site_row.sample_values(row, joint=False) == row[:site_row.WIDTH]
+    assert site_row.sample_values(row, joint=False) == row[: site_row.WIDTH]
     assert site_row.sample_values(row, joint=True) == row
 
 

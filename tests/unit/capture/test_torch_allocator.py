@@ -81,9 +81,21 @@ def test_views_and_reshapes_are_not_allocations() -> None:
     def work() -> Any:
         x, lx = torch.randn(64, 64), here()
         views = [
-            x.view(4096), x.t(), x.transpose(0, 1), x.reshape(4096), x[1:3], x[:, 5], x.detach(),
-            x[:1].expand(10, 64), x.unsqueeze(0), x.narrow(0, 2, 5), x.as_strided((2, 2), (1, 1)),
-            x.view(torch.int32), x.chunk(4)[1], x.split(16)[2], x.unbind(0)[3],
+            x.view(4096),
+            x.t(),
+            x.transpose(0, 1),
+            x.reshape(4096),
+            x[1:3],
+            x[:, 5],
+            x.detach(),
+            x[:1].expand(10, 64),
+            x.unsqueeze(0),
+            x.narrow(0, 2, 5),
+            x.as_strided((2, 2), (1, 1)),
+            x.view(torch.int32),
+            x.chunk(4)[1],
+            x.split(16)[2],
+            x.unbind(0)[3],
         ]
         c, lc = x.t().reshape(4096), here()  # not contiguous: a copy (the kernel also uses a tile buffer)
         return (x, views, c), (lx, lc)
@@ -311,8 +323,7 @@ def test_a_model_built_before_start_is_not_attributed_and_results_are_unchanged(
 
     def gen() -> Any:
         with torch.no_grad():
-            return model.generate(ids, max_new_tokens=4, do_sample=False, cache_implementation="static",
-                                  pad_token_id=0)
+            return model.generate(ids, max_new_tokens=4, do_sample=False, cache_implementation="static", pad_token_id=0)
 
     expected = gen()
     profile, got, rec = record(gen)
@@ -362,8 +373,7 @@ def test_frames_read_without_the_gil_equal_the_public_api_walk() -> None:
 
     def work() -> Any:
         with torch.no_grad():
-            out = model.generate(ids, max_new_tokens=3, do_sample=False, cache_implementation="static",
-                                 pad_token_id=0)
+            out = model.generate(ids, max_new_tokens=3, do_sample=False, cache_implementation="static", pad_token_id=0)
         return zoo.run(), out
 
     try:
@@ -468,8 +478,9 @@ def test_the_hook_choice(monkeypatch: pytest.MonkeyPatch) -> None:
         torch_hook.torch_recorder("allocator", said.append)
 
 
-def test_an_internal_error_keeps_the_workload_going(monkeypatch: pytest.MonkeyPatch,
-                                                     capsys: pytest.CaptureFixture[str]) -> None:
+def test_an_internal_error_keeps_the_workload_going(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     rec = TorchAllocatorRecorder(HOOK)
     rec.start()
     x = torch.empty(10)
@@ -510,8 +521,9 @@ def test_bookings_that_fail_inside_the_hook_lose_only_themselves() -> None:
 
 
 @pytest.mark.subprocess
-def test_build_is_cached_and_failures_are_one_plain_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                          capsys: pytest.CaptureFixture[str]) -> None:
+def test_build_is_cached_and_failures_are_one_plain_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setenv("GPUFLAME_CACHE_DIR", str(tmp_path / "cache"))
     source, flags = native.HERE / "cpu_hook.cpp", native._torch_flags(torch)
     built = native._built("gpuflame_cpu_hook", source, flags, torch.__version__)
@@ -543,8 +555,15 @@ sys.exit(3)
 def run_gpuflame(tmp_path: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     """``gpuflame run -o out.pb.gz ARGS work.py`` with a build cache of its own (the hook is compiled there)."""
     (tmp_path / "work.py").write_text(SCRIPT)
-    return gpuflame_run("-o", "out.pb.gz", *args, "work.py", cwd=tmp_path,
-                        env={"GPUFLAME_CACHE_DIR": str(tmp_path / "cache"), **env}, timeout=300)
+    return gpuflame_run(
+        "-o",
+        "out.pb.gz",
+        *args,
+        "work.py",
+        cwd=tmp_path,
+        env={"GPUFLAME_CACHE_DIR": str(tmp_path / "cache"), **env},
+        timeout=300,
+    )
 
 
 @pytest.mark.subprocess
@@ -766,7 +785,8 @@ def test_threads_without_a_python_stack_say_the_running_phase() -> None:
     assert rec.errors == []
     held = [s for s in profile.samples if s.values[INUSE]]
     assert [(profile.stack_frames(s)[0].name, s.label("phase"), s.values[INUSE]) for s in held] == [
-        ("<no Python stack>", "serve", 4000)]
+        ("<no Python stack>", "serve", 4000)
+    ]
 
 
 # -----------------------------------------------------------------------------
@@ -789,16 +809,25 @@ def test_the_hooks_column_text_is_the_python_writers(monkeypatch: pytest.MonkeyP
     lo, hi = -(1 << 63), (1 << 63) - 1
     wide = array("q", [0, 1, -1, 9, 10, -10, 12345678901234, hi, lo, hi, 0, lo, 5, 5, 5, -7, 99])
     narrow = array("I", [0, 1, 9, 10, (1 << 32) - 1, 4, 4, 70000, 3, 2])
-    for values in (wide, narrow, memoryview(wide.tobytes()).cast("q"), memoryview(narrow.tobytes()).cast("I"),
-                   array("q"), wide[:7], wide[:8]):
-        for previous in ((None, 0, lo, hi) if values.itemsize == 8 else (None, 0)):
+    for values in (
+        wide,
+        narrow,
+        memoryview(wide.tobytes()).cast("q"),
+        memoryview(narrow.tobytes()).cast("I"),
+        array("q"),
+        wide[:7],
+        wide[:8],
+    ):
+        for previous in (None, 0, lo, hi) if values.itemsize == 8 else (None, 0):
             with monkeypatch.context() as m:
                 m.setattr(history_module, "_ints_text", None)
-                slow = b"".join(p if isinstance(p, bytes) else p.encode()
-                                for p in history_module._column_text(values, previous))
+                slow = b"".join(
+                    p if isinstance(p, bytes) else p.encode() for p in history_module._column_text(values, previous)
+                )
             monkeypatch.setattr(history_module, "_ints_text", HOOK.ints_text)
-            fast = b"".join(p if isinstance(p, bytes) else p.encode()
-                            for p in history_module._column_text(values, previous))
+            fast = b"".join(
+                p if isinstance(p, bytes) else p.encode() for p in history_module._column_text(values, previous)
+            )
             assert fast == slow, (values, previous)
     with pytest.raises(TypeError):
         HOOK.ints_text(array("d", [1.0]))
@@ -834,9 +863,17 @@ def test_a_recorded_history_is_the_one_the_old_way_wrote(monkeypatch: pytest.Mon
     used = copied[7]
     assert used != list(range(len(used)))
     # the old way: a track in the hook's own site ids, renumbered by of_track
-    old = history_module.Track(track.labels, track.start, track.end, track.fold, track.folded,
-                               {used[s]: v for s, v in track.base.items()}, array("q", track.times),
-                               array("q", (used[s] for s in track.sites)), array("q", track.sizes))
+    old = history_module.Track(
+        track.labels,
+        track.start,
+        track.end,
+        track.fold,
+        track.folded,
+        {used[s]: v for s, v in track.base.items()},
+        array("q", track.times),
+        array("q", (used[s] for s in track.sites)),
+        array("q", track.sizes),
+    )
     old_history = history_module.of_track(old, rec._stacks.__getitem__, lambda _: (("device", "cpu"),))
     assert old_history == history
     assert history.to_comment() == _python_comment(old_history, monkeypatch)

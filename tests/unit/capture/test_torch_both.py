@@ -243,9 +243,7 @@ def test_llama_weights_land_on_their_inits_with_exact_bytes(make_recorder: Calla
         for s in profile.samples
         if [f.name for f in profile.stack_frames(s)][:2] == ["Linear > __init__", "LlamaMLP > __init__"]
     )
-    assert mlp == sum(
-        p.numel() * p.element_size() for layer in model.model.layers for p in layer.mlp.parameters()
-    )
+    assert mlp == sum(p.numel() * p.element_size() for layer in model.model.layers for p in layer.mlp.parameters())
 
 
 def test_a_second_window_starts_from_nothing(make_recorder: Callable[[], Recorder]) -> None:
@@ -327,8 +325,9 @@ def test_any_moment_of_a_generate_loop_with_a_static_kv_cache_is_exact(
     assert moment.at(profile, "peak").totals()["inuse_space"] == column(profile, PEAK)
 
 
-def test_a_recording_keeps_its_history_bounded(make_recorder: Callable[[], Recorder],
-                                               monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_recording_keeps_its_history_bounded(
+    make_recorder: Callable[[], Recorder], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Past the bound the oldest events are folded: later moments stay exact, earlier ones say why not."""
     monkeypatch.setattr(history_module, "MAX_EVENTS", 64)
     keep = [torch.empty(10)]

@@ -212,8 +212,11 @@ def test_categories_from_the_object_graph_and_the_stacks(cuda: StandInCuda, monk
     inuse = by("inuse_space")
     # the other weights the simulated model made in torch.nn's Linear.__init__ are parameters by their stack
     leaf = [b["frames"][0] for b in blocks[3:]]
-    by_stack = sum(b["requested_size"] for b, f in zip(blocks[3:], leaf, strict=True)
-                   if f["name"] == "__init__" and f["filename"].endswith("nn/modules/linear.py"))
+    by_stack = sum(
+        b["requested_size"]
+        for b, f in zip(blocks[3:], leaf, strict=True)
+        if f["name"] == "__init__" and f["filename"].endswith("nn/modules/linear.py")
+    )
     assert by_stack > 0
     assert inuse["parameter"] == blocks[0]["requested_size"] + blocks[1]["requested_size"] + by_stack
     assert inuse["gradient"] == blocks[2]["requested_size"]
@@ -265,12 +268,14 @@ def test_phases_replayed_against_the_trace(cuda: StandInCuda, monkeypatch: pytes
         assert rows[name].inuse_end == live_after(inside[-1]), name
         assert rows[name].start == a * 1000 and rows[name].pid == str(os.getpid())
         allocated = sum(e["size"] for e in trace if e["action"] == "alloc" and a <= e["time_us"] < b)
-        labelled = sum(s.values[profile.type_index("alloc_space")] for s in profile.samples
-                       if s.label(LABEL) == name)
+        labelled = sum(s.values[profile.type_index("alloc_space")] for s in profile.samples if s.label(LABEL) == name)
         assert labelled == allocated, name
     peak_phase = max(rows.values(), key=lambda r: r.peak)
-    assert peak_phase.peak == sum(s.values[profile.type_index("peak_space")] for s in profile.samples
-                                  if not profile.frames[s.stack[0]].name.startswith("<"))
+    assert peak_phase.peak == sum(
+        s.values[profile.type_index("peak_space")]
+        for s in profile.samples
+        if not profile.frames[s.stack[0]].name.startswith("<")
+    )
     assert rec.errors == []
     assert all(s.label(LABEL) is not None for s in profile.samples)  # <outside framework> too: <none>
 
@@ -284,9 +289,7 @@ def _at(profile: Profile, time_us: int) -> dict[str, int]:
     return shown.totals()
 
 
-def test_any_moment_of_the_stand_in_trace_is_what_the_allocator_held(
-    cuda: StandInCuda, tmp_path: Path
-) -> None:
+def test_any_moment_of_the_stand_in_trace_is_what_the_allocator_held(cuda: StandInCuda, tmp_path: Path) -> None:
     """Weights, then a KV cache, then a step: at each mark, exactly the requested bytes alive then."""
     st = make_snapshots.Stacks()
     dev = make_snapshots.Device(0)
@@ -308,8 +311,9 @@ def test_any_moment_of_the_stand_in_trace_is_what_the_allocator_held(
     assert _at(profile, loaded) == {"inuse_space": w, "inuse_objects": 3}
     assert _at(profile, cached) == {"inuse_space": w + k, "inuse_objects": 5}
     assert _at(profile, done) == {"inuse_space": w + k, "inuse_objects": 5}
-    window = moment.between(profile, (cached * 1000 - moment.origin(profile)) / 1e9 + 1e-6,
-                            (done * 1000 - moment.origin(profile)) / 1e9)
+    window = moment.between(
+        profile, (cached * 1000 - moment.origin(profile)) / 1e9 + 1e-6, (done * 1000 - moment.origin(profile)) / 1e9
+    )
     assert window.totals() == {"alloc_space": 3 * MiB, "alloc_objects": 1}
     assert moment.at(profile, "peak").totals()["inuse_space"] == w + k + 3 * MiB
     assert len(weights) + len(kv) == 5

@@ -494,9 +494,7 @@ def test_a_model_built_before_start_is_not_attributed() -> None:
     def work() -> Any:
         with torch.no_grad():
             model.half().float()  # converts every weight: new storages, made here
-            return model.generate(
-                ids, max_new_tokens=4, do_sample=False, cache_implementation="static", pad_token_id=0
-            )
+            return model.generate(ids, max_new_tokens=4, do_sample=False, cache_implementation="static", pad_token_id=0)
 
     profile, out, rec = record(work)
     assert rec.errors == []
@@ -504,9 +502,7 @@ def test_a_model_built_before_start_is_not_attributed() -> None:
     assert all(leaf_most_init(profile, s, classes) is None for s in profile.samples)
     # the weights (and float buffers) in use now were made by .float() inside the window
     conversions = sum(
-        s.values[INUSE]
-        for s in profile.samples
-        if any(f.name == "Module > float" for f in profile.stack_frames(s))
+        s.values[INUSE] for s in profile.samples if any(f.name == "Module > float" for f in profile.stack_frames(s))
     )
     assert conversions == weights
     assert out.shape == (1, 10)
@@ -521,9 +517,7 @@ def test_generate_results_are_unchanged_by_recording() -> None:
 
     def gen() -> Any:
         with torch.no_grad():
-            return model.generate(
-                ids, max_new_tokens=6, do_sample=False, cache_implementation="static", pad_token_id=0
-            )
+            return model.generate(ids, max_new_tokens=6, do_sample=False, cache_implementation="static", pad_token_id=0)
 
     expected = gen()
     _, got, rec = record(gen)
@@ -539,9 +533,7 @@ def test_llama_stacks_equal_a_full_walk(checked_stacks: StackCheck) -> None:
     def work() -> Any:
         model = transformers.LlamaForCausalLM(config).eval()
         with torch.no_grad():
-            return model.generate(
-                ids, max_new_tokens=4, do_sample=False, cache_implementation="static", pad_token_id=0
-            )
+            return model.generate(ids, max_new_tokens=4, do_sample=False, cache_implementation="static", pad_token_id=0)
 
     _, _, rec = record(work)
     assert rec.errors == []

@@ -26,10 +26,6 @@ from tests.unit.analysis.test_hotspots import GiB, guide_profile
 ANALYSIS = ("report", "top", "explain", "diff", "export")
 
 
-
-
-
-
 @pytest.fixture(scope="module")
 def guide_file(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("profiles") / "guide.pb.gz"
@@ -87,9 +83,7 @@ def test_report_json_is_exact(capsys, guide_file, guide):
     assert {t["type"]: t["total"] for t in data["totals"]} == guide.totals()
     assert data["comments"] == guide.comments
     want = by_self(guide, index)
-    assert [(e["name"], e["self"]) for e in data["widest_leaves"]] == want.most_common(
-        len(data["widest_leaves"])
-    )
+    assert [(e["name"], e["self"]) for e in data["widest_leaves"]] == want.most_common(len(data["widest_leaves"]))
     totals = by_total(guide, index)
     for e in data["skippable_wrappers"]:
         assert e["total"] == totals[e["name"]] and e["self"] == want.get(e["name"], 0)
@@ -137,9 +131,7 @@ def test_report_group_by_label(capsys, guide_file, guide):
     index = guide.type_index("peak_space")
     roots = {r["trunk"][0]["name"]: r["trunk"][0]["total"] for r in data["widest_roots"]}
     for device in ("cuda:0", "cuda:1"):
-        assert roots[f"device={device}"] == sum(
-            s.values[index] for s in guide.samples if s.label("device") == device
-        )
+        assert roots[f"device={device}"] == sum(s.values[index] for s in guide.samples if s.label("device") == device)
 
 
 # -- top -----------------------------------------------------------------------
@@ -201,9 +193,7 @@ def test_explain_unknown_function_suggests_names(capsys, guide_file):
 def test_diff_by_function(capsys, tmp_path, guide_file, guide):
     grown = guide_profile()
     grown.add([Frame("new_cache", "/app/cache.py", 3), Frame("<module>", "/app/serve.py", 1)], [GiB] * 6)
-    grown.samples = [
-        s for s in grown.samples if "LlamaMLP > __init__" not in {grown.frames[i].name for i in s.stack}
-    ]
+    grown.samples = [s for s in grown.samples if "LlamaMLP > __init__" not in {grown.frames[i].name for i in s.stack}]
     new_file = tmp_path / "new.pb.gz"
     save(grown, new_file)
     new = load(new_file)
@@ -225,8 +215,12 @@ def test_a_pattern_that_matches_nothing_is_a_warning(capsys, guide_file, guide, 
     rc, out, err = run(capsys, "report", guide_file, option, "Worker.load_modl", "--json")
     assert rc == 0 and json.loads(out)["total"] == total(guide, "peak_space")
     [line] = err.splitlines()
-    assert line.startswith(f"gpuflame report: warning: {option} changed nothing: no function matches "
-                           "'Worker.load_modl'; did you mean ") and "'Worker > load_model'" in line
+    assert (
+        line.startswith(
+            f"gpuflame report: warning: {option} changed nothing: no function matches 'Worker.load_modl'; did you mean "
+        )
+        and "'Worker > load_model'" in line
+    )
     rc, _, err = run(capsys, "report", guide_file, option, "Worker.load_model", "--json")
     assert rc == 0 and err == ""  # it matched: no word
     rc, _, err = run(capsys, "report", guide_file, "--hide-trampolines", "--label", "device=cuda:1", "--json")
@@ -421,8 +415,18 @@ def test_the_report_header_names_the_filters_it_shows(capsys, tmp_path) -> None:
     p = Profile([("peak_space", "bytes")])
     p.add([Frame("f", "/a.py", 1), Frame("<interpreter trampoline>", kind="trampoline")], [10], {"device": "cpu"})
     save(p, tmp_path / "p.pb.gz")
-    rc, out, err = run(capsys, "report", tmp_path / "p.pb.gz", "--hide-trampolines", "--label", "device=cpu",
-                       "--min-size", "1KiB", "--hide", "g h")
+    rc, out, err = run(
+        capsys,
+        "report",
+        tmp_path / "p.pb.gz",
+        "--hide-trampolines",
+        "--label",
+        "device=cpu",
+        "--min-size",
+        "1KiB",
+        "--hide",
+        "g h",
+    )
     assert rc == 0, err
     lines = out.splitlines()
     header = " ".join(x.strip() for x in lines[: next(i for i, x in enumerate(lines) if x.startswith("peak_space"))])

@@ -55,8 +55,15 @@ def test_a_run_writes_every_file_with_the_umask(tmp_path, mask, expected):
     script.write_text("import torch\nx = torch.ones(1000)\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUFLAME_")}
     env.update(PYTHONPATH=SRC, GPUFLAME_STORE=str(tmp_path / "store"))
-    done = subprocess.run([sys.executable, "-m", "gpuflame", "run", "--backend", "torch", str(script)],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180, umask=mask)
+    done = subprocess.run(
+        [sys.executable, "-m", "gpuflame", "run", "--backend", "torch", str(script)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        umask=mask,
+    )
     assert done.returncode == 0, done.stderr
     written = [p for p in (tmp_path / "store").rglob("*") if p.is_file()]
     assert {p.name for p in written} >= {"profile.pb.gz", "meta.json"} and len(written) >= 3, written

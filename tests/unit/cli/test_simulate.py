@@ -64,12 +64,15 @@ def test_out_of_memory_on_a_smaller_gpu(capsys):
     assert rc == 0 and oom["stack"][0] == "<module>" and oom["size"] > 0
 
 
-@pytest.mark.parametrize("argv, message", [
-    ([str(DATA / "go-1.19-heap.pb.gz")], "has no allocation history"),
-    ([DECOMFL, "--alloc-conf", "colour:blue"], "unknown setting 'colour'"),
-    ([DECOMFL, "--gpu-memory", "lots"], "not a size or a known GPU"),
-    ([DECOMFL, "--device", "gpu0"], "expected cuda:N"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        ([str(DATA / "go-1.19-heap.pb.gz")], "has no allocation history"),
+        ([DECOMFL, "--alloc-conf", "colour:blue"], "unknown setting 'colour'"),
+        ([DECOMFL, "--gpu-memory", "lots"], "not a size or a known GPU"),
+        ([DECOMFL, "--device", "gpu0"], "expected cuda:N"),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_2(capsys, argv, message):
     rc, out, err = run(capsys, *argv)
     assert rc == 2 and out == "" and message in err and err.count("\n") == 1
@@ -113,8 +116,9 @@ def test_report_on_a_fragmented_snapshot_suggests_simulate(capsys):
     fragmented = str(DATA / "torch-snapshot-silmont2000-mem_snapshot.pickle.gz")  # 14% cached at the peak
     assert main(["report", fragmented]) == 0
     out = capsys.readouterr().out
-    assert (f"reserved 3.52 GiB, allocated 3.03 GiB at the reserved peak: "
-            f"try `gpuflame simulate {fragmented} --suggest`") in out
+    assert (
+        f"reserved 3.52 GiB, allocated 3.03 GiB at the reserved peak: try `gpuflame simulate {fragmented} --suggest`"
+    ) in out
     assert main(["report", DECOMFL, "--json"]) == 0  # 5.6%: no hint
     assert json.loads(capsys.readouterr().out)["fragmentation_hint"] is None
 
@@ -135,8 +139,9 @@ def test_one_device_of_two(capsys):
     assert rc == 2 and "no allocation history on cuda:5" in err
 
 
-@pytest.mark.parametrize("damage", ["segment without size", "size as text", "trace entry not a dict",
-                                    "blocks not a list"])
+@pytest.mark.parametrize(
+    "damage", ["segment without size", "size as text", "trace entry not a dict", "blocks not a list"]
+)
 def test_a_damaged_snapshot_is_one_line(tmp_path: Path, capsys, damage):
     import pickle
 
@@ -179,26 +184,57 @@ def test_report_reserved_peak_is_not_the_reserved_at_the_allocations_peak(tmp_pa
     import pickle
 
     mib, a, b, c = 1 << 20, 0x7F00_0000_0000, 0x7F00_4000_0000, 0x7F00_8000_0000
-    steps = [("segment_alloc", a, 20), ("alloc", a, 18), ("segment_alloc", b, 20), ("alloc", b, 18),
-             ("free_requested", a, 18), ("free_completed", a, 18), ("free_requested", b, 18),
-             ("free_completed", b, 18), ("segment_free", a, 20), ("segment_alloc", c, 60), ("alloc", c, 30),
-             ("free_requested", c, 30), ("free_completed", c, 30), ("segment_free", c, 60)]
-    trace = [{"action": x, "addr": addr, "size": n * mib, "stream": 0, "time_us": 1_700_000_000_000_000 + i,
-              "frames": [{"filename": "train.py", "line": 3 + i, "name": "step"}]}
-             for i, (x, addr, n) in enumerate(steps)]
-    segs = [{"device": 0, "address": b, "total_size": 20 * mib, "stream": 0, "segment_type": "large",
-             "blocks": [{"address": b, "size": 20 * mib, "state": "inactive"}]}]
+    steps = [
+        ("segment_alloc", a, 20),
+        ("alloc", a, 18),
+        ("segment_alloc", b, 20),
+        ("alloc", b, 18),
+        ("free_requested", a, 18),
+        ("free_completed", a, 18),
+        ("free_requested", b, 18),
+        ("free_completed", b, 18),
+        ("segment_free", a, 20),
+        ("segment_alloc", c, 60),
+        ("alloc", c, 30),
+        ("free_requested", c, 30),
+        ("free_completed", c, 30),
+        ("segment_free", c, 60),
+    ]
+    trace = [
+        {
+            "action": x,
+            "addr": addr,
+            "size": n * mib,
+            "stream": 0,
+            "time_us": 1_700_000_000_000_000 + i,
+            "frames": [{"filename": "train.py", "line": 3 + i, "name": "step"}],
+        }
+        for i, (x, addr, n) in enumerate(steps)
+    ]
+    segs = [
+        {
+            "device": 0,
+            "address": b,
+            "total_size": 20 * mib,
+            "stream": 0,
+            "segment_type": "large",
+            "blocks": [{"address": b, "size": 20 * mib, "state": "inactive"}],
+        }
+    ]
     snap = tmp_path / "snap.pickle"
     snap.write_bytes(pickle.dumps({"segments": segs, "device_traces": [trace]}))
     assert main(["report", str(snap), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert data["reserved_peak"] == [{"device": "cuda:0", "reserved": 80 * mib, "allocated": 30 * mib,
-                                      "at_ns": trace[9]["time_us"] * 1000}]
+    assert data["reserved_peak"] == [
+        {"device": "cuda:0", "reserved": 80 * mib, "allocated": 30 * mib, "at_ns": trace[9]["time_us"] * 1000}
+    ]
     assert data["total"] == 40 * mib  # peak_space: what was reserved when the allocations peaked
     assert data["fragmentation_hint"].startswith("reserved 80.0 MiB, allocated 30.0 MiB at the reserved peak")
     assert main(["report", str(snap)]) == 0
     out = capsys.readouterr().out
-    assert ("cuda:0: the allocator's reserved peak 80.0 MiB 0.000 s into the strip, 30.0 MiB of it allocated; "
-            "40.0 MiB reserved when the allocations peaked (peak_space)") in out
+    assert (
+        "cuda:0: the allocator's reserved peak 80.0 MiB 0.000 s into the strip, 30.0 MiB of it allocated; "
+        "40.0 MiB reserved when the allocations peaked (peak_space)"
+    ) in out
     rc, out, _ = run(capsys, str(snap), "--json")
     assert json.loads(out)["devices"][0]["recorded"]["reserved_peak"] == 80 * mib

@@ -40,8 +40,6 @@ def page(profile_file: Path, capsys) -> str:
     return profile_file.with_name("run.html").read_text(encoding="utf-8")
 
 
-
-
 def test_writes_one_file_next_to_the_input_and_says_where(profile_file: Path, capsys) -> None:
     rc, out, err = run(capsys, "view", profile_file)
     assert rc == 0 and not err
@@ -99,7 +97,12 @@ def test_one_inline_script_allowed_by_its_hash(page: str) -> None:
 def test_embeds_every_sample_type_and_label(page: str) -> None:
     data = embedded(page)
     assert [t for t, _ in data["types"]] == [
-        "peak_space", "peak_objects", "inuse_space", "inuse_objects", "alloc_space", "alloc_objects",
+        "peak_space",
+        "peak_objects",
+        "inuse_space",
+        "inuse_objects",
+        "alloc_space",
+        "alloc_objects",
     ]
     assert len(data["samples"]["values"]) == 6
     assert all(len(col) == len(data["samples"]["stack"]) for col in data["samples"]["values"])

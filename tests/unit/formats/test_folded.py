@@ -49,9 +49,7 @@ def test_encode_sums_stacks_root_first(rich_profile: Profile) -> None:
     lines = text.splitlines()
     assert lines == sorted(lines)
     assert text.endswith("\n")
-    assert (
-        "<module>;<interpreter trampoline>;LlamaMLP > forward;cudaMalloc;0x7f15deadbeef 1073741824" in lines
-    )
+    assert "<module>;<interpreter trampoline>;LlamaMLP > forward;cudaMalloc;0x7f15deadbeef 1073741824" in lines
 
 
 def test_zero_sums_are_left_out_and_equal_stacks_merged() -> None:
@@ -247,8 +245,12 @@ def test_gpuflames_own_folded_file_keeps_its_sample_type_and_anothers_reads_as_c
     assert text.splitlines()[0] == "# gpuflame folded stacks: alloc_space (bytes)"
     assert folded.decode(text).sample_types == [SampleType("alloc_space", "bytes")]
     (tmp_path / "perf.folded").write_text("main;compute;memcpy 120\nmain;idle 30\n")
-    out = subprocess.run([sys.executable, "-m", "gpuflame", "report", str(tmp_path / "perf.folded"), "--json"],
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "gpuflame", "report", str(tmp_path / "perf.folded"), "--json"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     doc = json.loads(out.stdout)
     assert (doc["sample_type"], doc["unit"], doc["total"]) == ("samples", "count", 150)
     assert "peak" not in doc and "live at" not in out.stdout
@@ -260,11 +262,13 @@ def test_a_real_perf_folded_file_reads_as_samples_not_memory() -> None:
     path = DATA / "perf-folded-mojo-out.folded"
     lines = path.read_text().splitlines()
     total = sum(int(line.rsplit(" ", 1)[1]) for line in lines)
-    out = subprocess.run([sys.executable, "-m", "gpuflame", "report", str(path), "--json"],
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "gpuflame", "report", str(path), "--json"], capture_output=True, text=True, check=True
+    )
     doc = json.loads(out.stdout)
     assert (doc["sample_type"], doc["unit"], doc["total"]) == ("samples", "count", total)
-    text = subprocess.run([sys.executable, "-m", "gpuflame", "report", str(path)],
-                          capture_output=True, text=True, check=True).stdout
+    text = subprocess.run(
+        [sys.executable, "-m", "gpuflame", "report", str(path)], capture_output=True, text=True, check=True
+    ).stdout
     assert text.splitlines()[1].split()[:2] == ["samples", f"{total:,}"]
     assert " B " not in text.splitlines()[1] and "live at" not in text

@@ -69,8 +69,7 @@ def check_profile(p: Profile) -> None:
     """A loaded profile is well formed and can be written again."""
     assert isinstance(p, Profile)
     assert all(
-        isinstance(t, SampleType) and isinstance(t.type, str) and isinstance(t.unit, str)
-        for t in p.sample_types
+        isinstance(t, SampleType) and isinstance(t.type, str) and isinstance(t.unit, str) for t in p.sample_types
     )
     for f in p.frames:
         assert isinstance(f, Frame)
@@ -132,9 +131,7 @@ def _inlined_raw() -> bytes:
     lines = wire.field_bytes(4, wire.field_varint(1, 1) + wire.field_varint(2, 7))
     lines += wire.field_bytes(4, wire.field_varint(1, 2) + wire.field_varint(2, 9))
     loc = wire.field_bytes(4, wire.field_varint(1, 1) + wire.field_varint(2, 1) + lines)
-    loc += wire.field_bytes(
-        4, wire.field_varint(1, 2) + wire.field_varint(2, 1) + wire.field_varint(3, 0x7F00AA)
-    )
+    loc += wire.field_bytes(4, wire.field_varint(1, 2) + wire.field_varint(2, 1) + wire.field_varint(3, 0x7F00AA))
     label = wire.field_bytes(3, wire.field_varint(1, 7) + wire.field_varint(3, 64))
     sample = wire.field_bytes(2, wire.field_packed(1, [2, 1]) + wire.field_packed(2, [-5]) + label)
     return st_ + sample + mapping + loc + fns + table
@@ -159,8 +156,15 @@ def seeds(rich: Profile) -> dict[str, bytes]:
     return out
 
 
-SEED_NAMES = ["pprof-gzip", "pprof-raw", "pprof-two-byte-ids", "pprof-inlined", "folded", "speedscope",
-              "pickle-protocol-0"] + [f"fixture-{p.name}" for p in PICKLES]
+SEED_NAMES = [
+    "pprof-gzip",
+    "pprof-raw",
+    "pprof-two-byte-ids",
+    "pprof-inlined",
+    "folded",
+    "speedscope",
+    "pickle-protocol-0",
+] + [f"fixture-{p.name}" for p in PICKLES]
 
 
 @pytest.mark.parametrize("name", SEED_NAMES)
@@ -188,13 +192,22 @@ def _wide_ids_raw() -> bytes:
     st_ = wire.field_bytes(1, wire.field_varint(1, 1) + wire.field_varint(2, 2))
     mapping = wire.field_bytes(3, wire.field_varint(1, 1) + wire.field_varint(5, 6))
     fns = b"".join(
-        wire.field_bytes(5, wire.field_varint(1, fid) + wire.field_varint(2, name) + wire.field_varint(4, 5)
-                         + wire.field_varint(5, 10 * fid))
+        wire.field_bytes(
+            5,
+            wire.field_varint(1, fid)
+            + wire.field_varint(2, name)
+            + wire.field_varint(4, 5)
+            + wire.field_varint(5, 10 * fid),
+        )
         for fid, name in ((1, 3), (2, 4), (3, 4))
     )
     locs = b"".join(
-        wire.field_bytes(4, wire.field_varint(1, 20000 + i) + wire.field_varint(2, i == 3)
-                         + wire.field_bytes(4, wire.field_varint(1, i) + wire.field_varint(2, 40 + i)))
+        wire.field_bytes(
+            4,
+            wire.field_varint(1, 20000 + i)
+            + wire.field_varint(2, i == 3)
+            + wire.field_bytes(4, wire.field_varint(1, i) + wire.field_varint(2, 40 + i)),
+        )
         for i in (1, 2, 3)
     )
     label = wire.field_bytes(3, wire.field_varint(1, 7) + wire.field_varint(2, 8))
@@ -280,8 +293,13 @@ from gpuflame.model import history, peak, phases, timeline  # noqa: E402
 FUZZ_EXAMPLES = int(os.environ.get("GPUFLAME_FUZZ_EXAMPLES", "40"))
 # a long run can flag slow inputs too (GPUFLAME_FUZZ_DEADLINE_MS=2000); the suite never times anything
 _DEADLINE_MS = os.environ.get("GPUFLAME_FUZZ_DEADLINE_MS")
-FUZZ = settings(max_examples=FUZZ_EXAMPLES, deadline=int(_DEADLINE_MS) if _DEADLINE_MS else None,
-                derandomize=FUZZ_EXAMPLES <= 1000, suppress_health_check=list(HealthCheck), database=None)
+FUZZ = settings(
+    max_examples=FUZZ_EXAMPLES,
+    deadline=int(_DEADLINE_MS) if _DEADLINE_MS else None,
+    derandomize=FUZZ_EXAMPLES <= 1000,
+    suppress_health_check=list(HealthCheck),
+    database=None,
+)
 
 
 def _edits() -> st.SearchStrategy[list[tuple[int, int, bytes]]]:
@@ -344,13 +362,15 @@ def seed(name: str) -> bytes:
     """The unedited input of a target, built once."""
     if name not in _SEEDS:
         p = _with_comments()
-        _SEEDS.update({
-            "pprof": pprof.encode_raw(p),
-            "pprof-gzip": pprof.encode(p),
-            "folded": folded.encode(p, p.type_index("inuse_space"), locations=True).encode(),
-            "speedscope": speedscope.encode(p, p.type_index("inuse_space")).encode(),
-            "pickle": (FIXTURES / "handwritten_small_trace.pickle").read_bytes(),
-        })
+        _SEEDS.update(
+            {
+                "pprof": pprof.encode_raw(p),
+                "pprof-gzip": pprof.encode(p),
+                "folded": folded.encode(p, p.type_index("inuse_space"), locations=True).encode(),
+                "speedscope": speedscope.encode(p, p.type_index("inuse_space")).encode(),
+                "pickle": (FIXTURES / "handwritten_small_trace.pickle").read_bytes(),
+            }
+        )
         _SEEDS["pickle-0"] = pickle.dumps(pickle.loads(_SEEDS["pickle"]), protocol=0)
     return _SEEDS[name]
 
@@ -464,15 +484,18 @@ def test_target_comment_decoders(data) -> None:  # type: ignore[no-untyped-def]
     p = _with_comments()
     kind = data.draw(st.sampled_from(["timeline", "history", "peak", "phases"]))
     if kind == "timeline":
-        payload, prefix, read = {"series": [{"labels": [["d", "x"]], "t": [1, 2], "b": [3, 4]}]}, timeline.PREFIX, \
-            timeline.Timeline.from_comment
+        payload, prefix, read = (
+            {"series": [{"labels": [["d", "x"]], "t": [1, 2], "b": [3, 4]}]},
+            timeline.PREFIX,
+            timeline.Timeline.from_comment,
+        )
     elif kind == "history":
         comment = p.history.to_comment()  # type: ignore[union-attr]
-        packed = base64.b64decode(comment[len(history.PREFIX):])
+        packed = base64.b64decode(comment[len(history.PREFIX) :])
         payload, prefix, read = json.loads(zlib.decompress(packed)), history.PREFIX, history.History.from_comment
     elif kind == "peak":
         comment = peak.to_comment(p.peaks)
-        payload, prefix, read = json.loads(comment[len(peak.PREFIX):]), peak.PREFIX, peak.from_comment
+        payload, prefix, read = json.loads(comment[len(peak.PREFIX) :]), peak.PREFIX, peak.from_comment
     else:
         payload, prefix, read = [["p", 1, 2, 3]], phases.PREFIX, phases.from_comment
     _poke(payload, data)
@@ -488,8 +511,9 @@ def _poke(payload: object, data) -> None:  # type: ignore[no-untyped-def]
     """Replace one drawn value inside *payload* by drawn JSON."""
     node = payload
     for _ in range(data.draw(st.integers(0, 4))):
-        children = list(node.items()) if isinstance(node, dict) else list(enumerate(node)) \
-            if isinstance(node, list) else []
+        children = (
+            list(node.items()) if isinstance(node, dict) else list(enumerate(node)) if isinstance(node, list) else []
+        )
         if not children:
             break
         key, child = data.draw(st.sampled_from(children))

@@ -54,7 +54,10 @@ def report(path: Path, **env: str) -> subprocess.CompletedProcess[str]:
     child_env = {k: v for k, v in os.environ.items() if not k.startswith("GPUFLAME_")} | env
     return subprocess.run(
         [sys.executable, "-c", CHILD.format(limit=ADDRESS_SPACE), str(path)],
-        capture_output=True, text=True, env=child_env, timeout=600,
+        capture_output=True,
+        text=True,
+        env=child_env,
+        timeout=600,
     )
 
 
@@ -251,11 +254,27 @@ def test_stacks_that_share_leaf_middle_and_root_frames_are_not_compared_pairwise
 
     a, m, b = frame("a", 1), frame("m", 2), frame("b", 3)
     n = 500
-    blocks = [{"size": 512, "requested_size": 512, "state": "active_allocated", "address": 4096 + 512 * i,
-               "frames": [a, frame(f"x{i}", i), m, frame(f"y{i}", i), b]} for i in range(n)]
-    segment = {"device": 0, "address": 4096, "total_size": 512 * n, "allocated_size": 512 * n,
-               "active_size": 512 * n, "requested_size": 512 * n, "stream": 0, "segment_type": "large",
-               "blocks": blocks}
+    blocks = [
+        {
+            "size": 512,
+            "requested_size": 512,
+            "state": "active_allocated",
+            "address": 4096 + 512 * i,
+            "frames": [a, frame(f"x{i}", i), m, frame(f"y{i}", i), b],
+        }
+        for i in range(n)
+    ]
+    segment = {
+        "device": 0,
+        "address": 4096,
+        "total_size": 512 * n,
+        "allocated_size": 512 * n,
+        "active_size": 512 * n,
+        "requested_size": 512 * n,
+        "stream": 0,
+        "segment_type": "large",
+        "blocks": blocks,
+    }
     p = loads(pickle.dumps({"segments": [segment], "device_traces": [[]]}))
     assert len(p.samples) == n
     assert made and max(len(bucket) for bucket in made[0]._by_shape.values()) <= snapshot_stacks.SHAPE_BUCKET

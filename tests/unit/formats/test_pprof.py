@@ -207,9 +207,7 @@ def _google_profile(pb: ModuleType) -> tuple[bytes, list[tuple[list[Frame], tupl
     msg = pb.Profile()
     msg.sample_type.add(type=s("alloc_objects"), unit=s("count"))
     msg.sample_type.add(type=s("alloc_space"), unit=s("bytes"))
-    msg.mapping.add(
-        id=7, memory_start=0x400000, memory_limit=0x800000, filename=s("/usr/bin/app"), has_functions=True
-    )
+    msg.mapping.add(id=7, memory_start=0x400000, memory_limit=0x800000, filename=s("/usr/bin/app"), has_functions=True)
     big_fn, big_loc = 1 << 40, (1 << 33) + 5
     msg.function.add(id=1, name=s("main.alloc"), system_name=s("main.alloc"), filename=s("/src/main.go"))
     msg.function.add(id=2, name=s("main.inlined"), filename=s("/src/main.go"))
@@ -275,8 +273,7 @@ def test_unpacked_repeated_fields_are_read_too() -> None:
     loc = b"".join(
         wire.field_bytes(
             4,
-            wire.field_varint(1, lid)
-            + wire.field_bytes(4, wire.field_varint(1, 1) + wire.field_varint(2, lid)),
+            wire.field_varint(1, lid) + wire.field_bytes(4, wire.field_varint(1, 1) + wire.field_varint(2, lid)),
         )
         for lid in (1, 200)
     )
@@ -393,9 +390,7 @@ def test_random_profiles_read_the_same_with_google_protobuf(profile_pb2: ModuleT
         for lid in got.location_id:
             loc = locations[lid]
             names_.append(
-                strings[functions[loc.line[0].function_id].name]
-                if loc.line
-                else native_address_name(loc.address)
+                strings[functions[loc.line[0].function_id].name] if loc.line else native_address_name(loc.address)
             )
         assert names_ == [f.name for f in p.stack_frames(want)]
     # and Google's re-serialization (canonical field order) reads back the same
@@ -426,9 +421,7 @@ def test_decoded_kinds_follow_guess_kind() -> None:
 
 
 def _message(sample_types: list[tuple[int, int]], strings: list[str], extra: bytes = b"") -> bytes:
-    out = b"".join(
-        wire.field_bytes(1, wire.field_varint(1, t) + wire.field_varint(2, u)) for t, u in sample_types
-    )
+    out = b"".join(wire.field_bytes(1, wire.field_varint(1, t) + wire.field_varint(2, u)) for t, u in sample_types)
     return out + extra + b"".join(wire.field_string(6, s) for s in strings)
 
 
@@ -442,9 +435,7 @@ def test_a_missing_location_is_named() -> None:
 @pytest.mark.parametrize(
     ("ids", "missing"), [([1, 99], 99), ([1, 300], 300), ([200, 300], 200), ([2, 3, 70000], 70000)]
 )
-def test_a_missing_location_among_existing_ones_is_found(
-    rich_profile: Profile, ids: list[int], missing: int
-) -> None:
+def test_a_missing_location_among_existing_ones_is_found(rich_profile: Profile, ids: list[int], missing: int) -> None:
     """Each id layout (one byte, mixed widths, two bytes, three bytes) reports the missing id."""
     raw = pprof.encode_raw(rich_profile)
     bad = wire.field_bytes(2, wire.field_packed(1, ids) + wire.field_packed(2, [0] * 6))
@@ -505,7 +496,6 @@ def test_truncated_gzip_is_a_plain_error(rich_profile: Profile) -> None:
 # =============================================================================
 # files from other tools, and other tools reading ours
 # =============================================================================
-
 
 
 def test_reads_a_real_go_heap_profile() -> None:

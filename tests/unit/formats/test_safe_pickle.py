@@ -120,16 +120,26 @@ def test_snapshot_structure_loads(protocol: int) -> None:
 
 def test_many_flat_tuples_load_after_the_exact_nesting_check() -> None:
     # more tuples than the fast scan accepts unchecked: the exact check runs and passes
-    data = {
-        "segments": [{"segment_pool_id": (0, i)} for i in range(safe_pickle.HASHABLE_OPCODES_UNCHECKED + 5)]
-    }
+    data = {"segments": [{"segment_pool_id": (0, i)} for i in range(safe_pickle.HASHABLE_OPCODES_UNCHECKED + 5)]}
     assert safe_pickle.loads(pickle.dumps(data, protocol=4)) == data
 
 
 @pytest.mark.parametrize(
     "unit",
-    [b"\x8c\x02ab", b"C\x02ab", b"U\x02ab", b"X\x02\x00\x00\x00ab", b"B\x02\x00\x00\x00ab",
-     b"T\x02\x00\x00\x00ab", b"I12\n", b"L12L\n", b"S'ab'\n", b"Vab\n", b"F1.5\n", b"Mab"],
+    [
+        b"\x8c\x02ab",
+        b"C\x02ab",
+        b"U\x02ab",
+        b"X\x02\x00\x00\x00ab",
+        b"B\x02\x00\x00\x00ab",
+        b"T\x02\x00\x00\x00ab",
+        b"I12\n",
+        b"L12L\n",
+        b"S'ab'\n",
+        b"Vab\n",
+        b"F1.5\n",
+        b"Mab",
+    ],
 )
 def test_runs_of_short_strings_and_text_arguments_stay_in_the_fast_path(unit: bytes) -> None:
     """One Python iteration per 3-byte string made a gigabyte of them take 7 minutes to scan."""
@@ -141,8 +151,13 @@ def test_runs_of_short_strings_and_text_arguments_stay_in_the_fast_path(unit: by
 
 def test_stack_globals_allowed_globals_and_longs_stay_in_the_fast_path() -> None:
     """STACK_GLOBAL and the allowed GLOBALs do nothing in the scan: a run of them was one Python iteration a byte."""
-    for run in (b"\x93" * 1000, b"cbuiltins\nset\n0" * 100, b"c_codecs\nencode\n0" * 100,
-                b"\x8a\x20" + bytes(32) + b"0", b"\x8b\x20\x00\x00\x00" + bytes(32) + b"0"):
+    for run in (
+        b"\x93" * 1000,
+        b"cbuiltins\nset\n0" * 100,
+        b"c_codecs\nencode\n0" * 100,
+        b"\x8a\x20" + bytes(32) + b"0",
+        b"\x8b\x20\x00\x00\x00" + bytes(32) + b"0",
+    ):
         assert safe_pickle.fast_path_for(0).match(run + b".").end() == len(run)
 
 
@@ -257,12 +272,7 @@ def test_hand_made_opcodes_are_refused(sentinel: Path, name: str) -> None:
     # keep length prefixes right after the substitution
     if name == "stack-global":
         cmd = f"touch {sentinel}".encode()
-        data = (
-            b"\x80\x04\x8c\x02os\x94\x8c\x06system\x94\x93\x94\x8c"
-            + bytes([len(cmd)])
-            + cmd
-            + b"\x94\x85\x94R\x94."
-        )
+        data = b"\x80\x04\x8c\x02os\x94\x8c\x06system\x94\x93\x94\x8c" + bytes([len(cmd)]) + cmd + b"\x94\x85\x94R\x94."
     with pytest.raises(UnsafePickleError):
         safe_pickle.loads(data)
 

@@ -112,9 +112,7 @@ def _sums(doc: dict, prof: dict) -> Counter:
     frames = doc["shared"]["frames"]
     out: Counter = Counter()
     for stack, weight in zip(prof["samples"], prof["weights"], strict=True):
-        out[
-            tuple((frames[i]["name"], frames[i].get("file", ""), frames[i].get("line", 0)) for i in stack)
-        ] += weight
+        out[tuple((frames[i]["name"], frames[i].get("file", ""), frames[i].get("line", 0)) for i in stack)] += weight
     return out
 
 
@@ -186,9 +184,7 @@ def test_unicode_names_survive(rich_profile: Profile) -> None:
     assert doc["shared"]["frames"][0]["name"] == "Überschicht > vorwärts ✓"
 
 
-@pytest.mark.parametrize(
-    ("unit", "expected"), [("bytes", "bytes"), ("nanoseconds", "nanoseconds"), ("count", "none")]
-)
+@pytest.mark.parametrize(("unit", "expected"), [("bytes", "bytes"), ("nanoseconds", "nanoseconds"), ("count", "none")])
 def test_units(unit: str, expected: str) -> None:
     assert speedscope.unit_of(unit) == expected
     assert expected in SCHEMA["definitions"]["FileFormat.ValueUnit"]["enum"]
@@ -200,23 +196,48 @@ def test_units(unit: str, expected: str) -> None:
 # export: times in milliseconds with fractions, an evented profile of nested calls.
 EVENTED = {
     "$schema": speedscope.SCHEMA,
-    "shared": {"frames": [{"name": "main", "file": "app.py", "line": 1}, {"name": "load", "file": "app.py", "line": 9},
-                          {"name": "parse", "col": 4}]},
-    "profiles": [{
-        "type": "evented", "name": "thread 1", "unit": "milliseconds", "startValue": 0, "endValue": 10.5,
-        "events": [
-            {"type": "O", "frame": 0, "at": 0}, {"type": "O", "frame": 1, "at": 1.25},
-            {"type": "O", "frame": 2, "at": 2}, {"type": "C", "frame": 2, "at": 5},
-            {"type": "C", "frame": 1, "at": 6}, {"type": "C", "frame": 0, "at": 10.5},
-        ],
-    }],
-    "name": "app", "activeProfileIndex": 0, "exporter": "hand",
+    "shared": {
+        "frames": [
+            {"name": "main", "file": "app.py", "line": 1},
+            {"name": "load", "file": "app.py", "line": 9},
+            {"name": "parse", "col": 4},
+        ]
+    },
+    "profiles": [
+        {
+            "type": "evented",
+            "name": "thread 1",
+            "unit": "milliseconds",
+            "startValue": 0,
+            "endValue": 10.5,
+            "events": [
+                {"type": "O", "frame": 0, "at": 0},
+                {"type": "O", "frame": 1, "at": 1.25},
+                {"type": "O", "frame": 2, "at": 2},
+                {"type": "C", "frame": 2, "at": 5},
+                {"type": "C", "frame": 1, "at": 6},
+                {"type": "C", "frame": 0, "at": 10.5},
+            ],
+        }
+    ],
+    "name": "app",
+    "activeProfileIndex": 0,
+    "exporter": "hand",
 }
 SAMPLED = {
     "$schema": speedscope.SCHEMA,
     "shared": {"frames": [{"name": "a"}, {"name": "b"}]},
-    "profiles": [{"type": "sampled", "name": "cpu", "unit": "none", "startValue": 0, "endValue": 3,
-                  "samples": [[0, 1], [0], [0, 1]], "weights": [1, 1, 1]}],
+    "profiles": [
+        {
+            "type": "sampled",
+            "name": "cpu",
+            "unit": "none",
+            "startValue": 0,
+            "endValue": 3,
+            "samples": [[0, 1], [0], [0, 1]],
+            "weights": [1, 1, 1],
+        }
+    ],
 }
 
 
@@ -265,12 +286,16 @@ def test_report_reads_a_speedscope_file(tmp_path: Path, rich_profile: Profile) -
     ("doc", "message"),
     [
         ({"tree": {}}, "not a speedscope profile"),
-        ({**SAMPLED, "profiles": [{**SAMPLED["profiles"][0], "samples": [[0, 7]], "weights": [1]}]},
-         "not in shared.frames"),
+        (
+            {**SAMPLED, "profiles": [{**SAMPLED["profiles"][0], "samples": [[0, 7]], "weights": [1]}]},
+            "not in shared.frames",
+        ),
         ({**SAMPLED, "profiles": [{**SAMPLED["profiles"][0], "weights": [1]}]}, "3 samples but 1 weights"),
         ({**SAMPLED, "profiles": [{**SAMPLED["profiles"][0], "unit": "parsecs"}]}, "unknown unit"),
-        ({**EVENTED, "profiles": [{**EVENTED["profiles"][0], "events": EVENTED["profiles"][0]["events"][:2]}]},
-         "still open"),
+        (
+            {**EVENTED, "profiles": [{**EVENTED["profiles"][0], "events": EVENTED["profiles"][0]["events"][:2]}]},
+            "still open",
+        ),
         ({**SAMPLED, "profiles": [{**SAMPLED["profiles"][0], "weights": [1, 1e300, 1]}]}, "does not fit"),
     ],
 )
@@ -299,11 +324,16 @@ def test_evented_stacks_are_bounded_by_the_frames_limit(monkeypatch) -> None:
     frames = [{"name": f"f{i}"} for i in range(depth + leaves)]
     events = [{"type": "O", "frame": i, "at": i} for i in range(depth)]
     for k in range(leaves):
-        events += [{"type": "O", "frame": depth + k, "at": depth + 2 * k},
-                   {"type": "C", "frame": depth + k, "at": depth + 2 * k + 1}]
+        events += [
+            {"type": "O", "frame": depth + k, "at": depth + 2 * k},
+            {"type": "C", "frame": depth + k, "at": depth + 2 * k + 1},
+        ]
     events += [{"type": "C", "frame": i, "at": depth + 2 * leaves} for i in reversed(range(depth))]
-    doc = {**EVENTED, "shared": {"frames": frames},
-           "profiles": [{**EVENTED["profiles"][0], "unit": "none", "events": events}]}
+    doc = {
+        **EVENTED,
+        "shared": {"frames": frames},
+        "profiles": [{**EVENTED["profiles"][0], "unit": "none", "events": events}],
+    }
     p = speedscope.decode(json.dumps(doc))
     assert sum(len(s.stack) for s in p.samples) > 20_000 and max(len(s.stack) for s in p.samples) == depth + 1
     monkeypatch.setenv("GPUFLAME_MAX_FRAMES", "20000")

@@ -51,9 +51,7 @@ def values(profile: Profile, type_name: str, device: str | None = None) -> int:
 
 
 def devices(snap: dict[str, Any]) -> list[int]:
-    return sorted(
-        {seg["device"] for seg in snap["segments"]} | {i for i, t in enumerate(snap["device_traces"]) if t}
-    )
+    return sorted({seg["device"] for seg in snap["segments"]} | {i for i, t in enumerate(snap["device_traces"]) if t})
 
 
 def is_cached(profile: Profile, sample: Any) -> bool:
@@ -478,11 +476,7 @@ BROKEN = [
     {"segments": [{"total_size": 10, "blocks": [{"size": "x", "state": "inactive"}]}]},
     {"segments": [{"total_size": 10, "blocks": [{"size": -1, "state": "inactive"}]}]},
     {"segments": [{"total_size": 10, "blocks": [{"size": 10, "state": ("deep",)}]}]},
-    {
-        "segments": [
-            {"total_size": 10, "blocks": [{"size": 10, "state": "active_allocated", "frames": "abc"}]}
-        ]
-    },
+    {"segments": [{"total_size": 10, "blocks": [{"size": 10, "state": "active_allocated", "frames": "abc"}]}]},
     {"segments": [{"total_size": 10, "blocks": [{"size": 10, "state": "active_allocated", "frames": [5]}]}]},
     {"segments": [], "device_traces": 3},
     {"segments": [], "device_traces": [[{"action": "alloc"}]]},
@@ -605,8 +599,11 @@ def test_memory_without_a_stack_is_explained_with_its_share(snapshots, profiles)
     """``<allocated before the trace>`` and ``<no stack recorded>`` each get one note: how much, and why."""
     profile = profiles["handwritten_overflowed_trace"]
     i = profile.pick_type()
-    before = sum(s.values[i] for s in profile.samples
-                 if s.stack and profile.frames[s.stack[0]].name == "<allocated before the trace>")
+    before = sum(
+        s.values[i]
+        for s in profile.samples
+        if s.stack and profile.frames[s.stack[0]].name == "<allocated before the trace>"
+    )
     assert before > 0
     [note] = [c for c in profile.comments if c.startswith("<allocated before the trace>: ")]
     assert format_bytes(before) in note and "ring buffer had wrapped" in note and "max_entries" in note
@@ -615,8 +612,9 @@ def test_memory_without_a_stack_is_explained_with_its_share(snapshots, profiles)
 def test_a_real_snapshot_of_weights_loaded_before_recording_says_why_they_have_no_stack() -> None:
     profile = torch_snapshot.decode((DATA / "torch-snapshot-Wedsonlin-medium_128_inference.pickle.gz").read_bytes())
     i = profile.pick_type()
-    held = sum(s.values[i] for s in profile.samples
-               if s.stack and profile.frames[s.stack[0]].name == "<no stack recorded>")
+    held = sum(
+        s.values[i] for s in profile.samples if s.stack and profile.frames[s.stack[0]].name == "<no stack recorded>"
+    )
     total = sum(s.values[i] for s in profile.samples)
     [note] = [c for c in profile.comments if c.startswith("<no stack recorded>: ")]
     assert f"{format_bytes(held)} of peak_space ({100 * held / total:.0f}%)" in note

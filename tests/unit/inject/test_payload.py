@@ -34,8 +34,6 @@ print("OK", gpuflame.__file__)
 """
 
 
-
-
 def assert_recorded_the_workload(sessions: Path) -> None:
     """The one process wrote its profile, holding the workload's 3 MiB under its own function."""
     [profile_file] = sessions.glob("proc-*.pb.gz")
@@ -88,8 +86,9 @@ def test_payload_starts_the_profiler_in_a_fresh_process(tmp_path: Path) -> None:
     assert env["PYTHONPATH"] == f"{dest}/bootstrap:{dest}/lib"
     # the base interpreter, not the venv's: the venv's site-packages would put gpuflame on the path
     python = getattr(sys, "_base_executable", sys.executable)
-    result = subprocess.run([python, "-s", str(script)], cwd=tmp_path, env=env,
-                            capture_output=True, text=True, timeout=240)
+    result = subprocess.run(
+        [python, "-s", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240
+    )
     assert result.returncode == 0, result.stderr
     assert "gpuflame:" not in result.stderr, result.stderr
     assert_recorded_the_workload(sessions)
@@ -110,11 +109,14 @@ def test_the_payload_records_on_a_bare_interpreter_with_numpy_and_rich_blocked(t
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GPUFLAME_", "PYTHON", "VIRTUAL_ENV"))}
     env.update(webhook_env(dest, sessions), GPUFLAME_TORCH_HOOK=hook)
     # -S: no site, so the bootstrap's sitecustomize runs where this says, after the block
-    start = BLOCK + f"\nimport sitecustomize, runpy\nrunpy.run_path({str(script)!r}, run_name='__main__')\n" \
-        "print('BY_GPUFLAME', [a for a in attempts if ' -> ' in a])\n"  # torch's own tries are its business
+    start = (
+        BLOCK + f"\nimport sitecustomize, runpy\nrunpy.run_path({str(script)!r}, run_name='__main__')\n"
+        "print('BY_GPUFLAME', [a for a in attempts if ' -> ' in a])\n"
+    )  # torch's own tries are its business
     python = getattr(sys, "_base_executable", sys.executable)
-    result = subprocess.run([python, "-S", "-s", "-c", start], cwd=tmp_path, env=env,
-                            capture_output=True, text=True, timeout=240)
+    result = subprocess.run(
+        [python, "-S", "-s", "-c", start], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[-1] == "BY_GPUFLAME []", result.stdout
     assert "gpuflame:" not in result.stderr, result.stderr

@@ -23,7 +23,9 @@ def test_process_files_lists_one_kind_by_pid_and_nothing_else(tmp_path: Path) ->
     for name in ("proc-30.pb.gz", "proc-4.pb.gz", "lost-4.txt", ".proc-9.pb.gz.tmp", "proc-5.pb.gz.bak"):
         (tmp_path / name).write_text("")
     assert contract.process_files(tmp_path, contract.PROCESS_FILE) == {
-        4: tmp_path / "proc-4.pb.gz", 30: tmp_path / "proc-30.pb.gz"}
+        4: tmp_path / "proc-4.pb.gz",
+        30: tmp_path / "proc-30.pb.gz",
+    }
     assert list(contract.process_files(tmp_path, contract.LOST_FILE)) == [4]
     assert contract.process_files(tmp_path / "missing", contract.PROCESS_FILE) == {}
 
@@ -53,8 +55,12 @@ def test_what_a_process_wrote_of_its_losses_reaches_the_terminal_escaped(tmp_pat
     from gpuflame.launch.outcome import say_where
     from gpuflame.launch.store import RunMeta
 
-    meta = RunMeta(command=["x"], started=0.0, lost=["pid 7: disk full\x1b[2J\rfake: line"],
-                   partial_processes=[{"pid": 8, "why": "partial\x1b]0;title\x07"}])
+    meta = RunMeta(
+        command=["x"],
+        started=0.0,
+        lost=["pid 7: disk full\x1b[2J\rfake: line"],
+        partial_processes=[{"pid": 8, "why": "partial\x1b]0;title\x07"}],
+    )
     say_where(tmp_path / "p.pb.gz", meta, {}, "")
     err = capsys.readouterr().err
     assert "\x1b" not in err and "\r" not in err and "\x07" not in err

@@ -67,9 +67,24 @@ def killed_run(tmp_path: Path, *where: str) -> tuple[Path, int]:
     script.write_text(f"CHILD = {CHILD!r}\n" + PROGRAM)
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUFLAME_")} | {"PYTHONPATH": SRC}
     launcher = subprocess.Popen(
-        [sys.executable, "-m", "gpuflame", "run", "--backend", "torch", "--interval", "100ms",
-         *(where or ("-o", "run.pb.gz")), script.name],
-        cwd=tmp_path, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-m",
+            "gpuflame",
+            "run",
+            "--backend",
+            "torch",
+            "--interval",
+            "100ms",
+            *(where or ("-o", "run.pb.gz")),
+            script.name,
+        ],
+        cwd=tmp_path,
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     program = int(launcher.stdout.readline())
     launcher.send_signal(signal.SIGKILL)
     launcher.wait()
@@ -80,8 +95,14 @@ def killed_run(tmp_path: Path, *where: str) -> tuple[Path, int]:
 
 def recover(*argv: str, cwd: Path) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUFLAME_")} | {"PYTHONPATH": SRC}
-    return subprocess.run([sys.executable, "-m", "gpuflame", "recover", *argv], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "gpuflame", "recover", *argv],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def inuse_by_pid(path: Path) -> dict[int, int]:

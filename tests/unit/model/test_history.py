@@ -30,8 +30,9 @@ FRAMES = [Frame("load_model", "m.py", 3), Frame("alloc_kv", "m.py", 9), Frame("s
 SITES = [((0,), (("device", "cpu"),)), ((1, 0), (("device", "cpu"),)), ((2,), (("device", "cpu"),))]
 
 
-def profile_of(events: list[tuple[int, int, int]], limit: int = 1000, pid: str = "1", end: int = 10 * S,
-               start: int = 0) -> Profile:
+def profile_of(
+    events: list[tuple[int, int, int]], limit: int = 1000, pid: str = "1", end: int = 10 * S, start: int = 0
+) -> Profile:
     """A profile whose history holds *events* (seconds-from-T0 ns, site, +-bytes), as a recorder would log them."""
     log = EventLog(T0 + start, limit)
     for t, site, size in events:
@@ -102,8 +103,11 @@ def test_folding_keeps_every_later_moment_exact_and_refuses_earlier_ones() -> No
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 2), st.integers(1, 1000)), min_size=1, max_size=60),
-       st.integers(2, 12), st.floats(0, 7))
+@given(
+    st.lists(st.tuples(st.integers(0, 2), st.integers(1, 1000)), min_size=1, max_size=60),
+    st.integers(2, 12),
+    st.floats(0, 7),
+)
 def test_any_moment_after_the_fold_equals_a_naive_replay(allocs, limit, when) -> None:
     events, live = [], []
     for k, (site, size) in enumerate(allocs):
@@ -226,11 +230,14 @@ def test_export_and_view_take_a_moment(capsys, history_file: Path, tmp_path: Pat
     assert rc == 0, err
 
 
-@pytest.mark.parametrize(("argv", "says"), [
-    (["--at", "99"], "past the end of the recording (it spans 0 to 10.000 s"),
-    (["--between", "5", "2"], "the window ends before it starts"),
-    (["--at", "soon"], "expected a time: 1.5 or 250ms (on the strip, 0 = its first allocation)"),
-])
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--at", "99"], "past the end of the recording (it spans 0 to 10.000 s"),
+        (["--between", "5", "2"], "the window ends before it starts"),
+        (["--at", "soon"], "expected a time: 1.5 or 250ms (on the strip, 0 = its first allocation)"),
+    ],
+)
 def test_bad_times_are_one_line_and_exit_2(capsys, history_file: Path, argv: list[str], says: str) -> None:
     rc, out, err = run(capsys, "report", history_file, *argv)
     assert rc == 2 and says in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
@@ -250,12 +257,29 @@ def _comment(payload: dict) -> str:
     return PREFIX + base64.b64encode(zlib.compress(text)).decode()
 
 
-@pytest.mark.parametrize("change", [
-    {"t": [1, -5]}, {"s": [0, 9]}, {"b": [1.5, 2]}, {"t": [2**63, 0]}, {"s": [0]}, {"base": [[0, 1]]},
-])
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"t": [1, -5]},
+        {"s": [0, 9]},
+        {"b": [1.5, 2]},
+        {"t": [2**63, 0]},
+        {"s": [0]},
+        {"base": [[0, 1]]},
+    ],
+)
 def test_a_history_comment_is_untrusted_input(change: dict) -> None:
-    track = {"labels": [], "start": 1, "end": 0, "fold": 1, "folded": 0, "base": [], "t": [1, 1], "s": [0, 0],
-             "b": [10, -10]}
+    track = {
+        "labels": [],
+        "start": 1,
+        "end": 0,
+        "fold": 1,
+        "folded": 0,
+        "base": [],
+        "t": [1, 1],
+        "s": [0, 0],
+        "b": [10, -10],
+    }
     good = {"frames": [["f", "a.py", 1, "python", 0]], "sites": [[[0], []]], "tracks": [track]}
     assert History.from_comment(_comment(good)).tracks[0].sizes.tolist() == [10, -10]
     bad = {**good, "tracks": [{**track, **change}]}
@@ -267,8 +291,11 @@ def test_a_history_comment_is_untrusted_input(change: dict) -> None:
 def test_top_by_label_at_a_moment_says_moments_are_not_split(capsys, tmp_path: Path, by: str) -> None:
     """The whole recording is labelled; a moment is not: say that, not "only torch records them"."""
     p = profile_of(EVENTS)
-    p.add([FRAMES[0]], [1000, 1, 1000, 1, 1000, 1], {"device": "cpu", "pid": "1", "category": "parameter",
-                                                      "phase": "load"})
+    p.add(
+        [FRAMES[0]],
+        [1000, 1, 1000, 1, 1000, 1],
+        {"device": "cpu", "pid": "1", "category": "parameter", "phase": "load"},
+    )
     save(p, tmp_path / "labelled.pb.gz")
     rc, _, err = run(capsys, "top", tmp_path / "labelled.pb.gz", "--by", by, "--at", "3.5")
     assert rc == 2 and f"--at and --between profiles are not split by {by}" in err
@@ -276,7 +303,7 @@ def test_top_by_label_at_a_moment_says_moments_are_not_split(capsys, tmp_path: P
 
 
 def _payload(comment: str) -> dict:
-    return json.loads(zlib.decompress(base64.b64decode(comment[len(PREFIX):])))
+    return json.loads(zlib.decompress(base64.b64decode(comment[len(PREFIX) :])))
 
 
 def test_the_comment_holds_every_field_of_every_track() -> None:
@@ -288,10 +315,15 @@ def test_the_comment_holds_every_field_of_every_track() -> None:
     assert payload["sites"] == [[list(stack), [list(p) for p in labels]] for stack, labels in both.sites]
     for stored, track in zip(payload["tracks"], both.tracks, strict=True):
         assert stored == {
-            "labels": [list(p) for p in track.labels], "start": track.start, "end": track.end, "fold": track.fold,
-            "folded": track.folded, "base": [[s, b, c] for s, (b, c) in sorted(track.base.items())],
+            "labels": [list(p) for p in track.labels],
+            "start": track.start,
+            "end": track.end,
+            "fold": track.fold,
+            "folded": track.folded,
+            "base": [[s, b, c] for s, (b, c) in sorted(track.base.items())],
             "t": [b - a for a, b in zip([track.fold, *track.times[:-1]], track.times, strict=True)],
-            "s": list(track.sites), "b": list(track.sizes),
+            "s": list(track.sites),
+            "b": list(track.sizes),
         }
     assert History.from_comment(both.to_comment()) == both
 
@@ -304,8 +336,17 @@ def test_a_full_history_is_written_without_a_copy_of_its_events_in_python_object
 
     n = 300_000
     times = array("q", (T0 + i * 1000 for i in range(n)))
-    track = event_history.Track((), T0, T0 + n * 1000, T0, 0, {}, times, array("q", [i % 3 for i in range(n)]),
-                                array("q", [64 if i % 2 == 0 else -64 for i in range(n)]))
+    track = event_history.Track(
+        (),
+        T0,
+        T0 + n * 1000,
+        T0,
+        0,
+        {},
+        times,
+        array("q", [i % 3 for i in range(n)]),
+        array("q", [64 if i % 2 == 0 else -64 for i in range(n)]),
+    )
     history = History(list(FRAMES), list(SITES), [track])
     tracemalloc.start()
     try:

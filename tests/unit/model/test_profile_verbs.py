@@ -107,9 +107,7 @@ def test_focus_on_recursion_uses_the_outermost_frame():
     p = Profile(sample_types=[PEAK])
     p.add([call_impl, fwd, call_impl, main], [4])
     f = focus(p, "_call_impl")
-    assert stacks(f) == Counter(
-        {(("Module > _call_impl", "LlamaMLP > forward", "Module > _call_impl"), ()): 4}
-    )
+    assert stacks(f) == Counter({(("Module > _call_impl", "LlamaMLP > forward", "Module > _call_impl"), ()): 4})
 
 
 def test_ignore_drops_samples_through_a_frame():

@@ -184,8 +184,10 @@ def test_merge_relabels_series_with_the_merge_labels() -> None:
     a, b = profile_with_timeline(), profile_with_timeline()
     out = merge([a, b], labels=[{"pid": 1}, {"pid": 2}])
     assert set(out.timeline.series) == {
-        (("device", "cuda:0"), ("pid", "1")), (("device", "cuda:1"), ("pid", "1")),
-        (("device", "cuda:0"), ("pid", "2")), (("device", "cuda:1"), ("pid", "2")),
+        (("device", "cuda:0"), ("pid", "1")),
+        (("device", "cuda:1"), ("pid", "1")),
+        (("device", "cuda:0"), ("pid", "2")),
+        (("device", "cuda:1"), ("pid", "2")),
     }
     assert not any("timeline" in c for c in out.comments)
 

@@ -59,8 +59,7 @@ raise ValueError("boom in the cell")""",
     # 14: an output that is a folder: refused before the cell runs, as gpuflame run -o refuses it
     "%%gpuflame -o ./\nprint('must not run either')",
     # 15: the user's own start/stop inside the cell: nested, each gets its own answer
-    "%%gpuflame\ngpuflame.start('mine.pb.gz', backend='torch')\nmine = Cache().grow(4 << 20)\n"
-    "print(gpuflame.stop())",
+    "%%gpuflame\ngpuflame.start('mine.pb.gz', backend='torch')\nmine = Cache().grow(4 << 20)\nprint(gpuflame.stop())",
 ]
 
 
@@ -99,11 +98,13 @@ def test_cell_output_value_and_inline_flame_graph(notebook) -> None:
     assert "error" not in [o.output_type for o in cell.outputs]
     [data] = displays(cell)
     line = data["text/plain"]
-    assert line == ("gpuflame [torch]: peak 6.00 MiB, in use at the end 4.00 MiB, allocated 6.00 MiB, "
-                    "top: Cache > grow (6.00 MiB self at peak)")
+    assert line == (
+        "gpuflame [torch]: peak 6.00 MiB, in use at the end 4.00 MiB, allocated 6.00 MiB, "
+        "top: Cache > grow (6.00 MiB self at peak)"
+    )
     html = data["text/html"]
     assert html.startswith('<iframe class="gpuflame-inline"') and 'sandbox="allow-scripts"' in html
-    assert "srcdoc=\"&lt;!doctype html&gt;" in html and "<script" not in html  # the page is only inside srcdoc
+    assert 'srcdoc="&lt;!doctype html&gt;' in html and "<script" not in html  # the page is only inside srcdoc
     assert html_module.escape(line) in html  # the caption under the frame
 
 

@@ -30,6 +30,7 @@ def _compiled_hook_cache(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setenv("GPUFLAME_CACHE_DIR", str(cache_dir()))
 
+
 MiB = 1 << 20
 
 SUITE = """
@@ -121,7 +122,8 @@ def test_off_unless_asked_markers_alone_profile_their_tests(pytester: pytest.Pyt
     assert "profile: .pytest_cache/d/gpuflame/test_suite.py_test_over_budget.pb.gz" in out
     # a run that asks for nothing records nothing and loads neither a recorder nor the analysis (numpy);
     # a marked test whose framework is imported only in its body says that it got no numbers
-    plain = pytester.makepyfile(test_plain="""
+    plain = pytester.makepyfile(
+        test_plain="""
 import sys, pytest
 
 def test_nothing():
@@ -131,7 +133,8 @@ def test_nothing():
 def test_imports_torch_late():
     import torch
     x = torch.empty(4 << 20, dtype=torch.uint8)
-""")
+"""
+    )
     late = pytester.runpytest_subprocess(str(plain))
     late.assert_outcomes(passed=2, warnings=1)
     said = late.stdout.str()
@@ -190,14 +193,16 @@ def test_fail_on_increase_on_a_first_run_names_the_tests_without_a_baseline(pyte
 
 def test_a_failure_names_each_allocating_line_apart(pytester: pytest.Pytester) -> None:
     """4 MiB on one line and 512 KiB on the next are two rows, each with its own line and bytes."""
-    pytester.makepyfile(test_lines="""
+    pytester.makepyfile(
+        test_lines="""
 import pytest, torch
 
 @pytest.mark.limit_gpu_memory("1 MiB")
 def test_two_lines():
     a = torch.empty(4 << 20, dtype=torch.uint8)
     b = torch.empty(512 << 10, dtype=torch.uint8)
-""")
+"""
+    )
     result = pytester.runpytest()
     result.assert_outcomes(failed=1)
     out = result.stdout.str()
@@ -207,7 +212,8 @@ def test_two_lines():
 
 def test_a_tests_own_start_and_stop_get_their_answer_and_the_row_keeps_its_own(pytester: pytest.Pytester) -> None:
     """The test's own gpuflame.start/stop nest in the plugin's recording: its file is written, the row is right."""
-    pytester.makepyfile(test_own="""
+    pytester.makepyfile(
+        test_own="""
 import gpuflame, torch
 
 def test_records_itself(tmp_path):
@@ -215,7 +221,8 @@ def test_records_itself(tmp_path):
     x = torch.empty(4 << 20, dtype=torch.uint8)
     assert gpuflame.stop() == (tmp_path / "mine.pb.gz").resolve()
     assert gpuflame.load(tmp_path / "mine.pb.gz").totals()["peak_space"] == 4 << 20
-""")
+"""
+    )
     result = pytester.runpytest("--gpuflame", "-p", "no:cacheprovider", "-W", "ignore::RuntimeWarning")
     result.assert_outcomes(passed=1)
     rows = table_rows(result.stdout.str())
@@ -252,13 +259,15 @@ def test_bad_options_are_one_line(pytester: pytest.Pytester, option: list[str], 
 
 
 def test_a_bad_limit_fails_the_test_in_one_line(pytester: pytest.Pytester) -> None:
-    pytester.makepyfile(test_bad="""
+    pytester.makepyfile(
+        test_bad="""
 import pytest, torch
 
 @pytest.mark.limit_gpu_memory("lots")
 def test_bad_limit():
     x = torch.empty(1024)
-""")
+"""
+    )
     result = pytester.runpytest()
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["gpuflame: @pytest.mark.limit_gpu_memory: not a size: 'lots' *"])
@@ -268,7 +277,8 @@ def test_bad_limit():
 def test_no_backend_start_is_left_waiting_for_an_import(pytester: pytest.Pytester) -> None:
     """With ``auto``, a test only starts the backends of frameworks already imported: a later
     ``import jax`` must not start recorders into the stopped sessions of earlier tests."""
-    pytester.makepyfile(test_pending="""
+    pytester.makepyfile(
+        test_pending="""
 import torch
 from gpuflame.capture.books import auto_phases
 from gpuflame.capture import post_import
@@ -281,7 +291,8 @@ def test_nothing_waits_for_an_import():
     waiting = [c for cs in post_import._callbacks.values() for c in cs
                if getattr(c, "func", None) is not auto_phases._wrap_module]
     assert not waiting
-""")
+"""
+    )
     pytester.runpytest("--gpuflame", "-p", "no:cacheprovider").assert_outcomes(passed=2)
 
 

@@ -11,10 +11,23 @@ from gpuflame.formats import save
 from gpuflame.model import Frame, Profile, SampleType
 from gpuflame.render.flame_text import flame_lines
 
-F = {n: Frame(n, f"/app/{n.split(' ')[0].lower()}.py", 10 + i, start_line=10 + i) for i, n in enumerate(
-    ["<module>", "main", "Model > __init__", "LlamaMLP > __init__", "Linear > __init__",
-     "generate", "StaticCache > __init__", "forward", "LlamaMLP > forward", "tiny"]
-)}
+F = {
+    n: Frame(n, f"/app/{n.split(' ')[0].lower()}.py", 10 + i, start_line=10 + i)
+    for i, n in enumerate(
+        [
+            "<module>",
+            "main",
+            "Model > __init__",
+            "LlamaMLP > __init__",
+            "Linear > __init__",
+            "generate",
+            "StaticCache > __init__",
+            "forward",
+            "LlamaMLP > forward",
+            "tiny",
+        ]
+    )
+}
 
 
 def build(stacks: list[tuple[list[str], int]]) -> Profile:

@@ -330,7 +330,6 @@ def test_characters_xml_cannot_carry_become_replacement_characters():
 # -- command line --------------------------------------------------------------------------
 
 
-
 @pytest.fixture
 def guide_file(tmp_path) -> Path:
     path = tmp_path / "guide.pb.gz"

@@ -31,7 +31,6 @@ COMMENT = "note\x1b[31m in red\r\nfake: line\x85next"
 LABEL = "cuda\x1b[8m:0"
 
 
-
 def hostile_profile() -> Profile:
     profile = Profile(sample_types=memory_sample_types())
     profile.default_type = "peak_space"
@@ -46,8 +45,9 @@ def hostile_profile() -> Profile:
         labels = {"device": LABEL, "pid": "7\x1b[K", "category": "kv\x1b[5m", "phase": "load\x07"}
         profile.add(root_first[::-1], [size, 1, size, 1, size, 1], labels)
     profile.comments.append(COMMENT)
-    profile.phases.append(PhaseStat("load\x1b[2J", device=LABEL, pid="7", start=1, end=2, peak=5, top=ESC_NAME,
-                                     top_bytes=5))
+    profile.phases.append(
+        PhaseStat("load\x1b[2J", device=LABEL, pid="7", start=1, end=2, peak=5, top=ESC_NAME, top_bytes=5)
+    )
     return profile
 
 
@@ -64,11 +64,23 @@ def assert_clean(rc: int, out: str, err: str) -> None:
     assert leaked == [], f"raw controls reached the terminal: {leaked}\n{out}{err}"
 
 
-@pytest.mark.parametrize("argv", [
-    ["report"], ["report", "--lines"], ["top"], ["top", "--by", "total"], ["top", "--by", "category"],
-    ["top", "--by", "phase"], ["flame"], ["flame", "--expand"], ["explain", "evil"], ["explain", "loud"],
-    ["report", "--ignore", "nothing\x1b[2Jmatches"], ["report", "--hide", "nothing\x1b[2J"],
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["report"],
+        ["report", "--lines"],
+        ["top"],
+        ["top", "--by", "total"],
+        ["top", "--by", "category"],
+        ["top", "--by", "phase"],
+        ["flame"],
+        ["flame", "--expand"],
+        ["explain", "evil"],
+        ["explain", "loud"],
+        ["report", "--ignore", "nothing\x1b[2Jmatches"],
+        ["report", "--hide", "nothing\x1b[2J"],
+    ],
+)
 def test_every_analysis_command_escapes_hostile_names(capsys, hostile, argv):
     command, *rest = argv
     rc, out, err = run(capsys, command, hostile, *rest)
@@ -129,16 +141,19 @@ def test_a_label_filter_that_matches_nothing_escapes_the_values(capsys, hostile)
 # -- the function itself ------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("raw, shown", [
-    ("plain text, ünïcode, 日本, emoji 🔥", "plain text, ünïcode, 日本, emoji 🔥"),
-    ("a\x1b[2Jb", "a\\x1b[2Jb"),
-    ("\r\n\t\x00\x7f", "\\r\\n\\t\\x00\\x7f"),
-    ("c1 \x9b \x85", "c1 \\x9b \\x85"),
-    ("bidi \u202e \u2066 \u200f", "bidi \\u202e \\u2066 \\u200f"),
-    ("lines \u2028 \u2029", "lines \\u2028 \\u2029"),
-    ("lone \udc80 surrogate", "lone \\udc80 surrogate"),  # a file name read with surrogateescape
-    ("C:\\Users\\me", "C:\\Users\\me"),  # backslashes stay as they are
-])
+@pytest.mark.parametrize(
+    "raw, shown",
+    [
+        ("plain text, ünïcode, 日本, emoji 🔥", "plain text, ünïcode, 日本, emoji 🔥"),
+        ("a\x1b[2Jb", "a\\x1b[2Jb"),
+        ("\r\n\t\x00\x7f", "\\r\\n\\t\\x00\\x7f"),
+        ("c1 \x9b \x85", "c1 \\x9b \\x85"),
+        ("bidi \u202e \u2066 \u200f", "bidi \\u202e \\u2066 \\u200f"),
+        ("lines \u2028 \u2029", "lines \\u2028 \\u2029"),
+        ("lone \udc80 surrogate", "lone \\udc80 surrogate"),  # a file name read with surrogateescape
+        ("C:\\Users\\me", "C:\\Users\\me"),  # backslashes stay as they are
+    ],
+)
 def test_printable(raw, shown):
     assert printable(raw) == shown
 
@@ -173,20 +188,24 @@ def test_short_path_is_linear_on_a_hostile_path():
     regex took 0.37 s on 8 KB and grows with the square of the length (about
     20 minutes here), so it is killed by SIGXCPU.
     """
-    proc = subprocess.run([sys.executable, "-c", SHORT_PATH_UNDER_CPU_LIMIT, "5"], capture_output=True, text=True,
-                          timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", SHORT_PATH_UNDER_CPU_LIMIT, "5"], capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0 and proc.stdout.strip() == "done", proc.stderr[-500:]
 
 
-@pytest.mark.parametrize("path, short", [
-    ("/usr/lib/python3/site-packages/vllm/v1/core.py", "vllm/v1/core.py"),
-    ("C:\\py\\Lib\\site-packages\\torch\\nn.py", "torch\\nn.py"),
-    ("/venv/lib/site-packages/a/dist-packages/b.py", "b.py"),  # the last one, as before
-    ("/app/my-site-packages/x.py", "/app/my-site-packages/x.py"),
-    ("/app/site-packages", "/app/site-packages"),
-    ("site-packages/x.py", "site-packages/x.py"),
-    ("/app/main.py", "/app/main.py"),
-])
+@pytest.mark.parametrize(
+    "path, short",
+    [
+        ("/usr/lib/python3/site-packages/vllm/v1/core.py", "vllm/v1/core.py"),
+        ("C:\\py\\Lib\\site-packages\\torch\\nn.py", "torch\\nn.py"),
+        ("/venv/lib/site-packages/a/dist-packages/b.py", "b.py"),  # the last one, as before
+        ("/app/my-site-packages/x.py", "/app/my-site-packages/x.py"),
+        ("/app/site-packages", "/app/site-packages"),
+        ("site-packages/x.py", "site-packages/x.py"),
+        ("/app/main.py", "/app/main.py"),
+    ],
+)
 def test_short_path_keeps_its_meaning(path, short):
     from gpuflame.render.terminal import short_path
 

@@ -75,8 +75,10 @@ def own_address() -> str | None:
     return None if address.startswith("127.") else address
 
 
-@pytest.mark.parametrize("host", ["evil.example", "evil.example:80", "EVIL.example.", "localhost.evil.example",
-                                  "10.9.9.9", "[2001:db8::1]:80", ""])
+@pytest.mark.parametrize(
+    "host",
+    ["evil.example", "evil.example:80", "EVIL.example.", "localhost.evil.example", "10.9.9.9", "[2001:db8::1]:80", ""],
+)
 def test_bound_to_every_address_a_rebinding_host_is_refused(everywhere: Server, host: str) -> None:
     """DNS rebinding: a page of evil.example whose name now resolves here still names evil.example."""
     assert status(everywhere, host) == 403
@@ -85,8 +87,17 @@ def test_bound_to_every_address_a_rebinding_host_is_refused(everywhere: Server, 
 def test_bound_to_every_address_this_machines_names_are_answered(everywhere: Server) -> None:
     port = everywhere.port
     machine = socket.gethostname()
-    for host in (f"localhost:{port}", f"127.0.0.1:{port}", f"[::1]:{port}", f"0.0.0.0:{port}", machine,
-                 f"{machine.upper()}.:{port}", "profiles.example.com", f"Profiles.Example.COM:{port}", None):
+    for host in (
+        f"localhost:{port}",
+        f"127.0.0.1:{port}",
+        f"[::1]:{port}",
+        f"0.0.0.0:{port}",
+        machine,
+        f"{machine.upper()}.:{port}",
+        "profiles.example.com",
+        f"Profiles.Example.COM:{port}",
+        None,
+    ):
         assert status(everywhere, host) == 200, host
 
 

@@ -48,8 +48,6 @@ XSS = "<script>alert(1)</script>"
 SECRET = "SECRET_FRAME_OUTSIDE"
 
 
-
-
 def run_into_store(store: Path, cwd: Path, *args: str) -> None:
     result = gpuflame_run("--backend", "torch", *args, cwd=cwd, env={"GPUFLAME_STORE": str(store)})
     assert result.returncode == 0, result.stderr
@@ -85,8 +83,9 @@ def server(served: Path) -> Iterator[Server]:
     thread.join(5)
 
 
-def fetch(server: Server, target: str, method: str = "GET",
-          headers: dict[str, str] | None = None) -> tuple[int, http.client.HTTPMessage, bytes]:
+def fetch(
+    server: Server, target: str, method: str = "GET", headers: dict[str, str] | None = None
+) -> tuple[int, http.client.HTTPMessage, bytes]:
     """One raw request: *target* is sent exactly as written."""
     conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
     try:
@@ -99,8 +98,10 @@ def fetch(server: Server, target: str, method: str = "GET",
 
 def runs(served: Path) -> list[Path]:
     """The run folders, oldest first."""
-    return sorted((p for p in served.iterdir() if (p / "meta.json").is_file()),
-                  key=lambda p: json.loads((p / "meta.json").read_text())["started"])
+    return sorted(
+        (p for p in served.iterdir() if (p / "meta.json").is_file()),
+        key=lambda p: json.loads((p / "meta.json").read_text())["started"],
+    )
 
 
 def run_id(folder: Path) -> str:
@@ -196,9 +197,7 @@ def test_two_picks_redirect_to_the_diff_with_the_older_as_base(server: Server, s
         assert status == 501 and b"gpuflame diff BASE NEW" in body
 
 
-def test_diff_without_a_viewer_diff_mode_is_501(
-    server: Server, served: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_diff_without_a_viewer_diff_mode_is_501(server: Server, served: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("gpuflame.serve.app.diff_supported", lambda: False)
     older, newer = runs(served)
     status, _, body = fetch(server, f"/diff?base={run_id(older)}&new={run_id(newer)}")
@@ -340,7 +339,10 @@ def test_ctrl_c_exits_cleanly(served: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "gpuflame", "serve", str(served), "--port", "0"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
     )
     try:
         first = proc.stdout.readline() if proc.stdout else ""

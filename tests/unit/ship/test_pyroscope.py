@@ -209,8 +209,12 @@ def test_a_push_decodes_to_the_profile_sent(server: Server, push_pb2: ModuleType
         for wanted in ("inuse_space", "peak_space", "alloc_space"):
             assert f"gpu_memory:{wanted}:bytes:space:bytes" in ids
     assert totals(by_gpu["cuda:0"][1]) == {
-        "peak_space": 107, "peak_objects": 2, "inuse_space": 87, "inuse_objects": 2,
-        "alloc_space": 307, "alloc_objects": 4,
+        "peak_space": 107,
+        "peak_objects": 2,
+        "inuse_space": 87,
+        "inuse_objects": 2,
+        "alloc_space": 307,
+        "alloc_objects": 4,
     }
     assert totals(by_gpu["cuda:1"][1])["peak_space"] == 50
     names = set(by_gpu["cuda:0"][1].string_table)
@@ -397,8 +401,7 @@ def test_each_kind_of_failure_is_said_once_and_counted(server: Server, capsys) -
     server.mode = "500"
     failing = PyroscopeClient(server.url)
     refused = PyroscopeClient(f"http://127.0.0.1:{free_port()}")
-    pusher = Pusher(lambda client: client.push(two_device_profile(), {"service_name": "x"}), queue_size=8,
-                    attempts=1)
+    pusher = Pusher(lambda client: client.push(two_device_profile(), {"service_name": "x"}), queue_size=8, attempts=1)
     for client in (failing, failing, refused, failing, refused):
         pusher.submit(client)
     pusher.close(60)  # a flush: the thread sends all five before close returns
@@ -508,7 +511,13 @@ def test_a_failing_pyroscope_never_changes_the_workload(
     server.mode = mode
     url = f"http://127.0.0.1:{free_port()}" if mode == "down" else server.url
     done, _ = run_gpuflame(
-        tmp_path, "--pyroscope", url, "--interval", "200ms", str(script), "1",
+        tmp_path,
+        "--pyroscope",
+        url,
+        "--interval",
+        "200ms",
+        str(script),
+        "1",
         env={"GPUFLAME_PYROSCOPE_TOKEN": TOKEN},
     )
     assert done.returncode == 3
@@ -529,7 +538,10 @@ def test_push_command_uploads_a_file(server: Server, tmp_path: Path, push_pb2, p
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUFLAME_")}
     done = subprocess.run(
         [sys.executable, "-m", "gpuflame", "push", str(path), "--url", server.url, "--json"],
-        capture_output=True, text=True, env=env, timeout=60,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
     )
     assert done.returncode == 0, done.stderr
     series = decode_push(server.requests[0]["body"], push_pb2, profile_pb2)
@@ -537,12 +549,20 @@ def test_push_command_uploads_a_file(server: Server, tmp_path: Path, push_pb2, p
     server.mode = "401"
     done = subprocess.run(
         [sys.executable, "-m", "gpuflame", "push", str(path), "--url", server.url],
-        capture_output=True, text=True, env={**env, "GPUFLAME_PYROSCOPE_TOKEN": TOKEN}, timeout=60,
+        capture_output=True,
+        text=True,
+        env={**env, "GPUFLAME_PYROSCOPE_TOKEN": TOKEN},
+        timeout=60,
     )
     assert done.returncode == 2 and "HTTP 401" in done.stderr and TOKEN not in done.stderr
     server.mode = "garbage"
-    done = subprocess.run([sys.executable, "-m", "gpuflame", "push", str(path), "--url", server.url],
-                          capture_output=True, text=True, env=env, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "gpuflame", "push", str(path), "--url", server.url],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and RAW.findall(done.stderr) == []
     assert "not HTTP: \\x1b[2J" in done.stderr and len(done.stderr) < 2 * EXCERPT + 200
 
@@ -554,8 +574,9 @@ def test_the_demo_pushes_its_kv_cache_and_weights_by_name(
     """Issue 5's check: `gpuflame run --pyroscope` of the demo, decoded by an independent decoder."""
     pytest.importorskip("transformers")
     demo = REPO / "examples" / "demo.py"
-    done, _ = run_gpuflame(tmp_path, "--pyroscope", server.url, "--service-name", "demo",
-                           str(demo), "--rounds", "1", "--new-tokens", "2")
+    done, _ = run_gpuflame(
+        tmp_path, "--pyroscope", server.url, "--service-name", "demo", str(demo), "--rounds", "1", "--new-tokens", "2"
+    )
     assert done.returncode == 0, done.stderr
     names: set[str] = set()
     alloc = 0
@@ -602,4 +623,6 @@ def test_phase_becomes_a_series_label(server: Server, push_pb2, profile_pb2) -> 
     PyroscopeClient(server.url).push(p, {"service_name": "t"})
     pushed = decode_push(server.requests[-1]["body"], push_pb2, profile_pb2)
     assert {labels["phase"]: totals(pprof)["inuse_space"] for labels, pprof in pushed} == {
-        "load_model": 300, "train": 600}
+        "load_model": 300,
+        "train": 600,
+    }

@@ -89,8 +89,11 @@ def test_release_and_retry_when_the_device_is_full():
     x = a.malloc(40 * MiB)
     a.free(x)
     y = a.malloc(50 * MiB)  # the 40 MiB segment is released, then 50 MiB fits
-    assert y is not None and a.events == [("segment_alloc", x.addr, 40 * MiB), ("segment_free", x.addr, 40 * MiB),
-                                         ("segment_alloc", y.addr, 50 * MiB)]
+    assert y is not None and a.events == [
+        ("segment_alloc", x.addr, 40 * MiB),
+        ("segment_free", x.addr, 40 * MiB),
+        ("segment_alloc", y.addr, 50 * MiB),
+    ]
     assert a.malloc(20 * MiB) is None
 
 
@@ -120,15 +123,28 @@ def test_garbage_collection_releases_old_blocks_past_the_threshold():
     assert [e[0] for e in without.events] == ["segment_alloc", "segment_alloc"]
 
 
-@pytest.mark.parametrize("text", ["foo:1", "expandable_segments:maybe", "garbage_collection_threshold:2",
-                                  "roundup_power2_divisions:3", "max_split_size_mb"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "foo:1",
+        "expandable_segments:maybe",
+        "garbage_collection_threshold:2",
+        "roundup_power2_divisions:3",
+        "max_split_size_mb",
+    ],
+)
 def test_bad_alloc_conf_is_one_error(text):
     with pytest.raises(GpuflameError, match="--alloc-conf"):
         parse_alloc_conf(text)
 
 
-CONFS = ["", "expandable_segments:True", "max_split_size_mb:64", "roundup_power2_divisions:4",
-         "garbage_collection_threshold:0.7"]
+CONFS = [
+    "",
+    "expandable_segments:True",
+    "max_split_size_mb:64",
+    "roundup_power2_divisions:4",
+    "garbage_collection_threshold:0.7",
+]
 ops = st.lists(st.tuples(st.booleans(), st.integers(1, 64 * MiB), st.integers(0, 50)), min_size=1, max_size=120)
 
 
@@ -227,8 +243,16 @@ def _end_segments(a: Allocator) -> list[dict]:
     for seg in a.segments.values():
         kind = "small" if seg.small else "large"
         if not seg.expandable:
-            out.append({"device": 0, "address": seg.addr, "total_size": seg.size, "stream": seg.stream,
-                        "segment_type": kind, "blocks": []})
+            out.append(
+                {
+                    "device": 0,
+                    "address": seg.addr,
+                    "total_size": seg.size,
+                    "stream": seg.stream,
+                    "segment_type": kind,
+                    "blocks": [],
+                }
+            )
             continue
         pool = a.small if seg.small else a.large
         b = pool.unmapped_blocks.get(seg.addr) or pool.blocks.get(seg.addr)
@@ -241,8 +265,18 @@ def _end_segments(a: Allocator) -> list[dict]:
             elif b.mapped:
                 ranges.append([b.addr, b.size])
             b = b.next
-        out += [{"device": 0, "address": r, "total_size": n, "stream": seg.stream, "segment_type": kind,
-                 "is_expandable": True, "blocks": []} for r, n in ranges]
+        out += [
+            {
+                "device": 0,
+                "address": r,
+                "total_size": n,
+                "stream": seg.stream,
+                "segment_type": kind,
+                "is_expandable": True,
+                "blocks": [],
+            }
+            for r, n in ranges
+        ]
     return out
 
 

@@ -18,10 +18,13 @@ from gpuflame.simulate.snapshot import read
 from tests.helpers.paths import DATA
 
 WITH_SEGMENT_EVENTS = ["torch-snapshot-DeComFL-memory.pickle.gz", "torch-snapshot-silmont2000-mem_snapshot.pickle.gz"]
-STARTED_LATE = ["torch-snapshot-Wedsonlin-medium_128_inference.pickle.gz",
-                "torch-snapshot-silmont2000-memory_forward_fp32_128.pickle.gz",
-                "torch-snapshot-MAGMA27-memory_snapshot.pickle.gz", "torch-snapshot-bcrafton-memory_snapshot.pickle.gz",
-                "torch-snapshot-notHanmin-memory_snapshot.pickle.gz"]
+STARTED_LATE = [
+    "torch-snapshot-Wedsonlin-medium_128_inference.pickle.gz",
+    "torch-snapshot-silmont2000-memory_forward_fp32_128.pickle.gz",
+    "torch-snapshot-MAGMA27-memory_snapshot.pickle.gz",
+    "torch-snapshot-bcrafton-memory_snapshot.pickle.gz",
+    "torch-snapshot-notHanmin-memory_snapshot.pickle.gz",
+]
 
 
 @pytest.mark.parametrize("name", WITH_SEGMENT_EVENTS + STARTED_LATE)
@@ -39,7 +42,10 @@ def test_the_numbers_of_one_real_trace():
     inp = read_input(str(DATA / "torch-snapshot-DeComFL-memory.pickle.gz"))
     (out,) = Run(inp, settings_for(inp, None)).outcomes()
     assert (out.allocations, out.simulated["segments_allocated"], out.simulated["reserved_peak"]) == (
-        7946, 61, 1897922560)
+        7946,
+        61,
+        1897922560,
+    )
 
 
 def test_a_smaller_gpu_runs_out_with_the_stack_of_the_failing_allocation():

@@ -17,8 +17,10 @@ A, B, C = 0x7F00_0000_0000, 0x7F00_4000_0000, 0x7F00_8000_0000
 
 
 def snapshot(trace: list[tuple[str, int, int]], segments: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    entries = [{"action": a, "addr": addr, "size": size, "stream": 0, "time_us": 1000 + i, "frames": []}
-               for i, (a, addr, size) in enumerate(trace)]
+    entries = [
+        {"action": a, "addr": addr, "size": size, "stream": 0, "time_us": 1000 + i, "frames": []}
+        for i, (a, addr, size) in enumerate(trace)
+    ]
     return {"segments": segments or [], "device_traces": [entries]}
 
 
@@ -28,25 +30,56 @@ def replay(snap: dict[str, Any]):
 
 
 def test_empty_cache_in_the_trace_is_replayed():
-    out = replay(snapshot([
-        ("segment_alloc", A, 20 * MiB), ("alloc", A, 5 * MiB), ("free_requested", A, 5 * MiB),
-        ("free_completed", A, 5 * MiB), ("segment_free", A, 20 * MiB),  # torch.cuda.empty_cache()
-        ("segment_alloc", B, 20 * MiB), ("alloc", B, 5 * MiB),
-    ], [{"device": 0, "address": B, "total_size": 20 * MiB, "stream": 0, "segment_type": "large",
-         "blocks": [{"address": B, "size": 5 * MiB, "requested_size": 5 * MiB, "state": "active_allocated"},
-                    {"address": B + 5 * MiB, "size": 15 * MiB, "state": "inactive"}]}]))
+    out = replay(
+        snapshot(
+            [
+                ("segment_alloc", A, 20 * MiB),
+                ("alloc", A, 5 * MiB),
+                ("free_requested", A, 5 * MiB),
+                ("free_completed", A, 5 * MiB),
+                ("segment_free", A, 20 * MiB),  # torch.cuda.empty_cache()
+                ("segment_alloc", B, 20 * MiB),
+                ("alloc", B, 5 * MiB),
+            ],
+            [
+                {
+                    "device": 0,
+                    "address": B,
+                    "total_size": 20 * MiB,
+                    "stream": 0,
+                    "segment_type": "large",
+                    "blocks": [
+                        {"address": B, "size": 5 * MiB, "requested_size": 5 * MiB, "state": "active_allocated"},
+                        {"address": B + 5 * MiB, "size": 15 * MiB, "state": "inactive"},
+                    ],
+                }
+            ],
+        )
+    )
     assert out.segment_events_equal and out.placed_same == 1.0
 
 
 def test_a_full_device_in_the_trace_releases_and_retries():
     """The cached 20 MiB segment is released before the 30 MiB one is made: the recording ran out of room."""
     trace = [
-        ("segment_alloc", A, 20 * MiB), ("alloc", A, 5 * MiB), ("free_requested", A, 5 * MiB),
+        ("segment_alloc", A, 20 * MiB),
+        ("alloc", A, 5 * MiB),
+        ("free_requested", A, 5 * MiB),
         ("free_completed", A, 5 * MiB),
-        ("segment_free", A, 20 * MiB), ("segment_alloc", C, 30 * MiB), ("alloc", C, 30 * MiB),  # cudaMalloc failed
+        ("segment_free", A, 20 * MiB),
+        ("segment_alloc", C, 30 * MiB),
+        ("alloc", C, 30 * MiB),  # cudaMalloc failed
     ]
-    segs = [{"device": 0, "address": C, "total_size": 30 * MiB, "stream": 0, "segment_type": "large",
-             "blocks": [{"address": C, "size": 30 * MiB, "requested_size": 30 * MiB, "state": "active_allocated"}]}]
+    segs = [
+        {
+            "device": 0,
+            "address": C,
+            "total_size": 30 * MiB,
+            "stream": 0,
+            "segment_type": "large",
+            "blocks": [{"address": C, "size": 30 * MiB, "requested_size": 30 * MiB, "state": "active_allocated"}],
+        }
+    ]
     out = replay(snapshot(trace, segs))
     assert out.segment_events_equal and out.placed_same == 1.0
     assert out.simulated["reserved_peak"] == out.recorded["reserved_peak"] == 30 * MiB
@@ -54,12 +87,19 @@ def test_a_full_device_in_the_trace_releases_and_retries():
 
 def test_a_free_waiting_for_its_stream_is_not_reused():
     trace = [
-        ("segment_alloc", A, 2 * MiB), ("alloc", A, 4096), ("free_requested", A, 4096),
+        ("segment_alloc", A, 2 * MiB),
+        ("alloc", A, 4096),
+        ("free_requested", A, 4096),
         ("alloc", A + 4096, 4096),  # the first block still waits for its stream
-        ("free_completed", A, 4096), ("alloc", A, 4096),
+        ("free_completed", A, 4096),
+        ("alloc", A, 4096),
     ]
-    out = replay(snapshot(trace, [{"device": 0, "address": A, "total_size": 2 * MiB, "stream": 0,
-                                   "segment_type": "small", "blocks": []}]))
+    out = replay(
+        snapshot(
+            trace,
+            [{"device": 0, "address": A, "total_size": 2 * MiB, "stream": 0, "segment_type": "small", "blocks": []}],
+        )
+    )
     assert out.placed_same == 1.0 and out.segment_events_equal
 
 
@@ -75,17 +115,29 @@ def test_an_oom_entry_gives_the_device_capacity():
 def test_empty_cache_is_replayed_under_other_settings_too():
     from gpuflame.simulate.settings import parse_alloc_conf
 
-    snap = snapshot([
-        ("segment_alloc", A, 20 * MiB), ("alloc", A, 5 * MiB), ("free_requested", A, 5 * MiB),
-        ("free_completed", A, 5 * MiB), ("segment_free", A, 20 * MiB), ("alloc", B, 4096),
-    ])
+    snap = snapshot(
+        [
+            ("segment_alloc", A, 20 * MiB),
+            ("alloc", A, 5 * MiB),
+            ("free_requested", A, 5 * MiB),
+            ("free_completed", A, 5 * MiB),
+            ("segment_free", A, 20 * MiB),
+            ("alloc", B, 4096),
+        ]
+    )
     (out,) = Run(Input("<test>", snapshot=snap), parse_alloc_conf("expandable_segments:True")).outcomes()
     assert out.simulated["segments_freed"] == 1  # the 20 MiB page unmapped
 
 
 def test_a_recorded_oom_avoided_on_a_larger_gpu_is_said():
-    trace = [("segment_alloc", A, 20 * MiB), ("alloc", A, 4 * MiB), ("free_requested", A, 4 * MiB),
-             ("free_completed", A, 4 * MiB), ("alloc", A, 4 * MiB), ("oom", 0, 18 * MiB)]
+    trace = [
+        ("segment_alloc", A, 20 * MiB),
+        ("alloc", A, 4 * MiB),
+        ("free_requested", A, 4 * MiB),
+        ("free_completed", A, 4 * MiB),
+        ("alloc", A, 4 * MiB),
+        ("oom", 0, 18 * MiB),
+    ]
     snap = snapshot(trace)
     snap["device_traces"][0][5]["device_free"] = 0  # 20 MiB reserved, the device full
     (recorded,) = Run(Input("<test>", snapshot=snap), DEFAULTS).outcomes()
@@ -98,8 +150,9 @@ def test_a_recorded_oom_avoided_on_a_larger_gpu_is_said():
 def test_the_oom_answer_names_the_phase_from_gpuflames_marks():
     from gpuflame.formats.snapshot_phases import PHASES_KEY
 
-    snap = snapshot([("segment_alloc", A, 20 * MiB), ("alloc", A, 5 * MiB), ("segment_alloc", B, 16 * MiB),
-                     ("alloc", B, 16 * MiB)])
+    snap = snapshot(
+        [("segment_alloc", A, 20 * MiB), ("alloc", A, 5 * MiB), ("segment_alloc", B, 16 * MiB), ("alloc", B, 16 * MiB)]
+    )
     snap[PHASES_KEY] = [[1000, "load"], [1002, "train"]]  # as gpuflame's torch-cuda backend adds them
     (out,) = Run(Input("<test>", snapshot=snap), DEFAULTS, capacity=22 * MiB).outcomes()
     assert out.oom is not None and out.oom["phase"] == "train" and out.oom["event"] == 3

@@ -85,7 +85,9 @@ def test_explain_shows_the_line_of_each_call(capsys, captured):
     ex = run_json(capsys, "explain", captured, "build")
     steps = ex["chains"][0]["steps"]
     assert [(s["name"], s["line"], s["def_line"]) for s in steps] == [
-        ("<module>", 15, 1), ("main", 11, 10), ("build", 6, 4)
+        ("<module>", 15, 1),
+        ("main", 11, 10),
+        ("build", 6, 4),
     ]
     assert steps[-1]["lines"] == [{"line": 6, "total": BIG}, {"line": 5, "total": SMALL}]
     rc, out, _ = run(capsys, "explain", captured, "build")
@@ -125,20 +127,31 @@ def test_a_function_without_a_known_def_line_shows_its_file_only():
 
 def snapshot_of(frames: list[dict]) -> bytes:
     block = {"address": 0, "size": 512, "requested_size": 512, "state": "active_allocated", "frames": frames}
-    segment = {"device": 0, "address": 0, "total_size": 512, "allocated_size": 512, "active_size": 512,
-               "requested_size": 512, "stream": 0, "segment_type": "small", "blocks": [block]}
+    segment = {
+        "device": 0,
+        "address": 0,
+        "total_size": 512,
+        "allocated_size": 512,
+        "active_size": 512,
+        "requested_size": 512,
+        "stream": 0,
+        "segment_type": "small",
+        "blocks": [block],
+    }
     return pickle.dumps({"segments": [segment], "device_traces": []})
 
 
 def test_a_snapshot_gets_def_lines_from_the_source_and_says_when_it_cannot(tmp_path):
     source = tmp_path / "model.py"
-    source.write_text(textwrap.dedent("""\
+    source.write_text(
+        textwrap.dedent("""\
         class Model:
             @staticmethod
             def forward():
                 a = 1
                 return a
-        """))
+        """)
+    )
     here = loads(snapshot_of([{"filename": str(source), "line": 5, "name": "forward"}]))
     [frame] = [f for f in here.frames if f.name == "Model > forward"]
     assert (frame.line, frame.start_line) == (5, 2)  # co_firstlineno: the decorator's line

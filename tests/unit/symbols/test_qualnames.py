@@ -194,9 +194,7 @@ def test_torch_linear_init_at_its_real_line() -> None:
 def test_name_defined_once_elsewhere_wins_over_the_line(tmp_path: Path) -> None:
     # the file changed since the profile: the line now falls in another function
     path = tmp_path / "moved.py"
-    path.write_text(
-        "class A:\n    def f(self):\n        pass\n\n\nclass B:\n    def g(self):\n        pass\n"
-    )
+    path.write_text("class A:\n    def f(self):\n        pass\n\n\nclass B:\n    def g(self):\n        pass\n")
     assert qualname(str(path), 3, "g") == "B.g"
 
 
@@ -262,9 +260,7 @@ def test_unreadable_file_falls_back(tmp_path: Path) -> None:
 # -- caching ----------------------------------------------------------------------------
 
 
-def test_each_file_is_parsed_once_and_again_when_it_changes(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_each_file_is_parsed_once_and_again_when_it_changes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     parses: list[str] = []
     real = qualnames._parse
     monkeypatch.setattr(qualnames, "_parse", lambda path, size: parses.append(path) or real(path, size))

@@ -88,9 +88,11 @@ def test_a_different_version_of_a_package_names_a_function_by_its_one_class(tmp_
     not `Module > _apply` here and `_apply` there); a name several classes define is not guessed."""
     lib = tmp_path / "site-packages" / "pkg"
     lib.mkdir(parents=True)
-    (lib / "mod.py").write_text("class A:\n    def step(self):\n        pass\n\n\ndef other():\n    pass\n\n\n"
-                                "class B:\n    def run(self):\n        pass\n\n\nclass C:\n    def run(self):\n"
-                                "        pass\n")
+    (lib / "mod.py").write_text(
+        "class A:\n    def step(self):\n        pass\n\n\ndef other():\n    pass\n\n\n"
+        "class B:\n    def run(self):\n        pass\n\n\nclass C:\n    def run(self):\n"
+        "        pass\n"
+    )
     resolver = Resolver(SourceMap(library_dirs=[str(tmp_path / "site-packages")]))
     recorded = "/venv/lib/python3.12/site-packages/pkg/mod.py"
     assert resolver.display(recorded, 3, "step") == "A > step"
@@ -158,8 +160,11 @@ def test_a_real_windows_snapshot_gets_class_names_from_this_machines_torch() -> 
     assert qualified - {f.name for f in alone.frames}  # torch's own frames, found in site-packages here
     assert all(f.file.startswith("C:\\") for f in found.frames if f.kind == "python" and f.file)
     # torch here is another version than the recording's: its files are here, their lines are not the same
-    assert any(c.startswith(f"{n} of ") and "another version of their file is here" in c
-               for c in found.comments for n in range(1, 200))
+    assert any(
+        c.startswith(f"{n} of ") and "another version of their file is here" in c
+        for c in found.comments
+        for n in range(1, 200)
+    )
     # one function, one name: a name torch's file defines in one class is qualified at every line it ran
     # (transformers' modeling files define `forward` in many classes: those stay as they are)
     by_file: dict[tuple[str, str], set[str]] = {}

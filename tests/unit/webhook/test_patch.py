@@ -29,9 +29,16 @@ OPT_IN = {"gpuflame.io/inject": "true"}
 
 def review(pod: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], list[dict]]:
     """(response, patched pod, ops) for one pod, the patch applied by ``jsonpatch``."""
-    body = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
-            "request": {"uid": "u", "kind": {"group": "", "version": "v1", "kind": "Pod"}, "operation": "CREATE",
-                        "object": copy.deepcopy(pod)}}
+    body = {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": "u",
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "operation": "CREATE",
+            "object": copy.deepcopy(pod),
+        },
+    }
     response = admission.review(body)["response"]
     ops = json.loads(base64.b64decode(response["patch"])) if "patch" in response else []
     return response, jsonpatch.apply_patch(copy.deepcopy(pod), ops), ops
@@ -67,8 +74,10 @@ def test_an_empty_pythonpath_gets_ours_without_a_replace_of_an_absent_field(var:
 
 
 def test_a_container_mounting_the_path_already_gets_a_free_one() -> None:
-    containers = [{"name": "app", "image": "x", "volumeMounts": [{"name": "mine", "mountPath": "/gpuflame"}]},
-                  {"name": "side", "image": "y", "volumeMounts": [{"name": "mine", "mountPath": "/gpuflame-2/lib"}]}]
+    containers = [
+        {"name": "app", "image": "x", "volumeMounts": [{"name": "mine", "mountPath": "/gpuflame"}]},
+        {"name": "side", "image": "y", "volumeMounts": [{"name": "mine", "mountPath": "/gpuflame-2/lib"}]},
+    ]
     pod = make_pod(containers, volumes=[{"name": "mine", "emptyDir": {}}])
     _, patched, _ = review(pod)
     assert api_errors(patched) == [] and schema_errors(patched) == []
@@ -84,8 +93,11 @@ def test_a_container_mounting_the_path_already_gets_a_free_one() -> None:
 
 def test_names_the_pod_uses_are_left_to_it() -> None:
     """A volume named gpuflame or a container named gpuflame-payload of the user's: ours take the next free name."""
-    pod = make_pod([{"name": "gpuflame-payload", "image": "x"}], volumes=[{"name": "gpuflame", "emptyDir": {}}],
-                   initContainers=[{"name": "gpuflame-payload-2", "image": "z"}])
+    pod = make_pod(
+        [{"name": "gpuflame-payload", "image": "x"}],
+        volumes=[{"name": "gpuflame", "emptyDir": {}}],
+        initContainers=[{"name": "gpuflame-payload-2", "image": "z"}],
+    )
     response, patched, _ = review(pod)
     assert "gpuflame.io/skipped" not in patched["metadata"].get("annotations", {})
     assert api_errors(patched) == [] and schema_errors(patched) == []
@@ -106,18 +118,26 @@ def test_variables_the_container_defines_are_never_overridden() -> None:
 def test_a_windows_pod_is_admitted_as_it_is_with_the_reason() -> None:
     pod = make_pod([{"name": "app", "image": "x"}], os={"name": "windows"})
     response, patched, ops = review(pod)
-    assert response["allowed"] is True and response["warnings"] == ["gpuflame: a Windows pod: gpuflame's payload "
-                                                                    "is for Linux"]
+    assert response["allowed"] is True and response["warnings"] == [
+        "gpuflame: a Windows pod: gpuflame's payload is for Linux"
+    ]
     assert patched["spec"] == pod["spec"]
-    assert patched["metadata"]["annotations"] == {**OPT_IN, "gpuflame.io/skipped": "a Windows pod: gpuflame's payload "
-                                                  "is for Linux"}
+    assert patched["metadata"]["annotations"] == {
+        **OPT_IN,
+        "gpuflame.io/skipped": "a Windows pod: gpuflame's payload is for Linux",
+    }
 
 
 def test_only_the_label_opts_in_when_both_are_there_and_a_label_alone_is_enough() -> None:
     _, patched, _ = review(make_pod([{"name": "app", "image": "x"}], annotations={}))
     assert patched["metadata"]["annotations"] == {"gpuflame.io/injected": "true"}  # made: the pod had none
-    response, _, ops = review(make_pod([{"name": "app", "image": "x"}], labels={"gpuflame.io/inject": "false"},
-                                       annotations={"gpuflame.io/inject": "true"}))
+    response, _, ops = review(
+        make_pod(
+            [{"name": "app", "image": "x"}],
+            labels={"gpuflame.io/inject": "false"},
+            annotations={"gpuflame.io/inject": "true"},
+        )
+    )
     assert ops == [] and "warnings" not in response
 
 
@@ -127,15 +147,27 @@ def test_only_the_label_opts_in_when_both_are_there_and_a_label_alone_is_enough(
 def restricted_pod() -> dict:
     """A workload that passes "restricted" by itself (pod-level runAsNonRoot and seccomp)."""
     sc = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
-    return make_pod([{"name": "app", "image": "x", "securityContext": sc}],
-                    securityContext={"runAsNonRoot": True, "runAsUser": 1000,
-                                     "seccompProfile": {"type": "RuntimeDefault"}})
+    return make_pod(
+        [{"name": "app", "image": "x", "securityContext": sc}],
+        securityContext={"runAsNonRoot": True, "runAsUser": 1000, "seccompProfile": {"type": "RuntimeDefault"}},
+    )
 
 
 def test_the_checker_finds_what_the_old_init_container_lacked() -> None:
     """Before: no seccompProfile; the checker must say so (it is the test of the fix below)."""
-    spec = {"containers": [{"name": "c", "image": "x", "securityContext": {
-        "runAsNonRoot": True, "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}}]}
+    spec = {
+        "containers": [
+            {
+                "name": "c",
+                "image": "x",
+                "securityContext": {
+                    "runAsNonRoot": True,
+                    "allowPrivilegeEscalation": False,
+                    "capabilities": {"drop": ["ALL"]},
+                },
+            }
+        ]
+    }
     assert restricted_errors(spec) == ["c: seccompProfile is None, not RuntimeDefault or Localhost"]
     assert restricted_errors(restricted_pod()["spec"]) == []
 
@@ -164,13 +196,28 @@ def test_the_init_container_has_cpu_and_memory_requests_equal_to_limits() -> Non
 
 DNS = st.from_regex(r"[a-z]([a-z0-9-]{0,5}[a-z0-9])?", fullmatch=True)
 NAMES = st.one_of(st.sampled_from(["gpuflame", "gpuflame-payload", "gpuflame-2", "gpuflame-payload-2", "app"]), DNS)
-PATHS = st.sampled_from(["/gpuflame", "/gpuflame/", "/gpuflame/lib", "/gpuflame-2", "/gpuflame2", "/data", "/",
-                         "/gpuflame-3/x", "/cache"])
-ENV_NAMES = st.sampled_from(["PYTHONPATH", "POD_NAME", "GPUFLAME_INTERVAL", "GPUFLAME_HOME", "CONTAINER_NAME", "A",
-                             "HOME", "GPUFLAME_PYROSCOPE_URL"])
+PATHS = st.sampled_from(
+    ["/gpuflame", "/gpuflame/", "/gpuflame/lib", "/gpuflame-2", "/gpuflame2", "/data", "/", "/gpuflame-3/x", "/cache"]
+)
+ENV_NAMES = st.sampled_from(
+    [
+        "PYTHONPATH",
+        "POD_NAME",
+        "GPUFLAME_INTERVAL",
+        "GPUFLAME_HOME",
+        "CONTAINER_NAME",
+        "A",
+        "HOME",
+        "GPUFLAME_PYROSCOPE_URL",
+    ]
+)
 VALUES = st.one_of(st.none(), st.just(""), st.sampled_from(["/app", "/a:/b", "$(A)", "x"]), st.text(max_size=8))
-SETTING_VALUES = st.one_of(st.sampled_from(["15s", "0", "1e-10", "inf", "100ms", "25h", "auto", "jax", "cobol", "",
-                                            " ", "app", "app,nope", "-5s"]), st.text(max_size=80))
+SETTING_VALUES = st.one_of(
+    st.sampled_from(
+        ["15s", "0", "1e-10", "inf", "100ms", "25h", "auto", "jax", "cobol", "", " ", "app", "app,nope", "-5s"]
+    ),
+    st.text(max_size=80),
+)
 
 
 @st.composite
@@ -200,8 +247,13 @@ def container(draw: Any, name: str, volumes: list[str]) -> dict:
 def pods(draw: Any) -> dict:
     names = draw(st.lists(NAMES, min_size=1, max_size=6, unique=True))
     volumes = draw(st.lists(NAMES, max_size=3, unique=True))
-    split = draw(st.lists(st.sampled_from(["containers", "initContainers", "ephemeralContainers"]),
-                          min_size=len(names), max_size=len(names)))
+    split = draw(
+        st.lists(
+            st.sampled_from(["containers", "initContainers", "ephemeralContainers"]),
+            min_size=len(names),
+            max_size=len(names),
+        )
+    )
     split[0] = "containers"
     spec: dict[str, Any] = {}
     for name, where in zip(names, split, strict=True):
@@ -210,9 +262,15 @@ def pods(draw: Any) -> dict:
         spec["volumes"] = [{"name": v, "emptyDir": {}} for v in volumes]
     if draw(st.booleans()) and "initContainers" not in spec:
         spec["initContainers"] = []
-    settings = draw(st.dictionaries(st.sampled_from(["gpuflame.io/interval", "gpuflame.io/backend",
-                                                     "gpuflame.io/service-name", "gpuflame.io/container"]),
-                                    SETTING_VALUES, max_size=4))
+    settings = draw(
+        st.dictionaries(
+            st.sampled_from(
+                ["gpuflame.io/interval", "gpuflame.io/backend", "gpuflame.io/service-name", "gpuflame.io/container"]
+            ),
+            SETTING_VALUES,
+            max_size=4,
+        )
+    )
     if "gpuflame.io/container" in settings and draw(st.booleans()):
         settings["gpuflame.io/container"] = spec["containers"][0]["name"]
     others = draw(st.dictionaries(st.sampled_from(["team", "a.b/c"]), DNS, max_size=2))
@@ -237,16 +295,18 @@ def assert_user_fields_kept(before: dict, after: dict) -> None:
         assert after["spec"].get(key, [])[: len(old)] == old
     assert after["spec"].get("ephemeralContainers") == before["spec"].get("ephemeralContainers")
     for old, new in zip(before["spec"]["containers"], after["spec"]["containers"], strict=True):
-        assert {k: v for k, v in old.items() if k not in ("env", "volumeMounts")} == \
-            {k: v for k, v in new.items() if k not in ("env", "volumeMounts")}
+        assert {k: v for k, v in old.items() if k not in ("env", "volumeMounts")} == {
+            k: v for k, v in new.items() if k not in ("env", "volumeMounts")
+        }
         assert new.get("volumeMounts", [])[: len(old.get("volumeMounts") or [])] == (old.get("volumeMounts") or [])
         old_env, new_env = old.get("env") or [], new.get("env") or []
         for i, var in enumerate(old_env):
             if new_env[i] != var:  # only the last literal PYTHONPATH, and only in front
-                assert var["name"] == "PYTHONPATH" and i == max(j for j, v in enumerate(old_env)
-                                                                  if v["name"] == "PYTHONPATH")
+                assert var["name"] == "PYTHONPATH" and i == max(
+                    j for j, v in enumerate(old_env) if v["name"] == "PYTHONPATH"
+                )
                 assert new_env[i]["value"].endswith(var.get("value") or "")
-        added = {v["name"] for v in new_env[len(old_env):]} - {"PYTHONPATH"}
+        added = {v["name"] for v in new_env[len(old_env) :]} - {"PYTHONPATH"}
         assert not added & {v["name"] for v in old_env}, "a variable of the container's was overridden"
 
 
@@ -261,8 +321,9 @@ def assert_profiled(after: dict) -> None:
             assert mounts == [{**ours, "readOnly": False}]
             path = last(c["env"], "PYTHONPATH")["value"]
             assert path.startswith(f"{ours['mountPath']}/bootstrap:{ours['mountPath']}/lib")
-            assert not any(m["mountPath"].rstrip("/").startswith(ours["mountPath"] + "/")
-                           for m in c["volumeMounts"]), "a user's mount hides our files"
+            assert not any(m["mountPath"].rstrip("/").startswith(ours["mountPath"] + "/") for m in c["volumeMounts"]), (
+                "a user's mount hides our files"
+            )
 
 
 def spec_is_linux(pod: dict) -> bool:
@@ -295,9 +356,11 @@ def test_the_patch_of_any_valid_pod_applies_and_gives_a_valid_pod(pod: dict) -> 
 def test_the_webhook_never_changes_a_pod_of_its_own_namespace() -> None:
     """Defence in depth behind the namespaceSelector: a relabelled namespace must not make its pods wait on it."""
     pod = make_pod([{"name": "app", "image": "x"}])
-    body = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
-            "request": {"uid": "u", "namespace": "tools", "kind": {"kind": "Pod"}, "operation": "CREATE",
-                        "object": pod}}
+    body = {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {"uid": "u", "namespace": "tools", "kind": {"kind": "Pod"}, "operation": "CREATE", "object": pod},
+    }
     own = admission.review(body, admission.Config(namespace="tools"))["response"]
     assert own == {"uid": "u", "allowed": True}
     assert "patch" in admission.review(body, admission.Config(namespace="gpuflame-system"))["response"]

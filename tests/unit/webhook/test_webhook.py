@@ -49,9 +49,27 @@ def self_signed(folder: Path) -> tuple[Path, Path]:
         if not shutil.which("openssl"):
             pytest.skip("neither the cryptography package nor openssl is available to make a certificate")
         subprocess.run(
-            ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
-             "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost", "-keyout", str(key), "-out", str(cert)],
-            check=True, capture_output=True, timeout=60,
+            [
+                "openssl",
+                "req",
+                "-x509",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-days",
+                "1",
+                "-subj",
+                "/CN=127.0.0.1",
+                "-addext",
+                "subjectAltName=IP:127.0.0.1,DNS:localhost",
+                "-keyout",
+                str(key),
+                "-out",
+                str(cert),
+            ],
+            check=True,
+            capture_output=True,
+            timeout=60,
         )
     return cert, key
 
@@ -69,16 +87,21 @@ def _with_cryptography(cert_path: Path, key_path: Path) -> None:
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
     now = datetime.datetime.now(datetime.timezone.utc)
     cert = (
-        x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-        .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
         .not_valid_after(now + datetime.timedelta(days=1))
         .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False)
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), True)
         .sign(key, hashes.SHA256())
     )
     cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
+    key_path.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
 
 
 @pytest.fixture(scope="module")
@@ -117,8 +140,12 @@ def pod(annotations: dict[str, str] | None = None, containers: list[dict] | None
     meta: dict[str, Any] = {"name": "trainer-7d9f8b6c4-x2k9q", "namespace": "ml"}
     if annotations is not None:
         meta["annotations"] = annotations
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta,
-            "spec": {"containers": containers or [{"name": "main", "image": "vllm/vllm-openai:v0.9"}], **spec}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": meta,
+        "spec": {"containers": containers or [{"name": "main", "image": "vllm/vllm-openai:v0.9"}], **spec},
+    }
 
 
 def admission_review(obj: dict) -> dict:
@@ -177,8 +204,9 @@ def test_pod_without_annotation_is_allowed_untouched(server: WebhookServer, tls:
 
 
 def test_bare_pod_gets_volume_init_container_env_and_mount(server: WebhookServer, tls: tuple[Path, Path]) -> None:
-    response, patched = mutate(server, tls, pod(on(**{"gpuflame.io/interval": "30s",
-                                                       "gpuflame.io/service-name": "vllm"})))
+    response, patched = mutate(
+        server, tls, pod(on(**{"gpuflame.io/interval": "30s", "gpuflame.io/service-name": "vllm"}))
+    )
     assert response["allowed"] is True
     spec = patched["spec"]
     assert spec["volumes"] == [{"name": "gpuflame", "emptyDir": {}}]
@@ -202,30 +230,35 @@ def test_bare_pod_gets_volume_init_container_env_and_mount(server: WebhookServer
     assert env["POD_NAMESPACE"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
     assert env["POD_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
     assert env["NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
-    for var, key in (("GPUFLAME_PYROSCOPE_URL", "url"), ("GPUFLAME_PYROSCOPE_TOKEN", "token"),
-                     ("GPUFLAME_TENANT", "tenant")):
-        assert env[var] == {"name": var, "valueFrom": {"secretKeyRef": {"name": SECRET, "key": key,
-                                                                         "optional": True}}}
+    for var, key in (
+        ("GPUFLAME_PYROSCOPE_URL", "url"),
+        ("GPUFLAME_PYROSCOPE_TOKEN", "token"),
+        ("GPUFLAME_TENANT", "tenant"),
+    ):
+        assert env[var] == {"name": var, "valueFrom": {"secretKeyRef": {"name": SECRET, "key": key, "optional": True}}}
     # the annotation key has a "/": its JSON Pointer must escape it for this to land in the right place
     assert patched["metadata"]["annotations"]["gpuflame.io/injected"] == "true"
 
 
 def test_the_env_a_pod_gets_reads_back_as_the_settings_its_annotations_ask_for() -> None:
     """The webhook writes settings as ``Settings.to_env`` does; the bootstrap's ``from_env`` reads them back."""
-    annotations = on(**{"gpuflame.io/interval": "2.5s", "gpuflame.io/backend": "jax",
-                        "gpuflame.io/service-name": "vllm"})
+    annotations = on(
+        **{"gpuflame.io/interval": "2.5s", "gpuflame.io/backend": "jax", "gpuflame.io/service-name": "vllm"}
+    )
     request, notes = admission.parse_request(annotations)
     assert notes == []
     ops = patch_for(pod(annotations), [0], request, Config())
     [main_c] = jsonpatch.apply_patch(pod(annotations), ops)["spec"]["containers"]
     plain = {var["name"]: var["value"] for var in main_c["env"] if "value" in var}
-    expected = Settings(enabled=True, session_dir="/gpuflame/sessions/main", backend="jax", interval=2.5,
-                        service_name="vllm")
+    expected = Settings(
+        enabled=True, session_dir="/gpuflame/sessions/main", backend="jax", interval=2.5, service_name="vllm"
+    )
     assert Settings.from_env(plain) == expected
     assert plain["GPUFLAME_INTERVAL"] == "2.5" and plain["GPUFLAME_ENABLED"] == "1"  # the switch, said
     defaults, _ = admission.parse_request(on())  # no setting annotations: the defaults, said explicitly
     assert Settings.from_env(admission.settings_env("app", defaults)) == Settings(
-        enabled=True, session_dir="/gpuflame/sessions/app", interval=15.0)
+        enabled=True, session_dir="/gpuflame/sessions/app", interval=15.0
+    )
 
 
 def test_settings_to_env_names_only_real_settings() -> None:
@@ -235,13 +268,19 @@ def test_settings_to_env_names_only_real_settings() -> None:
 
 
 def test_existing_pythonpath_is_kept_after_ours(server: WebhookServer, tls: tuple[Path, Path]) -> None:
-    containers = [{"name": "app", "image": "x", "env": [{"name": "A", "value": "1"},
-                                                         {"name": "PYTHONPATH", "value": "/app/src:/opt/lib"}]}]
+    containers = [
+        {
+            "name": "app",
+            "image": "x",
+            "env": [{"name": "A", "value": "1"}, {"name": "PYTHONPATH", "value": "/app/src:/opt/lib"}],
+        }
+    ]
     _, patched = mutate(server, tls, pod(on(), containers))
     env = patched["spec"]["containers"][0]["env"]
     assert [v["name"] for v in env].count("PYTHONPATH") == 1
     assert env_of(patched["spec"]["containers"][0])["PYTHONPATH"]["value"] == (
-        "/gpuflame/bootstrap:/gpuflame/lib:/app/src:/opt/lib")
+        "/gpuflame/bootstrap:/gpuflame/lib:/app/src:/opt/lib"
+    )
     assert env[0] == {"name": "A", "value": "1"}
 
 
@@ -256,12 +295,20 @@ def test_pythonpath_from_value_from_is_expanded_by_the_kubelet(server: WebhookSe
 
 def test_several_containers_existing_arrays_are_appended(server: WebhookServer, tls: tuple[Path, Path]) -> None:
     containers = [
-        {"name": "server", "image": "x", "env": [{"name": "X", "value": "1"}],
-         "volumeMounts": [{"name": "cache", "mountPath": "/cache"}]},
+        {
+            "name": "server",
+            "image": "x",
+            "env": [{"name": "X", "value": "1"}],
+            "volumeMounts": [{"name": "cache", "mountPath": "/cache"}],
+        },
         {"name": "sidecar", "image": "y"},
     ]
-    obj = pod(on(), containers, initContainers=[{"name": "fetch-model", "image": "z"}],
-              volumes=[{"name": "cache", "emptyDir": {}}])
+    obj = pod(
+        on(),
+        containers,
+        initContainers=[{"name": "fetch-model", "image": "z"}],
+        volumes=[{"name": "cache", "emptyDir": {}}],
+    )
     _, patched = mutate(server, tls, obj)
     spec = patched["spec"]
     assert [c["name"] for c in spec["initContainers"]] == ["fetch-model", "gpuflame-payload"]
@@ -277,8 +324,9 @@ def test_several_containers_existing_arrays_are_appended(server: WebhookServer, 
 
 def test_container_annotation_selects(server: WebhookServer, tls: tuple[Path, Path]) -> None:
     containers = [{"name": "server", "image": "x"}, {"name": "proxy", "image": "y"}]
-    _, patched = mutate(server, tls, pod(on(**{"gpuflame.io/container": "server",
-                                               "gpuflame.io/backend": "torch-cuda"}), containers))
+    _, patched = mutate(
+        server, tls, pod(on(**{"gpuflame.io/container": "server", "gpuflame.io/backend": "torch-cuda"}), containers)
+    )
     server_c, proxy = patched["spec"]["containers"]
     assert env_of(server_c)["GPUFLAME_BACKEND"]["value"] == "torch-cuda"
     assert "env" not in proxy and "volumeMounts" not in proxy
@@ -289,13 +337,19 @@ def test_container_annotation_selects(server: WebhookServer, tls: tuple[Path, Pa
     [
         ({"gpuflame.io/interval": "fast"}, ["gpuflame.io/interval", "'fast'", "not a duration"], ("INTERVAL", "15")),
         ({"gpuflame.io/interval": "-5s"}, ["gpuflame.io/interval", "negative"], ("INTERVAL", "15")),
-        ({"gpuflame.io/backend": "tensorflow"}, ["gpuflame.io/backend", "'tensorflow'", "torch-cuda"],
-         ("BACKEND", "auto")),
+        (
+            {"gpuflame.io/backend": "tensorflow"},
+            ["gpuflame.io/backend", "'tensorflow'", "torch-cuda"],
+            ("BACKEND", "auto"),
+        ),
         ({"gpuflame.io/service-name": " "}, ["gpuflame.io/service-name", "empty"], ("SERVICE_NAME", None)),
     ],
 )
 def test_a_bad_setting_annotation_is_ignored_with_the_reason_and_the_pod_admitted(
-    server: WebhookServer, tls: tuple[Path, Path], annotations: dict[str, str], words: list[str],
+    server: WebhookServer,
+    tls: tuple[Path, Path],
+    annotations: dict[str, str],
+    words: list[str],
     default: tuple[str, str | None],
 ) -> None:
     """Never a refused pod: the default is used, the reason is a warning for kubectl and an annotation."""
@@ -326,8 +380,10 @@ def test_a_pod_that_cannot_be_profiled_as_asked_is_admitted_unchanged_with_the_r
     for word in words:
         assert word in warning
     assert patched["spec"] == pod(annotations)["spec"]
-    assert patched["metadata"]["annotations"] == {**annotations,
-                                                  "gpuflame.io/skipped": warning.removeprefix("gpuflame: ")}
+    assert patched["metadata"]["annotations"] == {
+        **annotations,
+        "gpuflame.io/skipped": warning.removeprefix("gpuflame: "),
+    }
 
 
 def test_second_admission_changes_nothing(server: WebhookServer, tls: tuple[Path, Path]) -> None:
@@ -345,14 +401,41 @@ def test_other_kinds_and_operations_are_allowed(server: WebhookServer, tls: tupl
 
 @pytest.mark.parametrize(
     "body",
-    [b"{not json", b"[]", b'{"kind": "AdmissionReview"}', b"\xff\xfe",
-     json.dumps({"kind": "AdmissionReview", "request": {"uid": "u", "kind": {"kind": "Pod"},
-                                                        "object": {"spec": {}}}}).encode(),
-     json.dumps({"kind": "AdmissionReview", "request": {"uid": "u", "kind": {"kind": "Pod"}, "object": {
-         "metadata": {"annotations": {"gpuflame.io/inject": "true"}}, "spec": {"containers": [1]}}}}).encode(),
-     json.dumps({"kind": "AdmissionReview", "request": {"uid": "u", "kind": {"kind": "Pod"}, "object": {
-         "metadata": {"annotations": {"gpuflame.io/inject": "true"}},
-         "spec": {"containers": [{"name": "a", "env": "PYTHONPATH"}]}}}}).encode()],
+    [
+        b"{not json",
+        b"[]",
+        b'{"kind": "AdmissionReview"}',
+        b"\xff\xfe",
+        json.dumps(
+            {"kind": "AdmissionReview", "request": {"uid": "u", "kind": {"kind": "Pod"}, "object": {"spec": {}}}}
+        ).encode(),
+        json.dumps(
+            {
+                "kind": "AdmissionReview",
+                "request": {
+                    "uid": "u",
+                    "kind": {"kind": "Pod"},
+                    "object": {
+                        "metadata": {"annotations": {"gpuflame.io/inject": "true"}},
+                        "spec": {"containers": [1]},
+                    },
+                },
+            }
+        ).encode(),
+        json.dumps(
+            {
+                "kind": "AdmissionReview",
+                "request": {
+                    "uid": "u",
+                    "kind": {"kind": "Pod"},
+                    "object": {
+                        "metadata": {"annotations": {"gpuflame.io/inject": "true"}},
+                        "spec": {"containers": [{"name": "a", "env": "PYTHONPATH"}]},
+                    },
+                },
+            }
+        ).encode(),
+    ],
 )
 def test_malformed_body_is_400_and_the_server_keeps_serving(
     server: WebhookServer, tls: tuple[Path, Path], body: bytes

@@ -53,8 +53,10 @@ def claim(hook: ModuleType, device: str) -> tuple[int, str]:
         try:
             handle = int(hook.table_open(path))
         except Exception as exc:  # noqa: BLE001 - the profile says what it means; recording goes on
-            return -1, (f"no joint peak: the run's shared peak table could not be used ({exc}); this process's "
-                        "peak joins the run's as a bound, not one moment")
+            return -1, (
+                f"no joint peak: the run's shared peak table could not be used ({exc}); this process's "
+                "peak joins the run's as a bound, not one moment"
+            )
         _claimed[device] = handle
         return handle, ""
 

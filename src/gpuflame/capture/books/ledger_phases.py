@@ -68,6 +68,15 @@ class LedgerPhases:
                 if 0 < ref.seq <= book.peak_seq:
                     at_peak[ref.site] = at_peak.get(ref.site, 0) + ref.nbytes
             running = phase_id == self.current
-            out.append((phase_id, book.start, 0 if running else book.end, max(book.peak, 0), 0,
-                        total if running else book.inuse_end, list(at_peak.items())))
+            out.append(
+                (
+                    phase_id,
+                    book.start,
+                    0 if running else book.end,
+                    max(book.peak, 0),
+                    0,
+                    total if running else book.inuse_end,
+                    list(at_peak.items()),
+                )
+            )
         return out

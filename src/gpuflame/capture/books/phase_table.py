@@ -29,10 +29,19 @@ def stats(
                 name = leaf_of(site)
                 by_function[name] = by_function.get(name, 0) + nbytes
         top = max(by_function.items(), key=lambda kv: (kv[1], kv[0]), default=("", 0))
-        out.append(PhaseStat(
-            phases.name_of(phase_id), device, pid,
-            start=start if phase_id else started, end=end or ended, peak=peak,
-            peak_time=peak_ns, inuse_end=inuse_end,
-            top=top[0], top_bytes=top[1], order=phase_id,
-        ))
+        out.append(
+            PhaseStat(
+                phases.name_of(phase_id),
+                device,
+                pid,
+                start=start if phase_id else started,
+                end=end or ended,
+                peak=peak,
+                peak_time=peak_ns,
+                inuse_end=inuse_end,
+                top=top[0],
+                top_bytes=top[1],
+                order=phase_id,
+            )
+        )
     return ordered(out)

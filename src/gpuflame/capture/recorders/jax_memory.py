@@ -128,9 +128,18 @@ class JaxMemoryRecorder(Recorder):
         row = self._phase_rows.get(self._phase)
         if row is None or total > row.peak:
             start = row.start if row is not None else now
-            row = PhaseStat(phases.name_of(self._phase), next(iter(devices)) if len(devices) == 1 else "",
-                            str(os.getpid()), start=start, peak=total, peak_time=now, top=top[0], top_bytes=top[1],
-                            order=self._phase, samples=row.samples if row is not None else 0)
+            row = PhaseStat(
+                phases.name_of(self._phase),
+                next(iter(devices)) if len(devices) == 1 else "",
+                str(os.getpid()),
+                start=start,
+                peak=total,
+                peak_time=now,
+                top=top[0],
+                top_bytes=top[1],
+                order=self._phase,
+                samples=row.samples if row is not None else 0,
+            )
         self._phase_rows[self._phase] = replace(row, end=now, inuse_end=total, samples=row.samples + 1)
 
     def _snapshot(self) -> Profile:
@@ -153,8 +162,10 @@ class JaxMemoryRecorder(Recorder):
                     out.timeline.add_series(labels, points)
         end = self.stopped_ns or time.time_ns()
         devices = sorted({dict(labels).get("device", "") for _, labels in peak})
-        out.peaks = [PeakUnit(d, SAMPLED, self.started_ns, end, pid=str(os.getpid()), samples=self.samples_taken)
-                     for d in devices]
+        out.peaks = [
+            PeakUnit(d, SAMPLED, self.started_ns, end, pid=str(os.getpid()), samples=self.samples_taken)
+            for d in devices
+        ]
         with self._lock:
             if any(self._phase_rows.keys() - {0}):  # a phase was marked: the table, sampled
                 out.phases = ordered(self._phase_rows.values())

@@ -41,8 +41,10 @@ def torch_recorder(hook: str, report: Callable[[str], None], native: bool = Fals
     except NativeUnavailable as exc:
         if hook == ALLOCATOR:
             raise
-        report(f"torch backend: the CPU allocator hook is not available ({exc}); "
-               "recording through a dispatch mode instead, which is slower")
+        report(
+            f"torch backend: the CPU allocator hook is not available ({exc}); "
+            "recording through a dispatch mode instead, which is slower"
+        )
         return _dispatch_recorder()
 
 

@@ -49,8 +49,10 @@ from gpuflame.model.timeline import Timeline
 from gpuflame.symbols.names import native_address_name, short_cpp_name
 
 NO_PYTHON_FRAME = Frame("<no Python stack>", kind=SYNTHETIC)
-HISTORY_LOST = ("the event history was lost (gpuflame ran out of memory keeping it): --at and --between "
-                "are not available for this profile")
+HISTORY_LOST = (
+    "the event history was lost (gpuflame ran out of memory keeping it): --at and --between "
+    "are not available for this profile"
+)
 
 _busy_lock = threading.Lock()
 _busy: TorchAllocatorRecorder | None = None  # the hook is one per process: one recorder at a time
@@ -114,6 +116,7 @@ class TorchAllocatorRecorder(Recorder):
         self._listen_to_phases()
 
     def _entered_phase(self, phase_id: int) -> None:
+        assert self._hook is not None  # called by _start, which loaded it
         self._hook.set_phase(phase_id)  # started inside a phase (or none): it runs from here
 
     def _on_phase(self, phase_id: int, _now: int) -> None:
@@ -187,9 +190,17 @@ class TorchAllocatorRecorder(Recorder):
         if dropped or not (times or folded):
             return None
         start = self.started_ns
-        track = Track((("pid", str(os.getpid())),), start, self.stopped_ns or time.time_ns(),
-                      fold if folded else start, folded, {s: (b, c) for s, b, c in base},
-                      memoryview(times).cast("q"), memoryview(sites).cast("I"), memoryview(sizes).cast("q"))
+        track = Track(
+            (("pid", str(os.getpid())),),
+            start,
+            self.stopped_ns or time.time_ns(),
+            fold if folded else start,
+            folded,
+            {s: (b, c) for s, b, c in base},
+            memoryview(times).cast("q"),
+            memoryview(sites).cast("I"),
+            memoryview(sizes).cast("q"),
+        )
         return of_track(track, self._stacks.__getitem__, lambda _: (("device", "cpu"),), used=used)
 
     # -- helpers --------------------------------------------------------------
@@ -233,9 +244,15 @@ class TorchAllocatorRecorder(Recorder):
     def _peak_unit(self, totals: dict[str, int]) -> PeakUnit:
         """This process's own peak, and where it stood in the run's table (if any)."""
         end = self.stopped_ns or time.time_ns()
-        return PeakUnit("cpu", start=self.started_ns, end=end, pid=str(os.getpid()),
-                        table=str(totals.get("joint_table") or ""), epoch=int(totals.get("joint_epoch", 0)),
-                        table_max=int(totals.get("joint_max", 0)))
+        return PeakUnit(
+            "cpu",
+            start=self.started_ns,
+            end=end,
+            pid=str(os.getpid()),
+            table=str(totals.get("joint_table") or ""),
+            epoch=int(totals.get("joint_epoch", 0)),
+            table_max=int(totals.get("joint_max", 0)),
+        )
 
     def _comments(self, totals: dict[str, int]) -> list[str]:
         notes = [
@@ -246,11 +263,15 @@ class TorchAllocatorRecorder(Recorder):
         if self._table_problem:
             notes.append(self._table_problem)
         if totals.get("lost"):
-            notes.append(f"{totals['lost']} allocations could not be booked (gpuflame ran out of memory) "
-                         "and are missing from this profile")
+            notes.append(
+                f"{totals['lost']} allocations could not be booked (gpuflame ran out of memory) "
+                "and are missing from this profile"
+            )
         if totals.get("unhooked"):
-            notes.append(f"{totals['unhooked']} allocations came back from the allocator in a form "
-                         "the hook cannot follow and are not counted")
+            notes.append(
+                f"{totals['unhooked']} allocations came back from the allocator in a form "
+                "the hook cannot follow and are not counted"
+            )
         return notes
 
 

@@ -290,9 +290,9 @@ class Ledger:
             return found
 
         for site, (nbytes, count) in gone:
-            row(site)[PEAK:PEAK + 2] = [nbytes, count]
+            row(site)[PEAK : PEAK + 2] = [nbytes, count]
         for site, (nbytes, count) in joint_gone:
-            row(site)[JOINT:JOINT + 2] = [nbytes, count]
+            row(site)[JOINT : JOINT + 2] = [nbytes, count]
         for ref in live:
             r = row(ref.site)
             r[INUSE] += ref.nbytes
@@ -305,7 +305,7 @@ class Ledger:
                 r[JOINT + COUNT] += 1
         for site, (nbytes, count) in enumerate(alloc):
             if nbytes or count:
-                row(site)[ALLOC:ALLOC + 2] = [nbytes, count]
+                row(site)[ALLOC : ALLOC + 2] = [nbytes, count]
         return rows
 
 
@@ -317,4 +317,3 @@ def _add(gone: dict[int, list[int]], site: int, nbytes: int) -> None:
     else:
         found[0] += nbytes
         found[1] += 1
-

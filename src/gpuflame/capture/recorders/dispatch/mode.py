@@ -73,9 +73,7 @@ class RecordingMode(TorchDispatchMode):
         self.site_table = ledger.site_table
         self.site_device = ledger.site_device
 
-    def __torch_dispatch__(
-        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
-    ) -> Any:
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
         plan = PLANS.get(id(func))
         if plan is None:
             plan = plan_for(func)
@@ -257,9 +255,7 @@ def _skip_dynamo(cls: type) -> None:
         from torch._C._dynamo import eval_frame
 
         strategy = eval_frame._FrameExecStrategy(eval_frame._FrameAction.SKIP, eval_frame._FrameAction.SKIP)
-        functions: list[Callable[..., Any]] = [
-            f for f in vars(cls).values() if callable(f) and hasattr(f, "__code__")
-        ]
+        functions: list[Callable[..., Any]] = [f for f in vars(cls).values() if callable(f) and hasattr(f, "__code__")]
         functions += [
             TorchTensorRecorder.new_site,
             TorchTensorRecorder.site_of_stack,

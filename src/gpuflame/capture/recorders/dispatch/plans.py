@@ -81,4 +81,3 @@ def _make_plan(func: Any) -> Any:
     if writes and (name in _RESIZING or any(schema.arguments[i].kwarg_only for i, _ in writes)):
         return Resize(writes, fresh)
     return fresh
-

@@ -152,8 +152,10 @@ class TorchTensorRecorder(Recorder):
         try:
             return load_cpu_hook()
         except NativeUnavailable as exc:
-            self._table_problem = (f"this process did not publish to the run's shared peak table ({exc}): "
-                                   "its peak merges with other processes' as a bound")
+            self._table_problem = (
+                f"this process did not publish to the run's shared peak table ({exc}): "
+                "its peak merges with other processes' as a bound"
+            )
             return None
 
     def _table_for(self, device: str) -> int:
@@ -262,8 +264,9 @@ class TorchTensorRecorder(Recorder):
         end = self.stopped_ns or time.time_ns()
         table = self._generations.get(device, "") if mark is not None else ""
         epoch, table_max = mark if mark is not None and table else (0, 0)
-        return PeakUnit(device, start=self.started_ns, end=end, pid=str(os.getpid()), table=table, epoch=epoch,
-                        table_max=table_max)
+        return PeakUnit(
+            device, start=self.started_ns, end=end, pid=str(os.getpid()), table=table, epoch=epoch, table_max=table_max
+        )
 
     # -- recording (called from the dispatch mode) ----------------------------
 
@@ -314,9 +317,7 @@ class TorchTensorRecorder(Recorder):
 
                 push_in_this_thread(mode)
             except Exception as exc:  # noqa: BLE001
-                self.fail(
-                    "could not follow a new thread", "that thread's tensors are not recorded", exc, False
-                )
+                self.fail("could not follow a new thread", "that thread's tensors are not recorded", exc, False)
         if previous is not None:
             return previous(frame, event, arg)
         return None
@@ -336,9 +337,7 @@ class TorchTensorRecorder(Recorder):
         if self._table_problem:
             notes.append(self._table_problem)
         if self.skipped:
-            notes.append(
-                f"{self.skipped} outputs had no readable storage (sparse, nested or subclass tensors)"
-            )
+            notes.append(f"{self.skipped} outputs had no readable storage (sparse, nested or subclass tensors)")
         return notes
 
 
@@ -358,4 +357,3 @@ def _make_mode(recorder: TorchTensorRecorder) -> Any:
     from gpuflame.capture.recorders.dispatch.mode import RecordingMode
 
     return RecordingMode(recorder)
-

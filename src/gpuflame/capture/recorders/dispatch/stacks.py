@@ -116,4 +116,3 @@ class Stacks:
                 out.append(frame)
             node = parent
         return self._frames.strip_plumbing(out)
-

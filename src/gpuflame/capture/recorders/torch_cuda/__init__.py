@@ -148,9 +148,7 @@ def outside_framework_bytes(torch: Any) -> dict[int, int]:
         for index in range(torch.cuda.device_count()):
             handle = pynvml.nvmlDeviceGetHandleByIndex(_physical_index(index))
             used = sum(
-                p.usedGpuMemory or 0
-                for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
-                if p.pid == pid
+                p.usedGpuMemory or 0 for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle) if p.pid == pid
             )
             reserved = torch.cuda.memory_reserved(index)
             if used > reserved:

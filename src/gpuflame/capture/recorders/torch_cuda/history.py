@@ -73,8 +73,7 @@ class SnapshotHistory:
         out.peaks = self._fold_reserved(current)
         if self.snapshots > 1:
             out.comments.append(
-                f"peak and allocated cover {self.snapshots} snapshots of the allocator's trace; "
-                "in use is the latest"
+                f"peak and allocated cover {self.snapshots} snapshots of the allocator's trace; in use is the latest"
             )
         return out
 
@@ -93,9 +92,13 @@ class SnapshotHistory:
             if u.reserved > self._reserved.get(u.device, (0, 0, 0))[0]:
                 self._reserved[u.device] = (u.reserved, u.reserved_allocated, u.reserved_at)
         units = self._peak.peaks if self._peak is not None else []
-        return [replace(u, **dict(zip(("reserved", "reserved_allocated", "reserved_at"), self._reserved[u.device],
-                                      strict=True)))
-                if u.device in self._reserved else u for u in units]
+        out = []
+        for u in units:
+            if u.device in self._reserved:
+                reserved, allocated, at = self._reserved[u.device]
+                u = replace(u, reserved=reserved, reserved_allocated=allocated, reserved_at=at)
+            out.append(u)
+        return out
 
     def _fold_phases(self, rows: list[PhaseStat]) -> list[PhaseStat]:
         """Per phase, the highest moment any snapshot's window saw; its end and in use as the latest saw them."""
@@ -103,8 +106,14 @@ class SnapshotHistory:
             key = (r.phase, r.device)
             old = self._phases.get(key)
             if old is not None and old.peak > r.peak:  # that moment fell out of the ring buffer since
-                r = replace(r, peak=old.peak, peak_time=old.peak_time, top=old.top, top_bytes=old.top_bytes,
-                            start=min(old.start, r.start))
+                r = replace(
+                    r,
+                    peak=old.peak,
+                    peak_time=old.peak_time,
+                    top=old.top,
+                    top_bytes=old.top_bytes,
+                    start=min(old.start, r.start),
+                )
             self._phases[key] = r
         return ordered(self._phases.values())
 
@@ -113,8 +122,12 @@ class SnapshotHistory:
         if not any(fresh):
             return
         converted = from_snapshot(
-            {"segments": [], "device_traces": fresh, CATEGORIES_KEY: snapshot.get(CATEGORIES_KEY),
-             PHASES_KEY: snapshot.get(PHASES_KEY)},
+            {
+                "segments": [],
+                "device_traces": fresh,
+                CATEGORIES_KEY: snapshot.get(CATEGORIES_KEY),
+                PHASES_KEY: snapshot.get(PHASES_KEY),
+            },
             resolver=self.resolver,
             native=self.native,
         )

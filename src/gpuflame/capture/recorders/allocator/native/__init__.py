@@ -97,14 +97,26 @@ def _built(name: str, source: Path, flags: list[str], key: str) -> Path:
     print(f"gpuflame: compiling {source.name} for this torch (once, a few seconds)", file=sys.stderr, flush=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{name}-", suffix=suffix, dir=folder)
     os.close(fd)
-    command = [*shlex.split(compiler), "-O2", "-std=c++17", "-shared", "-fPIC", "-fvisibility=hidden",
-               f"-I{include}", str(source), "-o", tmp, *flags]
+    command = [
+        *shlex.split(compiler),
+        "-O2",
+        "-std=c++17",
+        "-shared",
+        "-fPIC",
+        "-fvisibility=hidden",
+        f"-I{include}",
+        str(source),
+        "-o",
+        tmp,
+        *flags,
+    ]
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=BUILD_TIMEOUT, check=False)
         if done.returncode != 0:
             first = next((line for line in done.stderr.splitlines() if "error" in line), done.stderr.strip()[:300])
-            raise NativeUnavailable(f"compiling {source.name} with {compiler} failed: "
-                                    f"{first or f'exit code {done.returncode}'}")
+            raise NativeUnavailable(
+                f"compiling {source.name} with {compiler} failed: {first or f'exit code {done.returncode}'}"
+            )
         os.replace(tmp, target)
     except subprocess.TimeoutExpired:
         raise NativeUnavailable(f"compiling {source.name} took more than {BUILD_TIMEOUT:.0f} s") from None

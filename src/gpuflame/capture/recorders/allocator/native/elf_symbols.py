@@ -99,7 +99,7 @@ def _read(path: str, start: int) -> LibrarySymbols | None:
         table = function_table(data) if first_load is not None else None
     except (ValueError, struct.error, IndexError):
         table = None
-    if table is None:  # not 64-bit little-endian, no offset-0 segment, or stripped
+    if table is None or first_load is None:  # not 64-bit little-endian, no offset-0 segment, or stripped
         data.close()
         return None
     return LibrarySymbols(path, start - first_load, table, data)
