@@ -469,3 +469,13 @@ def test_the_backend_name_check_sees_each_way_of_writing_them(tmp_path):
     )
     found = backend_literals(module, ("torch-cuda", "torch", "jax"))
     assert [hit.split(":")[1] for hit in found] == ["4", "5", "6"]
+
+
+def test_no_module_is_over_500_lines() -> None:
+    """Small modules whose names say what they hold: a module past 500 lines is split by what it holds."""
+    long = {
+        str(path.relative_to(PACKAGE)): n
+        for path in PACKAGE.rglob("*.py")
+        if (n := len(path.read_text(encoding="utf-8").splitlines())) > 500
+    }
+    assert long == {}

@@ -45,6 +45,7 @@ from typing import NoReturn
 
 from gpuflame import limits
 from gpuflame.errors import ProfileFormatError, UnsafePickleError
+from gpuflame.formats import pickle_nesting
 from gpuflame.gcpause import gc_paused
 
 PLAIN_DATA = "a memory snapshot contains only plain data (dicts, lists, strings, numbers)"
@@ -431,69 +432,11 @@ def _refuse_tuples(count: int) -> NoReturn:
 
 
 def check_nesting(data: bytes) -> None:
-    """Simulate the unpickler's stack, tracking only how deep hashable containers nest.
-
-    Slow (pure Python over every opcode), so :func:`scan` calls it only for
-    pickles with many tuples; a real snapshot's tuples are flat pairs.
-    """
-    stack: list[int] = []  # nesting depth of tuples/frozensets in each slot; 0 for anything else
-    marks: list[int] = []
-    memo: dict[int, int] = {}
+    """Refuse tuples nested deeper than :data:`MAX_HASHABLE_DEPTH` (:mod:`pickle_nesting` walks the opcodes)."""
     try:
-        for opcode, arg, pos in pickletools.genops(data):
-            name = opcode.name
-            if name == "MARK":
-                marks.append(len(stack))
-                continue
-            depth = _nesting_effect(name, arg, stack, marks, memo)
-            if depth > MAX_HASHABLE_DEPTH:
-                raise ProfileFormatError(
-                    f"corrupt pickle (tuples nested more than {MAX_HASHABLE_DEPTH} deep at byte {pos})"
-                )
+        pickle_nesting.check(data, MAX_HASHABLE_DEPTH)
     except (ValueError, IndexError, KeyError) as exc:
         raise ProfileFormatError(f"corrupt pickle ({_short(exc)})") from None
-
-
-def _nesting_effect(name: str, arg: object, stack: list[int], marks: list[int], memo: dict[int, int]) -> int:
-    """Apply one opcode's stack effect; return the depth of what it pushed (0 if nothing)."""
-    if name in ("TUPLE1", "TUPLE2", "TUPLE3"):
-        k = int(name[-1])
-        items = stack[-k:]
-        del stack[-k:]
-        if len(items) < k:
-            raise IndexError("stack underflow")
-        stack.append(1 + max(items))
-    elif name in ("TUPLE", "FROZENSET", "LIST", "DICT", "APPENDS", "SETITEMS", "ADDITEMS", "POP_MARK"):
-        start = marks.pop()
-        items = stack[start:]
-        del stack[start:]
-        if name in ("TUPLE", "FROZENSET"):
-            stack.append(1 + max(items, default=0))
-        elif name in ("LIST", "DICT"):
-            stack.append(0)
-    elif name in ("APPEND", "POP", "BUILD"):
-        stack.pop()
-    elif name == "SETITEM":
-        del stack[-2:]
-    elif name in ("REDUCE", "STACK_GLOBAL"):
-        args = stack.pop()
-        stack.pop()
-        stack.append(args + 1)  # frozenset(items) nests its items once more
-    elif name == "DUP":
-        stack.append(stack[-1])
-    elif name in ("GET", "BINGET", "LONG_BINGET"):
-        stack.append(memo.get(int(arg), 0))  # type: ignore[call-overload]
-    elif name in ("PUT", "BINPUT", "LONG_BINPUT"):
-        memo[int(arg)] = stack[-1]  # type: ignore[call-overload]
-    elif name == "MEMOIZE":
-        memo[len(memo)] = stack[-1]
-    elif name in ("PROTO", "FRAME", "STOP"):
-        pass
-    elif name == "EMPTY_TUPLE":
-        stack.append(1)
-    else:  # every other opcode allowed here pushes one plain value
-        stack.append(0)
-    return stack[-1] if stack else 0
 
 
 def _decimal(text: bytes, pos: int) -> int:
