@@ -38,9 +38,19 @@ def driven_clock(start_ns: int = START_NS) -> Iterator[FakeClock]:
     clock, real = FakeClock(start_ns), time.time_ns
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(time, "time_ns", clock)
-        for name, module in list(sys.modules.items()):
-            if name.startswith("gpuflame"):
-                for attr, value in list(vars(module).items()):
-                    if value is real:
-                        patch.setattr(module, attr, clock)
-        yield clock
+        _swap(real, clock)
+        try:
+            yield clock
+        finally:
+            # a gpuflame module first imported within bound the fake clock to a name of its own: give it the real
+            # one back, or every later test of this process reads a clock that stopped (seen under pytest -n)
+            _swap(clock, real)
+
+
+def _swap(old: object, new: object) -> None:
+    """Every gpuflame module's name for *old* now names *new*."""
+    for name, module in list(sys.modules.items()):
+        if name.startswith("gpuflame"):
+            for attr, value in list(vars(module).items()):
+                if value is old:
+                    setattr(module, attr, new)
