@@ -36,9 +36,10 @@ test: venv
 	$(BIN)/python -m pytest -q -n auto --dist loadgroup
 
 # The unit tests that run in this process (no subprocess, browser, agent or
-# GPU): the lane to run while editing. tests/unit/conftest.py keeps it honest.
+# GPU) and take under a second each: the lane to run while editing, in about a
+# minute. tests/unit/conftest.py keeps it honest about subprocesses.
 test-fast: venv
-	$(BIN)/python -m pytest -q tests/unit -m "not subprocess"
+	$(BIN)/python -m pytest -q -n auto tests/unit -m "not subprocess and not slow"
 
 # The documentation site (docs/, mkdocs.yml) into site/, offline; --strict makes every
 # warning an error: a broken link or anchor, a page left out of nav. The versions are

@@ -91,6 +91,7 @@ def test_the_outer_recording_stopped_first_says_what_its_nested_one_lost(tmp_pat
     assert any("was never stopped" in c and "inner.pb.gz" in c for c in load(tmp_path / "outer.pb.gz").comments)
 
 
+@pytest.mark.slow
 def test_profile_cycles_leave_no_session_handler_or_note_behind(tmp_path: Path, monkeypatch) -> None:
     """Six blocks: one SIGTERM handler and one atexit entry in all, no session kept, no lost-PID.txt."""
     registered: list[object] = []  # atexit cannot list its entries: keep a shadow list of ours

@@ -149,6 +149,7 @@ class PushHandler(http.server.BaseHTTPRequestHandler):
         self.end_headers()
 
 
+@pytest.mark.slow
 def test_pyroscope_option_pushes_as_gpuflame_run_does(tmp_path: Path, clean_env) -> None:
     server = Pyroscope()
     threading.Thread(target=server.serve_forever, daemon=True).start()

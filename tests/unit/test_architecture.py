@@ -344,6 +344,7 @@ def test_every_package_and_loose_module_has_a_layer():
     assert set(placed) == all_units()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layer", range(len(LAYERS)))
 def test_each_layer_imports_only_its_floor(layer):
     """formats/ once imported render/ to write SVG; capture/ and launch/ once imported each other (boundary/ now)."""
@@ -358,6 +359,7 @@ def test_each_layer_imports_only_its_floor(layer):
     assert above == set()
 
 
+@pytest.mark.slow
 def test_no_import_loop_between_packages():
     assert cycles({unit: set(targets) for unit, targets in unit_imports().items()}) == []
 
@@ -367,6 +369,7 @@ def test_the_loop_finder_finds_loops():
     assert cycles({"a": {"b"}, "b": set()}) == []
 
 
+@pytest.mark.slow
 def test_the_in_process_side_reaches_only_its_own_units():
     """What ``capture/`` imports, directly or through others, stays inside the in-process side."""
     graph = unit_imports()
@@ -449,6 +452,7 @@ def backend_literals(path: Path, names: tuple[str, ...]) -> list[str]:
     return sorted(found)
 
 
+@pytest.mark.slow
 def test_backend_names_are_written_only_in_the_registry():
     """cli/run.py, pytest_plugin/record.py and model/prune.py once wrote them (adding a backend touched 4-6 files)."""
     from gpuflame.boundary.backends import REGISTRY

@@ -35,6 +35,7 @@ rows = st.lists(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=120, deadline=None)
 @given(rows, rows)
 def test_changes_match_per_function_totals(base_rows, new_rows):

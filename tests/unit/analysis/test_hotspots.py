@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -45,6 +46,7 @@ def stats_dict(profile: Profile, type_index: int) -> tuple[dict, dict]:
 FRAMES = [Frame(n, "r.py", i, start_line=i) for i, n in enumerate(["main", "loop", "A > f", "B > g", "leaf"])]
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None)
 @given(
     st.lists(

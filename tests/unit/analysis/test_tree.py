@@ -59,6 +59,7 @@ def make_profile(rows: list[tuple[list[int], int, int, str]]) -> Profile:
     return profile
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None)
 @given(samples)
 def test_tree_matches_naive_walk(rows):
@@ -145,6 +146,7 @@ def test_duplicate_frames_in_the_table_are_one_function():
     assert [(tree.frame(r), tree.node_total(r)) for r in tree.roots()] == [(f, 10)]
 
 
+@pytest.mark.slow
 def test_wide_frame_tables_use_four_byte_codes():
     profile = Profile(sample_types=TYPES)
     frames = [Frame(f"f{i:05d}") for i in range(70_000)]

@@ -36,6 +36,7 @@ def by_category(profile: Profile, col: int) -> dict[str, int]:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("recorder", RECORDERS)
 def test_adamw_training_loop_exact_per_category(recorder: str) -> None:
     def train() -> tuple[Any, Any]:

@@ -34,6 +34,7 @@ def at(profile: Profile, name: str, column: int) -> int:
     return sum(s.values[column] for s in profile.samples if any(f.name == name for f in profile.stack_frames(s)))
 
 
+@pytest.mark.slow
 def test_arrays_made_in_a_method_land_on_class_and_method() -> None:
     rec = JaxMemoryRecorder()
     rec.start()

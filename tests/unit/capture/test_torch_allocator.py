@@ -284,6 +284,7 @@ def test_threads_without_a_python_stack_are_counted_as_such() -> None:
 # -----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_static_kv_cache_lands_on_the_cache_method_and_inuse_matches_live_storages() -> None:
     transformers = pytest.importorskip("transformers")
     config = tiny_llama_config()
@@ -360,6 +361,7 @@ class Zoo:
         return made
 
 
+@pytest.mark.slow
 def test_frames_read_without_the_gil_equal_the_public_api_walk() -> None:
     """CPython 3.11: the hook reads its own thread's frames directly; they must be the frames the API gives."""
     if sys.version_info[:2] != (3, 11):
@@ -624,6 +626,7 @@ def value_at(points: list[tuple[int, int]], t: int) -> int:
     return [b for tp, b in points if tp <= t][-1]
 
 
+@pytest.mark.slow
 def test_the_timeline_shows_short_spikes_rising_and_falling() -> None:
     """Issue 10: five 4 MB spikes of microseconds, 100 ms apart, over 1 MB held: not a flat 5 MB line."""
     spikes: list[tuple[int, int]] = []
@@ -652,6 +655,7 @@ def test_the_timeline_shows_short_spikes_rising_and_falling() -> None:
     assert points[-1][1] == 1_000_000 and column(profile, PEAK) == 5_000_000
 
 
+@pytest.mark.slow
 def test_the_timeline_stays_bounded_and_keeps_the_falls_when_its_buckets_merge() -> None:
     """2,600 spikes over 2.9 s, each in a 1 ms bucket of its own: more than the hook's 2,048, so pairs merge."""
     spikes = 2600
@@ -718,6 +722,7 @@ def make_native_probe() -> Any:
     return torch.empty(1000), torch.nn.functional.linear(torch.ones(2, 8), torch.ones(4, 8))
 
 
+@pytest.mark.slow
 def test_native_frames_sit_between_the_allocator_and_the_python_caller() -> None:
     plain, _, _ = record(make_native_probe)
     profile, _, rec = record(make_native_probe, native=True)

@@ -136,6 +136,7 @@ def test_peak_keeps_storages_freed_after_it(make_recorder: Callable[[], Recorder
     assert by_line(profile, lb, INUSE) == 0
 
 
+@pytest.mark.slow
 def test_snapshot_while_running_and_after_stop(make_recorder: Callable[[], Recorder]) -> None:
     rec = make_recorder()
     assert column(rec.snapshot(), INUSE) == 0  # before start: empty, no error
@@ -268,6 +269,7 @@ def _seconds(profile: Profile, epoch_ns: int) -> float:
     return (epoch_ns - moment.origin(profile)) / 1e9
 
 
+@pytest.mark.slow
 def test_any_moment_of_a_generate_loop_with_a_static_kv_cache_is_exact(
     make_recorder: Callable[[], Recorder],
 ) -> None:

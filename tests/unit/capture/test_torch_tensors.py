@@ -452,6 +452,7 @@ def test_autograd_results_unchanged_and_grads_recorded() -> None:
 # -----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_static_kv_cache_lands_on_the_cache_method_and_inuse_matches_live_storages(quiet_gc: None) -> None:
     transformers = pytest.importorskip("transformers")
     config = tiny_llama_config()
@@ -541,6 +542,7 @@ def test_llama_stacks_equal_a_full_walk(checked_stacks: StackCheck) -> None:
     assert checked_stacks.mismatches == []
 
 
+@pytest.mark.slow
 def test_torch_compile_still_compiles_while_recording() -> None:
     graphs: list[Any] = []
 

@@ -48,6 +48,7 @@ def test_json_shape_per_device(capsys):
     assert len(over["reserved"]) <= 300 and over["reserved"][0][0] < over["reserved"][-1][0]
 
 
+@pytest.mark.slow
 def test_terminal_answer_and_suggest(capsys):
     rc, out, _ = run(capsys, DECOMFL, "--suggest", "--gpu-memory", "A100-40GB")
     assert rc == 0
@@ -96,6 +97,7 @@ def test_a_cpu_run_predicted_for_a_gpu(tmp_path: Path, capsys):
     assert oom["phase"] == "train" and oom["size"] > 0 and oom["allocated"] + oom["cached"] <= 18 << 20
 
 
+@pytest.mark.slow
 def test_the_fragmentation_profile_opens_in_the_views(tmp_path: Path, capsys):
     frag = tmp_path / "frag.pb.gz"
     rc, out, _ = run(capsys, DECOMFL, "-o", str(frag), "--json")

@@ -167,6 +167,7 @@ SEED_NAMES = [
 ] + [f"fixture-{p.name}" for p in PICKLES]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", SEED_NAMES)
 def test_mutated_inputs_load_or_fail_plainly(rich_profile: Profile, name: str) -> None:
     data = seeds(rich_profile)[name]

@@ -54,6 +54,7 @@ def test_install_lays_out_lib_bootstrap_sessions(tmp_path: Path) -> None:
     assert not list(dest.rglob("*.new"))
 
 
+@pytest.mark.slow
 def test_install_is_idempotent(tmp_path: Path) -> None:
     install(tmp_path)
     (tmp_path / "lib" / "gpuflame" / "stale.py").write_text("x = 1\n")

@@ -79,6 +79,7 @@ def test_a_timeline_written_before_spikes_were_kept_still_reads() -> None:
     assert timeline.series == {(("device", "cpu"),): [(T0, 10), (T0 + 5_000, 110), (T0 + 9_000, 40)]}
 
 
+@pytest.mark.slow
 def test_a_decompression_bomb_is_refused() -> None:
     bomb = PREFIX + base64.b64encode(zlib.compress(b" " * (80 << 20))).decode()
     assert split_comments([bomb]) == (None, [DAMAGED_NOTE])

@@ -82,6 +82,7 @@ def table_rows(text: str) -> dict[str, list[str]]:
     return rows
 
 
+@pytest.mark.slow
 def test_budgets_fixtures_and_the_summary_table(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_suite=SUITE)
     result = pytester.runpytest("--gpuflame", "--gpuflame-dir", "profiles")
@@ -155,6 +156,7 @@ def test_steady():
 """
 
 
+@pytest.mark.slow
 def test_fail_on_increase_after_the_test_allocates_twice_as_much(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_growth=GROWING.format(size="4 << 20"))
     pytester.runpytest("--gpuflame").assert_outcomes(passed=2)

@@ -208,6 +208,7 @@ def test_narrow_frames_are_dropped_and_their_bytes_stay_in_the_caller():
     assert everything == {"main", "big", "tiny", "deep"}
 
 
+@pytest.mark.slow
 def test_output_size_follows_the_picture_not_the_profile():
     root = Frame("main", "/app/x.py", 1)
     rows = [([root, Frame(f"leaf_{i}", "/app/x.py", i + 2)], 1) for i in range(20_000)]

@@ -330,6 +330,7 @@ def spec_is_linux(pod: dict) -> bool:
     return (pod["spec"].get("os") or {}).get("name", "linux") == "linux"
 
 
+@pytest.mark.slow
 @hypothesis.settings(max_examples=150, deadline=None, suppress_health_check=list(hypothesis.HealthCheck))
 @hypothesis.given(pods())
 def test_the_patch_of_any_valid_pod_applies_and_gives_a_valid_pod(pod: dict) -> None:
