@@ -30,10 +30,11 @@ demo: venv
 	$(BIN)/gpuflame export out/demo.pb.gz --format speedscope -o out/demo.speedscope.json
 	$(BIN)/gpuflame export out/demo.pb.gz --format folded -o out/demo.folded
 
-# One worker per core (pytest-xdist); the agent's tests run in one of them, one after another
-# (tests/conftest.py groups them). 9 minutes on a 2-core machine, 14 without -n.
+# One worker per core (pytest-xdist): 9 minutes on a 2-core machine, 14 without -n. Tests
+# that run at once never share a file or a port; the agent's tests tolerate another
+# worker's processes (an agent watching every process sees them too).
 test: venv
-	$(BIN)/python -m pytest -q -n auto --dist loadgroup
+	$(BIN)/python -m pytest -q -n auto
 
 # The unit tests that run in this process (no subprocess, browser, agent or
 # GPU) and take under a second each: the lane to run while editing, in about a

@@ -86,15 +86,13 @@ def pytest_configure(config: pytest.Config) -> None:
 # =============================================================================
 
 LANES = ("unit", "e2e", "browser", "agent", "gpu", "deploy")
-# The agent tests load BPF programs and probe one stand-in driver as root: never two at once.
-SERIAL = ("agent",)
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark every test with its folder's lane, so `-m unit` or `-m "not browser"` selects by folder."""
-    for item in items:
-        parts = Path(str(item.fspath)).resolve().relative_to(TESTS).parts
-        if len(parts) > 1 and parts[0] in LANES:
-            item.add_marker(getattr(pytest.mark, parts[0]))
-            if parts[0] in SERIAL:  # under `pytest -n`, one worker runs them all, one after another
-                item.add_marker(pytest.mark.xdist_group(parts[0]))
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """Mark every test with its folder's lane, so `-m unit` or `-m "not browser"` selects by folder.
+
+    Done as each test is collected, before any plugin's collection hook looks at the markers.
+    """
+    parts = Path(str(item.fspath)).resolve().relative_to(TESTS).parts
+    if len(parts) > 1 and parts[0] in LANES:
+        item.add_marker(getattr(pytest.mark, parts[0]))

@@ -85,11 +85,12 @@ def at(profile: Profile, when: When) -> Profile:
     _check_range(profile, history, t, f"--at {_show(profile, when, t)}")
     out = _empty(profile, [INUSE_SPACE, INUSE_OBJECTS])
     for track in history.tracks:
-        if not track.covers(t):
+        at_t = _within_rounding(track, t)
+        if not track.covers(at_t):
             continue
-        if t < track.fold:
+        if at_t < track.fold:
             raise GpuflameError(_folded(profile, track, f"--at {_show(profile, when, t)}"))
-        _add(out, history, track, track.live_at(t))
+        _add(out, history, track, track.live_at(at_t))
     out.moment = f"what was live at {_clock(profile, t)} ({_wall(t)}; {where_zero_is(profile)}; from the event history)"
     out.comments.append(out.moment)
     return out
@@ -117,6 +118,16 @@ def between(profile: Profile, first: When, last: When) -> Profile:
     )
     out.comments.append(out.moment)
     return out
+
+
+# Seconds on the strip are written to the microsecond (report's phase table, --json): a moment read
+# back can land up to half of one past the instant it names, such as a recording's very end.
+ROUNDING_NS = 1_000
+
+
+def _within_rounding(track: Track, t: int) -> int:
+    """*t*, or the track's end when *t* is past it by no more than the rounding of seconds written out."""
+    return track.end if track.end and 0 < t - track.end <= ROUNDING_NS else t
 
 
 def origin(profile: Profile) -> int:
@@ -207,7 +218,7 @@ def _check_range(profile: Profile, history: History, t: int, what: str) -> None:
         raise GpuflameError(
             f"{what}: before the recording started ({_wall(recording_start(profile))}; {where_zero_is(profile)})"
         )
-    if t > end:
+    if t > end + ROUNDING_NS:
         raise GpuflameError(
             f"{what}: past the end of the recording (it spans 0 to {(end - start) / 1e9:.3f} s on the strip)"
         )

@@ -67,6 +67,18 @@ def by_leaf(p: Profile) -> dict[str, int]:
 EVENTS = [(1 * S, 0, 1000), (2 * S, 1, 400), (3 * S, 2, 50), (4 * S, 2, -50), (5 * S, 2, 70), (6 * S, 1, -400)]
 
 
+def test_a_recordings_end_read_back_to_the_microsecond_is_still_its_end() -> None:
+    """Seconds written to the microsecond (report's phase end) can land up to 0.5 us past the recording's end."""
+    end = 7 * S + 123_456_789  # not a whole microsecond after the strip's 0
+    p = profile_of(EVENTS, end=end)
+    zero = origin(p)
+    written = round((T0 + end - zero) / 1e9, 6)  # as report --json writes a phase's end_s
+    assert T0 + end < zero + round(written * 1e9)  # read back, it lands past the end
+    assert by_leaf(at(p, written)) == {"load_model": 1000, "step": 70}
+    with pytest.raises(GpuflameError, match="past the end of the recording"):
+        at(p, written + 0.01)  # well past the end
+
+
 def test_at_is_what_was_live_and_between_what_was_allocated() -> None:
     p = profile_of(EVENTS)
     assert by_leaf(at(p, 3.5)) == {"load_model": 1000, "alloc_kv": 400, "step": 50}
