@@ -9,7 +9,9 @@ machine). CPU time (user + system, of the whole process tree, from
 ``wait4``) and wall time; the median of the per-round ratios is printed.
 torch runs on one thread (``OMP_NUM_THREADS=1``), as in
 bench_capture_torch.py: its spinning worker threads otherwise swamp the CPU
-time on a shared machine.
+time on a shared machine. Every variant gets a bytecode cache
+(``PYTHONPYCACHEPREFIX``, ``PYTHONDONTWRITEBYTECODE`` dropped) and one
+untimed warm-up run, as an installed gpuflame would have its bytecode.
 
     python bench/bench_run_whole.py [--rounds 7] [--tree ../main] [-- SCRIPT ARGS...]
 """
@@ -47,7 +49,8 @@ def main() -> None:
     args = parser.parse_args()
     out = Path(tempfile.mkdtemp(prefix="gpuflame-bench-run-"))
     bare = [sys.executable, *args.script]
-    plain = dict(os.environ, OMP_NUM_THREADS="1")
+    plain = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPYCACHEPREFIX=str(out / "pycache"))
+    plain.pop("PYTHONDONTWRITEBYTECODE", None)
     variants: dict[str, tuple[list[str], dict[str, str]]] = {"bare": (bare, plain), "null": (bare, plain)}
     for tree in [ROOT, *args.tree]:
         env = dict(plain, PYTHONPATH=str(tree.resolve() / "src"))
@@ -55,6 +58,8 @@ def main() -> None:
         variants[f"run:{tree.name}"] = (cmd, env)
     cpu: dict[str, list[float]] = {k: [] for k in variants}
     wall: dict[str, list[float]] = {k: [] for k in variants}
+    for name in variants:
+        run(*variants[name])
     for r in range(args.rounds):
         for name in list(variants) if r % 2 == 0 else list(reversed(variants)):
             c, w = run(*variants[name])
