@@ -19,6 +19,7 @@ from gpuflame.analysis.selection import Selection, View
 from gpuflame.boundary.backends import AUTO, frameworks
 from gpuflame.cli.options import add_force_option  # noqa: F401  (the analysis commands take it from here)
 from gpuflame.formats import load
+from gpuflame.gcpause import kept_to_the_end
 from gpuflame.model import DEFAULT_FRAMEWORKS, merge
 from gpuflame.model.functions import missing_def_lines_note
 from gpuflame.model.moment import When, parse_when
@@ -218,8 +219,9 @@ def size_arg(text: str) -> int:
 
 def load_profile(paths: Sequence[str], **snapshot_options: Any) -> Profile:
     """Read one profile, or several merged into one (e.g. one file per process)."""
-    profiles = [load(p, **snapshot_options) for p in paths]
-    return profiles[0] if len(profiles) == 1 else merge(profiles)
+    with kept_to_the_end():  # a command's profile lives until it returns: no collection walks it
+        profiles = [load(p, **snapshot_options) for p in paths]
+        return profiles[0] if len(profiles) == 1 else merge(profiles)
 
 
 def selection_from_args(args: argparse.Namespace) -> Selection:

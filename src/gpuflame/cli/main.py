@@ -18,6 +18,7 @@ from typing import NoReturn, Protocol, cast
 
 from gpuflame import __version__
 from gpuflame.errors import GpuflameError
+from gpuflame.gcpause import thaw
 from gpuflame.printable import printable
 
 # Order is the order of ``gpuflame --help``.
@@ -189,3 +190,5 @@ def main(argv: Sequence[str] | None = None) -> int:
             + "\n"
         )
         return 3
+    finally:
+        thaw()  # the command's profile, frozen while it ran (gcpause.kept_to_the_end)

@@ -41,7 +41,7 @@ def function_frames(frames: list[Frame]) -> list[Frame]:
         def_line(key[1], line) if line > 0 and key[2] == PYTHON else line  # the def, not a decorator
         for key, line in start.items()
     ]
-    names, files, kinds = zip(*start, strict=True) if start else ((), (), ())
+    names, files, kinds = (map(itemgetter(i), start) for i in range(3))  # zip(*start) takes a million arguments
     # Frame(...) runs Python code per frame; tuple.__new__ builds the same NamedTuple in C
     bars = map(partial(tuple.__new__, Frame), zip(names, files, lines, kinds, lines, strict=True))
     out = dict(zip(start, bars, strict=True))
