@@ -95,7 +95,7 @@ def test_series_per_container():
 def test_agent_pushes_to_pyroscope_every_interval(start_target, bpf_object, push_pb2, profile_pb2):
     import threading
 
-    from tests.unit.ship.test_pyroscope import Server, decode_push  # the loopback Pyroscope of the pusher's own tests
+    from tests.helpers.pyroscope_server import Server, decode_push  # the loopback Pyroscope of the pusher's own tests
 
     server = Server()
     threading.Thread(target=server.serve_forever, daemon=True).start()

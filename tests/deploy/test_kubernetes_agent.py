@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.deploy.test_kubernetes_manifests import K8S, find, kustomize, needs_kubectl, validate
+from tests.helpers.kubernetes import K8S, find, kustomize, needs_kubectl, validate
 
 
 @pytest.fixture(scope="module")

@@ -23,8 +23,8 @@ from gpuflame.boundary.settings import Settings
 from gpuflame.launch.collect import RunEnd, collect
 from gpuflame.launch.roll_call import unfinished
 from gpuflame.launch.store import RunMeta
-from tests.e2e.test_run_cli import gpuflame_run
 from tests.helpers.children import SRC, said_lost
+from tests.helpers.run_cli import gpuflame_run
 
 FILL_THEN_ALLOCATE = """\
 import sys

@@ -20,9 +20,9 @@ import pytest
 from gpuflame.errors import GpuflameError
 from gpuflame.files import check_output
 from gpuflame.formats import load, save
-from tests.e2e.test_run_cli import gpuflame_run
-from tests.unit.analysis.test_hotspots import guide_profile
-from tests.unit.cli.test_analysis_commands import run
+from tests.helpers.cli import run
+from tests.helpers.guide import guide_profile
+from tests.helpers.run_cli import gpuflame_run
 
 SCRIPT = "import torch\nx = torch.zeros(1000)\nprint('ran')\n"
 

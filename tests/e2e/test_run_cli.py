@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
@@ -19,57 +18,7 @@ import pytest
 
 from gpuflame.formats import load
 from gpuflame.model import Profile
-
-KIB = 1024
-
-
-def gpuflame_run(
-    *args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 180
-) -> subprocess.CompletedProcess:
-    """``gpuflame run ARGS`` in a child process, in *cwd*, with a store of its own and no inherited settings."""
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("GPUFLAME_") and k != "PYTHONPATH"}
-    full_env["GPUFLAME_STORE"] = str(cwd / "store")
-    full_env.update(env or {})
-    return subprocess.run(
-        [sys.executable, "-m", "gpuflame", "run", *args],
-        cwd=cwd,
-        env=full_env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
-def write(path: Path, *parts: str) -> Path:
-    """Write a script made of dedented parts (the shared head, then the test's own lines)."""
-    path.write_text("\n".join(textwrap.dedent(p) for p in parts))
-    return path
-
-
-def bytes_by_function(profile: Profile, type_name: str = "inuse_space", pid: int | None = None) -> dict[str, int]:
-    """Self bytes per leaf function name (optionally of one process)."""
-    idx = profile.type_index(type_name)
-    out: dict[str, int] = {}
-    for s in profile.samples:
-        if pid is not None and s.label("pid") != str(pid):
-            continue
-        leaf = profile.frames[s.stack[0]].name if s.stack else ""
-        out[leaf] = out.get(leaf, 0) + s.values[idx]
-    return out
-
-
-ALLOCATE = """
-    import os, sys, torch
-
-    class Holder:
-        def make(self, kib):
-            return torch.zeros(kib * 256, dtype=torch.float32)  # kib KiB
-
-    def child_work(kib):
-        keep = Holder().make(kib)
-        print(f"child {os.getpid()}", flush=True)
-        return keep
-"""
+from tests.helpers.run_cli import ALLOCATE, KIB, bytes_by_function, gpuflame_run, write
 
 
 def test_exit_code_output_and_next_command(tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from gpuflame.formats import load
-from tests.e2e.test_run_cli import ALLOCATE, KIB, bytes_by_function, gpuflame_run, write
+from tests.helpers.run_cli import ALLOCATE, KIB, bytes_by_function, gpuflame_run, write
 
 POOL = """
 import multiprocessing as mp, os, sys, time, torch

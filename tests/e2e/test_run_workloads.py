@@ -21,7 +21,7 @@ import pytest
 
 from gpuflame.formats import load
 from gpuflame.model import Profile
-from tests.e2e.test_run_cli import gpuflame_run, write
+from tests.helpers.run_cli import gpuflame_run, write
 
 pytestmark = pytest.mark.slow
 

@@ -10,7 +10,7 @@ from gpuflame.analysis.categories import UNKNOWN, category_totals
 from gpuflame.formats import save
 from gpuflame.model import SYNTHETIC, Frame, Profile
 from gpuflame.symbols.names import CACHED_FREE
-from tests.unit.cli.test_analysis_commands import run, run_json
+from tests.helpers.cli import run, run_json
 
 TYPES = [("peak_space", "bytes"), ("inuse_space", "bytes")]
 

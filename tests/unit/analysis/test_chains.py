@@ -10,7 +10,7 @@ from gpuflame.analysis.chains import NoSuchFunctionError, explain, match_functio
 from gpuflame.analysis.tree import build_tree
 from gpuflame.errors import GpuflameError
 from gpuflame.model import Frame, Profile, memory_sample_types
-from tests.unit.analysis.test_hotspots import GUIDE_KV_CHAIN, GiB, guide_profile
+from tests.helpers.guide import GUIDE_KV_CHAIN, GiB, guide_profile
 
 
 def guide_tree():

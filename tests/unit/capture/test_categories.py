@@ -23,7 +23,7 @@ from gpuflame.capture.books.categories import Block, split_rows, stack_category 
 from gpuflame.capture.recorders.dispatch import TorchTensorRecorder  # noqa: E402
 from gpuflame.formats import load  # noqa: E402
 from gpuflame.model import Frame, Profile  # noqa: E402
-from tests.e2e.test_run_cli import gpuflame_run  # noqa: E402
+from tests.helpers.run_cli import gpuflame_run  # noqa: E402
 from tests.helpers.torch_helpers import INUSE, PEAK, RECORDERS, record, tiny_llama_config  # noqa: E402
 
 

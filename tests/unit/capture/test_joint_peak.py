@@ -22,8 +22,8 @@ from gpuflame.formats import load, save
 from gpuflame.model import Frame, Profile, merge
 from gpuflame.model.peak import BOUND, JOINT, MAX, PARTIAL, PROCESS, SAMPLED, PeakUnit, is_exact
 from gpuflame.model.sample_types import JOINT_PEAK_OBJECTS, JOINT_PEAK_SPACE, memory_sample_types
-from tests.e2e.test_run_cli import gpuflame_run, write
-from tests.unit.cli.test_analysis_commands import run as cli
+from tests.helpers.cli import run as cli
+from tests.helpers.run_cli import gpuflame_run, write
 
 MB = 1_000_000
 SINGLE_MOMENT = "live at the moment of the highest total"
@@ -287,7 +287,7 @@ def test_overlapping_windows_without_a_common_table_are_an_upper_bound(tmp_path:
 
 
 def viewer_data(path: Path) -> dict:
-    from tests.unit.cli.test_view import embedded
+    from tests.helpers.viewer_profiles import embedded
 
     return embedded(path.read_text(encoding="utf-8"))
 

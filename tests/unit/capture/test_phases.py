@@ -31,7 +31,7 @@ from gpuflame.model import (  # noqa: E402
 )
 from gpuflame.model import phases as phase_model  # noqa: E402
 from gpuflame.model.phases import PhaseStat  # noqa: E402
-from tests.e2e.test_run_cli import gpuflame_run  # noqa: E402
+from tests.helpers.run_cli import gpuflame_run  # noqa: E402
 from tests.helpers.torch_helpers import INUSE, PEAK, RECORDERS, tiny_llama_config  # noqa: E402
 
 

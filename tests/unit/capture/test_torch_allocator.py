@@ -37,7 +37,7 @@ from gpuflame.formats import load, pprof  # noqa: E402
 from gpuflame.model import Profile  # noqa: E402
 from gpuflame.model import history as history_module  # noqa: E402
 from gpuflame.symbols.names import short_cpp_name  # noqa: E402
-from tests.e2e.test_run_cli import gpuflame_run  # noqa: E402
+from tests.helpers.run_cli import gpuflame_run  # noqa: E402
 from tests.helpers.torch_helpers import (  # noqa: E402
     ALLOC,
     ALLOC_N,

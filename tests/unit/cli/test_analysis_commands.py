@@ -21,7 +21,7 @@ from gpuflame.formats import load, save
 from gpuflame.model import Frame, Profile, SampleType
 from gpuflame.units import format_bytes
 from tests.helpers.cli import run, run_json
-from tests.unit.analysis.test_hotspots import GiB, guide_profile
+from tests.helpers.guide import GiB, guide_profile
 
 ANALYSIS = ("report", "top", "explain", "diff", "export")
 

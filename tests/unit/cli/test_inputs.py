@@ -7,8 +7,8 @@ import pytest
 from gpuflame.analysis.chains import NoSuchFunctionError, explain
 from gpuflame.analysis.tree import build_tree
 from gpuflame.formats import save
-from tests.unit.analysis.test_hotspots import guide_profile
-from tests.unit.cli.test_analysis_commands import run, run_json
+from tests.helpers.cli import run, run_json
+from tests.helpers.guide import guide_profile
 
 
 @pytest.fixture()

@@ -7,8 +7,8 @@ import re
 import pytest
 
 from gpuflame.formats import save
-from tests.unit.analysis.test_hotspots import guide_profile
-from tests.unit.cli.test_analysis_commands import run
+from tests.helpers.cli import run
+from tests.helpers.guide import guide_profile
 
 LOCATION = re.compile(r"(\S+\.py):(\d+)")
 

@@ -14,6 +14,7 @@ import pytest
 from gpuflame.cli.view import default_output
 from gpuflame.formats import save
 from gpuflame.render.html import decode_payload, render_html
+from tests.helpers.cli import run
 from tests.helpers.viewer_profiles import (
     DATA_ELEMENT,
     XSS_COMMENT_FILE,
@@ -23,7 +24,6 @@ from tests.helpers.viewer_profiles import (
     embedded,
     viewer_profile,
 )
-from tests.unit.cli.test_analysis_commands import run
 
 
 @pytest.fixture

@@ -14,8 +14,8 @@ import pytest
 
 from gpuflame.model import Frame, Profile, SampleType, prune_framework
 from gpuflame.model.profile import NATIVE
-from tests.e2e.test_run_cli import gpuflame_run
-from tests.unit.cli.test_analysis_commands import run_json
+from tests.helpers.cli import run_json
+from tests.helpers.run_cli import gpuflame_run
 
 TRAIN = """\
 import torch

@@ -13,7 +13,7 @@ from gpuflame.model.functions import function_frames
 from gpuflame.model.profile import NATIVE
 from gpuflame.render.flame_json import FORMAT, encode
 from gpuflame.render.writers import dumps
-from tests.unit.analysis.test_hotspots import guide_profile
+from tests.helpers.guide import guide_profile
 
 FRAMES = [
     Frame("main", "app.py", 1),

@@ -25,8 +25,8 @@ from gpuflame.model.profile import NATIVE, SYNTHETIC, TRAMPOLINE_KIND
 from gpuflame.render.svg import CHAR_WIDTH, FRAME_HEIGHT, SIDE_PAD, TEXT_PAD, encode
 from gpuflame.render.writers import dumps
 from gpuflame.units import format_bytes
-from tests.unit.analysis.test_hotspots import GUIDE_KV_CHAIN, guide_profile
-from tests.unit.cli.test_analysis_commands import run
+from tests.helpers.cli import run
+from tests.helpers.guide import GUIDE_KV_CHAIN, guide_profile
 
 SVG_NS = "{http://www.w3.org/2000/svg}"
 ALLOWED = {"svg", "g", "rect", "text", "title", "style"}

@@ -20,8 +20,8 @@ from gpuflame.formats import save
 from gpuflame.model import Frame, Profile, SampleType, memory_sample_types
 from gpuflame.model.phases import PhaseStat
 from gpuflame.printable import printable
+from tests.helpers.cli import run
 from tests.helpers.escapes import RAW
-from tests.unit.cli.test_analysis_commands import run
 
 ESC_NAME = "evil\x1b[2J\x1b[Hfn"  # clear the screen, home the cursor
 OSC_FILE = "/srv/\x1b]0;owned\x07/site-packages/pkg/m\u202egnp.py"  # window title, a bidi override

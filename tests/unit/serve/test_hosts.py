@@ -22,7 +22,7 @@ from gpuflame.errors import GpuflameError
 from gpuflame.formats import save
 from gpuflame.serve import make_server
 from gpuflame.serve.app import Server
-from tests.unit.serve.test_serve import small_profile
+from tests.helpers.profiles import small_profile
 
 CLIENTS = 200
 

@@ -29,8 +29,8 @@ from gpuflame.serve import make_server
 from gpuflame.serve.app import Server, diff_supported
 from gpuflame.serve.catalog import BadId, NotServed, resolve_id
 from gpuflame.units import format_bytes
-from tests.e2e.test_run_cli import gpuflame_run
 from tests.helpers.profiles import small_profile
+from tests.helpers.run_cli import gpuflame_run
 
 # Every test here uses a fixture that starts a child process (a server, a kernel, openssl).
 pytestmark = pytest.mark.subprocess

@@ -20,8 +20,8 @@ from gpuflame.formats import load, loads, pprof, speedscope
 from gpuflame.model import Frame, Profile, SampleType
 from gpuflame.render import svg
 from gpuflame.render.html import viewer_data
-from tests.e2e.test_run_cli import gpuflame_run
-from tests.unit.cli.test_analysis_commands import run, run_json
+from tests.helpers.cli import run, run_json
+from tests.helpers.run_cli import gpuflame_run
 
 WORKLOAD = """\
 import torch
