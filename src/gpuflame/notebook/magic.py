@@ -212,20 +212,10 @@ def _save(profile: Profile, output: str, index: int, line: str) -> None:
 
 def _print_report(profile: Profile, type_name: str | None, limit: int) -> None:
     """The report as plain text on stdout: the kernel shows it as the cell's output stream."""
-    from rich.console import Console
-
     from gpuflame.analysis.hotspots import build_report
     from gpuflame.analysis.selection import Selection
-    from gpuflame.render.terminal import PIPE_WIDTH, render_report
+    from gpuflame.render.terminal import make_console, render_report
 
     view = Selection(sample_type=type_name).apply(profile)  # as gpuflame report --type TYPE
-    console = Console(
-        file=sys.stdout,
-        highlight=False,
-        markup=False,
-        emoji=False,
-        force_jupyter=False,
-        color_system=None,
-        width=PIPE_WIDTH,
-    )
+    console = make_console(plain=True)
     render_report(console, build_report(view.profile, view.tree(), limit), "last %%gpuflame cell")

@@ -12,6 +12,7 @@ cell given as a string is made :func:`plain` by :class:`SafeTable`.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterable
 from typing import Any
 
@@ -54,12 +55,24 @@ PACKAGES = "-packages"
 PACKAGE_DIRS = ("site", "dist")
 
 
-def make_console() -> Console:
+def make_console(plain: bool = False) -> Console:
     """A console on stdout; wider than rich's 80 columns when writing to a pipe.
 
     No markup and no emoji codes: a string printed is printed as written
     (``[/]`` in a frame name once stopped a report with a MarkupError).
+    *plain*: uncoloured text at the pipe's width, never rich's notebook
+    display (the ``%%gpuflame`` cell's output stream).
     """
+    if plain:
+        return Console(
+            file=sys.stdout,
+            highlight=False,
+            markup=False,
+            emoji=False,
+            force_jupyter=False,
+            color_system=None,
+            width=PIPE_WIDTH,
+        )
     console = Console(highlight=False, markup=False, emoji=False)
     if not console.is_terminal and "COLUMNS" not in os.environ:
         console = Console(highlight=False, markup=False, emoji=False, width=PIPE_WIDTH)
