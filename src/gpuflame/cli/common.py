@@ -182,7 +182,8 @@ def source_root(text: str) -> tuple[str, str]:
 def snapshot_options(args: argparse.Namespace) -> dict[str, Any]:
     """What :func:`gpuflame.formats.load` passes on to the snapshot reader."""
     roots = getattr(args, "source_root", None) or []
-    return {"native": bool(getattr(args, "native", False)), "resolver": Resolver(SourceMap(roots), store=source_index_dir())}
+    resolver = Resolver(SourceMap(roots), store=source_index_dir())
+    return {"native": bool(getattr(args, "native", False)), "resolver": resolver}
 
 
 def positive_count(text: str) -> int:

@@ -168,12 +168,12 @@ class DeviceTrace:
         if not marks or window is None:
             return
         first, last = window
-        times, deltas = zip(*marks)
+        times, deltas = zip(*marks, strict=True)
         if not _times_within(times, first, last):
             return
         # the series spans the trace's whole window, segment and oom events included
         points = [(first * 1000, baseline)]
-        points += zip(map((1000).__mul__, times), map(baseline.__add__, deltas))
+        points += zip(map((1000).__mul__, times), map(baseline.__add__, deltas), strict=True)
         if marks[-1][0] < last:
             points.append((last * 1000, points[-1][1]))
         timeline = self.conv.profile.timeline
@@ -192,7 +192,7 @@ class DeviceTrace:
         if not events or window is None:
             return
         # unzipped once, so that what follows runs per event in C
-        times, lists, sizes = zip(*events)
+        times, lists, sizes = zip(*events, strict=True)
         if not _times_within(times, window[0], window[1]):
             return
         conv = self.conv
@@ -209,7 +209,7 @@ class DeviceTrace:
             b, c = rows.get(site(frames), (0, 0))
             rows[site(frames)] = (b + size, c + 1)
         # each distinct frames list once, in the order first seen (which numbers the sites as event order does)
-        distinct = dict(zip(map(id, lists), lists))
+        distinct = dict(zip(map(id, lists), lists, strict=True))
         site_by_id = {key: site(frames) for key, frames in distinct.items()}
         track = Track(
             (),

@@ -171,7 +171,8 @@ def from_snapshot(
     """
     try:
         with gc_paused():
-            conv = _Converter(snapshot, max_entries, device_type, resolver or Resolver(store=source_index_dir()), native)
+            resolver = resolver or Resolver(store=source_index_dir())
+            conv = _Converter(snapshot, max_entries, device_type, resolver, native)
             return conv.run()
     except GpuflameError:
         raise

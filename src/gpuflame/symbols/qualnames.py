@@ -16,8 +16,8 @@ from __future__ import annotations
 import ast
 import os
 import threading
-from pathlib import Path
 from itertools import accumulate
+from pathlib import Path
 from typing import NamedTuple
 
 from gpuflame.symbols.names import MODULE, display_name
