@@ -60,7 +60,8 @@ def load(folder: Path, source: bytes) -> FileIndex | None:
         doc = json.loads(raw)
     except (ValueError, RecursionError):
         return None
-    spans = _checked(doc, source.count(b"\n") + 1)
+    # at least the lines ast counts (it ends lines at \n, \r\n and a lone \r)
+    spans = _checked(doc, max(source.count(b"\n"), source.count(b"\r")) + 1)
     return FileIndex(spans) if spans is not None else None
 
 

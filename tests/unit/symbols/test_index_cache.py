@@ -151,3 +151,12 @@ def test_a_folder_that_cannot_be_written_is_a_miss(source: Path, tmp_path: Path)
     fresh_process()
     assert names(Resolver(store=blocker / "store"), source) == names(Resolver(), source)
     assert index_cache.load(blocker / "store", source.read_bytes()) is None
+
+
+def test_a_source_with_old_mac_line_ends_is_read_back(tmp_path: Path) -> None:
+    """ast ends lines at a lone carriage return too: spans past the count of newlines are still this file's."""
+    source = SOURCE.replace("\n", "\r").encode()
+    store = tmp_path / "store"
+    index_cache.save(store, source, index_source(source))
+    loaded = index_cache.load(store, source)
+    assert loaded is not None and loaded.spans == index_source(source).spans
