@@ -1,10 +1,13 @@
 """Defaults that several parts of gpuflame share: one owner each, so that changing one is one edit.
 
-Standard library only (nothing at all): the in-process side reads these too.
+Standard library only (``os`` and ``pathlib``): the in-process side reads these too.
 A default that only one module uses stays in that module.
 """
 
 from __future__ import annotations
+
+import os
+from pathlib import Path
 
 BACKEND = "auto"  # --backend, GPUFLAME_BACKEND, the webhook's gpuflame.io/backend, the API (boundary/backends.py)
 TORCH_HOOK = "auto"  # --torch-hook, GPUFLAME_TORCH_HOOK
@@ -21,3 +24,18 @@ PUSH_FLUSH_S = 3.0  # seconds a process may spend at exit sending what is still 
 # threading.TIMEOUT_MAX (inf) raises OverflowError in the snapshot thread.
 MIN_INTERVAL_S = 0.1
 MAX_INTERVAL_S = 24 * 3600.0
+
+
+def cache_dir() -> Path:
+    """Where gpuflame keeps what it can rebuild between runs (compiled helpers, source indexes):
+    ``$GPUFLAME_CACHE_DIR``, else ``$XDG_CACHE_HOME/gpuflame``, else ``~/.cache/gpuflame``."""
+    env = os.environ.get("GPUFLAME_CACHE_DIR")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "gpuflame"
+
+
+def source_index_dir() -> Path:
+    """Where the readers keep source files' indexes between runs (symbols/index_cache.py)."""
+    return cache_dir() / "source-index"

@@ -18,6 +18,7 @@ from typing import Any
 from gpuflame.analysis.selection import Selection, View
 from gpuflame.boundary.backends import AUTO, frameworks
 from gpuflame.cli.options import add_force_option  # noqa: F401  (the analysis commands take it from here)
+from gpuflame.defaults import source_index_dir
 from gpuflame.formats import load
 from gpuflame.gcpause import kept_to_the_end
 from gpuflame.model import DEFAULT_FRAMEWORKS, merge
@@ -182,7 +183,8 @@ def source_root(text: str) -> tuple[str, str]:
 def snapshot_options(args: argparse.Namespace) -> dict[str, Any]:
     """What :func:`gpuflame.formats.load` passes on to the snapshot reader."""
     roots = getattr(args, "source_root", None) or []
-    return {"native": bool(getattr(args, "native", False)), "resolver": Resolver(SourceMap(roots))}
+    resolver = Resolver(SourceMap(roots), store=source_index_dir())
+    return {"native": bool(getattr(args, "native", False)), "resolver": resolver}
 
 
 def positive_count(text: str) -> int:

@@ -168,11 +168,12 @@ class DeviceTrace:
         if not marks or window is None:
             return
         first, last = window
-        if any(type(t) is not int or not first <= t <= last for t, _ in marks):
+        times, deltas = zip(*marks, strict=True)
+        if not _times_within(times, first, last):
             return
         # the series spans the trace's whole window, segment and oom events included
         points = [(first * 1000, baseline)]
-        points += [(t * 1000, baseline + d) for t, d in marks]
+        points += zip(map((1000).__mul__, times), map(baseline.__add__, deltas), strict=True)
         if marks[-1][0] < last:
             points.append((last * 1000, points[-1][1]))
         timeline = self.conv.profile.timeline
@@ -188,11 +189,11 @@ class DeviceTrace:
         when the trace has no plausible times.
         """
         window = self._window()
-        if (
-            not events
-            or window is None
-            or any(type(t) is not int or not window[0] <= t <= window[1] for t, _, _ in events)
-        ):
+        if not events or window is None:
+            return
+        # unzipped once, so that what follows runs per event in C
+        times, lists, sizes = zip(*events, strict=True)
+        if not _times_within(times, window[0], window[1]):
             return
         conv = self.conv
         labels = conv.label(self.device)
@@ -207,8 +208,9 @@ class DeviceTrace:
         for frames, size in base:
             b, c = rows.get(site(frames), (0, 0))
             rows[site(frames)] = (b + size, c + 1)
-        times = array("q", (t * 1000 for t, _, _ in events))
-        sites = array("q", (site(frames) for _, frames, _ in events))
+        # each distinct frames list once, in the order first seen (which numbers the sites as event order does)
+        distinct = dict(zip(map(id, lists), lists, strict=True))
+        site_by_id = {key: site(frames) for key, frames in distinct.items()}
         track = Track(
             (),
             0,
@@ -216,9 +218,9 @@ class DeviceTrace:
             window[0] * 1000,
             max(1, len(base)),
             rows,
-            times,
-            sites,
-            array("q", (size for _, _, size in events)),
+            array("q", map((1000).__mul__, times)),
+            array("q", map(site_by_id.__getitem__, map(id, lists))),
+            array("q", sizes),
         )
         one = History(conv.profile.frames, [(stack, labels) for stack in site_of], [track])
         conv.profile.history = event_history.merged([conv.profile.history, one])
@@ -354,6 +356,11 @@ class DeviceTrace:
             if frame.kind == PYTHON:
                 return f"{frame.name} ({frame.location()})" if frame.file else frame.name
         return ""
+
+
+def _times_within(times: tuple[Any, ...], first: int, last: int) -> bool:
+    """Every time an int between *first* and *last* (checked in C: a trace has millions)."""
+    return set(map(type, times)) == {int} and first <= min(times) and max(times) <= last
 
 
 def _when(time_us: int) -> str:

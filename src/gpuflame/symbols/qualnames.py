@@ -17,6 +17,7 @@ import ast
 import os
 import threading
 from itertools import accumulate
+from pathlib import Path
 from typing import NamedTuple
 
 from gpuflame.symbols.names import MODULE, display_name
@@ -260,8 +261,12 @@ class _Cached(NamedTuple):
 _FILES: dict[str, _Cached] = {}
 
 
-def file_index(path: str) -> FileIndex | None:
-    """The index of *path*, parsed once and kept while its mtime and size stay."""
+def file_index(path: str, store: Path | None = None) -> FileIndex | None:
+    """The index of *path*, parsed once and kept while its mtime and size stay.
+
+    With *store* (a folder), a file parsed in an earlier process is read back from there
+    (:mod:`gpuflame.symbols.index_cache`) and one parsed now is left there for the next.
+    """
     try:
         st = os.stat(path)
     except (OSError, ValueError):
@@ -269,18 +274,28 @@ def file_index(path: str) -> FileIndex | None:
     cached = _FILES.get(path)
     if cached is not None and cached.mtime_ns == st.st_mtime_ns and cached.size == st.st_size:
         return cached.index
-    index = _parse(path, st.st_size)
+    index = _parse(path, st.st_size, store)
     _FILES[path] = _Cached(st.st_mtime_ns, st.st_size, index)
     return index
 
 
-def _parse(path: str, size: int) -> FileIndex | None:
+def _parse(path: str, size: int, store: Path | None = None) -> FileIndex | None:
     if size > MAX_SOURCE_BYTES or not os.path.isfile(path):
         return None
     try:
         with open(path, "rb") as f:
             source = f.read(MAX_SOURCE_BYTES + 1)
-        return index_source(source)
+        if len(source) > MAX_SOURCE_BYTES:
+            return None
+        if store is None:
+            return index_source(source)
+        from gpuflame.symbols import index_cache  # late: it builds on this module's FileIndex
+
+        index = index_cache.load(store, source)
+        if index is None:
+            index = index_source(source)
+            index_cache.save(store, source, index)
+        return index
     except (OSError, SyntaxError, ValueError, UnicodeError, MemoryError, RecursionError):
         return None
 
@@ -290,10 +305,12 @@ class Resolver:
 
     A profile has hundreds of thousands of frames but few distinct (file,
     line) pairs; each file is stat'ed once per resolver and parsed once per
-    process (while unchanged).
+    process (while unchanged); with a *store* folder, once per content and
+    Python version across processes (:mod:`gpuflame.symbols.index_cache`).
     """
 
-    def __init__(self, sources: SourceMap | None = None) -> None:
+    def __init__(self, sources: SourceMap | None = None, store: Path | None = None) -> None:
+        self.store = store  # a folder keeping files' indexes between runs (index_cache.py), or None
         self._memo: dict[tuple[str, int, str], tuple[str, int]] = {}
         self._indexes: dict[str, FileIndex | None] = {}
         self.sources = sources if sources is not None else SourceMap()
@@ -336,7 +353,7 @@ class Resolver:
     def _index(self, file: str) -> FileIndex | None:
         if file in self._indexes:
             return self._indexes[file]
-        index = self._indexes[file] = file_index(file)
+        index = self._indexes[file] = file_index(file, self.store)
         return index
 
     def _elsewhere(self, file: str, line: int, co_name: str) -> tuple[str, int]:

@@ -263,7 +263,7 @@ def test_unreadable_file_falls_back(tmp_path: Path) -> None:
 def test_each_file_is_parsed_once_and_again_when_it_changes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     parses: list[str] = []
     real = qualnames._parse
-    monkeypatch.setattr(qualnames, "_parse", lambda path, size: parses.append(path) or real(path, size))
+    monkeypatch.setattr(qualnames, "_parse", lambda path, size, *store: parses.append(path) or real(path, size, *store))
     path = tmp_path / "m.py"
     path.write_text("class A:\n    def f(self):\n        pass\n")
     resolver = Resolver()
@@ -284,7 +284,7 @@ def test_resolver_memoizes_many_frames_cheaply(tmp_path: Path, monkeypatch: pyte
     path.write_bytes((FIXTURES / "llama_like.py").read_bytes())
     parses: list[str] = []
     real = qualnames._parse
-    monkeypatch.setattr(qualnames, "_parse", lambda p, size: parses.append(p) or real(p, size))
+    monkeypatch.setattr(qualnames, "_parse", lambda p, size, *store: parses.append(p) or real(p, size, *store))
     resolver = Resolver()
     lines = range(1, 160)
     first = [resolver.qualname(str(path), line, "forward") for line in lines]

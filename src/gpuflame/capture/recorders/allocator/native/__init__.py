@@ -27,21 +27,14 @@ import tempfile
 from pathlib import Path
 from types import ModuleType
 
+from gpuflame.defaults import cache_dir as cache_dir  # where compiled helpers are kept between runs
+
 HERE = Path(__file__).resolve().parent
 BUILD_TIMEOUT = 300.0  # seconds; a cold compiler on a busy machine
 
 
 class NativeUnavailable(Exception):
     """The native helper cannot be built or loaded here; the message says why in plain words."""
-
-
-def cache_dir() -> Path:
-    """Where compiled helpers are kept between runs."""
-    env = os.environ.get("GPUFLAME_CACHE_DIR")
-    if env:
-        return Path(env)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "gpuflame"
 
 
 CPU_HOOK = "gpuflame_cpu_hook"  # the extension module's name (cpu_hook.cpp's PyInit_)
