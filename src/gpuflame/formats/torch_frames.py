@@ -42,6 +42,10 @@ What the stack becomes (leaf first, as profiles store it):
   (``MulBackward0``) > the op; other stacks without Python frames become
   ``<no Python frame>`` > the op. The thread's start frames (``start_thread``,
   ``clone``) are cut.
+* a stack whose Python frames autograd's engine called (a custom
+  ``torch.autograd.Function``'s backward: the engine below its outermost
+  Python frame, or with ``stacks="python"`` that frame being
+  ``BackwardCFunction > apply``) is rooted at ``<backward pass>`` too.
 """
 
 from __future__ import annotations
@@ -155,6 +159,23 @@ def make_entry(file: str, line: int, name: str, python_name: Callable[[str, int,
     )
 
 
+def _run_by_autograd(root: Frame, below: Sequence[Entry]) -> bool:
+    """Whether the stack's outermost Python frame was called by autograd's engine: the backward pass.
+
+    With C++ frames the engine is among those below it; in a Python-only
+    stack (``stacks="python"``) the root is then a custom Function's
+    backward node, ``BackwardCFunction.apply``, which only the engine calls
+    (on autograd's own thread: on the caller's, the caller's frames lie below).
+    """
+    if any(e.engine for e in below):
+        return True
+    return root.name == _BACKWARD_NODE and root.file.replace("\\", "/").endswith(_BACKWARD_NODE_FILE)
+
+
+_BACKWARD_NODE = "BackwardCFunction > apply"
+_BACKWARD_NODE_FILE = "torch/autograd/function.py"
+
+
 class StackReader:
     """Entries of one frame list (leaf first) -> the profile's stack (frames, leaf first)."""
 
@@ -181,6 +202,8 @@ class StackReader:
                 else:  # which Python frames these C frames sit between is not known: left out
                     unplaced = unplaced or any(e.cls == CPP for e in middle)
         self.unplaced += unplaced
+        if _run_by_autograd(out[-1], entries[python[-1] + 1 :]):
+            out.append(BACKWARD_FRAME)
         return out
 
     def _leaf_part(self, natives: Sequence[Entry]) -> list[Frame]:

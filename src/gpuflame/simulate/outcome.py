@@ -7,14 +7,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuflame.formats.snapshot_blocks import NO_STACK_FRAME
 from gpuflame.formats.torch_frames import StackReader, make_entry
-from gpuflame.model.profile import SYNTHETIC, Frame
+from gpuflame.model.profile import Frame
 from gpuflame.model.timeline import MAX_POINTS, downsample
 from gpuflame.symbols import names
 from gpuflame.symbols.qualnames import Resolver
 
 JSON_POINTS = 300  # per line in --json: enough to draw, small enough to read
-UNKNOWN_STACK = Frame("<no stack recorded>", kind=SYNTHETIC)
 
 
 class Sites:
@@ -24,7 +24,7 @@ class Sites:
         self._ids: dict[int, int] = {}
         self._raw: list[Any] = [None]
         self._keep: list[Any] = []
-        self._named: dict[int, list[Frame]] = {0: [UNKNOWN_STACK]}
+        self._named: dict[int, list[Frame]] = {0: [NO_STACK_FRAME]}
         self._reader = StackReader()
         self._resolver = Resolver()
 
@@ -41,7 +41,7 @@ class Sites:
     def add_frames(self, frames: list[Frame]) -> int:
         """The number of a stack already named (a profile's, leaf first)."""
         self._raw.append(None)
-        self._named[len(self._raw) - 1] = frames or [UNKNOWN_STACK]
+        self._named[len(self._raw) - 1] = frames or [NO_STACK_FRAME]
         return len(self._raw) - 1
 
     def frames(self, site: int) -> list[Frame]:
@@ -49,7 +49,7 @@ class Sites:
         found = self._named.get(site)
         if found is None:
             entries = [make_entry(*_key(f), self._python_name) for f in self._raw[site] if type(f) is dict]
-            found = self._named[site] = self._reader.read(entries) or [UNKNOWN_STACK]
+            found = self._named[site] = self._reader.read(entries) or [NO_STACK_FRAME]
         return found
 
     def _python_name(self, file: str, line: int, name: str) -> tuple[str, int]:
