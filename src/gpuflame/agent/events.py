@@ -64,6 +64,7 @@ VMM = {
 INIT = "cuInit"
 
 HEADER = struct.Struct("<BBHHHIIQQQiI16s")
+ALLOC_FIELDS = struct.Struct("<xB4xHI4xQQ8xi")  # kind, flags, tgid, addr, size, device: booking a known stack
 OFFSET_FIELDS = (
     "runtime_interp_head",
     "interp_threads_head",
@@ -122,11 +123,11 @@ def header(data: bytes) -> Header:
     return Header._make(HEADER.unpack_from(data))
 
 
-_FREE = struct.Struct("<8xI4xQ")  # tgid and address of a free record, nothing else
+FREE_FIELDS = struct.Struct("<8xI4xQ")  # tgid and address of a free record, nothing else
 
 
 def unpack_free(data: bytes) -> tuple[int, int]:
-    return _FREE.unpack_from(data)
+    return FREE_FIELDS.unpack_from(data)
 
 
 def vmm_handle(data: bytes) -> int:
