@@ -17,7 +17,6 @@ import time
 from gpuflame.agent import procs
 from gpuflame.agent.call_sites import MAX_SITES
 from gpuflame.agent.events import (
-    ALLOC_FIELDS,
     BLOCK_KEY,
     DEVICE_CUDA,
     DEVICE_HOST,
@@ -42,13 +41,13 @@ from gpuflame.agent.events import (
     F_TRUNCATED,
     F_UNKNOWN,
     F_UNTRACKED,
-    FREE_FIELDS,
     HEADER,
     K_CREATE,
     K_MAP,
     K_RELEASE,
     K_RETAIN,
     K_UNMAP,
+    RING_RECORD,
     Header,
     code_record,
     device_label,
@@ -58,7 +57,7 @@ from gpuflame.agent.events import (
     unpack_free,
     vmm_handle,
 )
-from gpuflame.agent.libbpf import POSITION, RING_LENGTH, BpfError, RingBuffer
+from gpuflame.agent.libbpf import POSITION, BpfError, RingBuffer
 from gpuflame.agent.pending import Pending
 from gpuflame.agent.process import Process
 from gpuflame.agent.state import AgentState
@@ -83,33 +82,30 @@ class Booking(AgentState):
         The two records that make nearly all of a busy ring are booked in the loop, read where they lie, with
         no call but the ledger's: a free of an address, and an allocation of a stack already named with
         nothing to count. Every other record goes through :meth:`_handle`, which books those two alike."""
-        ledger, raw_ids, labels = self.ledger, self._raw_ids, _LABELS
-        length_of, hot, free = RING_LENGTH.unpack_from, ALLOC_FIELDS.unpack_from, FREE_FIELDS.unpack_from
+        ledger, raw_ids, labels, fields = self.ledger, self._raw_ids, _LABELS, RING_RECORD.unpack_from
         busy, discard, frames_at = RingBuffer.BUSY, RingBuffer.DISCARD, 8 + HEADER.size
         producer, n = POSITION.unpack_from(data, 0)[0], 0
         while consumer < producer and n < limit:
             at = page + (consumer & mask)
-            (length,) = length_of(data, at)
+            length, type_, kind, flags, tgid, addr, size, device = fields(data, at)  # one call for all
             if length & busy:
                 break  # being written
-            consumer += ((length & ~discard) + 15) & ~7  # libbpf.record_step
+            consumer += ((length & ~discard) + 15) & ~7  # the 8-byte ring header, 8-aligned
             n += 1
             if consumer >= producer:
                 producer = POSITION.unpack_from(data, 0)[0]
             try:
                 if length & discard:
                     continue
-                if data[at + 8] == EV_FREE and data[at + 9] != K_RELEASE:
-                    tgid, addr = free(data, at + 8)
+                if type_ == EV_FREE and kind != K_RELEASE:
                     ledger.free(tgid, (0, addr))
                     continue
-                if data[at + 8] == EV_ALLOC:
-                    kind, flags, tgid, addr, size, device = hot(data, at + 8)
-                    if not flags and kind != K_CREATE and device in labels:
-                        stack = raw_ids.get((tgid, data[at + frames_at : at + 8 + length]))
-                        if stack is not None:
-                            ledger.alloc(tgid, labels[device], stack, (0, addr), size, True)
-                            continue
+                if type_ == EV_ALLOC and not flags and kind != K_CREATE:
+                    label = labels.get(device)
+                    stack = raw_ids.get((tgid, data[at + frames_at : at + 8 + length]))
+                    if stack is not None and label is not None:
+                        ledger.alloc(tgid, label, stack, (0, addr), size, True)
+                        continue
                 self._handle(data[at + 8 : at + 8 + length])
             except Exception as exc:  # noqa: BLE001 - one bad record must not stop the agent
                 self._not_booked(exc)

@@ -64,7 +64,9 @@ VMM = {
 INIT = "cuInit"
 
 HEADER = struct.Struct("<BBHHHIIQQQiI16s")
-ALLOC_FIELDS = struct.Struct("<xB4xHI4xQQ8xi")  # kind, flags, tgid, addr, size, device: booking a known stack
+# a record where it lies in the ring, its 8-byte ring header first: length word (busy and discard bits),
+# type, kind, flags, tgid, addr, size, device (what booking a free or an allocation of a named stack needs)
+RING_RECORD = struct.Struct("<I4xBB4xHI4xQQ8xi")
 OFFSET_FIELDS = (
     "runtime_interp_head",
     "interp_threads_head",
@@ -123,11 +125,11 @@ def header(data: bytes) -> Header:
     return Header._make(HEADER.unpack_from(data))
 
 
-FREE_FIELDS = struct.Struct("<8xI4xQ")  # tgid and address of a free record, nothing else
+_FREE = struct.Struct("<8xI4xQ")  # tgid and address of a free record, nothing else
 
 
 def unpack_free(data: bytes) -> tuple[int, int]:
-    return FREE_FIELDS.unpack_from(data)
+    return _FREE.unpack_from(data)
 
 
 def vmm_handle(data: bytes) -> int:

@@ -322,7 +322,6 @@ class RingBuffer:
             self._epoll = None
 
 
-RING_LENGTH = struct.Struct("<I")  # a record's header word: its length, and the busy and discard bits
 POSITION = struct.Struct("<Q")  # the consumer and producer positions
 
 
@@ -330,4 +329,3 @@ POSITION = struct.Struct("<Q")  # the consumer and producer positions
 # after the records read, how many): a reader of RingBuffer.drain; the producer position is the mapping's first
 # word, a record's at page + (position & mask)
 Reader = Callable[[mmap.mmap, int, int, int, int], tuple[int, int]]
-
