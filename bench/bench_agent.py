@@ -33,6 +33,7 @@ sys.path.insert(0, str(ROOT))  # the test suite's helpers, as the package tests.
 
 from tests.agent.agent_helpers import cuda_include, why_not  # noqa: E402
 
+from bench_agent_reader import null_control  # noqa: E402  (this folder: the script's own)
 from gpuflame.agent import build  # noqa: E402
 from gpuflame.agent.agent import UPROBE_PROGRAMS, Agent  # noqa: E402
 from gpuflame.agent.elf import read_elf  # noqa: E402
@@ -160,8 +161,12 @@ class Bpftrace:
                 break
 
     def close(self) -> None:
-        self.proc.send_signal(signal.SIGINT)
-        self.proc.wait(30)
+        self.proc.send_signal(signal.SIGTERM)  # bpftrace 0.17 may hang on SIGINT
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
 
 
 def median(values: list[float]) -> float:
@@ -284,20 +289,6 @@ def first_named_sample(lib: str) -> float:
     target.proc.kill()
     target.proc.wait()
     return took
-
-
-def null_control() -> float:
-    """ns of this thread's CPU per step of a fixed Python loop (dict and list churn, as the reader's): how fast
-    the machine runs Python now, to read the reader's figure against."""
-    d: dict[int, list[int]] = {}
-    start = time.thread_time_ns()
-    for i in range(200_000):
-        row = d.get(i & 1023)
-        if row is None:
-            row = d[i & 1023] = [0, 0]
-        row[0] += i
-        row[1] += 1
-    return (time.thread_time_ns() - start) / 200_000
 
 
 def print_pairs(entry: str, runs: dict[str, dict[int, list[float]]]) -> None:
