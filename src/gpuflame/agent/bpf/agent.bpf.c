@@ -75,8 +75,7 @@ struct {
 
 /* the frames the walk has read (WINDOW_BYTES, and room for a field read past a frame near the end) */
 struct window {
-    __u64 lo, hi; /* the addresses it holds; kept here, not in locals: the verifier does not track map
-                   * memory, so their values do not split its states from one step of the walk to the next */
+    __u64 lo, hi; /* the addresses it holds */
     __u8 bytes[WINDOW_BYTES + 128];
 };
 
@@ -273,29 +272,29 @@ static __always_inline __u64 find_tstate(struct proc *p, struct thread_state *t)
     return s.found;
 }
 
-/* The frame at *frame*, in the window (read anew if it is not there), or NULL where it cannot be read. */
-static __always_inline __u8 *frame_bytes(struct window *w, __u64 frame)
+/* Where the frame at *frame* starts in the window (read anew if it is not there), or -1 where it cannot be
+ * read. A global function: the verifier checks its branches once per program, not once per step of the walk. */
+__noinline long window_at(struct window *w, __u64 frame)
 {
-    volatile __u64 *lo = &w->lo, *hi = &w->hi; /* read from memory at each step (see struct window) */
-    if (frame < *lo || frame + FRAME_BYTES > *hi) {
+    if (!w)
+        return -1;
+    if (frame < w->lo || frame + FRAME_BYTES > w->hi) {
         __u64 end = frame + FRAME_BYTES;
         if (end > WINDOW_BYTES && !bpf_probe_read_user(w->bytes, WINDOW_BYTES, (void *)(end - WINDOW_BYTES))) {
-            *lo = end - WINDOW_BYTES;
+            w->lo = end - WINDOW_BYTES;
         } else if (!bpf_probe_read_user(w->bytes, FRAME_BYTES, (void *)frame)) {
-            *lo = frame; /* a window there crosses memory that cannot be read: this frame alone */
+            w->lo = frame; /* a window there crosses memory that cannot be read: this frame alone */
         } else {
-            *lo = *hi = 0;
-            return 0;
+            w->lo = w->hi = 0;
+            return -1;
         }
-        *hi = end;
+        w->hi = end;
     }
-    __u64 off = frame - *lo;
-    if (off > WINDOW_BYTES - FRAME_BYTES)
-        return 0;
-    return w->bytes + off;
+    __u64 off = frame - w->lo;
+    return off > WINDOW_BYTES - FRAME_BYTES ? -1 : (long)off;
 }
 
-/* Walks the frames into *e*; returns their hash. The frames are read a window at a time (frame_bytes):
+/* Walks the frames into *e*; returns their hash. The frames are read a window at a time (window_at):
  * the fields the walk needs all sit in a frame's first FRAME_BYTES bytes. A bounded loop, not bpf_loop
  * (5.17): the count of frames kept is re-read from the event at each step (volatile), so the verifier
  * sees any count below MAX_FRAMES there, not one state per count. A global function: the verifier
@@ -325,11 +324,12 @@ __noinline __u64 walk_python(struct proc *p, struct thread_state *t, struct even
     volatile __u16 *kept = &e->nframes;
     *kept = 0;
     for (int i = 0; i < MAX_WALK && frame; i++) {
-        __u8 *raw = frame_bytes(w, frame);
-        if (!raw) {
+        long off = window_at(w, frame);
+        if (off < 0 || off > WINDOW_BYTES - FRAME_BYTES) {
             frame = 0;
             break;
         }
+        __u8 *raw = w->bytes + off;
         __u64 here = frame;
         frame = *(__u64 *)(raw + (o->frame_previous & RAW_U64_MASK));
         __s32 owner = o->frame_owner;
