@@ -1,17 +1,20 @@
 """The node agent's cost, side by side with the same uprobes running empty programs.
 
 - cost per alloc+free pair seen by a Python caller (ctypes into a stand-in
-  libcuda.so.1 built from cuda.h, tests/agent/standin_cuda.c) at 3, 30 and 64
-  Python frames: no probes / empty programs on the same probes / the agent; and the same
-  for entry-only probes (--probes entry: no uretprobes, a plain uprobe on the
-  call's return site in libffi);
+  libcuda.so.1 built from cuda.h, tests/agent/standin_cuda.c, once with
+  functions starting with push %rbp, which the kernel emulates, once without
+  frame pointers, single-stepped) at 3 and 30 Python frames: no probes /
+  empty programs on the same probes (this bench's, and bpftrace's where it is
+  installed) / the agent (/ with --before OBJ, the agent loading another BPF
+  object), interleaved in each round; medians over rounds of each round's
+  ratio; with --entry-only, also the entry-only probes (--probes entry);
 - the agent's CPU per event and its drops at 100k and 300k allocations/s
-  (several paced processes);
+  (several paced processes), beside a null control;
 - time from starting the agent to its first correctly named sample.
 
-Needs root, BPF and clang/bpftool/libbpf (as tests/agent/); prints a table.
+Needs root, BPF and clang/bpftool/libbpf (as tests/agent/); prints tables.
 
-    sudo python bench/bench_agent.py [--pairs 20000] [--repeat 3]
+    sudo python bench/bench_agent.py [--pairs 5000] [--repeat 5] [--before OBJ] [--only pairs|rate]
 """
 
 from __future__ import annotations
