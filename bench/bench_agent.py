@@ -1,23 +1,29 @@
 """The node agent's cost, side by side with the same uprobes running empty programs.
 
 - cost per alloc+free pair seen by a Python caller (ctypes into a stand-in
-  libcuda.so.1 built from cuda.h, tests/agent/standin_cuda.c) at 3, 30 and 64
-  Python frames: no probes / empty programs on the same probes / the agent; and the same
-  for entry-only probes (--probes entry: no uretprobes, a plain uprobe on the
-  call's return site in libffi);
+  libcuda.so.1 built from cuda.h, tests/agent/standin_cuda.c, once with
+  functions starting with push %rbp, which the kernel emulates, once without
+  frame pointers, single-stepped) at 3 and 30 Python frames: no probes /
+  empty programs on the same probes (this bench's, and bpftrace's where it is
+  installed) / the agent (/ with --before OBJ, the agent loading another BPF
+  object), interleaved in each round; medians over rounds of each round's
+  ratio; with --entry-only, also the entry-only probes (--probes entry);
 - the agent's CPU per event and its drops at 100k and 300k allocations/s
-  (several paced processes);
+  (several paced processes), beside a null control;
 - time from starting the agent to its first correctly named sample.
 
-Needs root, BPF and clang/bpftool/libbpf (as tests/agent/); prints a table.
+Needs root, BPF and clang/bpftool/libbpf (as tests/agent/); prints tables.
 
-    sudo python bench/bench_agent.py [--pairs 20000] [--repeat 3]
+    sudo python bench/bench_agent.py [--pairs 5000] [--repeat 5] [--before OBJ] [--only pairs|rate]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
+import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -30,6 +36,7 @@ sys.path.insert(0, str(ROOT))  # the test suite's helpers, as the package tests.
 
 from tests.agent.agent_helpers import cuda_include, why_not  # noqa: E402
 
+from bench_agent_reader import null_control  # noqa: E402  (this folder: the script's own)
 from gpuflame.agent import build  # noqa: E402
 from gpuflame.agent.agent import UPROBE_PROGRAMS, Agent  # noqa: E402
 from gpuflame.agent.elf import read_elf  # noqa: E402
@@ -38,30 +45,37 @@ from gpuflame.agent.libbpf import BpfObject  # noqa: E402
 
 HERE = Path(__file__).resolve().parent / "agent"
 PYTHON = sys.executable
-DEPTHS = (3, 30, 64)
+DEPTHS = (3, 30)
 
 
-def build_standins(tmp: Path) -> tuple[str, str]:
-    lib = tmp / "libcuda.so.1"
-    subprocess.run(
-        [
-            "gcc",
-            "-shared",
-            "-fPIC",
-            "-O2",
-            "-fno-omit-frame-pointer",
-            "-fno-optimize-sibling-calls",
-            "-fno-inline",
-            "-fno-shrink-wrap",
-            f"-I{cuda_include()}",
-            "-Wl,-soname,libcuda.so.1",
-            str(ROOT / "tests" / "agent" / "standin_cuda.c"),
-            "-o",
-            str(lib),
-            "-lpthread",
-        ],
-        check=True,
-    )
+def build_standins(tmp: Path) -> tuple[dict[str, str], str]:
+    """The stand-in driver twice: its functions starting with ``push %rbp`` (the kernel emulates the probed
+    instruction) and without frame pointers (``sub $8,%rsp``: single-stepped, as on most real drivers)."""
+    libs = {}
+    for entry, frame_flag in (("push", "-fno-omit-frame-pointer"), ("step", "-fomit-frame-pointer")):
+        folder = tmp / entry
+        folder.mkdir()
+        lib = folder / "libcuda.so.1"
+        subprocess.run(
+            [
+                "gcc",
+                "-shared",
+                "-fPIC",
+                "-O2",
+                frame_flag,
+                "-fno-optimize-sibling-calls",
+                "-fno-inline",
+                "-fno-shrink-wrap",
+                f"-I{cuda_include()}",
+                "-Wl,-soname,libcuda.so.1",
+                str(ROOT / "tests" / "agent" / "standin_cuda.c"),
+                "-o",
+                str(lib),
+                "-lpthread",
+            ],
+            check=True,
+        )
+        libs[entry] = str(lib)
     empty = tmp / "empty.bpf.o"
     subprocess.run(
         [
@@ -78,7 +92,7 @@ def build_standins(tmp: Path) -> tuple[str, str]:
         ],
         check=True,
     )
-    return str(lib), str(empty)
+    return libs, str(empty)
 
 
 class Pairs:
@@ -135,30 +149,93 @@ def return_sites(lib: str) -> dict:
     return {key: path.replace(f"/proc/{target.pid}/root", "") for key, path in sites.items()}
 
 
-def pair_costs(lib: str, empty: str, n: int, repeat: int) -> tuple[dict[str, dict[int, float]], int]:
-    """ns per pair, best over *repeat* rounds, the set-ups interleaved; and events the agents lost."""
-    best: dict[str, dict[int, float]] = {k: {} for k in ("none", "empty", "agent", "empty_entry", "entry")}
-    sites = return_sites(lib)
+class Bpftrace:
+    """The same four hot probes (entry and return of cuMemAlloc_v2 and cuMemFree_v2), empty, attached by bpftrace:
+    an independent tool's idea of what bare probes cost."""
+
+    def __init__(self, lib: str) -> None:
+        probes = ",".join(f"{k}:{lib}:{f}" for k in ("uprobe", "uretprobe") for f in ("cuMemAlloc_v2", "cuMemFree_v2"))
+        script = f'{probes} {{ }} BEGIN {{ printf("ready\\n"); }}'
+        self.proc = subprocess.Popen(
+            ["bpftrace", "-e", script], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+        )
+        for line in self.proc.stdout:
+            if line.strip() == "ready":
+                break
+
+    def close(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)  # bpftrace 0.17 may hang on SIGINT
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+def pair_costs(
+    lib: str, empty: str, n: int, rounds: int, before: str | None, depths: tuple[int, ...] = DEPTHS
+) -> tuple[dict[str, dict[int, list[float]]], int]:
+    """ns per pair of each set-up, per round (the set-ups interleaved in each round); and events the agents lost.
+
+    *before*: another BPF object for the agent (GPUFLAME_AGENT_BPF), run as set-up ``before`` in the same rounds."""
+    setups = ["none", "empty", "agent"]
+    if shutil.which("bpftrace"):
+        setups.insert(2, "bpftrace")
+    if before:
+        setups.append("before")
+    runs: dict[str, dict[int, list[float]]] = {k: {d: [] for d in depths} for k in setups}
     lost = 0
+    for _ in range(rounds):
+        for setup in setups:
+            target = Pairs(lib)
+            attached: object = None
+            if setup == "empty":
+                attached = attach_empty(empty, lib)
+            elif setup == "bpftrace":
+                attached = Bpftrace(lib)
+            elif setup in ("agent", "before"):
+                if setup == "before":
+                    os.environ[build.ENV_OBJECT] = before
+                attached = Agent(pids=[target.pid], probes="return")
+                attached.start()
+                os.environ.pop(build.ENV_OBJECT, None)
+            for depth in depths:
+                runs[setup][depth].append(target.ask(f"time {depth} {n}"))
+            target.close()
+            if isinstance(attached, Agent):
+                lost += attached.stats()["lost_events"]
+                attached.stop()
+            elif attached is not None:
+                attached.close()
+    return runs, lost
+
+
+def entry_costs(lib: str, empty: str, n: int, repeat: int) -> dict[str, dict[int, float]]:
+    """Entry-only probes (--probes entry): best of *repeat* rounds, ns per pair."""
+    best: dict[str, dict[int, float]] = {"empty_entry": {}, "entry": {}}
+    sites = return_sites(lib)
     for _ in range(repeat):
         for setup in best:
             target = Pairs(lib)
-            attached: object = None
-            if setup.startswith("empty"):
-                attached = attach_empty(empty, lib, sites if setup == "empty_entry" else None)
-            elif setup in ("agent", "entry"):
-                attached = Agent(pids=[target.pid], probes="return" if setup == "agent" else "entry")
+            attached: object
+            if setup == "empty_entry":
+                attached = attach_empty(empty, lib, sites)
+            else:
+                attached = Agent(pids=[target.pid], probes="entry")
                 attached.start()
             for depth in DEPTHS:
                 ns = target.ask(f"time {depth} {n}")
                 best[setup][depth] = min(best[setup].get(depth, ns), ns)
             target.close()
-            if setup in ("agent", "entry"):
-                lost += attached.stats()["lost_events"]
+            if isinstance(attached, Agent):
                 attached.stop()
-            elif attached is not None:
+            else:
                 attached.close()
-    return best, lost
+    return best
 
 
 def thread_cpu(tid: int) -> float:
@@ -217,11 +294,36 @@ def first_named_sample(lib: str) -> float:
     return took
 
 
+def print_pairs(entry: str, runs: dict[str, dict[int, list[float]]]) -> None:
+    depths = sorted(runs["none"])
+    print(f"\nprobed functions start with {entry}: ns of the caller's CPU per pair, median over rounds")
+    print("  (ratios: median of each round's agent / empty, the set-ups interleaved in each round)")
+    print(
+        f"{'frames':>7} "
+        + " ".join(f"{k:>9}" for k in runs)
+        + "  agent/empty"
+        + "  agent/bpftrace" * ("bpftrace" in runs)
+    )
+    for d in depths:
+        line = f"{d:>7} " + " ".join(f"{median(runs[k][d]):>9.0f}" for k in runs)
+        for base in ("empty", "bpftrace"):
+            if base in runs:
+                ratios = sorted(a / e for a, e in zip(runs["agent"][d], runs[base][d], strict=True))
+                line += f"  {median(ratios):.2f}x ({ratios[0]:.2f}-{ratios[-1]:.2f})"
+        if "before" in runs:
+            ratios = sorted(a / e for a, e in zip(runs["before"][d], runs["empty"][d], strict=True))
+            line += f"  before/empty {median(ratios):.2f}x"
+        print(line)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pairs", type=int, default=5000)
-    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--repeat", type=int, default=5, help="rounds (medians are taken over them)")
     parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--before", help="another agent BPF object, run as set-up 'before' in the same rounds")
+    parser.add_argument("--only", choices=("pairs", "rate"), help="only the per-pair cost, or only the rate")
+    parser.add_argument("--entry-only", action="store_true", help="also the entry-only probes (--probes entry)")
     args = parser.parse_args()
     reason = why_not()
     if reason:
@@ -229,28 +331,33 @@ def main() -> int:
         return 0
     build.ensure()
     with tempfile.TemporaryDirectory() as tmp:
-        lib, empty = build_standins(Path(tmp))
-        costs, lost = pair_costs(lib, empty, args.pairs, args.repeat)
-        print("cost per alloc+free pair, Python caller (ns of the caller's CPU, probes included; best of rounds)")
-        print(f"{'frames':>7} {'no probes':>10} {'empty progs':>12} {'agent':>8} {'agent/empty':>12}")
-        for d in DEPTHS:
-            none, emp, ag = costs["none"][d], costs["empty"][d], costs["agent"][d]
-            print(f"{d:>7} {none:>10.0f} {emp:>12.0f} {ag:>8.0f} {ag / emp:>11.2f}x")
-        print("\nthe same, entry-only probes (--probes entry): entry probes + a plain uprobe on the return site")
-        print(f"{'frames':>7} {'empty progs':>12} {'agent':>8} {'agent/empty':>12} {'vs return agent':>16}")
-        for d in DEPTHS:
-            emp, ag = costs["empty_entry"][d], costs["entry"][d]
-            print(f"{d:>7} {emp:>12.0f} {ag:>8.0f} {ag / emp:>11.2f}x {ag / costs['agent'][d]:>15.2f}x")
-        print(f"events the agents lost meanwhile: {lost}")
-        print("\nrate (allocations/s), several paced processes at 10 frames")
-        for rate, procs in ((100_000, 2), (300_000, 4)):
-            r = rate_run(lib, rate, args.seconds, procs)
-            print(
-                f"asked {rate:>7}: made {r['rate']:>9.0f}/s, booked {r['booked']}/{r['made']}, lost {r['lost']}, "
-                f"agent CPU {r['cpu_per_event_us']:.2f} us/event ({100 * r['cpu_share']:.0f}% of a core)"
-            )
-        took = first_named_sample(lib)
-        print(f"\nfirst correctly named sample: {took:.3f} s after starting the agent")
+        libs, empty = build_standins(Path(tmp))
+        if args.only != "rate":
+            lost = 0
+            for entry, what in (("push", "push %rbp (emulated)"), ("step", "sub $8,%rsp (single-stepped)")):
+                runs, n_lost = pair_costs(libs[entry], empty, args.pairs, args.repeat, args.before)
+                lost += n_lost
+                print_pairs(what, runs)
+            print(f"events the agents lost meanwhile: {lost}")
+        if args.entry_only:
+            costs = entry_costs(libs["push"], empty, args.pairs, args.repeat)
+            print("\nentry-only probes (--probes entry): entry probes + a plain uprobe on the return site (best)")
+            print(f"{'frames':>7} {'empty progs':>12} {'agent':>8} {'agent/empty':>12}")
+            for d in DEPTHS:
+                emp, ag = costs["empty_entry"][d], costs["entry"][d]
+                print(f"{d:>7} {emp:>12.0f} {ag:>8.0f} {ag / emp:>11.2f}x")
+        if args.only != "pairs":
+            print("\nrate (allocations/s), several paced processes at 10 frames")
+            for rate, procs in ((100_000, 2), (300_000, 4)):
+                control = null_control()
+                r = rate_run(libs["push"], rate, args.seconds, procs)
+                print(
+                    f"asked {rate:>7}: made {r['rate']:>9.0f}/s, booked {r['booked']}/{r['made']}, lost {r['lost']}, "
+                    f"agent CPU {r['cpu_per_event_us']:.2f} us/event ({100 * r['cpu_share']:.0f}% of a core); "
+                    f"null control {control:.0f} ns/step"
+                )
+            took = first_named_sample(libs["push"])
+            print(f"\nfirst correctly named sample: {took:.3f} s after starting the agent")
     return 0
 
 

@@ -21,6 +21,7 @@ STEPS = [
     ["bench/bench_pyroscope.py"],
     ["bench/bench_viewer.py"],
     ["bench/bench_agent.py"],  # root and BPF only; says why it skips otherwise
+    ["bench/bench_agent_reader.py"],
     ["bench/bench_pytest_plugin.py"],
 ]
 

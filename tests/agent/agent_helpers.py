@@ -264,3 +264,54 @@ int main(void) {
     return 0;
 }
 """
+
+
+class NoEpoll:
+    """Stands for the events ring's epoll on a fake ring (a memory file cannot be polled; never waited on)."""
+
+    def register(self, fd: int, events: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def fake_ring(records: list[bytes], size: int = 0, start: int = 0) -> tuple[int, int]:
+    """A memory file laid out as the kernel lays the events ring out (consumer page, producer page, the data
+    twice in a row as the kernel maps it) holding *records* from position *start* on, each an
+    ``(header word, data)`` pair or plain data (its length as the header word): its fd and data size."""
+    import mmap
+    import struct
+
+    page = mmap.PAGESIZE
+    framed = [r if isinstance(r, tuple) else (len(r), r) for r in records]
+    used = sum(8 + ((len(data) + 7) & ~7) for _, data in framed)
+    size = size or 1 << max(used - 1, page).bit_length()
+    data = bytearray(size)
+    at = start
+    for word, rec in framed:
+        chunk = struct.pack("<I4x", word) + rec + bytes(-len(rec) % 8)
+        first = min(len(chunk), size - at % size)  # a record wrapping the end goes on at the start
+        data[at % size : at % size + first] = chunk[:first]
+        data[: len(chunk) - first] = chunk[first:]
+        at += len(chunk)
+    fd = os.memfd_create("ring")
+    os.ftruncate(fd, 2 * page + 2 * size)
+    with mmap.mmap(fd, 2 * page + 2 * size) as m:
+        struct.pack_into("<Q", m, 0, start)  # the consumer position
+        struct.pack_into("<Q", m, page, at)  # the producer position
+        m[2 * page : 2 * page + size] = data
+        m[2 * page + size :] = data  # the kernel maps the data pages twice
+    return fd, size
+
+
+def ring_for(fd: int, size: int, reader: Callable, limit: int = 8192) -> object:
+    """The agent's RingBuffer over a fake ring (:func:`fake_ring`)."""
+    from gpuflame.agent import libbpf
+
+    epoll = libbpf.select.epoll
+    libbpf.select.epoll = NoEpoll  # type: ignore[misc,assignment]
+    try:
+        return libbpf.RingBuffer(fd, size, reader, limit)
+    finally:
+        libbpf.select.epoll = epoll  # type: ignore[misc]

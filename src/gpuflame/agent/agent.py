@@ -131,7 +131,6 @@ class Agent(Probing, Registry, Booking):
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._incoming = []
         self._obj = None
         self._ring = None
         self._multi = True
@@ -214,16 +213,9 @@ class Agent(Probing, Registry, Booking):
     def poll(self, timeout_ms: int = POLL_MS) -> None:
         """Read what the ring holds and book it."""
         assert self._ring is not None
-        self._ring.drain(timeout_ms)
-        batch, self._incoming[:] = list(self._incoming), []
+        self._ring.wait(timeout_ms)  # not holding the lock: a snapshot may be taken meanwhile
         with self._lock:
-            for data in batch:
-                try:
-                    self._handle(data)
-                except Exception as exc:  # noqa: BLE001 - one bad record must not stop the agent
-                    self.counts["handler_errors"] += 1
-                    if self.counts["handler_errors"] == 1:
-                        sys.stderr.write(f"gpuflame agent: could not book an event ({type(exc).__name__}: {exc})\n")
+            self._ring.drain(0)
             if self._waiting:
                 self._retry_waiting()
 

@@ -64,6 +64,9 @@ VMM = {
 INIT = "cuInit"
 
 HEADER = struct.Struct("<BBHHHIIQQQiI16s")
+# a record where it lies in the ring, its 8-byte ring header first: length word (busy and discard bits),
+# type, kind, flags, tgid, addr, size, device (what booking a free or an allocation of a named stack needs)
+RING_RECORD = struct.Struct("<I4xBB4xHI4xQQ8xi")
 OFFSET_FIELDS = (
     "runtime_interp_head",
     "interp_threads_head",

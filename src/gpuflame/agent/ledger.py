@@ -20,7 +20,7 @@ INUSE, INUSE_N, ALLOC, ALLOC_N, CHANGED, PEAK, PEAK_N = range(7)
 # CHANGED: event time of the last change; PEAK, PEAK_N: in use at the group's peak, once changed after it
 
 
-@dataclass
+@dataclass(slots=True)
 class GroupState:
     total: int = 0
     peak_total: int = 0
@@ -28,17 +28,20 @@ class GroupState:
     lines: dict[int, list[int]] = field(default_factory=dict)
 
 
+Block = tuple[GroupState, int, int]  # a live block: its group's state, stack id, size (its group outlives it)
+
+
 class Ledger:
     """Blocks live now, by process; totals by (process, device) and stack id."""
 
     def __init__(self) -> None:
         self.groups: dict[Group, GroupState] = {}
-        self.blocks: dict[int, dict[BlockKey, tuple[Group, int, int]]] = {}
+        self.blocks: dict[int, dict[BlockKey, Block]] = {}
         self.clock = 0
         self.unmatched_frees = 0
         # (pid, key) -> block: taken over by a new allocation while its own free, already done in the
         # driver, was still returning (its event comes next and takes this one away)
-        self.parked: dict[tuple[int, BlockKey], tuple[Group, int, int]] = {}
+        self.parked: dict[tuple[int, BlockKey], Block] = {}
         # VMM: a cuMemCreate block lives while its handles (cuMemCreate's, each cuMemRetainAllocationHandle's)
         # and its mappings hold it
         self.refs: dict[tuple[int, int], int] = {}  # (pid, handle) -> references
@@ -79,8 +82,25 @@ class Ledger:
                 self.parked[(pid, key)] = blocks.pop(key)
             else:
                 self._release(pid, key)
-        self._change(g, stack, size, 1, True)
-        blocks[key] = (group, stack, size)
+        # self._change(g, stack, size, 1, True), inlined: this and free() run for nearly every event
+        self.clock = clock = self.clock + 1
+        line = g.lines.get(stack)
+        if line is None:
+            line = g.lines[stack] = [size, 1, size, 1, clock, 0, 0]
+        else:
+            if line[CHANGED] <= g.peak_time:
+                line[PEAK] = line[INUSE]
+                line[PEAK_N] = line[INUSE_N]
+            line[INUSE] += size
+            line[INUSE_N] += 1
+            line[ALLOC] += size
+            line[ALLOC_N] += 1
+            line[CHANGED] = clock
+        g.total += size
+        if g.total > g.peak_total:
+            g.peak_total = g.total
+            g.peak_time = clock
+        blocks[key] = (g, stack, size)
         if key[0]:
             self.refs[(pid, key[1])] = 1
 
@@ -89,14 +109,26 @@ class Ledger:
         if self.parked:
             parked = self.parked.pop((pid, key), None)
             if parked is not None:
-                group, stack, size = parked
-                self._change(self.groups[group], stack, -size, -1, False)
+                g, stack, size = parked
+                self._change(g, stack, -size, -1, False)
                 return True
-        if key not in self.blocks.get(pid, ()):
+        blocks = self.blocks.get(pid)
+        block = blocks.pop(key, None) if blocks is not None else None
+        if block is None:
             self.clock += 1
             self.unmatched_frees += 1
             return False
-        self._release(pid, key)
+        g, stack, size = block
+        # self._change(g, stack, -size, -1, False), inlined (a free never makes a new peak)
+        self.clock = clock = self.clock + 1
+        line = g.lines[stack]
+        if line[CHANGED] <= g.peak_time:
+            line[PEAK] = line[INUSE]
+            line[PEAK_N] = line[INUSE_N]
+        line[INUSE] -= size
+        line[INUSE_N] -= 1
+        line[CHANGED] = clock
+        g.total -= size
         return True
 
     def release(self, pid: int, handle: int) -> bool:
@@ -129,8 +161,8 @@ class Ledger:
                 return
 
     def _release(self, pid: int, key: BlockKey) -> None:
-        group, stack, size = self.blocks[pid].pop(key)
-        self._change(self.groups[group], stack, -size, -1, False)
+        g, stack, size = self.blocks[pid].pop(key)
+        self._change(g, stack, -size, -1, False)
 
     def exit(self, pid: int) -> list[BlockKey]:
         """A process ended: its blocks are freed. Returns their keys."""
@@ -141,8 +173,8 @@ class Ledger:
         for ref in [ref for ref in self.refs if ref[0] == pid]:
             del self.refs[ref]
         for pk in [pk for pk in self.parked if pk[0] == pid]:
-            group, stack, size = self.parked.pop(pk)
-            self._change(self.groups[group], stack, -size, -1, False)
+            g, stack, size = self.parked.pop(pk)
+            self._change(g, stack, -size, -1, False)
         self.blocks.pop(pid, None)
         return keys
 

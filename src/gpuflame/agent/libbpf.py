@@ -271,16 +271,19 @@ class RingBuffer:
     (ours to write), then the producer position and the data pages, mapped
     twice in a row so that a record wrapping the end reads in one piece. A
     record is an 8-byte header (length, busy and discard bits) and its data,
-    8-byte aligned. :meth:`drain` hands at most *limit* records to *handle*;
-    :attr:`more` says records are left.
+    8-byte aligned. :meth:`drain` hands the reader the mapping and the
+    positions; the reader walks the records itself (stopping at one still
+    being written, skipping discarded ones), reading each where it lies,
+    and says where it stopped: a Python call per record would cost more
+    than booking it. :attr:`more` says records are left.
     """
 
     BUSY = 1 << 31
     DISCARD = 1 << 30
 
-    def __init__(self, fd: int, size: int, handle: Callable[[bytes], None], limit: int = 8192) -> None:
+    def __init__(self, fd: int, size: int, reader: Reader, limit: int = 8192) -> None:
         page = mmap.PAGESIZE
-        self._handle = handle
+        self._reader = reader
         self._limit = limit
         self._page = page
         self._mask = size - 1
@@ -293,28 +296,21 @@ class RingBuffer:
         self._epoll: select.epoll | None = select.epoll()
         self._epoll.register(fd, select.EPOLLIN)
 
-    def drain(self, timeout_ms: int) -> int:
-        """Wait up to *timeout_ms* for records (returns at once if some wait), then hand them over."""
+    def wait(self, timeout_ms: int) -> None:
+        """Wait up to *timeout_ms* for records (returns at once if some wait)."""
         if timeout_ms and not self.more:
-            assert self._epoll is not None, "drained after close"
+            assert self._epoll is not None, "waited on after close"
             self._epoll.poll(timeout_ms / 1000)
-        data, page, mask, handle = self._data, self._page, self._mask, self._handle
-        unpack, busy, discard = _U32.unpack_from, self.BUSY, self.DISCARD
-        consumer = _U64.unpack_from(self._consumer, 0)[0]
-        producer = _U64.unpack_from(data, 0)[0]
-        n = 0
-        while consumer < producer and n < self._limit:
-            at = page + (consumer & mask)
-            (length,) = unpack(data, at)
-            if length & busy:
-                break  # being written
-            if not length & discard:
-                handle(data[at + 8 : at + 8 + length])
-            consumer += ((length & ~(busy | discard)) + 15) & ~7
-            n += 1
-            if consumer >= producer:
-                producer = _U64.unpack_from(data, 0)[0]
-        _U64.pack_into(self._consumer, 0, consumer)  # the space is the producer's again
+
+    def drain(self, timeout_ms: int = 0) -> int:
+        """:meth:`wait`, then have the reader read at most *limit* records; how many it read."""
+        self.wait(timeout_ms)
+        consumer = POSITION.unpack_from(self._consumer, 0)[0]
+        if consumer >= POSITION.unpack_from(self._data, 0)[0]:
+            self.more = False
+            return 0
+        consumer, n = self._reader(self._data, self._page, self._mask, consumer, self._limit)
+        POSITION.pack_into(self._consumer, 0, consumer)  # the space is the producer's again
         self.more = n >= self._limit
         return n
 
@@ -326,5 +322,10 @@ class RingBuffer:
             self._epoll = None
 
 
-_U32 = struct.Struct("<I")
-_U64 = struct.Struct("<Q")
+POSITION = struct.Struct("<Q")  # the consumer and producer positions
+
+
+# (ring mapping, offset of its data, position mask, consumer position, most records) -> (consumer position
+# after the records read, how many): a reader of RingBuffer.drain; the producer position is the mapping's first
+# word, a record's at page + (position & mask)
+Reader = Callable[[mmap.mmap, int, int, int, int], tuple[int, int]]

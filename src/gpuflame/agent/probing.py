@@ -191,7 +191,7 @@ class Probing(AgentState):
         settings.update(SET_ENTRY_ONLY.to_bytes(4, "little"), (self.probes == "entry").to_bytes(4, "little"))
         if self._ring is not None:
             self._ring.close()
-        self._ring = RingBuffer(self._obj.map_fd("events"), RING_BYTES, self._incoming.append)
+        self._ring = RingBuffer(self._obj.map_fd("events"), RING_BYTES, self._read_ring)
         for program in ("process_exit", "process_fork", "process_exec"):
             self._obj.attach(program)
         self.watch_loads = False

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    import mmap
     import threading
     from collections.abc import Callable
 
@@ -48,7 +49,6 @@ class AgentState:
     _procs: Map  # pid -> where its interpreter is, for the BPF side
     _live: Map  # the kernel side's live blocks
     _stats: Map  # the BPF side's counters, per CPU
-    _incoming: list[bytes]  # ring records not booked yet
     _scanned: dict[int, dict[tuple[str, int], str]]  # pid -> the libcuda files it mapped at start
     attached: dict[tuple[int, int], str]  # (device, inode) -> a path of each driver file probed
     _unprobeable: set[tuple[int, int]]
@@ -92,3 +92,5 @@ class AgentState:
         def _watch_code_frees(self, proc: Process) -> None: ...
 
         def _driver_loaded(self, pid: int, mapped_ns: int) -> None: ...
+
+        def _read_ring(self, data: mmap.mmap, page: int, mask: int, consumer: int, limit: int) -> tuple[int, int]: ...

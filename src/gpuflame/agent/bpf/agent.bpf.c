@@ -73,6 +73,19 @@ struct {
     __type(value, struct event);
 } scratch SEC(".maps");
 
+/* the frames the walk has read (WINDOW_BYTES, and room for a field read past a frame near the end) */
+struct window {
+    __u64 lo, hi; /* the addresses it holds */
+    __u8 bytes[WINDOW_BYTES + 128];
+};
+
+struct {
+    __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+    __uint(max_entries, 1);
+    __type(key, __u32);
+    __type(value, struct window);
+} windows SEC(".maps");
+
 /* (tgid, code object) already sent as a code record */
 struct {
     __uint(type, BPF_MAP_TYPE_LRU_HASH);
@@ -235,7 +248,16 @@ static __always_inline __u64 find_tstate(struct proc *p, struct thread_state *t)
     struct task_struct *task = (struct task_struct *)bpf_get_current_task();
     int native = p->off.tstate_native_thread_id >= 0;
     struct thread_search s = {};
-    s.want = native ? namespaced_tid(task) : BPF_CORE_READ(task, thread.fsbase);
+    if (native) {
+        __u32 tid = (__u32)bpf_get_current_pid_tgid();
+        if (t->tid != tid || !t->ns_tid) { /* read once per thread: it keeps its id until an exec */
+            t->ns_tid = namespaced_tid(task);
+            t->tid = tid;
+        }
+        s.want = t->ns_tid;
+    } else {
+        s.want = BPF_CORE_READ(task, thread.fsbase);
+    }
     s.id_off = native ? p->off.tstate_native_thread_id : p->off.tstate_thread_id;
     s.next_off = p->off.tstate_next;
     if (t->tstate && read_ptr(t->tstate + s.id_off) == s.want)
@@ -250,11 +272,33 @@ static __always_inline __u64 find_tstate(struct proc *p, struct thread_state *t)
     return s.found;
 }
 
-/* Walks the frames into *e*; returns their hash. One read per frame: the fields the walk
- * needs all sit in its first FRAME_BYTES bytes. A bounded loop, not bpf_loop (5.17): the
- * count of frames kept is re-read from the event at each step (volatile), so the verifier
- * sees any count below MAX_FRAMES there, not one state per count. A global function: the
- * verifier checks it once per program, not once per way a program comes to call it. */
+/* Where the frame at *frame* starts in the window (read anew if it is not there), or -1 where it cannot be
+ * read. A global function: the verifier checks its branches once per program, not once per step of the walk. */
+__noinline long window_at(struct window *w, __u64 frame)
+{
+    if (!w)
+        return -1;
+    if (frame < w->lo || frame + FRAME_BYTES > w->hi) {
+        __u64 end = frame + FRAME_BYTES;
+        if (end > WINDOW_BYTES && !bpf_probe_read_user(w->bytes, WINDOW_BYTES, (void *)(end - WINDOW_BYTES))) {
+            w->lo = end - WINDOW_BYTES;
+        } else if (!bpf_probe_read_user(w->bytes, FRAME_BYTES, (void *)frame)) {
+            w->lo = frame; /* a window there crosses memory that cannot be read: this frame alone */
+        } else {
+            w->lo = w->hi = 0;
+            return -1;
+        }
+        w->hi = end;
+    }
+    __u64 off = frame - w->lo;
+    return off > WINDOW_BYTES - FRAME_BYTES ? -1 : (long)off;
+}
+
+/* Walks the frames into *e*; returns their hash. The frames are read a window at a time (window_at):
+ * the fields the walk needs all sit in a frame's first FRAME_BYTES bytes. A bounded loop, not bpf_loop
+ * (5.17): the count of frames kept is re-read from the event at each step (volatile), so the verifier
+ * sees any count below MAX_FRAMES there, not one state per count. A global function: the verifier
+ * checks it once per program, not once per way a program comes to call it. */
 __noinline __u64 walk_python(struct proc *p, struct thread_state *t, struct event *e)
 {
     if (!p || !t || !e)
@@ -264,10 +308,15 @@ __noinline __u64 walk_python(struct proc *p, struct thread_state *t, struct even
         e->flags |= F_NO_THREAD;
         return 0;
     }
+    __u32 zero = 0;
+    struct window *w = bpf_map_lookup_elem(&windows, &zero);
+    if (!w)
+        return 0;
     volatile struct py_offsets *o = &p->off; /* read at each step: a value kept across steps, once tested,
                                                * would split the verifier's states for every step after */
     __u64 hash = 0xcbf29ce484222325ull;
     __u64 frame;
+    w->lo = w->hi = 0; /* another walk's window: not this thread's memory */
     if (o->tstate_cframe >= 0)
         frame = read_ptr(read_ptr(ts + o->tstate_cframe) + o->cframe_current_frame);
     else
@@ -275,14 +324,16 @@ __noinline __u64 walk_python(struct proc *p, struct thread_state *t, struct even
     volatile __u16 *kept = &e->nframes;
     *kept = 0;
     for (int i = 0; i < MAX_WALK && frame; i++) {
-        if (bpf_probe_read_user(e->raw, FRAME_BYTES, (void *)frame)) {
+        long off = window_at(w, frame);
+        if (off < 0 || off > WINDOW_BYTES - FRAME_BYTES) {
             frame = 0;
             break;
         }
+        __u8 *raw = w->bytes + off;
         __u64 here = frame;
-        frame = *(__u64 *)(e->raw + (o->frame_previous & RAW_U64_MASK));
+        frame = *(__u64 *)(raw + (o->frame_previous & RAW_U64_MASK));
         __s32 owner = o->frame_owner;
-        if (owner >= 0 && o->owner_cstack >= 0 && e->raw[owner & RAW_U8_MASK] >= o->owner_cstack)
+        if (owner >= 0 && o->owner_cstack >= 0 && raw[owner & RAW_U8_MASK] >= o->owner_cstack)
             continue; /* a shim frame of the C stack or the interpreter (3.12+): no code object */
         __u32 n = *kept;
         if (n >= MAX_FRAMES) {
@@ -290,13 +341,13 @@ __noinline __u64 walk_python(struct proc *p, struct thread_state *t, struct even
             break;
         }
         /* 3.14's f_executable is a tagged reference (_PyStackRef): objects are 8-aligned, the low bits are tags */
-        __u64 code = *(__u64 *)(e->raw + (o->frame_code & RAW_U64_MASK)) & ~7ull;
+        __u64 code = *(__u64 *)(raw + (o->frame_code & RAW_U64_MASK)) & ~7ull;
         __u64 instr;
         __s32 instr_off = o->frame_instr;
         if (o->frame_instr_size == 4)
-            instr = *(__u32 *)(e->raw + (instr_off & RAW_U32_MASK));
+            instr = *(__u32 *)(raw + (instr_off & RAW_U32_MASK));
         else
-            instr = *(__u64 *)(e->raw + (instr_off & RAW_U64_MASK));
+            instr = *(__u64 *)(raw + (instr_off & RAW_U64_MASK));
         e->frames[n].code = code;
         e->frames[n].instr = instr;
         hash = (hash ^ code ^ (instr << 17)) * 0x100000001b3ull;
@@ -455,9 +506,12 @@ static __always_inline int record_alloc(struct pt_regs *ctx, struct thread_state
         e->seq = t->seq;
     } else if (call->kind != K_CREATE) { /* a handle's references are counted in user space */
         struct block_key key = {.tgid = tgid, .handle = 0, .addr = addr};
-        if (bpf_map_lookup_elem(&live, &key))
+        long err = bpf_map_update_elem(&live, &key, &size, BPF_NOEXIST); /* one map operation, mostly */
+        if (err == -17 /* EEXIST */) {
             e->flags |= F_REPLACED; /* no free of it was seen: not one still returning */
-        if (bpf_map_update_elem(&live, &key, &size, BPF_ANY)) {
+            err = bpf_map_update_elem(&live, &key, &size, BPF_ANY);
+        }
+        if (err) {
             e->flags |= F_UNTRACKED;
             count(STAT_LIVE_FULL);
             set_setting(SET_LIVE_OVERFLOWED);

@@ -14,7 +14,12 @@
 #define MAX_WALK 160   /* frames visited (C-stack shim frames are skipped) */
 #define MAX_NATIVE 64
 #define STACK_WORDS (MAX_FRAMES * 2 + MAX_NATIVE)
-#define FRAME_BYTES 104 /* read at once per frame: every field the walk needs is below */
+#define FRAME_BYTES 104 /* of each frame: every field the walk needs is below */
+/* The walk reads the frames WINDOW_BYTES at a time, the window ending where the frame it needs ends: a
+ * thread's interpreter frames (3.11+) lie one below the other in its data stack, so one read holds
+ * many (a read per frame was most of the walk's cost); a frame outside the window is read anew, and
+ * alone where a window there cannot be read. */
+#define WINDOW_BYTES 4096
 #define RAW_U64_MASK 0x78
 #define RAW_U32_MASK 0x7c
 #define RAW_U8_MASK 0x7f
@@ -183,7 +188,9 @@ struct thread_state {
     __u32 in_call;
     __u32 pending; /* entry-only: an allocation whose result is not read yet */
     __u32 seq;     /* entry-only: numbers this thread's allocations (EV_ALLOC and EV_RESULT carry it) */
-    __u32 pad;
+    __u32 tid;    /* the global thread id the namespaced one below was read for (exec changes both) */
+    __u32 ns_tid; /* its thread id in its own pid namespace (3.11+'s native_thread_id) */
+    __u32 pad2;
 };
 
 struct site_key {
@@ -221,7 +228,6 @@ struct event_header {
 struct event {
     EVENT_HEADER_FIELDS
     struct py_frame frames[MAX_FRAMES + MAX_NATIVE / 2];
-    __u8 raw[128]; /* scratch for one interpreter frame; never sent */
 };
 
 #endif

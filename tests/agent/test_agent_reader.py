@@ -1,0 +1,107 @@
+"""The agent's reader without BPF: the events ring walked where it lies and its records booked.
+
+The ring is a memory file laid out as the kernel lays it out (agent_helpers.fake_ring). The reader books
+frees and allocations of stacks already named in its own loop and hands every other record to
+``Booking._handle``: both ways must book the same.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import struct
+
+from gpuflame.agent import events
+from gpuflame.agent.agent import Agent
+from gpuflame.agent.libbpf import RingBuffer
+from gpuflame.model.profile import Frame
+from tests.agent.agent_helpers import fake_ring, ring_for
+
+PID = 4242
+STACKS = [b"".join(struct.pack("<QQ", 0x7F00001000 + 64 * (s + f), f) for f in range(3)) for s in range(4)]
+
+
+def record(
+    type_: int, kind: int, addr: int, size: int = 0, stack: bytes = b"", flags: int = 0, device: int = -1
+) -> bytes:
+    n = len(stack) // 16
+    return events.HEADER.pack(type_, kind, n, 0, flags, PID, PID, addr, size, 0, device, 0, b"") + stack
+
+
+def agent_with_stacks() -> Agent:
+    """An Agent (not started) that has named every stack of STACKS already."""
+    agent = Agent(pids=[PID], nvml_library=None)
+    for i, raw in enumerate(STACKS):
+        agent._raw_ids[(PID, raw)] = agent._intern((Frame(f"f{i}", "x.py", i + 1),))
+    return agent
+
+
+def mixed_records(seed: int) -> list[bytes]:
+    """Allocations (some flagged, some VMM handles, host memory) and frees (some of unknown blocks, handle
+    releases), addresses handed out again, as the BPF side sends them."""
+    rng = random.Random(seed)
+    out, live, handles = [], [], []
+    for i in range(600):
+        roll = rng.random()
+        if live and roll < 0.4:
+            out.append(record(events.EV_FREE, events.K_FREE, live.pop(rng.randrange(len(live)))))
+        elif handles and roll < 0.45:
+            out.append(record(events.EV_FREE, events.K_RELEASE, handles.pop()))
+        elif roll < 0.5:
+            out.append(record(events.EV_FREE, events.K_FREE, 0xDEAD0000 + i))  # from before the agent
+        elif roll < 0.55:
+            handles.append(0x1000 + i)
+            out.append(record(events.EV_ALLOC, events.K_CREATE, handles[-1], 2 << 20, rng.choice(STACKS), device=0))
+        else:
+            addr = 0x7F0000000000 + 512 * rng.randrange(40)  # reused addresses: some frees were missed
+            flags = rng.choice([0, 0, 0, events.F_REPLACED, events.F_TRUNCATED, events.F_UNTRACKED])
+            device = rng.choice([-1, -1, -2])
+            live.append(addr)
+            out.append(
+                record(events.EV_ALLOC, events.K_ALLOC, addr, rng.randrange(1, 9999), rng.choice(STACKS), flags, device)
+            )
+    return out
+
+
+def booked(agent: Agent) -> tuple[list, dict, int]:
+    return sorted(agent.ledger.rows()), dict(agent.counts), agent.ledger.unmatched_frees
+
+
+def read_all(agent: Agent, recs: list, limit: int = 8192, **ring: int) -> RingBuffer:
+    fd, size = fake_ring(recs, **ring)
+    agent._ring = ring_for(fd, size, agent._read_ring, limit)
+    os.close(fd)  # the mappings hold the file
+    agent.poll(0)
+    while agent._ring.more:
+        agent.poll(0)
+    return agent._ring
+
+
+def test_the_ring_reader_books_as_each_record_booked_alone():
+    for seed in range(5):
+        recs = mixed_records(seed)
+        one_by_one = agent_with_stacks()
+        for rec in recs:
+            one_by_one._handle(rec)
+        through_ring = agent_with_stacks()
+        read_all(through_ring, recs, limit=97)  # several reads
+        assert booked(through_ring) == booked(one_by_one)
+        assert through_ring.counts["handler_errors"] == 0
+
+
+def test_a_record_wrapping_the_ring_end_is_read_whole():
+    recs = [record(events.EV_ALLOC, events.K_ALLOC, 0x7F0000000000 + 512 * i, 100, STACKS[i % 4]) for i in range(20)]
+    agent = agent_with_stacks()
+    read_all(agent, recs, size=4096, start=4096 - 40)  # the first record's data wraps the end
+    assert sum(v[4] for _, _, v in agent.ledger.rows()) == 20 * 100
+
+
+def test_discarded_records_are_skipped_and_a_record_being_written_is_left():
+    alloc = record(events.EV_ALLOC, events.K_ALLOC, 0x7F0000000000, 100, STACKS[0])
+    later = record(events.EV_ALLOC, events.K_ALLOC, 0x7F0000001000, 7, STACKS[1])
+    recs = [alloc, (RingBuffer.DISCARD | len(alloc), alloc), (RingBuffer.BUSY | len(later), later), later]
+    agent = agent_with_stacks()
+    ring = read_all(agent, recs)
+    assert sum(v[4] for _, _, v in agent.ledger.rows()) == 100  # the discarded copy not booked
+    assert not ring.more  # stopped at the busy record: read again at the next drain
+    assert struct.unpack_from("<Q", ring._consumer, 0)[0] == 2 * (8 + len(alloc))  # after the two records read
