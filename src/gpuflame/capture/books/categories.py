@@ -41,6 +41,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from gpuflame.capture.books.site_row import ALLOC, COUNT, INUSE, JOINT, PEAK
+from gpuflame.gcpause import gc_paused
 from gpuflame.model.categories import (  # noqa: F401 - the vocabulary, re-exported for the recorders
     CATEGORIES,
     GRADIENT,
@@ -87,16 +88,10 @@ def graph_roles(key: StorageKey) -> dict[int, str]:
     module_type = torch.nn.Module
     optimizer_type = torch.optim.Optimizer
     cache_types = _cache_types()
-    # one pass in C: the distinct types, then the objects of the wanted ones (a Python
-    # loop over every object costs ten times more in a process of a million objects);
-    # by type(), as isinstance() reads __class__, which some lazy module objects warn on
-    objects = gc.get_objects()
-    kinds = (module_type, optimizer_type, cache_types)
-    wanted = {t: i for t in set(map(type, objects)) if (i := _kind(t, kinds)) >= 0}
+    wanted, chosen = _objects_of((module_type, optimizer_type, cache_types))
     found: list[list[Any]] = [[], [], []]
-    for obj in itertools.compress(objects, map(wanted.__contains__, map(type, objects))):
+    for obj in chosen:
         found[wanted[type(obj)]].append(obj)
-    del objects
     modules, optimizers, caches = found
     roles: dict[int, str] = {}
     # lowest precedence first: a later role overwrites an earlier one
@@ -109,6 +104,40 @@ def graph_roles(key: StorageKey) -> dict[int, str]:
     buffers = (b for m in modules for b in _values(m, "_buffers"))
     _assign(roles, key, PARAMETER, [*params, *buffers])
     return roles
+
+
+def _objects_of(kinds: tuple[type | tuple[type, ...], ...]) -> tuple[dict[type, int], list[Any]]:
+    """The objects of the wanted *kinds*, by kind index of their type: two passes in C over the collector's objects.
+
+    ``gc.get_objects()``'s list must never reach Python code: another
+    thread may be inside ``tuple(generator)``, whose tuple the collector
+    already tracks, and if that thread runs while the list holds the tuple,
+    CPython's resize of it fails with SystemError in the profiled program
+    (CPython issue 39117; a loaded run of the demo under Pyroscope push hit
+    it). So the list is taken inside a chain of C iterators that one C call
+    consumes and frees before any Python code (a finalizer of a collection
+    included: the collector is paused) lets another thread run. By
+    ``type()``, as isinstance() reads ``__class__``, which some lazy module
+    objects warn on.
+    """
+    with gc_paused():
+        present = set(map(type, _tracked()))
+    wanted = {t: i for t in present if (i := _kind(t, kinds)) >= 0}
+    if not wanted:
+        return wanted, []
+    objects, types = itertools.tee(itertools.chain(_tracked(), _PADDING))
+    with gc_paused():
+        chosen = list(itertools.compress(objects, map(wanted.__contains__, map(type, types))))
+    return wanted, chosen
+
+
+def _tracked() -> Iterator[Any]:
+    """The collector's objects, its list taken only when the iterator is first read and freed at its end."""
+    return itertools.chain.from_iterable(map(gc.get_objects, (None,)))
+
+
+# more than a tee keeps in one block (57): the block left when both copies end holds only these
+_PADDING = (None,) * 256
 
 
 def _values(module: Any, name: str) -> list[Any]:
