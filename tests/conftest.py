@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import signal
 from pathlib import Path
 from types import ModuleType
 
@@ -76,9 +77,19 @@ def rich_profile() -> Profile:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Forget an inherited terminal size: pytest-xdist's workers get COLUMNS=80, a shell may export one."""
+    """Forget an inherited terminal size and an inherited ignored Ctrl-C.
+
+    pytest-xdist's workers get COLUMNS=80, a shell may export one. A suite
+    started in the background of a script (``make test &``, nohup) inherits
+    SIGINT ignored, and so would every program the tests start: the Ctrl-C
+    tests would then see a program that cannot be interrupted, as plain
+    Python would not be either. A handler here is reset to the default in
+    every child at exec.
+    """
     for name in ("COLUMNS", "LINES"):
         os.environ.pop(name, None)
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 # =============================================================================

@@ -113,9 +113,27 @@ def test_sigterm_swept_across_the_normal_end_never_loses_a_profile(tmp_path: Pat
     assert -signal.SIGTERM in codes  # the sweep did reach processes still writing
 
 
+# waits until n --interval snapshots of this process were written (each a new file renamed into place):
+# with n=2 the second began after the first ended, so it holds what was allocated before the wait,
+# however slow the machine
+WAIT_FOR_SNAPSHOTS = """
+def wait_for_snapshots(n):
+    snapshot = os.path.join(os.environ.get("GPUFLAME_SESSION_DIR", ""), f"proc-{os.getpid()}.pb.gz")
+    def written():
+        try:
+            return os.stat(snapshot).st_ino
+        except OSError:
+            return None
+    seen, changes, guard = written(), 0, time.monotonic() + 120  # a guard against a hang, not a measure
+    while changes < n and time.monotonic() < guard:
+        time.sleep(0.01)
+        now = written()
+        changes, seen = changes + (now is not None and now != seen), now
+"""
+
 OS_EXIT = """
 import os, sys, time, torch
-
+{wait}
 def build(kib):
     return torch.zeros(kib * 256)
 
@@ -123,17 +141,22 @@ parent_keep = build(8)
 pid = os.fork()
 if pid == 0:
     child_keep = build(24)
-    time.sleep({child_sleep})
+    if {child_waits}:
+        wait_for_snapshots(2)
     os._exit(0)  # no exit hooks: nothing is written here
 os.waitpid(pid, 0)
 print(pid, flush=True)
-time.sleep({parent_sleep})
 """
+
+
+def os_exit_script(child_waits: bool) -> str:
+    """A parent that forks a child which allocates and leaves by os._exit (after two snapshots, if it waits)."""
+    return OS_EXIT.format(wait=WAIT_FOR_SNAPSHOTS, child_waits=child_waits)
 
 
 @pytest.mark.slow
 def test_an_os_exit_child_is_named_as_lost_and_not_counted(tmp_path: Path) -> None:
-    script = write(tmp_path / "forks.py", OS_EXIT.format(child_sleep=0, parent_sleep=0))
+    script = write(tmp_path / "forks.py", os_exit_script(child_waits=False))
     result = gpuflame_run("-o", "f.pb.gz", script.name, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     child = int(result.stdout.split()[0])
@@ -158,7 +181,7 @@ def _parent(profile, child: int) -> int:
 
 @pytest.mark.slow
 def test_with_interval_the_last_snapshot_of_an_os_exit_child_is_kept_and_marked_partial(tmp_path: Path) -> None:
-    script = write(tmp_path / "forks.py", OS_EXIT.format(child_sleep=0.5, parent_sleep=0))
+    script = write(tmp_path / "forks.py", os_exit_script(child_waits=True))
     result = gpuflame_run("--json", "--interval", "100ms", "-o", "i.pb.gz", script.name, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     child = int(result.stdout.split()[0])
@@ -166,7 +189,7 @@ def test_with_interval_the_last_snapshot_of_an_os_exit_child_is_kept_and_marked_
     assert run["lost_processes"] == [] and child in run["processes"]
     (partial,) = run["partial_processes"]
     assert partial["pid"] == child
-    assert 0 <= partial["missing_s"] < 1.5  # one interval, plus scheduling on a busy machine
+    assert partial["missing_s"] >= 0  # how long after the last snapshot it ended: the machine's load decides
     assert f"pid {child}: partial: its profile stops at the last --interval snapshot, " in partial["why"]
     assert "s before the process ended; the final profile was never written" in partial["why"]
     assert partial["why"] in result.stderr
@@ -182,20 +205,12 @@ def test_sigkill_keeps_the_last_interval_snapshot_and_says_so(tmp_path: Path) ->
     script = write(
         tmp_path / "killed.py",
         ALLOCATE,
+        WAIT_FOR_SNAPSHOTS,
         """
     import signal, time
     kept = Holder().make(40)
-    snapshot = os.path.join(os.environ.get("GPUFLAME_SESSION_DIR", ""), f"proc-{os.getpid()}.pb.gz")
-    def written():
-        try:
-            return os.stat(snapshot).st_ino  # each snapshot is a new file renamed into place
-        except OSError:
-            return None
-    seen, changes, guard = written(), 0, time.monotonic() + 120  # a guard against a hang, not a measure
-    while sys.argv[1:] == ["wait"] and changes < 2 and time.monotonic() < guard:
-        time.sleep(0.01)
-        now = written()
-        changes, seen = changes + (now is not None and now != seen), now
+    if sys.argv[1:] == ["wait"]:
+        wait_for_snapshots(2)
     os.kill(os.getpid(), signal.SIGKILL)
     """,
     )
