@@ -63,19 +63,12 @@ def make_console(plain: bool = False) -> Console:
     *plain*: uncoloured text at the pipe's width, never rich's notebook
     display (the ``%%gpuflame`` cell's output stream).
     """
+    as_written: dict[str, Any] = {"highlight": False, "markup": False, "emoji": False}
     if plain:
-        return Console(
-            file=sys.stdout,
-            highlight=False,
-            markup=False,
-            emoji=False,
-            force_jupyter=False,
-            color_system=None,
-            width=PIPE_WIDTH,
-        )
-    console = Console(highlight=False, markup=False, emoji=False)
+        return Console(file=sys.stdout, force_jupyter=False, color_system=None, width=PIPE_WIDTH, **as_written)
+    console = Console(**as_written)
     if not console.is_terminal and "COLUMNS" not in os.environ:
-        console = Console(highlight=False, markup=False, emoji=False, width=PIPE_WIDTH)
+        console = Console(width=PIPE_WIDTH, **as_written)
     return console
 
 

@@ -17,6 +17,7 @@ push must say what happened *within its interval*:
 from __future__ import annotations
 
 from gpuflame.model import Frame, Profile, select_types
+from gpuflame.model.categories import LABEL as CATEGORY
 from gpuflame.model.peak import JOINT_OBJECTS, JOINT_SPACE
 from gpuflame.model.profile import Labels
 
@@ -104,12 +105,11 @@ def _interval_rows(
     pairs = [(i, "inuse_" + n.removeprefix("peak_")) for i, n in enumerate(names) if n.startswith("peak_")]
     peak = {i: inuse[twin] for i, twin in pairs if twin in inuse}
     out: dict[Key, list[int]] = {}
+    allocated = _allocated_within(rows, previous or {}, alloc)
     for key, values in rows.items():
         row = list(values)
-        before = previous.get(key) if previous else None
-        if before is not None:
-            for i in alloc:
-                row[i] = max(0, values[i] - before[i])
+        for i in alloc:
+            row[i] = allocated.get((key, i), 0)
         if peak_from is not None:
             for i in peak:
                 row[i] = 0
@@ -120,3 +120,37 @@ def _interval_rows(
             for i, j in peak.items():
                 row[i] = values[j]
     return [(k, v) for k, v in out.items() if any(v)]
+
+
+def _allocated_within(
+    rows: dict[Key, tuple[int, ...]], previous: dict[Key, tuple[int, ...]], alloc: list[int]
+) -> dict[tuple[Key, int], int]:
+    """Each row's allocations within the interval, per ``alloc_*`` column: the rows' since-start counts
+    minus the previous snapshot's, summing over the intervals to the since-start count exactly.
+
+    A stack's count only grows, but its split by category does not: a block
+    first counted as an activation may be a parameter at the next snapshot
+    (the object graph names it), so its bytes leave one row and join
+    another. Per row, a difference would push them twice (the row they join
+    has nothing to subtract). So the difference is taken per stack and its
+    other labels, all categories together, and shared among the rows that
+    grew, the ones that grew most first.
+    """
+    groups: dict[Key, list[Key]] = {}
+    for key in [*rows, *(k for k in previous if k not in rows)]:  # in order: ties share alike every run
+        groups.setdefault((key[0], _without_category(key[1])), []).append(key)
+    out: dict[tuple[Key, int], int] = {}
+    for keys in groups.values():
+        for i in alloc:
+            grown = {k: rows[k][i] - (previous[k][i] if k in previous else 0) for k in keys if k in rows}
+            total = sum(rows[k][i] for k in keys if k in rows) - sum(previous[k][i] for k in keys if k in previous)
+            left = max(0, total)
+            for k in sorted(grown, key=grown.__getitem__, reverse=True):
+                share = min(max(0, grown[k]), left)
+                out[k, i] = share
+                left -= share
+    return out
+
+
+def _without_category(labels: Labels) -> Labels:
+    return tuple(pair for pair in labels if pair[0] != CATEGORY)

@@ -534,3 +534,28 @@ def test_phase_becomes_a_series_label(server: Server, push_pb2, profile_pb2) -> 
         "load_model": 300,
         "train": 600,
     }
+
+
+def test_bytes_that_change_category_between_pushes_are_pushed_once() -> None:
+    """The object graph may name a block only at a later snapshot: its stack's bytes move between categories."""
+
+    def snap(rows: dict[str, int]) -> Profile:
+        p = Profile([("alloc_space", "bytes")])
+        for category, alloc in rows.items():
+            p.add([Frame("Linear > __init__", "/m.py", 1)], [alloc], {"pid": "7", "category": category})
+        return p
+
+    window = IntervalWindow()
+    snapshots = [
+        snap({"activation": 100}),
+        snap({"parameter": 100}),  # the same 100 bytes, named a parameter now
+        snap({"parameter": 100, "activation": 30}),
+        snap({"parameter": 160, "activation": 10}),  # 40 more, and 20 of the activation's named parameters
+    ]
+    pushed: dict[str, int] = {}
+    for s in snapshots:
+        for sample in window.next(s).samples:
+            category = sample.label("category") or ""
+            pushed[category] = pushed.get(category, 0) + sample.values[0]
+    assert sum(pushed.values()) == 170  # what the final snapshot says was allocated since the start
+    assert pushed == {"activation": 130, "parameter": 40}
