@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 import sys
 import tempfile
 from pathlib import Path
@@ -49,11 +50,19 @@ def key_of(source: bytes) -> str:
 def load(folder: Path, source: bytes) -> FileIndex | None:
     """The index stored for *source*, or None (absent, unreadable, or not a valid entry)."""
     path = folder / (key_of(source) + _SUFFIX)
+    try:  # non-blocking, and a regular file only: a FIFO or device put there must not hang the reader
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    except (OSError, ValueError):
+        return None
     try:
-        with open(path, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        with os.fdopen(fd, "rb", closefd=False) as f:
             raw = f.read(MAX_ENTRY_BYTES + 1)
     except (OSError, ValueError):
         return None
+    finally:
+        os.close(fd)
     if len(raw) > MAX_ENTRY_BYTES:
         return None
     try:

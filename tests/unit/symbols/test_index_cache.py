@@ -127,6 +127,19 @@ def test_damaged_or_hostile_entries_are_ignored_and_the_source_parsed(
     assert names(Resolver(store=store), source) == names(Resolver(), source)
 
 
+def test_a_fifo_or_a_folder_where_an_entry_belongs_is_a_miss_without_blocking(source: Path, tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    store.mkdir()
+    data = source.read_bytes()
+    entry = store / (index_cache.key_of(data) + ".json")
+    os.mkfifo(entry)  # opened for reading the plain way, this waits for a writer forever
+    assert index_cache.load(store, data) is None
+    entry.unlink()
+    entry.mkdir()
+    assert index_cache.load(store, data) is None
+    assert names(Resolver(store=store), source) == names(Resolver(), source)
+
+
 def test_an_entry_too_large_is_not_read(source: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     store = tmp_path / "store"
     index_cache.save(store, source.read_bytes(), index_source(SOURCE))
