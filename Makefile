@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: all venv demo test test-fast docs lint bench clean bpf
+.PHONY: all venv demo test test-fast docs lint bench clean bpf test-loaded
 
 all: test
 
@@ -41,6 +41,16 @@ test: venv
 # minute. tests/unit/conftest.py keeps it honest about subprocesses.
 test-fast: venv
 	$(BIN)/python -m pytest -q -n auto tests/unit -m "not subprocess and not slow"
+
+# The whole suite three times in a row, each beside four busy loops: the proof that no
+# test depends on the machine's speed (about 28 minutes a run on 2 cores). Stops at the
+# first failing run.
+test-loaded: venv
+	for run in 1 2 3; do \
+	  busy=""; for i in 1 2 3 4; do $(BIN)/python -c "while True: pass" & busy="$$busy $$!"; done; \
+	  $(BIN)/python -m pytest -q -n auto; rc=$$?; kill $$busy; \
+	  [ $$rc -eq 0 ] || exit $$rc; echo "loaded run $$run of 3 passed"; \
+	done
 
 # The documentation site (docs/, mkdocs.yml) into site/, offline; --strict makes every
 # warning an error: a broken link or anchor, a page left out of nav. The versions are
