@@ -9,7 +9,7 @@ the exact error or the rare case's meaning. Launcher side only (numpy).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -17,12 +17,16 @@ import numpy as np
 
 from gpuflame.formats import protobuf_bulk as bulk
 from gpuflame.formats.pprof import frame_kind
-from gpuflame.model.profile import PYTHON, Frame, Profile
+from gpuflame.model.columns import SampleColumns, stack_tuples
+from gpuflame.model.profile import PYTHON, Frame, Labels, Profile
 from gpuflame.symbols.kinds import python_file
 from gpuflame.symbols.names import TRAMPOLINE_NAME
 
 if TYPE_CHECKING:
     from gpuflame.formats.pprof_tables import Strings
+
+# what follows a sample's location ids -> (values, labels), or None where it holds more ids
+TailParser = Callable[[bytes], "tuple[tuple[int, ...], Labels] | None"]
 
 
 def _ids(column: np.ndarray) -> list[int] | None:
@@ -104,6 +108,66 @@ def stacks(
 ) -> list[tuple[int, ...]] | None:
     """Each sample's frame ids from its packed location ids, every location one frame."""
     data, ends = bulk.blob(ids)
+    found = _stack_columns(data, ends, location_frames, max_depth)
+    return None if found is None else stack_tuples(found[1], np.cumsum(found[0]).tolist())
+
+
+def sample_columns(
+    chunks: list[bytes], location_frames: dict[int, tuple[int, ...]], tails: TailParser, max_depth: int
+) -> SampleColumns | None:
+    """Every Sample message at once, as columns: where each holds its packed location ids first.
+
+    *tails* parses what follows the ids (values and labels), once per
+    distinct tail; it gives None where a tail holds more location ids.
+    None (read sample by sample) for any other layout.
+    """
+    if not chunks:
+        return None
+    data, ends = bulk.blob(chunks)
+    starts = np.concatenate(([0], ends[:-1]))
+    ids_first = np.flatnonzero(ends > starts)  # samples whose message starts with its ids (a stack)...
+    ids_first = ids_first[data[starts[ids_first]] == 0x0A]
+    if np.any(ends[ids_first] - starts[ids_first] < 2):
+        return None
+    head = np.zeros(len(chunks), dtype=np.int64)  # ...the rest: no ids, or not first (the tail says)
+    size = np.zeros(len(chunks), dtype=np.int64)
+    length = data[starts[ids_first] + 1]
+    head[ids_first], size[ids_first] = 2, length & 0x7F
+    longer = ids_first[length >= 0x80]  # ids of 128 bytes or more: a two-byte length
+    if len(longer):
+        second = starts[longer] + 2
+        if np.any(second >= ends[longer]) or np.any(data[second] >= 0x80):
+            return None  # 16 KiB of ids or a truncated message: sample by sample
+        size[longer] |= data[second].astype(np.int64) << 7
+        head[longer] = 3
+    if np.any(starts + head + size > ends):
+        return None
+    del data
+    stops = (head + size).tolist()
+    ids = b"".join(map(_cut, chunks, head.tolist(), stops))
+    found = _stack_columns(np.frombuffer(ids, dtype=np.uint8), np.cumsum(size), location_frames, max_depth)
+    if found is None:
+        return None
+    distinct: dict[bytes, int] = {}
+    tail_ids = [distinct.setdefault(raw[stop:], len(distinct)) for raw, stop in zip(chunks, stops, strict=True)]
+    parsed = [tails(tail) for tail in distinct]
+    if None in parsed:
+        return None
+    label_index: dict[Labels, int] = {}
+    tail_labels = [label_index.setdefault(p[1], len(label_index)) for p in parsed]  # type: ignore[index]
+    which = np.array(tail_ids, dtype=np.int64)
+    values = np.array([p[0] for p in parsed], dtype=np.int64).reshape(len(parsed), -1)  # type: ignore[index]
+    return SampleColumns(found[0], found[1], values[which], np.array(tail_labels)[which], list(label_index))
+
+
+def _cut(raw: bytes, start: int, stop: int) -> bytes:
+    return raw[start:stop]
+
+
+def _stack_columns(
+    data: np.ndarray, ends: np.ndarray, location_frames: dict[int, tuple[int, ...]], max_depth: int
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """(stack lengths, frame ids) of packed location id lists that end at *ends* in *data*."""
     found = bulk.varints(data)
     if found is None or not location_frames:
         return None
@@ -111,12 +175,12 @@ def stacks(
     bounds = np.searchsorted(last, ends)  # varints of sample i: bounds[i-1]:bounds[i]
     counts = np.diff(bounds, prepend=0)
     cut = ends[counts > 0] - 1  # a stack's ids end where a varint ends
-    if np.any(last[bounds[counts > 0] - 1] != cut) or (len(counts) and counts.max() > max_depth):
+    if np.any(last[bounds[counts > 0] - 1] != cut) or np.any((counts == 0) & (np.diff(ends, prepend=0) > 0)):
         return None
+    if len(counts) and counts.max() > max_depth:
+        return None  # the sample-by-sample reader says which limit
     frame_ids = _frames_of(lids, location_frames)
-    if frame_ids is None:
-        return None  # a location that does not exist: the sample-by-sample reader names it
-    return _tuples(frame_ids, bounds.tolist())
+    return None if frame_ids is None else (counts, frame_ids)  # None: the sample-by-sample reader names it
 
 
 def _frames_of(lids: np.ndarray, location_frames: dict[int, tuple[int, ...]]) -> np.ndarray | None:
@@ -140,23 +204,3 @@ def _frames_of(lids: np.ndarray, location_frames: dict[int, tuple[int, ...]]) ->
     keys, frame_of = keys[order], frame_of[order]
     at = np.minimum(np.searchsorted(keys, lids), len(keys) - 1)
     return None if np.any(keys[at] != lids) else frame_of[at]
-
-
-def _tuples(frame_ids: np.ndarray, bounds: list[int]) -> list[tuple[int, ...]]:
-    """Slices of *frame_ids* as tuples of shared int objects (not a new int per id: 40 M of them at 28 bytes)."""
-    pool = np.array(list(range(int(frame_ids.max()) + 1 if len(frame_ids) else 0)), dtype=object)
-    out: list[tuple[int, ...]] = []
-    start, first = 0, 0
-    step = 1 << 22  # ids made into a list at a time
-    while first < len(bounds):
-        last = first
-        while last < len(bounds) and bounds[last] - start <= step:
-            last += 1
-        last = max(last, first + 1)
-        chunk = pool[frame_ids[start : bounds[last - 1]]].tolist()
-        prev = 0
-        for end in bounds[first:last]:
-            out.append(tuple(chunk[prev : end - start]))
-            prev = end - start
-        start, first = bounds[last - 1], last
-    return out

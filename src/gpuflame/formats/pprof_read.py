@@ -24,7 +24,7 @@ from gpuflame.formats.pprof import (
     P_STRING_TABLE,
     P_TIME_NANOS,
 )
-from gpuflame.formats.pprof_samples import read_samples
+from gpuflame.formats.pprof_samples import read_sample_columns, read_samples
 from gpuflame.formats.pprof_tables import RawProfile, Strings, read_locations, read_value_type
 from gpuflame.formats.protobuf_wire import (
     FIXED32,
@@ -67,7 +67,11 @@ def _decode_raw(data: bytes) -> Profile:
     profile.time_nanos = to_int64(raw.scalars.get(P_TIME_NANOS, 0))
     profile.duration_nanos = to_int64(raw.scalars.get(P_DURATION_NANOS, 0))
     location_frames = read_locations(raw, strings, profile)
-    profile.samples = read_samples(raw.samples, location_frames, strings, len(profile.sample_types))
+    columns = read_sample_columns(raw.samples, location_frames, strings, len(profile.sample_types))
+    if columns is not None:  # a large profile: its samples stay arrays until something asks for them
+        profile.set_columns(columns)
+    else:
+        profile.samples = read_samples(raw.samples, location_frames, strings, len(profile.sample_types))
     return profile
 
 

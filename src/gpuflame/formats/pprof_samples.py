@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from itertools import chain
 from operator import itemgetter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuflame import limits
 from gpuflame.errors import ProfileFormatError
@@ -31,6 +31,9 @@ from gpuflame.formats.protobuf_wire import (
     to_int64,
 )
 from gpuflame.model.profile import Labels, Sample
+
+if TYPE_CHECKING:
+    from gpuflame.model.columns import SampleColumns
 
 
 class _LocationMemo(dict):
@@ -110,6 +113,18 @@ class _TailMemo(dict):
                 text = ""
             pair = self._labels[data] = (key, text)
         return pair
+
+
+def read_sample_columns(
+    chunks: list[bytes], location_frames: dict[int, tuple[int, ...]], strings: Strings, n_types: int
+) -> SampleColumns | None:
+    """Every Sample at once as columns (numpy), for a large profile in the layout pprof writers use; else None."""
+    if len(chunks) < BULK_MIN or not all(len(v) == 1 for v in location_frames.values()):
+        return None
+    from gpuflame.formats import pprof_bulk  # numpy: only for this many samples
+
+    tails = _TailMemo(strings, n_types)
+    return pprof_bulk.sample_columns(chunks, location_frames, tails.__getitem__, limits.STACK_DEPTH.value())
 
 
 def read_samples(

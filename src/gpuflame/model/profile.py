@@ -12,9 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import compress
 from operator import attrgetter
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple, overload
 
 from gpuflame.errors import UnknownSampleTypeError
 from gpuflame.model.peak import BOUND, PROCESS, PeakUnit, describe
@@ -24,6 +23,7 @@ from gpuflame.symbols.kinds import FRAME_KINDS, NATIVE, PYTHON, SYNTHETIC, TRAMP
 from gpuflame.units import format_bytes
 
 if TYPE_CHECKING:
+    from gpuflame.model.columns import SampleColumns
     from gpuflame.model.history import History
 
 # Short names every command and the API accept for a sample type (``--type peak``).
@@ -104,13 +104,42 @@ def make_labels(labels: Mapping[str, object] | Iterable[tuple[str, object]] | No
     return tuple(sorted((str(k), str(v)) for k, v in items))
 
 
+class _Samples:
+    """``Profile.samples``: a list of :class:`Sample`, or columns made into that list on first use.
+
+    A reader of a million samples hands over :class:`gpuflame.model.columns.SampleColumns`
+    (:meth:`Profile.set_columns`); code that reads arrays asks :meth:`Profile.columns`
+    and the million stack tuples are never built. Anything else sees the list, as ever.
+    """
+
+    @overload
+    def __get__(self, profile: None, owner: type | None = None) -> _Samples: ...
+
+    @overload
+    def __get__(self, profile: Profile, owner: type | None = None) -> list[Sample]: ...
+
+    def __get__(self, profile: Profile | None, owner: type | None = None) -> list[Sample] | _Samples:
+        if profile is None:
+            return self  # the dataclass's default: __set__ makes it []
+        state = profile.__dict__
+        columns = state.pop("_columns", None)
+        if columns is not None:
+            state["_samples"] = columns.to_samples()
+        samples: list[Sample] = state["_samples"]
+        return samples
+
+    def __set__(self, profile: Profile, samples: list[Sample]) -> None:
+        profile.__dict__.pop("_columns", None)
+        profile.__dict__["_samples"] = samples if isinstance(samples, list) else []  # else: the default
+
+
 @dataclass
 class Profile:
     """Samples over a shared frame table, with one value per sample type."""
 
     sample_types: list[SampleType]
     frames: list[Frame] = field(default_factory=list)
-    samples: list[Sample] = field(default_factory=list)
+    samples: _Samples = _Samples()  # a list[Sample], or columns until first read
     comments: list[str] = field(default_factory=list)
     default_type: str | None = None
     time_nanos: int = 0
@@ -170,6 +199,25 @@ class Profile:
         sample = Sample(tuple(self.frame_id(f) for f in stack), vals, make_labels(labels))
         self.samples.append(sample)
         return sample
+
+    def set_columns(self, columns: SampleColumns) -> None:
+        """Hold the samples as *columns*; ``samples`` builds the list the first time it is read."""
+        self.samples = []
+        self.__dict__["_columns"] = columns
+
+    def columns(self) -> SampleColumns:
+        """The samples as arrays: the columns a reader handed over, else made from ``samples`` (numpy)."""
+        from gpuflame.model.columns import from_samples  # launcher side only
+
+        held: SampleColumns | None = self.__dict__.get("_columns")
+        return held if held is not None else from_samples(self.samples, len(self.sample_types))
+
+    def label_rows(self) -> Iterable[tuple[Labels, Sequence[int]]]:
+        """Each sample's labels and values, without building stacks the profile holds as columns."""
+        held: SampleColumns | None = self.__dict__.get("_columns")
+        if held is not None:
+            return held.label_rows()
+        return zip(map(_LABELS, self.samples), map(_VALUES, self.samples), strict=True)
 
     # -- sample types -----------------------------------------------------
 
@@ -238,7 +286,7 @@ class Profile:
             return list(self.peaks)
         index = self.type_index("peak_space")
         devices: dict[str, set[str]] = {}
-        for labels in {s.labels for s in self.samples if s.values[index]}:  # a few label sets, not a label per sample
+        for labels in {labels for labels, values in self.label_rows() if values[index]}:  # a few label sets
             found = dict(labels)
             devices.setdefault(found.get("device", "") or "", set()).add(found.get("pid", "") or "")
         units = list(self.peaks)
@@ -264,9 +312,7 @@ class Profile:
         if not type_name.split("/", 1)[0].startswith("peak_"):
             return ""
         units = self.peak_units()
-        shown = [
-            dict(labels) for labels in set(map(_LABELS, compress(self.samples, map(any, map(_VALUES, self.samples)))))
-        ]
+        shown = [dict(labels) for labels in {labels for labels, values in self.label_rows() if any(values)}]
         devices = {labels.get("device", "") or "" for labels in shown}
         pids = {labels.get("pid", "") or "" for labels in shown}
         only_pid = next(iter(pids)) if len(pids) == 1 else ""
@@ -295,7 +341,7 @@ class Profile:
     def device_totals(self, type_index: int) -> dict[str, int]:
         """Each device's total of one sample type (``""`` for samples without a device)."""
         by_labels: dict[Labels, int] = {}  # a few label sets among a million samples: sum per set first
-        for labels, values in zip(map(_LABELS, self.samples), map(_VALUES, self.samples), strict=True):
+        for labels, values in self.label_rows():
             by_labels[labels] = by_labels.get(labels, 0) + values[type_index]
         out: dict[str, int] = {}
         for labels, total in by_labels.items():

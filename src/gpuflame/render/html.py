@@ -33,8 +33,9 @@ import json
 import re
 import struct
 from importlib import resources
-from itertools import chain, islice
+from itertools import islice
 from operator import eq, itemgetter
+from typing import NamedTuple
 
 import numpy as np
 
@@ -42,7 +43,7 @@ from gpuflame.analysis.tree import function_frames, prefix_tree
 from gpuflame.model.diff import select_types, shared_types
 from gpuflame.model.history import History
 from gpuflame.model.moment import NO_HISTORY
-from gpuflame.model.profile import FRAME_KINDS, Frame, Profile, Sample, SampleType
+from gpuflame.model.profile import FRAME_KINDS, Frame, Labels, Profile, SampleType
 from gpuflame.model.prune import DEFAULT_FRAMEWORKS, framework_regex, is_framework, names_the_memory
 from gpuflame.model.timeline import Timeline
 
@@ -83,7 +84,7 @@ def viewer_data(
     sources = ([profile] if base is None else [profile, base]) + ([sites] if sites is not None else [])
     columns = [_stack_columns(p) for p in sources]
     used = [
-        np.flatnonzero(np.bincount(c[1], minlength=len(p.frames))).tolist()
+        np.flatnonzero(np.bincount(c.frames, minlength=len(p.frames))).tolist()
         for p, c in zip(sources, columns, strict=True)
     ]
     frames, frame_codes = _function_table(sources, used)
@@ -193,23 +194,31 @@ def history_data(history: History, start: int, sites: dict[str, list]) -> dict[s
     return {"stack": sites["stack"], "labels": sites["labels"], "tracks": tracks}
 
 
-Columns = tuple[np.ndarray, np.ndarray, list[Sample], np.ndarray]
+class Columns(NamedTuple):
+    """A profile's samples with a non-zero value, as the page's tables take them."""
+
+    lengths: np.ndarray
+    frames: np.ndarray  # root first
+    label_ids: np.ndarray
+    label_sets: list[Labels]
+    values: np.ndarray
 
 
 def _stack_columns(profile: Profile) -> Columns:
-    """*profile*'s samples with a non-zero value: stack lengths, their frame ids root first, the samples, values.
+    """*profile*'s samples with a non-zero value: stack lengths, their frame ids root first, labels, values.
 
-    Vectorised: a page of a million samples forty frames deep must not pay
-    a Python step per frame.
+    From :meth:`Profile.columns`: a page of a million samples forty frames
+    deep pays no Python step per sample or frame.
     """
-    values = np.array([s.values for s in profile.samples], dtype=np.int64).reshape(-1, len(profile.sample_types))
-    keep = np.flatnonzero(values.any(axis=1))
-    samples = profile.samples if len(keep) == len(profile.samples) else [profile.samples[i] for i in keep.tolist()]
-    lengths = np.fromiter(map(len, (s.stack for s in samples)), dtype=np.intp, count=len(samples))
-    leaf_first = np.fromiter(chain.from_iterable(s.stack for s in samples), dtype=np.intp, count=int(lengths.sum()))
+    held = profile.columns()
+    lengths, leaf_first, label_ids, values = held.lengths, held.frames, held.label_ids, held.values
+    keep = values.any(axis=1)
+    if not keep.all():
+        leaf_first = leaf_first[np.repeat(keep, lengths)]
+        lengths, label_ids, values = lengths[keep], label_ids[keep], values[keep]
     ends = np.cumsum(lengths)
     root_first = np.repeat(2 * ends - lengths - 1, lengths) - np.arange(len(leaf_first))
-    return lengths, leaf_first[root_first], samples, values[keep]
+    return Columns(lengths, leaf_first[root_first], label_ids, held.label_sets, values)
 
 
 def _sample_tables(columns: list[Columns], frame_codes: list[np.ndarray]) -> tuple[dict, list[dict], list]:
@@ -220,21 +229,25 @@ def _sample_tables(columns: list[Columns], frame_codes: list[np.ndarray]) -> tup
     deep are a million nodes, not forty million ids.
     """
     tree = prefix_tree(
-        np.concatenate([c[0] for c in columns]),
-        np.concatenate([codes[c[1]] for c, codes in zip(columns, frame_codes, strict=True)]),
+        np.concatenate([c.lengths for c in columns]),
+        np.concatenate([codes[c.frames] for c, codes in zip(columns, frame_codes, strict=True)]),
     )
-    label_index: dict[tuple[tuple[str, str], ...], int] = {}
+    label_index: dict[Labels, int] = {}
     out, first = [], 0
-    for _, _, samples, values in columns:
-        labels = [label_index.setdefault(s.labels, len(label_index)) for s in samples]
+    for c in columns:
+        ids, first_at = np.unique(c.label_ids, return_index=True)  # the sets kept samples use, in order of use
+        shared = np.zeros(len(c.label_sets), dtype=np.int64)
+        for i in ids[np.argsort(first_at)].tolist():
+            shared[i] = label_index.setdefault(c.label_sets[i], len(label_index))
+        count = len(c.lengths)
         out.append(
             {
-                "stack": tree.node_of_stack[first : first + len(samples)].astype("<i4"),
-                "labels": np.array(labels, dtype="<i4"),
-                "values": [_value_column(values[:, k]) for k in range(values.shape[1])],
+                "stack": tree.node_of_stack[first : first + count].astype("<i4"),
+                "labels": shared[c.label_ids].astype("<i4"),
+                "values": [_value_column(c.values[:, k]) for k in range(c.values.shape[1])],
             }
         )
-        first += len(samples)
+        first += count
     stacks = {"parent": tree.parent.astype("<i4"), "frame": tree.code.astype("<i4")}
     return stacks, out, [[list(pair) for pair in labels] for labels in label_index]
 

@@ -232,3 +232,38 @@ def test_the_page_ships_each_stack_prefix_once_and_its_numbers_as_binary() -> No
     head = body[4 : 4 + int.from_bytes(body[:4], "little")]
     strings = sum(len(json.dumps(n)) + 1 for n in data["frames"]["name"] + data["files"])
     assert len(head) < strings + 2000  # names and files, and no numbers written out as text
+
+
+def test_a_large_profile_goes_to_the_page_as_columns_and_gives_the_same_page(
+    tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reading 5,000 samples keeps them as arrays (model/columns.py); the page never builds a Sample or stack tuple."""
+    from gpuflame.formats import load, pprof_samples
+    from gpuflame.model.columns import SampleColumns
+    from tests.helpers.large_profile import tree_profile
+
+    profile = tree_profile(5000)
+    for s in profile.samples[::3]:  # zero samples and label sets only they use stay out of the page
+        s.values = (0,) * len(s.values)
+    for s in profile.samples[1::3]:
+        s.labels = (("device", "cuda:1"),)
+    profile.samples[0].labels = (("device", "only-in-a-zero-sample"),)
+    path = tmp_path / "big.pb.gz"
+    save(profile, path)
+    with monkeypatch.context() as read_as_a_list:
+        read_as_a_list.setattr(pprof_samples, "BULK_MIN", 1 << 62)
+        assert run(capsys, "view", path, "-o", tmp_path / "listed.html")[0] == 0
+    expected = (tmp_path / "listed.html").read_text(encoding="utf-8")
+    assert "_columns" in load(path).__dict__  # the reader hands over columns
+
+    def refuse(self: SampleColumns) -> None:
+        raise AssertionError("the page built the list of samples")
+
+    monkeypatch.setattr(SampleColumns, "to_samples", refuse)
+    rc, _, err = run(capsys, "view", path, "-o", tmp_path / "big.html")
+    assert rc == 0, err
+    page = (tmp_path / "big.html").read_text(encoding="utf-8")
+    assert page == expected
+    assert ["device", "only-in-a-zero-sample"] not in [
+        pair for labels in embedded(page)["labelSets"] for pair in labels
+    ]

@@ -257,7 +257,7 @@ def test_bulk_reading_takes_the_fast_road_on_plain_tables(monkeypatch: pytest.Mo
     monkeypatch.setattr(pprof_tables, "BULK_MIN", 0)
     monkeypatch.setattr(pprof_samples, "BULK_MIN", 0)
     answered = {}
-    for name in ("functions", "locations", "stacks"):
+    for name in ("functions", "locations", "sample_columns"):
         real = getattr(pprof_bulk, name)
 
         def spy(*args, _real=real, _name=name):  # type: ignore[no-untyped-def]
@@ -266,7 +266,7 @@ def test_bulk_reading_takes_the_fast_road_on_plain_tables(monkeypatch: pytest.Mo
 
         monkeypatch.setattr(pprof_bulk, name, spy)
     p = pprof.decode(_wide_ids_raw())
-    assert all(answered.get(n) is not None for n in ("functions", "locations", "stacks")), answered
+    assert all(answered.get(n) is not None for n in ("functions", "locations", "sample_columns")), answered
     assert [p.frames[i].name for i in p.samples[1].stack] == ["step", "step", "Model > forward"]
     assert [p.frames[i].line for i in p.samples[1].stack] == [43, 42, 41]
     assert [s.values for s in p.samples] == [(4096,), (512,), (-7,)]

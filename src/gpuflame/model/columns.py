@@ -1,0 +1,74 @@
+"""A profile's samples as arrays: how a reader hands a million samples to the page without an object each.
+
+:class:`gpuflame.model.profile.Profile` keeps its samples either as a list of
+:class:`Sample` or as :class:`SampleColumns` (what the pprof reader makes of a
+large file), and turns columns into the list the first time anything asks for
+``profile.samples``. Code that can work on arrays (the viewer's page) asks
+:meth:`Profile.columns` instead and never pays for a million stack tuples.
+
+Launcher side only (numpy): the profiled process never makes columns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from itertools import chain
+from typing import NamedTuple
+
+import numpy as np
+
+from gpuflame.model.profile import Labels, Sample
+
+
+class SampleColumns(NamedTuple):
+    """Every sample of a profile, in order: its stack length, its frame ids, its values and its label set."""
+
+    lengths: np.ndarray  # int64 (n,): frames in each stack
+    frames: np.ndarray  # int64: the stacks' frame ids, leaf first, one stack after another
+    values: np.ndarray  # int64 (n, sample types)
+    label_ids: np.ndarray  # int64 (n,): each sample's index into label_sets
+    label_sets: list[Labels]  # the distinct label sets
+
+    def to_samples(self) -> list[Sample]:
+        """The same samples as :class:`Sample` objects (what ``profile.samples`` holds)."""
+        stacks = stack_tuples(self.frames, np.cumsum(self.lengths).tolist())
+        labels = map(self.label_sets.__getitem__, self.label_ids.tolist())
+        return list(map(Sample, stacks, map(tuple, self.values.tolist()), labels))
+
+    def label_rows(self) -> Iterator[tuple[Labels, Sequence[int]]]:
+        """Each sample's labels and values, in order, without building its stack."""
+        return zip(map(self.label_sets.__getitem__, self.label_ids.tolist()), self.values.tolist(), strict=True)
+
+
+def from_samples(samples: list[Sample], n_types: int) -> SampleColumns:
+    """*samples* as columns, in C loops: a page of a million samples forty frames deep pays no step per frame."""
+    lengths = np.fromiter(map(len, (s.stack for s in samples)), dtype=np.int64, count=len(samples))
+    frames = np.fromiter(chain.from_iterable(s.stack for s in samples), dtype=np.int64, count=int(lengths.sum()))
+    values = np.array([s.values for s in samples], dtype=np.int64).reshape(-1, n_types)
+    index: dict[Labels, int] = {}
+    ids = np.fromiter((index.setdefault(s.labels, len(index)) for s in samples), dtype=np.int64, count=len(samples))
+    return SampleColumns(lengths, frames, values, ids, list(index))
+
+
+def stack_tuples(frame_ids: np.ndarray, ends: list[int]) -> list[tuple[int, ...]]:
+    """Slices ``[previous end, end)`` of *frame_ids* as tuples of shared int objects.
+
+    Not a new int object per id: forty million of them would take 28 bytes
+    each; the ids come from a pool of one object per distinct frame id.
+    """
+    pool = np.array(list(range(int(frame_ids.max()) + 1 if len(frame_ids) else 0)), dtype=object)
+    out: list[tuple[int, ...]] = []
+    start, first = 0, 0
+    step = 1 << 22  # ids made into a list at a time
+    while first < len(ends):
+        last = first
+        while last < len(ends) and ends[last] - start <= step:
+            last += 1
+        last = max(last, first + 1)
+        chunk = pool[frame_ids[start : ends[last - 1]]].tolist()
+        prev = 0
+        for end in ends[first:last]:
+            out.append(tuple(chunk[prev : end - start]))
+            prev = end - start
+        start, first = ends[last - 1], last
+    return out

@@ -1,0 +1,89 @@
+"""A profile's samples held as columns (model/columns.py): the same profile to every reader, built only when asked."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from gpuflame.model import columns
+from gpuflame.model.profile import Frame, Profile, Sample, SampleType
+
+TYPES = [SampleType("peak_space", "bytes"), SampleType("alloc_space", "bytes")]
+
+
+def _listed(seed: int, n: int = 300) -> Profile:
+    """Samples of every shape: empty stacks, repeated frames, zero and negative values, shared label sets."""
+    rng = random.Random(seed)
+    frames = [Frame(f"f{i}", f"/m{i % 3}.py", i + 1) for i in range(40)]
+    label_sets = [(), (("device", "cuda:0"), ("pid", "7")), (("device", "cuda:1"),), (("category", "kv_cache"),)]
+    samples = [
+        Sample(
+            tuple(rng.randrange(len(frames)) for _ in range(rng.randint(0, 12))),
+            (rng.choice([0, 5, -3, 1 << 50]), rng.choice([0, 9])),
+            rng.choice(label_sets),
+        )
+        for _ in range(n)
+    ]
+    return Profile(sample_types=list(TYPES), frames=frames, samples=samples)
+
+
+def _held(profile: Profile) -> Profile:
+    """The same profile with its samples handed over as columns, as the pprof reader does."""
+    out = Profile(sample_types=list(TYPES), frames=list(profile.frames))
+    out.set_columns(columns.from_samples(profile.samples, len(TYPES)))
+    return out
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_columns_become_the_same_samples(seed: int) -> None:
+    listed = _listed(seed)
+    held = _held(listed)
+    assert "_columns" in held.__dict__
+    assert held.samples == listed.samples
+    assert "_columns" not in held.__dict__  # built once, then the list is the profile's
+    assert held == listed
+
+
+def test_label_rows_and_the_numbers_read_from_them_agree_without_building_samples() -> None:
+    listed, held = _listed(4), _held(_listed(4))
+    assert [(labels, list(values)) for labels, values in held.label_rows()] == [
+        (s.labels, list(s.values)) for s in listed.samples
+    ]
+    for index in range(len(TYPES)):
+        assert held.device_totals(index) == listed.device_totals(index)
+    assert held.peak_units() == listed.peak_units()
+    assert held.peak_description("peak_space") == listed.peak_description("peak_space")
+    assert "_columns" in held.__dict__  # none of these asked for a stack
+
+
+def test_setting_samples_drops_the_columns() -> None:
+    held = _held(_listed(5))
+    held.samples = [Sample((0,), (1, 2))]
+    assert "_columns" not in held.__dict__
+    assert held.samples == [Sample((0,), (1, 2))]
+    assert held.columns().lengths.tolist() == [1]
+
+
+def test_columns_of_a_listed_profile_round_trip() -> None:
+    listed = _listed(6)
+    made = listed.columns()
+    assert made.lengths.tolist() == [len(s.stack) for s in listed.samples]
+    assert made.frames.tolist() == [f for s in listed.samples for f in s.stack]
+    assert [made.label_sets[i] for i in made.label_ids.tolist()] == [s.labels for s in listed.samples]
+    assert made.to_samples() == listed.samples
+
+
+def test_the_verbs_work_on_a_profile_held_as_columns() -> None:
+    listed, held = _listed(7), _held(_listed(7))
+    assert held.compact() == listed.compact()
+    assert held.totals() == listed.totals()
+    assert len(held) == len(listed.samples)
+
+
+def test_a_profile_without_samples_has_empty_columns() -> None:
+    made = Profile(sample_types=list(TYPES)).columns()
+    assert made.lengths.shape == (0,) and made.values.shape == (0, 2) and made.label_sets == []
+    assert made.to_samples() == []
+    assert columns.stack_tuples(np.zeros(0, dtype=np.int64), []) == []
