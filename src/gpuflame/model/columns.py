@@ -11,13 +11,12 @@ Launcher side only (numpy): the profiled process never makes columns.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
 from itertools import chain
 from typing import NamedTuple
 
 import numpy as np
 
-from gpuflame.model.profile import Labels, Sample
+from gpuflame.model.profile import Labels, LabelSetTotal, Sample
 
 
 class SampleColumns(NamedTuple):
@@ -35,9 +34,22 @@ class SampleColumns(NamedTuple):
         labels = map(self.label_sets.__getitem__, self.label_ids.tolist())
         return list(map(Sample, stacks, map(tuple, self.values.tolist()), labels))
 
-    def label_rows(self) -> Iterator[tuple[Labels, Sequence[int]]]:
-        """Each sample's labels and values, in order, without building its stack."""
-        return zip(map(self.label_sets.__getitem__, self.label_ids.tolist()), self.values.tolist(), strict=True)
+    def label_set_totals(self) -> list[LabelSetTotal]:
+        """Per distinct label set: each type's sum and whether any sample's value is not 0 (arrays, no row each)."""
+        count = len(self.label_sets)
+        if not count:
+            return []
+        sums = np.zeros((count, self.values.shape[1]), dtype=np.int64)
+        if len(self.values) and int(np.abs(self.values).max()) >= (1 << 62) // len(self.values):
+            sums = sums.astype(object)  # sums past int64 stay exact as Python ints
+        np.add.at(sums, self.label_ids, self.values)
+        nonzero = np.zeros(sums.shape, dtype=bool)
+        for k in range(self.values.shape[1]):
+            nonzero[self.label_ids[self.values[:, k] != 0], k] = True
+        return [
+            LabelSetTotal(labels, tuple(total), tuple(flags))
+            for labels, total, flags in zip(self.label_sets, sums.tolist(), nonzero.tolist(), strict=True)
+        ]
 
 
 def from_samples(samples: list[Sample], n_types: int) -> SampleColumns:

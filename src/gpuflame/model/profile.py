@@ -65,6 +65,14 @@ class SampleType(NamedTuple):
 Labels = tuple[tuple[str, str], ...]
 
 
+class LabelSetTotal(NamedTuple):
+    """One distinct label set of a profile: each sample type's sum over its samples, and which are not all 0."""
+
+    labels: Labels
+    totals: tuple[int, ...]
+    nonzero: tuple[bool, ...]
+
+
 class Sample:
     """Stack (frame ids, leaf first), one value per sample type, labels."""
 
@@ -212,12 +220,27 @@ class Profile:
         held: SampleColumns | None = self.__dict__.get("_columns")
         return held if held is not None else from_samples(self.samples, len(self.sample_types))
 
-    def label_rows(self) -> Iterable[tuple[Labels, Sequence[int]]]:
-        """Each sample's labels and values, without building stacks the profile holds as columns."""
+    def label_set_totals(self) -> list[LabelSetTotal]:
+        """Per distinct label set, in order of first use: each type's sum, and which types have a value not 0.
+
+        A few label sets among a million samples: what per-device and
+        per-process answers read, without building stacks held as columns.
+        """
         held: SampleColumns | None = self.__dict__.get("_columns")
         if held is not None:
-            return held.label_rows()
-        return zip(map(_LABELS, self.samples), map(_VALUES, self.samples), strict=True)
+            return held.label_set_totals()
+        width = len(self.sample_types)
+        rows: dict[Labels, tuple[list[int], list[bool]]] = {}
+        for labels, values in zip(map(_LABELS, self.samples), map(_VALUES, self.samples), strict=True):
+            row = rows.get(labels)
+            if row is None:
+                row = rows[labels] = ([0] * width, [False] * width)
+            sums, nonzero = row
+            for k, v in enumerate(values):
+                if v:
+                    sums[k] += v
+                    nonzero[k] = True
+        return [LabelSetTotal(labels, tuple(s), tuple(n)) for labels, (s, n) in rows.items()]
 
     # -- sample types -----------------------------------------------------
 
@@ -286,7 +309,7 @@ class Profile:
             return list(self.peaks)
         index = self.type_index("peak_space")
         devices: dict[str, set[str]] = {}
-        for labels in {labels for labels, values in self.label_rows() if values[index]}:  # a few label sets
+        for labels in {row.labels for row in self.label_set_totals() if row.nonzero[index]}:
             found = dict(labels)
             devices.setdefault(found.get("device", "") or "", set()).add(found.get("pid", "") or "")
         units = list(self.peaks)
@@ -312,7 +335,7 @@ class Profile:
         if not type_name.split("/", 1)[0].startswith("peak_"):
             return ""
         units = self.peak_units()
-        shown = [dict(labels) for labels in {labels for labels, values in self.label_rows() if any(values)}]
+        shown = [dict(row.labels) for row in self.label_set_totals() if any(row.nonzero)]
         devices = {labels.get("device", "") or "" for labels in shown}
         pids = {labels.get("pid", "") or "" for labels in shown}
         only_pid = next(iter(pids)) if len(pids) == 1 else ""
@@ -340,13 +363,10 @@ class Profile:
 
     def device_totals(self, type_index: int) -> dict[str, int]:
         """Each device's total of one sample type (``""`` for samples without a device)."""
-        by_labels: dict[Labels, int] = {}  # a few label sets among a million samples: sum per set first
-        for labels, values in self.label_rows():
-            by_labels[labels] = by_labels.get(labels, 0) + values[type_index]
         out: dict[str, int] = {}
-        for labels, total in by_labels.items():
-            device = next((v for k, v in labels if k == "device"), "") or ""  # the first, as Sample.label
-            out[device] = out.get(device, 0) + total
+        for row in self.label_set_totals():
+            device = next((v for k, v in row.labels if k == "device"), "") or ""  # the first, as Sample.label
+            out[device] = out.get(device, 0) + row.totals[type_index]
         return out
 
     def joint_device_peak(self) -> tuple[int, int] | None:

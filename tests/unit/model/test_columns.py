@@ -46,16 +46,29 @@ def test_columns_become_the_same_samples(seed: int) -> None:
     assert held == listed
 
 
-def test_label_rows_and_the_numbers_read_from_them_agree_without_building_samples() -> None:
+def test_label_set_totals_and_the_numbers_read_from_them_agree_without_building_samples() -> None:
     listed, held = _listed(4), _held(_listed(4))
-    assert [(labels, list(values)) for labels, values in held.label_rows()] == [
-        (s.labels, list(s.values)) for s in listed.samples
+    assert held.label_set_totals() == listed.label_set_totals()
+    by_hand: dict = {}
+    for s in listed.samples:
+        sums, nonzero = by_hand.setdefault(s.labels, ([0, 0], [False, False]))
+        for k, v in enumerate(s.values):
+            sums[k] += v
+            nonzero[k] |= v != 0
+    assert [(r.labels, list(r.totals), list(r.nonzero)) for r in listed.label_set_totals()] == [
+        (labels, sums, nonzero) for labels, (sums, nonzero) in by_hand.items()
     ]
     for index in range(len(TYPES)):
         assert held.device_totals(index) == listed.device_totals(index)
     assert held.peak_units() == listed.peak_units()
     assert held.peak_description("peak_space") == listed.peak_description("peak_space")
     assert "_columns" in held.__dict__  # none of these asked for a stack
+
+
+def test_label_set_totals_past_int64_stay_exact() -> None:
+    big = [Sample((0,), ((1 << 62) + k, -1)) for k in range(3)]
+    held = _held(Profile(sample_types=list(TYPES), frames=[Frame("f")], samples=big))
+    assert held.label_set_totals()[0].totals == (3 * (1 << 62) + 3, -3)
 
 
 def test_setting_samples_drops_the_columns() -> None:
