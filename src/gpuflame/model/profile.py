@@ -130,9 +130,10 @@ class _Samples:
         if profile is None:
             return self  # the dataclass's default: __set__ makes it []
         state = profile.__dict__
-        columns = state.pop("_columns", None)
-        if columns is not None:
-            state["_samples"] = columns.to_samples()
+        columns = state.get("_columns")
+        if columns is not None:  # dropped only once the list is in place: another thread reading
+            state["_samples"] = columns.to_samples()  # meanwhile builds its own, never sees []
+            state.pop("_columns", None)
         samples: list[Sample] = state["_samples"]
         return samples
 

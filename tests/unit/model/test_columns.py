@@ -100,3 +100,22 @@ def test_a_profile_without_samples_has_empty_columns() -> None:
     assert made.lengths.shape == (0,) and made.values.shape == (0, 2) and made.label_sets == []
     assert made.to_samples() == []
     assert columns.stack_tuples(np.zeros(0, dtype=np.int64), []) == []
+
+
+def test_a_read_while_the_list_is_being_built_sees_every_sample(monkeypatch: pytest.MonkeyPatch) -> None:
+    """serve answers requests on threads: one reading ``samples`` while another builds the list must not see []."""
+    listed = _listed(8)
+    held = _held(listed)
+    seen: list[list[Sample]] = []
+    build = columns.SampleColumns.to_samples
+    calls = []
+
+    def build_and_look(self: columns.SampleColumns) -> list[Sample]:
+        calls.append(self)
+        if len(calls) == 1:  # the other thread's read, in the middle of this one's
+            seen.append(list(held.samples))
+        return build(self)
+
+    monkeypatch.setattr(columns.SampleColumns, "to_samples", build_and_look)
+    assert held.samples == listed.samples
+    assert seen == [listed.samples]
