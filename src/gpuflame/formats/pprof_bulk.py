@@ -157,7 +157,8 @@ def sample_columns(
     tail_labels = [label_index.setdefault(p[1], len(label_index)) for p in parsed]  # type: ignore[index]
     which = np.array(tail_ids, dtype=np.int64)
     values = np.array([p[0] for p in parsed], dtype=np.int64).reshape(len(parsed), -1)  # type: ignore[index]
-    return SampleColumns(found[0], found[1], values[which], np.array(tail_labels)[which], list(label_index))
+    frame_ids = found[1].astype(np.int32) if len(found[1]) and found[1].max() < 2**31 else found[1]  # half the bytes
+    return SampleColumns(found[0], frame_ids, values[which], np.array(tail_labels)[which], list(label_index))
 
 
 def _cut(raw: bytes, start: int, stop: int) -> bytes:

@@ -23,7 +23,7 @@ class SampleColumns(NamedTuple):
     """Every sample of a profile, in order: its stack length, its frame ids, its values and its label set."""
 
     lengths: np.ndarray  # int64 (n,): frames in each stack
-    frames: np.ndarray  # int64: the stacks' frame ids, leaf first, one stack after another
+    frames: np.ndarray  # int32 or int64: the stacks' frame ids, leaf first, one stack after another
     values: np.ndarray  # int64 (n, sample types)
     label_ids: np.ndarray  # int64 (n,): each sample's index into label_sets
     label_sets: list[Labels]  # the distinct label sets
