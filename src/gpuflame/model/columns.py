@@ -56,7 +56,7 @@ def from_samples(samples: list[Sample], n_types: int) -> SampleColumns:
     """*samples* as columns, in C loops: a page of a million samples forty frames deep pays no step per frame."""
     lengths = np.fromiter(map(len, (s.stack for s in samples)), dtype=np.int64, count=len(samples))
     frames = np.fromiter(chain.from_iterable(s.stack for s in samples), dtype=np.int64, count=int(lengths.sum()))
-    values = np.array([s.values for s in samples], dtype=np.int64).reshape(-1, n_types)
+    values = np.array([s.values for s in samples], dtype=np.int64).reshape(len(samples), n_types)
     index: dict[Labels, int] = {}
     ids = np.fromiter((index.setdefault(s.labels, len(index)) for s in samples), dtype=np.int64, count=len(samples))
     return SampleColumns(lengths, frames, values, ids, list(index))

@@ -119,3 +119,10 @@ def test_a_read_while_the_list_is_being_built_sees_every_sample(monkeypatch: pyt
     monkeypatch.setattr(columns.SampleColumns, "to_samples", build_and_look)
     assert held.samples == listed.samples
     assert seen == [listed.samples]
+
+
+def test_samples_of_a_profile_without_sample_types_make_columns() -> None:
+    """A file may declare no sample types (the commands then say so): the columns still hold its samples."""
+    made = columns.from_samples([Sample((0,), ()), Sample((), ())], 0)
+    assert made.values.shape == (2, 0)
+    assert made.to_samples() == [Sample((0,), ()), Sample((), ())]
