@@ -115,11 +115,16 @@ class _TailMemo(dict):
         return pair
 
 
+def one_frame_each(location_frames: dict[int, tuple[int, ...]]) -> bool:
+    """Every location is one frame (no inlined calls): a stack's ids map one to one onto frame ids."""
+    return all(len(v) == 1 for v in location_frames.values())
+
+
 def read_sample_columns(
     chunks: list[bytes], location_frames: dict[int, tuple[int, ...]], strings: Strings, n_types: int
 ) -> SampleColumns | None:
     """Every Sample at once as columns (numpy), for a large profile in the layout pprof writers use; else None."""
-    if len(chunks) < BULK_MIN or not all(len(v) == 1 for v in location_frames.values()):
+    if len(chunks) < BULK_MIN or not one_frame_each(location_frames):
         return None
     from gpuflame.formats import pprof_bulk  # numpy: only for this many samples
 
@@ -204,7 +209,7 @@ class _SampleReader:
 
     def __init__(self, location_frames: dict[int, tuple[int, ...]], strings: Strings, n_types: int) -> None:
         self.location_frames = location_frames
-        self.flat = all(len(v) == 1 for v in location_frames.values())
+        self.flat = one_frame_each(location_frames)
         self.lookup = _LocationMemo(location_frames, self.flat).__getitem__
         self.table = _fast_table(location_frames) if self.flat else None
         self.words_of = _WordUnpackers()
