@@ -8,6 +8,7 @@ fresh interpreter, where ``sys.modules`` shows exactly what was imported.
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 import sys
@@ -280,8 +281,12 @@ def all_units() -> set[str]:
     return found | {p.stem for p in PACKAGE.glob("*.py")}
 
 
+@functools.cache
 def unit_imports() -> dict[str, dict[str, set[str]]]:
-    """unit -> the units it imports -> the files that do (the package's ``__version__`` is a constant)."""
+    """unit -> the units it imports -> the files that do (the package's ``__version__`` is a constant).
+
+    Parsed once per worker (every layer's test reads it; callers never change it).
+    """
     graph: dict[str, dict[str, set[str]]] = {unit: {} for unit in all_units()}
     for path in sorted(PACKAGE.rglob("*.py")):
         rel = path.relative_to(PACKAGE)

@@ -36,9 +36,17 @@ _CLASS_METHOD = re.compile(r"[A-Z][A-Za-z0-9_]* > [^>]+")
 
 
 def is_framework(frame: Frame, regex: re.Pattern[str]) -> bool:
-    if frame.kind == NATIVE:
-        return True
-    return frame.kind == PYTHON and bool(frame.file) and regex.search(frame.file) is not None
+    return framework_files(frame.kind, [frame.file], regex)[0]
+
+
+def framework_files(kind: str, files: list[str], regex: re.Pattern[str]) -> list[bool]:
+    """:func:`is_framework` of a frame of *kind* in each of *files*: a page asks once per kind and file."""
+    if kind == NATIVE:
+        return [True] * len(files)
+    if kind != PYTHON:
+        return [False] * len(files)
+    search = regex.search
+    return [bool(file) and search(file) is not None for file in files]
 
 
 def names_the_memory(frame: Frame) -> bool:

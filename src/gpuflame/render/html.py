@@ -33,18 +33,17 @@ import json
 import re
 import struct
 from importlib import resources
-from itertools import islice
-from operator import eq, itemgetter
 from typing import NamedTuple
 
 import numpy as np
 
-from gpuflame.analysis.tree import function_frames, prefix_tree
+from gpuflame.analysis.tree import prefix_tree
 from gpuflame.model.diff import select_types, shared_types
+from gpuflame.model.functions import FunctionTable, function_table
 from gpuflame.model.history import History
 from gpuflame.model.moment import NO_HISTORY
 from gpuflame.model.profile import FRAME_KINDS, Frame, Labels, Profile, SampleType
-from gpuflame.model.prune import DEFAULT_FRAMEWORKS, framework_regex, is_framework, names_the_memory
+from gpuflame.model.prune import DEFAULT_FRAMEWORKS, framework_files, framework_regex, names_the_memory
 from gpuflame.model.timeline import Timeline
 
 FORMAT = "gpuflame-viewer"
@@ -87,13 +86,8 @@ def viewer_data(
         np.flatnonzero(np.bincount(c.frames, minlength=len(p.frames))).tolist()
         for p, c in zip(sources, columns, strict=True)
     ]
-    frames, frame_codes = _function_table(sources, used)
-    regex = framework_regex(DEFAULT_FRAMEWORKS)
-    # by kind and file, not per frame: a million functions live in a few thousand files
-    in_framework = {(k, f): is_framework(Frame("", f, 0, k), regex) for k, f in {(f.kind, f.file) for f in frames}}
-    kind_code = {k: i for i, k in enumerate(FRAME_KINDS)}
-    files = sorted({f.file for f in frames})
-    file_index = {f: i for i, f in enumerate(files)}
+    table = function_table([[p.frames[i] for i in ids] for p, ids in zip(sources, used, strict=True)])
+    frame_codes = _frame_codes(sources, used, table.row)
     stacks, sample_sets, label_sets = _sample_tables(columns, frame_codes)
     data: dict[str, object] = {
         "format": FORMAT,
@@ -103,17 +97,8 @@ def viewer_data(
         "types": [[st.type, st.unit] for st in profile.sample_types],
         "defaultType": profile.pick_type() if type_index is None else type_index,
         "kinds": list(FRAME_KINDS),
-        "frames": {
-            "name": [f.name for f in frames],
-            "file": _int32([file_index[f.file] for f in frames]),
-            "line": _int32([f.line for f in frames]),
-            "kind": np.array([kind_code.get(f.kind, 0) for f in frames], np.uint8),
-            # 1: a framework frame; 2: one that names what the memory is (model/prune.py)
-            "framework": np.array(
-                [(2 if names_the_memory(f) else 1) if in_framework[f.kind, f.file] else 0 for f in frames], np.uint8
-            ),
-        },
-        "files": files,
+        "frames": _frame_columns(table),
+        "files": table.files,
         "samples": sample_sets[0],
     }
     peak = profile.peak_description("peak_space") if base is None else None  # a pass over every sample
@@ -259,44 +244,58 @@ def _value_column(values: np.ndarray) -> np.ndarray:
     return values.astype("<f8")
 
 
-def _function_table(profiles: list[Profile], used: list[list[int]]) -> tuple[list[Frame], list[np.ndarray]]:
-    """Distinct function frames of the *used* frame ids of *profiles*, sorted by name, and per profile each id's index.
-
-    Sorted here so the page can order children by frame index (as the flame
-    tree does, by name) without sorting 100k strings itself. Frames no
-    sample uses (filters leave them behind) are not shipped: they get -1.
-    """
-    shown = [function_frames([p.frames[i] for i in ids]) for p, ids in zip(profiles, used, strict=True)]
-    table = _sorted_frames({f for frames in shown for f in frames})
-    index = dict(zip(table, range(len(table)), strict=True))
-    codes = []
-    for p, ids, frames in zip(profiles, used, shown, strict=True):
+def _frame_codes(profiles: list[Profile], used: list[list[int]], rows: np.ndarray) -> list[np.ndarray]:
+    """Per profile, each frame id's row of the function table; -1 for frames no kept sample uses."""
+    codes, first = [], 0
+    for p, ids in zip(profiles, used, strict=True):
         code = np.full(max(len(p.frames), 1), -1, dtype=np.int64)
-        code[ids] = list(map(index.__getitem__, frames))
+        code[ids] = rows[first : first + len(ids)]
         codes.append(code)
-    return table, codes
+        first += len(ids)
+    return codes
 
 
-def _sorted_frames(frames: set[Frame]) -> list[Frame]:
-    """*frames* in tuple order (a Frame's fields are frame_sort_key's order), names compared as plain strings first.
+def _frame_columns(table: FunctionTable) -> dict[str, object]:
+    """The page's frame table: names, then file, line, kind and framework flag as typed arrays.
 
-    Sorting by name alone uses the string-only comparison (a million tuple
-    comparisons cost four times as much); the second, full sort then only
-    reorders runs of equal names, and on a list already in order it is one
-    comparison per frame.
+    Sorted as the flame tree sorts bars (by name), so the page orders
+    children by frame index without sorting 100k strings itself.
     """
-    table = sorted(frames, key=_NAME)
-    names = list(map(_NAME, table))
-    if any(map(eq, names, islice(names, 1, None))):
-        table.sort()
-    return table
+    kind_code = {k: i for i, k in enumerate(FRAME_KINDS)}
+    return {
+        "name": table.names,
+        "file": _int32(table.file),
+        "line": _int32(table.line),
+        "kind": np.array([kind_code.get(k, 0) for k in table.kinds], np.uint8)[table.kind],
+        # 1: a framework frame; 2: one that names what the memory is (model/prune.py)
+        "framework": _framework_flags(table),
+    }
 
 
-_NAME = itemgetter(0)
+def _framework_flags(table: FunctionTable) -> np.ndarray:
+    """Per row, 0, 1 (a framework frame) or 2 (one that names the memory), asked per kind and file.
+
+    Functions share files, and only framework rows are asked whether their
+    name says what the memory is.
+    """
+    regex = framework_regex(DEFAULT_FRAMEWORKS)
+    in_framework = np.zeros(len(table.names), dtype=bool)
+    for k, kind in enumerate(table.kinds):
+        rows = np.flatnonzero(table.kind == k)
+        files = np.unique(table.file[rows])
+        by_file = np.zeros(len(table.files), dtype=bool)
+        by_file[files] = framework_files(kind, list(map(table.files.__getitem__, files.tolist())), regex)
+        in_framework[rows] = by_file[table.file[rows]]
+    flags = in_framework.astype(np.uint8)
+    for i in np.flatnonzero(in_framework).tolist():
+        if names_the_memory(Frame(table.names[i], "", 0, table.kinds[table.kind[i]])):
+            flags[i] = 2
+    return flags
 
 
-def _int32(values: list[int]) -> np.ndarray:
-    return np.array(values, dtype="<i4")
+def _int32(values: np.ndarray) -> np.ndarray:
+    """Clipped to int32 (a line past 2**31 is not a line a person wrote)."""
+    return np.clip(values, -(2**31), 2**31 - 1).astype("<i4")
 
 
 # An array in the payload's JSON head: {"@": [kind, byte offset after the head, count]}.

@@ -19,9 +19,19 @@ _DEFINES = ("def ", "async def ", "class ")
 
 def def_line(file: str, first_line: int) -> int:
     """The ``def`` line of the function whose ``co_firstlineno`` is *first_line* in *file*; else *first_line*."""
-    if first_line <= 0 or not file or file.startswith("<"):
+    if first_line <= 0:
         return first_line
-    return _decorated(file).get(first_line, first_line)
+    return decorator_lines(file).get(first_line, first_line)
+
+
+def decorator_lines(file: str) -> dict[int, int]:
+    """First decorator line -> ``def`` line for *file* (empty where it is not a source file here).
+
+    For callers that look up many lines of one file at once.
+    """
+    if not file or file.startswith("<"):
+        return {}
+    return _decorated(file)
 
 
 @lru_cache(maxsize=4096)
