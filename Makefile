@@ -30,17 +30,23 @@ demo: venv
 	$(BIN)/gpuflame export out/demo.pb.gz --format speedscope -o out/demo.speedscope.json
 	$(BIN)/gpuflame export out/demo.pb.gz --format folded -o out/demo.folded
 
-# One worker per core (pytest-xdist): 9 minutes on a 2-core machine, 14 without -n. Tests
-# that run at once never share a file or a port; the agent's tests tolerate another
-# worker's processes (an agent watching every process sees them too).
+# The suite starts thousands of Python processes: their bytecode, and pytest's rewritten test
+# modules, are cached in .venv/pycache even where PYTHONDONTWRITEBYTECODE is set (it is on these
+# machines), which saves about 5% of the suite's CPU and keeps the tree free of __pycache__.
+PYTEST := env -u PYTHONDONTWRITEBYTECODE PYTHONPYCACHEPREFIX=$(abspath $(VENV))/pycache $(BIN)/python -m pytest
+
+# Half as many workers again as cores (pytest-xdist; tests/conftest.py says why): under 10
+# minutes on a 2-core machine (CONTRIBUTING.md). Tests that run at once never share a file or
+# a port; the agent's tests tolerate another worker's processes (an agent watching every
+# process sees them too).
 test: venv
-	$(BIN)/python -m pytest -q -n auto
+	$(PYTEST) -q -n auto
 
 # The unit tests that run in this process (no subprocess, browser, agent or
 # GPU) and take under a second each: the lane to run while editing, in about a
 # minute. tests/unit/conftest.py keeps it honest about subprocesses.
 test-fast: venv
-	$(BIN)/python -m pytest -q -n auto tests/unit -m "not subprocess and not slow"
+	$(PYTEST) -q -n auto tests/unit -m "not subprocess and not slow"
 
 # The whole suite three times in a row, each beside four busy loops: the proof that no
 # test depends on the machine's speed (about 28 minutes a run on 2 cores). Stops at the
@@ -48,7 +54,7 @@ test-fast: venv
 test-loaded: venv
 	for run in 1 2 3; do \
 	  busy=""; for i in 1 2 3 4; do $(BIN)/python -c "while True: pass" & busy="$$busy $$!"; done; \
-	  $(BIN)/python -m pytest -q -n auto; rc=$$?; kill $$busy; \
+	  $(PYTEST) -q -n auto; rc=$$?; kill $$busy; \
 	  [ $$rc -eq 0 ] || exit $$rc; echo "loaded run $$run of 3 passed"; \
 	done
 
