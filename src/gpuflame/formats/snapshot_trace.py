@@ -3,6 +3,7 @@ history, and the comments that qualify them (formats/torch_snapshot.py says what
 
 from __future__ import annotations
 
+import heapq
 from array import array
 from collections.abc import Mapping
 from datetime import datetime, timezone
@@ -225,12 +226,15 @@ class DeviceTrace:
         one = History(conv.profile.frames, [(stack, labels) for stack in site_of], [track])
         conv.profile.history = event_history.merged([conv.profile.history, one])
 
-    def _add_allocs(self, allocs: dict[Any, list[Any]], others: list[tuple[Any, int, Any]]) -> None:
+    def _add_allocs(self, allocs: dict[Any, list[Any]], others: list[tuple[Any, int, Any, int]]) -> None:
+        """The alloc_* rows in the order of their first event (both lists are in event order already)."""
         stack_of = self.conv.stacks.stack
-        for key, (frames, size, count) in allocs.items():
+        rows = heapq.merge(
+            ((first, frames, size, count, key) for key, (frames, size, count, first) in allocs.items()),
+            ((first, frames, size, 1, key) for frames, size, key, first in others),
+        )
+        for _, frames, size, count, key in rows:
             self.conv.add(stack_of(frames), self.device, "alloc_space", size, count, phase=phase_of_key(key))
-        for frames, size, key in others:
-            self.conv.add(stack_of(frames), self.device, "alloc_space", size, 1, phase=phase_of_key(key))
 
     def _leaf_name(self, entry: Any) -> str:
         """The function an alloc entry's stack ends in (its leaf), for the phase table."""

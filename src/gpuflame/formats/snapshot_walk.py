@@ -57,8 +57,9 @@ class Walk:
         self.release_on_request = not any(e.get("action") == "free_completed" for e in trace)
         self.live: dict[Any, tuple[int, int, Any]] = {}  # addr -> (start index, size, entry or None)
         self.closed_at_peak: list[tuple[int, int, Any]] = []  # freed since the peak, alive at it
-        self.allocs: dict[Any, list[Any]] = {}  # stack key -> [frames, bytes, count]
-        self.others: list[tuple[Any, int, Any]] = []  # allocations whose key clashed with another stack
+        self.allocs: dict[Any, list[Any]] = {}  # stack key -> [frames, bytes, count, first event's index]
+        # allocations whose key clashed with another stack: (frames, bytes, key, event index)
+        self.others: list[tuple[Any, int, Any, int]] = []
         self.before_bytes = 0  # allocations older than the trace, known from their frees
         self.freed_unknown = 0
         self.best = 0  # the live bytes at the peak, relative to the start
@@ -95,7 +96,7 @@ class Walk:
                         closed.append(old)
                 live[addr] = (i, size, e)
                 delta += size
-                group(frames, size, t)
+                group(frames, size, t, i)
                 points.append((t, delta))
                 events.append((t, frames, size))
                 if delta > best:
@@ -129,12 +130,15 @@ class Walk:
         self.best, self.best_i, self.seg, self.seg_at_best = best, best_i, seg, seg_at_best
         self.seg_top, self.seg_top_i, self.delta_at_top = top, top_i, delta_top
 
-    def _group(self, frames: Any, size: int, time_us: Any) -> None:
+    def _group(self, frames: Any, size: int, time_us: Any, index: int) -> None:
         """Book an allocation to its stack's row without converting the stack.
 
         A cheap key from three frames' identities, then list equality (an
         identity check per frame, as torch shares frame dicts); a clash goes
-        to ``others``. With phase marks the key holds the phase too.
+        to ``others``. With phase marks the key holds the phase too. Keys
+        come from addresses, so which stacks clash differs from run to run;
+        the event *index* lets the rows be read back in event order whatever
+        clashed (the same file gives the same profile, samples in the same order).
         """
         if type(frames) is list and frames:
             key: Any = id(frames[0]) ^ (id(frames[-1]) << 1) ^ (id(frames[len(frames) >> 1]) << 2)
@@ -144,12 +148,12 @@ class Walk:
             key = (key, self.marks.at(time_us))
         row = self.allocs.get(key)
         if row is None:
-            self.allocs[key] = [frames, size, 1]
+            self.allocs[key] = [frames, size, 1, index]
         elif row[0] is frames or row[0] == frames:
             row[1] += size
             row[2] += 1
         else:
-            self.others.append((frames, size, key))
+            self.others.append((frames, size, key, index))
 
     def _free_before(self, i: int, e: Mapping[str, Any]) -> int:
         """A free of an allocation made before the trace began: alive at any peak; its size."""

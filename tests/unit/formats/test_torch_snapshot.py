@@ -659,3 +659,12 @@ def test_a_multi_gpu_headline_is_per_device_and_not_called_one_moment(capsys) ->
     assert main(["report", path, "--json", "--label", "device=cuda:1"]) == 0
     one = json_module.loads(capsys.readouterr().out)["peak"]
     assert one["exact"] is True and "devices_together" not in one
+
+
+def test_the_same_file_gives_the_same_samples_in_the_same_order() -> None:
+    """Rows were grouped by a key made of addresses, and a stack whose key clashed came last:
+    the sample order (and so a page made from the snapshot) changed from one read to the next."""
+    data = gzip.decompress((DATA / "torch-snapshot-DeComFL-memory.pickle.gz").read_bytes())
+    kept = [loads(data) for _ in range(6)]  # all alive at once, so each read's objects have other addresses
+    orders = {tuple((s.stack, s.values, s.labels) for s in p.samples) for p in kept}
+    assert len(orders) == 1
