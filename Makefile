@@ -30,10 +30,12 @@ demo: venv
 	$(BIN)/gpuflame export out/demo.pb.gz --format speedscope -o out/demo.speedscope.json
 	$(BIN)/gpuflame export out/demo.pb.gz --format folded -o out/demo.folded
 
-# The suite starts thousands of Python processes: their bytecode, and pytest's rewritten test
-# modules, are cached in .venv/pycache even where PYTHONDONTWRITEBYTECODE is set (it is on these
-# machines), which saves about 5% of the suite's CPU and keeps the tree free of __pycache__.
-PYTEST := env -u PYTHONDONTWRITEBYTECODE PYTHONPYCACHEPREFIX=$(abspath $(VENV))/pycache $(BIN)/python -m pytest
+# The suite starts thousands of Python processes and every pytest worker rewrites the test
+# modules: where PYTHONDONTWRITEBYTECODE is set (it is on these machines) each of them compiled
+# gpuflame's and the tests' modules afresh. Unset, their bytecode is written once, into the
+# __pycache__ folders git ignores. (PYTHONPYCACHEPREFIX would hide the bytecode pip wrote for
+# torch and the rest, and a fresh clone would compile them all again: slower, not faster.)
+PYTEST := env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -m pytest
 
 # Half as many workers again as cores (pytest-xdist; tests/conftest.py says why): under 10
 # minutes on a 2-core machine (CONTRIBUTING.md). Tests that run at once never share a file or
