@@ -63,6 +63,7 @@ def test_start_takes_run_s_options_and_returns_a_handle(tmp_path: Path, clean_en
     )
 
 
+@pytest.mark.slow
 def test_options_not_given_come_from_the_environment(tmp_path: Path, clean_env) -> None:
     """What a process ``gpuflame run`` starts is told, the API reads too; an option given wins."""
     clean_env.setenv("GPUFLAME_BACKEND", "jax")

@@ -10,6 +10,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 from tests.helpers.paths import REPO, TESTS
 
 
@@ -21,6 +23,7 @@ def imported_test_modules(path: Path) -> list[str]:
     return [m for m in names if m.split(".")[-1].startswith("test_")]
 
 
+@pytest.mark.slow
 def test_no_test_module_imports_another() -> None:
     found = {str(p.relative_to(REPO)): imported_test_modules(p) for p in sorted(TESTS.rglob("*.py"))}
     assert {path: mods for path, mods in found.items() if mods} == {}

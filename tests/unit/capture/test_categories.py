@@ -67,6 +67,7 @@ def test_adamw_training_loop_exact_per_category(recorder: str) -> None:
     assert peak["optimizer_state"] == 2 * params + steps
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("recorder", RECORDERS)
 @pytest.mark.parametrize("keep", [True, False])
 def test_generate_with_static_cache_exact_kv_cache(recorder: str, keep: bool) -> None:

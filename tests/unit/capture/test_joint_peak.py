@@ -304,6 +304,7 @@ def test_windows_apart_in_time_merge_by_max_per_device() -> None:
     assert is_exact(m.peaks)
 
 
+@pytest.mark.slow
 def test_jax_peak_says_it_is_sampled_and_how_to_sharpen_it() -> None:
     import jax.numpy as jnp
 

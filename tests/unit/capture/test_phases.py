@@ -101,6 +101,7 @@ def test_tensors_exact_per_phase(recorder: str) -> None:
     assert rows["load"].start < rows["train"].start < rows["eval"].start <= rows["inner"].start
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("recorder", RECORDERS)
 def test_llama_load_train_generate_exact_per_phase(recorder: str) -> None:
     cfg = tiny_llama_config()

@@ -277,6 +277,7 @@ def test_finish_without_writing_keeps_the_profile_and_writes_no_file(tmp_path: P
     assert any("a note of what was lost" in c for c in s.result.comments)
 
 
+@pytest.mark.slow
 def test_a_profile_that_has_the_pid_already_is_the_one_a_merge_would_give(tmp_path: Path) -> None:
     """The torch recorder labels its samples and timeline with the pid: taken as is, equal to merging it."""
     import torch

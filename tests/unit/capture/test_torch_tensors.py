@@ -159,6 +159,7 @@ def test_resize_growth_frees_the_old_bytes_and_records_the_new() -> None:
     assert by_line(profile, lx, PEAK) == 0  # freed before the peak
 
 
+@pytest.mark.slow
 def test_meta_tensors_hold_no_memory() -> None:
     profile, _, _ = record(lambda: torch.empty(1000, device="meta") * 2)
     assert column(profile, ALLOC) == 0
@@ -484,6 +485,7 @@ def test_static_kv_cache_lands_on_the_cache_method_and_inuse_matches_live_storag
     del before
 
 
+@pytest.mark.slow
 def test_a_model_built_before_start_is_not_attributed() -> None:
     transformers = pytest.importorskip("transformers")
     config = tiny_llama_config()

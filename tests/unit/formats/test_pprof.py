@@ -371,12 +371,14 @@ def profiles(draw: st.DrawFn) -> Profile:
     return p
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(profiles())
 def test_round_trip_of_random_profiles(p: Profile) -> None:
     assert view(pprof.decode(pprof.encode(p))) == view(p)
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(profiles())
 def test_random_profiles_read_the_same_with_google_protobuf(profile_pb2: ModuleType, p: Profile) -> None:

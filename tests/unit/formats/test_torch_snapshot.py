@@ -661,6 +661,7 @@ def test_a_multi_gpu_headline_is_per_device_and_not_called_one_moment(capsys) ->
     assert one["exact"] is True and "devices_together" not in one
 
 
+@pytest.mark.slow
 def test_the_same_file_gives_the_same_samples_in_the_same_order() -> None:
     """Rows were grouped by a key made of addresses, and a stack whose key clashed came last:
     the sample order (and so a page made from the snapshot) changed from one read to the next."""

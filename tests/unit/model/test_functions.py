@@ -38,7 +38,7 @@ frames = st.builds(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(st.lists(st.lists(frames, max_size=12), min_size=1, max_size=3))
 def test_the_table_is_the_sorted_bars_of_each_group(groups):
     table = function_table(groups)
