@@ -37,7 +37,7 @@ demo: venv
 # torch and the rest, and a fresh clone would compile them all again: slower, not faster.)
 PYTEST := env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -m pytest
 
-# Half as many workers again as cores (pytest-xdist; tests/conftest.py says why): under 10
+# Half as many workers again as cores (pytest-xdist; tests/conftest.py says why): 8.5-10.5
 # minutes on a 2-core machine (CONTRIBUTING.md). Tests that run at once never share a file or
 # a port; the agent's tests tolerate another worker's processes (an agent watching every
 # process sees them too).
