@@ -34,9 +34,15 @@ def when_imported(name: str, callback: Callback) -> None:
 
 
 def _install() -> None:
+    """Put the finder first on ``sys.meta_path``, again if something took it off.
+
+    Code that saves and restores ``sys.meta_path`` (pytest's ``pytester``,
+    sandboxes) drops it; a watch set afterwards would then never fire.
+    """
     global _finder
     if _finder is None:
         _finder = _PostImportFinder()
+    if not any(finder is _finder for finder in sys.meta_path):
         sys.meta_path.insert(0, _finder)
 
 
