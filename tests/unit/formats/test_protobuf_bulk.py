@@ -1,0 +1,64 @@
+"""formats/protobuf_bulk.py: every varint of a byte array at once, as the byte-by-byte reader reads them."""
+
+from __future__ import annotations
+
+import hypothesis
+import hypothesis.strategies as st
+import numpy as np
+import pytest
+
+from gpuflame.formats import protobuf_bulk as bulk
+from gpuflame.formats.protobuf_wire import encode_varint, read_varint
+
+U64 = (1 << 64) - 1
+
+
+def by_byte(data: bytes) -> tuple[list[int], list[int]]:
+    """The reference: protobuf_wire's reader, one varint after another."""
+    values, last, pos = [], [], 0
+    while pos < len(data):
+        value, pos = read_varint(data, pos)
+        values.append(value)
+        last.append(pos - 1)
+    return values, last
+
+
+# values of every length from 1 to 10 bytes, the edges of each length among them
+EDGES = [(1 << (7 * k)) + d for k in range(10) for d in (-1, 0)] + [U64]
+values_st = st.lists(st.one_of(st.sampled_from(EDGES[1:]), st.integers(0, U64), st.integers(0, 300)), max_size=300)
+
+
+@hypothesis.settings(max_examples=150, deadline=None)
+@hypothesis.given(values_st, st.sampled_from([1, 3, 7, 1 << 22]))
+def test_varints_equal_the_byte_by_byte_reader(values: list[int], chunk: int) -> None:
+    """Any mix of lengths, read in chunks of any size (the chunk edge falls anywhere)."""
+    data = b"".join(map(encode_varint, values))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(bulk, "CHUNK", chunk)
+        found = bulk.varints(np.frombuffer(data, dtype=np.uint8))
+    reference = by_byte(data)
+    assert reference[0] == values
+    assert found is not None and (found[0].tolist(), found[1].tolist()) == reference
+    assert found[0].dtype == np.uint64
+
+
+def test_a_ten_byte_varint_keeps_its_low_64_bits() -> None:
+    """A tenth byte above 1 carries bits past 64: dropped, as protobuf and read_varint drop them."""
+    data = b"\xff" * 9 + b"\x7f"
+    (value,), _ = bulk.varints(np.frombuffer(data, dtype=np.uint8))  # type: ignore[misc]
+    assert int(value) == by_byte(data)[0][0] & U64 == U64
+
+
+@pytest.mark.parametrize(
+    "data",
+    [b"\x80", b"\x01\x96", b"\x80" * 10 + b"\x01", b"\x01" + b"\xff" * 11 + b"\x01"],
+    ids=["cut short", "cut after a whole one", "eleven bytes", "eleven bytes after one"],
+)
+def test_a_varint_cut_short_or_too_long_gives_none(data: bytes) -> None:
+    """None sends the caller to the message-by-message reader, which names the fault."""
+    assert bulk.varints(np.frombuffer(data, dtype=np.uint8)) is None
+
+
+def test_no_bytes_no_varints() -> None:
+    values, last = bulk.varints(np.zeros(0, dtype=np.uint8))  # type: ignore[misc]
+    assert len(values) == len(last) == 0
