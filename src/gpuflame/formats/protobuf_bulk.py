@@ -187,3 +187,55 @@ def check_varints_end(data: bytes, what: str) -> None:
     """A packed field's bytes must end with a whole varint."""
     if data and data[-1] >= 0x80:
         raise ProfileFormatError(f"truncated protobuf: the last value of {what} runs past the end")
+
+
+def record_run(data: bytes, pos: int, window: int, key: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """The run of fields with the one-byte *key* and a one- or two-byte size that starts at *pos*.
+
+    The same records as reading them one after the other (``pprof_read._run``):
+    (their payloads' starts, their stops, where the run ends). The run ends
+    before *window*, at another key, or at a record the caller must read
+    itself (a longer size, or one running past the data: the caller then
+    names the fault). Each position holding *key* is taken as a record's
+    start, its successor computed from its size, and the chain from *pos*
+    followed by pointer doubling: a pass per doubling of the run's length
+    instead of a Python step per record.
+    """
+    end = len(data)
+    buf = np.frombuffer(data, dtype=np.uint8)
+    heads = np.flatnonzero(buf[pos:window] == key).astype(np.int64) + pos
+    if not len(heads) or heads[0] != pos:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), pos
+    first = buf[np.minimum(heads + 1, end - 1)].astype(np.int64)
+    second = buf[np.minimum(heads + 2, end - 1)].astype(np.int64)
+    two = first >= 0x80
+    starts = heads + 2 + two
+    stops = starts + np.where(two, (first & 0x7F) | (second << 7), first)
+    # left to the caller: a header past the data, a size of three bytes or more, a record past the end
+    odd = (heads + 1 >= end) | (two & ((heads + 2 >= end) | (second >= 0x80))) | (stops > end)
+    n = len(heads)
+    at = np.minimum(np.searchsorted(heads, stops), n - 1)
+    follows = heads[at] == stops  # heads lie before the window: a record ending at it ends the run
+    chain = _follow(np.append(np.where(follows & ~odd, at, n), n), n)
+    last = int(chain[-1])
+    if odd[last]:  # only the last can be odd: an odd record has no successor
+        chain = chain[:-1]
+        return starts[chain], stops[chain], int(heads[last])
+    return starts[chain], stops[chain], int(stops[last])
+
+
+def _follow(succ: np.ndarray, sentinel: int) -> np.ndarray:
+    """The indexes from 0 along *succ* until *sentinel* (where ``succ[sentinel] == sentinel``).
+
+    Pointer doubling: with the first 2^k steps known and *jump* the 2^k-th
+    successor, the next 2^k are *jump* of them.
+    """
+    chain = np.zeros(1, dtype=np.int64)
+    jump = succ
+    while True:
+        more = jump[chain]
+        done = np.flatnonzero(more == sentinel)
+        if len(done):
+            return np.concatenate((chain, more[: done[0]]))
+        chain = np.concatenate((chain, more))
+        jump = jump[jump]

@@ -62,3 +62,64 @@ def test_a_varint_cut_short_or_too_long_gives_none(data: bytes) -> None:
 def test_no_bytes_no_varints() -> None:
     values, last = bulk.varints(np.zeros(0, dtype=np.uint8))  # type: ignore[misc]
     assert len(values) == len(last) == 0
+
+
+# -- record_run: a run of top-level fields found at once ---------------------------------
+
+
+def one_by_one(data: bytes, pos: int, window: int, key: int) -> tuple[list[int], list[int], int | str]:
+    """The reference: pprof_read's loop, a record at a time ("past the end" where it would raise)."""
+    starts: list[int] = []
+    stops: list[int] = []
+    while pos < window and data[pos] == key:
+        if pos + 1 >= len(data):
+            return starts, stops, pos
+        size, start = data[pos + 1], pos + 2
+        if size >= 0x80:
+            if start >= len(data) or data[start] >= 0x80:
+                return starts, stops, pos
+            size, start = (size & 0x7F) | (data[start] << 7), start + 1
+        if start + size > len(data):
+            return starts, stops, pos  # the caller's loop raises "runs past the end" here
+        starts.append(start)
+        stops.append(start + size)
+        pos = start + size
+    return starts, stops, pos
+
+
+@st.composite
+def runs(draw: st.DrawFn) -> tuple[bytes, int, int, int]:
+    """Records of one key whose payloads are full of that key's byte, other fields, sizes of 1-3 bytes, cut ends."""
+    key = draw(st.sampled_from([0x12, 0x22, 0x2A, 0x32]))
+    noise = st.binary(max_size=40).map(lambda b: bytes(key if x % 3 == 0 else x for x in b))
+    out = bytearray(draw(st.binary(max_size=3)))
+    for _ in range(draw(st.integers(0, 60))):
+        kind = draw(st.sampled_from(["record", "record", "record", "wide", "other", "huge"]))
+        payload = draw(noise)
+        if kind == "wide":
+            payload = payload * (130 // max(1, len(payload)) + 1)  # a two-byte size
+        if kind == "huge":
+            out += bytes([key, 0x80, 0x80, 0x01])  # a three-byte size: the caller's
+        out += bytes([key if kind != "other" else 0x3A]) + encode_varint(len(payload)) + payload
+    out += draw(st.binary(max_size=3))  # maybe a record cut short
+    data = bytes(out)
+    pos = draw(st.integers(0, max(0, len(data) - 1)))
+    window = draw(st.integers(pos, len(data)))
+    return data, pos, window, key
+
+
+@hypothesis.settings(max_examples=300, deadline=None)
+@hypothesis.given(runs())
+def test_a_run_found_at_once_is_the_run_read_one_by_one(case: tuple[bytes, int, int, int]) -> None:
+    data, pos, window, key = case
+    starts, stops, end = bulk.record_run(data, pos, window, key)
+    assert (starts.tolist(), stops.tolist(), end) == one_by_one(data, pos, window, key)
+
+
+def test_a_long_run_with_the_key_inside_every_payload() -> None:
+    """Thousands of records (many doublings), each payload holding the key's byte where a record could start."""
+    payloads = [bytes([0x12, i % 256, 0x12]) * (i % 50) for i in range(5000)]
+    data = b"".join(b"\x12" + encode_varint(len(p)) + p for p in payloads) + b"\x22\x00"
+    starts, stops, end = bulk.record_run(data, 0, len(data), 0x12)
+    assert [data[a:b] for a, b in zip(starts.tolist(), stops.tolist(), strict=True)] == payloads
+    assert end == len(data) - 2
