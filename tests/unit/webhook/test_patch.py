@@ -58,6 +58,29 @@ def last(env: list[dict], name: str) -> dict:
     return [v for v in env if v["name"] == name][-1]
 
 
+def test_the_cached_pod_schema_says_what_kubernetes_validate_says() -> None:
+    """schema_errors validates v1 Pods with a validator built once (pod_rules.pod_validator): the same verdicts."""
+    import kubernetes_validate as kv
+
+    from tests.helpers.pod_rules import KUBERNETES_VERSION, pod_validator
+
+    def theirs(pod: dict) -> list[str]:
+        try:
+            kv.validate(pod, KUBERNETES_VERSION, strict=True)
+        except kv.ValidationError as exc:
+            return [f"{exc.message} at {list(exc.path)}"]
+        return []
+
+    good = make_pod([{"name": "app", "image": "x", "env": [{"name": "A", "value": "1"}]}])
+    unknown_field = make_pod([{"name": "app", "image": "x", "colour": "blue"}])
+    wrong_type = make_pod([{"name": "app", "image": "x", "env": [{"name": "A", "value": 1}]}])
+    no_name = make_pod([{"image": "x"}])
+    assert schema_errors(good) == theirs(good) == []
+    for bad in (unknown_field, wrong_type, no_name):
+        assert schema_errors(bad) == theirs(bad) != [], bad
+    assert pod_validator() is pod_validator()  # built once
+
+
 # -- the cases of the issue ---------------------------------------------------------
 
 
