@@ -76,18 +76,40 @@ print(json.dumps({"pid": os.getpid(), "model": sum(storages.values()),
 """
 
 
-def test_adamw_training_loop_on_a_transformers_model(tmp_path: Path) -> None:
-    script = write(tmp_path / "adamw.py", ADAMW)
-    result = gpuflame_run(
-        "--json", "-o", "adamw.pb.gz", script.name, cwd=tmp_path, env={"TRANSFORMERS_VERBOSITY": "error"}
+MARKED = (
+    ADAMW.replace("model = build()\n", "model = build()\nbuilt = time.time_ns()\n")
+    .replace("train(model, opt, 3)\n", "train(model, opt, 3)\ntrained = time.time_ns()\n")
+    .replace(
+        'print(json.dumps({"pid": os.getpid(),',
+        'print(json.dumps({"built": built, "trained": trained, "pid": os.getpid(),',
     )
+    .replace("import json, os, torch", "import json, os, time, torch")
+)
+
+
+@pytest.fixture(scope="module")
+def adamw_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess, Path]:
+    """ADAMW, stamped with the moments its model was built and trained, under ``gpuflame run --json``: once.
+
+    The stamps (two ``time.time_ns()`` calls) allocate nothing; the tests only read the run's result and profile.
+    """
+    folder = tmp_path_factory.mktemp("adamw")
+    script = write(folder / "marked.py", MARKED)
+    result = gpuflame_run(
+        "--json", "-o", "marked.pb.gz", script.name, cwd=folder, env={"TRANSFORMERS_VERBOSITY": "error"}
+    )
+    return result, folder / "marked.pb.gz"
+
+
+def test_adamw_training_loop_on_a_transformers_model(adamw_run: tuple[subprocess.CompletedProcess, Path]) -> None:
+    result, path = adamw_run
     assert result.returncode == 0, result.stderr
     (sizes,), run = run_json(result)
     pid = sizes["pid"]
     # AdamW keeps exp_avg and exp_avg_sq per parameter, and a float32 step count
     assert sizes["state"] == 2 * sizes["params"] + 4 * sizes["n_params"]
     assert run["processes"] == [pid] and run["lost"] == []
-    profile = load(tmp_path / "adamw.pb.gz")
+    profile = load(path)
     assert under(profile, "build", "inuse_space") == {pid: sizes["model"]}
     assert under(profile, "optimizer_step", "inuse_space") == {pid: sizes["state"]}
     assert profile.totals()["inuse_space"] == sizes["model"] + sizes["state"]  # gradients were set to None
@@ -221,29 +243,16 @@ def test_jax_jit(tmp_path: Path) -> None:
         assert under(profile, "step", type_name) == {pid: sizes["y"]}
 
 
-MARKED = (
-    ADAMW.replace("model = build()\n", "model = build()\nbuilt = time.time_ns()\n")
-    .replace("train(model, opt, 3)\n", "train(model, opt, 3)\ntrained = time.time_ns()\n")
-    .replace(
-        'print(json.dumps({"pid": os.getpid(),',
-        'print(json.dumps({"built": built, "trained": trained, "pid": os.getpid(),',
-    )
-    .replace("import json, os, torch", "import json, os, time, torch")
-)
-
-
-def test_any_moment_of_a_run_from_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_any_moment_of_a_run_from_the_command_line(
+    adamw_run: tuple[subprocess.CompletedProcess, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
     """``gpuflame run``, then ``report --at`` at moments the script stamped: exactly what it held then."""
     from gpuflame.cli.main import main
     from gpuflame.model import moment
 
-    script = write(tmp_path / "marked.py", MARKED)
-    result = gpuflame_run(
-        "--json", "-o", "marked.pb.gz", script.name, cwd=tmp_path, env={"TRANSFORMERS_VERBOSITY": "error"}
-    )
+    result, path = adamw_run
     assert result.returncode == 0, result.stderr
     (sizes,), _ = run_json(result)
-    path = tmp_path / "marked.pb.gz"
     start = moment.origin(load(path))
     for mark, held in (("built", sizes["model"]), ("trained", sizes["model"] + sizes["state"])):
         capsys.readouterr()
