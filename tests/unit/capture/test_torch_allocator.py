@@ -554,8 +554,11 @@ sys.exit(3)
 """
 
 
-def run_gpuflame(tmp_path: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    """``gpuflame run -o out.pb.gz ARGS work.py`` with a build cache of its own (the hook is compiled there)."""
+def run_gpuflame(
+    tmp_path: Path, env: dict[str, str], *args: str, cache: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``gpuflame run -o out.pb.gz ARGS work.py`` with a build cache of its own (the hook is compiled there),
+    or *cache*, a cache the hook was compiled into already."""
     (tmp_path / "work.py").write_text(SCRIPT)
     return gpuflame_run(
         "-o",
@@ -563,15 +566,29 @@ def run_gpuflame(tmp_path: Path, env: dict[str, str], *args: str) -> subprocess.
         *args,
         "work.py",
         cwd=tmp_path,
-        env={"GPUFLAME_CACHE_DIR": str(tmp_path / "cache"), **env},
+        env={"GPUFLAME_CACHE_DIR": str(cache or tmp_path / "cache"), **env},
         timeout=300,
     )
 
 
+@pytest.fixture(scope="module")
+def first_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """(the run, its folder): ``gpuflame run`` with an empty build cache, so the run itself compiles the hook.
+
+    Once per module: the runs with other flags below use the cache it filled (compiling the hook takes
+    more CPU than the run); none of them writes to its folder or its profile.
+    """
+    folder = tmp_path_factory.mktemp("first_run")
+    return run_gpuflame(folder, {}), folder
+
+
 @pytest.mark.subprocess
-def test_gpuflame_run_uses_the_hook_and_keeps_the_exit_code(tmp_path: Path) -> None:
-    done = run_gpuflame(tmp_path, {})
+def test_gpuflame_run_uses_the_hook_and_keeps_the_exit_code(
+    first_run: tuple[subprocess.CompletedProcess[str], Path],
+) -> None:
+    done, tmp_path = first_run
     assert done.returncode == 3, done.stderr
+    assert "compiling cpu_hook.cpp" in done.stderr  # the cache was empty: built by the run
     assert "Traceback" not in done.stderr
     profile = load(tmp_path / "out.pb.gz")
     assert by_frame(profile, "make", INUSE) == 10_000
@@ -590,8 +607,10 @@ def test_without_a_compiler_gpuflame_run_falls_back_and_says_so_once(tmp_path: P
 
 
 @pytest.mark.subprocess
-def test_torch_hook_dispatch_is_honoured(tmp_path: Path) -> None:
-    done = run_gpuflame(tmp_path, {}, "--torch-hook", "dispatch")
+def test_torch_hook_dispatch_is_honoured(
+    tmp_path: Path, first_run: tuple[subprocess.CompletedProcess[str], Path]
+) -> None:
+    done = run_gpuflame(tmp_path, {}, "--torch-hook", "dispatch", cache=first_run[1] / "cache")
     assert done.returncode == 3, done.stderr
     profile = load(tmp_path / "out.pb.gz")
     assert by_frame(profile, "make", INUSE) == 10_000
@@ -764,8 +783,10 @@ def test_native_names_lose_their_argument_lists(mangled: str, short: str) -> Non
 
 
 @pytest.mark.subprocess
-def test_gpuflame_run_native_gives_native_frames(tmp_path: Path) -> None:
-    done = run_gpuflame(tmp_path, {}, "--native")
+def test_gpuflame_run_native_gives_native_frames(
+    tmp_path: Path, first_run: tuple[subprocess.CompletedProcess[str], Path]
+) -> None:
+    done = run_gpuflame(tmp_path, {}, "--native", cache=first_run[1] / "cache")
     assert done.returncode == 3, done.stderr
     profile = load(tmp_path / "out.pb.gz")
     sample = next(s for s in profile.samples if s.values[INUSE] == 10_000)
