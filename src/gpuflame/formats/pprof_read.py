@@ -25,7 +25,7 @@ from gpuflame.formats.pprof import (
     P_TIME_NANOS,
 )
 from gpuflame.formats.pprof_samples import read_sample_columns, read_samples
-from gpuflame.formats.pprof_tables import BULK_MIN, RawProfile, Strings, read_locations, read_value_type
+from gpuflame.formats.pprof_tables import RawProfile, Strings, read_locations, read_value_type
 from gpuflame.formats.protobuf_wire import (
     FIXED32,
     FIXED64,
@@ -158,33 +158,25 @@ def _split_profile(data: bytes) -> RawProfile:
 def _run(data: bytes, pos: int, window: int, key: int, target: list[bytes]) -> int:
     """More fields of the same one-byte *key* with sizes of one or two bytes: the bulk of a large profile.
 
-    Returns where the run ends (another key, a longer size, or the window's
-    end). Past :data:`BULK_MIN` records the rest of the run is found at once
-    (:func:`protobuf_bulk.record_run`, numpy: only a large profile gets there).
+    Returns where the run ends (another key, a longer size, or the window's end).
     """
     if key >= 0x80:
         return pos
     append = target.append
     end = len(data)
-    for _ in range(BULK_MIN):
-        if pos >= window or data[pos] != key:
-            return pos
+    while pos < window and data[pos] == key:
         size = data[pos + 1]
         start = pos + 2
         if size >= 0x80:
             high = data[start]
             if high >= 0x80:
-                return pos
+                break
             size = (size & 0x7F) | (high << 7)
             start += 1
         pos = start + size
         if pos > end:
             raise ProfileFormatError(f"truncated protobuf: field {key >> 3} runs past the end of the data")
         append(data[start:pos])
-    from gpuflame.formats.protobuf_bulk import record_run
-
-    starts, stops, pos = record_run(data, pos, window, key)
-    target.extend(map(data.__getitem__, map(slice, starts.tolist(), stops.tolist())))
     return pos
 
 
