@@ -149,3 +149,31 @@ def _same(path: str, libcuda: str) -> bool:
         return os.path.samefile(path, libcuda)
     except OSError:
         return False
+
+
+MAPS_A_FILE = """
+import mmap, sys, time
+with open(sys.argv[1], "rb") as f:
+    held = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)  # in /proc/PID/maps, as a loaded library is
+print("mapped", flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_file_named_libcuda_that_is_not_the_driver_leaves_the_agent_watching(agent_for, tmp_path):
+    """Any process may map a file named libcuda.so.1 (a tool reading one, a hostile pod): the agent watching
+    every process goes on waiting for a driver it can probe, and the profile names the file it skipped."""
+    fake = tmp_path / "libcuda.so.1"
+    shutil.copy("/bin/true", fake)  # an ELF file without the driver's functions
+    holder = subprocess.Popen([sys.executable, "-c", MAPS_A_FILE, str(fake)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "mapped\n"
+        agent = agent_for()  # every process: raised "no libcuda.so could be probed" before
+        key = (fake.stat().st_dev, fake.stat().st_ino)
+        assert key not in agent.attached
+        notes = [c for c in agent.snapshot().comments if "libcuda.so.1" in c and str(tmp_path) in c]
+        assert len(notes) == 1 and "none of the CUDA driver's allocation functions" in notes[0], notes
+        assert notes[0].endswith("processes calling it are not seen")
+    finally:
+        holder.kill()
+        holder.wait()

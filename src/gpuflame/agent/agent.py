@@ -105,6 +105,7 @@ class Agent(Probing, Registry, Booking):
         self.unverified = {}
         self._never_ready = set()
         self.skipped = []
+        self.skipped_total = 0
         self._unprobeable = set()
         self.counts = {
             "not_registered": 0,
@@ -265,6 +266,7 @@ class Agent(Probing, Registry, Booking):
             profile.comments.append(NO_CUDA_PROCESS)
         if self.late_loads:
             profile.comments.append(self._late_note())
+        profile.comments += self._skipped_notes()
         for path in sorted(self.unwatched_code_frees):
             profile.comments.append(
                 f"gpuflame agent: code objects freed in {path} are not seen (no code_dealloc "
@@ -278,6 +280,14 @@ class Agent(Probing, Registry, Booking):
                 f"({procs.supported_said()} are): its processes' allocations have native stacks"
             )
         return profile
+
+    def _skipped_notes(self) -> list[str]:
+        """Driver files found but not probed (a file named libcuda.so* need not be the driver): a few, then a count."""
+        notes = [f"gpuflame agent: {why}: processes calling it are not seen" for why in self.skipped]
+        more = self.skipped_total - len(self.skipped)
+        if more:
+            notes.append(f"gpuflame agent: {more} more driver files could not be probed")
+        return notes
 
     def _rescan_every(self) -> float:
         return PID_RESCAN_SECONDS if self.pids else RESCAN_SECONDS  # a few watched processes are cheap to look at

@@ -52,7 +52,8 @@ class AgentState:
     _scanned: dict[int, dict[tuple[str, int], str]]  # pid -> the libcuda files it mapped at start
     attached: dict[tuple[int, int], str]  # (device, inode) -> a path of each driver file probed
     _unprobeable: set[tuple[int, int]]
-    skipped: list[str]  # libcuda files found but not probed, and why
+    skipped: list[str]  # libcuda files found but not probed, and why (the first few)
+    skipped_total: int  # how many in all
     missing_functions: set[str]
     single_stepped: set[str]  # probed functions not starting with push %rbp
     late_loads: dict[int, int | None]  # pid -> ms from its driver load to the probes (None: a rescan)
