@@ -37,18 +37,23 @@ demo: venv
 # torch and the rest, and a fresh clone would compile them all again: slower, not faster.)
 PYTEST := env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -m pytest
 
+# Each test file runs whole on one worker (--dist loadfile): a file's module-scoped fixtures (a
+# browser, a recorded run, a notebook kernel) are made once, not once per worker that gets one of
+# its tests; 8% less CPU for the suite, and the workers still end within seconds of each other.
+XDIST := -n auto --dist loadfile
+
 # Half as many workers again as cores (pytest-xdist; tests/conftest.py says why): 8.5-10.5
 # minutes on a 2-core machine (CONTRIBUTING.md). Tests that run at once never share a file or
 # a port; the agent's tests tolerate another worker's processes (an agent watching every
 # process sees them too).
 test: venv
-	$(PYTEST) -q -n auto
+	$(PYTEST) -q $(XDIST)
 
 # The unit tests that run in this process (no subprocess, browser, agent or
 # GPU) and take under a second each: the lane to run while editing, in about a
 # minute. tests/unit/conftest.py keeps it honest about subprocesses.
 test-fast: venv
-	$(PYTEST) -q -n auto tests/unit -m "not subprocess and not slow"
+	$(PYTEST) -q $(XDIST) tests/unit -m "not subprocess and not slow"
 
 # The whole suite three times in a row, each beside four busy loops: the proof that no
 # test depends on the machine's speed (about 28 minutes a run on 2 cores). Stops at the
@@ -56,7 +61,7 @@ test-fast: venv
 test-loaded: venv
 	for run in 1 2 3; do \
 	  busy=""; for i in 1 2 3 4; do $(BIN)/python -c "while True: pass" & busy="$$busy $$!"; done; \
-	  $(PYTEST) -q -n auto; rc=$$?; kill $$busy; \
+	  $(PYTEST) -q $(XDIST); rc=$$?; kill $$busy; \
 	  [ $$rc -eq 0 ] || exit $$rc; echo "loaded run $$run of 3 passed"; \
 	done
 
