@@ -151,6 +151,21 @@ def test_gpuflame_run_imports_only_its_own_command_and_no_analysis(tmp_path):
 
 
 @pytest.mark.subprocess
+def test_gpuflame_version_imports_no_command():
+    """``gpuflame --version`` answered after importing every command: 0.7 s of CPU for one line."""
+    code = (
+        "import json, sys\nfrom gpuflame.cli.main import main\ntry:\n    main(['--version'])\n"
+        "except SystemExit as done:\n    code = done.code\n"
+        "print(json.dumps([code, sorted(m for m in sys.modules if m.startswith(('gpuflame.cli.', 'numpy', 'rich')))]))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[0].startswith("gpuflame ")
+    code, imported = json.loads(proc.stdout.splitlines()[-1])
+    assert code == 0 and imported == ["gpuflame.cli.main"]
+
+
+@pytest.mark.subprocess
 def test_the_dispatch_recorder_imports_torch_only_when_it_starts():
     """capture/recorders/dispatch/mode.py subclasses torch's dispatch mode at its top: the package imports it late."""
     code = (

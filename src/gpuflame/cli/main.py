@@ -153,9 +153,11 @@ def build_parser(names: Sequence[str] = COMMANDS) -> ArgumentParser:
 
 
 def commands_needed(argv: Sequence[str]) -> Sequence[str]:
-    """Only the command named first in *argv*, when it names one: each command module imports
-    what it uses (the viewer, the server, numpy, every reader), and ``gpuflame run`` would pay
-    for all of them (a second of CPU time) before the program starts."""
+    """Only the command named first in *argv*, when it names one (none for ``--version``): each
+    command module imports what it uses (the viewer, the server, numpy, every reader), and
+    ``gpuflame run`` would pay for all of them (a second of CPU time) before the program starts."""
+    if list(argv) == ["--version"]:
+        return ()
     return argv[:1] if argv[:1] and argv[0] in COMMANDS else COMMANDS
 
 
