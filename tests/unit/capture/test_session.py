@@ -113,14 +113,17 @@ def test_when_imported_runs_after_the_module_body(tmp_path: Path, monkeypatch) -
 def test_a_watch_set_after_meta_path_was_restored_still_fires(tmp_path: Path, monkeypatch) -> None:
     """pytester (the pytest plugin's tests) restores ``sys.meta_path``, dropping the finder."""
     (tmp_path / "gpuflame_probe_mod3.py").write_text("VALUE = 3\n")
+    (tmp_path / "gpuflame_probe_mod4.py").write_text("VALUE = 4\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    when_imported("gpuflame_probe_mod_never_imported", lambda m: None)  # the finder is on sys.meta_path
-    monkeypatch.setattr(sys, "meta_path", [f for f in sys.meta_path if type(f).__name__ != "_PostImportFinder"])
     seen = []
     when_imported("gpuflame_probe_mod3", lambda m: seen.append(m.VALUE))
-    import gpuflame_probe_mod3  # noqa: F401
+    import gpuflame_probe_mod3  # noqa: F401  (the finder is on sys.meta_path; no watch is left waiting)
 
-    assert seen == [3]
+    monkeypatch.setattr(sys, "meta_path", [f for f in sys.meta_path if type(f).__name__ != "_PostImportFinder"])
+    when_imported("gpuflame_probe_mod4", lambda m: seen.append(m.VALUE))
+    import gpuflame_probe_mod4  # noqa: F401
+
+    assert seen == [3, 4]
 
 
 def test_a_failing_callback_does_not_break_the_import(tmp_path: Path, monkeypatch, capsys) -> None:
