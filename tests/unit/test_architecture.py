@@ -13,6 +13,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -73,15 +74,15 @@ print(json.dumps({{"attempts": attempts, "rich": sorted(m for m in sys.modules i
 """
 
 
-def run_fresh(code: str, out: Path) -> list[str]:
-    proc = subprocess.run(
-        [sys.executable, "-c", code.format(names=set(LAUNCHER_ONLY)), str(out)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+def fresh_python(code: str, *args: str, timeout: int = 120) -> tuple[subprocess.CompletedProcess[str], Any]:
+    """Run *code* in a fresh interpreter, which must succeed; (the process, its last line of output as JSON)."""
+    proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout.splitlines()[-1])
+    return proc, json.loads(proc.stdout.splitlines()[-1])
+
+
+def run_fresh(code: str, out: Path) -> list[str]:
+    return fresh_python(code.format(names=set(LAUNCHER_ONLY)), str(out))[1]
 
 
 @pytest.mark.subprocess
@@ -101,14 +102,8 @@ def test_every_backend_and_hook_records_with_numpy_and_rich_blocked(tmp_path, ho
     if how == "jax":
         pytest.importorskip("jax")
     out = tmp_path / "t.pb.gz"
-    proc = subprocess.run(
-        [sys.executable, "-c", RECORD.format(block=BLOCK, readers=set(READERS_ONLY)), str(out), how],
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert proc.returncode == 0, proc.stderr
-    seen = json.loads(proc.stdout.splitlines()[-1])
+    code = RECORD.format(block=BLOCK, readers=set(READERS_ONLY))
+    proc, seen = fresh_python(code, str(out), how, timeout=240)
     assert seen["attempts"] == [] and seen["rich"] == [], proc.stderr
     said = [line for line in proc.stderr.splitlines() if line.startswith("gpuflame:")]
     assert all("pyroscope push" in line and "failed 0" in line for line in said), proc.stderr  # nothing lost
@@ -141,11 +136,7 @@ def test_gpuflame_run_imports_only_its_own_command_and_no_analysis(tmp_path):
         "print(json.dumps([rc, sorted(m for m in sys.modules if m.startswith(('gpuflame.cli.', 'numpy', "
         "'rich', 'gpuflame.analysis', 'gpuflame.formats.torch_snapshot')))]))"
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", code, str(tmp_path / "run.pb.gz")], capture_output=True, text=True, timeout=120
-    )
-    assert proc.returncode == 0, proc.stderr
-    rc, imported = json.loads(proc.stdout.splitlines()[-1])
+    proc, (rc, imported) = fresh_python(code, str(tmp_path / "run.pb.gz"))
     assert rc == 0, proc.stderr
     assert imported == ["gpuflame.cli.main", "gpuflame.cli.options", "gpuflame.cli.run"]
 
@@ -158,11 +149,9 @@ def test_gpuflame_version_imports_no_command():
         "except SystemExit as done:\n    code = done.code\n"
         "print(json.dumps([code, sorted(m for m in sys.modules if m.startswith(('gpuflame.cli.', 'numpy', 'rich')))]))"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
+    proc, (exit_code, imported) = fresh_python(code)
     assert proc.stdout.splitlines()[0].startswith("gpuflame ")
-    code, imported = json.loads(proc.stdout.splitlines()[-1])
-    assert code == 0 and imported == ["gpuflame.cli.main"]
+    assert exit_code == 0 and imported == ["gpuflame.cli.main"]
 
 
 @pytest.mark.subprocess
@@ -173,9 +162,7 @@ def test_the_dispatch_recorder_imports_torch_only_when_it_starts():
         "TorchTensorRecorder()\n"
         "print(json.dumps(sorted(m for m in sys.modules if m == 'torch' or m.endswith('dispatch.mode'))))"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout) == []
+    assert fresh_python(code)[1] == []
 
 
 # -- import direction: read from the source, so a late import inside a function counts too --------
