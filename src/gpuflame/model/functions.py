@@ -137,11 +137,16 @@ def _distinct_columns(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _intern(values: list[str]) -> tuple[list[str], np.ndarray]:
-    """The distinct *values* (first seen first) and each value's index among them."""
-    index = dict.fromkeys(values)
-    distinct = list(index)
-    index.update(zip(distinct, range(len(distinct)), strict=True))
-    return distinct, np.fromiter(map(index.__getitem__, values), np.int64, len(values))
+    """The distinct *values* and each value's index among them.
+
+    One dict pass where every value is distinct (a million-frame page's
+    names), two where some repeat: each value's last position, numbered.
+    """
+    last = dict(zip(values, range(len(values)), strict=True))
+    if len(last) == len(values):
+        return values, np.arange(len(values))
+    uniq, index = np.unique(np.fromiter(map(last.__getitem__, values), np.int64, len(values)), return_inverse=True)
+    return list(map(values.__getitem__, uniq.tolist())), index.reshape(-1)
 
 
 def _ranks(values: list[str]) -> np.ndarray:

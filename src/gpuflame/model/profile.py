@@ -184,6 +184,13 @@ class Profile:
         """:meth:`frame_id` of each of *frames*, in C loops: a reader adds a million at once."""
         frames = list(frames)
         table = self._frame_ids
+        if not table:  # a reader's first table: one dict pass where every frame is new (a million, often)
+            first = len(self.frames)
+            table.update(zip(frames, range(first, first + len(frames)), strict=True))
+            if len(table) == len(frames):
+                self.frames.extend(frames)
+                return list(range(first, first + len(frames)))
+            table.clear()
         new = [f for f in dict.fromkeys(frames) if f not in table]
         table.update(zip(new, range(len(self.frames), len(self.frames) + len(new)), strict=True))
         self.frames.extend(new)

@@ -269,3 +269,18 @@ def test_compact_merges_equal_stacks_and_drops_unused_frames():
     assert c.frames == [fwd, main]
     assert c.default_type == "peak_space" and c.comments == ["note"]
     assert c.totals() == p.totals()
+
+
+few_frames = st.builds(Frame, name=st.sampled_from(["f", "g", "h"]), line=st.integers(0, 2))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(few_frames, max_size=3), st.lists(few_frames, max_size=12))
+def test_frame_ids_in_bulk_are_frame_id_one_by_one(before, frames):
+    """A reader's bulk frame_ids (one dict pass when every frame is new) gives frame_id's ids and table."""
+    bulk, one = Profile(sample_types=[]), Profile(sample_types=[])
+    for p in (bulk, one):
+        p.frame_ids(before)
+    assert bulk.frame_ids(frames) == [one.frame_id(f) for f in frames]
+    assert bulk.frames == one.frames and len(set(bulk.frames)) == len(bulk.frames)
+    assert bulk.frame_ids(frames) == one.frame_ids(frames)  # asked again: nothing new
