@@ -464,10 +464,13 @@ def prefix_tree(lengths: np.ndarray, flat: np.ndarray) -> PrefixTree:
     if not width:
         return PrefixTree(np.array([-1]), np.array([-1]), np.zeros(n, dtype=np.int64))
     codes = np.zeros((n, width), dtype=">u4")
-    row = np.repeat(np.arange(n), lengths)
-    codes[row, np.arange(len(flat)) - np.repeat(np.cumsum(lengths) - lengths, lengths)] = flat + 1
+    at = np.repeat(np.arange(n, dtype=np.int64) * width - (np.cumsum(lengths) - lengths), lengths)
+    at += np.arange(len(flat), dtype=np.int64)  # where each frame goes in the flattened matrix
+    codes.reshape(-1)[at] = flat + 1
+    del at
     order = _row_order(codes)
-    codes, lens = codes[order], lengths[order]
+    rows = codes.view(np.dtype((np.void, width * codes.itemsize))).ravel()
+    codes, lens = rows[order].view(codes.dtype).reshape(n, width), lengths[order]  # rows moved whole
     shared = np.zeros(n, dtype=np.intp)
     if n > 1:
         same = codes[1:] == codes[:-1]
