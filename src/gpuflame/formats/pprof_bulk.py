@@ -142,10 +142,9 @@ def sample_columns(
         head[longer] = 3
     if np.any(starts + head + size > ends):
         return None
+    found = _stack_columns(_regions(data, starts + head, size), np.cumsum(size), location_frames, max_depth)
     del data
     stops = (head + size).tolist()
-    ids = b"".join(map(_cut, chunks, head.tolist(), stops))
-    found = _stack_columns(np.frombuffer(ids, dtype=np.uint8), np.cumsum(size), location_frames, max_depth)
     if found is None:
         return None
     distinct: dict[bytes, int] = {}
@@ -157,12 +156,24 @@ def sample_columns(
     tail_labels = [label_index.setdefault(p[1], len(label_index)) for p in parsed]  # type: ignore[index]
     which = np.array(tail_ids, dtype=np.int64)
     values = np.array([p[0] for p in parsed], dtype=np.int64).reshape(len(parsed), -1)  # type: ignore[index]
-    frame_ids = found[1].astype(np.int32) if len(found[1]) and found[1].max() < 2**31 else found[1]  # half the bytes
+    frame_ids = found[1]  # int32 where the ids fit (_frames_of): half the bytes
     return SampleColumns(found[0], frame_ids, values[which], np.array(tail_labels)[which], list(label_index))
 
 
-def _cut(raw: bytes, start: int, stop: int) -> bytes:
-    return raw[start:stop]
+def _regions(data: np.ndarray, begin: np.ndarray, size: np.ndarray) -> np.ndarray:
+    """The bytes ``data[begin[i] : begin[i] + size[i]]`` one after another, for regions in order that do not touch.
+
+    A mask marked +1 where a region begins and -1 where it ends, summed: no
+    ``bytes`` slice per region (a million samples' location ids).
+    """
+    kept = size > 0
+    begin, stop = begin[kept], begin[kept] + size[kept]
+    if len(begin) > 1 and np.any(begin[1:] <= stop[:-1]):
+        raise ValueError("regions must be in order, apart")  # a caller's bug: every sample's ids lie apart
+    mark = np.zeros(len(data) + 1, dtype=np.int8)
+    mark[begin] = 1
+    mark[stop] = -1
+    return data[np.cumsum(mark[:-1], dtype=np.int8).view(bool)]
 
 
 def _stack_columns(
@@ -193,9 +204,11 @@ def _frames_of(lids: np.ndarray, location_frames: dict[int, tuple[int, ...]]) ->
     """
     keys = np.fromiter(location_frames, np.uint64, len(location_frames))
     frame_of = np.fromiter((v[0] for v in location_frames.values()), np.int64, len(keys))
+    if len(frame_of) and frame_of.max() < 2**31:
+        frame_of = frame_of.astype(np.int32)  # what every stack's ids are kept in: half the bytes to gather
     top = int(keys.max())
     if top <= 4 * len(keys) + (1 << 22):
-        table = np.full(top + 1, -1, dtype=np.int64)
+        table = np.full(top + 1, -1, dtype=frame_of.dtype)
         table[keys] = frame_of
         if len(lids) and int(lids.max()) > top:
             return None

@@ -62,3 +62,21 @@ def test_a_varint_cut_short_or_too_long_gives_none(data: bytes) -> None:
 def test_no_bytes_no_varints() -> None:
     values, last = bulk.varints(np.zeros(0, dtype=np.uint8))  # type: ignore[misc]
     assert len(values) == len(last) == 0
+
+
+@hypothesis.settings(max_examples=200, deadline=None)
+@hypothesis.given(st.lists(st.tuples(st.binary(max_size=4), st.binary(max_size=5)), max_size=20), st.binary(max_size=3))
+def test_regions_are_the_slices_joined(pieces: list[tuple[bytes, bytes]], tail: bytes) -> None:
+    """pprof_bulk._regions: the kept regions' bytes in order, as slicing each and joining them gives."""
+    from gpuflame.formats.pprof_bulk import _regions
+
+    data, begin, size, at = b"", [], [], 0
+    for gap, region in pieces:  # a gap of at least one byte before each region, as a sample's key and length
+        data += b"\x0a" + gap + region
+        at += 1 + len(gap)
+        begin.append(at)
+        size.append(len(region))
+        at += len(region)
+    data += tail
+    got = _regions(np.frombuffer(data, dtype=np.uint8), np.array(begin, np.int64), np.array(size, np.int64))
+    assert got.tobytes() == b"".join(data[b : b + n] for b, n in zip(begin, size, strict=True))
