@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from functools import partial
+from itertools import compress
 from operator import itemgetter, ne
 from typing import NamedTuple
 
@@ -88,7 +89,7 @@ def function_table(groups: Sequence[Sequence[Frame]]) -> FunctionTable:
         none = np.zeros(0, dtype=np.int64)
         return FunctionTable([], [], none, none, [], none, none)
     group = np.repeat(np.arange(len(groups)), [len(g) for g in groups])
-    names, name_id = _intern(list(map(_NAME, frames)))
+    names, name_id = _sorted_intern(list(map(_NAME, frames)))  # names: mostly distinct, so sorted anyway
     files, file_id = _intern(list(map(_FILE, frames)))
     kinds, kind_id = _intern(list(map(_KIND, frames)))
     keys, per_frame = _distinct_columns(np.stack([group, name_id, file_id, kind_id]))
@@ -96,7 +97,7 @@ def function_table(groups: Sequence[Sequence[Frame]]) -> FunctionTable:
     np.maximum.at(start, per_frame, np.fromiter(map(_START, frames), np.int64, len(frames)))
     fn_name, fn_file, fn_kind = keys[1], keys[2], keys[3]
     line = _def_lines(start, fn_file, fn_kind == kinds.index(PYTHON) if PYTHON in kinds else None, files)
-    name_rank, file_rank, kind_rank = _ranks(names), _ranks(files), _ranks(kinds)
+    name_rank, file_rank, kind_rank = np.arange(len(names)), _ranks(files), _ranks(kinds)
     order = np.lexsort((kind_rank[fn_kind], line, file_rank[fn_file], name_rank[fn_name]))
     bar = np.stack([fn_name, fn_file, line, fn_kind])[:, order]
     new = np.ones(len(order), dtype=bool)
@@ -147,6 +148,21 @@ def _intern(values: list[str]) -> tuple[list[str], np.ndarray]:
         return values, np.arange(len(values))
     uniq, index = np.unique(np.fromiter(map(last.__getitem__, values), np.int64, len(values)), return_inverse=True)
     return list(map(values.__getitem__, uniq.tolist())), index.reshape(-1)
+
+
+def _sorted_intern(values: list[str]) -> tuple[list[str], np.ndarray]:
+    """:func:`_intern` with the distinct values sorted: one sort of every value, no dict.
+
+    Cheaper than interning then sorting where most values are distinct (a
+    million function names), dearer where most repeat (files, kinds).
+    """
+    order = sorted(range(len(values)), key=values.__getitem__)
+    ordered = list(map(values.__getitem__, order))
+    new = np.ones(len(values), dtype=bool)
+    new[1:] = np.fromiter(map(ne, ordered[1:], ordered[:-1]), bool, max(len(values) - 1, 0))
+    ids = np.empty(len(values), dtype=np.int64)
+    ids[order] = np.cumsum(new) - 1
+    return list(compress(ordered, new.tolist())), ids
 
 
 def _ranks(values: list[str]) -> np.ndarray:
