@@ -64,7 +64,7 @@ def test_no_bytes_no_varints() -> None:
     assert len(values) == len(last) == 0
 
 
-@hypothesis.settings(max_examples=200, deadline=None)
+@hypothesis.settings(max_examples=120, deadline=None)
 @hypothesis.given(st.lists(st.tuples(st.binary(max_size=4), st.binary(max_size=5)), max_size=20), st.binary(max_size=3))
 def test_regions_are_the_slices_joined(pieces: list[tuple[bytes, bytes]], tail: bytes) -> None:
     """pprof_bulk._regions: the kept regions' bytes in order, as slicing each and joining them gives."""
