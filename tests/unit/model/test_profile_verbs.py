@@ -274,7 +274,7 @@ def test_compact_merges_equal_stacks_and_drops_unused_frames():
 few_frames = st.builds(Frame, name=st.sampled_from(["f", "g", "h"]), line=st.integers(0, 2))
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(st.lists(few_frames, max_size=3), st.lists(few_frames, max_size=12))
 def test_frame_ids_in_bulk_are_frame_id_one_by_one(before, frames):
     """A reader's bulk frame_ids (one dict pass when every frame is new) gives frame_id's ids and table."""

@@ -33,13 +33,13 @@ pieces = st.sampled_from(
 files = st.lists(pieces | st.text(max_size=4), max_size=5).map("".join)
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(files)
 def test_python_file_is_the_rule(file):
     assert python_file(file) == (RULE.search(file) is not None)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(files, st.sampled_from(["forward", "<module>", "<cached free blocks>", "0x7f00aa00", "aten::mm"]))
 def test_guess_kind_calls_a_python_file_python(file, name):
     if RULE.search(file):
