@@ -97,8 +97,8 @@ def function_table(groups: Sequence[Sequence[Frame]]) -> FunctionTable:
     np.maximum.at(start, per_frame, np.fromiter(map(_START, frames), np.int64, len(frames)))
     fn_name, fn_file, fn_kind = keys[1], keys[2], keys[3]
     line = _def_lines(start, fn_file, fn_kind == kinds.index(PYTHON) if PYTHON in kinds else None, files)
-    name_rank, file_rank, kind_rank = np.arange(len(names)), _ranks(files), _ranks(kinds)
-    order = np.lexsort((kind_rank[fn_kind], line, file_rank[fn_file], name_rank[fn_name]))
+    file_rank, kind_rank = _ranks(files), _ranks(kinds)  # names are numbered in sorted order already
+    order = np.lexsort((kind_rank[fn_kind], line, file_rank[fn_file], fn_name))
     bar = np.stack([fn_name, fn_file, line, fn_kind])[:, order]
     new = np.ones(len(order), dtype=bool)
     new[1:] = (bar[:, 1:] != bar[:, :-1]).any(axis=0)  # equal bars (two groups' same function) are one row
