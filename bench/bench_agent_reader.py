@@ -16,6 +16,7 @@ shows in both; the figure is this thread's CPU time.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import statistics
 import struct
@@ -66,10 +67,15 @@ def one_round(recs: list[bytes]) -> float:
     agent = Agent(pids=[PID], nvml_library=None)
     for s in range(STACKS):  # every stack named already (the first of each is the rare case)
         raw = recs[2 * s][HEADER.size :]
-        agent._raw_ids[(PID, raw)] = agent._intern((Frame(f"f{s}", "x.py", 1),))
+        sid = agent._intern((Frame(f"f{s}", "x.py", 1),))
+        if hasattr(agent, "_raw_stacks"):  # pid -> raw -> id
+            agent._raw_stacks.setdefault(PID, {})[raw] = sid
+        else:  # before: (pid, raw) -> id
+            agent._raw_ids[(PID, raw)] = sid
     fd, size = fake_ring(recs)
     reader = agent._read_ring if hasattr(agent, "_read_ring") else agent._incoming.append  # before: per record
     agent._ring = ring_for(fd, size, reader)
+    gc.collect()  # each round from the same heap: the collector's passes cost what the heap holds
     start = time.thread_time_ns()
     agent.poll(0)
     while agent._ring.more:

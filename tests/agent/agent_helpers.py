@@ -305,7 +305,7 @@ def fake_ring(records: list[bytes], size: int = 0, start: int = 0) -> tuple[int,
     return fd, size
 
 
-def ring_for(fd: int, size: int, reader: Callable, limit: int = 8192) -> object:
+def ring_for(fd: int, size: int, reader: Callable, limit: int = 1 << 20) -> object:
     """The agent's RingBuffer over a fake ring (:func:`fake_ring`)."""
     from gpuflame.agent import libbpf
 

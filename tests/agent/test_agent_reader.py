@@ -7,6 +7,7 @@ frees and allocations of stacks already named in its own loop and hands every ot
 
 from __future__ import annotations
 
+import mmap
 import os
 import random
 import struct
@@ -32,7 +33,7 @@ def agent_with_stacks() -> Agent:
     """An Agent (not started) that has named every stack of STACKS already."""
     agent = Agent(pids=[PID], nvml_library=None)
     for i, raw in enumerate(STACKS):
-        agent._raw_ids[(PID, raw)] = agent._intern((Frame(f"f{i}", "x.py", i + 1),))
+        agent._raw_stacks.setdefault(PID, {})[raw] = agent._intern((Frame(f"f{i}", "x.py", i + 1),))
     return agent
 
 
@@ -67,7 +68,7 @@ def booked(agent: Agent) -> tuple[list, dict, int]:
     return sorted(agent.ledger.rows()), dict(agent.counts), agent.ledger.unmatched_frees
 
 
-def read_all(agent: Agent, recs: list, limit: int = 8192, **ring: int) -> RingBuffer:
+def read_all(agent: Agent, recs: list, limit: int = 1 << 20, **ring: int) -> RingBuffer:
     fd, size = fake_ring(recs, **ring)
     agent._ring = ring_for(fd, size, agent._read_ring, limit)
     os.close(fd)  # the mappings hold the file
@@ -84,7 +85,7 @@ def test_the_ring_reader_books_as_each_record_booked_alone():
         for rec in recs:
             one_by_one._handle(rec)
         through_ring = agent_with_stacks()
-        read_all(through_ring, recs, limit=97)  # several reads
+        read_all(through_ring, recs, limit=4000)  # several reads (4,000 bytes each)
         assert booked(through_ring) == booked(one_by_one)
         assert through_ring.counts["handler_errors"] == 0
 
@@ -105,3 +106,40 @@ def test_discarded_records_are_skipped_and_a_record_being_written_is_left():
     assert sum(v[4] for _, _, v in agent.ledger.rows()) == 100  # the discarded copy not booked
     assert not ring.more  # stopped at the busy record: read again at the next drain
     assert struct.unpack_from("<Q", ring._consumer, 0)[0] == 2 * (8 + len(alloc))  # after the two records read
+
+
+def test_a_drain_reads_what_the_producer_wrote_meanwhile_and_stops_at_its_limit():
+    """The producer position is read again when the reader catches up; *limit* bytes end a drain (``more``)."""
+    recs = [record(events.EV_ALLOC, events.K_ALLOC, 0x7F0000000000 + 512 * i, 10, STACKS[i % 4]) for i in range(30)]
+    each = 8 + len(recs[0])
+    fd, size = fake_ring(recs)
+    with mmap.mmap(fd, mmap.PAGESIZE * 2) as m:
+        struct.pack_into("<Q", m, mmap.PAGESIZE, 10 * each)  # the producer has written 10 of the 30 so far
+        calls = []
+
+        def reader(*args: int) -> int:
+            if not calls:  # the kernel writes the other 20 while the first 10 are read
+                struct.pack_into("<Q", m, mmap.PAGESIZE, 30 * each)
+            calls.append(args[4])
+            return agent._read_ring(*args)
+
+        agent = agent_with_stacks()
+        ring = ring_for(fd, size, reader, limit=25 * each)
+        ring.drain(0)
+        assert calls == [10 * each, 25 * each] and ring.more  # stopped at the limit, not at the producer
+        assert sum(v[5] for _, _, v in agent.ledger.rows()) == 25
+        ring.drain(0)
+        assert sum(v[5] for _, _, v in agent.ledger.rows()) == 30 and not ring.more
+    os.close(fd)
+
+
+def test_a_handle_and_an_address_of_the_same_value_are_two_blocks():
+    from gpuflame.agent.ledger import Ledger, block_key, key_parts
+
+    ledger = Ledger()
+    ledger.alloc(7, "cuda", 0, block_key(True, 0x1000), 2 << 20)  # cuMemCreate's handle 0x1000
+    ledger.alloc(7, "cuda", 1, block_key(False, 0x1000), 512)  # cuMemAlloc's address 0x1000
+    assert ledger.release(7, 0x1000)  # the handle's last reference
+    assert {stack: v[2] for _, stack, v in ledger.rows()} == {0: 0, 1: 512}
+    assert [key_parts(key) for key in ledger.exit(7)] == [(0, 0x1000)]
+    assert key_parts(block_key(True, (1 << 64) - 1)) == (1, (1 << 64) - 1)

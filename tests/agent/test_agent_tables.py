@@ -232,7 +232,7 @@ def test_ledger_peak_equals_the_definition(seed):
             ops.append(("free", None, key, 0))
             ledger.free(1, key)
         else:
-            key, stack, size = (0, i), rng.randrange(6), rng.randrange(1, 5000)
+            key, stack, size = i, rng.randrange(6), rng.randrange(1, 5000)
             live.append(key)
             ops.append(("alloc", stack, key, size))
             ledger.alloc(1, "cuda", stack, key, size)
@@ -245,11 +245,11 @@ def test_ledger_peak_equals_the_definition(seed):
 def test_ledger_parks_a_block_whose_free_is_still_on_its_way():
     """Thread A frees X, thread B gets X and its event comes first: A's free then takes A's block, not B's."""
     ledger = Ledger()
-    ledger.alloc(7, "cuda", 0, (0, 0x1000), 100)
-    ledger.alloc(7, "cuda", 1, (0, 0x1000), 30, park=True)  # B: X again, A's free still returning
-    assert ledger.free(7, (0, 0x1000))  # A's free: A's block
+    ledger.alloc(7, "cuda", 0, 0x1000, 100)
+    ledger.alloc(7, "cuda", 1, 0x1000, 30, park=True)  # B: X again, A's free still returning
+    assert ledger.free(7, 0x1000)  # A's free: A's block
     assert {stack: v[2] for _, stack, v in ledger.rows()} == {0: 0, 1: 30}
-    assert ledger.free(7, (0, 0x1000))  # B's own free
+    assert ledger.free(7, 0x1000)  # B's own free
     assert {stack: v[2] for _, stack, v in ledger.rows()} == {0: 0, 1: 0}
     assert ledger.unmatched_frees == 0 and not ledger.parked
 
@@ -275,11 +275,11 @@ def test_free_threaded_and_debug_builds_are_refused_by_name(path, why):
 
 def test_ledger_exit_and_unknown_frees():
     ledger = Ledger()
-    ledger.alloc(7, "cuda", 0, (0, 0x1000), 100)
-    ledger.alloc(7, "host", 1, (0, 0x2000), 50)
-    assert not ledger.free(7, (0, 0x9999))  # from before the agent: ignored, counted
+    ledger.alloc(7, "cuda", 0, 0x1000, 100)
+    ledger.alloc(7, "host", 1, 0x2000, 50)
+    assert not ledger.free(7, 0x9999)  # from before the agent: ignored, counted
     assert ledger.unmatched_frees == 1
-    assert sorted(ledger.exit(7)) == [(0, 0x1000), (0, 0x2000)]
+    assert sorted(ledger.exit(7)) == [0x1000, 0x2000]
     rows = {(g, s): v for g, s, v in ledger.rows()}
     assert rows[((7, "cuda"), 0)] == (100, 1, 0, 0, 100, 1)
     assert rows[((7, "host"), 1)] == (50, 1, 0, 0, 50, 1)
@@ -287,8 +287,8 @@ def test_ledger_exit_and_unknown_frees():
 
 def test_ledger_drops_an_ended_process():
     ledger = Ledger()
-    ledger.alloc(7, "cuda", 0, (0, 0x1000), 100)
-    ledger.alloc(8, "cuda", 0, (0, 0x1000), 30)
+    ledger.alloc(7, "cuda", 0, 0x1000, 100)
+    ledger.alloc(8, "cuda", 0, 0x1000, 30)
     ledger.drop(7)
     assert [(g, v) for g, _, v in ledger.rows()] == [((8, "cuda"), (30, 1, 30, 1, 30, 1))]
     assert 7 not in ledger.blocks

@@ -124,7 +124,7 @@ class Agent(Probing, Registry, Booking):
         self.first_event_ns = 0
         self._stacks = []
         self._stack_ids = {}
-        self._raw_ids = {}
+        self._raw_stacks = {}
         self._raw_bytes = 0
         self.max_stacks = MAX_STACKS
         self._labels = {}

@@ -57,7 +57,8 @@ from gpuflame.agent.events import (
     unpack_free,
     vmm_handle,
 )
-from gpuflame.agent.libbpf import POSITION, BpfError, RingBuffer
+from gpuflame.agent.ledger import block_key, key_parts
+from gpuflame.agent.libbpf import BpfError, RingBuffer
 from gpuflame.agent.pending import Pending
 from gpuflame.agent.process import Process
 from gpuflame.agent.state import AgentState
@@ -76,40 +77,39 @@ _LABELS = {d: device_label(d) for d in (DEVICE_CUDA, DEVICE_HOST)}  # the device
 class Booking(AgentState):
     """The Agent's events, booked (mixed into :class:`~gpuflame.agent.agent.Agent`)."""
 
-    def _read_ring(self, data: mmap.mmap, page: int, mask: int, consumer: int, limit: int) -> tuple[int, int]:
-        """Book the ring's records (a reader of :meth:`RingBuffer.drain`: libbpf.walk's loop, booking inlined).
+    def _read_ring(self, data: mmap.mmap, page: int, mask: int, consumer: int, stop: int) -> int:
+        """Book the ring's records from *consumer* to *stop*, or to the first still being written; where it
+        stopped (a reader of :meth:`RingBuffer.drain`).
 
         The two records that make nearly all of a busy ring are booked in the loop, read where they lie, with
         no call but the ledger's: a free of an address, and an allocation of a stack already named with
         nothing to count. Every other record goes through :meth:`_handle`, which books those two alike."""
-        ledger, raw_ids, labels, fields = self.ledger, self._raw_ids, _LABELS, RING_RECORD.unpack_from
-        busy, discard, frames_at = RingBuffer.BUSY, RingBuffer.DISCARD, 8 + HEADER.size
-        producer, n = POSITION.unpack_from(data, 0)[0], 0
-        while consumer < producer and n < limit:
+        free, alloc, raw_stacks, labels = self.ledger.free, self.ledger.alloc, self._raw_stacks, _LABELS
+        fields, frames_at, flagged = RING_RECORD.unpack_from, 8 + HEADER.size, RingBuffer.DISCARD
+        while consumer < stop:
             at = page + (consumer & mask)
             length, type_, kind, flags, tgid, addr, size, device = fields(data, at)  # one call for all
-            if length & busy:
-                break  # being written
-            consumer += ((length & ~discard) + 15) & ~7  # the 8-byte ring header, 8-aligned
-            n += 1
-            if consumer >= producer:
-                producer = POSITION.unpack_from(data, 0)[0]
+            if length >= flagged:  # busy or discarded (the two top bits)
+                if length & RingBuffer.BUSY:
+                    break  # being written: read at the next drain
+                consumer += ((length & ~flagged) + 15) & ~7
+                continue
+            consumer += (length + 15) & ~7  # the 8-byte ring header, 8-aligned
             try:
-                if length & discard:
-                    continue
                 if type_ == EV_FREE and kind != K_RELEASE:
-                    ledger.free(tgid, (0, addr))
+                    free(tgid, addr)
                     continue
                 if type_ == EV_ALLOC and not flags and kind != K_CREATE:
                     label = labels.get(device)
-                    stack = raw_ids.get((tgid, data[at + frames_at : at + 8 + length]))
+                    raws = raw_stacks.get(tgid)
+                    stack = raws.get(data[at + frames_at : at + 8 + length]) if raws is not None else None
                     if stack is not None and label is not None:
-                        ledger.alloc(tgid, label, stack, (0, addr), size, True)
+                        alloc(tgid, label, stack, addr, size, True)
                         continue
                 self._handle(data[at + 8 : at + 8 + length])
             except Exception as exc:  # noqa: BLE001 - one bad record must not stop the agent
                 self._not_booked(exc)
-        return consumer, n
+        return consumer
 
     def _not_booked(self, exc: Exception) -> None:
         self.counts["handler_errors"] += 1
@@ -123,7 +123,7 @@ class Booking(AgentState):
             if data[1] == K_RELEASE:
                 self.ledger.release(tgid, addr)
             else:
-                self.ledger.free(tgid, (0, addr))
+                self.ledger.free(tgid, addr)
         elif kind == EV_ALLOC:
             self._alloc(data)
         elif kind == EV_RESULT:
@@ -170,13 +170,18 @@ class Booking(AgentState):
         if proc is not None and proc.reader is not None:
             proc.reader.forget(code)
         needle = code.to_bytes(8, "little")
-        self._raw_ids = {k: v for k, v in self._raw_ids.items() if k[0] != pid or needle not in k[1]}
-        self._raw_bytes = sum(len(raw) for _, raw in self._raw_ids)
+        raws = self._raw_stacks.get(pid)
+        if raws:
+            self._raw_stacks[pid] = {raw: sid for raw, sid in raws.items() if needle not in raw}
+            self._count_raw_bytes()
+
+    def _count_raw_bytes(self) -> None:
+        self._raw_bytes = sum(len(raw) for raws in self._raw_stacks.values() for raw in raws)
 
     def _alloc(self, data: bytes) -> None:
         _type, kind, _n, _nn, flags, tgid, tid, addr, size, _ts, device, seq, _comm = HEADER.unpack_from(data)
-        raw = (tgid, data[HEADER.size :])
-        stack = self._raw_ids.get(raw)
+        raw = data[HEADER.size :]
+        stack = self._raw_stacks.get(tgid, {}).get(raw)
         if stack is None:  # a stack not seen before (the BPF side woke us at once for it)
             stack = self._new_stack(raw, header(data), data)
             if stack is None:
@@ -197,7 +202,7 @@ class Booking(AgentState):
             tgid,
             device_label(device),
             stack,
-            (int(kind == K_CREATE), addr),
+            block_key(kind == K_CREATE, addr),
             size,
             park=not flags & F_REPLACED and kind != K_CREATE,
         )
@@ -211,7 +216,7 @@ class Booking(AgentState):
             return
         if not h.flags & F_RETURNED:
             self.counts["results_next_entry"] += 1
-        self.ledger.alloc(h.tgid, call.device, call.stack, (int(call.kind == K_CREATE), h.addr), h.size)
+        self.ledger.alloc(h.tgid, call.device, call.stack, block_key(call.kind == K_CREATE, h.addr), h.size)
 
     def _probe_return_site(self, h: Header) -> None:
         """A plain uprobe where a driver call returns to (in its file: every process that maps it), once verified.
@@ -248,7 +253,7 @@ class Booking(AgentState):
             site.close()
         self.return_sites[site.key] = site.shown
 
-    def _new_stack(self, raw: tuple[int, bytes], h: Header, data: bytes) -> int | None:
+    def _new_stack(self, raw: bytes, h: Header, data: bytes) -> int | None:
         self.cuda_seen = True
         if not self.first_event_ns:
             self.first_event_ns = time.time_ns()
@@ -260,8 +265,8 @@ class Booking(AgentState):
         if len(self._stacks) >= self.max_stacks or self._raw_bytes >= MAX_RAW_STACK_BYTES:
             self.counts["stacks_over_limit"] += 1  # a process making stacks without end: bounded, and said
             return self._intern(OVER_LIMIT)
-        self._raw_bytes += len(raw[1])
-        stack = self._raw_ids[raw] = self._intern(self._frames(proc, h, data))
+        self._raw_bytes += len(raw)
+        stack = self._raw_stacks.setdefault(h.tgid, {})[raw] = self._intern(self._frames(proc, h, data))
         return stack
 
     def _frames(self, proc: Process, h: Header, data: bytes) -> tuple[Frame, ...]:
@@ -297,10 +302,10 @@ class Booking(AgentState):
         self._exited.add(pid)
         self._site_checks.pop(pid, None)
         self.counts["results_unread"] += self.pending.drop(pid)
-        for is_handle, addr in self.ledger.exit(pid):
-            self._live.delete(BLOCK_KEY.pack(pid, is_handle, addr))
+        for key in self.ledger.exit(pid):
+            self._live.delete(BLOCK_KEY.pack(pid, *key_parts(key)))
         proc = self.processes.pop(pid, None)
         if proc is not None:
             proc.close()
-        self._raw_ids = {k: v for k, v in self._raw_ids.items() if k[0] != pid}
-        self._raw_bytes = sum(len(raw) for _, raw in self._raw_ids)
+        if self._raw_stacks.pop(pid, None):
+            self._count_raw_bytes()

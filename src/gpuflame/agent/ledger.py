@@ -12,7 +12,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 Group = tuple[int, str]  # (pid, device)
-BlockKey = tuple[int, int]  # (is_handle, address or handle)
+BlockKey = int  # an address, or HANDLE | a cuMemCreate handle: an int hashes and compares faster than a tuple
+HANDLE = 1 << 64  # above every 64-bit address and handle
+
+
+def block_key(is_handle: bool, value: int) -> BlockKey:
+    """The ledger's key of an address (or, *is_handle*, of a cuMemCreate handle)."""
+    return HANDLE | value if is_handle else value
+
+
+def key_parts(key: BlockKey) -> tuple[int, int]:
+    """(is_handle, address or handle) of a block key."""
+    return key >> 64, key & (HANDLE - 1)
 
 
 # A row is a list (the hot path touches it at every event; lists beat attributes):
@@ -28,7 +39,7 @@ class GroupState:
     lines: dict[int, list[int]] = field(default_factory=dict)
 
 
-Block = tuple[GroupState, int, int]  # a live block: its group's state, stack id, size (its group outlives it)
+Block = tuple[GroupState, list[int], int]  # a live block: its group's state, its row, size (both outlive it)
 
 
 class Ledger:
@@ -47,25 +58,17 @@ class Ledger:
         self.refs: dict[tuple[int, int], int] = {}  # (pid, handle) -> references
         self.mappings: dict[int, dict[int, tuple[int, int]]] = {}  # pid -> address -> (size, handle)
 
-    def _change(self, g: GroupState, stack: int, size: int, count: int, allocated: bool) -> None:
-        """Add *size* bytes and *count* blocks to a row (negative: a free), keeping its value at the peak."""
-        self.clock += 1
-        line = g.lines.get(stack)
-        if line is None:
-            line = g.lines[stack] = [0, 0, 0, 0, 0, 0, 0]
-        elif line[CHANGED] <= g.peak_time:
+    def _unbook(self, g: GroupState, line: list[int], size: int) -> None:
+        """Take a freed block of *size* bytes off its row, keeping the row's value at the peak (a free
+        never makes a new peak)."""
+        self.clock = clock = self.clock + 1
+        if line[CHANGED] <= g.peak_time:
             line[PEAK] = line[INUSE]
             line[PEAK_N] = line[INUSE_N]
-        line[INUSE] += size
-        line[INUSE_N] += count
-        if allocated:
-            line[ALLOC] += size
-            line[ALLOC_N] += 1
-        line[CHANGED] = self.clock
-        g.total += size
-        if g.total > g.peak_total:
-            g.peak_total = g.total
-            g.peak_time = self.clock
+        line[INUSE] -= size
+        line[INUSE_N] -= 1
+        line[CHANGED] = clock
+        g.total -= size
 
     def alloc(self, pid: int, device: str, stack: int, key: BlockKey, size: int, park: bool = False) -> None:
         """Book a block. An address still booked: its free was missed (released now), or, with *park*, its
@@ -82,7 +85,7 @@ class Ledger:
                 self.parked[(pid, key)] = blocks.pop(key)
             else:
                 self._release(pid, key)
-        # self._change(g, stack, size, 1, True), inlined: this and free() run for nearly every event
+        # this and free() run for nearly every event: no call but the dict's
         self.clock = clock = self.clock + 1
         line = g.lines.get(stack)
         if line is None:
@@ -96,21 +99,20 @@ class Ledger:
             line[ALLOC] += size
             line[ALLOC_N] += 1
             line[CHANGED] = clock
-        g.total += size
-        if g.total > g.peak_total:
-            g.peak_total = g.total
+        total = g.total = g.total + size
+        if total > g.peak_total:
+            g.peak_total = total
             g.peak_time = clock
-        blocks[key] = (g, stack, size)
-        if key[0]:
-            self.refs[(pid, key[1])] = 1
+        blocks[key] = (g, line, size)
+        if key >= HANDLE:
+            self.refs[(pid, key - HANDLE)] = 1
 
     def free(self, pid: int, key: BlockKey) -> bool:
         """Free a block; False when it is not known (allocated before the agent started)."""
         if self.parked:
             parked = self.parked.pop((pid, key), None)
             if parked is not None:
-                g, stack, size = parked
-                self._change(g, stack, -size, -1, False)
+                self._unbook(*parked)
                 return True
         blocks = self.blocks.get(pid)
         block = blocks.pop(key, None) if blocks is not None else None
@@ -118,10 +120,9 @@ class Ledger:
             self.clock += 1
             self.unmatched_frees += 1
             return False
-        g, stack, size = block
-        # self._change(g, stack, -size, -1, False), inlined (a free never makes a new peak)
+        g, line, size = block
+        # self._unbook(*block), inlined
         self.clock = clock = self.clock + 1
-        line = g.lines[stack]
         if line[CHANGED] <= g.peak_time:
             line[PEAK] = line[INUSE]
             line[PEAK_N] = line[INUSE_N]
@@ -138,7 +139,7 @@ class Ledger:
             self.refs[(pid, handle)] = n - 1
             return True
         self.refs.pop((pid, handle), None)
-        return self.free(pid, (1, handle))
+        return self.free(pid, HANDLE | handle)
 
     def map(self, pid: int, address: int, size: int, handle: int) -> None:
         """cuMemMap: the mapping holds the handle's memory until it is unmapped."""
@@ -161,8 +162,7 @@ class Ledger:
                 return
 
     def _release(self, pid: int, key: BlockKey) -> None:
-        g, stack, size = self.blocks[pid].pop(key)
-        self._change(g, stack, -size, -1, False)
+        self._unbook(*self.blocks[pid].pop(key))
 
     def exit(self, pid: int) -> list[BlockKey]:
         """A process ended: its blocks are freed. Returns their keys."""
@@ -173,8 +173,7 @@ class Ledger:
         for ref in [ref for ref in self.refs if ref[0] == pid]:
             del self.refs[ref]
         for pk in [pk for pk in self.parked if pk[0] == pid]:
-            g, stack, size = self.parked.pop(pk)
-            self._change(g, stack, -size, -1, False)
+            self._unbook(*self.parked.pop(pk))
         self.blocks.pop(pid, None)
         return keys
 

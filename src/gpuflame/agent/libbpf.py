@@ -281,7 +281,7 @@ class RingBuffer:
     BUSY = 1 << 31
     DISCARD = 1 << 30
 
-    def __init__(self, fd: int, size: int, reader: Reader, limit: int = 8192) -> None:
+    def __init__(self, fd: int, size: int, reader: Reader, limit: int = 1 << 20) -> None:
         page = mmap.PAGESIZE
         self._reader = reader
         self._limit = limit
@@ -303,16 +303,23 @@ class RingBuffer:
             self._epoll.poll(timeout_ms / 1000)
 
     def drain(self, timeout_ms: int = 0) -> int:
-        """:meth:`wait`, then have the reader read at most *limit* records; how many it read."""
+        """:meth:`wait`, then have the reader read up to *limit* bytes of records; how many bytes it read.
+
+        The producer position is read again each time the reader catches up with it, so records written
+        meanwhile are read in the same drain."""
         self.wait(timeout_ms)
-        consumer = POSITION.unpack_from(self._consumer, 0)[0]
-        if consumer >= POSITION.unpack_from(self._data, 0)[0]:
-            self.more = False
-            return 0
-        consumer, n = self._reader(self._data, self._page, self._mask, consumer, self._limit)
+        start = consumer = POSITION.unpack_from(self._consumer, 0)[0]
+        end = start + self._limit
+        while consumer < end:
+            stop = min(POSITION.unpack_from(self._data, 0)[0], end)
+            if consumer >= stop:
+                break
+            consumer = self._reader(self._data, self._page, self._mask, consumer, stop)
+            if consumer < stop:
+                break  # a record still being written
         POSITION.pack_into(self._consumer, 0, consumer)  # the space is the producer's again
-        self.more = n >= self._limit
-        return n
+        self.more = consumer >= end
+        return consumer - start
 
     def close(self) -> None:
         if self._epoll is not None:
@@ -325,7 +332,7 @@ class RingBuffer:
 POSITION = struct.Struct("<Q")  # the consumer and producer positions
 
 
-# (ring mapping, offset of its data, position mask, consumer position, most records) -> (consumer position
-# after the records read, how many): a reader of RingBuffer.drain; the producer position is the mapping's first
-# word, a record's at page + (position & mask)
-Reader = Callable[[mmap.mmap, int, int, int, int], tuple[int, int]]
+# (ring mapping, offset of its data, position mask, consumer position, stop position) -> the consumer position
+# after the records read (at or past stop, or before the first record still being written): a reader of
+# RingBuffer.drain; a record's at page + (position & mask)
+Reader = Callable[[mmap.mmap, int, int, int, int], int]

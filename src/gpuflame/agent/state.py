@@ -78,7 +78,7 @@ class AgentState:
     first_event_ns: int
     _stacks: list[tuple[Frame, ...]]
     _stack_ids: dict[tuple[Frame, ...], int]
-    _raw_ids: dict[tuple[int, bytes], int]
+    _raw_stacks: dict[int, dict[bytes, int]]  # pid -> the frames as the BPF side sent them -> stack id
     _raw_bytes: int  # the raw stacks kept as keys
     max_stacks: int
     _exited: set[int]  # processes ended since the last forget_exited()
@@ -94,4 +94,4 @@ class AgentState:
 
         def _driver_loaded(self, pid: int, mapped_ns: int) -> None: ...
 
-        def _read_ring(self, data: mmap.mmap, page: int, mask: int, consumer: int, limit: int) -> tuple[int, int]: ...
+        def _read_ring(self, data: mmap.mmap, page: int, mask: int, consumer: int, stop: int) -> int: ...
