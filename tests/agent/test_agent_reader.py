@@ -143,3 +143,17 @@ def test_a_handle_and_an_address_of_the_same_value_are_two_blocks():
     assert {stack: v[2] for _, stack, v in ledger.rows()} == {0: 0, 1: 512}
     assert [key_parts(key) for key in ledger.exit(7)] == [(0, 0x1000)]
     assert key_parts(block_key(True, (1 << 64) - 1)) == (1, (1 << 64) - 1)
+
+
+def test_a_free_after_the_peak_keeps_its_row_at_the_peak():
+    """The peak is at the second allocation; the free that follows must not lower the first row's peak."""
+    recs = [
+        record(events.EV_ALLOC, events.K_ALLOC, 0xA000, 100, STACKS[0]),
+        record(events.EV_ALLOC, events.K_ALLOC, 0xB000, 50, STACKS[1]),
+        record(events.EV_FREE, events.K_FREE, 0xA000),
+        record(events.EV_ALLOC, events.K_ALLOC, 0xC000, 10, STACKS[1]),
+    ]
+    agent = agent_with_stacks()
+    read_all(agent, recs)
+    # (peak, peak blocks, in use, in use blocks, allocated, allocations) per stack
+    assert {stack: v for _, stack, v in agent.ledger.rows()} == {0: (100, 1, 0, 0, 100, 1), 1: (50, 1, 60, 2, 60, 2)}
