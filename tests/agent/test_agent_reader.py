@@ -157,3 +157,15 @@ def test_a_free_after_the_peak_keeps_its_row_at_the_peak():
     read_all(agent, recs)
     # (peak, peak blocks, in use, in use blocks, allocated, allocations) per stack
     assert {stack: v for _, stack, v in agent.ledger.rows()} == {0: (100, 1, 0, 0, 100, 1), 1: (50, 1, 60, 2, 60, 2)}
+
+
+def test_lost_events_and_those_the_ring_refused_are_said():
+    from gpuflame.agent.agent import loss_notes
+
+    notes = loss_notes({"lost_events": 3, "ring_refused": 2})
+    assert (
+        "gpuflame agent: 3 events were lost (the ring buffer was full, or refused them): the totals are short" in notes
+    )
+    refused = f"gpuflame agent: 2 of the events lost were refused by the ring buffer while it had room (each tried {events.OUTPUT_TRIES} times)"
+    assert refused in notes
+    assert not any("refused by the ring" in note for note in loss_notes({"lost_events": 3}))

@@ -27,9 +27,11 @@ from gpuflame.agent.call_sites import Verifier
 from gpuflame.agent.events import (
     LIVE_BLOCKS,
     N_STATS,
+    OUTPUT_TRIES,
     STAT_CALLS_FULL,
     STAT_LIVE_FULL,
     STAT_LOST_EVENTS,
+    STAT_RING_REFUSED,
     STAT_UNKNOWN_FREES,
 )
 from gpuflame.agent.ledger import Ledger
@@ -230,6 +232,7 @@ class Agent(Probing, Registry, Booking):
             STAT_LIVE_FULL: "live_map_full",
             STAT_UNKNOWN_FREES: "unknown_frees",
             STAT_CALLS_FULL: "calls_map_full",
+            STAT_RING_REFUSED: "ring_refused",
         }
         for i in range(N_STATS):
             raw = self._stats.lookup(i.to_bytes(4, "little"))
@@ -347,7 +350,9 @@ def loss_notes(stats: dict[str, int], probes: str = "", gpu: nvml.Nvml | None = 
         )
     notes = [first]
     said = {
-        "lost_events": "events were lost (the ring buffer was full): the totals are short",
+        "lost_events": "events were lost (the ring buffer was full, or refused them): the totals are short",
+        "ring_refused": "of the events lost were refused by the ring buffer while it had room (each tried "
+        f"{OUTPUT_TRIES} times)",
         "live_map_full": "blocks were not tracked in the kernel (live-block map full, raise --max-blocks): "
         "their frees were matched in user space instead (each free one more event)",
         "calls_map_full": "driver calls were missed (too many threads inside the driver at once)",

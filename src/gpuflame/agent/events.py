@@ -27,11 +27,12 @@ F_REPLACED = 256  # an allocation at an address whose free was missed (none is s
 
 DEVICE_CUDA, DEVICE_HOST = -1, -2
 P_NATIVE = 1
-STAT_LOST_EVENTS, STAT_LIVE_FULL, STAT_UNKNOWN_FREES, STAT_CALLS_FULL = 0, 1, 2, 3
-N_STATS = 4
+STAT_LOST_EVENTS, STAT_LIVE_FULL, STAT_UNKNOWN_FREES, STAT_CALLS_FULL, STAT_RING_REFUSED = 0, 1, 2, 3, 4
+N_STATS = 5
 SET_ONLY_REGISTERED, SET_ENTRY_ONLY, SET_LIVE_OVERFLOWED = 0, 1, 2
 MAX_FRAMES = 128
 RING_BYTES = 16 * 1024 * 1024  # the events ring (its size is fixed in agent.h)
+OUTPUT_TRIES = 128  # a record the ring refuses while it has room is tried this often in all (agent.h)
 FRAME_BYTES = 104  # the BPF walk reads this much of each interpreter frame at once
 LIVE_BLOCKS = 262144  # default size of the live-block map (--max-blocks)
 

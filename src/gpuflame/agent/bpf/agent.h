@@ -4,6 +4,7 @@
 
 #define RING_BYTES 16777216 /* 16 MiB */
 #define WAKE_BYTES (256 * 1024)
+#define OUTPUT_TRIES 128 /* a record the ring refused while not full: tried this many times in all */
 #define MAX_PROCS 16384
 /* Python threads searched for the caller's thread state (the interpreter lists the newest first, so a
  * server's pool hides the main thread behind it); once per thread (cached, re-checked at each use), two
@@ -83,7 +84,8 @@
 #define STAT_LIVE_FULL 1
 #define STAT_UNKNOWN_FREES 2
 #define STAT_CALLS_FULL 3
-#define N_STATS 4
+#define STAT_RING_REFUSED 4 /* of the lost events, those refused OUTPUT_TRIES times with the ring not full */
+#define N_STATS 5
 
 /* settings */
 #define SET_ONLY_REGISTERED 0 /* 1 = only processes in procs (--pid), 0 = every process */
