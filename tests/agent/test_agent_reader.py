@@ -166,6 +166,9 @@ def test_lost_events_and_those_the_ring_refused_are_said():
     assert (
         "gpuflame agent: 3 events were lost (the ring buffer was full, or refused them): the totals are short" in notes
     )
-    refused = f"gpuflame agent: 2 of the events lost were refused by the ring buffer while it had room (each tried {events.OUTPUT_TRIES} times)"
+    refused = (
+        "gpuflame agent: 2 of the events lost were refused by the ring buffer while it had room "
+        f"(each tried {events.OUTPUT_TRIES} times)"
+    )
     assert refused in notes
     assert not any("refused by the ring" in note for note in loss_notes({"lost_events": 3}))
