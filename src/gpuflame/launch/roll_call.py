@@ -45,6 +45,9 @@ class EndWatch:
         self.endings: dict[int, Ending] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="gpuflame-end-watch", daemon=True)
+        # settle() looks from the launcher's thread while the watch thread looks too: one look at a time
+        # (two at once changed _running under each other's loops and could close a pidfd twice)
+        self._looking = threading.Lock()
 
     def start(self) -> EndWatch:
         self._thread.start()
@@ -80,6 +83,10 @@ class EndWatch:
             self._look()
 
     def _look(self) -> None:
+        with self._looking:
+            self._look_once()
+
+    def _look_once(self) -> None:
         registered = set(unfinished(self.folder))
         for pid in registered:
             if pid not in self._running and pid not in self.endings:
