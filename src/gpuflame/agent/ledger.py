@@ -85,7 +85,7 @@ class Ledger:
                 self.parked[(pid, key)] = blocks.pop(key)
             else:
                 self._release(pid, key)
-        # this and free() run for nearly every event: no call but the dict's
+        # the common case (a row that exists, an address not in use) is booked in Booking._read_ring's loop
         self.clock = clock = self.clock + 1
         line = g.lines.get(stack)
         if line is None:
@@ -120,16 +120,7 @@ class Ledger:
             self.clock += 1
             self.unmatched_frees += 1
             return False
-        g, line, size = block
-        # self._unbook(*block), inlined
-        self.clock = clock = self.clock + 1
-        if line[CHANGED] <= g.peak_time:
-            line[PEAK] = line[INUSE]
-            line[PEAK_N] = line[INUSE_N]
-        line[INUSE] -= size
-        line[INUSE_N] -= 1
-        line[CHANGED] = clock
-        g.total -= size
+        self._unbook(*block)
         return True
 
     def release(self, pid: int, handle: int) -> bool:
