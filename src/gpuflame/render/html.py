@@ -183,14 +183,14 @@ class Columns(NamedTuple):
     """A profile's samples with a non-zero value, as the page's tables take them."""
 
     lengths: np.ndarray
-    frames: np.ndarray  # root first
+    frames: np.ndarray  # leaf first, as the profile holds them
     label_ids: np.ndarray
     label_sets: list[Labels]
     values: np.ndarray
 
 
 def _stack_columns(profile: Profile) -> Columns:
-    """*profile*'s samples with a non-zero value: stack lengths, their frame ids root first, labels, values.
+    """*profile*'s samples with a non-zero value: stack lengths, their frame ids leaf first, labels, values.
 
     From :meth:`Profile.columns`: a page of a million samples forty frames
     deep pays no Python step per sample or frame.
@@ -201,9 +201,7 @@ def _stack_columns(profile: Profile) -> Columns:
     if not keep.all():
         leaf_first = leaf_first[np.repeat(keep, lengths)]
         lengths, label_ids, values = lengths[keep], label_ids[keep], values[keep]
-    ends = np.cumsum(lengths)
-    root_first = np.repeat(2 * ends - lengths - 1, lengths) - np.arange(len(leaf_first))
-    return Columns(lengths, leaf_first[root_first], label_ids, held.label_sets, values)
+    return Columns(lengths, leaf_first, label_ids, held.label_sets, values)
 
 
 def _sample_tables(columns: list[Columns], frame_codes: list[np.ndarray]) -> tuple[dict, list[dict], list]:
@@ -213,9 +211,11 @@ def _sample_tables(columns: list[Columns], frame_codes: list[np.ndarray]) -> tup
     links instead of reading a frame list per stack: a million stacks forty
     deep are a million nodes, not forty million ids.
     """
+    flat = [codes[c.frames] for c, codes in zip(columns, frame_codes, strict=True)]
     tree = prefix_tree(
         np.concatenate([c.lengths for c in columns]),
-        np.concatenate([codes[c.frames] for c, codes in zip(columns, frame_codes, strict=True)]),
+        flat[0] if len(flat) == 1 else np.concatenate(flat),  # a million-frame page: no copy of 40M codes
+        leaf_first=True,
     )
     label_index: dict[Labels, int] = {}
     out, first = [], 0
@@ -248,7 +248,7 @@ def _frame_codes(profiles: list[Profile], used: list[list[int]], rows: np.ndarra
     """Per profile, each frame id's row of the function table; -1 for frames no kept sample uses."""
     codes, first = [], 0
     for p, ids in zip(profiles, used, strict=True):
-        code = np.full(max(len(p.frames), 1), -1, dtype=np.int64)
+        code = np.full(max(len(p.frames), 1), -1, dtype=np.int32)  # a row of the table: fewer than 2**31
         code[ids] = rows[first : first + len(ids)]
         codes.append(code)
         first += len(ids)

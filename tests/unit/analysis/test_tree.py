@@ -177,10 +177,11 @@ def test_exact_totals_beyond_float_precision():
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.lists(st.integers(0, 4), max_size=6), max_size=14))
-def test_prefix_tree_holds_every_stack_once(stacks):
+@given(st.lists(st.lists(st.integers(0, 4), max_size=6), max_size=14), st.booleans())
+def test_prefix_tree_holds_every_stack_once(stacks, leaf_first):
     lengths = np.array([len(s) for s in stacks], dtype=np.intp)
-    tree = prefix_tree(lengths, np.array([c for s in stacks for c in s], dtype=np.int64))
+    given_order = [s[::-1] if leaf_first else s for s in stacks]  # leaf first: as pprof holds a stack
+    tree = prefix_tree(lengths, np.array([c for s in given_order for c in s], dtype=np.int32), leaf_first)
     for i, stack in enumerate(stacks):  # each stack reads back from its node to the root
         node, walked = int(tree.node_of_stack[i]), []
         while node > 0:
