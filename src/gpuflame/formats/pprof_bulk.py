@@ -22,6 +22,9 @@ from gpuflame.model.profile import PYTHON, Frame, Labels, Profile
 from gpuflame.symbols.kinds import python_file
 from gpuflame.symbols.names import TRAMPOLINE_NAME
 
+# Bytes of samples decoded per step of :func:`sample_columns`: bounds its temporary arrays.
+SAMPLE_CHUNK = 1 << 22
+
 if TYPE_CHECKING:
     from gpuflame.formats.pprof_tables import Strings
 
@@ -108,7 +111,7 @@ def stacks(
 ) -> list[tuple[int, ...]] | None:
     """Each sample's frame ids from its packed location ids, every location one frame."""
     data, ends = bulk.blob(ids)
-    found = _stack_columns(data, ends, location_frames, max_depth)
+    found = _stack_columns(data, ends, _FrameLookup.of(location_frames), max_depth)
     return None if found is None else stack_tuples(found[1], np.cumsum(found[0]).tolist())
 
 
@@ -142,7 +145,7 @@ def sample_columns(
         head[longer] = 3
     if np.any(starts + head + size > ends):
         return None
-    found = _stack_columns(_regions(data, starts + head, size), np.cumsum(size), location_frames, max_depth)
+    found = _chunked_stacks(data, starts, starts + head, size, _FrameLookup.of(location_frames), max_depth)
     del data
     stops = (head + size).tolist()
     if found is None:
@@ -156,7 +159,7 @@ def sample_columns(
     tail_labels = [label_index.setdefault(p[1], len(label_index)) for p in parsed]  # type: ignore[index]
     which = np.array(tail_ids, dtype=np.int64)
     values = np.array([p[0] for p in parsed], dtype=np.int64).reshape(len(parsed), -1)  # type: ignore[index]
-    frame_ids = found[1]  # int32 where the ids fit (_frames_of): half the bytes
+    frame_ids = found[1]  # int32 where the ids fit (_FrameLookup): half the bytes
     return SampleColumns(found[0], frame_ids, values[which], np.array(tail_labels)[which], list(label_index))
 
 
@@ -176,12 +179,44 @@ def _regions(data: np.ndarray, begin: np.ndarray, size: np.ndarray) -> np.ndarra
     return data[np.cumsum(mark[:-1], dtype=np.int8).view(bool)]
 
 
+def _chunked_stacks(
+    data: np.ndarray,
+    starts: np.ndarray,
+    begin: np.ndarray,
+    size: np.ndarray,
+    lookup: _FrameLookup | None,
+    max_depth: int,
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """:func:`_stack_columns` of the regions ``data[begin[i] : begin[i] + size[i]]``, about SAMPLE_CHUNK bytes at a time.
+
+    *starts* are where the samples' messages begin. Decoding a million
+    samples' ids in one step made arrays of hundreds of MB, each paid for
+    in fresh pages from the kernel; pieces of a few MB are reused.
+    """
+    n = len(starts)
+    ends = np.append(starts[1:], len(data))
+    cuts = np.searchsorted(ends, np.arange(SAMPLE_CHUNK, len(data), SAMPLE_CHUNK), side="right")
+    bounds = np.unique(np.concatenate(([0], cuts, [n]))).tolist()
+    counts, frames = [], []
+    for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
+        first = int(starts[lo])
+        ids = _regions(data[first : int(ends[hi - 1])], begin[lo:hi] - first, size[lo:hi])
+        found = _stack_columns(ids, np.cumsum(size[lo:hi]), lookup, max_depth)
+        if found is None:
+            return None
+        counts.append(found[0])
+        frames.append(found[1])
+    if not counts:
+        return None
+    return np.concatenate(counts), np.concatenate(frames)
+
+
 def _stack_columns(
-    data: np.ndarray, ends: np.ndarray, location_frames: dict[int, tuple[int, ...]], max_depth: int
+    data: np.ndarray, ends: np.ndarray, lookup: _FrameLookup | None, max_depth: int
 ) -> tuple[np.ndarray, np.ndarray] | None:
     """(stack lengths, frame ids) of packed location id lists that end at *ends* in *data*."""
     found = bulk.varints(data)
-    if found is None or not location_frames:
+    if found is None or lookup is None:
         return None
     lids, last = found
     bounds = np.searchsorted(last, ends)  # varints of sample i: bounds[i-1]:bounds[i]
@@ -191,30 +226,43 @@ def _stack_columns(
         return None
     if len(counts) and counts.max() > max_depth:
         return None  # the sample-by-sample reader says which limit
-    frame_ids = _frames_of(lids, location_frames)
+    frame_ids = lookup(lids)
     return None if frame_ids is None else (counts, frame_ids)  # None: the sample-by-sample reader names it
 
 
-def _frames_of(lids: np.ndarray, location_frames: dict[int, tuple[int, ...]]) -> np.ndarray | None:
-    """The frame id of each location id; None if one is not a location.
+class _FrameLookup:
+    """The frame id of each location id, for locations of one frame each; None if one is not a location.
 
     A table indexed by id where the ids are dense (pprof writers number them
     1..n, gpuflame from a base), a binary search otherwise: forty million
     random searches cost seconds, forty million table reads a fraction.
+    Built once per profile, used for every piece of its samples.
     """
-    keys = np.fromiter(location_frames, np.uint64, len(location_frames))
-    frame_of = np.fromiter((v[0] for v in location_frames.values()), np.int64, len(keys))
-    if len(frame_of) and frame_of.max() < 2**31:
-        frame_of = frame_of.astype(np.int32)  # what every stack's ids are kept in: half the bytes to gather
-    top = int(keys.max())
-    if top <= 4 * len(keys) + (1 << 22):
-        table = np.full(top + 1, -1, dtype=frame_of.dtype)
-        table[keys] = frame_of
-        if len(lids) and int(lids.max()) > top:
+
+    def __init__(self, keys: np.ndarray, frame_of: np.ndarray) -> None:
+        if len(frame_of) and frame_of.max() < 2**31:
+            frame_of = frame_of.astype(np.int32)  # what every stack's ids are kept in: half the bytes to gather
+        self.top = int(keys.max())
+        self.table: np.ndarray | None = None
+        if self.top <= 4 * len(keys) + (1 << 22):
+            self.table = np.full(self.top + 1, -1, dtype=frame_of.dtype)
+            self.table[keys] = frame_of
+        else:
+            order = np.argsort(keys)
+            self.keys, self.frame_of = keys[order], frame_of[order]
+
+    @classmethod
+    def of(cls, location_frames: dict[int, tuple[int, ...]]) -> _FrameLookup | None:
+        if not location_frames:
             return None
-        found = table[lids]
-        return None if np.any(found < 0) else found
-    order = np.argsort(keys)
-    keys, frame_of = keys[order], frame_of[order]
-    at = np.minimum(np.searchsorted(keys, lids), len(keys) - 1)
-    return None if np.any(keys[at] != lids) else frame_of[at]
+        keys = np.fromiter(location_frames, np.uint64, len(location_frames))
+        return cls(keys, np.fromiter((v[0] for v in location_frames.values()), np.int64, len(keys)))
+
+    def __call__(self, lids: np.ndarray) -> np.ndarray | None:
+        if self.table is not None:
+            if len(lids) and int(lids.max()) > self.top:
+                return None
+            found = self.table[lids]
+            return None if np.any(found < 0) else found
+        at = np.minimum(np.searchsorted(self.keys, lids), len(self.keys) - 1)
+        return None if np.any(self.keys[at] != lids) else self.frame_of[at]

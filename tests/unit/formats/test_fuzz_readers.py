@@ -232,19 +232,24 @@ def _decoded(data: bytes) -> object:
 def test_bulk_reading_gives_the_message_by_message_answer(
     rich_profile: Profile, name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """formats/pprof_bulk.py forced on small mutated files: the same result, or the same error."""
-    from gpuflame.formats import pprof_samples, pprof_tables
+    """formats/pprof_bulk.py forced on small mutated files: the same result, or the same error.
+
+    In bulk twice: the samples in one piece, and in pieces of a few bytes
+    (``SAMPLE_CHUNK``: a million-sample file is decoded a few MB at a time).
+    """
+    from gpuflame.formats import pprof_bulk, pprof_samples, pprof_tables
 
     data = {**seeds(rich_profile), "pprof-wide-ids": _wide_ids_raw()}[name]
     rng = random.Random(f"gpuflame-bulk-{name}")
     differ = []
     for mutated in [data, *mutations(data, rng, 250)]:
         answers = []
-        for bulk_min in (0, 1 << 62):
+        for bulk_min, chunk in ((1 << 62, 1 << 22), (0, 1 << 22), (0, 5)):
             monkeypatch.setattr(pprof_tables, "BULK_MIN", bulk_min)
             monkeypatch.setattr(pprof_samples, "BULK_MIN", bulk_min)
+            monkeypatch.setattr(pprof_bulk, "SAMPLE_CHUNK", chunk)
             answers.append(_decoded(mutated))
-        if answers[0] != answers[1]:
+        if answers[0] != answers[1] or answers[0] != answers[2]:
             differ.append((mutated, answers))
     assert not differ, differ[:2]
     assert not isinstance(_decoded(data), str)
