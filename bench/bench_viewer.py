@@ -218,7 +218,19 @@ def gpuflame_paint(chrome: Chrome, html: Path, timeout: float) -> dict[str, floa
         "build": state["buildMs"],
         "draw": state["drawMs"],
         "renderer_mib": renderer_mib(chrome),
+        **settled_memory(chrome),
     }
+
+
+def settled_memory(chrome: Chrome) -> dict[str, float]:
+    """The renderer's resident memory and the page's JS heap after a full collection, MiB.
+
+    What the page holds, less the garbage its load left that V8 had not yet
+    collected at the paint (which varies run to run by hundreds of MiB).
+    """
+    chrome.send("HeapProfiler.collectGarbage")
+    heap = chrome.send("Runtime.getHeapUsage")
+    return {"settled_mib": renderer_mib(chrome), "js_heap_mib": heap["usedSize"] / 2**20}
 
 
 def speedscope_paint(chrome: Chrome, base: str, profile: Path, timeout: float) -> dict[str, float]:
@@ -311,6 +323,10 @@ def measure(binary: str, sizes: list[int], repeat: int, timeout: float, src: Pat
     return results
 
 
+def _mibs(rounds: list[dict[str, float]], key: str) -> str:
+    return ", ".join(f"{x[key]:.0f}" for x in rounds)
+
+
 def report(results: dict[int, dict[str, Any]], repeat: int) -> None:
     print(f"first paint, ms since navigation start, best of {repeat} (headless Chromium, 1280x900)")
     print(
@@ -329,7 +345,9 @@ def report(results: dict[int, dict[str, Any]], repeat: int) -> None:
         print(
             f"{'':>8} gpuflame phases (best round): decode {parts['decode']:.0f} ms, prepare "
             f"{parts['prepare']:.0f} ms, tree {parts['build']:.0f} ms, draw {parts['draw']:.0f} ms; renderer "
-            f"{max(x['renderer_mib'] for x in r['g']):.0f} MiB resident (most of any round); "
+            f"{max(x['renderer_mib'] for x in r['g']):.0f} MiB resident (most of any round; each round: "
+            f"{_mibs(r['g'], 'renderer_mib')}; after a full collection: {_mibs(r['g'], 'settled_mib')}, "
+            f"JS heap {_mibs(r['g'], 'js_heap_mib')}); "
             f"`gpuflame view` wrote the page in {r['write_s']:.1f} s"
         )
         if r["s"]:

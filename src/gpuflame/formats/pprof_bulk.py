@@ -187,7 +187,7 @@ def _chunked_stacks(
     lookup: _FrameLookup | None,
     max_depth: int,
 ) -> tuple[np.ndarray, np.ndarray] | None:
-    """:func:`_stack_columns` of the regions ``data[begin[i] : begin[i] + size[i]]``, about SAMPLE_CHUNK bytes at a time.
+    """:func:`_stack_columns` of the regions ``data[begin[i] : begin[i] + size[i]]``, SAMPLE_CHUNK bytes at a time.
 
     *starts* are where the samples' messages begin. Decoding a million
     samples' ids in one step made arrays of hundreds of MB, each paid for

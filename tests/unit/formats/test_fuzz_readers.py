@@ -234,10 +234,10 @@ def test_bulk_reading_gives_the_message_by_message_answer(
 ) -> None:
     """formats/pprof_bulk.py forced on small mutated files: the same result, or the same error.
 
-    In bulk twice: the samples in one piece, and in pieces of a few bytes
-    (``SAMPLE_CHUNK``: a million-sample file is decoded a few MB at a time).
+    In bulk twice: the tables in one piece, and in pieces of a few bytes
+    (``SAMPLE_CHUNK``, ``TABLE_CHUNK``: a million-frame file is read a few MB at a time).
     """
-    from gpuflame.formats import pprof_bulk, pprof_samples, pprof_tables
+    from gpuflame.formats import pprof_bulk, pprof_samples, pprof_tables, protobuf_bulk
 
     data = {**seeds(rich_profile), "pprof-wide-ids": _wide_ids_raw()}[name]
     rng = random.Random(f"gpuflame-bulk-{name}")
@@ -248,6 +248,7 @@ def test_bulk_reading_gives_the_message_by_message_answer(
             monkeypatch.setattr(pprof_tables, "BULK_MIN", bulk_min)
             monkeypatch.setattr(pprof_samples, "BULK_MIN", bulk_min)
             monkeypatch.setattr(pprof_bulk, "SAMPLE_CHUNK", chunk)
+            monkeypatch.setattr(protobuf_bulk, "TABLE_CHUNK", chunk)
             answers.append(_decoded(mutated))
         if answers[0] != answers[1] or answers[0] != answers[2]:
             differ.append((mutated, answers))
@@ -255,12 +256,15 @@ def test_bulk_reading_gives_the_message_by_message_answer(
     assert not isinstance(_decoded(data), str)
 
 
-def test_bulk_reading_takes_the_fast_road_on_plain_tables(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The seed above is read by the bulk functions themselves, not by their fallback."""
-    from gpuflame.formats import pprof_bulk, pprof_samples, pprof_tables
+@pytest.mark.parametrize("chunk", [1 << 22, 5])
+def test_bulk_reading_takes_the_fast_road_on_plain_tables(monkeypatch: pytest.MonkeyPatch, chunk: int) -> None:
+    """The seed above is read by the bulk functions themselves, not by their fallback; in one piece or many."""
+    from gpuflame.formats import pprof_bulk, pprof_samples, pprof_tables, protobuf_bulk
 
     monkeypatch.setattr(pprof_tables, "BULK_MIN", 0)
     monkeypatch.setattr(pprof_samples, "BULK_MIN", 0)
+    monkeypatch.setattr(pprof_bulk, "SAMPLE_CHUNK", chunk)
+    monkeypatch.setattr(protobuf_bulk, "TABLE_CHUNK", chunk)
     answered = {}
     for name in ("functions", "locations", "sample_columns"):
         real = getattr(pprof_bulk, name)

@@ -80,3 +80,23 @@ def test_regions_are_the_slices_joined(pieces: list[tuple[bytes, bytes]], tail: 
     data += tail
     got = _regions(np.frombuffer(data, dtype=np.uint8), np.array(begin, np.int64), np.array(size, np.int64))
     assert got.tobytes() == b"".join(data[b : b + n] for b, n in zip(begin, size, strict=True))
+
+
+@hypothesis.settings(max_examples=200, deadline=None)
+@hypothesis.given(
+    st.lists(st.one_of(st.text(), st.binary(max_size=8)).map(lambda v: v if isinstance(v, bytes) else v.encode()))
+)
+@hypothesis.example([b"a\0b", b"c"])  # a NUL inside a string
+@hypothesis.example([b"ok", b"\xe2\x82", b"\xff"])  # invalid UTF-8, a truncated sequence at a string's end
+@hypothesis.example([])
+def test_a_string_table_decodes_as_each_string_alone(table: list[bytes]) -> None:
+    """pprof_tables.Strings.many (the whole table in one decode where it can): read_string of each entry.
+
+    NULs inside a string, invalid UTF-8 and empty tables take the one-by-one road; the answer is the same.
+    """
+    from gpuflame.formats.pprof_tables import Strings
+    from gpuflame.formats.protobuf_wire import read_string
+
+    raw = [b"", *table]
+    got = Strings(raw).many(np.arange(len(raw)))
+    assert got == [read_string(b) for b in raw]
