@@ -421,3 +421,35 @@ def test_one_bar_is_one_bar(chrome: Chrome, tmp_path: Path) -> None:
     assert open_viewer(chrome, tmp_path / "one.html")["error"] is None
     status = chrome.evaluate("document.getElementById('status').textContent")
     assert "in 1 bar, 1 function" in status, status
+
+
+INFLATE_IN_PIECES = """(async () => {
+  const head = new TextEncoder().encode('{"a":1}');  // 4 + 7 bytes, padded to 16
+  const body = new Uint8Array(16 + 24);
+  new DataView(body.buffer).setUint32(0, head.length, true);
+  body.set(head, 4);
+  for (let i = 16; i < body.length; i++) body[i] = i;
+  const out = [];
+  for (const size of [1, 2, 3, 5, 11, 16, 17, 40]) {
+    let at = 0;
+    const stream = new ReadableStream({ pull(c) {
+      if (at >= body.length) { c.close(); return; }
+      c.enqueue(body.slice(at, at + size)); at += size;
+    } });
+    const got = await window.gpuflameInflate(stream, body.length);
+    out.push([size, Array.from(got.head), Array.from(new Uint8Array(got.arrays))]);
+  }
+  let short = null;
+  try { await window.gpuflameInflate(new Blob([body.slice(0, 20)]).stream(), body.length); }
+  catch (e) { short = e.message; }
+  return { out, body: Array.from(body), short };
+})()"""
+
+
+def test_the_payload_inflates_into_head_and_arrays_whatever_its_pieces(page: Chrome) -> None:
+    """viewer.js inflate: the stream's pieces may cut anywhere (inside the length, the head, the arrays)."""
+    got = page.evaluate(INFLATE_IN_PIECES)
+    body = got["body"]
+    for size, head, arrays in got["out"]:
+        assert (head, arrays) == (body[:16], body[16:]), size
+    assert got["short"] == "the page's data is cut short"

@@ -87,10 +87,9 @@
     const size = bytes.length >= 18 ? new DataView(bytes.buffer, bytes.byteOffset).getUint32(bytes.length - 4, true) : 0;
     const blob = new Blob([bytes]);
     bytes = null;
-    const body = await inflate(blob.stream().pipeThrough(new DecompressionStream("gzip")), size);
-    const length = new DataView(body).getUint32(0, true);
-    const start = 4 + length + ((8 - (4 + length) % 8) % 8);
-    const head = JSON.parse(new TextDecoder().decode(new Uint8Array(body, 4, length)));
+    const { head: headBytes, arrays } = await inflate(blob.stream().pipeThrough(new DecompressionStream("gzip")), size);
+    const length = new DataView(headBytes.buffer).getUint32(0, true);
+    const head = JSON.parse(new TextDecoder().decode(headBytes.subarray(4, 4 + length)));
     const Kinds = { i4: Int32Array, u1: Uint8Array, f8: Float64Array };
     const resolve = (v) => {
       if (v === null || typeof v !== "object") return v;
@@ -99,7 +98,7 @@
         return v;
       }
       const ref = v["@"];
-      if (ref) return new Kinds[ref[0]](body, start + ref[1], ref[2]);
+      if (ref) return new Kinds[ref[0]](arrays, ref[1], ref[2]);
       for (const k of Object.keys(v)) v[k] = resolve(v[k]);
       return v;
     };
@@ -107,22 +106,40 @@
   }
 
   /**
-   * The inflated stream in one buffer of the size gzip's trailer gives (the stream checks that trailer):
-   * its pieces are copied in as they come instead of being held to the end and joined, which at a
-   * million frames kept 80 MB twice.
+   * The inflated body in two buffers of the sizes its head and gzip's trailer give (the stream checks
+   * that trailer): the head (u32 length, JSON, padding to 8), let go once parsed, and the arrays, which
+   * the page views in place. Pieces are copied in as they come instead of being held to the end and
+   * joined; at a million frames that kept 80 MB twice, and the 33 MB head for as long as the page.
    */
   async function inflate(stream, size) {
     const reader = stream.getReader();
-    const out = new Uint8Array(size);
-    let at = 0;
+    const first = new Uint8Array(4);
+    let head = null, arrays = null, start = 0, at = 0;
     for (;;) {
       const { done, value } = await reader.read();
       if (done) break;
       if (at + value.length > size) throw new Error("the page's data is larger than its gzip trailer says");
-      out.set(value, at);
-      at += value.length;
+      let piece = value;
+      if (head === null) {  // the head's length: its first 4 bytes
+        const take = Math.min(4 - at, piece.length);
+        first.set(piece.subarray(0, take), at);
+        at += take;
+        piece = piece.subarray(take);
+        if (at < 4) continue;
+        const length = new DataView(first.buffer).getUint32(0, true);
+        start = 4 + length + ((8 - (4 + length) % 8) % 8);
+        if (start > size) throw new Error("the page's data is cut short");
+        head = new Uint8Array(start);
+        head.set(first);
+        arrays = new Uint8Array(size - start);
+      }
+      const inHead = Math.max(0, Math.min(piece.length, start - at));
+      if (inHead) head.set(piece.subarray(0, inHead), at);
+      if (piece.length > inHead) arrays.set(piece.subarray(inHead), at + inHead - start);
+      at += piece.length;
     }
-    return out.buffer;
+    if (head === null || at !== size) throw new Error("the page's data is cut short");
+    return { head, arrays: arrays.buffer };
   }
 
   const asInt32 = (a) => (a instanceof Int32Array ? a : Int32Array.from(a));
@@ -1512,6 +1529,7 @@
     Object.defineProperty(window, "gpuflameBar", { value: barInfo });
     Object.defineProperty(window, "gpuflameTimelineAt", { value: (t, b) => state.timeline && state.timeline.at && state.timeline.at(t, b) });
     Object.defineProperty(window, "gpuflameBarLabels", { value: () => (state.drawn || []).map((b) => b.label) });
+    Object.defineProperty(window, "gpuflameInflate", { value: inflate });
     try {
       let t0 = performance.now();
       const data = await decodeData();
