@@ -218,7 +218,7 @@ def test_every_command_module_declares_the_command_protocol():
 # The layers of ARCHITECTURE.md, lowest first: every package and loose module of src/gpuflame has
 # one, and imports only what lies below it (its floor). Same-layer units never import each other.
 LAYERS: list[tuple[str, ...]] = [
-    ("errors", "defaults", "gcpause", "printable", "symbols"),  # import nothing of gpuflame
+    ("errors", "defaults", "gcpause", "malloc_reuse", "printable", "symbols"),  # import nothing of gpuflame
     ("files", "limits", "units"),  # standard-library helpers both sides use
     ("boundary",),  # the process boundary: the launcher and the profiled process both import it
     ("model",),

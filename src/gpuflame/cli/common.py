@@ -21,6 +21,7 @@ from gpuflame.cli.options import add_force_option  # noqa: F401  (the analysis c
 from gpuflame.defaults import source_index_dir
 from gpuflame.formats import load
 from gpuflame.gcpause import kept_to_the_end
+from gpuflame.malloc_reuse import reuse_freed_memory
 from gpuflame.model import DEFAULT_FRAMEWORKS, merge
 from gpuflame.model.functions import missing_def_lines_note
 from gpuflame.model.moment import When, parse_when
@@ -221,6 +222,7 @@ def size_arg(text: str) -> int:
 
 def load_profile(paths: Sequence[str], **snapshot_options: Any) -> Profile:
     """Read one profile, or several merged into one (e.g. one file per process)."""
+    reuse_freed_memory()  # until the command returns (cli/main.py): its arrays reuse each other's pages
     with kept_to_the_end():  # a command's profile lives until it returns: no collection walks it
         profiles = [load(p, **snapshot_options) for p in paths]
         return profiles[0] if len(profiles) == 1 else merge(profiles)

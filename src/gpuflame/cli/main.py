@@ -19,6 +19,7 @@ from typing import NoReturn, Protocol, cast
 from gpuflame import __version__
 from gpuflame.errors import GpuflameError
 from gpuflame.gcpause import thaw
+from gpuflame.malloc_reuse import release_freed_memory
 from gpuflame.printable import printable
 
 # Order is the order of ``gpuflame --help``.
@@ -194,3 +195,4 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 3
     finally:
         thaw()  # the command's profile, frozen while it ran (gcpause.kept_to_the_end)
+        release_freed_memory()  # malloc's defaults again (common.load_profile set them aside)

@@ -1,0 +1,80 @@
+"""malloc_reuse: while a one-shot command works, glibc maps no block of its own and keeps freed ones for reuse.
+
+Asked of glibc itself: ``mallinfo2().hblks`` counts the blocks malloc has
+mapped from the kernel. A 64 MiB block is mapped by default, and is not
+while the reuse is on. Skipped where the C library is not glibc.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpuflame import malloc_reuse
+from gpuflame.cli.common import load_profile
+from gpuflame.cli.main import main
+from gpuflame.formats import save
+from gpuflame.model import Frame, Profile
+from gpuflame.model.profile import SampleType
+
+
+class MallInfo2(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()
+    ]
+
+
+def _libc() -> ctypes.CDLL | None:
+    libc = ctypes.CDLL(None)
+    try:
+        libc.mallinfo2.restype = MallInfo2
+        libc.malloc.restype = ctypes.c_void_p
+        libc.free.argtypes = [ctypes.c_void_p]
+    except AttributeError:
+        return None
+    return libc
+
+
+LIBC = _libc()
+pytestmark = pytest.mark.skipif(LIBC is None, reason="the C library is not glibc (no mallinfo2)")
+BIG = 64 << 20
+
+
+def mapped_by_malloc() -> bool:
+    """Whether malloc maps a new 64 MiB block from the kernel (else it comes from the heap)."""
+    assert LIBC is not None
+    before = LIBC.mallinfo2().hblks
+    block = LIBC.malloc(BIG)
+    assert block
+    try:
+        return LIBC.mallinfo2().hblks > before
+    finally:
+        LIBC.free(block)
+
+
+@pytest.fixture(autouse=True)
+def defaults_after() -> Iterator[None]:
+    yield
+    malloc_reuse.release_freed_memory()
+
+
+def test_reuse_keeps_blocks_in_the_heap_and_release_gives_the_defaults_back() -> None:
+    assert mapped_by_malloc()  # glibc's default
+    malloc_reuse.reuse_freed_memory()
+    assert not mapped_by_malloc()
+    malloc_reuse.release_freed_memory()
+    assert mapped_by_malloc()
+
+
+def test_a_command_reading_a_profile_turns_it_on_and_main_turns_it_off(tmp_path: Path) -> None:
+    profile = Profile(sample_types=[SampleType("inuse_space", "bytes")])
+    profile.add([Frame("leaf", "a.py", 3)], [4096])
+    save(profile, tmp_path / "p.pb.gz")
+    load_profile([str(tmp_path / "p.pb.gz")])
+    assert not mapped_by_malloc()  # what one-shot commands read through
+    assert main(["report", str(tmp_path / "p.pb.gz")]) == 0
+    assert mapped_by_malloc()  # the command returned: the defaults again
