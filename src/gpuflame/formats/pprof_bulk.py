@@ -95,10 +95,12 @@ def locations(
 def _kinds(names: tuple[str, ...], files: tuple[str, ...], mids: np.ndarray) -> list[str]:
     """:func:`pprof.frame_kind` of each frame, asked per file where the file decides (a few thousand files)."""
     python = {f: python_file(f) for f in set(files)}
-    return [
-        PYTHON if python[f] and n != TRAMPOLINE_NAME else frame_kind(n, f, m)
-        for n, f, m in zip(names, files, (mids != 0).tolist(), strict=True)
-    ]
+    plain = np.fromiter(map(python.__getitem__, files), bool, len(files))  # C loops: a million frames
+    plain &= np.fromiter(map(TRAMPOLINE_NAME.__ne__, names), bool, len(names))
+    kinds = [PYTHON] * len(names)
+    for i in np.flatnonzero(~plain).tolist():  # the few that frame_kind must look at
+        kinds[i] = frame_kind(names[i], files[i], bool(mids[i]))
+    return kinds
 
 
 def new_frames(*columns: Iterable[object]) -> list[Frame]:

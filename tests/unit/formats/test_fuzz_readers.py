@@ -543,3 +543,28 @@ def test_target_front_door(prefix: bytes, name: str) -> None:
     except ProfileFormatError:
         return
     holds_contract(lambda d: loads(d, source="fuzz"), data)
+
+
+def test_bulk_frame_kinds_are_the_message_by_message_kinds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """pprof_bulk._kinds: a trampoline in a Python file, native code, a fileless frame in a mapping."""
+    from gpuflame.formats import pprof_samples, pprof_tables
+    from gpuflame.model.profile import SampleType
+    from gpuflame.symbols.names import TRAMPOLINE_NAME
+
+    profile = Profile(sample_types=[SampleType("inuse_space", "bytes")])
+    frames = [
+        Frame("step", "/src/train.py", 3),
+        Frame(TRAMPOLINE_NAME, "/usr/lib/python3.11/runpy.py", 0),
+        Frame("cudaMalloc", "/usr/lib/libcudart.so", 0, "native"),
+        Frame("0x7f00", "", 0, "native"),
+    ]
+    for i in range(len(frames)):
+        profile.add(frames[i:], [100 + i])
+    data = pprof.encode(profile)
+    kinds = []
+    for bulk_min in (0, 1 << 62):
+        monkeypatch.setattr(pprof_tables, "BULK_MIN", bulk_min)
+        monkeypatch.setattr(pprof_samples, "BULK_MIN", bulk_min)
+        kinds.append({(f.name, f.file): f.kind for f in pprof.decode(data).frames})
+    assert kinds[0] == kinds[1]
+    assert kinds[0][(TRAMPOLINE_NAME, "/usr/lib/python3.11/runpy.py")] != "python"
