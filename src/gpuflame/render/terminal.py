@@ -55,6 +55,18 @@ PACKAGES = "-packages"
 PACKAGE_DIRS = ("site", "dist")
 
 
+class _Console(Console):
+    """rich's Console, save that a reader gone away (``gpuflame report x | head``) is no error.
+
+    rich exits with 1 there; this hands the BrokenPipeError to
+    :func:`gpuflame.cli.main.main`, which ends the command quietly with 0.
+    """
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        raise BrokenPipeError
+
+
 def make_console(plain: bool = False) -> Console:
     """A console on stdout; wider than rich's 80 columns when writing to a pipe.
 
@@ -65,10 +77,10 @@ def make_console(plain: bool = False) -> Console:
     """
     as_written: dict[str, Any] = {"highlight": False, "markup": False, "emoji": False}
     if plain:
-        return Console(file=sys.stdout, force_jupyter=False, color_system=None, width=PIPE_WIDTH, **as_written)
-    console = Console(**as_written)
+        return _Console(file=sys.stdout, force_jupyter=False, color_system=None, width=PIPE_WIDTH, **as_written)
+    console = _Console(**as_written)
     if not console.is_terminal and "COLUMNS" not in os.environ:
-        console = Console(width=PIPE_WIDTH, **as_written)
+        console = _Console(width=PIPE_WIDTH, **as_written)
     return console
 
 
