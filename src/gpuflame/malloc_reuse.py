@@ -17,7 +17,6 @@ does nothing.
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Callable
 
 # mallopt's parameters (malloc.h) and glibc's defaults for the two set here
 M_TRIM_THRESHOLD = -1
@@ -29,31 +28,34 @@ KEEP_UP_TO = 2**31 - 1  # bytes of free memory at the heap's top kept (mallopt t
 _on = False
 
 
-def _mallopt() -> Callable[[int, int], int] | None:
+def _glibc() -> ctypes.CDLL | None:
+    """The process's C library when it is glibc (musl has a ``mallopt`` that does nothing and no ``malloc_trim``)."""
     try:
-        return ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):  # not glibc (macOS), or no symbols of the process
+        libc = ctypes.CDLL(None)
+        libc.gnu_get_libc_version, libc.mallopt, libc.malloc_trim  # noqa: B018  (each raises if absent)
+    except (OSError, AttributeError):  # not glibc (macOS, musl), or no symbols of the process
         return None
+    return libc
 
 
 def reuse_freed_memory() -> None:
     """From now until :func:`release_freed_memory`, freed blocks stay in the heap for reuse."""
     global _on
-    mallopt = _mallopt()
-    if mallopt is None or _on:
+    libc = _glibc()
+    if libc is None or _on:
         return
-    mallopt(M_MMAP_MAX, 0)
-    mallopt(M_TRIM_THRESHOLD, KEEP_UP_TO)
+    libc.mallopt(M_MMAP_MAX, 0)
+    libc.mallopt(M_TRIM_THRESHOLD, KEEP_UP_TO)
     _on = True
 
 
 def release_freed_memory() -> None:
     """glibc's defaults again (a process that goes on, as a test calling ``main``, gets its memory back)."""
     global _on
-    mallopt = _mallopt()
-    if mallopt is None or not _on:
+    libc = _glibc()
+    if libc is None or not _on:
         return
-    mallopt(M_MMAP_MAX, DEFAULT_MMAP_MAX)
-    mallopt(M_TRIM_THRESHOLD, DEFAULT_TRIM_THRESHOLD)
-    ctypes.CDLL(None).malloc_trim(0)  # what the command freed goes back to the kernel now
+    libc.mallopt(M_MMAP_MAX, DEFAULT_MMAP_MAX)
+    libc.mallopt(M_TRIM_THRESHOLD, DEFAULT_TRIM_THRESHOLD)
+    libc.malloc_trim(0)  # what the command freed goes back to the kernel now
     _on = False

@@ -40,7 +40,7 @@ def _libc() -> ctypes.CDLL | None:
 
 
 LIBC = _libc()
-pytestmark = pytest.mark.skipif(LIBC is None, reason="the C library is not glibc (no mallinfo2)")
+GLIBC_ONLY = pytest.mark.skipif(LIBC is None, reason="the C library is not glibc (no mallinfo2)")
 BIG = 64 << 20
 
 
@@ -62,6 +62,7 @@ def defaults_after() -> Iterator[None]:
     malloc_reuse.release_freed_memory()
 
 
+@GLIBC_ONLY
 def test_reuse_keeps_blocks_in_the_heap_and_release_gives_the_defaults_back() -> None:
     assert mapped_by_malloc()  # glibc's default
     malloc_reuse.reuse_freed_memory()
@@ -70,6 +71,7 @@ def test_reuse_keeps_blocks_in_the_heap_and_release_gives_the_defaults_back() ->
     assert mapped_by_malloc()
 
 
+@GLIBC_ONLY
 def test_a_command_reading_a_profile_turns_it_on_and_main_turns_it_off(tmp_path: Path) -> None:
     profile = Profile(sample_types=[SampleType("inuse_space", "bytes")])
     profile.add([Frame("leaf", "a.py", 3)], [4096])
@@ -78,3 +80,18 @@ def test_a_command_reading_a_profile_turns_it_on_and_main_turns_it_off(tmp_path:
     assert not mapped_by_malloc()  # what one-shot commands read through
     assert main(["report", str(tmp_path / "p.pb.gz")]) == 0
     assert mapped_by_malloc()  # the command returned: the defaults again
+
+
+def test_a_c_library_other_than_glibc_is_left_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """musl has a ``mallopt`` that does nothing and no ``malloc_trim``: neither call touches it or fails."""
+    calls = []
+
+    class Musl:
+        def mallopt(self, *args: int) -> int:
+            calls.append(args)
+            return 0
+
+    monkeypatch.setattr(malloc_reuse.ctypes, "CDLL", lambda _name: Musl())
+    malloc_reuse.reuse_freed_memory()
+    malloc_reuse.release_freed_memory()
+    assert calls == []
