@@ -17,9 +17,8 @@ from __future__ import annotations
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from gpuflame.analysis.chains import no_match_message
-from gpuflame.analysis.tree import FlameTree, build_tree
 from gpuflame.errors import GpuflameError
 from gpuflame.model import drop_small, moment, prune_framework
 from gpuflame.model.filter import focus_matched, hide_matched, ignore_matched, select_labels_matched
@@ -27,6 +26,9 @@ from gpuflame.model.moment import When, parse_when
 from gpuflame.model.profile import Profile
 from gpuflame.symbols.names import CACHED_FREE, TRAMPOLINE_NAME
 from gpuflame.units import parse_size
+
+if TYPE_CHECKING:
+    from gpuflame.analysis.tree import FlameTree
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,8 @@ class View:
 
     def tree(self) -> FlameTree:
         """The flame tree of the view, grouped and by line as the selection asks."""
+        from gpuflame.analysis.tree import build_tree  # numpy: not for a command that only converts
+
         return build_tree(self.profile, self.type_index, group_by=self.selection.group_by, lines=self.selection.lines)
 
 
@@ -85,7 +89,7 @@ class Selection:
         if self.focus:
             focused = focus_matched(profile, self.focus)
             if not focused.matched and profile.samples:
-                raise GpuflameError(f"--focus: {no_match_message(profile.frames, self.focus)}")
+                raise GpuflameError(f"--focus: {_no_match_message(profile.frames, self.focus)}")
             profile = focused.profile
         for pattern in self.hide:
             profile = _noted(hide_matched(profile, pattern), profile, "--hide", pattern, notes)
@@ -187,7 +191,7 @@ def _noted(result: tuple[Profile, bool], before: Profile, option: str, pattern: 
     """A pattern that matched nothing is a typo more often than not: say so (pprof: "matched no samples")."""
     profile, matched = result
     if not matched and before.samples:
-        notes.append(f"{option} changed nothing: {no_match_message(before.frames, pattern)}")
+        notes.append(f"{option} changed nothing: {_no_match_message(before.frames, pattern)}")
     return profile
 
 
@@ -216,3 +220,9 @@ def _size(text: str) -> int:
         return parse_size(text)
     except ValueError as exc:
         raise ValueError(f"min-size: {exc}") from None
+
+
+def _no_match_message(frames: list, query: str) -> str:
+    from gpuflame.analysis.chains import no_match_message  # numpy, with the chains
+
+    return no_match_message(frames, query)

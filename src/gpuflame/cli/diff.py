@@ -15,7 +15,8 @@ from gpuflame.cli.common import (
     select_moment,
     snapshot_options,
 )
-from gpuflame.render.terminal import make_console, render_comparison
+from gpuflame.render.console import make_console
+from gpuflame.render.terminal import render_comparison
 
 HELP = "what grew and what shrank between two profiles"
 

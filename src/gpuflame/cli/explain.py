@@ -14,7 +14,8 @@ from gpuflame.cli.common import (
     positive_count,
     print_json,
 )
-from gpuflame.render.terminal import make_console, print_comments, render_explanation
+from gpuflame.render.console import make_console
+from gpuflame.render.terminal import print_comments, render_explanation
 
 HELP = "the call chains that lead to a function"
 

@@ -15,8 +15,9 @@ from gpuflame.cli.common import (
 )
 from gpuflame.files import atomic_write, check_output
 from gpuflame.render import svg
+from gpuflame.render.console import make_console
 from gpuflame.render.flame_text import flame_lines, render_flame
-from gpuflame.render.terminal import make_console, plain, print_comments, type_title
+from gpuflame.render.terminal import plain, print_comments, type_title
 
 HELP = "the flame graph in the terminal"
 

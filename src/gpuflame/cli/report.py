@@ -18,7 +18,8 @@ from gpuflame.model.moment import origin
 from gpuflame.model.peak import PeakUnit
 from gpuflame.model.profile import Profile
 from gpuflame.printable import printable
-from gpuflame.render.terminal import make_console, render_report
+from gpuflame.render.console import make_console
+from gpuflame.render.terminal import render_report
 from gpuflame.units import format_bytes
 
 HELP = "what holds the memory, on one screen"

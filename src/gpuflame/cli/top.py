@@ -19,7 +19,8 @@ from gpuflame.cli.common import (
 )
 from gpuflame.errors import GpuflameError
 from gpuflame.model import Profile
-from gpuflame.render.terminal import categories_table, make_console, print_comments, render_top, type_title
+from gpuflame.render.console import make_console
+from gpuflame.render.terminal import categories_table, print_comments, render_top, type_title
 
 HELP = "the top functions by self or total, or memory by category or phase"
 

@@ -214,7 +214,8 @@ def _print_report(profile: Profile, type_name: str | None, limit: int) -> None:
     """The report as plain text on stdout: the kernel shows it as the cell's output stream."""
     from gpuflame.analysis.hotspots import build_report
     from gpuflame.analysis.selection import Selection
-    from gpuflame.render.terminal import make_console, render_report
+    from gpuflame.render.console import make_console
+    from gpuflame.render.terminal import render_report
 
     view = Selection(sample_type=type_name).apply(profile)  # as gpuflame report --type TYPE
     console = make_console(plain=True)

@@ -39,7 +39,7 @@ import numpy as np
 
 from gpuflame.analysis.tree import prefix_tree
 from gpuflame.model.diff import select_types, shared_types
-from gpuflame.model.functions import FunctionTable, function_table
+from gpuflame.model.function_table import FunctionTable, function_table
 from gpuflame.model.history import History
 from gpuflame.model.moment import NO_HISTORY
 from gpuflame.model.profile import FRAME_KINDS, Frame, Labels, Profile, SampleType

@@ -11,8 +11,6 @@ cell given as a string is made :func:`plain` by :class:`SafeTable`.
 
 from __future__ import annotations
 
-import os
-import sys
 from collections.abc import Iterable
 from typing import Any
 
@@ -34,9 +32,6 @@ from gpuflame.model.sample_types import DESCRIPTIONS
 from gpuflame.printable import printable
 from gpuflame.units import format_bytes, format_count
 
-# Width used when output is not a terminal and COLUMNS is unset: long
-# qualified names and paths fit without folding in logs and files.
-PIPE_WIDTH = 132
 # file:line longer than this keeps its end (the file name and line) after an ellipsis.
 WHERE_WIDTH = 48
 # A file:line cell never gets narrower than this (it shows "…" and the path's end).
@@ -53,35 +48,6 @@ READING_HINT = (
 SEPARATORS = "/\\"
 PACKAGES = "-packages"
 PACKAGE_DIRS = ("site", "dist")
-
-
-class _Console(Console):
-    """rich's Console, save that a reader gone away (``gpuflame report x | head``) is no error.
-
-    rich exits with 1 there; this hands the BrokenPipeError to
-    :func:`gpuflame.cli.main.main`, which ends the command quietly with 0.
-    """
-
-    def on_broken_pipe(self) -> None:
-        self.quiet = True
-        raise BrokenPipeError
-
-
-def make_console(plain: bool = False) -> Console:
-    """A console on stdout; wider than rich's 80 columns when writing to a pipe.
-
-    No markup and no emoji codes: a string printed is printed as written
-    (``[/]`` in a frame name once stopped a report with a MarkupError).
-    *plain*: uncoloured text at the pipe's width, never rich's notebook
-    display (the ``%%gpuflame`` cell's output stream).
-    """
-    as_written: dict[str, Any] = {"highlight": False, "markup": False, "emoji": False}
-    if plain:
-        return _Console(file=sys.stdout, force_jupyter=False, color_system=None, width=PIPE_WIDTH, **as_written)
-    console = _Console(**as_written)
-    if not console.is_terminal and "COLUMNS" not in os.environ:
-        console = _Console(width=PIPE_WIDTH, **as_written)
-    return console
 
 
 def plain(text: str, style: str = "") -> Text:

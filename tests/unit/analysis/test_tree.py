@@ -193,3 +193,13 @@ def test_prefix_tree_holds_every_stack_once(stacks, leaf_first):
     assert all(tree.parent[n] < n for n in range(1, len(tree.parent)))  # parents first
     children = [(int(p), int(c)) for p, c in zip(tree.parent[1:], tree.code[1:], strict=True)]
     assert children == sorted(children)  # depth by depth, each node's children in code order
+
+
+def test_the_package_names_load_on_first_use() -> None:
+    """gpuflame.analysis's names come from analysis/tree.py when asked (numpy only then); others are refused."""
+    import gpuflame.analysis as analysis
+    from gpuflame.analysis import tree
+
+    assert (analysis.FlameTree, analysis.build_tree) == (tree.FlameTree, tree.build_tree)
+    with pytest.raises(AttributeError):
+        analysis.no_such_name  # noqa: B018

@@ -8,7 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuflame.model import Frame
-from gpuflame.model.functions import FunctionTable, function_frames, function_table
+from gpuflame.model.function_table import FunctionTable, function_table
+from gpuflame.model.functions import function_frames
 from gpuflame.model.profile import FRAME_KINDS, NATIVE, PYTHON
 
 DECORATED = "import functools\n\n\n@functools.cache\ndef cached():\n    return 1\n"
