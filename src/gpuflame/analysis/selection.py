@@ -23,7 +23,7 @@ from gpuflame.errors import GpuflameError
 from gpuflame.model import drop_small, moment, prune_framework
 from gpuflame.model.filter import focus_matched, hide_matched, ignore_matched, select_labels_matched
 from gpuflame.model.moment import When, parse_when
-from gpuflame.model.profile import Profile
+from gpuflame.model.profile import Frame, Profile
 from gpuflame.symbols.names import CACHED_FREE, TRAMPOLINE_NAME
 from gpuflame.units import parse_size
 
@@ -222,7 +222,7 @@ def _size(text: str) -> int:
         raise ValueError(f"min-size: {exc}") from None
 
 
-def _no_match_message(frames: list, query: str) -> str:
+def _no_match_message(frames: list[Frame], query: str) -> str:
     from gpuflame.analysis.chains import no_match_message  # numpy, with the chains
 
     return no_match_message(frames, query)
