@@ -147,7 +147,7 @@ def sample_columns(
         head[longer] = 3
     if np.any(starts + head + size > ends):
         return None
-    found = _chunked_stacks(data, starts, starts + head, size, _FrameLookup.of(location_frames), max_depth)
+    found = _chunked_stacks(data, starts, ends, head, size, _FrameLookup.of(location_frames), max_depth)
     del data
     stops = (head + size).tolist()
     if found is None:
@@ -184,32 +184,27 @@ def _regions(data: np.ndarray, begin: np.ndarray, size: np.ndarray) -> np.ndarra
 def _chunked_stacks(
     data: np.ndarray,
     starts: np.ndarray,
-    begin: np.ndarray,
+    ends: np.ndarray,
+    head: np.ndarray,
     size: np.ndarray,
     lookup: _FrameLookup | None,
     max_depth: int,
 ) -> tuple[np.ndarray, np.ndarray] | None:
-    """:func:`_stack_columns` of the regions ``data[begin[i] : begin[i] + size[i]]``, SAMPLE_CHUNK bytes at a time.
+    """:func:`_stack_columns` of each sample's ids: ``size[i]`` bytes from ``starts[i] + head[i]``, before ``ends[i]``.
 
-    *starts* are where the samples' messages begin. Decoding a million
-    samples' ids in one step made arrays of hundreds of MB, each paid for
-    in fresh pages from the kernel; pieces of a few MB are reused.
+    SAMPLE_CHUNK bytes of samples at a time (:func:`protobuf_bulk.runs`):
+    decoding a million samples' ids in one step made arrays of hundreds of
+    MB, each paid for in fresh pages from the kernel.
     """
-    n = len(starts)
-    ends = np.append(starts[1:], len(data))
-    cuts = np.searchsorted(ends, np.arange(SAMPLE_CHUNK, len(data), SAMPLE_CHUNK), side="right")
-    bounds = np.unique(np.concatenate(([0], cuts, [n]))).tolist()
     counts, frames = [], []
-    for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
+    for lo, hi in bulk.runs(ends, SAMPLE_CHUNK):
         first = int(starts[lo])
-        ids = _regions(data[first : int(ends[hi - 1])], begin[lo:hi] - first, size[lo:hi])
+        ids = _regions(data[first : int(ends[hi - 1])], starts[lo:hi] + head[lo:hi] - first, size[lo:hi])
         found = _stack_columns(ids, np.cumsum(size[lo:hi]), lookup, max_depth)
         if found is None:
             return None
         counts.append(found[0])
         frames.append(found[1])
-    if not counts:
-        return None
     return np.concatenate(counts), np.concatenate(frames)
 
 

@@ -92,13 +92,11 @@ def read_table(
     messages in one step made a dozen arrays of tens of MB, each paid for
     in fresh pages from the kernel.
     """
-    sizes = np.fromiter(map(len, parts), dtype=np.int64, count=len(parts))
-    if sizes.sum() <= TABLE_CHUNK:
+    ends = np.cumsum(np.fromiter(map(len, parts), dtype=np.int64, count=len(parts)))
+    if not len(ends) or ends[-1] <= TABLE_CHUNK:
         return _read_piece(parts, fields, sub_field, sub_fields)
-    cuts = np.searchsorted(np.cumsum(sizes), np.arange(TABLE_CHUNK, int(sizes.sum()), TABLE_CHUNK), side="right")
-    bounds = np.unique(np.concatenate(([0], cuts, [len(parts)]))).tolist()
     pieces = []
-    for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
+    for lo, hi in runs(ends, TABLE_CHUNK):
         piece = _read_piece(parts[lo:hi], fields, sub_field, sub_fields)
         if piece is None:
             return None
@@ -110,6 +108,19 @@ def read_table(
         np.concatenate([p.sub_owner for p in pieces]),
         {f: np.concatenate([p.sub_fields[f] for p in pieces]) for f in sub_fields},
     )
+
+
+def runs(ends: np.ndarray, size: int) -> list[tuple[int, int]]:
+    """Runs ``lo:hi`` of consecutive messages, about *size* bytes each; *ends*: where each message ends (cumulative).
+
+    A message longer than *size* is a run of its own; no run is empty. The
+    bulk readers work a run at a time so their temporary arrays stay a few
+    MB, which the allocator reuses, instead of hundreds fresh from the kernel.
+    """
+    total = int(ends[-1]) if len(ends) else 0
+    cuts = np.searchsorted(ends, np.arange(size, total, size), side="right")
+    bounds = np.unique(np.concatenate(([0], cuts, [len(ends)]))).tolist()
+    return list(zip(bounds[:-1], bounds[1:], strict=True))
 
 
 def _read_piece(

@@ -87,9 +87,8 @@
     const size = bytes.length >= 18 ? new DataView(bytes.buffer, bytes.byteOffset).getUint32(bytes.length - 4, true) : 0;
     const blob = new Blob([bytes]);
     bytes = null;
-    const { head: headBytes, arrays } = await inflate(blob.stream().pipeThrough(new DecompressionStream("gzip")), size);
-    const length = new DataView(headBytes.buffer).getUint32(0, true);
-    const head = JSON.parse(new TextDecoder().decode(headBytes.subarray(4, 4 + length)));
+    const { json, arrays } = await inflate(blob.stream().pipeThrough(new DecompressionStream("gzip")), size);
+    const head = JSON.parse(new TextDecoder().decode(json));
     const Kinds = { i4: Int32Array, u1: Uint8Array, f8: Float64Array };
     const resolve = (v) => {
       if (v === null || typeof v !== "object") return v;
@@ -107,14 +106,14 @@
 
   /**
    * The inflated body in two buffers of the sizes its head and gzip's trailer give (the stream checks
-   * that trailer): the head (u32 length, JSON, padding to 8), let go once parsed, and the arrays, which
-   * the page views in place. Pieces are copied in as they come instead of being held to the end and
+   * that trailer): the head (u32 length, JSON, padding to 8), whose JSON is let go once parsed, and the
+   * arrays, which the page views in place. Pieces are copied in as they come instead of being held to the end and
    * joined; at a million frames that kept 80 MB twice, and the 33 MB head for as long as the page.
    */
   async function inflate(stream, size) {
     const reader = stream.getReader();
     const first = new Uint8Array(4);
-    let head = null, arrays = null, start = 0, at = 0;
+    let head = null, arrays = null, length = 0, start = 0, at = 0;
     for (;;) {
       const { done, value } = await reader.read();
       if (done) break;
@@ -126,7 +125,7 @@
         at += take;
         piece = piece.subarray(take);
         if (at < 4) continue;
-        const length = new DataView(first.buffer).getUint32(0, true);
+        length = new DataView(first.buffer).getUint32(0, true);
         start = 4 + length + ((8 - (4 + length) % 8) % 8);
         if (start > size) throw new Error("the page's data is cut short");
         head = new Uint8Array(start);
@@ -139,7 +138,7 @@
       at += piece.length;
     }
     if (head === null || at !== size) throw new Error("the page's data is cut short");
-    return { head, arrays: arrays.buffer };
+    return { json: head.subarray(4, 4 + length), arrays: arrays.buffer };
   }
 
   const asInt32 = (a) => (a instanceof Int32Array ? a : Int32Array.from(a));
