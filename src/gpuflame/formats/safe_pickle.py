@@ -168,25 +168,34 @@ class _PlainUnpickler(pickle.Unpickler):
 
 # Runs of harmless opcodes are skipped in C by one regular expression; only
 # long strings, memo indices that need checking and the opcodes to check reach
-# the Python loop, so each of its iterations stands for 256 bytes or more, or
-# ends the scan (a refusal), or is counted (tuples). Possessive repetition
+# the Python loop, so each of its iterations stands for 256 bytes or more (32
+# until the pattern widens, below), or ends the scan (a refusal), or is
+# counted (tuples). Possessive repetition
 # keeps the regex from saving a backtrack point per opcode, which makes it
 # several times faster on long runs. Before strings below 256 bytes, protocol
 # 0's text arguments and memo puts went through the loop, a pickle of nothing
 # but 3-byte strings took 0.4 s a MB (7 minutes for a gzip bomb's gigabyte).
 
 
-def _short_sized(opcodes: bytes, width: int) -> bytes:
-    """One of *opcodes*, a little-endian length below 256 in *width* bytes, then that many bytes."""
+def _short_sized(opcodes: bytes, width: int, longest: int) -> bytes:
+    """One of *opcodes*, a little-endian length below *longest* in *width* bytes, then that many bytes."""
     pad = re.escape(b"\x00" * (width - 1))
-    lengths = b"|".join(re.escape(bytes([k])) + pad + (rb".{%d}" % k if k else b"") for k in range(256))
+    lengths = b"|".join(re.escape(bytes([k])) + pad + (rb".{%d}" % k if k else b"") for k in range(longest))
     return b"[" + re.escape(opcodes) + b"](?:" + lengths + b")"
 
 
-# strings, bytes and LONG1/LONG4 integers below 256 bytes (checked only for their length)
-_SHORT_SIZED = b"|".join(
-    (_short_sized(b"\x8cCU\x8a", 1), _short_sized(b"XBT\x8b", 4), _short_sized(b"\x8d\x8e\x96", 8))
-)
+# The fast path skips strings, bytes and LONG1/LONG4 integers shorter than
+# NARROW bytes (checked only for their length); longer ones reach the loop.
+# Real snapshots hold a few hundred of those (each distinct string is written
+# once, then fetched from the memo), so the pattern every read compiles first
+# is the narrow one: 2 ms to compile, where one taking up to 255 bytes in C
+# takes 20 ms, a tenth of converting a small snapshot. A pickle that sends
+# WIDEN_AFTER strings of NARROW to 255 bytes through the loop gets that wide
+# pattern for the rest (a gigabyte of 40-byte strings would otherwise take
+# minutes in the loop).
+NARROW = 32
+WIDE = 256
+WIDEN_AFTER = 2000
 _TEXT_ARGUMENTS = rb"[ILSVFg][^\n]*+\n"
 # the GLOBALs find_class allows (protocols 0-2 spell sets and bytes so)
 _ALLOWED_GLOBALS = rb"c(?:builtins|__builtin__)\n(?:set|frozenset|bytes|bytearray)\n|c_codecs\nencode\n"
@@ -196,19 +205,27 @@ _RUN = rb"*+" if sys.version_info >= (3, 11) else rb"{0,4096}"
 
 
 @functools.lru_cache(maxsize=8)
-def _fast_path(put_digits: int, binput_bytes: int) -> re.Pattern[bytes]:
+def _fast_path(put_digits: int, binput_bytes: int, longest: int) -> re.Pattern[bytes]:
     """The fast path for a pickle in which any PUT of *put_digits* digits and any LONG_BINPUT
-    whose index fits in *binput_bytes* bytes is within the memo the pickle's size allows.
+    whose index fits in *binput_bytes* bytes is within the memo the pickle's size allows,
+    skipping sized arguments shorter than *longest* bytes.
 
-    Compiled on first use, never at import: its hundreds of length alternatives take about
-    0.2 s to compile, which every command importing a reader would otherwise pay."""
+    Compiled on first use, never at import: its length alternatives take milliseconds
+    to compile (tens for the wide one), which every command importing a reader would pay."""
     puts = rb"p[0-9]{1,%d}\n|r.{%d}%s" % (put_digits, binput_bytes, re.escape(b"\x00" * (4 - binput_bytes)))
+    sized = b"|".join(
+        (
+            _short_sized(b"\x8cCU\x8a", 1, longest),
+            _short_sized(b"XBT\x8b", 4, longest),
+            _short_sized(b"\x8d\x8e\x96", 8, longest),
+        )
+    )
     # sre tries the alternatives in order, so the commonest opcodes of real
     # snapshots come first: memo fetches (LONG_BINGET, BINGET: over half of
     # them), one-byte opcodes, small ints, short strings and LONG1
     return re.compile(
         rb"(?:j....|h.|[\x94\x88\x89N\)\]\}\(eusal0d12\x8f\x90R\x93]|[qK\x80].|"
-        + _SHORT_SIZED
+        + sized
         + rb"|M..|J....|G.{8}|\x95.{8}|"
         + b"|".join((_TEXT_ARGUMENTS, _ALLOWED_GLOBALS, puts))
         + rb")"
@@ -217,12 +234,13 @@ def _fast_path(put_digits: int, binput_bytes: int) -> re.Pattern[bytes]:
     )
 
 
-def fast_path_for(n: int) -> re.Pattern[bytes]:
+def fast_path_for(n: int, wide: bool = False) -> re.Pattern[bytes]:
     """The fast path for a pickle of *n* bytes: memo indices below 10**6 and 2**16 always (the memo
-    they ask for stays small), larger ones when the pickle is larger than any index they can spell."""
+    they ask for stays small), larger ones when the pickle is larger than any index they can spell;
+    sized arguments below NARROW bytes, or below WIDE (256) when *wide*."""
     put_digits = max(6, len(str(n)) - 1)
     binput_bytes = 4 if n >= 1 << 32 else 3 if n >= 1 << 24 else 2
-    return _fast_path(put_digits, binput_bytes)
+    return _fast_path(put_digits, binput_bytes, WIDE if wide else NARROW)
 
 
 # opcode -> width of its length prefix, for length-prefixed arguments
@@ -362,6 +380,7 @@ def scan(data: bytes) -> None:
     # past this many tuples in a pickle too large to check them, the scan stops at once
     tuples_refused_at = HASHABLE_OPCODES_UNCHECKED + 1 if n > limits.PICKLE_TUPLE_CHECK_BYTES.value() else -1
     match = fast_path_for(n).match
+    narrow_left = WIDEN_AFTER  # sized arguments the wide pattern would have skipped, until it is compiled
     while True:
         pos = match(data, pos).end()  # type: ignore[union-attr]  # the fast path also matches nothing: never None
         if pos >= n:
@@ -369,7 +388,12 @@ def scan(data: bytes) -> None:
         op = data[pos]
         width = _SIZED.get(op)
         if width is not None:
+            start = pos
             pos = s.sized(pos, op, width)
+            if pos - start <= WIDE + width:  # shorter than WIDE: the wide pattern skips it
+                narrow_left -= 1
+                if not narrow_left:
+                    match = fast_path_for(n, wide=True).match
         elif op in _HASHABLE_BUILDERS:
             hashables += 1
             pos += 1

@@ -155,10 +155,54 @@ def test_stack_globals_allowed_globals_and_longs_stay_in_the_fast_path() -> None
         b"\x93" * 1000,
         b"cbuiltins\nset\n0" * 100,
         b"c_codecs\nencode\n0" * 100,
-        b"\x8a\x20" + bytes(32) + b"0",
-        b"\x8b\x20\x00\x00\x00" + bytes(32) + b"0",
+        b"\x8a\x1f" + bytes(31) + b"0",
+        b"\x8b\x1f\x00\x00\x00" + bytes(31) + b"0",
     ):
         assert safe_pickle.fast_path_for(0).match(run + b".").end() == len(run)
+
+
+@pytest.mark.parametrize("opcode, width", [(b"\x8c", 1), (b"X", 4), (b"\x8d", 8), (b"\x8a", 1)])
+def test_the_narrow_fast_path_skips_short_arguments_and_the_wide_one_all_below_256_bytes(
+    opcode: bytes, width: int
+) -> None:
+    def unit(size: int) -> bytes:
+        return opcode + size.to_bytes(width, "little") + b"a" * size + b"0"
+
+    narrow, wide = safe_pickle.fast_path_for(0), safe_pickle.fast_path_for(0, wide=True)
+    below = unit(safe_pickle.NARROW - 1)
+    assert narrow.match(below + b".").end() == len(below)
+    assert narrow.match(unit(safe_pickle.NARROW) + b".").end() == 0
+    for size in (safe_pickle.NARROW, safe_pickle.WIDE - 1):
+        assert wide.match(unit(size) + b".").end() == len(unit(size))
+    if width > 1:  # (a one-byte length cannot say 256)
+        assert wide.match(unit(safe_pickle.WIDE) + b".").end() == 0
+
+
+def _patterns_asked_for(monkeypatch, data: bytes) -> list[bool]:
+    asked: list[bool] = []
+    real = safe_pickle.fast_path_for
+
+    def spy(n: int, wide: bool = False):
+        asked.append(wide)
+        return real(n, wide)
+
+    monkeypatch.setattr(safe_pickle, "fast_path_for", spy)
+    assert safe_pickle.loads(data) is None
+    return asked
+
+
+def test_a_pickle_of_many_longer_strings_widens_the_fast_path_once(monkeypatch) -> None:
+    """Past WIDEN_AFTER strings of 32-255 bytes through the loop, the rest is skipped in C."""
+    body = (b"\x8c\x64" + b"a" * 100 + b"0") * (safe_pickle.WIDEN_AFTER + 10)
+    assert _patterns_asked_for(monkeypatch, b"\x80\x04" + body + b"N.") == [False, True]
+
+
+def test_a_snapshot_with_a_few_long_names_keeps_the_narrow_fast_path(monkeypatch) -> None:
+    """Real snapshots write each distinct name once: the wide pattern (20 ms to compile) is never needed."""
+    names = [f"/site-packages/torch/nn/modules/module_{i}.py" for i in range(safe_pickle.WIDEN_AFTER - 1)]
+    long = (b"X\x2c\x01\x00\x00" + b"b" * 300 + b"0") * 50  # 256 bytes or more: never skipped in C
+    body = b"".join(b"\x8c" + bytes([len(n)]) + n.encode() + b"0" for n in names)
+    assert _patterns_asked_for(monkeypatch, b"\x80\x04" + body + long + b"N.") == [False]
 
 
 def test_memo_puts_of_large_pickles_stay_in_the_fast_path_when_their_size_allows_them() -> None:
