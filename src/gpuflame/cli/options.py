@@ -10,9 +10,12 @@ imports the readers and numpy: ``gpuflame run`` must not pay for them.
 from __future__ import annotations
 
 import argparse
-from socketserver import BaseServer
+from typing import TYPE_CHECKING
 
 from gpuflame.units import interval_seconds, parse_duration
+
+if TYPE_CHECKING:
+    from socketserver import BaseServer  # what serve and webhook run; only its type here
 
 SECRETS = (
     "secrets only from the environment or files: GPUFLAME_PYROSCOPE_TOKEN, GPUFLAME_PYROSCOPE_PASSWORD "
