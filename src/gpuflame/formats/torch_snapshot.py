@@ -276,7 +276,7 @@ class _Converter:
 
     def _note_unknown_def_lines(self) -> None:
         """Say which files' functions show no ``def`` line: a snapshot records only call lines."""
-        files = sorted(self.stacks.unknown_def_lines)
+        files = self.stacks.unknown_def_lines
         if files:  # the snapshot records only the lines running; the source is not here or changed
             self.comment(def_lines_note(files))
 

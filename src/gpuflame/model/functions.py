@@ -7,6 +7,8 @@ default; the flame tree, the viewer and the exports all ask here.
 
 from __future__ import annotations
 
+import heapq
+from collections.abc import Collection
 from functools import partial
 from operator import itemgetter, ne
 
@@ -53,9 +55,13 @@ _KEY = itemgetter(0, 1, 3)
 _START = itemgetter(4)
 
 
-def def_lines_note(files: list[str]) -> str:
-    """The note for functions of *files* whose ``def`` line is unknown: their bars show the file only."""
-    shown = ", ".join(files[:3]) + (f" and {len(files) - 3} more files" if len(files) > 3 else "")
+def def_lines_note(files: Collection[str]) -> str:
+    """The note for functions of *files* (distinct) whose ``def`` line is unknown: their bars show the file only.
+
+    It names the first three in sorted order: not a sort of them all (a
+    generated million-frame profile has 381k files, 0.5 s of sorting).
+    """
+    shown = ", ".join(heapq.nsmallest(3, files)) + (f" and {len(files) - 3} more files" if len(files) > 3 else "")
     return (
         f"{DEF_LINES_UNKNOWN} for functions of {shown} (the profile records only the lines that ran): "
         "their bars show the file without a line; --lines and explain show the lines they ran"
@@ -66,5 +72,5 @@ def missing_def_lines_note(profile: Profile) -> str | None:
     """A note when Python functions of *profile* have no ``def`` line and no note says so yet."""
     if any(c.startswith(DEF_LINES_UNKNOWN) for c in profile.comments):
         return None
-    files = sorted({f.file for f in profile.frames if f.kind == PYTHON and f.file and not f.start_line})
+    files = {f.file for f in profile.frames if f.kind == PYTHON and f.file and not f.start_line}
     return def_lines_note(files) if files else None

@@ -215,3 +215,14 @@ def test_a_decorated_function_is_named_at_its_def_not_its_first_decorator(tmp_pa
     frames = viewer_data(profile, "t")["frames"]
     lines = {ln for n, ln in zip(frames["name"], frames["line"], strict=True) if n == "Model > make"}
     assert lines == {15}
+
+
+def test_the_note_names_the_first_three_files_in_order_and_counts_the_rest() -> None:
+    from gpuflame.model.functions import def_lines_note
+
+    files = {f"/app/m{i:02d}.py" for i in (7, 3, 11, 5, 2)}
+    assert def_lines_note(files).startswith(
+        "definition lines unknown for functions of /app/m02.py, /app/m03.py, /app/m05.py and 2 more files ("
+    )
+    assert "more files" not in def_lines_note(["/b.py", "/a.py"])
+    assert def_lines_note(["/b.py", "/a.py"]).startswith("definition lines unknown for functions of /a.py, /b.py (")
