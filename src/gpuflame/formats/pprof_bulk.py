@@ -9,7 +9,7 @@ the exact error or the rare case's meaning. Launcher side only (numpy).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -63,7 +63,7 @@ def functions(parts: list[bytes], strings: Strings) -> dict[int, tuple[str, str,
 
 def locations(
     parts: list[bytes], mappings: dict[int, str], funcs: dict[int, tuple[str, str, int]], profile: Profile
-) -> dict[int, tuple[int, ...]] | None:
+) -> OneFrameEach | None:
     """Location id -> frame ids, for a table where every location has one line of a known function."""
     table = bulk.read_table(parts, (1, 2), sub_field=4, sub_fields=(1, 2))
     if table is None or len(table.sub_owner) != len(parts) or np.any(np.diff(table.sub_owner) != 1):
@@ -83,13 +83,38 @@ def locations(
         return None  # named after the location's address: the message-by-message reader knows how
     names, files, starts = zip(*entries, strict=True)
     lines = bulk.int64(table.sub_fields[2]).tolist()
-    return dict(
-        zip(
-            lids,
-            zip(profile.frame_ids(new_frames(names, files, lines, _kinds(names, files, mids), starts))),
-            strict=True,
-        )
-    )
+    frame_ids = profile.frame_ids(new_frames(names, files, lines, _kinds(names, files, mids), starts))
+    return OneFrameEach(table.fields[1], np.array(frame_ids, dtype=np.int64))
+
+
+class OneFrameEach(Mapping[int, tuple[int, ...]]):
+    """Location id -> (frame id,) for locations of one frame each, kept as two arrays.
+
+    What :func:`locations` gives a million locations: the samples' reader
+    looks their ids up in the arrays (:class:`_FrameLookup`), where a dict
+    of a million 1-tuples took 0.7 s and 150 MB to build. Anything else
+    reading it as a mapping gets that dict, made on first use.
+    """
+
+    one_frame_each = True  # what pprof_samples.one_frame_each asks, without importing numpy
+
+    def __init__(self, ids: np.ndarray, frame_ids: np.ndarray) -> None:
+        self.ids, self.frame_ids = ids, frame_ids
+        self._dict: dict[int, tuple[int, ...]] | None = None
+
+    def _as_dict(self) -> dict[int, tuple[int, ...]]:
+        if self._dict is None:
+            self._dict = dict(zip(self.ids.tolist(), zip(self.frame_ids.tolist()), strict=True))
+        return self._dict
+
+    def __getitem__(self, lid: int) -> tuple[int, ...]:
+        return self._as_dict()[lid]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._as_dict())
+
+    def __len__(self) -> int:
+        return len(self.ids)
 
 
 def _kinds(names: tuple[str, ...], files: tuple[str, ...], mids: np.ndarray) -> list[str]:
@@ -109,7 +134,7 @@ def new_frames(*columns: Iterable[object]) -> list[Frame]:
 
 
 def stacks(
-    ids: list[bytes], location_frames: dict[int, tuple[int, ...]], max_depth: int
+    ids: list[bytes], location_frames: Mapping[int, tuple[int, ...]], max_depth: int
 ) -> list[tuple[int, ...]] | None:
     """Each sample's frame ids from its packed location ids, every location one frame."""
     data, ends = bulk.blob(ids)
@@ -118,7 +143,7 @@ def stacks(
 
 
 def sample_columns(
-    chunks: list[bytes], location_frames: dict[int, tuple[int, ...]], tails: TailParser, max_depth: int
+    chunks: list[bytes], location_frames: Mapping[int, tuple[int, ...]], tails: TailParser, max_depth: int
 ) -> SampleColumns | None:
     """Every Sample message at once, as columns: where each holds its packed location ids first.
 
@@ -249,9 +274,11 @@ class _FrameLookup:
             self.keys, self.frame_of = keys[order], frame_of[order]
 
     @classmethod
-    def of(cls, location_frames: dict[int, tuple[int, ...]]) -> _FrameLookup | None:
+    def of(cls, location_frames: Mapping[int, tuple[int, ...]]) -> _FrameLookup | None:
         if not location_frames:
             return None
+        if isinstance(location_frames, OneFrameEach):
+            return cls(location_frames.ids, location_frames.frame_ids)
         keys = np.fromiter(location_frames, np.uint64, len(location_frames))
         return cls(keys, np.fromiter((v[0] for v in location_frames.values()), np.int64, len(keys)))
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import struct
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from itertools import chain
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 class _LocationMemo(dict):
     """``location id (varint bytes or int) -> frame id(s)``: the inner lookup of every stack."""
 
-    def __init__(self, frames_of: dict[int, tuple[int, ...]], flat: bool) -> None:
+    def __init__(self, frames_of: Mapping[int, tuple[int, ...]], flat: bool) -> None:
         super().__init__()
         self._frames_of = frames_of
         self._flat = flat
@@ -115,13 +115,15 @@ class _TailMemo(dict):
         return pair
 
 
-def one_frame_each(location_frames: dict[int, tuple[int, ...]]) -> bool:
+def one_frame_each(location_frames: Mapping[int, tuple[int, ...]]) -> bool:
     """Every location is one frame (no inlined calls): a stack's ids map one to one onto frame ids."""
+    if getattr(location_frames, "one_frame_each", False):  # pprof_bulk.OneFrameEach: so by construction
+        return True
     return all(len(v) == 1 for v in location_frames.values())
 
 
 def read_sample_columns(
-    chunks: list[bytes], location_frames: dict[int, tuple[int, ...]], strings: Strings, n_types: int
+    chunks: list[bytes], location_frames: Mapping[int, tuple[int, ...]], strings: Strings, n_types: int
 ) -> SampleColumns | None:
     """Every Sample at once as columns (numpy), for a large profile in the layout pprof writers use; else None."""
     if len(chunks) < BULK_MIN or not one_frame_each(location_frames):
@@ -133,7 +135,7 @@ def read_sample_columns(
 
 
 def read_samples(
-    chunks: list[bytes], location_frames: dict[int, tuple[int, ...]], strings: Strings, n_types: int
+    chunks: list[bytes], location_frames: Mapping[int, tuple[int, ...]], strings: Strings, n_types: int
 ) -> list[Sample]:
     """Decode every Sample: the loop where reading a large profile spends its time.
 
@@ -207,7 +209,7 @@ def _read_wide(wide: list[tuple[int, bytes, bytes, Any]], out: list[Sample], rea
 class _SampleReader:
     """What decoding samples needs, built once per profile, and the way for samples off the fast path."""
 
-    def __init__(self, location_frames: dict[int, tuple[int, ...]], strings: Strings, n_types: int) -> None:
+    def __init__(self, location_frames: Mapping[int, tuple[int, ...]], strings: Strings, n_types: int) -> None:
         self.location_frames = location_frames
         self.flat = one_frame_each(location_frames)
         self.lookup = _LocationMemo(location_frames, self.flat).__getitem__
@@ -249,7 +251,7 @@ def _stack(frame_ids: Iterator[Any], flat: bool) -> tuple[int, ...]:
     return tuple(frame_ids) if flat else tuple(chain.from_iterable(frame_ids))
 
 
-def _fast_table(location_frames: dict[int, tuple[int, ...]]) -> list[int]:
+def _fast_table(location_frames: Mapping[int, tuple[int, ...]]) -> list[int]:
     """Frame id by one-byte varint (0..127) or by a two-byte varint read as a native 16-bit word.
 
     Two-byte varints have their first byte >= 0x80, so their words are >= 128

@@ -163,7 +163,7 @@ def _read_functions(raw: RawProfile, strings: Strings) -> dict[int, tuple[str, s
     return out
 
 
-def read_locations(raw: RawProfile, strings: Strings, profile: Profile) -> dict[int, tuple[int, ...]]:
+def read_locations(raw: RawProfile, strings: Strings, profile: Profile) -> Mapping[int, tuple[int, ...]]:
     """Location id -> frame ids (leaf first), adding the frames to *profile*."""
     mappings = _read_mappings(raw, strings)
     functions = _read_functions(raw, strings)

@@ -614,3 +614,36 @@ def test_the_inflated_bytes_and_each_table_are_let_go_before_the_next_is_read(mo
     assert sorted(decoded.stack_frames(s)[0].name for s in decoded.samples) == sorted(
         profile.stack_frames(s)[0].name for s in profile.samples
     )
+
+
+def test_a_large_location_table_is_read_as_arrays_that_still_answer_as_a_mapping(monkeypatch) -> None:
+    """pprof_bulk.OneFrameEach: no dict of a million 1-tuples, unless a reader asks for one."""
+    import numpy as np
+
+    from gpuflame.formats import pprof_bulk, pprof_read, pprof_samples, pprof_tables
+
+    monkeypatch.setattr(pprof_tables, "BULK_MIN", 0)
+    monkeypatch.setattr(pprof_samples, "BULK_MIN", 0)
+    found: list = []
+
+    def read_locations(*args):
+        found.append(pprof_tables.read_locations(*args))
+        return found[0]
+
+    monkeypatch.setattr(pprof_read, "read_locations", read_locations)
+    profile = Profile(sample_types=[SampleType("inuse_space", "bytes")])
+    profile.add([Frame("leaf", "/a.py", 3), Frame("<module>", "/a.py", 9)], [100])
+    profile.add([Frame("other", "/b.py", 4), Frame("<module>", "/a.py", 9)], [50])
+    decoded = pprof.decode(pprof.encode(profile))
+    table = found[0]
+    assert isinstance(table, pprof_bulk.OneFrameEach) and table._dict is None
+    assert pprof_samples.one_frame_each(table) and table._dict is None  # said without the dict
+    lookup = pprof_bulk._FrameLookup.of(table)
+    assert lookup is not None and table._dict is None
+    as_dict = dict(table)
+    assert len(as_dict) == len(table) == 3 and all(len(v) == 1 for v in as_dict.values())
+    assert {decoded.frames[v[0]].name for v in as_dict.values()} == {"leaf", "other", "<module>"}
+    ids = np.array(list(as_dict), dtype=np.uint64)
+    assert lookup(ids).tolist() == [as_dict[i][0] for i in as_dict]
+    with pytest.raises(KeyError):
+        table[10**9]
