@@ -82,10 +82,7 @@ def viewer_data(
     sites = _history_sites(profile) if base is None else None
     sources = ([profile] if base is None else [profile, base]) + ([sites] if sites is not None else [])
     columns = [_stack_columns(p) for p in sources]
-    used = [
-        np.flatnonzero(np.bincount(c.frames, minlength=len(p.frames))).tolist()
-        for p, c in zip(sources, columns, strict=True)
-    ]
+    used = [_used_frames(c.frames, len(p.frames)) for p, c in zip(sources, columns, strict=True)]
     table = function_table([[p.frames[i] for i in ids] for p, ids in zip(sources, used, strict=True)])
     frame_codes = _frame_codes(sources, used, table.row)
     stacks, sample_sets, label_sets = _sample_tables(columns, frame_codes)
@@ -242,6 +239,17 @@ def _value_column(values: np.ndarray) -> np.ndarray:
     if not len(values) or (values.min() >= -(2**31) and values.max() < 2**31):
         return values.astype("<i4")
     return values.astype("<f8")
+
+
+def _used_frames(frames: np.ndarray, count: int) -> list[int]:
+    """The frame ids that occur in *frames* (every stack's ids), in order.
+
+    Marked in a mask: ``bincount`` first widened forty million int32 ids to
+    int64, 300 MB of fresh pages (1.2 s of system time on a VM).
+    """
+    seen = np.zeros(count, dtype=bool)
+    seen[frames] = True
+    return np.flatnonzero(seen).tolist()
 
 
 def _frame_codes(profiles: list[Profile], used: list[list[int]], rows: np.ndarray) -> list[np.ndarray]:

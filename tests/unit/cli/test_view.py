@@ -234,6 +234,19 @@ def test_the_page_ships_each_stack_prefix_once_and_its_numbers_as_binary() -> No
     assert len(head) < strings + 2000  # names and files, and no numbers written out as text
 
 
+def test_frames_no_kept_sample_uses_are_not_shipped() -> None:
+    """A frame only under all-zero samples, or in the table and under none, is not in the page's frame table."""
+    from gpuflame.model import Frame, Profile, SampleType
+
+    profile = Profile(sample_types=[SampleType("inuse_space", "bytes")])
+    profile.add([Frame("kept", "/a.py", 3), Frame("<module>", "/a.py", 9)], [100])
+    profile.add([Frame("zero", "/a.py", 5), Frame("<module>", "/a.py", 9)], [0])
+    profile.frame_id(Frame("unused", "/b.py", 1))
+    data = decode_payload(DATA_ELEMENT.search(render_html(profile, "t")).group(1))
+    assert sorted(data["frames"]["name"]) == ["<module>", "kept"]
+    assert data["files"] == ["/a.py"]
+
+
 def test_a_large_profile_goes_to_the_page_as_columns_and_gives_the_same_page(
     tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch
 ) -> None:
