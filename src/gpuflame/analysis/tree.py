@@ -202,7 +202,7 @@ def build_table(profile: Profile, type_index: int, group_by: str | None = None, 
         _fill_rows(codes[start : start + len(chunk)], chunk, code_of_id, offset, unknown)
         if group_by:
             codes[start : start + len(chunk), 0] = [group_codes[s.label(group_by)] for s in chunk]
-    order = _row_order(codes)
+    order = row_order(codes)
     table = StackTable(
         sample_type=profile.sample_types[type_index],
         frames=frames,
@@ -273,7 +273,7 @@ def _fill_rows(block: np.ndarray, chunk: list[Sample], code_of_id: np.ndarray, o
         block[lens == 0, offset] = unknown
 
 
-def _row_order(codes: np.ndarray) -> np.ndarray:
+def row_order(codes: np.ndarray) -> np.ndarray:
     """Lexicographic order of the rows: big-endian codes compare as bytes do."""
     if codes.size == 0:
         return np.arange(codes.shape[0])
@@ -437,62 +437,3 @@ class FlameTree:
 def build_tree(profile: Profile, type_index: int, group_by: str | None = None, lines: bool = False) -> FlameTree:
     """The flame tree of *profile* for the sample type at *type_index* (see :func:`build_table`)."""
     return FlameTree(build_table(profile, type_index, group_by, lines))
-
-
-class PrefixTree(NamedTuple):
-    """Distinct stacks as one tree of (parent, code) nodes: what the viewer's page ships.
-
-    Node 0 is the root (no frame); nodes are numbered depth by depth, so a
-    parent comes before its children, and children in code order.
-    ``node_of_stack[i]`` is the node where stack *i* ends (0: an empty stack).
-    """
-
-    parent: np.ndarray
-    code: np.ndarray
-    node_of_stack: np.ndarray
-
-
-def prefix_tree(lengths: np.ndarray, flat: np.ndarray, leaf_first: bool = False) -> PrefixTree:
-    """The :class:`PrefixTree` of stacks concatenated in *flat* with their *lengths*, each root first.
-
-    With *leaf_first*, each stack in *flat* is leaf first (pprof's order): read
-    backwards, the whole column is the same stacks root first, last to first,
-    so no reversed copy of it is made. Vectorised like :class:`FlameTree` (rows
-    sorted as byte strings, a node wherever a row's shared prefix ends), so a
-    million stacks forty deep take seconds, not the minutes of a dict lookup
-    per frame.
-    """
-    if leaf_first:
-        tree = prefix_tree(lengths[::-1], flat[::-1])
-        return tree._replace(node_of_stack=tree.node_of_stack[::-1])
-    n = len(lengths)
-    width = int(lengths.max()) if n else 0
-    if not width:
-        return PrefixTree(np.array([-1]), np.array([-1]), np.zeros(n, dtype=np.int64))
-    codes = np.zeros((n, width), dtype=">u4")
-    # a boolean mask fills row by row, left to right: the order of *flat* (no index per frame)
-    codes[np.arange(width) < lengths[:, None]] = flat + 1
-    order = _row_order(codes)
-    rows = codes.view(np.dtype((np.void, width * codes.itemsize))).ravel()
-    codes, lens = rows[order].view(codes.dtype).reshape(n, width), lengths[order]  # rows moved whole
-    shared = np.zeros(n, dtype=np.intp)
-    if n > 1:
-        same = codes[1:] == codes[:-1]
-        shared[1:] = np.where(same.all(axis=1), np.minimum(lens[1:], lens[:-1]), same.argmin(axis=1))
-    parents, node_codes = [np.array([-1])], [np.array([-1])]
-    leaf = np.zeros(n, dtype=np.int64)
-    above_start, above_first, first = np.zeros(1, dtype=np.intp), 0, 1
-    for depth in range(width):
-        start = np.flatnonzero((shared <= depth) & (lens > depth))
-        parents.append(
-            above_first + np.searchsorted(above_start, start, side="right") - 1
-            if depth
-            else np.zeros(len(start), dtype=np.intp)
-        )
-        node_codes.append(codes[start, depth].astype(np.int64) - 1)
-        ends_here = np.flatnonzero(lens == depth + 1)
-        leaf[ends_here] = first + np.searchsorted(start, ends_here, side="right") - 1
-        above_start, above_first, first = start, first, first + len(start)
-    node_of_stack = np.empty(n, dtype=np.int64)
-    node_of_stack[order] = leaf
-    return PrefixTree(np.concatenate(parents).astype(np.int64), np.concatenate(node_codes), node_of_stack)

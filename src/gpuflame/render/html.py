@@ -15,7 +15,7 @@ The payload (:func:`encode_payload`) is a JSON head (names, files, labels,
 types) followed by the number columns as little-endian binary arrays, which
 the page views as typed arrays without parsing. It holds the frame table
 once, the distinct stacks as one prefix tree (a node per distinct stack
-prefix, :func:`gpuflame.analysis.tree.prefix_tree`) and every sample with all
+prefix, :func:`gpuflame.analysis.prefix_tree.prefix_tree`) and every sample with all
 its sample types and labels pointing at its stack's node, so the page
 switches type, label and trampoline hiding without a rebuild, and with no
 frame hidden sums the tree in one pass over its nodes: a million-frame page
@@ -37,7 +37,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from gpuflame.analysis.tree import prefix_tree
+from gpuflame.analysis.prefix_tree import prefix_tree
 from gpuflame.model.diff import select_types, shared_types
 from gpuflame.model.function_table import FunctionTable, function_table
 from gpuflame.model.history import History

@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuflame.analysis.tree import NO_STACK, FlameTree, build_table, build_tree, group_frame, prefix_tree
+from gpuflame.analysis.prefix_tree import prefix_tree
+from gpuflame.analysis.tree import NO_STACK, FlameTree, build_table, build_tree, group_frame
 from gpuflame.errors import GpuflameError
 from gpuflame.model import Frame, Profile, SampleType
 from gpuflame.model.functions import function_frames
@@ -203,3 +204,18 @@ def test_the_package_names_load_on_first_use() -> None:
     assert (analysis.FlameTree, analysis.build_tree) == (tree.FlameTree, tree.build_tree)
     with pytest.raises(AttributeError):
         analysis.no_such_name  # noqa: B018
+
+
+def test_prefix_tree_compares_sorted_stacks_piece_by_piece_with_the_same_result(monkeypatch) -> None:
+    """analysis/prefix_tree.py compares neighbours PREFIX_ROWS at a time: pieces of 3 give what one piece gives."""
+    from gpuflame.analysis import prefix_tree as module
+
+    rng = np.random.default_rng(7)
+    lengths = rng.integers(0, 7, 200)
+    flat = rng.integers(0, 4, int(lengths.sum())).astype(np.int32)
+    whole = prefix_tree(lengths, flat, leaf_first=True)
+    monkeypatch.setattr(module, "PREFIX_ROWS", 3)
+    pieces = prefix_tree(lengths, flat, leaf_first=True)
+    for a, b in zip(whole, pieces, strict=True):
+        assert a.tolist() == b.tolist()
+    assert len(whole.parent) > 50  # a tree with shared prefixes, not a list of roots
