@@ -98,5 +98,9 @@ def test_a_string_table_decodes_as_each_string_alone(table: list[bytes]) -> None
     from gpuflame.formats.protobuf_wire import read_string
 
     raw = [b"", *table]
-    got = Strings(raw).many(np.arange(len(raw)))
-    assert got == [read_string(b) for b in raw]
+    expected = [read_string(b) for b in raw]
+    strings = Strings(raw)
+    assert strings.many(np.arange(len(raw))) == expected
+    assert raw == []  # the encoded table let go once decoded (a million names are not held twice)
+    assert [strings.get(i, "test") for i in range(len(expected))] == expected
+    assert len(strings) == len(expected) and strings.many(np.array([len(expected)])) is None
