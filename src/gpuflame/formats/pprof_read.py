@@ -48,7 +48,7 @@ def decode(data: bytes) -> Profile:
     if not isinstance(data, bytes):  # slices of a bytearray would not hash in the memos
         data = bytes(data)
     with gc_paused():
-        # the inflated bytes are gone once split (a million frames: 225 MB the tables read after reuse)
+        # the inflated bytes go once split: a million frames inflate to 225 MB, which the table readers reuse
         return _decode_raw(_split_profile(gunzip(data) if data[:2] == GZIP_MAGIC else data))
 
 
