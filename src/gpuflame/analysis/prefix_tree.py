@@ -31,30 +31,29 @@ class PrefixTree(NamedTuple):
     node_of_stack: np.ndarray
 
 
-def prefix_tree(lengths: np.ndarray, flat: np.ndarray, leaf_first: bool = False) -> PrefixTree:
+def prefix_tree(
+    lengths: np.ndarray, flat: np.ndarray, leaf_first: bool = False, code_of: np.ndarray | None = None
+) -> PrefixTree:
     """The :class:`PrefixTree` of stacks concatenated in *flat* with their *lengths*, each root first.
 
     With *leaf_first*, each stack in *flat* is leaf first (pprof's order): read
     backwards, the whole column is the same stacks root first, last to first,
-    so no reversed copy of it is made. Vectorised like :class:`FlameTree` (rows
+    so no reversed copy of it is made. With *code_of*, *flat* holds ids and
+    the tree is of their codes ``code_of[id]`` (the page's function rows),
+    looked up a piece at a time. Vectorised like :class:`FlameTree` (rows
     sorted as byte strings, a node wherever a row's shared prefix ends), so a
     million stacks forty deep take seconds, not the minutes of a dict lookup
     per frame.
     """
     if leaf_first:
-        tree = prefix_tree(lengths[::-1], flat[::-1])
+        tree = prefix_tree(lengths[::-1], flat[::-1], code_of=code_of)
         return tree._replace(node_of_stack=tree.node_of_stack[::-1])
     n = len(lengths)
     width = int(lengths.max()) if n else 0
     if not width:
         return PrefixTree(np.array([-1]), np.array([-1]), np.zeros(n, dtype=np.int64))
     codes = np.zeros((n, width), dtype=">u4")
-    # a boolean mask fills row by row, left to right: the order of *flat* (no index per frame);
-    # then 1 added where a frame is (0: none), in place: no temporary of every frame id plus one
-    filled = np.arange(width) < lengths[:, None]
-    codes[filled] = flat
-    np.add(codes, filled, out=codes, casting="unsafe")
-    del filled
+    _fill(codes, lengths, flat, code_of)
     order = row_order(codes)
     lens = lengths[order]
     shared = _shared_prefixes(codes, order, lens)
@@ -75,6 +74,24 @@ def prefix_tree(lengths: np.ndarray, flat: np.ndarray, leaf_first: bool = False)
     node_of_stack = np.empty(n, dtype=np.int64)
     node_of_stack[order] = leaf
     return PrefixTree(np.concatenate(parents).astype(np.int64), np.concatenate(node_codes), node_of_stack)
+
+
+def _fill(codes: np.ndarray, lengths: np.ndarray, flat: np.ndarray, code_of: np.ndarray | None) -> None:
+    """Each row's codes, left to right, plus one (0: no frame), PREFIX_ROWS rows at a time.
+
+    A boolean mask fills a block row by row in the order of *flat* (no index
+    per frame). In pieces, the codes looked up and the mask stay a few MB:
+    looked up whole, forty million codes were 160 MB beside a 60 MB mask.
+    """
+    width = codes.shape[1]
+    ends = np.cumsum(lengths)
+    for lo in range(0, len(lengths), PREFIX_ROWS):
+        hi = min(len(lengths), lo + PREFIX_ROWS)
+        piece = flat[int(ends[lo - 1]) if lo else 0 : int(ends[hi - 1])]
+        filled = np.arange(width) < lengths[lo:hi, None]
+        block = codes[lo:hi]
+        block[filled] = piece if code_of is None else code_of[piece]
+        np.add(block, filled, out=block, casting="unsafe")
 
 
 def _shared_prefixes(codes: np.ndarray, order: np.ndarray, lens: np.ndarray) -> np.ndarray:

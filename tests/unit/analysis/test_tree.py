@@ -219,3 +219,19 @@ def test_prefix_tree_compares_sorted_stacks_piece_by_piece_with_the_same_result(
     for a, b in zip(whole, pieces, strict=True):
         assert a.tolist() == b.tolist()
     assert len(whole.parent) > 50  # a tree with shared prefixes, not a list of roots
+
+
+@pytest.mark.parametrize("piece_rows", [3, 1 << 16])
+def test_prefix_tree_of_ids_read_through_a_code_table_is_the_tree_of_their_codes(monkeypatch, piece_rows) -> None:
+    """code_of: the page's frame ids looked up as function rows a piece at a time, as if looked up first."""
+    from gpuflame.analysis import prefix_tree as module
+
+    monkeypatch.setattr(module, "PREFIX_ROWS", piece_rows)
+    rng = np.random.default_rng(11)
+    lengths = rng.integers(0, 6, 120)
+    ids = rng.integers(0, 9, int(lengths.sum())).astype(np.int32)
+    code_of = np.array([0, 1, 1, 2, 3, 3, 3, 4, 5], dtype=np.int32)  # frames of one function share a code
+    looked_up = prefix_tree(lengths, ids, leaf_first=True, code_of=code_of)
+    given = prefix_tree(lengths, code_of[ids], leaf_first=True)
+    for a, b in zip(looked_up, given, strict=True):
+        assert a.tolist() == b.tolist()

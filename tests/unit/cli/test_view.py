@@ -282,3 +282,30 @@ def test_a_large_profile_goes_to_the_page_as_columns_and_gives_the_same_page(
     assert ["device", "only-in-a-zero-sample"] not in [
         pair for labels in embedded(page)["labelSets"] for pair in labels
     ]
+
+
+def test_a_diff_page_reads_each_profiles_stacks_through_its_own_frame_table() -> None:
+    """BASE and NEW number their frames differently: each side's stacks must come back as its own functions."""
+    from gpuflame.model import Frame, Profile, SampleType
+
+    a, b, c = Frame("alpha", "/m.py", 1), Frame("beta", "/m.py", 5), Frame("gamma", "/m.py", 9)
+    new = Profile(sample_types=[SampleType("inuse_space", "bytes")])
+    new.add([a, c], [100])  # leaf first: alpha under gamma
+    base = Profile(sample_types=[SampleType("inuse_space", "bytes")])
+    base.add([b], [7])  # base's frame 0 is beta, new's is alpha
+    base.add([c, a], [3])  # gamma under alpha
+    data = decode_payload(DATA_ELEMENT.search(render_html(new, "t", base=base)).group(1))
+    parent, code, names = data["stacks"]["parent"], data["stacks"]["frame"], data["frames"]["name"]
+
+    def stacks(samples: dict) -> list[list[str]]:
+        out = []
+        for node in samples["stack"]:
+            walked = []
+            while node > 0:
+                walked.append(names[code[node]])
+                node = parent[node]
+            out.append(walked[::-1])
+        return sorted(out)
+
+    assert stacks(data["samples"]) == [["gamma", "alpha"]]
+    assert stacks(data["base"]["samples"]) == [["alpha", "gamma"], ["beta"]]
