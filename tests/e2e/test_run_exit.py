@@ -398,6 +398,41 @@ def test_a_sigterm_taken_by_another_thread_still_ends_the_program_with_its_profi
     assert inuse["<module>"] == 64 * KIB
 
 
+SIGTERM_ON_ANOTHER_THREAD_IN_A_CHILD = """
+import multiprocessing as mp, signal, sys, threading, time, torch
+
+def task():
+    kept = torch.zeros(32 * 256)  # 32 KiB
+    held = threading.Lock()
+    held.acquire()
+
+    def take_the_sigterm():
+        time.sleep(0.3)
+        signal.pthread_kill(threading.get_ident(), signal.SIGTERM)  # the kernel's choice of thread
+
+    threading.Thread(target=take_the_sigterm, daemon=True).start()
+    held.acquire()  # never released: only the SIGTERM ends this child
+
+if __name__ == "__main__":
+    child = mp.get_context(sys.argv[1]).Process(target=task)
+    child.start()
+    child.join(30)
+    print(child.exitcode, flush=True)  # None: the child hung
+    if child.exitcode is None:
+        child.kill()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["fork", "forkserver"])
+def test_a_sigterm_taken_by_another_thread_ends_a_multiprocessing_child(tmp_path: Path, method: str) -> None:
+    """A forkserver child clears the inherited wakeup fd before its task: the watch must be heard again there."""
+    script = write(tmp_path / "child.py", SIGTERM_ON_ANOTHER_THREAD_IN_A_CHILD)
+    result = gpuflame_run("--json", "-o", "c.pb.gz", script.name, method, cwd=tmp_path, timeout=90)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[0] == str(-signal.SIGTERM), result.stdout  # not None: it did not hang
+
+
 TERM_DURING_WRITER_IMPORT = """
 import os, signal, sys
 

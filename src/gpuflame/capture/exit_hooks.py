@@ -126,7 +126,11 @@ class ExitHooks:
             session.before_exec()
 
     def _after_multiprocessing_fork(self) -> None:
-        """multiprocessing's fork children leave through os._exit after its finalizers: atexit never runs."""
+        """multiprocessing's fork children leave through os._exit after its finalizers: atexit never runs.
+
+        A forkserver child has also cleared the signal watch's wakeup fd by now: it is set again.
+        """
+        self._signal_watch.reclaim()
         running = [s for s in self.sessions if not s.finished]
         if not running:
             return

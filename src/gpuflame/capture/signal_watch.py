@@ -98,6 +98,25 @@ class SignalWatch:
         self._changed = threading.Condition()
         self.start()
 
+    def reclaim(self) -> None:
+        """Make the watch's pipe the wakeup fd again where something cleared it since :meth:`start`.
+
+        multiprocessing's forkserver child clears the wakeup fd it inherited
+        (``set_wakeup_fd(-1)``) after the fork hooks ran, just before it runs
+        its task: the watch then never heard of a SIGTERM, and a pool worker
+        whose SIGTERM torch's thread took hung (about one run in eight).
+        From the main thread; a wakeup fd the program set meanwhile is left alone.
+        """
+        if self._pipe is None or threading.current_thread() is not threading.main_thread():
+            return
+        ours = self._pipe[1]
+        try:
+            old = signal.set_wakeup_fd(ours, warn_on_full_buffer=False)
+        except (ValueError, OSError):
+            return
+        if old not in (-1, ours):  # the program's own: give it back
+            signal.set_wakeup_fd(old)
+
     def handled(self) -> None:
         """The main thread ran the SIGTERM handler (called first thing in it)."""
         with self._changed:
