@@ -208,13 +208,11 @@ def _sample_tables(columns: list[Columns], frame_codes: list[np.ndarray]) -> tup
     links instead of reading a frame list per stack: a million stacks forty
     deep are a million nodes, not forty million ids.
     """
-    if len(columns) == 1:  # a million-frame page: no copy of its 40M frame ids, nor of their codes
-        frames, code_of = columns[0].frames, frame_codes[0]
-    else:  # diff mode: one id space, each profile's frame ids after those of the ones before
-        offsets = np.cumsum([0] + [len(codes) for codes in frame_codes[:-1]])
-        frames = np.concatenate([c.frames + offset for c, offset in zip(columns, offsets.tolist(), strict=True)])
-        code_of = np.concatenate(frame_codes)
-    tree = prefix_tree(np.concatenate([c.lengths for c in columns]), frames, leaf_first=True, code_of=code_of)
+    if len(columns) == 1:  # a million-frame page: its 40M frame ids read through their codes, no copy
+        flat, code_of = columns[0].frames, frame_codes[0]
+    else:  # diff mode: each profile's codes looked up in its own table, then joined
+        flat, code_of = np.concatenate([codes[c.frames] for c, codes in zip(columns, frame_codes, strict=True)]), None
+    tree = prefix_tree(np.concatenate([c.lengths for c in columns]), flat, leaf_first=True, code_of=code_of)
     label_index: dict[Labels, int] = {}
     out, first = [], 0
     for c in columns:
