@@ -55,16 +55,12 @@ ACTIVE_STATES = frozenset(("active_allocated", "active_pending_free", "active_aw
 def book_in_use(conv: _Converter) -> None:
     """In use: active blocks at their requested bytes, the allocator's rounding, cached free blocks."""
     cached: dict[int, int] = {}
-    rounding: dict[int, int] = {}
-    stack_of = conv.stacks.stack_of
-    by_list = conv.stacks.by_list
-    inuse_by_device: dict[int, dict[RowKey, list[int]]] = {}
+    held: list[tuple[int, int, Any]] = []  # (device, address, block) of each active block
     for seg in conv.segments:
         device = checked_int(seg.get("device", 0), "segment device")
         total = checked_int(seg["total_size"], "segment total_size")
         conv.reserved[device] = conv.reserved.get(device, 0) + total
         active = conv.active.setdefault(device, {})
-        inuse = inuse_by_device.setdefault(device, {})
         address = seg.get("address", 0)
         covered = 0
         for block in seg["blocks"]:
@@ -79,36 +75,39 @@ def book_in_use(conv: _Converter) -> None:
                 if type(addr) is not int:
                     raise ProfileFormatError("a block's address is not an integer")
                 active[addr] = block
-                frames = block.get("frames")
-                st = by_list.get(id(frames))
-                if st is None:
-                    frames = block_frames(block)
-                    st = by_list[id(frames)] = stack_of(frames)
-                asked = requested_bytes(block)
-                rounding[device] = rounding.get(device, 0) + size - asked
-                key = (
-                    st,
-                    block.get(BLOCK_CATEGORY_KEY) if conv.categorize else None,
-                    conv.phase_of_block(device, addr),
-                )
-                row = inuse.get(key)
-                if row is None:
-                    inuse[key] = [asked, 1]
-                else:
-                    row[0] += asked
-                    row[1] += 1
+                held.append((device, addr, block))
             else:
                 cached[device] = cached.get(device, 0) + size
             covered += size
         if total > covered:  # a segment whose blocks do not cover it: reserved, unused
             cached[device] = cached.get(device, 0) + total - covered
-    for device, inuse in inuse_by_device.items():
-        for (st, marked, phase), (size, count) in inuse.items():
-            conv.add(st, device, "inuse_space", size, count, {BLOCK_CATEGORY_KEY: marked}, phase)
+    rounding = _book_held(conv, held)
     for frame, sizes in ((ROUNDING_FRAME, rounding), (CACHED_FREE_FRAME, cached)):
         for device, size in sorted(sizes.items()):
             if size:
                 conv.add((conv.profile.frame_id(frame),), device, "inuse_space", size, 0)
+
+
+def _book_held(conv: _Converter, held: list[tuple[int, int, Any]]) -> dict[int, int]:
+    """The inuse_* rows of the active blocks (their stacks read at once); returns each device's rounding."""
+    rounding: dict[int, int] = {}
+    inuse_by_device: dict[int, dict[RowKey, list[int]]] = {}
+    stacks = conv.stacks.many([block_frames(block) for _, _, block in held])
+    for (device, addr, block), st in zip(held, stacks, strict=True):
+        asked = requested_bytes(block)
+        rounding[device] = rounding.get(device, 0) + block["size"] - asked
+        key = (st, block.get(BLOCK_CATEGORY_KEY) if conv.categorize else None, conv.phase_of_block(device, addr))
+        inuse = inuse_by_device.setdefault(device, {})
+        row = inuse.get(key)
+        if row is None:
+            inuse[key] = [asked, 1]
+        else:
+            row[0] += asked
+            row[1] += 1
+    for device in conv.active:  # in the order the segments name the devices
+        for (st, marked, phase), (size, count) in inuse_by_device.get(device, {}).items():
+            conv.add(st, device, "inuse_space", size, count, {BLOCK_CATEGORY_KEY: marked}, phase)
+    return rounding
 
 
 def block_frames(block: Mapping[str, Any]) -> Any:

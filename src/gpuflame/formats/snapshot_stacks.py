@@ -7,6 +7,8 @@ one list's frames (C++, CPython and Python frames in their places) is
 
 from __future__ import annotations
 
+from itertools import compress, count, repeat
+from operator import eq, getitem, itemgetter, lshift, not_, rshift, xor
 from typing import Any
 
 from gpuflame import limits
@@ -55,6 +57,39 @@ class Stacks:
         if found is None:
             found = self.by_list[id(frames)] = self.stack_of(frames)
         return found
+
+    def many(self, lists: list[Any]) -> list[tuple[int, ...]]:
+        """The stack of each frames list, in order: what :meth:`stack` gives each, in passes that run in C.
+
+        A trace holds a frames list per event (millions), a few hundred
+        distinct stacks among them, and one call of :meth:`stack` per list
+        was most of reading a large trace. Each list's cheap key (as
+        :meth:`stack_of` makes it) picks the first list with that key as its
+        stand-in; one list comparison (an identity check per shared frame)
+        confirms it, and only stand-ins are read. A list that differs from
+        its stand-in goes through :meth:`stack`; empty or missing frames
+        are ``<no stack recorded>``.
+        """
+        if not set(map(type, lists)) <= {list, type(None)}:  # a damaged file: one at a time, as stack() refuses it
+            return [self.stack(f) for f in lists]
+        if not all(lists):  # allocations without a stack among them
+            found = iter(self.many(list(filter(None, lists))))
+            return [next(found) if f else self.no_stack for f in lists]
+        if not lists:
+            return []
+        if max(map(len, lists)) > self.max_depth:
+            raise limits.STACK_DEPTH.exceeded("a stack in the snapshot")
+        leaves = map(id, map(itemgetter(0), lists))
+        roots = map(lshift, map(id, map(itemgetter(-1), lists)), repeat(1))
+        middles = map(lshift, map(id, map(getitem, lists, map(rshift, map(len, lists), repeat(1)))), repeat(2))
+        keys = list(map(xor, map(xor, leaves, roots), middles))
+        stand_in: dict[int, list[Any]] = {}
+        stand_ins = list(map(stand_in.setdefault, keys, lists))
+        of_key = {key: self.stack(frames) for key, frames in stand_in.items()}
+        out = list(map(of_key.__getitem__, keys))
+        for i in compress(count(), map(not_, map(eq, stand_ins, lists))):
+            out[i] = self.stack(lists[i])
+        return out
 
     def stack_of(self, frames: Any) -> tuple[int, ...]:
         """The stack of a frames list, without the identity memo (see :meth:`stack`)."""

@@ -3,10 +3,11 @@ history, and the comments that qualify them (formats/torch_snapshot.py says what
 
 from __future__ import annotations
 
-import heapq
 from array import array
 from collections.abc import Mapping
 from datetime import datetime, timezone
+from itertools import repeat
+from operator import itemgetter, methodcaller
 from typing import TYPE_CHECKING, Any
 
 from gpuflame.formats.snapshot_blocks import (
@@ -21,7 +22,7 @@ from gpuflame.formats.snapshot_blocks import (
     requested_bytes,
 )
 from gpuflame.formats.snapshot_phases import phase_table as replay_phases
-from gpuflame.formats.snapshot_walk import BEFORE, Walk, in_time_order, phase_of_key
+from gpuflame.formats.snapshot_walk import BEFORE, Walk, in_time_order
 from gpuflame.model import history as event_history
 from gpuflame.model.categories import BLOCK_CATEGORY_KEY
 from gpuflame.model.history import History, Track
@@ -59,9 +60,10 @@ class DeviceTrace:
         # reserved at a moment = reserved at the end minus segments added since
         reserved_end = conv.reserved.get(self.device, 0)
         reserved_start = reserved_end - seg
-        self._add_allocs(walk.allocs, walk.others)
+        stack_at = self._stacks_of_allocs(walk.allocs)
+        self._add_allocs(walk.allocs, stack_at)
         self._add_timeline(walk.points, before_bytes)
-        self._add_history(walk.events, walk.base + [(block_frames(block), size) for _, size, block in always])
+        self._add_history(walk.events, walk.base + [(block_frames(block), size) for _, size, block in always], stack_at)
         if walk.marks is not None and self._window() is not None:
             conv.profile.phases += replay_phases(
                 self.trace,
@@ -91,7 +93,12 @@ class DeviceTrace:
                 at * 1000 if type(at) is int and 0 <= at <= INT64_MAX // 1000 else 0,
             )
         self._add_peak(
-            peak_set, before_bytes + best, reserved_at_peak, reserved_start >= before_bytes, self._rounding(still_live)
+            peak_set,
+            stack_at,
+            before_bytes + best,
+            reserved_at_peak,
+            reserved_start >= before_bytes,
+            self._rounding(still_live),
         )
         self._comment_reserved_after_peak(reserved_at_peak, reserved_end)
         window = self._window()
@@ -173,16 +180,27 @@ class DeviceTrace:
         if not _times_within(times, first, last):
             return
         # the series spans the trace's whole window, segment and oom events included
-        points = [(first * 1000, baseline)]
-        points += zip(map((1000).__mul__, times), map(baseline.__add__, deltas), strict=True)
+        stamps = [first * 1000, *map((1000).__mul__, times)]
+        values = [baseline, *map(baseline.__add__, deltas)]
         if marks[-1][0] < last:
-            points.append((last * 1000, points[-1][1]))
+            stamps.append(last * 1000)
+            values.append(values[-1])
         timeline = self.conv.profile.timeline
         if timeline is None:
             timeline = self.conv.profile.timeline = Timeline()
-        timeline.add_series(self.conv.label(self.device), points)
+        timeline.add_columns(self.conv.label(self.device), stamps, values)
 
-    def _add_history(self, events: list[tuple[Any, Any, int]], base: list[tuple[Any, int]]) -> None:
+    def _stacks_of_allocs(self, allocs: list[int]) -> dict[int, tuple[int, ...]]:
+        """Each alloc event's stack by its trace index, all read at once (formats/snapshot_stacks.py);
+        -1, the walk's index for an allocation older than the trace, gives ``<allocated before the trace>``."""
+        lists = list(map(methodcaller("get", "frames"), map(self.trace.__getitem__, allocs)))
+        stack_at = dict(zip(allocs, self.conv.stacks.many(lists), strict=True))
+        stack_at[-1] = (self.conv.profile.frame_id(BEFORE_TRACE_FRAME),)
+        return stack_at
+
+    def _add_history(
+        self, events: list[tuple[Any, int, int]], base: list[tuple[Any, int]], stack_at: dict[int, tuple[int, ...]]
+    ) -> None:
         """The trace as the event history (model/history.py): its ring buffer is the bound.
 
         What was alive before the trace began is the base state at its first
@@ -193,25 +211,24 @@ class DeviceTrace:
         if not events or window is None:
             return
         # unzipped once, so that what follows runs per event in C
-        times, lists, sizes = zip(*events, strict=True)
+        times, sources, sizes = zip(*events, strict=True)
         if not _times_within(times, window[0], window[1]):
             return
         conv = self.conv
-        labels = conv.label(self.device)
-        before = (conv.profile.frame_id(BEFORE_TRACE_FRAME),)
+        before = stack_at[-1]
         site_of: dict[tuple[int, ...], int] = {}
-
-        def site(frames: Any) -> int:
-            stack = before if frames is BEFORE else conv.stacks.stack(frames)
-            return site_of.setdefault(stack, len(site_of))
-
         rows: dict[int, tuple[int, int]] = {}
+        known = iter(conv.stacks.many([frames for frames, _ in base if frames is not BEFORE]))
         for frames, size in base:
-            b, c = rows.get(site(frames), (0, 0))
-            rows[site(frames)] = (b + size, c + 1)
-        # each distinct frames list once, in the order first seen (which numbers the sites as event order does)
-        distinct = dict(zip(map(id, lists), lists, strict=True))
-        site_by_id = {key: site(frames) for key, frames in distinct.items()}
+            site = site_of.setdefault(before if frames is BEFORE else next(known), len(site_of))
+            b, c = rows.get(site, (0, 0))
+            rows[site] = (b + size, c + 1)
+        # each event names its alloc event's index: sites are numbered in the order the events first name them
+        firsts = list(dict.fromkeys(sources))
+        stacks = list(map(stack_at.__getitem__, firsts))
+        for stack in dict.fromkeys(stacks):
+            site_of.setdefault(stack, len(site_of))
+        site_at = dict(zip(firsts, map(site_of.__getitem__, stacks), strict=True))
         track = Track(
             (),
             0,
@@ -220,21 +237,28 @@ class DeviceTrace:
             max(1, len(base)),
             rows,
             array("q", map((1000).__mul__, times)),
-            array("q", map(site_by_id.__getitem__, map(id, lists))),
+            array("q", map(site_at.__getitem__, sources)),
             array("q", sizes),
         )
-        one = History(conv.profile.frames, [(stack, labels) for stack in site_of], [track])
+        one = History(conv.profile.frames, [(stack, conv.label(self.device)) for stack in site_of], [track])
         conv.profile.history = event_history.merged([conv.profile.history, one])
 
-    def _add_allocs(self, allocs: dict[Any, list[Any]], others: list[tuple[Any, int, Any, int]]) -> None:
-        """The alloc_* rows in the order of their first event (both lists are in event order already)."""
-        stack_of = self.conv.stacks.stack
-        rows = heapq.merge(
-            ((first, frames, size, count, key) for key, (frames, size, count, first) in allocs.items()),
-            ((first, frames, size, 1, key) for frames, size, key, first in others),
-        )
-        for _, frames, size, count, key in rows:
-            self.conv.add(stack_of(frames), self.device, "alloc_space", size, count, phase=phase_of_key(key))
+    def _add_allocs(self, allocs: list[int], stack_at: dict[int, tuple[int, ...]]) -> None:
+        """The alloc_* rows (one per stack and phase), in the order of their first event."""
+        entries = list(map(self.trace.__getitem__, allocs))
+        marks = self.conv.marks
+        phases = repeat(None) if marks is None else map(marks.at, map(methodcaller("get", "time_us"), entries))
+        rows: dict[tuple[tuple[int, ...], str | None], list[int]] = {}
+        keys = zip(map(stack_at.__getitem__, allocs), phases, strict=False)  # phases: repeat(None) without marks
+        for key, size in zip(keys, map(itemgetter("size"), entries), strict=True):
+            row = rows.get(key)
+            if row is None:
+                rows[key] = [size, 1]
+            else:
+                row[0] += size
+                row[1] += 1
+        for (stack, phase), (size, count) in rows.items():
+            self.conv.add(stack, self.device, "alloc_space", size, count, phase=phase)
 
     def _leaf_name(self, entry: Any) -> str:
         """The function an alloc entry's stack ends in (its leaf), for the phase table."""
@@ -262,7 +286,13 @@ class DeviceTrace:
         return None
 
     def _add_peak(
-        self, peak_set: list[tuple[int, int, Any]], allocated: int, reserved: int, sound: bool, rounding: int
+        self,
+        peak_set: list[tuple[int, int, Any]],
+        stack_at: dict[int, tuple[int, ...]],
+        allocated: int,
+        reserved: int,
+        sound: bool,
+        rounding: int,
     ) -> None:
         """Samples for what was alive at the peak, and the reserved rest.
 
@@ -270,19 +300,20 @@ class DeviceTrace:
         trace's segment events add up (the memory reserved at the start holds
         the allocations alive at the start); *rounding* is the allocator's
         rounding of the allocations whose blocks are known (still alive at
-        the end), shown under ``<allocator rounding>``.
+        the end), shown under ``<allocator rounding>``. A trace entry's stack
+        is its alloc event's in *stack_at*; the blocks' are read at once.
         """
         conv = self.conv
-        stack_of = conv.stacks.stack
-        before: tuple[int, ...] = (conv.profile.frame_id(BEFORE_TRACE_FRAME),)
+        blocks = [block_frames(source) for _, _, source in peak_set if source is not None and "action" not in source]
+        block_stacks = iter(conv.stacks.many(blocks))
         by_stack: dict[RowKey, list[int]] = {}
-        for _, size, source in peak_set:
+        for start, size, source in peak_set:
             if source is None:
-                st = before
+                st = stack_at[-1]
             elif "action" in source:  # a trace entry
-                st = stack_of(source.get("frames"))
+                st = stack_at[start]
             else:  # a block
-                st = stack_of(block_frames(source))
+                st = next(block_stacks)
             key = (st, self._marked(source) if conv.categorize else None, self._phase_of(source))
             row = by_stack.get(key)
             if row is None:

@@ -33,7 +33,6 @@ class Walk:
         "live",
         "closed_at_peak",
         "allocs",
-        "others",
         "before_bytes",
         "freed_unknown",
         "best",
@@ -57,9 +56,7 @@ class Walk:
         self.release_on_request = not any(e.get("action") == "free_completed" for e in trace)
         self.live: dict[Any, tuple[int, int, Any]] = {}  # addr -> (start index, size, entry or None)
         self.closed_at_peak: list[tuple[int, int, Any]] = []  # freed since the peak, alive at it
-        self.allocs: dict[Any, list[Any]] = {}  # stack key -> [frames, bytes, count, first event's index]
-        # allocations whose key clashed with another stack: (frames, bytes, key, event index)
-        self.others: list[tuple[Any, int, Any, int]] = []
+        self.allocs: list[int] = []  # the trace index of each alloc event
         self.before_bytes = 0  # allocations older than the trace, known from their frees
         self.freed_unknown = 0
         self.best = 0  # the live bytes at the peak, relative to the start
@@ -71,13 +68,14 @@ class Walk:
         self.ooms: list[tuple[int, Any, int, int]] = []  # (index, entry, delta, seg) of each oom event
         self.unknown = 0  # events of unknown kinds
         self.points: list[tuple[Any, int]] = []  # (time_us, delta) after each alloc and free: the timeline
-        self.events: list[tuple[Any, Any, int]] = []  # (time_us, frames or BEFORE, +-bytes): the event history
+        # (time_us, the trace index of the alloc event, or -1 before the trace, +-bytes): the event history
+        self.events: list[tuple[Any, int, int]] = []
         self.base: list[Any] = []  # (frames or BEFORE, bytes) of what was alive before the trace began
 
     def run(self) -> None:
         """The single pass: live bytes after each alloc and free, the peak, segments, the rest noted."""
         live, closed, points, events = self.live, self.closed_at_peak, self.points, self.events
-        group, release_on_request = self._group, self.release_on_request
+        allocs, release_on_request = self.allocs.append, self.release_on_request
         delta = best = seg = seg_at_best = top = delta_top = 0  # locals while the loop runs; stored when it ends
         best_i = top_i = -1
         for i, e in enumerate(self.trace):
@@ -87,18 +85,18 @@ class Walk:
                 size = e["size"]
                 if type(addr) is not int or type(size) is not int or size < 0:
                     raise ProfileFormatError(f"trace event {i + 1}: addr or size is not an integer")
-                t, frames = e.get("time_us"), e.get("frames")
+                t = e.get("time_us")
                 old = live.get(addr)
                 if old is not None:  # the address came back without a recorded free
                     delta -= old[1]
-                    events.append((t, old[2].get("frames"), -old[1]))
+                    events.append((t, old[0], -old[1]))
                     if old[0] <= best_i:
                         closed.append(old)
                 live[addr] = (i, size, e)
                 delta += size
-                group(frames, size, t, i)
+                allocs(i)
                 points.append((t, delta))
-                events.append((t, frames, size))
+                events.append((t, i, size))
                 if delta > best:
                     best, best_i, seg_at_best = delta, i, seg
                     closed.clear()
@@ -116,7 +114,7 @@ class Walk:
                     delta -= old[1]
                     if old[0] <= best_i:
                         closed.append(old)
-                    events.append((t, old[2].get("frames"), -old[1]))
+                    events.append((t, old[0], -old[1]))
                 points.append((t, delta))
             elif action != "free_requested":
                 # (a requested free changes nothing: an allocation counts until its free completes;
@@ -130,31 +128,6 @@ class Walk:
         self.best, self.best_i, self.seg, self.seg_at_best = best, best_i, seg, seg_at_best
         self.seg_top, self.seg_top_i, self.delta_at_top = top, top_i, delta_top
 
-    def _group(self, frames: Any, size: int, time_us: Any, index: int) -> None:
-        """Book an allocation to its stack's row without converting the stack.
-
-        A cheap key from three frames' identities, then list equality (an
-        identity check per frame, as torch shares frame dicts); a clash goes
-        to ``others``. With phase marks the key holds the phase too. Keys
-        come from addresses, so which stacks clash differs from run to run;
-        the event *index* lets the rows be read back in event order whatever
-        clashed (the same file gives the same profile, samples in the same order).
-        """
-        if type(frames) is list and frames:
-            key: Any = id(frames[0]) ^ (id(frames[-1]) << 1) ^ (id(frames[len(frames) >> 1]) << 2)
-        else:
-            key = id(frames)
-        if self.marks is not None:
-            key = (key, self.marks.at(time_us))
-        row = self.allocs.get(key)
-        if row is None:
-            self.allocs[key] = [frames, size, 1, index]
-        elif row[0] is frames or row[0] == frames:
-            row[1] += size
-            row[2] += 1
-        else:
-            self.others.append((frames, size, key, index))
-
     def _free_before(self, i: int, e: Mapping[str, Any]) -> int:
         """A free of an allocation made before the trace began: alive at any peak; its size."""
         size = checked_int(e["size"], f"trace event {i + 1} size")
@@ -162,7 +135,7 @@ class Walk:
         self.freed_unknown += 1
         self.closed_at_peak.append((-1, size, None))
         self.base.append((BEFORE, size))
-        self.events.append((e.get("time_us"), BEFORE, -size))
+        self.events.append((e.get("time_us"), -1, -size))
         return size
 
     def _other(self, i: int, e: Mapping[str, Any], action: str, delta: int, seg: int) -> int:
@@ -176,11 +149,6 @@ class Walk:
         elif action != "snapshot":
             self.unknown += 1
         return seg
-
-
-def phase_of_key(key: Any) -> str | None:
-    """An alloc row's phase: its key is (stack key, phase) when the snapshot has phase marks."""
-    return key[1] if type(key) is tuple else None
 
 
 def in_time_order(trace: list[Any]) -> list[Any]:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from operator import itemgetter
 
 from gpuflame.model import comments as comment_data
 
@@ -58,6 +59,12 @@ class Timeline:
     def add_series(self, labels: Labels, points: Iterable[Point], max_points: int = MAX_POINTS) -> None:
         """Set the series of *labels*, downsampled (see :func:`downsample`)."""
         self.series[tuple(labels)] = downsample(list(points), max_points)
+
+    def add_columns(
+        self, labels: Labels, times: Sequence[int], values: Sequence[int], max_points: int = MAX_POINTS
+    ) -> None:
+        """Set the series of *labels* from its two columns: only the points kept become pairs (a trace has millions)."""
+        self.series[tuple(labels)] = [(times[i], values[i]) for i in kept(values, max_points)]
 
     def peak(self, labels: Labels) -> Point | None:
         """The first highest point of one series, or None when it is empty."""
@@ -155,16 +162,22 @@ def downsample(points: list[Point], max_points: int = MAX_POINTS) -> list[Point]
     """
     if len(points) <= max_points:
         return points
-    inner = points[1:-1]
-    size = bucket_size(len(points), max_points)
-    kept = [points[0]]
-    for i in range(0, len(inner), size):
-        chunk = inner[i : i + size]
-        sizes = [b for _, b in chunk]
-        high, low = sizes.index(max(sizes)), sizes.index(min(sizes))
-        kept += [chunk[j] for j in sorted({high, low, len(chunk) - 1})]
-    kept.append(points[-1])
-    return kept
+    return [points[i] for i in kept(list(map(itemgetter(1), points)), max_points)]
+
+
+def kept(values: Sequence[int], max_points: int = MAX_POINTS) -> list[int]:
+    """The indices of the points :func:`downsample` keeps of a series whose bytes are *values*, in order."""
+    n = len(values)
+    if n <= max_points:
+        return list(range(n))
+    size = bucket_size(n, max_points)
+    out = [0]
+    for start in range(1, n - 1, size):
+        chunk = values[start : min(start + size, n - 1)]
+        high, low = chunk.index(max(chunk)), chunk.index(min(chunk))
+        out += [start + j for j in sorted({high, low, len(chunk) - 1})]
+    out.append(n - 1)
+    return out
 
 
 def bucket_size(count: int, max_points: int = MAX_POINTS) -> int:

@@ -150,6 +150,18 @@ def test_downsampling_keeps_every_excursion_within_one_bucket(sizes: list[int], 
         assert max(near) >= b >= min(near)
 
 
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(0, 1 << 40), min_size=0, max_size=300), st.integers(5, 40))
+def test_a_series_set_from_its_columns_is_the_series_set_from_its_points(sizes: list[int], max_points: int) -> None:
+    """A trace's columns are downsampled before any point is made: the same points as from the pairs."""
+    times = [T0 + 3 * i for i in range(len(sizes))]
+    by_points, by_columns = Timeline(), Timeline()
+    by_points.add_series(DEV0, list(zip(times, sizes, strict=True)), max_points)
+    by_columns.add_columns(DEV0, times, sizes, max_points)
+    assert by_columns.series == by_points.series
+    assert len(by_columns.series[DEV0]) <= max_points
+
+
 def test_the_total_places_each_series_on_its_own_start_and_end() -> None:
     """Two processes, one after the other: each counts only while it ran."""
     first = [(T0, 100), (T0 + 10, 300), (T0 + 20, 50)]  # ran 0..20
