@@ -33,7 +33,8 @@ class Stacks:
     stack, shared by a block and its trace entry), which survives pickling.
     So a list is looked up by its identity first (the snapshot keeps every
     object alive while we run), then by a cheap key (the identities of its
-    leaf, middle and root frames) with a full comparison, which is an
+    leaf, middle and root frames and its length: a recursion repeats one
+    frame dict) with a full comparison, which is an
     identity check per frame when frames are shared; only new stacks are
     read (:mod:`gpuflame.formats.torch_frames` puts C++, CPython and Python
     frames in their places).
@@ -66,9 +67,10 @@ class Stacks:
         was most of reading a large trace. Each list's cheap key (as
         :meth:`stack_of` makes it) picks the first list with that key as its
         stand-in; one list comparison (an identity check per shared frame)
-        confirms it, and only stand-ins are read. A list that differs from
-        its stand-in goes through :meth:`stack`; empty or missing frames
-        are ``<no stack recorded>``.
+        confirms it, and only stand-ins are read. Lists that differ from
+        their stand-in (model code's stacks often differ in one line that the
+        key does not look at) are keyed again by all their frames'
+        identities; empty or missing frames are ``<no stack recorded>``.
         """
         if not set(map(type, lists)) <= {list, type(None)}:  # a damaged file: one at a time, as stack() refuses it
             return [self.stack(f) for f in lists]
@@ -82,13 +84,20 @@ class Stacks:
         leaves = map(id, map(itemgetter(0), lists))
         roots = map(lshift, map(id, map(itemgetter(-1), lists)), repeat(1))
         middles = map(lshift, map(id, map(getitem, lists, map(rshift, map(len, lists), repeat(1)))), repeat(2))
-        keys = list(map(xor, map(xor, leaves, roots), middles))
+        keys = list(map(xor, map(xor, map(xor, leaves, roots), middles), map(len, lists)))
         stand_in: dict[int, list[Any]] = {}
         stand_ins = list(map(stand_in.setdefault, keys, lists))
         of_key = {key: self.stack(frames) for key, frames in stand_in.items()}
         out = list(map(of_key.__getitem__, keys))
-        for i in compress(count(), map(not_, map(eq, stand_ins, lists))):
-            out[i] = self.stack(lists[i])
+        others = list(compress(count(), map(not_, map(eq, stand_ins, lists))))
+        if others:  # lists that differ from their stand-in (frames differ where the key did not look): exactly
+            rest = list(map(lists.__getitem__, others))
+            of_exact: dict[tuple[int, ...], tuple[int, ...]] = {}
+            for i, frames, key in zip(others, rest, map(tuple, map(map, repeat(id), rest)), strict=True):
+                stack = of_exact.get(key)
+                if stack is None:
+                    stack = of_exact[key] = self.stack(frames)
+                out[i] = stack
         return out
 
     def stack_of(self, frames: Any) -> tuple[int, ...]:
@@ -99,7 +108,7 @@ class Stacks:
             raise ProfileFormatError("a 'frames' entry is not a list")
         if len(frames) > self.max_depth:
             raise limits.STACK_DEPTH.exceeded("a stack in the snapshot")
-        key = id(frames[0]) ^ (id(frames[-1]) << 1) ^ (id(frames[len(frames) >> 1]) << 2)
+        key = id(frames[0]) ^ (id(frames[-1]) << 1) ^ (id(frames[len(frames) >> 1]) << 2) ^ len(frames)
         bucket = self._by_shape.get(key)
         if bucket is None:
             bucket = self._by_shape[key] = []

@@ -119,3 +119,20 @@ def test_many_keeps_the_stack_depth_limit(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setenv("GPUFLAME_MAX_STACK_DEPTH", "2")
     with pytest.raises(ProfileFormatError, match="GPUFLAME_MAX_STACK_DEPTH"):
         _stacks().many([[_frame("a", 1)], [_frame("a", 1), _frame("b", 2), _frame("c", 3)]])
+
+
+def test_many_reads_lists_that_differ_where_the_key_does_not_look_once_per_stack() -> None:
+    """Model code's stacks share their leaf, middle and root and differ in one line (half of a real trace's
+    lists did): each such stack is still read once, not once per list."""
+    leaf, mid, root = _frame("leaf", 1), _frame("mid", 2), _frame("root", 3)
+    lines = [_frame("forward", 160), _frame("forward", 163)]
+    lists = [[leaf, lines[i % 2], mid, _frame("x", 4), root] for i in range(1000)]
+    for frames in lists:  # the frame dicts shared, as torch shares them
+        frames[3] = lists[0][3]
+    stacks = _stacks()
+    read: list[object] = []
+    real = stacks.stack
+    stacks.stack = lambda f: read.append(f) or real(f)  # type: ignore[method-assign]
+    found = stacks.many(lists)
+    assert len(read) == 2
+    assert [stacks.profile.frames[s[1]].line for s in found[:4]] == [160, 163, 160, 163]
