@@ -30,10 +30,10 @@ def _fixed(value: float, digits: int) -> str:
     even (4.125 -> 4.12 where the viewer shows 4.13). One number must read
     the same in the terminal and in the browser.
     """
-    from decimal import ROUND_HALF_UP, Decimal  # here: the profiled process imports this module, never this
-
-    step = Decimal(1).scaleb(-digits)
-    return str(Decimal(value).quantize(step, rounding=ROUND_HALF_UP))
+    num, den = value.as_integer_ratio()  # the float's exact value: the tie is decided as toFixed decides it
+    scaled, rest = divmod(num * 10**digits, den)
+    whole, part = divmod(scaled + (2 * rest >= den), 10**digits)
+    return f"{whole}.{part:0{digits}d}"
 
 
 def format_count(n: int, unit: str) -> str:

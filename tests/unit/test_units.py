@@ -8,9 +8,13 @@ the report and "4.13 MiB" in the flame graph beside it.
 
 from __future__ import annotations
 
-import pytest
+from decimal import ROUND_HALF_UP, Decimal
 
-from gpuflame.units import format_bytes
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpuflame.units import _fixed, format_bytes
 
 AS_THE_VIEWER_SHOWS = {
     4_325_376: "4.13 MiB",  # 4.125 MiB: a tie
@@ -29,3 +33,11 @@ def test_format_bytes_rounds_as_the_viewer(n, shown):
     assert format_bytes(n) == shown
     assert format_bytes(-n) == "-" + shown
     assert format_bytes(n, signed=True) == "+" + shown
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.floats(min_value=0, max_value=1024, allow_nan=False), st.sampled_from([1, 2]))
+def test_a_tie_is_rounded_up_on_the_floats_exact_value(value: float, digits: int) -> None:
+    """Decimal's half-up rounding of the exact binary value is the oracle (the reader imports no decimal)."""
+    exact = Decimal(value).quantize(Decimal(1).scaleb(-digits), rounding=ROUND_HALF_UP)
+    assert _fixed(value, digits) == str(exact)

@@ -8,7 +8,6 @@ command is that module and its name in :data:`COMMANDS`.
 from __future__ import annotations
 
 import argparse
-import difflib
 import importlib
 import os
 import re
@@ -80,6 +79,8 @@ class ArgumentParser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         wrong = re.match(r"argument COMMAND: invalid choice: '([^']*)'", message)
         if wrong:  # a mistyped command: name the nearest, as a mistyped flag is named
+            import difflib  # here: only a mistake needs it (every command's start-up would pay for it)
+
             close = difflib.get_close_matches(wrong.group(1), COMMANDS, n=1, cutoff=0.6)
             message = f"no command {wrong.group(1)!r}" + (f" (did you mean {close[0]}?)" if close else "")
         sys.stderr.write(printable(f"{self.prog}: error: {message} (see {self.prog} --help)") + "\n")
@@ -93,6 +94,8 @@ def did_you_mean(unknown: Sequence[str], parser: argparse.ArgumentParser) -> str
     long flag is the usual cause, so the nearest flag of the command is named.
     """
     flags = [s for action in parser._actions for s in action.option_strings if s.startswith("--")]
+    import difflib  # here: only a mistake needs it
+
     hints = []
     for word in unknown:
         if word.startswith("--"):

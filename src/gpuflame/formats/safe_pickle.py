@@ -37,7 +37,6 @@ from __future__ import annotations
 import functools
 import io
 import pickle
-import pickletools
 import re
 import sys
 from collections.abc import Callable
@@ -355,6 +354,8 @@ def _last_stack_global(data: bytes, pos: int) -> tuple[str, str] | None:
     """
     if pos > _NAMING_BYTES:
         return None
+    import pickletools  # here: only a refusal reads the opcodes again (every read would pay for the import)
+
     strings: list[str] = []
     found = None
     try:
