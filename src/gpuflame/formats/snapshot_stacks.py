@@ -92,12 +92,13 @@ class Stacks:
         others = list(compress(count(), map(not_, map(eq, stand_ins, lists))))
         if others:  # lists that differ from their stand-in (frames differ where the key did not look): exactly
             rest = list(map(lists.__getitem__, others))
-            of_exact: dict[tuple[int, ...], tuple[int, ...]] = {}
-            for i, frames, key in zip(others, rest, map(tuple, map(map, repeat(id), rest)), strict=True):
-                stack = of_exact.get(key)
-                if stack is None:
-                    stack = of_exact[key] = self.stack(frames)
-                out[i] = stack
+            # the hash of the identities, not the tuple: a crafted file's distinct lists are then held once
+            of_hash: dict[int, tuple[list[Any], tuple[int, ...]]] = {}
+            for i, frames, key in zip(others, rest, map(hash, map(tuple, map(map, repeat(id), rest))), strict=True):
+                seen = of_hash.get(key)
+                if seen is None:
+                    seen = of_hash[key] = (frames, self.stack(frames))
+                out[i] = seen[1] if seen[0] is frames or seen[0] == frames else self.stack(frames)
         return out
 
     def stack_of(self, frames: Any) -> tuple[int, ...]:
