@@ -195,12 +195,13 @@ def _short_sized(opcodes: bytes, width: int, longest: int) -> bytes:
 NARROW = 32
 WIDE = 256
 WIDEN_AFTER = 2000
-_TEXT_ARGUMENTS = rb"[ILSVFg][^\n]*+\n"
 # the GLOBALs find_class allows (protocols 0-2 spell sets and bytes so)
 _ALLOWED_GLOBALS = rb"c(?:builtins|__builtin__)\n(?:set|frozenset|bytes|bytearray)\n|c_codecs\nencode\n"
 # (Python 3.10 has no possessive repetition: runs are capped there instead, so
 # the saved backtrack points stay few.)
 _RUN = rb"*+" if sys.version_info >= (3, 11) else rb"{0,4096}"
+# a protocol-0 text argument (a line); on 3.10 a longer one than the cap reaches the loop
+_TEXT_ARGUMENTS = rb"[ILSVFg][^\n]" + _RUN + rb"\n"
 
 
 @functools.lru_cache(maxsize=8)
