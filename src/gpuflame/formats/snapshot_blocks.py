@@ -97,17 +97,21 @@ def _book_held(conv: _Converter, held: list[tuple[int, int, Any]]) -> dict[int, 
         asked = requested_bytes(block)
         rounding[device] = rounding.get(device, 0) + block["size"] - asked
         key = (st, block.get(BLOCK_CATEGORY_KEY) if conv.categorize else None, conv.phase_of_block(device, addr))
-        inuse = inuse_by_device.setdefault(device, {})
-        row = inuse.get(key)
-        if row is None:
-            inuse[key] = [asked, 1]
-        else:
-            row[0] += asked
-            row[1] += 1
+        tally(inuse_by_device.setdefault(device, {}), key, asked)
     for device in conv.active:  # in the order the segments name the devices
         for (st, marked, phase), (size, count) in inuse_by_device.get(device, {}).items():
             conv.add(st, device, "inuse_space", size, count, {BLOCK_CATEGORY_KEY: marked}, phase)
     return rounding
+
+
+def tally(rows: dict[Any, list[int]], key: Any, size: int) -> None:
+    """One more allocation of *size* bytes in the row of *key*: ``[bytes, count]``, as every view books them."""
+    row = rows.get(key)
+    if row is None:
+        rows[key] = [size, 1]
+    else:
+        row[0] += size
+        row[1] += 1
 
 
 def block_frames(block: Mapping[str, Any]) -> Any:

@@ -72,13 +72,13 @@ class Stacks:
         key does not look at) are keyed again by all their frames'
         identities; empty or missing frames are ``<no stack recorded>``.
         """
+        if not lists:
+            return []
         if not set(map(type, lists)) <= {list, type(None)}:  # a damaged file: one at a time, as stack() refuses it
             return [self.stack(f) for f in lists]
         if not all(lists):  # allocations without a stack among them
             found = iter(self.many(list(filter(None, lists))))
             return [next(found) if f else self.no_stack for f in lists]
-        if not lists:
-            return []
         if max(map(len, lists)) > self.max_depth:
             raise limits.STACK_DEPTH.exceeded("a stack in the snapshot")
         leaves = map(id, map(itemgetter(0), lists))

@@ -20,6 +20,7 @@ from gpuflame.formats.snapshot_blocks import (
     block_frames,
     checked_int,
     requested_bytes,
+    tally,
 )
 from gpuflame.formats.snapshot_phases import phase_table as replay_phases
 from gpuflame.formats.snapshot_walk import BEFORE, Walk, in_time_order
@@ -251,12 +252,7 @@ class DeviceTrace:
         rows: dict[tuple[tuple[int, ...], str | None], list[int]] = {}
         keys = zip(map(stack_at.__getitem__, allocs), phases, strict=False)  # phases: repeat(None) without marks
         for key, size in zip(keys, map(itemgetter("size"), entries), strict=True):
-            row = rows.get(key)
-            if row is None:
-                rows[key] = [size, 1]
-            else:
-                row[0] += size
-                row[1] += 1
+            tally(rows, key, size)
         for (stack, phase), (size, count) in rows.items():
             self.conv.add(stack, self.device, "alloc_space", size, count, phase=phase)
 
@@ -314,13 +310,7 @@ class DeviceTrace:
                 st = stack_at[start]
             else:  # a block
                 st = next(block_stacks)
-            key = (st, self._marked(source) if conv.categorize else None, self._phase_of(source))
-            row = by_stack.get(key)
-            if row is None:
-                by_stack[key] = [size, 1]
-            else:
-                row[0] += size
-                row[1] += 1
+            tally(by_stack, (st, self._marked(source) if conv.categorize else None, self._phase_of(source)), size)
         for (st, marked, phase), (size, count) in by_stack.items():
             conv.add(st, self.device, "peak_space", size, count, {BLOCK_CATEGORY_KEY: marked}, phase)
         cached = reserved - allocated - rounding

@@ -64,6 +64,15 @@ def _stacks() -> Stacks:
     return Stacks(Profile(sample_types=[]), Resolver())
 
 
+def _stacks_counting_reads() -> tuple[Stacks, list[object]]:
+    """Stacks whose every call of :meth:`Stacks.stack` (a list read, or looked up by identity) is listed."""
+    stacks = _stacks()
+    read: list[object] = []
+    real = stacks.stack
+    stacks.stack = lambda f: read.append(f) or real(f)  # type: ignore[method-assign]
+    return stacks, read
+
+
 def _named(stacks: Stacks, found: list[tuple[int, ...]]) -> list[list[str]]:
     return [[stacks.profile.frames[i].name for i in stack] for stack in found]
 
@@ -99,10 +108,7 @@ def test_many_reads_one_list_per_distinct_stack() -> None:
     frames = [_frame(f"f{i}", i) for i in range(6)]
     shapes = [frames[0:3], frames[2:6], frames[1:5]]
     lists = [list(shapes[i % 3]) for i in range(3000)]  # a list per event, frame dicts shared
-    stacks = _stacks()
-    read: list[object] = []
-    real = stacks.stack
-    stacks.stack = lambda f: read.append(f) or real(f)  # type: ignore[method-assign]
+    stacks, read = _stacks_counting_reads()
     found = stacks.many(lists)
     assert len(read) == 3
     assert _named(stacks, found[:3]) == [["f0", "f1", "f2"], ["f2", "f3", "f4", "f5"], ["f1", "f2", "f3", "f4"]]
@@ -129,10 +135,7 @@ def test_many_reads_lists_that_differ_where_the_key_does_not_look_once_per_stack
     lists = [[leaf, lines[i % 2], mid, _frame("x", 4), root] for i in range(1000)]
     for frames in lists:  # the frame dicts shared, as torch shares them
         frames[3] = lists[0][3]
-    stacks = _stacks()
-    read: list[object] = []
-    real = stacks.stack
-    stacks.stack = lambda f: read.append(f) or real(f)  # type: ignore[method-assign]
+    stacks, read = _stacks_counting_reads()
     found = stacks.many(lists)
     assert len(read) == 2
     assert [stacks.profile.frames[s[1]].line for s in found[:4]] == [160, 163, 160, 163]
