@@ -9,7 +9,7 @@ the exact error or the rare case's meaning. Launcher side only (numpy).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -17,6 +17,7 @@ import numpy as np
 
 from gpuflame.formats import protobuf_bulk as bulk
 from gpuflame.formats.pprof import frame_kind
+from gpuflame.formats.protobuf_regions import Regions
 from gpuflame.model.columns import SampleColumns, stack_tuples
 from gpuflame.model.profile import PYTHON, Frame, Labels, Profile
 from gpuflame.symbols.kinds import python_file
@@ -39,7 +40,7 @@ def _ids(column: np.ndarray) -> list[int] | None:
     return column.tolist()
 
 
-def functions(parts: list[bytes], strings: Strings) -> dict[int, tuple[str, str, int]] | None:
+def functions(parts: Sequence[bytes], strings: Strings) -> dict[int, tuple[str, str, int]] | None:
     """Function id -> (name, file, start_line), as :func:`pprof_tables._read_functions` reads them."""
     table = bulk.read_table(parts, (1, 2, 3, 4, 5))
     if table is None:
@@ -62,7 +63,7 @@ def functions(parts: list[bytes], strings: Strings) -> dict[int, tuple[str, str,
 
 
 def locations(
-    parts: list[bytes], mappings: dict[int, str], funcs: dict[int, tuple[str, str, int]], profile: Profile
+    parts: Sequence[bytes], mappings: dict[int, str], funcs: dict[int, tuple[str, str, int]], profile: Profile
 ) -> OneFrameEach | None:
     """Location id -> frame ids, for a table where every location has one line of a known function."""
     table = bulk.read_table(parts, (1, 2), sub_field=4, sub_fields=(1, 2))
@@ -143,7 +144,7 @@ def stacks(
 
 
 def sample_columns(
-    chunks: list[bytes], location_frames: Mapping[int, tuple[int, ...]], tails: TailParser, max_depth: int
+    chunks: Sequence[bytes], location_frames: Mapping[int, tuple[int, ...]], tails: TailParser, max_depth: int
 ) -> SampleColumns | None:
     """Every Sample message at once, as columns: where each holds its packed location ids first.
 
@@ -153,8 +154,7 @@ def sample_columns(
     """
     if not chunks:
         return None
-    data, ends = bulk.blob(chunks)
-    starts = np.concatenate(([0], ends[:-1]))
+    data, starts, ends = bulk.spans(chunks)
     ids_first = np.flatnonzero(ends > starts)  # samples whose message starts with its ids (a stack)...
     ids_first = ids_first[data[starts[ids_first]] == 0x0A]
     if np.any(ends[ids_first] - starts[ids_first] < 2):
@@ -173,12 +173,13 @@ def sample_columns(
     if np.any(starts + head + size > ends):
         return None
     found = _chunked_stacks(data, starts, ends, head, size, _FrameLookup.of(location_frames), max_depth)
-    del data
-    stops = (head + size).tolist()
     if found is None:
         return None
+    source = chunks.data if isinstance(chunks, Regions) else data.tobytes()
+    del data
     distinct: dict[bytes, int] = {}
-    tail_ids = [distinct.setdefault(raw[stop:], len(distinct)) for raw, stop in zip(chunks, stops, strict=True)]
+    tail_at = map(slice, (starts + head + size).tolist(), ends.tolist())
+    tail_ids = [distinct.setdefault(tail, len(distinct)) for tail in map(source.__getitem__, tail_at)]
     parsed = [tails(tail) for tail in distinct]
     if None in parsed:
         return None
@@ -188,22 +189,6 @@ def sample_columns(
     values = np.array([p[0] for p in parsed], dtype=np.int64).reshape(len(parsed), -1)  # type: ignore[index]
     frame_ids = found[1]  # int32 where the ids fit (_FrameLookup): half the bytes
     return SampleColumns(found[0], frame_ids, values[which], np.array(tail_labels)[which], list(label_index))
-
-
-def _regions(data: np.ndarray, begin: np.ndarray, size: np.ndarray) -> np.ndarray:
-    """The bytes ``data[begin[i] : begin[i] + size[i]]`` one after another, for regions in order that do not touch.
-
-    A mask marked +1 where a region begins and -1 where it ends, summed: no
-    ``bytes`` slice per region (a million samples' location ids).
-    """
-    kept = size > 0
-    begin, stop = begin[kept], begin[kept] + size[kept]
-    if len(begin) > 1 and np.any(begin[1:] <= stop[:-1]):
-        raise ValueError("regions must be in order, apart")  # a caller's bug: every sample's ids lie apart
-    mark = np.zeros(len(data) + 1, dtype=np.int8)
-    mark[begin] = 1
-    mark[stop] = -1
-    return data[np.cumsum(mark[:-1], dtype=np.int8).view(bool)]
 
 
 def _chunked_stacks(
@@ -223,8 +208,8 @@ def _chunked_stacks(
     """
     counts, frames = [], []
     for lo, hi in bulk.runs(ends, SAMPLE_CHUNK):
-        first = int(starts[lo])
-        ids = _regions(data[first : int(ends[hi - 1])], starts[lo:hi] + head[lo:hi] - first, size[lo:hi])
+        begin = starts[lo:hi] + head[lo:hi]
+        ids = bulk.gather(data, begin, begin + size[lo:hi])
         found = _stack_columns(ids, np.cumsum(size[lo:hi]), lookup, max_depth)
         if found is None:
             return None

@@ -123,7 +123,7 @@ def one_frame_each(location_frames: Mapping[int, tuple[int, ...]]) -> bool:
 
 
 def read_sample_columns(
-    chunks: list[bytes], location_frames: Mapping[int, tuple[int, ...]], strings: Strings, n_types: int
+    chunks: Sequence[bytes], location_frames: Mapping[int, tuple[int, ...]], strings: Strings, n_types: int
 ) -> SampleColumns | None:
     """Every Sample at once as columns (numpy), for a large profile in the layout pprof writers use; else None."""
     if len(chunks) < BULK_MIN or not one_frame_each(location_frames):
@@ -135,7 +135,7 @@ def read_sample_columns(
 
 
 def read_samples(
-    chunks: list[bytes], location_frames: Mapping[int, tuple[int, ...]], strings: Strings, n_types: int
+    chunks: Sequence[bytes], location_frames: Mapping[int, tuple[int, ...]], strings: Strings, n_types: int
 ) -> list[Sample]:
     """Decode every Sample: the loop where reading a large profile spends its time.
 

@@ -7,11 +7,12 @@ a million-frame profile has a million Functions and a million Locations.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
 from gpuflame.errors import ProfileFormatError
 from gpuflame.formats.pprof import frame_kind
+from gpuflame.formats.protobuf_regions import Regions
 from gpuflame.formats.protobuf_wire import iter_fields, read_string, to_int64
 from gpuflame.model.profile import Frame, Profile, SampleType
 from gpuflame.symbols.names import UNKNOWN, native_address_name
@@ -28,12 +29,12 @@ BULK_MIN = 4096
 class RawProfile(NamedTuple):
     """The top-level fields of a Profile message, sub-messages still as bytes."""
 
-    sample_types: list[bytes]
-    samples: list[bytes]
-    mappings: list[bytes]
-    locations: list[bytes]
-    functions: list[bytes]
-    strings: list[bytes]
+    sample_types: Regions
+    samples: Regions
+    mappings: Regions
+    locations: Regions
+    functions: Regions
+    strings: Regions
     comments: list[int]
     scalars: dict[int, int]
 
@@ -41,7 +42,7 @@ class RawProfile(NamedTuple):
 class Strings:
     """The string table, decoded lazily, with plain errors for bad indices."""
 
-    def __init__(self, raw: list[bytes]) -> None:
+    def __init__(self, raw: Regions | list[bytes]) -> None:
         if raw and raw[0]:
             raise ProfileFormatError("malformed pprof: string_table[0] must be the empty string")
         self._raw = raw
@@ -77,14 +78,20 @@ class Strings:
         return list(map(self._all.__getitem__, indices.tolist()))
 
 
-def _decode_all(raw: list[bytes]) -> list[str]:
+def _decode_all(raw: Sequence[bytes]) -> list[str]:
     """Every string of the table, as ``read_string`` decodes each.
 
     One decode of the table joined by NULs, split again, where no string
     holds a NUL and all are valid UTF-8 (a million names: a third of the
-    time of a decode each); else one by one, invalid bytes replaced.
+    time of a decode each); else one by one, invalid bytes replaced. A
+    large table still in place in the file is joined from its spans (numpy).
     """
-    joined = b"\0".join(raw)
+    if isinstance(raw, Regions) and len(raw) >= BULK_MIN:
+        from gpuflame.formats import protobuf_bulk
+
+        joined = protobuf_bulk.joined(raw, 0)
+    else:
+        joined = b"\0".join(raw)
     if joined.count(0) == len(raw) - 1:
         try:
             return joined.decode("utf-8").split("\0")

@@ -21,11 +21,13 @@ Launcher side only (numpy): the profiled process writes pprof, never reads it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import numpy as np
 
 from gpuflame.errors import ProfileFormatError
+from gpuflame.formats.protobuf_regions import Regions
 
 # Varints decoded per step of :func:`varints`: bounds its temporary arrays.
 CHUNK = 1 << 22
@@ -34,10 +36,65 @@ TABLE_CHUNK = 1 << 20
 MAX_VARINT = 10
 
 
-def blob(parts: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
+def blob(parts: Sequence[bytes]) -> tuple[np.ndarray, np.ndarray]:
     """*parts* as one uint8 array and each part's end offset (exclusive)."""
+    if isinstance(parts, Regions):
+        data, starts, stops = spans(parts)
+        return gather(data, starts, stops), np.cumsum(stops - starts)
     ends = np.cumsum(np.fromiter(map(len, parts), dtype=np.int64, count=len(parts)))
     return np.frombuffer(b"".join(parts), dtype=np.uint8), ends
+
+
+def spans(parts: Sequence[bytes]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(bytes, starts, stops) of *parts*: where they lie, or, for a list, where they lie once joined."""
+    if isinstance(parts, Regions):
+        data = np.frombuffer(parts.data, dtype=np.uint8)
+        starts = np.frombuffer(parts.starts, dtype=parts.typecode).astype(np.int64)
+        return data, starts, np.frombuffer(parts.stops, dtype=parts.typecode).astype(np.int64)
+    data, ends = blob(parts)
+    return data, np.concatenate(([0], ends[:-1])).astype(np.int64), ends
+
+
+def sizes(parts: Sequence[bytes]) -> np.ndarray:
+    """The length of each part (int64)."""
+    if isinstance(parts, Regions):
+        _, starts, stops = spans(parts)
+        return stops - starts
+    return np.fromiter(map(len, parts), dtype=np.int64, count=len(parts))
+
+
+def gather(data: np.ndarray, begin: np.ndarray, stop: np.ndarray) -> np.ndarray:
+    """The bytes ``data[begin[i] : stop[i]]`` one after another, for spans in order that do not touch.
+
+    A mask marked +1 where a span begins and -1 where it ends, summed: no
+    ``bytes`` slice per span (a million samples' location ids).
+    """
+    kept = stop > begin
+    begin, stop = begin[kept], stop[kept]
+    if not len(begin):
+        return np.zeros(0, dtype=np.uint8)
+    if len(begin) > 1 and np.any(begin[1:] <= stop[:-1]):
+        raise ValueError("spans must be in order, apart")  # a caller's bug: fields lie apart
+    first = int(begin[0])
+    mark = np.zeros(int(stop[-1]) - first + 1, dtype=np.int8)
+    mark[begin - first] = 1
+    mark[stop - first] -= 1
+    return data[first : int(stop[-1])][np.cumsum(mark[:-1], dtype=np.int8).view(bool)]
+
+
+def joined(parts: Regions, sep: int) -> bytes:
+    """``bytes([sep]).join(parts)``, from the spans: the byte after each part but the last stands for *sep*.
+
+    Parts split from one message lie two bytes apart at least (the next
+    field's key and length), so each part and the byte after it stay apart.
+    """
+    data, starts, stops = spans(parts)
+    if not len(starts):
+        return b""
+    stops[:-1] += 1
+    out = gather(data, starts, stops)
+    out[np.cumsum(stops - starts)[:-1] - 1] = sep
+    return out.tobytes()
 
 
 def varints(data: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
@@ -83,7 +140,7 @@ class Table(NamedTuple):
 
 
 def read_table(
-    parts: list[bytes], fields: tuple[int, ...], sub_field: int = 0, sub_fields: tuple[int, ...] = ()
+    parts: Sequence[bytes], fields: tuple[int, ...], sub_field: int = 0, sub_fields: tuple[int, ...] = ()
 ) -> Table | None:
     """*fields* of every message in *parts*, and *sub_fields* of each sub-message at field *sub_field*.
 
@@ -92,7 +149,7 @@ def read_table(
     messages in one step made a dozen arrays of tens of MB, each paid for
     in fresh pages from the kernel.
     """
-    ends = np.cumsum(np.fromiter(map(len, parts), dtype=np.int64, count=len(parts)))
+    ends = np.cumsum(sizes(parts))
     if not len(ends) or ends[-1] <= TABLE_CHUNK:
         return _read_piece(parts, fields, sub_field, sub_fields)
     pieces = []
@@ -124,7 +181,7 @@ def runs(ends: np.ndarray, size: int) -> list[tuple[int, int]]:
 
 
 def _read_piece(
-    parts: list[bytes], fields: tuple[int, ...], sub_field: int, sub_fields: tuple[int, ...]
+    parts: Sequence[bytes], fields: tuple[int, ...], sub_field: int, sub_fields: tuple[int, ...]
 ) -> Table | None:
     """:func:`read_table` of a few MB of messages."""
     data, msg_ends = blob(parts)

@@ -66,10 +66,8 @@ def test_no_bytes_no_varints() -> None:
 
 @hypothesis.settings(max_examples=120, deadline=None)
 @hypothesis.given(st.lists(st.tuples(st.binary(max_size=4), st.binary(max_size=5)), max_size=20), st.binary(max_size=3))
-def test_regions_are_the_slices_joined(pieces: list[tuple[bytes, bytes]], tail: bytes) -> None:
-    """pprof_bulk._regions: the kept regions' bytes in order, as slicing each and joining them gives."""
-    from gpuflame.formats.pprof_bulk import _regions
-
+def test_spans_gathered_are_the_slices_joined(pieces: list[tuple[bytes, bytes]], tail: bytes) -> None:
+    """protobuf_bulk.gather: the spans' bytes in order, as slicing each and joining them gives."""
     data, begin, size, at = b"", [], [], 0
     for gap, region in pieces:  # a gap of at least one byte before each region, as a sample's key and length
         data += b"\x0a" + gap + region
@@ -78,7 +76,8 @@ def test_regions_are_the_slices_joined(pieces: list[tuple[bytes, bytes]], tail: 
         size.append(len(region))
         at += len(region)
     data += tail
-    got = _regions(np.frombuffer(data, dtype=np.uint8), np.array(begin, np.int64), np.array(size, np.int64))
+    begins = np.array(begin, np.int64)
+    got = bulk.gather(np.frombuffer(data, dtype=np.uint8), begins, begins + np.array(size, np.int64))
     assert got.tobytes() == b"".join(data[b : b + n] for b, n in zip(begin, size, strict=True))
 
 
