@@ -177,15 +177,16 @@ def sample_columns(
         return None
     source = chunks.data if isinstance(chunks, Regions) else data.tobytes()
     del data
-    distinct: dict[bytes, int] = {}
-    tail_at = map(slice, (starts + head + size).tolist(), ends.tolist())
-    tail_ids = [distinct.setdefault(tail, len(distinct)) for tail in map(source.__getitem__, tail_at)]
+    # each sample's tail, then each distinct one numbered: loops in C (a million samples, a few distinct tails)
+    tail_of = list(map(source.__getitem__, map(slice, (starts + head + size).tolist(), ends.tolist())))
+    distinct = {tail: i for i, tail in enumerate(dict.fromkeys(tail_of))}
+    which = np.fromiter(map(distinct.__getitem__, tail_of), dtype=np.int64, count=len(tail_of))
+    del tail_of
     parsed = [tails(tail) for tail in distinct]
     if None in parsed:
         return None
     label_index: dict[Labels, int] = {}
     tail_labels = [label_index.setdefault(p[1], len(label_index)) for p in parsed]  # type: ignore[index]
-    which = np.array(tail_ids, dtype=np.int64)
     values = np.array([p[0] for p in parsed], dtype=np.int64).reshape(len(parsed), -1)  # type: ignore[index]
     frame_ids = found[1]  # int32 where the ids fit (_FrameLookup): half the bytes
     return SampleColumns(found[0], frame_ids, values[which], np.array(tail_labels)[which], list(label_index))

@@ -66,8 +66,10 @@ def sizes(parts: Sequence[bytes]) -> np.ndarray:
 def gather(data: np.ndarray, begin: np.ndarray, stop: np.ndarray) -> np.ndarray:
     """The bytes ``data[begin[i] : stop[i]]`` one after another, for spans in order that do not touch.
 
-    A mask marked +1 where a span begins and -1 where it ends, summed: no
-    ``bytes`` slice per span (a million samples' location ids).
+    One mask, written as runs (``np.repeat`` of the gaps and the spans'
+    lengths), picks them: no ``bytes`` slice per span (a million samples'
+    location ids). A mask summed from +1 and -1 marks took three times as
+    long (numpy's cumulative sum of bytes is a loop of its own).
     """
     kept = stop > begin
     begin, stop = begin[kept], stop[kept]
@@ -76,10 +78,13 @@ def gather(data: np.ndarray, begin: np.ndarray, stop: np.ndarray) -> np.ndarray:
     if len(begin) > 1 and np.any(begin[1:] <= stop[:-1]):
         raise ValueError("spans must be in order, apart")  # a caller's bug: fields lie apart
     first = int(begin[0])
-    mark = np.zeros(int(stop[-1]) - first + 1, dtype=np.int8)
-    mark[begin - first] = 1
-    mark[stop - first] -= 1
-    return data[first : int(stop[-1])][np.cumsum(mark[:-1], dtype=np.int8).view(bool)]
+    runs = np.empty(2 * len(begin), dtype=np.int64)
+    runs[0] = 0
+    runs[2::2] = begin[1:] - stop[:-1]
+    runs[1::2] = stop - begin
+    picked = np.zeros(len(runs), dtype=bool)
+    picked[1::2] = True
+    return data[first : int(stop[-1])][np.repeat(picked, runs)]
 
 
 def joined(parts: Regions, sep: int) -> bytes:
