@@ -106,7 +106,7 @@ def _split_profile(data: bytes) -> RawProfile:
     has hundreds of thousands of ``sample`` fields; one-byte keys and
     lengths, the common case, are read inline. The tables' sizes are checked
     after each :data:`_CHECK_EVERY` bytes (no cost per field), so a hostile
-    file stops before its fields become more than a window's worth of slices.
+    file stops before its fields become more than a window's worth of spans.
     """
     raw = RawProfile(Regions(data), Regions(data), Regions(data), Regions(data), Regions(data), Regions(data), [], {})
     by_field: dict[int, Regions] = {
@@ -188,10 +188,13 @@ def _run(data: bytes, pos: int, window: int, key: int, target: Regions) -> int:
 # Profiles from this size on are split with numpy (:func:`protobuf_runs.field_run`): below it, its import and
 # fixed costs outweigh the gain, and the profiled process's own small pprof stays numpy-free.
 _BULK_BYTES = 1 << 20
+# A run's first bytes are read field by field: most runs of a small table end there, where a
+# numpy piece would scan more bytes than the run has (fields of two keys in turn, in a hostile file).
+_FIELD_BY_FIELD = 1 << 12
 
 
 def _bulk_run(data: bytes) -> Callable[[bytes, int, int, int, Regions], int]:
-    """:func:`_run` with numpy over *data*: the same fields, in a few array passes per window."""
+    """:func:`_run` with numpy over *data* once a run is longer than :data:`_FIELD_BY_FIELD` bytes."""
     import numpy as np
 
     from gpuflame.formats import protobuf_runs
@@ -199,8 +202,10 @@ def _bulk_run(data: bytes) -> Callable[[bytes, int, int, int, Regions], int]:
     array = np.frombuffer(data, dtype=np.uint8)
 
     def run(_data: bytes, pos: int, window: int, key: int, target: Regions) -> int:
-        starts, stops, pos = protobuf_runs.field_run(array, pos, window, key)
-        target.extend(starts.astype(target.typecode).tobytes(), stops.astype(target.typecode).tobytes())
+        pos = _run(data, pos, min(window, pos + _FIELD_BY_FIELD), key, target)
+        if pos < window and pos < len(data) and data[pos] == key:
+            starts, stops, pos = protobuf_runs.field_run(array, pos, window, key)
+            target.extend(starts.astype(target.typecode).tobytes(), stops.astype(target.typecode).tobytes())
         return pos
 
     return run

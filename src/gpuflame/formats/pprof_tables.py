@@ -27,7 +27,7 @@ BULK_MIN = 4096
 
 
 class RawProfile(NamedTuple):
-    """The top-level fields of a Profile message, sub-messages still as bytes."""
+    """The top-level fields of a Profile message, sub-messages as spans of its bytes (read when asked)."""
 
     sample_types: Regions
     samples: Regions

@@ -23,23 +23,29 @@ def field_run(data: np.ndarray, pos: int, window: int, key: int) -> tuple[np.nda
     stops) and where the run ends: at the first field that is not such a
     field or would run past the data (the caller reads that one and says
     what is wrong), or after the last field that starts before *window*.
-    Read :data:`RUN_CHUNK` bytes at a time, so that each step's arrays stay
-    in the processor's caches.
+
+    Read a piece at a time: :data:`RUN_FIRST` bytes, then twice as many
+    each time, up to :data:`RUN_CHUNK` (each step's arrays stay in the
+    processor's caches). Each piece is scanned whole, so a run that ends
+    early costs no more than twice its length and the first piece.
     """
     starts, stops = [], []
+    size = min(RUN_FIRST, RUN_CHUNK)
     while pos < window:
-        piece = min(window, pos + RUN_CHUNK)
+        piece = min(window, pos + size)
         begin, stop, pos = _run_piece(data, pos, piece, key)
         starts.append(begin)
         stops.append(stop)
         if pos < piece:  # the run ended inside this piece
             break
+        size = min(2 * size, RUN_CHUNK)
     if not starts:
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), pos
     return np.concatenate(starts), np.concatenate(stops), pos
 
 
-# Bytes of fields per step of :func:`field_run`.
+# Bytes of fields in the first step of :func:`field_run`, and in the largest.
+RUN_FIRST = 1 << 14
 RUN_CHUNK = 1 << 18
 
 

@@ -64,21 +64,46 @@ def split(data: bytes, monkeypatch: pytest.MonkeyPatch, bulk_from: int) -> objec
 
 @hypothesis.settings(max_examples=400, deadline=None, suppress_health_check=list(hypothesis.HealthCheck))
 @hypothesis.given(
-    data=messages, piece=st.sampled_from([1, 3, 7, 64, 1 << 18]), window=st.sampled_from([5, 40, 1 << 24])
+    data=messages,
+    piece=st.sampled_from([1, 3, 7, 64, 1 << 18]),
+    window=st.sampled_from([5, 40, 1 << 24]),
+    field_by_field=st.sampled_from([0, 3, 1 << 12]),
 )
 def test_the_numpy_split_gives_the_fields_and_errors_of_the_field_by_field_one(
-    data: bytes, piece: int, window: int, monkeypatch: pytest.MonkeyPatch
+    data: bytes, piece: int, window: int, field_by_field: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Pieces and windows a few bytes long put their edges inside fields, lengths and runs."""
+    monkeypatch.setattr(runs, "RUN_FIRST", max(1, piece // 4))
     monkeypatch.setattr(runs, "RUN_CHUNK", piece)
     monkeypatch.setattr(pprof_read, "_CHECK_EVERY", window)
+    monkeypatch.setattr(pprof_read, "_FIELD_BY_FIELD", field_by_field)
     assert split(data, monkeypatch, 0) == split(data, monkeypatch, 1 << 62)
+
+
+@pytest.mark.parametrize("per_run", [1, 2, 45, 200])
+def test_the_numpy_split_scans_each_byte_a_few_times_at_most(per_run: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Runs of two keys in turn, short or long: the pieces scanned add up to a few times the file, never a piece per field.
+
+    Scanning a whole piece for each run of one field would read a hostile
+    file of two keys in turn once per field (hours for 100 MB).
+    """
+    run = lambda key: table_field(key, bytes(range(1, 100)), 1) * per_run  # noqa: E731
+    data = (run(0x12) + run(0x1A)) * (200_000 // (per_run * 200) + 1)
+    scanned: list[int] = []
+    piece_of = runs._run_piece
+    monkeypatch.setattr(
+        runs, "_run_piece", lambda d, pos, piece, key: scanned.append(piece - pos) or piece_of(d, pos, piece, key)
+    )
+    tables, _, _ = split(data, monkeypatch, 0)  # type: ignore[misc]
+    assert len(tables[1]) + len(tables[2]) == len(data) // 101
+    assert sum(scanned) <= 4 * len(data)
 
 
 def test_a_value_made_of_fields_is_one_value(monkeypatch: pytest.MonkeyPatch) -> None:
     """A Sample whose bytes read as a chain of forty Samples: longer than pruning follows, so doubling decides."""
     inner = b"\x12\x00" * 40  # forty empty "fields" inside one value, each linking to the next, the last to a field
     data = table_field(0x12, inner, 1) + table_field(0x12, b"ab", 1) + table_field(0x12, inner, 2)
+    monkeypatch.setattr(pprof_read, "_FIELD_BY_FIELD", 0)
     doubled: list[int] = []
     doubling = runs._doubling
     monkeypatch.setattr(runs, "_doubling", lambda step: doubled.append(len(step)) or doubling(step))
