@@ -82,7 +82,7 @@ def test_the_numpy_split_gives_the_fields_and_errors_of_the_field_by_field_one(
 
 @pytest.mark.parametrize("per_run", [1, 2, 45, 200])
 def test_the_numpy_split_scans_each_byte_a_few_times_at_most(per_run: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Runs of two keys in turn, short or long: the pieces scanned add up to a few times the file, never a piece per field.
+    """Runs of two keys in turn, short or long: the pieces scanned add up to a few times the file at most.
 
     Scanning a whole piece for each run of one field would read a hostile
     file of two keys in turn once per field (hours for 100 MB).
