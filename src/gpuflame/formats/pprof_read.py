@@ -173,6 +173,8 @@ def _run(data: bytes, pos: int, window: int, key: int, target: Regions) -> int:
         size = data[pos + 1]
         start = pos + 2
         if size >= 0x80:
+            if start >= end:
+                break  # a length cut short: the caller's varint reader says so, as after protobuf_runs
             high = data[start]
             if high >= 0x80:
                 break

@@ -69,6 +69,8 @@ def split(data: bytes, monkeypatch: pytest.MonkeyPatch, bulk_from: int) -> objec
     window=st.sampled_from([5, 40, 1 << 24]),
     field_by_field=st.sampled_from([0, 3, 1 << 12]),
 )
+@hypothesis.example(data=b"\n\x00\n\x82", piece=1, window=5, field_by_field=0)  # a two-byte length cut short
+@hypothesis.example(data=b"\n\x00\n", piece=1, window=5, field_by_field=0)  # a length missing
 def test_the_numpy_split_gives_the_fields_and_errors_of_the_field_by_field_one(
     data: bytes, piece: int, window: int, field_by_field: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
