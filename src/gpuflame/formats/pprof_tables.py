@@ -46,21 +46,31 @@ class Strings:
         if raw and raw[0]:
             raise ProfileFormatError("malformed pprof: string_table[0] must be the empty string")
         self._raw = raw
+        self._count = len(raw)
+        # a table left in place is read by its spans here: a Regions' own methods are a Python call a lookup
+        self._spans = (raw.data, raw.starts, raw.stops) if isinstance(raw, Regions) else None
         self._cache: dict[int, str] = {0: ""}
         self._all: list[str] | None = None
 
     def get(self, index: int, what: str) -> str:
         text = self._cache.get(index)
         if text is None:
-            if not 0 <= index < len(self):
+            if not 0 <= index < self._count:
                 raise ProfileFormatError(
-                    f"malformed pprof: {what} refers to string {index}, but the string table has {len(self)} entries"
+                    f"malformed pprof: {what} refers to string {index}, but the string table has {self._count} entries"
                 )
-            text = self._cache[index] = self._all[index] if self._all is not None else read_string(self._raw[index])
+            if self._all is not None:
+                text = self._all[index]
+            elif self._spans is not None:
+                data, starts, stops = self._spans
+                text = read_string(data[starts[index] : stops[index]])
+            else:
+                text = read_string(self._raw[index])
+            self._cache[index] = text
         return text
 
     def __len__(self) -> int:
-        return len(self._all) if self._all is not None else len(self._raw)
+        return self._count
 
     def many(self, indices: np.ndarray) -> list[str] | None:
         """The strings at *indices*; None if one is past the table (:meth:`get` says which).
@@ -75,6 +85,7 @@ class Strings:
         if self._all is None:
             self._all = _decode_all(self._raw)
             self._raw.clear()
+            self._spans = None
         return list(map(self._all.__getitem__, indices.tolist()))
 
 

@@ -9,6 +9,8 @@ damaged file the same error, either way.
 
 from __future__ import annotations
 
+import sys
+
 import hypothesis
 import hypothesis.strategies as st
 import numpy as np
@@ -147,3 +149,16 @@ def test_regions_read_slice_and_let_go() -> None:
     assert list(regions[1:]) == [b"de", b"f"] and regions[1:].data is data
     regions.clear()
     assert len(regions) == 0 and regions.data == b""
+
+
+def test_a_string_table_read_whole_keeps_no_hold_on_the_file() -> None:
+    """Strings.many decodes the table once; then neither the table nor Strings holds the inflated bytes."""
+    from gpuflame.formats.pprof_tables import Strings
+
+    names = [b"", *(b"name%d" % i for i in range(5000))]  # above BULK_MIN: decoded whole from its spans
+    data = b"".join(table_field(0x32, s, 1) for s in names)
+    regions = pprof_read._split_profile(data)[5]
+    held = sys.getrefcount(data)
+    strings = Strings(regions)
+    assert strings.get(7, "a name") == "name6" and strings.many(np.array([1, 5000])) == ["name0", "name4999"]
+    assert sys.getrefcount(data) == held - 1 and len(regions) == 0  # the table's hold gone, none added
