@@ -69,3 +69,33 @@ def test_the_walk_finds_modules_optimizers_and_caches_by_their_exact_type() -> N
     ids = {id(o) for o in chosen}
     assert {id(net), id(net.layer), id(optimizer)} <= ids
     assert all(type(o) in wanted for o in chosen)
+
+
+def _instances_by_hand(wanted: dict[type, int]) -> set[int]:
+    import gc
+
+    return {id(o) for o in gc.get_objects() if type(o) in wanted}
+
+
+@pytest.mark.parametrize("referrers_of_at_most", [64, 0], ids=["referrers-of-the-classes", "every-object"])
+def test_the_walk_finds_every_instance_of_the_wanted_types_by_either_road(monkeypatch, referrers_of_at_most) -> None:
+    monkeypatch.setattr(categories, "_REFERRERS_OF_AT_MOST", referrers_of_at_most)
+    models = [torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU()) for _ in range(3)]
+    optimizer = torch.optim.Adam(models[0].parameters())
+    wanted, chosen = categories._objects_of((torch.nn.Module, torch.optim.Optimizer, ()))
+    assert len(chosen) == len({id(o) for o in chosen})  # each once
+    assert {id(o) for o in chosen} == _instances_by_hand(wanted)
+    assert {id(models[2][1]), id(optimizer)} <= {id(o) for o in chosen}
+
+
+def test_instances_of_a_class_written_in_c_are_found_too(monkeypatch) -> None:
+    # a C class's instances need not refer to it, so the collector's referrers would miss them
+    import types
+
+    marker = types.SimpleNamespace(note="a C type's instance")
+    real_kind = categories._kind
+    monkeypatch.setattr(categories, "_kind", lambda t, kinds: 0 if t is types.SimpleNamespace else real_kind(t, kinds))
+    wanted, chosen = categories._objects_of((torch.nn.Module, (), ()))
+    assert types.SimpleNamespace in wanted
+    assert id(marker) in {id(o) for o in chosen}
+    assert {id(o) for o in chosen} == _instances_by_hand(wanted)

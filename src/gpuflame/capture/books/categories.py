@@ -107,28 +107,44 @@ def graph_roles(key: StorageKey) -> dict[int, str]:
 
 
 def _objects_of(kinds: tuple[type | tuple[type, ...], ...]) -> tuple[dict[type, int], list[Any]]:
-    """The objects of the wanted *kinds*, by kind index of their type: two passes in C over the collector's objects.
+    """The objects of the wanted *kinds*, by kind index of their type: two passes in C, the second short.
 
-    ``gc.get_objects()``'s list must never reach Python code: another
-    thread may be inside ``tuple(generator)``, whose tuple the collector
-    already tracks, and if that thread runs while the list holds the tuple,
-    CPython's resize of it fails with SystemError in the profiled program
-    (CPython issue 39117; a loaded run of the demo under Pyroscope push hit
-    it). So the list is taken inside a chain of C iterators that one C call
-    consumes and frees before any Python code (a finalizer of a collection
-    included: the collector is paused) lets another thread run. By
+    The first finds the types present among the collector's objects (by
     ``type()``, as isinstance() reads ``__class__``, which some lazy module
-    objects warn on.
+    objects warn on); the second asks the collector for the referrers of
+    the few wanted classes, as every instance of a class defined in Python
+    refers to its class: the instances and a few class tuples, where taking
+    every object again cost three times as long. Each list the collector
+    hands out must never reach Python code: another thread may be inside
+    ``tuple(generator)``, whose tuple the collector already tracks, and if
+    that thread runs while the list holds the tuple, CPython's resize of it
+    fails with SystemError in the profiled program (CPython issue 39117; a
+    loaded run of the demo under Pyroscope push hit it). So each is taken
+    inside a chain of C iterators that one C call consumes and frees before
+    any Python code (a finalizer of a collection included: the collector is
+    paused) lets another thread run.
     """
     with gc_paused():
         present = set(map(type, _tracked()))
     wanted = {t: i for t in present if (i := _kind(t, kinds)) >= 0}
     if not wanted:
         return wanted, []
-    objects, types = itertools.tee(itertools.chain(_tracked(), _PADDING))
+    # a class written in C need not be referred to by its instances, and the collector compares each
+    # reference with every class asked about: past a few dozen, picking from every object is quicker
+    everything = len(wanted) > _REFERRERS_OF_AT_MOST or not all(t.__flags__ & _HEAPTYPE for t in wanted)
+    source = (
+        _tracked()
+        if everything
+        else itertools.chain.from_iterable(itertools.starmap(gc.get_referrers, (tuple(wanted),)))
+    )
+    objects, types = itertools.tee(itertools.chain(source, _PADDING))
     with gc_paused():
         chosen = list(itertools.compress(objects, map(wanted.__contains__, map(type, types))))
     return wanted, chosen
+
+
+_HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class made at run time (every class statement), whose instances refer to it
+_REFERRERS_OF_AT_MOST = 64  # classes (a model has a few dozen module classes): 0.6x the full pass at 64, 0.4x at 20
 
 
 def _tracked() -> Iterator[Any]:
