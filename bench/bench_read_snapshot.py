@@ -7,6 +7,8 @@ each call timed in CPU seconds (``time.process_time``) after a ``gc.collect()``:
 - ``pickle``: plain ``pickle.loads`` of the (gunzipped) bytes, twice per
   round: the second is the **null control** (bare against bare), whose
   median ratio says how far two identical runs drift on this machine;
+- ``scan``: the restricted reader's opcode scan alone (``safe_pickle.scan``:
+  what it adds to the C unpickler, the floor of any safe read here);
 - ``safe``: gpuflame's restricted reader (``safe_pickle.loads``: the opcode
   scan, then the C unpickler limited to plain data);
 - ``convert``: the whole of ``gpuflame convert`` but the write
@@ -89,6 +91,7 @@ def bench(path: Path, rounds: int) -> None:
     runs: dict[str, Callable[[], object]] = {
         "pickle": lambda: pickle.loads(data),
         "null": lambda: pickle.loads(data),
+        "scan": lambda: safe_pickle.scan(data),
         "safe": lambda: safe_pickle.loads(data),
         "convert": convert,
         "first": first,
@@ -103,6 +106,7 @@ def bench(path: Path, rounds: int) -> None:
     print("  medians: " + ", ".join(f"{name} {ms:.1f} ms" for name, ms in med.items()))
     print(
         f"  null pickle/pickle {median_ratio(times['null'], times['pickle']):.2f}x  "
+        f"scan/pickle {median_ratio(times['scan'], times['pickle']):.2f}x  "
         f"safe/pickle {median_ratio(times['safe'], times['pickle']):.2f}x  "
         f"convert/pickle {median_ratio(times['convert'], times['pickle']):.2f}x  "
         f"convert/viz {median_ratio(times['convert'], times['viz']):.2f}x  "
