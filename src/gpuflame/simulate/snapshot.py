@@ -35,7 +35,7 @@ from gpuflame.formats.snapshot_phases import read_marks
 from gpuflame.formats.torch_snapshot import read_snapshot
 from gpuflame.model.phases import NONE as NO_PHASE
 from gpuflame.simulate.allocator import Allocator
-from gpuflame.simulate.blocks import LARGE_BUFFER, SMALL_BUFFER, SMALL_SIZE, Block, Live, round_size
+from gpuflame.simulate.blocks import LARGE_BUFFER, SMALL_BUFFER, SMALL_SIZE, Block, Live, Segment, round_size
 from gpuflame.simulate.outcome import Outcome, Sites
 from gpuflame.simulate.settings import Settings
 
@@ -257,7 +257,7 @@ class DeviceReplay:
         expandable = self.settings.expandable_segments  # a new expandable segment's first map is at its base
         while self._new_segments:
             addr, rec_size = self._new_segments.pop(0)
-            if expandable and not any(s.addr <= addr < s.addr + s.size for s in self._sim.segments.values()):
+            if expandable and not any(_grows(self._sim, s, addr) for s in self._sim.segments.values()):
                 return addr
             if not expandable and rec_size == size and addr not in self._sim.segments:
                 return addr
@@ -394,6 +394,25 @@ def _why(trace: list[Any], i: int, simulated_new: bool) -> str:
         "both reused cached blocks, but different ones: the state before differed, "
         "or the recording lacks what decided it"
     )
+
+
+def _grows(sim: Allocator, seg: Segment, addr: int) -> bool:
+    """Whether a recorded map at *addr* can be pages added to the simulated expandable segment *seg*.
+
+    Pages are mapped at the start of an unmapped range, so never past the
+    start of the segment's unmapped tail. The simulated segment's address
+    space (1 TiB where the device's size is unknown) may be far larger than
+    the recording's (9/8 of the device's memory), so an address inside it but
+    past that tail is another segment's base, not this one's growth.
+    """
+    end = seg.addr + seg.size
+    if not seg.addr <= addr < end:
+        return False
+    if not seg.expandable:
+        return True
+    pool = sim.small if seg.small else sim.large
+    tail = next((b.addr for b in pool.unmapped_blocks.values() if b.segment is seg and b.addr + b.size == end), end)
+    return addr <= tail
 
 
 def _carve(segs: dict[int, tuple[int, bool, int, bool]], addr: int, size: int) -> None:

@@ -156,3 +156,62 @@ def test_the_oom_answer_names_the_phase_from_gpuflames_marks():
     snap[PHASES_KEY] = [[1000, "load"], [1002, "train"]]  # as gpuflame's torch-cuda backend adds them
     (out,) = Run(Input("<test>", snapshot=snap), DEFAULTS, capacity=22 * MiB).outcomes()
     assert out.oom is not None and out.oom["phase"] == "train" and out.oom["event"] == 3
+
+
+def test_a_new_expandable_segment_is_placed_at_the_recorded_base_when_the_device_size_is_unknown():
+    # As on a real 80 GB GPU recorded with expandable_segments:True: each pool's segment reserves
+    # about 9/8 of the device's memory, so the small pool's segment starts ~95 GB above the large
+    # pool's, well inside the 1 TiB the replay reserves for a segment when no oom entry gives the
+    # device's size. The recorded first map is still where the new segment begins.
+    from gpuflame.simulate.settings import parse_alloc_conf
+
+    large, small = 0x6_0200_0000, 0x1C_4600_0000
+    snap = snapshot(
+        [
+            ("segment_map", large, 20 * MiB),
+            ("alloc", large, 16 * MiB),
+            ("segment_map", small, 2 * MiB),
+            ("alloc", small, 4096),
+            ("alloc", small + 4096, 4096),
+            ("segment_map", large + 20 * MiB, 20 * MiB),
+            ("alloc", large + 16 * MiB, 20 * MiB),
+        ],
+        [
+            {
+                "device": 0,
+                "address": large,
+                "total_size": 40 * MiB,
+                "stream": 0,
+                "segment_type": "large",
+                "is_expandable": True,
+                "blocks": [
+                    {"address": large, "size": 16 * MiB, "requested_size": 16 * MiB, "state": "active_allocated"},
+                    {
+                        "address": large + 16 * MiB,
+                        "size": 20 * MiB,
+                        "requested_size": 20 * MiB,
+                        "state": "active_allocated",
+                    },
+                    {"address": large + 36 * MiB, "size": 4 * MiB, "state": "inactive"},
+                ],
+            },
+            {
+                "device": 0,
+                "address": small,
+                "total_size": 2 * MiB,
+                "stream": 0,
+                "segment_type": "small",
+                "is_expandable": True,
+                "blocks": [
+                    {"address": small, "size": 4096, "requested_size": 4096, "state": "active_allocated"},
+                    {"address": small + 4096, "size": 4096, "requested_size": 4096, "state": "active_allocated"},
+                    {"address": small + 8192, "size": 2 * MiB - 8192, "state": "inactive"},
+                ],
+            },
+        ],
+    )
+    settings = parse_alloc_conf("expandable_segments:True")
+    (out,) = Run(Input("<test>", snapshot=snap, recorded=settings), settings).outcomes()
+    assert out.capacity is None
+    assert out.segment_events_equal and out.first_difference is None
+    assert out.placed_same == 1.0
