@@ -103,6 +103,11 @@ class DeviceTrace:
         )
         self._comment_reserved_after_peak(reserved_at_peak, reserved_end)
         window = self._window()
+        if window is None:
+            conv.comment(
+                f"{self.name}: the trace's events carry no times (time_us: older PyTorch versions record none), "
+                "so peak_* and the end are exact but there is no memory-over-time strip and no --at or --between"
+            )
         self._comment_window(window, walk.freed_unknown)
         for i, e, d, s in walk.ooms[:_OOM_COMMENTS]:
             self._comment_oom(i, e, before_bytes + d, reserved_end - (seg - s))

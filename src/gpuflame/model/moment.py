@@ -30,7 +30,7 @@ When = float | str | tuple[str, float]  # seconds on the strip, PEAK, or (START 
 
 NO_HISTORY = (
     "this profile has no event history, so it shows only its peak and its end (files written "
-    "before gpuflame kept one, JAX profiles, other tools' profiles)"
+    "before gpuflame kept one, PyTorch snapshots without a timed trace, JAX profiles, other tools' profiles)"
 )
 
 TIME_FORMS = (

@@ -589,6 +589,25 @@ def test_no_timeline_without_a_trace_or_without_times(snapshots) -> None:
     assert torch_snapshot.from_snapshot(snap).timeline is None
 
 
+def test_a_trace_without_times_says_why_no_moment_can_be_shown(snapshots) -> None:
+    """PyTorch snapshots of older versions (a real one: Maphsge4/select_n, Dec. 2023) have a trace whose
+    events carry no ``time_us``: the peak and the end are exact, there is no history, and both the
+    profile and ``--at``'s refusal say so instead of blaming gpuflame's older files, JAX or other tools."""
+    from gpuflame.errors import GpuflameError
+    from gpuflame.model import moment
+
+    snap = copy.deepcopy(snapshots["handwritten_small_trace"])
+    for e in snap["device_traces"][0]:
+        e.pop("time_us")
+    profile = torch_snapshot.from_snapshot(snap)
+    assert profile.history is None
+    assert any("carry no times" in c and "--at" in c for c in profile.comments)
+    with pytest.raises(GpuflameError, match="PyTorch snapshots without a timed trace"):
+        moment.at(profile, moment.PEAK)
+    with_times = torch_snapshot.from_snapshot(snapshots["handwritten_small_trace"])
+    assert not any("carry no times" in c for c in with_times.comments)
+
+
 def save_bytes(profile: Profile) -> bytes:
     from gpuflame.formats import pprof
 
