@@ -44,17 +44,43 @@ def package_dirs(*modules: ModuleType) -> tuple[str, ...]:
     return tuple(os.path.dirname(os.path.abspath(m.__file__ or "")) + os.sep for m in modules) + (GPUFLAME_DIR,)
 
 
-def start(path: Path, backend: str) -> gpuflame.api.Recording:
-    """``gpuflame.start``: the recording (*path* is written only if the process exits while it runs)."""
-    return gpuflame.api.start(path, backend=backend)
+class Hosted:
+    """A host's recording, and the JAX buffers already live when it started (JAX lists every live buffer)."""
+
+    def __init__(self, recording: gpuflame.api.Recording, jax_before: Profile | None) -> None:
+        self.recording = recording
+        self.jax_before = jax_before
+
+    @property
+    def backends(self) -> list[str]:
+        return self.recording.backends
 
 
-def stop(recording: gpuflame.api.Recording, host_dirs: tuple[str, ...]) -> Profile | None:
+def start(path: Path, backend: str) -> Hosted:
+    """``gpuflame.start``: the recording (*path* is written only if the process exits while it runs).
+
+    With JAX recording, what it holds now is taken too: a cell or a test is charged with the
+    buffers it made, not with those an earlier cell or test kept.
+    """
+    recording = gpuflame.api.start(path, backend=backend)
+    before = None
+    if backends.JAX in recording.backends:
+        from gpuflame.capture.recorders.jax_memory import take_profile
+
+        before = take_profile(keep_framework=recording.settings.keep_framework)
+    return Hosted(recording, before)
+
+
+def stop(hosted: Hosted, host_dirs: tuple[str, ...]) -> Profile | None:
     """``gpuflame.stop`` without a file: the profile, the host's frames cut away; None if nothing was recorded.
 
     Encoding a file only to decode it again would cost more than a small test.
     """
-    profile = recording.stop(write=False)  # the host's own: a user's recording nested in it ends with its stop()
+    profile = hosted.recording.stop(write=False)  # the host's own: a user's recording nested in it ends with it
     if not isinstance(profile, Profile):  # None: nothing recorded (a path only comes back from a written file)
         return None
+    if hosted.jax_before is not None:
+        from gpuflame.capture.recorders.jax_memory import without_held
+
+        profile = without_held(profile, hosted.jax_before)
     return cut_callers(profile, lambda f: f.file.startswith(host_dirs)).compact()

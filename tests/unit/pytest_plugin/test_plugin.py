@@ -331,3 +331,39 @@ def test_a_run_without_categories_leaves_the_graph_walk_on_for_the_process(pytes
     pytester.makepyfile(test_layer=CATEGORY_SUITE)
     pytester.runpytest_inprocess("--gpuflame", "-p", "no:cacheprovider").assert_outcomes(passed=1)
     assert categories._graph_walk is True
+
+
+JAX_SUITE = """
+import jax.numpy as jnp
+import pytest
+
+KEPT = []
+
+def test_a_keeps_four():
+    KEPT.append(jnp.ones((1 << 20,), dtype=jnp.float32))
+
+@pytest.mark.limit_gpu_memory("2 MiB")
+def test_b_keeps_one():
+    KEPT.append(jnp.ones((1 << 18,), dtype=jnp.float32))
+
+@pytest.mark.limit_gpu_leaks("3 MiB")
+def test_c_keeps_two():
+    KEPT.append(jnp.ones((1 << 19,), dtype=jnp.float32))
+"""
+
+
+@pytest.mark.subprocess  # JAX imported into this process would add a recorder to every other test here
+def test_a_jax_test_is_charged_with_its_own_buffers_not_an_earlier_tests(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """JAX lists every live buffer of the process: each test was charged with the 4 MiB the first test kept,
+    so a 1 MiB test failed its 2 MiB budget and its leak check named the first test's stack."""
+    pytester.makepyfile(test_jax_kept=JAX_SUITE)
+    monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+    result = pytester.runpytest_subprocess(
+        "--gpuflame-backend", "jax", "--gpuflame-dir", "profiles", "-p", "no:cacheprovider"
+    )
+    result.assert_outcomes(passed=3)
+    for test, kept in (("a_keeps_four", 4 * MiB), ("b_keeps_one", MiB), ("c_keeps_two", 2 * MiB)):
+        profile = load(pytester.path / "profiles" / f"test_jax_kept.py_test_{test}.pb.gz")
+        assert profile.totals()["inuse_space"] == profile.totals()["peak_space"] == kept

@@ -18,7 +18,9 @@ default: only the JAX function the user called stays at the leaf
 (``Model > make`` -> ``ones``); ``keep_framework=True`` keeps them all.
 
 The profile covers every live buffer of the process, including arrays made
-before ``start()``: JAX does not say when a buffer was made.
+before ``start()``: JAX does not say when a buffer was made. A ``%%gpuflame``
+cell or a test under the pytest plugin nets out what was held at its start
+(:func:`without_held`), so it is not charged with what earlier ones kept.
 
 Phases (``gpuflame.phase``): each phase change takes a sample, so each
 phase's row holds the largest total sampled while it ran (at its start, at
@@ -42,7 +44,7 @@ from gpuflame.capture.base import Recorder, empty_profile
 from gpuflame.capture.books import phases
 from gpuflame.model.peak import SAMPLED, PeakUnit
 from gpuflame.model.phases import PhaseStat, ordered
-from gpuflame.model.profile import PYTHON, Frame, Labels, Profile
+from gpuflame.model.profile import PYTHON, Frame, Labels, Profile, Sample
 from gpuflame.model.prune import prune_framework
 from gpuflame.model.timeline import MAX_POINTS, Point, Timeline, downsample
 from gpuflame.symbols.names import display_name
@@ -268,6 +270,42 @@ def _columns(raw: Profile) -> tuple[int, int]:
     space = names.index("space") if "space" in names else units.index("bytes")
     count = names.index("allocations") if "allocations" in names else units.index("count")
     return space, count
+
+
+def without_held(profile: Profile, before: Profile) -> Profile:
+    """*profile* less the JAX buffers *before* held, per stack and labels, in its peak and in-use columns.
+
+    JAX lists every live buffer, not those made since ``start()``: a host that records
+    one cell or one test takes a :func:`take_profile` first and subtracts it, so a
+    test is not charged with the arrays an earlier test kept. JAX gives buffers no
+    identity, so a stack's figures are netted (never below 0): a buffer held at start,
+    freed, and made again by the same stack is not counted.
+    """
+    space, count = before.type_index("inuse_space"), before.type_index("inuse_objects")
+    held = {_key(before, s): (s.values[space], s.values[count]) for s in before.samples}
+    names = profile.type_names()
+    netted = [(names.index(t), which) for t, which in _NETTED if t in names]
+    out = []
+    for s in profile.samples:
+        start = held.get(_key(profile, s))
+        if start is None:
+            out.append(s)
+            continue
+        values = list(s.values)
+        for i, which in netted:
+            values[i] = max(0, values[i] - start[which])
+        if any(values):
+            out.append(Sample(s.stack, tuple(values), s.labels))
+    return profile.derive(out)
+
+
+# the columns netted against the start: each loses the start's bytes (0) or buffer count (1)
+_NETTED = (("peak_space", 0), ("peak_objects", 1), ("inuse_space", 0), ("inuse_objects", 1))
+
+
+def _key(profile: Profile, sample: Sample) -> tuple[tuple[Frame, ...], Labels]:
+    """A sample's stack as frames (two profiles number their frames apart) and its labels."""
+    return tuple(profile.stack_frames(sample)), tuple(sorted(sample.labels))
 
 
 def take_profile(keep_framework: bool = False, backend: str | None = None) -> Profile:
