@@ -640,6 +640,34 @@ def test_a_real_snapshot_of_weights_loaded_before_recording_says_why_they_have_n
     assert "_record_memory_history" in note
 
 
+def test_a_real_snapshot_with_cuda_graph_pools_and_frees_waiting_for_their_stream() -> None:
+    """verl's mem.pickle (tests/data/README.md): vLLM's KV cache and CUDA graphs' private pools
+    (segment_pool_id (0, 1) and (0, 2) beside (0, 0)), 9 blocks active_pending_free, no trace. In use
+    counts every active block, waiting or not; the rest of what the segments reserve is rounding and
+    cached free blocks, summed here from the raw segments."""
+    from gpuflame.formats import safe_pickle
+
+    data = (DATA / "torch-untraced-snapshot-verl-mem.pickle.gz").read_bytes()
+    snap = safe_pickle.loads(gzip.decompress(data))
+    assert len({tuple(s["segment_pool_id"]) for s in snap["segments"]}) == 3
+    blocks = [b for s in snap["segments"] for b in s["blocks"]]
+    active = [b for b in blocks if b["state"] in ACTIVE]
+    assert any(b["state"] == "active_pending_free" for b in active)
+    profile = torch_snapshot.decode(data)
+    assert profile.history is None and profile.pick_type() == profile.type_index("inuse_space")
+    assert values(profile, "inuse_space") == sum(s["total_size"] for s in snap["segments"])
+    assert values(profile, "inuse_objects") == len(active)
+    i = profile.type_index("inuse_space")
+    by_leaf: Counter = Counter()
+    for sample in profile.samples:
+        by_leaf[profile.frames[sample.stack[0]].name] += sample.values[i]
+    assert by_leaf[CACHED_FREE] == sum(b["size"] for b in blocks if b["state"] == "inactive")
+    assert by_leaf[ALLOCATOR_ROUNDING] == sum(b["size"] - b["requested_size"] for b in active)
+    assert by_leaf["aten::zeros"] == sum(
+        b["requested_size"] for b in active if any("at::_ops::zeros::call(" in f["name"] for f in b["frames"])
+    )
+
+
 def test_a_device_whose_trace_ends_first_still_holds_its_memory_on_the_strip(profiles) -> None:
     """Devices share one clock: cuda:1's last event comes 0.9 ms before cuda:0's, and what it holds then
     stays held (the strip dropped it to 0 and undercounted a real multi-GPU peak by a whole device)."""
