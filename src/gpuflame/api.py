@@ -174,9 +174,16 @@ def _options(**given: object) -> dict[str, object]:
 
 
 def _start(
-    output: str | os.PathLike[str] | None, store: bool | str | os.PathLike[str], options: dict[str, object]
+    output: str | os.PathLike[str] | None,
+    store: bool | str | os.PathLike[str],
+    options: dict[str, object],
+    caller_level: int = 3,
 ) -> tuple[Recording, bool]:
-    """The recording running now, and whether this call started it."""
+    """The recording running now, and whether this call started it.
+
+    *caller_level*: the user's frame for the nesting warning, counted from the ``warn`` here
+    (``start``'s caller is 3; a ``with profile()`` line is 4, contextlib's ``__enter__`` between).
+    """
     global _active
     settings = settings_for(options)
     if output is not None and store is not False:
@@ -189,7 +196,7 @@ def _start(
                 f"gpuflame is already profiling this process into {_active.path}; this start() shares that "
                 f"recording, which goes on, and its stop() writes what it holds then to {nested.path}",
                 RuntimeWarning,
-                stacklevel=3,
+                stacklevel=caller_level,
             )
             return nested, True
         started = time.time()
@@ -373,7 +380,8 @@ def profile(
     holds what that recording held when the block ended.
     """
     store = options.pop("store", False)
-    recording, started = _start(output, store, _options(backend=backend, interval=interval, **options))  # type: ignore[arg-type]
+    options = _options(backend=backend, interval=interval, **options)
+    recording, started = _start(output, store, options, caller_level=4)  # type: ignore[arg-type]
     try:
         yield recording
     finally:

@@ -81,6 +81,19 @@ def test_a_nested_block_writes_its_file_and_does_not_end_the_outer_one(tmp_path:
     assert leaf_bytes(tmp_path / "inner.pb.gz", "Buffers > allocate") == 1000
 
 
+def test_the_nesting_warning_points_at_the_users_line_for_start_and_for_a_with_block(tmp_path: Path) -> None:
+    """A nested ``with gpuflame.profile()`` was blamed on contextlib's ``__enter__`` (contextlib.py:137),
+    a line the reader cannot change; both ways in must name the caller's own file."""
+    with gpuflame.profile(tmp_path / "outer.pb.gz", backend="torch"):
+        with pytest.warns(RuntimeWarning, match="already profiling") as by_block:
+            with gpuflame.profile(tmp_path / "block.pb.gz"):
+                pass
+        with pytest.warns(RuntimeWarning, match="already profiling") as by_start:
+            gpuflame.start(tmp_path / "start.pb.gz")
+        gpuflame.stop()
+    assert [w.filename for w in by_block] == [__file__] and [w.filename for w in by_start] == [__file__]
+
+
 def test_the_outer_recording_stopped_first_says_what_its_nested_one_lost(tmp_path: Path) -> None:
     outer = gpuflame.start(tmp_path / "outer.pb.gz", backend="torch")
     with pytest.warns(RuntimeWarning):
