@@ -160,6 +160,11 @@ def _why_no_rows(args: argparse.Namespace, profile: Profile, type_name: str, key
             f"--at and --between profiles are not split by {args.by} (the event history keeps stacks, not "
             f"{key}); drop --at/--between to see the {key} of the whole recording"
         )
+    if args.by == "phase" and profile.phases:  # marked, but sampled (JAX): no buffer says its phase
+        return (
+            "this profile's samples carry no phase (the jax backend samples live buffers, and JAX does not "
+            "say in which phase a buffer was made); gpuflame report shows each phase's sampled peak"
+        )
     return missing
 
 

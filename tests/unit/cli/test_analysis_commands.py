@@ -431,3 +431,29 @@ def test_the_report_header_names_the_filters_it_shows(capsys, tmp_path) -> None:
     lines = out.splitlines()
     header = " ".join(x.strip() for x in lines[: next(i for i, x in enumerate(lines) if x.startswith("peak_space"))])
     assert header.endswith("p.pb.gz --label device=cpu --hide 'g h' --hide-trampolines --min-size 1024"), header
+
+
+def test_top_by_phase_on_a_jax_profile_with_phases_does_not_ask_to_mark_them(capsys, tmp_path: Path) -> None:
+    """JAX's phases are a table of sampled peaks, its samples carry no phase label: ``top --by phase`` told
+    a user who had marked phases to mark them with gpuflame.phase."""
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    jnp = pytest.importorskip("jax.numpy")
+    import gpuflame
+    from gpuflame.capture.books import phases
+    from gpuflame.capture.recorders.jax_memory import JaxMemoryRecorder
+
+    rec = JaxMemoryRecorder()
+    rec.start()
+    try:
+        with gpuflame.phase("load"):
+            kept = jnp.ones((64, 64), dtype=jnp.float32)
+    finally:
+        rec.stop()
+        phases.switch(0)
+    save(rec.snapshot(), tmp_path / "jax.pb.gz")
+    assert kept.nbytes == 64 * 64 * 4
+    rc, out, err = run(capsys, "top", "--by", "phase", tmp_path / "jax.pb.gz")
+    assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert "carry no phase" in err and "gpuflame report" in err and "mark them" not in err
+    rc, out, _ = run(capsys, "report", tmp_path / "jax.pb.gz", "--json")
+    assert rc == 0 and [r["phase"] for r in json.loads(out)["by_phase"]] == ["load", "<none>"]
