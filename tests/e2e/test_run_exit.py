@@ -459,3 +459,44 @@ def test_a_sigterm_while_the_writer_is_imported_waits_for_it(tmp_path: Path) -> 
     assert run["lost"] == [] and "could not write" not in result.stderr, result.stderr
     assert len(run["processes"]) == 1 and (tmp_path / "term.pb.gz").exists()
     assert "not reached" not in result.stdout
+
+
+ASKS_BY_SIGNAL = """
+import os, signal, sys, torch
+kept = torch.zeros(32 * 256)  # 32 KiB
+
+def answer(signum, _frame):
+    print(f"got {signal.Signals(signum).name}", flush=True)
+    sys.exit(0)
+
+for asked in (signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):  # a server's reload, reopen logs, ...
+    signal.signal(asked, answer)
+print(f"waiting {os.getpid()}", flush=True)
+while True:
+    signal.pause()
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2], ids=lambda s: s.name)
+def test_a_signal_sent_to_the_launcher_reaches_the_program(tmp_path: Path, sig: signal.Signals) -> None:
+    """``kill -HUP``/``-USR1`` to ``gpuflame run`` killed the launcher and left the program running, unmerged."""
+    script = write(tmp_path / "asks.py", ASKS_BY_SIGNAL)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUFLAME_") and k != "PYTHONPATH"}
+    launcher = [sys.executable, "-m", "gpuflame", "run", "--json", "-o", "s.pb.gz", script.name]
+    proc = subprocess.Popen(launcher, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stderr is not None
+    program = int(proc.stdout.readline().split()[1])  # it has its handlers; the launcher forwards since it started it
+    try:
+        proc.send_signal(sig)
+        code = proc.wait(timeout=60)
+    finally:
+        try:
+            os.kill(program, signal.SIGKILL)  # an orphan left by a launcher that died of the signal
+        except ProcessLookupError:
+            pass
+    out, err = proc.stdout.read(), proc.stderr.read()
+    assert code == 0, err
+    assert out.splitlines()[0] == f"got {sig.name}", out
+    run = json.loads(out.strip().splitlines()[-1])
+    assert run["processes"] == [program] and run["lost_processes"] == [], err
+    assert bytes_by_function(load(tmp_path / "s.pb.gz"))["<module>"] == 32 * KIB

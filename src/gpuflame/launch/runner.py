@@ -130,8 +130,14 @@ def _clear_previous_run(folder: Path) -> None:
                 raise GpuflameError(f"{path}: cannot remove the previous run's file ({exc.strerror})") from None
 
 
+# Every signal a user or a supervisor sends to ask something of the program (SIGHUP: reload, SIGUSR1: reopen
+# logs, ...): left at their default, each would kill the launcher instead, orphaning the program unmerged.
+FORWARDED = (signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
+FROM_THE_TERMINAL = (signal.SIGINT, signal.SIGQUIT)  # Ctrl-C, Ctrl-\: the terminal sends them to the whole group
+
+
 def _run_program(command: list[str], env: dict[str, str]) -> tuple[int, int]:
-    """Start the program, pass it our SIGINT/SIGTERM; its status (-N: killed by signal N) and its pid."""
+    """Start the program, pass it the signals we get (FORWARDED); its status (-N: killed by signal N) and its pid."""
     try:
         child = subprocess.Popen(command, env=env)
     except FileNotFoundError:
@@ -140,10 +146,11 @@ def _run_program(command: list[str], env: dict[str, str]) -> tuple[int, int]:
         raise GpuflameError(f"{command[0]}: permission denied") from None
 
     def forward(signum: int, _frame: object) -> None:
-        if child.poll() is None and not (signum == signal.SIGINT and _terminal_sent_it_too(child.pid)):
+        if child.poll() is None and not (signum in FROM_THE_TERMINAL and _terminal_sent_it_too(child.pid)):
             child.send_signal(signum)
 
-    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
+    # one we were started ignoring (nohup, a background job) stays ignored, as the program inherits it
+    previous = {sig: signal.signal(sig, forward) for sig in FORWARDED if signal.getsignal(sig) != signal.SIG_IGN}
     try:
         code = child.wait()
     finally:
@@ -153,7 +160,7 @@ def _run_program(command: list[str], env: dict[str, str]) -> tuple[int, int]:
 
 
 def _terminal_sent_it_too(pid: int) -> bool:
-    """Ctrl-C reaches the whole foreground group, the program included: a second SIGINT would be one too many."""
+    """Ctrl-C (Ctrl-\\) reaches the whole foreground group, the program included: a second one would be too many."""
     try:
         tty = os.open("/dev/tty", os.O_RDONLY | os.O_NOCTTY)
     except OSError:
