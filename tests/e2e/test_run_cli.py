@@ -284,3 +284,24 @@ def test_an_unwritable_output_keeps_the_programs_exit_code(tmp_path: Path) -> No
     assert result.returncode == 6
     assert "the merged profile could not be written" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(("closed", "flags"), [(2, ()), (1, ("--json",))], ids=["stderr", "stdout-json"])
+def test_a_closed_output_stream_keeps_the_programs_exit_code(
+    tmp_path: Path, closed: int, flags: tuple[str, ...]
+) -> None:
+    """``2>&-`` (or ``>&-`` with --json): the end-of-run message had nowhere to go and the launcher exited 1."""
+    script = write(tmp_path / "quiet.py", ALLOCATE, "kept = Holder().make(8)\nsys.exit(4)\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUFLAME_") and k != "PYTHONPATH"}
+    launcher = [sys.executable, "-m", "gpuflame", "run", *flags, "-o", "q.pb.gz", script.name]
+    streams = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+    streams["stderr" if closed == 2 else "stdout"] = None  # inherited, then closed in the child below
+    bare = subprocess.run(
+        [sys.executable, script.name], cwd=tmp_path, env=env, timeout=60, **streams, preexec_fn=lambda: os.close(closed)
+    )
+    result = subprocess.run(
+        launcher, cwd=tmp_path, env=env, timeout=180, **streams, preexec_fn=lambda: os.close(closed)
+    )
+    assert bare.returncode == 4
+    assert result.returncode == 4
+    assert bytes_by_function(load(tmp_path / "q.pb.gz"))["Holder > make"] == 8 * KIB
