@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -215,19 +216,19 @@ def test_sigkill_keeps_the_last_interval_snapshot_and_says_so(tmp_path: Path) ->
     """,
     )
     result = gpuflame_run("--json", "--interval", "100ms", "-o", "k.pb.gz", script.name, "wait", cwd=tmp_path)
-    assert result.returncode == 128 + signal.SIGKILL
+    assert result.returncode == -signal.SIGKILL
     (partial,) = summary(result)["partial_processes"]
     assert "the final profile was never written (it was killed by SIGKILL)" in partial["why"]
     assert bytes_by_function(load(tmp_path / "k.pb.gz"))["Holder > make"] == 40 * KIB
     without = gpuflame_run("-o", "n.pb.gz", script.name, cwd=tmp_path)
-    assert without.returncode == 128 + signal.SIGKILL
+    assert without.returncode == -signal.SIGKILL
     assert "nothing could be written: it was killed by SIGKILL before its exit hooks ran" in without.stderr
     assert "no profile was written: see what was lost above" in without.stderr
     assert not (tmp_path / "n.pb.gz.processes").exists()  # no empty folder left behind
 
 
 @pytest.mark.slow
-def test_ctrl_c_exits_130_as_plain_python_does_and_keeps_the_profile(tmp_path: Path) -> None:
+def test_ctrl_c_ends_the_run_by_sigint_as_plain_python_does_and_keeps_the_profile(tmp_path: Path) -> None:
     script = write(
         tmp_path / "waiting.py",
         ALLOCATE,
@@ -250,8 +251,8 @@ def test_ctrl_c_exits_130_as_plain_python_does_and_keeps_the_profile(tmp_path: P
         time.sleep(0.2)
         proc.send_signal(signal.SIGINT)
         code = proc.wait(timeout=60)
-        codes[how] = 128 - code if code < 0 else code
-    assert codes == {"python": 130, "gpuflame": 130}
+        codes[how] = code
+    assert codes == {"python": -signal.SIGINT, "gpuflame": -signal.SIGINT}  # died of SIGINT: a shell script stops
     assert bytes_by_function(load(tmp_path / "c.pb.gz"))["Holder > make"] == 12 * KIB
 
 
@@ -347,7 +348,7 @@ def test_ctrl_c_at_a_terminal_interrupts_the_program_once(tmp_path: Path) -> Non
         seen += chunk
     _, status = os.waitpid(pid, 0)
     text = seen.decode(errors="replace")
-    assert os.waitstatus_to_exitcode(status) == 130, text
+    assert os.waitstatus_to_exitcode(status) == -signal.SIGINT, text
     assert "interrupted once" in text and text.count("KeyboardInterrupt") == 1, text
     assert bytes_by_function(load(tmp_path / "t.pb.gz"))["Holder > make"] == 12 * KIB
 
@@ -392,7 +393,7 @@ def test_a_sigterm_taken_by_another_thread_still_ends_the_program_with_its_profi
     bare = subprocess.run([sys.executable, str(script)], capture_output=True, timeout=60)
     assert bare.returncode == -signal.SIGTERM  # what the program does alone
     result = gpuflame_run("--json", "-o", "t.pb.gz", script.name, cwd=tmp_path, timeout=60)
-    assert result.returncode == 128 + signal.SIGTERM, result.stderr
+    assert result.returncode == -signal.SIGTERM, result.stderr
     assert json.loads(result.stdout.strip().splitlines()[-1])["lost_processes"] == []
     inuse = bytes_by_function(load(tmp_path / "t.pb.gz"))
     assert inuse["<module>"] == 64 * KIB
@@ -454,7 +455,7 @@ def test_a_sigterm_while_the_writer_is_imported_waits_for_it(tmp_path: Path) -> 
     """The handler used to run inside that import and find the writer half imported: the profile was lost."""
     script = write(tmp_path / "term.py", TERM_DURING_WRITER_IMPORT)
     result = gpuflame_run("--json", "-o", "term.pb.gz", script.name, cwd=tmp_path)
-    assert result.returncode == 128 + signal.SIGTERM, result.stderr  # the program's own death
+    assert result.returncode == -signal.SIGTERM, result.stderr  # the program's own death
     run = summary(result)
     assert run["lost"] == [] and "could not write" not in result.stderr, result.stderr
     assert len(run["processes"]) == 1 and (tmp_path / "term.pb.gz").exists()
@@ -500,3 +501,50 @@ def test_a_signal_sent_to_the_launcher_reaches_the_program(tmp_path: Path, sig: 
     run = json.loads(out.strip().splitlines()[-1])
     assert run["processes"] == [program] and run["lost_processes"] == [], err
     assert bytes_by_function(load(tmp_path / "s.pb.gz"))["<module>"] == 32 * KIB
+
+
+DIES_OF = """
+import os, signal, sys
+kept = Holder().make(24)
+print("made", flush=True)
+sig = getattr(signal, sys.argv[1])
+if sig == signal.SIGABRT:
+    os.abort()
+os.kill(os.getpid(), sig)
+"""
+
+
+@pytest.mark.parametrize("name", ["SIGTERM", "SIGABRT", "SIGUSR1"])
+def test_a_program_killed_by_a_signal_ends_the_run_by_the_same_signal(tmp_path: Path, name: str) -> None:
+    """A parent's wait() (and bash, at a Ctrl-C) tells a death by signal from an exit with 128+N: the run dies alike."""
+    script = write(tmp_path / "dies.py", ALLOCATE, DIES_OF)
+    (tmp_path / "bare").mkdir()
+    bare = subprocess.run([sys.executable, str(script), name], cwd=tmp_path / "bare", capture_output=True, timeout=60)
+    result = gpuflame_run("-o", "d.pb.gz", script.name, name, cwd=tmp_path)
+    assert bare.returncode == result.returncode == -getattr(signal, name), result.stderr
+    assert result.stdout == "made\n"
+    assert not list(tmp_path.glob("core*")), "the launcher's own death must not leave a core file"
+    if name == "SIGTERM":  # gpuflame writes the profile, then the signal acts
+        assert bytes_by_function(load(tmp_path / "d.pb.gz"), "alloc_space")["Holder > make"] == 24 * KIB
+    else:  # no exit hook runs: the loss is said before the launcher dies
+        assert f"it was killed by {name} before its exit hooks ran" in result.stderr, result.stderr
+
+
+def test_as_pid_1_where_it_cannot_die_by_the_signal_the_run_exits_128_plus_n(tmp_path: Path) -> None:
+    """PID 1 of a container ignores a signal it sends itself: the launcher then exits as a shell would say it."""
+    unshare = shutil.which("unshare")
+    if unshare is None or subprocess.run([unshare, "-pf", "true"], capture_output=True).returncode != 0:
+        pytest.skip("no new PID namespace here (needs unshare and the right to make one)")
+    script = write(tmp_path / "dies.py", ALLOCATE, DIES_OF)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUFLAME_") and k != "PYTHONPATH"}
+    env["GPUFLAME_STORE"] = str(tmp_path / "store")
+    result = subprocess.run(
+        [unshare, "-pf", sys.executable, "-m", "gpuflame", "run", "-o", "d.pb.gz", script.name, "SIGTERM"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 128 + signal.SIGTERM, result.stderr
+    assert bytes_by_function(load(tmp_path / "d.pb.gz"), "alloc_space")["Holder > make"] == 24 * KIB

@@ -27,31 +27,34 @@ def write_meta(meta: RunMeta, run_dir: Path) -> None:
 def say_where(output: Path, meta: RunMeta, idle: dict[int, str], peak_note: str, as_json: bool = False) -> None:
     """Every loss on stderr, then the profile's place and size and the next command (or one JSON line on stdout)."""
     for message in meta.lost:
-        _say(sys.stderr, f"gpuflame: lost: {printable(message)}\n")  # written by the program's process: untrusted
+        say(sys.stderr, f"gpuflame: lost: {printable(message)}\n")  # written by the program's process: untrusted
     for partial in meta.partial_processes:
-        _say(sys.stderr, f"gpuflame: {printable(str(partial['why']))}\n")
+        say(sys.stderr, f"gpuflame: {printable(str(partial['why']))}\n")
     if as_json:
         summary = {**asdict(meta), "profile": str(output.resolve()) if meta.processes else None}
-        _say(sys.stdout, json.dumps(summary) + "\n")
+        say(sys.stdout, json.dumps(summary) + "\n")
         return
     if not meta.processes:
         why = "see what was lost above" if meta.lost else _why_nothing(meta.backend, idle)
-        _say(sys.stderr, f"gpuflame: no profile was written: {why}\n")
+        say(sys.stderr, f"gpuflame: no profile was written: {why}\n")
         return
     if not any(meta.totals.values()):
         why = "see what was lost above" if meta.lost else "nothing was allocated while recording"
-        _say(sys.stderr, f"gpuflame: the profile is empty ({why}): {output}\n")
+        say(sys.stderr, f"gpuflame: the profile is empty ({why}): {output}\n")
         return
     shown = next((t for t in ("peak_space", "inuse_space", "alloc_space") if t in meta.totals), None)
     size = f", {shown.split('_')[0]} {format_bytes(meta.totals[shown])}" if shown else ""
-    _say(sys.stderr, f"gpuflame: profile of {_processes_phrase(meta)}{size}: {printable(str(output))}\n")
+    say(sys.stderr, f"gpuflame: profile of {_processes_phrase(meta)}{size}: {printable(str(output))}\n")
     if peak_note:  # the peak is not one moment that happened (JAX samples, a bound): say what it is
-        _say(sys.stderr, f"gpuflame: {peak_note}\n")
-    _say(sys.stderr, f"gpuflame: next: gpuflame report {shlex.quote(str(output))}\n")
+        say(sys.stderr, f"gpuflame: {peak_note}\n")
+    say(sys.stderr, f"gpuflame: next: gpuflame report {shlex.quote(str(output))}\n")
 
 
-def _say(stream: TextIO | None, text: str) -> None:
-    """Write *text* if the stream takes it: a closed one (``2>&-``, ``>&-``) must not cost the program's exit code."""
+def say(stream: TextIO | None, text: str) -> None:
+    """Write *text* if the stream takes it: a closed one (``2>&-``, ``>&-``) must not cost the program's exit code.
+
+    Every line the launcher writes while the program runs or after it ends goes through here.
+    """
     if stream is None:  # Python's stand-in for a descriptor closed at start
         return
     try:

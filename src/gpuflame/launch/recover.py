@@ -22,7 +22,7 @@ from gpuflame.errors import GpuflameError
 from gpuflame.files import check_output
 from gpuflame.launch import roll_call
 from gpuflame.launch.collect import RunEnd, collect, idle_notes, tidy
-from gpuflame.launch.outcome import say_where, write_meta
+from gpuflame.launch.outcome import say, say_where, write_meta
 from gpuflame.launch.store import PROCESSES_DIR, PROCESSES_SUFFIX, PROFILE_NAME, RunMeta, processes_folder
 from gpuflame.model import Profile
 from gpuflame.model.peak import run_note
@@ -73,10 +73,11 @@ def recover(given: Path, output: Path | None = None, force: bool = False, as_jso
         meta.profile = None
     idle = idle_notes(run.folder)
     if running:
-        sys.stderr.write(
+        say(
+            sys.stderr,
             f"gpuflame: {len(running)} process(es) of the run still run (pid "
             f"{', '.join(map(str, running))}): their profiles are not final; recover again once "
-            "they have ended\n"
+            "they have ended\n",
         )
     else:
         tidy(run.folder)

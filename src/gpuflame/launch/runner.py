@@ -2,12 +2,15 @@
 
 ``gpuflame run`` parses its arguments into a :class:`Launch` and
 :class:`~gpuflame.boundary.settings.Settings` and calls :func:`launch`; the
-program's exit code is the run's, whatever happens to the profile.
+program's exit code is the run's, whatever happens to the profile, and a
+program killed by a signal ends the launcher by the same signal once the
+profile is merged.
 """
 
 from __future__ import annotations
 
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -21,7 +24,7 @@ from gpuflame.errors import GpuflameError
 from gpuflame.files import check_folder, check_output
 from gpuflame.launch import roll_call
 from gpuflame.launch.collect import RunEnd, collect, idle_notes, remove_if_empty, tidy
-from gpuflame.launch.outcome import say_where, write_meta
+from gpuflame.launch.outcome import say, say_where, write_meta
 from gpuflame.launch.store import PROCESSES_DIR, PROFILE_NAME, RunMeta, new_run_folder, processes_folder, store_root
 from gpuflame.model import Profile
 from gpuflame.model.peak import run_note
@@ -88,6 +91,8 @@ def launch(request: Launch, settings: Settings) -> int:
     if run_dir is not None:
         write_meta(meta, run_dir)
     say_where(output, meta, idle, run_note(merged.peaks) if merged is not None else "", as_json=request.as_json)
+    if status < 0:
+        _end_by(-status)
     return exit_code
 
 
@@ -113,9 +118,10 @@ def _wait_for_stragglers(watch: roll_call.EndWatch) -> None:
     """Processes that outlive the program (a forkserver, orphans) may still be writing: give them time, and say so."""
     waiting = watch.settle(1.0)
     if waiting:
-        sys.stderr.write(
+        say(
+            sys.stderr,
             f"gpuflame: waiting up to {SETTLE_S:.0f} s for {waiting} process"
-            f"{'es' if waiting > 1 else ''} that outlive the program to write their profile\n"
+            f"{'es' if waiting > 1 else ''} that outlive the program to write their profile\n",
         )
         watch.settle(SETTLE_S)
 
@@ -157,6 +163,35 @@ def _run_program(command: list[str], env: dict[str, str]) -> tuple[int, int]:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     return code, child.pid
+
+
+def _end_by(signum: int) -> None:
+    """End this process by the signal that ended the program, so whoever waits for us sees its death.
+
+    An exit status of 128+N is not the same: bash goes on with a script after
+    a Ctrl-C unless the command died of SIGINT, and a parent's ``wait()`` (a
+    job runner, ``subprocess``) tells a death by signal from an exit. A core
+    dump would be the launcher's, not the program's: none is written. Returns
+    where the signal cannot end us (PID 1 of a container ignores it): the
+    caller then exits with 128+N, as a shell gives it.
+    """
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            if stream is not None:
+                stream.flush()
+        except (OSError, ValueError):
+            pass
+    try:
+        resource.setrlimit(resource.RLIMIT_CORE, (0, resource.getrlimit(resource.RLIMIT_CORE)[1]))
+    except (OSError, ValueError):
+        pass
+    try:
+        if signum not in (signal.SIGKILL, signal.SIGSTOP):
+            signal.signal(signum, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signum})
+        signal.raise_signal(signum)
+    except (OSError, ValueError):
+        pass
 
 
 def _terminal_sent_it_too(pid: int) -> bool:
