@@ -197,6 +197,15 @@ def test_bad_invocations_get_one_line_and_exit_2(tmp_path: Path, args: tuple[str
     assert len(lines) == 1 and message in lines[0], result.stderr
 
 
+def test_a_script_after_the_double_dash_is_told_how_to_run_it(tmp_path: Path) -> None:
+    """``gpuflame run -- train.py``: the file is here but is not a command; say so, not "command not found"."""
+    (tmp_path / "train.py").write_text("print('never run')\n")
+    result = gpuflame_run("--", "train.py", "--epochs", "1", cwd=tmp_path)
+    assert result.returncode == 2 and result.stdout == ""
+    (line,) = result.stderr.strip().splitlines()
+    assert "train.py: not a command (after --, write: gpuflame run -- python train.py; or leave out --)" in line
+
+
 def test_a_command_on_path_runs_without_the_double_dash(tmp_path: Path) -> None:
     """``gpuflame run python script.py``: what users type first; a command on PATH, not a file here, is run."""
     write(tmp_path / "alloc.py", ALLOCATE, "keep = Holder().make(16)\n")

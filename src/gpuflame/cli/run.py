@@ -121,6 +121,7 @@ def command_line(args: argparse.Namespace) -> list[str]:
     if rest and rest[0] == "--":
         if len(rest) == 1:
             raise GpuflameError("nothing to run after --")
+        _check_command(rest[1])
         return rest[1:]
     if not rest:
         raise GpuflameError("nothing to run: give a script, -m MODULE, or -- COMMAND")
@@ -130,6 +131,13 @@ def command_line(args: argparse.Namespace) -> list[str]:
     if not script.endswith(".py") and shutil.which(script):  # `gpuflame run python train.py`, `... torchrun ...`
         return rest
     raise GpuflameError(f"{script}: no such script (to run a command, write: gpuflame run -- {script} ...)")
+
+
+def _check_command(word: str) -> None:
+    """A script named after ``--`` is not a command: say how to run it instead of "command not found"."""
+    if os.sep not in word and os.path.isfile(word) and shutil.which(word) is None:
+        how = f"python {word}" if word.endswith(".py") else f"./{word}"
+        raise GpuflameError(f"{word}: not a command (after --, write: gpuflame run -- {how}; or leave out --)")
 
 
 def run(args: argparse.Namespace) -> int:
