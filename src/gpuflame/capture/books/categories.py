@@ -225,10 +225,13 @@ def _cache_types() -> tuple[type, ...]:
 # splitting a recorder's rows by category
 # -----------------------------------------------------------------------------
 
-JOINT_NOTE = (
-    "categories at the run's joint peak come from the allocating stacks in this process "
-    "(the object graph was read at its own peak, a different moment)"
-)
+
+def joint_note(pid: str) -> str:
+    """The comment of a process whose categories at the run's joint peak are its stacks' (a merged report names it)."""
+    return (
+        f"pid {pid}: categories at the run's joint peak come from the allocating stacks "
+        "(the object graph was read at this process's own peak, a different moment)"
+    )
 
 
 class Block:

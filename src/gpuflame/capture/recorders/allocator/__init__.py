@@ -167,7 +167,7 @@ class TorchAllocatorRecorder(Recorder):
         out.default_type = profile.default_type
         out.comments = self._comments(totals)
         if joint and not totals.get("joint_is_peak"):
-            out.comments.append(categories.JOINT_NOTE)
+            out.comments.append(categories.joint_note(labels["pid"]))
         out.peaks = [self._peak_unit(totals)]
         window = (self.started_ns, self.stopped_ns or time.time_ns())
         out.phases = phase_table.stats(phase_rows, "cpu", labels["pid"], window, self._leaf_name)
