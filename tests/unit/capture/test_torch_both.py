@@ -101,6 +101,26 @@ def test_tensor_literals_count_and_numpy_memory_does_not(make_recorder: Callable
     assert by_line(profile, la, ALLOC) == 0
 
 
+def test_shared_memory_is_a_blind_spot_measured(make_recorder: Callable[[], Recorder]) -> None:
+    """CPU shared memory (a DataLoader worker collates its batches there) comes from no allocator either sees.
+
+    The allocator hook sees the tensor's first storage freed when it moves there;
+    the dispatch mode keeps the tensor it made at its size. Made there directly,
+    neither sees it (docs/backends.md, blind spots).
+    """
+
+    def work() -> Any:
+        moved, lm = torch.empty(1000).share_memory_(), here()
+        made, lmade = torch.UntypedStorage._new_shared(8000), here()
+        return (moved, made), (lm, lmade)
+
+    profile, ((moved, made), (lm, lmade)), rec = record(make_recorder, work)
+    assert moved.is_shared() and made.is_shared() and rec.errors == []
+    assert by_line(profile, lm, ALLOC) == 4000
+    assert by_line(profile, lm, INUSE) == (0 if isinstance(rec, TorchAllocatorRecorder) else 4000)
+    assert by_line(profile, lmade, ALLOC) == by_line(profile, lmade, INUSE) == 0
+
+
 def test_peak_is_what_was_live_at_the_highest_total(make_recorder: Callable[[], Recorder]) -> None:
     def work() -> Any:
         a, la = torch.empty(250_000), here()  # 1 MB
