@@ -62,6 +62,38 @@ def test_arrays_made_in_a_method_land_on_class_and_method() -> None:
     assert any("alloc" in c for c in profile.comments)
 
 
+class Jitted:
+    def first_and_second_calls(self) -> tuple[Any, Any]:
+        step = jax.jit(lambda w: jnp.tanh(w * 2.0))
+        w = jnp.ones((64, 64))  # 16 KiB
+        return step(w), step(w)  # the first call dispatches in Python (jit's cache miss), the second in C++
+
+    def scanned(self) -> Any:
+        return jax.lax.scan(lambda c, _: (c + 1.0, c * 2.0), jnp.ones((32, 32)), None, length=4)
+
+
+def test_a_jitted_call_is_the_users_line_and_an_api_is_named_by_itself_not_by_its_wrapper() -> None:
+    """JAX wraps each public function in ``api_boundary``: ``lax.scan`` was named by that wrapper's frame."""
+    first, second = Jitted().first_and_second_calls()
+    carry, ys = Jitted().scanned()
+    profile = take_profile()
+    names = {f.name for s in profile.samples for f in profile.stack_frames(s)}
+    assert not any("reraise_with_filtered_traceback" in n or "cache_miss" in n for n in names), names
+
+    def leaf_bytes(caller: str) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for s in profile.samples:
+            frames = profile.stack_frames(s)
+            if any(f.name == caller for f in frames):
+                out[frames[0].name] = out.get(frames[0].name, 0) + s.values[INUSE]
+        return out
+
+    # both calls of the jitted function: its result is the caller's own, the cached call's as the first's
+    assert first.nbytes + second.nbytes == 2 * 64 * 64 * 4
+    assert leaf_bytes("Jitted > first_and_second_calls") == {"Jitted > first_and_second_calls": 2 * 64 * 64 * 4}
+    assert leaf_bytes("Jitted > scanned") == {"scan": carry.nbytes + ys.nbytes}
+
+
 def test_framework_frames_are_pruned_unless_kept() -> None:
     x = Model().make(64)
     pruned = take_profile()

@@ -15,7 +15,9 @@ JAX names frames by function name only (``make``); the class comes from the
 source file and line (:mod:`gpuflame.symbols.qualnames`), giving ``Model >
 make``. Frames inside JAX itself (``jax/``, ``jaxlib/``) are pruned by
 default: only the JAX function the user called stays at the leaf
-(``Model > make`` -> ``ones``); ``keep_framework=True`` keeps them all.
+(``Model > make`` -> ``ones``; ``scan``, not the ``api_boundary`` wrapper
+around it; a jitted function's call is the caller's own line, as JAX's
+cached calls leave no JAX frame); ``keep_framework=True`` keeps them all.
 
 The profile covers every live buffer of the process, including arrays made
 before ``start()``: JAX does not say when a buffer was made. A ``%%gpuflame``
@@ -45,7 +47,7 @@ from gpuflame.capture.books import phases
 from gpuflame.model.peak import SAMPLED, PeakUnit
 from gpuflame.model.phases import PhaseStat, ordered
 from gpuflame.model.profile import PYTHON, Frame, Labels, Profile, Sample
-from gpuflame.model.prune import prune_framework
+from gpuflame.model.prune import framework_regex, is_framework, prune_framework
 from gpuflame.model.timeline import MAX_POINTS, Point, Timeline, downsample
 from gpuflame.symbols.names import display_name
 from gpuflame.symbols.qualnames import Resolver
@@ -223,7 +225,7 @@ class JaxMemoryRecorder(Recorder):
         raw = pprof.decode(data)
         space, count = _columns(raw)
         if not self.keep_framework:
-            raw = prune_framework(raw, JAX_PACKAGES)
+            raw = prune_framework(_calls_as_written(raw), JAX_PACKAGES)
         names = [self._rename(f) for f in raw.frames]
         pid = str(os.getpid())
         rows: Rows = {}
@@ -261,6 +263,33 @@ class JaxMemoryRecorder(Recorder):
             "inuse: the latest sample",
             "no alloc_* types: JAX reports live buffers only, so allocations since start cannot be counted",
         ]
+
+
+def _calls_as_written(raw: Profile) -> Profile:
+    """Stacks as the user's code called JAX: its error-filtering wrapper left out, a jitted call the user's line.
+
+    Every public JAX function is wrapped by ``api_boundary``, whose frame
+    (``reraise_with_filtered_traceback``) would otherwise name the API at the
+    leaf (``lax.scan`` shown as that wrapper). A jitted function's first call
+    runs jit's Python dispatch (``pjit.py``); later calls take its C++ path
+    with no JAX frame at all: both are the user's line, as the cached call is.
+    """
+    regex = framework_regex(JAX_PACKAGES)
+    wrapper = [f.file.replace("\\", "/").endswith(_WRAPPER_FILE) for f in raw.frames]
+    jit = [f.file.replace("\\", "/").endswith(_JIT_FILE) for f in raw.frames]
+    fw = [is_framework(f, regex) for f in raw.frames]
+    out = []
+    for s in raw.samples:
+        stack = [i for i in s.stack if not wrapper[i]]
+        user = next((k for k, i in enumerate(stack) if not fw[i]), 0)
+        if user and jit[stack[user - 1]]:
+            stack = stack[user:]
+        out.append(Sample(tuple(stack), s.values, s.labels))
+    return raw.derive(out)
+
+
+_WRAPPER_FILE = "jax/_src/traceback_util.py"  # api_boundary's reraise_with_filtered_traceback
+_JIT_FILE = "jax/_src/pjit.py"  # a jitted call's Python dispatch (cache_miss), taken on its first call
 
 
 def _columns(raw: Profile) -> tuple[int, int]:
