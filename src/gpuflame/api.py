@@ -193,8 +193,9 @@ def _start(
             nested = Recording(_active._session, None, time.time(), nested_into=_output_path(output))
             _nested.append(nested)
             warnings.warn(
-                f"gpuflame is already profiling this process into {_active.path}; this start() shares that "
-                f"recording, which goes on, and its stop() writes what it holds then to {nested.path}",
+                f"gpuflame is already profiling this process into {_active.path}; this "
+                f"{'start()' if caller_level == 3 else 'profile() block'} shares that recording, which goes on, "
+                f"and its {'stop()' if caller_level == 3 else 'end'} writes what it holds then to {nested.path}",
                 RuntimeWarning,
                 stacklevel=caller_level,
             )

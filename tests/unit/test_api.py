@@ -92,6 +92,10 @@ def test_the_nesting_warning_points_at_the_users_line_for_start_and_for_a_with_b
             gpuflame.start(tmp_path / "start.pb.gz")
         gpuflame.stop()
     assert [w.filename for w in by_block] == [__file__] and [w.filename for w in by_start] == [__file__]
+    assert "this profile() block shares that recording" in str(by_block[0].message)
+    assert "its end writes" in str(by_block[0].message)
+    assert "this start() shares that recording" in str(by_start[0].message)
+    assert "its stop() writes" in str(by_start[0].message)
 
 
 def test_the_outer_recording_stopped_first_says_what_its_nested_one_lost(tmp_path: Path) -> None:
