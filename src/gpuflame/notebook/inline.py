@@ -17,6 +17,7 @@ import html
 
 from gpuflame.analysis.summary import Summary
 from gpuflame.analysis.tree import build_tree
+from gpuflame.boundary.backends import JAX
 from gpuflame.model.profile import Profile
 from gpuflame.render.html import render_html
 from gpuflame.units import format_count
@@ -53,7 +54,10 @@ def inline_html(profile: Profile, title: str, type_index: int, caption: str) -> 
 def summary_line(summary: Summary, backends: list[str]) -> str:
     """``gpuflame: peak 8.00 MiB, in use at the end 4.00 MiB, top: LlamaMLP > forward (6.00 MiB self at peak)``."""
     parts = []
-    for name, label in (("peak_space", "peak"), ("inuse_space", "in use at the end"), ("alloc_space", "allocated")):
+    # JAX reports live buffers only: beside another backend, the allocated total is the others' alone
+    others = [b for b in backends if b != JAX]
+    allocated = f"allocated ({', '.join(others)} only)" if others and len(others) < len(backends) else "allocated"
+    for name, label in (("peak_space", "peak"), ("inuse_space", "in use at the end"), ("alloc_space", allocated)):
         value = summary.total(name)
         if value is not None:
             parts.append(f"{label} {format_count(value, 'bytes')}")

@@ -200,3 +200,14 @@ def test_a_users_own_stop_inside_the_cell_ends_only_the_users_recording(notebook
     [data] = displays(cell)
     assert "peak 4.00 MiB" in data["text/plain"], data["text/plain"]  # the cell's own answer, not "no allocation"
     assert gpuflame.load(folder / "mine.pb.gz").totals()["peak_space"] == 4 * MiB
+
+
+def test_the_summary_says_whose_allocated_total_it_is_beside_jax() -> None:
+    """JAX reports live buffers only: with torch and JAX in one cell, "allocated" is torch's alone."""
+    from gpuflame.analysis.summary import summarize
+    from gpuflame.notebook.inline import summary_line
+    from tests.helpers.profiles import small_profile
+
+    summary = summarize(small_profile("grow", 4 * MiB))
+    assert "allocated (torch only) 4.00 MiB" in summary_line(summary, ["torch", "jax"])
+    assert "allocated 4.00 MiB" in summary_line(summary, ["torch"])
