@@ -189,6 +189,37 @@ def test_phase_without_a_recording_does_nothing() -> None:
     assert told == []
 
 
+@pytest.mark.parametrize("recorder", RECORDERS)
+def test_a_mark_inside_torch_compile_leaves_the_graph_whole(recorder: str) -> None:
+    """A mark in code torch.compile traces does nothing: fullgraph compiles, the call runs in the phase around it.
+
+    Before, the mark's lock broke the graph: fullgraph=True raised, and without it the code ran uncompiled.
+    """
+
+    def step(x: Any) -> Any:
+        with gpuflame.phase("inside_compiled"):
+            y = x * 2
+        return y + 1
+
+    compiled = torch.compile(step, backend="eager", fullgraph=True)
+    x = torch.ones(1000, dtype=torch.uint8)
+
+    def run() -> Any:
+        with gpuflame.phase("outer"):
+            out = compiled(x)
+            assert phases.name_of(phases.current()) == "outer"
+        return out
+
+    profile, out = record(RECORDERS[recorder], run)
+    assert int(out[0]) == 3
+    assert "inside_compiled" not in table(profile)
+    assert by_phase(profile, INUSE) == {"outer": nbytes(out)}
+    with gpuflame.phase("outer"):  # called eagerly, the same code marks its phase
+        step(x)
+        assert phases.name_of(phases.current()) == "outer"
+    phases.switch(0)
+
+
 @pytest.mark.parametrize("bad", ["", " ", "x" * 65, " train", "a\nb", 3, None])
 def test_bad_phase_names_are_one_clear_error(bad: Any) -> None:
     before = phases.current()

@@ -10,10 +10,16 @@ timestamp to replay its trace against.
 Without a recording, a change only moves the current id (so a recording
 started later inside ``with gpuflame.phase("train")`` knows it is in
 ``train``): nothing is kept, nobody is told, nothing can fail.
+
+While ``torch.compile`` traces the caller a mark does nothing: the compiled
+graph runs as one call in the phase around it, and the mark's lock and
+listeners would break the graph (the code then runs uncompiled) or fail it
+under ``fullgraph=True``.
 """
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -57,6 +63,12 @@ def current() -> int:
     return _current
 
 
+def _traced() -> bool:
+    """True while torch.compile traces the caller (it reads ``is_compiling()`` as True there, False at run time)."""
+    compiler = sys.modules.get("torch.compiler")
+    return compiler is not None and bool(compiler.is_compiling())
+
+
 def switch(phase_id: int) -> int:
     """Make *phase_id* the running phase; the one before. Listeners are told only of a change."""
     global _current
@@ -95,14 +107,16 @@ class phase:  # noqa: N801 - used as a function: gpuflame.phase("train")
     ``phase`` (the phase its memory was allocated in), and ``gpuflame
     report`` shows each phase's own peak. A phase is the whole process's
     (every thread's), as a program's phases are. Without a recording it
-    does nothing; a bad name (empty, over 64 characters) raises ValueError.
+    does nothing, and inside code torch.compile traces it does nothing
+    either (the compiled call runs in the phase around it); a bad name
+    (empty, over 64 characters) raises ValueError.
     """
 
     __slots__ = ("name", "_previous")
 
     def __init__(self, name: str) -> None:
         self.name = check_name(name)
-        self._previous = switch(intern(name))
+        self._previous = None if _traced() else switch(intern(name))
 
     def __enter__(self) -> phase:
         return self
@@ -110,7 +124,8 @@ class phase:  # noqa: N801 - used as a function: gpuflame.phase("train")
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        switch(self._previous)
+        if self._previous is not None:
+            switch(self._previous)
 
     def __repr__(self) -> str:
         return f"gpuflame.phase({self.name!r})"
