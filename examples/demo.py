@@ -63,7 +63,7 @@ class ModelRunner:
         return self.model.generate(
             prompts,
             attention_mask=torch.ones_like(prompts),
-            cache=self.kv_cache,
+            **{cache_argument(self.model): self.kv_cache},
             max_new_tokens=new_tokens,
             do_sample=False,
             pad_token_id=0,
@@ -84,6 +84,13 @@ def main() -> None:
         prompts = torch.randint(1, 4096, (args.batch, args.prompt_len), generator=generator).to(device)
         out = runner.generate(prompts, args.new_tokens)
     print(f"demo: generated {out.shape[0]} x {out.shape[1] - args.prompt_len} tokens on {device}")
+
+
+def cache_argument(model: torch.nn.Module) -> str:
+    """What generate() calls the cache: `cache` in newer transformers, `past_key_values` in older (Python 3.10's)."""
+    import inspect  # here, so the lines the README and docs/images quote stay put
+
+    return "cache" if "cache" in inspect.signature(type(model).forward).parameters else "past_key_values"
 
 
 if __name__ == "__main__":
