@@ -121,6 +121,27 @@ def test_shared_memory_is_a_blind_spot_measured(make_recorder: Callable[[], Reco
     assert by_line(profile, lmade, ALLOC) == by_line(profile, lmade, INUSE) == 0
 
 
+def test_storage_resize_is_a_blind_spot_of_dispatch_measured(make_recorder: Callable[[], Recorder]) -> None:
+    """``untyped_storage().resize_(n)`` (FSDP frees and re-gathers flat parameters so) calls no aten op.
+
+    The allocator hook sees the new block; the dispatch mode keeps the storage
+    at the size it was made with (docs/backends.md, blind spots).
+    """
+
+    def work() -> Any:
+        t, lt = torch.zeros(10), here()
+        t.untyped_storage().resize_(4000)
+        lr = here() - 1
+        return t, (lt, lr)
+
+    profile, (t, (lt, lr)), rec = record(make_recorder, work)
+    assert t.untyped_storage().nbytes() == 4000 and rec.errors == []
+    if isinstance(rec, TorchAllocatorRecorder):
+        assert (by_line(profile, lt, INUSE), by_line(profile, lr, INUSE)) == (0, 4000)
+    else:
+        assert (by_line(profile, lt, INUSE), by_line(profile, lr, INUSE)) == (40, 0)
+
+
 def test_peak_is_what_was_live_at_the_highest_total(make_recorder: Callable[[], Recorder]) -> None:
     def work() -> Any:
         a, la = torch.empty(250_000), here()  # 1 MB

@@ -38,7 +38,9 @@ one operation (workspaces, intermediate temporaries of fused or composite
 C++ kernels) is invisible, so the true peak can be a little higher; storages
 made without a dispatcher call (``torch.UntypedStorage(n)``, tensors
 unpickled by ``torch.load`` into fresh storages, memory of C++ extensions
-that bypass the dispatcher) are not seen; wrapper tensor subclasses are
+that bypass the dispatcher) are not seen, nor is a storage resized
+directly (``untyped_storage().resize_(n)``, FSDP's flat parameters: it keeps
+the size it was made with); wrapper tensor subclasses are
 seen only as their outputs; ``torch.compile`` still compiles and runs
 compiled code as usual, but what Inductor's generated code allocates (it
 calls the allocator directly) is not seen; the caching allocator's
