@@ -567,6 +567,34 @@ def test_torch_compile_still_compiles_while_recording() -> None:
     assert column(profile, INUSE) == got.untyped_storage().nbytes()
 
 
+COMPILE_NOTE = r"""
+import sys, torch
+from gpuflame.capture.recorders.dispatch import TorchTensorRecorder
+
+def noted(fn):
+    rec = TorchTensorRecorder()
+    rec.start()
+    keep = fn()
+    rec.stop()
+    return any("torch.compile compiled code" in c for c in rec.snapshot().comments)
+
+eager = noted(lambda: torch.ones(8) * 2)
+compiled = noted(lambda: torch.compile(lambda a: (a * 4).sin(), backend="eager")(torch.ones(8)))
+print(eager, compiled)
+"""
+
+
+@pytest.mark.subprocess
+def test_a_recording_in_a_process_that_compiled_says_what_the_recorder_misses() -> None:
+    """Inductor's generated code allocates outside the dispatcher: a compiled training step showed no gradients."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", COMPILE_NOTE], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "True"]
+
+
 @pytest.mark.subprocess
 @pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs fork")
 @pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")  # JAX, imported by other tests, warns

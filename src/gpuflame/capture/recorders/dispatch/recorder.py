@@ -338,7 +338,22 @@ class TorchTensorRecorder(Recorder):
             notes.append(self._table_problem)
         if self.skipped:
             notes.append(f"{self.skipped} outputs had no readable storage (sparse, nested or subclass tensors)")
+        if _compiled_graphs():
+            notes.append(
+                "torch.compile compiled code in this process: what its generated code allocates (gradients "
+                "and outputs of compiled training steps included) is not seen by the dispatch recorder; "
+                "--torch-hook allocator (CPU) or torch-cuda (GPU) sees it"
+            )
         return notes
+
+
+def _compiled_graphs() -> int:
+    """How many graphs torch.compile made in this process (its own count; 0 when it never ran or cannot say)."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    try:
+        return int(utils.counters["stats"]["unique_graphs"]) if utils is not None else 0
+    except Exception:  # noqa: BLE001 - a private counter: its absence only loses the note
+        return 0
 
 
 _LIVE_RECORDERS: weakref.WeakSet[TorchTensorRecorder] = weakref.WeakSet()
