@@ -177,12 +177,12 @@ def _start(
     output: str | os.PathLike[str] | None,
     store: bool | str | os.PathLike[str],
     options: dict[str, object],
-    caller_level: int = 3,
+    in_block: bool = False,
 ) -> tuple[Recording, bool]:
     """The recording running now, and whether this call started it.
 
-    *caller_level*: the user's frame for the nesting warning, counted from the ``warn`` here
-    (``start``'s caller is 3; a ``with profile()`` line is 4, contextlib's ``__enter__`` between).
+    *in_block*: called for a ``with profile()`` block, not ``start()``: the nesting warning
+    names it so, and points one frame further up (contextlib's ``__enter__`` is between).
     """
     global _active
     settings = settings_for(options)
@@ -194,10 +194,10 @@ def _start(
             _nested.append(nested)
             warnings.warn(
                 f"gpuflame is already profiling this process into {_active.path}; this "
-                f"{'start()' if caller_level == 3 else 'profile() block'} shares that recording, which goes on, "
-                f"and its {'stop()' if caller_level == 3 else 'end'} writes what it holds then to {nested.path}",
+                f"{'profile() block' if in_block else 'start()'} shares that recording, which goes on, "
+                f"and its {'end' if in_block else 'stop()'} writes what it holds then to {nested.path}",
                 RuntimeWarning,
-                stacklevel=caller_level,
+                stacklevel=4 if in_block else 3,  # the user's line: start()'s caller, or the with line
             )
             return nested, True
         started = time.time()
@@ -382,7 +382,7 @@ def profile(
     """
     store = options.pop("store", False)
     options = _options(backend=backend, interval=interval, **options)
-    recording, started = _start(output, store, options, caller_level=4)  # type: ignore[arg-type]
+    recording, started = _start(output, store, options, in_block=True)  # type: ignore[arg-type]
     try:
         yield recording
     finally:
