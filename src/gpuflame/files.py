@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 import sys
 import tempfile
 import zlib
@@ -47,6 +48,7 @@ def atomic_write(path: str | os.PathLike[str], data: bytes | str, mode: int | No
     umask), or exactly *mode* (the node agent's 0600), never wider meanwhile.
     """
     p = Path(path)
+    _refuse_special(p)
     payload = data.encode("utf-8") if isinstance(data, str) else data
     folder = p.parent if str(p.parent) else Path(".")
     try:
@@ -69,6 +71,19 @@ def atomic_write(path: str | os.PathLike[str], data: bytes | str, mode: int | No
     except BaseException:
         _remove_quietly(tmp)
         raise
+
+
+def _refuse_special(p: Path) -> None:
+    """A device, pipe or socket is never an output: the rename would put a file in its place (``/dev/null``)."""
+    try:
+        st = p.stat()
+    except OSError:
+        return  # nothing there (or unreadable): the write says what goes wrong
+    if not stat.S_ISREG(st.st_mode) and not stat.S_ISDIR(st.st_mode):
+        raise GpuflameError(
+            f"{p}: is a device, a pipe or a socket, not a file; refusing to put a file in its place "
+            "(give a file name; '-' writes to standard output where the command offers it)"
+        )
 
 
 def _create_temporary(folder: Path, name: str, mode: int) -> tuple[int, str]:
@@ -140,6 +155,7 @@ def check_output(
             raise GpuflameError(f"{p}: is an input of this command; refusing to overwrite it")
     if p.is_dir():
         raise GpuflameError(f"{p}: cannot write: it is a folder (give a file name)")
+    _refuse_special(p)  # even with force, and before a pipe's read would block
     if p.exists() and not force and not _written_by_gpuflame(p):
         raise GpuflameError(f"{p}: exists and is not a file gpuflame wrote; refusing to overwrite it ({force_hint})")
     _check_folder(p.parent if str(p.parent) else Path("."), p, make_folders)

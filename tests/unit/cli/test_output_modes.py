@@ -68,3 +68,46 @@ def test_a_run_writes_every_file_with_the_umask(tmp_path, mask, expected):
     written = [p for p in (tmp_path / "store").rglob("*") if p.is_file()]
     assert {p.name for p in written} >= {"profile.pb.gz", "meta.json"} and len(written) >= 3, written
     assert {p.name: mode_of(p) for p in written} == {p.name: expected for p in written}
+
+
+@pytest.mark.parametrize("kind", ["device", "fifo"])
+@pytest.mark.parametrize("force", [False, True])
+def test_a_device_or_a_pipe_is_never_replaced_by_an_output(tmp_path: Path, kind: str, force: bool) -> None:
+    """``-o /dev/null`` put a regular file in the place of /dev/null (an empty read passed for an empty file)."""
+    from gpuflame.errors import GpuflameError
+    from gpuflame.files import check_output
+
+    target = tmp_path / kind
+    if kind == "fifo":
+        os.mkfifo(target)  # reading it to sniff its content would block
+    else:
+        try:
+            os.mknod(target, 0o666 | stat.S_IFCHR, os.makedev(1, 3))  # a /dev/null of its own
+        except PermissionError:
+            pytest.skip("making a device node needs root")
+    with pytest.raises(GpuflameError, match="is a device, a pipe or a socket, not a file"):
+        check_output(target, force=force)
+    with pytest.raises(GpuflameError, match="is a device, a pipe or a socket, not a file"):
+        atomic_write(target, b"profile")
+    mode = target.stat().st_mode
+    assert stat.S_ISFIFO(mode) if kind == "fifo" else stat.S_ISCHR(mode)
+    assert [p.name for p in tmp_path.iterdir()] == [kind]  # no temporary left behind
+
+
+@pytest.mark.subprocess
+def test_convert_to_a_device_says_one_line_and_leaves_it(tmp_path: Path) -> None:
+    target = tmp_path / "null"
+    try:
+        os.mknod(target, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    except PermissionError:
+        pytest.skip("making a device node needs root")
+    snapshot = Path(__file__).parents[2] / "data" / "torch-snapshot-silmont2000-mem_snapshot.pickle.gz"
+    result = subprocess.run(
+        [sys.executable, "-m", "gpuflame", "convert", str(snapshot), "-o", str(target)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and "not a file; refusing" in result.stderr, result.stderr
+    assert stat.S_ISCHR(target.stat().st_mode)
