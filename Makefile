@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: all venv demo test test-fast docs lint bench clean bpf test-loaded
+.PHONY: all venv tools demo test test-fast docs lint bench clean bpf test-loaded
 
 all: test
 
@@ -17,6 +17,12 @@ $(VENV)/.installed: $(BIN)/activate pyproject.toml
 	touch $@
 
 venv: $(VENV)/.installed
+
+# The system tools the tests use as peers and drivers (Go's pprof, g++, Chromium, kubectl,
+# the agent's BPF toolchain, QEMU): installed where missing when run as root with apt-get,
+# otherwise named with the tests that will skip. One script, which CI's .ci/run uses too.
+tools:
+	@sh .ci/install-tools
 
 # The main job: profile the demo workload (a small Llama generating with a
 # static KV cache, on the GPU if there is one, else the CPU), then show the
@@ -46,7 +52,7 @@ XDIST := -n auto --dist loadfile
 # minutes on a 2-core machine (CONTRIBUTING.md). Tests that run at once never share a file or
 # a port; the agent's tests tolerate another worker's processes (an agent watching every
 # process sees them too).
-test: venv
+test: venv tools
 	$(PYTEST) -q $(XDIST)
 
 # The unit tests that run in this process (no subprocess, browser, agent or
@@ -58,7 +64,7 @@ test-fast: venv
 # The whole suite three times in a row, each beside four busy loops: the proof that no
 # test depends on the machine's speed (about 28 minutes a run on 2 cores). Stops at the
 # first failing run.
-test-loaded: venv
+test-loaded: venv tools
 	for run in 1 2 3; do \
 	  busy=""; for i in 1 2 3 4; do $(BIN)/python -c "while True: pass" & busy="$$busy $$!"; done; \
 	  $(PYTEST) -q $(XDIST); rc=$$?; kill $$busy; \

@@ -121,3 +121,52 @@ def pytest_itemcollected(item: pytest.Item) -> None:
     parts = Path(str(item.fspath)).resolve().relative_to(TESTS).parts
     if len(parts) > 1 and parts[0] in LANES:
         item.add_marker(getattr(pytest.mark, parts[0]))
+
+
+# =============================================================================
+# the end of a run: what was skipped, and the one command that enables it
+# =============================================================================
+
+INSTALL_TOOLS = TESTS.parent / ".ci" / "install-tools"
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Say which tests skipped, grouped by reason, and what `make tools` would install.
+
+    A suite that skips quietly looks green while the agent or the browser went untested;
+    the reasons and the missing tools (from the one script that installs them) are the
+    last lines a reader sees.
+    """
+    skipped = terminalreporter.stats.get("skipped", [])
+    if not skipped:
+        return
+    reasons: dict[str, int] = {}
+    for report in skipped:
+        reason = skip_reason(report)
+        reasons[reason] = reasons.get(reason, 0) + 1
+    terminalreporter.section(f"{len(skipped)} skipped, by reason", sep="-")
+    for reason, count in sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0])):
+        terminalreporter.write_line(f"{count:5d}  {reason}")
+    for line in missing_tools():
+        terminalreporter.write_line(line)
+
+
+def skip_reason(report: pytest.TestReport) -> str:
+    """The reason pytest gives for a skip, without its 'Skipped: ' prefix and location."""
+    longrepr = report.longrepr
+    if isinstance(longrepr, tuple) and len(longrepr) == 3:
+        return str(longrepr[2]).removeprefix("Skipped: ")
+    return str(longrepr)
+
+
+def missing_tools() -> list[str]:
+    """The install script's own list of what is missing here (it installs nothing with --check)."""
+    import subprocess
+
+    try:
+        done = subprocess.run(
+            ["sh", str(INSTALL_TOOLS), "--check"], capture_output=True, text=True, timeout=60, check=False
+        )
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return done.stdout.splitlines()

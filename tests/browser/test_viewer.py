@@ -1,7 +1,7 @@
 """The HTML viewer in a real headless Chromium, opened from file:// as a user would.
 
 Driven over the DevTools protocol (chrome_pipe.py). Skipped when no Chromium
-is installed; .ci/run installs Debian's.
+is installed; make tools installs Debian's.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ the OpenAPI schemas of Kubernetes releases; documents are checked in strict mode
 it has no schema for: they are checked loosely here (apiVersion, kind, the fields
 we rely on), not against cert-manager's CRD schema.
 
-Skips when kubectl is absent (.ci/run installs it where it can), or, for the
+Skips when kubectl is absent (make tools installs it where it can), or, for the
 self-signed overlay, when openssl is.
 """
 
@@ -69,7 +69,7 @@ def test_every_kustomization_renders_without_load_restrictor(self_signed_tree):
 @pytest.fixture(scope="module")
 def rendered() -> dict[str, list[dict]]:
     if KUBECTL is None:
-        pytest.skip("kubectl not installed (.ci/run installs it)")
+        pytest.skip("kubectl not installed (make tools installs it)")
     return {name: kustomize(K8S / name) for name in RENDERED}
 
 

@@ -23,7 +23,7 @@ KUBECTL = shutil.which("kubectl")
 KUBERNETES_VERSION = "1.32.0"
 
 
-needs_kubectl = pytest.mark.skipif(KUBECTL is None, reason="kubectl not installed (.ci/run installs it)")
+needs_kubectl = pytest.mark.skipif(KUBECTL is None, reason="kubectl not installed (make tools installs it)")
 
 
 def kustomize(path: Path) -> list[dict]:

@@ -6,7 +6,7 @@ views and in-place ops not counted, nothing made before start() attributed,
 resize_, threads, real transformers models. Expectations come from torch
 itself (``nbytes()``, the storages the garbage collector sees), never from
 the recorder. The hook is compiled here with the machine's C++ compiler
-(.ci/run installs g++); where none exists these tests skip and say so.
+(make tools installs g++); where none exists these tests skip and say so.
 """
 
 from __future__ import annotations
