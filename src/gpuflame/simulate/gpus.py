@@ -7,6 +7,7 @@ from gpuflame.units import parse_size
 
 MiB = 1 << 20
 CUDA_CONTEXT = 512 * MiB  # what the CUDA context and its libraries take before the allocator gets any (typical)
+MAX_DEVICE = 1 << 40  # no GPU has more memory than this: a larger size is a mistake or a damaged file
 
 # total memory as nvidia-smi reports it (MiB), by the names users write
 GPUS = {
@@ -34,12 +35,16 @@ def capacity(text: str) -> tuple[int, str]:
     if key in GPUS:
         total = GPUS[key] * MiB
         return total - CUDA_CONTEXT, f"{key}: {GPUS[key]} MiB less {CUDA_CONTEXT // MiB} MiB for the CUDA context"
+    if text.strip().startswith("-"):
+        raise GpuflameError(f"--gpu-memory: a device's memory cannot be negative: {text!r}")
     try:
         total = parse_size(text)
     except ValueError:
         raise GpuflameError(
             f"--gpu-memory: not a size or a known GPU: {text!r} (a size such as 24GiB, or one of {', '.join(GPUS)})"
         ) from None
+    if total > MAX_DEVICE:
+        raise GpuflameError(f"--gpu-memory: {text!r} is larger than any GPU (none has more than 1 TiB)")
     if total <= CUDA_CONTEXT:
         raise GpuflameError(f"--gpu-memory: {text!r} is not more than the CUDA context ({CUDA_CONTEXT // MiB} MiB)")
     return total - CUDA_CONTEXT, f"{text.strip()} less {CUDA_CONTEXT // MiB} MiB for the CUDA context"

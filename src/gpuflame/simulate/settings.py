@@ -4,9 +4,10 @@ One owner for the settings the simulation follows (``max_split_size_mb``,
 ``max_non_split_rounding_mb``, ``roundup_power2_divisions``,
 ``garbage_collection_threshold``, ``expandable_segments``), read from a
 ``--alloc-conf`` string, from a snapshot's ``allocator_settings``, or
-PyTorch's defaults. Keys PyTorch accepts that do not change where blocks go
-(pinned-memory and lock options) are accepted and ignored; any other key is
-refused, as PyTorch refuses it.
+PyTorch's defaults. Keys PyTorch accepts that do not change where device
+blocks go (pinned-memory, lock and graph-capture options) are accepted and
+ignored; ``backend:cudaMallocAsync`` (another allocator) and any other key
+are refused rather than silently dropped.
 """
 
 from __future__ import annotations
@@ -22,9 +23,10 @@ MB = 1 << 20
 SIZE_MAX = (1 << 64) - 1  # PyTorch's "no limit" (std::numeric_limits<size_t>::max())
 LARGE_BUFFER = 20 * MB  # kLargeBuffer: also max_non_split_rounding's default
 INTERVALS = 16  # kRoundUpPowerOfTwoIntervals: 1 MiB .. 32 GiB, one power of two each
+# keys that act on host (pinned) memory, on the allocator's lock, or on CUDA graph capture only: they change
+# nothing in where device blocks go (graphs' private pools are not modelled), so they are accepted and ignored
 IGNORED_KEYS = frozenset(
     (
-        "backend",
         "release_lock_on_cudamalloc",
         "pinned_use_cuda_host_register",
         "pinned_num_register_threads",
@@ -77,14 +79,24 @@ def parse_alloc_conf(text: str, base: Settings = DEFAULTS) -> Settings:
     """*text* in PYTORCH_CUDA_ALLOC_CONF syntax (``key:value,key:value``) over *base*; bad input raises."""
     out = base
     for key, value in _pairs(text):
-        if key in IGNORED_KEYS:
+        if key in IGNORED_KEYS or (key == "backend" and value == "native"):
             continue
+        if key in REFUSED:
+            raise GpuflameError(f"--alloc-conf: {key}:{value}: " + REFUSED[key])
         parse = _PARSERS.get(key)
         if parse is None:
             known = ", ".join(sorted(_PARSERS))
             raise GpuflameError(f"--alloc-conf: unknown setting {key!r} (the simulation knows {known})")
         out = replace(out, **{_FIELDS[key]: parse(value)})
     return out
+
+
+REFUSED = {
+    "backend": "a different allocator (CUDA's own cudaMallocAsync pools), which the simulation does not model; "
+    "it replays backend:native, PyTorch's caching allocator",
+    "per_process_memory_fraction": "give it as --memory-fraction F (with --gpu-memory), "
+    "which models the limit and the garbage collector it turns on",
+}
 
 
 def _pairs(text: str) -> list[tuple[str, str]]:

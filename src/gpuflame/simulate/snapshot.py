@@ -36,6 +36,7 @@ from gpuflame.formats.torch_snapshot import read_snapshot
 from gpuflame.model.phases import NONE as NO_PHASE
 from gpuflame.simulate.allocator import Allocator
 from gpuflame.simulate.blocks import LARGE_BUFFER, SMALL_BUFFER, SMALL_SIZE, Block, Live, Segment, round_size
+from gpuflame.simulate.gpus import MAX_DEVICE
 from gpuflame.simulate.outcome import Outcome, Sites
 from gpuflame.simulate.settings import Settings
 
@@ -88,6 +89,8 @@ class DeviceReplay:
         if not all(type(e) is dict for e in trace):
             raise ProfileFormatError(f"a trace entry of device {device} is not a dict")
         self.trace = sorted(trace, key=lambda e: _int(e.get("time_us", 0)))
+        self.snapshot, self.device = snapshot, device
+        _check_sizes(self.trace, self._segments(), device)
         self.snapshot, self.device, self.settings, self.recorded = snapshot, device, settings, recorded
         self.sites = sites if sites is not None else Sites()
         self.start = self._rebuild()
@@ -444,6 +447,35 @@ def _containing(addrs: list[int], segments: dict[int, tuple[int, bool, int, bool
     if i >= 0 and addr < addrs[i] + segments[addrs[i]][0]:
         return addrs[i]
     return None
+
+
+SIZE_KEYS = ("size", "device_free")
+
+
+def _check_sizes(trace: list[dict[str, Any]], segments: list[Mapping[str, Any]], device: int) -> None:
+    """Every size the replay reads is a whole number from 0 to the largest device (else one line, exit 2)."""
+    for i, e in enumerate(trace):
+        for key in SIZE_KEYS:
+            if key in e:
+                _size(e[key], f"trace entry {i} of cuda:{device} ({key})")
+    for seg in segments:
+        where = f"the segment at {_int(seg.get('address', 0)):#x} of cuda:{device}"
+        _size(seg.get("total_size", 0), where)
+        for b in seg.get("blocks") or ():
+            if isinstance(b, Mapping):
+                _size(b.get("size", 0), f"a block of {where}")
+                _size(b.get("requested_size", 0), f"a block of {where}")
+
+
+def _size(value: Any, where: str) -> int:
+    n = _int(value)
+    if n < 0:
+        raise ProfileFormatError(f"a size in the snapshot is negative: {n} at {where}")
+    if n > MAX_DEVICE:
+        raise ProfileFormatError(
+            f"a size in the snapshot is larger than any GPU (none has more than 1 TiB): {n:,} bytes at {where}"
+        )
+    return n
 
 
 def _int(value: Any) -> int:

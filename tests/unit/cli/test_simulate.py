@@ -72,6 +72,10 @@ def test_out_of_memory_on_a_smaller_gpu(capsys):
         ([DECOMFL, "--alloc-conf", "colour:blue"], "unknown setting 'colour'"),
         ([DECOMFL, "--gpu-memory", "lots"], "not a size or a known GPU"),
         ([DECOMFL, "--device", "gpu0"], "expected cuda:N"),
+        ([DECOMFL, "--alloc-conf", "backend:cudaMallocAsync"], "a different allocator (CUDA's own cudaMallocAsync"),
+        ([DECOMFL, "--alloc-conf", "per_process_memory_fraction:0.5"], "give it as --memory-fraction F"),
+        ([DECOMFL, "--gpu-memory=-24GiB"], "a device's memory cannot be negative: '-24GiB'"),
+        ([DECOMFL, "--gpu-memory", "2PiB"], "'2PiB' is larger than any GPU (none has more than 1 TiB)"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(capsys, argv, message):
@@ -139,6 +143,38 @@ def test_one_device_of_two(capsys):
     assert rc == 0 and [d["device"] for d in json.loads(out)["devices"]] == ["cuda:1"]
     rc, _, err = run(capsys, two, "--device", "cuda:5")
     assert rc == 2 and "no allocation history on cuda:5" in err
+
+
+def test_backend_native_is_the_allocator_modelled(capsys):
+    rc, out, _ = run(capsys, DECOMFL, "--alloc-conf", "backend:native", "--json")
+    assert rc == 0 and json.loads(out)["devices"][0]["placed_same"] == 1.0
+
+
+@pytest.mark.parametrize(
+    "where, value, message",
+    [
+        ("trace", -4096, "a size in the snapshot is negative: -4096 at trace entry 5 of cuda:0 (size)"),
+        ("trace", 2 << 40, "is larger than any GPU (none has more than 1 TiB): 2,199,023,255,552 bytes at trace"),
+        ("segment", -(20 << 20), "a size in the snapshot is negative: -20971520 at the segment at 0x"),
+        ("block", 3 << 40, "larger than any GPU (none has more than 1 TiB): 3,298,534,883,328 bytes at a block"),
+    ],
+)
+def test_an_impossible_size_in_a_snapshot_is_one_line(tmp_path: Path, capsys, where, value, message):
+    import pickle
+
+    from gpuflame.simulate.snapshot import read
+
+    snap = read((DATA / "torch-snapshot-silmont2000-mem_snapshot.pickle.gz").read_bytes())
+    if where == "trace":
+        snap["device_traces"][0][5]["size"] = value
+    elif where == "segment":
+        snap["segments"][0]["total_size"] = value
+    else:
+        snap["segments"][0]["blocks"][0]["size"] = value
+    bad = tmp_path / "bad.pickle"
+    bad.write_bytes(pickle.dumps(snap))
+    rc, out, err = run(capsys, str(bad), "--gpu-memory", "L4")
+    assert rc == 2 and out == "" and message in err and err.count("\n") == 1, err
 
 
 @pytest.mark.parametrize(
