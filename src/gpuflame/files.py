@@ -15,6 +15,7 @@ import tempfile
 import zlib
 from collections.abc import Iterable
 from pathlib import Path
+from typing import BinaryIO
 
 from gpuflame.errors import GpuflameError
 
@@ -23,14 +24,36 @@ STDIO = "-"
 
 
 def read_bytes(path: str | os.PathLike[str]) -> bytes:
-    """Read a whole input file (``-``: standard input), turning OS errors into one readable line."""
+    """Read a whole input file (``-``: standard input), turning OS errors into one readable line.
+
+    Only a regular file is read (:func:`open_regular`): a FIFO would block
+    forever and ``/dev/zero`` never ends. A file too large for this machine's
+    memory is a :class:`GpuflameError` too, not a crash.
+    """
     if os.fspath(path) == STDIO:
         if sys.stdin is None or sys.stdin.isatty():
             raise GpuflameError("-: standard input is a terminal; pipe a profile in (... | gpuflame report -)")
         return sys.stdin.buffer.read()
+    with open_regular(path) as f:
+        try:
+            return f.read()
+        except MemoryError:
+            raise GpuflameError(f"{path}: too large to read into this machine's memory") from None
+        except OSError as exc:
+            raise GpuflameError(f"{path}: cannot read ({exc.strerror or exc})") from None
+
+
+def open_regular(path: str | os.PathLike[str]) -> BinaryIO:
+    """*path* opened for reading when it is a regular file; anything else is one line.
+
+    Opened without blocking (a FIFO with no writer would hang ``open``), then
+    checked on the descriptor itself (``fstat``), so a name swapped after a
+    check is still refused: a FIFO, a device (``/dev/zero``), a socket or a
+    folder is never read as a profile.
+    """
     p = Path(path)
     try:
-        return p.read_bytes()
+        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
         raise GpuflameError(f"{p}: no such file") from None
     except IsADirectoryError:
@@ -39,6 +62,17 @@ def read_bytes(path: str | os.PathLike[str]) -> bytes:
         raise GpuflameError(f"{p}: permission denied") from None
     except OSError as exc:
         raise GpuflameError(f"{p}: cannot read ({exc.strerror or exc})") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise GpuflameError(f"{p}: is a directory, not a profile file")
+        if not stat.S_ISREG(mode):
+            raise GpuflameError(f"{p}: is a device, a pipe or a socket, not a file; only regular files are read")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def atomic_write(path: str | os.PathLike[str], data: bytes | str, mode: int | None = None) -> None:

@@ -25,6 +25,12 @@ It listens on 127.0.0.1 only, unless --host says otherwise (profiles contain
 source paths and function names: think before sharing them), serves only
 files inside the folder, and never changes a file. Ctrl-C stops it.
 
+Only its owner gets an answer: each start makes a new random token, printed
+in the URL (open that URL; the page then keeps a cookie, so its links work),
+and a request without it gets a 401 and nothing else. Other accounts on this
+machine reach 127.0.0.1 too; the token is what keeps them out. --no-token
+turns this off: only behind a reverse proxy that authenticates its users.
+
 Whatever it listens on, it answers only requests addressed to this machine
 (localhost, its host name, its addresses; the Host header), so a web page
 cannot reach it by making its own name resolve here (DNS rebinding). Behind a
@@ -32,10 +38,11 @@ reverse proxy, name the proxy's host with --allow-host."""
 
 EPILOG = """\
 examples:
-  gpuflame serve                         the run store, on http://127.0.0.1:8080/
+  gpuflame serve                         the run store, on http://127.0.0.1:8080/?token=...
   gpuflame serve ./profiles --open       a folder of profile files, in the browser
   gpuflame serve --port 0                any free port (printed at start)
-  gpuflame serve --host 0.0.0.0 --allow-host profiles.example.com   behind a reverse proxy"""
+  gpuflame serve --host 0.0.0.0 --allow-host profiles.example.com --no-token
+                                         behind a reverse proxy that authenticates"""
 
 DEFAULT_PORT = 8080
 
@@ -59,12 +66,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="also answer requests for this host name, e.g. a reverse proxy's (repeatable)",
     )
-    parser.add_argument("--open", action="store_true", help="open the page in the default browser")
+    parser.add_argument("--open", action="store_true", help="open the page (with its token) in the default browser")
+    parser.add_argument(
+        "--no-token",
+        action="store_true",
+        help="answer requests without the start-up token: anyone who can connect reads every profile "
+        "(only behind a reverse proxy that authenticates its users)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     root = args.dir if args.dir is not None else _default_store()
-    server = make_server(root, args.host, args.port, tuple(args.allow_host))
+    server = make_server(root, args.host, args.port, tuple(args.allow_host), need_token=not args.no_token)
     _announce(server, args.host)
     if args.open:
         webbrowser.open(server.url)
@@ -89,5 +102,10 @@ def _announce(server: Server, host: str) -> None:
         sys.stderr.write(
             f"gpuflame serve: warning: {host} is reachable from other machines, and profiles contain "
             "source paths and function names\n"
+        )
+    if server.token is None:
+        sys.stderr.write(
+            "gpuflame serve: warning: --no-token: anyone who can connect reads these profiles "
+            "(meant for behind a proxy that authenticates)\n"
         )
     print("gpuflame serve: press Ctrl-C to stop", flush=True)

@@ -12,16 +12,23 @@ Every id goes through :func:`gpuflame.serve.catalog.resolve_id`. Whatever
 address it listens on, the server answers only requests whose Host header
 names this machine (:class:`HostNames`): a web page whose own name was made
 to resolve to this machine (DNS rebinding) gets a 403, even when the server
-listens on 0.0.0.0.
+listens on 0.0.0.0. And only its owner: a random token made at start rides
+in the URL it prints, and every request must carry it (:class:`Token`:
+``?token=``, then the cookie the first good request sets), so another
+account on the machine, which can reach 127.0.0.1 as well, gets a 401.
+A profile file is sent in chunks, never read whole.
 """
 
 from __future__ import annotations
 
+import hmac
 import html
 import inspect
 import ipaddress
 import json
+import os
 import re
+import secrets
 import socket
 import sys
 import threading
@@ -31,12 +38,12 @@ from dataclasses import dataclass, field
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 from gpuflame.analysis.selection import Selection
 from gpuflame.errors import GpuflameError
-from gpuflame.files import read_bytes
+from gpuflame.files import open_regular, read_bytes
 from gpuflame.formats import loads
 from gpuflame.model import Profile
 from gpuflame.printable import printable
@@ -48,6 +55,8 @@ DATA_CSP = "default-src 'none'; sandbox; frame-ancestors 'none'"
 _META_CSP = re.compile(r'<meta http-equiv="Content-Security-Policy" content="([^"]*)"', re.IGNORECASE)
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")  # not in a header value (the terminal's escaping: printable)
 CACHED_PAGES = 4  # viewer pages can be megabytes each
+CHUNK_BYTES = 1 << 20  # a download is sent in pieces this size: memory does not follow the file's size
+TOKEN_PARAM = "token"  # the query parameter that carries the token (the URL printed at start)
 
 
 @dataclass
@@ -56,6 +65,7 @@ class Response:
     body: bytes
     content_type: str
     headers: dict[str, str] = field(default_factory=dict)
+    stream: BinaryIO | None = None  # a file sent in chunks after the headers (its length: Content-Length)
 
 
 class ProfileUnreadable(Exception):
@@ -141,19 +151,63 @@ def _spellings(address: str) -> set[str]:
     return {address.lower(), str(ip), *([str(mapped)] if mapped else [])}
 
 
+class Token:
+    """The secret that makes a request its owner's: ``secrets.token_urlsafe``, made at start.
+
+    A request carries it as ``?token=`` (the printed URL), in the cookie the
+    first good request sets (``HttpOnly``, ``SameSite=Strict``, named after
+    the port: cookies are shared by every port of a host), or as
+    ``Authorization: Bearer`` (a script). Compared in constant time.
+    """
+
+    def __init__(self, value: str, port: int) -> None:
+        self.value = value
+        self.cookie_name = f"gpuflame-serve-{port}"
+
+    def check(self, given: list[str] | None, cookies: list[str], authorization: str | None) -> bool | None:
+        """True: a good token; False: a wrong one; None: none at all."""
+        offered = [*(given or []), *_cookie_values(cookies, self.cookie_name)]
+        if authorization and authorization[:7].lower() == "bearer ":
+            offered.append(authorization[7:].strip())
+        if not offered:
+            return None
+        return all(_same(o, self.value) for o in offered)
+
+    def cookie(self) -> str:
+        return f"{self.cookie_name}={self.value}; Path=/; HttpOnly; SameSite=Strict"
+
+
+def _same(given: str, value: str) -> bool:
+    return hmac.compare_digest(given.encode("utf-8", "surrogateescape"), value.encode("ascii"))
+
+
+def _cookie_values(headers: list[str], name: str) -> list[str]:
+    """The values of cookie *name* in the request's Cookie headers (parsed by hand: one bad cookie spoils nothing)."""
+    found = []
+    for header in headers:
+        for pair in header.split(";"):
+            key, eq, value = pair.strip().partition("=")
+            if eq and key == name:
+                found.append(value.strip().strip('"'))
+    return found
+
+
 class Server(ThreadingHTTPServer):
-    """One served folder (resolved), its page cache, and the Host names it answers to."""
+    """One served folder (resolved), its page cache, the Host names it answers to, and its token."""
 
     daemon_threads = True
     # socketserver's 5 left 101 of 14,231 requests waiting 30 s for a SYN retry with 200 clients
     request_queue_size = socket.SOMAXCONN
 
-    def __init__(self, root: Path, host: str, port: int, allow_hosts: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self, root: Path, host: str, port: int, allow_hosts: tuple[str, ...] = (), token: str | None = None
+    ) -> None:
         self.root = root
         self.hosts = HostNames(host, allow_hosts)
         self.cache = PageCache()
         self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
         super().__init__((host.strip("[]"), port), Handler)
+        self.token = Token(token, self.port) if token is not None else None
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         """A browser that closes the connection early is not worth a traceback."""
@@ -166,20 +220,36 @@ class Server(ThreadingHTTPServer):
         return int(self.server_address[1])
 
     @property
-    def url(self) -> str:
-        """The address to open in a browser (a wildcard bind is opened through loopback)."""
+    def base_url(self) -> str:
+        """The address without the token (a wildcard bind is opened through loopback)."""
         host = str(self.server_address[0])
         if host in ("0.0.0.0", "::"):
             host = "127.0.0.1" if host == "0.0.0.0" else "::1"
         shown = f"[{host}]" if ":" in host else host
         return f"http://{shown}:{self.port}/"
 
+    @property
+    def url(self) -> str:
+        """The address to open in a browser: with the token, the one that lets a browser in."""
+        return self.base_url + (f"?{TOKEN_PARAM}={self.token.value}" if self.token else "")
 
-def make_server(root: str | Path, host: str = "127.0.0.1", port: int = 0, allow_hosts: tuple[str, ...] = ()) -> Server:
-    """A bound server over *root* (checked and resolved); ``serve_forever`` starts it."""
+
+def make_server(
+    root: str | Path,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    allow_hosts: tuple[str, ...] = (),
+    need_token: bool = True,
+) -> Server:
+    """A bound server over *root* (checked and resolved); ``serve_forever`` starts it.
+
+    With *need_token* (the default) it makes a new random token, which
+    :attr:`Server.url` carries; without, anyone who reaches it is answered
+    (``--no-token``: behind a proxy that authenticates).
+    """
     folder = catalog.check_root(root)
     try:
-        return Server(folder, host, port, allow_hosts)
+        return Server(folder, host, port, allow_hosts, secrets.token_urlsafe(32) if need_token else None)
     except OSError as exc:
         raise GpuflameError(f"cannot listen on {host}:{port} ({exc.strerror or exc})") from None
 
@@ -203,19 +273,40 @@ class Handler(BaseHTTPRequestHandler):
         """Quiet: a request log on the user's terminal is noise; failures are logged by _answer."""
 
     def _answer(self, head: bool) -> None:
+        self._cookie: str | None = None  # set by a good ?token= (one handler serves a connection's requests)
         try:
             response = self._route()
         except Exception as exc:  # a bug: say so, keep serving
             self._log(500, f"{type(exc).__name__}: {exc}")
             response = error(500, f"internal error: {type(exc).__name__}: {exc}")
+        try:
+            self._send(response, head)
+        finally:
+            if response.stream is not None:
+                response.stream.close()
+
+    def _send(self, response: Response, head: bool) -> None:
+        length = os.fstat(response.stream.fileno()).st_size if response.stream else len(response.body)
         self.send_response(response.status)
         headers = {**security_headers(response.content_type), **response.headers}
+        if self._cookie:
+            headers["Set-Cookie"] = self._cookie
         for name, value in headers.items():
             self.send_header(name, value)
-        self.send_header("Content-Length", str(len(response.body)))
+        self.send_header("Content-Length", str(length))
         self.end_headers()
-        if not head:
+        if head:
+            return
+        if response.stream is None:
             self.wfile.write(response.body)
+            return
+        while length > 0:  # the size said in the header, read in bounded pieces
+            chunk = response.stream.read(min(CHUNK_BYTES, length))
+            if not chunk:  # the file shrank meanwhile: the client sees a short answer, not a hang
+                self.close_connection = True
+                return
+            self.wfile.write(chunk)
+            length -= len(chunk)
 
     def _log(self, status: int, reason: str) -> None:
         sys.stderr.write(printable(f"gpuflame serve: {status} {self.path}: {reason}") + "\n")
@@ -229,6 +320,9 @@ class Handler(BaseHTTPRequestHandler):
             )
         parts = urlsplit(self.path)
         path, query = parts.path, parse_qs(parts.query, keep_blank_values=True)
+        refused = self._refuse_without_token(query.pop(TOKEN_PARAM, None))
+        if refused is not None:
+            return refused
         if path == "/":
             return html_response(pages.index_page(str(self.server.root), catalog.scan(self.server.root)))
         if path == "/api/runs":
@@ -240,6 +334,25 @@ class Handler(BaseHTTPRequestHandler):
         if path.startswith("/file/"):
             return self._guard(self._file, unquote(path[len("/file/") :]))
         return error(404, "no such page")
+
+    def _refuse_without_token(self, given: list[str] | None) -> Response | None:
+        """None when the request is the owner's (or no token is needed), else the 401/403 that says nothing."""
+        token = self.server.token
+        if token is None:
+            return None
+        verdict = token.check(given, self.headers.get_all("Cookie") or [], self.headers.get("Authorization"))
+        if verdict:
+            if given:  # the printed URL: from now on the cookie lets the page's links in
+                self._cookie = token.cookie()
+            return None
+        status = 401 if verdict is None else 403
+        self._log(status, "no token" if verdict is None else "wrong token")
+        return Response(
+            status,
+            b"this server answers only with its token: open the URL gpuflame serve printed at start\n",
+            "text/plain; charset=utf-8",
+            {"WWW-Authenticate": 'Bearer realm="gpuflame serve"'} if status == 401 else {},
+        )
 
     def _guard(self, route: Callable[[Any], Response], arg: Any) -> Response:
         """Turn the catalog's refusals and unreadable profiles into their status pages."""
@@ -271,10 +384,14 @@ class Handler(BaseHTTPRequestHandler):
             return error(400, str(exc))
 
     def _file(self, ident: str) -> Response:
-        data = read_or_unreadable(catalog.resolve_id(self.server.root, ident), ident)
+        path = catalog.resolve_id(self.server.root, ident)
+        try:
+            stream = open_regular(path)
+        except GpuflameError as exc:
+            raise ProfileUnreadable(f"{ident}: cannot read ({str(exc).replace(str(path), ident)})") from None
         name = re.sub(r"[^A-Za-z0-9._-]", "_", ident.replace("/", "-"))
         return Response(
-            200, data, "application/octet-stream", {"Content-Disposition": f'attachment; filename="{name}"'}
+            200, b"", "application/octet-stream", {"Content-Disposition": f'attachment; filename="{name}"'}, stream
         )
 
     def _diff(self, query: dict[str, list[str]]) -> Response:
@@ -323,8 +440,8 @@ def file_key(path: Path) -> tuple[object, ...]:
 def read_or_unreadable(path: Path, ident: str) -> bytes:
     try:
         return read_bytes(path)
-    except GpuflameError as exc:
-        raise ProfileUnreadable(f"{ident}: cannot read ({exc})") from None
+    except GpuflameError as exc:  # named by its id: the server's own path is not the client's business
+        raise ProfileUnreadable(f"{ident}: cannot read ({str(exc).replace(str(path), ident)})") from None
 
 
 def load(path: Path, ident: str) -> Profile:

@@ -10,6 +10,7 @@ the folder: the server never reads a file it did not check here.
 from __future__ import annotations
 
 import json
+import math
 import os
 import stat
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuflame.errors import GpuflameError
+from gpuflame.files import open_regular
 from gpuflame.launch.store import META_NAME, PROFILE_NAME
 
 # Names of files worth listing and serving: pprof, folded stacks, PyTorch snapshots.
@@ -27,6 +29,9 @@ PEAK_TYPES = ("peak_space", "inuse_space", "alloc_space")
 
 MAX_DEPTH = 4  # folders below the root that are searched
 MAX_ENTRIES = 5000  # beyond this, a page is no longer useful to a person
+MAX_META_BYTES = 1 << 20  # a meta.json gpuflame writes is a few hundred bytes; a bigger one is not read
+LATEST_TIME = 253402300799  # 9999-12-31 23:59:59 UTC: the last second a page can print
+MAX_BYTES = 1 << 63  # a byte count past this is not one a machine holds
 
 
 class BadId(ValueError):
@@ -60,7 +65,7 @@ class Entry:
             return None
         for name in PEAK_TYPES:
             value = totals.get(name)
-            if isinstance(value, int) and not isinstance(value, bool):
+            if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < MAX_BYTES:
                 return name, value
         return None
 
@@ -156,9 +161,12 @@ def _run_entry(root: Path, folder: Path) -> Entry:
     rel = folder.relative_to(root).as_posix()
     ident = PROFILE_NAME if rel == "." else f"{rel}/{PROFILE_NAME}"
     meta_path = _inside(root, folder / META_NAME)
-    meta, problem = _read_meta(meta_path) if meta_path else (None, "meta.json points outside the folder")
-    started = meta.get("started") if meta else None
-    when = float(started) if isinstance(started, (int, float)) else _mtime(folder)
+    meta, problem = _read_meta(meta_path) if meta_path else (None, "meta.json is not a regular file inside the folder")
+    when = _start_time(meta.get("started")) if meta else None
+    if meta and when is None:
+        problem = "meta.json: 'started' is not a time (listed by the folder's time)"
+    if when is None:
+        when = _mtime(folder)
     try:
         size: int | None = resolve_id(root, ident).stat().st_size
     except (BadId, NotServed, OSError):
@@ -187,14 +195,48 @@ def _inside(root: Path, path: Path) -> Path | None:
 
 
 def _read_meta(path: Path) -> tuple[dict[str, Any] | None, str | None]:
-    """meta.json as a dict, or why not (a run still going has none yet; a broken one says so)."""
+    """meta.json as a dict, or why not (a run still going has none yet; a broken one says so).
+
+    Read as a file of this run may be written by anyone who could write the
+    folder: a regular file only, at most :data:`MAX_META_BYTES`, and JSON
+    without ``NaN`` or ``Infinity`` (no number a page cannot print).
+    """
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        with open_regular(path) as f:
+            text = f.read(MAX_META_BYTES + 1)
+    except (GpuflameError, OSError) as exc:
+        return None, f"meta.json unreadable ({type(exc).__name__})"
+    if len(text) > MAX_META_BYTES:
+        return None, f"meta.json is larger than {MAX_META_BYTES:,} bytes; not read"
+    try:
+        data = json.loads(text.decode("utf-8"), parse_constant=_no_constant, parse_float=_finite)
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         return None, f"meta.json unreadable ({type(exc).__name__})"
     if not isinstance(data, dict):
         return None, "meta.json is not an object"
     return data, None
+
+
+def _no_constant(name: str) -> None:
+    raise ValueError(f"{name} is not a number JSON has")
+
+
+def _finite(text: str) -> float:
+    """A JSON number as a float; ``1e999`` (infinity once parsed) is refused like ``Infinity``."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text[:20]} is too large for a number")
+    return value
+
+
+def _start_time(value: object) -> float | None:
+    """A run's start as seconds since the epoch, or None for anything a page cannot print (1e300, a word)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if not 0 <= value <= LATEST_TIME:  # compared before float(): 10**400 would overflow it
+        return None
+    when = float(value)
+    return when if math.isfinite(when) else None
 
 
 def _mtime(path: Path) -> float:

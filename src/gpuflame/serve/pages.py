@@ -93,7 +93,16 @@ def _runs_table(runs: list[Entry]) -> str:
         "<tr><th>pick</th><th>started</th><th>command</th><th>exit</th><th>peak</th>"
         "<th>processes</th><th>profile</th></tr>"
     )
-    return "<table>\n" + head + "\n" + "\n".join(_run_row(e) for e in runs) + "\n</table>"
+    return "<table>\n" + head + "\n" + "\n".join(_safe_row(e) for e in runs) + "\n</table>"
+
+
+def _safe_row(entry: Entry) -> str:
+    """A run's row; a meta.json no row can show (a value of a type nothing expects) is a row that says so."""
+    try:
+        return _run_row(entry)
+    except (TypeError, ValueError, OverflowError) as exc:
+        note = f"meta.json cannot be shown ({type(exc).__name__})"
+        return f'<tr><td></td><td>{escape(entry.label)}</td><td class="bad" colspan="5">{escape(note)}</td></tr>'
 
 
 def _run_row(entry: Entry) -> str:
@@ -174,4 +183,7 @@ def _peak(entry: Entry) -> str:
 
 
 def _when(stamp: float) -> str:
-    return time.strftime(TIME_FORMAT, time.localtime(stamp)) if stamp else "—"
+    try:
+        return time.strftime(TIME_FORMAT, time.localtime(stamp)) if stamp else "—"
+    except (OverflowError, ValueError, OSError):  # a time this machine's clock cannot print
+        return "—"

@@ -237,10 +237,10 @@ def test_a_query_that_cannot_be_read_says_which_parameter(query: dict[str, list[
         Selection.from_query(query)
 
 
-def fetch(port: int, target: str) -> tuple[int, bytes]:
+def fetch(port: int, target: str, token: str) -> tuple[int, bytes]:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
     try:
-        conn.request("GET", target)
+        conn.request("GET", target, headers={"Authorization": f"Bearer {token}"})
         response = conn.getresponse()
         return response.status, response.read()
     finally:
@@ -259,8 +259,9 @@ def test_serve_shows_the_page_gpuflame_view_writes_for_the_same_selection(
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        status, body = fetch(server.port, f"/view/p.pb.gz?{QUERY.removesuffix('&lines')}")
-        bad_status, bad = fetch(server.port, "/view/p.pb.gz?focus=nowhere")
+        assert server.token is not None
+        status, body = fetch(server.port, f"/view/p.pb.gz?{QUERY.removesuffix('&lines')}", server.token.value)
+        bad_status, bad = fetch(server.port, "/view/p.pb.gz?focus=nowhere", server.token.value)
     finally:
         server.shutdown()
         server.server_close()

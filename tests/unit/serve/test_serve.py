@@ -83,13 +83,19 @@ def server(served: Path) -> Iterator[Server]:
     thread.join(5)
 
 
+def owner(server: Server) -> dict[str, str]:
+    """The cookie a browser holds after opening the URL the server printed."""
+    assert server.token is not None
+    return {"Cookie": f"{server.token.cookie_name}={server.token.value}"}
+
+
 def fetch(
-    server: Server, target: str, method: str = "GET", headers: dict[str, str] | None = None
+    server: Server, target: str, method: str = "GET", headers: dict[str, str] | None = None, token: bool = True
 ) -> tuple[int, http.client.HTTPMessage, bytes]:
-    """One raw request: *target* is sent exactly as written."""
+    """One raw request: *target* is sent exactly as written, with the owner's cookie unless *token* is False."""
     conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
     try:
-        conn.request(method, target, headers=headers or {})
+        conn.request(method, target, headers={**(owner(server) if token else {}), **(headers or {})})
         response = conn.getresponse()
         return response.status, response.headers, response.read()
     finally:
@@ -347,9 +353,10 @@ def test_ctrl_c_exits_cleanly(served: Path) -> None:
     try:
         first = proc.stdout.readline() if proc.stdout else ""
         assert "http://127.0.0.1:" in first and "this machine only" in first
-        port = int(first.split("http://127.0.0.1:", 1)[1].split("/", 1)[0])
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-        conn.request("GET", "/api/runs")
+        url = re.search(r"http://127\.0\.0\.1:(\d+)/\?token=([A-Za-z0-9_-]+)", first)
+        assert url, first
+        conn = http.client.HTTPConnection("127.0.0.1", int(url.group(1)), timeout=30)
+        conn.request("GET", f"/api/runs?token={url.group(2)}")
         assert conn.getresponse().status == 200
         conn.close()
         proc.send_signal(signal.SIGINT)
