@@ -78,7 +78,10 @@ $(VENV)/.docs-installed: $(BIN)/activate pyproject.toml
 	$(BIN)/pip install --quiet -e '.[docs]'
 	touch $@
 
+# First, what each documented command prints is run again into the pages
+# (docs/hooks/command_outputs.py), so a page cannot show output the program no longer gives.
 docs: $(VENV)/.docs-installed
+	$(BIN)/python docs/hooks/command_outputs.py
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
 # The node agent's BPF object (CO-RE, built once; needs clang, bpftool, libbpf-dev

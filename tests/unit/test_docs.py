@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import unicodedata
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -122,3 +123,45 @@ def test_the_api_page_reads_sphinx_roles_as_code() -> None:
     spec.loader.exec_module(roles)
     text = "Returns a :class:`Recording`; see :func:`~gpuflame.stop` and ``store=True``."
     assert roles.plain(text) == "Returns a `Recording`; see `gpuflame.stop` and `store=True`."
+
+
+def command_outputs() -> Any:
+    """docs/hooks/command_outputs.py, the script that runs each documented command into its page."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("command_outputs", DOCS / "hooks" / "command_outputs.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.subprocess
+def test_every_shown_output_is_what_the_command_prints_now(capsys: pytest.CaptureFixture[str]) -> None:
+    """A page's output block is rerun and compared: a change to what a command prints fails here
+    until `make docs` (or `python docs/hooks/command_outputs.py`) writes the pages again."""
+    script = command_outputs()
+    shown = [p for p in script.pages() if script.MARKER.search(p.read_text())]
+    names = {p.name for p in shown}
+    assert {"README.md", "reading-flame-graphs.md", "simulate.md"} <= names
+    assert script.main(["--check"]) == 0, capsys.readouterr().out
+
+
+def test_the_readme_quick_start_shows_the_start_of_the_report() -> None:
+    text = README.read_text()
+    quick = text[text.index("## Quick start") :]
+    marker = command_outputs().MARKER.search(quick)
+    assert marker and marker["args"].startswith("report ") and marker["lines"]
+    assert "Totals by sample type" in marker["body"]
+
+
+@pytest.mark.subprocess
+def test_a_stale_block_is_rewritten_with_the_real_output(tmp_path: Path) -> None:
+    script = command_outputs()
+    page = "intro\n<!-- gpuflame-output: --version -->\n```text\nold words\n```\nafter\n"
+    new = script.refresh(page)
+    import gpuflame
+
+    assert new == "intro\n<!-- gpuflame-output: --version -->\n```text\n$ gpuflame --version\n" + (
+        f"gpuflame {gpuflame.__version__}\n```\nafter\n"
+    )
