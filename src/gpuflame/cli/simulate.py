@@ -13,9 +13,10 @@ from gpuflame.formats.load_save import save
 from gpuflame.printable import printable
 from gpuflame.simulate.allocator import PYTORCH_RULES
 from gpuflame.simulate.fragmentation import fragmentation_profile
+from gpuflame.simulate.gpus import CUDA_CONTEXT
 from gpuflame.simulate.gpus import capacity as parse_capacity
 from gpuflame.simulate.outcome import Outcome
-from gpuflame.simulate.replay import Run, read_input, settings_for, suggest
+from gpuflame.simulate.replay import Candidate, Run, read_input, settings_for, suggest
 from gpuflame.units import format_bytes
 
 HELP = "replay a run through PyTorch's caching allocator: fragmentation, OOM on another GPU, other settings"
@@ -55,6 +56,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("input", metavar="INPUT", help="PyTorch snapshot with a trace, or a gpuflame profile")
     parser.add_argument("--alloc-conf", metavar="STR", help="settings to try, in PYTORCH_CUDA_ALLOC_CONF syntax")
     parser.add_argument("--gpu-memory", metavar="SIZE|GPU", help="the device's memory: cudaMalloc fails past it")
+    parser.add_argument(
+        "--memory-fraction",
+        metavar="F",
+        type=float,
+        help="the program calls torch.cuda.set_per_process_memory_fraction(F): a limit of F x --gpu-memory, "
+        "and the only case where garbage_collection_threshold acts",
+    )
     parser.add_argument("--device", metavar="cuda:N", help="replay this device only")
     parser.add_argument(
         "--suggest", action="store_true", help="try the settings that usually help; say which helps most"
@@ -70,13 +78,16 @@ def run(args: argparse.Namespace) -> int:
     inp = read_input(args.input)
     settings = settings_for(inp, args.alloc_conf)
     capacity, how = parse_capacity(args.gpu_memory) if args.gpu_memory else (None, "")
+    fraction_limit = _fraction_limit(args.memory_fraction, capacity)
+    if fraction_limit is not None and capacity is not None:
+        how += f"; set_per_process_memory_fraction({args.memory_fraction:g}) allows {format_bytes(fraction_limit)}"
     if args.device is not None and not re.fullmatch(r"cuda:\d+", args.device):
         raise GpuflameError(f"--device: expected cuda:N, got {args.device!r}")
     if args.output:
         check_output(args.output, [args.input], force=args.force)
-    main = Run(inp, settings, capacity, args.device)
+    main = Run(inp, settings, capacity, args.device, fraction_limit)
     outcomes = main.outcomes()
-    tried = suggest(inp, capacity, args.device) if args.suggest else []
+    tried = suggest(inp, capacity, args.device, args.memory_fraction) if args.suggest else []
     if args.output:
         save(fragmentation_profile(main), args.output)
     if args.json:
@@ -87,7 +98,15 @@ def run(args: argparse.Namespace) -> int:
             "devices": [o.to_json() for o in outcomes],
         }
         if tried:
-            data["suggest"] = [{"settings": conf, "devices": [o.to_json() for o in outs]} for conf, outs in tried]
+            data["suggest"] = [
+                {
+                    "settings": c.change,
+                    "alloc_conf": c.settings.describe(),
+                    "code": c.code,
+                    "devices": [o.to_json() for o in c.outcomes],
+                }
+                for c in tried
+            ]
         print_json(data)
         return 0
     lines = [
@@ -95,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
         + (" (as recorded)" if main.recorded and inp.snapshot is not None and not inp.notes else "")
     ]
     if how:
-        lines.append(f"device memory: {format_bytes(capacity or 0)} ({how})")
+        lines.append(f"device memory: {format_bytes(min(capacity or 0, fraction_limit or capacity or 0))} ({how})")
     for o in outcomes:
         lines += describe(o, capacity)
     if tried:
@@ -148,11 +167,24 @@ def describe(o: Outcome, capacity: int | None) -> list[str]:
     return out
 
 
-NO_LIMIT = " (it acts only where the device's size is known: --gpu-memory)"
 PAGES = " (expandable segments grow in 20 MiB pages, 2 MiB for small blocks: here that reserves a little more)"
+NO_GC = (
+    "  garbage_collection_threshold: not tried (the collector runs only where a memory fraction is set: --gpu-memory)"
+)
 
 
-def verdict(base: list[Outcome], tried: list[tuple[str, list[Outcome]]]) -> list[str]:
+def _fraction_limit(fraction: float | None, capacity: int | None) -> int | None:
+    """set_per_process_memory_fraction's allowed_memory_maximum: the fraction of the device's total memory."""
+    if fraction is None:
+        return None
+    if capacity is None:
+        raise GpuflameError("--memory-fraction: give the device's memory too (--gpu-memory): F is a share of it")
+    if not 0.0 < fraction <= 1.0:
+        raise GpuflameError(f"--memory-fraction: F is between 0 and 1 (PyTorch's rule), got {fraction:g}")
+    return int(fraction * (capacity + CUDA_CONTEXT))
+
+
+def verdict(base: list[Outcome], tried: list[Candidate]) -> list[str]:
     """Which tried setting lowers the reserved peak most (summed over devices), or fits where the others do not."""
 
     def total(outs: list[Outcome]) -> int:
@@ -160,34 +192,38 @@ def verdict(base: list[Outcome], tried: list[tuple[str, list[Outcome]]]) -> list
 
     was, base_oom = total(base), any(o.oom for o in base)
     lines = []
-    for conf, outs in tried:
+    for c in tried:
+        outs = c.outcomes
         oom = any(o.oom for o in outs)
-        more = conf.startswith("expandable_segments") and total(outs) > was and not oom
+        more = c.settings.expandable_segments and total(outs) > was and not oom
         if base_oom:
             fits = f"fits, reserved peak {format_bytes(total(outs))}"
-            lines.append(f"  {conf}: " + ("out of memory too" if oom else fits))
+            lines.append(f"  {c.change}: " + ("out of memory too" if oom else fits))
             continue
-        idle = conf.startswith("garbage_collection") and all(o.capacity is None for o in outs)
         lines.append(
-            f"  {conf}: reserved peak {format_bytes(total(outs))}, was {format_bytes(was)}"
+            f"  {c.change}: reserved peak {format_bytes(total(outs))}, was {format_bytes(was)}"
             + (" (out of memory)" if oom else "")
             + (PAGES if more else "")
-            + (NO_LIMIT if idle else "")
         )
-    fitting = sorted((total(outs), conf) for conf, outs in tried if not any(o.oom for o in outs))
+    if not any(c.fraction_limit for c in tried):
+        lines.append(NO_GC)
+    fitting = sorted(
+        ((total(c.outcomes), n) for n, c in enumerate(tried) if not any(o.oom for o in c.outcomes)),
+    )
     if base_oom:
+        if not fitting:
+            return ["settings tried:", *lines, "verdict: none of the settings tried avoids running out of memory"]
+        best = tried[fitting[0][1]]
         head = (
-            f"verdict: {fitting[0][1]} fits (reserved peak {format_bytes(fitting[0][0])}); "
+            f"verdict: {best.change} fits (reserved peak {format_bytes(fitting[0][0])}); "
             "the recorded settings run out of memory"
-            if fitting
-            else "verdict: none of the settings tried avoids running out of memory"
         )
     elif not fitting or fitting[0][0] >= was:
-        head = "verdict: none of the settings tried lowers the reserved peak"
+        return ["settings tried:", *lines, "verdict: none of the settings tried lowers the reserved peak"]
     else:
-        best, conf = fitting[0]
+        peak, best = fitting[0][0], tried[fitting[0][1]]
         head = (
-            f"verdict: {conf} helps most: reserved peak {format_bytes(best)}, was {format_bytes(was)} "
-            f"({100 * (was - best) / was:.1f}% less)"
+            f"verdict: {best.change} helps most: reserved peak {format_bytes(peak)}, was {format_bytes(was)} "
+            f"({100 * (was - peak) / was:.1f}% less)"
         )
-    return ["settings tried:", *lines, head]
+    return ["settings tried:", *lines, head, f"  to use it: {best.advice}"]

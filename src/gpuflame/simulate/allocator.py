@@ -21,8 +21,10 @@ in 2 MiB (small) or 20 MiB (large) pages, unmapped when released).
 
 Where the C++ code would release a split block (it only releases whole
 segments in practice), this model releases whole segments only. The
-garbage collector runs, as in PyTorch, only where a memory limit is known
-(PyTorch: ``set_per_process_memory_fraction``; here: a device capacity).
+garbage collector runs, as in PyTorch, only where the program set a memory
+fraction (``set_per_process_memory_fraction``: its ``allowed_memory_maximum``
+is *fraction_limit* here, the fraction of the device's total memory);
+``garbage_collection_threshold`` alone does nothing.
 """
 
 from __future__ import annotations
@@ -53,10 +55,16 @@ class Allocator:
     """One device's caching allocator; its segment events are in :attr:`events`."""
 
     def __init__(
-        self, settings: Settings, capacity: int | None = None, new_address: Callable[[int], int] | None = None
+        self,
+        settings: Settings,
+        capacity: int | None = None,
+        new_address: Callable[[int], int] | None = None,
+        fraction_limit: int | None = None,
     ) -> None:
         self.settings = settings
-        self.capacity = capacity  # bytes the device lets us reserve (None: no limit)
+        # bytes the device lets us reserve (None: no limit); a memory fraction's limit caps it too
+        self.capacity = capacity if fraction_limit is None else min(capacity or fraction_limit, fraction_limit)
+        self.fraction_limit = fraction_limit  # allowed_memory_maximum: None unless a memory fraction is set
         self.small, self.large = Pool(True), Pool(False)
         self.reserved = self.allocated = 0
         self.reserved_peak = self.allocated_peak = self.allocated_at_reserved_peak = 0
@@ -75,7 +83,8 @@ class Allocator:
 
     @property
     def gc_on(self) -> bool:
-        return self.settings.garbage_collection_threshold > 0 and self.capacity is not None
+        """PyTorch: ``set_fraction && garbage_collection_threshold() > 0``."""
+        return self.settings.garbage_collection_threshold > 0 and self.fraction_limit is not None
 
     # -- the allocator's entry points ------------------------------------------------
 
@@ -273,8 +282,8 @@ class Allocator:
 
     def _garbage_collect(self) -> None:
         """garbage_collect_cached_blocks: release whole large blocks unused for longer than average."""
-        assert self.capacity is not None
-        threshold = int(self.settings.garbage_collection_threshold * self.capacity)
+        assert self.fraction_limit is not None
+        threshold = int(self.settings.garbage_collection_threshold * self.fraction_limit)
         if self.reserved <= threshold:
             return
         target, reclaimed = self.reserved - threshold, 0

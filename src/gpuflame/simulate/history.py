@@ -63,9 +63,16 @@ class HistoryReplay:
     """One group's events through one allocator."""
 
     def __init__(
-        self, history: History, group: Group, settings: Settings, capacity: int | None, phases: Sequence[PhaseStat] = ()
+        self,
+        history: History,
+        group: Group,
+        settings: Settings,
+        capacity: int | None,
+        phases: Sequence[PhaseStat] = (),
+        fraction_limit: int | None = None,
     ) -> None:
         self.history, self.group, self.settings, self.capacity = history, group, settings, capacity
+        self.fraction_limit = fraction_limit
         pid = dict(group.track.labels).get("pid")
         self.phases = [p for p in phases if p.phase != NO_PHASE and (not pid or not p.pid or p.pid == pid)]
         self.sites = Sites()
@@ -90,7 +97,7 @@ class HistoryReplay:
         return found
 
     def run(self, stop_at: int | None = None) -> tuple[Allocator, Outcome]:
-        sim = Allocator(self.settings, self.capacity)
+        sim = Allocator(self.settings, self.capacity, fraction_limit=self.fraction_limit)
         out = Outcome(self.group.name, self.settings.describe())
         if not self.group.device.startswith("cuda"):
             out.notes.append(CPU_NOTE)

@@ -15,6 +15,7 @@ from gpuflame.model.history import History
 from gpuflame.model.phases import PhaseStat
 from gpuflame.simulate import snapshot as snapshots
 from gpuflame.simulate.allocator import Allocator
+from gpuflame.simulate.gpus import CUDA_CONTEXT
 from gpuflame.simulate.history import HistoryReplay, groups
 from gpuflame.simulate.outcome import Outcome, Sites
 from gpuflame.simulate.settings import DEFAULTS, Settings, from_recorded, parse_alloc_conf
@@ -64,8 +65,16 @@ def settings_for(inp: Input, alloc_conf: str | None) -> Settings:
 class Run:
     """One replay of every device of an input."""
 
-    def __init__(self, inp: Input, settings: Settings, capacity: int | None = None, device: str | None = None) -> None:
+    def __init__(
+        self,
+        inp: Input,
+        settings: Settings,
+        capacity: int | None = None,
+        device: str | None = None,
+        fraction_limit: int | None = None,
+    ) -> None:
         self.inp, self.settings, self.capacity, self.device = inp, settings, capacity, device
+        self.fraction_limit = fraction_limit  # set_per_process_memory_fraction's bytes: the garbage collector acts
         self.recorded = settings == inp.recorded
 
     def replays(self) -> list[Any]:
@@ -76,12 +85,14 @@ class Run:
                 devices = [d for d in devices if f"cuda:{d}" == self.device]
             sites = Sites()
             return [
-                snapshots.DeviceReplay(inp.snapshot, d, self.settings, self.recorded, self.capacity, sites)
+                snapshots.DeviceReplay(
+                    inp.snapshot, d, self.settings, self.recorded, self.capacity, sites, self.fraction_limit
+                )
                 for d in devices
             ]
         assert inp.history is not None
         return [
-            HistoryReplay(inp.history, g, self.settings, self.capacity, inp.phases)
+            HistoryReplay(inp.history, g, self.settings, self.capacity, inp.phases, self.fraction_limit)
             for g in groups(inp.history, self.device)
         ]
 
@@ -122,23 +133,74 @@ def _untrusted(source: str) -> Iterator[None]:
         ) from None
 
 
-# what --suggest tries, each over the recorded settings
+# what --suggest tries, each over the recorded settings (the garbage collector: see Candidate)
 CANDIDATES = (
     "expandable_segments:True",
     "max_split_size_mb:128",
     "max_split_size_mb:512",
     "roundup_power2_divisions:4",
     "roundup_power2_divisions:8",
-    "garbage_collection_threshold:0.6",
 )
+GC_CANDIDATE = "garbage_collection_threshold:0.6"
 
 
-def suggest(inp: Input, capacity: int | None, device: str | None) -> list[tuple[str, list[Outcome]]]:
-    """Each candidate setting and its outcomes (garbage collection only acts where a capacity is known)."""
+@dataclass
+class Candidate:
+    """One setting tried: the change, the whole PYTORCH_CUDA_ALLOC_CONF to export, and any code it needs.
+
+    The garbage collector runs only where the program set a memory
+    fraction, so it is tried only on a known device size: under the
+    user's ``--memory-fraction``, else under
+    ``set_per_process_memory_fraction(1.0)``, a line of code the
+    suggestion spells out.
+    """
+
+    change: str
+    settings: Settings
+    fraction_limit: int | None = None
+    code: str | None = None
+    outcomes: list[Outcome] = field(default_factory=list)
+
+    @property
+    def export(self) -> str:
+        return f"export PYTORCH_CUDA_ALLOC_CONF={self.settings.describe()}"
+
+    @property
+    def advice(self) -> str:
+        """The one change and how to make it."""
+        how = f"`{self.export}`"
+        if self.code:
+            how += f" and call `{self.code}` in the program before its first CUDA allocation"
+        return how
+
+
+def candidates(inp: Input, capacity: int | None, fraction: float | None) -> list[Candidate]:
+    """The settings --suggest tries: each acts on this run (the ones equal to the recorded settings are left out)."""
     out = []
     for conf in CANDIDATES:
         settings = parse_alloc_conf(conf, inp.recorded)
-        if settings == inp.recorded:
-            continue
-        out.append((conf, Run(inp, settings, capacity, device).outcomes()))
+        if settings != inp.recorded:
+            out.append(Candidate(conf, settings))
+    if capacity is not None:
+        total = capacity + CUDA_CONTEXT
+        settings = parse_alloc_conf(GC_CANDIDATE, inp.recorded)
+        if fraction is not None and settings != inp.recorded:
+            out.append(Candidate(GC_CANDIDATE, settings, int(fraction * total)))
+        else:
+            out.append(
+                Candidate(
+                    f"{GC_CANDIDATE} with a memory fraction set",
+                    settings,
+                    total,
+                    "torch.cuda.set_per_process_memory_fraction(1.0)",
+                )
+            )
     return out
+
+
+def suggest(inp: Input, capacity: int | None, device: str | None, fraction: float | None = None) -> list[Candidate]:
+    """Each candidate setting with its outcomes."""
+    tried = candidates(inp, capacity, fraction)
+    for c in tried:
+        c.outcomes = Run(inp, c.settings, capacity, device, c.fraction_limit).outcomes()
+    return tried

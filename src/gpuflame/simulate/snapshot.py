@@ -84,6 +84,7 @@ class DeviceReplay:
         recorded: bool,
         capacity: int | None = None,
         sites: Sites | None = None,
+        fraction_limit: int | None = None,
     ) -> None:
         trace = snapshot["device_traces"][device]
         if not all(type(e) is dict for e in trace):
@@ -96,6 +97,7 @@ class DeviceReplay:
         self.start = self._rebuild()
         self.recorded_reserved, self.oom_capacity = self._recorded_reserved()
         self.capacity = capacity if capacity is not None else self.oom_capacity
+        self.fraction_limit = fraction_limit
         self.compare = recorded and capacity is None  # a replay on another device size is not checked
         self.live: dict[int, Block] = {}
         self._marks = read_marks(snapshot)
@@ -226,7 +228,7 @@ class DeviceReplay:
         """Replay up to event *stop_at* (all by default); the allocator as it stands then and the outcome."""
         self._fresh = FRESH_BASE
         self._new_segments: list[tuple[int, int]] = []  # recorded (addr, size) made before the coming alloc
-        sim = Allocator(self.settings, self.capacity, self._address)
+        sim = Allocator(self.settings, self.capacity, self._address, self.fraction_limit)
         self._sim, self.live, self._held = sim, {}, []
         self._place_start(sim)
         out = Outcome(f"cuda:{self.device}", self.settings.describe())

@@ -54,9 +54,32 @@ def test_terminal_answer_and_suggest(capsys):
     assert rc == 0
     assert "reserved peak 1.77 GiB (recorded 1.77 GiB)" in out
     assert "fits: headroom" in out and "expandable_segments:True: reserved peak" in out
-    assert out.splitlines()[-1].startswith("verdict: expandable_segments:True helps most")
+    assert out.splitlines()[-2].startswith("verdict: expandable_segments:True helps most")
+    assert out.splitlines()[-1] == "  to use it: `export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`"
+    assert "garbage_collection_threshold:0.6 with a memory fraction set: " in out
     rc, out, _ = run(capsys, DECOMFL, "--suggest")
-    assert "garbage_collection_threshold:0.6: reserved peak 1.77 GiB, was 1.77 GiB (it acts only where" in out
+    assert "garbage_collection_threshold: not tried (the collector runs only where a memory fraction is set" in out
+    assert "garbage_collection_threshold:0.6:" not in out
+
+
+def test_the_garbage_collector_acts_only_with_a_memory_fraction(capsys):
+    """DeComFL on 1.42 GiB usable (0.8 of its reserved peak): the threshold alone changes nothing."""
+
+    def replay(*argv: str) -> dict:
+        rc, out, _ = run(capsys, DECOMFL, "--gpu-memory", "1966MiB", "--json", *argv)
+        assert rc in (0, 1)
+        return json.loads(out)["devices"][0]
+
+    plain = replay()
+    threshold_only = replay("--alloc-conf", "garbage_collection_threshold:0.6")
+    assert threshold_only["simulated"] == plain["simulated"] and threshold_only["oom"] == plain["oom"]
+    collected = replay("--alloc-conf", "garbage_collection_threshold:0.6", "--memory-fraction", "1")
+    assert collected["simulated"]["segments_freed"] > plain["simulated"]["segments_freed"]
+    assert replay("--memory-fraction", "1")["simulated"] == plain["simulated"]  # 1.0 of the device: no lower limit
+    rc, _, err = run(capsys, DECOMFL, "--memory-fraction", "0.5")
+    assert rc == 2 and "--memory-fraction: give the device's memory too (--gpu-memory)" in err
+    rc, _, err = run(capsys, DECOMFL, "--gpu-memory", "L4", "--memory-fraction", "1.5")
+    assert rc == 2 and "F is between 0 and 1" in err
 
 
 def test_out_of_memory_on_a_smaller_gpu(capsys):
@@ -133,8 +156,8 @@ def test_suggest_on_a_gpu_too_small_for_the_recorded_settings(capsys):
     snap = str(DATA / "torch-snapshot-silmont2000-mem_snapshot.pickle.gz")
     rc, out, _ = run(capsys, snap, "--suggest", "--gpu-memory", "3.6GiB")
     assert rc == 0 and "OUT OF MEMORY at event 52: a request of 512.0 MiB from aten::mul.Tensor" in out
-    assert out.splitlines()[-1].startswith("verdict: ")
-    assert "fits (reserved peak" in out.splitlines()[-1] and "the recorded settings run out of memory" in out
+    assert out.splitlines()[-2].startswith("verdict: ")
+    assert "fits (reserved peak" in out.splitlines()[-2] and "the recorded settings run out of memory" in out
 
 
 def test_one_device_of_two(capsys):
@@ -276,3 +299,41 @@ def test_report_reserved_peak_is_not_the_reserved_at_the_allocations_peak(tmp_pa
     ) in out
     rc, out, _ = run(capsys, str(snap), "--json")
     assert json.loads(out)["devices"][0]["recorded"]["reserved_peak"] == 80 * mib
+
+
+def test_every_suggestion_names_its_change_the_export_and_any_code(tmp_path: Path, capsys):
+    """Over recorded settings of max_split_size_mb:256: each export string keeps them and adds the one change."""
+    import pickle
+
+    from gpuflame.simulate.snapshot import read
+
+    snap = read((DATA / "torch-snapshot-silmont2000-mem_snapshot.pickle.gz").read_bytes())
+    snap["allocator_settings"]["max_split_size"] = 256 << 20
+    path = tmp_path / "split.pickle"
+    path.write_bytes(pickle.dumps(snap))
+    rc, out, _ = run(capsys, str(path), "--suggest", "--gpu-memory", "8GiB", "--json")
+    tried = {t["settings"]: t for t in json.loads(out)["suggest"]}
+    assert tried["expandable_segments:True"]["alloc_conf"] == "max_split_size_mb:256,expandable_segments:True"
+    assert tried["expandable_segments:True"]["code"] is None
+    gc = tried["garbage_collection_threshold:0.6 with a memory fraction set"]
+    assert gc["alloc_conf"] == "max_split_size_mb:256,garbage_collection_threshold:0.6"
+    assert gc["code"] == "torch.cuda.set_per_process_memory_fraction(1.0)"
+    rc, out, _ = run(capsys, str(path), "--suggest", "--gpu-memory", "8GiB", "--memory-fraction", "0.5", "--json")
+    tried = {t["settings"]: t for t in json.loads(out)["suggest"]}
+    assert tried["garbage_collection_threshold:0.6"]["code"] is None  # the program sets its fraction already
+    rc, out, _ = run(capsys, str(DATA / "torch-snapshot-silmont2000-mem_snapshot.pickle.gz"), "--suggest")
+    assert out.splitlines()[-2].startswith("verdict: max_split_size_mb:128 helps most")
+    assert out.splitlines()[-1] == "  to use it: `export PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:128`"
+
+
+def test_a_suggestion_that_needs_code_says_so_in_full():
+    from gpuflame.simulate.replay import Input, candidates
+    from gpuflame.simulate.settings import DEFAULTS
+
+    (gc,) = [c for c in candidates(Input("<test>"), 4 << 30, None) if c.code]
+    assert gc.advice == (
+        "`export PYTORCH_CUDA_ALLOC_CONF=garbage_collection_threshold:0.6` and call "
+        "`torch.cuda.set_per_process_memory_fraction(1.0)` in the program before its first CUDA allocation"
+    )
+    assert gc.fraction_limit == (4 << 30) + (512 << 20) and gc.settings != DEFAULTS
+    assert not [c for c in candidates(Input("<test>"), None, None) if c.settings.garbage_collection_threshold]

@@ -110,17 +110,20 @@ def test_expandable_segments_grow_in_pages():
 
 
 def test_garbage_collection_releases_old_blocks_past_the_threshold():
+    """set_per_process_memory_fraction(0.5) of 200 MiB: 100 MiB allowed, the collector's threshold 30 MiB."""
     conf = parse_alloc_conf("garbage_collection_threshold:0.3")
-    a = Allocator(conf, capacity=100 * MiB)
+    a = Allocator(conf, capacity=200 * MiB, fraction_limit=100 * MiB)
+    assert a.capacity == 100 * MiB  # the fraction caps what cudaMalloc may take
     old = a.malloc(40 * MiB)
     addr = old.addr
     a.free(old)
     a.malloc(50 * MiB)  # no cached block fits, 40 MiB reserved is past 30: the unused block is released first
     assert ("segment_free", addr, 40 * MiB) in a.events
-    without = Allocator(DEFAULTS, capacity=100 * MiB)
-    without.free(without.malloc(40 * MiB))
-    without.malloc(50 * MiB)
-    assert [e[0] for e in without.events] == ["segment_alloc", "segment_alloc"]
+    for without in (Allocator(DEFAULTS, capacity=100 * MiB), Allocator(conf, capacity=100 * MiB)):
+        # no collector: the threshold alone does nothing where no memory fraction is set (PyTorch's set_fraction)
+        without.free(without.malloc(40 * MiB))
+        without.malloc(50 * MiB)
+        assert [e[0] for e in without.events] == ["segment_alloc", "segment_alloc"]
 
 
 @pytest.mark.parametrize(
