@@ -24,7 +24,7 @@ from gpuflame.agent.events import CodeRecord
 from gpuflame.agent.lru import LRU
 from gpuflame.model.profile import Frame
 from gpuflame.symbols.names import MODULE, display_name
-from gpuflame.symbols.qualnames import MAX_SOURCE_BYTES, FileIndex, index_source
+from gpuflame.symbols.source_index import MAX_SOURCE_BYTES, FileIndex, index_source
 
 MAX_STRING = 4096
 MAX_LINETABLE = 1 << 18  # a 10,000-line function's table is ~60 KiB

@@ -30,7 +30,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from gpuflame.symbols.qualnames import FileIndex, Span
+from gpuflame.symbols.source_index import FileIndex, Span
 
 FORMAT = 1  # bump when Span or the way spans are found changes
 MAX_ENTRY_BYTES = 16 << 20

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from gpuflame.symbols import index_cache, qualnames
-from gpuflame.symbols.qualnames import Resolver, index_source
+from gpuflame.symbols.qualnames import Resolver
+from gpuflame.symbols.source_index import index_source
 
 SOURCE = textwrap.dedent(
     '''\

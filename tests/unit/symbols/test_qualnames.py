@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from gpuflame.symbols import qualnames
-from gpuflame.symbols.qualnames import Resolver, display, index_source, qualname
+from gpuflame.symbols.qualnames import Resolver, display, qualname
+from gpuflame.symbols.source_index import index_source
 from tests.helpers.paths import FIXTURES
 
 TRICKY = textwrap.dedent(
