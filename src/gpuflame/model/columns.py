@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from gpuflame.model.profile import Labels, LabelSetTotal, Sample
+from gpuflame.model.parts import Labels, LabelSetTotal, Sample
 
 
 class SampleColumns(NamedTuple):

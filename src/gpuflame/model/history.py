@@ -36,8 +36,9 @@ from dataclasses import dataclass, field
 from itertools import accumulate, chain, islice
 
 from gpuflame.model import comments as comment_data
-from gpuflame.model.profile import FRAME_KINDS, Frame
+from gpuflame.model.parts import Frame
 from gpuflame.model.timeline import Point, downsample
+from gpuflame.symbols.kinds import FRAME_KINDS
 
 PREFIX = "gpuflame-history-v1:"
 MAX_EVENTS = 1_000_000  # events a recorder keeps (the oldest half is folded when full): ~24 MB

@@ -13,11 +13,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
-from typing import TYPE_CHECKING, NamedTuple, overload
+from typing import TYPE_CHECKING, overload
 
 from gpuflame.errors import UnknownSampleTypeError
+from gpuflame.model.parts import Frame, Labels, LabelSetTotal, Sample, SampleType, make_labels  # noqa: F401 - the profile's parts, named with it
 from gpuflame.model.peak import BOUND, PROCESS, PeakUnit, describe
 from gpuflame.model.phases import PhaseStat
+from gpuflame.model.processes import ProcessInfo
 from gpuflame.model.timeline import Timeline
 from gpuflame.symbols.kinds import FRAME_KINDS, NATIVE, PYTHON, SYNTHETIC, TRAMPOLINE_KIND  # noqa: F401 - with Frame
 from gpuflame.units import format_bytes
@@ -30,86 +32,8 @@ if TYPE_CHECKING:
 TYPE_ALIASES = {"peak": "peak_space", "inuse": "inuse_space", "alloc": "alloc_space"}
 
 
-class Frame(NamedTuple):
-    """One function in a stack, named per the AKS guide's table (``Foo > bar``).
-
-    ``line`` is the line running in this frame (where it called on, or
-    allocated: pprof's ``Line.line``); ``start_line`` is where the function
-    is defined (its ``def``, decorators included, as ``co_firstlineno``:
-    pprof's ``Function.start_line``), 0 when unknown.
-    """
-
-    name: str
-    file: str = ""
-    line: int = 0
-    kind: str = PYTHON
-    start_line: int = 0
-
-    def location(self) -> str:
-        """``file:line`` for tooltips and reports; empty when unknown."""
-        if not self.file:
-            return ""
-        return f"{self.file}:{self.line}" if self.line else self.file
-
-
-class SampleType(NamedTuple):
-    """A pprof sample type such as ``peak_space/bytes``."""
-
-    type: str
-    unit: str
-
-    def __str__(self) -> str:
-        return f"{self.type}/{self.unit}"
-
-
-Labels = tuple[tuple[str, str], ...]
-
-
-class LabelSetTotal(NamedTuple):
-    """One distinct label set of a profile: each sample type's sum over its samples, and which are not all 0."""
-
-    labels: Labels
-    totals: tuple[int, ...]
-    nonzero: tuple[bool, ...]
-
-
-class Sample:
-    """Stack (frame ids, leaf first), one value per sample type, labels."""
-
-    __slots__ = ("stack", "values", "labels")
-
-    def __init__(self, stack: tuple[int, ...], values: tuple[int, ...], labels: Labels = ()) -> None:
-        self.stack = stack
-        self.values = values
-        self.labels = labels
-
-    def label(self, key: str, default: str | None = None) -> str | None:
-        for k, v in self.labels:
-            if k == key:
-                return v
-        return default
-
-    def __repr__(self) -> str:
-        return f"Sample(stack={self.stack!r}, values={self.values!r}, labels={self.labels!r})"
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Sample):
-            return NotImplemented
-        return (self.stack, self.values, self.labels) == (other.stack, other.values, other.labels)
-
-    __hash__ = None  # type: ignore[assignment]
-
-
 _LABELS = attrgetter("labels")
 _VALUES = attrgetter("values")
-
-
-def make_labels(labels: Mapping[str, object] | Iterable[tuple[str, object]] | None) -> Labels:
-    """Canonical label tuple: string values, sorted by key, so equal sets compare equal."""
-    if not labels:
-        return ()
-    items = labels.items() if isinstance(labels, Mapping) else labels
-    return tuple(sorted((str(k), str(v)) for k, v in items))
 
 
 class _Samples:
@@ -161,6 +85,8 @@ class Profile:
     phases: list[PhaseStat] = field(default_factory=list)
     # every allocation and free, bounded (model/history.py); None when the source kept none
     history: History | None = None
+    # who each process was: pid, rank, command line, its own peak (model/processes.py); empty when none said
+    processes: list[ProcessInfo] = field(default_factory=list)
     # a profile of one moment or window (model/moment.py): what it shows, in words; "" for the peak and the end
     moment: str = ""
     _frame_ids: dict[Frame, int] = field(default_factory=dict, repr=False, compare=False)
@@ -409,6 +335,7 @@ class Profile:
             peaks=list(self.peaks),
             phases=list(self.phases),
             history=self.history,
+            processes=list(self.processes),
             moment=self.moment,
         )
 
