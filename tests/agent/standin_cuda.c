@@ -10,6 +10,7 @@
  */
 #include <cuda.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdint.h>
 #include <stdlib.h>
 
@@ -25,13 +26,19 @@ static uint64_t next_address = 0x7f0000000000ull;
 static uint64_t next_handle = 0x1000;
 static int initialized;
 /* gpuflame_standin_reuse(1): device addresses freed are handed out again at once, last freed first (as a
- * real allocator reuses them), so that frees and allocations of one address race across threads */
+ * real allocator reuses them), and a free yields the CPU after releasing its block, before it returns, so
+ * that another thread's allocation gets the address while the free is still in flight (a real driver may
+ * hand an address out again before its free has returned) */
 #define REUSE_SLOTS 4096
 static uint64_t reusable[REUSE_SLOTS];
 static unsigned n_reusable;
 static int reuse;
 
 void gpuflame_standin_reuse(int on) { reuse = on; }
+/* gpuflame_standin_refuse(1): every free, release and unmap fails and keeps what it would drop, as in a
+ * context with a sticky error */
+static int refuse;
+void gpuflame_standin_refuse(int on) { refuse = on; }
 
 static uint64_t slot_of(uint64_t key) { return (key * 0x9e3779b97f4a7c15ull) >> 44; }
 
@@ -67,11 +74,16 @@ static CUresult hand_out(uint64_t *out, size_t size, uint64_t *counter, uint64_t
 }
 
 static CUresult take_back(uint64_t key) {
+    if (refuse) return CUDA_ERROR_ILLEGAL_ADDRESS;
     pthread_mutex_lock(&lock);
     int ok = forget(key);
     if (ok && reuse && !(key & (HANDLE_TAG | HOST_TAG)) && n_reusable < REUSE_SLOTS)
         reusable[n_reusable++] = key;
     pthread_mutex_unlock(&lock);
+    if (ok && reuse) { /* released: let another thread take the address before this free returns */
+        sched_yield();
+        for (volatile int spin = 0; spin < 2000; spin++) {}
+    }
     return ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
@@ -156,6 +168,7 @@ static void vmm_hold(uint64_t handle) {
 }
 
 CUresult CUDAAPI cuMemRelease(CUmemGenericAllocationHandle handle) {
+    if (refuse) return CUDA_ERROR_ILLEGAL_ADDRESS;
     pthread_mutex_lock(&lock);
     int slot = held_slot(handle);
     pthread_mutex_unlock(&lock);
@@ -178,6 +191,7 @@ CUresult CUDAAPI cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGene
     return rc;
 }
 CUresult CUDAAPI cuMemUnmap(CUdeviceptr ptr, size_t size) {
+    if (refuse) return CUDA_ERROR_ILLEGAL_ADDRESS;
     CUresult rc = CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&lock);
     for (int i = 0; i < VMM_SLOTS; i++)

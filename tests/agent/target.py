@@ -4,9 +4,9 @@ It calls the stand-in libcuda through ctypes and writes, for every call, a
 JSON line with what it did and the Python stack that did it (from
 ``sys._getframe`` on the line of the call: one line each, ``# fmt: skip``), so a test can compute the exact
 profile the agent must produce. Commands come one per line on stdin
-(``load`` with ``late``, ``basic``, ``ptsz``, ``vmm``, ``threads``, ``race N``, ``crowd N``, ``cells N``,
-``deep N``, ``hold``, ``release``, ``fork``, ``init``, ``oom``, ``exit``); ``ready`` and ``done``
-lines pace the test. With the argument
+(``load`` with ``late``, ``basic``, ``ptsz``, ``vmm``, ``threads``, ``race N``, ``flood N``, ``crowd N``, ``cells N``,
+``deep N``, ``hold``, ``release``, ``fork``, ``refused``, ``refused_vmm``, ``init``, ``oom``, ``exit``); ``ready``
+and ``done`` lines pace the test. With the argument
 ``seccomp`` it first puts itself under an allow-all seccomp filter.
 """
 
@@ -148,6 +148,31 @@ def vmm_lifetimes():
     assert LIB.cuMemRelease(u64(h3)) == 0
 
 
+REFUSED = []
+
+
+def refused_frees():
+    """A context with a sticky error: the driver refuses a free, a pinned free, a release and an unmap, and
+    the blocks live on (the log says failed_free); each is booked at its call's entry, then undone."""
+    va = 0x7D0000000000
+    kept, pinned, handle = device_alloc(1 << 16), pinned_alloc(4096), vmm_create(1 << 20, 0)
+    assert LIB.cuMemMap(u64(va), size_t(1 << 20), size_t(0), u64(handle), u64(0)) == 0
+    LIB.gpuflame_standin_refuse(1)
+    free("cuMemFree_v2", kept)
+    free("cuMemFreeHost", pinned)
+    free("cuMemRelease", handle)
+    assert LIB.cuMemUnmap(u64(va), size_t(1 << 20)) != 0
+    LIB.gpuflame_standin_refuse(0)
+    REFUSED[:] = [va, handle]
+
+
+def refused_vmm_dropped():
+    """After refused_frees: the mapping and the handle dropped for real (the memory goes with the second)."""
+    va, handle = REFUSED
+    assert LIB.cuMemUnmap(u64(va), size_t(1 << 20)) == 0
+    free("cuMemRelease", handle)
+
+
 def pinned_alloc(n):
     p = u64(); rc = LIB.cuMemAllocHost_v2(ctypes.byref(p), size_t(n)); here = stack(sys._getframe())  # noqa: E702  # fmt: skip
     return check(rc, "cuMemAllocHost_v2", p.value, n, "host", here)
@@ -232,6 +257,18 @@ def churn(n, size):
         p = u64()
         assert LIB.cuMemAlloc_v2(ctypes.byref(p), size_t(size)) == 0
         assert LIB.cuMemFree_v2(u64(p.value)) == 0
+
+
+FLOODING = []
+
+
+def flood(n_threads):
+    """*n_threads* threads allocating and freeing until the process ends (a workload flooding the agent); says
+    done at once."""
+    for _ in range(n_threads):
+        t = threading.Thread(target=churn, args=(1 << 62, 4096), daemon=True)
+        t.start()
+        FLOODING.append(t)
 
 
 def race(pairs):
@@ -327,6 +364,8 @@ def main():
             threads()
         elif cmd[0] == "race":
             race(int(cmd[1]))
+        elif cmd[0] == "flood":
+            flood(int(cmd[1]))
         elif cmd[0] == "crowd":
             crowd(int(cmd[1]))
         elif cmd[0] == "cells":
@@ -341,6 +380,10 @@ def main():
             HELD.clear()
         elif cmd[0] == "fork":
             fork()
+        elif cmd[0] == "refused":
+            refused_frees()
+        elif cmd[0] == "refused_vmm":
+            refused_vmm_dropped()
         elif cmd[0] == "init":  # one driver call (through ctypes' one call site), allocating nothing
             LIB.cuInit(0)
         elif cmd[0] == "oom":

@@ -17,7 +17,7 @@ import pytest
 from gpuflame.agent import events
 from gpuflame.agent.build import BPF_DIR
 from gpuflame.agent.elf import read_elf
-from gpuflame.agent.ledger import Ledger
+from gpuflame.agent.ledger import HANDLE, Ledger
 from gpuflame.agent.py_offsets import DEBUG_POSITIONS, OFFSETS
 from gpuflame.agent.pyremote import line_for
 from tests.agent.agent_helpers import VERSIONS, cuda_include, python_for
@@ -242,16 +242,45 @@ def test_ledger_peak_equals_the_definition(seed):
     assert {s: v[2] for s, v in got.items()} == {s: inuse.get(s, 0) for s in got}
 
 
-def test_ledger_parks_a_block_whose_free_is_still_on_its_way():
-    """Thread A frees X, thread B gets X and its event comes first: A's free then takes A's block, not B's."""
+def test_ledger_books_a_free_at_its_entry_and_undoes_a_refused_one():
+    """Thread A frees X (booked at the call's entry, before the driver can hand X out again), thread B gets X:
+    B's block is B's. A free the driver refuses is undone: the block in use again, not allocated again, and
+    the peak it makes again counted."""
     ledger = Ledger()
     ledger.alloc(7, "cuda", 0, 0x1000, 100)
-    ledger.alloc(7, "cuda", 1, 0x1000, 30, park=True)  # B: X again, A's free still returning
-    assert ledger.free(7, 0x1000)  # A's free: A's block
+    assert ledger.free(7, 0x1000, tid=11)  # A's free, at its entry
+    ledger.alloc(7, "cuda", 1, 0x1000, 30)  # B: X again, A's free still in the driver
     assert {stack: v[2] for _, stack, v in ledger.rows()} == {0: 0, 1: 30}
-    assert ledger.free(7, 0x1000)  # B's own free
-    assert {stack: v[2] for _, stack, v in ledger.rows()} == {0: 0, 1: 0}
-    assert ledger.unmatched_frees == 0 and not ledger.parked
+    ledger.alloc(7, "cuda", 0, 0x2000, 50)
+    assert ledger.free(7, 0x2000, tid=12)
+    ledger.alloc(7, "cuda", 1, 0x3000, 40)
+    assert ledger.undo(7, 12, 0x2000)  # the driver refused thread 12's free of 0x2000
+    rows = {stack: v for _, stack, v in ledger.rows()}
+    assert rows[0] == (50, 1, 50, 1, 150, 2)  # in use again, at the new peak (120), allocated once
+    assert rows[1] == (70, 2, 70, 2, 70, 2)
+    assert not ledger.undo(7, 12, 0x2000) and ledger.undo_missed == 1  # nothing left to undo: counted
+    assert not ledger.free(7, 0x9999, tid=13) and ledger.unmatched_frees == 1
+    assert ledger.undo(7, 13, 0x9999) and ledger.unmatched_frees == 0  # a refused free of nothing known
+
+
+def test_ledger_undoes_a_refused_release_and_unmap():
+    """VMM: a release and an unmap drop a reference at their entry; refused, they take it back (the memory, if
+    it went with it, in use again)."""
+    ledger = Ledger()
+    handle = HANDLE | 0x55
+    ledger.alloc(7, "cuda:0", 0, handle, 1 << 20)
+    ledger.map(7, 0x7D0000000000, 1 << 20, 0x55)  # two references
+    ledger.release(7, 0x55, tid=21)
+    ledger.unmap(7, 0x7D0000000000, 1 << 20, tid=22)  # the last: the memory goes
+    assert {stack: v[2] for _, stack, v in ledger.rows()} == {0: 0}
+    assert ledger.undo(7, 22, 0x7D0000000000)  # the unmap refused: mapped and held again
+    assert ledger.undo(7, 21, handle)  # the release refused: two references again
+    assert {stack: v[2] for _, stack, v in ledger.rows()} == {0: 1 << 20}
+    ledger.release(7, 0x55)
+    assert {stack: v[2] for _, stack, v in ledger.rows()} == {0: 1 << 20}  # the mapping still holds it
+    ledger.unmap(7, 0x7D0000000000, 1 << 20)
+    assert {stack: v[2] for _, stack, v in ledger.rows()} == {0: 0}
+    assert ledger.undo_missed == ledger.unmatched_frees == 0
 
 
 @pytest.mark.parametrize(

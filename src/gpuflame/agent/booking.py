@@ -36,7 +36,6 @@ from gpuflame.agent.events import (
     F_NO_THREAD,
     F_NOT_REGISTERED,
     F_PENDING,
-    F_REPLACED,
     F_RETURNED,
     F_TRUNCATED,
     F_UNKNOWN,
@@ -57,7 +56,18 @@ from gpuflame.agent.events import (
     unpack_free,
     vmm_handle,
 )
-from gpuflame.agent.ledger import ALLOC, ALLOC_N, CHANGED, INUSE, INUSE_N, PEAK, PEAK_N, block_key, key_parts
+from gpuflame.agent.ledger import (
+    ALLOC,
+    ALLOC_N,
+    CHANGED,
+    INUSE,
+    INUSE_N,
+    MAX_IN_FLIGHT,
+    PEAK,
+    PEAK_N,
+    block_key,
+    key_parts,
+)
 from gpuflame.agent.libbpf import BpfError, RingBuffer
 from gpuflame.agent.pending import Pending
 from gpuflame.agent.process import Process
@@ -88,11 +98,11 @@ class Booking(AgentState):
         :meth:`_handle`, which books those two alike (tests/agent/test_agent_reader.py holds both ways to the
         same rows)."""
         ledger, raw_stacks, labels = self.ledger, self._raw_stacks, _LABELS
-        blocks_of, groups, parked, clock = ledger.blocks, ledger.groups, ledger.parked, ledger.clock
+        blocks_of, groups, in_flight, clock = ledger.blocks, ledger.groups, ledger.in_flight, ledger.clock
         fields, frames_at, flagged = RING_RECORD.unpack_from, 8 + HEADER.size, RingBuffer.DISCARD
         while consumer < stop:
             at = page + (consumer & mask)
-            length, type_, kind, flags, tgid, addr, size, device = fields(data, at)  # one call for all
+            length, type_, kind, flags, tgid, tid, addr, size, device = fields(data, at)  # one call for all
             if length >= flagged:  # busy or discarded (the two top bits)
                 if length & RingBuffer.BUSY:
                     break  # being written: read at the next drain
@@ -100,10 +110,14 @@ class Booking(AgentState):
                 continue
             consumer += (length + 15) & ~7  # the 8-byte ring header, 8-aligned
             try:
-                if type_ == EV_FREE and kind != K_RELEASE:
+                if type_ == EV_FREE and kind != K_RELEASE and not flags:
                     blocks = blocks_of.get(tgid)
-                    block = blocks.pop(addr, None) if blocks is not None and not parked else None
+                    block = blocks.pop(addr, None) if blocks is not None else None
                     if block is not None:
+                        if len(in_flight) < MAX_IN_FLIGHT or tid in in_flight:  # Ledger.note, inlined
+                            in_flight[tid] = (tgid, addr, block)
+                        else:
+                            ledger.note(tid, (tgid, addr, block))
                         g, line, size = block
                         clock += 1  # Ledger.free, inlined
                         if line[CHANGED] <= g.peak_time:
@@ -152,12 +166,14 @@ class Booking(AgentState):
 
     def _handle(self, data: bytes) -> None:
         kind = data[0]
-        if kind == EV_FREE:  # the most frequent with allocations: kept short
-            tgid, addr = unpack_free(data)
-            if data[1] == K_RELEASE:
-                self.ledger.release(tgid, addr)
+        if kind == EV_FREE:  # the most frequent with allocations: kept short; booked at the call's entry
+            flags, tgid, tid, addr = unpack_free(data)
+            if flags & F_FAILED:  # the driver refused it: undone
+                self.ledger.undo(tgid, tid, block_key(data[1] == K_RELEASE, addr))
+            elif data[1] == K_RELEASE:
+                self.ledger.release(tgid, addr, tid)
             else:
-                self.ledger.free(tgid, addr)
+                self.ledger.free(tgid, addr, tid)
         elif kind == EV_ALLOC:
             self._alloc(data)
         elif kind == EV_RESULT:
@@ -176,8 +192,10 @@ class Booking(AgentState):
             h = header(data)
             if h.kind == K_MAP:
                 self.ledger.map(h.tgid, h.addr, h.size, vmm_handle(data))
+            elif h.kind == K_UNMAP and h.flags & F_FAILED:  # refused: the mapping holds on
+                self.ledger.undo(h.tgid, h.tid, h.addr)
             elif h.kind == K_UNMAP:
-                self.ledger.unmap(h.tgid, h.addr, h.size)
+                self.ledger.unmap(h.tgid, h.addr, h.size, h.tid)
             elif h.kind == K_RETAIN:
                 self.ledger.retain(h.tgid, h.addr)
         elif kind == EV_DRIVER:
@@ -232,14 +250,7 @@ class Booking(AgentState):
         if flags & F_PENDING:
             self.pending.add(tgid, tid, Pending(seq, kind, device_label(device), stack))
             return
-        self.ledger.alloc(
-            tgid,
-            device_label(device),
-            stack,
-            block_key(kind == K_CREATE, addr),
-            size,
-            park=not flags & F_REPLACED and kind != K_CREATE,
-        )
+        self.ledger.alloc(tgid, device_label(device), stack, block_key(kind == K_CREATE, addr), size)
 
     def _result(self, h: Header) -> None:
         call = self.pending.take(h.tgid, h.tid, h.seq)

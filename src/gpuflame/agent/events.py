@@ -23,7 +23,7 @@ EV_VMM = 11  # a VMM reference: kind, addr, size, and the handle after the heade
 # event flags
 F_NOT_REGISTERED, F_NO_THREAD, F_TRUNCATED, F_UNTRACKED = 1, 2, 4, 8
 F_PENDING, F_FAILED, F_RETURNED, F_UNKNOWN = 16, 32, 64, 128
-F_REPLACED = 256  # an allocation at an address whose free was missed (none is still returning)
+F_REPLACED = 256  # an allocation at an address whose free was missed (frees are sent at their entry)
 
 DEVICE_CUDA, DEVICE_HOST = -1, -2
 P_NATIVE = 1
@@ -66,8 +66,8 @@ INIT = "cuInit"
 
 HEADER = struct.Struct("<BBHHHIIQQQiI16s")
 # a record where it lies in the ring, its 8-byte ring header first: length word (busy and discard bits),
-# type, kind, flags, tgid, addr, size, device (what booking a free or an allocation of a named stack needs)
-RING_RECORD = struct.Struct("<I4xBB4xHI4xQQ8xi")
+# type, kind, flags, tgid, tid, addr, size, device (what booking a free or an allocation of a named stack needs)
+RING_RECORD = struct.Struct("<I4xBB4xHIIQQ8xi")
 OFFSET_FIELDS = (
     "runtime_interp_head",
     "interp_threads_head",
@@ -126,10 +126,10 @@ def header(data: bytes) -> Header:
     return Header._make(HEADER.unpack_from(data))
 
 
-_FREE = struct.Struct("<8xI4xQ")  # tgid and address of a free record, nothing else
+_FREE = struct.Struct("<6xHIIQ")  # flags, tgid, tid and address of a free record, nothing else
 
 
-def unpack_free(data: bytes) -> tuple[int, int]:
+def unpack_free(data: bytes) -> tuple[int, int, int, int]:
     return _FREE.unpack_from(data)
 
 

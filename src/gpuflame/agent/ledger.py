@@ -9,7 +9,9 @@ had at that peak.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 Group = tuple[int, str]  # (pid, device)
 BlockKey = int  # an address, or HANDLE | a cuMemCreate handle: an int hashes and compares faster than a tuple
@@ -40,6 +42,9 @@ class GroupState:
 
 
 Block = tuple[GroupState, list[int], int]  # a live block: its group's state, its row, size (both outlive it)
+Steps = list[Callable[[], None]]  # what undoes a VMM release or unmap, in the order it was done
+InFlight = tuple[int, BlockKey, "Block | Steps | None"]  # a free-like call booked at its entry: pid, key, undo
+MAX_IN_FLIGHT = 1 << 16  # threads whose last free-like call is kept for its undo (more: forgotten at once)
 
 
 class Ledger:
@@ -50,9 +55,11 @@ class Ledger:
         self.blocks: dict[int, dict[BlockKey, Block]] = {}
         self.clock = 0
         self.unmatched_frees = 0
-        # (pid, key) -> block: taken over by a new allocation while its own free, already done in the
-        # driver, was still returning (its event comes next and takes this one away)
-        self.parked: dict[tuple[int, BlockKey], Block] = {}
+        # tid -> (pid, key, what): each thread's last free-like call, booked at its entry (the driver may hand
+        # the address out again from inside the call), kept to undo it if the driver refuses the call: a Block
+        # to book again, None (an unknown address, counted), or the steps of a VMM release or unmap to reverse
+        self.in_flight: dict[int, InFlight] = {}
+        self.undo_missed = 0  # refused calls whose booking could not be undone (its record was gone)
         # VMM: a cuMemCreate block lives while its handles (cuMemCreate's, each cuMemRetainAllocationHandle's)
         # and its mappings hold it
         self.refs: dict[tuple[int, int], int] = {}  # (pid, handle) -> references
@@ -70,9 +77,28 @@ class Ledger:
         line[CHANGED] = clock
         g.total -= size
 
-    def alloc(self, pid: int, device: str, stack: int, key: BlockKey, size: int, park: bool = False) -> None:
-        """Book a block. An address still booked: its free was missed (released now), or, with *park*, its
-        free is still on its way (the block waits for it)."""
+    def _rebook(self, pid: int, key: BlockKey, block: Block) -> None:
+        """A freed block back in use (its free was refused): in use and the peak again, not allocated again."""
+        blocks = self.blocks.setdefault(pid, {})
+        if key in blocks:
+            return  # the address was booked again meanwhile (an event lost): the newer block stays
+        g, line, size = block
+        self.clock = clock = self.clock + 1
+        if line[CHANGED] <= g.peak_time:
+            line[PEAK] = line[INUSE]
+            line[PEAK_N] = line[INUSE_N]
+        line[INUSE] += size
+        line[INUSE_N] += 1
+        line[CHANGED] = clock
+        total = g.total = g.total + size
+        if total > g.peak_total:
+            g.peak_total = total
+            g.peak_time = clock
+        blocks[key] = block
+
+    def alloc(self, pid: int, device: str, stack: int, key: BlockKey, size: int) -> None:
+        """Book a block. An address still booked: its free was missed (released now; a free is booked at its
+        entry, so one still in the driver is booked already)."""
         group = (pid, device)
         g = self.groups.get(group)
         if g is None:
@@ -81,10 +107,7 @@ class Ledger:
         if blocks is None:
             blocks = self.blocks[pid] = {}
         elif key in blocks:  # an address handed out again without a free we saw
-            if park:
-                self.parked[(pid, key)] = blocks.pop(key)
-            else:
-                self._release(pid, key)
+            self._release(pid, key)
         # the common case (a row that exists, an address not in use) is booked in Booking._read_ring's loop
         self.clock = clock = self.clock + 1
         line = g.lines.get(stack)
@@ -107,15 +130,19 @@ class Ledger:
         if key >= HANDLE:
             self.refs[(pid, key - HANDLE)] = 1
 
-    def free(self, pid: int, key: BlockKey) -> bool:
-        """Free a block; False when it is not known (allocated before the agent started)."""
-        if self.parked:
-            parked = self.parked.pop((pid, key), None)
-            if parked is not None:
-                self._unbook(*parked)
-                return True
+    def note(self, tid: int, call: InFlight) -> None:
+        """Keep thread *tid*'s free-like call, booked at its entry, until its undo or the thread's next one."""
+        if len(self.in_flight) >= MAX_IN_FLIGHT and tid not in self.in_flight:
+            self.in_flight.clear()  # bounded: a call refused after this is counted in undo_missed
+        self.in_flight[tid] = call
+
+    def free(self, pid: int, key: BlockKey, tid: int = -1) -> bool:
+        """Free a block at its call's entry (*tid*: the calling thread, to undo it if the driver refuses the
+        call); False when it is not known (allocated before the agent started)."""
         blocks = self.blocks.get(pid)
         block = blocks.pop(key, None) if blocks is not None else None
+        if tid >= 0:
+            self.note(tid, (pid, key, block))
         if block is None:
             self.clock += 1
             self.unmatched_frees += 1
@@ -123,14 +150,57 @@ class Ledger:
         self._unbook(*block)
         return True
 
-    def release(self, pid: int, handle: int) -> bool:
-        """cuMemRelease: one handle less; the memory goes with the last reference (False: an unknown handle)."""
-        n = self.refs.get((pid, handle))
+    def undo(self, pid: int, tid: int, key: BlockKey) -> bool:
+        """The driver refused thread *tid*'s free-like call of *key*: what its entry booked is taken back."""
+        call = self.in_flight.pop(tid, None)
+        if call is None or call[0] != pid or call[1] != key:
+            self.undo_missed += 1  # its entry's record was lost (counted there) or forgotten (MAX_IN_FLIGHT)
+            return False
+        what = call[2]
+        if what is None:
+            self.unmatched_frees -= 1  # an unknown address the driver refused: no free of anything
+        elif isinstance(what, list):
+            for step in reversed(what):
+                step()
+        else:
+            self._rebook(pid, key, what)
+        return True
+
+    def release(self, pid: int, handle: int, tid: int = -1, steps: Steps | None = None) -> bool:
+        """cuMemRelease: one handle less; the memory goes with the last reference (False: an unknown handle).
+        *tid*: kept for its undo; *steps*: what undoes it is added there instead (an unmap's)."""
+        own: Steps = [] if steps is None else steps
+        ref, key = (pid, handle), HANDLE | handle
+        n = self.refs.get(ref)
         if n is not None and n > 1:
-            self.refs[(pid, handle)] = n - 1
-            return True
-        self.refs.pop((pid, handle), None)
-        return self.free(pid, HANDLE | handle)
+            self.refs[ref] = n - 1
+            own.append(partial(self._ref_back, ref))
+            known = True
+        else:
+            self.refs.pop(ref, None)
+            blocks = self.blocks.get(pid)
+            block = blocks.pop(key, None) if blocks is not None else None
+            if block is None:
+                self.clock += 1
+                self.unmatched_frees += 1
+                own.append(self._unmatched_undone)
+            else:
+                self._unbook(*block)
+                own.append(partial(self._handle_back, pid, key, block))
+            known = block is not None
+        if steps is None and tid >= 0:
+            self.note(tid, (pid, key, own))
+        return known
+
+    def _ref_back(self, ref: tuple[int, int]) -> None:
+        self.refs[ref] = self.refs.get(ref, 0) + 1
+
+    def _unmatched_undone(self) -> None:
+        self.unmatched_frees -= 1
+
+    def _handle_back(self, pid: int, key: BlockKey, block: Block) -> None:
+        self._rebook(pid, key, block)
+        self.refs[(pid, key - HANDLE)] = 1
 
     def map(self, pid: int, address: int, size: int, handle: int) -> None:
         """cuMemMap: the mapping holds the handle's memory until it is unmapped."""
@@ -138,12 +208,21 @@ class Ledger:
             self.refs[(pid, handle)] += 1
             self.mappings.setdefault(pid, {})[address] = (size, handle)
 
-    def unmap(self, pid: int, address: int, size: int) -> None:
-        """cuMemUnmap of [address, address + size): each mapping starting there lets go of its memory."""
+    def unmap(self, pid: int, address: int, size: int, tid: int = -1) -> None:
+        """cuMemUnmap of [address, address + size): each mapping starting there lets go of its memory (*tid*:
+        kept for its undo, under *address*)."""
         maps = self.mappings.get(pid, {})
         starts = [address] if address in maps else [a for a in maps if address <= a < address + size]
+        steps: Steps = []
         for start in starts:
-            self.release(pid, maps.pop(start)[1])
+            mapping = maps.pop(start)
+            steps.append(partial(self._map_back, pid, start, mapping))
+            self.release(pid, mapping[1], steps=steps)
+        if tid >= 0:
+            self.note(tid, (pid, address, steps))
+
+    def _map_back(self, pid: int, start: int, mapping: tuple[int, int]) -> None:
+        self.mappings.setdefault(pid, {})[start] = mapping
 
     def retain(self, pid: int, address: int) -> None:
         """cuMemRetainAllocationHandle: one more handle on the memory mapped at *address*."""
@@ -163,8 +242,8 @@ class Ledger:
         self.mappings.pop(pid, None)
         for ref in [ref for ref in self.refs if ref[0] == pid]:
             del self.refs[ref]
-        for pk in [pk for pk in self.parked if pk[0] == pid]:
-            self._unbook(*self.parked.pop(pk))
+        for tid in [tid for tid, call in self.in_flight.items() if call[0] == pid]:
+            del self.in_flight[tid]
         self.blocks.pop(pid, None)
         return keys
 

@@ -539,7 +539,7 @@ static __always_inline int record_alloc(struct pt_regs *ctx, struct thread_state
         struct block_key key = {.tgid = tgid, .handle = 0, .addr = addr};
         long err = bpf_map_update_elem(&live, &key, &size, BPF_NOEXIST); /* one map operation, mostly */
         if (err == -17 /* EEXIST */) {
-            e->flags |= F_REPLACED; /* no free of it was seen: not one still returning */
+            e->flags |= F_REPLACED; /* no free of it was seen (frees are sent at their entry) */
             err = bpf_map_update_elem(&live, &key, &size, BPF_ANY);
         }
         if (err) {
@@ -754,7 +754,24 @@ int BPF_KPROBE(create_enter, void *out, __u64 size, void *prop)
     return 0;
 }
 
-/* cuMemFree_v2, cuMemFreeAsync, cuMemRelease, cuMemFreeHost: (address or handle, ...) */
+/* A free-like call booked at its entry (EV_FREE), or, flagged F_FAILED, the undo of one the driver refused. */
+static __always_inline void send_free(__u32 kind, __u64 addr, __u64 size, __s32 device, __u16 flags)
+{
+    struct event *e = new_event(EV_FREE, kind, 0);
+    if (!e)
+        return;
+    e->addr = addr;
+    e->size = size;
+    e->device = device;
+    e->flags = flags;
+    send(e, 0);
+}
+
+/* cuMemFree_v2, cuMemFreeAsync, cuMemRelease, cuMemFreeHost: (address or handle, ...). A free takes effect
+ * when it is called: the driver may hand its address out again from inside the call, to another thread whose
+ * allocation then returns (and is sent) before this free returns. So the block leaves `live` and its free is
+ * sent here, at the entry, ahead in the ring of any allocation of that address; the uretprobe undoes it if
+ * the driver refused the call (F_FAILED: the block lives on, and its address was not handed out). */
 SEC("uprobe")
 int BPF_KPROBE(free_enter, __u64 addr)
 {
@@ -764,18 +781,30 @@ int BPF_KPROBE(free_enter, __u64 addr)
         return 0;
     }
     struct thread_state *t = stash(kind, addr, 0, 0, device_of(kind));
-    if (!t || kind == K_RELEASE) /* a handle: user space counts its references */
-        return 0;
-    /* The block leaves `live` now, before the driver can hand its address to another thread: that
-     * thread's allocation, returning before this free does, then finds no entry to overwrite (and this
-     * free does not take its block away). A refused free puts it back. */
-    struct block_key key = {.tgid = bpf_get_current_pid_tgid() >> 32, .handle = kind == K_RELEASE, .addr = addr};
-    __u64 *size = bpf_map_lookup_elem(&live, &key);
-    if (size) {
-        t->call.size = *size;
-        t->call.extra = 1;
-        bpf_map_delete_elem(&live, &key);
+    __u32 tgid = bpf_get_current_pid_tgid() >> 32;
+    __u64 size = 0, sent = 0; /* sent: 1 a known block, 2 a handle or an address matched in user space */
+    if (kind == K_RELEASE) { /* a handle: user space counts its references */
+        if (setting(SET_ONLY_REGISTERED) && !bpf_map_lookup_elem(&procs, &tgid))
+            return 0;
+        sent = 2;
+    } else {
+        struct block_key key = {.tgid = tgid, .handle = 0, .addr = addr};
+        __u64 *live_size = bpf_map_lookup_elem(&live, &key);
+        if (live_size) {
+            size = *live_size;
+            bpf_map_delete_elem(&live, &key);
+            sent = 1;
+        } else if (setting(SET_LIVE_OVERFLOWED)) {
+            sent = 2; /* the live map overflowed: user space matches the frees it does not know (it books every
+                       * allocation, the untracked ones too) */
+        }
     }
+    if (t) {
+        t->call.size = size;
+        t->call.extra = sent;
+    }
+    if (sent)
+        send_free(kind, addr, size, device_of(kind), 0);
     return 0;
 }
 
@@ -785,26 +814,18 @@ int BPF_KRETPROBE(free_exit, long rc)
     struct inflight call;
     if (!returning(&call))
         return 0;
-    struct block_key key = {.tgid = bpf_get_current_pid_tgid() >> 32, .handle = call.kind == K_RELEASE,
-                            .addr = call.out};
-    if (rc != 0) {
-        if (call.extra) /* refused: the block lives on, and its address was not handed out again */
-            bpf_map_update_elem(&live, &key, &call.size, BPF_NOEXIST);
+    if (rc == 0) {
+        if (!call.extra)
+            count(STAT_UNKNOWN_FREES); /* allocated before the agent started */
         return 0;
     }
-    if (!call.extra && call.kind != K_RELEASE && !setting(SET_LIVE_OVERFLOWED)) {
-        count(STAT_UNKNOWN_FREES); /* allocated before the agent started */
-        return 0;
+    if (!call.extra)
+        return 0; /* refused, and nothing was booked for it */
+    if (call.extra == 1) { /* refused: the block lives on */
+        struct block_key key = {.tgid = bpf_get_current_pid_tgid() >> 32, .handle = 0, .addr = call.out};
+        bpf_map_update_elem(&live, &key, &call.size, BPF_NOEXIST);
     }
-    /* once the live map has overflowed, user space matches the frees the map does not know (it books
-     * every allocation, the untracked ones too) */
-    struct event *e = new_event(EV_FREE, call.kind, 0);
-    if (!e)
-        return 0;
-    e->addr = call.out;
-    e->size = call.extra ? call.size : 0;
-    e->device = call.device;
-    send(e, 0);
+    send_free(call.kind, call.out, call.size, call.device, F_FAILED);
     return 0;
 }
 
@@ -833,7 +854,7 @@ int BPF_KPROBE(code_freed, __u64 code)
 }
 
 /* A VMM reference taken or dropped, for user space to count: the handle rides after the header. */
-static __always_inline void send_vmm(__u32 kind, __u64 addr, __u64 size, __u64 handle)
+static __always_inline void send_vmm(__u32 kind, __u64 addr, __u64 size, __u64 handle, __u16 flags)
 {
     __u32 tgid = bpf_get_current_pid_tgid() >> 32;
     if (!bpf_map_lookup_elem(&procs, &tgid) && setting(SET_ONLY_REGISTERED))
@@ -843,6 +864,7 @@ static __always_inline void send_vmm(__u32 kind, __u64 addr, __u64 size, __u64 h
         return;
     e->addr = addr;
     e->size = size;
+    e->flags = flags;
     e->nframes = 1; /* the slot that carries the handle */
     e->frames[0].code = handle;
     e->frames[0].instr = 0;
@@ -850,8 +872,9 @@ static __always_inline void send_vmm(__u32 kind, __u64 addr, __u64 size, __u64 h
 }
 
 /* cuMemMap(ptr, size, offset, handle, flags), cuMemUnmap(ptr, size), cuMemRetainAllocationHandle(&handle,
- * addr): the kind is the attach cookie. Entry-only probes send them at entry (a refused one is rare and
- * changes nothing user space can match: an unknown mapping or handle). */
+ * addr): the kind is the attach cookie. With return probes a map or a retain is sent once it succeeded, an
+ * unmap at its entry (undone, F_FAILED, if refused); entry-only probes send them all at entry (a refused one
+ * is rare and changes nothing user space can match: an unknown mapping or handle). */
 SEC("uprobe")
 int BPF_KPROBE(vmm_enter, __u64 a0, __u64 a1, __u64 a2, __u64 a3)
 {
@@ -862,9 +885,11 @@ int BPF_KPROBE(vmm_enter, __u64 a0, __u64 a1, __u64 a2, __u64 a3)
     if (setting(SET_ENTRY_ONLY)) {
         __u64 ret;
         entering(ctx, 0, 0, &ret);
-        send_vmm(kind, addr, size, handle);
+        send_vmm(kind, addr, size, handle, 0);
     } else {
         stash(kind, addr, size, handle, DEVICE_CUDA);
+        if (kind == K_UNMAP) /* a reference dropped takes effect when the call is made, as a free does */
+            send_vmm(kind, addr, size, handle, 0);
     }
     return 0;
 }
@@ -873,8 +898,12 @@ SEC("uretprobe")
 int BPF_KRETPROBE(vmm_exit, long rc)
 {
     struct inflight call;
-    if (returning(&call) && rc == 0)
-        send_vmm(call.kind, call.out, call.size, call.extra);
+    if (!returning(&call))
+        return 0;
+    if (call.kind != K_UNMAP && rc == 0)
+        send_vmm(call.kind, call.out, call.size, call.extra, 0);
+    else if (call.kind == K_UNMAP && rc != 0)
+        send_vmm(call.kind, call.out, call.size, call.extra, F_FAILED); /* refused: the mapping holds on */
     return 0;
 }
 

@@ -65,12 +65,13 @@
 #define F_TRUNCATED 4      /* deeper than MAX_FRAMES */
 #define F_UNTRACKED 8      /* the live-block map was full: its free will not be seen */
 #define F_PENDING 16       /* entry-only: the call has not returned; an EV_RESULT (same tid, seq) follows */
-#define F_FAILED 32        /* EV_RESULT: the call failed (or its output was unchanged): nothing allocated */
+#define F_FAILED 32        /* EV_RESULT: the call failed (or its output was unchanged): nothing allocated;
+                            * EV_FREE, EV_VMM (K_UNMAP): the driver refused the call booked at its entry: undo it */
 #define F_RETURNED 64      /* EV_RESULT: read at the call's return site (exact), not at the next entry */
 #define F_UNKNOWN 128      /* EV_RESULT: not read at the return site, and the output's memory may hold
                             * something else by now (heap, or a frame that returned): not counted */
-#define F_REPLACED 256     /* EV_ALLOC: the live map still held its address (a free missed), not a free
-                            * still returning from the driver (whose EV_FREE then comes after this) */
+#define F_REPLACED 256     /* EV_ALLOC: the live map still held its address: its free was missed (frees are
+                            * sent at their entry, ahead of any allocation of the address they release) */
 
 /* device: an ordinal, or one of these */
 #define DEVICE_CUDA -1 /* the context's device, not known from the call */
