@@ -18,11 +18,13 @@ from gpuflame.agent.confined import open_in_root
 from gpuflame.agent.elf import STT_FUNC, ElfError, ElfFile, pointer_at, read_at, read_elf
 from gpuflame.agent.lru import LRU
 from gpuflame.agent.py_offsets import OFFSETS
+from gpuflame.boundary.ranks import VARIABLES, rank_labels
 
 LIBCUDA = re.compile(r"(^|/)libcuda\.so(\.\d+)*$")
 LIBPYTHON = re.compile(r"(^|/)libpython(\d)\.(\d+)([a-z]*)\.so")
 PYTHON_EXE = re.compile(r"(^|/)python(\d)\.(\d+)([a-z]*)$")
 PAGE = 4096
+ENVIRON_BYTES = 1 << 20  # read of a process's environment: a rank is near its start, a hostile one is cut here
 
 
 @dataclass(frozen=True)
@@ -131,6 +133,26 @@ def comm(pid: int) -> str:
             return f.read().strip()
     except OSError:
         return ""
+
+
+def ranks(pid: int, proc: str = "/proc") -> dict[str, str]:
+    """The process's rank labels (``boundary/ranks.py``) from its environment at exec; {} when unreadable or none.
+
+    ``/proc/PID/environ`` is what the program was started with: a rank its
+    launcher set before exec (torchrun, srun, mpirun, Accelerate, DeepSpeed),
+    not one the program set in itself later.
+    """
+    try:
+        with open(f"{proc}/{pid}/environ", "rb") as f:
+            data = f.read(ENVIRON_BYTES)
+    except OSError:
+        return {}
+    env = {}
+    for entry in data.split(b"\0"):
+        name, eq, value = entry.partition(b"=")
+        if eq and name.decode("ascii", "replace") in VARIABLES:
+            env[name.decode("ascii")] = value.decode("ascii", "replace")
+    return rank_labels(env)
 
 
 def looks_like_python(pid: int) -> bool:

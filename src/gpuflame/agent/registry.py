@@ -60,7 +60,7 @@ class Registry(AgentState):
         return proc
 
     def _process_labels(self, proc: Process) -> dict[str, str]:
-        labels = {"pid": str(proc.pid), "comm": proc.comm}
+        labels = {"pid": str(proc.pid), "comm": proc.comm, **procs.ranks(proc.pid)}
         if self.labels_for is not None:
             labels.update(self.labels_for(proc.pid))
         return labels

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from gpuflame.boundary import backends, roll_call
+from gpuflame.boundary import backends, ranks, roll_call
 from gpuflame.boundary.contract import IDLE_FILE, LOST_FILE, PROCESS_FILE
 from gpuflame.boundary.settings import Settings
 from gpuflame.capture.base import Recorder
@@ -24,6 +24,7 @@ from gpuflame.capture.exit_hooks import HOOKS, signals_held
 from gpuflame.errors import GpuflameError
 from gpuflame.gcpause import gc_paused
 from gpuflame.model import Profile, merge
+from gpuflame.model.processes import ProcessInfo, bounded_argv
 
 FINISH_WAIT_S = 60.0  # how long a signal handler waits for another thread's final write
 
@@ -208,17 +209,38 @@ class Session:
         return self._with_pid(profiles[0] if len(profiles) == 1 else merge(profiles))
 
     def _with_pid(self, profile: Profile) -> Profile:
-        """*profile* with this process's pid on every sample and timeline series.
+        """*profile* with this process's pid (and rank, where a launcher gave one) on every sample and
+        timeline series, and this process's description (:mod:`gpuflame.model.processes`).
 
-        A recorder that put it there itself (the torch ones do) is taken as it
-        is: merging a profile only to add a label it has costs more than a
-        small test (a host records a window per test).
+        A recorder that put the labels there itself (the torch ones put the
+        pid) is taken as it is: merging a profile only to add a label it has
+        costs more than a small test (a host records a window per test). The
+        rank is read at each profile, not at start: Lightning's first process
+        sets its own ``LOCAL_RANK`` once the program runs.
         """
-        pid = ("pid", str(self.pid))
+        labels = {"pid": str(self.pid), **ranks.rank_labels(os.environ)}
+        wanted = set(labels.items())
         series = profile.timeline.series if profile.timeline is not None else {}
-        if all(pid in s.labels for s in profile.samples) and all(pid in labels for labels in series):
-            return profile
-        return merge([profile], labels=[{"pid": self.pid}])
+        if not (all(wanted <= set(s.labels) for s in profile.samples) and all(wanted <= set(k) for k in series)):
+            profile = merge([profile], labels=[labels])
+        profile.processes = [self._describe(profile, labels)]
+        return profile
+
+    def _describe(self, profile: Profile, labels: dict[str, str]) -> ProcessInfo:
+        """Who this process is and its own peak: what a merged profile's per-process table needs."""
+        peak = profile.totals().get("peak_space", 0)
+        line = profile.timeline.total() if profile.timeline is not None else []
+        when = max(line, key=lambda p: p[1])[0] if line else 0
+        return ProcessInfo(
+            pid=str(self.pid),
+            rank=labels.get(ranks.RANK, ""),
+            local_rank=labels.get(ranks.LOCAL_RANK, ""),
+            world_size=labels.get(ranks.WORLD_SIZE, ""),
+            argv=bounded_argv(getattr(sys, "orig_argv", sys.argv)),
+            peak=peak,
+            peak_ns=when,
+            devices=tuple(profile.label_values("device")),
+        )
 
     def write(self) -> bool:
         """Write the current profile atomically; False (and reported) when it could not."""

@@ -68,7 +68,7 @@ from gpuflame.formats.protobuf_wire import (
     field_varint,
     tag,
 )
-from gpuflame.model import peak, phases
+from gpuflame.model import peak, phases, processes
 from gpuflame.model.profile import NATIVE, PYTHON, Frame, Labels, Profile, Sample, SampleType
 from gpuflame.symbols.kinds import guess_kind
 from gpuflame.symbols.names import SEPARATOR, native_address_name
@@ -150,6 +150,7 @@ def encode_raw(profile: Profile, period_type_override: SampleType | None = None)
     stored = profile.comments + ([profile.timeline.to_comment()] if profile.timeline else [])
     stored += [peak.to_comment(profile.peaks)] if profile.peaks else []
     stored += [phases.to_comment(profile.phases)] if profile.phases else []
+    stored += [processes.to_comment(profile.processes)] if profile.processes else []
     stored += [profile.history.to_comment()] if profile.history is not None and profile.history.tracks else []
     comments = [strings[c] for c in stored]
     default = strings[profile.default_type] if profile.default_type else 0

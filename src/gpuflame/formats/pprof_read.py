@@ -40,7 +40,7 @@ from gpuflame.formats.protobuf_wire import (
     to_int64,
 )
 from gpuflame.gcpause import gc_paused
-from gpuflame.model import history, peak, phases
+from gpuflame.model import history, peak, phases, processes
 from gpuflame.model.comments import InflateBudget
 from gpuflame.model.profile import Profile
 from gpuflame.model.timeline import split_comments
@@ -63,6 +63,7 @@ def _decode_raw(raw: RawProfile) -> Profile:
     profile.timeline, comments = split_comments([strings.get(i, "comment") for i in raw.comments], budget)
     profile.peaks, comments = peak.split_comments(comments)
     profile.phases, comments = phases.split_comments(comments)
+    profile.processes, comments = processes.split_comments(comments)
     profile.history, profile.comments = history.split_comments(comments, budget)
     default = strings.get(raw.scalars.get(P_DEFAULT_SAMPLE_TYPE, 0), "default_sample_type")
     profile.default_type = default or None

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from gpuflame.model import history
+from gpuflame.model import history, processes
 from gpuflame.model.peak import (
     BOUND,
     EXACT,
@@ -107,6 +107,7 @@ def merge(
     # parts of one profile (its peak, in-use and alloc views) carry the same units: each is kept once
     out.peaks = plan.units if plan else list(dict.fromkeys(u for p in profiles for u in p.peaks))
     out.phases = merge_rows(*(p.phases for p in profiles))  # per process and device, never summed
+    out.processes = processes.merged(p.processes for p in profiles)  # one per pid, each its own peak
     extras = [make_labels(x) for x in labels] if labels else None
     out.timeline = _merge_timelines(out, profiles, extras)
     out.history = history.merged([p.history for p in profiles], extras)  # each track keeps its own times

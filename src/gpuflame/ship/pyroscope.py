@@ -10,7 +10,7 @@ What Pyroscope does with a push decides how it is built:
 - Labels on pprof *samples* are turned into series labels by the distributor.
   Our samples carry ``pid`` and ``device``; a stray high-cardinality label
   would multiply series. So sample labels are removed from the pushed pprof,
-  and the few that matter (``pid``, ``gpu``, ``category``) become series labels, one series
+  and the few that matter (``pid``, ``rank``, ``gpu``, ``category``) become series labels, one series
   per distinct combination, only while each has few values.
 - ``__delta__=false``: the values are already per interval (Pyroscope
   computes deltas itself only for ``__name__=memory``; this says so anyway).
@@ -51,9 +51,13 @@ PERIOD_TYPE = SampleType("space", "bytes")
 MAX_LABEL_VALUES = 16  # above this a sample label is not made a series label
 # sample label -> series label; gpu is the device (cuda:0), gpu_model its name (NVIDIA H200)
 # category: eight values at most (model/categories.py), so Grafana can split a service by the kind of memory;
-# phase: the program's few phases (model/phases.py), kept only while MAX_LABEL_VALUES bounds them
+# phase: the program's few phases (model/phases.py), kept only while MAX_LABEL_VALUES bounds them;
+# rank, local_rank, world_size: a distributed job's process (boundary/ranks.py), one value per pushing process
 SERIES_SAMPLE_LABELS = {
     "pid": "pid",
+    "rank": "rank",
+    "local_rank": "local_rank",
+    "world_size": "world_size",
     "device": "gpu",
     "gpu_model": "gpu_model",
     "category": "category",
