@@ -237,6 +237,7 @@ class Agent(Probing, Registry, Booking):
         for i in range(N_STATS):
             raw = self._stats.lookup(i.to_bytes(4, "little"))
             out[names[i]] = sum(int.from_bytes(raw[k : k + 8], "little") for k in range(0, len(raw), 8)) if raw else 0
+        out["frees_not_undone"] = self.ledger.undo_missed
         if self.probes == "entry":  # every free reaches user space at its entry, before the driver says no
             out["unknown_frees_at_entry"] = self.ledger.unmatched_frees
         else:  # after a live-map overflow the kernel sends the frees it does not know: matched here
@@ -359,6 +360,8 @@ def loss_notes(stats: dict[str, int], probes: str = "", gpu: nvml.Nvml | None = 
         "unknown_frees": "frees of blocks allocated before the agent started were ignored",
         "unknown_frees_at_entry": "frees of addresses not known here were ignored (blocks allocated before the "
         "agent started, or frees the driver refused: entry-only probes see them all)",
+        "frees_not_undone": "frees the driver refused stayed booked (each is booked at its call's entry; the "
+        "record to undo it was lost): their blocks are missing from in use",
         "not_registered": "allocations came before the agent knew the process: no Python stack for them",
         "no_thread": "allocations came from threads with no Python thread state",
         "truncated": "stacks were deeper than the frames recorded",
