@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from gpuflame.model import Frame, Profile, Sample, SampleType
     from gpuflame.notebook import last
 
-__version__ = "0.1.0"
+from gpuflame.version import __version__
 
 # imported on first use: `gpuflame run`'s bootstrap imports gpuflame.capture.autostart, which
 # imports this package first; the API, the readers and the model's verbs are not what it needs

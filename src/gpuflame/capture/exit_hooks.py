@@ -29,7 +29,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from gpuflame.capture.signal_watch import SignalWatch
 
@@ -38,8 +38,18 @@ try:  # signal's own C functions, without its enum wrapping (3 us a call): a hos
 except ImportError:  # pragma: no cover - not CPython
     _raw_signal = signal
 
-if TYPE_CHECKING:
-    from gpuflame.capture.session import Session
+
+class Session(Protocol):
+    """What the hooks call on a running session (``capture/session.py``'s, which attaches itself)."""
+
+    @property
+    def finished(self) -> bool: ...
+    def finish(self, write: bool = True) -> None: ...
+    def write(self) -> bool: ...
+    def after_fork(self, to_exec: bool = False) -> None: ...
+    def before_exec(self) -> None: ...
+    def report(self, message: str, say: bool = True) -> None: ...
+
 
 HELD_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SIGHUP") if hasattr(signal, name))
 _exiting = False  # set once the exit hooks run: the process is leaving

@@ -15,11 +15,11 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn, Protocol, cast
 
-from gpuflame import __version__
 from gpuflame.errors import GpuflameError
 from gpuflame.gcpause import thaw
 from gpuflame.malloc_reuse import release_freed_memory
 from gpuflame.printable import printable
+from gpuflame.version import __version__
 
 # Order is the order of ``gpuflame --help``.
 COMMANDS: tuple[str, ...] = (
@@ -176,6 +176,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.handler(args) or 0)
     except GpuflameError as exc:
         sys.stderr.write(printable(f"gpuflame {args.command}: error: {exc}") + "\n")  # it may quote a file
+        return 2
+    except MemoryError:  # what the limits let through can still be more than this machine (or its ulimit) holds
+        sys.stderr.write(
+            f"gpuflame {args.command}: error: out of memory: the input needs more than this machine or its "
+            "memory limit gives (lower a GPUFLAME_MAX_* limit to be told which part is too large, or filter "
+            "with --focus, --min-size)\n"
+        )
         return 2
     except KeyboardInterrupt:
         sys.stderr.write("gpuflame: interrupted\n")

@@ -39,12 +39,13 @@ import json
 import math
 from typing import Any
 
-from gpuflame import __version__, limits
+from gpuflame import limits
 from gpuflame.errors import GpuflameError, ProfileFormatError
 from gpuflame.formats.safe_pickle import one_line
 from gpuflame.model.functions import function_frames
 from gpuflame.model.profile import Frame, Profile, Sample, SampleType
 from gpuflame.symbols.kinds import guess_kind
+from gpuflame.version import __version__
 
 SCHEMA = "https://www.speedscope.app/file-format-schema.json"
 PID_LABEL = "pid"
@@ -199,6 +200,7 @@ class _Reader:
         self.doc = doc
         self.max_depth = limits.STACK_DEPTH.value()
         self.max_samples = limits.SAMPLES.value()
+        self.frames_left = limits.STACK_FRAMES.value()
         shared = doc.get("shared")
         frames = shared.get("frames") if isinstance(shared, dict) else None
         if not isinstance(frames, list):
@@ -264,6 +266,9 @@ class _Reader:
             raise _bad("a sample is not a list of frame indices")
         if len(indices) > self.max_depth:
             raise limits.STACK_DEPTH.exceeded("speedscope: a stack")
+        self.frames_left -= len(indices)
+        if self.frames_left < 0:
+            raise limits.STACK_FRAMES.exceeded("speedscope: the frames of all the samples' stacks")
         return tuple(self._frame(i) for i in reversed(indices))
 
     def _frame(self, index: object) -> int:

@@ -8,19 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpuflame.model.profile import Profile
-
-_last: Profile | None = None
-
-
-def last() -> Profile | None:
-    """The profile of the last ``%%gpuflame`` cell (as shown), or None before the first."""
-    return _last
-
-
-def remember(profile: Profile) -> None:
-    global _last
-    _last = profile
+from gpuflame.notebook.last_cell import last  # noqa: F401 - gpuflame.last()
 
 
 def load_ipython_extension(ipython: Any) -> None:

@@ -30,7 +30,7 @@ from gpuflame import hosted
 from gpuflame.boundary.backends import AUTO, BACKENDS, frameworks, spoken
 from gpuflame.hosted import already_profiling, package_dirs
 from gpuflame.model import Profile
-from gpuflame.notebook import last, remember
+from gpuflame.notebook.last_cell import last, remember
 
 # The kernel's own frames: a cell's stacks are cut at the last of them, so the cell is the root.
 HOST_DIRS = package_dirs(IPython)

@@ -29,9 +29,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuflame import __version__, defaults
+from gpuflame import defaults
 from gpuflame.boundary.contract import HOME_ENV
 from gpuflame.boundary.settings import Settings, env_name
+from gpuflame.version import __version__
 
 MOUNT = "/gpuflame"
 VOLUME = "gpuflame"
