@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+from typing import Any
 
 from gpuflame.cli.common import add_force_option, print_json
 from gpuflame.errors import GpuflameError
@@ -13,7 +14,7 @@ from gpuflame.formats.load_save import save
 from gpuflame.printable import printable
 from gpuflame.simulate.allocator import PYTORCH_RULES
 from gpuflame.simulate.fragmentation import fragmentation_profile
-from gpuflame.simulate.gpus import CUDA_CONTEXT
+from gpuflame.simulate.gpus import CUDA_CONTEXT, fits_on
 from gpuflame.simulate.gpus import capacity as parse_capacity
 from gpuflame.simulate.outcome import Outcome
 from gpuflame.simulate.replay import Candidate, Run, read_input, settings_for, suggest
@@ -87,6 +88,8 @@ def run(args: argparse.Namespace) -> int:
         check_output(args.output, [args.input], force=args.force)
     main = Run(inp, settings, capacity, args.device, fraction_limit)
     outcomes = main.outcomes()
+    for o, least in zip(outcomes, main.smallest_devices(args.memory_fraction), strict=True):
+        o.min_gpu_memory, o.searched = least, True
     tried = suggest(inp, capacity, args.device, args.memory_fraction) if args.suggest else []
     if args.output:
         save(fragmentation_profile(main), args.output)
@@ -108,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
                 for c in tried
             ]
         print_json(data)
-        return 0
+        return _exit_code(capacity, outcomes)
     lines = [
         f"PyTorch {PYTORCH_RULES} caching-allocator rules; settings: {settings.describe()}"
         + (" (as recorded)" if main.recorded and inp.snapshot is not None and not inp.notes else "")
@@ -122,19 +125,32 @@ def run(args: argparse.Namespace) -> int:
     if args.output:
         lines.append(f"wrote the fragmentation profile to {args.output} (gpuflame flame {args.output})")
     sys.stdout.write("".join(printable(line) + "\n" for line in lines))
-    return 0
+    return _exit_code(capacity, outcomes)
+
+
+def _exit_code(capacity: int | None, outcomes: list[Outcome]) -> int:
+    """1 where --gpu-memory is given and the settings replayed run out of memory on it (a CI gate), else 0."""
+    return 1 if capacity is not None and any(o.oom for o in outcomes) else 0
 
 
 def describe(o: Outcome, capacity: int | None) -> list[str]:
     """One device's answer in plain words."""
     s = o.simulated
-    peak, frag = s["reserved_peak"], s["fragmentation_at_peak"]
+    peak = s["reserved_peak"]
     rec = o.recorded
+    if o.oom and o.oom["size"] is None:  # out of memory before the trace: its peaks would mislead
+        out = [f"{o.device}:", *describe_oom(o.oom)]
+        if rec:
+            out.append(f"  recorded reserved peak {format_bytes(rec['reserved_peak'])}")
+        return out + [f"  note: {n}" for n in o.notes]
     was = f" (recorded {format_bytes(rec['reserved_peak'])})" if rec else ""
     out = [
         f"{o.device}:",
         f"  reserved peak {format_bytes(peak)}{was}; allocated peak {format_bytes(s['allocated_peak'])}",
-        f"  reserved but unused at the reserved peak: {format_bytes(frag)} ({100 * frag / peak if peak else 0:.1f}%)",
+        "  reserved but unused: "
+        + _unused(s["fragmentation_at_peak"], peak, "at the reserved peak")
+        + "; "
+        + _unused(s["fragmentation_at_allocated_peak"], s["reserved_at_allocated_peak"], "at the allocated peak"),
         f"  segments made {s['segments_allocated']}"
         + (f" (recorded {rec['segments_allocated']})" if rec else "")
         + f", freed {s['segments_freed']}",
@@ -153,18 +169,38 @@ def describe(o: Outcome, capacity: int | None) -> list[str]:
         d = o.first_difference
         out.append(f"  first difference at trace event {d['event']}: {d['why']}")
     if o.oom:
-        m = o.oom
-        leaf = next((n for n in reversed(m["stack"]) if not n.startswith("<")), m["stack"][-1] if m["stack"] else "?")
-        phase = f" in phase {m['phase']}" if m.get("phase") else ""
-        out.append(
-            f"  OUT OF MEMORY at event {m['event']}{phase}: a request of {format_bytes(m['size'])} from {leaf}; "
-            f"allocated {format_bytes(m['allocated'])}, cached {format_bytes(m['cached'])} then"
-        )
-        out.append("    stack: " + " -> ".join(m["stack"]))
-    elif capacity is not None:
-        out.append(f"  fits: headroom {format_bytes(capacity - peak)} at the reserved peak")
+        out += describe_oom(o.oom)
+    elif capacity is not None and o.capacity is not None:
+        out.append(f"  fits: headroom {format_bytes(o.capacity - peak)} at the reserved peak")
+    if o.min_gpu_memory is not None or o.searched:
+        out.append(f"  smallest device it fits: {fits_on(o.min_gpu_memory)}")
     out += [f"  note: {n}" for n in o.notes]
     return out
+
+
+def _unused(unused: int, reserved: int, where: str) -> str:
+    return f"{format_bytes(unused)} ({100 * unused / reserved if reserved else 0:.1f}%) {where}"
+
+
+def describe_oom(m: dict[str, Any]) -> list[str]:
+    """The out-of-memory line: the request, the segment it needed, what the allocator held then."""
+    held = f"allocated {format_bytes(m['allocated'])}, cached {format_bytes(m['cached'])}"
+    if m["size"] is None:
+        return [
+            f"  OUT OF MEMORY before the trace: it starts with {format_bytes(m['allocated'] + m['cached'])} "
+            f"reserved ({held}), more than the {format_bytes(m['capacity'])} the device allows; "
+            "no event of the trace is to blame"
+        ]
+    stack = m["stack"]
+    leaf = next((n for n in reversed(stack) if not n.startswith("<")), stack[-1] if stack else "?")
+    phase = f" in phase {m['phase']}" if m.get("phase") else ""
+    where = "before the history's window" if m["at_start"] else f"at event {m['event']}"
+    return [
+        f"  OUT OF MEMORY {where}{phase}: a request of {format_bytes(m['size'])} from {leaf} needed "
+        f"{format_bytes(m['segment_size'])} more from the device; {held} then, "
+        f"{format_bytes(m['capacity'])} allowed",
+        "    stack: " + " -> ".join(stack),
+    ]
 
 
 PAGES = " (expandable segments grow in 20 MiB pages, 2 MiB for small blocks: here that reserves a little more)"
@@ -196,14 +232,16 @@ def verdict(base: list[Outcome], tried: list[Candidate]) -> list[str]:
         outs = c.outcomes
         oom = any(o.oom for o in outs)
         more = c.settings.expandable_segments and total(outs) > was and not oom
+        least = f"; fits from {_least(outs)}"
         if base_oom:
             fits = f"fits, reserved peak {format_bytes(total(outs))}"
-            lines.append(f"  {c.change}: " + ("out of memory too" if oom else fits))
+            lines.append(f"  {c.change}: " + ("out of memory too" if oom else fits) + least)
             continue
         lines.append(
             f"  {c.change}: reserved peak {format_bytes(total(outs))}, was {format_bytes(was)}"
             + (" (out of memory)" if oom else "")
             + (PAGES if more else "")
+            + least
         )
     if not any(c.fraction_limit for c in tried):
         lines.append(NO_GC)
@@ -226,4 +264,26 @@ def verdict(base: list[Outcome], tried: list[Candidate]) -> list[str]:
             f"verdict: {best.change} helps most: reserved peak {format_bytes(peak)}, was {format_bytes(was)} "
             f"({100 * (was - peak) / was:.1f}% less)"
         )
-    return ["settings tried:", *lines, head, f"  to use it: {best.advice}"]
+    smallest = _largest_need(best.outcomes)
+    return [
+        "settings tried:",
+        *lines,
+        head,
+        f"  to use it: {best.advice}",
+        f"  smallest device it fits: {fits_on(smallest)}" + (f" (was {_least(base)})" if _searched(base) else ""),
+    ]
+
+
+def _searched(outs: list[Outcome]) -> bool:
+    return all(o.searched for o in outs)
+
+
+def _largest_need(outs: list[Outcome]) -> int | None:
+    """The device every one of *outs* fits on (each device needs its own GPU of that size)."""
+    needs = [o.min_gpu_memory for o in outs]
+    return None if any(n is None for n in needs) else max(n for n in needs if n is not None)
+
+
+def _least(outs: list[Outcome]) -> str:
+    need = _largest_need(outs)
+    return "no device up to 1 TiB" if need is None else f"{need >> 20} MiB"

@@ -68,6 +68,7 @@ class Allocator:
         self.small, self.large = Pool(True), Pool(False)
         self.reserved = self.allocated = 0
         self.reserved_peak = self.allocated_peak = self.allocated_at_reserved_peak = 0
+        self.reserved_at_allocated_peak = 0
         self.segments: dict[int, Segment] = {}
         self.pending: dict[int, Block] = {}  # id -> block whose free waits for its stream
         # what the trace would show of the allocator's own doing: (segment_alloc|_free|_map|_unmap, addr, size)
@@ -85,6 +86,15 @@ class Allocator:
     def gc_on(self) -> bool:
         """PyTorch: ``set_fraction && garbage_collection_threshold() > 0``."""
         return self.settings.garbage_collection_threshold > 0 and self.fraction_limit is not None
+
+    def segment_for(self, orig: int) -> int:
+        """What a request of *orig* bytes takes from the device when no cached block serves it: a new
+        segment (get_allocation_size), or, with expandable segments, whole pages mapped."""
+        size = round_size(orig, self.settings)
+        if self.settings.expandable_segments:
+            page = SMALL_BUFFER if size <= SMALL_SIZE else LARGE_BUFFER
+            return -(-size // page) * page
+        return allocation_size(size)
 
     # -- the allocator's entry points ------------------------------------------------
 
@@ -306,14 +316,17 @@ class Allocator:
 
     def note_peak(self) -> None:
         """The peaks so far; at the reserved peak, the most allocated while it held (its least fragmentation,
-        as ``report`` takes it from a snapshot)."""
+        as ``report`` takes it from a snapshot); at the allocated peak, the least reserved while it held."""
         if self.reserved > self.reserved_peak or (
             self.reserved == self.reserved_peak and self.allocated > self.allocated_at_reserved_peak
         ):
             self.reserved_peak = self.reserved
             self.allocated_at_reserved_peak = self.allocated
-        if self.allocated > self.allocated_peak:
+        if self.allocated > self.allocated_peak or (
+            self.allocated == self.allocated_peak and self.reserved < self.reserved_at_allocated_peak
+        ):
             self.allocated_peak = self.allocated
+            self.reserved_at_allocated_peak = self.reserved
 
     # -- expandable segments -----------------------------------------------------------
 

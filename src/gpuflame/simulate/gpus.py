@@ -48,3 +48,29 @@ def capacity(text: str) -> tuple[int, str]:
     if total <= CUDA_CONTEXT:
         raise GpuflameError(f"--gpu-memory: {text!r} is not more than the CUDA context ({CUDA_CONTEXT // MiB} MiB)")
     return total - CUDA_CONTEXT, f"{text.strip()} less {CUDA_CONTEXT // MiB} MiB for the CUDA context"
+
+
+def that_fit(least: int | None) -> list[str]:
+    """The table's GPUs with at least *least* bytes of memory, smallest first (one name per size)."""
+    if least is None:
+        return []
+    seen: set[int] = set()
+    out = []
+    for name, mib in sorted(GPUS.items(), key=lambda kv: kv[1]):
+        if mib * MiB >= least and mib not in seen:
+            seen.add(mib)
+            out.append(name)
+    return out
+
+
+def fits_on(least: int | None) -> str:
+    """*least* as a --gpu-memory value and the GPUs of the table it names, in words."""
+    if least is None:
+        return "no device up to 1 TiB"
+    names = that_fit(least)
+    gpus = (
+        "every GPU of the table"
+        if len(names) == len(set(GPUS.values()))
+        else ("GPUs that fit: " + ", ".join(names) if names else "none of the table's GPUs")
+    )
+    return f"{least // MiB} MiB (--gpu-memory {least // MiB}MiB); {gpus}"

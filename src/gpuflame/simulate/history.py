@@ -112,13 +112,15 @@ class HistoryReplay:
                 b = sim.malloc(size, 0, self._site(site))
                 if b is None:
                     out.oom = {
-                        "event": i,
+                        "event": i if i >= 0 else None,
                         "size": size,
+                        "segment_size": sim.segment_for(size),
                         "stack": self.sites.root_first(self._site(site)),
                         "allocated": sim.allocated,
                         "cached": sim.reserved - sim.allocated,
                         "capacity": sim.capacity,
                         "phase": self._phase_at(self.group.track.times[i] if i >= 0 else 0),
+                        "at_start": i < 0,  # the folded events before the history's window
                     }
                     break
                 out.allocations += 1

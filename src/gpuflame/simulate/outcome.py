@@ -11,6 +11,7 @@ from gpuflame.formats.snapshot_blocks import NO_STACK_FRAME
 from gpuflame.formats.torch_frames import StackReader, make_entry
 from gpuflame.model.profile import Frame
 from gpuflame.model.timeline import MAX_POINTS, downsample
+from gpuflame.simulate.gpus import that_fit
 from gpuflame.symbols import names
 from gpuflame.symbols.qualnames import Resolver
 
@@ -98,6 +99,8 @@ class Outcome:
     segment_events_equal: bool | None = None
     compared: bool = False
     capacity: int | None = None
+    min_gpu_memory: int | None = None  # the smallest --gpu-memory that fits (64 MiB steps), where searched
+    searched: bool = False  # min_gpu_memory was searched (None then: no device up to 1 TiB fits)
     notes: list[str] = field(default_factory=list)
     over_time: Series = field(default_factory=lambda: Series())
 
@@ -110,11 +113,27 @@ class Outcome:
         self.oom = {
             "event": event,
             "size": int(entry.get("size", 0)),
+            "segment_size": sim.segment_for(int(entry.get("size", 0))),
             "stack": sites.root_first(site),
             "allocated": sim.allocated,
             "cached": sim.reserved - sim.allocated,
             "capacity": sim.capacity,
             "phase": phase,  # from gpuflame's phase marks in a snapshot its torch-cuda backend took
+            "at_start": False,
+        }
+
+    def set_oom_at_start(self, sim: Any) -> None:
+        """The state the trace starts from holds more than the device allows: the run was out of memory before it."""
+        self.oom = {
+            "event": None,
+            "size": None,
+            "segment_size": None,
+            "stack": [],
+            "allocated": sim.allocated,
+            "cached": sim.reserved - sim.allocated,
+            "capacity": sim.capacity,
+            "phase": None,
+            "at_start": True,
         }
 
     def finish(
@@ -130,6 +149,8 @@ class Outcome:
             "segments_allocated": made,
             "segments_freed": sum(1 for a, _, _ in segment_events if a in ("segment_free", "segment_unmap")),
             "fragmentation_at_peak": sim.reserved_peak - sim.allocated_at_reserved_peak,
+            "reserved_at_allocated_peak": sim.reserved_at_allocated_peak,
+            "fragmentation_at_allocated_peak": sim.reserved_at_allocated_peak - sim.allocated_peak,
         }
         self.recorded = recorded
         if recorded_events is None:
@@ -164,6 +185,8 @@ class Outcome:
             "first_difference": self.first_difference,
             "oom": self.oom,
             "capacity": self.capacity,
+            "min_gpu_memory": self.min_gpu_memory,
+            "gpus_that_fit": that_fit(self.min_gpu_memory),
             "trace_started_mid_run": self.wrapped,
             "notes": self.notes,
             "over_time": {k: self.over_time.points(k, JSON_POINTS) for k in ("reserved", "allocated")},

@@ -15,7 +15,7 @@ from gpuflame.model.history import History
 from gpuflame.model.phases import PhaseStat
 from gpuflame.simulate import snapshot as snapshots
 from gpuflame.simulate.allocator import Allocator
-from gpuflame.simulate.gpus import CUDA_CONTEXT
+from gpuflame.simulate.gpus import CUDA_CONTEXT, MAX_DEVICE
 from gpuflame.simulate.history import HistoryReplay, groups
 from gpuflame.simulate.outcome import Outcome, Sites
 from gpuflame.simulate.settings import DEFAULTS, Settings, from_recorded, parse_alloc_conf
@@ -108,6 +108,13 @@ class Run:
                 out.append(o)
             return out
 
+    def smallest_devices(self, fraction: float | None = None) -> list[int | None]:
+        """Per device (in outcomes' order), the smallest ``--gpu-memory`` (a multiple of 64 MiB) on which the
+        replay does not run out of memory, found by bisection: it fits there and not 64 MiB below (None: no
+        device up to 1 TiB fits). *fraction*: the program's set_per_process_memory_fraction."""
+        with _untrusted(self.inp.source):
+            return [_smallest(r, fraction) for r in self.replays()]
+
     def at_peaks(self) -> list[tuple[Allocator, Outcome, Sites]]:
         """Each device's allocator as it stood at its simulated reserved peak (a second replay up to it)."""
         found = []
@@ -117,6 +124,36 @@ class Run:
                 sim, _ = r.run(stop_at=o.peak_event)
                 found.append((sim, o, r.sites))
         return found
+
+
+STEP = 64 << 20  # min_gpu_memory's resolution
+
+
+def _fits(replay: Any, total: int, fraction: float | None) -> bool:
+    """Whether *replay* runs without running out of memory on a device of *total* bytes."""
+    replay.capacity = total - CUDA_CONTEXT
+    replay.fraction_limit = None if fraction is None else int(fraction * total)
+    _, out = replay.run()
+    return out.oom is None
+
+
+def _smallest(replay: Any, fraction: float | None) -> int | None:
+    replay.capacity = replay.fraction_limit = None
+    _, free = replay.run()  # no device limit: what it reserves when nothing ever fails
+    need = free.simulated["reserved_peak"] / (fraction or 1.0)
+    hi = max(-(-(int(need) + CUDA_CONTEXT) // STEP) * STEP, CUDA_CONTEXT + STEP)
+    while not _fits(replay, hi, fraction):  # a collector or a release can make a larger device fail: look higher
+        if hi >= MAX_DEVICE:
+            return None
+        hi = min(hi * 2, MAX_DEVICE)
+    lo = CUDA_CONTEXT  # no device: the CUDA context takes it all
+    while hi - lo > STEP:
+        mid = lo + (hi - lo) // STEP // 2 * STEP
+        if _fits(replay, mid, fraction):
+            hi = mid
+        else:
+            lo = mid
+    return hi
 
 
 @contextmanager
@@ -202,5 +239,9 @@ def suggest(inp: Input, capacity: int | None, device: str | None, fraction: floa
     """Each candidate setting with its outcomes."""
     tried = candidates(inp, capacity, fraction)
     for c in tried:
-        c.outcomes = Run(inp, c.settings, capacity, device, c.fraction_limit).outcomes()
+        run = Run(inp, c.settings, capacity, device, c.fraction_limit)
+        c.outcomes = run.outcomes()
+        gc_fraction = None if c.fraction_limit is None else (fraction or 1.0)
+        for o, least in zip(c.outcomes, run.smallest_devices(gc_fraction), strict=True):
+            o.min_gpu_memory, o.searched = least, True
     return tried

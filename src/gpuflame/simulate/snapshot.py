@@ -233,6 +233,10 @@ class DeviceReplay:
         self._place_start(sim)
         out = Outcome(f"cuda:{self.device}", self.settings.describe())
         out.wrapped = self.start.wrapped
+        if sim.capacity is not None and sim.reserved > sim.capacity:
+            out.set_oom_at_start(sim)  # out of memory before the trace began: no event of it is to blame
+            out.finish(sim, None, self._recorded_summary())
+            return sim, out
         peak_seen = (sim.reserved_peak, sim.allocated_at_reserved_peak)
         recorded_events: list[tuple[str, int, int]] = []
         retries = self._retries() if self.recorded else {}

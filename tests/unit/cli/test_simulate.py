@@ -54,8 +54,8 @@ def test_terminal_answer_and_suggest(capsys):
     assert rc == 0
     assert "reserved peak 1.77 GiB (recorded 1.77 GiB)" in out
     assert "fits: headroom" in out and "expandable_segments:True: reserved peak" in out
-    assert out.splitlines()[-2].startswith("verdict: expandable_segments:True helps most")
-    assert out.splitlines()[-1] == "  to use it: `export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`"
+    assert out.splitlines()[-3].startswith("verdict: expandable_segments:True helps most")
+    assert out.splitlines()[-2] == "  to use it: `export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`"
     assert "garbage_collection_threshold:0.6 with a memory fraction set: " in out
     rc, out, _ = run(capsys, DECOMFL, "--suggest")
     assert "garbage_collection_threshold: not tried (the collector runs only where a memory fraction is set" in out
@@ -85,7 +85,7 @@ def test_the_garbage_collector_acts_only_with_a_memory_fraction(capsys):
 def test_out_of_memory_on_a_smaller_gpu(capsys):
     rc, out, _ = run(capsys, DECOMFL, "--gpu-memory", "2GiB", "--json")
     oom = json.loads(out)["devices"][0]["oom"]
-    assert rc == 0 and oom["stack"][0] == "<module>" and oom["size"] > 0
+    assert rc == 1 and oom["stack"][0] == "<module>" and oom["size"] > 0
 
 
 @pytest.mark.parametrize(
@@ -155,9 +155,9 @@ def test_report_on_a_fragmented_snapshot_suggests_simulate(capsys):
 def test_suggest_on_a_gpu_too_small_for_the_recorded_settings(capsys):
     snap = str(DATA / "torch-snapshot-silmont2000-mem_snapshot.pickle.gz")
     rc, out, _ = run(capsys, snap, "--suggest", "--gpu-memory", "3.6GiB")
-    assert rc == 0 and "OUT OF MEMORY at event 52: a request of 512.0 MiB from aten::mul.Tensor" in out
-    assert out.splitlines()[-2].startswith("verdict: ")
-    assert "fits (reserved peak" in out.splitlines()[-2] and "the recorded settings run out of memory" in out
+    assert rc == 1 and "OUT OF MEMORY at event 52: a request of 512.0 MiB from aten::mul.Tensor" in out
+    assert out.splitlines()[-3].startswith("verdict: ")
+    assert "fits (reserved peak" in out.splitlines()[-3] and "the recorded settings run out of memory" in out
 
 
 def test_one_device_of_two(capsys):
@@ -322,8 +322,8 @@ def test_every_suggestion_names_its_change_the_export_and_any_code(tmp_path: Pat
     tried = {t["settings"]: t for t in json.loads(out)["suggest"]}
     assert tried["garbage_collection_threshold:0.6"]["code"] is None  # the program sets its fraction already
     rc, out, _ = run(capsys, str(DATA / "torch-snapshot-silmont2000-mem_snapshot.pickle.gz"), "--suggest")
-    assert out.splitlines()[-2].startswith("verdict: max_split_size_mb:128 helps most")
-    assert out.splitlines()[-1] == "  to use it: `export PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:128`"
+    assert out.splitlines()[-3].startswith("verdict: max_split_size_mb:128 helps most")
+    assert out.splitlines()[-2] == "  to use it: `export PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:128`"
 
 
 def test_a_suggestion_that_needs_code_says_so_in_full():
@@ -337,3 +337,134 @@ def test_a_suggestion_that_needs_code_says_so_in_full():
     )
     assert gc.fraction_limit == (4 << 30) + (512 << 20) and gc.settings != DEFAULTS
     assert not [c for c in candidates(Input("<test>"), None, None) if c.settings.garbage_collection_threshold]
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "torch-snapshot-silmont2000-mem_snapshot.pickle.gz",
+        "torch-snapshot-silmont2000-memory_forward_fp32_128.pickle.gz",
+        "torch-snapshot-DeComFL-memory.pickle.gz",
+    ],
+)
+def test_min_gpu_memory_fits_and_64_mib_less_does_not(capsys, name):
+    """The smallest device (64 MiB steps) proven both ways, with the exit code a CI job reads: 0 fits, 1 does not."""
+    snap = str(DATA / name)
+    rc, out, _ = run(capsys, snap, "--json")
+    (dev,) = json.loads(out)["devices"]
+    least = dev["min_gpu_memory"]
+    assert least % (64 << 20) == 0 and least > dev["simulated"]["allocated_peak"] + (512 << 20)
+    rc, out, _ = run(capsys, snap, "--gpu-memory", str(least), "--json")
+    assert rc == 0 and json.loads(out)["devices"][0]["oom"] is None
+    rc, out, _ = run(capsys, snap, "--gpu-memory", str(least - (64 << 20)), "--json")
+    assert rc == 1 and json.loads(out)["devices"][0]["oom"] is not None
+    rc, out, _ = run(capsys, snap, "--gpu-memory", str(least - (64 << 20)))  # the terminal answer: the same code
+    assert rc == 1 and "OUT OF MEMORY" in out
+
+
+def test_min_gpu_memory_of_a_handwritten_trace_and_the_gpus_named(tmp_path: Path, capsys):
+    """One 3 GiB allocation: a 3 GiB segment, so 3 GiB + 512 MiB of context, a multiple of 64 MiB already."""
+    import pickle
+
+    mib = 1 << 20
+    trace = [
+        {"action": "segment_alloc", "addr": 1 << 40, "size": 3072 * mib, "stream": 0, "time_us": 1},
+        {"action": "alloc", "addr": 1 << 40, "size": 3072 * mib - 4096, "stream": 0, "time_us": 2},
+    ]
+    blocks = [
+        {"address": 1 << 40, "size": 3072 * mib, "requested_size": 3072 * mib - 4096, "state": "active_allocated"}
+    ]
+    seg = {"device": 0, "address": 1 << 40, "total_size": 3072 * mib, "stream": 0, "segment_type": "large"}
+    path = tmp_path / "handwritten_one_alloc.pickle"
+    path.write_bytes(pickle.dumps({"segments": [{**seg, "blocks": blocks}], "device_traces": [trace]}))
+    rc, out, _ = run(capsys, str(path), "--json")
+    (dev,) = json.loads(out)["devices"]
+    assert dev["min_gpu_memory"] == (3072 + 512) * mib
+    assert dev["gpus_that_fit"][0] == "T4" and "H200" in dev["gpus_that_fit"]
+    rc, out, _ = run(capsys, str(path), "--gpu-memory", "3.4GiB")
+    assert rc == 1
+    assert "a request of 3.00 GiB from <no stack recorded> needed 3.00 GiB more from the device" in out
+    assert "smallest device it fits: 3584 MiB (--gpu-memory 3584MiB); every GPU of the table" in out
+
+
+def test_out_of_memory_before_the_trace_blames_no_event(capsys):
+    """MAGMA27's trace starts with its segments already reserved (13.2 GiB): on 10 GiB that is over before event 0."""
+    from gpuflame.simulate.snapshot import read
+
+    path = DATA / "torch-snapshot-MAGMA27-memory_snapshot.pickle.gz"
+    snap = read(path.read_bytes())
+    at_start = sum(s["total_size"] for s in snap["segments"])
+    for e in reversed(snap["device_traces"][0]):  # the segments as they stood before the trace: its events undone
+        at_start += {"segment_free": e["size"], "segment_alloc": -e["size"]}.get(e["action"], 0)
+    assert at_start > 10 << 30
+    rc, out, _ = run(capsys, str(path), "--gpu-memory", "10GiB", "--json")
+    oom = json.loads(out)["devices"][0]["oom"]
+    assert rc == 1 and oom["at_start"] is True and oom["event"] is None and oom["size"] is None
+    assert oom["allocated"] + oom["cached"] == at_start
+    rc, out, _ = run(capsys, str(path), "--gpu-memory", "10GiB")
+    assert rc == 1 and "OUT OF MEMORY before the trace: it starts with 13.2 GiB reserved" in out
+    assert "no event of the trace is to blame" in out and "  reserved peak" not in out
+
+
+MiB = 1 << 20
+A, B = 0x7F00_0000_0000, 0x7F00_4000_0000
+
+
+def handwritten(tmp_path: Path, trace: list[tuple[str, int, int, int]], segments: list[dict]) -> str:
+    """A snapshot written by hand in _snapshot()'s layout: (action, addr, size, stream) per trace entry."""
+    import pickle
+
+    entries = [
+        {"action": a, "addr": addr, "size": size, "stream": stream, "time_us": 1000 + i, "frames": []}
+        for i, (a, addr, size, stream) in enumerate(trace)
+    ]
+    path = tmp_path / "handwritten.pickle"
+    path.write_bytes(pickle.dumps({"segments": segments, "device_traces": [entries]}))
+    return str(path)
+
+
+def test_fragmentation_at_both_peaks_each_labelled(tmp_path: Path, capsys):
+    """Two 8 MiB blocks in a 20 MiB segment (the allocated peak: 16 of 20 MiB), both freed, then 12 MiB on
+    stream 1, which cannot use stream 0's cached segment: a new 12 MiB one (the reserved peak: 12 of 32 MiB)."""
+    trace = [
+        ("segment_alloc", A, 20 * MiB, 0),
+        ("alloc", A, 8 * MiB, 0),
+        ("alloc", A + 8 * MiB, 8 * MiB, 0),
+        ("free_requested", A, 8 * MiB, 0),
+        ("free_completed", A, 8 * MiB, 0),
+        ("free_requested", A + 8 * MiB, 8 * MiB, 0),
+        ("free_completed", A + 8 * MiB, 8 * MiB, 0),
+        ("segment_alloc", B, 12 * MiB, 1),
+        ("alloc", B, 12 * MiB, 1),
+    ]
+    segments = [
+        {"device": 0, "address": A, "total_size": 20 * MiB, "stream": 0, "segment_type": "large",
+         "blocks": [{"address": A, "size": 20 * MiB, "state": "inactive"}]},
+        {"device": 0, "address": B, "total_size": 12 * MiB, "stream": 1, "segment_type": "large",
+         "blocks": [{"address": B, "size": 12 * MiB, "requested_size": 12 * MiB, "state": "active_allocated"}]},
+    ]  # fmt: skip
+    path = handwritten(tmp_path, trace, segments)
+    rc, out, _ = run(capsys, path, "--json")
+    sim = json.loads(out)["devices"][0]["simulated"]
+    assert (sim["reserved_peak"], sim["fragmentation_at_peak"]) == (32 * MiB, 20 * MiB)
+    assert (sim["allocated_peak"], sim["reserved_at_allocated_peak"]) == (16 * MiB, 20 * MiB)
+    assert sim["fragmentation_at_allocated_peak"] == 4 * MiB
+    rc, out, _ = run(capsys, path)
+    assert "  reserved but unused: 20.0 MiB (62.5%) at the reserved peak; 4.00 MiB (20.0%) at the allocated peak" in out
+
+
+def test_the_out_of_memory_line_names_the_segment_the_request_needed(tmp_path: Path, capsys):
+    """A 1.56 MiB request is a large-pool one under 10 MiB: it needs a 20 MiB segment, more than 18 MiB allows."""
+    size = 1_638_400
+    segments = [
+        {"device": 0, "address": A, "total_size": 20 * MiB, "stream": 0, "segment_type": "large",
+         "blocks": [{"address": A, "size": size, "requested_size": size, "state": "active_allocated"},
+                    {"address": A + size, "size": 20 * MiB - size, "state": "inactive"}]},
+    ]  # fmt: skip
+    path = handwritten(tmp_path, [("segment_alloc", A, 20 * MiB, 0), ("alloc", A, size, 0)], segments)
+    rc, out, _ = run(capsys, path, "--gpu-memory", "530MiB")
+    assert rc == 1
+    assert "a request of 1.56 MiB from <no stack recorded> needed 20.0 MiB more from the device" in out
+    assert "allocated 0 B, cached 0 B then, 18.0 MiB allowed" in out
+    rc, out, _ = run(capsys, path, "--gpu-memory", "530MiB", "--json")
+    assert json.loads(out)["devices"][0]["oom"]["segment_size"] == 20 * MiB
