@@ -64,6 +64,10 @@ STACK_DEPTH = Limit("GPUFLAME_MAX_STACK_DEPTH", 16_384, "frames")
 SAMPLES = Limit("GPUFLAME_MAX_SAMPLES", 20_000_000, "samples")
 # locations, functions and frames of one table
 FRAMES = Limit("GPUFLAME_MAX_FRAMES", 10_000_000, "entries")
+# frames in all the stacks of one file together (a sample's stack costs 8 bytes a frame once read)
+STACK_FRAMES = Limit("GPUFLAME_MAX_STACK_FRAMES", 100_000_000, "frames")
+# cells of a view's stack table: stacks x the deepest stack (every row is padded to it), 2-4 bytes each
+TABLE_CELLS = Limit("GPUFLAME_MAX_TABLE_CELLS", 300_000_000, "cells")
 # distinct comments of one profile (repeats of one comment are read once)
 COMMENTS = Limit("GPUFLAME_MAX_COMMENTS", 100_000, "comments")
 # the JSON that all of one profile's data comments (timeline, history, ...) inflate to, together
@@ -79,6 +83,8 @@ ALL = (
     STACK_DEPTH,
     SAMPLES,
     FRAMES,
+    STACK_FRAMES,
+    TABLE_CELLS,
     COMMENTS,
     COMMENT_DATA_BYTES,
     COMMENT_DATA_VALUES,

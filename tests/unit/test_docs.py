@@ -165,3 +165,19 @@ def test_a_stale_block_is_rewritten_with_the_real_output(tmp_path: Path) -> None
     assert new == "intro\n<!-- gpuflame-output: --version -->\n```text\n$ gpuflame --version\n" + (
         f"gpuflame {gpuflame.__version__}\n```\nafter\n"
     )
+
+
+def test_every_limit_variable_is_in_the_formats_page_with_its_default() -> None:
+    """docs/formats.md lists each GPUFLAME_MAX_* of gpuflame.limits, and no variable that is not one."""
+    from gpuflame import limits
+
+    page = (REPO / "docs" / "formats.md").read_text()
+    rows = dict(re.findall(r"^\| `(GPUFLAME_MAX_[A-Z_]+)` \| ([^|]+) \|", page, re.MULTILINE))
+    assert set(rows) == {limit.env for limit in limits.ALL}
+    for limit in limits.ALL:
+        shown = rows[limit.env].strip()
+        value = int(shown.replace(",", "")) if shown[0].isdigit() and " " not in shown else None
+        if value is None:  # 1 GiB, 8 MiB, 256 MiB
+            number, unit = shown.split()
+            value = int(number) << {"KiB": 10, "MiB": 20, "GiB": 30}[unit]
+        assert value == limit.default, limit.env

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gpuflame.analysis.tree import CHUNK_ROWS, FlameTree, Node, frame_dict
+from gpuflame.analysis.tree import FlameTree, Node, chunk_rows, frame_dict
 from gpuflame.errors import GpuflameError
 from gpuflame.model.profile import Frame
 from gpuflame.symbols.names import compile_query, matches_exactly, normalize
@@ -177,8 +177,9 @@ def _outermost_hits(tree: FlameTree, hit: np.ndarray) -> tuple[np.ndarray, np.nd
     """Rows that pass through a matched function, and the depth of its outermost frame."""
     rows, depths = [], []
     codes = tree.table.codes
-    for start in range(0, tree.table.rows, CHUNK_ROWS):
-        mask = hit[codes[start : start + CHUNK_ROWS].astype(np.intp)]
+    step = chunk_rows(codes.shape[1])
+    for start in range(0, tree.table.rows, step):
+        mask = hit[codes[start : start + step].astype(np.intp)]
         found = np.flatnonzero(mask.any(axis=1))
         rows.append(found + start)
         depths.append(mask[found].argmax(axis=1))

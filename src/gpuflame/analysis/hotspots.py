@@ -21,7 +21,7 @@ import numpy as np
 
 from gpuflame.analysis.categories import CategoryTotal, category_totals
 from gpuflame.analysis.phases import PhaseRow, phase_rows
-from gpuflame.analysis.tree import CHUNK_ROWS, FlameTree, Node, StackTable, frame_dict, weighted_sum
+from gpuflame.analysis.tree import FlameTree, Node, StackTable, chunk_rows, frame_dict, weighted_sum
 from gpuflame.model.profile import SYNTHETIC, TRAMPOLINE_KIND, Frame, Profile
 from gpuflame.units import percent
 
@@ -66,8 +66,9 @@ def function_stats(table: StackTable) -> FunctionStats:
     exact = table.exact_float
     self_ = weighted_sum(table.leaf_codes(), table.values, size, exact)
     total = np.zeros(size, dtype=np.int64)
-    for start in range(0, table.rows, CHUNK_ROWS):
-        stop = min(start + CHUNK_ROWS, table.rows)
+    step = chunk_rows(table.codes.shape[1])
+    for start in range(0, table.rows, step):
+        stop = min(start + step, table.rows)
         total += _distinct_totals(table.codes[start:stop], table.values[start:stop], size, exact)
     total[0] = 0
     return FunctionStats(table.frames, self_, total, table.total)

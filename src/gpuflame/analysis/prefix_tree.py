@@ -12,10 +12,17 @@ from typing import NamedTuple
 
 import numpy as np
 
-from gpuflame.analysis.tree import row_order
+from gpuflame.analysis.tree import check_cells, row_order
 
-# Sorted stacks compared with their neighbours this many at a time (:func:`_shared_prefixes`).
+# Sorted stacks compared with their neighbours this many at a time (:func:`_shared_prefixes`) ...
 PREFIX_ROWS = 1 << 16
+# ... and never more cells than this: 65,536 rows padded to a stack 16,384 deep were 4 GB of one piece
+PREFIX_CELLS = 1 << 23
+
+
+def piece_rows(width: int) -> int:
+    """Rows per piece of a matrix *width* cells wide."""
+    return max(1, min(PREFIX_ROWS, PREFIX_CELLS // max(1, width)))
 
 
 class PrefixTree(NamedTuple):
@@ -52,6 +59,7 @@ def prefix_tree(
     width = int(lengths.max()) if n else 0
     if not width:
         return PrefixTree(np.array([-1]), np.array([-1]), np.zeros(n, dtype=np.int64))
+    check_cells(n, width)
     codes = np.zeros((n, width), dtype=">u4")
     _fill(codes, lengths, flat, code_of)
     order = row_order(codes)
@@ -85,8 +93,9 @@ def _fill(codes: np.ndarray, lengths: np.ndarray, flat: np.ndarray, code_of: np.
     """
     width = codes.shape[1]
     ends = np.cumsum(lengths)
-    for lo in range(0, len(lengths), PREFIX_ROWS):
-        hi = min(len(lengths), lo + PREFIX_ROWS)
+    step = piece_rows(width)
+    for lo in range(0, len(lengths), step):
+        hi = min(len(lengths), lo + step)
         piece = flat[int(ends[lo - 1]) if lo else 0 : int(ends[hi - 1])]
         filled = np.arange(width) < lengths[lo:hi, None]
         block = codes[lo:hi]
@@ -103,8 +112,9 @@ def _shared_prefixes(codes: np.ndarray, order: np.ndarray, lens: np.ndarray) -> 
     """
     n = len(order)
     shared = np.zeros(n, dtype=np.intp)
-    for lo in range(1, n, PREFIX_ROWS):
-        hi = min(n, lo + PREFIX_ROWS)
+    step = piece_rows(codes.shape[1])
+    for lo in range(1, n, step):
+        hi = min(n, lo + step)
         rows = codes[order[lo - 1 : hi]]  # the row before the piece, then the piece
         same = rows[1:] == rows[:-1]
         shared[lo:hi] = np.where(same.all(axis=1), np.minimum(lens[lo:hi], lens[lo - 1 : hi - 1]), same.argmin(axis=1))

@@ -30,6 +30,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from gpuflame import limits
 from gpuflame.errors import GpuflameError
 from gpuflame.model.functions import function_frames
 from gpuflame.model.profile import PYTHON, SYNTHETIC, Frame, Profile, Sample, SampleType
@@ -40,6 +41,15 @@ from gpuflame.symbols.names import UNKNOWN
 # temporary arrays stay small: on a machine where first-touching memory is
 # slow, a few megabytes reused beat one large temporary.
 CHUNK_ROWS = 8192
+# ... and never more than this many cells at once (rows x the deepest stack): one stack 16,384
+# frames deep made 8,192 rows of it a gigabyte of temporaries
+CHUNK_CELLS = CHUNK_ROWS * 256
+
+
+def chunk_rows(width: int) -> int:
+    """Rows per chunk of a matrix *width* cells wide: :data:`CHUNK_ROWS`, fewer when rows are wide."""
+    return max(1, min(CHUNK_ROWS, CHUNK_CELLS // max(1, width)))
+
 
 # Float64 sums of integers are exact while every partial sum stays below
 # 2**53; the magnitude is itself a float sum, so keep a factor of two spare.
@@ -138,8 +148,9 @@ class StackTable:
         """
         out: list[dict[int, int]] = [{} for _ in range(depth + 1)]
         lines_of = np.array([f.line for f in self.source_frames] or [0], dtype=np.int64)
-        for lo in range(start, end, CHUNK_ROWS):
-            hi = min(end, lo + CHUNK_ROWS)
+        step = chunk_rows(self.codes.shape[1] if self.codes.ndim == 2 else 0)
+        for lo in range(start, end, step):
+            hi = min(end, lo + step)
             stacks = [self.samples[i].stack for i in self.sample_of_row[lo:hi].tolist()]
             lens = np.fromiter(map(len, stacks), dtype=np.intp, count=len(stacks))
             flat = np.fromiter(chain.from_iterable(stacks), dtype=np.intp, count=int(lens.sum()))
@@ -195,18 +206,21 @@ def build_table(profile: Profile, type_index: int, group_by: str | None = None, 
     offset = 1 if group_by else 0
     lengths = np.maximum(lengths, 1) + offset  # an empty stack becomes <unknown>
     width = int(lengths.max()) if len(samples) else 0
+    check_cells(len(samples), width)
     dtype = np.dtype(">u2") if len(frames) < 2**16 else np.dtype(">u4")
     codes = np.zeros((len(samples), width), dtype=dtype)
-    for start in range(0, len(samples), CHUNK_ROWS):
-        chunk = samples[start : start + CHUNK_ROWS]
+    step = chunk_rows(width)
+    for start in range(0, len(samples), step):
+        chunk = samples[start : start + step]
         _fill_rows(codes[start : start + len(chunk)], chunk, code_of_id, offset, unknown)
         if group_by:
             codes[start : start + len(chunk), 0] = [group_codes[s.label(group_by)] for s in chunk]
     order = row_order(codes)
+    permute_rows(codes, order)
     table = StackTable(
         sample_type=profile.sample_types[type_index],
         frames=frames,
-        codes=codes[order],
+        codes=codes,
         lengths=lengths[order],
         values=values[order],
         samples=samples,
@@ -220,6 +234,29 @@ def build_table(profile: Profile, type_index: int, group_by: str | None = None, 
             "gpuflame sums in 64-bit integers, as pprof stores them"
         )
     return table
+
+
+def check_cells(rows: int, width: int) -> None:
+    """Refuse a table of more cells than :data:`gpuflame.limits.TABLE_CELLS`, before it is made.
+
+    The matrix holds every row padded to the deepest stack: 50,000 short
+    stacks and one 16,380 frames deep are 819 million cells, gigabytes from
+    a file of one megabyte.
+    """
+    bound = limits.TABLE_CELLS.value()
+    if rows * width > bound:
+        raise limits.TABLE_CELLS.exceeded(
+            f"the flame graph's table ({rows:,} stacks x {width:,} frames, the deepest stack's length)"
+        )
+
+
+def permute_rows(codes: np.ndarray, order: np.ndarray) -> None:
+    """``codes[:] = codes[order]`` a band of columns at a time: one copy of the matrix, not two."""
+    if codes.size == 0:
+        return
+    band = max(1, CHUNK_CELLS // max(1, codes.shape[0]))
+    for lo in range(0, codes.shape[1], band):
+        codes[:, lo : lo + band] = codes[order, lo : lo + band]
 
 
 def _nonzero_samples(samples: list[Sample], type_index: int) -> tuple[list[Sample], np.ndarray]:
@@ -414,11 +451,13 @@ class FlameTree:
     def _shared_prefix(self) -> np.ndarray:
         """How many leading frames each row shares with the row before it."""
         if self._shared is None:
-            codes, lengths = self.table.codes, self.table.lengths
-            shared = np.zeros(self.table.rows, dtype=np.intp)
-            if self.table.rows > 1:
-                same = codes[1:] == codes[:-1]
-                shared[1:] = np.where(same.all(axis=1), lengths[1:], same.argmin(axis=1))
+            codes, lengths, rows = self.table.codes, self.table.lengths, self.table.rows
+            shared = np.zeros(rows, dtype=np.intp)
+            step = chunk_rows(codes.shape[1])
+            for lo in range(1, rows, step):  # row r against row r - 1, a band of rows at a time
+                hi = min(rows, lo + step)
+                same = codes[lo:hi] == codes[lo - 1 : hi - 1]
+                shared[lo:hi] = np.where(same.all(axis=1), lengths[lo:hi], same.argmin(axis=1))
             self._shared = shared
         return self._shared
 

@@ -125,6 +125,7 @@ def decode(
     lookup = frame_ids.__getitem__
     samples = profile.samples
     max_depth, max_samples = limits.STACK_DEPTH.value(), limits.SAMPLES.value()
+    frames_left = limits.STACK_FRAMES.value()
     for number, raw in enumerate(text.split("\n"), start=2 if named else 1):
         line = raw.rstrip()
         if not line or line.startswith("# gpuflame folded stacks:") and _HEADER.fullmatch(line):
@@ -154,6 +155,9 @@ def decode(
             raise limits.STACK_DEPTH.exceeded(f"folded stacks, line {number}: the stack")
         if len(samples) >= max_samples:
             raise limits.SAMPLES.exceeded("folded stacks: the lines")
+        frames_left -= len(names)
+        if frames_left < 0:
+            raise limits.STACK_FRAMES.exceeded("folded stacks: the frames of all the stacks")
         names.reverse()
         samples.append(Sample(tuple(map(lookup, names)), (count,)))
     return profile

@@ -217,6 +217,8 @@ def _pprof_of(samples: int, comments: int = 0) -> bytes:
         ("GPUFLAME_MAX_STACK_DEPTH", lambda: b";".join([b"f"] * 11) + b" 1\n"),
         ("GPUFLAME_MAX_SAMPLES", lambda: dumps(_rich_enough(), "speedscope")),
         ("GPUFLAME_MAX_STACK_DEPTH", lambda: (FIXTURES / "handwritten_small_trace.pickle").read_bytes()),
+        ("GPUFLAME_MAX_STACK_FRAMES", lambda: b"".join(b"a;b %d\n" % i for i in range(1, 7))),
+        ("GPUFLAME_MAX_STACK_FRAMES", lambda: dumps(_rich_enough(), "speedscope")),
     ],
 )
 def test_each_limit_stops_its_reader_with_its_name(monkeypatch, env: str, data) -> None:  # type: ignore[no-untyped-def]
