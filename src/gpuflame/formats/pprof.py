@@ -59,6 +59,21 @@ from __future__ import annotations
 import gzip
 
 from gpuflame.errors import GpuflameError
+from gpuflame.formats.pprof_raw import (  # noqa: F401 - frame_kind: the rule, named with the format
+    P_COMMENT,
+    P_DEFAULT_SAMPLE_TYPE,
+    P_DURATION_NANOS,
+    P_FUNCTION,
+    P_LOCATION,
+    P_MAPPING,
+    P_PERIOD,
+    P_PERIOD_TYPE,
+    P_SAMPLE,
+    P_SAMPLE_TYPE,
+    P_STRING_TABLE,
+    P_TIME_NANOS,
+    frame_kind,
+)
 from gpuflame.formats.protobuf_wire import (
     VARINT,
     VarintCache,
@@ -69,31 +84,11 @@ from gpuflame.formats.protobuf_wire import (
     tag,
 )
 from gpuflame.model import peak, phases, processes
-from gpuflame.model.profile import NATIVE, PYTHON, Frame, Labels, Profile, Sample, SampleType
-from gpuflame.symbols.kinds import guess_kind
+from gpuflame.model.profile import NATIVE, Frame, Labels, Profile, Sample, SampleType
 from gpuflame.symbols.names import SEPARATOR, native_address_name
-
-# Field numbers of profile.proto (only those gpuflame reads or writes).
-P_SAMPLE_TYPE, P_SAMPLE, P_MAPPING, P_LOCATION, P_FUNCTION, P_STRING_TABLE = 1, 2, 3, 4, 5, 6
-P_TIME_NANOS, P_DURATION_NANOS, P_PERIOD_TYPE, P_PERIOD, P_COMMENT, P_DEFAULT_SAMPLE_TYPE = (
-    9,
-    10,
-    11,
-    12,
-    13,
-    14,
-)
 
 GZIP_LEVEL = 1
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
-
-
-def frame_kind(name: str, file: str, in_mapping: bool) -> str:
-    """The kind a decoded frame gets: :func:`guess_kind`, and fileless frames in a Mapping are native."""
-    kind = guess_kind(name, file)
-    if kind == PYTHON and in_mapping and not file:
-        return NATIVE
-    return kind
 
 
 def system_name(display: str) -> str:

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from functools import partial
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from gpuflame.formats import protobuf_bulk as bulk
-from gpuflame.formats.pprof import frame_kind
+from gpuflame.formats.pprof_raw import Strings, frame_kind
 from gpuflame.formats.protobuf_regions import Regions
 from gpuflame.model.columns import SampleColumns, stack_tuples
 from gpuflame.model.profile import PYTHON, Frame, Labels, Profile
@@ -26,8 +25,6 @@ from gpuflame.symbols.names import TRAMPOLINE_NAME
 # Bytes of samples decoded per step of :func:`sample_columns`: bounds its temporary arrays.
 SAMPLE_CHUNK = 1 << 22
 
-if TYPE_CHECKING:
-    from gpuflame.formats.pprof_tables import Strings
 
 # what follows a sample's location ids -> (values, labels), or None where it holds more ids
 TailParser = Callable[[bytes], "tuple[tuple[int, ...], Labels] | None"]

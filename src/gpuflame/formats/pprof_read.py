@@ -14,7 +14,7 @@ from collections.abc import Callable
 from gpuflame import limits
 from gpuflame.errors import ProfileFormatError
 from gpuflame.formats.gzip_io import GZIP_MAGIC, gunzip
-from gpuflame.formats.pprof import (
+from gpuflame.formats.pprof_raw import (
     P_COMMENT,
     P_DEFAULT_SAMPLE_TYPE,
     P_DURATION_NANOS,
@@ -25,9 +25,11 @@ from gpuflame.formats.pprof import (
     P_SAMPLE_TYPE,
     P_STRING_TABLE,
     P_TIME_NANOS,
+    RawProfile,
+    Strings,
 )
 from gpuflame.formats.pprof_samples import read_sample_columns, read_samples
-from gpuflame.formats.pprof_tables import RawProfile, Strings, read_locations, read_value_type
+from gpuflame.formats.pprof_tables import read_locations, read_value_type
 from gpuflame.formats.protobuf_regions import Regions
 from gpuflame.formats.protobuf_wire import (
     FIXED32,

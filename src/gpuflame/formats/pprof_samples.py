@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 from gpuflame import limits
 from gpuflame.errors import ProfileFormatError
-from gpuflame.formats.pprof_tables import BULK_MIN, Strings, message_fields, scalar_field
+from gpuflame.formats.pprof_raw import BULK_MIN, Strings
+from gpuflame.formats.pprof_tables import message_fields, scalar_field
 from gpuflame.formats.protobuf_wire import (
     LEN,
     VARINT,

@@ -153,7 +153,7 @@ def test_regions_read_slice_and_let_go() -> None:
 
 def test_a_string_table_read_whole_keeps_no_hold_on_the_file() -> None:
     """Strings.many decodes the table once; then neither the table nor Strings holds the inflated bytes."""
-    from gpuflame.formats.pprof_tables import Strings
+    from gpuflame.formats.pprof_raw import Strings
 
     names = [b"", *(b"name%d" % i for i in range(5000))]  # above BULK_MIN: decoded whole from its spans
     data = b"".join(table_field(0x32, s, 1) for s in names)

@@ -89,11 +89,11 @@ def test_spans_gathered_are_the_slices_joined(pieces: list[tuple[bytes, bytes]],
 @hypothesis.example([b"ok", b"\xe2\x82", b"\xff"])  # invalid UTF-8, a truncated sequence at a string's end
 @hypothesis.example([])
 def test_a_string_table_decodes_as_each_string_alone(table: list[bytes]) -> None:
-    """pprof_tables.Strings.many (the whole table in one decode where it can): read_string of each entry.
+    """pprof_raw.Strings.many (the whole table in one decode where it can): read_string of each entry.
 
     NULs inside a string, invalid UTF-8 and empty tables take the one-by-one road; the answer is the same.
     """
-    from gpuflame.formats.pprof_tables import Strings
+    from gpuflame.formats.pprof_raw import Strings
     from gpuflame.formats.protobuf_wire import read_string
 
     raw = [b"", *table]
