@@ -100,3 +100,20 @@ def test_agent_args_are_the_cli_s(docs):
     c = find(docs, "DaemonSet", "gpuflame-agent")["spec"]["template"]["spec"]["containers"][0]
     args = build_parser().parse_args(c["args"])
     assert args.command == "agent" and args.interval == 15.0 and args.pyroscope == ["$(GPUFLAME_PYROSCOPE_URL)"]
+
+
+# What the agent's stop does besides the ring and the push: the probes off, the snapshot, the write and the exit,
+# at most 3 s measured while a process flooding the driver shared the agent's CPU (BENCHMARKS.md); twice that.
+REST_OF_THE_STOP_S = 6.0
+
+
+@needs_kubectl
+def test_agent_grace_period_covers_its_stop(docs):
+    """SIGTERM (a node drain, a rollout) must leave the agent time to write its last profile and push it: the
+    bounded read of the ring, the final push's bound and the rest of the stop, before the kubelet's SIGKILL."""
+    from gpuflame.agent.agent import COUNT_AT_STOP_S, DRAIN_AT_STOP_S
+    from gpuflame.agent.push import FINAL_PUSH_S
+
+    pod = find(docs, "DaemonSet", "gpuflame-agent")["spec"]["template"]["spec"]
+    stop = DRAIN_AT_STOP_S + COUNT_AT_STOP_S + FINAL_PUSH_S + REST_OF_THE_STOP_S
+    assert pod["terminationGracePeriodSeconds"] >= stop

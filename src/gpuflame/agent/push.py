@@ -11,6 +11,7 @@ in-process pushers send).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from functools import partial
 from typing import Any
@@ -22,6 +23,7 @@ from gpuflame.ship.window import IntervalWindow
 
 PLACEMENT = ("namespace", "pod", "container", "node")
 QUEUE = 256  # series x intervals waiting to be sent; the oldest are dropped (and counted) beyond
+FINAL_PUSH_S = 5.0  # at stop: the most seconds spent sending the last snapshot and what is still queued
 
 
 def series_of(profile: Profile, service: str) -> dict[tuple[tuple[str, str], ...], Profile]:
@@ -70,9 +72,12 @@ class AgentPush:
             for pusher in self.pushers:
                 pusher.submit((labels, interval))
 
-    def close(self, timeout: float = 5.0) -> None:
+    def close(self, timeout: float = FINAL_PUSH_S) -> None:
+        """Send what is queued, every URL within one *timeout* in all (the pushers send side by side): the
+        agent's stop fits the DaemonSet's grace period however many URLs it pushes to."""
+        end = time.monotonic() + timeout
         for pusher in self.pushers:
-            pusher.close(timeout)
+            pusher.close(max(0.0, end - time.monotonic()))
 
 
 def _send(client: PyroscopeClient, item: tuple[Mapping[str, str], Any]) -> None:

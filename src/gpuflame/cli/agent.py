@@ -45,7 +45,10 @@ It prints one line "gpuflame agent: watching ..." once its probes are live
 driver file as processes load it), then writes the profile at --duration's end or on Ctrl-C/SIGTERM (to -o,
 else the local store), and/or pushes to Pyroscope every --interval (with
 --pyroscope, a process that has ended is dropped after its last push, so a
-long-running agent holds only live processes).
+long-running agent holds only live processes). To stop, it takes its probes
+off first, then reads what the events ring still holds for a few seconds at most, so a
+process flooding the driver cannot hold it up; events left unread are
+counted and said.
 
 The agent sees the driver's allocations: the segments PyTorch's caching
 allocator reserves, not the tensors inside them (gpuflame run and the webhook
@@ -197,8 +200,18 @@ def run(args: argparse.Namespace) -> int:
             totals=totals,
             lost=profile.comments[1:],
         ).write(output.parent)
-    _say(args, output, profile.comments, totals, pids)
+    _say(args, output, profile.comments, totals, pids, _stop_said(agent))
     return 0
+
+
+def _stop_said(agent: object) -> dict[str, object]:
+    """How the stop went, for --json: each step's start and end (seconds since the stop began), the bound on
+    the drain, and the events left unread."""
+    from gpuflame.agent.agent import COUNT_AT_STOP_S, DRAIN_AT_STOP_S
+
+    steps = {name: [round(t, 4) for t in span] for name, span in agent.stop_steps.items()}  # type: ignore[attr-defined]
+    left = agent.counts["left_in_ring"]  # type: ignore[attr-defined]
+    return {"drain_bound_s": DRAIN_AT_STOP_S, "count_bound_s": COUNT_AT_STOP_S, "left_in_ring": left, **steps}
 
 
 def _write(profile: object, output: Path) -> None:
@@ -286,7 +299,14 @@ def _wait(args: argparse.Namespace, agent: object, push: object, done: threading
         done.wait(None if until == float("inf") else until - now)
 
 
-def _say(args: argparse.Namespace, output: Path, comments: list[str], totals: dict[str, int], pids: list[int]) -> None:
+def _say(
+    args: argparse.Namespace,
+    output: Path,
+    comments: list[str],
+    totals: dict[str, int],
+    pids: list[int],
+    stop: dict[str, object],
+) -> None:
     from gpuflame.agent.agent import NO_CUDA_PROCESS
 
     lost = [c for c in comments[1:] if c != NO_CUDA_PROCESS]  # an idle node lost nothing
@@ -294,7 +314,10 @@ def _say(args: argparse.Namespace, output: Path, comments: list[str], totals: di
         sys.stderr.write(printable(note) + "\n")  # it may name a process's own files
     if args.json:
         sys.stdout.write(
-            json.dumps({"profile": str(output.resolve()), "processes": pids, "totals": totals, "lost": lost}) + "\n"
+            json.dumps(
+                {"profile": str(output.resolve()), "processes": pids, "totals": totals, "lost": lost, "stop": stop}
+            )
+            + "\n"
         )
         return
     if not pids:
