@@ -17,6 +17,7 @@ import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from gpuflame.boundary.session_folder import own_files
 from gpuflame.boundary.settings import Settings, env_name
 
 # -- the session folder ----------------------------------------------------------------
@@ -36,13 +37,17 @@ def pid_of(path: str | os.PathLike[str]) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def process_files(folder: Path, pattern: str) -> dict[int, Path]:
-    """pid -> file of *folder* named by *pattern* (one of the per-process names), in pid order."""
+def process_files(folder: int, pattern: str) -> dict[int, str]:
+    """pid -> name of the file of *folder* (a descriptor) named by *pattern*, in pid order.
+
+    Only regular files of this user count (``session_folder.own_files``): a
+    link, a FIFO or another user's file under such a name is no process.
+    """
     found = {}
-    for path in folder.glob(pattern.format(pid="*")) if folder.is_dir() else ():
-        pid = pid_of(path)
-        if pid is not None and path.name == pattern.format(pid=pid):
-            found[pid] = path
+    for name in own_files(folder):
+        pid = pid_of(name)
+        if pid is not None and name == pattern.format(pid=pid):
+            found[pid] = name
     return dict(sorted(found.items()))
 
 

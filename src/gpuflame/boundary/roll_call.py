@@ -13,38 +13,40 @@ Standard library only: the profiled process imports this module.
 from __future__ import annotations
 
 import json
-import os
 import time
-from pathlib import Path
 
+from gpuflame.boundary import session_folder
 from gpuflame.boundary.contract import STARTED_FILE
-from gpuflame.files import atomic_write
 
 
 def register(folder: str, pid: int) -> str:
     """This process records from now on; never raises: '' or why it could not register.
 
-    On a full disk the file is made empty: its name is what the launcher reads.
+    The file is written under a fresh name and renamed into place, so that
+    nothing already at its name (a planted FIFO, a link) is ever opened; on
+    a full disk it is made empty: its name is what the launcher reads.
     """
-    path = Path(folder) / STARTED_FILE.format(pid=pid)
+    name = STARTED_FILE.format(pid=pid)
     try:
-        atomic_write(path, json.dumps({"started": time.time()}))
-        return ""
-    except Exception:  # noqa: BLE001 - the launcher then just knows less
-        pass
-    try:
-        os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o666))
-        return ""
+        with session_folder.opened(folder) as fd:
+            try:
+                session_folder.write_file(fd, name, json.dumps({"started": time.time()}).encode())
+                return ""
+            except OSError:
+                session_folder.remove(fd, name)
+                session_folder.create_file(fd, name)
+                return ""
     except OSError as exc:
         return (
-            f"could not register in the run's roll call ({path}: {exc.strerror or exc}): if this process "
-            "ends without its exit hooks, the run cannot name it"
+            f"could not register in the run's roll call ({folder}/{name}: {exc.strerror or exc}): if this "
+            "process ends without its exit hooks, the run cannot name it"
         )
 
 
 def unregister(folder: str, pid: int) -> None:
     """This process's exit hooks ran: what it wrote (or the note of what it lost) is final."""
     try:
-        os.unlink(Path(folder) / STARTED_FILE.format(pid=pid))
+        with session_folder.opened(folder) as fd:
+            session_folder.remove(fd, STARTED_FILE.format(pid=pid))
     except OSError:
         pass

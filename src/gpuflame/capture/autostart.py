@@ -53,9 +53,9 @@ def start_from_env() -> Session | None:
 
 
 def _make_session_dir(path: str) -> None:
-    """The webhook names a per-container folder in a shared volume; make it on first start."""
+    """The webhook names a per-container folder in a shared volume; make it on first start, private (700)."""
     try:
-        os.makedirs(path, exist_ok=True)
+        os.makedirs(path, mode=0o700, exist_ok=True)
     except OSError:
         pass  # the session reports the failed write, with the reason, when it saves
 

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from gpuflame.boundary import backends, ranks, roll_call
+from gpuflame.boundary import backends, ranks, roll_call, session_folder
 from gpuflame.boundary.contract import IDLE_FILE, LOST_FILE, PROCESS_FILE
 from gpuflame.boundary.settings import Settings
 from gpuflame.capture.base import Recorder
@@ -196,6 +196,15 @@ class Session:
             return self._path
         return Path(self.settings.session_dir) / PROCESS_FILE.format(pid=self.pid)
 
+    def _write_file(self, profile: Profile) -> None:
+        """Write *profile* to :attr:`path`: a file of the run's folder through its descriptor (session_folder.py)."""
+        path = self.path
+        if self._write is not _save or path == self._path or not self.settings.session_dir:  # the API's file
+            self._write(profile, path)
+            return
+        with session_folder.opened(self.settings.session_dir) as folder:
+            session_folder.write_file(folder, path.name, _dumps(profile))
+
     def profile(self) -> Profile | None:
         """What the recorders know now, merged, with this process's pid; None if nothing."""
         profiles = []
@@ -279,7 +288,7 @@ class Session:
                     if message not in profile.comments:  # a recorder may have noted it already
                         profile.comments.append(f"pid {self.pid}: {message}")
                 if to_file:
-                    self._write(profile, self.path)
+                    self._write_file(profile)
             except Exception as exc:
                 where = (
                     "build the profile"
@@ -314,8 +323,8 @@ class Session:
                 pass
         try:
             if self.settings.session_dir:
-                with open(Path(self.settings.session_dir) / LOST_FILE.format(pid=self.pid), "a") as notes:
-                    notes.write(message + "\n")
+                with session_folder.opened(self.settings.session_dir) as folder:
+                    session_folder.append_text(folder, LOST_FILE.format(pid=self.pid), message + "\n")
         except Exception:
             pass
 
@@ -349,9 +358,10 @@ class Session:
         if not missed:
             return
         path = Path(self.settings.session_dir) / IDLE_FILE.format(pid=self.pid)
+        note = f"imported {' and '.join(missed)}, which --backend {backend} does not record\n"
         try:
-            with open(path, "w") as note:
-                note.write(f"imported {' and '.join(missed)}, which --backend {backend} does not record\n")
+            with session_folder.opened(self.settings.session_dir) as folder:
+                session_folder.create_file(folder, path.name, note.encode())
         except OSError as exc:
             self.report(f"could not leave the note of why nothing was recorded ({path}: {exc.strerror or exc})")
 
@@ -376,3 +386,9 @@ def _save(profile: Profile, path: Path) -> None:
     from gpuflame.formats import save
 
     save(profile, path)
+
+
+def _dumps(profile: Profile) -> bytes:
+    from gpuflame.formats import dumps
+
+    return dumps(profile)

@@ -9,16 +9,19 @@ as lost, with the likely reason.
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 from pathlib import Path
 
-from gpuflame.boundary.contract import IDLE_FILE, LOST_FILE, PROCESS_FILE, STARTED_FILE, TABLE_FILE, process_files
+from gpuflame.boundary import session_folder
+from gpuflame.boundary.contract import IDLE_FILE, LOST_FILE, PER_PROCESS, PROCESS_FILE, pid_of, process_files
 from gpuflame.errors import GpuflameError
-from gpuflame.files import write_problem
-from gpuflame.formats import load, save
+from gpuflame.formats import loads, save
 from gpuflame.launch import roll_call
+from gpuflame.launch.folder import Held, remove_if_empty
 from gpuflame.launch.store import RunMeta
+from gpuflame.limits import INFLATED_BYTES
 from gpuflame.model import Profile, merge
 
 
@@ -43,22 +46,30 @@ class RunEnd:
         return "it ended by os._exit(), SIGKILL or a crash"
 
 
-def collect(folder: Path, output: Path, meta: RunMeta, ending: RunEnd) -> Profile | None:
-    """Merge the per-process profiles into *output*; note what was lost, per pid."""
-    problem = write_problem(folder)
+def collect(folder: Held, output: Path, meta: RunMeta, ending: RunEnd) -> Profile | None:
+    """Merge the per-process profiles into *output*; note what was lost, per pid.
+
+    Only regular files of this user are read, through the folder's descriptor (``session_folder.py``).
+    """
+    problem = session_folder.write_problem(folder.fd)
     if problem:  # the processes could not write there either: say why before what is missing
         meta.lost.append(
-            f"the run's folder {folder} cannot be written ({problem}): the processes' profiles, "
+            f"the run's folder {folder.path} cannot be written ({problem}): the processes' profiles, "
             "and their notes of what they lost, may be missing"
         )
     profiles: dict[int, Profile] = {}
-    for pid, path in process_files(folder, PROCESS_FILE).items():
+    limit = INFLATED_BYTES.value()
+    for pid, name in process_files(folder.fd, PROCESS_FILE).items():
         try:
-            profiles[pid] = load(path)
+            data = session_folder.read_file(folder.fd, name, limit)
+            profiles[pid] = loads(data, source=str(folder.path / name))
+        except OSError as exc:
+            why = INFLATED_BYTES.exceeded(str(folder.path / name), limit) if exc.errno == errno.EFBIG else None
+            meta.lost.append(f"unreadable process profile: {why or f'{folder.path / name}: {exc.strerror or exc}'}")
         except GpuflameError as exc:
             meta.lost.append(f"unreadable process profile: {exc}")
-    for pid, path in process_files(folder, LOST_FILE).items():
-        meta.lost.extend(_lost_notes(pid, path))
+    for pid, name in process_files(folder.fd, LOST_FILE).items():
+        meta.lost.extend(_lost_notes(pid, folder, name))
     _account_unfinished(folder, set(profiles), meta, ending, problem)
     if not profiles:
         return None
@@ -72,30 +83,31 @@ def collect(folder: Path, output: Path, meta: RunMeta, ending: RunEnd) -> Profil
     return merged
 
 
-def _lost_notes(pid: int, path: Path) -> list[str]:
+def _lost_notes(pid: int, folder: Held, name: str) -> list[str]:
     """What pid lost, from its note; an empty note was made but could not be written (a full disk)."""
     try:
-        lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
+        text = session_folder.read_file(folder.fd, name).decode("utf-8", errors="replace")
     except OSError as exc:
-        return [f"pid {pid}: lost something; its note {path} cannot be read ({exc.strerror or exc})"]
+        return [f"pid {pid}: lost something; its note {folder.path / name} cannot be read ({exc.strerror or exc})"]
+    lines = [line for line in text.splitlines() if line.strip()]
     return [f"pid {pid}: {line}" for line in lines] or [
-        f"pid {pid}: lost something but could not write down what (its note {path.name} is empty)"
+        f"pid {pid}: lost something but could not write down what (its note {name} is empty)"
     ]
 
 
-def _account_unfinished(folder: Path, written: set[int], meta: RunMeta, ending: RunEnd, problem: str) -> None:
+def _account_unfinished(folder: Held, written: set[int], meta: RunMeta, ending: RunEnd, problem: str) -> None:
     """Processes that started recording and never finished: their last snapshot is partial, or nothing is left.
 
     In a read-only folder (*problem* says why it cannot be written), no
     process could remove its roll-call file: that, not how it ended, is why.
     """
-    stuck = bool(problem) and not os.access(folder, os.W_OK)
-    for pid in roll_call.unfinished(folder):
+    stuck = bool(problem) and not os.access(".", os.W_OK, dir_fd=folder.fd)
+    for pid in roll_call.unfinished(folder.fd):
         seen = ending.endings.get(pid, roll_call.Ending(None, seen_running=False))
         if stuck and pid in written:
             continue
         if pid in written:
-            taken = (folder / PROCESS_FILE.format(pid=pid)).stat().st_mtime
+            taken = os.stat(PROCESS_FILE.format(pid=pid), dir_fd=folder.fd, follow_symlinks=False).st_mtime
             meta.partial_processes.append(_partial(pid, taken, seen, meta.ended, ending))
         else:
             why = f"pid {pid}: nothing could be written ({problem})" if stuck else _nothing_written(pid, seen, ending)
@@ -132,31 +144,29 @@ def _nothing_written(pid: int, seen: roll_call.Ending, ending: RunEnd) -> str:
     return f"pid {pid}: nothing could be written: {ending.how(pid)} before its exit hooks ran{hint}"
 
 
-def tidy(folder: Path) -> None:
-    """Remove the run's bookkeeping (and half-written files of killed processes); an empty folder goes too."""
-    bookkeeping = [STARTED_FILE.format(pid="*"), IDLE_FILE.format(pid="*"), TABLE_FILE.format(device="*")]
-    for pattern in bookkeeping + [".*.tmp"]:
-        for path in folder.glob(pattern):
-            try:
-                path.unlink()
-            except OSError:
-                pass
-    remove_if_empty(folder)
+def tidy(folder: Held) -> None:
+    """Remove the run's bookkeeping (and half-written files of killed processes); an empty folder goes too.
+
+    What stays is each process's profile and note of what it lost.
+    """
+    for name in os.listdir(folder.fd):
+        if pid_kind(name) not in (PROCESS_FILE, LOST_FILE):
+            session_folder.remove(folder.fd, name)
+    remove_if_empty(folder.path)
 
 
-def remove_if_empty(folder: Path) -> None:
-    try:
-        folder.rmdir()
-    except OSError:
-        pass  # not empty (or already gone): nothing to tidy
+def pid_kind(name: str) -> str:
+    """Which per-process file *name* is (PROCESS_FILE, ...); '' for anything else."""
+    pid = pid_of(name)
+    return next((p for p in PER_PROCESS if pid is not None and name == p.format(pid=pid)), "")
 
 
-def idle_notes(folder: Path) -> dict[int, str]:
+def idle_notes(folder: Held) -> dict[int, str]:
     """pid -> why that process recorded nothing (a framework imported that the backend does not record)."""
     notes = {}
-    for pid, path in process_files(folder, IDLE_FILE).items():
+    for pid, name in process_files(folder.fd, IDLE_FILE).items():
         try:
-            notes[pid] = path.read_text().strip()
+            notes[pid] = session_folder.read_file(folder.fd, name).decode("utf-8", errors="replace").strip()
         except OSError:
             continue
     return notes

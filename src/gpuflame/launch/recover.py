@@ -17,11 +17,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpuflame.boundary import session_folder
 from gpuflame.boundary.contract import PER_PROCESS, process_files
 from gpuflame.errors import GpuflameError
 from gpuflame.files import check_output
 from gpuflame.launch import roll_call
 from gpuflame.launch.collect import RunEnd, collect, idle_notes, tidy
+from gpuflame.launch.folder import Held, hold_existing
 from gpuflame.launch.outcome import say, say_where, write_meta
 from gpuflame.launch.store import PROCESSES_DIR, PROCESSES_SUFFIX, PROFILE_NAME, RunMeta, processes_folder
 from gpuflame.model import Profile
@@ -38,7 +40,10 @@ class RunFolder:
 
 
 def find(given: Path) -> RunFolder:
-    """The run behind *given*: a store run folder, an ``OUT.processes`` folder, ``OUT`` itself, or any such folder."""
+    """The run behind *given*: a store run folder, an ``OUT.processes`` folder, ``OUT`` itself, or any such folder.
+
+    Nothing is opened here (a FIFO given as RUN is named, never read); the folder is checked as it is held.
+    """
     if (given / PROCESSES_DIR).is_dir():
         return RunFolder(given / PROCESSES_DIR, given / PROFILE_NAME, given)
     if given.is_dir() and given.name.endswith(PROCESSES_SUFFIX) and len(given.name) > len(PROCESSES_SUFFIX):
@@ -53,25 +58,33 @@ def find(given: Path) -> RunFolder:
 def recover(given: Path, output: Path | None = None, force: bool = False, as_json: bool = False) -> int:
     """Merge what the run at *given* left; 0 when a profile was written, 1 when nothing could be."""
     run = find(given)
-    if not any(process_files(run.folder, pattern) for pattern in PER_PROCESS):
+    held = hold_existing(run.folder)  # ours, private, and no run uses it now: else one line
+    try:
+        return _recover(given, run, held, output, force, as_json)
+    finally:
+        held.close()
+
+
+def _recover(given: Path, run: RunFolder, held: Held, output: Path | None, force: bool, as_json: bool) -> int:
+    if not any(process_files(held.fd, pattern) for pattern in PER_PROCESS):
         raise GpuflameError(f"{given}: no per-process files of a run here (proc-PID.pb.gz, lost-PID.txt, started-PID)")
     target = output or run.output
     if target is None:
         raise GpuflameError(f"{given}: not a run folder gpuflame made; say where the profile goes with -o FILE")
     check_output(target, force=force)
-    meta = RunMeta(command=[], started=_first_write(run.folder), ended=time.time(), backend="")
-    running = _still_running(run.folder)
+    meta = RunMeta(command=[], started=_first_write(held.fd), ended=time.time(), backend="")
+    running = _still_running(held.fd)
     ending = RunEnd(root_pid=0, status=0, endings=running, interval=0.0)
     meta.lost.append("the launcher did not end the run: the program's exit code and how each process ended are unknown")
     merged: Profile | None = None
     try:
-        merged = collect(run.folder, target, meta, ending)
+        merged = collect(held, target, meta, ending)
     except GpuflameError as exc:
         meta.lost.append(f"the merged profile could not be written: {exc}")
         meta.processes = []
     if not meta.processes:
         meta.profile = None
-    idle = idle_notes(run.folder)
+    idle = idle_notes(held)
     if running:
         say(
             sys.stderr,
@@ -80,20 +93,19 @@ def recover(given: Path, output: Path | None = None, force: bool = False, as_jso
             "they have ended\n",
         )
     else:
-        tidy(run.folder)
+        tidy(held)
     if run.run_dir is not None and output is None:
         write_meta(meta, run.run_dir)
     say_where(target, meta, idle, run_note(merged.peaks) if merged is not None else "", as_json=as_json)
     return 0 if meta.processes else 1
 
 
-def _first_write(folder: Path) -> float:
+def _first_write(folder: int) -> float:
     """When the run started, as near as its files tell (the earliest one written)."""
-    times = [p.stat().st_mtime for p in folder.iterdir() if p.is_file()]
-    return min(times, default=time.time())
+    return min((st.st_mtime for st in session_folder.own_files(folder).values()), default=time.time())
 
 
-def _still_running(folder: Path) -> dict[int, roll_call.Ending]:
+def _still_running(folder: int) -> dict[int, roll_call.Ending]:
     """Registered processes that are alive now (the others ended without their exit hooks)."""
     alive = {}
     for pid in roll_call.unfinished(folder):

@@ -16,15 +16,15 @@ import select
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 from gpuflame.boundary.contract import STARTED_FILE, process_files
 
 POLL_S = 0.02  # how often the launcher looks for new processes and ended ones
 
 
-def unfinished(folder: Path) -> list[int]:
-    """Pids registered and never unregistered: they ended without their exit hooks (or still run)."""
+def unfinished(folder: int) -> list[int]:
+    """Pids registered and never unregistered in *folder* (a descriptor): they ended without their exit hooks
+    (or still run). Only names are read: nothing found there is opened."""
     return list(process_files(folder, STARTED_FILE))
 
 
@@ -37,9 +37,9 @@ class Ending:
 
 
 class EndWatch:
-    """Notes when each registered process of *folder* ends (pidfd on Linux, else a liveness check)."""
+    """Notes when each registered process of *folder* (a descriptor) ends (pidfd on Linux, else a liveness check)."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: int) -> None:
         self.folder = folder
         self._running: dict[int, int | None] = {}  # pid -> pidfd (None: polled with kill 0)
         self.endings: dict[int, Ending] = {}

@@ -18,12 +18,13 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from gpuflame.boundary.contract import PER_PROCESS, child_env, unprofiled_reason
+from gpuflame.boundary.contract import child_env, unprofiled_reason
 from gpuflame.boundary.settings import Settings
 from gpuflame.errors import GpuflameError
 from gpuflame.files import check_folder, check_output
 from gpuflame.launch import roll_call
-from gpuflame.launch.collect import RunEnd, collect, idle_notes, remove_if_empty, tidy
+from gpuflame.launch.collect import RunEnd, collect, idle_notes, tidy
+from gpuflame.launch.folder import Held, make_fresh, remove_if_empty
 from gpuflame.launch.outcome import say, say_where, write_meta
 from gpuflame.launch.store import PROCESSES_DIR, PROFILE_NAME, RunMeta, new_run_folder, processes_folder, store_root
 from gpuflame.model import Profile
@@ -58,14 +59,23 @@ def launch(request: Launch, settings: Settings) -> int:
         folder, output, run_dir = _places(request, started)
     except OSError as exc:  # a full disk that still made the check's empty file: before the program starts
         raise GpuflameError(f"{exc.filename or 'the run folder'}: cannot make it ({exc.strerror or exc})") from None
-    settings = replace(settings, enabled=True, session_dir=str(folder.resolve()))
-    watch = roll_call.EndWatch(folder).start()
+    try:
+        return _launch(request, settings, started, folder, output, run_dir)
+    finally:
+        folder.close()  # the lock goes with it: another run may take this -o now
+
+
+def _launch(
+    request: Launch, settings: Settings, started: float, folder: Held, output: Path, run_dir: Path | None
+) -> int:
+    settings = replace(settings, enabled=True, session_dir=str(folder.path.resolve()))
+    watch = roll_call.EndWatch(folder.fd).start()
     env = child_env(settings)
     try:
         status, root_pid = _run_program(request.command, env)
     except GpuflameError:
         watch.stop()
-        for empty in (folder, run_dir):
+        for empty in (folder.path, run_dir):
             if empty is not None:
                 remove_if_empty(empty)
         raise
@@ -96,22 +106,17 @@ def launch(request: Launch, settings: Settings) -> int:
     return exit_code
 
 
-def _places(request: Launch, started: float) -> tuple[Path, Path, Path | None]:
-    """(the per-process folder, the merged profile, the store's run folder or None with -o)."""
+def _places(request: Launch, started: float) -> tuple[Held, Path, Path | None]:
+    """(the per-process folder, made fresh and held, the merged profile, the store's run folder or None with -o)."""
     if request.output:
         output = Path(request.output)
-        folder = processes_folder(output)
-        folder.mkdir(parents=True, exist_ok=True)
-        _clear_previous_run(folder)
-        return folder, output, None
+        return make_fresh(processes_folder(output)), output, None
     run_dir = new_run_folder(Path(request.store) if request.store else store_root(), request.asked, started)
-    folder = run_dir / PROCESSES_DIR
     try:
-        folder.mkdir()
-    except OSError:
+        return make_fresh(run_dir / PROCESSES_DIR, "try again"), run_dir / PROFILE_NAME, run_dir
+    except GpuflameError:
         remove_if_empty(run_dir)
         raise
-    return folder, run_dir / PROFILE_NAME, run_dir
 
 
 def _wait_for_stragglers(watch: roll_call.EndWatch) -> None:
@@ -124,16 +129,6 @@ def _wait_for_stragglers(watch: roll_call.EndWatch) -> None:
             f"{'es' if waiting > 1 else ''} that outlive the program to write their profile\n",
         )
         watch.settle(SETTLE_S)
-
-
-def _clear_previous_run(folder: Path) -> None:
-    """A folder reused by ``-o``: last run's process files must not join this run."""
-    for pattern in PER_PROCESS:
-        for path in folder.glob(pattern.format(pid="*")):
-            try:
-                path.unlink()
-            except OSError as exc:
-                raise GpuflameError(f"{path}: cannot remove the previous run's file ({exc.strerror})") from None
 
 
 # Every signal a user or a supervisor sends to ask something of the program (SIGHUP: reload, SIGUSR1: reopen

@@ -22,12 +22,14 @@ def test_every_per_process_file_gives_its_pid_back() -> None:
 def test_process_files_lists_one_kind_by_pid_and_nothing_else(tmp_path: Path) -> None:
     for name in ("proc-30.pb.gz", "proc-4.pb.gz", "lost-4.txt", ".proc-9.pb.gz.tmp", "proc-5.pb.gz.bak"):
         (tmp_path / name).write_text("")
-    assert contract.process_files(tmp_path, contract.PROCESS_FILE) == {
-        4: tmp_path / "proc-4.pb.gz",
-        30: tmp_path / "proc-30.pb.gz",
-    }
-    assert list(contract.process_files(tmp_path, contract.LOST_FILE)) == [4]
-    assert contract.process_files(tmp_path / "missing", contract.PROCESS_FILE) == {}
+    (tmp_path / "proc-6.pb.gz").symlink_to(tmp_path / "proc-4.pb.gz")  # a link is no process's file
+    os.mkfifo(tmp_path / "proc-7.pb.gz")  # nor is a FIFO
+    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        assert contract.process_files(fd, contract.PROCESS_FILE) == {4: "proc-4.pb.gz", 30: "proc-30.pb.gz"}
+        assert list(contract.process_files(fd, contract.LOST_FILE)) == [4]
+    finally:
+        os.close(fd)
 
 
 def test_the_child_env_starts_the_bootstrap_first_and_carries_the_settings() -> None:

@@ -156,7 +156,7 @@ def test_recover_refuses_what_is_not_a_run_in_one_line(tmp_path):
 @pytest.mark.subprocess
 def test_recover_leaves_the_files_of_processes_that_still_run(tmp_path):
     folder = tmp_path / "run.pb.gz.processes"
-    folder.mkdir()
+    folder.mkdir(mode=0o700)
     (folder / STARTED_FILE.format(pid=os.getpid())).write_text("")  # this test's own process: alive
     done = recover("run.pb.gz", "--json", cwd=tmp_path)
     assert done.returncode == 1 and "still run" in done.stderr

@@ -19,7 +19,7 @@ def test_settle_does_not_look_while_the_watch_thread_looks(tmp_path: Path, monke
     watch_thread_in = threading.Event()
     real = roll_call.unfinished
 
-    def unfinished(folder: Path) -> list[int]:
+    def unfinished(folder: int) -> list[int]:
         inside[0] += 1
         overlapped[0] |= inside[0] > 1
         if threading.current_thread().name == "gpuflame-end-watch" and not held.is_set():
@@ -30,9 +30,13 @@ def test_settle_does_not_look_while_the_watch_thread_looks(tmp_path: Path, monke
         return real(folder)
 
     monkeypatch.setattr(roll_call, "unfinished", unfinished)
-    watch = roll_call.EndWatch(tmp_path).start()
-    assert watch_thread_in.wait(30)
-    assert watch.settle(0) == 1  # this process is registered and runs
-    endings = watch.stop()
+    folder = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        watch = roll_call.EndWatch(folder).start()
+        assert watch_thread_in.wait(30)
+        assert watch.settle(0) == 1  # this process is registered and runs
+        endings = watch.stop()
+    finally:
+        os.close(folder)
     assert not overlapped[0], "settle() looked while the watch thread was looking"
     assert endings == {os.getpid(): roll_call.Ending(None, seen_running=True)}

@@ -20,6 +20,7 @@ import re
 import threading
 from types import ModuleType
 
+from gpuflame.boundary import session_folder
 from gpuflame.boundary.contract import TABLE_FILE
 from gpuflame.boundary.settings import env_name
 from gpuflame.capture.exit_hooks import HOOKS
@@ -51,6 +52,8 @@ def claim(hook: ModuleType, device: str) -> tuple[int, str]:
         if device in _claimed:
             return -1, ""
         try:
+            with session_folder.opened(os.path.dirname(path)):
+                pass  # the run's own private folder (the table file itself is checked as it is opened)
             handle = int(hook.table_open(path))
         except Exception as exc:  # noqa: BLE001 - the profile says what it means; recording goes on
             return -1, (

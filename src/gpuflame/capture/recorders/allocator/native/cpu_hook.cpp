@@ -316,8 +316,15 @@ int open_table(const std::string& path) {
   for (size_t i = 0; i < g_joints->size(); ++i) {
     if ((*g_joints)[i]->path == path) return static_cast<int>(i);
   }
-  int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  // never through a link, never blocking on a FIFO, and only a regular file of this user with one name:
+  // the session folder is private, and a file planted in it anyway is refused (boundary/session_folder.py)
+  int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0600);
   if (fd < 0) throw std::runtime_error("cannot open " + path + ": " + std::strerror(errno));
+  struct stat own {};
+  if (fstat(fd, &own) != 0 || !S_ISREG(own.st_mode) || own.st_uid != geteuid() || own.st_nlink != 1) {
+    close(fd);
+    throw std::runtime_error("cannot use " + path + ": not a regular file of this user");
+  }
   int err = reserve_table(fd);
   if (err != 0) {
     close(fd);
