@@ -152,7 +152,8 @@ def read_file(folder: int, name: str, limit: int | None = None) -> bytes:
     """
     fd = _open_file(folder, name, os.O_RDONLY)
     try:
-        chunks, size = [], 0
+        chunks: list[bytes] = []
+        size = 0
         while True:
             chunk = os.read(fd, 1 << 20)
             if not chunk:
