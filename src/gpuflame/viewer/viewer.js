@@ -174,9 +174,11 @@
 
   // The `category` label's values (model/categories.py) and their fixed colours in the
   // colour-by-category mode: one colour per kind of memory, the same on every page.
-  const CATEGORIES = ["parameter", "gradient", "optimizer_state", "kv_cache", "activation", "other",
-    "cached_free", "outside_framework"];
-  const CATEGORY_COLORS = ["#4e79a7", "#f28e2b", "#76b7b2", "#e15759", "#59a14f", "#bab0ac", "#dddddd", "#b07aa1"];
+  // (tests/unit/render/test_viewer_categories_in_step.py keeps the list equal to the vocabulary's)
+  const CATEGORIES = ["parameter", "frozen_parameter", "gradient", "optimizer_state", "kv_cache", "comm_buffer",
+    "activation", "other", "cached_free", "outside_framework"];
+  const CATEGORY_COLORS = ["#4e79a7", "#a0cbe8", "#f28e2b", "#76b7b2", "#e15759", "#edc948", "#59a14f", "#bab0ac",
+    "#dddddd", "#b07aa1"];
 
   /** Per label set: the index of its `category` value in CATEGORIES, -1 without one; null when no set has one. */
   function categoryOfSets(labelSets) {

@@ -162,6 +162,26 @@ def test_stack_category_rules() -> None:
     assert stack_category([Frame("Net > __init__", "/a.py")]) == "other"  # not torch.nn's: the graph must tell
 
 
+def test_stack_category_comm_buffers_by_the_innermost_python_frame() -> None:
+    ddp = "/site-packages/torch/nn/parallel/distributed.py"
+    fwd = Frame("DistributedDataParallel > forward", ddp, 5)
+    rebuild = Frame("DistributedDataParallel > _pre_forward", ddp, 9)
+    assert stack_category([rebuild, fwd]) == "comm_buffer"  # buckets rebuilt in the first forward: no activation
+    assert stack_category([Frame("DistributedDataParallel > _ddp_init_helper", ddp)]) == "comm_buffer"
+    native = Frame("c10d::Reducer::initialize_buckets", "libtorch.so", kind="native")
+    assert stack_category([native, rebuild, fwd]) == "comm_buffer"  # --native: the Python frame decides
+    to_device = Frame("_recursive_to > to_map", "/site-packages/torch/distributed/utils.py")
+    assert stack_category([to_device, Frame("DistributedDataParallel > _to_kwargs", ddp), fwd]) == "activation"
+    fsdp = "/site-packages/torch/distributed/fsdp/_fully_shard/"
+    gather = Frame("all_gather_single", "/site-packages/torch/distributed/distributed_c10d.py")
+    assert stack_category([gather, Frame("foreach_all_gather", fsdp + "_fsdp_collectives.py"), fwd]) == "comm_buffer"
+    outputs = Frame("FSDPParam > init_all_gather_outputs > <listcomp>", fsdp + "_fsdp_param.py")
+    assert stack_category([outputs]) == "comm_buffer"
+    assert stack_category([Frame("FSDPParam > _init_sharded_param", fsdp + "_fsdp_param.py")]) == "parameter"
+    # user code that merely calls a collective's caller is not a comm buffer
+    assert stack_category([Frame("helper", "/a.py"), gather]) == "other"
+
+
 def test_split_rows_moves_live_and_gone_blocks() -> None:
     rows = {0: [100, 3, 60, 2, 500, 9]}  # site 0: made in backward (activation by its stack)
     blocks = [Block(1, 40, 0, True, 0), Block(2, 20, 0, False, 2)]  # graph says parameter; tag says gradient
@@ -169,6 +189,17 @@ def test_split_rows_moves_live_and_gone_blocks() -> None:
     assert out[(0, "parameter")] == [40, 1, 40, 1, 0, 0]
     assert out[(0, "gradient")] == [30, 1, 20, 1, 0, 0]
     assert out[(0, "activation")] == [30, 1, 0, 0, 500, 9]
+
+
+def test_split_rows_moves_the_joint_peak_pair_by_each_block_s_own_category() -> None:
+    """A process whose own peak was another moment: its blocks live at the run's joint peak keep their category."""
+    rows = {0: [100, 3, 60, 2, 500, 9, 70, 3]}  # with the joint-peak pair: 70 B in 3 blocks at the joint peak
+    blocks = [Block(1, 40, 0, False, 0, True), Block(2, 20, 0, True, 2, False)]  # live at the joint / own peak
+    out = split_rows(rows, lambda site: "activation", blocks, [], {1: "gradient"}, [(0, 5, 10, 1)])
+    assert out[(0, "gradient")] == [20, 1, 60, 2, 0, 0, 40, 1]  # the joint pair moves with block 1 only
+    assert out[(0, "frozen_parameter")] == [0, 0, 0, 0, 0, 0, 10, 1]  # tag 5: freed since the joint peak
+    assert out[(0, "activation")] == [80, 2, 0, 0, 500, 9, 20, 1]
+    assert categories.TAGGED[5 - 1] == "frozen_parameter"
 
 
 def test_split_rows_allocated_bytes_follow_when_every_block_moved() -> None:

@@ -18,7 +18,6 @@ import pytest
 import torch
 
 import gpuflame
-from gpuflame.capture.books.categories import joint_note
 from gpuflame.formats import load, save
 from gpuflame.model import Frame, Profile, merge
 from gpuflame.model.peak import BOUND, JOINT, MAX, PARTIAL, PROCESS, SAMPLED, PeakUnit, is_exact
@@ -146,8 +145,8 @@ def test_children_at_the_same_time_peak_at_their_real_joint_total(tmp_path: Path
     assert profile.totals()["peak_space"] == 8 * MB
     assert peak_by(profile, "pid") == {str(parent): 4 * MB, str(big): 2 * MB, str(small): 2 * MB}
     assert peak_by(profile, "leaf") == {"parent_block": 4 * MB, "first": 4 * MB}  # not `second`
-    # the big child's own peak (7 MB) was another moment: its categories at the joint one are its stacks'; said by pid
-    assert [c for c in profile.comments if "joint peak come from" in c] == [joint_note(str(big))]
+    # the big child's own peak (7 MB) was another moment; its blocks at the joint one keep their own categories
+    assert {s.label("category") for s in profile.samples if s.values[profile.type_index("peak_space")]} == {"other"}
 
 
 def report_says_one_moment_of_the_run(path: Path, parent: int, capsys) -> None:

@@ -6,7 +6,8 @@ activations. Two sources, the first that knows wins:
 
 1. **The object graph**, read when it is cheap to read: every profile
    (snapshot) walks the garbage collector's objects for ``nn.Module``
-   parameters and buffers, their ``.grad``, ``torch.optim.Optimizer.state``
+   parameters (``frozen_parameter`` when ``requires_grad=False``) and
+   buffers, their ``.grad`` (a DTensor's by its local shard), ``torch.optim.Optimizer.state``
    and transformers ``Cache`` objects, and maps each tensor's storage to a
    category; every ``optimizer.step()`` (a global step pre- and post-hook,
    O(parameters)) does the same for that optimizer, and every parameter or
@@ -16,7 +17,9 @@ activations. Two sources, the first that knows wins:
    ``zero_grad(set_to_none=True)``) is still classed right.
 2. **The stack that allocated it**: a frame in transformers'
    ``cache_utils.py`` (or vLLM's KV-cache allocation) is ``kv_cache``, a
-   ``torch.optim`` ``_init_group`` frame is ``optimizer_state``, a module's
+   ``torch.optim`` ``_init_group`` frame is ``optimizer_state``, an
+   innermost frame in torch.distributed's communication code (DDP's bucket
+   making, a collective, FSDP2's all-gather) ``comm_buffer``, a module's
    ``forward`` or a ``backward`` frame is ``activation``; anything else is
    ``other``.
 
@@ -25,7 +28,8 @@ registration hook saw it is classed by its stack alone (the gradient of a
 parameter made before the recording started, in a loop without a
 ``torch.optim`` optimizer, freed before the profile is taken, is an
 ``activation``: it was made in backward); a storage shared by two roles
-takes the first of parameter, gradient, optimizer state, KV cache; tensors
+takes the first of parameter, gradient, optimizer state, KV cache (a DDP
+bucket whose views are the gradients is ``gradient``, once); tensors
 held only by C++ (autograd's saved tensors) are activations by their stack.
 
 This module runs inside the profiled process: standard library only, torch
@@ -44,6 +48,8 @@ from gpuflame.capture.books.site_row import ALLOC, COUNT, INUSE, JOINT, PEAK
 from gpuflame.gcpause import gc_paused
 from gpuflame.model.categories import (  # noqa: F401 - the vocabulary, re-exported for the recorders
     CATEGORIES,
+    COMM_BUFFER,
+    FROZEN_PARAMETER,
     GRADIENT,
     KV_CACHE,
     LABEL,
@@ -52,9 +58,9 @@ from gpuflame.model.categories import (  # noqa: F401 - the vocabulary, re-expor
     stack_category,
 )
 
-# categories found in the object graph, in order of precedence; a block's tag
-# is its index here plus one (0: no tag), as the C++ hook stores it
-TAGGED = (PARAMETER, GRADIENT, OPTIMIZER_STATE, KV_CACHE)
+# categories found in the object graph; a block's tag is its index here plus
+# one (0: no tag), as the C++ hook stores it (precedence is graph_roles' order)
+TAGGED = (PARAMETER, GRADIENT, OPTIMIZER_STATE, KV_CACHE, FROZEN_PARAMETER, COMM_BUFFER)
 TAG_OF = {name: i + 1 for i, name in enumerate(TAGGED)}
 
 StorageKey = Callable[[Any], int]  # a storage -> the key its recorder books it under
@@ -102,8 +108,22 @@ def graph_roles(key: StorageKey) -> dict[int, str]:
     params = [p for m in modules for p in _values(m, "_parameters")]
     _assign(roles, key, GRADIENT, (p.grad for p in params))
     buffers = (b for m in modules for b in _values(m, "_buffers"))
-    _assign(roles, key, PARAMETER, [*params, *buffers])
+    _assign_parameters(roles, key, [*params, *buffers])
     return roles
+
+
+def _assign_parameters(roles: dict[int, str], key: StorageKey, tensors: list[Any]) -> None:
+    """Trainable parameters and buffers are ``parameter``; parameters with requires_grad=False ``frozen_parameter``.
+
+    A buffer never requires grad, yet is part of the model as it trains
+    (running means, rotary tables): it stays ``parameter``, as it always was.
+    """
+    torch = sys.modules["torch"]
+    frozen = [t for t in tensors if isinstance(t, torch.nn.Parameter) and not t.requires_grad]
+    _assign(roles, key, FROZEN_PARAMETER, frozen)
+    _assign(
+        roles, key, PARAMETER, [t for t in tensors if not (isinstance(t, torch.nn.Parameter) and not t.requires_grad)]
+    )
 
 
 def _objects_of(kinds: tuple[type | tuple[type, ...], ...]) -> tuple[dict[type, int], list[Any]]:
@@ -175,7 +195,7 @@ def optimizer_roles(optimizer: Any, key: StorageKey) -> dict[int, str]:
     roles: dict[int, str] = {}
     _assign(roles, key, OPTIMIZER_STATE, _state_tensors(optimizer))
     _assign(roles, key, GRADIENT, (p.grad for p in params))
-    _assign(roles, key, PARAMETER, params)
+    _assign_parameters(roles, key, params)
     return roles
 
 
@@ -183,6 +203,9 @@ def _assign(roles: dict[int, str], key: StorageKey, role: str, tensors: Iterable
     for t in tensors:
         if t is None:
             continue
+        # a DTensor (FSDP2's sharded parameters and gradients) holds its rank's shard as _local_tensor;
+        # its own storage is a wrapper's with no data
+        t = getattr(t, "_local_tensor", t)
         try:
             if t.device.type == "meta":
                 continue
@@ -226,21 +249,14 @@ def _cache_types() -> tuple[type, ...]:
 # -----------------------------------------------------------------------------
 
 
-def joint_note(pid: str) -> str:
-    """The comment of a process whose categories at the run's joint peak are its stacks' (a merged report names it)."""
-    return (
-        f"pid {pid}: categories at the run's joint peak come from the allocating stacks "
-        "(the object graph was read at this process's own peak, a different moment)"
-    )
-
-
 class Block:
-    """One live block as a recorder holds it: its key, size, site, whether it was live at the peak, its tag."""
+    """One live block as a recorder holds it: key, size, site, live at the peak, tag, live at the run's joint peak."""
 
-    __slots__ = ("key", "nbytes", "site", "at_peak", "tag")
+    __slots__ = ("key", "nbytes", "site", "at_peak", "tag", "at_joint")
 
-    def __init__(self, key: int, nbytes: int, site: int, at_peak: bool, tag: int) -> None:
+    def __init__(self, key: int, nbytes: int, site: int, at_peak: bool, tag: int, at_joint: bool = False) -> None:
         self.key, self.nbytes, self.site, self.at_peak, self.tag = key, nbytes, site, at_peak, tag
+        self.at_joint = at_joint
 
 
 def split_rows(
@@ -249,22 +265,20 @@ def split_rows(
     blocks: Iterable[Block],
     gone_tagged: Iterable[tuple[int, int, int, int]],
     roles: dict[int, str],
-    joint_is_peak: bool = False,
+    joint_gone_tagged: Iterable[tuple[int, int, int, int]] = (),
 ) -> dict[tuple[int, str], list[int]]:
     """Per (site, category): its row (capture/books/site_row.py), split from each site's *rows*.
 
-    Rows of a process in ``gpuflame run`` carry the joint-peak pair, what it
-    held at the run's joint peak (capture/books/joint_peak.py). They move with the peak
-    columns when *joint_is_peak* (the joint moment is this process's own
-    peak: a single-process run, or the process that set the run's high);
-    otherwise they stay under the stack's category, which the profile says.
-
     A site's row starts under its stack's category (*default*); each live
     block the graph (*roles*) or a tag gives another category moves there,
-    in use and, when it was live at the peak, at the peak; *gone_tagged*
-    (site, tag, bytes, count) moves the tagged blocks freed since the peak.
-    Allocated bytes follow only when every allocation of the site is live in
-    one other category.
+    in use, at the peak when it was live then, and at the run's joint peak
+    when it was live then (rows of a process in ``gpuflame run`` carry what
+    it held at that moment, capture/books/joint_peak.py: each block keeps
+    the category this process gives it, whichever moment that was);
+    *gone_tagged* and *joint_gone_tagged* (site, tag, bytes, count) move the
+    tagged blocks freed since the peak and since the joint peak. Allocated
+    bytes follow only when every allocation of the site is live in one
+    other category.
     """
     out: dict[tuple[int, str], list[int]] = {(site, default(site)): list(row) for site, row in rows.items()}
 
@@ -273,15 +287,13 @@ def split_rows(
         if role == base or (site, base) not in out:
             return
         src = out[(site, base)]
-        if src[col + COUNT] < count:  # not in the rows (made or freed by another thread meanwhile)
+        if len(src) <= col or src[col + COUNT] < count:  # not in the rows (made or freed by another thread meanwhile)
             return
-        dst = out.setdefault((site, role), [0] * len(src))  # a run's joint-peak columns ride along, unsplit
-        cols = (col, JOINT) if col == PEAK and joint_is_peak and len(src) > JOINT else (col,)
-        for c in cols:
-            src[c] -= nbytes
-            src[c + COUNT] -= count
-            dst[c] += nbytes
-            dst[c + COUNT] += count
+        dst = out.setdefault((site, role), [0] * len(src))
+        src[col] -= nbytes
+        src[col + COUNT] -= count
+        dst[col] += nbytes
+        dst[col + COUNT] += count
 
     for b in blocks:
         role = roles.get(b.key) or (TAGGED[b.tag - 1] if 0 < b.tag <= len(TAGGED) else None)
@@ -290,9 +302,12 @@ def split_rows(
         move(b.site, role, INUSE, b.nbytes, 1)
         if b.at_peak:
             move(b.site, role, PEAK, b.nbytes, 1)
-    for site, tag, nbytes, count in gone_tagged:
-        if 0 < tag <= len(TAGGED):
-            move(site, TAGGED[tag - 1], PEAK, nbytes, count)
+        if b.at_joint:
+            move(b.site, role, JOINT, b.nbytes, 1)
+    for col, gone in ((PEAK, gone_tagged), (JOINT, joint_gone_tagged)):
+        for site, tag, nbytes, count in gone:
+            if 0 < tag <= len(TAGGED):
+                move(site, TAGGED[tag - 1], col, nbytes, count)
     _follow_alloc(out, default)
     return {k: v for k, v in out.items() if any(v)}
 
@@ -384,7 +399,7 @@ class EventTagger:
             return
         try:
             roles: dict[int, str] = {}
-            _assign(roles, self.key, PARAMETER, (value,))
+            _assign_parameters(roles, self.key, [value])
             if roles:
                 self.tag(roles)
         except Exception:  # noqa: BLE001 - a failed tag loses a category, never the module

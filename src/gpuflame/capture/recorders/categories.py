@@ -24,8 +24,12 @@ class HookCategories:
         self.recorder = recorder
         self.defaults: list[str] = []  # site -> the category its stack implies
         self.steps = categories.EventTagger(_data_ptr, self.tag)
-        # the hook's blocks when the window stopped (copied, as its rows are: the next window resets them)
-        self.frozen: tuple[list[tuple[int, ...]], list[tuple[int, int, int, int]]] | None = None
+        # the hook's blocks when the window stopped (copied, as its rows are: the next window resets them):
+        # live blocks, tagged ones gone since the peak, and since the run's joint peak
+        self.frozen: (
+            tuple[list[tuple[int, ...]], list[tuple[int, int, int, int]], list[tuple[int, int, int, int]]] | None
+        )
+        self.frozen = None
 
     def start(self) -> None:
         self.frozen = None
@@ -36,14 +40,14 @@ class HookCategories:
         self.steps.remove()
         hook = self.recorder._hook
         if hook is not None:
-            self.frozen = (hook.blocks(), hook.gone_tagged())
+            self.frozen = _hook_blocks(hook)
 
     def tag(self, roles: dict[int, str]) -> None:
         hook = self.recorder._hook
         if hook is not None and roles:
             hook.tag([(key, categories.TAG_OF[role]) for key, role in roles.items()])
 
-    def rows(self, rows: list[tuple[int, ...]], joint_is_peak: bool = False) -> dict[tuple[int, str], list[int]]:
+    def rows(self, rows: list[tuple[int, ...]]) -> dict[tuple[int, str], list[int]]:
         """Per (site, category) rows, the live blocks classed by the object graph as it is now.
 
         *rows* are the hook's ``rows()``: ``(site, *row)``, the row of capture/books/site_row.py.
@@ -55,17 +59,24 @@ class HookCategories:
         except Exception:  # noqa: BLE001 - without the graph, blocks are classed by their stacks
             roles = {}
         self.tag(roles)
-        live, gone = self.frozen if self.frozen is not None else (hook.blocks(), hook.gone_tagged())
-        blocks = [categories.Block(*b) for b in live]
+        live, gone, joint_gone = self.frozen if self.frozen is not None else _hook_blocks(hook)
+        blocks = [categories.Block(k, n, s, bool(p), t, bool(j)) for k, n, s, p, t, j in live]
         by_site = {site: list(values) for site, *values in rows}
         self.recorder._fetch_stacks(hook)
-        return categories.split_rows(by_site, self.default, blocks, gone, roles, joint_is_peak)
+        return categories.split_rows(by_site, self.default, blocks, gone, roles, joint_gone)
 
     def default(self, site: int) -> str:
         stacks = self.recorder._stacks
         while len(self.defaults) < len(stacks):
             self.defaults.append(categories.stack_category(stacks[len(self.defaults)]))
         return self.defaults[site]
+
+
+def _hook_blocks(
+    hook: Any,
+) -> tuple[list[tuple[int, ...]], list[tuple[int, int, int, int]], list[tuple[int, int, int, int]]]:
+    """The hook's live blocks, and its tagged blocks gone since the peak and since the run's joint peak."""
+    return hook.blocks(), hook.gone_tagged(), hook.gone_tagged(True)
 
 
 class LedgerCategories:
@@ -100,10 +111,8 @@ class LedgerCategories:
         ledger = self.recorder.ledger
         rows = ledger.rows()
         with ledger.lock:
-            blocks, gone = _ledger_blocks(ledger)
-            marks = list(ledger.joint_seq.values())
-            joint_is_peak = bool(marks) and all(m == ledger.peak_seq for m in marks)
-        return categories.split_rows(rows, self.default, blocks, gone, roles, joint_is_peak)
+            blocks, gone, joint_gone = _ledger_blocks(ledger)
+        return categories.split_rows(rows, self.default, blocks, gone, roles, joint_gone)
 
     def default(self, site: int) -> str:
         keys = self.recorder.site_keys
@@ -113,15 +122,26 @@ class LedgerCategories:
         return self.defaults[site]
 
 
-def _ledger_blocks(ledger: Ledger) -> tuple[list[categories.Block], list[tuple[int, int, int, int]]]:
+def _ledger_blocks(
+    ledger: Ledger,
+) -> tuple[list[categories.Block], list[tuple[int, int, int, int]], list[tuple[int, int, int, int]]]:
     peak_seq = ledger.peak_seq
+    joint_seq, site_device = ledger.joint_seq, ledger.site_device
     blocks = [
-        categories.Block(key, ref.nbytes, ref.site, ref.seq <= peak_seq, getattr(ref, "tag", 0))
+        categories.Block(
+            key,
+            ref.nbytes,
+            ref.site,
+            ref.seq <= peak_seq,
+            getattr(ref, "tag", 0),
+            ref.seq <= joint_seq.get(site_device[ref.site], 0),
+        )
         for key, ref in list(ledger.tracked.items())
         if ref.seq > 0
     ]
     gone = [(site, tag, g[1], g[2]) for (site, tag), g in ledger.gone_tagged.items() if g[0] == peak_seq and g[2]]
-    return blocks, gone
+    joint_gone = [(site, tag, g[0], g[1]) for (site, tag), g in ledger.joint_gone_tagged.items() if g[1]]
+    return blocks, gone, joint_gone
 
 
 def mark_categories(snapshot: dict[str, Any]) -> None:

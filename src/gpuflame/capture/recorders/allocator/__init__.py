@@ -158,7 +158,7 @@ class TorchAllocatorRecorder(Recorder):
         joint = bool(totals.get("joint_table"))
         if joint:
             profile.sample_types += [JOINT_PEAK_SPACE, JOINT_PEAK_OBJECTS]
-        for (site, category), values in self._kinds.rows(rows, bool(totals.get("joint_is_peak"))).items():
+        for (site, category), values in self._kinds.rows(rows).items():
             extra = {categories.LABEL: category}
             if phase_rows:  # a recording that saw a phase: every sample says its phase
                 extra[phase_model.LABEL] = phases.name_of(self._site_phase[site])
@@ -166,8 +166,6 @@ class TorchAllocatorRecorder(Recorder):
         out = profile.compact()
         out.default_type = profile.default_type
         out.comments = self._comments(totals)
-        if joint and not totals.get("joint_is_peak"):
-            out.comments.append(categories.joint_note(labels["pid"]))
         out.peaks = [self._peak_unit(totals)]
         window = (self.started_ns, self.stopped_ns or time.time_ns())
         out.phases = phase_table.stats(phase_rows, "cpu", labels["pid"], window, self._leaf_name)

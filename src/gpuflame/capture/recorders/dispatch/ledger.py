@@ -94,6 +94,8 @@ class Ledger:
         self.joint_seq: dict[str, int] = {}  # device -> allocation number at its latest mark
         self.joint_at: dict[str, tuple[int, int]] = {}  # device -> (epoch, highest total) of that mark
         self.joint_gone: dict[int, list[int]] = {}
+        # (site, category tag) -> [bytes, count]: tagged storages in joint_gone (emptied with it at each mark)
+        self.joint_gone_tagged: dict[tuple[int, int], list[int]] = {}
         self.log = EventLog(time.time_ns(), key_of=self.site_device.__getitem__)  # model/history.py
         self.on_free = self._free_callback() if hook is not None else self._stamped_free()
         # phases (capture/books/ledger_phases.py): from the first (None, id, ns) event on
@@ -209,6 +211,8 @@ class Ledger:
             site_device = self.site_device
             for site in [k for k in self.joint_gone if site_device[k] == device]:
                 del self.joint_gone[site]
+            for key in [k for k in self.joint_gone_tagged if site_device[k[0]] == device]:
+                del self.joint_gone_tagged[key]
 
     def _gone(self, ref: StorageRef, tracked: dict[int, StorageRef]) -> None:
         seq = ref.seq
@@ -226,6 +230,11 @@ class Ledger:
                 self._gone_tagged(ref.site, tag, ref.nbytes)
         if self.joint_seq and seq <= self.joint_seq.get(self.site_device[ref.site], 0):
             _add(self.joint_gone, ref.site, ref.nbytes)
+            tag = getattr(ref, "tag", 0)
+            if tag:
+                entry = self.joint_gone_tagged.setdefault((ref.site, tag), [0, 0])
+                entry[0] += ref.nbytes
+                entry[1] += 1
 
     def _gone_tagged(self, site: int, tag: int, nbytes: int) -> None:
         entry = self.gone_tagged.get((site, tag))

@@ -215,8 +215,6 @@ class TorchTensorRecorder(Recorder):
         out = profile.compact()
         out.default_type = profile.default_type
         out.comments = self._comments()
-        if joint and any(m != ledger.peak_seq for m in ledger.joint_seq.values()):
-            out.comments.append(categories.joint_note(pid))
         out.peaks = [self._peak_unit(d, joint.get(d)) for d in sorted(devices)]
         out.phases = self._phase_table(phase_rows, devices)
         out.history = self._history()

@@ -567,12 +567,15 @@ struct Books {
   uint64_t joint_seq = 0;  // the joint mark: blocks booked up to here were live then (if not gone since)
   std::vector<uint32_t> joint_sites;  // sites whose joint_gone_* is non-zero
   std::map<std::pair<uint32_t, uint8_t>, GoneTagged> gone_tagged;
+  // tagged blocks live at the joint mark and freed since, per (site, tag): emptied at each mark
+  std::map<std::pair<uint32_t, uint8_t>, GoneTagged> joint_gone_tagged;
   PhaseBooks phases;
   int64_t peak_ns = 0;  // when the peak was (phase 0 takes it at the first mark)
 
   void reset_window() {
     live.clear();
     gone_tagged.clear();
+    joint_gone_tagged.clear();
     timeline.clear();
     phases.clear();
     peak_ns = 0;
@@ -588,6 +591,7 @@ struct Books {
     joint_seq = seq;
     for (uint32_t s : joint_sites) sites[s].joint_gone_bytes = sites[s].joint_gone_count = 0;
     joint_sites.clear();
+    if (!joint_gone_tagged.empty()) joint_gone_tagged.clear();
   }
 
   // lock the table and mark if the epoch moved; false when not publishing
@@ -658,6 +662,11 @@ struct Books {
       if (b.joint_gone_count == 0) joint_sites.push_back(l.site);
       b.joint_gone_bytes += l.nbytes;
       b.joint_gone_count += 1;
+      if (l.tag != 0) {
+        GoneTagged& g = joint_gone_tagged[{l.site, l.tag}];
+        g.bytes += l.nbytes;
+        g.count += 1;
+      }
     }
     if (shared) leave_joint(-static_cast<int64_t>(l.nbytes));
   }
@@ -1395,37 +1404,51 @@ PyObject* py_tag(PyObject*, PyObject* arg) {
   Py_RETURN_NONE;
 }
 
-// blocks(): [(address, bytes, site, live at the peak, tag)] of the window's live blocks
+// blocks(): [(address, bytes, site, live at the peak, tag, live at the joint mark)] of the window's live blocks
 PyObject* py_blocks(PyObject*, PyObject*) {
-  std::vector<std::tuple<uintptr_t, uint64_t, uint32_t, bool, uint8_t>> rows;
+  std::vector<std::tuple<uintptr_t, uint64_t, uint32_t, bool, uint8_t, bool>> rows;
   {
     Books* b = books();
     std::lock_guard<std::mutex> guard(b->lock);
+    bool marked = b->joint != nullptr && b->joint->seen != kNotSeen;
     rows.reserve(b->live.size());
     for (const auto& [ptr, l] : b->live) {
-      if (l.seq != 0) rows.emplace_back(reinterpret_cast<uintptr_t>(ptr), l.nbytes, l.site, l.seq <= b->peak_seq, l.tag);
+      if (l.seq != 0) {
+        rows.emplace_back(reinterpret_cast<uintptr_t>(ptr), l.nbytes, l.site, l.seq <= b->peak_seq, l.tag,
+                          marked && l.seq <= b->joint_seq);
+      }
     }
   }
   PyObject* out = PyList_New(static_cast<Py_ssize_t>(rows.size()));
   if (out == nullptr) return nullptr;
   for (size_t i = 0; i < rows.size(); ++i) {
-    const auto& [ptr, nbytes, site, at_peak, tag] = rows[i];
-    PyObject* row = Py_BuildValue("(KKIOI)", static_cast<unsigned long long>(ptr), nbytes, site,
-                                  at_peak ? Py_True : Py_False, static_cast<unsigned int>(tag));
+    const auto& [ptr, nbytes, site, at_peak, tag, at_joint] = rows[i];
+    PyObject* row = Py_BuildValue("(KKIOIO)", static_cast<unsigned long long>(ptr), nbytes, site,
+                                  at_peak ? Py_True : Py_False, static_cast<unsigned int>(tag),
+                                  at_joint ? Py_True : Py_False);
     if (row == nullptr) { Py_DECREF(out); return nullptr; }
     PyList_SET_ITEM(out, static_cast<Py_ssize_t>(i), row);
   }
   return out;
 }
 
-// gone_tagged(): [(site, tag, bytes, count)] of tagged blocks live at the peak and freed since
-PyObject* py_gone_tagged(PyObject*, PyObject*) {
+// gone_tagged(joint=False): [(site, tag, bytes, count)] of tagged blocks live at the peak (with joint: at
+// the run's joint mark) and freed since
+PyObject* py_gone_tagged(PyObject*, PyObject* args) {
+  int joint = 0;
+  if (!PyArg_ParseTuple(args, "|p", &joint)) return nullptr;
   std::vector<std::tuple<uint32_t, uint8_t, uint64_t, uint64_t>> rows;
   {
     Books* b = books();
     std::lock_guard<std::mutex> guard(b->lock);
-    for (const auto& [key, g] : b->gone_tagged) {
-      if (g.peak_seq == b->peak_seq && g.count != 0) rows.emplace_back(key.first, key.second, g.bytes, g.count);
+    if (joint) {
+      for (const auto& [key, g] : b->joint_gone_tagged) {
+        if (g.count != 0) rows.emplace_back(key.first, key.second, g.bytes, g.count);
+      }
+    } else {
+      for (const auto& [key, g] : b->gone_tagged) {
+        if (g.peak_seq == b->peak_seq && g.count != 0) rows.emplace_back(key.first, key.second, g.bytes, g.count);
+      }
     }
   }
   PyObject* out = PyList_New(0);
@@ -1572,8 +1595,8 @@ PyMethodDef kMethods[] = {
     {"history", guarded<py_history>, METH_VARARGS, "history(take=False): fold, folded, dropped, base, events, sites."},
     {"ints_text", guarded<py_ints_text>, METH_VARARGS, "ints_text(int64 or uint32 buffer, previous=None) -> b'1,2'."},
     {"tag", guarded<py_tag>, METH_O, "tag([(address, tag)]): categories of live blocks (categories.py)."},
-    {"blocks", guarded<py_blocks>, METH_NOARGS, "Live blocks: (address, bytes, site, at peak, tag)."},
-    {"gone_tagged", guarded<py_gone_tagged>, METH_NOARGS, "Tagged blocks live at the peak, freed since."},
+    {"blocks", guarded<py_blocks>, METH_NOARGS, "Live blocks: (address, bytes, site, at peak, tag, at joint)."},
+    {"gone_tagged", guarded<py_gone_tagged>, METH_VARARGS, "Tagged blocks live at the peak (or joint mark), freed since."},
     {"set_phase", guarded<py_set_phase>, METH_O, "set_phase(id): the running phase from now on (0: none)."},
     {"phase_rows", guarded<py_phase_rows>, METH_NOARGS, "Each phase's peak, its time, in use at its end, sites at it."},
     {"installed", guarded<py_installed>, METH_NOARGS, "Whether the hook is the CPU allocator now."},

@@ -1,0 +1,101 @@
+"""Categories of distributed training, through ``gpuflame run`` and its merge: DDP and FSDP2 under torchrun.
+
+Two ranks on the CPU (gloo), as a user runs them. Each rank writes what it
+expects, computed from its model, its optimizer and DDP's own reducer
+(``_get_zeros_like_grad_buckets``: a copy of each gradient bucket), never
+from the recorder. The merged file must agree with each process's own
+view: its gradients are ``gradient`` and its buckets ``comm_buffer`` at the
+run's joint peak and at the end, whichever process set the peak.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+from gpuflame.formats import load  # noqa: E402
+from gpuflame.model import Profile  # noqa: E402
+from tests.helpers.run_cli import gpuflame_run, write  # noqa: E402
+
+DDP_SCRIPT = """
+import json, os, sys, torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+view = sys.argv[2] == "view"
+dist.init_process_group("gloo")
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 64))
+ddp = DDP(model, gradient_as_bucket_view=view)
+buckets = sum(b.buffer().numel() * b.buffer().element_size() for b in ddp.reducer._get_zeros_like_grad_buckets())
+opt = torch.optim.AdamW(ddp.parameters(), lr=1e-3)
+ddp(torch.randn(8, 64)).sum().backward()
+opt.step()
+spike = torch.empty(4 << 20, dtype=torch.uint8)  # both ranks hold it across the barrier: the run's joint peak
+dist.barrier()
+del spike
+dist.barrier()
+params = sum(p.numel() * p.element_size() for p in model.parameters())
+steps = sum(s["step"].numel() * s["step"].element_size() for s in opt.state.values())
+views = all(p.grad.untyped_storage().nbytes() == buckets for p in model.parameters())
+with open(os.path.join(sys.argv[1], f"{os.getpid()}.json"), "w") as f:
+    json.dump({"params": params, "buckets": buckets, "steps": steps, "views": views}, f)
+dist.destroy_process_group()  # the model, its gradients and DDP's reducer live on to the end of the process
+"""
+
+
+def torchrun(tmp_path: Path, script: str, *args: str, hook: str = "allocator") -> tuple[Profile, dict[int, dict]]:
+    """``gpuflame run -- torchrun --nproc_per_node=2 script`` in *tmp_path*: the merged profile, each rank's json."""
+    write(tmp_path / "job.py", script)
+    (tmp_path / "out").mkdir()
+    run = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "job.py", "out", *args]
+    result = gpuflame_run("--torch-hook", hook, "-o", "run.pb.gz", "--", sys.executable, *run, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    ranks = {int(p.stem): json.loads(p.read_text()) for p in (tmp_path / "out").glob("*.json")}
+    assert len(ranks) == 2
+    return load(tmp_path / "run.pb.gz"), ranks
+
+
+def by_category(profile: Profile, type_name: str, pid: int, leaf: str | None = None) -> dict[str, int]:
+    """Bytes per category of one process (of the samples whose leaf function is *leaf*, if given)."""
+    col = profile.type_index(type_name)
+    out: dict[str, int] = {}
+    for s in profile.samples:
+        if s.label("pid") != str(pid) or not s.values[col]:
+            continue
+        if leaf is not None and profile.frames[s.stack[0]].name != leaf:
+            continue
+        out[s.label("category") or ""] = out.get(s.label("category") or "", 0) + s.values[col]
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.subprocess
+@pytest.mark.parametrize(("hook", "view"), [("allocator", False), ("allocator", True), ("dispatch", False)])
+def test_ddp_gradients_and_buckets_keep_each_rank_s_categories_through_the_merge(
+    tmp_path: Path, hook: str, view: bool
+) -> None:
+    merged, ranks = torchrun(tmp_path, DDP_SCRIPT, "view" if view else "copy", hook=hook)
+    for pid, want in ranks.items():
+        params, buckets = want["params"], want["buckets"]
+        assert params > 100_000 and buckets == params  # one bucket: every parameter's gradient, flat
+        assert want["views"] is view  # with gradient_as_bucket_view the gradients are the bucket itself
+        # at the bucket-as-gradient view, the bucket counts once: as the gradients, with no comm_buffer beside it
+        comm = 0 if view else buckets
+        own = load(tmp_path / f"run.pb.gz.processes/proc-{pid}.pb.gz")
+        # the run's joint peak (the merged file's peak) and this process's own peak, then the end
+        for profile, column in ((merged, "peak_space"), (own, "peak_space"), (merged, "inuse_space")):
+            got = by_category(profile, column, pid)
+            # gloo's barrier keeps a one-element tensor while it waits: a collective's staging buffer
+            barrier = by_category(profile, column, pid, leaf="barrier")
+            assert set(barrier) <= {"comm_buffer"} and barrier.get("comm_buffer", 0) <= 8, (column, barrier)
+            assert got["parameter"] == params, (column, got)
+            assert got["gradient"] == params, (column, got)
+            assert got.get("comm_buffer", 0) - barrier.get("comm_buffer", 0) == comm, (column, got)
+            assert got["optimizer_state"] == 2 * params + want["steps"], (column, got)
+            assert "activation" not in got or got["activation"] < params // 4, (column, got)
+    assert not [c for c in merged.comments if "come from the allocating stacks" in c]
