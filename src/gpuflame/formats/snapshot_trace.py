@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from datetime import datetime, timezone
 from itertools import repeat
 from operator import itemgetter, methodcaller
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from gpuflame.formats.snapshot_blocks import (
     BEFORE_TRACE_FRAME,
@@ -22,6 +22,7 @@ from gpuflame.formats.snapshot_blocks import (
     requested_bytes,
     tally,
 )
+from gpuflame.formats.snapshot_book import SnapshotBook
 from gpuflame.formats.snapshot_phases import phase_table as replay_phases
 from gpuflame.formats.snapshot_walk import BEFORE, Walk, in_time_order
 from gpuflame.model import history as event_history
@@ -31,10 +32,6 @@ from gpuflame.model.profile import PYTHON
 from gpuflame.model.timeline import Timeline
 from gpuflame.units import format_bytes
 
-if TYPE_CHECKING:
-    from gpuflame.formats.torch_snapshot import _Converter
-
-
 # Out-of-memory events described one comment each; the rest are counted (a file can hold millions).
 _OOM_COMMENTS = 20
 
@@ -42,7 +39,7 @@ _OOM_COMMENTS = 20
 class DeviceTrace:
     """One device's trace: alloc samples, the peak, and what qualifies them."""
 
-    def __init__(self, conv: _Converter, device: int, trace: list[Any]) -> None:
+    def __init__(self, conv: SnapshotBook, device: int, trace: list[Any]) -> None:
         self.conv = conv
         self.device = device
         self.trace = in_time_order(trace)

@@ -70,10 +70,12 @@ its index kept in the user's cache folder for the next run
 (:mod:`gpuflame.symbols.index_cache`); a comment counts those whose source
 was not found.
 
-This module reads the file and converts; the parts live beside it:
-:mod:`~gpuflame.formats.snapshot_blocks` (``inuse_*``),
-:mod:`~gpuflame.formats.snapshot_stacks`, :mod:`~gpuflame.formats.snapshot_trace`
-(``alloc_*``, ``peak_*``, timeline, history) and
+This module reads the file and runs the conversion's stages in order; the parts
+live beside it: :mod:`~gpuflame.formats.snapshot_book` (the profile being built,
+which each stage takes), :mod:`~gpuflame.formats.snapshot_segments` (``inuse_*``),
+:mod:`~gpuflame.formats.snapshot_trace` (``alloc_*``, ``peak_*``, timeline,
+history), :mod:`~gpuflame.formats.snapshot_stacks`,
+:mod:`~gpuflame.formats.snapshot_blocks` and
 :mod:`~gpuflame.formats.snapshot_walk` (the pass over a trace).
 """
 
@@ -86,33 +88,17 @@ from gpuflame.defaults import source_index_dir
 from gpuflame.errors import GpuflameError, ProfileFormatError
 from gpuflame.formats import safe_pickle
 from gpuflame.formats.gzip_io import GZIP_MAGIC, gunzip
-from gpuflame.formats.snapshot_blocks import (
-    BEFORE_TRACE_FRAME,
-    INT64_MAX,
-    NO_STACK_FRAME,
-    STACKLESS_WHY,
-    book_in_use,
-)
+from gpuflame.formats.snapshot_blocks import BEFORE_TRACE_FRAME, INT64_MAX, NO_STACK_FRAME, STACKLESS_WHY
 from gpuflame.formats.snapshot_blocks import allocated_bytes as allocated_bytes  # callers import it from here
 from gpuflame.formats.snapshot_blocks import requested_bytes as requested_bytes
-from gpuflame.formats.snapshot_phases import read_marks
-from gpuflame.formats.snapshot_stacks import Stacks
+from gpuflame.formats.snapshot_book import SnapshotBook
+from gpuflame.formats.snapshot_segments import book_in_use
 from gpuflame.formats.snapshot_trace import DeviceTrace
 from gpuflame.gcpause import gc_paused
-from gpuflame.model.categories import (
-    BLOCK_CATEGORY_KEY,
-    CATEGORIES_KEY,
-    LABEL,
-    SYNTHETIC_CATEGORIES,
-    stack_category,
-)
 from gpuflame.model.functions import def_lines_note
 from gpuflame.model.peak import PeakUnit
-from gpuflame.model.phases import LABEL as PHASE_LABEL
-from gpuflame.model.phases import NONE as NO_PHASE
 from gpuflame.model.phases import ordered
-from gpuflame.model.profile import PYTHON, SYNTHETIC, Labels, Profile, Sample
-from gpuflame.model.sample_types import memory_sample_types
+from gpuflame.model.profile import PYTHON, SYNTHETIC, Profile, Sample
 from gpuflame.symbols import names
 from gpuflame.symbols.qualnames import Resolver
 from gpuflame.units import format_bytes
@@ -189,51 +175,8 @@ def _short(exc: BaseException) -> str:
 # -- conversion ----------------------------------------------------------------
 
 
-class _Converter:
-    """One snapshot -> one profile."""
-
-    def __init__(
-        self,
-        snapshot: Mapping[str, Any],
-        max_entries: int | None,
-        device_type: str,
-        resolver: Resolver,
-        native: bool = False,
-    ):
-        if not isinstance(snapshot, Mapping):
-            raise ProfileFormatError("a memory snapshot must be a dict")
-        self.snapshot = snapshot
-        segments = snapshot.get("segments")
-        if not isinstance(segments, list):
-            raise ProfileFormatError("the snapshot has no 'segments' list")
-        self.segments: list[Any] = segments
-        traces = snapshot.get("device_traces") or []
-        if not isinstance(traces, list):
-            raise ProfileFormatError("the snapshot's 'device_traces' is not a list")
-        self.traces: list[Any] = traces
-        limit = max_entries if max_entries is not None else snapshot.get("max_entries")
-        self.max_entries = limit if isinstance(limit, int) and limit > 0 else None
-        self.device_type = device_type
-        self.has_trace = any(isinstance(t, list) and t for t in traces)
-        types = memory_sample_types(peak=self.has_trace, inuse=True, alloc=self.has_trace)
-        self.profile = Profile(sample_types=types, default_type="peak_space" if self.has_trace else "inuse_space")
-        names_ = [t.type for t in types]
-        self.col = {name: i for i, name in enumerate(names_)}
-        self.width = len(types)
-        self.rows: dict[tuple[tuple[int, ...], Labels], list[int]] = {}
-        self.stacks = Stacks(self.profile, resolver, native)
-        self.labels: dict[int, Labels] = {}
-        self.reserved: dict[int, int] = {}
-        self.active: dict[int, dict[int, Any]] = {}  # device -> address -> active block
-        # a live gpuflame recorder marks its snapshots and each block the object graph classed
-        # (capture/books/categories.py); a saved snapshot has no categories, and gets none
-        self.categorize = bool(snapshot.get(CATEGORIES_KEY))
-        self.categories: dict[tuple[int, ...], str] = {}  # stack -> the category its frames imply
-        # a live recorder's phase marks (formats/snapshot_phases.py): None when there are none
-        self.marks = read_marks(snapshot)
-        self.alloc_times: dict[int, dict[Any, Any]] = {}  # device -> addr -> time_us of its last alloc in the trace
-        # device -> (the most the allocator reserved at any moment of the trace, the live bytes then, epoch ns)
-        self.reserved_peaks: dict[int, tuple[int, int, int]] = {}
+class _Converter(SnapshotBook):
+    """One snapshot -> one profile: the stages in order, then the notes that need them all."""
 
     def run(self) -> Profile:
         self.comment(UNITS_NOTE)
@@ -338,68 +281,6 @@ class _Converter:
                 "than one class defines their function; --source-root OLD=NEW maps them to a copy of the "
                 "recording's version"
             )
-
-    # -- helpers used by the device replays --------------------------------
-
-    def label(self, device: int) -> Labels:
-        found = self.labels.get(device)
-        if found is None:
-            found = self.labels[device] = (("device", f"{self.device_type}:{device}"),)
-        return found
-
-    def add(
-        self,
-        stack: tuple[int, ...],
-        device: int,
-        space: str,
-        size: int,
-        count: int,
-        source: Any = None,
-        phase: str | None = None,
-    ) -> None:
-        """Book *size* bytes (*count* objects) of *space*; *source*: the block or trace entry, for its category."""
-        labels = self.label(device)
-        if self.categorize:
-            labels = ((LABEL, self.category(stack, source)), *labels)
-        if self.marks is not None:
-            labels = (*labels, (PHASE_LABEL, phase or NO_PHASE))
-        key = (stack, labels)
-        row = self.rows.get(key)
-        if row is None:
-            row = self.rows[key] = [0] * self.width
-        i = self.col[space]
-        row[i] += size
-        row[i + 1] += count
-
-    def comment(self, text: str) -> None:
-        self.profile.comments.append(text)
-
-    def category(self, stack: tuple[int, ...], source: Any) -> str:
-        """The graph's category of a block (marked by the live recorder), else its stack's."""
-        marked = source.get(BLOCK_CATEGORY_KEY) if isinstance(source, Mapping) else None
-        if type(marked) is str:
-            return marked
-        found = self.categories.get(stack)
-        if found is None:
-            frames = [self.profile.frames[i] for i in stack]
-            found = SYNTHETIC_CATEGORIES.get(frames[0].name) if frames else None
-            found = self.categories[stack] = found or stack_category(frames)
-        return found
-
-    def device_name(self, device: int) -> str:
-        return f"{self.device_type}:{device}"
-
-    def phase_of_block(self, device: int, addr: Any) -> str | None:
-        """The phase an active block was allocated in: the time of its address's last alloc in the trace."""
-        if self.marks is None:
-            return None
-        times = self.alloc_times.get(device)
-        if times is None:
-            trace = self.traces[device] if device < len(self.traces) and isinstance(self.traces[device], list) else []
-            times = self.alloc_times[device] = {
-                e.get("addr"): e.get("time_us") for e in trace if isinstance(e, Mapping) and e.get("action") == "alloc"
-            }
-        return self.marks.at(times.get(addr))
 
     def _devices_without_trace(self) -> None:
         """A device with blocks but no trace: its peak is the state at the snapshot."""
