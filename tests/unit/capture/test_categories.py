@@ -147,6 +147,39 @@ def test_gradients_without_an_optimizer_are_gradients(recorder: str) -> None:
     assert by_category(profile, PEAK)["gradient"] == grads
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("recorder", RECORDERS)
+def test_lora_fine_tune_base_weights_frozen_adapters_trainable(recorder: str) -> None:
+    """peft's LoRA on a Llama built from a config: the base weights peft froze are ``frozen_parameter``,
+    the adapters (and the buffers) ``parameter``, AdamW's state twice the adapters plus its steps."""
+    peft = pytest.importorskip("peft")
+
+    def fine_tune() -> tuple[Any, Any]:
+        torch.manual_seed(0)
+        base = transformers.LlamaForCausalLM(tiny_llama_config())
+        model = peft.get_peft_model(base, peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+        opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+        ids = torch.randint(0, 128, (2, 16))
+        for _ in range(2):
+            opt.zero_grad(set_to_none=True)
+            model(input_ids=ids, labels=ids).loss.backward()
+            opt.step()
+        return model, opt  # the last step's gradients are kept
+
+    profile, (model, opt), _ = record(RECORDERS[recorder], fine_tune)
+    nbytes = [(p.requires_grad, p.numel() * p.element_size()) for p in model.parameters()]
+    frozen = sum(n for trains, n in nbytes if not trains)
+    adapters = sum(n for trains, n in nbytes if trains)
+    buffers = sum(b.numel() * b.element_size() for b in model.buffers())
+    steps = sum(s["step"].numel() * s["step"].element_size() for s in opt.state.values())
+    assert frozen > 20 * adapters > 0 and steps == 4 * len(opt.state)
+    inuse = by_category(profile, INUSE)
+    assert inuse["frozen_parameter"] == frozen
+    assert inuse["parameter"] == adapters + buffers
+    assert inuse["gradient"] == adapters
+    assert inuse["optimizer_state"] == 2 * adapters + steps
+
+
 def test_stack_category_rules() -> None:
     fwd = Frame("LlamaMLP > forward", "/x/modeling_llama.py", 3)
     cache = Frame("StaticLayer > lazy_initialization", "/site-packages/transformers/cache_utils.py", 9)
