@@ -17,7 +17,7 @@ from gpuflame.simulate.fragmentation import fragmentation_profile
 from gpuflame.simulate.gpus import CUDA_CONTEXT, fits_on
 from gpuflame.simulate.gpus import capacity as parse_capacity
 from gpuflame.simulate.outcome import Outcome
-from gpuflame.simulate.replay import Candidate, Run, read_input, settings_for, suggest
+from gpuflame.simulate.replay import Candidate, Run, explain, read_input, settings_for, suggest
 from gpuflame.units import format_bytes
 
 HELP = "replay a run through PyTorch's caching allocator: fragmentation, OOM on another GPU, other settings"
@@ -90,7 +90,12 @@ def run(args: argparse.Namespace) -> int:
     outcomes = main.outcomes()
     for o, least in zip(outcomes, main.smallest_devices(args.memory_fraction), strict=True):
         o.min_gpu_memory, o.searched = least, True
+    if not main.recorded:  # what the change did, beside the recorded settings on the same device
+        base = Run(inp, inp.recorded, capacity, args.device, fraction_limit).outcomes()
+        explain(outcomes, base, capacity is not None)
     tried = suggest(inp, capacity, args.device, args.memory_fraction) if args.suggest else []
+    for c in tried:
+        explain(c.outcomes, outcomes, capacity is not None)
     if args.output:
         save(fragmentation_profile(main), args.output)
     if args.json:
@@ -155,8 +160,8 @@ def describe(o: Outcome, capacity: int | None) -> list[str]:
         + (f" (recorded {rec['segments_allocated']})" if rec else "")
         + f", freed {s['segments_freed']}",
     ]
-    if rec and "expandable_segments:True" in o.settings and peak > rec["reserved_peak"] and not o.oom:
-        out.append("  note: " + PAGES.strip(" ()"))
+    if o.why:
+        out.append(f"  why (beside the recorded settings): {o.why}")
     if o.wrapped:
         out.append("  the trace starts part way through the run: replayed from the state at its first event")
     if o.placed_same is not None:
@@ -203,7 +208,6 @@ def describe_oom(m: dict[str, Any]) -> list[str]:
     ]
 
 
-PAGES = " (expandable segments grow in 20 MiB pages, 2 MiB for small blocks: here that reserves a little more)"
 NO_GC = (
     "  garbage_collection_threshold: not tried (the collector runs only where a memory fraction is set: --gpu-memory)"
 )
@@ -231,18 +235,18 @@ def verdict(base: list[Outcome], tried: list[Candidate]) -> list[str]:
     for c in tried:
         outs = c.outcomes
         oom = any(o.oom for o in outs)
-        more = c.settings.expandable_segments and total(outs) > was and not oom
         least = f"; fits from {_least(outs)}"
         if base_oom:
             fits = f"fits, reserved peak {format_bytes(total(outs))}"
             lines.append(f"  {c.change}: " + ("out of memory too" if oom else fits) + least)
+            lines += [f"    why{_on(o, outs)}: {o.why}" for o in outs if o.why]
             continue
         lines.append(
             f"  {c.change}: reserved peak {format_bytes(total(outs))}, was {format_bytes(was)}"
             + (" (out of memory)" if oom else "")
-            + (PAGES if more else "")
             + least
         )
+        lines += [f"    why{_on(o, outs)}: {o.why}" for o in outs if o.why]
     if not any(c.fraction_limit for c in tried):
         lines.append(NO_GC)
     fitting = sorted(
@@ -272,6 +276,10 @@ def verdict(base: list[Outcome], tried: list[Candidate]) -> list[str]:
         f"  to use it: {best.advice}",
         f"  smallest device it fits: {fits_on(smallest)}" + (f" (was {_least(base)})" if _searched(base) else ""),
     ]
+
+
+def _on(o: Outcome, outs: list[Outcome]) -> str:
+    return f" on {o.device}" if len(outs) > 1 else ""
 
 
 def _searched(outs: list[Outcome]) -> bool:

@@ -12,4 +12,5 @@ command renders it. Nothing in capture/ imports it.
 - ``replay``: the front: read an input, run every device, try other settings.
 - ``gpus``: ``--gpu-memory`` sizes and GPU names.
 - ``fragmentation``: the ``fragmentation`` profile at the reserved peak.
+- ``explain``: why a setting moves the reserved peak, in bytes per cause measured at the peak.
 """

@@ -69,6 +69,8 @@ class Allocator:
         self.reserved = self.allocated = 0
         self.reserved_peak = self.allocated_peak = self.allocated_at_reserved_peak = 0
         self.reserved_at_allocated_peak = 0
+        self.unsplit = 0  # bytes of allocated blocks beyond their rounded requests (blocks not split), now
+        self.other_stream = 0  # bytes of segments made while a cached block that fit sat on another stream
         self.segments: dict[int, Segment] = {}
         self.pending: dict[int, Block] = {}  # id -> block whose free waits for its stream
         # what the trace would show of the allocator's own doing: (segment_alloc|_free|_map|_unmap, addr, size)
@@ -88,8 +90,7 @@ class Allocator:
         return self.settings.garbage_collection_threshold > 0 and self.fraction_limit is not None
 
     def segment_for(self, orig: int) -> int:
-        """What a request of *orig* bytes takes from the device when no cached block serves it: a new
-        segment (get_allocation_size), or, with expandable segments, whole pages mapped."""
+        """What a request needs from the device with no cached block: a segment, or (expandable) pages."""
         size = round_size(orig, self.settings)
         if self.settings.expandable_segments:
             page = SMALL_BUFFER if size <= SMALL_SIZE else LARGE_BUFFER
@@ -111,6 +112,8 @@ class Allocator:
             pool.calls += 1
         b = self._get_free_block(pool, stream, size) if cached else None
         if b is None:
+            elsewhere = any(s != stream and lst and lst[-1][0] >= size for s, lst in pool.free.items())
+            reserved = self.reserved
             if self.gc_on:
                 self._garbage_collect()
             b = self._alloc_block(pool, stream, size, seg_size, site)
@@ -118,6 +121,8 @@ class Allocator:
                 b = self._alloc_block(pool, stream, size, seg_size, site)
             if b is None and self.release_cached():
                 b = self._alloc_block(pool, stream, size, seg_size, site)
+            if elsewhere and b is not None:
+                self.other_stream += max(self.reserved - reserved, 0)
         if b is None:
             return None
         b = self._found(b, pool, size, orig, site)
@@ -137,6 +142,8 @@ class Allocator:
         self.pending.pop(id(b), None)
         b.allocated = b.pending = False
         self.allocated -= b.size
+        self.unsplit -= b.spare
+        b.spare = 0
         pool = self.small if b.segment.small else self.large
         self._merge(b, b.prev, pool)
         self._merge(b, b.next, pool)
@@ -237,6 +244,8 @@ class Allocator:
             pool.insert(b)
             b = new
         b.allocated, b.requested, b.site = True, orig, site
+        b.spare = b.size - size
+        self.unsplit += b.spare
         self.allocated += b.size
         return b
 

@@ -85,6 +85,7 @@ class Block:
         "site",
         "origin",
         "gc_base",
+        "spare",
     )
 
     def __init__(self, addr: int, size: int, segment: Segment, mapped: bool = True) -> None:
@@ -97,6 +98,7 @@ class Block:
         self.site = 0  # the stack that holds it (allocated)
         self.origin = segment.site  # the stack whose allocation split it off (free): who made this waste
         self.gc_base = 0
+        self.spare = 0  # handed out whole: its bytes beyond the rounded request (not split off)
 
     def whole(self) -> bool:
         return self.prev is None and self.next is None

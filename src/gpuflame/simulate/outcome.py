@@ -101,6 +101,8 @@ class Outcome:
     capacity: int | None = None
     min_gpu_memory: int | None = None  # the smallest --gpu-memory that fits (64 MiB steps), where searched
     searched: bool = False  # min_gpu_memory was searched (None then: no device up to 1 TiB fits)
+    at_reserved_peak: dict[str, int] | None = None  # explain.breakdown at the reserved peak
+    why: str | None = None  # the reserved peak's change from the settings compared with, measured
     notes: list[str] = field(default_factory=list)
     over_time: Series = field(default_factory=lambda: Series())
 
@@ -185,6 +187,8 @@ class Outcome:
             "first_difference": self.first_difference,
             "oom": self.oom,
             "capacity": self.capacity,
+            "at_reserved_peak": self.at_reserved_peak,
+            "why": self.why,
             "min_gpu_memory": self.min_gpu_memory,
             "gpus_that_fit": that_fit(self.min_gpu_memory),
             "trace_started_mid_run": self.wrapped,

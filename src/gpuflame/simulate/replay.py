@@ -15,6 +15,7 @@ from gpuflame.model.history import History
 from gpuflame.model.phases import PhaseStat
 from gpuflame.simulate import snapshot as snapshots
 from gpuflame.simulate.allocator import Allocator
+from gpuflame.simulate.explain import breakdown, why
 from gpuflame.simulate.gpus import CUDA_CONTEXT, MAX_DEVICE
 from gpuflame.simulate.history import HistoryReplay, groups
 from gpuflame.simulate.outcome import Outcome, Sites
@@ -104,6 +105,9 @@ class Run:
             out = []
             for r in replays:
                 _, o = r.run()
+                if not (o.oom and o.oom["at_start"]):
+                    at_peak, _ = r.run(stop_at=o.peak_event)  # the allocator as it stood at its reserved peak
+                    o.at_reserved_peak = breakdown(at_peak)
                 o.notes[:0] = self.inp.notes
                 out.append(o)
             return out
@@ -233,6 +237,13 @@ def candidates(inp: Input, capacity: int | None, fraction: float | None) -> list
                 )
             )
     return out
+
+
+def explain(outcomes: list[Outcome], base: list[Outcome], device_known: bool) -> None:
+    """Each outcome's why, measured beside *base* (the same devices under the settings compared with)."""
+    for o, b in zip(outcomes, base, strict=True):
+        if o.simulated.get("reserved_peak") != b.simulated.get("reserved_peak"):
+            o.why = why(o.at_reserved_peak, b.at_reserved_peak, device_known)
 
 
 def suggest(inp: Input, capacity: int | None, device: str | None, fraction: float | None = None) -> list[Candidate]:

@@ -468,3 +468,34 @@ def test_the_out_of_memory_line_names_the_segment_the_request_needed(tmp_path: P
     assert "allocated 0 B, cached 0 B then, 18.0 MiB allowed" in out
     rc, out, _ = run(capsys, path, "--gpu-memory", "530MiB", "--json")
     assert json.loads(out)["devices"][0]["oom"]["segment_size"] == 20 * MiB
+
+
+def test_why_a_setting_raises_the_peak_is_measured_and_a_device_size_answers_it(tmp_path: Path, capsys):
+    """A 40 MiB block freed, then 30 MiB asked for: the defaults split the cached block (10 MiB rest, 40 MiB
+    reserved); max_split_size_mb:32 never splits a 40 MiB block for a smaller request, so it makes a 30 MiB
+    segment and keeps the 40 MiB one (70 MiB) unless a cudaMalloc fails and releases it (48 MiB usable).
+    The defaults' reserved peak is the first moment, 40 MiB all allocated: nothing free then."""
+    trace = [
+        ("segment_alloc", A, 40 * MiB, 0),
+        ("alloc", A, 40 * MiB, 0),
+        ("free_requested", A, 40 * MiB, 0),
+        ("free_completed", A, 40 * MiB, 0),
+        ("alloc", A, 30 * MiB, 0),
+    ]
+    segments = [
+        {"device": 0, "address": A, "total_size": 40 * MiB, "stream": 0, "segment_type": "large",
+         "blocks": [{"address": A, "size": 30 * MiB, "requested_size": 30 * MiB, "state": "active_allocated"},
+                    {"address": A + 30 * MiB, "size": 10 * MiB, "state": "inactive"}]},
+    ]  # fmt: skip
+    path = handwritten(tmp_path, trace, segments)
+    rc, out, _ = run(capsys, path, "--alloc-conf", "max_split_size_mb:32")
+    assert "reserved peak 70.0 MiB (recorded 40.0 MiB)" in out
+    assert (
+        "  why (beside the recorded settings): at the reserved peak, 40.0 MiB in free segments (or free pages) "
+        "never released (was 0 B); the replay never had to release memory (no device size known): "
+        "--gpu-memory gives the answer on a real card"
+    ) in out
+    rc, out, _ = run(capsys, path, "--alloc-conf", "max_split_size_mb:32", "--gpu-memory", "560MiB", "--json")
+    dev = json.loads(out)["devices"][0]
+    assert rc == 0 and dev["oom"] is None and dev["simulated"]["reserved_peak"] == 40 * MiB
+    assert dev["simulated"]["segments_freed"] == 1

@@ -308,3 +308,32 @@ def test_a_retry_after_a_full_device_does_not_search_the_cache_again():
     seq = [(rng.random() < 0.6, rng.randint(1, 64 * MiB), rng.randint(0, 50)) for _ in range(120)]
     (out,) = Run(Input("<model>", snapshot=_recorded("", seq)), DEFAULTS).outcomes()
     assert out.segment_events_equal and out.placed_same == 1.0, out.first_difference
+
+
+def test_the_causes_at_the_peak_are_measured():
+    """Each cause built by hand: a rest of 1 MiB or less is not split off a large block; a freed segment stays
+    reserved; a 4 MiB request on stream 1 cannot use stream 0's cached 30 MiB and makes a 20 MiB segment."""
+    from gpuflame.simulate.explain import breakdown
+
+    a = Allocator(DEFAULTS)
+    a.malloc(8 * MiB)  # a 20 MiB segment, split: 12 MiB free beside it
+    a.malloc(19 * MiB + 512 * 1024)  # a 20 MiB segment: the 512 KiB rest stays in the block
+    a.free(a.malloc(30 * MiB))  # a 30 MiB segment, whole and free
+    a.malloc(4 * MiB, stream=1)  # a 20 MiB segment on stream 1, 16 MiB free beside it
+    assert breakdown(a) == {
+        "unsplit": 512 * 1024,
+        "unreleased": 30 * MiB,
+        "split_free": 12 * MiB + 16 * MiB,
+        "pages": 0,
+        "other_stream": 20 * MiB,
+    }
+    assert a.reserved - a.allocated == 30 * MiB + 28 * MiB
+
+
+def test_expandable_pages_rounded_are_measured():
+    """3 MiB in an expandable segment maps one 20 MiB page: 17 MiB of it rounded up, next to unmapped space."""
+    from gpuflame.simulate.explain import breakdown
+
+    a = Allocator(parse_alloc_conf("expandable_segments:True"))
+    a.malloc(3 * MiB)
+    assert breakdown(a)["pages"] == 17 * MiB and a.reserved == 20 * MiB
