@@ -148,6 +148,7 @@ def read_samples(
     """
     reader = _SampleReader(location_frames, strings, n_types)
     max_depth = reader.max_depth
+    frames_left = limits.STACK_FRAMES.value()  # the general path counts its own into reader.frames_left
     table, tails, words_of, getter, high = reader.table, reader.tails, reader.words_of, itemgetter, _HIGH_BYTES
     out: list[Sample] = []
     append = out.append
@@ -180,6 +181,9 @@ def read_samples(
         n = len(words)
         if n > max_depth:
             raise limits.STACK_DEPTH.exceeded("pprof: a sample's stack")
+        frames_left -= n
+        if frames_left < 0:
+            raise limits.STACK_FRAMES.exceeded("pprof: the frames of all the samples' stacks")
         try:
             stack = getter(*words)(table) if n > 1 else (table[words[0]],) if n else ()
         except IndexError:
@@ -218,6 +222,7 @@ class _SampleReader:
         self.words_of = _WordUnpackers()
         self.tails = _TailMemo(strings, n_types)
         self.max_depth = limits.STACK_DEPTH.value()
+        self.frames_left = limits.STACK_FRAMES.value()
 
     def general(self, raw: bytes, ids: bytes, tail: tuple[tuple[int, ...], Labels] | None) -> Sample:
         """Fields in another order (*tail* None: parse it all), ids of mixed widths, locations of many frames."""
@@ -234,6 +239,9 @@ class _SampleReader:
         stack = _stack(map(self.lookup, keys), self.flat)
         if len(stack) > self.max_depth:  # inlined locations hold several frames each
             raise limits.STACK_DEPTH.exceeded("pprof: a sample's stack")
+        self.frames_left -= len(stack)
+        if self.frames_left < 0:
+            raise limits.STACK_FRAMES.exceeded("pprof: the frames of all the samples' stacks")
         return Sample(stack, values, labels)
 
 

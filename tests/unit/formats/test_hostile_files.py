@@ -218,6 +218,8 @@ def _pprof_of(samples: int, comments: int = 0) -> bytes:
         ("GPUFLAME_MAX_SAMPLES", lambda: dumps(_rich_enough(), "speedscope")),
         ("GPUFLAME_MAX_STACK_DEPTH", lambda: (FIXTURES / "handwritten_small_trace.pickle").read_bytes()),
         ("GPUFLAME_MAX_STACK_FRAMES", lambda: b"".join(b"a;b %d\n" % i for i in range(1, 7))),
+        ("GPUFLAME_MAX_STACK_FRAMES", lambda: _pprof_of(11)),
+        ("GPUFLAME_MAX_STACK_FRAMES", lambda: _pprof_of(5000)),  # the bulk reader's columns
         ("GPUFLAME_MAX_STACK_FRAMES", lambda: dumps(_rich_enough(), "speedscope")),
     ],
 )
