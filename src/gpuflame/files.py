@@ -8,7 +8,6 @@ folder and is renamed into place only when complete.
 from __future__ import annotations
 
 import os
-import re
 import stat
 import sys
 import tempfile
@@ -158,7 +157,8 @@ _PROBE_BYTES = 4096
 _SNIFF_BYTES = 65536
 
 # What the start of each kind of file gpuflame writes looks like (besides
-# gzip pprof and folded stacks, which are recognised by their structure).
+# gzip pprof, recognised by its structure, and folded stacks, by their first line).
+_FOLDED_HEADER = "# gpuflame folded stacks: "  # formats/folded.py's HEADER
 _OWN_TEXT_MARKS = (
     "<!-- gpuflame viewer:",  # view: the HTML page
     "<!-- gpuflame flame graph",  # export/flame/view --svg: the SVG picture
@@ -265,9 +265,8 @@ def _written_by_gpuflame(path: Path) -> bool:
     if head[:2] == b"\x1f\x8b":
         return _is_gzip_pprof(head)
     text = head.decode("utf-8", errors="replace")
-    if any(mark in text for mark in _OWN_TEXT_MARKS):
-        return True
-    return _is_folded(text, complete=len(head) < _SNIFF_BYTES)
+    # folded stacks only with the header line gpuflame writes: a log of "word NUMBER" lines is no profile
+    return text.startswith(_FOLDED_HEADER) or any(mark in text for mark in _OWN_TEXT_MARKS)
 
 
 def _is_gzip_pprof(head: bytes) -> bool:
@@ -277,15 +276,3 @@ def _is_gzip_pprof(head: bytes) -> bool:
     except zlib.error:
         return False
     return inner[:1] == b"\x0a"
-
-
-_FOLDED_LINE = re.compile(r"(#.*|.*\S\s-?[0-9]+)")
-
-
-def _is_folded(text: str, complete: bool) -> bool:
-    """Every line (but a cut last one) is ``stack COUNT``: folded stacks."""
-    lines = text.split("\n")
-    if not complete:
-        lines = lines[:-1]
-    lines = [ln.rstrip() for ln in lines if ln.strip()]
-    return bool(lines) and all(_FOLDED_LINE.fullmatch(ln) for ln in lines)

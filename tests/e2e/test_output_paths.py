@@ -64,16 +64,20 @@ def test_run_refuses_it_even_with_force(tmp_path):
     [
         ("/proc/x.pb.gz", "/proc/x.pb.gz: cannot write"),
         ("notes.txt", "notes.txt: exists and is not a file gpuflame wrote"),
+        # lines shaped like folded stacks ("word NUMBER"), without the header gpuflame's folded files start with
+        ("log.txt", "log.txt: exists and is not a file gpuflame wrote"),
         ("folder", "folder: cannot write: it is a folder"),
     ],
 )
 def test_run_output_that_cannot_or_must_not_be_written(tmp_path, output, words):
     (tmp_path / "exact.py").write_text(SCRIPT)
     (tmp_path / "notes.txt").write_text("my notes\n")
+    (tmp_path / "log.txt").write_text("step 1\nloss 2\n")
     (tmp_path / "folder").mkdir()
     done = gpuflame_run("-o", output, "exact.py", cwd=tmp_path)
     one_error_line(done.returncode, done.stderr, words)
     assert (tmp_path / "notes.txt").read_text() == "my notes\n"
+    assert (tmp_path / "log.txt").read_text() == "step 1\nloss 2\n"
     assert os.listdir(tmp_path / "folder") == []
 
 

@@ -22,7 +22,7 @@ import stat
 from collections.abc import Iterator
 
 FOLDER_MODE = 0o700  # the session folder: its owner alone may list, read or add files
-FILE_MODE = 0o600
+FILE_MODE = 0o666  # less the umask, as open() gives: the private folder is what keeps others out
 _BASE = os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
 _PROBE_BYTES = 4096  # a small profile: what write_problem writes to tell a full disk from a working one
 
