@@ -276,6 +276,9 @@ class Handler(BaseHTTPRequestHandler):
         self._cookie: str | None = None  # set by a good ?token= (one handler serves a connection's requests)
         try:
             response = self._route()
+        except MemoryError:  # a profile past what this machine holds: that page fails, the server stays
+            self._log(503, "out of memory")
+            response = error(503, "out of memory: this profile needs more than the server's machine gives")
         except Exception as exc:  # a bug: say so, keep serving
             self._log(500, f"{type(exc).__name__}: {exc}")
             response = error(500, f"internal error: {type(exc).__name__}: {exc}")

@@ -307,3 +307,34 @@ def test_a_run_with_a_broken_meta_json_is_listed_with_a_note(server: Server, fol
         assert entry["problem"], name
         assert isinstance(entry["time"], float) and math.isfinite(entry["time"])
     assert get(server, "/view/run-huge/profile.pb.gz", cookie)[0] == 200  # the profile itself still opens
+
+
+# ---------------------------------------------------------------- memory
+
+
+def test_a_page_past_the_table_limit_is_a_400_naming_it(
+    server: Server, folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (folder / "deep.folded").write_text("a;b 1\nc 2\n" + ";".join(["d"] * 200) + " 3\n")
+    assert server.token is not None
+    cookie = {"Cookie": f"{server.token.cookie_name}={server.token.value}"}
+    monkeypatch.setenv("GPUFLAME_MAX_TABLE_CELLS", "500")  # 3 stacks x 200 frames: 600 cells
+    status, _, body = get(server, "/view/deep.folded", cookie)
+    monkeypatch.delenv("GPUFLAME_MAX_TABLE_CELLS")
+    assert status == 400 and b"GPUFLAME_MAX_TABLE_CELLS" in body
+    assert get(server, "/view/deep.folded", cookie)[0] == 200
+
+
+def test_out_of_memory_on_a_page_is_a_503_and_the_server_goes_on(
+    server: Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def exhausted(*args: object) -> bytes:
+        raise MemoryError
+
+    assert server.token is not None
+    cookie = {"Cookie": f"{server.token.cookie_name}={server.token.value}"}
+    monkeypatch.setattr("gpuflame.serve.app.view_page", exhausted)
+    status, _, body = get(server, "/view/plain.pb.gz", cookie)
+    assert status == 503 and b"out of memory" in body
+    monkeypatch.undo()
+    assert get(server, "/view/plain.pb.gz", cookie)[0] == 200
