@@ -111,7 +111,8 @@ def test_a_driver_file_loaded_later_is_probed_on_the_kernel_side_word(libcuda, s
         assert wait_for(lambda: polled(agent) and own_rows(agent, {str(target.pid)}) == expected)
         assert target.pid in agent.late_loads
         assert any(
-            "loaded a driver file the agent had not probed yet (probed " in c and " ms after the load" in c
+            f"pid {target.pid} loaded a driver file the agent had not probed yet (probed " in c
+            and " ms after the load): 0 allocations made before its probes were in are missing" in c
             for c in agent.snapshot().comments
         )
     finally:
@@ -121,6 +122,42 @@ def test_a_driver_file_loaded_later_is_probed_on_the_kernel_side_word(libcuda, s
 def polled(agent) -> bool:  # noqa: ANN001
     agent.poll(0)
     return True
+
+
+def test_allocations_before_a_late_driver_file_was_probed_are_counted(libcuda, start_target, bpf_object, tmp_path):
+    """A process allocates from a driver file before its probes are in (no reader thread: the file is found by
+    the rescan this test runs): its later frees of those blocks count them, said per process, and are not
+    taken for frees of blocks from before the agent."""
+    from gpuflame.agent.agent import Agent
+
+    copy = tmp_path / "late" / "libcuda.so.1"
+    copy.parent.mkdir()
+    shutil.copy(libcuda, copy)
+    copy.parent.chmod(0o755)
+    target = start_target("3.12", "late", lib=str(copy))
+    target.ready()
+    agent = Agent(pids=(target.pid,))
+    agent.start(thread=False)
+    try:
+        target.run("load")
+        target.run("hold")  # 3 allocations before the file is probed: not seen
+        agent._rescan()
+        assert os.path.realpath(copy) in {os.path.realpath(p) for p in agent.attached.values()}
+        seen_from = len(target.records)
+        target.run("release")  # their frees: counted as allocations made before the probes
+        target.run("basic")
+        expected = replay(target.records[seen_from:])
+        assert wait_for(lambda: polled(agent) and own_rows(agent, {str(target.pid)}) == expected)
+        assert agent.late_frees == {target.pid: 3}
+        assert agent.stats()["unknown_frees"] == 0  # basic's failed free of 0x1234 is no free
+        (note,) = [c for c in agent.snapshot().comments if "loaded a driver file the agent had not probed" in c]
+        assert note == (
+            f"gpuflame agent: pid {target.pid} loaded a driver file the agent had not probed yet (probed at a "
+            "rescan, up to 0.25 s after the load): 3 allocations made before its probes were in are missing, "
+            "counted by their frees since (a block still held is not counted)"
+        )
+    finally:
+        agent.stop()
 
 
 def test_a_driver_file_found_by_a_rescan_says_what_may_be_missing(libcuda, start_target, agent_for, tmp_path):
@@ -138,7 +175,7 @@ def test_a_driver_file_found_by_a_rescan_says_what_may_be_missing(libcuda, start
     check_exact(agent, target)
     assert set(agent.late_loads) == {target.pid}
     note = next(c for c in agent.snapshot().comments if "loaded a driver file the agent had not probed yet" in c)
-    assert "allocations in between are missing" in note
+    assert f"pid {target.pid} loaded" in note and "0 allocations made before its probes were in" in note
     if not agent.watch_loads:  # else the kernel side's word may come first: a window in milliseconds
         assert "probed at a rescan, up to 0.25 s after the load" in note
 

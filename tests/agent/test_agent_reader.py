@@ -162,13 +162,11 @@ def test_a_free_after_the_peak_keeps_its_row_at_the_peak():
 def test_lost_events_and_those_the_ring_refused_are_said():
     from gpuflame.agent.agent import loss_notes
 
-    notes = loss_notes({"lost_events": 3, "ring_refused": 2})
+    stats = {"lost_events": 7, "ring_refused": 2, "lost_allocs": 3, "lost_alloc_bytes": 3000, "lost_frees": 2}
     assert (
-        "gpuflame agent: 3 events were lost (the ring buffer was full, or refused them): the totals are short" in notes
-    )
-    refused = (
-        "gpuflame agent: 2 of the events lost were refused by the ring buffer while it had room "
-        f"(each tried {events.OUTPUT_TRIES} times)"
-    )
-    assert refused in notes
-    assert not any("refused by the ring" in note for note in loss_notes({"lost_events": 3}))
+        "gpuflame agent: 7 events were lost, 5 to a full ring buffer (the reader was behind); 2 refused by the "
+        f"ring buffer while it had room (each tried {events.OUTPUT_TRIES} times): 3 allocations (3000 bytes), "
+        "2 frees, 2 other records; the totals are short"
+    ) in loss_notes(stats)
+    (note,) = [n for n in loss_notes({"lost_events": 3, "lost_frees": 3}) if "lost" in n]
+    assert "3 to a full ring buffer" in note and "refused" not in note and "0 allocations (0 bytes), 3 frees" in note

@@ -125,6 +125,33 @@ def test_vmm_memory_is_held_while_a_mapping_or_a_handle_holds_it(probes, start_t
     assert agent.stats().get("unknown_frees", 0) == 0
 
 
+def test_a_full_ring_says_how_many_allocations_and_bytes_it_lost(start_target, bpf_object):
+    """The reader held back (no reader thread, no poll) while 160,000 alloc/free pairs fill the 16 MiB ring: every
+    allocation is booked or counted lost with its bytes; no free of a block whose record was lost passes for one
+    from before the agent, and the profile says the numbers."""
+    from gpuflame.agent.agent import Agent
+
+    target = start_target("3.12")
+    target.ready()
+    agent = Agent(pids=(target.pid,))
+    agent.start(thread=False)
+    try:
+        target.run("race 160000")
+        agent.poll(0)
+        while agent._ring.more:
+            agent.poll(0)
+        stats, totals = agent.stats(), agent.snapshot().totals()
+        assert stats["lost_events"] > 0 and stats["lost_allocs"] > 0
+        assert totals["alloc_objects"] + stats["lost_allocs"] == 160000
+        assert stats["lost_alloc_bytes"] == stats["lost_allocs"] * 8192
+        assert totals["inuse_objects"] <= stats["lost_frees"]
+        assert stats["unknown_frees"] == stats["frees_not_undone"] == 0
+        note = next(c for c in agent.snapshot().comments if "events were lost" in c)
+        assert f"{stats['lost_allocs']} allocations ({stats['lost_allocs'] * 8192} bytes), " in note
+    finally:
+        agent.stop()
+
+
 def test_a_free_the_driver_refuses_is_undone(start_target, agent_for):
     """A free is booked at its call's entry (the driver may hand the address out again from inside the call);
     one the driver refuses (a context with a sticky error) is undone at its return: a device block, a pinned

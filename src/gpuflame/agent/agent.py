@@ -30,7 +30,10 @@ from gpuflame.agent.events import (
     OUTPUT_TRIES,
     STAT_CALLS_FULL,
     STAT_LIVE_FULL,
+    STAT_LOST_ALLOC_BYTES,
+    STAT_LOST_ALLOCS,
     STAT_LOST_EVENTS,
+    STAT_LOST_FREES,
     STAT_RING_REFUSED,
     STAT_UNKNOWN_FREES,
 )
@@ -54,6 +57,7 @@ __all__ = [
 
 POLL_MS = 20
 RESCAN_SECONDS = 2.0  # every process: new libcuda files and the processes mapping them
+LATE_SAID = 5  # processes that loaded a driver file before its probes, each said in the profile; the rest summed
 PID_RESCAN_SECONDS = 0.25  # --pid: the watched processes loading the driver
 # at stop, once the probes are off: the most seconds spent reading what the ring still holds (a full 16 MiB
 # ring of frees is about 300,000 records, 0.3-0.5 s to book); what is left unread is counted by its headers
@@ -98,6 +102,7 @@ class Agent(Probing, Registry, Booking):
         self.unwatched_code_frees = set()
         self._skip = ()
         self.late_loads = {}
+        self.late_frees = {}
         self.probes = ""
         self.probes_why = ""
         self.pending = PendingResults()
@@ -124,6 +129,9 @@ class Agent(Probing, Registry, Booking):
             "results_next_entry": 0,
             "results_unknown": 0,
             "results_unread": 0,
+            "results_unknown_bytes": 0,
+            "unread_allocs": 0,
+            "unread_alloc_bytes": 0,
             "sites_unprobed": 0,
             "sites_unverified": 0,
             "stacks_over_limit": 0,
@@ -242,11 +250,17 @@ class Agent(Probing, Registry, Booking):
             STAT_UNKNOWN_FREES: "unknown_frees",
             STAT_CALLS_FULL: "calls_map_full",
             STAT_RING_REFUSED: "ring_refused",
+            STAT_LOST_ALLOCS: "lost_allocs",
+            STAT_LOST_ALLOC_BYTES: "lost_alloc_bytes",
+            STAT_LOST_FREES: "lost_frees",
         }
         for i in range(N_STATS):
             raw = self._stats.lookup(i.to_bytes(4, "little"))
             out[names[i]] = sum(int.from_bytes(raw[k : k + 8], "little") for k in range(0, len(raw), 8)) if raw else 0
         out["frees_not_undone"] = self.ledger.undo_missed
+        out["results_unread_bytes"] = self.pending.dropped_bytes
+        if self._ring is None:  # stopped: what is still pending was never read (counted in results_unread)
+            out["results_unread_bytes"] += self.pending.held_bytes()
         if self.probes == "entry":  # every free reaches user space at its entry, before the driver says no
             out["unknown_frees_at_entry"] = self.ledger.unmatched_frees
         else:  # after a live-map overflow the kernel sends the frees it does not know: matched here
@@ -278,7 +292,7 @@ class Agent(Probing, Registry, Booking):
         if not self.cuda_seen:
             profile.comments.append(NO_CUDA_PROCESS)
         if self.late_loads:
-            profile.comments.append(self._late_note())
+            profile.comments += self._late_notes()
         profile.comments += self._skipped_notes()
         for path in sorted(self.unwatched_code_frees):
             profile.comments.append(
@@ -328,19 +342,34 @@ class Agent(Probing, Registry, Booking):
     def _rescan_every(self) -> float:
         return PID_RESCAN_SECONDS if self.pids else RESCAN_SECONDS  # a few watched processes are cheap to look at
 
-    def _late_note(self) -> str:
-        """What a driver file loaded after the agent started may have cost: the window before its probes."""
-        n = len(self.late_loads)
-        known = [ms for ms in self.late_loads.values() if ms is not None]
-        window = (
-            f"probed {max(known)} ms after the load at most"
-            if len(known) == n
-            else f"probed at a rescan, up to {self._rescan_every():g} s after the load"
-        )
-        return (
-            f"gpuflame agent: {n} process{'es' if n > 1 else ''} loaded a driver file the agent had not probed "
-            f"yet ({window}): allocations in between are missing, their frees counted as unknown"
-        )
+    def _late_notes(self) -> list[str]:
+        """What a driver file loaded after the agent started cost, per process (the first LATE_SAID, then the
+        rest summed): the window before its probes, and the allocations made in it, counted by their frees
+        (the kernel side sends a late process's frees of blocks it never saw)."""
+        pids = sorted(self.late_loads)
+        notes = []
+        for pid in pids[:LATE_SAID]:
+            notes.append(
+                f"gpuflame agent: pid {pid} loaded a driver file the agent had not probed yet "
+                f"({self._window([pid])}): {self.late_frees.get(pid, 0)} allocations made before its probes "
+                "were in are missing, counted by their frees since (a block still held is not counted)"
+            )
+        rest = pids[LATE_SAID:]
+        if rest:
+            missed = sum(self.late_frees.get(pid, 0) for pid in rest)
+            notes.append(
+                f"gpuflame agent: {len(rest)} more processes loaded a driver file the agent had not probed yet "
+                f"({self._window(rest)}): {missed} allocations made before its probes were in are missing, "
+                "counted by their frees since (a block still held is not counted)"
+            )
+        return notes
+
+    def _window(self, pids: list[int]) -> str:
+        """How long after their load the probes of *pids*' driver files came (at most)."""
+        known = [ms for pid in pids if (ms := self.late_loads.get(pid)) is not None]
+        if len(known) == len(pids):
+            return f"probed {max(known)} ms after the load{' at most' if len(pids) > 1 else ''}"
+        return f"probed at a rescan, up to {self._rescan_every():g} s after the load"
 
     def stop(self, drain_s: float = DRAIN_AT_STOP_S) -> None:
         """Stop the reader, detach the probes, book what the ring holds for *drain_s* at most, count the rest.
@@ -371,6 +400,23 @@ class Agent(Probing, Registry, Booking):
             self.nvml.close()
 
 
+def lost_events_note(stats: dict[str, int]) -> list[str]:
+    """The events the ring did not take, by cause and by what they were (allocations and their bytes, frees)."""
+    lost = stats.get("lost_events", 0)
+    if not lost:
+        return []
+    refused = stats.get("ring_refused", 0)
+    causes = [f"{lost - refused} to a full ring buffer (the reader was behind)"] if lost > refused else []
+    if refused:
+        causes.append(f"{refused} refused by the ring buffer while it had room (each tried {OUTPUT_TRIES} times)")
+    allocs, frees = stats.get("lost_allocs", 0), stats.get("lost_frees", 0)
+    what = (
+        f"{allocs} allocations ({stats.get('lost_alloc_bytes', 0)} bytes), {frees} frees, "
+        f"{max(0, lost - allocs - frees)} other records"
+    )
+    return [f"gpuflame agent: {lost} events were lost, {'; '.join(causes)}: {what}; the totals are short"]
+
+
 def loss_notes(stats: dict[str, int], probes: str = "", gpu: nvml.Nvml | None = None) -> list[str]:
     """What the profile does not hold, in words (a profile lost silently is a bug); the first note is always there."""
     said_probes = probes + "; " if probes else ""
@@ -387,11 +433,8 @@ def loss_notes(stats: dict[str, int], probes: str = "", gpu: nvml.Nvml | None = 
             f"gpuflame agent: {said_probes}blocks allocated before the agent started are not known{why}; their "
             "frees are ignored, so in-use counts only blocks allocated since"
         )
-    notes = [first]
+    notes = [first, *lost_events_note(stats)]
     said = {
-        "lost_events": "events were lost (the ring buffer was full, or refused them): the totals are short",
-        "ring_refused": "of the events lost were refused by the ring buffer while it had room (each tried "
-        f"{OUTPUT_TRIES} times)",
         "live_map_full": "blocks were not tracked in the kernel (live-block map full, raise --max-blocks): "
         "their frees were matched in user space instead (each free one more event)",
         "calls_map_full": "driver calls were missed (too many threads inside the driver at once)",
@@ -404,10 +447,14 @@ def loss_notes(stats: dict[str, int], probes: str = "", gpu: nvml.Nvml | None = 
         "no_thread": "allocations came from threads with no Python thread state",
         "truncated": "stacks were deeper than the frames recorded",
         "handler_errors": "events could not be booked (internal error)",
-        "results_unknown": "allocations were not counted: entry-only probes, made before their call site's "
-        "return probe was placed, and their result was in memory the caller may have reused",
-        "results_unread": "allocations were not counted: entry-only probes, their result was never read "
-        "(the process ended or the agent stopped before a return probe saw it)",
+        "results_unknown": f"allocations ({stats.get('results_unknown_bytes', 0)} bytes) were not counted: "
+        "entry-only probes, made before their call site's return probe was placed, and their result was in "
+        "memory the caller may have reused",
+        "results_unread": f"allocations ({stats.get('results_unread_bytes', 0)} bytes) were not counted: "
+        "entry-only probes, their result was never read (the process ended or the agent stopped before a "
+        "return probe saw it)",
+        "unread_allocs": f"allocations ({stats.get('unread_alloc_bytes', 0)} bytes) are missing: their process "
+        "could not be read (it had ended, or /proc refused it) when its first stack came",
         "sites_unprobed": "return sites could not be probed (entry-only probes): results read at the next call",
         "stacks_over_limit": "allocations were booked under <stacks beyond the agent's limit> (too many distinct "
         "stacks)",

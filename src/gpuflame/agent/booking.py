@@ -167,13 +167,15 @@ class Booking(AgentState):
     def _handle(self, data: bytes) -> None:
         kind = data[0]
         if kind == EV_FREE:  # the most frequent with allocations: kept short; booked at the call's entry
-            flags, tgid, tid, addr = unpack_free(data)
-            if flags & F_FAILED:  # the driver refused it: undone
+            flags, tgid, tid, addr, size = unpack_free(data)
+            if flags & F_UNKNOWN:  # a block allocated before the probes of the driver file it loaded late
+                self.late_frees[tgid] = self.late_frees.get(tgid, 0) + 1
+            elif flags & F_FAILED:  # the driver refused it: undone
                 self.ledger.undo(tgid, tid, block_key(data[1] == K_RELEASE, addr))
             elif data[1] == K_RELEASE:
                 self.ledger.release(tgid, addr, tid)
-            else:
-                self.ledger.free(tgid, addr, tid)
+            else:  # a size: the kernel knew the block (its allocation's record lost, if not known here)
+                self.ledger.free(tgid, addr, tid, known=size > 0)
         elif kind == EV_ALLOC:
             self._alloc(data)
         elif kind == EV_RESULT:
@@ -248,7 +250,7 @@ class Booking(AgentState):
                 if flags & flag:
                     self.counts[name] += 1
         if flags & F_PENDING:
-            self.pending.add(tgid, tid, Pending(seq, kind, device_label(device), stack))
+            self.pending.add(tgid, tid, Pending(seq, kind, device_label(device), stack, size))
             return
         self.ledger.alloc(tgid, device_label(device), stack, block_key(kind == K_CREATE, addr), size)
 
@@ -258,6 +260,7 @@ class Booking(AgentState):
             return  # an allocation not booked (a process not watched), or the call failed: nothing allocated
         if h.flags & F_UNKNOWN:
             self.counts["results_unknown"] += 1
+            self.counts["results_unknown_bytes"] += h.size
             return
         if not h.flags & F_RETURNED:
             self.counts["results_next_entry"] += 1
@@ -305,6 +308,9 @@ class Booking(AgentState):
         proc = self.processes.get(h.tgid)
         if proc is None and self._wanted(h.tgid):
             proc = self._register(h.tgid)
+            if proc is None:  # gone already, or /proc refused it: its allocation is missing, and counted
+                self.counts["unread_allocs"] += 1
+                self.counts["unread_alloc_bytes"] += h.size
         if proc is None:
             return None
         if len(self._stacks) >= self.max_stacks or self._raw_bytes >= MAX_RAW_STACK_BYTES:

@@ -28,7 +28,8 @@ F_REPLACED = 256  # an allocation at an address whose free was missed (frees are
 DEVICE_CUDA, DEVICE_HOST = -1, -2
 P_NATIVE = 1
 STAT_LOST_EVENTS, STAT_LIVE_FULL, STAT_UNKNOWN_FREES, STAT_CALLS_FULL, STAT_RING_REFUSED = 0, 1, 2, 3, 4
-N_STATS = 5
+STAT_LOST_ALLOCS, STAT_LOST_ALLOC_BYTES, STAT_LOST_FREES = 5, 6, 7  # what the lost events were
+N_STATS = 8
 SET_ONLY_REGISTERED, SET_ENTRY_ONLY, SET_LIVE_OVERFLOWED = 0, 1, 2
 MAX_FRAMES = 128
 RING_BYTES = 16 * 1024 * 1024  # the events ring (its size is fixed in agent.h)
@@ -126,10 +127,10 @@ def header(data: bytes) -> Header:
     return Header._make(HEADER.unpack_from(data))
 
 
-_FREE = struct.Struct("<6xHIIQ")  # flags, tgid, tid and address of a free record, nothing else
+_FREE = struct.Struct("<6xHIIQQ")  # flags, tgid, tid, address and size of a free record, nothing else
 
 
-def unpack_free(data: bytes) -> tuple[int, int, int, int]:
+def unpack_free(data: bytes) -> tuple[int, int, int, int, int]:
     return _FREE.unpack_from(data)
 
 

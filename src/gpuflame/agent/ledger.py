@@ -136,16 +136,17 @@ class Ledger:
             self.in_flight.clear()  # bounded: a call refused after this is counted in undo_missed
         self.in_flight[tid] = call
 
-    def free(self, pid: int, key: BlockKey, tid: int = -1) -> bool:
+    def free(self, pid: int, key: BlockKey, tid: int = -1, known: bool = False) -> bool:
         """Free a block at its call's entry (*tid*: the calling thread, to undo it if the driver refuses the
-        call); False when it is not known (allocated before the agent started)."""
+        call); False when it is not known (allocated before the agent started, or, *known* to the kernel, its
+        allocation's record was lost: counted there, not here)."""
         blocks = self.blocks.get(pid)
         block = blocks.pop(key, None) if blocks is not None else None
         if tid >= 0:
-            self.note(tid, (pid, key, block))
+            self.note(tid, (pid, key, [] if block is None and known else block))
         if block is None:
             self.clock += 1
-            self.unmatched_frees += 1
+            self.unmatched_frees += not known
             return False
         self._unbook(*block)
         return True

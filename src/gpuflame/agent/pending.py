@@ -23,6 +23,7 @@ class Pending:
     kind: int
     device: str
     stack: int
+    size: int = 0  # as asked (what is missing if its result is never read)
 
 
 class PendingResults:
@@ -30,6 +31,11 @@ class PendingResults:
 
     def __init__(self) -> None:
         self.calls: dict[tuple[int, int], Pending] = {}
+        self.dropped_bytes = 0  # asked by the calls of ended processes, never read
+
+    def held_bytes(self) -> int:
+        """What the calls still waiting asked for."""
+        return sum(call.size for call in self.calls.values())
 
     def add(self, pid: int, tid: int, call: Pending) -> None:
         self.calls[(pid, tid)] = call
@@ -46,5 +52,5 @@ class PendingResults:
         """A process ended: its pending calls are forgotten; how many."""
         keys = [k for k in self.calls if k[0] == pid]
         for k in keys:
-            del self.calls[k]
+            self.dropped_bytes += self.calls.pop(k).size
         return len(keys)

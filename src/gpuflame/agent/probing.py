@@ -186,6 +186,7 @@ class Probing(AgentState):
         ncpu = possible_cpus()
         self._procs = Map(self._obj.map_fd("procs"), PROC.size)
         self._live = Map(self._obj.map_fd("live"), 8)
+        self._late = Map(self._obj.map_fd("late"), 1)
         self._stats = Map(self._obj.map_fd("stats"), 8 * ncpu)
         settings = Map(self._obj.map_fd("settings"), 4)
         settings.update(SET_ONLY_REGISTERED.to_bytes(4, "little"), (1 if self.pids else 0).to_bytes(4, "little"))
@@ -356,6 +357,8 @@ class Probing(AgentState):
             ms = None if mapped_ns is None else max(0, time.monotonic_ns() - mapped_ns) // 1_000_000
             old = self.late_loads.get(pid, 0)
             self.late_loads[pid] = None if ms is None or old is None else max(old, ms)
+            self.late_frees.setdefault(pid, 0)
+            self._late.update(pid.to_bytes(4, "little"), b"\x01")  # its frees of blocks never seen: counted
 
     def _new_files(self, paths: Iterable[str]) -> list[tuple[tuple[int, int], str]]:
         """The files among *paths* not probed yet (nor found unprobeable), by (device, inode)."""

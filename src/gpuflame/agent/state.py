@@ -57,6 +57,8 @@ class AgentState:
     missing_functions: set[str]
     single_stepped: set[str]  # probed functions not starting with push %rbp
     late_loads: dict[int, int | None]  # pid -> ms from its driver load to the probes (None: a rescan)
+    late_frees: dict[int, int]  # pid (in late_loads) -> its frees of blocks allocated before those probes
+    _late: Map  # the kernel side's late_loads: whose frees of blocks never seen are sent, to count
     _code_free_probes: set[tuple[int, int]]  # interpreter files whose code_dealloc is probed
     unwatched_code_frees: set[str]  # interpreters without one: a reused code address misnames
 

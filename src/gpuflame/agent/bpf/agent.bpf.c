@@ -41,6 +41,15 @@ struct {
     __type(value, __u64);
 } live SEC(".maps");
 
+/* processes that loaded a driver file before its probes were in (user space adds them): a free of a block
+ * never seen is theirs to count, sent flagged F_UNKNOWN, not counted among the blocks from before the agent */
+struct {
+    __uint(type, BPF_MAP_TYPE_HASH);
+    __uint(max_entries, MAX_PROCS);
+    __type(key, __u32);
+    __type(value, __u8);
+} late SEC(".maps");
+
 /* per thread: the driver call it is inside, its PyThreadState, its last stack */
 struct {
     __uint(type, BPF_MAP_TYPE_TASK_STORAGE);
@@ -137,11 +146,16 @@ static __always_inline void set_setting(__u32 which)
         *v = 1;
 }
 
-static __always_inline void count(__u32 which)
+static __always_inline void add(__u32 which, __u64 n)
 {
     __u64 *v = bpf_map_lookup_elem(&stats, &which);
     if (v)
-        *v += 1;
+        *v += n;
+}
+
+static __always_inline void count(__u32 which)
+{
+    add(which, 1);
 }
 
 /* Wake the reader only when this record takes the backlog past WAKE_BYTES: a
@@ -162,19 +176,20 @@ static __always_inline __u64 wake_flags(int force, __u64 len)
  * records: tried once, 11 of 16; 8 times, 8 of 16; 32 times, 1 of 32; 128 times, 0 of 16, and 0 of 12 beside
  * two busy loops). A full ring is not retried: the reader is behind. Either way the loss is counted; a
  * refusal also as such. The loop costs ~0.4 s of CPU once, when the object is loaded (the verifier). */
-static __always_inline void output(void *data, __u64 len, __u64 flags)
+static __always_inline int output(void *data, __u64 len, __u64 flags)
 {
     for (int i = 0; i < OUTPUT_TRIES; i++) { /* bounded; called from global functions only: checked once */
         if (!bpf_ringbuf_output(&events, data, len, flags))
-            return;
+            return 0;
         __u64 avail = bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA); /* racy: may read past the producer */
         if (avail <= RING_BYTES && avail + len + 8 > RING_BYTES) {
             count(STAT_LOST_EVENTS); /* full: the reader is behind */
-            return;
+            return -1;
         }
     }
     count(STAT_LOST_EVENTS);
     count(STAT_RING_REFUSED);
+    return -1;
 }
 
 static __always_inline int device_of(__u32 kind)
@@ -430,8 +445,16 @@ __noinline int output_event(struct event *e, __u64 len, __u64 flags)
         return -1;
     if (len > sizeof(struct event))
         len = sizeof(struct event);
-    output(e, len, flags);
-    return 0;
+    if (!output(e, len, flags))
+        return 0;
+    /* lost: what it was, so that the profile can say how many allocations (and bytes) and frees are missing */
+    if (e->type == EV_ALLOC || (e->type == EV_RESULT && !(e->flags & F_FAILED))) {
+        count(STAT_LOST_ALLOCS);
+        add(STAT_LOST_ALLOC_BYTES, e->size);
+    } else if ((e->type == EV_FREE || (e->type == EV_VMM && e->kind == K_UNMAP)) && !(e->flags & F_FAILED)) {
+        count(STAT_LOST_FREES);
+    }
+    return -1;
 }
 
 static __always_inline void send(struct event *e, int force)
@@ -815,7 +838,12 @@ int BPF_KRETPROBE(free_exit, long rc)
     if (!returning(&call))
         return 0;
     if (rc == 0) {
-        if (!call.extra)
+        if (call.extra)
+            return 0;
+        __u32 tgid = bpf_get_current_pid_tgid() >> 32;
+        if (bpf_map_lookup_elem(&late, &tgid))
+            send_free(call.kind, call.out, 0, call.device, F_UNKNOWN); /* allocated before its driver's probes */
+        else
             count(STAT_UNKNOWN_FREES); /* allocated before the agent started */
         return 0;
     }
@@ -929,6 +957,7 @@ int BPF_PROG(process_exit, struct task_struct *task)
     if (BPF_CORE_READ(task, signal, live.counter) != 0)
         return 0; /* other threads of the process still run */
     bpf_map_delete_elem(&announced, &tgid);
+    bpf_map_delete_elem(&late, &tgid);
     struct proc *p = bpf_map_lookup_elem(&procs, &tgid);
     if (!p)
         return 0;
@@ -995,6 +1024,7 @@ int BPF_PROG(process_exec, struct task_struct *task)
     __u32 tgid = bpf_get_current_pid_tgid() >> 32;
     bpf_map_delete_elem(&procs, &tgid);
     bpf_map_delete_elem(&announced, &tgid);
+    bpf_map_delete_elem(&late, &tgid);
     struct event *e = new_event(EV_EXEC, 0, 1);
     if (e)
         send(e, 1);

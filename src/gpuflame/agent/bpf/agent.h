@@ -69,7 +69,9 @@
                             * EV_FREE, EV_VMM (K_UNMAP): the driver refused the call booked at its entry: undo it */
 #define F_RETURNED 64      /* EV_RESULT: read at the call's return site (exact), not at the next entry */
 #define F_UNKNOWN 128      /* EV_RESULT: not read at the return site, and the output's memory may hold
-                            * something else by now (heap, or a frame that returned): not counted */
+                            * something else by now (heap, or a frame that returned): not counted;
+                            * EV_FREE: a block never seen, freed by a process in `late` (its allocation was
+                            * made before the probes of the driver file it loaded were in) */
 #define F_REPLACED 256     /* EV_ALLOC: the live map still held its address: its free was missed (frees are
                             * sent at their entry, ahead of any allocation of the address they release) */
 
@@ -86,7 +88,10 @@
 #define STAT_UNKNOWN_FREES 2
 #define STAT_CALLS_FULL 3
 #define STAT_RING_REFUSED 4 /* of the lost events, those refused OUTPUT_TRIES times with the ring not full */
-#define N_STATS 5
+#define STAT_LOST_ALLOCS 5      /* of the lost events, allocations (or entry-only results of one) */
+#define STAT_LOST_ALLOC_BYTES 6 /* their sizes */
+#define STAT_LOST_FREES 7       /* of the lost events, frees (and VMM references dropped) */
+#define N_STATS 8
 
 /* settings */
 #define SET_ONLY_REGISTERED 0 /* 1 = only processes in procs (--pid), 0 = every process */
