@@ -338,3 +338,31 @@ def test_out_of_memory_on_a_page_is_a_503_and_the_server_goes_on(
     assert status == 503 and b"out of memory" in body
     monkeypatch.undo()
     assert get(server, "/view/plain.pb.gz", cookie)[0] == 200
+
+
+def test_open_hands_the_browser_the_url_with_the_token(folder: Path, tmp_path: Path) -> None:
+    """--open: the page a browser opens is the tokened one (it sets the cookie the links need)."""
+    seen = tmp_path / "opened.txt"
+    browser = tmp_path / "browser.sh"
+    browser.write_text(f'#!/bin/sh\nprintf "%s" "$1" > {seen}.part && mv {seen}.part {seen}\n')
+    browser.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"BROWSER": str(browser)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpuflame", "serve", str(folder), "--port", "0", "--open"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        first = proc.stdout.readline() if proc.stdout else ""
+        printed = re.search(r"http://127\.0\.0\.1:\d+/\?token=[A-Za-z0-9_-]+", first)
+        assert printed, first
+        # the server answers only once the browser command has returned (webbrowser waits for it)
+        conn = http.client.HTTPConnection("127.0.0.1", int(printed.group(0).split(":")[2].split("/")[0]), timeout=60)
+        conn.request("GET", "/api/runs")
+        assert conn.getresponse().status == 401
+        conn.close()
+        assert seen.read_text() == printed.group(0)
+    finally:
+        stop(proc)
