@@ -66,7 +66,10 @@ def open_regular(path: str | os.PathLike[str]) -> BinaryIO:
         if stat.S_ISDIR(mode):
             raise GpuflameError(f"{p}: is a directory, not a profile file")
         if not stat.S_ISREG(mode):
-            raise GpuflameError(f"{p}: is a device, a pipe or a socket, not a file; only regular files are read")
+            raise GpuflameError(
+                f"{p}: is a device, a pipe or a socket, not a file; only regular files are read "
+                "(for a pipe, give '-' and pipe the profile into standard input)"
+            )
         os.set_blocking(fd, True)
         return os.fdopen(fd, "rb")
     except BaseException:
