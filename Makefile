@@ -101,5 +101,13 @@ bench: venv
 	npm ci --prefix bench/viewer --no-audit --no-fund || echo "npm ci --prefix bench/viewer failed: bench_viewer.py measures gpuflame without speedscope"
 	$(BIN)/python bench/run_all.py
 
+# The check to run the first time a GPU is at hand (docs/gpu-check.md): tests/gpu, torch-cuda's
+# overhead, real snapshots, simulate beside the GPU, the agent on the real driver, in under 8
+# minutes, at most 8 files in $(OUT) (default bench/out/gpu-check). No network and no venv needed
+# there: the venv's Python when it exists, else $(PYTHON). `make gpu-check ARGS=--dry-run` anywhere.
+GPU_PYTHON := $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON))
+gpu-check:
+	$(GPU_PYTHON) bench/gpu_check.py $(if $(OUT),--out "$(OUT)") $(ARGS)
+
 clean:
 	rm -rf $(VENV) build dist site src/*.egg-info .pytest_cache

@@ -21,7 +21,7 @@ from types import ModuleType
 from typing import NoReturn
 
 from . import common, part_agent, part_env, part_overhead, part_simulate, part_snapshots, part_tests
-from .common import Context, read_status, write_status
+from .common import Context, read_status, table, write_status
 
 PARTS: dict[str, ModuleType] = {
     m.NAME: m for m in (part_env, part_tests, part_overhead, part_snapshots, part_simulate, part_agent)
@@ -101,11 +101,12 @@ def main(argv: list[str] | None = None) -> int:
     for name in all_files():
         (out / name).unlink(missing_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix="gpuflame-gpu-check-"))
+    started = time.monotonic()
     try:
         rows = drive(args, selected, inject, limits_s, out, scratch)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    write_summary(out, rows, args.dry_run)
+    write_summary(out, rows, args.dry_run, time.monotonic() - started)
     print((out / SUMMARY).read_text())
     return 0
 
@@ -179,12 +180,10 @@ def mark_failed(part: ModuleType, ctx: Context, status: str, log: str) -> None:
     )
 
 
-def write_summary(out: Path, rows: list[list[str]], dry_run: bool) -> None:
-    from .common import table
-
+def write_summary(out: Path, rows: list[list[str]], dry_run: bool, seconds: float) -> None:
     failed = [r[0] for r in rows if r[1].startswith("failed")]
     status = f"failed: {', '.join(failed)}" if failed else "ok"
-    lines = "dry run (tiny sizes)" if dry_run else "full run"
+    lines = ("dry run (tiny sizes)" if dry_run else "full run") + f", {seconds:.0f} s of the {BUDGET_S:.0f} s budget"
     write_status(
         out / SUMMARY,
         "gpuflame GPU check",

@@ -12,8 +12,10 @@ totals of peak should meet at the reserved peak.
 
 from __future__ import annotations
 
+import json
 import os
 import queue
+import shutil
 import signal
 import subprocess
 import threading
@@ -22,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from .common import (
+    ROOT,
     WORKLOADS,
     Context,
     cuda_available,
@@ -71,7 +74,8 @@ class Agent:
 
     def __init__(self, out: Path, libcuda: list[str]) -> None:
         argv = gpuflame_argv("agent", "-o", str(out), *[a for lib in libcuda for a in ("--libcuda", lib)])
-        self.proc = subprocess.Popen(argv, env=part_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        env = part_env(bpf_object())
+        self.proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self.lines: queue.Queue[str] = queue.Queue()
         self.said: list[str] = []
         threading.Thread(target=self._read, daemon=True).start()
@@ -105,6 +109,13 @@ class Agent:
         finally:
             while not self.lines.empty():
                 self.said.append(self.lines.get())
+
+
+def bpf_object() -> dict[str, str]:
+    """Where clang is missing, the BPF object this checkout carries is used as it is (GPUFLAME_AGENT_BPF):
+    the agent would otherwise try to rebuild one whose file times the copy made look stale."""
+    obj = ROOT / "src" / "gpuflame" / "agent" / "bpf" / "agent.bpf.o"
+    return {"GPUFLAME_AGENT_BPF": str(obj)} if obj.exists() and shutil.which("clang") is None else {}
 
 
 def libcuda_files() -> list[str]:
@@ -165,9 +176,7 @@ def main(ctx: Context) -> None:
         return
     agent_profile = gpuflame.load(folder / "agent.pb.gz")
     sections = [f"libcuda: {', '.join(libcuda) or 'found by the agent'}; the agent said:\n\n{said}"]
-    tc_pid = next(
-        (int(line.split('"pid": ')[1].split(",")[0]) for line in tc.stdout.splitlines() if '"pid": ' in line), None
-    )
+    tc_pid = next((json.loads(ln)["pid"] for ln in tc.stdout.splitlines() if ln.startswith('{"workload"')), None)
     if tc.ok and tc_pid:
         columns = {"agent": (agent_profile, tc_pid), "torch-cuda": (gpuflame.load(folder / "torch-cuda.pb.gz"), None)}
         sections.append(f"## run 1: under gpuflame run --backend torch-cuda (pid {tc_pid})\n\n" + compare(columns))

@@ -1,7 +1,8 @@
 """gpuflame simulate against the GPU: each prediction beside the same workload really run under that setting.
 
 For each workload (a GPT-2 training step, a Llama generate), from its
-default run's real snapshot (the snapshots part's, else recorded here):
+default run's real snapshot (the snapshots part's runs are used where they
+match, else the run is made here):
 ``gpuflame simulate --json`` under the recorded settings (the replay),
 ``expandable_segments:True``, ``max_split_size_mb:32``,
 ``roundup_power2_divisions:4`` and a memory cap at 80% of the default
@@ -102,11 +103,21 @@ def row(
     return [workload, setting, source, s[0], r[0], diff, s[1], r[1], sim_oom, real_oom]
 
 
-def one_workload(ctx: Context, workload: str, cuda: bool, base: dict[str, Any] | None) -> list[list[str]]:
+def recorded_run(recorded: dict[str, dict[str, Any]], workload: str, conf: str) -> dict[str, Any] | None:
+    """The snapshots part's run of *workload* under *conf* with no memory cap, where it made one."""
+    return next(
+        (r for r in recorded.values() if r.get("workload") == workload and r.get("alloc_conf") == conf
+         and "fraction" not in r and "error" not in r and Path(r.get("snapshot", "")).exists()),
+        None,
+    )  # fmt: skip
+
+
+def one_workload(ctx: Context, workload: str, cuda: bool, recorded: dict[str, dict[str, Any]]) -> list[list[str]]:
     """The rows of one workload: the replay, each setting, the cap, the CPU run's prediction."""
     why = "no CUDA" if not cuda else "not run"
     cpu, cpu_why = cpu_profile(ctx, workload)
-    if cuda and (base is None or "error" in base or not Path(base.get("snapshot", "")).exists()):
+    base = recorded_run(recorded, workload, "") if cuda else None
+    if cuda and base is None:
         base = part_snapshots.record(ctx, workload, workload, "", 0)
     source = Path(base["snapshot"]) if base and "error" not in base else cpu
     label = "GPU snapshot" if source is not cpu else "CPU profile"
@@ -114,7 +125,7 @@ def one_workload(ctx: Context, workload: str, cuda: bool, base: dict[str, Any] |
         return [[workload, "all", "-", f"no input: {(base or {}).get('error') or cpu_why}"] + ["-"] * 6]
     rows = [row(workload, "recorded settings (replay)", label, simulate(source, ctx), base if cuda else None, why)]
     for conf in SETTINGS:
-        real = real_run(ctx, workload, conf, 0) if cuda else None
+        real = (recorded_run(recorded, workload, conf) or real_run(ctx, workload, conf, 0)) if cuda else None
         rows.append(row(workload, conf, label, simulate(source, ctx, "--alloc-conf", conf), real, why))
     peak = (base or {}).get("reserved_peak") or (simulate(source, ctx).get("simulated") or {}).get("reserved_peak")
     if peak:
@@ -135,7 +146,7 @@ def main(ctx: Context) -> None:
     recorded = part_snapshots.load_results(ctx)
     rows: list[list[str]] = []
     for workload in WORKLOAD_NAMES[:1] if ctx.dry_run and not cuda else WORKLOAD_NAMES:
-        rows += one_workload(ctx, workload, cuda, recorded.get(workload) if cuda else None)
+        rows += one_workload(ctx, workload, cuda, recorded)
         write_status(ctx.out / FILE, TITLE, "running", table(HEADER, rows))
     errors = [r for r in rows if any("exit " in c or "timed out" in c for c in r)]
     if not cuda:
