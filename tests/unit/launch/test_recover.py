@@ -166,3 +166,39 @@ def test_recover_leaves_the_files_of_processes_that_still_run(tmp_path):
 def test_recover_help_teaches_when_and_how():
     text = build_parser()._subparsers._group_actions[0].choices["recover"].format_help()
     assert "kill -9" in text and "gpuflame recover run.pb.gz" in text and "--json" in text
+
+
+@pytest.mark.subprocess
+@pytest.mark.parametrize("how", ["another user's", "not private", "a link"])
+def test_recover_refuses_a_folder_that_is_not_the_users_own_private_one(tmp_path, how):
+    """Its files could be anyone's: a planted lost-PID.txt -> /etc/shadow was said on stderr and merged."""
+    folder = tmp_path / "run.pb.gz.processes"
+    real = tmp_path / "real" if how == "a link" else folder
+    real.mkdir(mode=0o755 if how == "not private" else 0o700)
+    (real / "lost-1.txt").symlink_to(tmp_path / "secret.txt")
+    (tmp_path / "secret.txt").write_text("TOPSECRET\n")
+    if how == "another user's":
+        os.chown(real, 54_321, 54_321)
+    if how == "a link":
+        folder.symlink_to(real)
+    done = recover("run.pb.gz", cwd=tmp_path)
+    assert done.returncode == 2 and len(done.stderr.splitlines()) == 1, done.stderr
+    assert "TOPSECRET" not in done.stderr and not (tmp_path / "run.pb.gz").exists()
+    words = {"another user's": "owned by another user", "not private": "not private", "a link": "a link"}[how]
+    assert words in done.stderr
+
+
+@pytest.mark.subprocess
+def test_recover_never_reads_a_fifo_a_device_or_a_link_in_the_folder(tmp_path):
+    """A FIFO hung recover; /dev/zero ended in 'internal error' (exit 3). Neither is a process's file."""
+    folder = tmp_path / "run.pb.gz.processes"
+    folder.mkdir(mode=0o700)
+    os.mkfifo(folder / "proc-1.pb.gz")
+    (folder / "proc-2.pb.gz").symlink_to("/dev/zero")
+    (folder / "lost-3.txt").symlink_to("/dev/zero")
+    os.mkfifo(folder / "lost-4.txt")
+    (folder / STARTED_FILE.format(pid=5)).write_text("")  # a process that left nothing: something to recover
+    done = recover("run.pb.gz", "--json", cwd=tmp_path)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert json.loads(done.stdout)["processes"] == [] and "pid 5" in done.stderr
+    assert not any(f"pid {pid}" in done.stderr for pid in (1, 2, 3, 4))
