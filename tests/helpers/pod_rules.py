@@ -13,7 +13,7 @@ import functools
 from typing import Any
 
 KUBERNETES_VERSION = "1.32.0"
-ANNOTATIONS_MAX_BYTES = 256 * 1024  # metadata.annotations: total size of keys and values
+ANNOTATIONS_MAX_BYTES = 256 * 1024  # metadata.annotations: total size of keys and values, in UTF-8 bytes (Go's len)
 RESTRICTED_VOLUMES = {
     "configMap",
     "csi",
@@ -79,6 +79,15 @@ def api_errors(pod: dict[str, Any]) -> list[str]:
         paths = [m["mountPath"] for m in c.get("volumeMounts") or []]
         if len(paths) != len(set(paths)):
             errors.append(f"{c['name']}: mountPath not unique: {paths}")
+        devices = [d["devicePath"] for d in c.get("volumeDevices") or []]
+        if len(devices) != len(set(devices)):
+            errors.append(f"{c['name']}: devicePath not unique: {devices}")
+        errors += [f"{c['name']}: {p} is both a mountPath and a devicePath" for p in set(paths) & set(devices)]
+        errors += [
+            f"{c['name']}: volume {d['name']!r} is both mounted and a device"
+            for d in c.get("volumeDevices") or []
+            if d["name"] in {m["name"] for m in c.get("volumeMounts") or []}
+        ]
         errors += [
             f"{c['name']}: mounts a volume {m['name']!r} the pod lacks"
             for m in c.get("volumeMounts") or []
@@ -89,7 +98,7 @@ def api_errors(pod: dict[str, Any]) -> list[str]:
             for v in c.get("env") or []
             if v.get("value") and "valueFrom" in v
         ]
-    size = sum(len(k) + len(v) for k, v in (pod["metadata"].get("annotations") or {}).items())
+    size = sum(len(k.encode()) + len(v.encode()) for k, v in (pod["metadata"].get("annotations") or {}).items())
     if size > ANNOTATIONS_MAX_BYTES:
         errors.append(f"annotations of {size} bytes")
     return errors

@@ -19,7 +19,10 @@ ignored (its default is used), a pod it cannot profile is admitted as it is,
 and either way the reason goes back as an admission warning (what ``kubectl``
 prints) and as the pod's annotation ``gpuflame.io/ignored`` or
 ``gpuflame.io/skipped`` (what a controller-made pod keeps, since a
-Deployment's warnings reach no person).
+Deployment's warnings reach no person). A patch that would break one of the
+API server's rules (``api_rules.py``: annotations past 256 KiB, a name or
+path used twice) is not sent: the pod is admitted unprofiled, and where even
+the ``skipped`` annotation would not fit, the warning alone says why.
 
 This is the pattern of the OpenTelemetry Operator's Python
 auto-instrumentation. Everything here is a pure function so that the tests
@@ -36,6 +39,7 @@ from typing import Any, TypeVar
 from gpuflame import defaults
 from gpuflame.boundary.backends import BACKENDS
 from gpuflame.units import interval_seconds
+from gpuflame.webhook.api_rules import refusal
 from gpuflame.webhook.patch import (
     DEFAULT_IMAGE,
     DEFAULT_SECRET,
@@ -197,9 +201,14 @@ def review(body: Any, config: Config | None = None) -> dict[str, Any]:
         if not wants_injection(meta) or already_injected(pod):
             return _response(uid)
         ops, notes = profile(pod, config)
+        invalid = refusal(pod, ops)
+        if invalid:
+            raise Skip(f"profiling would make the pod invalid: {invalid}")
     except Skip as exc:
         reason = _clip(str(exc))
         ops, notes = add_members(meta.get("annotations"), ("metadata", "annotations"), {SKIPPED: reason}), [reason]
+        if refusal(pod, ops):  # no room even for the reason: the pod unchanged, the warning alone says it
+            ops = []
     except (AttributeError, TypeError, KeyError, IndexError):
         raise BadRequest("a Pod whose fields are not of the Pod schema") from None
     return _response(uid, patch=ops, warnings=[_clip(f"gpuflame: {note}") for note in notes])

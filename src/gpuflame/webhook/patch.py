@@ -11,13 +11,18 @@ not apply, or a result that breaks a rule, refuses the pod even with
   (``gpuflame``, else ``gpuflame-2`` ...), the init container (unique among
   containers, init and ephemeral containers), the mount path (``/gpuflame``,
   else ``/gpuflame-2`` ... when a profiled container already mounts
-  something there or below). A free path rather than skipping: every path
+  something, or has a block device (``volumeDevices``), there or below).
+  A free path rather than skipping: every path
   the pod is given derives from the one mount, so a clash costs nothing,
   while skipping would leave a pod that asked for profiling without it;
 - never changes a variable the container defines: its own ``GPUFLAME_*``,
   ``POD_NAME`` ... win (the kubelet uses the last of two definitions, so
   appending ours would override them); ``PYTHONPATH`` is combined, not
   replaced;
+- is replayed on a copy of the pod and checked against the API server's
+  rules before it is sent (``api_rules.py``): a pod it would still make
+  invalid (annotations a few bytes under their 256 KiB limit) is admitted
+  as it is, with the reason (``admission.review``);
 - gives the init container what Pod Security "restricted" requires and CPU
   and memory requests equal to its limits, so that a quota requiring
   limits admits it and a Guaranteed pod stays Guaranteed.
@@ -123,7 +128,7 @@ def free_name(wanted: str, taken: set[str]) -> str:
 
 
 def _mount_taken(path: str, mounts: list[str]) -> bool:
-    """A mount at *path* or below it would clash with ours or hide our files."""
+    """A mount or device at *path* or below it would clash with ours or hide our files."""
     return any(m == path or m.startswith(path + "/") for m in mounts)
 
 
@@ -136,6 +141,7 @@ def layout_for(spec: Mapping[str, Any], profiled: list[Mapping[str, Any]]) -> La
         for c in spec.get(key) or []
     }
     mounts = [str(m.get("mountPath", "")).rstrip("/") for c in profiled for m in c.get("volumeMounts") or []]
+    mounts += [str(d.get("devicePath", "")).rstrip("/") for c in profiled for d in c.get("volumeDevices") or []]
     mount, n = MOUNT, 1
     while _mount_taken(mount, mounts):
         n += 1

@@ -1,8 +1,10 @@
 """The webhook's HTTPS server: stdlib ``http.server`` + ``ssl``, one thread per request.
 
 The API server calls ``POST /mutate``; the kubelet probes ``GET /healthz``.
-A bad body is answered 400 with one line and the server keeps serving; the
-certificate is re-read when its file changes (cert-manager rotates it).
+A bad body (not JSON, over ``MAX_BODY``, nested past the interpreter's
+recursion limit, not a Pod) is answered 400 with one line at once and the
+server keeps serving; the certificate is re-read when its file changes
+(cert-manager rotates it).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from gpuflame.webhook.admission import BadRequest, Config, review
 
 MAX_BODY = 4 * 1024 * 1024  # an AdmissionReview of a large pod is well under this
 HANDSHAKE_TIMEOUT = 10.0
+TOO_DEEP = "body is JSON nested too deeply to be an AdmissionReview"
 
 
 class Certificates:
@@ -82,6 +85,9 @@ class Handler(BaseHTTPRequestHandler):
         try:
             body = self._body()
             answer = review(body, self.server.config)
+        except RecursionError:  # parsed, but too deep to copy or print (a thousand levels in a Pod's fields)
+            self._send(HTTPStatus.BAD_REQUEST, f"bad request: {TOO_DEEP}\n".encode(), "text/plain")
+            return
         except BadRequest as exc:
             self._send(HTTPStatus.BAD_REQUEST, f"bad request: {exc}\n".encode(), "text/plain")
             return
@@ -102,6 +108,8 @@ class Handler(BaseHTTPRequestHandler):
             return json.loads(raw)
         except (ValueError, UnicodeDecodeError) as exc:
             raise BadRequest(f"body is not JSON ({exc})") from None
+        except RecursionError:  # the parser's own guard: a Pod is a dozen levels deep, not a thousand
+            raise BadRequest(TOO_DEEP) from None
 
     def _send(self, status: HTTPStatus, body: bytes, content_type: str) -> None:
         self.send_response(status)

@@ -17,7 +17,13 @@ from typing import Any
 import pytest
 
 from gpuflame.webhook import admission
-from tests.helpers.pod_rules import all_containers, api_errors, restricted_errors, schema_errors
+from tests.helpers.pod_rules import (
+    ANNOTATIONS_MAX_BYTES,
+    all_containers,
+    api_errors,
+    restricted_errors,
+    schema_errors,
+)
 
 jsonpatch = pytest.importorskip("jsonpatch")
 pytest.importorskip("kubernetes_validate")
@@ -25,6 +31,7 @@ hypothesis = pytest.importorskip("hypothesis")
 st = pytest.importorskip("hypothesis.strategies")
 
 OPT_IN = {"gpuflame.io/inject": "true"}
+BLOCK = "blockdev"  # a PersistentVolumeClaim volume a container may use as a raw device (volumeDevices)
 
 
 def review(pod: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], list[dict]]:
@@ -263,13 +270,15 @@ def container(draw: Any, name: str, volumes: list[str]) -> dict:
         c["volumeMounts"] = [{"name": v, "mountPath": p} for v, p in mounts]
     elif draw(st.booleans()):
         c["volumeMounts"] = []
+    if BLOCK in volumes and draw(st.booleans()):  # a raw block device (a PVC in block mode) at one of the paths
+        c["volumeDevices"] = [{"name": BLOCK, "devicePath": draw(PATHS)}]
     return c
 
 
 @st.composite
 def pods(draw: Any) -> dict:
     names = draw(st.lists(NAMES, min_size=1, max_size=6, unique=True))
-    volumes = draw(st.lists(NAMES, max_size=3, unique=True))
+    volumes = draw(st.lists(NAMES, max_size=3, unique=True)) + [BLOCK] * draw(st.booleans())
     split = draw(
         st.lists(
             st.sampled_from(["containers", "initContainers", "ephemeralContainers"]),
@@ -282,7 +291,10 @@ def pods(draw: Any) -> dict:
     for name, where in zip(names, split, strict=True):
         spec.setdefault(where, []).append(draw(container(name, volumes)))
     if volumes or draw(st.booleans()):
-        spec["volumes"] = [{"name": v, "emptyDir": {}} for v in volumes]
+        spec["volumes"] = [
+            {"name": v, **({"persistentVolumeClaim": {"claimName": "c"}} if v == BLOCK else {"emptyDir": {}})}
+            for v in volumes
+        ]
     if draw(st.booleans()) and "initContainers" not in spec:
         spec["initContainers"] = []
     settings = draw(
@@ -300,6 +312,9 @@ def pods(draw: Any) -> dict:
     label_in = draw(st.booleans())
     labels = {**others, **(OPT_IN if label_in else {})}
     annotations = {**others, **settings, **({} if label_in else OPT_IN)}
+    if draw(st.booleans()) and draw(st.booleans()):  # the annotations within a few hundred bytes of their limit
+        used = sum(len(k.encode()) + len(v.encode()) for k, v in annotations.items())
+        annotations["notes"] = "é" * ((ANNOTATIONS_MAX_BYTES - used - draw(st.integers(0, 400))) // 2)
     if draw(st.booleans()):
         spec["os"] = {"name": draw(st.sampled_from(["linux", "windows"]))}
     if draw(st.booleans()):  # a workload that passes Pod Security "restricted" on its own
@@ -367,7 +382,9 @@ def test_the_patch_of_any_valid_pod_applies_and_gives_a_valid_pod(pod: dict) -> 
     if spec_is_linux(pod) and restricted_errors(pod["spec"]) == []:
         assert restricted_errors(patched["spec"]) == []
     annotations = patched["metadata"]["annotations"]
-    if "gpuflame.io/skipped" in annotations:
+    if not ops:  # no room even for the reason: admitted as it was, the warning alone says why
+        assert patched == pod and len(response["warnings"]) == 1
+    elif "gpuflame.io/skipped" in annotations:
         assert patched["spec"] == pod["spec"]
     else:
         assert annotations["gpuflame.io/injected"] == "true"

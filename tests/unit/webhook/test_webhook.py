@@ -26,7 +26,8 @@ from gpuflame.cli.main import main
 from gpuflame.webhook import admission
 from gpuflame.webhook.admission import Config
 from gpuflame.webhook.patch import patch_for
-from gpuflame.webhook.server import WebhookServer, make_server
+from gpuflame.webhook.server import MAX_BODY, WebhookServer, make_server
+from tests.helpers.pod_rules import ANNOTATIONS_MAX_BYTES, api_errors
 
 # Every test here uses a fixture that starts a child process (a server, a kernel, openssl).
 pytestmark = pytest.mark.subprocess
@@ -177,6 +178,13 @@ def mutate(server: WebhookServer, tls: tuple[Path, Path], obj: dict) -> tuple[di
     assert response["patchType"] == "JSONPatch"
     ops = json.loads(base64.b64decode(response["patch"]))
     return response, jsonpatch.apply_patch(copy.deepcopy(obj), ops)
+
+
+def deep_pod_field(depth: int) -> bytes:
+    """A review whose pod has a variable's value nested *depth* lists deep: JSON that parses (under the
+    interpreter's recursion limit) but that nothing can copy or print."""
+    review = admission_review(pod(on(), [{"name": "a", "image": "i", "env": [{"name": "X", "value": "DEEP"}]}]))
+    return json.dumps(review).replace('"DEEP"', "[" * depth + "]" * depth).encode()
 
 
 def env_of(container: dict) -> dict[str, dict]:
@@ -435,6 +443,9 @@ def test_other_kinds_and_operations_are_allowed(server: WebhookServer, tls: tupl
                 },
             }
         ).encode(),
+        b"[" * 100_000 + b"]" * 100_000,  # parsed by recursion: the parser's guard, not a crash
+        b'{"a":' * 100_000 + b"1" + b"}" * 100_000,
+        deep_pod_field(900),
     ],
 )
 def test_malformed_body_is_400_and_the_server_keeps_serving(
@@ -444,6 +455,61 @@ def test_malformed_body_is_400_and_the_server_keeps_serving(
     assert status == 400
     assert raw.startswith(b"bad request:") and raw.count(b"\n") == 1
     assert call(server, tls, "GET", "/healthz")[0] == 200
+
+
+def test_a_body_over_the_bound_is_400_before_it_is_read(server: WebhookServer, tls: tuple[Path, Path]) -> None:
+    """Only the headers are sent: the answer comes without waiting for (or reading) a body that large."""
+    context = ssl.create_default_context(cafile=str(tls[0]))
+    conn = http.client.HTTPSConnection("127.0.0.1", server.port, context=context, timeout=10)
+    try:
+        conn.putrequest("POST", "/mutate")
+        conn.putheader("Content-Length", str(MAX_BODY + 1))
+        conn.endheaders()
+        response = conn.getresponse()
+        status, raw = response.status, response.read()
+    finally:
+        conn.close()
+    assert status == 400 and raw == f"bad request: body of {MAX_BODY + 1} bytes (at most {MAX_BODY})\n".encode()
+
+
+def near_the_annotation_limit(room: int) -> dict[str, str]:
+    """Opted in, with annotations *room* bytes under Kubernetes' 256 KiB (keys and values, UTF-8)."""
+    annotations = on()
+    used = sum(len(k.encode()) + len(v.encode()) for k, v in annotations.items()) + len("notes")
+    left = ANNOTATIONS_MAX_BYTES - used - room
+    return {**annotations, "notes": "é" * (left // 2) + "x" * (left % 2)}  # é: two bytes, one character
+
+
+@pytest.mark.parametrize("room", [0, 12, 23])  # gpuflame.io/injected: true takes 24
+def test_a_patch_that_would_pass_the_annotation_limit_is_not_sent(
+    server: WebhookServer, tls: tuple[Path, Path], room: int
+) -> None:
+    """Too little room for gpuflame.io/injected (and far too little for the skipped reason): admitted unchanged,
+    the warning alone says why; the pod as sent passes the API server's rules, the patched one would not."""
+    given = pod(near_the_annotation_limit(room))
+    assert api_errors(given) == []
+    response, patched = mutate(server, tls, given)
+    assert response["allowed"] is True and "patch" not in response and patched == given
+    (warning,) = response["warnings"]
+    assert "would make the pod invalid" in warning and f"over Kubernetes' {ANNOTATIONS_MAX_BYTES}" in warning
+
+
+def test_with_room_for_its_annotation_the_pod_is_profiled(server: WebhookServer, tls: tuple[Path, Path]) -> None:
+    given = pod(near_the_annotation_limit(len("gpuflame.io/injected") + len("true")))
+    response, patched = mutate(server, tls, given)
+    assert "warnings" not in response and patched["metadata"]["annotations"]["gpuflame.io/injected"] == "true"
+    assert api_errors(patched) == []
+
+
+def test_a_device_at_our_mount_path_gets_a_free_path(server: WebhookServer, tls: tuple[Path, Path]) -> None:
+    """A raw block device at /gpuflame (volumeDevices): the API refuses a mount at the same path."""
+    device = {"name": "main", "image": "i", "volumeDevices": [{"name": "disk", "devicePath": "/gpuflame"}]}
+    given = pod(on(), [device], volumes=[{"name": "disk", "persistentVolumeClaim": {"claimName": "data"}}])
+    assert api_errors(given) == []
+    response, patched = mutate(server, tls, given)
+    (mount,) = patched["spec"]["containers"][0]["volumeMounts"]
+    assert mount["mountPath"] == "/gpuflame-2" and "warnings" not in response
+    assert api_errors(patched) == []
 
 
 def test_plain_http_client_does_not_stop_the_server(server: WebhookServer, tls: tuple[Path, Path]) -> None:
