@@ -137,3 +137,21 @@ def test_the_records_left_are_counted_by_their_headers():
     finally:
         ring.close()
         os.close(fd)
+
+
+def test_the_last_push_to_every_url_shares_one_deadline(monkeypatch):
+    """Each URL's pusher flushes within what is left of FINAL_PUSH_S, not a fresh FINAL_PUSH_S each: the stop
+    fits the DaemonSet's grace period however many URLs it pushes to (each flush here takes 2 s)."""
+    from gpuflame.agent import push
+
+    now = [1000.0]
+    given: list[float] = []
+
+    def flush(pusher: object, timeout: float) -> None:
+        given.append(timeout)
+        now[0] += 2.0
+
+    monkeypatch.setattr(push.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(push.Pusher, "close", flush)
+    push.AgentPush([f"http://127.0.0.1:9/{n}" for n in range(4)]).close()
+    assert given == [push.FINAL_PUSH_S, push.FINAL_PUSH_S - 2, push.FINAL_PUSH_S - 4, 0.0]
