@@ -40,7 +40,7 @@ class Recorder(ABC):
     """
 
     name: str = "recorder"  # in messages: which recorder (which hook) said it
-    marks_known_phases: bool = False  # mark transformers' and vLLM's known phases while recording (auto_phases)
+    marks_known_phases: bool = False  # mark frameworks' known phases while recording (auto_phases)
     backend: str = "recorder"  # the --backend it records for (two torch recorders share "torch")
     # the session stops it before taking the final profile (its snapshot after stop() is complete
     # and cheaper: the books are handed over, not copied); others are snapshotted, then stopped
@@ -107,7 +107,7 @@ class Recorder(ABC):
     def _listen_to_phases(self) -> None:
         """From now on every phase change reaches :meth:`_on_phase`; the running phase is :meth:`_entered_phase`'s."""
         if self.marks_known_phases:
-            auto_phases.install()  # transformers' and vLLM's known phases (README)
+            auto_phases.install()  # transformers', vLLM's, Lightning's, Accelerate's known phases
         phases.listen(self._on_phase)
         self._entered_phase(phases.current())
 
