@@ -17,10 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from gpuflame.boundary import roll_call
+from gpuflame.boundary import roll_call, session_folder
 from gpuflame.boundary.contract import STARTED_FILE, child_env
 from gpuflame.boundary.settings import Settings
 from gpuflame.launch.collect import RunEnd, collect
+from gpuflame.launch.folder import Held
 from gpuflame.launch.roll_call import unfinished
 from gpuflame.launch.store import RunMeta
 from tests.helpers.children import SRC, said_lost
@@ -44,8 +45,8 @@ ALLOCATE = "import torch\nx = torch.ones(1000, 1000)\nprint('program ok')\n"
 
 @pytest.fixture()
 def small_fs(tmp_path: Path):
-    """A 1 MiB tmpfs of the test's own."""
-    yield from tmpfs(tmp_path / "fs", "size=1m")
+    """A 1 MiB tmpfs of the test's own, private (a tmpfs is 1777 by default, and a run's folder is 700)."""
+    yield from tmpfs(tmp_path / "fs", "size=1m,mode=700")
 
 
 @pytest.fixture()
@@ -98,7 +99,7 @@ def test_a_full_disk_keeps_the_program_and_says_what_was_lost(tmp_path, small_fs
 
 def test_a_read_only_session_folder_is_said_once_per_loss_with_its_cause(tmp_path, small_fs):
     session = small_fs / "session"
-    session.mkdir()
+    session.mkdir(mode=0o700)
     read_only(small_fs)
     script = tmp_path / "alloc.py"
     script.write_text(ALLOCATE)
@@ -115,7 +116,11 @@ def test_a_read_only_run_folder_is_the_reason_not_how_the_process_ended(tmp_path
     (small_fs / STARTED_FILE.format(pid=4321)).write_text("")  # registered, then the folder went read-only
     read_only(small_fs)
     meta = RunMeta(command=["x"], started=0.0)
-    assert collect(small_fs, small_fs / "out.pb.gz", meta, RunEnd(4321, 0, {}, 0.0)) is None
+    folder = Held(small_fs, session_folder.open_folder(small_fs))
+    try:
+        assert collect(folder, small_fs / "out.pb.gz", meta, RunEnd(4321, 0, {}, 0.0)) is None
+    finally:
+        folder.close()
     assert "Read-only file system" in meta.lost[0]
     assert meta.lost_processes == [{"pid": 4321, "why": "pid 4321: nothing could be written (Read-only file system)"}]
     assert not any("os._exit" in message for message in meta.lost)
@@ -127,7 +132,11 @@ def test_the_roll_call_registers_on_a_full_disk(small_fs):
             f.write(bytes(65536))
             f.flush()
     assert roll_call.register(str(small_fs), 4321) == ""
-    assert unfinished(small_fs) == [4321]
+    folder = session_folder.open_folder(small_fs)
+    try:
+        assert unfinished(folder) == [4321]
+    finally:
+        os.close(folder)
 
 
 def test_a_store_that_fills_up_while_the_run_folder_is_made_is_one_line(tmp_path, one_inode_fs):
