@@ -48,6 +48,40 @@ dist.destroy_process_group()  # the model, its gradients and DDP's reducer live 
 """
 
 
+FSDP2_SCRIPT = """
+import json, os, sys, torch, torch.distributed as dist
+from torch.distributed.fsdp import fully_shard
+
+def storages(tensors):
+    \"\"\"Bytes of the distinct storages of each tensor's local shard (a DTensor's _local_tensor).\"\"\"
+    found = {}
+    for t in tensors:
+        local = getattr(t, "_local_tensor", t)
+        found[local.untyped_storage().data_ptr()] = local.untyped_storage().nbytes()
+    return sum(found.values())
+
+dist.init_process_group("gloo")
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 64))
+unsharded = sum(p.numel() * p.element_size() for p in model.parameters())
+for layer in (model[0], model[2]):
+    fully_shard(layer)
+fully_shard(model)
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+model(torch.randn(8, 64)).sum().backward()
+opt.step()
+state = [t for s in opt.state.values() for t in s.values()]
+with open(os.path.join(sys.argv[1], f"{os.getpid()}.json"), "w") as f:
+    json.dump({
+        "params": storages(model.parameters()),
+        "grads": storages(p.grad for p in model.parameters()),
+        "state": storages(state),
+        "unsharded": unsharded,
+    }, f)
+dist.destroy_process_group()
+"""
+
+
 def torchrun(tmp_path: Path, script: str, *args: str, hook: str = "allocator") -> tuple[Profile, dict[int, dict]]:
     """``gpuflame run -- torchrun --nproc_per_node=2 script`` in *tmp_path*: the merged profile, each rank's json."""
     write(tmp_path / "job.py", script)
@@ -99,3 +133,19 @@ def test_ddp_gradients_and_buckets_keep_each_rank_s_categories_through_the_merge
             assert got["optimizer_state"] == 2 * params + want["steps"], (column, got)
             assert "activation" not in got or got["activation"] < params // 4, (column, got)
     assert not [c for c in merged.comments if "come from the allocating stacks" in c]
+
+
+@pytest.mark.slow
+@pytest.mark.subprocess
+def test_fsdp2_shards_are_parameters_and_gradients_its_gathers_comm_buffers(tmp_path: Path) -> None:
+    """FSDP2's ``fully_shard`` on the CPU (gloo): each rank's shards, read through the DTensors, are exact."""
+    merged, ranks = torchrun(tmp_path, FSDP2_SCRIPT)
+    for pid, want in ranks.items():
+        assert 0 < want["params"] < want["unsharded"]  # a shard: about half of the model on each of 2 ranks
+        end = by_category(merged, "inuse_space", pid)
+        assert end["parameter"] == want["params"], end
+        assert end["gradient"] == want["grads"], end  # views of the reduce-scatter's output
+        assert end["optimizer_state"] == want["state"], end
+        assert not {"activation", "comm_buffer"} & set(end), end
+        # every parameter was gathered whole at least once, into FSDP's all-gather buffers
+        assert by_category(merged, "alloc_space", pid)["comm_buffer"] >= want["unsharded"]
