@@ -163,7 +163,9 @@ def describe(o: Outcome, capacity: int | None) -> list[str]:
     if o.why:
         out.append(f"  why (beside the recorded settings): {o.why}")
     if o.wrapped:
-        out.append("  the trace starts part way through the run: replayed from the state at its first event")
+        n = o.entries
+        held = "" if n is None else f" (it holds {n:,} {'entry' if n == 1 else 'entries'})"
+        out.append(f"  the trace starts part way through the run{held}: replayed from the state at its first event")
     if o.placed_same is not None:
         same = "the same as recorded" if o.segment_events_equal else "NOT the recorded ones"
         out.append(

@@ -32,6 +32,10 @@ from gpuflame.model.profile import PYTHON
 from gpuflame.model.timeline import Timeline
 from gpuflame.units import format_bytes
 
+TORCH_2_0 = (
+    " (torch 2.0 keeps 1 by default: _record_memory_history(True, trace_alloc_max_entries=N) there, "
+    "max_entries=N from torch 2.1)"
+)
 # Out-of-memory events described one comment each; the rest are counted (a file can hold millions).
 _OOM_COMMENTS = 20
 
@@ -100,12 +104,14 @@ class DeviceTrace:
         )
         self._comment_reserved_after_peak(reserved_at_peak, reserved_end)
         window = self._window()
+        older = sum(size for _, size, _ in always)  # alive at the peak, allocated before the trace began
         if window is None:
+            exact = "peak_* and the end are exact but " if not (older or walk.freed_unknown) else ""
             conv.comment(
                 f"{self.name}: the trace's events carry no times (time_us: older PyTorch versions record none), "
-                "so peak_* and the end are exact but there is no memory-over-time strip and no --at or --between"
+                f"so {exact}there is no memory-over-time strip and no --at or --between"
             )
-        self._comment_window(window, walk.freed_unknown)
+        self._comment_window(window, walk.freed_unknown, (len(always), older))
         for i, e, d, s in walk.ooms[:_OOM_COMMENTS]:
             self._comment_oom(i, e, before_bytes + d, reserved_end - (seg - s))
         if len(walk.ooms) > _OOM_COMMENTS:
@@ -335,10 +341,11 @@ class DeviceTrace:
             return first, last
         return None
 
-    def _comment_window(self, window: tuple[int, int] | None, freed_unknown: int) -> None:
+    def _comment_window(self, window: tuple[int, int] | None, freed_unknown: int, older: tuple[int, int]) -> None:
+        """Say where the trace does not reach back to the first allocation of what peak_* counts."""
         n = len(self.trace)
         full = self.conv.max_entries is not None and n >= self.conv.max_entries
-        if not freed_unknown and not full:
+        if not freed_unknown and not full and not older[0]:
             return
         span = f" from {_when(window[0])} to {_when(window[1])}" if window else ""
         why = []
@@ -346,13 +353,22 @@ class DeviceTrace:
             limit = self.conv.max_entries
             why.append(f"it is full ({n:,} of max_entries {limit:,}), so older events were overwritten")
         if freed_unknown:
+            one = freed_unknown == 1
             why.append(
-                f"{freed_unknown:,} frees in it are of allocations made before it began, "
-                f"so at least {freed_unknown:,} earlier events are lost"
+                f"{freed_unknown:,} {'free' if one else 'frees'} in it {'is' if one else 'are'} of "
+                f"{'an allocation' if one else 'allocations'} made before it began, so at least "
+                f"{freed_unknown:,} earlier {'event is' if one else 'events are'} lost"
             )
+        if older[0]:
+            one = older[0] == 1
+            why.append(
+                f"{older[0]:,} {'allocation' if one else 'allocations'} alive in it ({format_bytes(older[1])}) "
+                f"{'was' if one else 'were'} made before it began"
+            )
+        entries = f"{n:,} events" if n != 1 else f"1 event{TORCH_2_0}"
         self.conv.comment(
             f"{self.name}: the allocator trace does not reach back to the start of the run: it holds "
-            f"{n:,} events{span}; " + "; ".join(why) + ". peak_* is the highest point within this "
+            f"{entries}{span}; " + "; ".join(why) + ". peak_* is the highest point within this "
             "recorded window only; an earlier, higher peak is possible"
         )
 

@@ -91,6 +91,7 @@ class Outcome:
     allocations: int = 0
     placed: int = 0
     wrapped: bool = False
+    entries: int | None = None  # the trace's length (a snapshot's)
     peak_event: int = -1
     first_difference: dict[str, Any] | None = None
     oom: dict[str, Any] | None = None

@@ -28,6 +28,22 @@ NO_HISTORY = (
 NOT_RECORDED = "the snapshot does not record its allocator settings: PyTorch's defaults assumed"
 
 
+SHORT_TRACE = (
+    "{source}: the trace holds {n} and no allocation to replay "
+    "(torch 2.0 keeps 1 entry by default: record with _record_memory_history(True, trace_alloc_max_entries=N) "
+    "there, max_entries=N from torch 2.1, before the run)"
+)
+
+
+def _no_allocations(source: str, snap: dict[str, Any]) -> str:
+    """Why a snapshot cannot be replayed: no trace at all, or a trace too short to hold an allocation."""
+    traces = snap.get("device_traces")
+    n = sum(len(t) for t in traces if isinstance(t, list)) if isinstance(traces, list) else 0
+    if not n:
+        return NO_HISTORY.format(source=source)
+    return SHORT_TRACE.format(source=source, n="1 entry" if n == 1 else f"{n:,} entries")
+
+
 @dataclass
 class Input:
     """A snapshot dict or a profile's history, and the settings it was recorded under."""
@@ -48,7 +64,7 @@ def read_input(path: str) -> Input:
         with _untrusted(path):
             devices = snapshots.traced_devices(snap)
         if not devices:
-            raise GpuflameError(NO_HISTORY.format(source=path))
+            raise GpuflameError(_no_allocations(path, snap))
         recorded = from_recorded(snap.get("allocator_settings"))
         return Input(path, snapshot=snap, recorded=recorded or DEFAULTS, notes=[] if recorded else [NOT_RECORDED])
     profile = loads(data, source=path)

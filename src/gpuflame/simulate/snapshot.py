@@ -232,7 +232,7 @@ class DeviceReplay:
         self._sim, self.live, self._held = sim, {}, []
         self._place_start(sim)
         out = Outcome(f"cuda:{self.device}", self.settings.describe())
-        out.wrapped = self.start.wrapped
+        out.wrapped, out.entries = self.start.wrapped, len(self.trace)
         if sim.capacity is not None and sim.reserved > sim.capacity:
             out.set_oom_at_start(sim)  # out of memory before the trace began: no event of it is to blame
             out.finish(sim, None, self._recorded_summary())

@@ -499,3 +499,32 @@ def test_why_a_setting_raises_the_peak_is_measured_and_a_device_size_answers_it(
     dev = json.loads(out)["devices"][0]
     assert rc == 0 and dev["oom"] is None and dev["simulated"]["reserved_peak"] == 40 * MiB
     assert dev["simulated"]["segments_freed"] == 1
+
+
+def test_a_torch_2_0_one_entry_trace_is_named_for_what_it_is(tmp_path: Path, capsys):
+    """torch 2.0's default ring buffer keeps 1 entry: the program did record a history, too short to replay."""
+    import pickle
+
+    from gpuflame.simulate.snapshot import read
+
+    snap = read((DATA / "torch-snapshot-silmont2000-mem_snapshot.pickle.gz").read_bytes())
+    snap["device_traces"][0] = [{"action": "snapshot", "addr": 0, "size": 0, "stream": 0, "frames": []}]
+    path = tmp_path / "torch20.pickle"
+    path.write_bytes(pickle.dumps(snap))
+    rc, out, err = run(capsys, str(path))
+    assert rc == 2 and out == "" and err.count("\n") == 1
+    assert "the trace holds 1 entry and no allocation to replay (torch 2.0 keeps 1 entry by default" in err
+    assert "trace_alloc_max_entries=N" in err and "max_entries=N from torch 2.1" in err
+    snap["device_traces"][0] = []
+    path.write_bytes(pickle.dumps(snap))
+    rc, out, err = run(capsys, str(path))
+    assert rc == 2 and "has no allocation history to replay" in err
+
+
+def test_a_trace_started_part_way_says_how_many_entries_it_holds(capsys):
+    from gpuflame.simulate.snapshot import read
+
+    path = DATA / "torch-snapshot-MAGMA27-memory_snapshot.pickle.gz"
+    n = len(read(path.read_bytes())["device_traces"][0])
+    rc, out, _ = run(capsys, str(path))
+    assert f"  the trace starts part way through the run (it holds {n:,} entries): replayed from" in out
