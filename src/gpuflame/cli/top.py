@@ -31,12 +31,14 @@ The functions holding the most memory, largest first.
                memory is actually taken (the default)
   --by total   the function and everything it calls: the wide bars at the
                bottom, which say who is responsible
-  --by category  what kind of memory: parameter, gradient, optimizer_state,
-               kv_cache, activation, other, cached_free, outside_framework
+  --by category  what kind of memory: parameter, frozen_parameter, gradient,
+               optimizer_state, kv_cache, comm_buffer, activation, other,
+               cached_free, outside_framework
                (the `category` label the torch backends record; docs/categories.md),
                each with the function that allocated most of it
   --by phase   the phase the memory was allocated in (gpuflame.phase, or the
-               phases gpuflame marks in transformers and vLLM; docs/phases-and-moments.md), in
+               phases gpuflame marks in transformers, vLLM, Lightning and Accelerate;
+               docs/phases-and-moments.md), in
                the order the phases began; `report` adds each phase's own peak
 
 A function with a large total and zero self only calls others: skip it and
