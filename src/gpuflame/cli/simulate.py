@@ -169,7 +169,8 @@ def describe(o: Outcome, capacity: int | None) -> list[str]:
     if o.placed_same is not None:
         same = "the same as recorded" if o.segment_events_equal else "NOT the recorded ones"
         out.append(
-            f"  agreement: {100 * o.placed_same:.1f}% of {o.allocations:,} allocations at the recorded "
+            f"  agreement: {100 * o.placed_same:.1f}% of {o.allocations:,} "
+            f"{'allocation' if o.allocations == 1 else 'allocations'} at the recorded "
             f"segment and offset; segment events {same}"
         )
     if o.first_difference:

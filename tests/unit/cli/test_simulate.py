@@ -381,6 +381,8 @@ def test_min_gpu_memory_of_a_handwritten_trace_and_the_gpus_named(tmp_path: Path
     (dev,) = json.loads(out)["devices"]
     assert dev["min_gpu_memory"] == (3072 + 512) * mib
     assert dev["gpus_that_fit"][0] == "T4" and "H200" in dev["gpus_that_fit"]
+    rc, out, _ = run(capsys, str(path))
+    assert "agreement: 100.0% of 1 allocation at the recorded segment and offset" in out  # singular
     rc, out, _ = run(capsys, str(path), "--gpu-memory", "3.4GiB")
     assert rc == 1
     assert "a request of 3.00 GiB from <no stack recorded> needed 3.00 GiB more from the device" in out
