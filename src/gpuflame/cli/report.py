@@ -15,10 +15,12 @@ from gpuflame.cli.common import (
     print_json,
 )
 from gpuflame.model.moment import origin
-from gpuflame.model.peak import PeakUnit
+from gpuflame.model.peak import JOINT, PARTIAL, PeakUnit
+from gpuflame.model.process_table import ProcessRow, process_rows, uneven
 from gpuflame.model.profile import Profile
 from gpuflame.printable import printable
 from gpuflame.render.console import make_console
+from gpuflame.render.process_tables import process_sections
 from gpuflame.render.terminal import render_report
 from gpuflame.units import format_bytes
 
@@ -44,6 +46,12 @@ the peak covers only the recorded window) are printed first. The header says
 what the peak is: one moment that happened (a process's highest total, or the
 highest total of a run's processes together), or a bound (peaks of processes
 that overlapped in time with no common clock, summed), or sampled (JAX).
+
+A profile of several processes (gpuflame run of torchrun, Accelerate,
+DeepSpeed, Lightning, srun) gets a table per process, sorted by rank: its
+pid, rank and command line, its own peak and when, and what it held at the
+joint peak by category; then how uneven the ranks were (the largest own
+peak over the smallest). --label rank=1 shows one rank.
 
 Sizes are bytes. From a PyTorch snapshot, every view counts the bytes each
 allocation asked for; <allocator rounding> and <cached free blocks> are the
@@ -76,6 +84,8 @@ def run(args: argparse.Namespace) -> int:
     peak = loaded.profile.peak_description(report.type)
     units = reserved_peaks(loaded.profile)
     found = fragmented(loaded.profile)
+    processes = shown_processes(loaded.profile)
+    spread = uneven(processes)
     hint = None
     if found is not None:
         reserved, allocated = found
@@ -99,14 +109,23 @@ def run(args: argparse.Namespace) -> int:
                     for u in units
                 ]
                 or None,
+                "processes": [r.to_dict() for r in processes],
+                "uneven": spread.to_dict() if spread else None,
             }
         )
     else:
         console = make_console()
-        render_report(console, report, loaded.source, peak)
+        joint = any(u.kind in (JOINT, PARTIAL) for u in loaded.profile.peak_units())
+        render_report(console, report, loaded.source, peak, process_sections(processes, joint, spread))
         for line in [*(reserved_line(loaded.profile, u) for u in units), *([hint] if hint else [])]:
             console.print(printable(line), markup=False, highlight=False, soft_wrap=True)
     return 0
+
+
+def shown_processes(profile: Profile) -> list[ProcessRow]:
+    """A row per process where there are several, or one that has a rank (``--label rank=1``); else none."""
+    rows = process_rows(profile)
+    return rows if len(rows) > 1 or any(r.info.rank for r in rows) else []
 
 
 def reserved_line(profile: Profile, unit: PeakUnit) -> str:

@@ -20,6 +20,7 @@ from gpuflame.errors import GpuflameError
 from gpuflame.formats import loads, save
 from gpuflame.launch import roll_call
 from gpuflame.launch.folder import Held, remove_if_empty
+from gpuflame.launch.outcome import note_processes
 from gpuflame.launch.store import RunMeta
 from gpuflame.limits import INFLATED_BYTES
 from gpuflame.model import Profile, merge
@@ -80,6 +81,7 @@ def collect(folder: Held, output: Path, meta: RunMeta, ending: RunEnd) -> Profil
     save(merged, output)
     meta.processes = sorted(profiles)
     meta.totals = merged.totals()
+    note_processes(meta, merged)
     return merged
 
 

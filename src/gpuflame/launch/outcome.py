@@ -7,11 +7,13 @@ import shlex
 import sys
 from dataclasses import asdict
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from gpuflame.boundary.backends import AUTO, frameworks
 from gpuflame.errors import GpuflameError
 from gpuflame.launch.store import RunMeta
+from gpuflame.model import Profile
+from gpuflame.model.process_table import process_rows, uneven
 from gpuflame.printable import printable
 from gpuflame.units import format_bytes
 
@@ -22,6 +24,16 @@ def write_meta(meta: RunMeta, run_dir: Path) -> None:
         meta.write(run_dir)
     except GpuflameError as exc:
         meta.lost.append(f"the run's metadata could not be written ({exc}): gpuflame serve will not list it")
+
+
+def note_processes(meta: RunMeta, merged: Profile) -> None:
+    """Each process of a run of several (or of a ranked one) and how uneven they were, into *meta*."""
+    rows = process_rows(merged)
+    if len(rows) < 2 and not any(r.info.rank for r in rows):
+        return
+    meta.per_process = [r.to_dict() for r in rows]
+    spread = uneven(rows)
+    meta.uneven = spread.to_dict() if spread else None
 
 
 def say_where(output: Path, meta: RunMeta, idle: dict[int, str], peak_note: str, as_json: bool = False) -> None:
@@ -45,9 +57,38 @@ def say_where(output: Path, meta: RunMeta, idle: dict[int, str], peak_note: str,
     shown = next((t for t in ("peak_space", "inuse_space", "alloc_space") if t in meta.totals), None)
     size = f", {shown.split('_')[0]} {format_bytes(meta.totals[shown])}" if shown else ""
     say(sys.stderr, f"gpuflame: profile of {_processes_phrase(meta)}{size}: {printable(str(output))}\n")
+    for line in _process_lines(meta):
+        say(sys.stderr, f"gpuflame: {line}\n")
     if peak_note:  # the peak is not one moment that happened (JAX samples, a bound): say what it is
         say(sys.stderr, f"gpuflame: {peak_note}\n")
     say(sys.stderr, f"gpuflame: next: gpuflame report {shlex.quote(str(output))}\n")
+
+
+def _process_lines(meta: RunMeta) -> list[str]:
+    """A line per process (rank, pid, own peak and when, share of the joint peak, command), then how uneven."""
+    lines = []
+    for p in map(_fields, meta.per_process):
+        when = f" at {p['peak_s']:.3f} s" if p.get("peak_s") is not None else ""
+        own = f"own peak {format_bytes(p['peak'])}{when}, " if p.get("peak") else ""
+        command = f": {' '.join(map(str, p['command']))}" if p.get("command") else ""
+        lines.append(printable(f"{_who(p)}: {own}{format_bytes(p['at_joint_peak'])} at the joint peak{command}"))
+    if meta.uneven:
+        u = _fields(meta.uneven)
+        big, small = _fields(u["largest"]), _fields(u["smallest"])
+        lines.append(
+            f"{u['of']} uneven: {_who(big)} peaked at {format_bytes(big['peak'])}, {_who(small)} at "
+            f"{format_bytes(small['peak'])}: the largest peak is {u['ratio']:.2f}x the smallest"
+        )
+    return lines
+
+
+def _fields(entry: object) -> dict[str, Any]:
+    """A row of meta.json (written by :func:`note_processes`) as the mapping it is."""
+    return entry if isinstance(entry, dict) else {}
+
+
+def _who(p: dict[str, Any]) -> str:
+    return f"rank {p['rank']} (pid {p['pid']})" if p.get("rank") is not None else f"pid {p['pid']}"
 
 
 def say(stream: TextIO | None, text: str) -> None:

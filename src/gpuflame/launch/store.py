@@ -85,6 +85,10 @@ class RunMeta:
     # processes whose profile is their last --interval snapshot (missing_s: None when unknown)
     lost_processes: list[dict[str, object]] = field(default_factory=list)
     partial_processes: list[dict[str, object]] = field(default_factory=list)
+    # a run of several processes (or a ranked one): each one's rank, command line, own peak and share of the
+    # joint peak (analysis/processes.py's ProcessRow.to_dict), by rank; how uneven they were, None under two
+    per_process: list[dict[str, object]] = field(default_factory=list)
+    uneven: dict[str, object] | None = None
 
     def write(self, folder: Path) -> None:
         atomic_write(folder / META_NAME, json.dumps(asdict(self), indent=2) + "\n")

@@ -199,8 +199,15 @@ def _table(title: str, *columns: str) -> Table:
 # -- report ------------------------------------------------------------------
 
 
-def render_report(console: Console, report: Report, source: str, peak: str = "") -> None:
-    """The report; *peak* says what a peak total is (``Profile.peak_description``)."""
+def render_report(
+    console: Console,
+    report: Report,
+    source: str,
+    peak: str = "",
+    processes: Iterable[Table | Text] = (),
+) -> None:
+    """The report; *peak* says what a peak total is (``Profile.peak_description``); *processes*: a table
+    per process and how uneven they were (``render/process_tables.py``), after the phases."""
     console.print(Text.assemble(("gpuflame report ", "bold"), printable(source)))
     console.print(type_title(report.type, report.unit, report.total, peak))
     print_comments(console, report.comments)
@@ -211,6 +218,7 @@ def render_report(console: Console, report: Report, source: str, peak: str = "")
         _totals_table(report),
         *([categories_table(report.categories, report.unit)] if report.categories else []),
         *([phases_table(report.phases)] if report.phases else []),
+        *processes,
         _entries_table("What allocates the most: widest leaf bars (by self)", report.leaves, report.unit, "self"),
         _roots_table(report.roots, report.unit),
         _targets_table(report.targets, report.unit),
