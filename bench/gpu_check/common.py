@@ -136,6 +136,20 @@ def kill_group(proc: subprocess.Popen[str]) -> None:
         pass
 
 
+def checkout_version() -> str:
+    """``git describe`` of this checkout, else (a copy without .git, or no git) gpuflame's version and why."""
+    version_file = ROOT / "src" / "gpuflame" / "version.py"
+    version = next((ln.split("=")[1].strip().strip("\"'") for ln in version_file.read_text().splitlines()
+                    if ln.startswith("__version__")), "?")  # fmt: skip
+    try:
+        argv = ["git", "-C", str(ROOT), "describe", "--always", "--dirty"]
+        git = subprocess.run(argv, capture_output=True, text=True)
+        described = git.stdout.strip() or f"none ({git.stderr.strip()[:100]})"
+    except OSError as exc:
+        described = f"none ({exc.strerror})"
+    return f"gpuflame {version}, git {described}"
+
+
 def python() -> str:
     return sys.executable
 

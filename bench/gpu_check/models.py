@@ -224,3 +224,24 @@ WORKLOADS: dict[str, Callable[[Size, torch.device, str], Callable[[], Any]]] = {
     "gpt2-train": gpt2_train,
     "llama-generate": llama_generate,
 }
+
+
+def started(name: str, size: Size, device: torch.device, impl: str) -> tuple[Callable[[], Any], str]:
+    """*name*'s workload, called once already, and the models that ran it.
+
+    Where transformers' models fail (a version whose API moved) the pure-torch stand-in runs instead, and the
+    name says why; an out-of-memory error is the workload's own and goes up.
+    """
+    try:
+        work = WORKLOADS[name](size, device, impl)
+        work()
+        return work, impl
+    except torch.OutOfMemoryError:
+        raise
+    except Exception as exc:
+        if impl != "transformers":
+            raise
+        why = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+    work = WORKLOADS[name](size, device, "pure-torch")
+    work()
+    return work, f"pure-torch (transformers failed: {why})"

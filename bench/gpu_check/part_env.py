@@ -9,7 +9,7 @@ import shutil
 import subprocess
 import sys
 
-from .common import ROOT, Context, cuda_available, run, write_status
+from .common import ROOT, Context, checkout_version, cuda_available, run, write_status
 
 NAME = "env"
 FILE = "env.txt"
@@ -48,13 +48,12 @@ def torch_lines() -> list[str]:
 
 
 def machine_lines() -> list[str]:
-    git = subprocess.run(["git", "-C", str(ROOT), "describe", "--always", "--dirty"], capture_output=True, text=True)
     ldconfig = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True) if shutil.which("ldconfig") else None
     libcuda = [
         ln.split("=>")[-1].strip() for ln in (ldconfig.stdout if ldconfig else "").splitlines() if "libcuda.so" in ln
     ]
     return [
-        f"gpuflame checkout: {git.stdout.strip() or git.stderr.strip()}",
+        f"checkout: {checkout_version()}",
         f"kernel {platform.release()} ({platform.machine()}), root: {os.geteuid() == 0}",
         f"BTF: {os.path.exists('/sys/kernel/btf/vmlinux')}",
         f"libcuda.so: {', '.join(libcuda) or 'not in ldconfig'}",

@@ -16,12 +16,11 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import subprocess
 import tarfile
 from pathlib import Path
 from typing import Any
 
-from .common import HERE, ROOT, Context, cuda_available, run_workloads, status_text, table
+from .common import HERE, Context, checkout_version, cuda_available, run_workloads, status_text, table
 
 NAME = "snapshots"
 FILE = "snapshots.tar"
@@ -52,8 +51,7 @@ def load_results(ctx: Context) -> dict[str, dict[str, Any]]:
 
 
 def provenance() -> str:
-    git = subprocess.run(["git", "-C", str(ROOT), "describe", "--always", "--dirty"], capture_output=True, text=True)
-    lines = [f"gpuflame checkout: {git.stdout.strip() or 'unknown (' + git.stderr.strip() + ')'}"]
+    lines = [f"checkout: {checkout_version()}"]
     for name in SCRIPTS:
         digest = hashlib.sha256((HERE / name).read_bytes()).hexdigest()
         lines.append(f"bench/gpu_check/{name} sha256 {digest}")

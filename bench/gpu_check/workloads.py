@@ -30,7 +30,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/, where the package gpu_check is
 
-from gpu_check.models import SIZES, WORKLOADS, implementation  # noqa: E402
+from gpu_check.models import SIZES, WORKLOADS, implementation, started  # noqa: E402
 
 SEGMENT_ACTIONS = ("segment_alloc", "segment_free", "segment_map", "segment_unmap")
 HISTORY_ENTRIES = 200_000
@@ -64,8 +64,8 @@ def run_one(name: str, args: argparse.Namespace) -> dict[str, Any]:
     if cuda and args.snapshot:
         torch.cuda.memory._record_memory_history(max_entries=HISTORY_ENTRIES, stacks="python")
     try:
-        work = WORKLOADS[name](SIZES[args.size], device, result["impl"])
-        for _ in range(args.steps):
+        work, result["impl"] = started(name, SIZES[args.size], device, result["impl"])
+        for _ in range(args.steps - 1):
             work()
     except torch.OutOfMemoryError as exc:
         result["oom"] = str(exc).splitlines()[0][:300]

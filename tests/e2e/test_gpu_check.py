@@ -117,7 +117,8 @@ def test_the_tar_records_the_script_and_its_version(dry_run: Path) -> None:
         source = (REPO / "bench" / "gpu_check" / name).read_bytes()
         assert files[f"script/{name}"] == source
         assert f"bench/gpu_check/{name} sha256 {hashlib.sha256(source).hexdigest()}" in text
-    assert "gpuflame checkout: " in text
+    version = (REPO / "src" / "gpuflame" / "version.py").read_text().split('__version__ = "')[1].split('"')[0]
+    assert f"checkout: gpuflame {version}, git " in text
     results = json.loads(files["results.json"])
     assert {r["workload"] for r in results} == {"gpt2-train", "llama-generate"}
     assert all(r["impl"] == "pure-torch" and r["oom"] is None for r in results)
@@ -184,3 +185,35 @@ def test_both_models_train_and_generate_from_a_config(models, impl: str) -> None
     assert first > 0 and second > 0 and first != second  # AdamW moved the weights
     tokens = models.llama_generate(size, torch.device("cpu"), impl)()
     assert tuple(tokens.shape) == (size.batch, size.seq + size.new_tokens)
+
+
+def test_a_transformers_model_that_fails_gives_way_to_the_stand_in_and_says_why(
+    models, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torch
+
+    transformers = pytest.importorskip("transformers")
+
+    def moved(*args: object, **kwargs: object) -> None:
+        raise TypeError("generate() got an unexpected keyword argument 'cache_implementation'")
+
+    monkeypatch.setattr(transformers.LlamaForCausalLM, "generate", moved)
+    size = models.SIZES["tiny"]
+    work, impl = models.started("llama-generate", size, torch.device("cpu"), "transformers")
+    assert impl == "pure-torch (transformers failed: TypeError: " + (
+        "generate() got an unexpected keyword argument 'cache_implementation')"
+    )
+    assert tuple(work().shape) == (size.batch, size.seq + size.new_tokens)
+
+
+def test_an_out_of_memory_error_is_the_workloads_own(models, monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    transformers = pytest.importorskip("transformers")
+
+    def full(*args: object, **kwargs: object) -> None:
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(transformers.LlamaForCausalLM, "generate", full)
+    with pytest.raises(torch.OutOfMemoryError):
+        models.started("llama-generate", models.SIZES["tiny"], torch.device("cpu"), "transformers")
