@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from gpuflame.analysis.hotspots import FunctionStats, function_stats
 from gpuflame.analysis.tree import build_table, frame_dict
-from gpuflame.model.diff import diff
+from gpuflame.model.diff import diff, renamed, renamed_scripts
 from gpuflame.model.functions import function_key
 from gpuflame.model.profile import Frame, Profile
 
@@ -59,6 +59,7 @@ class Comparison:
     grew: list[Change]
     shrank: list[Change]
     changed: int
+    aligned: tuple[tuple[str, str], ...] = ()  # (base file, new file): a renamed script compared by name
 
     @property
     def delta(self) -> int:
@@ -75,6 +76,7 @@ class Comparison:
             "changed_functions": self.changed,
             "grew": [c.to_dict() for c in self.grew],
             "shrank": [c.to_dict() for c in self.shrank],
+            "aligned": [{"base": old, "new": new} for old, new in self.aligned],
         }
 
 
@@ -85,8 +87,16 @@ def compare(
     by: str = "total",
     limit: int = 10,
     lines: bool = False,
+    align: bool = True,
 ) -> Comparison:
-    """Compare *base* and *new* by function for one sample type (default as ``Profile.pick_type``)."""
+    """Compare *base* and *new* by function for one sample type (default as ``Profile.pick_type``).
+
+    *align*: a script renamed between the runs (its ``<module>`` in one
+    file of each, :func:`~gpuflame.model.diff.renamed_scripts`) is compared
+    as one file, its functions by name; the pairs are in ``aligned``.
+    """
+    files = renamed_scripts(base, new) if align else {}
+    base = renamed(base, files)
     delta_profile = diff(base, new)
     index = delta_profile.pick_type(type_name)
     sample_type = delta_profile.sample_types[index]
@@ -104,6 +114,7 @@ def compare(
         grew=grew[:limit],
         shrank=shrank[:limit],
         changed=len(changes),
+        aligned=tuple(sorted(files.items())),
     )
 
 

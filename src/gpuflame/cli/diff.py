@@ -30,6 +30,13 @@ absent from NEW. By default functions are compared by total (the function
 and all it calls: who is responsible for the growth); --by self compares
 what each function allocated itself (where the growth is taken).
 
+A script renamed between the two runs (train.py, then train_v2.py) is
+compared as one file: its <module> and its functions are matched by name,
+and the output says so (--no-align compares them as two files, each
+[new] or [vanished]). A file counts as renamed when its <module> is in one
+profile and no frame of the other names it, one such file on each side (or
+several paired by equal file names in different folders).
+
 Only sample types present in both files are compared; the same filters
 apply to both files."""
 
@@ -51,6 +58,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "-n", "--limit", type=positive_count, default=10, metavar="N", help="functions per direction (default 10)"
     )
+    parser.add_argument(
+        "--no-align",
+        dest="align",
+        action="store_false",
+        help="compare a renamed script as two files (default: its <module> and functions matched by name)",
+    )
     add_analysis_options(parser)
 
 
@@ -59,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     base, new = (select_moment(load_profile([p], **snapshot_options(args)), args) for p in (args.base, args.new))
     base = apply_filters(base, args)
     new = apply_filters(new, args)
-    comparison = compare(base, new, args.type, by=args.by, limit=max(1, args.limit), lines=args.lines)
+    comparison = compare(base, new, args.type, by=args.by, limit=max(1, args.limit), lines=args.lines, align=args.align)
     if args.json:
         print_json(comparison.to_dict())
     else:

@@ -454,6 +454,9 @@ def render_comparison(console: Console, cmp: Comparison, base: str, new: str) ->
             f"  ({amount(cmp.delta, cmp.unit, signed=True)}, {pct(change, signed=True)}), by {cmp.by}",
         )
     )
+    for old, renamed_to in cmp.aligned:
+        note = f"{old} (base) and {renamed_to} (new): one script renamed, its <module> and functions matched by name"
+        console.print(plain(note + " (--no-align: compare them as two files)", "dim"))
     console.print(_changes_table("Grew", cmp.grew, cmp.unit))
     console.print(_changes_table("Shrank", cmp.shrank, cmp.unit))
     if cmp.changed > len(cmp.grew) + len(cmp.shrank):
