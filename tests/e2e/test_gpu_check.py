@@ -217,3 +217,49 @@ def test_an_out_of_memory_error_is_the_workloads_own(models, monkeypatch: pytest
     monkeypatch.setattr(transformers.LlamaForCausalLM, "generate", full)
     with pytest.raises(torch.OutOfMemoryError):
         models.started("llama-generate", models.SIZES["tiny"], torch.device("cpu"), "transformers")
+
+
+def test_the_simulate_part_on_a_gpu_snapshot_runs_each_setting_once_beside_its_prediction(
+    models, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The CUDA branch without CUDA: a real snapshot (tests/data) as the default run, a stand-in for the GPU runs."""
+    import gzip
+    import pickle
+
+    from gpu_check import part_simulate, workloads
+    from gpu_check.common import Context, mib
+
+    path = REPO / "tests" / "data" / "torch-snapshot-silmont2000-mem_snapshot.pickle.gz"
+    with gzip.open(path) as f:
+        snapshot = pickle.load(f)
+    reserved = sum(s["total_size"] for s in snapshot["segments"])
+    allocs = sum(1 for t in snapshot["device_traces"] for e in t if e["action"] == "segment_alloc")
+    base = {"workload": "gpt2-train", "alloc_conf": "", "snapshot": str(path), "reserved_peak": reserved,
+            "segment_events": workloads.segment_events(snapshot), "oom": None}  # fmt: skip
+    recorded = {"gpt2-train": base, "gpt2-train-expandable": {**base, "alloc_conf": "expandable_segments:True"}}
+    calls = []
+
+    def on_the_gpu(ctx: Context, workload: str, conf: str, cap: int) -> dict[str, object]:
+        calls.append((workload, conf, cap))
+        return {**base, "alloc_conf": conf, "oom": "CUDA out of memory" if cap else None}
+
+    monkeypatch.setattr(part_simulate, "real_run", on_the_gpu)
+    monkeypatch.setattr(part_simulate, "cpu_profile", lambda ctx, workload: (None, "no CPU run in this test"))
+    rows = part_simulate.one_workload(Context(tmp_path, tmp_path, dry_run=False), "gpt2-train", True, recorded)
+    cap = int(part_simulate.CAP_SHARE * reserved)
+    assert calls == [  # the expandable run is the snapshots part's, not made again
+        ("gpt2-train", "max_split_size_mb:32", 0),
+        ("gpt2-train", "roundup_power2_divisions:4", 0),
+        ("gpt2-train", "", cap),
+    ]
+    assert [r[1] for r in rows] == [
+        "recorded settings (replay)",
+        *part_simulate.SETTINGS,
+        f"memory cap {mib(cap)} (80% of the default peak)",
+        "CPU run predicted for the GPU",
+    ]
+    for r in rows[:-1]:
+        assert r[2] == "GPU snapshot" and r[3].endswith(" MiB") and r[4] == mib(reserved), r
+        assert f"alloc {allocs}" in r[7], r
+    assert [r[9] for r in rows] == ["no"] * 4 + ["yes", "no"]
+    assert rows[-1][3] == "no CPU run in this test"
