@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+from dataclasses import replace
 from typing import Any
 
 from gpuflame.cli.common import add_force_option, print_json
@@ -105,6 +106,9 @@ def run(args: argparse.Namespace) -> int:
             "capacity_from": how or None,
             "devices": [o.to_json() for o in outcomes],
         }
+        if _processes(outcomes) > 1 and capacity is not None:
+            first = _by_oom_time(outcomes)
+            data["first_oom"] = first[0].device if first else None
         if tried:
             data["suggest"] = [
                 {
@@ -125,8 +129,10 @@ def run(args: argparse.Namespace) -> int:
         lines.append(f"device memory: {format_bytes(min(capacity or 0, fraction_limit or capacity or 0))} ({how})")
     for o in outcomes:
         lines += describe(o, capacity)
+    if _processes(outcomes) > 1 and capacity is not None:
+        lines.append(first_oom(outcomes))
     if tried:
-        lines += verdict(outcomes, tried)
+        lines += per_process(outcomes, tried) if _processes(outcomes) > 1 else verdict(outcomes, tried)
     if args.output:
         lines.append(f"wrote the fragmentation profile to {args.output} (gpuflame flame {args.output})")
     sys.stdout.write("".join(printable(line) + "\n" for line in lines))
@@ -279,6 +285,52 @@ def verdict(base: list[Outcome], tried: list[Candidate]) -> list[str]:
         f"  to use it: {best.advice}",
         f"  smallest device it fits: {fits_on(smallest)}" + (f" (was {_least(base)})" if _searched(base) else ""),
     ]
+
+
+def _processes(outcomes: list[Outcome]) -> int:
+    """How many processes of a merged run the outcomes are (1 for a snapshot or a single process)."""
+    return len({o.pid for o in outcomes if o.pid})
+
+
+def _who(o: Outcome) -> str:
+    return f"rank {o.rank} (pid {o.pid})" if o.rank else f"pid {o.pid}"
+
+
+def _by_oom_time(outcomes: list[Outcome]) -> list[Outcome]:
+    """The processes that run out of memory, the first first (before the trace counts as first)."""
+
+    def when(o: Outcome) -> int:
+        m = o.oom or {}
+        return -1 if m.get("at_start") else (m.get("time_ns") or 0)
+
+    return sorted((o for o in outcomes if o.oom), key=when)
+
+
+def first_oom(outcomes: list[Outcome]) -> str:
+    """Which rank runs out of memory first, each process on a device of its own."""
+    ooms = _by_oom_time(outcomes)
+    if not ooms:
+        return "every process fits, each on a device of its own"
+    first, rest = ooms[0], ooms[1:]
+    t = first.oom["time_ns"] if first.oom else None
+    line = f"first to run out of memory: {_who(first)} on {first.device.split(' ')[0]}"
+    if rest and t is not None and rest[0].oom and rest[0].oom.get("time_ns") is not None:
+        line += f", {(rest[0].oom['time_ns'] - t) / 1e9:.3f} s before {_who(rest[0])}"
+    fit = len(outcomes) - len(ooms)
+    return line + (f"; {fit} of {len(outcomes)} fit" if fit else f"; all {len(outcomes)} run out of memory")
+
+
+def per_process(outcomes: list[Outcome], tried: list[Candidate]) -> list[str]:
+    """The settings tried and the verdict of each process, on its own device."""
+    lines = []
+    for k, o in enumerate(outcomes):
+        own = verdict([o], [replace(c, outcomes=[c.outcomes[k]]) for c in tried])
+        own[0] = f"settings tried for {o.device}:"
+        lines += [
+            own[0],
+            *("  " + line if line.startswith(("verdict", "  to use", "  smallest")) else line for line in own[1:]),
+        ]
+    return lines
 
 
 def _on(o: Outcome, outs: list[Outcome]) -> str:

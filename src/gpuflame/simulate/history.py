@@ -16,7 +16,7 @@ since a CPU run's operators may allocate differently than CUDA kernels do
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from gpuflame.model.history import History, Track
@@ -42,20 +42,29 @@ class Group:
     track: Track
     device: str  # the history's own label
     name: str  # as the answer shows it
+    pid: str = ""
+    rank: str = ""
 
 
-def groups(history: History, device: str | None = None) -> list[Group]:
-    """Each (track, device) with events; *device* keeps one (a CPU run answers as ``cuda:0``)."""
+def groups(history: History, device: str | None = None, ranks: Mapping[str, str] | None = None) -> list[Group]:
+    """Each (track, device) with events; *device* keeps one (a CPU run answers as ``cuda:0``).
+
+    Each process of a merged run is its own group, replayed on a device of
+    its own, named ``cuda:N (pid P, rank R)`` (*ranks*: pid -> rank, where
+    the processes said theirs).
+    """
     out = []
     for n, track in enumerate(history.tracks):
         labels = {dict(history.sites[s][1]).get("device", "cpu") for s in set(track.sites) | set(track.base)}
+        pid = dict(track.labels).get("pid", "")
+        rank = (ranks or {}).get(pid, "")
         for label in sorted(labels):
             name = label if label.startswith("cuda") else "cuda:0"
             if len(history.tracks) > 1:
-                pid = dict(track.labels).get("pid")
-                name += f" (pid {pid})" if pid else f" (window {n + 1})"
+                who = f"pid {pid}" if pid else f"window {n + 1}"
+                name += f" ({who}, rank {rank})" if rank else f" ({who})"
             if device is None or name.split(" ")[0] == device:
-                out.append(Group(track, label, name))
+                out.append(Group(track, label, name, pid, rank))
     return out
 
 
@@ -98,7 +107,7 @@ class HistoryReplay:
 
     def run(self, stop_at: int | None = None) -> tuple[Allocator, Outcome]:
         sim = Allocator(self.settings, self.capacity, fraction_limit=self.fraction_limit)
-        out = Outcome(self.group.name, self.settings.describe())
+        out = Outcome(self.group.name, self.settings.describe(), pid=self.group.pid, rank=self.group.rank)
         if not self.group.device.startswith("cuda"):
             out.notes.append(CPU_NOTE)
         if self.group.track.folded:
@@ -121,6 +130,7 @@ class HistoryReplay:
                         "capacity": sim.capacity,
                         "phase": self._phase_at(self.group.track.times[i] if i >= 0 else 0),
                         "at_start": i < 0,  # the folded events before the history's window
+                        "time_ns": self.group.track.times[i] if i >= 0 else None,
                     }
                     break
                 out.allocations += 1

@@ -61,6 +61,10 @@ class Sites:
         return [f.name for f in reversed(self.frames(site))]
 
 
+def _int_or_none(value: Any, scale: int) -> int | None:
+    return value * scale if type(value) is int else None
+
+
 def _key(frame: Mapping[str, Any]) -> tuple[str, int, str]:
     file, line, name = frame.get("filename"), frame.get("line"), frame.get("name")
     return (file if type(file) is str else "", line if type(line) is int else 0, name if type(name) is str else "")
@@ -88,6 +92,8 @@ class Outcome:
 
     device: str
     settings: str
+    pid: str = ""  # the process, in a merged run of several
+    rank: str = ""  # its rank, where it said one
     allocations: int = 0
     placed: int = 0
     wrapped: bool = False
@@ -123,6 +129,7 @@ class Outcome:
             "capacity": sim.capacity,
             "phase": phase,  # from gpuflame's phase marks in a snapshot its torch-cuda backend took
             "at_start": False,
+            "time_ns": _int_or_none(entry.get("time_us"), 1000),
         }
 
     def set_oom_at_start(self, sim: Any) -> None:
@@ -137,6 +144,7 @@ class Outcome:
             "capacity": sim.capacity,
             "phase": None,
             "at_start": True,
+            "time_ns": None,
         }
 
     def finish(
@@ -180,6 +188,8 @@ class Outcome:
     def to_json(self) -> dict[str, Any]:
         return {
             "device": self.device,
+            "pid": int(self.pid) if self.pid.isdigit() else None,
+            "rank": int(self.rank) if self.rank.isdigit() else None,
             "settings": self.settings,
             "recorded": self.recorded,
             "simulated": self.simulated,

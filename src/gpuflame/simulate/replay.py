@@ -54,6 +54,7 @@ class Input:
     phases: list[PhaseStat] = field(default_factory=list)
     recorded: Settings = DEFAULTS
     notes: list[str] = field(default_factory=list)
+    ranks: dict[str, str] = field(default_factory=dict)  # pid -> rank, from a merged run's processes
 
 
 def read_input(path: str) -> Input:
@@ -71,7 +72,8 @@ def read_input(path: str) -> Input:
     history = profile.history
     if history is None or not any(len(t.times) or t.base for t in history.tracks):
         raise GpuflameError(NO_HISTORY.format(source=path))
-    return Input(path, history=history, phases=profile.phases)
+    ranks = {p.pid: p.rank for p in profile.processes if p.rank}
+    return Input(path, history=history, phases=profile.phases, ranks=ranks)
 
 
 def settings_for(inp: Input, alloc_conf: str | None) -> Settings:
@@ -110,7 +112,7 @@ class Run:
         assert inp.history is not None
         return [
             HistoryReplay(inp.history, g, self.settings, self.capacity, inp.phases, self.fraction_limit)
-            for g in groups(inp.history, self.device)
+            for g in groups(inp.history, self.device, inp.ranks)
         ]
 
     def outcomes(self) -> list[Outcome]:

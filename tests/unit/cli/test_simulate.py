@@ -12,6 +12,7 @@ import pytest
 
 from gpuflame.cli.main import main
 from gpuflame.formats.load_save import load
+from gpuflame.units import format_bytes
 from tests.helpers.paths import DATA, FIXTURES, SRC
 
 DECOMFL = str(DATA / "torch-snapshot-DeComFL-memory.pickle.gz")
@@ -530,3 +531,54 @@ def test_a_trace_started_part_way_says_how_many_entries_it_holds(capsys):
     n = len(read(path.read_bytes())["device_traces"][0])
     rc, out, _ = run(capsys, str(path))
     assert f"  the trace starts part way through the run (it holds {n:,} entries): replayed from" in out
+
+
+TWO_RANKS = """
+import os, subprocess, sys
+CHILD = '''
+import os, torch
+kept = [torch.zeros(2_000_000 * (3 * int(os.environ["RANK"]) + 1)) for step in range(4)]
+'''
+procs = [
+    subprocess.Popen([sys.executable, "-c", CHILD], env={**os.environ, "RANK": str(r), "WORLD_SIZE": "2"})
+    for r in (0, 1)
+]
+sys.exit(max(p.wait() for p in procs))
+"""
+
+
+@pytest.mark.subprocess
+def test_each_process_of_a_merged_run_is_replayed_on_a_device_of_its_own(tmp_path: Path, capsys):
+    """Two ranks under gpuflame run (torch on the CPU): rank 1 keeps four times rank 0's tensors (4 x 30.5 MiB
+    against 4 x 7.63 MiB), so on a device that fits rank 0 exactly, rank 1 is the one that runs out of memory."""
+    from tests.helpers.run_cli import gpuflame_run
+
+    (tmp_path / "two.py").write_text(TWO_RANKS)
+    done = gpuflame_run("--backend", "torch", "-o", "run.pb.gz", "--", sys.executable, "two.py", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    merged = str(tmp_path / "run.pb.gz")
+    rc, out, _ = run(capsys, merged, "--json")
+    devices = json.loads(out)["devices"]
+    assert [d["rank"] for d in devices] == [0, 1] and len({d["pid"] for d in devices}) == 2
+    assert [d["device"] for d in devices] == [f"cuda:0 (pid {d['pid']}, rank {d['rank']})" for d in devices]
+    for d, rank in zip(devices, (0, 1), strict=True):  # each alone: its own tensors, not the two summed
+        assert d["simulated"]["allocated_peak"] >= 4 * 4 * 2_000_000 * (3 * rank + 1)
+        assert d["simulated"]["reserved_peak"] < 4 * 4 * 2_000_000 * (3 * rank + 1) + (20 << 20)
+    least = devices[0]["min_gpu_memory"]
+    assert devices[1]["min_gpu_memory"] > least
+    rc, out, _ = run(capsys, merged, "--gpu-memory", str(least), "--json")
+    data = json.loads(out)
+    assert rc == 1 and data["first_oom"] == devices[1]["device"]
+    assert [d["oom"] is None for d in data["devices"]] == [True, False]
+    rc, out, _ = run(capsys, merged, "--gpu-memory", str(least), "--suggest")
+    pid0, pid1 = devices[0]["pid"], devices[1]["pid"]
+    assert f"first to run out of memory: rank 1 (pid {pid1}) on cuda:0; 1 of 2 fit" in out
+    lines = out.splitlines()
+    for d in devices:  # the settings tried and the verdict, per process, beside that process's own peak
+        at = lines.index(f"settings tried for {d['device']}:")
+        was = format_bytes(d["simulated"]["reserved_peak"]) if d is devices[0] else None
+        block = lines[at + 1 : at + 12]
+        assert any(line.startswith("  verdict: ") for line in block)
+        if was:
+            assert "expandable_segments:True: reserved peak " in block[0] and f", was {was}" in block[0]
+    assert "settings tried:" not in lines and f"pid {pid0}" in out
