@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import sys
 from dataclasses import asdict
@@ -70,7 +71,8 @@ def _process_lines(meta: RunMeta) -> list[str]:
     for p in map(_fields, meta.per_process):
         when = f" at {p['peak_s']:.3f} s" if p.get("peak_s") is not None else ""
         own = f"own peak {format_bytes(p['peak'])}{when}, " if p.get("peak") else ""
-        command = f": {' '.join(map(str, p['command']))}" if p.get("command") else ""
+        words = [str(w) for w in p.get("command") or []]
+        command = f": {' '.join([os.path.basename(words[0]), *words[1:]])}" if words else ""  # the program by name
         lines.append(printable(f"{_who(p)}: {own}{format_bytes(p['at_joint_peak'])} at the joint peak{command}"))
     if meta.uneven:
         u = _fields(meta.uneven)

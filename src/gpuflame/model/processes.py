@@ -15,6 +15,7 @@ damaged one is dropped with a note; a file must always load.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
@@ -45,9 +46,11 @@ class ProcessInfo:
         """Ranked processes first by rank, then the others by pid."""
         return (0 if self.rank else 1, int(self.rank or 0), int(self.pid) if self.pid.isdigit() else 0)
 
-    def command(self) -> str:
-        """The command line as one string (words with spaces quoted)."""
-        return " ".join(_quoted(w) for w in self.argv)
+    def command(self, short: bool = False) -> str:
+        """The command line as one string (words with spaces quoted); *short*: the program by its name only
+        (``python3 -u train.py``, not the interpreter's whole path)."""
+        words = [os.path.basename(self.argv[0]) or self.argv[0], *self.argv[1:]] if short and self.argv else self.argv
+        return " ".join(_quoted(w) for w in words)
 
     def to_json(self) -> dict[str, object]:
         defaults = ProcessInfo("")

@@ -22,7 +22,7 @@ def process_table(row: ProcessRow, joint: bool) -> Table:
     parts = [f"pid {i.pid}"] * bool(i.rank) + [f"local rank {i.local_rank}"] * bool(i.rank and i.local_rank)
     parts += [f"world size {i.world_size}"] * bool(i.world_size)
     who = (f"rank {i.rank}" if i.rank else f"pid {i.pid}") + (f" ({', '.join(parts)})" if parts else "")
-    title = printable(f"{who}: {i.command()}" if i.argv else who)
+    title = printable(f"{who}: {i.command(short=True)}" if i.argv else who)
     moment = "the joint peak" if joint else "the peak"
     table = _table(title, "category", f"at {moment}", "%")
     for name, value in row.by_category:
