@@ -137,3 +137,16 @@ def test_agent_pushes_to_pyroscope_every_interval(start_target, bpf_object, push
             alloc += sum(s.value[index] for s in pprof.sample)
     assert alloc == sum(v[4] for v in replay(target.records).values())
     assert "sent" in stderr
+
+
+def test_a_ranked_process_s_samples_carry_its_rank(start_target, agent_for):
+    """A process torchrun (or srun, mpirun) started: the agent reads its rank from /proc/PID/environ."""
+    target = start_target("3.11", prefix=("env", "RANK=3", "LOCAL_RANK=1", "WORLD_SIZE=4"))
+    target.ready()
+    agent = agent_for(target.pid)
+    target.run("basic")
+    profile = agent.snapshot()
+    assert profile.samples
+    assert {(s.label("rank"), s.label("local_rank"), s.label("world_size")) for s in profile.samples} == {
+        ("3", "1", "4")
+    }

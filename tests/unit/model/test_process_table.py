@@ -1,0 +1,47 @@
+"""A row per process of a profile, and how uneven their peaks were (model/process_table.py)."""
+
+from __future__ import annotations
+
+from gpuflame.model import Frame, Profile, memory_sample_types
+from gpuflame.model.process_table import process_rows, uneven
+from gpuflame.model.processes import ProcessInfo
+
+F = [Frame("forward", "m.py", 3)]
+
+
+def profile_of(*rows: tuple[str, str, int]) -> Profile:
+    """Samples of (pid, category, peak bytes)."""
+    p = Profile(sample_types=memory_sample_types(inuse=False, alloc=False))
+    for pid, category, peak in rows:
+        p.add(F, [peak, 1], {"pid": pid, "device": "cpu", "category": category})
+    return p
+
+
+def test_rows_sum_each_process_by_category_and_sort_by_rank_then_pid() -> None:
+    p = profile_of(("30", "parameter", 100), ("30", "gradient", 50), ("10", "parameter", 100), ("20", "other", 7))
+    p.processes = [ProcessInfo("30", rank="0", peak=150), ProcessInfo("10", rank="1", peak=400)]
+    rows = process_rows(p)
+    assert [r.info.pid for r in rows] == ["30", "10", "20"]  # ranked first by rank, then the unranked by pid
+    assert rows[0].by_category == [("parameter", 100), ("gradient", 50)] and rows[0].at_joint_peak == 150
+    assert rows[2].info == ProcessInfo("20")  # described nothing (another tool's file): still a row
+
+
+def test_uneven_is_of_the_ranks_where_two_are_known_else_of_the_processes() -> None:
+    p = profile_of(("1", "x", 1), ("2", "x", 1), ("3", "x", 1))
+    p.processes = [
+        ProcessInfo("1", rank="0", peak=100),
+        ProcessInfo("2", rank="1", peak=300),
+        ProcessInfo("3", peak=900),
+    ]
+    spread = uneven(process_rows(p))
+    assert spread is not None and spread.of == "ranks" and spread.ratio == 3.0
+    assert (spread.largest.info.pid, spread.smallest.info.pid) == ("2", "1")
+    p.processes = [ProcessInfo("1", peak=100), ProcessInfo("3", peak=900)]
+    spread = uneven(process_rows(p))
+    assert spread is not None and spread.of == "processes" and spread.ratio == 9.0
+
+
+def test_no_spread_under_two_known_peaks() -> None:
+    p = profile_of(("1", "x", 1), ("2", "x", 1))
+    p.processes = [ProcessInfo("1", rank="0", peak=100)]
+    assert uneven(process_rows(p)) is None
