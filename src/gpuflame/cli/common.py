@@ -34,7 +34,7 @@ from gpuflame.units import parse_size
 
 FILTER_ORDER = f"""\
 filters, applied in this order whatever their order on the command line:
-  1. --label KEY=VALUE       keep one process, device, ... (repeat: same key = any of, keys = all of)
+  1. --label KEY=VALUE       keep one process, rank, device, ... (repeat: same key = any of, keys = all of)
   2. --no-cached             drop <cached free blocks> (reserved by the allocator, not in use)
   3. --ignore PATTERN        drop the samples whose stack passes through a matching frame
   4. --focus NAME            keep the samples through NAME; NAME becomes the root
@@ -98,7 +98,7 @@ def add_filter_options(parser: argparse.ArgumentParser) -> None:
         default=[],
         metavar="KEY=VALUE",
         type=label_pair,
-        help="keep samples with this label, e.g. pid=1234 or device=cuda:0",
+        help="keep samples with this label, e.g. pid=1234, rank=1 or device=cuda:0",
     )
     group.add_argument("--no-cached", action="store_true", help="drop <cached free blocks>")
     group.add_argument(
