@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from itertools import chain
 from pathlib import Path
 
 from gpuflame.boundary import backends, ranks, roll_call, session_folder
@@ -224,20 +225,24 @@ class Session:
         A recorder that put the labels there itself (the torch ones put the
         pid) is taken as it is: merging a profile only to add a label it has
         costs more than a small test (a host records a window per test). The
-        rank is read at each profile, not at start: Lightning's first process
-        sets its own ``LOCAL_RANK`` once the program runs.
+        rank is read at each profile, not at start: a rank written into the
+        process's own environment after it started is seen too.
         """
         labels = {"pid": str(self.pid), **ranks.rank_labels(os.environ)}
-        wanted = set(labels.items())
+        wanted = tuple(labels.items())
         series = profile.timeline.series if profile.timeline is not None else {}
-        if not (all(wanted <= set(s.labels) for s in profile.samples) and all(wanted <= set(k) for k in series)):
+        have = chain((s.labels for s in profile.samples), series)
+        if not all(pair in found for found in have for pair in wanted):
             profile = merge([profile], labels=[labels])
         profile.processes = [self._describe(profile, labels)]
         return profile
 
     def _describe(self, profile: Profile, labels: dict[str, str]) -> ProcessInfo:
         """Who this process is and its own peak: what a merged profile's per-process table needs."""
-        peak = profile.totals().get("peak_space", 0)
+        index = profile.type_names().index("peak_space") if "peak_space" in profile.type_names() else -1
+        rows = profile.label_set_totals()  # a few label sets: one pass over the samples
+        peak = sum(row.totals[index] for row in rows) if index >= 0 else 0
+        devices = sorted({dict(row.labels).get("device", "") for row in rows} - {""})
         line = profile.timeline.total() if profile.timeline is not None else []
         when = max(line, key=lambda p: p[1])[0] if line else 0
         return ProcessInfo(
@@ -248,7 +253,7 @@ class Session:
             argv=bounded_argv(getattr(sys, "orig_argv", sys.argv)),
             peak=peak,
             peak_ns=when,
-            devices=tuple(profile.label_values("device")),
+            devices=tuple(devices),
         )
 
     def write(self) -> bool:
