@@ -9,9 +9,8 @@ Launchers and what they set (the first that names a rank wins, so that a
 torchrun inside a SLURM allocation is named by torchrun's rank, not by the
 SLURM task that started torchrun):
 
-- torchrun, Accelerate (``accelerate launch``), DeepSpeed (``deepspeed``),
-  and Lightning's ``srun``-free multi-node launch: ``RANK``, ``LOCAL_RANK``,
-  ``WORLD_SIZE``;
+- torchrun, Accelerate (``accelerate launch``) and DeepSpeed (``deepspeed``):
+  ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``;
 - Lightning's own launcher (``Trainer(devices=N)`` on one node) sets
   ``LOCAL_RANK``, ``NODE_RANK`` and ``WORLD_SIZE`` but no ``RANK``: on node 0
   the rank is the local rank; on another node it is not known from the
