@@ -37,10 +37,11 @@ def test_exit_code_output_and_next_command(tmp_path: Path) -> None:
     assert "gpuflame: next: gpuflame report out.pb.gz" in result.stderr
     profile = load(tmp_path / "out.pb.gz")
     assert bytes_by_function(profile)["Holder > make"] == 64 * KIB
-    # the process's own profile and nothing else: the run's bookkeeping (the shared peak table, the roll call)
-    # goes with the run, whatever the program's exit code (launch/collect.py's tidy)
-    (pid,) = profile.label_values("pid")
-    assert sorted(p.name for p in (tmp_path / "out.pb.gz.processes").iterdir()) == [f"proc-{pid}.pb.gz"]
+    # one process: one output beside -o. Its own profile is the merged one, and the run's bookkeeping (the
+    # shared peak table, the roll call) goes with the run, whatever the program's exit code: no folder stays
+    assert len(profile.label_values("pid")) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["job.py", "out.pb.gz"]
+    assert "processes" not in result.stderr
 
 
 def test_module_and_command_forms(tmp_path: Path) -> None:
@@ -78,7 +79,8 @@ def test_multiprocessing_children_are_profiled_with_their_pid(tmp_path: Path, me
     assert bytes_by_function(profile, "alloc_space", pid=parent_pid).get("Holder > make") == 16 * KIB
     assert bytes_by_function(profile, "alloc_space", pid=child_pid).get("Holder > make") == 32 * KIB
     kept = {p.name for p in (tmp_path / "mp.pb.gz.processes").glob("proc-*.pb.gz")}
-    assert {f"proc-{parent_pid}.pb.gz", f"proc-{child_pid}.pb.gz"} <= kept
+    assert {f"proc-{parent_pid}.pb.gz", f"proc-{child_pid}.pb.gz"} <= kept  # several: each one's own stays
+    assert "gpuflame: each process's own profile is in mp.pb.gz.processes/" in result.stderr
 
 
 def test_subprocess_children_are_followed_unless_no_follow(tmp_path: Path) -> None:
@@ -149,6 +151,7 @@ def test_runs_without_output_go_to_the_store_with_metadata(tmp_path: Path) -> No
     meta = json.loads((folder / "meta.json").read_text())
     assert meta["exit_code"] == 0 and meta["totals"]["alloc_space"] >= 12 * KIB
     assert meta["processes"] == summary["processes"] and len(meta["processes"]) == 1
+    assert not (folder / "processes").exists()  # one process: its profile is the merged one
     assert bytes_by_function(load(folder / "profile.pb.gz"))["Holder > make"] == 12 * KIB
 
 

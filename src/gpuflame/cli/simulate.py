@@ -209,6 +209,7 @@ def describe_oom(m: dict[str, Any]) -> list[str]:
     leaf = next((n for n in reversed(stack) if not n.startswith("<")), stack[-1] if stack else "?")
     phase = f" in phase {m['phase']}" if m.get("phase") else ""
     where = "before the history's window" if m["at_start"] else f"at event {m['event']}"
+    where += " (as recorded)" if m.get("recorded") else ""
     return [
         f"  OUT OF MEMORY {where}{phase}: a request of {format_bytes(m['size'])} from {leaf} needed "
         f"{format_bytes(m['segment_size'])} more from the device; {held} then, "

@@ -157,6 +157,22 @@ def tidy(folder: Held) -> None:
     remove_if_empty(folder.path)
 
 
+def keep_for_several(folder: Held, meta: RunMeta) -> bool:
+    """Whether the folder stays: for a run of several processes, each one's own profile (and note) does.
+
+    A run of one process leaves one output: its own profile is what was merged
+    (its notes are in it too), so the folder goes once the merge is written.
+    A merge that failed left ``meta.processes`` empty: the files stay then.
+    """
+    if len(meta.processes) != 1:
+        return len(meta.processes) > 1
+    for name in os.listdir(folder.fd):
+        if pid_kind(name) in (PROCESS_FILE, LOST_FILE):
+            session_folder.remove(folder.fd, name)
+    remove_if_empty(folder.path)
+    return False
+
+
 def pid_kind(name: str) -> str:
     """Which per-process file *name* is (PROCESS_FILE, ...); '' for anything else."""
     pid = pid_of(name)

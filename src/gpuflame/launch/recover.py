@@ -22,12 +22,13 @@ from gpuflame.boundary.contract import PER_PROCESS, process_files
 from gpuflame.errors import GpuflameError
 from gpuflame.files import check_output
 from gpuflame.launch import roll_call
-from gpuflame.launch.collect import RunEnd, collect, idle_notes, tidy
+from gpuflame.launch.collect import RunEnd, collect, idle_notes, keep_for_several, tidy
 from gpuflame.launch.folder import Held, hold_existing
 from gpuflame.launch.outcome import say, say_where, write_meta
 from gpuflame.launch.store import PROCESSES_DIR, PROCESSES_SUFFIX, PROFILE_NAME, RunMeta, processes_folder
 from gpuflame.model import Profile
 from gpuflame.model.peak import run_note
+from gpuflame.printable import printable
 
 
 @dataclass
@@ -94,6 +95,8 @@ def _recover(given: Path, run: RunFolder, held: Held, output: Path | None, force
         )
     else:
         tidy(held)
+        if keep_for_several(held, meta) and not as_json:
+            say(sys.stderr, f"gpuflame: each process's own profile is in {printable(str(held.path))}/\n")
     if run.run_dir is not None and output is None:
         write_meta(meta, run.run_dir)
     say_where(target, meta, idle, run_note(merged.peaks) if merged is not None else "", as_json=as_json)

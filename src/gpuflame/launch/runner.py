@@ -23,12 +23,13 @@ from gpuflame.boundary.settings import Settings
 from gpuflame.errors import GpuflameError
 from gpuflame.files import check_folder, check_output
 from gpuflame.launch import roll_call
-from gpuflame.launch.collect import RunEnd, collect, idle_notes, tidy
+from gpuflame.launch.collect import RunEnd, collect, idle_notes, keep_for_several, tidy
 from gpuflame.launch.folder import Held, make_fresh, remove_if_empty
 from gpuflame.launch.outcome import say, say_where, write_meta
 from gpuflame.launch.store import PROCESSES_DIR, PROFILE_NAME, RunMeta, new_run_folder, processes_folder, store_root
 from gpuflame.model import Profile
 from gpuflame.model.peak import run_note
+from gpuflame.printable import printable
 
 SETTLE_S = 10.0  # how long the run waits for processes that outlive the program to write their profile
 
@@ -98,6 +99,8 @@ def _launch(
         meta.profile = None
     idle = idle_notes(folder)
     tidy(folder)
+    if keep_for_several(folder, meta) and not request.as_json:
+        say(sys.stderr, f"gpuflame: each process's own profile is in {printable(str(folder.path))}/\n")
     if run_dir is not None:
         write_meta(meta, run_dir)
     say_where(output, meta, idle, run_note(merged.peaks) if merged is not None else "", as_json=request.as_json)

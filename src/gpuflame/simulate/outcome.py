@@ -117,7 +117,9 @@ class Outcome:
         if self.first_difference is None:
             self.first_difference = {"event": event, "why": why, **detail}
 
-    def set_oom(self, event: int, entry: Mapping[str, Any], sim: Any, sites: Sites, phase: str | None = None) -> None:
+    def set_oom(
+        self, event: int, entry: Mapping[str, Any], sim: Any, sites: Sites, phase: str | None = None, recorded: bool = False
+    ) -> None:
         site = sites.of(entry.get("frames"))
         self.oom = {
             "event": event,
@@ -129,6 +131,7 @@ class Outcome:
             "capacity": sim.capacity,
             "phase": phase,  # from gpuflame's phase marks in a snapshot its torch-cuda backend took
             "at_start": False,
+            "recorded": recorded,  # at the trace's own oom entry: the recording ran out of memory there too
             "time_ns": _int_or_none(entry.get("time_us"), 1000),
         }
 

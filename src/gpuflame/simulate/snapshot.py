@@ -304,7 +304,7 @@ class DeviceReplay:
             else:
                 out.notes.append(f"the recording ran out of memory at trace event {i}: not in this replay")
         elif out.oom is None:
-            out.set_oom(i, e, sim, self.sites, self._phase(e))
+            out.set_oom(i, e, sim, self.sites, self._phase(e), recorded=True)  # the recording's own OOM too
 
     def _phase(self, e: Mapping[str, Any]) -> str | None:
         """The gpuflame phase running at trace entry *e*, where the snapshot carries phase marks."""

@@ -582,3 +582,12 @@ def test_each_process_of_a_merged_run_is_replayed_on_a_device_of_its_own(tmp_pat
         if was:
             assert "expandable_segments:True: reserved peak " in block[0] and f", was {was}" in block[0]
     assert "settings tried:" not in lines and f"pid {pid0}" in out
+
+
+def test_an_out_of_memory_the_recording_had_too_says_so(capsys):
+    """The hand-written trace asks for 40 GiB where its oom entry says the device had far less free."""
+    rc, out, _ = run(capsys, str(FIXTURES / "handwritten_oom.pickle"), "--json")
+    oom = json.loads(out)["devices"][0]["oom"]
+    assert rc == 0 and oom["recorded"] is True and oom["size"] == 40 << 30  # no --gpu-memory: no CI verdict
+    rc, out, _ = run(capsys, str(FIXTURES / "handwritten_oom.pickle"))
+    assert "OUT OF MEMORY at event 74 (as recorded): a request of 40.0 GiB" in out
