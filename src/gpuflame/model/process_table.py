@@ -39,7 +39,7 @@ class ProcessRow:
     def to_dict(self) -> dict[str, object]:
         i = self.info
         return {
-            "pid": int(i.pid),
+            "pid": _number(i.pid),
             "rank": int(i.rank) if i.rank else None,
             "local_rank": int(i.local_rank) if i.local_rank else None,
             "world_size": int(i.world_size) if i.world_size else None,
@@ -75,7 +75,12 @@ class Uneven:
 
 
 def _who(row: ProcessRow) -> dict[str, object]:
-    return {"pid": int(row.info.pid), "rank": int(row.info.rank) if row.info.rank else None, "peak": row.info.peak}
+    return {"pid": _number(row.info.pid), "rank": int(row.info.rank) if row.info.rank else None, "peak": row.info.peak}
+
+
+def _number(pid: str) -> int | str:
+    """A pid as a number; another tool's file may label its samples with any text."""
+    return int(pid) if pid.isascii() and pid.isdigit() else pid
 
 
 def process_rows(profile: Profile) -> list[ProcessRow]:

@@ -42,9 +42,10 @@ class ProcessInfo:
     peak_ns: int = 0  # when that was, epoch ns (0: no timeline said)
     devices: tuple[str, ...] = field(default=())
 
-    def sort_key(self) -> tuple[int, int, int]:
-        """Ranked processes first by rank, then the others by pid."""
-        return (0 if self.rank else 1, int(self.rank or 0), int(self.pid) if self.pid.isdigit() else 0)
+    def sort_key(self) -> tuple[int, int, int, str]:
+        """Ranked processes first by rank, then the others by pid (a pid label that is no number last)."""
+        number = int(self.pid) if self.pid.isascii() and self.pid.isdigit() else -1
+        return (0 if self.rank else 1, int(self.rank or 0), number if number >= 0 else 1 << 63, self.pid)
 
     def command(self, short: bool = False) -> str:
         """The command line as one string (words with spaces quoted); *short*: the program by its name only

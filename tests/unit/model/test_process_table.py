@@ -45,3 +45,10 @@ def test_no_spread_under_two_known_peaks() -> None:
     p = profile_of(("1", "x", 1), ("2", "x", 1))
     p.processes = [ProcessInfo("1", rank="0", peak=100)]
     assert uneven(process_rows(p)) is None
+
+
+def test_a_pid_label_that_is_no_number_stays_text() -> None:
+    """Another tool's file may label samples pid=worker-a: its row and JSON keep the text, nothing fails."""
+    p = profile_of(("worker-a", "x", 5), ("7", "x", 1))
+    rows = process_rows(p)
+    assert [r.to_dict()["pid"] for r in rows] == [7, "worker-a"]
