@@ -118,7 +118,13 @@ class Outcome:
             self.first_difference = {"event": event, "why": why, **detail}
 
     def set_oom(
-        self, event: int, entry: Mapping[str, Any], sim: Any, sites: Sites, phase: str | None = None, recorded: bool = False
+        self,
+        event: int,
+        entry: Mapping[str, Any],
+        sim: Any,
+        sites: Sites,
+        phase: str | None = None,
+        recorded: bool = False,
     ) -> None:
         site = sites.of(entry.get("frames"))
         self.oom = {
