@@ -158,9 +158,12 @@ class GpuflamePlugin:
         from gpuflame.capture.books import categories
         from gpuflame.pytest_plugin.record import PhaseRecorder, scratch_folder
 
-        if self._scratch is None:
+        if self._scratch is None:  # the first profiled phase: what is paid once per session
             self._scratch = scratch_folder()
-            categories.set_graph_walk(bool(self.config.option.gpuflame_categories))
+            walk = bool(self.config.option.gpuflame_categories)
+            categories.set_graph_walk(walk)
+            if walk:  # each test's walk then reads what was made since, not torch's and pytest's objects
+                categories.freeze_for_walks()
         return PhaseRecorder(self._scratch, self.backend)
 
     @pytest.hookimpl(hookwrapper=True)
@@ -278,6 +281,7 @@ class GpuflamePlugin:
             from gpuflame.capture.books import categories
 
             categories.set_graph_walk(True)  # the process's own default again (pytester runs in-process)
+            categories.thaw_walks()
         cache = getattr(self.config, "cache", None)
         if self.worker or not self.everything or cache is None:
             return

@@ -333,6 +333,42 @@ def test_a_run_without_categories_leaves_the_graph_walk_on_for_the_process(pytes
     assert categories._graph_walk is True
 
 
+FROZEN_SUITE = """
+import gc, torch
+
+NET = torch.nn.Linear(256, 256, bias=False)  # made at import: frozen with the rest before the first test
+KEPT = []
+
+def test_a_model_made_at_import_is_still_found():
+    assert gc.get_freeze_count() > 0  # the walk reads what was made since the first test, and NET
+    NET.weight.grad = torch.zeros(256, 256)
+
+def test_b_model_made_in_the_test_is_found():
+    net = torch.nn.Linear(128, 128, bias=False)
+    KEPT.append(net)
+    net.weight.grad = torch.zeros(128, 128)  # set by hand: no hook sees it, only the object graph
+"""
+
+
+def test_categories_walk_only_what_the_tests_made_and_the_models_before(pytester: pytest.Pytester) -> None:
+    """With --gpuflame-categories the objects there are at the first test are frozen once (a walk per
+    test of torch's and pytest's objects cost tens of ms): models made before and during the tests are
+    still found, and the collector gets its objects back when the run ends."""
+    import gc
+
+    from gpuflame.capture.books import categories
+
+    pytester.makepyfile(test_frozen=FROZEN_SUITE)
+    args = ["--gpuflame-dir", "profiles", "--gpuflame-categories", "-p", "no:cacheprovider"]
+    pytester.runpytest_inprocess(*args).assert_outcomes(passed=2)
+    for test, side in (("a_model_made_at_import_is_still_found", 256), ("b_model_made_in_the_test_is_found", 128)):
+        profile = load(pytester.path / "profiles" / f"test_frozen.py_test_{test}.pb.gz")
+        index = profile.type_index("inuse_space")
+        held = {s.label("category"): s.values[index] for s in profile.samples if s.values[index]}
+        assert held.get("gradient") == side * side * 4, (test, held)
+    assert gc.get_freeze_count() == 0 and categories._frozen_found is None
+
+
 JAX_SUITE = """
 import jax.numpy as jnp
 import pytest

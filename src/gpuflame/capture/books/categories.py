@@ -41,6 +41,7 @@ from __future__ import annotations
 import gc
 import itertools
 import sys
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -86,6 +87,44 @@ def set_graph_walk(on: bool) -> None:
     _graph_walk = on
 
 
+_frozen_found: list[weakref.ref[Any]] | None = None  # the wanted objects a host's freeze hid (freeze_for_walks)
+
+
+def freeze_for_walks() -> bool:
+    """For a host that takes a profile per test: each later walk reads only the objects made since now.
+
+    The collector's objects are frozen (``gc.freeze``: ``gc.get_objects``
+    lists them no more, and cyclic collections skip them), after one full
+    walk that keeps the modules, optimizers and KV caches among them, held
+    weakly, so a model made at import is still found. A walk of a test
+    suite's process (torch, pytest, the collected tests: a few hundred
+    thousand objects) costs tens of ms; of what a test made, little.
+    False, and nothing frozen, when one of them cannot be held weakly.
+    """
+    global _frozen_found
+    torch = sys.modules.get("torch")
+    gc.collect()  # garbage now would otherwise wait, frozen, for thaw_walks()
+    if torch is None:
+        found: list[Any] = []
+    else:
+        _wanted, found = _objects_of((torch.nn.Module, torch.optim.Optimizer, _cache_types()))
+    try:
+        refs = [weakref.ref(obj) for obj in found]
+    except TypeError:
+        return False
+    _frozen_found = refs
+    gc.freeze()
+    return True
+
+
+def thaw_walks() -> None:
+    """Undo :func:`freeze_for_walks`: the frozen objects go back to the collector, walks read all again."""
+    global _frozen_found
+    if _frozen_found is not None:
+        _frozen_found = None
+        gc.unfreeze()
+
+
 def graph_roles(key: StorageKey) -> dict[int, str]:
     """Every storage the object graph gives a role, by *key*: one walk of the collector's objects."""
     torch = sys.modules.get("torch")
@@ -93,8 +132,12 @@ def graph_roles(key: StorageKey) -> dict[int, str]:
         return {}
     module_type = torch.nn.Module
     optimizer_type = torch.optim.Optimizer
-    cache_types = _cache_types()
-    wanted, chosen = _objects_of((module_type, optimizer_type, cache_types))
+    kinds = (module_type, optimizer_type, _cache_types())
+    wanted, chosen = _objects_of(kinds)
+    if _frozen_found is not None:  # a host froze what there was: those objects are not in the collector's lists
+        older = [obj for ref in _frozen_found if (obj := ref()) is not None]
+        wanted.update({t: i for t in set(map(type, older)) if (i := _kind(t, kinds)) >= 0})
+        chosen += [obj for obj in older if type(obj) in wanted]
     found: list[list[Any]] = [[], [], []]
     for obj in chosen:
         found[wanted[type(obj)]].append(obj)
