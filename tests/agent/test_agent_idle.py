@@ -149,6 +149,8 @@ def test_allocations_before_a_late_driver_file_was_probed_are_counted(libcuda, s
         expected = replay(target.records[seen_from:])
         assert wait_for(lambda: polled(agent) and own_rows(agent, {str(target.pid)}) == expected)
         assert agent.late_frees == {target.pid: 3}
+        late = {str(target.pid): {"probed_ms_after_load": None, "allocations_missing": 3}}
+        assert agent.losses() == {"late_driver": late}  # --json's numbers
         assert agent.stats()["unknown_frees"] == 0  # basic's failed free of 0x1234 is no free
         (note,) = [c for c in agent.snapshot().comments if "loaded a driver file the agent had not probed" in c]
         assert note == (

@@ -148,6 +148,8 @@ def test_a_full_ring_says_how_many_allocations_and_bytes_it_lost(start_target, b
         assert stats["unknown_frees"] == stats["frees_not_undone"] == 0
         note = next(c for c in agent.snapshot().comments if "events were lost" in c)
         assert f"{stats['lost_allocs']} allocations ({stats['lost_allocs'] * 8192} bytes), " in note
+        losses = agent.losses()  # --json's numbers
+        assert (losses["lost_allocs"], losses["lost_alloc_bytes"]) == (stats["lost_allocs"], stats["lost_alloc_bytes"])
     finally:
         agent.stop()
 

@@ -58,6 +58,32 @@ __all__ = [
 POLL_MS = 20
 RESCAN_SECONDS = 2.0  # every process: new libcuda files and the processes mapping them
 LATE_SAID = 5  # processes that loaded a driver file before its probes, each said in the profile; the rest summed
+# the counters of what the profile does not hold (each said in its notes), as numbers for --json
+LOSSES = (
+    "lost_events",
+    "ring_refused",
+    "lost_allocs",
+    "lost_alloc_bytes",
+    "lost_frees",
+    "left_in_ring",
+    "unread_allocs",
+    "unread_alloc_bytes",
+    "results_unknown",
+    "results_unknown_bytes",
+    "results_unread",
+    "results_unread_bytes",
+    "sites_unverified",
+    "sites_unprobed",
+    "calls_map_full",
+    "frees_not_undone",
+    "unknown_frees",
+    "unknown_frees_at_entry",
+    "not_registered",
+    "no_thread",
+    "truncated",
+    "stacks_over_limit",
+    "handler_errors",
+)
 PID_RESCAN_SECONDS = 0.25  # --pid: the watched processes loading the driver
 # at stop, once the probes are off: the most seconds spent reading what the ring still holds (a full 16 MiB
 # ring of frees is about 300,000 records, 0.3-0.5 s to book); what is left unread is counted by its headers
@@ -341,6 +367,19 @@ class Agent(Probing, Registry, Booking):
 
     def _rescan_every(self) -> float:
         return PID_RESCAN_SECONDS if self.pids else RESCAN_SECONDS  # a few watched processes are cheap to look at
+
+    def losses(self) -> dict[str, object]:
+        """What the profile's notes say it does not hold, as numbers (--json): each counter of LOSSES above 0,
+        and per process that loaded a driver file before its probes, the window (None: found by a rescan) and
+        the allocations made in it counted missing."""
+        stats = self.stats()
+        out: dict[str, object] = {key: stats[key] for key in LOSSES if stats.get(key)}
+        if self.late_loads:
+            out["late_driver"] = {
+                str(pid): {"probed_ms_after_load": ms, "allocations_missing": self.late_frees.get(pid, 0)}
+                for pid, ms in sorted(self.late_loads.items())
+            }
+        return out
 
     def _late_notes(self) -> list[str]:
         """What a driver file loaded after the agent started cost, per process (the first LATE_SAID, then the

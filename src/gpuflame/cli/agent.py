@@ -200,7 +200,7 @@ def run(args: argparse.Namespace) -> int:
             totals=totals,
             lost=profile.comments[1:],
         ).write(output.parent)
-    _say(args, output, profile.comments, totals, pids, _stop_said(agent))
+    _say(args, output, profile.comments, totals, pids, _stop_said(agent), agent.losses())
     return 0
 
 
@@ -306,6 +306,7 @@ def _say(
     totals: dict[str, int],
     pids: list[int],
     stop: dict[str, object],
+    losses: dict[str, object],
 ) -> None:
     from gpuflame.agent.agent import NO_CUDA_PROCESS
 
@@ -315,7 +316,14 @@ def _say(
     if args.json:
         sys.stdout.write(
             json.dumps(
-                {"profile": str(output.resolve()), "processes": pids, "totals": totals, "lost": lost, "stop": stop}
+                {
+                    "profile": str(output.resolve()),
+                    "processes": pids,
+                    "totals": totals,
+                    "lost": lost,
+                    "losses": losses,
+                    "stop": stop,
+                }
             )
             + "\n"
         )
