@@ -36,7 +36,7 @@ class Size:
 
 SIZES = {
     "tiny": Size(layers=2, width=64, heads=4, kv_heads=2, vocab=256, seq=32, batch=2, new_tokens=4),
-    "full": Size(layers=4, width=512, heads=8, kv_heads=4, vocab=8192, seq=256, batch=8, new_tokens=32),
+    "full": Size(layers=4, width=512, heads=8, kv_heads=4, vocab=8192, seq=256, batch=8, new_tokens=16),
 }
 
 

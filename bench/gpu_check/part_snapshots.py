@@ -26,6 +26,7 @@ NAME = "snapshots"
 FILE = "snapshots.tar"
 TITLE = "Real snapshots recorded on the GPU"
 LIMIT_S = 70.0
+TAR_LIMIT = 15 << 20  # the device machine sends back files of 16 MiB at most
 OOM_SHARE = 0.6  # the OOM run's cap, as a share of the default run's reserved peak
 SCRIPTS = ("workloads.py", "models.py")
 # (recording, workload, PYTORCH_CUDA_ALLOC_CONF)
@@ -58,22 +59,34 @@ def provenance() -> str:
     return "\n".join(lines)
 
 
-def pack(ctx: Context, status: str, body: str) -> None:
-    """Write snapshots.tar from the scratch folder: MANIFEST.md first, the scripts, results and snapshots."""
+def pack(ctx: Context, status: str, body: str, limit: int = TAR_LIMIT) -> None:
+    """Write snapshots.tar from the scratch folder: MANIFEST.md first, the scripts, results and snapshots.
+
+    Snapshots that would take the tar past *limit* bytes (a file larger than the device machine sends back
+    is lost whole) are left out, smallest kept first, and MANIFEST.md names them.
+    """
     src = folder(ctx)
-    sizes = [[p.name, f"{p.stat().st_size / 1024:.0f} KiB"] for p in sorted(src.glob("*.pickle.gz"))]
-    manifest = status_text(
-        TITLE, status, f"{provenance()}\n\n{table(['file', 'size'], sizes) if sizes else 'no snapshots'}\n\n{body}"
-    )
+    others = [p for p in sorted(src.iterdir()) if not p.name.endswith(".pickle.gz")]
+    room = limit - sum(p.stat().st_size for p in others) - sum((HERE / n).stat().st_size for n in SCRIPTS) - 64 * 1024
+    kept, rows = [], []
+    for path in sorted(src.glob("*.pickle.gz"), key=lambda p: p.stat().st_size):
+        size = path.stat().st_size
+        fits = size + 1024 <= room
+        room -= size + 1024 if fits else 0
+        kept += [path] if fits else []
+        rows.append(
+            [path.name, f"{size / 1024:.0f} KiB" + ("" if fits else " (left out: the tar would pass its limit)")]
+        )
+    listing = table(["file", "size"], rows) if rows else "no snapshots"
+    manifest = status_text(TITLE, status, f"{provenance()}\n\n{listing}\n\n{body}").encode()
     tmp = ctx.out / (FILE + ".tmp")
     with tarfile.open(tmp, "w") as tar:
-        data = manifest.encode()
         info = tarfile.TarInfo("MANIFEST.md")
-        info.size = len(data)
-        tar.addfile(info, io.BytesIO(data))
+        info.size = len(manifest)
+        tar.addfile(info, io.BytesIO(manifest))
         for name in SCRIPTS:
             tar.add(HERE / name, arcname=f"script/{name}")
-        for path in sorted(src.iterdir()):
+        for path in others + sorted(kept):
             tar.add(path, arcname=path.name)
     tmp.replace(ctx.out / FILE)
 

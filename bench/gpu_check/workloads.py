@@ -34,6 +34,7 @@ from gpu_check.models import SIZES, WORKLOADS, implementation, started  # noqa: 
 
 SEGMENT_ACTIONS = ("segment_alloc", "segment_free", "segment_map", "segment_unmap")
 HISTORY_ENTRIES = 200_000
+STEPS = {"gpt2-train": 2, "llama-generate": 1}  # the second step has the optimizer's state; one generate is enough
 
 
 def segment_events(snapshot: dict[str, Any]) -> dict[str, int]:
@@ -45,7 +46,7 @@ def segment_events(snapshot: dict[str, Any]) -> dict[str, int]:
 
 
 def run_one(name: str, args: argparse.Namespace) -> dict[str, Any]:
-    """Build *name*'s model and run it ``args.steps`` times; what happened, as one JSON-able dict."""
+    """Build *name*'s model and run it its number of steps; what happened, as one JSON-able dict."""
     device = torch.device(args.device)
     cuda = device.type == "cuda"
     result: dict[str, Any] = {
@@ -55,6 +56,7 @@ def run_one(name: str, args: argparse.Namespace) -> dict[str, Any]:
         "device": str(device),
         "pid": os.getpid(),
         "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
+        "steps": args.steps or STEPS[name],
         "oom": None,
     }
     if cuda and args.memory_limit:
@@ -65,7 +67,7 @@ def run_one(name: str, args: argparse.Namespace) -> dict[str, Any]:
         torch.cuda.memory._record_memory_history(max_entries=HISTORY_ENTRIES, stacks="python")
     try:
         work, result["impl"] = started(name, SIZES[args.size], device, result["impl"])
-        for _ in range(args.steps - 1):
+        for _ in range(result["steps"] - 1):
             work()
     except torch.OutOfMemoryError as exc:
         result["oom"] = str(exc).splitlines()[0][:300]
@@ -90,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--size", choices=sorted(SIZES), default="full")
     parser.add_argument("--impl", choices=("auto", "transformers", "pure-torch"), default="auto")
-    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--steps", type=int, help="calls of each workload (default: 2 training steps, 1 generate)")
     parser.add_argument("--snapshot", type=Path, help="CUDA only: write the allocator snapshot here (gzip)")
     parser.add_argument("--memory-limit", type=int, default=0, help="CUDA only: cap the process at this many bytes")
     args = parser.parse_args(argv)

@@ -263,3 +263,21 @@ def test_the_simulate_part_on_a_gpu_snapshot_runs_each_setting_once_beside_its_p
         assert f"alloc {allocs}" in r[7], r
     assert [r[9] for r in rows] == ["no"] * 4 + ["yes", "no"]
     assert rows[-1][3] == "no CPU run in this test"
+
+
+def test_the_tar_leaves_out_the_snapshots_that_would_pass_its_limit_and_names_them(models, tmp_path: Path) -> None:
+    from gpu_check import part_snapshots
+    from gpu_check.common import Context
+
+    ctx = Context(tmp_path / "out", tmp_path / "scratch", dry_run=False)
+    ctx.out.mkdir()
+    folder = part_snapshots.folder(ctx)
+    sizes = {"small.pickle.gz": 100_000, "medium.pickle.gz": 300_000, "large.pickle.gz": 900_000}
+    for name, size in sizes.items():
+        (folder / name).write_bytes(os.urandom(size))
+    part_snapshots.pack(ctx, "ok", "", limit=600_000)
+    text, files = manifest(ctx.out)
+    assert {n for n in files if n.endswith(".pickle.gz")} == {"small.pickle.gz", "medium.pickle.gz"}
+    assert files["small.pickle.gz"] == (folder / "small.pickle.gz").read_bytes()
+    assert "| large.pickle.gz | 879 KiB (left out: the tar would pass its limit) |" in text
+    assert (ctx.out / "snapshots.tar").stat().st_size <= 600_000
