@@ -126,7 +126,10 @@ def main(ctx: Context) -> None:
         f"each round's ratio to its own bare time\n\n" + table(header, rows)
     ) + "".join(f"\n\nmodels instead: {n}" for n in notes)
     summary = ", ".join(f"{k.split(' (')[0]} {r[3].split(' ')[0]}" for k, r in zip(results, rows, strict=True))
-    if cuda:
+    empty = [k for k, m in results.items() if not min(m["peaks"])]
+    if empty:  # the recording held nothing: its cost was measured on a recorder that did not record
+        status = f"failed: a recording's profile was empty ({', '.join(empty)})"
+    elif cuda:
         status = f"ok: {summary} (goal < {GOAL:.0%}: {'met' if all(r[-1] == 'met' for r in rows) else 'MISSED'})"
     else:
         status = f"skipped: no CUDA (dry run: the rounds ran with the torch backend on the CPU: {summary})"

@@ -281,3 +281,18 @@ def test_the_tar_leaves_out_the_snapshots_that_would_pass_its_limit_and_names_th
     assert files["small.pickle.gz"] == (folder / "small.pickle.gz").read_bytes()
     assert "| large.pickle.gz | 879 KiB (left out: the tar would pass its limit) |" in text
     assert (ctx.out / "snapshots.tar").stat().st_size <= 600_000
+
+
+def test_the_docs_page_gives_each_parts_time_limit_and_files(models) -> None:
+    from gpu_check import driver
+
+    page = (REPO / "docs" / "gpu-check.md").read_text()
+    rows = {cells[0]: cells for cells in ([c.strip() for c in line.strip("|").split("|")] for line in
+            page.splitlines() if line.startswith("| ")) if cells[0] in driver.PARTS}  # fmt: skip
+    assert set(rows) == set(driver.PARTS)
+    for name, part in driver.PARTS.items():
+        assert rows[name][1] == f"{part.LIMIT_S:.0f} s", rows[name]
+        assert all(f"`{f}`" in rows[name][-1] for f in driver.files_of(part)), rows[name]
+    assert sum(p.LIMIT_S for p in driver.PARTS.values()) <= driver.BUDGET_S
+    assert f"under {driver.BUDGET_S:.0f} seconds" in page
+    assert len(driver.all_files()) <= 8
