@@ -359,6 +359,78 @@ def test_the_loop_finder_finds_loops():
     assert cycles({"a": {"b"}, "b": set()}) == []
 
 
+# -- no circle between modules either: each split of a package is drawn lower to higher -----------
+
+
+def module_names(root: Path, package: str) -> dict[str, Path]:
+    """Dotted module name -> file, for every module under *root* (the folder of *package*)."""
+    found = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = [package, *path.relative_to(root).with_suffix("").parts]
+        found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+def module_graph(root: Path, package: str) -> dict[str, set[str]]:
+    """Module -> the modules it imports, type-only and late imports included.
+
+    ``from pkg import name`` counts as an import of the module that defines *name*: the submodule
+    ``pkg.name``, else the module ``pkg/__init__.py`` takes it from, else ``pkg`` itself.
+    """
+    import ast
+
+    modules = module_names(root, package)
+    trees = {name: ast.parse(path.read_text(encoding="utf-8")) for name, path in modules.items()}
+
+    def defining(module: str, name: str, seen: frozenset[str] = frozenset()) -> str:
+        if f"{module}.{name}" in modules:
+            return f"{module}.{name}"
+        if module in seen or not modules.get(module, Path()).name == "__init__.py":
+            return module
+        for node in ast.walk(trees[module]):
+            if isinstance(node, ast.ImportFrom) and node.module in modules:
+                if any((a.asname or a.name) == name for a in node.names):
+                    original = next(a.name for a in node.names if (a.asname or a.name) == name)
+                    return defining(node.module, original, seen | {module})
+        return module
+
+    graph: dict[str, set[str]] = {}
+    for name, tree in trees.items():
+        targets = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module in modules:
+                targets.update(defining(node.module, a.name) for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(package + "."):
+                targets.add(node.module.rsplit(".", 1)[0])  # a name of a module not found: its package
+            elif isinstance(node, ast.Import):
+                targets.update(a.name for a in node.names if a.name in modules)
+        graph[name] = targets - {name}
+    return graph
+
+
+@pytest.mark.slow
+def test_no_import_circle_between_modules():
+    """Six circles inside packages once (pprof's five modules, the snapshot converter's private class,
+    session <-> exit_hooks, the recorders and their categories, the model's profile, columns and
+    history, qualnames <-> index_cache): a split is drawn along a concept, lower to higher."""
+    assert cycles(module_graph(PACKAGE, "gpuflame")) == []
+
+
+def test_the_module_circle_finder_sees_type_only_late_and_re_exported_imports(tmp_path):
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.b import B\n")
+    (pkg / "b.py").write_text("def f():\n    from pkg.sub import C\n")
+    (pkg / "sub" / "__init__.py").write_text("from pkg.sub.c import C\n")
+    (pkg / "sub" / "c.py").write_text("import pkg.a\n")
+    graph = module_graph(pkg, "pkg")
+    assert graph["pkg.b"] == {"pkg.sub.c"}, "a re-exported name counts as its defining module"
+    assert cycles(graph) == [["pkg.a", "pkg.b", "pkg.sub.c"]]
+    (pkg / "a.py").write_text("")
+    assert cycles(module_graph(pkg, "pkg")) == []
+
+
 @pytest.mark.slow
 def test_the_in_process_side_reaches_only_its_own_units():
     """What ``capture/`` imports, directly or through others, stays inside the in-process side."""
@@ -463,13 +535,3 @@ def test_the_backend_name_check_sees_each_way_of_writing_them(tmp_path):
     )
     found = backend_literals(module, ("torch-cuda", "torch", "jax"))
     assert [hit.split(":")[1] for hit in found] == ["4", "5", "6"]
-
-
-def test_no_module_is_over_500_lines() -> None:
-    """Small modules whose names say what they hold: a module past 500 lines is split by what it holds."""
-    long = {
-        str(path.relative_to(PACKAGE)): n
-        for path in PACKAGE.rglob("*.py")
-        if (n := len(path.read_text(encoding="utf-8").splitlines())) > 500
-    }
-    assert long == {}

@@ -51,7 +51,7 @@ def test_the_wheel_holds_every_source_and_data_file(tmp_path: Path) -> None:
 
 
 def test_the_version_is_written_in_one_place_and_every_image_tag_follows_it() -> None:
-    """pyproject reads gpuflame.__version__; the manifests and the Dockerfile name the same tag."""
+    """pyproject reads gpuflame/version.py (gpuflame.__version__); the manifests and the Dockerfile name the same tag."""
     import re
 
     import gpuflame
@@ -59,7 +59,10 @@ def test_the_version_is_written_in_one_place_and_every_image_tag_follows_it() ->
 
     root = REPO
     pyproject = (root / "pyproject.toml").read_text()
-    assert 'dynamic = ["version"]' in pyproject and 'version = {attr = "gpuflame.__version__"}' in pyproject
+    assert 'dynamic = ["version"]' in pyproject and 'version = {attr = "gpuflame.version.__version__"}' in pyproject
+    from gpuflame.version import __version__
+
+    assert gpuflame.__version__ is __version__
     assert DEFAULT_IMAGE.endswith(":" + gpuflame.__version__)
     import yaml
 

@@ -37,8 +37,8 @@ from gpuflame.capture.base import Recorder, empty_profile
 from gpuflame.capture.books import categories, joint_peak, phase_table, phases, site_row
 from gpuflame.capture.code_frames import CodeFrames
 from gpuflame.capture.exit_hooks import HOOKS
+from gpuflame.capture.recorders.allocator.block_categories import HookCategories
 from gpuflame.capture.recorders.allocator.native import elf_symbols
-from gpuflame.capture.recorders.categories import HookCategories
 from gpuflame.model import history as event_history
 from gpuflame.model import phases as phase_model
 from gpuflame.model.history import History, Track, of_track

@@ -13,14 +13,13 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from gpuflame.capture.recorders.dispatch.ledger import Ledger, StorageRef
 from gpuflame.capture.recorders.dispatch.plans import FRESH, FRESH_CHECK, HOP, LIFT, PASS, PLANS, Resize, plan_for
-from gpuflame.capture.recorders.dispatch.recorder import TorchTensorRecorder
 from gpuflame.capture.recorders.dispatch.stacks import Stacks
 
 # the hot path's names, bound once
@@ -28,6 +27,19 @@ Tensor = torch.Tensor
 getframe = sys._getframe
 now = time.time_ns
 BATCH = Ledger.BATCH
+
+
+class Books(Protocol):
+    """What the mode books into: the recorder that makes it (recorder.py), which this module never imports."""
+
+    ledger: Ledger
+    sites: Any
+    stacks: Stacks
+    skipped: int
+
+    def new_site(self, key: Any, frame: Any) -> int: ...
+    def site_of_stack(self, skip: int, device: Any) -> int: ...
+    def fail(self, what: str, consequence: str, exc: BaseException) -> None: ...
 
 
 class RecordingMode(TorchDispatchMode):
@@ -55,8 +67,9 @@ class RecordingMode(TorchDispatchMode):
         # stays uncompiled afterwards: the workload would run differently.
         return True
 
-    def __init__(self, recorder: TorchTensorRecorder) -> None:
+    def __init__(self, recorder: Books) -> None:
         super().__init__()
+        _skip_dynamo_in(type(recorder))
         self.on = True
         self.recorder = recorder
         self.follow(recorder.ledger)
@@ -249,30 +262,39 @@ def pop_if_top(mode: Any) -> None:
         mode.__exit__(None, None, None)
 
 
-def _skip_dynamo(cls: type) -> None:
+def _skip_dynamo(functions: list[Callable[..., Any]]) -> None:
     """Tell torch.compile never to trace our hot code (cheaply, without importing torch._dynamo)."""
     try:
         from torch._C._dynamo import eval_frame
 
         strategy = eval_frame._FrameExecStrategy(eval_frame._FrameAction.SKIP, eval_frame._FrameAction.SKIP)
-        functions: list[Callable[..., Any]] = [f for f in vars(cls).values() if callable(f) and hasattr(f, "__code__")]
-        functions += [
-            TorchTensorRecorder.new_site,
-            TorchTensorRecorder.site_of_stack,
-            Ledger.alloc,
-            Ledger.replay_some,
-            Ledger.forget,
-            Ledger._process,
-            Ledger._gone,
-            Stacks.above,
-            Stacks.node,
-            _sizes,
-            _input_storages,
-        ]
         for f in functions:
             eval_frame.set_code_exec_strategy(f.__code__, strategy)
     except Exception:  # noqa: BLE001 - older/newer torch: dynamo may then trace us, which is only slower
         pass
 
 
-_skip_dynamo(RecordingMode)
+_SKIPPED: set[type[Books]] = set()
+
+
+def _skip_dynamo_in(books: type[Books]) -> None:
+    """The recorder's hot methods too, once per class (known when the first mode is made)."""
+    if books not in _SKIPPED:
+        _SKIPPED.add(books)
+        _skip_dynamo([books.new_site, books.site_of_stack])
+
+
+_skip_dynamo(
+    [
+        *(f for f in vars(RecordingMode).values() if callable(f) and hasattr(f, "__code__")),
+        Ledger.alloc,
+        Ledger.replay_some,
+        Ledger.forget,
+        Ledger._process,
+        Ledger._gone,
+        Stacks.above,
+        Stacks.node,
+        _sizes,
+        _input_storages,
+    ]
+)

@@ -19,7 +19,7 @@ from gpuflame.boundary.backends import TORCH
 from gpuflame.capture.base import Recorder, empty_profile
 from gpuflame.capture.books import categories, joint_peak, phase_table, phases, site_row
 from gpuflame.capture.exit_hooks import HOOKS
-from gpuflame.capture.recorders.categories import LedgerCategories
+from gpuflame.capture.recorders.dispatch.block_categories import LedgerCategories
 from gpuflame.capture.recorders.dispatch.ledger import Ledger
 from gpuflame.capture.recorders.dispatch.stacks import Stacks
 from gpuflame.model import phases as phase_model

@@ -1,0 +1,83 @@
+"""The CPU allocator hook's blocks split by category (the rules: capture/books/categories.py).
+
+Tags are set at every optimizer step and every profile, in C++ (one tag byte a
+live block); the rows are split when a profile is built.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from gpuflame.capture.books import categories
+from gpuflame.capture.recorders.categories import data_ptr_key
+
+
+class HookRecorder(Protocol):
+    """What the adapter reads of the allocator recorder that owns it (this package's)."""
+
+    _hook: Any
+    _stacks: list[Any]
+
+    def _fetch_stacks(self, hook: Any) -> None: ...
+
+
+class HookCategories:
+    """The hook's blocks split by category (capture/books/categories.py): tags at each optimizer step and snapshot."""
+
+    def __init__(self, recorder: HookRecorder) -> None:
+        self.recorder = recorder
+        self.defaults: list[str] = []  # site -> the category its stack implies
+        self.steps = categories.EventTagger(data_ptr_key, self.tag)
+        # the hook's blocks when the window stopped (copied, as its rows are: the next window resets them):
+        # live blocks, tagged ones gone since the peak, and since the run's joint peak
+        self.frozen: (
+            tuple[list[tuple[int, ...]], list[tuple[int, int, int, int]], list[tuple[int, int, int, int]]] | None
+        )
+        self.frozen = None
+
+    def start(self) -> None:
+        self.frozen = None
+        self.steps.install()
+
+    def stop(self) -> None:
+        """Stop tagging; copy the blocks (cheap, in C++): the graph is read when the profile is built."""
+        self.steps.remove()
+        hook = self.recorder._hook
+        if hook is not None:
+            self.frozen = _hook_blocks(hook)
+
+    def tag(self, roles: dict[int, str]) -> None:
+        hook = self.recorder._hook
+        if hook is not None and roles:
+            hook.tag([(key, categories.TAG_OF[role]) for key, role in roles.items()])
+
+    def rows(self, rows: list[tuple[int, ...]]) -> dict[tuple[int, str], list[int]]:
+        """Per (site, category) rows, the live blocks classed by the object graph as it is now.
+
+        *rows* are the hook's ``rows()``: ``(site, *row)``, the row of capture/books/site_row.py.
+        """
+        hook = self.recorder._hook
+        assert hook is not None
+        try:
+            roles = categories.graph_roles(data_ptr_key)
+        except Exception:  # noqa: BLE001 - without the graph, blocks are classed by their stacks
+            roles = {}
+        self.tag(roles)
+        live, gone, joint_gone = self.frozen if self.frozen is not None else _hook_blocks(hook)
+        blocks = [categories.Block(k, n, s, bool(p), t, bool(j)) for k, n, s, p, t, j in live]
+        by_site = {site: list(values) for site, *values in rows}
+        self.recorder._fetch_stacks(hook)
+        return categories.split_rows(by_site, self.default, blocks, gone, roles, joint_gone)
+
+    def default(self, site: int) -> str:
+        stacks = self.recorder._stacks
+        while len(self.defaults) < len(stacks):
+            self.defaults.append(categories.stack_category(stacks[len(self.defaults)]))
+        return self.defaults[site]
+
+
+def _hook_blocks(
+    hook: Any,
+) -> tuple[list[tuple[int, ...]], list[tuple[int, int, int, int]], list[tuple[int, int, int, int]]]:
+    """The hook's live blocks, and its tagged blocks gone since the peak and since the run's joint peak."""
+    return hook.blocks(), hook.gone_tagged(), hook.gone_tagged(True)
