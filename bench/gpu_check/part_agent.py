@@ -154,21 +154,21 @@ def main(ctx: Context) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     libcuda = libcuda_files()
     agent = Agent(folder / "agent.pb.gz", libcuda)
-    if not agent.wait_watching(min(30, ctx.left())):
-        agent.stop(5)
-        write_status(
-            ctx.out / FILE, TITLE, "failed: the agent did not start", "```\n" + "\n".join(agent.said[-30:]) + "\n```"
+    try:
+        if not agent.wait_watching(min(30, ctx.left())):
+            said = "\n".join(agent.said[-30:])
+            write_status(ctx.out / FILE, TITLE, "failed: the agent did not start", f"```\n{said}\n```")
+            return
+        workload = [python(), str(WORKLOADS), "gpt2-train", "--device", "cuda", "--size", ctx.size, "--impl", ctx.impl]
+        tc = run(
+            gpuflame_argv("run", "--backend", "torch-cuda", "-o", str(folder / "torch-cuda.pb.gz"), "--", *workload),
+            min(60, ctx.left(15)),
         )
-        return
-    workload = [python(), str(WORKLOADS), "gpt2-train", "--device", "cuda", "--size", ctx.size, "--impl", ctx.impl]
-    tc = run(
-        gpuflame_argv("run", "--backend", "torch-cuda", "-o", str(folder / "torch-cuda.pb.gz"), "--", *workload),
-        min(60, ctx.left(15)),
-    )
-    results, snap = run_workloads(
-        ctx, ["gpt2-train"], "cuda", 60, None, "--snapshot", str(folder / "snapshot.pickle.gz")
-    )
-    rc = agent.stop(min(20, ctx.left()))
+        results, snap = run_workloads(
+            ctx, ["gpt2-train"], "cuda", 60, None, "--snapshot", str(folder / "snapshot.pickle.gz")
+        )
+    finally:
+        rc = agent.stop(min(20, max(ctx.left(), 1)))
     said = "```\n" + "\n".join(agent.said[-8:]) + "\n```"
     problems = [d.why() for d in (tc, snap) if not d.ok] + ([] if rc == 0 else [f"the agent exited {rc}"])
     if not (folder / "agent.pb.gz").exists():

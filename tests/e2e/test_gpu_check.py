@@ -296,3 +296,24 @@ def test_the_docs_page_gives_each_parts_time_limit_and_files(models) -> None:
     assert sum(p.LIMIT_S for p in driver.PARTS.values()) <= driver.BUDGET_S
     assert f"under {driver.BUDGET_S:.0f} seconds" in page
     assert len(driver.all_files()) <= 8
+
+
+def test_the_agent_part_starts_the_real_agent_waits_for_it_and_stops_it(models, tmp_path: Path) -> None:
+    """The agent part's wrapper on this machine's kernel (root, BPF): its 'watching' line, SIGINT, the profile."""
+    from tests.agent.agent_helpers import why_not
+
+    why = why_not()
+    if why:
+        pytest.skip(why)
+    import gpuflame
+    from gpu_check.part_agent import Agent, compare
+
+    agent = Agent(tmp_path / "agent.pb.gz", [])
+    try:
+        assert agent.wait_watching(120), agent.said
+    finally:
+        rc = agent.stop(120)
+    assert rc == 0, agent.said
+    assert any(line.endswith(str(tmp_path / "agent.pb.gz")) for line in agent.said), agent.said  # written, said
+    profile = gpuflame.load(tmp_path / "agent.pb.gz")
+    assert "| **total** |" in compare({"agent": (profile, None)})
