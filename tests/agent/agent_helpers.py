@@ -254,6 +254,40 @@ int main(void) {
 """
 
 
+# Threads allocating and freeing until the process ends; "done" once they have made FLOOD_PAIRS pairs between
+# them, so the agent has been flooded a while when it is stopped (tests/agent/test_agent_stop.py,
+# bench/bench_agent_stop.py).
+FLOOD_PAIRS = 200_000
+FLOOD = r"""
+#include <stdio.h>
+#include <pthread.h>
+typedef unsigned long long CUdeviceptr;
+int cuInit(unsigned int);
+int cuMemAlloc_v2(CUdeviceptr *, size_t);
+int cuMemFree_v2(CUdeviceptr);
+static volatile long pairs;
+static void *churn(void *arg) {
+    for (;;) {
+        CUdeviceptr p;
+        if (cuMemAlloc_v2(&p, 4096) == 0) cuMemFree_v2(p);
+        __atomic_add_fetch(&pairs, 1, __ATOMIC_RELAXED);
+    }
+    return NULL;
+}
+int main(void) {
+    char line[8];
+    cuInit(0);
+    printf("ready\n"); fflush(stdout);
+    if (!fgets(line, sizeof line, stdin)) return 1;
+    for (int i = 0; i < 4; i++) { pthread_t t; pthread_create(&t, NULL, churn, NULL); }
+    while (__atomic_load_n(&pairs, __ATOMIC_RELAXED) < PAIRS) ;
+    printf("done\n"); fflush(stdout);
+    fgets(line, sizeof line, stdin);
+    return 0;
+}
+""".replace("PAIRS", str(FLOOD_PAIRS))
+
+
 class NoEpoll:
     """Stands for the events ring's epoll on a fake ring (a memory file cannot be polled; never waited on)."""
 

@@ -11,39 +11,8 @@ import threading
 from gpuflame.agent.agent import Agent
 from gpuflame.formats import load
 from tests.agent.agent_expected import replay, rows
-from tests.agent.agent_helpers import NativeCaller, agent_cli, fake_ring, ring_for, watching
+from tests.agent.agent_helpers import FLOOD, NativeCaller, agent_cli, fake_ring, ring_for, watching
 
-# Threads allocating and freeing until the process ends; "done" once they have made FLOOD_PAIRS pairs between
-# them, so the agent has been flooded a while when the test stops it.
-FLOOD_PAIRS = 200_000
-FLOOD = r"""
-#include <stdio.h>
-#include <pthread.h>
-typedef unsigned long long CUdeviceptr;
-int cuInit(unsigned int);
-int cuMemAlloc_v2(CUdeviceptr *, size_t);
-int cuMemFree_v2(CUdeviceptr);
-static volatile long pairs;
-static void *churn(void *arg) {
-    for (;;) {
-        CUdeviceptr p;
-        if (cuMemAlloc_v2(&p, 4096) == 0) cuMemFree_v2(p);
-        __atomic_add_fetch(&pairs, 1, __ATOMIC_RELAXED);
-    }
-    return NULL;
-}
-int main(void) {
-    char line[8];
-    cuInit(0);
-    printf("ready\n"); fflush(stdout);
-    if (!fgets(line, sizeof line, stdin)) return 1;
-    for (int i = 0; i < 4; i++) { pthread_t t; pthread_create(&t, NULL, churn, NULL); }
-    while (__atomic_load_n(&pairs, __ATOMIC_RELAXED) < PAIRS) ;
-    printf("done\n"); fflush(stdout);
-    fgets(line, sizeof line, stdin);
-    return 0;
-}
-""".replace("PAIRS", str(FLOOD_PAIRS))
 # The flood and the agent share one CPU, the agent at nice 10 (a twentieth of it or so, as on a node whose
 # workload has the cores): the flood outruns the reader, and the ring is still full when the read's bound runs out.
 FLOOD_CPU = ("taskset", "-c", "0")
@@ -132,8 +101,8 @@ def test_the_records_left_are_counted_by_their_headers():
     ring = ring_for(fd, size, lambda *a: a[3])
     try:
         assert ring.left() == (3 * 2048, True)
-        n, exact = ring.left(until=0.0)  # already past: 4,096 counted, the rest estimated
-        assert not exact and abs(n - 3 * 2048) <= 3
+        n, exact = ring.left(until=0.0)  # already past
+        assert not exact and abs(n - 3 * 2048) <= 3 * 2048 // 100  # 512 counted, the rest from their mean size
     finally:
         ring.close()
         os.close(fd)
