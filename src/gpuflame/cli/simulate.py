@@ -88,38 +88,11 @@ def run(args: argparse.Namespace) -> int:
     if args.output:
         check_output(args.output, [args.input], force=args.force)
     main = Run(inp, settings, capacity, args.device, fraction_limit)
-    outcomes = main.outcomes()
-    for o, least in zip(outcomes, main.smallest_devices(args.memory_fraction), strict=True):
-        o.min_gpu_memory, o.searched = least, True
-    if not main.recorded:  # what the change did, beside the recorded settings on the same device
-        base = Run(inp, inp.recorded, capacity, args.device, fraction_limit).outcomes()
-        explain(outcomes, base, capacity is not None)
-    tried = suggest(inp, capacity, args.device, args.memory_fraction) if args.suggest else []
-    for c in tried:
-        explain(c.outcomes, outcomes, capacity is not None)
+    outcomes, tried = _replay(main, args)
     if args.output:
         save(fragmentation_profile(main), args.output)
     if args.json:
-        data = {
-            "pytorch_rules": PYTORCH_RULES,
-            "capacity": capacity,
-            "capacity_from": how or None,
-            "devices": [o.to_json() for o in outcomes],
-        }
-        if _processes(outcomes) > 1 and capacity is not None:
-            first = _by_oom_time(outcomes)
-            data["first_oom"] = first[0].device if first else None
-        if tried:
-            data["suggest"] = [
-                {
-                    "settings": c.change,
-                    "alloc_conf": c.settings.describe(),
-                    "code": c.code,
-                    "devices": [o.to_json() for o in c.outcomes],
-                }
-                for c in tried
-            ]
-        print_json(data)
+        print_json(_as_json(outcomes, tried, capacity, how))
         return _exit_code(capacity, outcomes)
     lines = [
         f"PyTorch {PYTORCH_RULES} caching-allocator rules; settings: {settings.describe()}"
@@ -137,6 +110,44 @@ def run(args: argparse.Namespace) -> int:
         lines.append(f"wrote the fragmentation profile to {args.output} (gpuflame flame {args.output})")
     sys.stdout.write("".join(printable(line) + "\n" for line in lines))
     return _exit_code(capacity, outcomes)
+
+
+def _replay(main: Run, args: argparse.Namespace) -> tuple[list[Outcome], list[Candidate]]:
+    """The replay of the settings asked for, its smallest device and its why; the settings --suggest tries."""
+    outcomes = main.outcomes()
+    for o, least in zip(outcomes, main.smallest_devices(args.memory_fraction), strict=True):
+        o.min_gpu_memory, o.searched = least, True
+    known = main.capacity is not None
+    if not main.recorded:  # what the change did, beside the recorded settings on the same device
+        base = Run(main.inp, main.inp.recorded, main.capacity, main.device, main.fraction_limit).outcomes()
+        explain(outcomes, base, known)
+    tried = suggest(main.inp, main.capacity, main.device, args.memory_fraction) if args.suggest else []
+    for c in tried:
+        explain(c.outcomes, outcomes, known)
+    return outcomes, tried
+
+
+def _as_json(outcomes: list[Outcome], tried: list[Candidate], capacity: int | None, how: str) -> dict[str, Any]:
+    data: dict[str, Any] = {
+        "pytorch_rules": PYTORCH_RULES,
+        "capacity": capacity,
+        "capacity_from": how or None,
+        "devices": [o.to_json() for o in outcomes],
+    }
+    if _processes(outcomes) > 1 and capacity is not None:
+        first = _by_oom_time(outcomes)
+        data["first_oom"] = first[0].device if first else None
+    if tried:
+        data["suggest"] = [
+            {
+                "settings": c.change,
+                "alloc_conf": c.settings.describe(),
+                "code": c.code,
+                "devices": [o.to_json() for o in c.outcomes],
+            }
+            for c in tried
+        ]
+    return data
 
 
 def _exit_code(capacity: int | None, outcomes: list[Outcome]) -> int:
