@@ -234,26 +234,25 @@ class Candidate:
 
 
 def candidates(inp: Input, capacity: int | None, fraction: float | None) -> list[Candidate]:
-    """The settings --suggest tries: each acts on this run (the ones equal to the recorded settings are left out)."""
+    """The settings --suggest tries: each acts on this run (the ones equal to the recorded settings are left out).
+
+    Under the program's memory fraction (*fraction*) every one is replayed under that limit too.
+    """
+    total = None if capacity is None else capacity + CUDA_CONTEXT
+    limit = None if total is None or fraction is None else int(fraction * total)
     out = []
     for conf in CANDIDATES:
         settings = parse_alloc_conf(conf, inp.recorded)
         if settings != inp.recorded:
-            out.append(Candidate(conf, settings))
-    if capacity is not None:
-        total = capacity + CUDA_CONTEXT
-        settings = parse_alloc_conf(GC_CANDIDATE, inp.recorded)
-        if fraction is not None and settings != inp.recorded:
-            out.append(Candidate(GC_CANDIDATE, settings, int(fraction * total)))
-        else:
-            out.append(
-                Candidate(
-                    f"{GC_CANDIDATE} with a memory fraction set",
-                    settings,
-                    total,
-                    "torch.cuda.set_per_process_memory_fraction(1.0)",
-                )
-            )
+            out.append(Candidate(conf, settings, limit))
+    if total is None:
+        return out  # no device size: no memory fraction, so no collector
+    settings = parse_alloc_conf(GC_CANDIDATE, inp.recorded)
+    if fraction is None:
+        code = "torch.cuda.set_per_process_memory_fraction(1.0)"
+        out.append(Candidate(f"{GC_CANDIDATE} with a memory fraction set", settings, total, code))
+    elif settings != inp.recorded:  # (equal: the recorded threshold acts already, under the program's fraction)
+        out.append(Candidate(GC_CANDIDATE, settings, limit))
     return out
 
 

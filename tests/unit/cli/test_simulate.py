@@ -322,6 +322,8 @@ def test_every_suggestion_names_its_change_the_export_and_any_code(tmp_path: Pat
     rc, out, _ = run(capsys, str(path), "--suggest", "--gpu-memory", "8GiB", "--memory-fraction", "0.5", "--json")
     tried = {t["settings"]: t for t in json.loads(out)["suggest"]}
     assert tried["garbage_collection_threshold:0.6"]["code"] is None  # the program sets its fraction already
+    for t in tried.values():  # every setting tried under the program's limit: half of 8 GiB
+        assert t["devices"][0]["capacity"] == 4 << 30, t["settings"]
     rc, out, _ = run(capsys, str(DATA / "torch-snapshot-silmont2000-mem_snapshot.pickle.gz"), "--suggest")
     assert out.splitlines()[-3].startswith("verdict: max_split_size_mb:128 helps most")
     assert out.splitlines()[-2] == "  to use it: `export PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:128`"
