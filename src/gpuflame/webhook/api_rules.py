@@ -33,7 +33,8 @@ def refusal(pod: Mapping[str, Any], ops: list[dict]) -> str | None:
         patched = apply_adds(pod, ops)
     except (KeyError, IndexError, TypeError, ValueError) as exc:
         return f"the patch does not apply to this pod ({type(exc).__name__})"
-    new = [e for e in broken(patched) if e not in set(broken(pod))]
+    before = set(broken(pod))
+    new = [e for e in broken(patched) if e not in before]
     return "; ".join(new) if new else None
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from gpuflame.webhook import admission
+from gpuflame.webhook import admission, api_rules
 from tests.helpers.pod_rules import (
     ANNOTATIONS_MAX_BYTES,
     all_containers,
@@ -376,6 +376,10 @@ def test_the_patch_of_any_valid_pod_applies_and_gives_a_valid_pod(pod: dict) -> 
     response, patched, ops = review(pod)
     assert response["allowed"] is True
     assert {op["op"] for op in ops} <= {"add"}
+    assert api_rules.apply_adds(pod, ops) == patched  # the webhook's own replay of its patch, as jsonpatch's
+    if any("would make the pod invalid" in w for w in response.get("warnings", [])):  # withheld: rightly?
+        full, _ = admission.profile(copy.deepcopy(pod), admission.Config())
+        assert api_errors(jsonpatch.apply_patch(copy.deepcopy(pod), full)), "a patch that kept the pod valid withheld"
     assert schema_errors(patched) == [], (ops, patched)
     assert api_errors(patched) == [], (ops, patched)
     assert_user_fields_kept(pod, patched)
