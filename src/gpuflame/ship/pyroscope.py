@@ -50,7 +50,8 @@ PROFILE_NAME = "gpu_memory"
 PERIOD_TYPE = SampleType("space", "bytes")
 MAX_LABEL_VALUES = 16  # above this a sample label is not made a series label
 # sample label -> series label; gpu is the device (cuda:0), gpu_model its name (NVIDIA H200)
-# category: eight values at most (model/categories.py), so Grafana can split a service by the kind of memory;
+# category: the few values of model/categories.py (fewer than MAX_LABEL_VALUES), so Grafana can split a service
+# by the kind of memory;
 # phase: the program's few phases (model/phases.py), kept only while MAX_LABEL_VALUES bounds them;
 # rank, local_rank, world_size: a distributed job's process (boundary/ranks.py), one value per pushing process
 SERIES_SAMPLE_LABELS = {

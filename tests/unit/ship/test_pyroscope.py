@@ -559,3 +559,13 @@ def test_bytes_that_change_category_between_pushes_are_pushed_once() -> None:
             pushed[category] = pushed.get(category, 0) + sample.values[0]
     assert sum(pushed.values()) == 170  # what the final snapshot says was allocated since the start
     assert pushed == {"activation": 130, "parameter": 40}
+
+
+def test_every_category_can_become_a_series_label() -> None:
+    """A sample label with more values than MAX_LABEL_VALUES is not made a series label: the vocabulary
+    (ten categories since frozen_parameter and comm_buffer) must stay under it, or Grafana loses the split."""
+    from gpuflame.model.categories import CATEGORIES
+    from gpuflame.ship import pyroscope
+
+    assert "category" in pyroscope.SERIES_SAMPLE_LABELS
+    assert len(CATEGORIES) < pyroscope.MAX_LABEL_VALUES
