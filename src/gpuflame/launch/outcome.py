@@ -27,6 +27,9 @@ def write_meta(meta: RunMeta, run_dir: Path) -> None:
         meta.lost.append(f"the run's metadata could not be written ({exc}): gpuflame serve will not list it")
 
 
+MAX_PROCESS_LINES = 16  # a run of 64 ranks and their loader workers: the rest is report's
+
+
 def note_processes(meta: RunMeta, merged: Profile) -> None:
     """Each process of a run of several (or of a ranked one) and how uneven they were, into *meta*."""
     rows = process_rows(merged)
@@ -68,12 +71,14 @@ def say_where(output: Path, meta: RunMeta, idle: dict[int, str], peak_note: str,
 def _process_lines(meta: RunMeta) -> list[str]:
     """A line per process (rank, pid, own peak and when, share of the joint peak, command), then how uneven."""
     lines = []
-    for p in map(_fields, meta.per_process):
+    for p in map(_fields, meta.per_process[:MAX_PROCESS_LINES]):
         when = f" at {p['peak_s']:.3f} s" if p.get("peak_s") is not None else ""
         own = f"own peak {format_bytes(p['peak'])}{when}, " if p.get("peak") else ""
         words = [str(w) for w in p.get("command") or []]
         command = f": {' '.join([os.path.basename(words[0]), *words[1:]])}" if words else ""  # the program by name
         lines.append(printable(f"{_who(p)}: {own}{format_bytes(p['at_joint_peak'])} at the joint peak{command}"))
+    if len(meta.per_process) > MAX_PROCESS_LINES:
+        lines.append(f"... {len(meta.per_process) - MAX_PROCESS_LINES} more processes: see gpuflame report")
     if meta.uneven:
         u = _fields(meta.uneven)
         big, small = _fields(u["largest"]), _fields(u["smallest"])

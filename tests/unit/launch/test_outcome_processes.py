@@ -1,0 +1,53 @@
+"""gpuflame run's last lines for a run of several processes: a line per rank, bounded, then the spread."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gpuflame.launch.outcome import MAX_PROCESS_LINES, note_processes, say_where
+from gpuflame.launch.store import RunMeta
+from gpuflame.model import Frame, Profile, memory_sample_types
+from gpuflame.model.processes import ProcessInfo
+
+
+def ranked_run(count: int) -> Profile:
+    """*count* ranks, rank r holding (r + 1) KiB at the joint peak and its own peak."""
+    p = Profile(sample_types=memory_sample_types(inuse=False, alloc=False))
+    for r in range(count):
+        p.add([Frame("train", "t.py", 1)], [(r + 1) * 1024, 1], {"pid": str(100 + r), "rank": str(r), "device": "cpu"})
+        p.processes.append(
+            ProcessInfo(str(100 + r), rank=str(r), argv=("/venv/bin/python3", "t.py"), peak=(r + 1) * 1024)
+        )
+    return p
+
+
+def lines_of(profile: Profile, capsys, tmp_path: Path) -> list[str]:
+    meta = RunMeta(command=["torchrun", "t.py"], started=0.0, processes=[int(i.pid) for i in profile.processes])
+    meta.totals = profile.totals()
+    note_processes(meta, profile)
+    say_where(tmp_path / "run.pb.gz", meta, {}, "")
+    return capsys.readouterr().err.splitlines()
+
+
+def test_a_line_per_rank_then_the_spread(capsys, tmp_path: Path) -> None:
+    lines = lines_of(ranked_run(2), capsys, tmp_path)
+    assert lines[1:4] == [
+        "gpuflame: rank 0 (pid 100): own peak 1.00 KiB, 1.00 KiB at the joint peak: python3 t.py",
+        "gpuflame: rank 1 (pid 101): own peak 2.00 KiB, 2.00 KiB at the joint peak: python3 t.py",
+        "gpuflame: ranks uneven: rank 1 (pid 101) peaked at 2.00 KiB, rank 0 (pid 100) at 1.00 KiB: "
+        "the largest peak is 2.00x the smallest",
+    ]
+
+
+def test_many_ranks_are_bounded_and_the_rest_counted(capsys, tmp_path: Path) -> None:
+    lines = lines_of(ranked_run(MAX_PROCESS_LINES + 5), capsys, tmp_path)
+    ranks = [line for line in lines if line.startswith("gpuflame: rank ")]
+    assert len(ranks) == MAX_PROCESS_LINES
+    assert "gpuflame: ... 5 more processes: see gpuflame report" in lines
+    assert any(line.startswith("gpuflame: ranks uneven: rank 20 (pid 120)") for line in lines)
+
+
+def test_one_process_without_a_rank_gets_no_line(capsys, tmp_path: Path) -> None:
+    p = ranked_run(1)
+    p.processes = [ProcessInfo("100", peak=1024)]
+    assert not [line for line in lines_of(p, capsys, tmp_path) if "pid 100" in line]
