@@ -113,7 +113,14 @@ def process_rows(profile: Profile) -> list[ProcessRow]:
 
 def uneven(rows: list[ProcessRow]) -> Uneven | None:
     """The largest own peak over the smallest, of the ranks (else of the processes); None under two known."""
-    ranked = [r for r in rows if r.info.rank and r.info.peak]
+    by_rank: dict[str, ProcessRow] = {}
+    for r in rows:  # a rank's other processes (DataLoader workers inherit RANK): its largest stands for it
+        if not (r.info.rank and r.info.peak):
+            continue
+        held = by_rank.get(r.info.rank)
+        if held is None or r.info.peak > held.info.peak:
+            by_rank[r.info.rank] = r
+    ranked = list(by_rank.values())
     of = "ranks"
     if len(ranked) < 2:
         ranked, of = [r for r in rows if r.info.peak], "processes"

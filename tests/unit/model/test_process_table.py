@@ -52,3 +52,16 @@ def test_a_pid_label_that_is_no_number_stays_text() -> None:
     p = profile_of(("worker-a", "x", 5), ("7", "x", 1))
     rows = process_rows(p)
     assert [r.to_dict()["pid"] for r in rows] == [7, "worker-a"]
+
+
+def test_a_rank_s_worker_does_not_stand_for_the_rank() -> None:
+    """DataLoader workers inherit RANK: rank 0's main process (900 B), not its worker (10 B), is rank 0's peak."""
+    p = profile_of(("1", "x", 1), ("2", "x", 1), ("3", "x", 1))
+    p.processes = [
+        ProcessInfo("1", rank="0", peak=900),
+        ProcessInfo("2", rank="1", peak=300),
+        ProcessInfo("3", rank="0", peak=10),
+    ]
+    spread = uneven(process_rows(p))
+    assert spread is not None and spread.of == "ranks" and spread.ratio == 3.0
+    assert (spread.largest.info.pid, spread.smallest.info.pid) == ("1", "2")
