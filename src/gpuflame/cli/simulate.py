@@ -245,58 +245,49 @@ def _fraction_limit(fraction: float | None, capacity: int | None) -> int | None:
     return int(fraction * (capacity + CUDA_CONTEXT))
 
 
+OOM_AS_IS = "the recorded settings run out of memory"
+
+
+def _total(outs: list[Outcome]) -> int:
+    return sum(o.simulated["reserved_peak"] for o in outs)
+
+
+def _tried(c: Candidate, was: int, base_oom: bool) -> list[str]:
+    """One setting tried: its reserved peak (or whether it fits), its smallest device, and why, measured."""
+    outs, peak = c.outcomes, format_bytes(_total(c.outcomes))
+    oom = any(o.oom for o in outs)
+    if base_oom:
+        head = f"  {c.change}: " + ("out of memory too" if oom else f"fits, reserved peak {peak}")
+    else:
+        head = f"  {c.change}: reserved peak {peak}, was {format_bytes(was)}" + (" (out of memory)" if oom else "")
+    return [f"{head}; fits from {_least(outs)}", *(f"    why{_on(o, outs)}: {o.why}" for o in outs if o.why)]
+
+
 def verdict(base: list[Outcome], tried: list[Candidate]) -> list[str]:
-    """Which tried setting lowers the reserved peak most (summed over devices), or fits where the others do not."""
-
-    def total(outs: list[Outcome]) -> int:
-        return sum(o.simulated["reserved_peak"] for o in outs)
-
-    was, base_oom = total(base), any(o.oom for o in base)
-    lines = []
-    for c in tried:
-        outs = c.outcomes
-        oom = any(o.oom for o in outs)
-        least = f"; fits from {_least(outs)}"
-        if base_oom:
-            fits = f"fits, reserved peak {format_bytes(total(outs))}"
-            lines.append(f"  {c.change}: " + ("out of memory too" if oom else fits) + least)
-            lines += [f"    why{_on(o, outs)}: {o.why}" for o in outs if o.why]
-            continue
-        lines.append(
-            f"  {c.change}: reserved peak {format_bytes(total(outs))}, was {format_bytes(was)}"
-            + (" (out of memory)" if oom else "")
-            + least
-        )
-        lines += [f"    why{_on(o, outs)}: {o.why}" for o in outs if o.why]
+    """Which tried setting lowers the reserved peak most (summed over devices), or fits where the others do not;
+    the one change to make, and the smallest device it (or, where none helps, the settings replayed) fits."""
+    was, base_oom = _total(base), any(o.oom for o in base)
+    lines = ["settings tried:", *(line for c in tried for line in _tried(c, was, base_oom))]
     if not any(c.fraction_limit for c in tried):
         lines.append(NO_GC)
-    fitting = sorted(
-        ((total(c.outcomes), n) for n, c in enumerate(tried) if not any(o.oom for o in c.outcomes)),
-    )
+    fitting = sorted((_total(c.outcomes), n) for n, c in enumerate(tried) if not any(o.oom for o in c.outcomes))
+    as_is = f"  smallest device the settings replayed fit: {fits_on(_largest_need(base))}" if _searched(base) else ""
+    if base_oom and not fitting:
+        return [*lines, "verdict: none of the settings tried avoids running out of memory", as_is]
+    if not base_oom and (not fitting or fitting[0][0] >= was):
+        return [*lines, "verdict: none of the settings tried lowers the reserved peak", as_is]
+    peak, best = fitting[0][0], tried[fitting[0][1]]
     if base_oom:
-        if not fitting:
-            return ["settings tried:", *lines, "verdict: none of the settings tried avoids running out of memory"]
-        best = tried[fitting[0][1]]
         head = (
-            f"verdict: {best.change} fits (reserved peak {format_bytes(fitting[0][0])}); "
-            "the recorded settings run out of memory"
+            f"verdict: {best.change} fits (reserved peak {format_bytes(peak)}); the recorded settings run out of memory"
         )
-    elif not fitting or fitting[0][0] >= was:
-        return ["settings tried:", *lines, "verdict: none of the settings tried lowers the reserved peak"]
     else:
-        peak, best = fitting[0][0], tried[fitting[0][1]]
         head = (
             f"verdict: {best.change} helps most: reserved peak {format_bytes(peak)}, was {format_bytes(was)} "
             f"({100 * (was - peak) / was:.1f}% less)"
         )
-    smallest = _largest_need(best.outcomes)
-    return [
-        "settings tried:",
-        *lines,
-        head,
-        f"  to use it: {best.advice}",
-        f"  smallest device it fits: {fits_on(smallest)}" + (f" (was {_least(base)})" if _searched(base) else ""),
-    ]
+    smallest = f"  smallest device it fits: {fits_on(_largest_need(best.outcomes))}"
+    return [*lines, head, f"  to use it: {best.advice}", smallest + (f" (was {_least(base)})" if as_is else "")]
 
 
 def _processes(outcomes: list[Outcome]) -> int:

@@ -324,6 +324,11 @@ def test_every_suggestion_names_its_change_the_export_and_any_code(tmp_path: Pat
     assert tried["garbage_collection_threshold:0.6"]["code"] is None  # the program sets its fraction already
     for t in tried.values():  # every setting tried under the program's limit: half of 8 GiB
         assert t["devices"][0]["capacity"] == 4 << 30, t["settings"]
+    rc, out, _ = run(capsys, str(path), "--json")
+    least = json.loads(out)["devices"][0]["min_gpu_memory"] >> 20
+    rc, out, _ = run(capsys, str(path), "--suggest")  # over max_split_size_mb:256, neither 128 nor 512 lowers it
+    assert out.splitlines()[-2] == "verdict: none of the settings tried lowers the reserved peak"
+    assert out.splitlines()[-1].startswith(f"  smallest device the settings replayed fit: {least} MiB (--gpu-memory")
     rc, out, _ = run(capsys, str(DATA / "torch-snapshot-silmont2000-mem_snapshot.pickle.gz"), "--suggest")
     assert out.splitlines()[-3].startswith("verdict: max_split_size_mb:128 helps most")
     assert out.splitlines()[-2] == "  to use it: `export PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:128`"
