@@ -151,8 +151,8 @@ CONFS = [
 ops = st.lists(st.tuples(st.booleans(), st.integers(1, 64 * MiB), st.integers(0, 50)), min_size=1, max_size=120)
 
 
-def _replay(conf: str, seq, capacity=None):
-    a = Allocator(parse_alloc_conf(conf) if conf else DEFAULTS, capacity=capacity)
+def _replay(conf: str, seq, capacity=None, fraction_limit=None):
+    a = Allocator(parse_alloc_conf(conf) if conf else DEFAULTS, capacity=capacity, fraction_limit=fraction_limit)
     live = []
     for is_alloc, size, pick in seq:
         if is_alloc or not live:
@@ -170,7 +170,7 @@ def _replay(conf: str, seq, capacity=None):
 @settings(max_examples=60, deadline=None)
 @given(seq=ops, conf=st.sampled_from(CONFS))
 def test_allocated_never_exceeds_reserved(seq, conf):
-    a = _replay(conf, seq, capacity=256 * MiB)
+    a = _replay(conf, seq, capacity=256 * MiB, fraction_limit=256 * MiB)  # a fraction set: the collector acts
     assert a.allocated_peak <= a.reserved_peak
 
 
