@@ -100,6 +100,8 @@ def run(args: argparse.Namespace) -> int:
     ]
     if how:
         lines.append(f"device memory: {format_bytes(min(capacity or 0, fraction_limit or capacity or 0))} ({how})")
+    if settings.garbage_collection_threshold and fraction_limit is None:
+        lines.append(GC_IDLE)
     for o in outcomes:
         lines += describe(o, capacity)
     if _processes(outcomes) > 1 and capacity is not None:
@@ -245,6 +247,10 @@ def _fraction_limit(fraction: float | None, capacity: int | None) -> int | None:
     return int(fraction * (capacity + CUDA_CONTEXT))
 
 
+GC_IDLE = (
+    "note: garbage_collection_threshold does nothing here: PyTorch runs the collector only where the program set "
+    "a memory fraction (torch.cuda.set_per_process_memory_fraction); if it did, give --memory-fraction F"
+)
 OOM_AS_IS = "the recorded settings run out of memory"
 
 

@@ -63,6 +63,9 @@ def test_terminal_answer_and_suggest(capsys):
     assert "garbage_collection_threshold:0.6:" not in out
 
 
+FRACTION = ("--gpu-memory", "1966MiB", "--memory-fraction", "1")
+
+
 def test_the_garbage_collector_acts_only_with_a_memory_fraction(capsys):
     """DeComFL on 1.42 GiB usable (0.8 of its reserved peak): the threshold alone changes nothing."""
 
@@ -77,6 +80,10 @@ def test_the_garbage_collector_acts_only_with_a_memory_fraction(capsys):
     collected = replay("--alloc-conf", "garbage_collection_threshold:0.6", "--memory-fraction", "1")
     assert collected["simulated"]["segments_freed"] > plain["simulated"]["segments_freed"]
     assert replay("--memory-fraction", "1")["simulated"] == plain["simulated"]  # 1.0 of the device: no lower limit
+    rc, out, _ = run(capsys, DECOMFL, "--alloc-conf", "garbage_collection_threshold:0.6")
+    assert "note: garbage_collection_threshold does nothing here: PyTorch runs the collector only where" in out
+    rc, out, _ = run(capsys, DECOMFL, "--alloc-conf", "garbage_collection_threshold:0.6", *FRACTION)
+    assert "does nothing here" not in out
     rc, _, err = run(capsys, DECOMFL, "--memory-fraction", "0.5")
     assert rc == 2 and "--memory-fraction: give the device's memory too (--gpu-memory)" in err
     rc, _, err = run(capsys, DECOMFL, "--gpu-memory", "L4", "--memory-fraction", "1.5")
