@@ -4,7 +4,7 @@ It calls the stand-in libcuda through ctypes and writes, for every call, a
 JSON line with what it did and the Python stack that did it (from
 ``sys._getframe`` on the line of the call: one line each, ``# fmt: skip``), so a test can compute the exact
 profile the agent must produce. Commands come one per line on stdin
-(``load`` with ``late``, ``basic``, ``ptsz``, ``vmm``, ``threads``, ``race N``, ``flood N``, ``crowd N``, ``cells N``,
+(``load`` with ``late``, ``basic``, ``ptsz``, ``vmm``, ``threads``, ``race N``, ``crowd N``, ``cells N``,
 ``deep N``, ``hold``, ``release``, ``fork``, ``refused``, ``refused_vmm``, ``init``, ``oom``, ``exit``); ``ready``
 and ``done`` lines pace the test. With the argument
 ``seccomp`` it first puts itself under an allow-all seccomp filter.
@@ -259,18 +259,6 @@ def churn(n, size):
         assert LIB.cuMemFree_v2(u64(p.value)) == 0
 
 
-FLOODING = []
-
-
-def flood(n_threads):
-    """*n_threads* threads allocating and freeing until the process ends (a workload flooding the agent); says
-    done at once."""
-    for _ in range(n_threads):
-        t = threading.Thread(target=churn, args=(1 << 62, 4096), daemon=True)
-        t.start()
-        FLOODING.append(t)
-
-
 def race(pairs):
     """4 threads, *pairs* alloc/free pairs in all, addresses reused at once (no per-call log: it would serialise
     them); one record of the totals."""
@@ -364,8 +352,6 @@ def main():
             threads()
         elif cmd[0] == "race":
             race(int(cmd[1]))
-        elif cmd[0] == "flood":
-            flood(int(cmd[1]))
         elif cmd[0] == "crowd":
             crowd(int(cmd[1]))
         elif cmd[0] == "cells":
