@@ -59,9 +59,11 @@ def measure(
     Each way runs as many iterations as take *plan*'s seconds per measurement (2 to 50).
     """
     max_rounds, seconds, per_measurement = plan
-    work(), work()  # warm-up: kernels chosen, the allocator's pools made
-    per_call = timed(work, 2, sync) / 2
-    iters = max(2, min(50, int(per_measurement / max(per_call, 1e-6))))
+    iters = 2
+    if per_measurement:  # the dry run's 2 iterations need no warm-up or calibration
+        work(), work()  # warm-up: kernels chosen, the allocator's pools made
+        per_call = timed(work, 2, sync) / 2
+        iters = max(2, min(50, int(per_measurement / max(per_call, 1e-6))))
     ratios, nulls, stops, peaks, bare = [], [], [], [], []
     start = time.monotonic()
     for r in range(max_rounds):
