@@ -6,16 +6,17 @@ match, else the run is made here):
 ``gpuflame simulate --json`` under the recorded settings (the replay),
 ``expandable_segments:True``, ``max_split_size_mb:32``,
 ``roundup_power2_divisions:4`` and a memory cap at 80% of the default
-reserved peak (simulate's ``--gpu-memory``, the run's
-``set_per_process_memory_fraction``), each beside workloads.py run on the GPU
-under the same setting: reserved peak, segment events, out of memory or
-not. Then the same workload run on the CPU under ``gpuflame run --backend
+reserved peak (the run's ``set_per_process_memory_fraction``; simulate's
+``--memory-fraction`` of ``--gpu-memory``, the device's size), each beside
+workloads.py run on the GPU under the same setting: reserved peak, segment
+events, out of memory or not. Then the same workload run on the CPU under ``gpuflame run --backend
 torch``, replayed by simulate as a prediction for the GPU, beside the real
 default run. Everything through gpuflame's command line.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -42,8 +43,35 @@ WORKLOAD_NAMES = ("gpt2-train", "llama-generate")
 SETTINGS = ("expandable_segments:True", "max_split_size_mb:32", "roundup_power2_divisions:4")
 CAP_SHARE = 0.8  # the memory cap, as a share of the default run's reserved peak
 CONTEXT_BYTES = 512 << 20  # simulate's --gpu-memory leaves this for the CUDA context
+NOMINAL_DEVICE = 80 << 30  # the device's size in a dry run without CUDA
 HEADER = ["workload", "setting", "predicted from", "simulated reserved peak", "real reserved peak", "difference",
           "simulated segments made / freed", "real segment events", "simulated OOM", "real OOM"]  # fmt: skip
+
+
+@functools.cache
+def simulate_help() -> str:
+    return run(gpuflame_argv("simulate", "--help"), 30).stdout
+
+
+def device_total(cuda: bool) -> int:
+    """cuda:0's memory in bytes (what set_per_process_memory_fraction takes its share of), else a nominal 80 GiB."""
+    if not cuda:
+        return NOMINAL_DEVICE
+    import torch
+
+    return int(torch.cuda.get_device_properties(0).total_memory)
+
+
+def cap_flags(cap: int, total: int) -> tuple[list[str], str]:
+    """simulate's flags for a run capped at *cap* bytes by set_per_process_memory_fraction, and them in words.
+
+    ``--memory-fraction`` (the share of ``--gpu-memory``) where this gpuflame takes it, else the device made
+    as small as the cap (``--gpu-memory`` less the CUDA context's share simulate sets aside).
+    """
+    if "--memory-fraction" in simulate_help():
+        fraction = cap / total
+        return ["--gpu-memory", str(total), "--memory-fraction", repr(fraction)], f"--memory-fraction {fraction:.4g}"
+    return ["--gpu-memory", str(cap + CONTEXT_BYTES)], f"--gpu-memory {mib(cap + CONTEXT_BYTES)}"
 
 
 def simulate(path: Path, ctx: Context, *options: str) -> dict[str, Any]:
@@ -130,10 +158,11 @@ def one_workload(ctx: Context, workload: str, cuda: bool, recorded: dict[str, di
     peak = (base or {}).get("reserved_peak") or (simulate(source, ctx).get("simulated") or {}).get("reserved_peak")
     if peak:
         cap = int(CAP_SHARE * peak)
-        sim = simulate(source, ctx, "--gpu-memory", str(cap + CONTEXT_BYTES))
+        flags, how = cap_flags(cap, device_total(cuda))
+        sim = simulate(source, ctx, *flags)
         real = real_run(ctx, workload, "", cap) if cuda else None
         rows.append(
-            row(workload, f"memory cap {mib(cap)} ({CAP_SHARE:.0%} of the default peak)", label, sim, real, why)
+            row(workload, f"memory cap {mib(cap)} ({CAP_SHARE:.0%} of the default peak; {how})", label, sim, real, why)
         )
     cpu_sim = simulate(cpu, ctx) if cpu else {"error": cpu_why}
     rows.append(row(workload, "CPU run predicted for the GPU", "CPU profile", cpu_sim, base if cuda else None, why))

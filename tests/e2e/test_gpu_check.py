@@ -245,6 +245,7 @@ def test_the_simulate_part_on_a_gpu_snapshot_runs_each_setting_once_beside_its_p
 
     monkeypatch.setattr(part_simulate, "real_run", on_the_gpu)
     monkeypatch.setattr(part_simulate, "cpu_profile", lambda ctx, workload: (None, "no CPU run in this test"))
+    monkeypatch.setattr(part_simulate, "device_total", lambda cuda: 80 << 30)
     rows = part_simulate.one_workload(Context(tmp_path, tmp_path, dry_run=False), "gpt2-train", True, recorded)
     cap = int(part_simulate.CAP_SHARE * reserved)
     assert calls == [  # the expandable run is the snapshots part's, not made again
@@ -255,7 +256,7 @@ def test_the_simulate_part_on_a_gpu_snapshot_runs_each_setting_once_beside_its_p
     assert [r[1] for r in rows] == [
         "recorded settings (replay)",
         *part_simulate.SETTINGS,
-        f"memory cap {mib(cap)} (80% of the default peak)",
+        f"memory cap {mib(cap)} (80% of the default peak; --memory-fraction {cap / (80 << 30):.4g})",
         "CPU run predicted for the GPU",
     ]
     for r in rows[:-1]:
