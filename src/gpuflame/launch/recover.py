@@ -53,6 +53,8 @@ def find(given: Path) -> RunFolder:
         return RunFolder(processes_folder(given), given, None)
     if given.is_dir():
         return RunFolder(given, None, None)
+    if given.exists() and not given.is_file():
+        raise GpuflameError(f"{given}: is a device, a pipe or a socket, not a run's folder or its -o file")
     raise GpuflameError(f"{given}: no such run folder (give the store's run folder, or the -o file of the run)")
 
 

@@ -146,11 +146,17 @@ def test_a_killed_run_of_the_store_is_recovered_in_place(tmp_path):
 
 @pytest.mark.subprocess
 def test_recover_refuses_what_is_not_a_run_in_one_line(tmp_path):
-    (tmp_path / "empty").mkdir()
-    for given in ("nowhere", "empty"):
+    (tmp_path / "empty").mkdir(mode=0o700)
+    os.mkfifo(tmp_path / "fifo")  # named, never opened: reading it would wait for a writer
+    for given, words in (
+        ("nowhere", "no such run folder"),
+        ("empty", "no per-process files"),
+        ("fifo", "a pipe"),
+        ("/dev/zero", "a device"),
+    ):
         done = recover(given, cwd=tmp_path)
         assert done.returncode == 2 and len(done.stderr.splitlines()) == 1, done.stderr
-        assert "Traceback" not in done.stderr
+        assert words in done.stderr and "Traceback" not in done.stderr
 
 
 @pytest.mark.subprocess
