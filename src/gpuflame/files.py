@@ -153,9 +153,6 @@ def _remove_quietly(path: str) -> None:
 
 # -- where an output may go ---------------------------------------------------
 
-# Bytes written to tell whether a folder still takes files (write_problem): a small profile.
-_PROBE_BYTES = 4096
-
 # Bytes read from an existing file to tell whether gpuflame wrote it.
 _SNIFF_BYTES = 65536
 
@@ -235,25 +232,6 @@ def _probe(folder: Path, target: Path) -> None:
         raise GpuflameError(f"{target}: cannot write in {folder} ({exc.strerror or exc})") from None
     os.close(fd)
     _remove_quietly(tmp)
-
-
-def write_problem(folder: str | os.PathLike[str]) -> str:
-    """'' when *folder* takes a small file now, else why not in the OS's words (a full disk, a read-only mount).
-
-    An empty file proves little: a full filesystem still makes one.
-    """
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=".gpuflame-probe.", dir=folder)
-    except OSError as exc:
-        return exc.strerror or str(exc)
-    try:
-        os.write(fd, bytes(_PROBE_BYTES))
-        return ""
-    except OSError as exc:
-        return exc.strerror or str(exc)
-    finally:
-        os.close(fd)
-        _remove_quietly(tmp)
 
 
 def _written_by_gpuflame(path: Path) -> bool:
