@@ -126,6 +126,7 @@ def uneven(rows: list[ProcessRow]) -> Uneven | None:
         ranked, of = [r for r in rows if r.info.peak], "processes"
     if len(ranked) < 2:
         return None
-    largest = max(ranked, key=lambda r: r.info.peak)
-    smallest = min(ranked, key=lambda r: r.info.peak)
-    return Uneven(largest, smallest, of)
+    # one sort, not max() and min(): where every peak is equal those both return the first row, and the
+    # line named one process twice ('pid 5697 peaked at 1.00 MiB, pid 5697 at 1.00 MiB')
+    ordered = sorted(ranked, key=lambda r: r.info.peak)
+    return Uneven(ordered[-1], ordered[0], of)

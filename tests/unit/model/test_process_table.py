@@ -65,3 +65,12 @@ def test_a_rank_s_worker_does_not_stand_for_the_rank() -> None:
     spread = uneven(process_rows(p))
     assert spread is not None and spread.of == "ranks" and spread.ratio == 3.0
     assert (spread.largest.info.pid, spread.smallest.info.pid) == ("1", "2")
+
+
+def test_equal_peaks_name_two_processes() -> None:
+    """Two pool workers with the same peak: the line compares two processes, not one with itself."""
+    p = profile_of(("1", "x", 1), ("2", "x", 1))
+    p.processes = [ProcessInfo("1", peak=1 << 20), ProcessInfo("2", peak=1 << 20)]
+    spread = uneven(process_rows(p))
+    assert spread is not None and spread.ratio == 1.0
+    assert {spread.largest.info.pid, spread.smallest.info.pid} == {"1", "2"}
