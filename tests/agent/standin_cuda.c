@@ -10,7 +10,6 @@
  */
 #include <cuda.h>
 #include <pthread.h>
-#include <sched.h>
 #include <stdint.h>
 #include <stdlib.h>
 
@@ -26,13 +25,14 @@ static uint64_t next_address = 0x7f0000000000ull;
 static uint64_t next_handle = 0x1000;
 static int initialized;
 /* gpuflame_standin_reuse(1): device addresses freed are handed out again at once, last freed first (as a
- * real allocator reuses them), and a free yields the CPU after releasing its block, before it returns, so
- * that another thread's allocation gets the address while the free is still in flight (a real driver may
- * hand an address out again before its free has returned) */
+ * real allocator reuses them), and a free waits after releasing its block, before it returns, so that another
+ * thread's allocation gets the address while the free is still in flight (a real driver may hand an address
+ * out again before its free has returned) */
 #define REUSE_SLOTS 4096
 static uint64_t reusable[REUSE_SLOTS];
 static unsigned n_reusable;
 static int reuse;
+static uint64_t handed_out; /* allocations handed out so far (a free in flight waits for the next) */
 
 void gpuflame_standin_reuse(int on) { reuse = on; }
 /* gpuflame_standin_refuse(1): every free, release and unmap fails and keeps what it would drop, as in a
@@ -67,23 +67,33 @@ static CUresult hand_out(uint64_t *out, size_t size, uint64_t *counter, uint64_t
         *counter += (size + 511) & ~(uint64_t)511;
     }
     int ok = remember(at | tag);
+    __atomic_add_fetch(&handed_out, 1, __ATOMIC_RELEASE);
     pthread_mutex_unlock(&lock);
     if (!ok) return CUDA_ERROR_OUT_OF_MEMORY;
     *out = at;
     return CUDA_SUCCESS;
 }
 
+/* The free in flight after releasing its block: it waits (spinning, bounded: a few tens of microseconds) until
+ * another allocation has been handed out, which with reuse on takes the address just freed (last freed first).
+ * A spin, not sched_yield(): beside busy loops on a loaded machine each yield waits out their time slices. */
+#define HAND_OUT_SPINS 500
+
+static void wait_for_a_hand_out(uint64_t seen) {
+    for (int i = 0; i < HAND_OUT_SPINS && __atomic_load_n(&handed_out, __ATOMIC_ACQUIRE) == seen; i++)
+        __builtin_ia32_pause();
+}
+
 static CUresult take_back(uint64_t key) {
     if (refuse) return CUDA_ERROR_ILLEGAL_ADDRESS;
+    uint64_t seen = __atomic_load_n(&handed_out, __ATOMIC_ACQUIRE);
     pthread_mutex_lock(&lock);
     int ok = forget(key);
     if (ok && reuse && !(key & (HANDLE_TAG | HOST_TAG)) && n_reusable < REUSE_SLOTS)
         reusable[n_reusable++] = key;
     pthread_mutex_unlock(&lock);
-    if (ok && reuse) { /* released: let another thread take the address before this free returns */
-        sched_yield();
-        for (volatile int spin = 0; spin < 2000; spin++) {}
-    }
+    if (ok && reuse) /* released: another thread's allocation takes the address before this free returns */
+        wait_for_a_hand_out(seen);
     return ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
