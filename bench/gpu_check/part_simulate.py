@@ -9,9 +9,10 @@ match, else the run is made here):
 reserved peak (the run's ``set_per_process_memory_fraction``; simulate's
 ``--memory-fraction`` of ``--gpu-memory``, the device's size), each beside
 workloads.py run on the GPU under the same setting: reserved peak, segment
-events, out of memory or not. Then the same workload run on the CPU under ``gpuflame run --backend
-torch``, replayed by simulate as a prediction for the GPU, beside the real
-default run. Everything through gpuflame's command line.
+events, out of memory or not. The out-of-memory recording is replayed with
+its own fraction. Then the same workload run on the CPU under ``gpuflame
+run --backend torch``, replayed by simulate as a prediction for the GPU,
+beside the real default run. Everything through gpuflame's command line.
 """
 
 from __future__ import annotations
@@ -140,6 +141,19 @@ def recorded_run(recorded: dict[str, dict[str, Any]], workload: str, conf: str) 
     )  # fmt: skip
 
 
+def capped_recordings(ctx: Context, workload: str, recorded: dict[str, dict[str, Any]], cuda: bool) -> list[list[str]]:
+    """The snapshots part's runs of *workload* under a memory fraction (the OOM run) replayed with that fraction."""
+    rows = []
+    for r in recorded.values():
+        if r.get("workload") != workload or "fraction" not in r or "error" in r or not Path(r["snapshot"]).exists():
+            continue
+        total = device_total(cuda)
+        flags, how = cap_flags(int(r["fraction"] * total), total)
+        sim = simulate(Path(r["snapshot"]), ctx, *flags)
+        rows.append(row(workload, f"{r['recording']} replayed ({how})", "its own GPU snapshot", sim, r, ""))
+    return rows
+
+
 def one_workload(ctx: Context, workload: str, cuda: bool, recorded: dict[str, dict[str, Any]]) -> list[list[str]]:
     """The rows of one workload: the replay, each setting, the cap, the CPU run's prediction."""
     why = "no CUDA" if not cuda else "not run"
@@ -164,6 +178,7 @@ def one_workload(ctx: Context, workload: str, cuda: bool, recorded: dict[str, di
         rows.append(
             row(workload, f"memory cap {mib(cap)} ({CAP_SHARE:.0%} of the default peak; {how})", label, sim, real, why)
         )
+    rows += capped_recordings(ctx, workload, recorded, cuda)
     cpu_sim = simulate(cpu, ctx) if cpu else {"error": cpu_why}
     rows.append(row(workload, "CPU run predicted for the GPU", "CPU profile", cpu_sim, base if cuda else None, why))
     return rows

@@ -236,7 +236,12 @@ def test_the_simulate_part_on_a_gpu_snapshot_runs_each_setting_once_beside_its_p
     allocs = sum(1 for t in snapshot["device_traces"] for e in t if e["action"] == "segment_alloc")
     base = {"workload": "gpt2-train", "alloc_conf": "", "snapshot": str(path), "reserved_peak": reserved,
             "segment_events": workloads.segment_events(snapshot), "oom": None}  # fmt: skip
-    recorded = {"gpt2-train": base, "gpt2-train-expandable": {**base, "alloc_conf": "expandable_segments:True"}}
+    oom = {**base, "recording": "gpt2-train-oom", "fraction": 0.6 * reserved / (80 << 30), "oom": "CUDA out of memory"}
+    recorded = {
+        "gpt2-train": base,
+        "gpt2-train-expandable": {**base, "alloc_conf": "expandable_segments:True"},
+        "gpt2-train-oom": oom,
+    }
     calls = []
 
     def on_the_gpu(ctx: Context, workload: str, conf: str, cap: int) -> dict[str, object]:
@@ -257,12 +262,14 @@ def test_the_simulate_part_on_a_gpu_snapshot_runs_each_setting_once_beside_its_p
         "recorded settings (replay)",
         *part_simulate.SETTINGS,
         f"memory cap {mib(cap)} (80% of the default peak; --memory-fraction {cap / (80 << 30):.4g})",
+        f"gpt2-train-oom replayed (--memory-fraction {oom['fraction']:.4g})",
         "CPU run predicted for the GPU",
     ]
     for r in rows[:-1]:
-        assert r[2] == "GPU snapshot" and r[3].endswith(" MiB") and r[4] == mib(reserved), r
+        assert r[2].endswith("GPU snapshot") and r[3].endswith(" MiB") and r[4] == mib(reserved), r
         assert f"alloc {allocs}" in r[7], r
-    assert [r[9] for r in rows] == ["no"] * 4 + ["yes", "no"]
+    assert [r[9] for r in rows] == ["no"] * 4 + ["yes", "yes", "no"]
+    assert rows[-2][8] == "yes"  # 60% of the reserved peak: simulate runs out of memory too
     assert rows[-1][3] == "no CPU run in this test"
 
 
