@@ -8,7 +8,7 @@ a tenth of the command (BENCHMARKS.md). With mmap off and a high trim
 threshold, a freed block goes back to malloc's heap and the next array
 reuses its pages.
 
-Only for gpuflame's own one-shot commands (:func:`gpuflame.cli.common.load_profile`
+Only for gpuflame's own one-shot commands (:func:`gpuflame.pipeline.load_profile`
 turns it on, the command line turns it off when the command returns), never
 in a profiled program: its allocator is its own. Elsewhere than glibc it
 does nothing.

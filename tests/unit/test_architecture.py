@@ -224,7 +224,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("model",),
     ("formats",),
     ("analysis", "simulate", "ship"),  # simulate/ replays a history through the allocator model: data, never text
-    ("capture", "launch", "render"),  # the in-process side; the launcher's side; text and pictures
+    ("capture", "launch", "render", "pipeline"),  # in-process side; launcher; text and pictures; reading a profile
     ("api", "agent"),
     ("hosted",),
     ("notebook", "pytest_plugin", "serve", "webhook"),

@@ -1,4 +1,4 @@
-"""Options every analysis command shares, and loading a profile with them applied.
+"""Options every analysis command shares, and the :class:`~gpuflame.pipeline.Request` they make.
 
 Filters apply in one fixed order (:data:`FILTER_ORDER`), whatever their order
 on the command line, so a command line means one thing: first choose which
@@ -12,24 +12,19 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
-from gpuflame.analysis.selection import Selection, View
+from gpuflame.analysis.selection import Selection
 from gpuflame.boundary.backends import AUTO, frameworks
 from gpuflame.cli.options import add_force_option  # noqa: F401  (the analysis commands take it from here)
-from gpuflame.defaults import source_index_dir
-from gpuflame.formats import load
-from gpuflame.gcpause import kept_to_the_end
-from gpuflame.malloc_reuse import reuse_freed_memory
-from gpuflame.model import DEFAULT_FRAMEWORKS, merge
-from gpuflame.model.functions import missing_def_lines_note
+from gpuflame.model import DEFAULT_FRAMEWORKS
 from gpuflame.model.moment import When, parse_when
 from gpuflame.model.peak import is_exact
 from gpuflame.model.profile import Profile
+from gpuflame.pipeline import Opened, Request, open_each, open_profile
+from gpuflame.pipeline import load_profile as load_profile  # noqa: F401  (the one loader; tests read it here)
 from gpuflame.printable import printable
-from gpuflame.symbols.qualnames import Resolver
-from gpuflame.symbols.source_paths import SourceMap, parse_root
+from gpuflame.symbols.source_paths import parse_root
 from gpuflame.units import parse_size
 
 FILTER_ORDER = f"""\
@@ -82,11 +77,6 @@ def moment_arg(text: str) -> When:
         return parse_when(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def select_moment(profile: Profile, args: argparse.Namespace) -> Profile:
-    """The profile of the moment or window asked for, else *profile* itself."""
-    return selection_from_args(args).at_moment(profile)
 
 
 def add_filter_options(parser: argparse.ArgumentParser) -> None:
@@ -181,13 +171,6 @@ def source_root(text: str) -> tuple[str, str]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def snapshot_options(args: argparse.Namespace) -> dict[str, Any]:
-    """What :func:`gpuflame.formats.load` passes on to the snapshot reader."""
-    roots = getattr(args, "source_root", None) or []
-    resolver = Resolver(SourceMap(roots), store=source_index_dir())
-    return {"native": bool(getattr(args, "native", False)), "resolver": resolver}
-
-
 def positive_count(text: str) -> int:
     """A count of rows or chains: a whole number, at least 1 (``-n 0`` would show nothing)."""
     try:
@@ -220,14 +203,6 @@ def size_arg(text: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def load_profile(paths: Sequence[str], **snapshot_options: Any) -> Profile:
-    """Read one profile, or several merged into one (e.g. one file per process)."""
-    reuse_freed_memory()  # until the command returns (cli/main.py): its arrays reuse each other's pages
-    with kept_to_the_end():  # a command's profile lives until it returns: no collection walks it
-        profiles = [load(p, **snapshot_options) for p in paths]
-        return profiles[0] if len(profiles) == 1 else merge(profiles)
-
-
 def selection_from_args(args: argparse.Namespace) -> Selection:
     """The view the command line asks for: the one :class:`Selection` every front end builds."""
     prune = getattr(args, "prune_framework", None)
@@ -248,48 +223,37 @@ def selection_from_args(args: argparse.Namespace) -> Selection:
     )
 
 
-def apply_filters(profile: Profile, args: argparse.Namespace) -> Profile:
-    """The filters of *args* on *profile* (already at its moment), in :data:`FILTER_ORDER`; notes on stderr."""
-    return _say_notes(args, selection_from_args(args).filter(profile)).profile
-
-
 def command_prefix(args: argparse.Namespace) -> str:
     """``gpuflame report``: how a warning names the command that says it."""
     command = getattr(args, "command", None)
     return f"gpuflame {command}" if command else "gpuflame"
 
 
-def _say_notes(args: argparse.Namespace, view: View) -> View:
-    for note in view.notes:
+def request_from_args(args: argparse.Namespace, paths: Sequence[str]) -> Request:
+    """What the command line asks to read: *paths*, the :class:`Selection`, how snapshots are read."""
+    return Request(
+        paths=tuple(paths),
+        selection=selection_from_args(args),
+        native=bool(getattr(args, "native", False)),
+        source_roots=tuple(getattr(args, "source_root", None) or []),
+    )
+
+
+def open_args(args: argparse.Namespace, paths: Sequence[str]) -> Opened:
+    """Read *paths* as one profile, at the moment and with the filters of *args*; the notes on stderr."""
+    return say_notes(args, open_profile(request_from_args(args, paths)))
+
+
+def open_each_args(args: argparse.Namespace, paths: Sequence[str]) -> list[Opened]:
+    """Each of *paths* on its own, each at its own moment, with the filters of *args*; the notes on stderr."""
+    return [say_notes(args, opened) for opened in open_each(request_from_args(args, paths))]
+
+
+def say_notes(args: argparse.Namespace, opened: Opened) -> Opened:
+    """A filter that matched nothing, said as the command's warning (stderr: the output stays clean)."""
+    for note in opened.notes:
         sys.stderr.write(printable(f"{command_prefix(args)}: warning: {note}") + "\n")
-    return view
-
-
-@dataclass
-class Loaded:
-    """A profile read and filtered for one command, with the sample type it shows."""
-
-    profile: Profile
-    type_index: int
-    source: str
-    view: View
-
-
-def load_for_analysis(args: argparse.Namespace, paths: Sequence[str]) -> Loaded:
-    """Read *paths*, pick ``--type``, apply the filters: what every analysis command starts with."""
-    selection = selection_from_args(args)
-    profile = selection.at_moment(load_profile(paths, **snapshot_options(args)))
-    note = missing_def_lines_note(profile)
-    if note:  # older gpuflame files, py-spy's, Go's: say why a bar has no line
-        profile.comments.append(note)
-    shown = " ".join([", ".join(paths), *selection.words()])
-    view = _say_notes(args, selection.filter(profile))
-    return Loaded(view.profile, view.type_index, shown, view)
-
-
-def filters_applied(args: argparse.Namespace) -> list[str]:
-    """The filter flags of *args* as a user would type them: a header that shows a filtered profile says so."""
-    return selection_from_args(args).words()
+    return opened
 
 
 def print_json(data: Any) -> None:

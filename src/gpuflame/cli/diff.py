@@ -8,12 +8,9 @@ from gpuflame.analysis.compare import compare
 from gpuflame.cli.common import (
     FILTER_ORDER,
     add_analysis_options,
-    apply_filters,
-    load_profile,
+    open_each_args,
     positive_count,
     print_json,
-    select_moment,
-    snapshot_options,
 )
 from gpuflame.render.console import make_console
 from gpuflame.render.terminal import render_comparison
@@ -69,9 +66,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     # --at/--between: each file at its own time (seconds from its own strip's start)
-    base, new = (select_moment(load_profile([p], **snapshot_options(args)), args) for p in (args.base, args.new))
-    base = apply_filters(base, args)
-    new = apply_filters(new, args)
+    base, new = (opened.profile for opened in open_each_args(args, [args.base, args.new]))
     comparison = compare(base, new, args.type, by=args.by, limit=max(1, args.limit), lines=args.lines, align=args.align)
     if args.json:
         print_json(comparison.to_dict())

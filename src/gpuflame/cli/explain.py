@@ -5,12 +5,11 @@ from __future__ import annotations
 import argparse
 
 from gpuflame.analysis.chains import explain
-from gpuflame.analysis.tree import build_tree
 from gpuflame.cli.common import (
     FILTER_ORDER,
     add_analysis_options,
-    load_for_analysis,
     name_pattern,
+    open_args,
     positive_count,
     print_json,
 )
@@ -62,8 +61,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    loaded = load_for_analysis(args, [args.file])
-    tree = build_tree(loaded.profile, loaded.type_index, lines=args.lines)
+    opened = open_args(args, [args.file])
+    tree = opened.view.tree()
     explanation = explain(tree, args.function, limit=max(1, args.chains))
     sample_type = tree.table.sample_type
     if args.json:
@@ -72,12 +71,12 @@ def run(args: argparse.Namespace) -> int:
                 "sample_type": sample_type.type,
                 "unit": sample_type.unit,
                 "profile_total": tree.total,
-                "comments": loaded.profile.comments,
+                "comments": opened.profile.comments,
                 **explanation.to_dict(),
             }
         )
         return 0
     console = make_console()
-    print_comments(console, loaded.profile.comments)
+    print_comments(console, opened.profile.comments)
     render_explanation(console, explanation, sample_type.type, sample_type.unit)
     return 0

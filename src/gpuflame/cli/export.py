@@ -15,7 +15,7 @@ from gpuflame.cli.common import (
     add_snapshot_options,
     add_type_option,
     command_prefix,
-    load_for_analysis,
+    open_args,
     print_json,
     profile_summary,
 )
@@ -78,15 +78,15 @@ def run(args: argparse.Namespace) -> int:
     to_stdout = args.output == STDIO
     if not to_stdout:
         check_output(args.output, [args.file], force=args.force)
-    loaded = load_for_analysis(args, [args.file])  # an unknown --type fails here, before anything is written
-    profile = loaded.profile
-    type_name = profile.sample_types[loaded.type_index].type
+    opened = open_args(args, [args.file])  # an unknown --type fails here, before anything is written
+    profile = opened.profile
+    type_name = profile.sample_types[opened.type_index].type
     if args.type:
         profile.default_type = type_name  # pprof keeps every type: the one asked for opens first
     save(profile, args.output, fmt, type_name)
     if to_stdout:
         return 0  # standard output holds the profile: nothing else may go there
-    written = _written(args, fmt, loaded.type_index, profile)
+    written = _written(args, fmt, opened.type_index, profile)
     if args.json:
         print_json(written)
     else:

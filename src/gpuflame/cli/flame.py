@@ -9,7 +9,7 @@ from gpuflame.cli.common import (
     FILTER_ORDER,
     add_analysis_options,
     add_force_option,
-    load_for_analysis,
+    open_args,
     peak_json,
     print_json,
 )
@@ -65,12 +65,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.svg:
         check_output(args.svg, args.files, force=args.force)
-    loaded = load_for_analysis(args, args.files)
-    tree = loaded.view.tree()
+    opened = open_args(args, args.files)
+    tree = opened.view.tree()
     lines = flame_lines(tree, max(0.0, args.min_percent), args.depth, args.expand)
     sample_type = tree.table.sample_type
     if args.svg:
-        picture = svg.render(tree, loaded.profile.comments, devices=loaded.profile.label_values("device"))
+        picture = svg.render(tree, opened.profile.comments, devices=opened.profile.label_values("device"))
         atomic_write(args.svg, picture)  # before any output
     if args.json:
         print_json(
@@ -78,8 +78,8 @@ def run(args: argparse.Namespace) -> int:
                 "sample_type": sample_type.type,
                 "unit": sample_type.unit,
                 "total": tree.total,
-                "comments": loaded.profile.comments,
-                **peak_json(loaded.profile, sample_type.type),
+                "comments": opened.profile.comments,
+                **peak_json(opened.profile, sample_type.type),
                 "lines": [
                     {
                         "depth": line.depth,
@@ -94,8 +94,8 @@ def run(args: argparse.Namespace) -> int:
         )
         return 0
     console = make_console()
-    print_comments(console, loaded.profile.comments)
-    peak = loaded.profile.peak_description(sample_type.type)
+    print_comments(console, opened.profile.comments)
+    peak = opened.profile.peak_description(sample_type.type)
     render_flame(console, tree, lines, type_title(sample_type.type, sample_type.unit, tree.total, peak))
     if args.svg:
         console.print(plain(f"wrote {args.svg} (svg)", style="dim"), soft_wrap=True)

@@ -205,4 +205,4 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 3
     finally:
         thaw()  # the command's profile, frozen while it ran (gcpause.kept_to_the_end)
-        release_freed_memory()  # malloc's defaults again (common.load_profile set them aside)
+        release_freed_memory()  # malloc's defaults again (pipeline.load_profile set them aside)

@@ -9,7 +9,7 @@ from gpuflame.analysis.summary import fragmented, reserved_peaks
 from gpuflame.cli.common import (
     FILTER_ORDER,
     add_analysis_options,
-    load_for_analysis,
+    open_args,
     peak_json,
     positive_count,
     print_json,
@@ -78,13 +78,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    loaded = load_for_analysis(args, args.files)
-    tree = loaded.view.tree()
-    report = build_report(loaded.profile, tree, limit=max(1, args.limit))
-    peak = loaded.profile.peak_description(report.type)
-    units = reserved_peaks(loaded.profile)
-    found = fragmented(loaded.profile)
-    processes = shown_processes(loaded.profile)
+    opened = open_args(args, args.files)
+    tree = opened.view.tree()
+    report = build_report(opened.profile, tree, limit=max(1, args.limit))
+    peak = opened.profile.peak_description(report.type)
+    units = reserved_peaks(opened.profile)
+    found = fragmented(opened.profile)
+    processes = shown_processes(opened.profile)
     spread = uneven(processes)
     hint = None
     if found is not None:
@@ -97,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
         print_json(
             {
                 **report.to_dict(),
-                **peak_json(loaded.profile, report.type),
+                **peak_json(opened.profile, report.type),
                 "fragmentation_hint": hint,
                 "reserved_peak": [
                     {
@@ -115,9 +115,9 @@ def run(args: argparse.Namespace) -> int:
         )
     else:
         console = make_console()
-        joint = any(u.kind in (JOINT, PARTIAL) for u in loaded.profile.peak_units())
-        render_report(console, report, loaded.source, peak, process_sections(processes, joint, spread))
-        for line in [*(reserved_line(loaded.profile, u) for u in units), *([hint] if hint else [])]:
+        joint = any(u.kind in (JOINT, PARTIAL) for u in opened.profile.peak_units())
+        render_report(console, report, opened.source, peak, process_sections(processes, joint, spread))
+        for line in [*(reserved_line(opened.profile, u) for u in units), *([hint] if hint else [])]:
             console.print(printable(line), markup=False, highlight=False, soft_wrap=True)
     return 0
 

@@ -10,15 +10,15 @@ from gpuflame.analysis.phases import phase_totals
 from gpuflame.analysis.tree import build_table
 from gpuflame.cli.common import (
     FILTER_ORDER,
-    Loaded,
     add_analysis_options,
-    load_for_analysis,
+    open_args,
     peak_json,
     positive_count,
     print_json,
 )
 from gpuflame.errors import GpuflameError
 from gpuflame.model import Profile
+from gpuflame.pipeline import Opened
 from gpuflame.render.console import make_console
 from gpuflame.render.terminal import categories_table, print_comments, render_top, type_title
 
@@ -72,10 +72,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    loaded = load_for_analysis(args, args.files)
+    opened = open_args(args, args.files)
     if args.by in ("category", "phase"):
-        return _by_label(args, loaded)
-    table = build_table(loaded.profile, loaded.type_index, lines=args.lines)
+        return _by_label(args, opened)
+    table = build_table(opened.profile, opened.type_index, lines=args.lines)
     stats = function_stats(table)
     entries = top_functions(stats, args.by, max(1, args.limit))
     sample_type = table.sample_type
@@ -86,14 +86,14 @@ def run(args: argparse.Namespace) -> int:
                 "unit": sample_type.unit,
                 "total": stats.grand_total,
                 "by": args.by,
-                "comments": loaded.profile.comments,
-                **peak_json(loaded.profile, sample_type.type),
+                "comments": opened.profile.comments,
+                **peak_json(opened.profile, sample_type.type),
                 "functions": [e.to_dict() for e in entries],
             }
         )
         return 0
     console = make_console()
-    print_comments(console, loaded.profile.comments)
+    print_comments(console, opened.profile.comments)
     render_top(
         console,
         entries,
@@ -101,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
         sample_type.type,
         sample_type.unit,
         stats.grand_total,
-        loaded.profile.peak_description(sample_type.type),
+        opened.profile.peak_description(sample_type.type),
     )
     return 0
 
@@ -121,11 +121,11 @@ _BY_LABEL = {
 }
 
 
-def _by_label(args: argparse.Namespace, loaded: Loaded) -> int:
-    profile = loaded.profile
-    sample_type = profile.sample_types[loaded.type_index]
+def _by_label(args: argparse.Namespace, opened: Opened) -> int:
+    profile = opened.profile
+    sample_type = profile.sample_types[opened.type_index]
     totals_of, key, missing = _BY_LABEL[args.by]
-    rows = totals_of(profile, loaded.type_index)
+    rows = totals_of(profile, opened.type_index)
     if not rows:
         raise GpuflameError(_why_no_rows(args, profile, sample_type.type, key, missing))
     if args.json:

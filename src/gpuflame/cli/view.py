@@ -14,7 +14,7 @@ from gpuflame.cli.common import (
     add_force_option,
     add_snapshot_options,
     add_type_option,
-    load_for_analysis,
+    open_args,
     print_json,
     profile_summary,
 )
@@ -114,13 +114,13 @@ def run(args: argparse.Namespace) -> int:
     output = args.output or default_output(path)
     for out in [output] + ([args.svg] if args.svg else []):
         check_output(out, args.files, force=args.force)
-    loaded = load_for_analysis(args, [path])
-    base = load_for_analysis(args, [args.files[0]]).profile if len(args.files) == 2 else None
-    type_index = loaded.type_index if args.type else None
+    opened = open_args(args, [path])
+    base = open_args(args, [args.files[0]]).profile if len(args.files) == 2 else None
+    type_index = opened.type_index if args.type else None
     title = os.path.basename(path)
     if base is not None:
         title = f"{os.path.basename(args.files[0])} \u2192 {title}"
-    page = render_html(loaded.profile, title, type_index, base=base)
+    page = render_html(opened.profile, title, type_index, base=base)
     atomic_write(output, page)
     uri = Path(output).resolve().as_uri()
     written: dict[str, Any] = {
@@ -131,12 +131,12 @@ def run(args: argparse.Namespace) -> int:
         "svg": None,
     }
     if args.svg:
-        picture = svg.encode(loaded.profile, loaded.type_index, title=os.path.basename(path))
+        picture = svg.encode(opened.profile, opened.type_index, title=os.path.basename(path))
         atomic_write(args.svg, picture)
-        shown = loaded.profile.sample_types[loaded.type_index].type
+        shown = opened.profile.sample_types[opened.type_index].type
         written["svg"] = {"output": args.svg, "bytes": len(picture.encode("utf-8")), "sample_type": shown}
     if args.json:
-        print_json({**written, **profile_summary(loaded.profile, loaded.type_index)})
+        print_json({**written, **profile_summary(opened.profile, opened.type_index)})
     else:
         _say(written, opened=args.open)
     if args.open:
