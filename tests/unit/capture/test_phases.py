@@ -445,3 +445,39 @@ def test_names_past_the_limit_share_one_bucket(monkeypatch: pytest.MonkeyPatch) 
     assert phases.name_of(more) == phase_model.MORE and phases.intern("step_y") == more
     assert phases.intern("step_kept") == kept != more  # earlier names keep their ids
     assert len(phases._names) == phase_model.MAX_PHASES + 1
+
+
+def test_a_thread_s_block_ending_leaves_a_later_thread_s_phase_running() -> None:
+    """Two threads' with blocks overlap (load begins, train begins, load ends, train allocates): train's
+    3000 B stay train's (the load block's end had put back <none> over it), and once both end the
+    process is in <none> again (train's end had put back load, which had ended)."""
+    import threading
+
+    step = [threading.Event() for _ in range(3)]
+
+    def loader() -> None:
+        with gpuflame.phase("load_t"):
+            step[0].set()
+            step[1].wait(30)
+        step[2].set()
+
+    def trainer(kept: list[Any]) -> None:
+        step[0].wait(30)
+        with gpuflame.phase("train_t"):
+            step[1].set()
+            step[2].wait(30)
+            kept.append(torch.empty(3000, dtype=torch.uint8))
+
+    def run() -> list[Any]:
+        kept: list[Any] = []
+        threads = [threading.Thread(target=loader), threading.Thread(target=trainer, args=(kept,))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        kept.append(phases.name_of(phases.current()))
+        return kept
+
+    profile, kept = record(RECORDERS["allocator"], run)
+    assert kept[1] == "<none>"
+    assert by_phase(profile, INUSE) == {"train_t": 3000}

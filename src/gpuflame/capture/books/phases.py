@@ -34,6 +34,7 @@ _names: list[str] = [NONE]
 _ids: dict[str, int] = {NONE: 0}
 _current = 0
 _listeners: list[Listener] = []
+_open: list[phase] = []  # the with blocks not yet ended, in the order they began (threads share them)
 _clock = time.time_ns  # the moment a phase begins (tests of replayed traces set their own)
 
 
@@ -106,10 +107,12 @@ class phase:  # noqa: N801 - used as a function: gpuflame.phase("train")
     runs again, so ``with`` blocks nest. Every sample then carries a label
     ``phase`` (the phase its memory was allocated in), and ``gpuflame
     report`` shows each phase's own peak. A phase is the whole process's
-    (every thread's), as a program's phases are. Without a recording it
-    does nothing, and inside code torch.compile traces it does nothing
-    either (the compiled call runs in the phase around it); a bad name
-    (empty, over 64 characters) raises ValueError.
+    (every thread's), as a program's phases are: a block that ends while
+    a block begun later (another thread's) still runs leaves that one's
+    phase running. Without a recording it does nothing, and inside code
+    torch.compile traces it does nothing either (the compiled call runs in
+    the phase around it); a bad name (empty, over 64 characters) raises
+    ValueError.
     """
 
     __slots__ = ("name", "_previous")
@@ -119,13 +122,24 @@ class phase:  # noqa: N801 - used as a function: gpuflame.phase("train")
         self._previous = None if _traced() else switch(intern(name))
 
     def __enter__(self) -> phase:
+        if self._previous is not None:
+            with _lock:
+                _open.append(self)
         return self
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        if self._previous is not None:
-            switch(self._previous)
+        if self._previous is None:
+            return
+        with _lock:
+            at = next((i for i, b in enumerate(_open) if b is self), None)
+            if at is not None:
+                del _open[at]
+                if at < len(_open):  # a block begun since (another thread's) still runs: its phase stays,
+                    _open[at]._previous = self._previous  # and its end hands back what ran before this one
+                    return
+        switch(self._previous)
 
     def __repr__(self) -> str:
         return f"gpuflame.phase({self.name!r})"
