@@ -142,10 +142,12 @@ def test_a_lost_profile_never_changes_the_workload(tmp_path: Path) -> None:
 
 
 def test_runs_without_output_go_to_the_store_with_metadata(tmp_path: Path) -> None:
-    script = write(tmp_path / "stored.py", ALLOCATE, "\nkept = Holder().make(12)\n")
+    script = write(tmp_path / "stored.py", ALLOCATE, "\nkept = Holder().make(12)\nprint('the program says 12')\n")
     result = gpuflame_run("--json", script.name, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    lines = result.stdout.strip().splitlines()  # --json's help: the program's output, then the summary's one line
+    assert lines[0] == "the program says 12" and len(lines) == 2
+    summary = json.loads(lines[-1])
     folder = Path(summary["profile"]).parent
     assert folder.parent == tmp_path / "store" and folder.name.endswith("-stored.py")
     meta = json.loads((folder / "meta.json").read_text())

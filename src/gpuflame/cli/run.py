@@ -101,7 +101,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f"that the {JAX} backend prunes",
     )
     parser.add_argument("--store", metavar="DIR", help=f"store folder for runs without -o (default {store_root()})")
-    parser.add_argument("--json", action="store_true", help="print a JSON summary at the end (on stdout)")
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="print a JSON summary at the end: the last line of stdout, after the program's own output "
+        "(gpuflame run --json train.py | tail -n 1)",
+    )
     add_pyroscope_options(parser, "", "$GPUFLAME_SERVICE_NAME, the pod's workload, the script")
     parser.add_argument("-m", dest="module", metavar="MODULE", help="run a module, like python -m")
     parser.add_argument(
