@@ -197,6 +197,9 @@ class GpuflamePlugin:
         report = outcome.get_result()
         body, error = item.stash[BODY]
         fixtures, _ = item.stash.get(FIXTURES, (None, ""))
+        del item.stash[BODY]  # the profiles are written now or never: an item lives as long as the run
+        if FIXTURES in item.stash:
+            del item.stash[FIXTURES]
         if error:
             item.warn(pytest.PytestWarning(f"gpuflame: nothing recorded for this test: {error}"))
         failures = self._check(item, body, fixtures)

@@ -369,6 +369,28 @@ def test_categories_walk_only_what_the_tests_made_and_the_models_before(pytester
     assert gc.get_freeze_count() == 0 and categories._frozen_found is None
 
 
+def test_a_tests_profiles_are_not_held_after_its_report(pytester: pytest.Pytester) -> None:
+    """Items live as long as the run: a profile kept on each would hold every test's samples to the end."""
+    pytester.makeconftest(
+        """
+import pytest
+from gpuflame.pytest_plugin import BODY, FIXTURES
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item):
+    assert BODY not in item.stash and FIXTURES not in item.stash
+    item.config.teardowns_checked = getattr(item.config, "teardowns_checked", 0) + 1
+
+def pytest_terminal_summary(terminalreporter, config):
+    terminalreporter.write_line(f"teardowns checked: {config.teardowns_checked}")
+"""
+    )
+    pytester.makepyfile(test_held=SUITE)
+    result = pytester.runpytest_inprocess("--gpuflame", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=3, failed=2)
+    result.stdout.fnmatch_lines(["teardowns checked: 5"])
+
+
 JAX_SUITE = """
 import jax.numpy as jnp
 import pytest
