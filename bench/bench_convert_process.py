@@ -10,14 +10,21 @@ of a shared machine moves the figures less than wall time would:
 - ``convert``: ``python -m gpuflame convert FILE -o OUT.pb.gz`` (the
   on-disk source indexes of earlier runs kept, in a folder of this run's own);
 - ``base`` (with ``--base-src``): the same command from another revision's
-  ``src`` folder (``PYTHONPATH``), for a before/after.
+  ``src`` folder (``PYTHONPATH``), for a before/after;
+- ``viz`` (with ``--viz``): PyTorch's own command,
+  ``python -m torch.cuda._memory_viz trace_plot FILE -o OUT.html``, on the
+  file gunzipped once beforehand (it reads plain pickles only; the gunzip is
+  not counted). Its ``convert/viz`` is the whole-command comparison, unlike
+  ``bench_read_snapshot.py``'s ``convert/viz`` (in one process, from the
+  same bytes, ``segments()`` + ``memory()`` only, no torch import counted).
 
-    python bench/bench_convert_process.py [--rounds 7] [--base-src /tmp/base/src] [FILE ...]
+    python bench/bench_convert_process.py [--rounds 7] [--base-src /tmp/base/src] [--viz] [FILE ...]
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import os
 import resource
 import statistics
@@ -37,7 +44,7 @@ def cpu_of(command: list[str], env: dict[str, str]) -> float:
     return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
-def bench(path: Path, rounds: int, base_src: Path | None, tmp: Path) -> None:
+def bench(path: Path, rounds: int, base_src: Path | None, tmp: Path, viz: bool = False) -> None:
     env = dict(os.environ, GPUFLAME_CACHE_DIR=str(tmp / "cache"), PYTHONPATH=str(ROOT / "src"))
     convert = [sys.executable, "-m", "gpuflame", "convert", str(path), "-o", str(tmp / "out.pb.gz"), "--force"]
     runs: dict[str, tuple[list[str], dict[str, str]]] = {
@@ -47,6 +54,11 @@ def bench(path: Path, rounds: int, base_src: Path | None, tmp: Path) -> None:
     }
     if base_src is not None:
         runs["base"] = (convert, dict(env, PYTHONPATH=str(base_src)))
+    if viz:
+        plain = tmp / "snapshot.pickle"
+        plain.write_bytes(gzip.open(path).read() if path.name.endswith(".gz") else path.read_bytes())
+        trace_plot = ["-m", "torch.cuda._memory_viz", "trace_plot", str(plain), "-o", str(tmp / "out.html")]
+        runs["viz"] = ([sys.executable, *trace_plot], env)
     cpu_of(*runs["convert"])  # the on-disk source indexes, as every run after the first finds them
     times: dict[str, list[float]] = {name: [] for name in runs}
     for r in range(rounds):
@@ -60,6 +72,8 @@ def bench(path: Path, rounds: int, base_src: Path | None, tmp: Path) -> None:
     line = f"  null/pickle {ratio('null', 'pickle'):.2f}x  convert/pickle {ratio('convert', 'pickle'):.2f}x"
     if base_src is not None:
         line += f"  convert/base {ratio('convert', 'base'):.2f}x"
+    if viz:
+        line += f"  convert/viz-command {ratio('convert', 'viz'):.2f}x"
     print(f"{path.name}: {rounds} rounds, CPU medians {med}\n{line}")
 
 
@@ -68,11 +82,12 @@ def main() -> None:
     parser.add_argument("files", nargs="*", type=Path)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--base-src", type=Path, help="another revision's src folder, for a before/after")
+    parser.add_argument("--viz", action="store_true", help="also time PyTorch's _memory_viz trace_plot command")
     args = parser.parse_intermixed_args()
     files = args.files or sorted((ROOT / "tests" / "data").glob("torch-snapshot-*.pickle.gz"))
     with tempfile.TemporaryDirectory() as tmp:
         for path in files:
-            bench(path, args.rounds, args.base_src, Path(tmp))
+            bench(path, args.rounds, args.base_src, Path(tmp), args.viz)
 
 
 if __name__ == "__main__":
