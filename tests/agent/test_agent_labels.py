@@ -12,7 +12,7 @@ from gpuflame.agent.kube import Placement, container_id
 from gpuflame.agent.push import series_of
 from gpuflame.model import Frame, Profile, memory_sample_types
 from tests.agent.agent_expected import replay
-from tests.agent.agent_helpers import agent_cli, watching
+from tests.agent.agent_helpers import agent_cli, booked, wait_for, watching
 
 CID = "3f4e1c2b" * 8
 UID = "5b7c0a52-9d1e-4c4f-8a0e-2f6d1b9c7e31"
@@ -145,6 +145,7 @@ def test_a_ranked_process_s_samples_carry_its_rank(start_target, agent_for):
     target.ready()
     agent = agent_for(target.pid)
     target.run("basic")
+    assert wait_for(lambda: booked(agent, target.records))  # the reader books on its own thread
     profile = agent.snapshot()
     assert profile.samples
     assert {(s.label("rank"), s.label("local_rank"), s.label("world_size")) for s in profile.samples} == {
