@@ -10,6 +10,7 @@ import pytest
 from gpuflame.cli.main import main
 from gpuflame.formats import save
 from gpuflame.model import Frame, Profile
+from gpuflame.model.categories import CATEGORIES
 from tests.browser.chrome_pipe import Chrome, find_chromium
 from tests.browser.viewer_page import choose, open_viewer, settle, state
 
@@ -52,7 +53,7 @@ def test_colour_by_category_paints_the_dominant_kind(chrome: Chrome, tmp_path: P
     assert (init["color"], init["category"]) == (PARAMETER_BLUE, "parameter")
     assert (mixed["color"], mixed["category"]) == (OPTIMIZER_TEAL, "optimizer_state")  # 3 MiB of its 4
     legend = chrome.evaluate("[...document.querySelectorAll('#category-legend .swatch')].map(e => e.textContent)")
-    assert legend[:4] == ["parameter", "gradient", "optimizer_state", "kv_cache"]
+    assert legend == list(CATEGORIES)  # the whole vocabulary, in the model's order
     assert chrome.evaluate("!document.getElementById('category-legend').hidden")
 
 

@@ -52,7 +52,11 @@ def test_an_explicit_mode_is_exact_whatever_the_umask(tmp_path, umask, mask):
 @pytest.mark.parametrize(("mask", "expected"), [(0o077, 0o600), (0o022, 0o644)])
 def test_a_run_writes_every_file_with_the_umask(tmp_path, mask, expected):
     script = tmp_path / "alloc.py"
-    script.write_text("import torch\nx = torch.ones(1000)\n")
+    # a child process too: the per-process folder stays only where there are several, and its files count
+    script.write_text(
+        "import subprocess, sys, torch\nx = torch.ones(1000)\n"
+        "subprocess.run([sys.executable, '-c', 'import torch; torch.ones(10)'], check=True)\n"
+    )
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUFLAME_")}
     env.update(PYTHONPATH=SRC, GPUFLAME_STORE=str(tmp_path / "store"))
     done = subprocess.run(
@@ -66,7 +70,7 @@ def test_a_run_writes_every_file_with_the_umask(tmp_path, mask, expected):
     )
     assert done.returncode == 0, done.stderr
     written = [p for p in (tmp_path / "store").rglob("*") if p.is_file()]
-    assert {p.name for p in written} >= {"profile.pb.gz", "meta.json"} and len(written) >= 3, written
+    assert {p.name for p in written} >= {"profile.pb.gz", "meta.json"} and len(written) >= 4, written
     assert {p.name: mode_of(p) for p in written} == {p.name: expected for p in written}
 
 

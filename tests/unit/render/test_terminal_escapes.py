@@ -219,6 +219,7 @@ def test_the_agents_notes_are_escaped(capsys, tmp_path):
     from gpuflame.cli.agent import _say
 
     comments = ["recorded by gpuflame agent", "lost: /proc/7/root/opt/lib\x1b]0;x\x07cuda.so.1 unreadable"]
-    _say(argparse.Namespace(json=False), tmp_path / "p.pb.gz", comments, {"peak_space": 1, "inuse_space": 1}, [7])
+    totals = {"peak_space": 1, "inuse_space": 1}
+    _say(argparse.Namespace(json=False), tmp_path / "p.pb.gz", comments, totals, [7], stop={}, losses={})
     err = capsys.readouterr().err
     assert RAW.findall(err) == [] and "lib\\x1b]0;x\\x07cuda" in err
