@@ -55,11 +55,11 @@ class ProcessRow:
 
 @dataclass(frozen=True)
 class Uneven:
-    """How uneven the ranks (or processes) were: the largest own peak over the smallest."""
+    """How uneven the ranks were: the largest own peak over the smallest."""
 
     largest: ProcessRow
     smallest: ProcessRow
-    of: str  # "ranks" or "processes"
+    of: str  # "ranks": what was compared (JSON's "of")
 
     @property
     def ratio(self) -> float:
@@ -112,7 +112,11 @@ def process_rows(profile: Profile) -> list[ProcessRow]:
 
 
 def uneven(rows: list[ProcessRow]) -> Uneven | None:
-    """The largest own peak over the smallest, of the ranks (else of the processes); None under two known."""
+    """The largest own peak over the smallest, of the ranks; None under two ranks with a peak.
+
+    Only ranks are compared: processes without one are a program's helpers (a DataLoader's
+    workers beside their main process: '6183.86x' said nothing), not peers of one job.
+    """
     by_rank: dict[str, ProcessRow] = {}
     for r in rows:  # a rank's other processes (DataLoader workers inherit RANK): its largest stands for it
         if not (r.info.rank and r.info.peak):
@@ -120,13 +124,9 @@ def uneven(rows: list[ProcessRow]) -> Uneven | None:
         held = by_rank.get(r.info.rank)
         if held is None or r.info.peak > held.info.peak:
             by_rank[r.info.rank] = r
-    ranked = list(by_rank.values())
-    of = "ranks"
-    if len(ranked) < 2:
-        ranked, of = [r for r in rows if r.info.peak], "processes"
-    if len(ranked) < 2:
+    if len(by_rank) < 2:
         return None
     # one sort, not max() and min(): where every peak is equal those both return the first row, and the
     # line named one process twice ('pid 5697 peaked at 1.00 MiB, pid 5697 at 1.00 MiB')
-    ordered = sorted(ranked, key=lambda r: r.info.peak)
-    return Uneven(ordered[-1], ordered[0], of)
+    ordered = sorted(by_rank.values(), key=lambda r: r.info.peak)
+    return Uneven(ordered[-1], ordered[0], "ranks")
