@@ -55,6 +55,11 @@ def find(given: Path) -> RunFolder:
         return RunFolder(given, None, None)
     if given.exists() and not given.is_file():
         raise GpuflameError(f"{given}: is a device, a pipe or a socket, not a run's folder or its -o file")
+    if given.is_file():  # a run that ended merges and removes its folder (one process): nothing is left to do
+        raise GpuflameError(
+            f"{given}: that run's profile is already merged (its per-process folder "
+            f"{processes_folder(given).name} is gone): nothing to recover"
+        )
     raise GpuflameError(f"{given}: no such run folder (give the store's run folder, or the -o file of the run)")
 
 

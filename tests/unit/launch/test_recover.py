@@ -148,8 +148,10 @@ def test_a_killed_run_of_the_store_is_recovered_in_place(tmp_path):
 def test_recover_refuses_what_is_not_a_run_in_one_line(tmp_path):
     (tmp_path / "empty").mkdir(mode=0o700)
     os.mkfifo(tmp_path / "fifo")  # named, never opened: reading it would wait for a writer
+    (tmp_path / "done.pb.gz").write_bytes(b"")  # a one-process run that ended: its folder is gone
     for given, words in (
         ("nowhere", "no such run folder"),
+        ("done.pb.gz", "already merged"),
         ("empty", "no per-process files"),
         ("fifo", "a pipe"),
         ("/dev/zero", "a device"),
