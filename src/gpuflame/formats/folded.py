@@ -157,7 +157,7 @@ def decode(
             raise limits.SAMPLES.exceeded("folded stacks: the lines")
         frames_left -= len(names)
         if frames_left < 0:
-            raise limits.STACK_FRAMES.exceeded("folded stacks: the frames of all the stacks")
+            raise limits.STACK_FRAMES.exceeded("folded stacks: the count of frames in all the stacks")
         names.reverse()
         samples.append(Sample(tuple(map(lookup, names)), (count,)))
     return profile

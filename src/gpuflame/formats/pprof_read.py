@@ -77,7 +77,7 @@ def _decode_raw(raw: RawProfile) -> Profile:
     columns = read_sample_columns(raw.samples, location_frames, strings, len(profile.sample_types))
     if columns is not None:  # a large profile: its samples stay arrays until something asks for them
         if len(columns.frames) > limits.STACK_FRAMES.value():  # 4 bytes each here, 8 once they are tuples
-            raise limits.STACK_FRAMES.exceeded("pprof: the frames of all the samples' stacks")
+            raise limits.STACK_FRAMES.exceeded("pprof: the count of frames in all the samples' stacks")
         profile.set_columns(columns)
     else:
         profile.samples = read_samples(raw.samples, location_frames, strings, len(profile.sample_types))

@@ -183,7 +183,7 @@ def read_samples(
             raise limits.STACK_DEPTH.exceeded("pprof: a sample's stack")
         frames_left -= n
         if frames_left < 0:
-            raise limits.STACK_FRAMES.exceeded("pprof: the frames of all the samples' stacks")
+            raise limits.STACK_FRAMES.exceeded("pprof: the count of frames in all the samples' stacks")
         try:
             stack = getter(*words)(table) if n > 1 else (table[words[0]],) if n else ()
         except IndexError:
@@ -241,7 +241,7 @@ class _SampleReader:
             raise limits.STACK_DEPTH.exceeded("pprof: a sample's stack")
         self.frames_left -= len(stack)
         if self.frames_left < 0:
-            raise limits.STACK_FRAMES.exceeded("pprof: the frames of all the samples' stacks")
+            raise limits.STACK_FRAMES.exceeded("pprof: the count of frames in all the samples' stacks")
         return Sample(stack, values, labels)
 
 

@@ -268,7 +268,7 @@ class _Reader:
             raise limits.STACK_DEPTH.exceeded("speedscope: a stack")
         self.frames_left -= len(indices)
         if self.frames_left < 0:
-            raise limits.STACK_FRAMES.exceeded("speedscope: the frames of all the samples' stacks")
+            raise limits.STACK_FRAMES.exceeded("speedscope: the count of frames in all the samples' stacks")
         return tuple(self._frame(i) for i in reversed(indices))
 
     def _frame(self, index: object) -> int:

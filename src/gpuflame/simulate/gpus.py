@@ -63,6 +63,9 @@ def that_fit(least: int | None) -> list[str]:
     return out
 
 
+STEP = 64 << 20  # min_gpu_memory's resolution: the smallest device is searched in these steps
+
+
 def fits_on(least: int | None) -> str:
     """*least* as a --gpu-memory value and the GPUs of the table it names, in words."""
     if least is None:
@@ -73,4 +76,4 @@ def fits_on(least: int | None) -> str:
         if len(names) == len(set(GPUS.values()))
         else ("GPUs that fit: " + ", ".join(names) if names else "none of the table's GPUs")
     )
-    return f"{least // MiB} MiB (--gpu-memory {least // MiB}MiB); {gpus}"
+    return f"{least // MiB} MiB, in steps of {STEP // MiB} MiB (--gpu-memory {least // MiB}MiB); {gpus}"

@@ -16,7 +16,7 @@ from gpuflame.model.phases import PhaseStat
 from gpuflame.simulate import snapshot as snapshots
 from gpuflame.simulate.allocator import Allocator
 from gpuflame.simulate.explain import breakdown, why
-from gpuflame.simulate.gpus import CUDA_CONTEXT, MAX_DEVICE
+from gpuflame.simulate.gpus import CUDA_CONTEXT, MAX_DEVICE, STEP
 from gpuflame.simulate.history import HistoryReplay, groups
 from gpuflame.simulate.outcome import Outcome, Sites
 from gpuflame.simulate.settings import DEFAULTS, Settings, from_recorded, parse_alloc_conf
@@ -146,9 +146,6 @@ class Run:
                 sim, _ = r.run(stop_at=o.peak_event)
                 found.append((sim, o, r.sites))
         return found
-
-
-STEP = 64 << 20  # min_gpu_memory's resolution
 
 
 def _fits(replay: Any, total: int, fraction: float | None) -> bool:

@@ -335,7 +335,7 @@ def test_every_suggestion_names_its_change_the_export_and_any_code(tmp_path: Pat
     least = json.loads(out)["devices"][0]["min_gpu_memory"] >> 20
     rc, out, _ = run(capsys, str(path), "--suggest")  # over max_split_size_mb:256, neither 128 nor 512 lowers it
     assert out.splitlines()[-2] == "verdict: none of the settings tried lowers the reserved peak"
-    assert out.splitlines()[-1].startswith(f"  smallest device the settings replayed fit: {least} MiB (--gpu-memory")
+    assert out.splitlines()[-1].startswith(f"  smallest device the settings replayed fit: {least} MiB, in steps of 64 MiB (--gpu-memory")
     rc, out, _ = run(capsys, str(DATA / "torch-snapshot-silmont2000-mem_snapshot.pickle.gz"), "--suggest")
     assert out.splitlines()[-3].startswith("verdict: max_split_size_mb:128 helps most")
     assert out.splitlines()[-2] == "  to use it: `export PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:128`"
@@ -401,7 +401,7 @@ def test_min_gpu_memory_of_a_handwritten_trace_and_the_gpus_named(tmp_path: Path
     rc, out, _ = run(capsys, str(path), "--gpu-memory", "3.4GiB")
     assert rc == 1
     assert "a request of 3.00 GiB from <no stack recorded> needed 3.00 GiB more from the device" in out
-    assert "smallest device it fits: 3584 MiB (--gpu-memory 3584MiB); every GPU of the table" in out
+    assert "smallest device it fits: 3584 MiB, in steps of 64 MiB (--gpu-memory 3584MiB); every GPU of the table" in out
 
 
 def test_out_of_memory_before_the_trace_blames_no_event(capsys):
