@@ -30,6 +30,15 @@ from gpuflame.model.sample_types import memory_sample_types
 DEFAULT_TYPE = "peak_space"
 
 
+# what a profile's comment says when its recorder stopped after an internal error (:func:`degraded`)
+DEGRADED = "recording degraded after an internal error"
+
+
+def degraded(comments: list[str]) -> str | None:
+    """The note of a recorder that stopped part way, if a profile's *comments* hold one: its numbers are short."""
+    return next((c for c in comments if DEGRADED in c), None)
+
+
 class Recorder(ABC):
     """A capture source: ``start()``, ``stop()``, ``snapshot()`` any number of times.
 
@@ -167,7 +176,7 @@ class Recorder(ABC):
             end = self.stopped_ns or time.time_ns()
             profile.duration_nanos = max(0, end - self.started_ns)
         if self.errors:
-            note = f"gpuflame {self.name}: recording degraded after an internal error: {self.errors[0]}"
+            note = f"gpuflame {self.name}: {DEGRADED}: {self.errors[0]}"
             if note not in profile.comments:
                 profile.comments.append(note)
 

@@ -21,6 +21,7 @@ from gpuflame import hosted
 from gpuflame.analysis.selection import Selection
 from gpuflame.analysis.summary import widest_leaf
 from gpuflame.boundary.backends import frameworks, spoken
+from gpuflame.capture.base import degraded
 from gpuflame.hosted import already_profiling, backend_for_now, package_dirs
 from gpuflame.model import Profile
 
@@ -85,10 +86,16 @@ class PhaseRecorder:
         backends = getattr(self._session, "backends", [])
         try:
             profile = hosted.stop(self._session, HOST_DIRS)  # type: ignore[arg-type]
-            return measure(profile, backends) if profile is not None else Phase(None, 0, 0, "", backends)
         except Exception as exc:
             self.error = f"the profile of this test is lost ({type(exc).__name__}: {exc})"
             return NOTHING
+        if profile is None:
+            return Phase(None, 0, 0, "", backends)
+        note = degraded(profile.comments)
+        if note is not None:  # its peak is short: checked against a budget or stored as a baseline, it would mislead
+            self.error = f"the profile of this test is incomplete ({note})"
+            return NOTHING
+        return measure(profile, backends)
 
 
 def measure(profile: Profile, backends: list[str]) -> Phase:

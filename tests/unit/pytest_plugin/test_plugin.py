@@ -193,6 +193,32 @@ def test_fail_on_increase_on_a_first_run_names_the_tests_without_a_baseline(pyte
     assert "had no peak from an earlier run" not in again.stdout.str()
 
 
+BROKEN = """
+import torch
+from gpuflame.capture.exit_hooks import HOOKS
+
+
+def test_breaks_its_recorder():
+    x = torch.empty(1 << 20, dtype=torch.uint8)
+    for session in HOOKS.sessions:  # an internal error of the recorder, as a failing hook would raise
+        for recorder in session.recorders:
+            recorder.fail("an injected internal error", "recording stops here")
+"""
+
+
+def test_a_recording_that_degraded_is_no_baseline(pytester: pytest.Pytester) -> None:
+    """A recorder that stopped part way gives a short peak (0 B once, for every test of a broken run): it is
+    said as incomplete, and never stored, so the next run does not fail every test as grown from it."""
+    pytester.makepyfile(test_broken=BROKEN)
+    first = pytester.runpytest("--gpuflame-fail-on-increase", "-W", "ignore::RuntimeWarning")
+    first.assert_outcomes(passed=1)
+    out = first.stdout.str()
+    assert "the profile of this test is incomplete" in out and "an injected internal error" in out
+    again = pytester.runpytest("--gpuflame-fail-on-increase", "-W", "ignore::RuntimeWarning")
+    again.assert_outcomes(passed=1)
+    assert "1 test had no peak from an earlier run to compare with" in again.stdout.str()
+
+
 def test_a_failure_names_each_allocating_line_apart(pytester: pytest.Pytester) -> None:
     """4 MiB on one line and 512 KiB on the next are two rows, each with its own line and bytes."""
     pytester.makepyfile(
