@@ -79,6 +79,7 @@ def _process_lines(meta: RunMeta) -> list[str]:
         lines.append(printable(f"{_who(p)}: {own}{format_bytes(p['at_joint_peak'])} at the joint peak{command}"))
     if len(meta.per_process) > MAX_PROCESS_LINES:
         lines.append(f"... {len(meta.per_process) - MAX_PROCESS_LINES} more processes: see gpuflame report")
+    lines += _held_nothing(meta)
     if meta.uneven:
         u = _fields(meta.uneven)
         big, small = _fields(u["largest"]), _fields(u["smallest"])
@@ -87,6 +88,22 @@ def _process_lines(meta: RunMeta) -> list[str]:
             f"{format_bytes(small['peak'])}: the largest peak is {u['ratio']:.2f}x the smallest"
         )
     return lines
+
+
+def _held_nothing(meta: RunMeta) -> list[str]:
+    """The processes counted in the run but shown in no line: they recorded, and held no memory at any moment.
+
+    torchrun's own launcher imports torch and allocates nothing: 'profile of 3 processes' above two
+    rank lines left the third unexplained.
+    """
+    if not meta.per_process:
+        return []
+    shown = {str(_fields(p).get("pid")) for p in meta.per_process}
+    idle = [pid for pid in meta.processes if str(pid) not in shown]
+    if not idle:
+        return []
+    pids = ", ".join(f"pid {pid}" for pid in idle[:5]) + (f" and {len(idle) - 5} more" if len(idle) > 5 else "")
+    return [f"{pids}: recorded, but held no memory at any moment (a launcher, a worker given no task)"]
 
 
 def _fields(entry: object) -> dict[str, Any]:

@@ -51,3 +51,18 @@ def test_one_process_without_a_rank_gets_no_line(capsys, tmp_path: Path) -> None
     p = ranked_run(1)
     p.processes = [ProcessInfo("100", peak=1024)]
     assert not [line for line in lines_of(p, capsys, tmp_path) if "pid 100" in line]
+
+
+def test_a_counted_process_that_held_nothing_is_named(capsys, tmp_path: Path) -> None:
+    """torchrun's launcher records and allocates nothing: the run counts it, so a line names it."""
+    p = ranked_run(2)
+    meta = RunMeta(command=["torchrun", "t.py"], started=0.0, processes=[99, 100, 101])
+    meta.totals = p.totals()
+    note_processes(meta, p)
+    say_where(tmp_path / "run.pb.gz", meta, {}, "")
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0].startswith("gpuflame: profile of 3 processes")
+    assert "gpuflame: pid 99: recorded, but held no memory at any moment (a launcher, a worker given no task)" in (
+        lines
+    )
+    assert not [line for line in lines_of(ranked_run(2), capsys, tmp_path) if "held no memory" in line]
