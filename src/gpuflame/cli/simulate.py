@@ -106,8 +106,10 @@ def run(args: argparse.Namespace) -> int:
         lines += describe(o, capacity)
     if _processes(outcomes) > 1 and capacity is not None:
         lines.append(first_oom(outcomes))
-    if tried:
-        lines += per_process(outcomes, tried) if _processes(outcomes) > 1 else verdict(outcomes, tried)
+    if tried:  # the verdict names what ran out of memory: the recorded settings, or those --alloc-conf gave
+        replayed = "the recorded settings" if main.recorded else f"the settings given ({settings.describe()})"
+        several = _processes(outcomes) > 1
+        lines += per_process(outcomes, tried, replayed) if several else verdict(outcomes, tried, replayed)
     if args.output:
         lines.append(f"wrote the fragmentation profile to {args.output} (gpuflame flame {args.output})")
     sys.stdout.write("".join(printable(line) + "\n" for line in lines))
@@ -269,7 +271,7 @@ def _tried(c: Candidate, was: int, base_oom: bool) -> list[str]:
     return [f"{head}; fits from {_least(outs)}", *(f"    why{_on(o, outs)}: {o.why}" for o in outs if o.why)]
 
 
-def verdict(base: list[Outcome], tried: list[Candidate]) -> list[str]:
+def verdict(base: list[Outcome], tried: list[Candidate], replayed: str = "the recorded settings") -> list[str]:
     """Which tried setting lowers the reserved peak most (summed over devices), or fits where the others do not;
     the one change to make, and the smallest device it (or, where none helps, the settings replayed) fits."""
     was, base_oom = _total(base), any(o.oom for o in base)
@@ -284,9 +286,7 @@ def verdict(base: list[Outcome], tried: list[Candidate]) -> list[str]:
         return [*lines, "verdict: none of the settings tried lowers the reserved peak", as_is]
     peak, best = fitting[0][0], tried[fitting[0][1]]
     if base_oom:
-        head = (
-            f"verdict: {best.change} fits (reserved peak {format_bytes(peak)}); the recorded settings run out of memory"
-        )
+        head = f"verdict: {best.change} fits (reserved peak {format_bytes(peak)}); {replayed} run out of memory"
     else:
         head = (
             f"verdict: {best.change} helps most: reserved peak {format_bytes(peak)}, was {format_bytes(was)} "
@@ -329,11 +329,11 @@ def first_oom(outcomes: list[Outcome]) -> str:
     return line + (f"; {fit} of {len(outcomes)} fit" if fit else f"; all {len(outcomes)} run out of memory")
 
 
-def per_process(outcomes: list[Outcome], tried: list[Candidate]) -> list[str]:
+def per_process(outcomes: list[Outcome], tried: list[Candidate], replayed: str = "the recorded settings") -> list[str]:
     """The settings tried and the verdict of each process, on its own device."""
     lines = []
     for k, o in enumerate(outcomes):
-        own = verdict([o], [replace(c, outcomes=[c.outcomes[k]]) for c in tried])
+        own = verdict([o], [replace(c, outcomes=[c.outcomes[k]]) for c in tried], replayed)
         own[0] = f"settings tried for {o.device}:"
         lines += [
             own[0],

@@ -166,6 +166,10 @@ def test_suggest_on_a_gpu_too_small_for_the_recorded_settings(capsys):
     assert rc == 1 and "OUT OF MEMORY at event 52: a request of 512.0 MiB from aten::mul.Tensor" in out
     assert out.splitlines()[-3].startswith("verdict: ")
     assert "fits (reserved peak" in out.splitlines()[-3] and "the recorded settings run out of memory" in out
+    # replaying other settings, the verdict names those, not the recorded ones
+    rc, out, _ = run(capsys, snap, "--suggest", "--gpu-memory", "3.6GiB", "--alloc-conf", "roundup_power2_divisions:4")
+    assert rc == 1 and "the recorded settings" not in out
+    assert "the settings given (roundup_power2_divisions:4) run out of memory" in out.splitlines()[-3]
 
 
 def test_one_device_of_two(capsys):
@@ -335,7 +339,8 @@ def test_every_suggestion_names_its_change_the_export_and_any_code(tmp_path: Pat
     least = json.loads(out)["devices"][0]["min_gpu_memory"] >> 20
     rc, out, _ = run(capsys, str(path), "--suggest")  # over max_split_size_mb:256, neither 128 nor 512 lowers it
     assert out.splitlines()[-2] == "verdict: none of the settings tried lowers the reserved peak"
-    assert out.splitlines()[-1].startswith(f"  smallest device the settings replayed fit: {least} MiB, in steps of 64 MiB (--gpu-memory")
+    smallest = f"  smallest device the settings replayed fit: {least} MiB, in steps of 64 MiB (--gpu-memory"
+    assert out.splitlines()[-1].startswith(smallest)
     rc, out, _ = run(capsys, str(DATA / "torch-snapshot-silmont2000-mem_snapshot.pickle.gz"), "--suggest")
     assert out.splitlines()[-3].startswith("verdict: max_split_size_mb:128 helps most")
     assert out.splitlines()[-2] == "  to use it: `export PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:128`"
