@@ -6,8 +6,10 @@ read) and gets an :class:`Opened` back: the profile at its moment with the
 filters applied, the words that say what is shown, and the notes of filters
 that matched nothing. The command then renders it and writes the result
 (:func:`gpuflame.files.write_output`: standard output or an atomic file).
-The CLI builds the request from argparse (``cli/common.py``); nothing here
-knows of a command line, and nothing here prints.
+The CLI builds the request from argparse (``cli/common.py``); ``serve``, the
+notebook magic and the pytest plugin hold their profile already and take the
+select stage alone (:func:`select`). Nothing here knows of a command line, and
+nothing here prints.
 """
 
 from __future__ import annotations
@@ -77,6 +79,14 @@ def load_profile(paths: Sequence[str], **snapshot_options: Any) -> Profile:
 def open_profile(request: Request) -> Opened:
     """Read *request*'s files as one profile, take its moment, apply its filters: every reading command's start."""
     return _select(request, _at_moment(request))
+
+
+def select(profile: Profile, selection: Selection, source: str = "") -> Opened:
+    """The select stage alone, on a profile already in memory: a served file, a notebook cell, a test's recording.
+
+    The same moment and filters as :func:`open_profile`, so every front end shows what the CLI would.
+    """
+    return Opened(selection.apply(profile), source)
 
 
 def open_each(request: Request) -> Iterator[Opened]:

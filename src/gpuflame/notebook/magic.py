@@ -183,9 +183,10 @@ def _display(profile: Profile, args: Any, backends: list[str]) -> None:
     from gpuflame.analysis.selection import Selection
     from gpuflame.analysis.summary import summarize
     from gpuflame.notebook.inline import inline_html, summary_line
+    from gpuflame.pipeline import select
 
-    view = Selection(sample_type=args.type).apply(profile)  # the view the CLI would show for --type
-    profile, index = view.profile, view.type_index
+    opened = select(profile, Selection(sample_type=args.type), "%%gpuflame cell")  # as the CLI shows --type
+    profile, index = opened.profile, opened.type_index
     line = summary_line(summarize(profile, profile.sample_types[index].type), backends)
     if args.output:
         try:
@@ -214,9 +215,10 @@ def _print_report(profile: Profile, type_name: str | None, limit: int) -> None:
     """The report as plain text on stdout: the kernel shows it as the cell's output stream."""
     from gpuflame.analysis.hotspots import build_report
     from gpuflame.analysis.selection import Selection
+    from gpuflame.pipeline import select
     from gpuflame.render.console import make_console
     from gpuflame.render.terminal import render_report
 
-    view = Selection(sample_type=type_name).apply(profile)  # as gpuflame report --type TYPE
+    opened = select(profile, Selection(sample_type=type_name), "last %%gpuflame cell")  # as report --type TYPE
     console = make_console(plain=True)
-    render_report(console, build_report(view.profile, view.tree(), limit), "last %%gpuflame cell")
+    render_report(console, build_report(opened.profile, opened.view.tree(), limit), opened.source)

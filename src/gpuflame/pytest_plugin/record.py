@@ -24,6 +24,7 @@ from gpuflame.boundary.backends import frameworks, spoken
 from gpuflame.capture.base import degraded
 from gpuflame.hosted import already_profiling, backend_for_now, package_dirs
 from gpuflame.model import Profile
+from gpuflame.pipeline import select
 
 # pytest's frames (and below them what runs pytest: xdist's workers): cut below the test
 HOST_DIRS = package_dirs(_pytest, pluggy)
@@ -101,6 +102,6 @@ class PhaseRecorder:
 def measure(profile: Profile, backends: list[str]) -> Phase:
     totals = profile.totals()
     peak = totals.get("peak_space", totals.get("inuse_space", 0))
-    view = Selection(sample_type="peak_space" if "peak_space" in totals else None).apply(profile)
-    leaf = widest_leaf(view.profile, view.type_index)
+    opened = select(profile, Selection(sample_type="peak_space" if "peak_space" in totals else None))
+    leaf = widest_leaf(opened.profile, opened.type_index)
     return Phase(profile, peak, totals.get("inuse_space", 0), leaf.frame.name if leaf else "", backends)

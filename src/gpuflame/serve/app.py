@@ -46,6 +46,7 @@ from gpuflame.errors import GpuflameError
 from gpuflame.files import open_regular, read_bytes
 from gpuflame.formats import loads
 from gpuflame.model import Profile
+from gpuflame.pipeline import select
 from gpuflame.printable import printable
 from gpuflame.render.html import render_html
 from gpuflame.serve import catalog, pages
@@ -429,9 +430,9 @@ class Handler(BaseHTTPRequestHandler):
 
 def view_page(profile: Profile, title: str, selection: Selection) -> bytes:
     """The page of *selection*'s view; its notes (a filter that matched nothing) are the page's comments."""
-    view = selection.apply(profile)
-    view.profile.comments.extend(view.notes)
-    return render_html(view.profile, title, view.type_index if selection.sample_type else None).encode()
+    opened = select(profile, selection, title)
+    opened.profile.comments.extend(opened.notes)
+    return render_html(opened.profile, title, opened.type_index if selection.sample_type else None).encode()
 
 
 def file_key(path: Path) -> tuple[object, ...]:
