@@ -51,7 +51,7 @@ def test_the_wheel_holds_every_source_and_data_file(tmp_path: Path) -> None:
 
 
 def test_the_version_is_written_in_one_place_and_every_image_tag_follows_it() -> None:
-    """pyproject reads gpuflame/version.py (gpuflame.__version__); the manifests and the Dockerfile name the same tag."""
+    """pyproject reads gpuflame/version.py; the manifests and the Dockerfile name the same tag."""
     import re
 
     import gpuflame
