@@ -162,9 +162,13 @@ def start(
     return _start(output, store, options)[0]
 
 
+# start()'s options, read once: a host that starts a recording per test (the pytest plugin) asks each time
+_START_OPTIONS = frozenset(inspect.signature(start).parameters) - {"output", "store"}
+
+
 def _options(**given: object) -> dict[str, object]:
     """:func:`start`'s keywords as :class:`Settings` fields (``pyroscope``: ``pyroscope_url``); TypeError for others."""
-    known = set(inspect.signature(start).parameters) - {"output", "store"}
+    known = _START_OPTIONS
     unknown = sorted(set(given) - known)
     if unknown:
         raise TypeError(
