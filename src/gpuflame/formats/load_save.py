@@ -79,6 +79,7 @@ def loads(data: bytes, source: str = "<bytes>", **snapshot_options: Any) -> Prof
     *snapshot_options* go to :func:`gpuflame.formats.torch_snapshot.decode`
     (``native``, ``resolver``) when the data is a PyTorch snapshot.
     """
+    fmt = ""
     try:
         fmt = detect(data)
         if fmt == "pprof":
@@ -97,7 +98,7 @@ def loads(data: bytes, source: str = "<bytes>", **snapshot_options: Any) -> Prof
 
         return speedscope.decode(data)
     except ProfileFormatError as exc:
-        raise ProfileFormatError(f"{source}: {exc}") from None
+        raise ProfileFormatError(f"{source}: {_name_hint(source, data, fmt)}{exc}") from None
     except MemoryError:  # the limits keep a file within reach of a machine, not of every machine
         raise ProfileFormatError(
             f"{source}: out of memory while reading (the limits of gpuflame.limits were not reached; "
@@ -105,6 +106,18 @@ def loads(data: bytes, source: str = "<bytes>", **snapshot_options: Any) -> Prof
         ) from None
     except RecursionError:
         raise ProfileFormatError(f"{source}: the data nests too deeply to read") from None
+
+
+def _name_hint(source: str, data: bytes, fmt: str) -> str:
+    """Why ``run.pb.gz`` failed as text: its name promised gzip, its bytes are not (else the error is a riddle)."""
+    if not source.lower().endswith(".gz") or data[:2] == GZIP_MAGIC:
+        return ""
+    read_as = _READ_AS.get(fmt)
+    return f"its name ends in .gz but it is not gzip data{f', so it was read as {read_as}' if read_as else ''}; "
+
+
+# What detect() names each format in words, for _name_hint.
+_READ_AS = {"folded": "folded stacks", "json": "speedscope JSON", "pprof": "raw pprof"}
 
 
 def load(path: str | os.PathLike[str], **snapshot_options: Any) -> Profile:

@@ -309,3 +309,22 @@ def test_limits_have_one_owner_and_one_variable_each():
     assert len(set(names)) == len(names) and all(n.startswith("GPUFLAME_MAX_") for n in names)
     page = (REPO / "docs" / "formats.md").read_text()  # where users read of them
     assert "GPUFLAME_MAX_" in page and "src/gpuflame/limits.py" in page
+
+
+@pytest.mark.parametrize(
+    ("data", "read_as"),
+    [(b"garbage\n", "folded stacks"), (b"{not json", "speedscope JSON"), (bytes(range(200, 256)), "")],
+)
+def test_a_gz_name_over_bytes_that_are_not_gzip_says_so(tmp_path: Path, data: bytes, read_as: str) -> None:
+    """A text file saved as run.pb.gz was reported as 'folded stacks, line 1: missing count' alone (new-user trial)."""
+    from gpuflame.formats import load
+
+    path = tmp_path / "run.pb.gz"
+    path.write_bytes(data)
+    with pytest.raises(ProfileFormatError) as named_gz:
+        load(path)
+    assert str(named_gz.value).startswith(f"{path}: its name ends in .gz but it is not gzip data")
+    assert (f"read as {read_as};" in str(named_gz.value)) == bool(read_as)
+    with pytest.raises(ProfileFormatError) as named_plain:
+        load(path.rename(tmp_path / "run.folded"))
+    assert "its name" not in str(named_plain.value)
