@@ -110,7 +110,12 @@ def did_you_mean(unknown: Sequence[str], parser: argparse.ArgumentParser) -> str
 
 def parse(parser: ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
     """Parse *argv*; an unknown flag is refused by its command's parser, with the flag it was likely meant to be."""
-    args, unknown = parser.parse_known_args(argv)
+    words = list(sys.argv[1:] if argv is None else argv)
+    if words[:1] == ["run"] and "run" in _commands(parser):
+        from gpuflame.cli.run import module_words_apart
+
+        words = ["run", *module_words_apart(_commands(parser)["run"], words[1:])]
+    args, unknown = parser.parse_known_args(words)
     if unknown:
         command = _commands(parser).get(getattr(args, "command", None) or "", parser)
         command.error(f"unrecognized arguments: {' '.join(unknown)}{did_you_mean(unknown, command)}")

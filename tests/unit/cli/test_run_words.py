@@ -1,0 +1,34 @@
+"""The words after ``gpuflame run``'s script or ``-m MODULE`` are the program's own, as with ``python``."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from gpuflame.cli.main import build_parser, parse
+from gpuflame.cli.run import command_line
+
+
+@pytest.mark.parametrize(
+    ("argv", "program"),
+    [
+        (["-m", "mod", "--help"], ["-m", "mod", "--help"]),
+        (["-o", "r.pb.gz", "-m", "mod", "-h", "-o", "x"], ["-m", "mod", "-h", "-o", "x"]),
+        (["--backend", "torch", "-m", "mod", "--", "--help"], ["-m", "mod", "--", "--help"]),
+        (["-m", "mod", "serve", "--port", "1"], ["-m", "mod", "serve", "--port", "1"]),
+        (["-m", "mod"], ["-m", "mod"]),
+    ],
+)
+def test_the_words_after_a_module_are_the_modules(argv: list[str], program: list[str]) -> None:
+    """``run -m mod --help`` printed gpuflame's help; ``python -m mod --help`` asks mod (new-user trial)."""
+    args = parse(build_parser(["run"]), ["run", *argv])
+    assert command_line(args) == [sys.executable, *program]
+
+
+def test_a_script_named_m_after_the_script_stays_the_scripts(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text("")
+    args = parse(build_parser(["run"]), ["run", "-o", "r.pb.gz", "train.py", "-m", "mod", "--help"])
+    assert args.module is None
+    assert command_line(args) == [sys.executable, "train.py", "-m", "mod", "--help"]
