@@ -112,14 +112,31 @@ def parse(parser: ArgumentParser, argv: Sequence[str] | None) -> argparse.Namesp
     """Parse *argv*; an unknown flag is refused by its command's parser, with the flag it was likely meant to be."""
     words = list(sys.argv[1:] if argv is None else argv)
     if words[:1] == ["run"] and "run" in _commands(parser):
-        from gpuflame.cli.run import module_words_apart
-
         words = ["run", *module_words_apart(_commands(parser)["run"], words[1:])]
     args, unknown = parser.parse_known_args(words)
     if unknown:
         command = _commands(parser).get(getattr(args, "command", None) or "", parser)
         command.error(f"unrecognized arguments: {' '.join(unknown)}{did_you_mean(unknown, command)}")
     return args
+
+
+def module_words_apart(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
+    """``run -m MOD --help``: the words after MOD are the module's, as with ``python -m``, not gpuflame's.
+
+    argparse's REMAINDER starts only at a word that is no flag, so ``--help``
+    right after MOD printed gpuflame's help; a ``--`` goes in after MOD here
+    and :func:`gpuflame.cli.run.command_line` takes it out again.
+    """
+    takes_value = {flag for action in parser._actions if action.nargs != 0 for flag in action.option_strings}
+    i = 0
+    while i < len(argv):
+        word = argv[i]
+        if word == "-m" and i + 1 < len(argv):
+            return [*argv[: i + 2], "--", *argv[i + 2 :]]
+        if word == "--" or not word.startswith("-"):
+            return argv  # the script or command begins: the words after it are its own
+        i += 2 if word in takes_value else 1
+    return argv
 
 
 def _commands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:

@@ -117,25 +117,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def module_words_apart(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
-    """``run -m MOD --help``: the words after MOD are the module's, as with ``python -m``, not gpuflame's.
-
-    argparse's REMAINDER starts only at a word that is no flag, so ``--help``
-    right after MOD printed gpuflame's help; a ``--`` goes in after MOD here
-    and :func:`command_line` takes it out again.
-    """
-    takes_value = {flag for action in parser._actions if action.nargs != 0 for flag in action.option_strings}
-    i = 0
-    while i < len(argv):
-        word = argv[i]
-        if word == "-m" and i + 1 < len(argv):
-            return [*argv[: i + 2], "--", *argv[i + 2 :]]
-        if word == "--" or not word.startswith("-"):
-            return argv  # the script or command begins: the words after it are its own
-        i += 2 if word in takes_value else 1
-    return argv
-
-
 def command_line(args: argparse.Namespace) -> list[str]:
     """The command to start, from ``script.py args``, ``-m module args``, ``-- cmd args`` or ``cmd args`` (a command
     on PATH that is not a file here, as ``python train.py``)."""
