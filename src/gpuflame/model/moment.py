@@ -22,6 +22,7 @@ from gpuflame.errors import GpuflameError
 from gpuflame.model.history import MAX_EVENTS, History, Track
 from gpuflame.model.profile import Profile
 from gpuflame.model.sample_types import ALLOC_OBJECTS, ALLOC_SPACE, INUSE_OBJECTS, INUSE_SPACE
+from gpuflame.symbols.names import ALLOCATOR_ROUNDING, CACHED_FREE
 
 PEAK = "peak"
 START = "start"  # ("start", s): seconds from the recording's start (``+2.5s``)
@@ -33,6 +34,11 @@ NO_HISTORY = (
     "before gpuflame kept one, PyTorch snapshots without a timed trace, JAX profiles, other tools' profiles)"
 )
 
+# --at on a snapshot gave less than the report's peak or end at the same instant, unexplained (new-user trial).
+ALLOCATIONS_ONLY = (
+    "a moment counts the live allocations only: the allocator's reserve beyond them (<cached free blocks>, "
+    "<allocator rounding>) is known at the peak and the end, which count it"
+)
 TIME_FORMS = (
     "1.5 or 250ms (on the strip, 0 = its first allocation), +2s (from the recording's start), "
     "14:03:07.5 (wall clock), or peak"
@@ -93,6 +99,8 @@ def at(profile: Profile, when: When) -> Profile:
         _add(out, history, track, track.live_at(at_t))
     out.moment = f"what was live at {_clock(profile, t)} ({_wall(t)}; {where_zero_is(profile)}; from the event history)"
     out.comments.append(out.moment)
+    if any(frame.name in (CACHED_FREE, ALLOCATOR_ROUNDING) for frame in profile.frames):
+        out.comments.append(ALLOCATIONS_ONLY)
     return out
 
 
