@@ -172,7 +172,8 @@ def describe(o: Outcome, capacity: int | None) -> list[str]:
     was = f" (recorded {format_bytes(rec['reserved_peak'])})" if rec else ""
     out = [
         f"{o.device}:",
-        f"  reserved peak {format_bytes(peak)}{was}; allocated peak {format_bytes(s['allocated_peak'])}",
+        # block sizes as the allocator hands them out (rounded): report's 'allocated' is requested bytes
+        f"  reserved peak {format_bytes(peak)}{was}; allocated peak {format_bytes(s['allocated_peak'])} in blocks",
         "  reserved but unused: "
         + _unused(s["fragmentation_at_peak"], peak, "at the reserved peak")
         + "; "
