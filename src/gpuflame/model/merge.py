@@ -106,12 +106,21 @@ def merge(
             out.samples.append(Sample(tuple(remap[f] for f in s.stack), tuple(row), lab))
     # parts of one profile (its peak, in-use and alloc views) carry the same units: each is kept once
     out.peaks = plan.units if plan else list(dict.fromkeys(u for p in profiles for u in p.peaks))
+    if plan and "inuse_space" in names and any(u.kind == MAX and u.windows > 1 for u in plan.units):
+        out.comments.append(ENDS_ADDED)
     out.phases = merge_rows(*(p.phases for p in profiles))  # per process and device, never summed
     out.processes = processes.merged(p.processes for p in profiles)  # one per pid, each its own peak
     extras = [make_labels(x) for x in labels] if labels else None
     out.timeline = _merge_timelines(out, profiles, extras)
     out.history = history.merged([p.history for p in profiles], extras)  # each track keeps its own times
     return out
+
+
+# what a merge of windows one after the other says of inuse_*, which adds up like every type but the peak
+ENDS_ADDED = (
+    "inuse_* adds up what each recording window held at its end: windows that did not overlap in time "
+    "(runs one after the other) never held that total at one moment (peak_* is the highest window's own)"
+)
 
 
 # -- the peak ------------------------------------------------------------------------

@@ -254,6 +254,8 @@ def test_two_sequential_api_windows_merge_to_the_larger_not_the_sum(tmp_path: Pa
     assert data["total"] == 3 * MB
     assert data["peak"]["exact"] is True and data["peak"]["devices"][0]["kind"] == MAX
     assert "2 recording windows on cpu that did not overlap in time" in data["peak"]["description"]
+    # in use at the end adds up both windows' ends, which no moment held together: a note says so
+    assert any("never held that total at one moment" in c for c in data["comments"]), data["comments"]
 
 
 # -- where exactness is impossible: the number says it is a bound --------------------
