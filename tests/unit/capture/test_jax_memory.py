@@ -235,3 +235,23 @@ def test_the_recorder_names_its_backend_jax_whatever_platform_it_reads() -> None
     once took its place, so the list said [None] (found by mypy)."""
     assert JaxMemoryRecorder().backend == "jax" and JaxMemoryRecorder(backend="cpu").backend == "jax"
     assert JaxMemoryRecorder(backend="cpu").platform == "cpu"
+
+
+def test_a_netted_profile_says_it_is_netted_not_the_whole_process() -> None:
+    """A cell or a test nets out what JAX held at its start (without_held): its note must not say the
+    profile includes buffers made before start() (the %%gpuflame cell's report said so)."""
+    from gpuflame.capture.recorders.jax_memory import NETTED, WHOLE_PROCESS, without_held
+
+    kept = Model().make(64)
+    before = take_profile()
+    rec = JaxMemoryRecorder()
+    rec.start()
+    new = Model().make(256)
+    profile = rec.snapshot()
+    rec.stop()
+    assert any(c.startswith(WHOLE_PROCESS) for c in profile.comments)
+    netted = without_held(profile, before)
+    assert not any(WHOLE_PROCESS in c for c in netted.comments)
+    assert any(c.startswith(NETTED) for c in netted.comments)
+    assert at(netted, "Model > make", INUSE) == new.nbytes  # the kept array is netted out, per stack
+    del kept

@@ -258,8 +258,7 @@ class JaxMemoryRecorder(Recorder):
 
     def _comments(self) -> list[str]:
         return [
-            "gpuflame jax backend: JAX's device memory profile (live jax.Array buffers of the whole "
-            f"process, including those made before start()); {self.samples_taken} samples taken",
+            f"{WHOLE_PROCESS}; {self.samples_taken} samples taken",
             "inuse: the latest sample",
             "no alloc_* types: JAX reports live buffers only, so allocations since start cannot be counted",
         ]
@@ -301,6 +300,17 @@ def _columns(raw: Profile) -> tuple[int, int]:
     return space, count
 
 
+# the backend's first note, and what a host that nets out the start says instead (:func:`without_held`)
+WHOLE_PROCESS = (
+    "gpuflame jax backend: JAX's device memory profile (live jax.Array buffers of the whole "
+    "process, including those made before start())"
+)
+NETTED = (
+    "gpuflame jax backend: JAX's device memory profile (live jax.Array buffers), less what each stack "
+    "held when this recording started (a cell's or a test's own, netted per stack)"
+)
+
+
 def without_held(profile: Profile, before: Profile) -> Profile:
     """*profile* less the JAX buffers *before* held, per stack and labels, in its peak and in-use columns.
 
@@ -325,7 +335,9 @@ def without_held(profile: Profile, before: Profile) -> Profile:
             values[i] = max(0, values[i] - start[which])
         if any(values):
             out.append(Sample(s.stack, tuple(values), s.labels))
-    return profile.derive(out)
+    netted_profile = profile.derive(out)
+    netted_profile.comments = [c.replace(WHOLE_PROCESS, NETTED) for c in netted_profile.comments]
+    return netted_profile
 
 
 # the columns netted against the start: each loses the start's bytes (0) or buffer count (1)
