@@ -162,13 +162,9 @@ def start(
     return _start(output, store, options)[0]
 
 
-# start()'s options, read once: a host that starts a recording per test (the pytest plugin) asks each time
-_START_OPTIONS = frozenset(inspect.signature(start).parameters) - {"output", "store"}
-
-
 def _options(**given: object) -> dict[str, object]:
     """:func:`start`'s keywords as :class:`Settings` fields (``pyroscope``: ``pyroscope_url``); TypeError for others."""
-    known = _START_OPTIONS
+    known = set(inspect.signature(start).parameters) - {"output", "store"}
     unknown = sorted(set(given) - known)
     if unknown:
         raise TypeError(
@@ -182,11 +178,15 @@ def _start(
     store: bool | str | os.PathLike[str],
     options: dict[str, object],
     in_block: bool = False,
+    check: bool = True,
 ) -> tuple[Recording, bool]:
     """The recording running now, and whether this call started it.
 
     *in_block*: called for a ``with profile()`` block, not ``start()``: the nesting warning
     names it so, and points one frame further up (contextlib's ``__enter__`` is between).
+    *check*: False for a host's own scratch file in a folder it made (hosted.py), written only if
+    the process exits mid-recording: checked as a user's output at each test's start, it cost a
+    seventh of what recording a small test costs.
     """
     global _active
     settings = settings_for(options)
@@ -206,7 +206,10 @@ def _start(
             return nested, True
         started = time.time()
         run_folder = _run_folder(store, started)
-        path = run_folder / PROFILE_NAME if run_folder else _output_path(output)
+        if run_folder is not None:
+            path = run_folder / PROFILE_NAME
+        else:
+            path = _output_path(output) if check else Path(output or DEFAULT_OUTPUT)
         # no session folder: the API writes one file, and notes of what was lost go into it
         session = Session(settings, path=path)
         session.install_exit_hooks()

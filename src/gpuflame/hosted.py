@@ -59,10 +59,12 @@ class Hosted:
 def start(path: Path, backend: str) -> Hosted:
     """``gpuflame.start``: the recording (*path* is written only if the process exits while it runs).
 
+    *path* is in a folder the host made, so it is not checked as a user's output is, at every start.
+
     With JAX recording, what it holds now is taken too: a cell or a test is charged with the
     buffers it made, not with those an earlier cell or test kept.
     """
-    recording = gpuflame.api.start(path, backend=backend)
+    recording = gpuflame.api._start(path, False, gpuflame.api._options(backend=backend), check=False)[0]
     before = None
     if backends.JAX in recording.backends:
         from gpuflame.capture.recorders.jax_memory import take_profile

@@ -9,7 +9,6 @@ object graph: a saved PyTorch snapshot, blocks freed before they were seen).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import lru_cache
 
 from gpuflame.model.profile import PYTHON, Frame, Profile, Sample
 from gpuflame.symbols import names
@@ -78,10 +77,6 @@ _COMM_SITES: tuple[tuple[str, tuple[str, ...] | None], ...] = (
 _SHARDED_PARAMETER_SITES = (("torch/distributed/fsdp/_fully_shard/_fsdp_param.py", ("_init_sharded_param",)),)
 
 
-# stacks whose category is remembered (a stack is a tuple of ~50 shared frames: a few MB at most)
-STACK_CATEGORY_MEMO = 16_384
-
-
 def stack_category(frames: Sequence[Frame]) -> str:
     """The category a block's allocating stack implies (leaf first): kv_cache, optimizer_state, parameter, ...
 
@@ -92,15 +87,7 @@ def stack_category(frames: Sequence[Frame]) -> str:
     whose innermost Python frame is torch.distributed's own communication
     code is a ``comm_buffer`` (a DDP bucket made in the first ``forward`` is
     not an activation).
-
-    Memoized per stack: a process that records many short windows (a test
-    each, under the pytest plugin) classes the same stacks again and again.
     """
-    return _stack_category(tuple(frames))
-
-
-@lru_cache(maxsize=STACK_CATEGORY_MEMO)
-def _stack_category(frames: tuple[Frame, ...]) -> str:
     leaf = next((f for f in frames if f.kind == PYTHON), None)
     if leaf is not None:
         if _made_in(leaf, _COMM_SITES):
