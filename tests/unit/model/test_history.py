@@ -21,8 +21,10 @@ from gpuflame.formats import load, pprof, save
 from gpuflame.model import Frame, Profile, merge
 from gpuflame.model import history as event_history
 from gpuflame.model.history import DAMAGED_NOTE, PREFIX, EventLog, History
-from gpuflame.model.moment import NO_HISTORY, at, between, origin, parse_when
+from gpuflame.model.moment import ALLOCATIONS_ONLY, NO_HISTORY, PEAK, at, between, origin, parse_when
 from gpuflame.model.sample_types import memory_sample_types
+from gpuflame.symbols.names import CACHED_FREE
+from tests.helpers.paths import DATA
 
 T0 = 1_800_000_000_000_000_000
 S = 1_000_000_000
@@ -368,3 +370,23 @@ def test_a_full_history_is_written_without_a_copy_of_its_events_in_python_object
         tracemalloc.stop()
     assert peak < 4 * len(comment) + (2 << 20)  # the comment and its base64 copy, and a chunk of text
     assert History.from_comment(comment).tracks[0].sizes == track.sizes
+
+
+# -- --at counts live allocations only; on a snapshot that also holds the reserve it says so --------
+
+
+def test_a_moment_of_a_snapshot_with_cached_blocks_says_it_counts_allocations_only() -> None:
+    """At the peak's instant, --at gave 12.x GiB where the report's peak said 13.2 GiB, with no word why."""
+    profile = load(DATA / "torch-snapshot-MAGMA27-memory_snapshot.pickle.gz")
+    assert any(frame.name == CACHED_FREE for frame in profile.frames)
+    moment = at(profile, PEAK)
+    assert moment.totals()["inuse_space"] < profile.totals()["peak_space"]
+    assert ALLOCATIONS_ONLY in moment.comments
+
+
+def test_a_moment_of_a_profile_without_a_reserve_says_nothing_of_it() -> None:
+    """The torch CPU hook's profiles hold no reserve: their moments and their peak count the same bytes."""
+    profile = profile_of([(1 * S, 0, 100), (2 * S, 1, 50)])
+    moment = at(profile, parse_when("3s"))
+    assert moment.totals()["inuse_space"] == 150
+    assert ALLOCATIONS_ONLY not in moment.comments
