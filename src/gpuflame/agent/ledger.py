@@ -77,12 +77,9 @@ class Ledger:
         line[CHANGED] = clock
         g.total -= size
 
-    def _rebook(self, pid: int, key: BlockKey, block: Block) -> None:
-        """A freed block back in use (its free was refused): in use and the peak again, not allocated again."""
-        blocks = self.blocks.setdefault(pid, {})
-        if key in blocks:
-            return  # the address was booked again meanwhile (an event lost): the newer block stays
-        g, line, size = block
+    def _book(self, g: GroupState, line: list[int], size: int) -> None:
+        """Put a block of *size* bytes in use on its row, keeping the row's value at the peak; a new peak of
+        the group is marked (the twin of :meth:`_unbook`; the common case is inlined in Booking._read_ring)."""
         self.clock = clock = self.clock + 1
         if line[CHANGED] <= g.peak_time:
             line[PEAK] = line[INUSE]
@@ -94,6 +91,13 @@ class Ledger:
         if total > g.peak_total:
             g.peak_total = total
             g.peak_time = clock
+
+    def _rebook(self, pid: int, key: BlockKey, block: Block) -> None:
+        """A freed block back in use (its free was refused): in use and the peak again, not allocated again."""
+        blocks = self.blocks.setdefault(pid, {})
+        if key in blocks:
+            return  # the address was booked again meanwhile (an event lost): the newer block stays
+        self._book(*block)
         blocks[key] = block
 
     def alloc(self, pid: int, device: str, stack: int, key: BlockKey, size: int) -> None:
@@ -109,23 +113,12 @@ class Ledger:
         elif key in blocks:  # an address handed out again without a free we saw
             self._release(pid, key)
         # the common case (a row that exists, an address not in use) is booked in Booking._read_ring's loop
-        self.clock = clock = self.clock + 1
         line = g.lines.get(stack)
         if line is None:
-            line = g.lines[stack] = [size, 1, size, 1, clock, 0, 0]
-        else:
-            if line[CHANGED] <= g.peak_time:
-                line[PEAK] = line[INUSE]
-                line[PEAK_N] = line[INUSE_N]
-            line[INUSE] += size
-            line[INUSE_N] += 1
-            line[ALLOC] += size
-            line[ALLOC_N] += 1
-            line[CHANGED] = clock
-        total = g.total = g.total + size
-        if total > g.peak_total:
-            g.peak_total = total
-            g.peak_time = clock
+            line = g.lines[stack] = [0] * (PEAK_N + 1)  # a new row: nothing yet, booked below
+        line[ALLOC] += size
+        line[ALLOC_N] += 1
+        self._book(g, line, size)
         blocks[key] = (g, line, size)
         if key >= HANDLE:
             self.refs[(pid, key - HANDLE)] = 1
