@@ -10,10 +10,8 @@ from __future__ import annotations
 import http.client
 import select
 import socket
-import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -23,6 +21,7 @@ from gpuflame.formats import save
 from gpuflame.serve import make_server
 from gpuflame.serve.app import Server
 from tests.helpers.profiles import small_profile
+from tests.helpers.serving import serving
 
 CLIENTS = 200
 
@@ -31,18 +30,6 @@ CLIENTS = 200
 def folder(tmp_path: Path) -> Path:
     save(small_profile("HostProbe > allocate", 4096), tmp_path / "plain.pb.gz")
     return tmp_path
-
-
-@contextmanager
-def serving(srv: Server) -> Iterator[Server]:
-    thread = threading.Thread(target=srv.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield srv
-    finally:
-        srv.shutdown()
-        srv.server_close()
-        thread.join(5)
 
 
 @pytest.fixture

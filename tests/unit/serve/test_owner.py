@@ -17,7 +17,6 @@ import re
 import shutil
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,6 +27,7 @@ from gpuflame.formats import save
 from gpuflame.serve import make_server
 from gpuflame.serve.app import Server
 from tests.helpers.profiles import small_profile
+from tests.helpers.serving import serving
 
 pytestmark = pytest.mark.subprocess
 
@@ -48,13 +48,8 @@ def folder(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def server(folder: Path) -> Iterator[Server]:
-    srv = make_server(folder, "127.0.0.1", 0)
-    thread = threading.Thread(target=srv.serve_forever, daemon=True)
-    thread.start()
-    yield srv
-    srv.shutdown()
-    srv.server_close()
-    thread.join(5)
+    with serving(make_server(folder, "127.0.0.1", 0)) as srv:
+        yield srv
 
 
 def get(srv: Server, target: str, headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
@@ -132,16 +127,9 @@ def test_each_server_makes_its_own_token(folder: Path) -> None:
 
 
 def test_no_token_answers_anyone(folder: Path) -> None:
-    srv = make_server(folder, "127.0.0.1", 0, need_token=False)
-    thread = threading.Thread(target=srv.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with serving(make_server(folder, "127.0.0.1", 0, need_token=False)) as srv:
         assert srv.token is None and "token" not in srv.url
         assert get(srv, "/file/plain.pb.gz")[0] == 200
-    finally:
-        srv.shutdown()
-        srv.server_close()
-        thread.join(5)
 
 
 def test_help_says_what_no_token_is_for(capsys: pytest.CaptureFixture[str]) -> None:

@@ -16,7 +16,6 @@ import socket
 import subprocess
 import sys
 import textwrap
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -31,6 +30,7 @@ from gpuflame.serve.catalog import BadId, NotServed, resolve_id
 from gpuflame.units import format_bytes
 from tests.helpers.profiles import small_profile
 from tests.helpers.run_cli import gpuflame_run
+from tests.helpers.serving import serving
 
 # Every test here uses a fixture that starts a child process (a server, a kernel, openssl).
 pytestmark = pytest.mark.subprocess
@@ -74,13 +74,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(served: Path) -> Iterator[Server]:
-    srv = make_server(served, "127.0.0.1", 0)
-    thread = threading.Thread(target=srv.serve_forever, daemon=True)
-    thread.start()
-    yield srv
-    srv.shutdown()
-    srv.server_close()
-    thread.join(5)
+    with serving(make_server(served, "127.0.0.1", 0)) as srv:
+        yield srv
 
 
 def owner(server: Server) -> dict[str, str]:
