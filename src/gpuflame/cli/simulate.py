@@ -254,7 +254,6 @@ GC_IDLE = (
     "note: garbage_collection_threshold does nothing here: PyTorch runs the collector only where the program set "
     "a memory fraction (torch.cuda.set_per_process_memory_fraction); if it did, give --memory-fraction F"
 )
-OOM_AS_IS = "the recorded settings run out of memory"
 
 
 def _total(outs: list[Outcome]) -> int:
@@ -272,9 +271,10 @@ def _tried(c: Candidate, was: int, base_oom: bool) -> list[str]:
     return [f"{head}; fits from {_least(outs)}", *(f"    why{_on(o, outs)}: {o.why}" for o in outs if o.why)]
 
 
-def verdict(base: list[Outcome], tried: list[Candidate], replayed: str = "the recorded settings") -> list[str]:
+def verdict(base: list[Outcome], tried: list[Candidate], replayed: str) -> list[str]:
     """Which tried setting lowers the reserved peak most (summed over devices), or fits where the others do not;
-    the one change to make, and the smallest device it (or, where none helps, the settings replayed) fits."""
+    the one change to make, and the smallest device it (or, where none helps, the settings replayed) fits.
+    *replayed* names the settings the base ran ("the recorded settings", or those --alloc-conf gave)."""
     was, base_oom = _total(base), any(o.oom for o in base)
     lines = ["settings tried:", *(line for c in tried for line in _tried(c, was, base_oom))]
     if not any(c.fraction_limit for c in tried):
@@ -330,7 +330,7 @@ def first_oom(outcomes: list[Outcome]) -> str:
     return line + (f"; {fit} of {len(outcomes)} fit" if fit else f"; all {len(outcomes)} run out of memory")
 
 
-def per_process(outcomes: list[Outcome], tried: list[Candidate], replayed: str = "the recorded settings") -> list[str]:
+def per_process(outcomes: list[Outcome], tried: list[Candidate], replayed: str) -> list[str]:
     """The settings tried and the verdict of each process, on its own device."""
     lines = []
     for k, o in enumerate(outcomes):
