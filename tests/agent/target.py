@@ -4,9 +4,9 @@ It calls the stand-in libcuda through ctypes and writes, for every call, a
 JSON line with what it did and the Python stack that did it (from
 ``sys._getframe`` on the line of the call: one line each, ``# fmt: skip``), so a test can compute the exact
 profile the agent must produce. Commands come one per line on stdin
-(``load`` with ``late``, ``basic``, ``ptsz``, ``vmm``, ``threads``, ``race N``, ``crowd N``, ``cells N``,
-``deep N``, ``hold``, ``release``, ``fork``, ``refused``, ``refused_vmm``, ``init``, ``oom``, ``exit``); ``ready``
-and ``done`` lines pace the test. With the argument
+(``load``, ``open`` and ``model N`` with ``late``, ``basic``, ``ptsz``, ``vmm``, ``threads``, ``race N``,
+``crowd N``, ``cells N``, ``deep N``, ``hold``, ``release``, ``fork``, ``refused``, ``refused_vmm``, ``init``,
+``oom``, ``exit``); ``ready`` and ``done`` lines pace the test. With the argument
 ``seccomp`` it first puts itself under an allow-all seccomp filter.
 """
 
@@ -312,6 +312,17 @@ def deep(n):
 
 
 HELD = []
+OPENED = []
+
+
+def load_model(n):
+    """The driver loaded, then *n* weights allocated at once (a framework loading a checkpoint right after its
+    dlopen): 4 KiB to 520 KiB each, about 268 KiB on average."""
+    global LIB
+    LIB = ctypes.CDLL(sys.argv[1])
+    LIB.cuInit(0)
+    for i in range(n):
+        device_alloc(4096 * (1 + i * 37 % 130))
 
 
 def out_of_memory():
@@ -342,6 +353,10 @@ def main():
         if cmd[0] == "load":
             LIB = ctypes.CDLL(sys.argv[1])
             LIB.cuInit(0)
+        elif cmd[0] == "open":  # the driver file opened and held, not mapped: what the dynamic loader does first
+            OPENED.append(os.open(sys.argv[1], os.O_RDONLY | os.O_CLOEXEC))
+        elif cmd[0] == "model":
+            load_model(int(cmd[1]))
         elif cmd[0] == "basic":
             basic()
         elif cmd[0] == "vmm":

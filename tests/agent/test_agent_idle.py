@@ -162,8 +162,72 @@ def test_allocations_before_a_late_driver_file_was_probed_are_counted(libcuda, s
         agent.stop()
 
 
+def _late_copy(libcuda: str, tmp_path) -> tuple[str, tuple[int, int]]:  # noqa: ANN001
+    """A copy of the driver (another inode: not probed yet), and its (device, inode)."""
+    copy = tmp_path / "late" / "libcuda.so.1"
+    copy.parent.mkdir()
+    shutil.copy(libcuda, copy)
+    copy.parent.chmod(0o755)
+    return str(copy), (os.stat(copy).st_dev, os.stat(copy).st_ino)
+
+
+def test_a_driver_file_opened_is_probed_before_it_is_mapped(libcuda, start_target, bpf_object, tmp_path):
+    """The dynamic loader opens a library before it maps it: the kernel side's word of the open gets the file
+    probed from the process's own descriptor (no rescan, no mapping yet), so every call is seen from the first
+    and the process is not counted late."""
+    from gpuflame.agent.agent import Agent
+
+    copy, key = _late_copy(libcuda, tmp_path)
+    agent = Agent()
+    agent.start(thread=False)  # no rescans: only the kernel side's word can get the file probed
+    try:
+        if not agent.watch_opens:
+            pytest.skip("no raw tracepoint on system call exits here: driver files are found when mapped")
+        target = start_target("3.12", "late", lib=copy)
+        target.ready()
+        target.run("open")  # opened and held, not mapped
+        assert wait_for(lambda: polled(agent) and key in agent.attached)
+        assert agent.probed_on_open >= 1 and target.pid in agent.processes
+        assert os.path.samefile(agent.attached[key], copy)  # named by the process's path, not the agent's fd
+        target.run("load")
+        target.run("basic")
+        expected = replay(target.records)
+        assert wait_for(lambda: polled(agent) and own_rows(agent, {str(target.pid)}) == expected)
+        assert target.pid not in agent.late_loads and "late_driver" not in agent.losses()
+        assert not any("had not probed yet" in c for c in agent.snapshot().comments)
+    finally:
+        agent.stop()
+
+
+def test_a_driver_file_opened_and_mapped_before_the_agent_read_of_it_is_counted(
+    libcuda, start_target, bpf_object, tmp_path
+):
+    """The open's word read after the loader has mapped the file and closed its descriptor: the file is found
+    in the process's mappings instead, probed, and the process counted late from the open (a window in ms);
+    the allocations it made before are counted by their frees."""
+    from gpuflame.agent.agent import Agent
+
+    copy, key = _late_copy(libcuda, tmp_path)
+    agent = Agent()
+    agent.start(thread=False)
+    try:
+        if not agent.watch_opens:
+            pytest.skip("no raw tracepoint on system call exits here: driver files are found when mapped")
+        target = start_target("3.12", "late", lib=copy)
+        target.ready()
+        target.run("load")  # opened, mapped, its descriptor closed: all before the agent reads a record
+        target.run("hold")  # 3 allocations not seen
+        assert wait_for(lambda: polled(agent) and key in agent.attached)
+        assert isinstance(agent.late_loads.get(target.pid), int)  # a window in ms (None would be a rescan)
+        target.run("release")
+        assert wait_for(lambda: polled(agent) and agent.late_frees.get(target.pid) == 3)
+    finally:
+        agent.stop()
+
+
 def test_a_driver_file_found_by_a_rescan_says_what_may_be_missing(libcuda, start_target, agent_for, tmp_path):
-    """Found by a rescan (a kernel without fexit, or --pid): the profile says the window its probes came after."""
+    """Found by a rescan (a kernel without a word of opens or mappings, or --pid): the profile says the window its
+    probes came after."""
     copy = tmp_path / "late" / "libcuda.so.1"
     copy.parent.mkdir()
     shutil.copy(libcuda, copy)
@@ -178,8 +242,8 @@ def test_a_driver_file_found_by_a_rescan_says_what_may_be_missing(libcuda, start
     assert set(agent.late_loads) == {target.pid}
     note = next(c for c in agent.snapshot().comments if "loaded a driver file the agent had not probed yet" in c)
     assert f"pid {target.pid} loaded" in note and "0 allocations made before its probes were in" in note
-    if not agent.watch_loads:  # else the kernel side's word may come first: a window in milliseconds
-        assert "probed at a rescan, up to 0.25 s after the load" in note
+    if not agent.watch_loads and not agent.watch_opens:  # else the kernel side's word may come first: a window
+        assert "probed at a rescan, up to 0.25 s after the load" in note  # in milliseconds
 
 
 def _same(path: str, libcuda: str) -> bool:

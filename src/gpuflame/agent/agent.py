@@ -123,7 +123,8 @@ class Agent(Probing, Registry, Booking):
         self.nvml_library = nvml_library  # None: do not ask NVML for what the probes did not see
         self.nvml: nvml.Nvml | None = None
         self.cuda_seen = False
-        self.watch_loads = False
+        self.watch_loads = self.watch_opens = False
+        self.probed_on_open = 0
         self._code_free_probes = set()
         self.unwatched_code_frees = set()
         self._skip = ()

@@ -24,6 +24,7 @@ from gpuflame.agent.events import (
     EV_CODE,
     EV_CODE_FREED,
     EV_DRIVER,
+    EV_DRIVER_OPENED,
     EV_EXEC,
     EV_EXIT,
     EV_FORK,
@@ -203,6 +204,9 @@ class Booking(AgentState):
         elif kind == EV_DRIVER:
             h = header(data)
             self._driver_loaded(h.tgid, h.ts)
+        elif kind == EV_DRIVER_OPENED:
+            h = header(data)
+            self._driver_opened(h.tgid, h.addr, h.ts)
         elif kind == EV_EXIT:
             self._exit(header(data).tgid)
         elif kind == EV_NEW_PROCESS:

@@ -17,6 +17,7 @@ K_MAP, K_UNMAP, K_RETAIN = 12, 13, 14  # VMM references
 EV_ALLOC, EV_FREE, EV_EXIT, EV_NEW_PROCESS, EV_FORK, EV_EXEC, EV_CODE = 1, 2, 3, 4, 5, 6, 7
 EV_RESULT, EV_SITE = 8, 9  # entry-only probes: an allocation's outcome; a return address to probe
 EV_DRIVER = 10  # a process mapped a libcuda file (probed at once if new)
+EV_DRIVER_OPENED = 13  # a process opened a libcuda file: addr is its descriptor (probed before it is mapped)
 EV_CODE_FREED = 12  # a code object of a sent stack was deallocated (its address may be reused)
 EV_VMM = 11  # a VMM reference: kind, addr, size, and the handle after the header
 

@@ -196,7 +196,12 @@ class Probing(AgentState):
         self._ring = RingBuffer(self._obj.map_fd("events"), RING_BYTES, self._read_ring)
         for program in ("process_exit", "process_fork", "process_exec"):
             self._obj.attach(program)
-        self.watch_loads = False
+        self.watch_loads = self.watch_opens = False
+        try:
+            self._obj.attach("driver_opened")
+            self.watch_opens = True
+        except BpfError:  # no raw tracepoint on system call exits here: the mapping's word or a rescan
+            pass
         if "driver_mapped" not in self._skip:
             try:
                 self._obj.attach("driver_mapped")
@@ -354,11 +359,62 @@ class Probing(AgentState):
         before = len(self.attached)
         self._attach_items(new)
         if len(self.attached) > before:
-            ms = None if mapped_ns is None else max(0, time.monotonic_ns() - mapped_ns) // 1_000_000
-            old = self.late_loads.get(pid, 0)
-            self.late_loads[pid] = None if ms is None or old is None else max(old, ms)
-            self.late_frees.setdefault(pid, 0)
-            self._late.update(pid.to_bytes(4, "little"), b"\x01")  # its frees of blocks never seen: counted
+            self._mark_late(pid, mapped_ns)
+
+    def _mark_late(self, pid: int, since_ns: int | None) -> None:
+        """*pid* may have called a driver file before its probes were in: note the window (None: a rescan) and
+        have the kernel side send its frees of blocks never seen, to count what was missed."""
+        ms = None if since_ns is None else max(0, time.monotonic_ns() - since_ns) // 1_000_000
+        old = self.late_loads.get(pid, 0)
+        self.late_loads[pid] = None if ms is None or old is None else max(old, ms)
+        self.late_frees.setdefault(pid, 0)
+        self._late.update(pid.to_bytes(4, "little"), b"\x01")
+
+    def _driver_opened(self, pid: int, fd: int, opened_ns: int) -> None:
+        """The kernel side saw *pid* open a file named libcuda.so* as descriptor *fd*: the dynamic loader opens
+        a library before it maps it, so a new driver file probed now is probed before the process can call it.
+        Read through the process's own descriptor (the very file); the process is counted late only if it had
+        mapped the file by the time the probes were in."""
+        if pid == os.getpid() or not self._wanted(pid):
+            return  # the agent opens driver files itself to read them
+        link = f"/proc/{pid}/fd/{fd}"
+        try:
+            seen = os.readlink(link)
+            if not procs.LIBCUDA.search(seen):  # the number reused, or a libcuda.so.1.bak and the like
+                raise OSError(f"{link} is no driver file now")
+            mine = open_regular(link)
+        except OSError:  # closed again: the loader closes it once mapped, so it is found mapped (if it is)
+            self._driver_loaded(pid, opened_ns)
+            return
+        try:
+            st = os.fstat(mine)
+            key = (st.st_dev, st.st_ino)
+            if key in self.attached or key in self._unprobeable:
+                return
+            self.cuda_seen = True
+            path, shown = f"/proc/self/fd/{mine}", procs.in_root(pid, seen)
+            self._attach_items([(key, path)])
+            if key in self._unprobeable and self.skipped and path in self.skipped[-1]:
+                self.skipped[-1] = self.skipped[-1].replace(path, procs.as_seen(shown))
+        finally:
+            os.close(mine)
+        if key not in self.attached:
+            return
+        self.attached[key] = shown  # the path it was read through is closed now
+        self.probed_on_open += 1
+        if pid not in self.processes:
+            self._register(pid)
+        mapped = {self._file_key(p) for p in procs.libcuda_files(pid).values()}
+        if key in mapped:  # the loader was quicker: calls made before the probes were in are counted
+            self._mark_late(pid, opened_ns)
+
+    @staticmethod
+    def _file_key(path: str) -> tuple[int, int] | None:
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None
+        return (st.st_dev, st.st_ino)
 
     def _new_files(self, paths: Iterable[str]) -> list[tuple[tuple[int, int], str]]:
         """The files among *paths* not probed yet (nor found unprobeable), by (device, inode)."""

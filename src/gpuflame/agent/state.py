@@ -41,6 +41,8 @@ class AgentState:
     probes_why: str
     cuda_seen: bool  # a process loaded the driver or allocated while we watched
     watch_loads: bool  # the kernel side tells of a driver file mapped (else: found at rescans)
+    watch_opens: bool  # the kernel side tells of a driver file opened (probed before the process maps it)
+    probed_on_open: int  # driver files probed from an open's word
     _obj_path: str
     _obj: BpfObject | None
     _ring: RingBuffer | None
@@ -95,5 +97,7 @@ class AgentState:
         def _watch_code_frees(self, proc: Process) -> None: ...
 
         def _driver_loaded(self, pid: int, mapped_ns: int) -> None: ...
+
+        def _driver_opened(self, pid: int, fd: int, opened_ns: int) -> None: ...
 
         def _read_ring(self, data: mmap.mmap, page: int, mask: int, consumer: int, stop: int) -> int: ...

@@ -82,11 +82,13 @@ struct {
     __type(value, struct event);
 } scratch SEC(".maps");
 
-/* the frames the walk has read (WINDOW_BYTES, and room for a field read past a frame near the end) */
+/* the frames the walk has read: a page up to the end of a frame in it (WINDOW_BYTES - 1 + FRAME_BYTES at
+ * most), and room for a field read at any offset the masks allow from a frame at the page's last byte */
 struct window {
     __u64 lo, hi; /* the addresses it holds */
     __u8 bytes[WINDOW_BYTES + 128];
 };
+_Static_assert(FRAME_BYTES <= 128, "a window holds a page and the end of a frame that starts at its last byte");
 
 struct {
     __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -310,25 +312,29 @@ static __always_inline __u64 find_tstate(struct proc *p, struct thread_state *t)
 }
 
 /* Where the frame at *frame* starts in the window (read anew if it is not there), or -1 where it cannot be
- * read. A global function: the verifier checks its branches once per program, not once per step of the walk. */
+ * read. The window runs from the start of the frame's own page to the frame's end, never below: that page
+ * holds the frame, so it can be read whenever the frame can, and the frames below it in the page (a
+ * thread's older interpreter frames, 3.11+) come with it. A window reaching below the page read memory the
+ * walk does not need: below a thread's first frames (its data stack's first page) lies whatever the process
+ * mapped there, and where that page was unmapped or never touched the read faulted, failed, and each frame
+ * was read again alone, a fault per frame (see BENCHMARKS.md). A global function: the verifier checks its
+ * branches once per program, not once per step of the walk. */
 __noinline long window_at(struct window *w, __u64 frame)
 {
     if (!w)
         return -1;
     if (frame < w->lo || frame + FRAME_BYTES > w->hi) {
-        __u64 end = frame + FRAME_BYTES;
-        if (end > WINDOW_BYTES && !bpf_probe_read_user(w->bytes, WINDOW_BYTES, (void *)(end - WINDOW_BYTES))) {
-            w->lo = end - WINDOW_BYTES;
-        } else if (!bpf_probe_read_user(w->bytes, FRAME_BYTES, (void *)frame)) {
-            w->lo = frame; /* a window there crosses memory that cannot be read: this frame alone */
-        } else {
+        __u64 lo = frame & ~(__u64)(WINDOW_BYTES - 1);
+        __u64 len = (frame & (WINDOW_BYTES - 1)) + FRAME_BYTES; /* at most WINDOW_BYTES - 1 + FRAME_BYTES */
+        if (bpf_probe_read_user(w->bytes, len, (void *)lo)) {
             w->lo = w->hi = 0;
             return -1;
         }
-        w->hi = end;
+        w->lo = lo;
+        w->hi = frame + FRAME_BYTES;
     }
     __u64 off = frame - w->lo;
-    return off > WINDOW_BYTES - FRAME_BYTES ? -1 : (long)off;
+    return off > WINDOW_BYTES - 1 ? -1 : (long)off;
 }
 
 /* Walks the frames into *e*; returns their hash. The frames are read a window at a time (window_at):
@@ -362,7 +368,7 @@ __noinline __u64 walk_python(struct proc *p, struct thread_state *t, struct even
     *kept = 0;
     for (int i = 0; i < MAX_WALK && frame; i++) {
         long off = window_at(w, frame);
-        if (off < 0 || off > WINDOW_BYTES - FRAME_BYTES) {
+        if (off < 0 || off > WINDOW_BYTES - 1) {
             frame = 0;
             break;
         }
@@ -1028,5 +1034,50 @@ int BPF_PROG(process_exec, struct task_struct *task)
     struct event *e = new_event(EV_EXEC, 0, 1);
     if (e)
         send(e, 1);
+    return 0;
+}
+
+/* x86-64 system call numbers of the opens the dynamic loader (and anyone) may use */
+#define NR_OPEN 2
+#define NR_OPENAT 257
+#define NR_OPENAT2 437
+
+/* A process has just opened a file named libcuda.so*: the dynamic loader opens a library before it maps it,
+ * so user space can put the probes on that file (a uprobe sits on the inode: it is in every mapping made
+ * after, and in those before) ahead of its mapping, from the descriptor this sends (addr), rather than after
+ * (driver_mapped, a kernel with BPF trampolines) or at a rescan. A raw tracepoint: no trampoline, no
+ * tracefs; it runs at every system call's exit and leaves at once unless the call is a successful open. */
+SEC("tp_btf/sys_exit")
+int BPF_PROG(driver_opened, struct pt_regs *regs, long ret)
+{
+    if (ret < 0 || ret > 0x7fffffff)
+        return 0;
+    long nr = BPF_CORE_READ(regs, orig_ax);
+    if (nr != NR_OPENAT && nr != NR_OPEN && nr != NR_OPENAT2)
+        return 0;
+    struct task_struct *task = bpf_get_current_task_btf();
+    struct fdtable *fdt = BPF_CORE_READ(task, files, fdt);
+    if (!fdt || (__u32)ret >= BPF_CORE_READ(fdt, max_fds))
+        return 0;
+    struct file **fds = BPF_CORE_READ(fdt, fd);
+    struct file *file = 0;
+    if (bpf_probe_read_kernel(&file, sizeof(file), &fds[ret]) || !file)
+        return 0;
+    char name[sizeof(LIBCUDA_PREFIX)] = {};
+    bpf_probe_read_kernel_str(name, sizeof(name), BPF_CORE_READ(file, f_path.dentry, d_name.name));
+    const char want[] = LIBCUDA_PREFIX;
+#pragma unroll
+    for (int i = 0; i < (int)sizeof(LIBCUDA_PREFIX) - 1; i++)
+        if (name[i] != want[i])
+            return 0;
+    __u32 tgid = bpf_get_current_pid_tgid() >> 32;
+    if (setting(SET_ONLY_REGISTERED) && !bpf_map_lookup_elem(&procs, &tgid))
+        return 0;
+    struct event *e = new_event(EV_DRIVER_OPENED, 0, 1);
+    if (e) {
+        e->addr = ret;
+        e->size = BPF_CORE_READ(file, f_inode, i_ino);
+        send(e, 1);
+    }
     return 0;
 }

@@ -16,10 +16,11 @@
 #define MAX_NATIVE 64
 #define STACK_WORDS (MAX_FRAMES * 2 + MAX_NATIVE)
 #define FRAME_BYTES 104 /* of each frame: every field the walk needs is below */
-/* The walk reads the frames WINDOW_BYTES at a time, the window ending where the frame it needs ends: a
- * thread's interpreter frames (3.11+) lie one below the other in its data stack, so one read holds
- * many (a read per frame was most of the walk's cost); a frame outside the window is read anew, and
- * alone where a window there cannot be read. */
+/* The walk reads the frames a page at a time (WINDOW_BYTES, x86-64's page): from the start of the page of
+ * the frame it needs to that frame's end. A thread's interpreter frames (3.11+) lie one below the other in
+ * its data stack, so one read holds many (a read per frame was most of the walk's cost); a frame outside
+ * the window is read anew with its own page. The window never reaches below the page of a frame: that
+ * memory may be unmapped or untouched, and a read that faults costs more than the walk. */
 #define WINDOW_BYTES 4096
 #define RAW_U64_MASK 0x78
 #define RAW_U32_MASK 0x7c
@@ -237,5 +238,9 @@ struct event {
     EVENT_HEADER_FIELDS
     struct py_frame frames[MAX_FRAMES + MAX_NATIVE / 2];
 };
+
+/* a process opened a file named libcuda.so* (addr: the descriptor, size: its inode): user space probes it
+ * before the process maps it */
+#define EV_DRIVER_OPENED 13
 
 #endif

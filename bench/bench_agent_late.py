@@ -1,0 +1,124 @@
+"""What the node agent misses of a driver file loaded after it started (issue 39 item 2).
+
+A Python process (tests/agent/target.py) loads a fresh copy of the stand-in
+libcuda.so.1 (tests/agent/standin_cuda.c: another inode, so the agent has not
+probed it) by its path and at once allocates 208 blocks, 54.23 MiB (a model's
+weights right after the driver's dlopen); then one more allocation marks the
+end. The agent (every process, its reader thread and rescans running) is
+asked what it booked for that process: the allocations and bytes missing are
+printed per run, with the runs summed. ``--busy N`` starts N busy loops beside
+it (killed after). ``--before SRC`` runs the same with the agent from another
+source tree's ``src`` (a checkout of the code before).
+
+The stand-in allocates within microseconds of its load; a real driver's cuInit
+alone takes far longer, so a real process gives the agent more time than this.
+
+Needs root, BPF and clang/bpftool/libbpf (as tests/agent/).
+
+    sudo python bench/bench_agent_late.py [--runs 10] [--busy 4] [--before SRC]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+N_WEIGHTS = 208
+
+
+def run_all(args: argparse.Namespace) -> int:
+    sys.path.insert(0, str(ROOT))  # the test suite's helpers, as the package tests.*
+    from tests.agent.agent_expected import rows
+    from tests.agent.agent_helpers import Target, wait_for
+    from tests.helpers.pythons import python_for
+
+    from gpuflame.agent.agent import Agent
+
+    python = python_for("3.12") or sys.executable
+    folder = Path(tempfile.mkdtemp(prefix="gpuflame-late-"))
+    lib = standin(folder)
+    agent = Agent()
+    agent.start()
+    totals = [0, 0, 0, 0]
+    try:
+        for i in range(args.runs):
+            copy = folder / f"run{i}" / "libcuda.so.1"
+            copy.parent.mkdir()
+            shutil.copy(lib, copy)
+            target = Target(python, str(copy), "late")
+            try:
+                target.ready()
+                target.run(f"model {N_WEIGHTS}")
+                target.run("deep 1")  # the end mark: booked after every weight, in the ring's order
+                pid = str(target.pid)
+
+                def mine(pid: str = pid) -> dict:
+                    return {k: v for k, v in rows(agent.snapshot()).items() if k[0] == pid}
+
+                wait_for(lambda: any("deep" in str(k[2]) for k in mine()), timeout=20)
+                made = [r for r in target.records if r["op"] == "alloc" and r["size"] != 333]
+                got = [v for k, v in mine().items() if "deep" not in str(k[2])]
+                n, nbytes = sum(v[5] for v in got), sum(v[4] for v in got)
+                want, want_bytes = len(made), sum(r["size"] for r in made)
+                late = agent.late_loads.get(target.pid, "not late")
+                print(
+                    f"run {i + 1}: missing {want - n} of {want} allocations "
+                    f"({(want_bytes - nbytes) / 2**20:.2f} of {want_bytes / 2**20:.2f} MiB); window ms: {late}",
+                    flush=True,
+                )
+                for j, v in enumerate((want - n, want, want_bytes - nbytes, want_bytes)):
+                    totals[j] += v
+            finally:
+                target.close()
+    finally:
+        agent.stop()
+        shutil.rmtree(folder, ignore_errors=True)
+    print(
+        f"all {args.runs} runs: missing {totals[0]} of {totals[1]} allocations "
+        f"({totals[2] / 2**20:.2f} of {totals[3] / 2**20:.2f} MiB)"
+    )
+    return 0
+
+
+def standin(folder: Path) -> str:
+    from tests.agent.agent_helpers import cuda_include
+
+    out = folder / "libcuda.so.1"
+    flags = ["-shared", "-fPIC", "-O2", "-fno-omit-frame-pointer", "-fno-inline", "-fno-ipa-icf"]
+    source = ROOT / "tests" / "agent" / "standin_cuda.c"
+    subprocess.run(
+        ["gcc", *flags, f"-I{cuda_include()}", "-Wl,-soname,libcuda.so.1", str(source), "-o", str(out), "-lpthread"],
+        check=True,
+    )
+    return str(out)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=10)
+    parser.add_argument("--busy", type=int, default=0, help="busy loops beside it")
+    parser.add_argument("--before", default="", help="the agent from this source tree's src")
+    args = parser.parse_args()
+    src = Path(args.before).resolve() / "src" if args.before else ROOT / "src"
+    sys.path.insert(0, str(src))
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.busy)]
+    try:
+        import gpuflame
+
+        where = Path(gpuflame.__file__).parents[1]
+        print(f"agent from {where}; {args.busy} busy loops; load {os.getloadavg()[0]:.1f}", flush=True)
+        return run_all(args)
+    finally:
+        for p in busy:
+            p.kill()
+            p.wait()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
