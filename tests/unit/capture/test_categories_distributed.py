@@ -19,11 +19,12 @@ import pytest
 pytest.importorskip("torch")
 
 from gpuflame.formats import load  # noqa: E402
-from gpuflame.model import Profile  # noqa: E402
+from gpuflame.model import Profile, moment  # noqa: E402
+from tests.helpers.cli import run_json  # noqa: E402
 from tests.helpers.run_cli import gpuflame_run, write  # noqa: E402
 
 DDP_SCRIPT = """
-import json, os, sys, torch, torch.distributed as dist
+import json, os, sys, time, torch, torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 view = sys.argv[2] == "view"
@@ -35,6 +36,7 @@ buckets = sum(b.buffer().numel() * b.buffer().element_size() for b in ddp.reduce
 opt = torch.optim.AdamW(ddp.parameters(), lr=1e-3)
 ddp(torch.randn(8, 64)).sum().backward()
 opt.step()
+stepped = time.time_ns()  # every rank holds its parameters, gradients, buckets and state from here on
 spike = torch.empty(4 << 20, dtype=torch.uint8)  # both ranks hold it across the barrier: the run's joint peak
 dist.barrier()
 del spike
@@ -43,7 +45,7 @@ params = sum(p.numel() * p.element_size() for p in model.parameters())
 steps = sum(s["step"].numel() * s["step"].element_size() for s in opt.state.values())
 views = all(p.grad.untyped_storage().nbytes() == buckets for p in model.parameters())
 with open(os.path.join(sys.argv[1], f"{os.getpid()}.json"), "w") as f:
-    json.dump({"params": params, "buckets": buckets, "steps": steps, "views": views}, f)
+    json.dump({"params": params, "buckets": buckets, "steps": steps, "views": views, "stepped": stepped}, f)
 dist.destroy_process_group()  # the model, its gradients and DDP's reducer live on to the end of the process
 """
 
@@ -149,3 +151,36 @@ def test_fsdp2_shards_are_parameters_and_gradients_its_gathers_comm_buffers(tmp_
         assert not {"activation", "comm_buffer"} & set(end), end
         # every parameter was gathered whole at least once, into FSDP's all-gather buffers
         assert by_category(merged, "alloc_space", pid)["comm_buffer"] >= want["unsharded"]
+
+
+@pytest.mark.slow
+@pytest.mark.subprocess
+@pytest.mark.parametrize("hook", ["allocator"])
+def test_ddp_any_moment_of_the_merged_run_gives_each_rank_s_categories(
+    tmp_path: Path, hook: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--at`` and ``--between`` on the merged file: each block is what the process holding it classed it."""
+    merged, ranks = torchrun(tmp_path, DDP_SCRIPT, "copy", hook=hook)
+    # both ranks are past their optimizer step and short of the first barrier's end: both hold everything
+    after_step = (max(want["stepped"] for want in ranks.values()) - moment.origin(merged)) / 1e9
+    for when in (after_step, moment.PEAK):  # the strip's peak: the run's joint peak, the spike on both ranks
+        at = moment.at(merged, when)
+        for pid, want in ranks.items():
+            params, buckets = want["params"], want["buckets"]
+            got = by_category(at, "inuse_space", pid)
+            barrier = by_category(at, "inuse_space", pid, leaf="barrier").get("comm_buffer", 0)
+            assert got["parameter"] == params, (when, got)
+            assert got["gradient"] == params, (when, got)
+            assert got["comm_buffer"] - barrier == buckets, (when, got)
+            assert got["optimizer_state"] == 2 * params + want["steps"], (when, got)
+    window = moment.between(merged, 0.0, after_step)
+    for pid, want in ranks.items():
+        got = by_category(window, "alloc_space", pid)
+        assert got["parameter"] == want["params"], got  # made once, after the recording started
+        assert got["gradient"] == want["params"], got  # one backward pass
+        assert got["optimizer_state"] == 2 * want["params"] + want["steps"], got
+    # the command a user runs: gpuflame top --at on the merged file, one rank
+    pid = min(ranks)
+    top = run_json(capsys, "top", tmp_path / "run.pb.gz", "--at", "peak", "--by", "category", "--label", f"pid={pid}")
+    shown = {row["category"]: row["total"] for row in top["categories"]}
+    assert shown["gradient"] == shown["parameter"] == ranks[pid]["params"], shown

@@ -37,7 +37,7 @@ from gpuflame.capture.base import Recorder, empty_profile
 from gpuflame.capture.books import categories, joint_peak, phase_table, phases, site_row
 from gpuflame.capture.code_frames import CodeFrames
 from gpuflame.capture.exit_hooks import HOOKS
-from gpuflame.capture.recorders.allocator.block_categories import HookCategories
+from gpuflame.capture.recorders.allocator.block_categories import HISTORY_TAG_BITS, HookCategories
 from gpuflame.capture.recorders.allocator.native import elf_symbols
 from gpuflame.model import history as event_history
 from gpuflame.model import phases as phase_model
@@ -136,6 +136,14 @@ class TorchAllocatorRecorder(Recorder):
         finally:
             self._release()
 
+    def peak_now(self) -> tuple[int, int] | None:
+        """The window's peak and in-use bytes from the hook's totals: what the profile's would sum to."""
+        hook = self._hook
+        if hook is None or not self.running or _busy is not self:
+            return None
+        totals = hook.totals()
+        return int(totals["peak"]), int(totals["inuse"])
+
     def _degrade(self) -> None:
         try:
             self._stop()
@@ -149,16 +157,14 @@ class TorchAllocatorRecorder(Recorder):
             return profile
         if self._final is not None:
             rows, totals, points, phase_rows = self._final
-            raw_history = self._final_history
         else:
             rows, totals, points, phase_rows = hook.rows(), hook.totals(), hook.timeline(), hook.phase_rows()
-            raw_history = hook.history()
         self._fetch_stacks(hook)  # after the books: every site they name has its stack
         labels = {"device": "cpu", "pid": str(os.getpid())}
         joint = bool(totals.get("joint_table"))
         if joint:
             profile.sample_types += [JOINT_PEAK_SPACE, JOINT_PEAK_OBJECTS]
-        for (site, category), values in self._kinds.rows(rows).items():
+        for (site, category), values in self._kinds.rows(rows).items():  # tags the live blocks, in the history too
             extra = {categories.LABEL: category}
             if phase_rows:  # a recording that saw a phase: every sample says its phase
                 extra[phase_model.LABEL] = phases.name_of(self._site_phase[site])
@@ -172,6 +178,8 @@ class TorchAllocatorRecorder(Recorder):
         if points:  # labelled as the samples are, so the viewer's label selector picks both
             out.timeline = Timeline()
             out.timeline.add_series(tuple(sorted(labels.items())), points)
+        raw_history = self._final_history if self._final is not None else hook.history()  # after the tags
+        self._fetch_stacks(hook)  # sites made since the books were read
         out.history = self._history(raw_history) if raw_history is not None else None
         if out.history is None and self._history_dropped:
             out.comments.append(HISTORY_LOST)
@@ -181,7 +189,9 @@ class TorchAllocatorRecorder(Recorder):
         """The hook's event history as the model's (model/history.py); None when it has none to give.
 
         The columns stay the bytes the hook made (read through memoryviews, no copy), its sites
-        already numbered by their rank among those used, as of_track would number them.
+        already numbered by their rank among those used, as of_track would number them. The hook's
+        keys are its sites and its blocks' category tags: each becomes a site whose labels say the
+        category (block_categories.py).
         """
         fold, folded, dropped, base, times, sites, sizes, used = raw
         self._history_dropped = bool(dropped)
@@ -199,7 +209,8 @@ class TorchAllocatorRecorder(Recorder):
             memoryview(sites).cast("I"),
             memoryview(sizes).cast("q"),
         )
-        return of_track(track, self._stacks.__getitem__, lambda _: (("device", "cpu"),), used=used)
+        kinds = self._kinds
+        return of_track(track, lambda key: self._stacks[key >> HISTORY_TAG_BITS], kinds.history_labels, used=used)
 
     # -- helpers --------------------------------------------------------------
 

@@ -1,7 +1,11 @@
 """The CPU allocator hook's blocks split by category (the rules: capture/books/categories.py).
 
 Tags are set at every optimizer step and every profile, in C++ (one tag byte a
-live block); the rows are split when a profile is built.
+live block); the rows are split when a profile is built. The hook's event
+history keys each event by its site and its block's tag (``HistoryBooks`` in
+native/cpu_hook.cpp: a block tagged later has its allocation rekeyed), so a
+moment (``--at``, ``--between``) gives each block the category the profiles give
+it (:meth:`HookCategories.history_labels`).
 """
 
 from __future__ import annotations
@@ -10,6 +14,9 @@ from typing import Any, Protocol
 
 from gpuflame.capture.books import categories
 from gpuflame.capture.recorders.categories import data_ptr_key
+from gpuflame.model.history import Labels
+
+HISTORY_TAG_BITS = 3  # a history key is site << 3 | tag (cpu_hook.cpp: HistoryBooks::kTagBits)
 
 
 class HookRecorder(Protocol):
@@ -34,16 +41,25 @@ class HookCategories:
             tuple[list[tuple[int, ...]], list[tuple[int, int, int, int]], list[tuple[int, int, int, int]]] | None
         )
         self.frozen = None
+        self.frozen_roles: dict[int, str] = {}  # the object graph's roles when the window stopped
 
     def start(self) -> None:
         self.frozen = None
+        self.frozen_roles = {}
         self.steps.install()
 
     def stop(self) -> None:
-        """Stop tagging; copy the blocks (cheap, in C++): the graph is read when the profile is built."""
+        """Stop tagging; read the graph and tag the live blocks, then copy them (cheap, in C++).
+
+        The graph is read here, not when the profile is built, because the
+        recorder hands the hook's history over right after: its events take
+        these tags (a block's category at the end is its category at every moment).
+        """
         self.steps.remove()
         hook = self.recorder._hook
         if hook is not None:
+            self.frozen_roles = _walk()
+            self.tag(self.frozen_roles)
             self.frozen = _hook_blocks(hook)
 
     def tag(self, roles: dict[int, str]) -> None:
@@ -58,10 +74,7 @@ class HookCategories:
         """
         hook = self.recorder._hook
         assert hook is not None
-        try:
-            roles = categories.graph_roles(data_ptr_key)
-        except Exception:  # noqa: BLE001 - without the graph, blocks are classed by their stacks
-            roles = {}
+        roles = self.frozen_roles if self.frozen is not None else _walk()
         self.tag(roles)
         live, gone, joint_gone = self.frozen if self.frozen is not None else _hook_blocks(hook)
         blocks = [categories.Block(k, n, s, bool(p), t, bool(j)) for k, n, s, p, t, j in live]
@@ -69,11 +82,25 @@ class HookCategories:
         self.recorder._fetch_stacks(hook)
         return categories.split_rows(by_site, self.default, blocks, gone, roles, joint_gone)
 
+    def history_labels(self, key: int) -> Labels:
+        """The labels of a history key (site << 3 | tag): its block's category, tagged or by its stack."""
+        site, tag = key >> HISTORY_TAG_BITS, key & ((1 << HISTORY_TAG_BITS) - 1)
+        category = categories.TAGGED[tag - 1] if 0 < tag <= len(categories.TAGGED) else self.default(site)
+        return ((categories.LABEL, category), ("device", "cpu"))
+
     def default(self, site: int) -> str:
         stacks = self.recorder._stacks
         while len(self.defaults) < len(stacks):
             self.defaults.append(categories.stack_category(stacks[len(self.defaults)]))
         return self.defaults[site]
+
+
+def _walk() -> dict[int, str]:
+    """The object graph's roles by data pointer; none when it cannot be read (blocks are classed by their stacks)."""
+    try:
+        return categories.graph_roles(data_ptr_key)
+    except Exception:  # noqa: BLE001 - without the graph, blocks are classed by their stacks
+        return {}
 
 
 def _hook_blocks(

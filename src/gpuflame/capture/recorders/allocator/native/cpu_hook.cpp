@@ -91,6 +91,7 @@ struct Live {
   uint64_t seq;
   uint32_t site;
   uint8_t tag = 0;  // category found in the object graph (capture/books/categories.py: TAGGED), 0: none
+  uint64_t event = UINT64_MAX;  // its allocation's number in the history (HistoryBooks::note), to retag it
 };
 
 // tagged blocks live at the peak and freed since, per (site, tag), stamped
@@ -427,19 +428,29 @@ struct TimelineBooks {
   }
 };
 
-// The event history (model/history.py): every booked event (time, site,
+// The event history (model/history.py): every booked event (time, key,
 // +bytes or -bytes), at most `limit` (set by the recorder from the model's
 // MAX_EVENTS; 0 keeps none). When full, the oldest half is folded into
-// `base`, the live bytes and count per site at the fold point, so any moment
+// `base`, the live bytes and count per key at the fold point, so any moment
 // from `fold` on stays exact. Never throws: an event it cannot keep (out of
 // memory) is counted in `dropped` and the history stops.
+//
+// An event's key is its site and its block's category tag, (site << kTagBits)
+// | tag: a block's allocation and its free carry the same key, so the live set
+// per key stays exact. A block tagged after its allocation was logged has that
+// event rekeyed (retag): the category a block is given, whenever that is, is
+// the category of its whole life in the history. No byte more per event.
 struct HistoryBooks {
+  static constexpr uint32_t kTagBits = 3;  // tags 0..7 (capture/books/categories.py: TAGGED, 6 of them)
+  static constexpr uint64_t kNoEvent = UINT64_MAX;
   size_t limit = 0;
   std::vector<int64_t> times, sizes;
-  std::vector<uint32_t> sites;
-  std::vector<std::pair<int64_t, int64_t>> base;  // by site
+  std::vector<uint32_t> sites;  // keys: site and tag
+  std::vector<std::pair<int64_t, int64_t>> base;  // by key
   int64_t fold = 0;
   uint64_t folded = 0, dropped = 0;
+
+  static uint32_t key(uint32_t site, uint8_t tag) noexcept { return (site << kTagBits) | tag; }
 
   void clear() {
     times.clear();
@@ -450,19 +461,40 @@ struct HistoryBooks {
     folded = dropped = 0;
   }
 
-  void note(int64_t t, uint32_t site, int64_t size) noexcept {
-    if (limit == 0 || dropped != 0) return;
+  // one event of *key*; its number (counted from the window's first event), kNoEvent when not kept
+  uint64_t note(int64_t t, uint32_t key, int64_t size) noexcept {
+    if (limit == 0 || dropped != 0) return kNoEvent;
+    uint64_t number = folded + times.size();
     try {
       times.push_back(t);
-      sites.push_back(site);
+      sites.push_back(key);
       sizes.push_back(size);
     } catch (...) {
       dropped = 1;
       times.resize(sizes.size());
       sites.resize(sizes.size());
-      return;
+      return kNoEvent;
     }
     if (times.size() >= limit) fold_oldest(times.size() / 2);
+    return number;
+  }
+
+  // a live block of *site* and *nbytes*, allocated at event *number*, goes from tag *from* to *to*:
+  // its allocation is rekeyed, in the log or, once folded, in the base (its free will carry *to*)
+  void retag(uint64_t number, uint32_t site, uint8_t from, uint8_t to, uint64_t nbytes) noexcept {
+    if (number == kNoEvent || dropped != 0 || number >= folded + times.size()) return;  // not this log's
+    if (number >= folded) {
+      sites[number - folded] = key(site, to);
+      return;
+    }
+    uint32_t old_key = key(site, from), new_key = key(site, to);
+    if (base.size() <= new_key) {
+      try { base.resize(static_cast<size_t>(new_key) + 1); } catch (...) { dropped = 1; return; }
+    }
+    base[old_key].first -= static_cast<int64_t>(nbytes);
+    base[old_key].second -= 1;
+    base[new_key].first += static_cast<int64_t>(nbytes);
+    base[new_key].second += 1;
   }
 
   void fold_oldest(size_t n) noexcept {
@@ -613,7 +645,7 @@ struct Books {
 
   // the map insert comes first: it is the only step that can throw (out of memory)
   void on_alloc(void* ptr, uint64_t n, uint32_t site) {
-    live[ptr] = Live{n, seq + 1, site};
+    Live& block = (live[ptr] = Live{n, seq + 1, site});
     bool shared = enter_joint();
     ++seq;
     SiteBooks& b = sites[site];
@@ -623,7 +655,7 @@ struct Books {
     b.inuse_count += 1;
     total += n;
     timeline.note(total);
-    history.note(timeline.last_t, site, static_cast<int64_t>(n));
+    block.event = history.note(timeline.last_t, HistoryBooks::key(site, 0), static_cast<int64_t>(n));
     if (total > peak) {
       peak = total;
       peak_seq = seq;
@@ -650,7 +682,7 @@ struct Books {
     b.inuse_count -= 1;
     total -= l.nbytes;
     timeline.note(total);
-    history.note(timeline.last_t, l.site, -static_cast<int64_t>(l.nbytes));
+    history.note(timeline.last_t, HistoryBooks::key(l.site, l.tag), -static_cast<int64_t>(l.nbytes));
     if (l.seq <= peak_seq) {
       if (b.gone_count == 0) gone_sites.push_back(l.site);
       b.gone_bytes += l.nbytes;
@@ -1238,7 +1270,8 @@ PyObject* column_bytes(std::vector<T>& column) {
   return out;
 }
 
-// the sites the history names (its events' and the base's), in order; events renumbered to their rank
+// the keys (site and tag) the history names (its events' and the base's), in order; events renumbered to
+// their rank
 PyObject* dense_sites(HistoryBooks& h, std::vector<uint32_t>& rank) {
   for (uint32_t s : h.sites) {
     if (s >= rank.size()) rank.resize(static_cast<size_t>(s) + 1, 0);
@@ -1264,9 +1297,10 @@ PyObject* dense_sites(HistoryBooks& h, std::vector<uint32_t>& rank) {
 
 // history(take=False): (fold ns, folded, dropped, [(site, bytes, count)] at the fold, times, sites, sizes,
 // used) with times and sizes as native int64 bytes and sites as native uint32 bytes; sites are numbered
-// by their rank among `used`, the hook's site ids the history names, in order (model/history.py's
-// of_track renumbers the same way). take=True (a stopped recording) hands the books' history over
-// instead of copying it: the hook's history is empty afterwards.
+// by their rank among `used`, the keys the history names, in order, each the hook's site id << 3 | its
+// blocks' category tag (HistoryBooks; model/history.py's of_track renumbers the same way). take=True (a
+// stopped recording) hands the books' history over instead of copying it: the hook's history is empty
+// afterwards.
 PyObject* py_history(PyObject*, PyObject* args) {
   int take = 0;
   if (!PyArg_ParseTuple(args, "|p", &take)) return nullptr;
@@ -1392,6 +1426,11 @@ PyObject* py_tag(PyObject*, PyObject* arg) {
     unsigned long long address = 0;
     unsigned int tag = 0;
     if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "KI", &address, &tag)) { Py_DECREF(seq); return nullptr; }
+    if (tag >= (1u << HistoryBooks::kTagBits)) {
+      Py_DECREF(seq);
+      PyErr_SetString(PyExc_ValueError, "tag() takes tags below 8");
+      return nullptr;
+    }
     tags.emplace_back(reinterpret_cast<void*>(address), static_cast<uint8_t>(tag));
   }
   Py_DECREF(seq);
@@ -1399,7 +1438,10 @@ PyObject* py_tag(PyObject*, PyObject* arg) {
   std::lock_guard<std::mutex> guard(b->lock);
   for (const auto& [ptr, tag] : tags) {
     auto it = b->live.find(ptr);
-    if (it != b->live.end()) it->second.tag = tag;
+    if (it == b->live.end() || it->second.tag == tag) continue;
+    Live& l = it->second;
+    b->history.retag(l.event, l.site, l.tag, tag, l.nbytes);  // the history's events carry the block's category
+    l.tag = tag;
   }
   Py_RETURN_NONE;
 }
