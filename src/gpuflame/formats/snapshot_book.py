@@ -108,6 +108,11 @@ class SnapshotBook:
         row[i] += size
         row[i + 1] += count
 
+    def history_labels(self, stack: tuple[int, ...], device: int, source: Any) -> Labels:
+        """An event history site's labels: its device and, as :meth:`add` gives a sample, its category."""
+        labels = self.label(device)
+        return ((LABEL, self.category(stack, source)), *labels) if self.categorize else labels
+
     def comment(self, text: str) -> None:
         self.profile.comments.append(text)
 

@@ -28,7 +28,7 @@ from gpuflame.formats.snapshot_walk import BEFORE, Walk, in_time_order
 from gpuflame.model import history as event_history
 from gpuflame.model.categories import BLOCK_CATEGORY_KEY
 from gpuflame.model.history import History, Track
-from gpuflame.model.profile import PYTHON
+from gpuflame.model.profile import PYTHON, Labels
 from gpuflame.model.timeline import Timeline
 from gpuflame.units import format_bytes
 
@@ -65,7 +65,9 @@ class DeviceTrace:
         stack_at = self._stacks_of_allocs(walk.allocs)
         self._add_allocs(walk.allocs, stack_at)
         self._add_timeline(walk.points, before_bytes)
-        self._add_history(walk.events, walk.base + [(block_frames(block), size) for _, size, block in always], stack_at)
+        base = [(frames, size, None) for frames, size in walk.base]
+        base += [(block_frames(block), size, block) for _, size, block in always]
+        self._add_history(walk.events, base, stack_at, {start for start, _, _ in walk.live.values()})
         if walk.marks is not None and self._window() is not None:
             conv.profile.phases += replay_phases(
                 self.trace,
@@ -208,13 +210,21 @@ class DeviceTrace:
         return stack_at
 
     def _add_history(
-        self, events: list[tuple[Any, int, int]], base: list[tuple[Any, int]], stack_at: dict[int, tuple[int, ...]]
+        self,
+        events: list[tuple[Any, int, int]],
+        base: list[tuple[Any, int, Any]],
+        stack_at: dict[int, tuple[int, ...]],
+        live_at_end: set[int],
     ) -> None:
         """The trace as the event history (model/history.py): its ring buffer is the bound.
 
         What was alive before the trace began is the base state at its first
-        event; earlier moments are not available. Left out, as the timeline,
-        when the trace has no plausible times.
+        event (*base*: frames, bytes, the block when known); earlier moments
+        are not available. Left out, as the timeline, when the trace has no
+        plausible times. A site is a stack and its category: an allocation
+        still live at the end (its trace index in *live_at_end*) takes the
+        category the recorder marked on its block, its free the same site;
+        a block freed before the snapshot is classed by its stack.
         """
         window = self._window()
         if not events or window is None:
@@ -225,19 +235,24 @@ class DeviceTrace:
             return
         conv = self.conv
         before = stack_at[-1]
-        site_of: dict[tuple[int, ...], int] = {}
+        site_of: dict[tuple[tuple[int, ...], Labels], int] = {}
         rows: dict[int, tuple[int, int]] = {}
-        known = iter(conv.stacks.many([frames for frames, _ in base if frames is not BEFORE]))
-        for frames, size in base:
-            site = site_of.setdefault(before if frames is BEFORE else next(known), len(site_of))
+        known = iter(conv.stacks.many([frames for frames, _, _ in base if frames is not BEFORE]))
+        for frames, size, block in base:
+            stack = before if frames is BEFORE else next(known)
+            site = site_of.setdefault((stack, conv.history_labels(stack, self.device, block)), len(site_of))
             b, c = rows.get(site, (0, 0))
             rows[site] = (b + size, c + 1)
         # each event names its alloc event's index: sites are numbered in the order the events first name them
         firsts = list(dict.fromkeys(sources))
-        stacks = list(map(stack_at.__getitem__, firsts))
-        for stack in dict.fromkeys(stacks):
-            site_of.setdefault(stack, len(site_of))
-        site_at = dict(zip(firsts, map(site_of.__getitem__, stacks), strict=True))
+        if conv.categorize:
+            plain: dict[tuple[int, ...], Labels] = {}  # a stack's labels where no mark decides, made once
+            keys = [self._history_site(i, stack_at[i], i in live_at_end, plain) for i in firsts]
+        else:  # a saved snapshot: its device alone, per event in C
+            keys = list(zip(map(stack_at.__getitem__, firsts), repeat(conv.label(self.device))))
+        for key in dict.fromkeys(keys):
+            site_of.setdefault(key, len(site_of))
+        site_at = dict(zip(firsts, map(site_of.__getitem__, keys), strict=True))
         track = Track(
             (),
             0,
@@ -249,8 +264,22 @@ class DeviceTrace:
             array("q", map(site_at.__getitem__, sources)),
             array("q", sizes),
         )
-        one = History(conv.profile.frames, [(stack, conv.label(self.device)) for stack in site_of], [track])
+        one = History(conv.profile.frames, list(site_of), [track])
         conv.profile.history = event_history.merged([conv.profile.history, one])
+
+    def _history_site(
+        self, source: int, stack: tuple[int, ...], live: bool, plain: dict[tuple[int, ...], Labels]
+    ) -> tuple[tuple[int, ...], Labels]:
+        """The history site of the allocation at trace index *source*: its stack, its labels (its category:
+        the recorder's mark on its block when it is still live at the end, else its stack's, kept in *plain*)."""
+        conv = self.conv
+        marked = self._marked(self.trace[source]) if live and conv.categorize else None
+        if marked is not None:
+            return stack, conv.history_labels(stack, self.device, {BLOCK_CATEGORY_KEY: marked})
+        labels = plain.get(stack)
+        if labels is None:
+            labels = plain[stack] = conv.history_labels(stack, self.device, None)
+        return stack, labels
 
     def _add_allocs(self, allocs: list[int], stack_at: dict[int, tuple[int, ...]]) -> None:
         """The alloc_* rows (one per stack and phase), in the order of their first event."""

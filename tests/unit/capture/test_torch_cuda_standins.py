@@ -202,9 +202,9 @@ def test_categories_from_the_object_graph_and_the_stacks(cuda: StandInCuda, monk
     rec.start()
     profile = rec.snapshot()
 
-    def by(type_name: str) -> dict[str, int]:
-        idx, out = profile.type_index(type_name), {}
-        for s in profile.samples:
+    def by(type_name: str, of: Profile = profile) -> dict[str, int]:
+        idx, out = of.type_index(type_name), {}
+        for s in of.samples:
             assert s.label(LABEL) in CATEGORIES, s
             out[s.label(LABEL)] = out.get(s.label(LABEL), 0) + s.values[idx]
         return out
@@ -226,6 +226,10 @@ def test_categories_from_the_object_graph_and_the_stacks(cuda: StandInCuda, monk
     cached = sum(b["size"] for seg in cuda.snapshot["segments"] for b in seg["blocks"] if b["state"] == "inactive")
     assert inuse["cached_free"] == cached
     assert by("peak_space")["parameter"] == inuse["parameter"]  # alive from before the peak to the end
+    # any moment (the event history): at the trace's last event, the live blocks as the end classes them
+    end = moment.at(profile, (cuda.snapshot["device_traces"][0][-1]["time_us"] * 1000 - moment.origin(profile)) / 1e9)
+    allocated = {k: v for k, v in inuse.items() if k not in ("cached_free", "outside_framework")}
+    assert {k: v for k, v in by("inuse_space", end).items() if v} == allocated
 
 
 def test_phases_replayed_against_the_trace(cuda: StandInCuda, monkeypatch: pytest.MonkeyPatch) -> None:
