@@ -8,14 +8,18 @@ end. The agent (every process, its reader thread and rescans running) is
 asked what it booked for that process: the allocations and bytes missing are
 printed per run, with the runs summed. ``--busy N`` starts N busy loops beside
 it (killed after). ``--before SRC`` runs the same with the agent from another
-source tree's ``src`` (a checkout of the code before).
+source tree's ``src`` (a checkout of the code before); ``--hold``: an agent per run,
+on that process (--pid: no other job's process on the machine is held), holds
+it at the open until the file is probed (--hold-late-drivers).
+The process runs in a session of its own (no terminal, as in a pod: a process
+with one is never held).
 
 The stand-in allocates within microseconds of its load; a real driver's cuInit
 alone takes far longer, so a real process gives the agent more time than this.
 
 Needs root, BPF and clang/bpftool/libbpf (as tests/agent/).
 
-    sudo python bench/bench_agent_late.py [--runs 10] [--busy 4] [--before SRC]
+    sudo python bench/bench_agent_late.py [--runs 10] [--busy 4] [--before SRC] [--hold]
 """
 
 from __future__ import annotations
@@ -43,22 +47,28 @@ def run_all(args: argparse.Namespace) -> int:
     python = python_for("3.12") or sys.executable
     folder = Path(tempfile.mkdtemp(prefix="gpuflame-late-"))
     lib = standin(folder)
-    agent = Agent()
-    agent.start()
+    agent = None if args.hold else Agent()  # --hold: one agent per run, on its process (below)
+    if agent is not None:
+        agent.start()
     totals = [0, 0, 0, 0]
     try:
         for i in range(args.runs):
             copy = folder / f"run{i}" / "libcuda.so.1"
             copy.parent.mkdir()
             shutil.copy(lib, copy)
-            target = Target(python, str(copy), "late")
+            target = Target(python, str(copy), "late", prefix=("setsid",))  # no terminal: a daemon's, a pod's
             try:
                 target.ready()
+                if args.hold:  # --pid: other jobs' processes on this machine are not held
+                    if agent is not None:
+                        agent.stop()
+                    agent = Agent(pids=(target.pid,), hold=True)
+                    agent.start()
                 target.run(f"model {N_WEIGHTS}")
                 target.run("deep 1")  # the end mark: booked after every weight, in the ring's order
                 pid = str(target.pid)
 
-                def mine(pid: str = pid) -> dict:
+                def mine(pid: str = pid, agent: Agent = agent) -> dict:
                     return {k: v for k, v in rows(agent.snapshot()).items() if k[0] == pid}
 
                 wait_for(lambda: any("deep" in str(k[2]) for k in mine()), timeout=20)
@@ -67,6 +77,8 @@ def run_all(args: argparse.Namespace) -> int:
                 n, nbytes = sum(v[5] for v in got), sum(v[4] for v in got)
                 want, want_bytes = len(made), sum(r["size"] for r in made)
                 late = agent.late_loads.get(target.pid, "not late")
+                if args.hold:
+                    late = f"{late}; held {agent.counts['held']}, past the bound {agent.counts['held_past_bound']}"
                 print(
                     f"run {i + 1}: missing {want - n} of {want} allocations "
                     f"({(want_bytes - nbytes) / 2**20:.2f} of {want_bytes / 2**20:.2f} MiB); window ms: {late}",
@@ -77,7 +89,8 @@ def run_all(args: argparse.Namespace) -> int:
             finally:
                 target.close()
     finally:
-        agent.stop()
+        if agent is not None:
+            agent.stop()
         shutil.rmtree(folder, ignore_errors=True)
     print(
         f"all {args.runs} runs: missing {totals[0]} of {totals[1]} allocations "
@@ -104,6 +117,7 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--busy", type=int, default=0, help="busy loops beside it")
     parser.add_argument("--before", default="", help="the agent from this source tree's src")
+    parser.add_argument("--hold", action="store_true", help="the agent holds a process loading a new driver file")
     args = parser.parse_args()
     src = Path(args.before).resolve() / "src" if args.before else ROOT / "src"
     sys.path.insert(0, str(src))

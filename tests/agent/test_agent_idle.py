@@ -225,6 +225,97 @@ def test_a_driver_file_opened_and_mapped_before_the_agent_read_of_it_is_counted(
         agent.stop()
 
 
+NO_TERMINAL = ("setsid",)  # a session of its own: no controlling terminal (a pod's, a daemon's); else never held
+
+
+def test_a_process_that_opens_a_new_driver_file_is_held_until_it_is_probed(libcuda, start_target, agent_for, tmp_path):
+    """--hold-late-drivers: a process that loads a driver file the agent has not probed and allocates at once is
+    stopped at the open until the probes are in: every allocation seen, from the first, none counted late."""
+    copy, key = _late_copy(libcuda, tmp_path)
+    target = start_target("3.12", "late", lib=copy, prefix=NO_TERMINAL)
+    target.ready()
+    agent = agent_for(target.pid, hold=True)  # --pid: no other job's process is held by this test
+    if not agent.watch_opens:
+        pytest.skip("no raw tracepoint on system call exits here: nothing tells of an open to hold at")
+    assert "is held until it is (at most 1 s" in agent.watching()
+    target.run("model 40")  # loads the file, then 40 allocations at once
+    check_exact(agent, target)
+    assert key in agent.attached
+    assert agent.counts["held"] >= 1 and target.pid not in agent.late_loads
+
+
+def _settled(thread, timeout: float = 120.0) -> bool:  # noqa: ANN001
+    """A guard against a hang (a process left stopped), not a timing: the command's own end is waited for."""
+    thread.join(timeout)
+    return not thread.is_alive()
+
+
+def test_a_held_process_is_let_go_at_the_bound_when_the_agent_does_not_read(
+    libcuda, start_target, bpf_object, tmp_path
+):
+    """An agent that never reads its ring (no reader thread, no poll) but showed life: the process stopped at the
+    open is let go by the resumer at the bound, loads and allocates; read later, the hold is counted as let go
+    at the bound, and the process as late."""
+    import threading
+    import time
+
+    from gpuflame.agent.agent import Agent
+    from gpuflame.agent.holding import HOLD_STATE
+
+    copy, key = _late_copy(libcuda, tmp_path)
+    target = start_target("3.12", "late", lib=copy, prefix=NO_TERMINAL)
+    target.ready()
+    agent = Agent(pids=(target.pid,), hold=True)  # --pid: no other job's process is held by this test
+    agent.start(thread=False)
+    try:
+        if not agent.watch_opens:
+            pytest.skip("no raw tracepoint on system call exits here: nothing tells of an open to hold at")
+        hour_ahead = time.monotonic_ns() + 3600 * 10**9  # alive for the kernel side however slow this machine is
+        agent._hold_map.update(b"\0" * 4, HOLD_STATE.pack(hour_ahead, 1, os.getpid()))
+        loading = threading.Thread(target=target.run, args=("load",))
+        loading.start()
+        assert _settled(loading)  # the resumer let it go: the agent read nothing
+        target.run("hold")  # before the probes: not seen
+        assert wait_for(lambda: polled(agent) and agent.counts["held"] == 1 and key in agent.attached)
+        assert agent.counts["held_past_bound"] == 1
+        assert target.pid in agent.late_loads
+    finally:
+        agent.stop()
+
+
+def test_the_resumer_lets_every_held_process_go_when_the_agent_ends(bpf_object, tmp_path):
+    """However the agent ends (SIGKILL included), its pipe to the resumer closes: every process still held is
+    resumed, however recently it was stopped."""
+    import time
+
+    from gpuflame.agent.agent import Agent
+
+    agent = Agent(hold=True)
+    agent.start(thread=False)
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        os.kill(sleeper.pid, signal.SIGSTOP)
+        assert wait_for(lambda: _state(sleeper.pid) == "T")
+        held_now = time.monotonic_ns() + 3600 * 10**9  # not past any bound: only the agent's end lets it go
+        agent._held.update(sleeper.pid.to_bytes(4, "little"), held_now.to_bytes(8, "little"))
+        resumer = agent._resumer
+        assert resumer is not None
+        os.close(agent._resumer_pipe)  # as the agent's death closes it
+        agent._resumer_pipe = -1
+        assert resumer.wait(60) == 0
+        assert _state(sleeper.pid) in "SR"
+        assert agent._held.lookup(sleeper.pid.to_bytes(4, "little")) is None
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+        agent.stop()
+
+
+def _state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
 def test_a_driver_file_found_by_a_rescan_says_what_may_be_missing(libcuda, start_target, agent_for, tmp_path):
     """Found by a rescan (a kernel without a word of opens or mappings, or --pid): the profile says the window its
     probes came after."""

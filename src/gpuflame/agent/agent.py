@@ -37,6 +37,7 @@ from gpuflame.agent.events import (
     STAT_RING_REFUSED,
     STAT_UNKNOWN_FREES,
 )
+from gpuflame.agent.holding import HOLD_BOUND_MS, Holding
 from gpuflame.agent.ledger import Ledger
 from gpuflame.agent.pending import PendingResults
 from gpuflame.agent.probing import UPROBE_PROGRAMS, AgentError, Probing, missing_privileges
@@ -96,7 +97,7 @@ NO_CUDA_PROCESS = "gpuflame agent: no CUDA process was seen: no process loaded l
 OUTPUT_MODE = 0o600  # the agent's profiles hold every process's stacks and pods: for their owner only
 
 
-class Agent(Probing, Registry, Booking):
+class Agent(Probing, Registry, Booking, Holding):
     """Probes, the ring reader thread, and what they have recorded.
 
     The attributes its parts share are declared, with their types, in :class:`~gpuflame.agent.state.AgentState`.
@@ -112,6 +113,7 @@ class Agent(Probing, Registry, Booking):
         probes: str = "auto",
         alive_file: str | None = None,
         nvml_library: str | None = nvml.LIBRARY,
+        hold: bool = False,
     ) -> None:
         self.pids = sorted(set(pids))
         self.libcuda = list(libcuda)
@@ -121,6 +123,10 @@ class Agent(Probing, Registry, Booking):
         self.probes_asked = probes
         self.alive_file = alive_file  # touched by the reader thread (alive.py)
         self.nvml_library = nvml_library  # None: do not ask NVML for what the probes did not see
+        self.hold = hold  # stop a process that opens a driver file not probed yet until it is (holding.py)
+        self._beat_ns = 0
+        self._resumer = None
+        self._resumer_pipe = -1
         self.nvml: nvml.Nvml | None = None
         self.cuda_seen = False
         self.watch_loads = self.watch_opens = False
@@ -158,6 +164,8 @@ class Agent(Probing, Registry, Booking):
             "results_unread": 0,
             "results_unknown_bytes": 0,
             "unread_allocs": 0,
+            "held": 0,  # processes held at a driver file's open until its probes were in
+            "held_past_bound": 0,  # of those, let go by the resumer at the bound, before the probes
             "unread_alloc_bytes": 0,
             "sites_unprobed": 0,
             "sites_unverified": 0,
@@ -232,6 +240,11 @@ class Agent(Probing, Registry, Booking):
                 f"; note: {', '.join(sorted(self.single_stepped))} do not start with push %rbp, "
                 "so the kernel single-steps their probes (slower calls)"
             )
+        if self.hold:
+            line += (
+                "; a process that opens a driver file not probed yet is held until it is "
+                f"(at most {HOLD_BOUND_MS / 1000:g} s; none with a terminal or a tracer)"
+            )
         return line
 
     def _loop(self) -> None:
@@ -261,6 +274,7 @@ class Agent(Probing, Registry, Booking):
         """Read what the ring holds and book it."""
         assert self._ring is not None
         self._ring.wait(timeout_ms)  # not holding the lock: a snapshot may be taken meanwhile
+        self._beat()  # (--hold-late-drivers) the kernel side holds a process only while the reader reads
         with self._lock:
             self._ring.drain(0)
             if self._waiting:
@@ -421,6 +435,7 @@ class Agent(Probing, Registry, Booking):
         ended (seconds since the stop began)."""
         began = time.monotonic()
         self._stop.set()
+        self._stop_hold()  # before all: no process is left held
         if self._thread is not None:
             self._thread.join(5)
             self._thread = None

@@ -34,6 +34,7 @@ from gpuflame.agent.events import (
     EV_SITE,
     EV_VMM,
     F_FAILED,
+    F_HELD,
     F_NO_THREAD,
     F_NOT_REGISTERED,
     F_PENDING,
@@ -206,7 +207,12 @@ class Booking(AgentState):
             self._driver_loaded(h.tgid, h.ts)
         elif kind == EV_DRIVER_OPENED:
             h = header(data)
-            self._driver_opened(h.tgid, h.addr, h.ts)
+            try:
+                if self._driver_opened(h.tgid, h.addr, h.ts):
+                    self._note_opened(h.seq, h.size)  # by the kernel's (dev, inode): its next opens send nothing
+            finally:
+                if h.flags & F_HELD:  # stopped at the open by the kernel side (--hold-late-drivers)
+                    self._let_go(h.tgid)
         elif kind == EV_EXIT:
             self._exit(header(data).tgid)
         elif kind == EV_NEW_PROCESS:

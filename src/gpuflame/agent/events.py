@@ -24,6 +24,7 @@ EV_VMM = 11  # a VMM reference: kind, addr, size, and the handle after the heade
 # event flags
 F_NOT_REGISTERED, F_NO_THREAD, F_TRUNCATED, F_UNTRACKED = 1, 2, 4, 8
 F_PENDING, F_FAILED, F_RETURNED, F_UNKNOWN = 16, 32, 64, 128
+F_HELD = 512  # EV_DRIVER_OPENED: the kernel side stopped the process (--hold-late-drivers): resume it
 F_REPLACED = 256  # an allocation at an address whose free was missed (frees are sent at their entry)
 
 DEVICE_CUDA, DEVICE_HOST = -1, -2

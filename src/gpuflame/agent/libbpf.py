@@ -95,6 +95,7 @@ def lib() -> ctypes.CDLL:
         "bpf_map_update_elem": (i, [i, p, p, ctypes.c_uint64]),
         "bpf_map_delete_elem": (i, [i, p]),
         "bpf_map_lookup_elem": (i, [i, p, p]),
+        "bpf_map_get_next_key": (i, [i, p, p]),
         "libbpf_num_possible_cpus": (i, []),
         "libbpf_set_print": (p, [PRINT_FN]),
     }
@@ -282,6 +283,16 @@ class Map:
         if lib().bpf_map_lookup_elem(self.fd, key, buf) != 0:
             return None
         return buf.raw
+
+    def keys(self, key_size: int, limit: int = 1 << 16) -> list[bytes]:
+        """The keys (of *key_size* bytes) the map holds now, at most *limit* (a hash map's order)."""
+        out: list[bytes] = []
+        key = ctypes.create_string_buffer(key_size)
+        prev = None
+        while len(out) < limit and lib().bpf_map_get_next_key(self.fd, prev, key) == 0:
+            out.append(key.raw)
+            prev = ctypes.create_string_buffer(key.raw, key_size)
+        return out
 
 
 def possible_cpus() -> int:

@@ -196,6 +196,7 @@ class Probing(AgentState):
         self._ring = RingBuffer(self._obj.map_fd("events"), RING_BYTES, self._read_ring)
         for program in ("process_exit", "process_fork", "process_exec"):
             self._obj.attach(program)
+        self._hold_maps()
         self.watch_loads = self.watch_opens = False
         try:
             self._obj.attach("driver_opened")
@@ -286,6 +287,7 @@ class Probing(AgentState):
                 for off, cookie in places:
                     self._obj.attach_uprobe(program, path, off, ret=ret, cookie=cookie)
         self.attached[key] = path
+        self._note_probed(key)
 
     def _cuda_pids(self) -> list[int]:
         """The processes that mapped a libcuda.so at start (scanned once by _libcuda_files)."""
@@ -370,13 +372,14 @@ class Probing(AgentState):
         self.late_frees.setdefault(pid, 0)
         self._late.update(pid.to_bytes(4, "little"), b"\x01")
 
-    def _driver_opened(self, pid: int, fd: int, opened_ns: int) -> None:
+    def _driver_opened(self, pid: int, fd: int, opened_ns: int) -> bool:
         """The kernel side saw *pid* open a file named libcuda.so* as descriptor *fd*: the dynamic loader opens
         a library before it maps it, so a new driver file probed now is probed before the process can call it.
         Read through the process's own descriptor (the very file); the process is counted late only if it had
-        mapped the file by the time the probes were in."""
+        mapped the file by the time the probes were in. Whether that file needs no more word (probed, or found
+        not to be a driver)."""
         if pid == os.getpid() or not self._wanted(pid):
-            return  # the agent opens driver files itself to read them
+            return False  # the agent opens driver files itself to read them
         link = f"/proc/{pid}/fd/{fd}"
         try:
             seen = os.readlink(link)
@@ -385,12 +388,12 @@ class Probing(AgentState):
             mine = open_regular(link)
         except OSError:  # closed again: the loader closes it once mapped, so it is found mapped (if it is)
             self._driver_loaded(pid, opened_ns)
-            return
+            return False
         try:
             st = os.fstat(mine)
             key = (st.st_dev, st.st_ino)
             if key in self.attached or key in self._unprobeable:
-                return
+                return True
             self.cuda_seen = True
             path, shown = f"/proc/self/fd/{mine}", procs.in_root(pid, seen)
             self._attach_items([(key, path)])
@@ -399,7 +402,7 @@ class Probing(AgentState):
         finally:
             os.close(mine)
         if key not in self.attached:
-            return
+            return key in self._unprobeable
         self.attached[key] = shown  # the path it was read through is closed now
         self.probed_on_open += 1
         if pid not in self.processes:
@@ -407,6 +410,7 @@ class Probing(AgentState):
         mapped = {self._file_key(p) for p in procs.libcuda_files(pid).values()}
         if key in mapped:  # the loader was quicker: calls made before the probes were in are counted
             self._mark_late(pid, opened_ns)
+        return True
 
     @staticmethod
     def _file_key(path: str) -> tuple[int, int] | None:

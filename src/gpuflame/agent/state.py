@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import mmap
+    import subprocess
     import threading
     from collections.abc import Callable
 
@@ -43,6 +44,15 @@ class AgentState:
     watch_loads: bool  # the kernel side tells of a driver file mapped (else: found at rescans)
     watch_opens: bool  # the kernel side tells of a driver file opened (probed before the process maps it)
     probed_on_open: int  # driver files probed from an open's word
+
+    # holding.py: the hold on a process that opens a driver file not probed yet (--hold-late-drivers)
+    hold: bool
+    _hold_map: Map  # the hold's settings and the reader's sign of life, for the kernel side
+    _held: Map  # tgid -> when the kernel side stopped it
+    _probed_files: Map  # the kernel's (dev, inode) of each driver file probed
+    _beat_ns: int
+    _resumer: subprocess.Popen[bytes] | None  # resume.py: lets held processes go at the bound, or at our end
+    _resumer_pipe: int  # its pipe's write end (-1: none)
     _obj_path: str
     _obj: BpfObject | None
     _ring: RingBuffer | None
@@ -98,6 +108,16 @@ class AgentState:
 
         def _driver_loaded(self, pid: int, mapped_ns: int) -> None: ...
 
-        def _driver_opened(self, pid: int, fd: int, opened_ns: int) -> None: ...
+        def _driver_opened(self, pid: int, fd: int, opened_ns: int) -> bool: ...
+
+        def _hold_maps(self) -> None: ...
+
+        def _note_probed(self, key: tuple[int, int]) -> None: ...
+
+        def _note_opened(self, dev: int, ino: int) -> None: ...
+
+        def _let_go(self, pid: int) -> None: ...
+
+        def _beat(self, force: bool = False) -> None: ...
 
         def _read_ring(self, data: mmap.mmap, page: int, mask: int, consumer: int, stop: int) -> int: ...

@@ -123,6 +123,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "be reached, else return",
     )
     parser.add_argument(
+        "--hold-late-drivers",
+        action="store_true",
+        help="stop a process that opens a libcuda file not probed yet (SIGSTOP) until its probes are in, "
+        "so its first allocations are seen; at most 1 s, never a process with a terminal or a tracer, "
+        "nor while the agent lags (docs/agent.md: the risks)",
+    )
+    parser.add_argument(
         "--alive-file",
         metavar="FILE",
         help="touch FILE every few seconds while the agent works, for a liveness probe "
@@ -161,6 +168,7 @@ def run(args: argparse.Namespace) -> int:
         labels_for=placement.labels,
         probes=args.probes,
         alive_file=alive_file,
+        hold=args.hold_late_drivers,
     )
     started = time.time()
     try:

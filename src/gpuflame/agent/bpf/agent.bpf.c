@@ -1037,6 +1037,53 @@ int BPF_PROG(process_exec, struct task_struct *task)
     return 0;
 }
 
+/* the hold's settings and the agent's sign of life (user space writes them) */
+struct {
+    __uint(type, BPF_MAP_TYPE_ARRAY);
+    __uint(max_entries, 1);
+    __type(key, __u32);
+    __type(value, struct hold_state);
+} hold SEC(".maps");
+
+/* driver files probed (user space adds them): their opens need no word */
+struct {
+    __uint(type, BPF_MAP_TYPE_HASH);
+    __uint(max_entries, 4096);
+    __type(key, struct file_key);
+    __type(value, __u8);
+} probed_files SEC(".maps");
+
+/* tgid -> when it was stopped: user space (the agent, else its resumer at the bound) resumes it and deletes it */
+struct {
+    __uint(type, BPF_MAP_TYPE_HASH);
+    __uint(max_entries, MAX_PROCS);
+    __type(key, __u32);
+    __type(value, __u64);
+} held SEC(".maps");
+
+/* Stop the process that has just opened a driver file not probed yet (the whole process: SIGSTOP stops every
+ * thread), if the hold is on and safe now (agent.h); whether it was. It stops on its way back to user space,
+ * before the loader can map the file. */
+static __always_inline int hold_now(struct task_struct *task, __u32 tgid)
+{
+    __u32 zero = 0;
+    struct hold_state *h = bpf_map_lookup_elem(&hold, &zero);
+    if (!h || !h->enabled || tgid == h->agent_tgid)
+        return 0;
+    __u64 now = bpf_ktime_get_ns();
+    if (h->alive_ns + HOLD_ALIVE_NS < now || bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) > HOLD_BACKLOG_BYTES)
+        return 0;
+    if (BPF_CORE_READ(task, ptrace) || BPF_CORE_READ(task, signal, tty))
+        return 0;
+    if (bpf_map_update_elem(&held, &tgid, &now, BPF_NOEXIST))
+        return 0; /* held already (another of its threads), or the map is full */
+    if (bpf_send_signal(SIGSTOP_NR)) {
+        bpf_map_delete_elem(&held, &tgid);
+        return 0;
+    }
+    return 1;
+}
+
 /* x86-64 system call numbers of the opens the dynamic loader (and anyone) may use */
 #define NR_OPEN 2
 #define NR_OPENAT 257
@@ -1073,11 +1120,17 @@ int BPF_PROG(driver_opened, struct pt_regs *regs, long ret)
     __u32 tgid = bpf_get_current_pid_tgid() >> 32;
     if (setting(SET_ONLY_REGISTERED) && !bpf_map_lookup_elem(&procs, &tgid))
         return 0;
+    struct file_key fk = {.dev = BPF_CORE_READ(file, f_inode, i_sb, s_dev), .ino = BPF_CORE_READ(file, f_inode, i_ino)};
+    if (bpf_map_lookup_elem(&probed_files, &fk))
+        return 0; /* probed already: nothing to do */
     struct event *e = new_event(EV_DRIVER_OPENED, 0, 1);
-    if (e) {
-        e->addr = ret;
-        e->size = BPF_CORE_READ(file, f_inode, i_ino);
-        send(e, 1);
-    }
+    if (!e)
+        return 0;
+    e->addr = ret;
+    e->size = fk.ino;
+    e->seq = fk.dev;
+    if (hold_now(task, tgid))
+        e->flags = F_HELD;
+    send(e, 1);
     return 0;
 }

@@ -243,4 +243,26 @@ struct event {
  * before the process maps it */
 #define EV_DRIVER_OPENED 13
 
+/* The hold (--hold-late-drivers): a process that opens a driver file not probed yet is stopped (SIGSTOP) until
+ * the agent has probed it and sent SIGCONT, or until the bound (the agent's resumer process). Never while the
+ * agent's reader has not shown life for HOLD_ALIVE_NS, nor while the ring holds HOLD_BACKLOG_BYTES unread (the
+ * word would wait behind them), nor a process with a controlling terminal (its shell would take a stop for
+ * the user's) or one being traced (its tracer would see the stop). */
+#define HOLD_ALIVE_NS 2000000000ULL
+#define HOLD_BACKLOG_BYTES (1 << 20)
+#define F_HELD 512 /* EV_DRIVER_OPENED: the process was sent SIGSTOP; it is in `held` until resumed */
+#define SIGSTOP_NR 19
+
+struct hold_state {
+    __u64 alive_ns;   /* the agent's reader's last sign of life (bpf_ktime_get_ns's clock: CLOCK_MONOTONIC) */
+    __u32 enabled;    /* 1: hold */
+    __u32 agent_tgid; /* never held: it opens driver files to read them */
+};
+
+struct file_key {
+    __u32 dev; /* the kernel's dev_t of its filesystem: major << 20 | minor */
+    __u32 pad;
+    __u64 ino;
+};
+
 #endif
