@@ -311,6 +311,56 @@ def test_the_resumer_lets_every_held_process_go_when_the_agent_ends(bpf_object, 
         agent.stop()
 
 
+OPENS_THE_FILE = """
+import fcntl, os, sys, termios
+if sys.argv[2] == "terminal":  # its session (start_new_session) gets a controlling terminal, as a login's has
+    master, slave = os.openpty()
+    fcntl.ioctl(slave, termios.TIOCSCTTY, 0)
+print("ready", flush=True)
+sys.stdin.readline()
+fd = os.open(sys.argv[1], os.O_RDONLY)
+print("opened", flush=True)
+sys.stdin.readline()
+"""
+
+
+@pytest.mark.parametrize("case", ["terminal", "no sign of life"])
+def test_no_hold_for_a_process_with_a_terminal_nor_while_the_agent_shows_no_life(case, libcuda, bpf_object, tmp_path):
+    """A process with a controlling terminal is never held (its shell would take the stop for the user's), nor
+    any while the reader has shown no life for 2 s: its open is still told and the file probed, unheld."""
+    import time
+
+    from gpuflame.agent.agent import Agent
+    from gpuflame.agent.holding import HOLD_STATE
+
+    copy, key = _late_copy(libcuda, tmp_path)
+    child = subprocess.Popen(
+        [sys.executable, "-c", OPENS_THE_FILE, copy, case.split()[0]],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    agent = Agent(pids=(child.pid,), hold=True)
+    try:
+        assert child.stdout is not None and child.stdin is not None
+        assert child.stdout.readline() == "ready\n"
+        agent.start(thread=False)
+        if not agent.watch_opens:
+            pytest.skip("no raw tracepoint on system call exits here: nothing tells of an open to hold at")
+        alive = time.monotonic_ns() + 3600 * 10**9 if case == "terminal" else 1  # 1: long ago
+        agent._hold_map.update(b"\0" * 4, HOLD_STATE.pack(alive, 1, os.getpid()))
+        child.stdin.write("open\n")
+        child.stdin.flush()
+        assert child.stdout.readline() == "opened\n"  # not stopped (a stop would last until the bound)
+        assert wait_for(lambda: polled(agent) and key in agent.attached)
+        assert agent.counts["held"] == 0
+    finally:
+        child.kill()
+        child.wait()
+        agent.stop()
+
+
 def _state(pid: int) -> str:
     with open(f"/proc/{pid}/stat") as f:
         return f.read().rsplit(")", 1)[1].split()[0]
