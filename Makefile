@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: all venv tools demo test test-fast docs lint bench clean bpf test-loaded
+.PHONY: all venv tools demo test test-fast docs lint bench clean bpf test-loaded proto
 
 all: test
 
@@ -89,6 +89,11 @@ docs: $(VENV)/.docs-installed
 # source checkout builds it here, or the agent's tests build it when missing.
 bpf: venv
 	$(BIN)/python -m gpuflame.agent.build
+
+# The pprof reader's classes, generated from formats/pprof_proto/*.proto by the pinned grpcio-tools and
+# checked in (tests/unit/formats/test_pprof_proto.py checks they are what this writes)
+proto:
+	$(BIN)/python -m gpuflame.formats.pprof_proto.generate
 
 # ruff and mypy are pinned in the test extra (pyproject.toml); mypy's settings are there too
 lint: venv

@@ -22,9 +22,15 @@ TESTS = Path(__file__).resolve().parent
 
 
 @pytest.fixture(scope="session")
-def profile_pb2(tmp_path_factory: pytest.TempPathFactory) -> ModuleType:
-    """Google protobuf classes for tests/proto/profile.proto: a decoder independent of ours."""
-    return compile_proto("profile", tmp_path_factory)
+def profile_pb2() -> ModuleType:
+    """Google protobuf's classes for pprof's own profile.proto, as the package ships them generated.
+
+    The reader parses through the same runtime, but with gpuflame's view of the
+    message (``split_profile.proto``); these are pprof's messages, unchanged.
+    """
+    from gpuflame.formats.pprof_proto import profile_pb2 as module
+
+    return module
 
 
 @pytest.fixture(scope="session")

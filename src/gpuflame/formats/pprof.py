@@ -59,7 +59,7 @@ from __future__ import annotations
 import gzip
 
 from gpuflame.errors import GpuflameError
-from gpuflame.formats.pprof_raw import (  # noqa: F401 - frame_kind: the rule, named with the format
+from gpuflame.formats.pprof_fields import (  # noqa: F401 - frame_kind: the rule, named with the format
     P_COMMENT,
     P_DEFAULT_SAMPLE_TYPE,
     P_DURATION_NANOS,
@@ -68,13 +68,12 @@ from gpuflame.formats.pprof_raw import (  # noqa: F401 - frame_kind: the rule, n
     P_MAPPING,
     P_PERIOD,
     P_PERIOD_TYPE,
-    P_SAMPLE,
     P_SAMPLE_TYPE,
     P_STRING_TABLE,
     P_TIME_NANOS,
     frame_kind,
 )
-from gpuflame.formats.protobuf_wire import (
+from gpuflame.formats.protobuf_encode import (
     VARINT,
     VarintCache,
     field_bytes,

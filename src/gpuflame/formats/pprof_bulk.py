@@ -1,26 +1,26 @@
-"""A large pprof's Functions and Locations read in bulk (numpy), where that gives the message-by-message answer.
+"""A large pprof's samples read at once into columns (numpy), where that gives the runtime's answer.
 
-Each reader here returns None whenever the table is anything but the plain
-case (an id 0 or twice, an index past the string table, a location without
-exactly one line, a line without a function): the caller then reads the
-table message by message (:mod:`gpuflame.formats.pprof_tables`), which gives
-the exact error or the rare case's meaning. Launcher side only (numpy).
+Each Sample's bytes (the ``protobuf`` runtime leaves them as bytes,
+:mod:`gpuflame.formats.pprof_proto`) start with its packed location ids in
+the layout pprof writers use; the ids of every sample are decoded in bulk
+(:mod:`gpuflame.formats.protobuf_bulk`), and what follows them (values and
+labels, which samples share) is parsed by the runtime once per distinct
+tail. :func:`sample_columns` returns None for anything else (another layout,
+an id that is not a location, a stack past the depth limit), and the caller
+reads the samples one by one through the runtime, which gives the exact
+error. Launcher side only (numpy).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from functools import partial
+from array import array
+from collections.abc import Callable, Iterator, Mapping
 
 import numpy as np
 
 from gpuflame.formats import protobuf_bulk as bulk
-from gpuflame.formats.pprof_raw import Strings, frame_kind
-from gpuflame.formats.protobuf_regions import Regions
-from gpuflame.model.columns import SampleColumns, stack_tuples
-from gpuflame.model.profile import PYTHON, Frame, Labels, Profile
-from gpuflame.symbols.kinds import python_file
-from gpuflame.symbols.names import TRAMPOLINE_NAME
+from gpuflame.model.columns import SampleColumns
+from gpuflame.model.profile import Labels
 
 # Bytes of samples decoded per step of :func:`sample_columns`: bounds its temporary arrays.
 SAMPLE_CHUNK = 1 << 22
@@ -30,71 +30,20 @@ SAMPLE_CHUNK = 1 << 22
 TailParser = Callable[[bytes], "tuple[tuple[int, ...], Labels] | None"]
 
 
-def _ids(column: np.ndarray) -> list[int] | None:
-    """A table's ids as ints, None if one is 0 (the caller's dict says if one repeats)."""
-    if not len(column) or not column.all():
-        return None
-    return column.tolist()
-
-
-def functions(parts: Sequence[bytes], strings: Strings) -> dict[int, tuple[str, str, int]] | None:
-    """Function id -> (name, file, start_line), as :func:`pprof_tables._read_functions` reads them."""
-    table = bulk.read_table(parts, (1, 2, 3, 4, 5))
-    if table is None:
-        return None
-    f = table.fields
-    fids = _ids(f[1])
-    names, files = strings.many(f[2]), strings.many(f[4])
-    if fids is None or names is None or files is None:
-        return None
-    empty = [i for i, name in enumerate(names) if not name]
-    if empty:  # the name falls back to system_name
-        system = strings.many(f[3][empty])
-        if system is None:
-            return None
-        for i, name in zip(empty, system, strict=True):
-            names[i] = name
-    starts = np.maximum(bulk.int64(f[5]), 0).tolist()
-    out = dict(zip(fids, zip(names, files, starts, strict=True), strict=True))
-    return out if len(out) == len(fids) else None  # an id twice
-
-
-def locations(
-    parts: Sequence[bytes], mappings: dict[int, str], funcs: dict[int, tuple[str, str, int]], profile: Profile
-) -> OneFrameEach | None:
-    """Location id -> frame ids, for a table where every location has one line of a known function."""
-    table = bulk.read_table(parts, (1, 2), sub_field=4, sub_fields=(1, 2))
-    if table is None or len(table.sub_owner) != len(parts) or np.any(np.diff(table.sub_owner) != 1):
-        return None
-    lids = _ids(table.fields[1])
-    mids = table.fields[2]
-    line_fids = table.sub_fields[1]
-    if lids is None or not line_fids.all() or len(set(lids)) != len(lids):
-        return None
-    if np.any(~np.isin(mids[mids != 0], np.fromiter(mappings, np.uint64, len(mappings)))):
-        return None
-    try:
-        entries = list(map(funcs.__getitem__, line_fids.tolist()))
-    except KeyError:
-        return None
-    if any(not name for name, _, _ in entries):
-        return None  # named after the location's address: the message-by-message reader knows how
-    names, files, starts = zip(*entries, strict=True)
-    lines = bulk.int64(table.sub_fields[2]).tolist()
-    frame_ids = profile.frame_ids(new_frames(names, files, lines, _kinds(names, files, mids), starts))
-    return OneFrameEach(table.fields[1], np.array(frame_ids, dtype=np.int64))
-
-
 class OneFrameEach(Mapping[int, tuple[int, ...]]):
     """Location id -> (frame id,) for locations of one frame each, kept as two arrays.
 
-    What :func:`locations` gives a million locations: the samples' reader
+    What :func:`gpuflame.formats.pprof_tables.read_locations` gives a million locations: the samples' reader
     looks their ids up in the arrays (:class:`_FrameLookup`), where a dict
     of a million 1-tuples took 0.7 s and 150 MB to build. Anything else
     reading it as a mapping gets that dict, made on first use.
     """
 
     one_frame_each = True  # what pprof_samples.one_frame_each asks, without importing numpy
+
+    @classmethod
+    def of(cls, ids: list[int], frame_ids: list[int]) -> OneFrameEach:
+        return cls(np.array(ids, dtype=np.uint64), np.array(frame_ids, dtype=np.int64))
 
     def __init__(self, ids: np.ndarray, frame_ids: np.ndarray) -> None:
         self.ids, self.frame_ids = ids, frame_ids
@@ -115,49 +64,33 @@ class OneFrameEach(Mapping[int, tuple[int, ...]]):
         return len(self.ids)
 
 
-def _kinds(names: tuple[str, ...], files: tuple[str, ...], mids: np.ndarray) -> list[str]:
-    """:func:`pprof.frame_kind` of each frame, asked per file where the file decides (a few thousand files)."""
-    python = {f: python_file(f) for f in set(files)}
-    plain = np.fromiter(map(python.__getitem__, files), bool, len(files))  # C loops: a million frames
-    plain &= np.fromiter(map(TRAMPOLINE_NAME.__ne__, names), bool, len(names))
-    kinds = [PYTHON] * len(names)
-    for i in np.flatnonzero(~plain).tolist():  # the few that frame_kind must look at
-        kinds[i] = frame_kind(names[i], files[i], bool(mids[i]))
-    return kinds
-
-
-def new_frames(*columns: Iterable[object]) -> list[Frame]:
-    """Frames from columns of their fields, built in C (``Frame(...)`` runs Python code per frame)."""
-    return list(map(partial(tuple.__new__, Frame), zip(*columns, strict=True)))
-
-
-def stacks(
-    ids: list[bytes], location_frames: Mapping[int, tuple[int, ...]], max_depth: int
-) -> list[tuple[int, ...]] | None:
-    """Each sample's frame ids from its packed location ids, every location one frame."""
-    data, ends = bulk.blob(ids)
-    found = _stack_columns(data, ends, _FrameLookup.of(location_frames), max_depth)
-    return None if found is None else stack_tuples(found[1], np.cumsum(found[0]).tolist())
-
-
 def sample_columns(
-    chunks: Sequence[bytes], location_frames: Mapping[int, tuple[int, ...]], tails: TailParser, max_depth: int
+    source: bytes,
+    sample_ends: array[int],
+    location_frames: Mapping[int, tuple[int, ...]],
+    tails: TailParser,
+    max_depth: int,
 ) -> SampleColumns | None:
     """Every Sample message at once, as columns: where each holds its packed location ids first.
+
+    *source* holds the messages one after another, each ending where
+    *sample_ends* says (``pprof_samples.SampleBytes``).
 
     *tails* parses what follows the ids (values and labels), once per
     distinct tail; it gives None where a tail holds more location ids.
     None (read sample by sample) for any other layout.
     """
-    if not chunks:
+    if not len(sample_ends):
         return None
-    data, starts, ends = bulk.spans(chunks)
+    data = np.frombuffer(source, dtype=np.uint8)
+    ends = np.frombuffer(sample_ends, dtype=np.int64)
+    starts = np.concatenate(([0], ends[:-1])).astype(np.int64)
     ids_first = np.flatnonzero(ends > starts)  # samples whose message starts with its ids (a stack)...
     ids_first = ids_first[data[starts[ids_first]] == 0x0A]
     if np.any(ends[ids_first] - starts[ids_first] < 2):
         return None
-    head = np.zeros(len(chunks), dtype=np.int64)  # ...the rest: no ids, or not first (the tail says)
-    size = np.zeros(len(chunks), dtype=np.int64)
+    head = np.zeros(len(ends), dtype=np.int64)  # ...the rest: no ids, or not first (the tail says)
+    size = np.zeros(len(ends), dtype=np.int64)
     length = data[starts[ids_first] + 1]
     head[ids_first], size[ids_first] = 2, length & 0x7F
     longer = ids_first[length >= 0x80]  # ids of 128 bytes or more: a two-byte length
@@ -172,7 +105,6 @@ def sample_columns(
     found = _chunked_stacks(data, starts, ends, head, size, _FrameLookup.of(location_frames), max_depth)
     if found is None:
         return None
-    source = chunks.data if isinstance(chunks, Regions) else data.tobytes()
     del data
     # each sample's tail, then each distinct one numbered: loops in C (a million samples, a few distinct tails)
     tail_of = list(map(source.__getitem__, map(slice, (starts + head + size).tolist(), ends.tolist())))

@@ -1,119 +1,56 @@
-"""The samples of a pprof file: the loop where reading a large profile spends its time.
+"""The samples of a pprof file: each Sample's bytes parsed by the ``protobuf`` runtime, or a large file's in bulk.
 
-A stack's location ids are read as bytes or 16-bit words and turned into
-frame ids by one ``itemgetter`` call where :func:`gpuflame.formats.pprof.encode`'s
-layout allows; wider ids (over 16,256 frames) are decoded for all samples
-at once with numpy; anything else goes sample by sample.
+:mod:`gpuflame.formats.pprof_read` hands over each Sample as its bytes (the
+runtime's ``SplitProfile``). A large file in the layout pprof writers use
+(every location one frame, each Sample's ids packed and first) becomes
+columns (:func:`gpuflame.formats.pprof_bulk.sample_columns`: the ids in
+bulk with numpy, the values and labels parsed by the runtime once per
+distinct tail); every other file, and every sample of a large file off that
+layout, is parsed sample by sample by the runtime, which gives the exact
+error. The stack limits (:mod:`gpuflame.limits`) hold on both roads.
 """
 
 from __future__ import annotations
 
-import struct
-import sys
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from itertools import chain
-from operator import itemgetter
+import io
+from array import array
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from itertools import accumulate, chain
 from typing import TYPE_CHECKING, Any
+
+from google.protobuf.message import DecodeError
 
 from gpuflame import limits
 from gpuflame.errors import ProfileFormatError
-from gpuflame.formats.pprof_raw import BULK_MIN, Strings
-from gpuflame.formats.pprof_tables import message_fields, scalar_field
-from gpuflame.formats.protobuf_wire import (
-    LEN,
-    VARINT,
-    VARINT_RUN,
-    VarintMemo,
-    decode_varint_bytes,
-    encode_varint,
-    iter_fields,
-    read_varint,
-    split_packed,
-    to_int64,
-)
+from gpuflame.formats.pprof_proto.split_profile_pb2 import Label
+from gpuflame.formats.pprof_proto.split_profile_pb2 import Sample as SampleMessage
+from gpuflame.formats.pprof_tables import BULK_MIN, Strings
 from gpuflame.model.profile import Labels, Sample
 
 if TYPE_CHECKING:
     from gpuflame.model.columns import SampleColumns
 
 
-class _LocationMemo(dict):
-    """``location id (varint bytes or int) -> frame id(s)``: the inner lookup of every stack."""
+class SampleBytes:
+    """Every Sample's bytes, one after another, and where each ends: the runtime's strings, in two objects.
 
-    def __init__(self, frames_of: Mapping[int, tuple[int, ...]], flat: bool) -> None:
-        super().__init__()
-        self._frames_of = frames_of
-        self._flat = flat
-
-    def __missing__(self, key: bytes | int) -> int | tuple[int, ...]:
-        lid = key if isinstance(key, int) else decode_varint_bytes(key)
-        frames = self._frames_of.get(lid)
-        if frames is None:
-            raise ProfileFormatError(f"malformed pprof: a sample refers to location {lid}, which does not exist")
-        value = frames[0] if self._flat else frames
-        self[key] = value
-        return value
-
-
-class _TailMemo(dict):
-    """``bytes after a sample's location ids -> (values, labels)``.
-
-    Samples share values and labels far more often than not, so each distinct
-    tail is parsed once. A tail that holds more location ids maps to None and
-    the sample is parsed the slow way.
+    A list of a million ``bytes`` costs 80 bytes of object each beside the
+    data; this holds the data once, and a large file's samples are cut out of
+    it with numpy (:func:`gpuflame.formats.pprof_bulk.sample_columns`).
     """
 
-    def __init__(self, strings: Strings, n_types: int) -> None:
-        super().__init__()
-        self._strings = strings
-        self._n_types = n_types
-        self._values = VarintMemo(to_int64)
-        self._labels: dict[bytes, tuple[str, str]] = {}
+    __slots__ = ("data", "ends")
 
-    def __missing__(self, tail: bytes) -> tuple[tuple[int, ...], Labels] | None:
-        ids, values, labels = self.parse(tail)
-        result = None if ids else (values, labels)
-        self[tail] = result
-        return result
+    def __init__(self, parts: Iterable[bytes]) -> None:
+        stream = io.BytesIO()  # write() returns each part's length: the join and the lengths in one C loop
+        self.ends = array("q", accumulate(map(stream.write, parts)))  # int64, cumulative
+        self.data = stream.getvalue()
 
-    def parse(self, data: bytes) -> tuple[list[bytes | int], tuple[int, ...], Labels]:
-        """Location id keys, values and labels of a whole Sample message."""
-        ids: list[bytes | int] = []
-        values: list[int] = []
-        labels: list[tuple[str, str]] = []
-        for field, wire, value in iter_fields(data):  # value: bytes where wire is LEN, else int (the ignores)
-            if field == 1:
-                if wire == LEN:
-                    ids.extend(split_packed(value, 1))  # type: ignore[arg-type]
-                elif wire == VARINT:
-                    ids.append(value)
-            elif field == 2:
-                if wire == LEN:
-                    values.extend(self._values[k] for k in split_packed(value, 2))  # type: ignore[arg-type]
-                elif wire == VARINT:
-                    values.append(to_int64(value))  # type: ignore[arg-type]
-            elif field == 3 and wire == LEN:
-                labels.append(self._label(value))  # type: ignore[arg-type]
-        if len(values) != self._n_types:
-            raise ProfileFormatError(
-                f"malformed pprof: a sample has {len(values)} values but the profile has {self._n_types} sample types"
-            )
-        return ids, tuple(values), tuple(sorted(labels))
+    def __len__(self) -> int:
+        return len(self.ends)
 
-    def _label(self, data: bytes) -> tuple[str, str]:
-        pair = self._labels.get(data)
-        if pair is None:
-            f = message_fields(data)
-            key = self._strings.get(scalar_field(f, 1, "label"), "a label's key")
-            str_index = scalar_field(f, 2, "label")
-            if str_index:
-                text = self._strings.get(str_index, f"label {key!r}'s value")
-            elif 3 in f or 4 in f:
-                text = str(to_int64(scalar_field(f, 3, "label")))
-            else:
-                text = ""
-            pair = self._labels[data] = (key, text)
-        return pair
+    def chunks(self) -> Iterator[bytes]:
+        return map(self.data.__getitem__, map(slice, chain((0,), self.ends), self.ends))
 
 
 def one_frame_each(location_frames: Mapping[int, tuple[int, ...]]) -> bool:
@@ -124,165 +61,96 @@ def one_frame_each(location_frames: Mapping[int, tuple[int, ...]]) -> bool:
 
 
 def read_sample_columns(
-    chunks: Sequence[bytes], location_frames: Mapping[int, tuple[int, ...]], strings: Strings, n_types: int
+    samples: SampleBytes, location_frames: Mapping[int, tuple[int, ...]], strings: Strings, n_types: int
 ) -> SampleColumns | None:
     """Every Sample at once as columns (numpy), for a large profile in the layout pprof writers use; else None."""
-    if len(chunks) < BULK_MIN or not one_frame_each(location_frames):
+    if len(samples) < BULK_MIN or not one_frame_each(location_frames):
         return None
     from gpuflame.formats import pprof_bulk  # numpy: only for this many samples
 
-    tails = _TailMemo(strings, n_types)
-    return pprof_bulk.sample_columns(chunks, location_frames, tails.__getitem__, limits.STACK_DEPTH.value())
+    reader = _SampleReader(location_frames, strings, n_types)
+    depth = limits.STACK_DEPTH.value()
+    return pprof_bulk.sample_columns(samples.data, samples.ends, location_frames, reader.tail, depth)
 
 
 def read_samples(
-    chunks: Sequence[bytes], location_frames: Mapping[int, tuple[int, ...]], strings: Strings, n_types: int
+    chunks: Iterable[bytes], location_frames: Mapping[int, tuple[int, ...]], strings: Strings, n_types: int
 ) -> list[Sample]:
-    """Decode every Sample: the loop where reading a large profile spends its time.
-
-    The fast path covers the layout pprof writers use (location ids first,
-    packed) with ids that are all one byte or all two bytes long, which is what
-    :func:`encode` writes: such a list is read as bytes or as 16-bit words and
-    turned into frame ids by one ``itemgetter`` call over a flat table. Other
-    layouts go through :meth:`_SampleReader.general`.
-    """
-    reader = _SampleReader(location_frames, strings, n_types)
-    max_depth = reader.max_depth
-    frames_left = limits.STACK_FRAMES.value()  # the general path counts its own into reader.frames_left
-    table, tails, words_of, getter, high = reader.table, reader.tails, reader.words_of, itemgetter, _HIGH_BYTES
-    out: list[Sample] = []
-    append = out.append
-    wide: list[tuple[int, bytes, bytes, Any]] = []
-    for raw in chunks:
-        if raw[:1] == b"\x0a":  # field 1 (the location ids) first: split it from the rest
-            size = raw[1] if len(raw) > 1 else 0x80
-            start = 2
-            if size >= 0x80:
-                size, start = read_varint(raw, 1)
-            stop = start + size
-            if stop > len(raw):
-                raise ProfileFormatError("truncated protobuf: field 1 runs past the end of the data")
-            ids = raw[start:stop]
-            tail = tails[raw[stop:]]
-        else:
-            ids = b""
-            tail = tails[raw]
-        if tail is None or table is None:
-            append(reader.general(raw, ids, tail))
-            continue
-        if ids.isascii():
-            words: bytes | tuple[int, ...] = ids
-        elif not len(ids) & 1 and ids[1::2].isascii() and not ids[::2].translate(None, high):
-            words = words_of[len(ids)](ids)
-        else:
-            wide.append((len(out), raw, ids, tail))
-            append(None)  # type: ignore[arg-type]
-            continue
-        n = len(words)
-        if n > max_depth:
-            raise limits.STACK_DEPTH.exceeded("pprof: a sample's stack")
-        frames_left -= n
-        if frames_left < 0:
-            raise limits.STACK_FRAMES.exceeded("pprof: the count of frames in all the samples' stacks")
-        try:
-            stack = getter(*words)(table) if n > 1 else (table[words[0]],) if n else ()
-        except IndexError:
-            stack = (-1,)
-        if -1 in stack:
-            _raise_missing(words, table)
-        append(Sample(stack, tail[0], tail[1]))
-    if wide:
-        _read_wide(wide, out, reader)
-    return out
-
-
-def _read_wide(wide: list[tuple[int, bytes, bytes, Any]], out: list[Sample], reader: _SampleReader) -> None:
-    """Samples whose location ids are wider than two bytes (over 16,256 frames): in bulk where possible."""
-    stacks = None
-    if len(wide) >= BULK_MIN and reader.flat:
-        from gpuflame.formats import pprof_bulk  # numpy: only for this many samples
-
-        stacks = pprof_bulk.stacks([w[2] for w in wide], reader.location_frames, reader.max_depth)
-    if stacks is None:
-        for index, raw, ids, tail in wide:
-            out[index] = reader.general(raw, ids, tail)
-        return
-    for (index, _, _, tail), stack in zip(wide, stacks, strict=True):
-        out[index] = Sample(stack, tail[0], tail[1])
+    """Every Sample, parsed one by one by the runtime."""
+    return list(map(_SampleReader(location_frames, strings, n_types).sample, chunks))
 
 
 class _SampleReader:
-    """What decoding samples needs, built once per profile, and the way for samples off the fast path."""
+    """What reading samples needs, built once per file: the location and label memos, the limits left."""
 
     def __init__(self, location_frames: Mapping[int, tuple[int, ...]], strings: Strings, n_types: int) -> None:
         self.location_frames = location_frames
         self.flat = one_frame_each(location_frames)
-        self.lookup = _LocationMemo(location_frames, self.flat).__getitem__
-        self.table = _fast_table(location_frames) if self.flat else None
-        self.words_of = _WordUnpackers()
-        self.tails = _TailMemo(strings, n_types)
+        self.strings = strings
+        self.n_types = n_types
+        self.frames_of: dict[int, int | tuple[int, ...]] = {}
+        self.labels: dict[tuple[int, int, int, bool], tuple[str, str]] = {}
         self.max_depth = limits.STACK_DEPTH.value()
         self.frames_left = limits.STACK_FRAMES.value()
 
-    def general(self, raw: bytes, ids: bytes, tail: tuple[tuple[int, ...], Labels] | None) -> Sample:
-        """Fields in another order (*tail* None: parse it all), ids of mixed widths, locations of many frames."""
-        keys: Sequence[bytes | int]  # location id keys: varint bytes, or the ints of one-byte ids
-        if tail is None:
-            keys, values, labels = self.tails.parse(raw)
-        else:
-            if ids and ids[-1] >= 0x80:
-                raise ProfileFormatError("truncated protobuf: the last value of packed field 1 runs past the end")
-            keys = ids if ids.isascii() else VARINT_RUN.findall(ids)
-            values, labels = tail
-        if len(keys) > self.max_depth:
+    def sample(self, chunk: bytes) -> Sample:
+        message = _parse(chunk)
+        ids = message.location_id
+        if len(ids) > self.max_depth:
             raise limits.STACK_DEPTH.exceeded("pprof: a sample's stack")
-        stack = _stack(map(self.lookup, keys), self.flat)
+        try:
+            found: list[Any] = list(map(self.frames_of.__getitem__, ids))
+        except KeyError:
+            found = list(map(self._frames, ids))
+        stack: tuple[int, ...] = tuple(found) if self.flat else tuple(chain.from_iterable(found))
         if len(stack) > self.max_depth:  # inlined locations hold several frames each
             raise limits.STACK_DEPTH.exceeded("pprof: a sample's stack")
         self.frames_left -= len(stack)
         if self.frames_left < 0:
             raise limits.STACK_FRAMES.exceeded("pprof: the count of frames in all the samples' stacks")
-        return Sample(stack, values, labels)
+        return Sample(stack, self._values(message.value), self._labels(message.label))
 
+    def tail(self, chunk: bytes) -> tuple[tuple[int, ...], Labels] | None:
+        """Values and labels of what follows a sample's ids; None if it holds more ids."""
+        message = _parse(chunk)
+        if message.location_id:
+            return None
+        return self._values(message.value), self._labels(message.label)
 
-class _WordUnpackers(dict):
-    """``byte length -> Struct.unpack`` reading that many bytes as native 16-bit words."""
-
-    def __missing__(self, size: int) -> Callable[[bytes], tuple[int, ...]]:
-        unpack = self[size] = struct.Struct(f"={size // 2}H").unpack
-        return unpack
-
-
-_HIGH_BYTES = bytes(range(0x80, 0x100))
-
-
-def _stack(frame_ids: Iterator[Any], flat: bool) -> tuple[int, ...]:
-    return tuple(frame_ids) if flat else tuple(chain.from_iterable(frame_ids))
-
-
-def _fast_table(location_frames: Mapping[int, tuple[int, ...]]) -> list[int]:
-    """Frame id by one-byte varint (0..127) or by a two-byte varint read as a native 16-bit word.
-
-    Two-byte varints have their first byte >= 0x80, so their words are >= 128
-    in either byte order and never collide with one-byte keys. Slots that are
-    not a location hold -1, which the caller checks for; keys past the end
-    raise IndexError, which the caller turns into the same error.
-    """
-    keys: dict[int, int] = {}
-    for lid, frames in location_frames.items():
-        if lid < 0x80:
-            keys[lid] = frames[0]
-        elif lid < 0x4000:
-            keys[int.from_bytes(encode_varint(lid), sys.byteorder)] = frames[0]
-    table = [-1] * (max(keys) + 1 if keys else 0)
-    for key, frame_id in keys.items():
-        table[key] = frame_id
-    return table
-
-
-def _raise_missing(words: bytes | tuple[int, ...], table: list[int]) -> None:
-    for w in words:
-        if w >= len(table) or table[w] == -1:
-            lid = w if w < 0x80 else decode_varint_bytes(w.to_bytes(2, sys.byteorder))
+    def _frames(self, lid: int) -> int | tuple[int, ...]:
+        frames = self.location_frames.get(lid)
+        if frames is None:
             raise ProfileFormatError(f"malformed pprof: a sample refers to location {lid}, which does not exist")
-    raise ProfileFormatError("malformed pprof: a sample refers to a location that does not exist")
+        found = self.frames_of[lid] = frames[0] if self.flat else frames
+        return found
+
+    def _values(self, values: Sequence[int]) -> tuple[int, ...]:
+        if len(values) != self.n_types:
+            raise ProfileFormatError(
+                f"malformed pprof: a sample has {len(values)} values but the profile has {self.n_types} sample types"
+            )
+        return tuple(values)
+
+    def _labels(self, labels: Sequence[Label]) -> Labels:
+        return tuple(sorted(map(self._label, labels))) if labels else ()
+
+    def _label(self, label: Label) -> tuple[str, str]:
+        numeric = label.HasField("num") or label.HasField("num_unit")
+        key = (label.key, label.str, label.num, numeric)
+        pair = self.labels.get(key)
+        if pair is None:
+            name = self.strings.get(label.key, "a label's key")
+            if label.str:
+                text = self.strings.get(label.str, f"label {name!r}'s value")
+            else:
+                text = str(label.num) if numeric else ""
+            pair = self.labels[key] = (name, text)
+        return pair
+
+
+def _parse(chunk: bytes) -> SampleMessage:
+    try:
+        return SampleMessage.FromString(chunk)
+    except DecodeError:
+        what = "a sample is not a protobuf Sample message (cut short or corrupt)"
+        raise ProfileFormatError(f"malformed pprof: {what}") from None

@@ -1,137 +1,188 @@
-"""The tables of a pprof file: mappings, functions, locations (the frames of a profile).
+"""The tables of a parsed pprof file: strings, mappings, functions, locations (the frames of a profile).
 
-Read message by message, or, for a large table, in bulk with numpy
-(:mod:`gpuflame.formats.protobuf_bulk`) where that gives the same answer:
-a million-frame profile has a million Functions and a million Locations.
+The ``protobuf`` runtime has parsed them (:mod:`gpuflame.formats.pprof_read`);
+here they become frames, with the checks the runtime does not make (an id 0
+or twice, an index past a table). Each table is read in one pass of C loops
+(``attrgetter`` over the messages): a million-frame profile has a million
+Functions and a million Locations.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from itertools import chain, islice
+from operator import attrgetter
+from typing import TYPE_CHECKING
 
 from gpuflame.errors import ProfileFormatError
-from gpuflame.formats.pprof_raw import BULK_MIN, RawProfile, Strings, frame_kind
-from gpuflame.formats.protobuf_wire import iter_fields, to_int64
-from gpuflame.model.profile import Frame, Profile, SampleType
-from gpuflame.symbols.names import UNKNOWN, native_address_name
+from gpuflame.formats.pprof_fields import frame_kind
+from gpuflame.model.profile import PYTHON, Frame, Profile, SampleType
+from gpuflame.symbols.kinds import python_file
+from gpuflame.symbols.names import TRAMPOLINE_NAME, UNKNOWN, native_address_name
+
+if TYPE_CHECKING:
+    from gpuflame.formats.pprof_proto.profile_pb2 import ValueType
+    from gpuflame.formats.pprof_proto.split_profile_pb2 import SplitProfile
+
+# Tables and samples from this many entries on are read with numpy (:mod:`gpuflame.formats.pprof_bulk`):
+# below it, its import and fixed costs outweigh the gain.
+BULK_MIN = 4096
+
+_FUNCTION = attrgetter("id", "name", "system_name", "filename", "start_line")
+_LOCATION = attrgetter("id", "mapping_id", "address", "line")
+_LINE = attrgetter("function_id", "line")
 
 
-def message_fields(data: bytes) -> dict[int, list[int | bytes]]:
-    """All fields of a small sub-message, by number."""
-    out: dict[int, list[int | bytes]] = {}
-    for field, _wire, value in iter_fields(data):
-        out.setdefault(field, []).append(value)
-    return out
+class Strings:
+    """The string table, decoded once, with plain errors for bad indices."""
+
+    def __init__(self, raw: list[bytes]) -> None:
+        if raw and raw[0]:
+            raise ProfileFormatError("malformed pprof: string_table[0] must be the empty string")
+        self._all = _decode_all(raw) if raw else [""]
+        self._count = len(raw)
+
+    def get(self, index: int, what: str) -> str:
+        if not 0 <= index < self._count and index:
+            raise ProfileFormatError(
+                f"malformed pprof: {what} refers to string {index}, but the string table has {self._count} entries"
+            )
+        return self._all[index]
+
+    def __len__(self) -> int:
+        return self._count
+
+    def many(self, indices: Sequence[int], what: str) -> list[str]:
+        """The strings at *indices* (C loops; :meth:`get` names a bad one)."""
+        try:
+            if min(indices, default=0) >= 0:
+                return list(map(self._all.__getitem__, indices))
+        except IndexError:
+            pass
+        for index in indices:
+            self.get(index, what)
+        raise AssertionError("unreachable: a bad index is named above")
 
 
-def scalar_field(fields: dict[int, list[int | bytes]], number: int, what: str) -> int:
-    """The last value of a scalar field (protobuf's rule for repeated scalars), 0 if absent."""
-    values = fields.get(number)
-    if not values:
-        return 0
-    value = values[-1]
-    if isinstance(value, bytes):
-        raise ProfileFormatError(f"malformed pprof: field {number} of a {what} is not a number")
-    return value
+def _decode_all(raw: list[bytes]) -> list[str]:
+    """Every string of the table, invalid UTF-8 replaced.
+
+    One decode of the table joined by NULs, split again, where no string
+    holds a NUL and all are valid UTF-8 (a million names: a third of the
+    time of a decode each); else one by one.
+    """
+    joined = b"\0".join(raw)
+    if joined.count(0) == len(raw) - 1:
+        try:
+            return joined.decode("utf-8").split("\0")
+        except UnicodeDecodeError:
+            pass
+    return [b.decode("utf-8", "replace") for b in raw]
 
 
-def _subs(fields: dict[int, list[int | bytes]], number: int, what: str) -> list[bytes]:
-    values = fields.get(number, [])
-    for v in values:
-        if not isinstance(v, bytes):
-            raise ProfileFormatError(f"malformed pprof: field {number} of a {what} is not a message")
-    return values  # type: ignore[return-value]
+def read_value_type(value_type: ValueType, strings: Strings) -> SampleType:
+    name = strings.get(value_type.type, "a sample type")
+    return SampleType(name, strings.get(value_type.unit, "a sample type's unit"))
 
 
-def read_value_type(data: bytes, strings: Strings) -> SampleType:
-    f = message_fields(data)
-    return SampleType(
-        strings.get(scalar_field(f, 1, "sample type"), "a sample type"),
-        strings.get(scalar_field(f, 2, "sample type"), "a sample type's unit"),
-    )
-
-
-def _read_mappings(raw: RawProfile, strings: Strings) -> dict[int, str]:
+def _read_mappings(split: SplitProfile, strings: Strings) -> dict[int, str]:
     out: dict[int, str] = {}
-    for data in raw.mappings:
-        f = message_fields(data)
-        mid = scalar_field(f, 1, "mapping")
+    for mapping in split.mapping:
+        mid = mapping.id
         if mid == 0:
             raise ProfileFormatError("malformed pprof: a mapping has id 0")
-        out[mid] = strings.get(scalar_field(f, 5, "mapping"), f"mapping {mid}'s file name")
+        out[mid] = strings.get(mapping.filename, f"mapping {mid}'s file name")
     return out
 
 
-def _table_id(f: dict[int, list[int | bytes]], what: str, seen: Mapping[int, object]) -> int:
-    """A table entry's id (field 1): never 0, and not already in its table."""
-    entry_id = scalar_field(f, 1, what)
-    if entry_id == 0:
+def _check_ids(ids: list[int], what: str) -> None:
+    """A table's ids (field 1): never 0, never twice."""
+    if 0 in ids:
         raise ProfileFormatError(f"malformed pprof: a {what} has id 0")
-    if entry_id in seen:
-        raise ProfileFormatError(f"malformed pprof: {what} id {entry_id} appears twice")
-    return entry_id
+    if len(set(ids)) != len(ids):
+        seen: set[int] = set()
+        twice = next(i for i in ids if i in seen or seen.add(i))  # type: ignore[func-returns-value]
+        raise ProfileFormatError(f"malformed pprof: {what} id {twice} appears twice")
 
 
-def _read_functions(raw: RawProfile, strings: Strings) -> dict[int, tuple[str, str, int]]:
+def _read_functions(split: SplitProfile, strings: Strings) -> dict[int, tuple[str, str, int]]:
     """Function id -> (name, file, start_line); the name falls back to system_name."""
-    if len(raw.functions) >= BULK_MIN:
-        from gpuflame.formats import pprof_bulk  # numpy: only for tables this large
-
-        found = pprof_bulk.functions(raw.functions, strings)
-        if found is not None:
-            return found
-    out: dict[int, tuple[str, str, int]] = {}
-    for data in raw.functions:
-        f = message_fields(data)
-        fid = _table_id(f, "function", out)
-        name = strings.get(scalar_field(f, 2, "function"), f"function {fid}'s name")
+    rows = list(map(_FUNCTION, split.function))
+    if not rows:
+        return {}
+    fids, name_ix, system_ix, file_ix, starts = (list(c) for c in zip(*rows, strict=True))
+    _check_ids(fids, "function")
+    try:
+        names = strings.many(name_ix, "a function's name")
+        files = strings.many(file_ix, "a function's file name")
+    except ProfileFormatError:
+        for fid, name, file in zip(fids, name_ix, file_ix, strict=True):  # the first bad one, by its function
+            strings.get(name, f"function {fid}'s name")
+            strings.get(file, f"function {fid}'s file name")
+        raise
+    for i, name in enumerate(names):
         if not name:
-            name = strings.get(scalar_field(f, 3, "function"), f"function {fid}'s system name")
-        file = strings.get(scalar_field(f, 4, "function"), f"function {fid}'s file name")
-        out[fid] = (name, file, max(0, to_int64(scalar_field(f, 5, "function"))))
-    return out
+            names[i] = strings.get(system_ix[i], f"function {fids[i]}'s system name")
+    return dict(zip(fids, zip(names, files, [max(0, s) for s in starts], strict=True), strict=True))
 
 
-def read_locations(raw: RawProfile, strings: Strings, profile: Profile) -> Mapping[int, tuple[int, ...]]:
+def read_locations(split: SplitProfile, strings: Strings, profile: Profile) -> Mapping[int, tuple[int, ...]]:
     """Location id -> frame ids (leaf first), adding the frames to *profile*."""
-    mappings = _read_mappings(raw, strings)
-    functions = _read_functions(raw, strings)
-    if len(raw.locations) >= BULK_MIN:
-        from gpuflame.formats import pprof_bulk
-
-        found = pprof_bulk.locations(raw.locations, mappings, functions, profile)
-        if found is not None:
-            return found
-    out: dict[int, tuple[int, ...]] = {}
-    for data in raw.locations:
-        f = message_fields(data)
-        lid = _table_id(f, "location", out)
-        mid = scalar_field(f, 2, "location")
+    mappings = _read_mappings(split, strings)
+    functions = _read_functions(split, strings)
+    rows = list(map(_LOCATION, split.location))
+    if not rows:
+        return {}
+    lids = [row[0] for row in rows]
+    _check_ids(lids, "location")
+    counts = list(map(len, (row[3] for row in rows)))
+    lines = iter(list(map(_LINE, chain.from_iterable(row[3] for row in rows))))
+    frame = _FrameMaker(functions)
+    frames: list[Frame] = []
+    for (lid, mid, address, _), count in zip(rows, counts, strict=True):
         if mid and mid not in mappings:
             raise ProfileFormatError(f"malformed pprof: location {lid} refers to mapping {mid}, which does not exist")
-        address = scalar_field(f, 3, "location")
-        frames = [_line_frame(line, lid, address, mid, functions) for line in _subs(f, 4, "location")]
-        if not frames:
-            name = native_address_name(address)
-            file = mappings.get(mid, "")
-            frames = [Frame(name, file, 0, frame_kind(name, file, True))]
-        out[lid] = tuple(profile.frame_id(fr) for fr in frames)
+        if count:
+            frames += [frame(fid, line, lid, address, mid) for fid, line in islice(lines, count)]
+        else:
+            name, file = native_address_name(address), mappings.get(mid, "")
+            frames.append(Frame(name, file, 0, frame_kind(name, file, True)))
+    frame_ids = profile.frame_ids(frames)
+    if len(frame_ids) == len(lids) and len(lids) >= BULK_MIN:
+        from gpuflame.formats.pprof_bulk import OneFrameEach  # numpy: only for tables this large
+
+        return OneFrameEach.of(lids, frame_ids)
+    out: dict[int, tuple[int, ...]] = {}
+    at = 0
+    for lid, count in zip(lids, counts, strict=True):
+        out[lid] = tuple(frame_ids[at : at + (count or 1)])
+        at += count or 1
     return out
 
 
-def _line_frame(
-    data: bytes, lid: int, address: int, mapping_id: int, functions: dict[int, tuple[str, str, int]]
-) -> Frame:
-    f = message_fields(data)
-    fid = scalar_field(f, 1, "line")
-    line = to_int64(scalar_field(f, 2, "line"))
-    start = 0
-    if fid == 0:
-        name, file = (native_address_name(address) if address else UNKNOWN), ""
-    elif fid in functions:
-        name, file, start = functions[fid]
-    else:
-        raise ProfileFormatError(f"malformed pprof: location {lid} refers to function {fid}, which does not exist")
-    if not name:
-        name = native_address_name(address) if address else UNKNOWN
-    return Frame(name, file, line, frame_kind(name, file, bool(mapping_id)), start)
+class _FrameMaker:
+    """A Line's frame: its function's name and file, the line, the kind (:func:`frame_kind`, per file where it can)."""
+
+    def __init__(self, functions: dict[int, tuple[str, str, int]]) -> None:
+        self.functions = functions
+        self.python: dict[str, bool] = {}  # file -> python_file(file), asked once per file
+
+    def __call__(self, fid: int, line: int, lid: int, address: int, mapping_id: int) -> Frame:
+        start = 0
+        if fid == 0:
+            name, file = (native_address_name(address) if address else UNKNOWN), ""
+        else:
+            found = self.functions.get(fid)
+            if found is None:
+                raise ProfileFormatError(
+                    f"malformed pprof: location {lid} refers to function {fid}, which does not exist"
+                )
+            name, file, start = found
+        if not name:
+            name = native_address_name(address) if address else UNKNOWN
+        plain = self.python.get(file)
+        if plain is None:
+            plain = self.python[file] = python_file(file)
+        if plain and name != TRAMPOLINE_NAME:  # what frame_kind answers, without its calls
+            return Frame(name, file, line, PYTHON, start)
+        return Frame(name, file, line, frame_kind(name, file, bool(mapping_id)), start)

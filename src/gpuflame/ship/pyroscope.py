@@ -41,7 +41,7 @@ from gpuflame.boundary.settings import env_name
 from gpuflame.defaults import PUSH_TIMEOUT_S
 from gpuflame.errors import GpuflameError
 from gpuflame.formats.pprof import encode
-from gpuflame.formats.protobuf_wire import field_bytes, field_string
+from gpuflame.formats.protobuf_encode import field_bytes, field_string
 from gpuflame.model import Profile, Sample, SampleType
 from gpuflame.printable import printable
 

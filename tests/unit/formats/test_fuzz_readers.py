@@ -26,7 +26,7 @@ import pytest
 
 from gpuflame.errors import ProfileFormatError
 from gpuflame.formats import detect, folded, loads, pprof, speedscope
-from gpuflame.formats import protobuf_wire as wire
+from gpuflame.formats import protobuf_encode as wire
 from gpuflame.model import FRAME_KINDS, Frame, Profile, SampleType
 from tests.helpers.paths import FIXTURES
 
@@ -232,12 +232,12 @@ def _decoded(data: bytes) -> object:
 def test_bulk_reading_gives_the_message_by_message_answer(
     rich_profile: Profile, name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """formats/pprof_bulk.py forced on small mutated files: the same result, or the same error.
+    """formats/pprof_bulk.py forced on small mutated files: the runtime's answer sample by sample, or its error.
 
-    In bulk twice: the tables in one piece, and in pieces of a few bytes
-    (``SAMPLE_CHUNK``, ``TABLE_CHUNK``: a million-frame file is read a few MB at a time).
+    In bulk twice: the samples in one piece, and in pieces of a few bytes
+    (``SAMPLE_CHUNK``: a million-sample file is read a few MB at a time).
     """
-    from gpuflame.formats import pprof_bulk, pprof_samples, pprof_tables, protobuf_bulk
+    from gpuflame.formats import pprof_bulk, pprof_samples, pprof_tables
 
     data = {**seeds(rich_profile), "pprof-wide-ids": _wide_ids_raw()}[name]
     rng = random.Random(f"gpuflame-bulk-{name}")
@@ -248,7 +248,6 @@ def test_bulk_reading_gives_the_message_by_message_answer(
             monkeypatch.setattr(pprof_tables, "BULK_MIN", bulk_min)
             monkeypatch.setattr(pprof_samples, "BULK_MIN", bulk_min)
             monkeypatch.setattr(pprof_bulk, "SAMPLE_CHUNK", chunk)
-            monkeypatch.setattr(protobuf_bulk, "TABLE_CHUNK", chunk)
             answers.append(_decoded(mutated))
         if answers[0] != answers[1] or answers[0] != answers[2]:
             differ.append((mutated, answers))
@@ -258,24 +257,22 @@ def test_bulk_reading_gives_the_message_by_message_answer(
 
 @pytest.mark.parametrize("chunk", [1 << 22, 5])
 def test_bulk_reading_takes_the_fast_road_on_plain_tables(monkeypatch: pytest.MonkeyPatch, chunk: int) -> None:
-    """The seed above is read by the bulk functions themselves, not by their fallback; in one piece or many."""
-    from gpuflame.formats import pprof_bulk, pprof_samples, pprof_tables, protobuf_bulk
+    """The seed above is read by the bulk reader itself, not by its fallback; in one piece or many."""
+    from gpuflame.formats import pprof_bulk, pprof_samples, pprof_tables
 
     monkeypatch.setattr(pprof_tables, "BULK_MIN", 0)
     monkeypatch.setattr(pprof_samples, "BULK_MIN", 0)
     monkeypatch.setattr(pprof_bulk, "SAMPLE_CHUNK", chunk)
-    monkeypatch.setattr(protobuf_bulk, "TABLE_CHUNK", chunk)
-    answered = {}
-    for name in ("functions", "locations", "sample_columns"):
-        real = getattr(pprof_bulk, name)
+    answered = []
+    real = pprof_bulk.sample_columns
 
-        def spy(*args, _real=real, _name=name):  # type: ignore[no-untyped-def]
-            answered[_name] = result = _real(*args)
-            return result
+    def spy(*args):  # type: ignore[no-untyped-def]
+        answered.append(real(*args))
+        return answered[-1]
 
-        monkeypatch.setattr(pprof_bulk, name, spy)
+    monkeypatch.setattr(pprof_bulk, "sample_columns", spy)
     p = pprof.decode(_wide_ids_raw())
-    assert all(answered.get(n) is not None for n in ("functions", "locations", "sample_columns")), answered
+    assert len(answered) == 1 and answered[0] is not None
     assert [p.frames[i].name for i in p.samples[1].stack] == ["step", "step", "Model > forward"]
     assert [p.frames[i].line for i in p.samples[1].stack] == [43, 42, 41]
     assert [s.values for s in p.samples] == [(4096,), (512,), (-7,)]
@@ -396,12 +393,6 @@ def test_target_pprof(edits) -> None:  # type: ignore[no-untyped-def]
 def test_target_pprof_gzip_inner(edits) -> None:  # type: ignore[no-untyped-def]
     inner = apply_edits(gzip.decompress(seed("pprof-gzip")), edits)
     holds_contract(pprof.decode, gzip.compress(inner, 1, mtime=0))
-
-
-@FUZZ
-@given(_edits())
-def test_target_protobuf_wire(edits) -> None:  # type: ignore[no-untyped-def]
-    holds_contract(lambda d: list(wire.iter_fields(d)), apply_edits(seed("pprof"), edits))
 
 
 @FUZZ
@@ -546,7 +537,7 @@ def test_target_front_door(prefix: bytes, name: str) -> None:
 
 
 def test_bulk_frame_kinds_are_the_message_by_message_kinds(monkeypatch: pytest.MonkeyPatch) -> None:
-    """pprof_bulk._kinds: a trampoline in a Python file, native code, a fileless frame in a mapping."""
+    """pprof_tables' kinds asked per file: a trampoline in a Python file, native code, a fileless frame in a mapping."""
     from gpuflame.formats import pprof_samples, pprof_tables
     from gpuflame.model.profile import SampleType
     from gpuflame.symbols.names import TRAMPOLINE_NAME

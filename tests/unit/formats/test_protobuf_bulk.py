@@ -1,4 +1,4 @@
-"""formats/protobuf_bulk.py: every varint of a byte array at once, as the byte-by-byte reader reads them."""
+"""formats/protobuf_bulk.py: every varint of a byte array at once, as Google's protobuf runtime reads them."""
 
 from __future__ import annotations
 
@@ -8,19 +8,16 @@ import numpy as np
 import pytest
 
 from gpuflame.formats import protobuf_bulk as bulk
-from gpuflame.formats.protobuf_wire import encode_varint, read_varint
+from gpuflame.formats.pprof_proto.profile_pb2 import Sample
+from gpuflame.formats.protobuf_encode import encode_varint, field_bytes
 
 U64 = (1 << 64) - 1
 
 
 def by_byte(data: bytes) -> tuple[list[int], list[int]]:
-    """The reference: protobuf_wire's reader, one varint after another."""
-    values, last, pos = [], [], 0
-    while pos < len(data):
-        value, pos = read_varint(data, pos)
-        values.append(value)
-        last.append(pos - 1)
-    return values, last
+    """The reference: the runtime's values (a Sample's packed location ids), and where each varint ends."""
+    values = list(Sample.FromString(field_bytes(1, data)).location_id)
+    return values, [i for i, b in enumerate(data) if b < 0x80]
 
 
 # values of every length from 1 to 10 bytes, the edges of each length among them
@@ -43,7 +40,7 @@ def test_varints_equal_the_byte_by_byte_reader(values: list[int], chunk: int) ->
 
 
 def test_a_ten_byte_varint_keeps_its_low_64_bits() -> None:
-    """A tenth byte above 1 carries bits past 64: dropped, as protobuf and read_varint drop them."""
+    """A tenth byte above 1 carries bits past 64: dropped, as the protobuf runtime drops them."""
     data = b"\xff" * 9 + b"\x7f"
     (value,), _ = bulk.varints(np.frombuffer(data, dtype=np.uint8))  # type: ignore[misc]
     assert int(value) == by_byte(data)[0][0] & U64 == U64
@@ -89,17 +86,19 @@ def test_spans_gathered_are_the_slices_joined(pieces: list[tuple[bytes, bytes]],
 @hypothesis.example([b"ok", b"\xe2\x82", b"\xff"])  # invalid UTF-8, a truncated sequence at a string's end
 @hypothesis.example([])
 def test_a_string_table_decodes_as_each_string_alone(table: list[bytes]) -> None:
-    """pprof_raw.Strings.many (the whole table in one decode where it can): read_string of each entry.
+    """pprof_tables.Strings (the whole table in one decode where it can): each entry decoded alone.
 
     NULs inside a string, invalid UTF-8 and empty tables take the one-by-one road; the answer is the same.
     """
-    from gpuflame.formats.pprof_raw import Strings
-    from gpuflame.formats.protobuf_wire import read_string
+    from gpuflame.errors import ProfileFormatError
+    from gpuflame.formats.pprof_tables import Strings
 
     raw = [b"", *table]
-    expected = [read_string(b) for b in raw]
+    expected = [b.decode("utf-8", "replace") for b in raw]
     strings = Strings(raw)
-    assert strings.many(np.arange(len(raw))) == expected
-    assert raw == []  # the encoded table let go once decoded (a million names are not held twice)
+    assert strings.many(list(range(len(raw))), "test") == expected
     assert [strings.get(i, "test") for i in range(len(expected))] == expected
-    assert len(strings) == len(expected) and strings.many(np.array([len(expected)])) is None
+    assert len(strings) == len(expected)
+    for bad in (len(expected), -1):
+        with pytest.raises(ProfileFormatError, match=f"refers to string {bad}, but the string table has"):
+            strings.many([0, bad], "test")

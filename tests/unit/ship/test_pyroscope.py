@@ -1,8 +1,8 @@
 """Pushing to Pyroscope, checked by a real HTTP server on 127.0.0.1 and protoc's own decoder.
 
 Every push the server receives is decoded with classes compiled from
-tests/proto/push.proto (Pyroscope's PushRequest) and tests/proto/profile.proto
-(pprof), not with gpuflame's reader. Nothing here reaches beyond 127.0.0.1.
+tests/proto/push.proto (Pyroscope's PushRequest) and pprof's own profile.proto
+(src/gpuflame/formats/pprof_proto), not with gpuflame's reader. Nothing here reaches beyond 127.0.0.1.
 """
 
 from __future__ import annotations

@@ -1,0 +1,54 @@
+from gpuflame.formats.pprof_proto import profile_pb2 as _profile_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class SplitProfile(_message.Message):
+    __slots__ = ("sample_type", "sample", "mapping", "location", "function", "string_table", "time_nanos", "duration_nanos", "comment", "default_sample_type")
+    SAMPLE_TYPE_FIELD_NUMBER: _ClassVar[int]
+    SAMPLE_FIELD_NUMBER: _ClassVar[int]
+    MAPPING_FIELD_NUMBER: _ClassVar[int]
+    LOCATION_FIELD_NUMBER: _ClassVar[int]
+    FUNCTION_FIELD_NUMBER: _ClassVar[int]
+    STRING_TABLE_FIELD_NUMBER: _ClassVar[int]
+    TIME_NANOS_FIELD_NUMBER: _ClassVar[int]
+    DURATION_NANOS_FIELD_NUMBER: _ClassVar[int]
+    COMMENT_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_SAMPLE_TYPE_FIELD_NUMBER: _ClassVar[int]
+    sample_type: _containers.RepeatedCompositeFieldContainer[_profile_pb2.ValueType]
+    sample: _containers.RepeatedScalarFieldContainer[bytes]
+    mapping: _containers.RepeatedCompositeFieldContainer[_profile_pb2.Mapping]
+    location: _containers.RepeatedCompositeFieldContainer[_profile_pb2.Location]
+    function: _containers.RepeatedCompositeFieldContainer[_profile_pb2.Function]
+    string_table: _containers.RepeatedScalarFieldContainer[bytes]
+    time_nanos: int
+    duration_nanos: int
+    comment: _containers.RepeatedScalarFieldContainer[int]
+    default_sample_type: int
+    def __init__(self, sample_type: _Optional[_Iterable[_Union[_profile_pb2.ValueType, _Mapping]]] = ..., sample: _Optional[_Iterable[bytes]] = ..., mapping: _Optional[_Iterable[_Union[_profile_pb2.Mapping, _Mapping]]] = ..., location: _Optional[_Iterable[_Union[_profile_pb2.Location, _Mapping]]] = ..., function: _Optional[_Iterable[_Union[_profile_pb2.Function, _Mapping]]] = ..., string_table: _Optional[_Iterable[bytes]] = ..., time_nanos: _Optional[int] = ..., duration_nanos: _Optional[int] = ..., comment: _Optional[_Iterable[int]] = ..., default_sample_type: _Optional[int] = ...) -> None: ...
+
+class Sample(_message.Message):
+    __slots__ = ("location_id", "value", "label")
+    LOCATION_ID_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    LABEL_FIELD_NUMBER: _ClassVar[int]
+    location_id: _containers.RepeatedScalarFieldContainer[int]
+    value: _containers.RepeatedScalarFieldContainer[int]
+    label: _containers.RepeatedCompositeFieldContainer[Label]
+    def __init__(self, location_id: _Optional[_Iterable[int]] = ..., value: _Optional[_Iterable[int]] = ..., label: _Optional[_Iterable[_Union[Label, _Mapping]]] = ...) -> None: ...
+
+class Label(_message.Message):
+    __slots__ = ("key", "str", "num", "num_unit")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    STR_FIELD_NUMBER: _ClassVar[int]
+    NUM_FIELD_NUMBER: _ClassVar[int]
+    NUM_UNIT_FIELD_NUMBER: _ClassVar[int]
+    key: int
+    str: int
+    num: int
+    num_unit: int
+    def __init__(self, key: _Optional[int] = ..., str: _Optional[int] = ..., num: _Optional[int] = ..., num_unit: _Optional[int] = ...) -> None: ...
