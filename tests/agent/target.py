@@ -5,7 +5,9 @@ JSON line with what it did and the Python stack that did it (from
 ``sys._getframe`` on the line of the call: one line each, ``# fmt: skip``), so a test can compute the exact
 profile the agent must produce. Commands come one per line on stdin
 (``load``, ``open`` and ``model N`` with ``late``, ``basic``, ``ptsz``, ``vmm``, ``threads``, ``race N``,
-``crowd N``, ``cells N``, ``deep N``, ``hold``, ``release``, ``fork``, ``refused``, ``refused_vmm``, ``init``,
+``crowd N``, ``cells N``, ``deep N``, ``guarded N`` (deep N in a thread whose frames sit right above an
+unreadable page, tests/agent/guarded.py; ``unguarded`` is said where that layout cannot be made), ``hold``,
+``release``, ``fork``, ``refused``, ``refused_vmm``, ``init``,
 ``oom``, ``exit``); ``ready`` and ``done`` lines pace the test. With the argument
 ``seccomp`` it first puts itself under an allow-all seccomp filter.
 """
@@ -15,6 +17,8 @@ import json
 import os
 import sys
 import threading
+
+from guarded import run_guarded  # this folder's (the script's own)
 
 LIB = None if "late" in sys.argv else ctypes.CDLL(sys.argv[1])  # late: loaded by the command load
 
@@ -373,6 +377,9 @@ def main():
             cells(int(cmd[1]))
         elif cmd[0] == "deep":
             deep(int(cmd[1]))
+        elif cmd[0] == "guarded":
+            if not run_guarded(deep, int(cmd[1]))[0]:
+                say(op="unguarded")
         elif cmd[0] == "hold":
             HELD.extend(device_alloc(1000) for _ in range(3))
         elif cmd[0] == "release":

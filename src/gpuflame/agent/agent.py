@@ -29,6 +29,7 @@ from gpuflame.agent.events import (
     N_STATS,
     OUTPUT_TRIES,
     STAT_CALLS_FULL,
+    STAT_FRAME_READS,
     STAT_LIVE_FULL,
     STAT_LOST_ALLOC_BYTES,
     STAT_LOST_ALLOCS,
@@ -294,6 +295,7 @@ class Agent(Probing, Registry, Booking, Holding):
             STAT_LOST_ALLOCS: "lost_allocs",
             STAT_LOST_ALLOC_BYTES: "lost_alloc_bytes",
             STAT_LOST_FREES: "lost_frees",
+            STAT_FRAME_READS: "frame_reads",
         }
         for i in range(N_STATS):
             raw = self._stats.lookup(i.to_bytes(4, "little"))

@@ -326,6 +326,7 @@ __noinline long window_at(struct window *w, __u64 frame)
     if (frame < w->lo || frame + FRAME_BYTES > w->hi) {
         __u64 lo = frame & ~(__u64)(WINDOW_BYTES - 1);
         __u64 len = (frame & (WINDOW_BYTES - 1)) + FRAME_BYTES; /* at most WINDOW_BYTES - 1 + FRAME_BYTES */
+        count(STAT_FRAME_READS);
         if (bpf_probe_read_user(w->bytes, len, (void *)lo)) {
             w->lo = w->hi = 0;
             return -1;

@@ -92,7 +92,8 @@
 #define STAT_LOST_ALLOCS 5      /* of the lost events, allocations (or entry-only results of one) */
 #define STAT_LOST_ALLOC_BYTES 6 /* their sizes */
 #define STAT_LOST_FREES 7       /* of the lost events, frees (and VMM references dropped) */
-#define N_STATS 8
+#define STAT_FRAME_READS 8      /* user-memory reads the frame walk made (a page or less each): not a loss */
+#define N_STATS 9
 
 /* settings */
 #define SET_ONLY_REGISTERED 0 /* 1 = only processes in procs (--pid), 0 = every process */
