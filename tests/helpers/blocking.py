@@ -1,4 +1,8 @@
-"""A meta-path block on numpy and rich for a fresh interpreter, installed before gpuflame: recording needs neither."""
+"""A meta-path block on numpy and rich for a fresh interpreter, installed before gpuflame: recording needs neither.
+
+gpuflame's own modules are refused the protobuf runtime too (``google``): the profiled process writes pprof
+with the standard library.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +13,8 @@ from __future__ import annotations
 BLOCK = """
 import builtins, importlib.abc, sys
 BLOCKED = ("numpy", "rich")
+# and the protobuf runtime (the pprof reader's), refused to gpuflame only: a framework may load it
+REFUSED_TO_GPUFLAME = BLOCKED + ("google",)
 attempts = []
 
 
@@ -25,7 +31,7 @@ _real_import = builtins.__import__
 
 def _guarded(name, globals=None, locals=None, fromlist=(), level=0):
     caller = (globals or {}).get("__name__") or ""
-    if caller.split(".")[0] == "gpuflame" and name.split(".")[0] in BLOCKED:
+    if caller.split(".")[0] == "gpuflame" and name.split(".")[0] in REFUSED_TO_GPUFLAME:
         attempts.append(f"{caller} -> {name}")
         raise ModuleNotFoundError(f"{name} is blocked for {caller}")
     return _real_import(name, globals, locals, fromlist, level)

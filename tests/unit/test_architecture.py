@@ -20,7 +20,7 @@ import pytest
 from tests.helpers.blocking import BLOCK
 from tests.helpers.paths import SRC
 
-LAUNCHER_ONLY = ("numpy", "rich")
+LAUNCHER_ONLY = ("numpy", "rich", "google")  # google: the protobuf runtime, the pprof reader's
 # what recording needs not: the readers of saved files (the snapshot reader compiles a large
 # regular expression and parses source files); a recording start pays for every import
 READERS_ONLY = ("gpuflame.formats.safe_pickle", "gpuflame.formats.torch_snapshot", "gpuflame.symbols.qualnames")

@@ -291,3 +291,10 @@ def decode(data: bytes) -> Profile:
     from gpuflame.formats.pprof_read import decode as read
 
     return read(data)
+
+
+def decode_in_process(data: bytes) -> Profile:
+    """:func:`decode` for the profiled process (JAX's device-memory profiles): the standard library only."""
+    from gpuflame.formats.pprof_read import decode as read
+
+    return read(data, standard_library=True)

@@ -5,20 +5,21 @@ The file is parsed by the runtime as a ``SplitProfile``
 each string kept as its bytes, the tables as pprof's own messages. Sizes are
 checked before parsing (the inflated bytes, :data:`gpuflame.limits.INFLATED_BYTES`),
 the tables' counts after, before any entry becomes an object; the samples are
-read by :mod:`gpuflame.formats.pprof_samples`. Launcher side only: the
-profiled process writes pprof, never reads it.
+read by :mod:`gpuflame.formats.pprof_samples`.
+
+The profiled process reads one kind of pprof, JAX's device-memory profile,
+and must not import the runtime: ``standard_library=True`` parses with
+:mod:`gpuflame.formats.pprof_stdlib_parse` instead, into the same shapes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
-from google.protobuf.message import DecodeError
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
 
 from gpuflame import limits
 from gpuflame.errors import ProfileFormatError
 from gpuflame.formats.gzip_io import GZIP_MAGIC, gunzip
-from gpuflame.formats.pprof_proto.split_profile_pb2 import SplitProfile
 from gpuflame.formats.pprof_samples import SampleBytes, read_sample_columns, read_samples
 from gpuflame.formats.pprof_tables import Strings, read_locations, read_value_type
 from gpuflame.gcpause import gc_paused
@@ -28,35 +29,61 @@ from gpuflame.model.profile import Profile
 from gpuflame.model.timeline import split_comments
 
 
-def decode(data: bytes) -> Profile:
-    """Read gzip-compressed or raw pprof."""
+class Parser(NamedTuple):
+    """Bytes -> the runtime's ``SplitProfile`` and ``Sample`` (or objects of the same shape)."""
+
+    profile: Callable[[bytes], Any]
+    sample: Callable[[bytes], Any]
+
+
+def runtime_parser() -> Parser:
+    """The ``protobuf`` runtime's parse, its errors as :class:`ProfileFormatError`."""
+    from google.protobuf.message import DecodeError
+
+    from gpuflame.formats.pprof_proto.split_profile_pb2 import Sample, SplitProfile
+
+    def parser(message: Any, what: str) -> Callable[[bytes], Any]:
+        def parse(data: bytes) -> Any:
+            try:
+                return message.FromString(data)
+            except DecodeError:
+                raise ProfileFormatError(f"malformed pprof: {what} (cut short or corrupt)") from None
+
+        return parse
+
+    return Parser(
+        parser(SplitProfile, "the data is not a protobuf Profile message"),
+        parser(Sample, "a sample is not a protobuf Sample message"),
+    )
+
+
+def standard_library_parser() -> Parser:
+    """The profiled process's parse (:mod:`gpuflame.formats.pprof_stdlib_parse`): no runtime imported."""
+    from gpuflame.formats import pprof_stdlib_parse
+
+    return Parser(pprof_stdlib_parse.parse_profile, pprof_stdlib_parse.parse_sample)
+
+
+def decode(data: bytes, *, standard_library: bool = False) -> Profile:
+    """Read gzip-compressed or raw pprof; with *standard_library*, without the ``protobuf`` runtime."""
+    parser = standard_library_parser() if standard_library else runtime_parser()
     if data[:2] == GZIP_MAGIC:
         data = gunzip(data)  # bounded by INFLATED_BYTES as it inflates
     elif len(data) > limits.INFLATED_BYTES.value():
         raise limits.INFLATED_BYTES.exceeded("the pprof data")
     with gc_paused():
-        split = _parse(data)
+        split = parser.profile(data)
+        _check_counts(split)
         del data  # the inflated bytes: parsed now
         strings = Strings(list(split.string_table))
         profile = _header(split, strings)
         location_frames = read_locations(split, strings, profile)
         samples = SampleBytes(split.sample)
         del split  # the parsed tables and the samples' first copy
-        return _with_samples(profile, samples, location_frames, strings)
+        return _with_samples(profile, samples, location_frames, strings, parser.sample)
 
 
-def _parse(data: bytes) -> SplitProfile:
-    """The runtime's parse of the whole file, its tables' counts checked before they are read."""
-    try:
-        split = SplitProfile.FromString(data)
-    except DecodeError:
-        what = "the data is not a protobuf Profile message (cut short or corrupt)"
-        raise ProfileFormatError(f"malformed pprof: {what}") from None
-    _check_counts(split)
-    return split
-
-
-def _check_counts(split: SplitProfile) -> None:
+def _check_counts(split: Any) -> None:
     """The tables' sizes against :mod:`gpuflame.limits`, before any entry becomes an object."""
     if len(split.sample) > limits.SAMPLES.value():
         raise limits.SAMPLES.exceeded("pprof: the samples")
@@ -73,7 +100,7 @@ def _check_counts(split: SplitProfile) -> None:
         raise limits.COMMENTS.exceeded("pprof: the comments")
 
 
-def _header(split: SplitProfile, strings: Strings) -> Profile:
+def _header(split: Any, strings: Strings) -> Profile:
     """A profile of the file's sample types, comments (gpuflame's own taken out of them) and times."""
     profile = Profile(sample_types=[read_value_type(vt, strings) for vt in split.sample_type])
     budget = InflateBudget()
@@ -89,15 +116,19 @@ def _header(split: SplitProfile, strings: Strings) -> Profile:
 
 
 def _with_samples(
-    profile: Profile, samples: SampleBytes, location_frames: Mapping[int, tuple[int, ...]], strings: Strings
+    profile: Profile,
+    samples: SampleBytes,
+    location_frames: Mapping[int, tuple[int, ...]],
+    strings: Strings,
+    parse: Callable[[bytes], Any],
 ) -> Profile:
     """*profile* with its samples: columns for a large file in the usual layout, else a list."""
     n_types = len(profile.sample_types)
-    columns = read_sample_columns(samples, location_frames, strings, n_types)
+    columns = read_sample_columns(samples, location_frames, strings, n_types, parse)
     if columns is not None:  # a large profile: its samples stay arrays until something asks for them
         if len(columns.frames) > limits.STACK_FRAMES.value():  # 4 bytes each here, 8 once they are tuples
             raise limits.STACK_FRAMES.exceeded("pprof: the count of frames in all the samples' stacks")
         profile.set_columns(columns)
     else:
-        profile.samples = read_samples(samples.chunks(), location_frames, strings, n_types)
+        profile.samples = read_samples(samples.chunks(), location_frames, strings, n_types, parse)
     return profile

@@ -14,16 +14,12 @@ from __future__ import annotations
 
 import io
 from array import array
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from itertools import accumulate, chain
 from typing import TYPE_CHECKING, Any
 
-from google.protobuf.message import DecodeError
-
 from gpuflame import limits
 from gpuflame.errors import ProfileFormatError
-from gpuflame.formats.pprof_proto.split_profile_pb2 import Label
-from gpuflame.formats.pprof_proto.split_profile_pb2 import Sample as SampleMessage
 from gpuflame.formats.pprof_tables import BULK_MIN, Strings
 from gpuflame.model.profile import Labels, Sample
 
@@ -60,30 +56,45 @@ def one_frame_each(location_frames: Mapping[int, tuple[int, ...]]) -> bool:
     return all(len(v) == 1 for v in location_frames.values())
 
 
+# a Sample's bytes -> the runtime's split_profile_pb2.Sample (or pprof_stdlib_parse's of the same shape)
+SampleParser = Callable[[bytes], Any]
+
+
 def read_sample_columns(
-    samples: SampleBytes, location_frames: Mapping[int, tuple[int, ...]], strings: Strings, n_types: int
+    samples: SampleBytes,
+    location_frames: Mapping[int, tuple[int, ...]],
+    strings: Strings,
+    n_types: int,
+    parse: SampleParser,
 ) -> SampleColumns | None:
     """Every Sample at once as columns (numpy), for a large profile in the layout pprof writers use; else None."""
     if len(samples) < BULK_MIN or not one_frame_each(location_frames):
         return None
     from gpuflame.formats import pprof_bulk  # numpy: only for this many samples
 
-    reader = _SampleReader(location_frames, strings, n_types)
+    reader = _SampleReader(location_frames, strings, n_types, parse)
     depth = limits.STACK_DEPTH.value()
     return pprof_bulk.sample_columns(samples.data, samples.ends, location_frames, reader.tail, depth)
 
 
 def read_samples(
-    chunks: Iterable[bytes], location_frames: Mapping[int, tuple[int, ...]], strings: Strings, n_types: int
+    chunks: Iterable[bytes],
+    location_frames: Mapping[int, tuple[int, ...]],
+    strings: Strings,
+    n_types: int,
+    parse: SampleParser,
 ) -> list[Sample]:
-    """Every Sample, parsed one by one by the runtime."""
-    return list(map(_SampleReader(location_frames, strings, n_types).sample, chunks))
+    """Every Sample, parsed one by one by *parse* (the runtime's)."""
+    return list(map(_SampleReader(location_frames, strings, n_types, parse).sample, chunks))
 
 
 class _SampleReader:
     """What reading samples needs, built once per file: the location and label memos, the limits left."""
 
-    def __init__(self, location_frames: Mapping[int, tuple[int, ...]], strings: Strings, n_types: int) -> None:
+    def __init__(
+        self, location_frames: Mapping[int, tuple[int, ...]], strings: Strings, n_types: int, parse: SampleParser
+    ) -> None:
+        self.parse = parse
         self.location_frames = location_frames
         self.flat = one_frame_each(location_frames)
         self.strings = strings
@@ -94,7 +105,7 @@ class _SampleReader:
         self.frames_left = limits.STACK_FRAMES.value()
 
     def sample(self, chunk: bytes) -> Sample:
-        message = _parse(chunk)
+        message = self.parse(chunk)
         ids = message.location_id
         if len(ids) > self.max_depth:
             raise limits.STACK_DEPTH.exceeded("pprof: a sample's stack")
@@ -112,7 +123,7 @@ class _SampleReader:
 
     def tail(self, chunk: bytes) -> tuple[tuple[int, ...], Labels] | None:
         """Values and labels of what follows a sample's ids; None if it holds more ids."""
-        message = _parse(chunk)
+        message = self.parse(chunk)
         if message.location_id:
             return None
         return self._values(message.value), self._labels(message.label)
@@ -131,10 +142,10 @@ class _SampleReader:
             )
         return tuple(values)
 
-    def _labels(self, labels: Sequence[Label]) -> Labels:
+    def _labels(self, labels: Sequence[Any]) -> Labels:
         return tuple(sorted(map(self._label, labels))) if labels else ()
 
-    def _label(self, label: Label) -> tuple[str, str]:
+    def _label(self, label: Any) -> tuple[str, str]:
         numeric = label.HasField("num") or label.HasField("num_unit")
         key = (label.key, label.str, label.num, numeric)
         pair = self.labels.get(key)
@@ -146,11 +157,3 @@ class _SampleReader:
                 text = str(label.num) if numeric else ""
             pair = self.labels[key] = (name, text)
         return pair
-
-
-def _parse(chunk: bytes) -> SampleMessage:
-    try:
-        return SampleMessage.FromString(chunk)
-    except DecodeError:
-        what = "a sample is not a protobuf Sample message (cut short or corrupt)"
-        raise ProfileFormatError(f"malformed pprof: {what}") from None

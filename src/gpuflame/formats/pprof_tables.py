@@ -20,7 +20,7 @@ from gpuflame.model.profile import PYTHON, Frame, Profile, SampleType
 from gpuflame.symbols.kinds import python_file
 from gpuflame.symbols.names import TRAMPOLINE_NAME, UNKNOWN, native_address_name
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # or pprof_stdlib_parse's objects of the same shape, in the profiled process
     from gpuflame.formats.pprof_proto.profile_pb2 import ValueType
     from gpuflame.formats.pprof_proto.split_profile_pb2 import SplitProfile
 

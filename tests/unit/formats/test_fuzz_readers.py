@@ -255,6 +255,26 @@ def test_bulk_reading_gives_the_message_by_message_answer(
     assert not isinstance(_decoded(data), str)
 
 
+@pytest.mark.parametrize("name", ["pprof-raw", "pprof-inlined", "pprof-two-byte-ids", "pprof-wide-ids"])
+def test_the_in_process_parse_reads_mutated_files_as_the_runtime_does(rich_profile: Profile, name: str) -> None:
+    """pprof.decode_in_process (standard library, the JAX recorder's) against pprof.decode (the protobuf runtime)."""
+
+    def answer(data: bytes, standard_library: bool) -> object:
+        try:
+            p = pprof.decode_in_process(data) if standard_library else pprof.decode(data)
+        except ProfileFormatError:
+            return "error"
+        return p.frames, [(s.stack, s.values, s.labels) for s in p.samples], p.comments, p.sample_types
+
+    data = {**seeds(rich_profile), "pprof-wide-ids": _wide_ids_raw()}[name]
+    if data[:2] == b"\x1f\x8b":
+        data = gzip.decompress(data)
+    rng = random.Random(f"gpuflame-stdlib-{name}")
+    differ = [m for m in [data, *mutations(data, rng, 300)] if answer(m, True) != answer(m, False)]
+    assert not differ, [m.hex() for m in differ[:3]]
+    assert answer(data, True) != "error"
+
+
 @pytest.mark.parametrize("chunk", [1 << 22, 5])
 def test_bulk_reading_takes_the_fast_road_on_plain_tables(monkeypatch: pytest.MonkeyPatch, chunk: int) -> None:
     """The seed above is read by the bulk reader itself, not by its fallback; in one piece or many."""

@@ -222,7 +222,7 @@ class JaxMemoryRecorder(Recorder):
         """One JAX pprof -> rows in the AKS guide's names, framework frames pruned unless kept."""
         from gpuflame.formats import pprof
 
-        raw = pprof.decode(data)
+        raw = pprof.decode_in_process(data)  # the profiled process: no protobuf runtime
         space, count = _columns(raw)
         if not self.keep_framework:
             raw = prune_framework(_calls_as_written(raw), JAX_PACKAGES)
