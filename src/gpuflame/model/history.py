@@ -73,16 +73,39 @@ class EventLog:
         self.sites = array("q")
         self.sizes = array("q")
 
-    def add(self, t: int, site: int, size: int) -> None:
-        """One allocation (*size* > 0) or free (*size* < 0) of *site* at *t*."""
+    def add(self, t: int, site: int, size: int) -> int:
+        """One allocation (*size* > 0) or free (*size* < 0) of *site* at *t*; its number (from the first event)."""
         times = self.times
         if times and t < times[-1]:
             t = times[-1]
+        number = self.folded + len(times)
         times.append(t)
         self.sites.append(site)
         self.sizes.append(size)
         if len(times) >= self.limit:
             self.fold_oldest(len(times) // 2)
+        return number
+
+    def rekey(self, number: int, old: int, new: int, size: int) -> None:
+        """The allocation logged as event *number* (of *size* bytes, at site *old*) belongs to site *new*.
+
+        A recorder whose sites say what a block is (its category, decided
+        after the block was made) moves the block's allocation, in the log or,
+        once folded, in the base; its free is then logged at *new*.
+        """
+        at = number - self.folded
+        if at >= len(self.times):
+            return  # not an event of this log
+        if at >= 0:
+            self.sites[at] = new
+            return
+        base = self.base
+        row = base.setdefault(old, [0, 0])
+        row[0] -= size
+        row[1] -= 1
+        row = base.setdefault(new, [0, 0])
+        row[0] += size
+        row[1] += 1
 
     def fold_oldest(self, n: int) -> None:
         """Replay the *n* oldest events into :attr:`base`; the fold point becomes the last one's time."""
@@ -116,6 +139,13 @@ class EventLog:
             return {}
         out = {key: list(points) for key, points in self.past.items()}
         totals = dict(self.past_total)
+        keys = {self.key_of(site) for site in set(self.sites)}
+        if len(keys) == 1:  # one device (the common case): running sums at C speed, not a loop per event
+            (key,) = keys
+            points = out.setdefault(key, [(self.start, 0)])
+            running = islice(accumulate(self.sizes, initial=totals.get(key, 0)), 1, None)
+            points += zip(self.times, running, strict=False)
+            return out
         for t, site, size in zip(self.times, self.sites, self.sizes, strict=True):
             key = self.key_of(site)
             total = totals[key] = totals.get(key, 0) + size
@@ -134,7 +164,7 @@ class EventLog:
             self.folded,
             base,
             array("q", self.times),
-            array("q", (remap(s) for s in self.sites)),
+            array("q", self.sites) if sites is None else array("q", (remap(s) for s in self.sites)),
             array("q", self.sizes),
         )
 

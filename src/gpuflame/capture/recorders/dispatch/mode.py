@@ -46,8 +46,8 @@ class RecordingMode(TorchDispatchMode):
     """Calls each op, then records the storages it created.
 
     The common case (an op returning one new tensor) runs in
-    :meth:`__torch_dispatch__` and :meth:`record_new` only: at a few
-    microseconds per op, every Python function call shows.
+    :meth:`__torch_dispatch__` alone: at a few microseconds per op, every
+    Python function call shows.
     """
 
     supports_higher_order_operators = True
@@ -90,65 +90,64 @@ class RecordingMode(TorchDispatchMode):
         plan = PLANS.get(id(func))
         if plan is None:
             plan = plan_for(func)
-        if plan is PASS or not self.on:
-            if plan is HOP:
-                return func(*args, **(kwargs or {}))
-            return func._op(*args, **kwargs) if kwargs else func._op(*args)
-        if plan is FRESH:
-            out = func._op(*args, **kwargs) if kwargs else func._op(*args)
-            try:
-                if type(out) is Tensor:
-                    self.record_new(out)
-                elif type(out) is tuple or type(out) is list:
+        if plan is not FRESH or not self.on:
+            if plan is PASS or not self.on:
+                if plan is HOP:
+                    return func(*args, **(kwargs or {}))
+                return func._op(*args, **kwargs) if kwargs else func._op(*args)
+            return self.special(plan, func, args, kwargs)
+        out = func._op(*args, **kwargs) if kwargs else func._op(*args)
+        if type(out) is not Tensor:
+            if type(out) is tuple or type(out) is list:
+                try:
                     for t in out:
                         if isinstance(t, Tensor):
                             self.record_one(t, None, False, 2)
-            except Exception as exc:  # noqa: BLE001
-                self.failed(exc)
+                except Exception as exc:  # noqa: BLE001
+                    self.failed(exc)
             return out
-        return self.special(plan, func, args, kwargs)
-
-    def record_new(self, t: Any) -> None:
-        """:meth:`record_one` for an op's single new output, with :meth:`Ledger.alloc` inlined.
-
-        The one path nearly every allocation takes; each Python call saved shows.
-        """
+        # one new tensor, the path nearly every allocation takes: record_one
+        # and Ledger.alloc written out here, as each Python call saved shows
         try:
-            st = t.untyped_storage()
+            st = out.untyped_storage()
         except (RuntimeError, NotImplementedError, TypeError):
             self.recorder.skipped += 1
-            return
-        cdata = st._cdata
-        tracked = self.tracked
-        ref = tracked.get(cdata)
-        if ref is not None and ref() is st:
-            return
-        nbytes = st.nbytes()
-        if not nbytes:
-            return
-        f = getframe(2)  # 0: here, 1: __torch_dispatch__, 2: the op's caller
-        tag = f.f_trace
-        above = tag if type(tag) is self.Tag else self.recorder.stacks.above(f)
-        key = (above, id(f.f_code), f.f_lasti, st.device)
-        site = self.sites.get(key)
-        if site is None:
-            site = self.recorder.new_site(key, f)
-        if site < 0:
-            return
-        ref = StorageRef(st, self.on_free)
-        ref.cdata = cdata
-        ref.site = site
-        ref.nbytes = nbytes
-        ref.seq = 0
-        ref.t0 = now()
-        table = ref.table = self.site_table[site]
-        tracked[cdata] = ref
-        if table < 0:
-            self.append(ref)
-        else:  # published to the run's table at this moment, queued with its marks
-            self.ledger.table_event(table, nbytes, self.append, ref, self.site_device[site])
-        if len(self.events) > BATCH:
-            self.ledger.replay_some()
+            return out
+        try:
+            cdata = st._cdata
+            tracked = self.tracked
+            ref = tracked.get(cdata)
+            if ref is not None and ref() is st:
+                return out
+            nbytes = st.nbytes()
+            if not nbytes:
+                return out
+            f = getframe(1)  # 0: here, 1: the op's caller
+            tag = f.f_trace
+            above = tag if type(tag) is self.Tag else self.recorder.stacks.above(f)
+            key = (above, id(f.f_code), f.f_lasti, st.device)
+            site = self.sites.get(key)
+            if site is None:
+                site = self.recorder.new_site(key, f)
+            if site < 0:
+                return out
+            ref = StorageRef(st, self.on_free)
+            ref.cdata = cdata
+            ref.site = site
+            ref.nbytes = nbytes
+            ref.seq = 0
+            ref.t0 = now()
+            table = ref.table = self.site_table[site]
+            tracked[cdata] = ref
+            if table < 0:
+                self.append(ref)
+            else:  # published to the run's table at this moment, queued with its marks
+                self.ledger.table_event(table, nbytes, self.append, ref, self.site_device[site])
+            if len(self.events) > BATCH:
+                self.ledger.replay_some()
+        except Exception as exc:  # noqa: BLE001
+            self.failed(exc)
+        return out
 
     def record_one(self, t: Any, inputs: set[int] | None, lifted: bool, depth: int) -> None:
         """Track *t*'s storage if it is new; *depth* frames up is the op's caller."""
