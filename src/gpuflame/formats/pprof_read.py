@@ -71,6 +71,7 @@ def decode(data: bytes, *, standard_library: bool = False) -> Profile:
         data = gunzip(data)  # bounded by INFLATED_BYTES as it inflates
     elif len(data) > limits.INFLATED_BYTES.value():
         raise limits.INFLATED_BYTES.exceeded("the pprof data")
+    _check_key_bytes(data)
     with gc_paused():
         split = parser.profile(data)
         _check_counts(split)
@@ -81,6 +82,31 @@ def decode(data: bytes, *, standard_library: bool = False) -> Profile:
         samples = SampleBytes(split.sample)
         del split  # the parsed tables and the samples' first copy
         return _with_samples(profile, samples, location_frames, strings, parser.sample)
+
+
+# A table's entries each start with its key byte (field << 3 | 2), so the count of that byte in the file
+# bounds the count of entries; the parse makes an object of 16-40 bytes of each (two bytes of file can
+# be an empty sample). A Location's Lines share its key byte (field 4 in both).
+_KEY_BYTES = (
+    (b"\x12", limits.SAMPLES, "samples"),
+    (b"\x22", limits.FRAMES, "locations and their lines"),
+    (b"\x2a", limits.FRAMES, "functions"),
+    (b"\x32", limits.FRAMES, "strings"),
+)
+
+
+def _check_key_bytes(data: bytes) -> None:
+    """Before the parse: the tables' counts at most (their key bytes, one C count each) against the limits.
+
+    Only a file near a limit has as many key bytes (a genuine 2M-sample file has about 2.3M of the
+    samples' key byte), and a hostile one of empty samples stops here, not after the parse has made
+    half a billion objects.
+    """
+    if len(data) < 2 * min(limit.value() for _, limit, _ in _KEY_BYTES):
+        return  # too short to hold more of any table than its limit allows (two bytes an entry at least)
+    for key, limit, name in _KEY_BYTES:
+        if data.count(key) > limit.value():
+            raise limit.exceeded(f"pprof: the {name} (counted by their key bytes, before parsing)")
 
 
 def _check_counts(split: Any) -> None:

@@ -642,3 +642,26 @@ def test_a_large_location_table_is_read_as_arrays_that_still_answer_as_a_mapping
     assert lookup(ids).tolist() == [as_dict[i][0] for i in as_dict]
     with pytest.raises(KeyError):
         table[10**9]
+
+
+@pytest.mark.parametrize(("key", "variable"), [(b"\x12", "SAMPLES"), (b"\x22", "FRAMES"), (b"\x32", "FRAMES")])
+def test_a_table_past_its_limit_stops_before_the_parse(monkeypatch, key: bytes, variable: str) -> None:
+    """Two bytes of file can be an empty sample, and the runtime's parse makes an object of 40 bytes of it:
+    a file of a billion is refused by the count of its key bytes, before anything is parsed."""
+    from gpuflame import limits
+    from gpuflame.formats import pprof_read
+
+    monkeypatch.setenv(getattr(limits, variable).env, "1000")
+    parsed = []
+    real = pprof_read.runtime_parser
+
+    def parser():  # type: ignore[no-untyped-def]
+        found = real()
+        return found._replace(profile=lambda data: parsed.append(data) or found.profile(data))
+
+    monkeypatch.setattr(pprof_read, "runtime_parser", parser)
+    with pytest.raises(ProfileFormatError, match=f"before parsing.*{getattr(limits, variable).env}"):
+        pprof.decode(key + b"\x00" + (key + b"\x00") * 1000)
+    assert parsed == []
+    pprof.decode((b"\x12\x00") * 999)  # under the limit: parsed
+    assert len(parsed) == 1
