@@ -155,7 +155,7 @@ def test_fsdp2_shards_are_parameters_and_gradients_its_gathers_comm_buffers(tmp_
 
 @pytest.mark.slow
 @pytest.mark.subprocess
-@pytest.mark.parametrize("hook", ["allocator"])
+@pytest.mark.parametrize("hook", ["allocator", "dispatch"])
 def test_ddp_any_moment_of_the_merged_run_gives_each_rank_s_categories(
     tmp_path: Path, hook: str, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -43,7 +43,7 @@ def seconds(profile: Profile, t_ns: int) -> float:
     return (t_ns - moment.origin(profile)) / 1e9
 
 
-@pytest.mark.parametrize("recorder", ["allocator"])
+@pytest.mark.parametrize("recorder", RECORDERS)
 def test_training_steps_every_moment_gives_parameters_gradients_and_state(recorder: str) -> None:
     marks: list[int] = []
 
@@ -76,7 +76,7 @@ def test_training_steps_every_moment_gives_parameters_gradients_and_state(record
     assert by_category(end, "inuse_space") == by_category(profile, "inuse_space")  # the end: as the samples say
 
 
-@pytest.mark.parametrize("recorder", ["allocator"])
+@pytest.mark.parametrize("recorder", RECORDERS)
 def test_a_block_classed_after_its_allocation_was_folded_moves_in_the_base(
     recorder: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -86,8 +86,8 @@ def test_a_block_classed_after_its_allocation_was_folded_moves_in_the_base(
 
     def work() -> Any:
         weight = torch.empty(1000)  # nothing knows yet what it is: classed by its stack
-        for _ in range(40):
-            torch.empty(8)  # 80 events: the weight's allocation is folded into the history's base
+        for _ in range(5000):  # the weight's allocation is folded into the history's base (and the
+            torch.empty(8)  # dispatch recorder's queue, 4096 events, replayed into its log before the hook)
         module = torch.nn.Module()
         module.w = torch.nn.Parameter(weight)  # the registration hook classes its storage: parameter
         marks.append(time.time_ns())

@@ -29,9 +29,9 @@ from tests.helpers.paths import REPO
 torch = pytest.importorskip("torch")
 
 from gpuflame.boundary import backends  # noqa: E402
+from gpuflame.capture.books.categories import history_site  # noqa: E402
 from gpuflame.capture.recorders import torch_hook  # noqa: E402
 from gpuflame.capture.recorders.allocator import TorchAllocatorRecorder, native  # noqa: E402
-from gpuflame.capture.recorders.allocator.block_categories import HISTORY_TAG_BITS  # noqa: E402
 from gpuflame.capture.recorders.allocator.native import NativeUnavailable, load_cpu_hook  # noqa: E402
 from gpuflame.capture.recorders.dispatch import TorchTensorRecorder  # noqa: E402
 from gpuflame.formats import load, pprof  # noqa: E402
@@ -901,10 +901,8 @@ def test_a_recorded_history_is_the_one_the_old_way_wrote(monkeypatch: pytest.Mon
         array("q", (used[s] for s in track.sites)),
         array("q", track.sizes),
     )
-    # the hook's keys are its sites and their blocks' category tags (HISTORY_TAG_BITS)
-    old_history = history_module.of_track(
-        old, lambda key: rec._stacks[key >> HISTORY_TAG_BITS], rec._kinds.history_labels
-    )
+    # the hook's keys are its sites and their blocks' category tags (categories.history_key)
+    old_history = history_module.of_track(old, lambda key: rec._stacks[history_site(key)], rec._kinds.history_labels)
     assert old_history == history
     assert history.to_comment() == _python_comment(old_history, monkeypatch)
     assert pprof.decode(pprof.encode(profile)).history == history

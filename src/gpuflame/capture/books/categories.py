@@ -66,6 +66,27 @@ TAG_OF = {name: i + 1 for i, name in enumerate(TAGGED)}
 
 StorageKey = Callable[[Any], int]  # a storage -> the key its recorder books it under
 
+# An event history's site, in a recorder's log, is a key: its site and its block's tag, site << 3 | tag,
+# so a block's allocation and free carry its category (the C++ hook's HistoryBooks keys alike)
+HISTORY_TAG_BITS = 3
+_TAG_MASK = (1 << HISTORY_TAG_BITS) - 1
+
+
+def history_key(site: int, tag: int) -> int:
+    """The history key of a block of *site* with category *tag* (0: none yet)."""
+    return (site << HISTORY_TAG_BITS) | tag
+
+
+def history_site(key: int) -> int:
+    """The recorder's site of a history key."""
+    return key >> HISTORY_TAG_BITS
+
+
+def history_category(key: int, default: Callable[[int], str]) -> str:
+    """The category of a history key: its tag's, else its site's stack's (*default*)."""
+    tag = key & _TAG_MASK
+    return TAGGED[tag - 1] if 0 < tag <= len(TAGGED) else default(key >> HISTORY_TAG_BITS)
+
 
 # -----------------------------------------------------------------------------
 # the object graph

@@ -37,7 +37,7 @@ from gpuflame.capture.base import Recorder, empty_profile
 from gpuflame.capture.books import categories, joint_peak, phase_table, phases, site_row
 from gpuflame.capture.code_frames import CodeFrames
 from gpuflame.capture.exit_hooks import HOOKS
-from gpuflame.capture.recorders.allocator.block_categories import HISTORY_TAG_BITS, HookCategories
+from gpuflame.capture.recorders.allocator.block_categories import HookCategories
 from gpuflame.capture.recorders.allocator.native import elf_symbols
 from gpuflame.model import history as event_history
 from gpuflame.model import phases as phase_model
@@ -210,7 +210,7 @@ class TorchAllocatorRecorder(Recorder):
             memoryview(sizes).cast("q"),
         )
         kinds = self._kinds
-        return of_track(track, lambda key: self._stacks[key >> HISTORY_TAG_BITS], kinds.history_labels, used=used)
+        return of_track(track, lambda key: self._stacks[categories.history_site(key)], kinds.history_labels, used=used)
 
     # -- helpers --------------------------------------------------------------
 

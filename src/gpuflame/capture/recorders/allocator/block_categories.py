@@ -16,8 +16,6 @@ from gpuflame.capture.books import categories
 from gpuflame.capture.recorders.categories import data_ptr_key
 from gpuflame.model.history import Labels
 
-HISTORY_TAG_BITS = 3  # a history key is site << 3 | tag (cpu_hook.cpp: HistoryBooks::kTagBits)
-
 
 class HookRecorder(Protocol):
     """What the adapter reads of the allocator recorder that owns it (this package's)."""
@@ -83,10 +81,8 @@ class HookCategories:
         return categories.split_rows(by_site, self.default, blocks, gone, roles, joint_gone)
 
     def history_labels(self, key: int) -> Labels:
-        """The labels of a history key (site << 3 | tag): its block's category, tagged or by its stack."""
-        site, tag = key >> HISTORY_TAG_BITS, key & ((1 << HISTORY_TAG_BITS) - 1)
-        category = categories.TAGGED[tag - 1] if 0 < tag <= len(categories.TAGGED) else self.default(site)
-        return ((categories.LABEL, category), ("device", "cpu"))
+        """The labels of a history key (categories.history_key): its block's category, tagged or by its stack."""
+        return ((categories.LABEL, categories.history_category(key, self.default)), ("device", "cpu"))
 
     def default(self, site: int) -> str:
         stacks = self.recorder._stacks

@@ -37,12 +37,32 @@ class LedgerCategories:
         self.steps.remove()
 
     def tag(self, roles: dict[int, str]) -> None:
+        """Tag the live storages, and move each one's allocation in the history's log to its category.
+
+        The queue is replayed first, under the ledger's lock, so the storages
+        made so far are logged (a storage is tagged as soon as it is
+        registered, long before the queue's next replay); its free is logged
+        at the key its allocation has then.
+        """
         ledger = self.recorder.ledger
         tracked = ledger.tracked
-        for key, role in roles.items():
-            ref = tracked.get(key)
-            if ref is not None:
-                ref.tag = categories.TAG_OF[role]
+        with ledger.lock:
+            ledger._process()
+            for cdata, role in roles.items():
+                ref = tracked.get(cdata)
+                if ref is None:
+                    continue
+                tag = ref.tag = categories.TAG_OF[role]
+                if ref.seq > 0:  # else not queued yet (made by another thread this instant): logged untagged
+                    key = categories.history_key(ref.site, tag)
+                    if key != ref.key:
+                        ledger.log.rekey(ref.event, ref.key, key, ref.nbytes)
+                        ref.key = key
+
+    def history_labels(self, key: int) -> tuple[tuple[str, str], ...]:
+        """The labels of a history key (categories.history_key): its block's category, and its device."""
+        device = self.recorder.site_keys[categories.history_site(key)][1]
+        return ((categories.LABEL, categories.history_category(key, self.default)), ("device", device))
 
     def rows(self) -> dict[tuple[int, str], list[int]]:
         """Per (site, category) rows, the live storages classed by the object graph as it is now."""

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gpuflame.capture.books import site_row
+from gpuflame.capture.books.categories import HISTORY_TAG_BITS
 from gpuflame.capture.books.ledger_phases import LedgerPhases
 from gpuflame.capture.books.site_row import ALLOC, COUNT, INUSE, JOINT, PEAK
 from gpuflame.model.history import EventLog
@@ -32,8 +33,10 @@ class StorageRef(weakref.ref):
     (-1: none), so that its free is published there too.
     """
 
-    __slots__ = ("cdata", "site", "nbytes", "seq", "table", "tag", "t0", "t1")  # tag: capture/books/categories.py
-    # t0, t1: when it was made and when it died (epoch ns), for the event history
+    __slots__ = ("cdata", "site", "nbytes", "seq", "table", "tag", "t0", "t1", "event", "key")  # tag: categories.py
+    # t0, t1: when it was made and when it died (epoch ns), for the event history; event, key: its
+    # allocation's number in the history's log and its site there, a key of site and tag (categories.history_key),
+    # set when the allocation is logged (LedgerCategories.tag moves it when its category is known)
 
     cdata: int
     site: int
@@ -43,6 +46,8 @@ class StorageRef(weakref.ref):
     tag: int
     t0: int
     t1: int
+    event: int
+    key: int
 
 
 class Ledger:
@@ -96,7 +101,8 @@ class Ledger:
         self.joint_gone: dict[int, list[int]] = {}
         # (site, category tag) -> [bytes, count]: tagged storages in joint_gone (emptied with it at each mark)
         self.joint_gone_tagged: dict[tuple[int, int], list[int]] = {}
-        self.log = EventLog(time.time_ns(), key_of=self.site_device.__getitem__)  # model/history.py
+        site_device = self.site_device
+        self.log = EventLog(time.time_ns(), key_of=lambda key: site_device[key >> HISTORY_TAG_BITS])  # model/history.py
         self.on_free = self._free_callback() if hook is not None else self._stamped_free()
         # phases (capture/books/ledger_phases.py): from the first (None, id, ns) event on
         self.phases: LedgerPhases | None = None
@@ -184,7 +190,8 @@ class Ledger:
                 self.alloc_bytes[site] += ref.nbytes
                 self.alloc_count[site] += 1
                 self.total += ref.nbytes
-                self.log.add(ref.t0, site, ref.nbytes)
+                key = ref.key = site << HISTORY_TAG_BITS
+                ref.event = self.log.add(ref.t0, key, ref.nbytes)
                 if self.total > self.peak:
                     self.peak = self.total
                     self.peak_seq = seq
@@ -222,7 +229,7 @@ class Ledger:
         self.total -= ref.nbytes
         if self.phases is not None:
             self.phases.on_free(ref.site, ref.nbytes, seq)
-        self.log.add(ref.t1, ref.site, -ref.nbytes)
+        self.log.add(ref.t1, ref.key, -ref.nbytes)
         if seq <= self.peak_seq:
             _add(self.peak_gone, ref.site, ref.nbytes)
             tag = getattr(ref, "tag", 0)

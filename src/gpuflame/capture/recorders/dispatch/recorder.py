@@ -254,8 +254,9 @@ class TorchTensorRecorder(Recorder):
         track.start = min(track.start, self.started_ns or track.start)
         if not track.folded:
             track.fold = track.start
-        site_keys = self.site_keys
-        return of_track(track, lambda s: self.stacks.frames(site_keys[s][0]), lambda s: (("device", site_keys[s][1]),))
+        site_keys = self.site_keys  # the log's sites are keys: site and category tag (categories.history_key)
+        frames = self.stacks.frames
+        return of_track(track, lambda k: frames(site_keys[categories.history_site(k)][0]), self._kinds.history_labels)
 
     def _peak_unit(self, device: str, mark: tuple[int, int] | None) -> PeakUnit:
         """This process's own peak on *device*, and where it stood in the run's table (if any)."""

@@ -441,7 +441,7 @@ struct TimelineBooks {
 // event rekeyed (retag): the category a block is given, whenever that is, is
 // the category of its whole life in the history. No byte more per event.
 struct HistoryBooks {
-  static constexpr uint32_t kTagBits = 3;  // tags 0..7 (capture/books/categories.py: TAGGED, 6 of them)
+  static constexpr uint32_t kTagBits = 3;  // tags 0..7 (capture/books/categories.py: TAGGED, HISTORY_TAG_BITS)
   static constexpr uint64_t kNoEvent = UINT64_MAX;
   size_t limit = 0;
   std::vector<int64_t> times, sizes;
