@@ -83,9 +83,12 @@ ALL = ["--gpuflame-fail-on-increase", "--gpuflame-categories"]
 def run(folder: Path, args: list[str], src: str = "") -> tuple[float, float, float]:
     """CPU time and wall time of one pytest process, and the session time pytest prints.
 
-    *src*: import gpuflame from that folder instead of the installed one.
+    *src*: import gpuflame from that folder instead of the installed one. Bytecode is written
+    (PYTHONDONTWRITEBYTECODE dropped): the warm run leaves gpuflame's modules compiled, as pytest
+    rewrote them, as a user's second run finds them; with it set every run compiled them again.
     """
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [src, os.environ.get("PYTHONPATH")]))}
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     done = subprocess.run(

@@ -38,6 +38,7 @@ STEPS = [
     ["bench/bench_agent.py"],  # root and BPF only; says why it skips otherwise
     ["bench/bench_agent_reader.py"],
     ["bench/bench_agent_stop.py", "--repeat", "1"],  # root and BPF only, as bench_agent.py
+    ["bench/bench_agent_late.py", "--runs", "2", "--hold"],  # root and BPF only, as bench_agent.py
     ["bench/bench_pytest_plugin.py"],
 ]
 

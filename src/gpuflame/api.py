@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import inspect
 import os
 import sys
@@ -162,9 +163,15 @@ def start(
     return _start(output, store, options)[0]
 
 
+@functools.cache
+def _option_names() -> frozenset[str]:
+    """:func:`start`'s option names, read once: a host that starts a recording per test asks at every start."""
+    return frozenset(inspect.signature(start).parameters) - {"output", "store"}
+
+
 def _options(**given: object) -> dict[str, object]:
     """:func:`start`'s keywords as :class:`Settings` fields (``pyroscope``: ``pyroscope_url``); TypeError for others."""
-    known = set(inspect.signature(start).parameters) - {"output", "store"}
+    known = _option_names()
     unknown = sorted(set(given) - known)
     if unknown:
         raise TypeError(
@@ -331,8 +338,11 @@ def stop(*, write: bool = True) -> Path | Profile | None:
     return _stop_outer(write)
 
 
-def _stop_outer(write: bool) -> Path | Profile | None:
-    """Stop the recording that owns the session (its nested ones with it, said in its notes)."""
+def _stop_outer(write: bool, build: bool = True) -> Path | Profile | None:
+    """Stop the recording that owns the session (its nested ones with it, said in its notes).
+
+    *build* False (with *write* False): no profile is built (a host that has its numbers already).
+    """
     global _active
     with _lock:
         recording, _active = _active, None
@@ -342,7 +352,9 @@ def _stop_outer(write: bool) -> Path | Profile | None:
     for nested in dropped:  # stopped with their outer recording before their own stop(): say so
         recording._session.report(f"a recording nested in this one was never stopped; {nested.path} was not written")
     session = recording._session
-    session.finish(write=write)
+    session.finish(write=write, build=build)
+    if recording._run_folder is None and not write:  # nothing to say of the file: no stat (a host stops per test)
+        return session.result
     written = session.path.exists()
     if recording._run_folder is not None:
         _write_meta(recording, session.result if written else None)

@@ -15,6 +15,7 @@ from types import ModuleType
 
 import gpuflame.api
 from gpuflame.boundary import backends
+from gpuflame.capture.base import DEGRADED
 from gpuflame.capture.code_frames import GPUFLAME_DIR
 from gpuflame.model import Profile, cut_callers
 
@@ -73,12 +74,37 @@ def start(path: Path, backend: str) -> Hosted:
     return Hosted(recording, before)
 
 
-def stop(hosted: Hosted, host_dirs: tuple[str, ...]) -> Profile | None:
+def peak_now(hosted: Hosted) -> tuple[int, int] | None:
+    """The recording's peak and in-use bytes so far without building its profile; None where it cannot say.
+
+    Only a lone recorder without errors answers (the CPU allocator hook); JAX's
+    are netted against what it held at the start, which only the profile does.
+    """
+    recording = hosted.recording
+    if hosted.jax_before is not None or recording.nested or not recording.running:
+        return None
+    return recording._session.peak_now()
+
+
+def degraded_note(hosted: Hosted) -> str | None:
+    """The note a profile of this recording would carry if one of its recorders failed (capture/base.py)."""
+    for recorder in hosted.recording._session.recorders:
+        if recorder.errors:
+            return f"gpuflame {recorder.name}: {DEGRADED}: {recorder.errors[0]}"
+    return None
+
+
+def stop(hosted: Hosted, host_dirs: tuple[str, ...], build: bool = True) -> Profile | None:
     """``gpuflame.stop`` without a file: the profile, the host's frames cut away; None if nothing was recorded.
 
-    Encoding a file only to decode it again would cost more than a small test.
+    Encoding a file only to decode it again would cost more than a small test. *build* False: the
+    recording stops and no profile is built (a host that had what it needs from :func:`peak_now`).
     """
-    profile = hosted.recording.stop(write=False)  # the host's own: a user's recording nested in it ends with it
+    recording = hosted.recording
+    if not build and gpuflame.api._active is recording:
+        gpuflame.api._stop_outer(False, build=False)
+        return None
+    profile = recording.stop(write=False)  # the host's own: a user's recording nested in it ends with it
     if not isinstance(profile, Profile):  # None: nothing recorded (a path only comes back from a written file)
         return None
     if hosted.jax_before is not None:

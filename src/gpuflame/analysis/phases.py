@@ -18,6 +18,7 @@ class PhaseRow:
     start_s: float
     end_s: float
     peak_s: float | None  # None: the recorder does not know when (the dispatch recorder)
+    rank: str = ""  # the process's rank, where it said one (model/processes.py)
 
     def to_dict(self) -> dict[str, object]:
         s = self.stat
@@ -25,6 +26,7 @@ class PhaseRow:
             "phase": s.phase,
             "device": s.device,
             "pid": s.pid,
+            "rank": int(self.rank) if self.rank else None,
             "start_s": self.start_s,
             "end_s": self.end_s,
             "peak": s.peak,
@@ -35,6 +37,9 @@ class PhaseRow:
             "start_ns": s.start,
             "end_ns": s.end,
             "peak_time_ns": s.peak_time,
+            # exact: every allocation seen (the torch backends); else the peak is the largest of
+            # `samples` samples of live buffers (JAX), a lower bound
+            "exact": not s.samples,
             "samples": s.samples,
         }
 
@@ -50,7 +55,13 @@ def phase_rows(profile: Profile) -> list[PhaseRow]:
     def seconds(ns: int) -> float:
         return round(max(0, ns - origin) / 1e9, 6)
 
-    return [PhaseRow(r, seconds(r.start), seconds(r.end), seconds(r.peak_time) if r.peak_time else None) for r in rows]
+    ranks = {p.pid: p.rank for p in profile.processes}
+    return [
+        PhaseRow(
+            r, seconds(r.start), seconds(r.end), seconds(r.peak_time) if r.peak_time else None, ranks.get(r.pid, "")
+        )
+        for r in rows
+    ]
 
 
 def phase_totals(profile: Profile, type_index: int) -> list[CategoryTotal]:

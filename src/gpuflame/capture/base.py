@@ -100,6 +100,13 @@ class Recorder(ABC):
         self._stamp(profile)
         return profile
 
+    def peak_now(self) -> tuple[int, int] | None:
+        """Peak and in-use bytes of the window so far without building a profile; None where it cannot say.
+
+        Must equal the peak_space and inuse_space totals of :meth:`snapshot` taken at the same moment.
+        """
+        return None
+
     # -- for subclasses -----------------------------------------------------
 
     @abstractmethod

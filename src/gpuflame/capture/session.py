@@ -90,11 +90,13 @@ class Session:
         """Write the profile at exit, on SIGTERM, and in fork children at their exit (one session at a time)."""
         HOOKS.attach(self)
 
-    def finish(self, write: bool = True) -> None:
+    def finish(self, write: bool = True, build: bool = True) -> None:
         """Stop recording and write the final profile (once; a signal meanwhile waits for the file).
 
         *write* False keeps it in :attr:`result` without writing a file (the
         API's ``stop(write=False)``: a host that reads the numbers at once).
+        *build* False (with *write* False) builds no profile at all: a host that
+        had the numbers it needs from :meth:`peak_now` (the pytest plugin's passing tests).
         Signals are held from the first line: one that came between marking
         the session finished and holding them would find it "already
         finishing" and kill the process before anything was written.
@@ -110,17 +112,17 @@ class Session:
                     self._done.wait(FINISH_WAIT_S)  # another thread is writing: its file first, then the signal
                 return
             try:
-                self._finish(write)
+                self._finish(write, build or write)
             finally:
                 self._done.set()
 
-    def _finish(self, write: bool) -> None:
+    def _finish(self, write: bool, build: bool = True) -> None:
         self._stop_timer.set()
         # those that hand their books over instead of copying them: stopped first
         first = [r for r in self.recorders if getattr(r, "final_after_stop", False)]
         with gc_paused():  # what they copy out is many small objects: no collection walks torch's meanwhile
             self._stop_recorders(first)
-            self.result = self._take(to_file=write)
+            self.result = self._take(to_file=write) if build else None
         self._stop_recorders([r for r in self.recorders if r not in first])
         for hook in list(self.on_finish):
             try:
@@ -217,6 +219,16 @@ class Session:
         if not profiles:
             return None
         return self._with_pid(profiles[0] if len(profiles) == 1 else merge(profiles))
+
+    def peak_now(self) -> tuple[int, int] | None:
+        """The window's peak and in-use bytes so far, cheaply, where its one recorder can say them; else None.
+
+        Equal to the peak_space and inuse_space totals of the profile built now.
+        """
+        recorders = list(self.recorders)
+        if len(recorders) != 1 or recorders[0].errors:  # several: their joint peak is the merged profile's
+            return None
+        return recorders[0].peak_now()
 
     def _with_pid(self, profile: Profile) -> Profile:
         """*profile* with this process's pid (and rank, where a launcher gave one) on every sample and

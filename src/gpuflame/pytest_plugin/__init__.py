@@ -5,7 +5,10 @@ Registered through the ``pytest11`` entry point and off unless asked:
 profiles every test; the markers ``limit_gpu_memory`` and ``limit_gpu_leaks``
 profile the tests that carry them. The test body and its fixtures' set-up are
 recorded separately (``gpuflame.start``/``stop`` around each), so a budget is
-the body's and a model loaded by a fixture does not count against it.
+the body's and a model loaded by a fixture does not count against it. A
+phase's profile is built only where it is read (a check that fails, a kept
+profile, a peak that may reach the table); the others' peaks come from the
+recorder's totals where it has them (:meth:`GpuflamePlugin._wants_profile`).
 
 Results travel on the test reports (``report.gpuflame``), which pytest-xdist
 sends from its workers to the controller: the summary table and the stored
@@ -16,6 +19,7 @@ Only pytest is imported here until a test is to be profiled.
 
 from __future__ import annotations
 
+import bisect
 import re
 import shutil
 import tempfile
@@ -148,6 +152,9 @@ class GpuflamePlugin:
         self.has_cache = cache is not None
         self.results: dict[str, dict[str, Any]] = {}
         self._scratch: Path | None = None
+        self.walk = bool(option.gpuflame_categories)  # the object graph walked, for a profile that is kept
+        self._frozen = False  # the objects there were at the first walk, frozen (categories.freeze_for_walks)
+        self._leaders: list[tuple[int, str]] = []  # (-peak, test id) of this process's highest peaks so far
 
     # -- recording ----------------------------------------------------------------
 
@@ -155,16 +162,53 @@ class GpuflamePlugin:
         return self.everything or any(item.get_closest_marker(name) for name in MARKERS)
 
     def _recorder(self) -> Any:
-        from gpuflame.capture.books import categories
         from gpuflame.pytest_plugin.record import PhaseRecorder, scratch_folder
 
         if self._scratch is None:  # the first profiled phase: what is paid once per session
             self._scratch = scratch_folder()
-            walk = bool(self.config.option.gpuflame_categories)
-            categories.set_graph_walk(walk)
-            if walk:  # each test's walk then reads what was made since, not torch's and pytest's objects
-                categories.freeze_for_walks()
         return PhaseRecorder(self._scratch, self.backend)
+
+    def _wants_profile(self, item: pytest.Item, key: Any, peak: int | None) -> bool:
+        """Whether this phase's profile is built: kept or read by a check, or its top function may be shown.
+
+        A profile is kept (--gpuflame-dir) or read by a failing check: built as asked, categories
+        from the object graph with --gpuflame-categories. A body among this process's highest
+        peaks so far may reach the table, which names its top function: built, without the walk
+        (categories are not shown there). Any other phase's numbers are all that is read of it.
+        *peak* None: the recorder cannot say it without the profile, which is built and may be kept.
+        """
+        from gpuflame.capture.books import categories
+
+        kept = peak is None or self.dir is not None or (key is BODY and self._checked(item, peak))
+        categories.set_graph_walk(self.walk and kept)  # before the recorder stops: it may walk then
+        if self.walk and kept and not self._frozen:  # each later walk reads what was made since, not torch's
+            self._frozen = True
+            categories.freeze_for_walks()
+        return kept or (key is BODY and peak is not None and self._leads(item.nodeid, peak))
+
+    def _checked(self, item: pytest.Item, peak: int) -> bool:
+        """Whether a check reads this body's profile: a marker's, or a peak grown past the tolerance."""
+        return any(item.get_closest_marker(name) for name in MARKERS) or self._grown_from(item.nodeid, peak) is not None
+
+    def _grown_from(self, nodeid: str, peak: int) -> int | None:
+        """The stored peak this one grew from past the tolerance (--gpuflame-fail-on-increase); None if it did not."""
+        before, tolerance = self.baseline.get(nodeid), self.tolerance  # set with fail_on_increase
+        if not self.fail_on_increase or before is None or tolerance is None or tolerance.allows(before, peak):
+            return None
+        return before
+
+    def _leads(self, nodeid: str, peak: int) -> bool:
+        """Whether this body is among the highest peaks of this process so far, as the table ranks them.
+
+        The run's table (on the controller under xdist) shows the highest of all; each was among
+        the highest of its own process when it ran.
+        """
+        entry, leaders = (-peak, nodeid), self._leaders
+        if len(leaders) >= self.top and entry >= leaders[-1]:
+            return False
+        bisect.insort(leaders, entry)
+        del leaders[self.top :]
+        return True
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> Any:
@@ -187,7 +231,8 @@ class GpuflamePlugin:
         try:
             yield
         finally:
-            item.stash[key] = (recorder.stop(), recorder.error)
+            phase = recorder.stop(lambda peak: self._wants_profile(item, key, peak))
+            item.stash[key] = (phase, recorder.error)
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
@@ -228,13 +273,8 @@ class GpuflamePlugin:
                 failed["memory"] = lambda saved: budget.over_limit(profile, peak, limits["limit_gpu_memory"], saved)
             if "limit_gpu_leaks" in limits and (stacks := budget.leaks(profile, limits["limit_gpu_leaks"])):
                 failed["leaks"] = lambda saved: budget.leaking(stacks, limits["limit_gpu_leaks"], saved)
-            before, tolerance = self.baseline.get(item.nodeid), self.tolerance  # set with fail_on_increase
-            if (
-                self.fail_on_increase
-                and before is not None
-                and tolerance is not None
-                and not tolerance.allows(before, peak)
-            ):
+            before, tolerance = self._grown_from(item.nodeid, peak), self.tolerance
+            if before is not None and tolerance is not None:
                 failed["grew"] = lambda saved: budget.grew(profile, before, peak, tolerance, saved)
         saved = self._save(item.nodeid, body, fixtures, keep=bool(failed))
         return {name: make(saved) for name, make in failed.items()}

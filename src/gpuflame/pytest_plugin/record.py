@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,13 +19,10 @@ import _pytest
 import pluggy
 
 from gpuflame import hosted
-from gpuflame.analysis.selection import Selection
-from gpuflame.analysis.summary import widest_leaf
 from gpuflame.boundary.backends import frameworks, spoken
 from gpuflame.capture.base import degraded
 from gpuflame.hosted import already_profiling, backend_for_now, package_dirs
 from gpuflame.model import Profile
-from gpuflame.pipeline import select
 
 # pytest's frames (and below them what runs pytest: xdist's workers): cut below the test
 HOST_DIRS = package_dirs(_pytest, pluggy)
@@ -65,7 +63,7 @@ class PhaseRecorder:
         self.scratch = scratch
         self.backend = backend
         self.error = ""  # why nothing was recorded, when something went wrong
-        self._session: object | None = None
+        self._session: hosted.Hosted | None = None
 
     def start(self) -> None:
         if already_profiling():
@@ -81,15 +79,29 @@ class PhaseRecorder:
         except Exception as exc:  # already profiling (the test's own gpuflame.start), bad backend
             self.error = f"could not start profiling ({exc})"
 
-    def stop(self) -> Phase:
+    def stop(self, wants_profile: Callable[[int | None], bool] = lambda _peak: True) -> Phase:
+        """The phase's numbers; its profile too where *wants_profile* (given the peak) says it is needed.
+
+        The peak and in-use bytes come from the recorder without a profile
+        where it can say them (the CPU allocator hook): a passing test whose
+        profile nobody reads pays for no profile. *wants_profile* is asked
+        before the recording stops, so it can set up what the build needs;
+        given None (the recorder cannot say the peak), the profile is built whatever it answers.
+        """
         if self._session is None:
             return NOTHING
-        backends = getattr(self._session, "backends", [])
+        session = self._session
+        backends = session.backends
+        numbers = hosted.peak_now(session)
+        build = wants_profile(numbers[0] if numbers else None) or numbers is None
         try:
-            profile = hosted.stop(self._session, HOST_DIRS)  # type: ignore[arg-type]
+            profile = hosted.stop(session, HOST_DIRS, build)
         except Exception as exc:
             self.error = f"the profile of this test is lost ({type(exc).__name__}: {exc})"
             return NOTHING
+        if not build:
+            assert numbers is not None  # build is True without them
+            return self._unbuilt(numbers, backends)
         if profile is None:
             return Phase(None, 0, 0, "", backends)
         note = degraded(profile.comments)
@@ -98,8 +110,22 @@ class PhaseRecorder:
             return NOTHING
         return measure(profile, backends)
 
+    def _unbuilt(self, numbers: tuple[int, int], backends: list[str]) -> Phase:
+        """The numbers of a phase whose profile was not built, unless its recorder failed on the way."""
+        assert self._session is not None
+        note = hosted.degraded_note(self._session)
+        if note is not None:
+            self.error = f"the profile of this test is incomplete ({note})"
+            return NOTHING
+        return Phase(None, numbers[0], numbers[1], "", backends)
+
 
 def measure(profile: Profile, backends: list[str]) -> Phase:
+    """The numbers of a phase whose profile was built (its views imported here: most phases build none)."""
+    from gpuflame.analysis.selection import Selection
+    from gpuflame.analysis.summary import widest_leaf
+    from gpuflame.pipeline import select
+
     totals = profile.totals()
     peak = totals.get("peak_space", totals.get("inuse_space", 0))
     opened = select(profile, Selection(sample_type="peak_space" if "peak_space" in totals else None))

@@ -251,7 +251,8 @@ def categories_table(rows: list[CategoryTotal], unit: str, by: str = "category")
 def phases_table(rows: list[PhaseRow]) -> Table:
     """Peak per phase, in order: each phase's own highest live total, in use at its end, who held most then."""
     several = len({(r.stat.pid, r.stat.device) for r in rows}) > 1
-    who = ("pid", "device") if several else ()
+    ranked = several and any(r.rank for r in rows)  # torchrun and the like: which rank each row is
+    who = ("rank",) * ranked + (("pid", "device") if several else ())
     table = _table(
         "By phase: each phase's own peak (bytes)",
         "phase",
@@ -264,7 +265,7 @@ def phases_table(rows: list[PhaseRow]) -> Table:
     for r in rows:
         s = r.stat
         top = f"{s.top} ({format_bytes(s.top_bytes)})" if s.top else ""
-        cells = (s.pid, s.device) if several else ()
+        cells = (r.rank,) * ranked + ((s.pid, s.device) if several else ())
         peak = f"≥ {format_bytes(s.peak)}" if s.samples else format_bytes(s.peak)  # JAX: sampled, a lower bound
         # <none> gathers every unmarked stretch: one start would say little (and 0.000s in the last row misleads)
         start = "unmarked" if s.phase == PHASE_NONE else f"{r.start_s:.3f}s"

@@ -8,6 +8,7 @@ for nothing imports, and pytest-xdist's workers.
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -362,14 +363,15 @@ def test_a_run_without_categories_leaves_the_graph_walk_on_for_the_process(pytes
 FROZEN_SUITE = """
 import gc, torch
 
-NET = torch.nn.Linear(256, 256, bias=False)  # made at import: frozen with the rest before the first test
+NET = torch.nn.Linear(256, 256, bias=False)  # made at import: frozen with the rest at the first walk
 KEPT = []
 
 def test_a_model_made_at_import_is_still_found():
-    assert gc.get_freeze_count() > 0  # the walk reads what was made since the first test, and NET
+    assert gc.get_freeze_count() == 0  # nothing walked yet: the first walk, at this test's end, freezes
     NET.weight.grad = torch.zeros(256, 256)
 
 def test_b_model_made_in_the_test_is_found():
+    assert gc.get_freeze_count() > 0  # the walk reads what was made since the first walk, and NET
     net = torch.nn.Linear(128, 128, bias=False)
     KEPT.append(net)
     net.weight.grad = torch.zeros(128, 128)  # set by hand: no hook sees it, only the object graph
@@ -393,6 +395,83 @@ def test_categories_walk_only_what_the_tests_made_and_the_models_before(pytester
         held = {s.label("category"): s.values[index] for s in profile.samples if s.values[index]}
         assert held.get("gradient") == side * side * 4, (test, held)
     assert gc.get_freeze_count() == 0 and categories._frozen_found is None
+
+
+def test_a_passing_tests_profile_is_not_built_and_its_numbers_are_the_profiles(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where no check fails, nothing is kept and the test cannot reach the table, no profile is built and
+    the object graph is not walked (they cost more than a small test): its peak and in use come from the
+    recorder's totals, the same numbers a built profile gives (--gpuflame-dir builds every one)."""
+    from gpuflame.capture.books import categories
+
+    walks, freezes = [], []  # the object graph read (each walk, and the one before freezing), the freezes
+    walk, freeze = categories._objects_of, categories.freeze_for_walks
+    monkeypatch.setattr(categories, "_objects_of", lambda kinds: walks.append(1) or walk(kinds))
+    monkeypatch.setattr(categories, "freeze_for_walks", lambda: freezes.append(1) or freeze())
+    pytester.makepyfile(test_sizes=SIZES_SUITE)
+    lazy = pytester.runpytest_inprocess("--gpuflame", "--gpuflame-categories", "--gpuflame-top", "2")
+    lazy.assert_outcomes(passed=5)
+    assert walks == [] and freezes == []
+    stored = json.loads((pytester.path / ".pytest_cache" / "v" / "gpuflame" / "peaks").read_text())
+    assert stored == {f"test_sizes.py::test_{t}": mib * MiB for t, mib in SIZES_PEAKS.items()}
+    built = pytester.runpytest_inprocess(
+        "--gpuflame-categories", "--gpuflame-top", "5", "--gpuflame-dir", "profiles", "-p", "no:cacheprovider"
+    )
+    built.assert_outcomes(passed=5)
+    assert len(walks) == 1 + 5 and len(freezes) == 1  # the objects before the first walk frozen; a walk a profile
+    lazy_rows, built_rows = table_rows(lazy.stdout.str()), table_rows(built.stdout.str())
+    # the two highest peaks, both named though each came after lower ones: a test that may reach the table is built
+    assert list(lazy_rows) == ["test_sizes.py::test_e_eight", "test_sizes.py::test_c_five"]
+    assert all(lazy_rows[test] == built_rows[test] for test in lazy_rows)
+    for test, held in (("a_one", 0), ("b_three", 1), ("c_five", 0), ("d_two", 2), ("e_eight", 0)):
+        peak = SIZES_PEAKS[test]
+        profile = load(pytester.path / "profiles" / f"test_sizes.py_test_{test}.pb.gz")
+        assert (profile.totals()["peak_space"], profile.totals()["inuse_space"]) == (peak * MiB, held * MiB)
+        assert built_rows[f"test_sizes.py::test_{test}"][:2] == [f"{peak}.00 MiB", f"{held}.00 MiB" if held else "0 B"]
+
+
+def test_the_peak_said_without_a_profile_is_the_profiles(tmp_path) -> None:
+    """The numbers of a phase whose profile is not built (hosted.peak_now) are those the profile would give."""
+    from gpuflame import hosted
+    from gpuflame.pytest_plugin.record import HOST_DIRS
+
+    recording = hosted.start(tmp_path / "unused.pb.gz", "torch")
+    kept = torch.empty(1 << 20, dtype=torch.uint8)
+    gone = torch.empty(3 << 20, dtype=torch.uint8)
+    del gone
+    also = torch.empty(2 << 20, dtype=torch.uint8)
+    said = hosted.peak_now(recording)
+    profile = hosted.stop(recording, HOST_DIRS)
+    assert profile is not None and kept.numel() + also.numel() == 3 * MiB
+    assert said == (4 * MiB, 3 * MiB) == (profile.totals()["peak_space"], profile.totals()["inuse_space"])
+
+
+SIZES_PEAKS = {"a_one": 1, "b_three": 3, "c_five": 5, "d_two": 2, "e_eight": 8}  # MiB, as SIZES_SUITE allocates
+SIZES_SUITE = """
+import torch
+
+KEPT = []
+
+def allocate(mib):
+    return torch.empty(mib << 20, dtype=torch.uint8)
+
+def test_a_one():
+    allocate(1)
+
+def test_b_three():
+    KEPT.append(allocate(1))
+    allocate(2)
+
+def test_c_five():
+    allocate(5)
+
+def test_d_two():
+    KEPT.append(allocate(2))
+
+def test_e_eight():
+    allocate(8)
+"""
 
 
 def test_a_tests_profiles_are_not_held_after_its_report(pytester: pytest.Pytester) -> None:
