@@ -17,9 +17,15 @@ with one is never held).
 The stand-in allocates within microseconds of its load; a real driver's cuInit
 alone takes far longer, so a real process gives the agent more time than this.
 
+``--syscalls``: what the word of opens costs every other process instead (a
+raw tracepoint at every system call's exit, which also puts every system call
+on the kernel's traced path): a C loop of 2,000,000 getppid calls, ns per
+call, without and with an agent running, in alternating rounds.
+
 Needs root, BPF and clang/bpftool/libbpf (as tests/agent/).
 
     sudo python bench/bench_agent_late.py [--runs 10] [--busy 4] [--before SRC] [--hold]
+    sudo python bench/bench_agent_late.py --syscalls [--runs 5]
 """
 
 from __future__ import annotations
@@ -78,7 +84,10 @@ def run_all(args: argparse.Namespace) -> int:
                 want, want_bytes = len(made), sum(r["size"] for r in made)
                 late = agent.late_loads.get(target.pid, "not late")
                 if args.hold:
-                    late = f"{late}; held {agent.counts['held']}, past the bound {agent.counts['held_past_bound']}"
+                    late = (
+                        f"{late}; held {agent.counts['held']} for {agent.counts['held_ms_max']} ms, "
+                        f"past the bound {agent.counts['held_past_bound']}"
+                    )
                 print(
                     f"run {i + 1}: missing {want - n} of {want} allocations "
                     f"({(want_bytes - nbytes) / 2**20:.2f} of {want_bytes / 2**20:.2f} MiB); window ms: {late}",
@@ -96,6 +105,44 @@ def run_all(args: argparse.Namespace) -> int:
         f"all {args.runs} runs: missing {totals[0]} of {totals[1]} allocations "
         f"({totals[2] / 2**20:.2f} of {totals[3] / 2**20:.2f} MiB)"
     )
+    return 0
+
+
+SYSCALL_LOOP = r"""
+#include <stdio.h>
+#include <time.h>
+#include <unistd.h>
+#include <sys/syscall.h>
+int main(void) {
+    struct timespec a, b;
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    for (int i = 0; i < 2000000; i++) syscall(SYS_getppid);
+    clock_gettime(CLOCK_MONOTONIC, &b);
+    printf("%.1f\n", ((b.tv_sec - a.tv_sec) * 1e9 + (b.tv_nsec - a.tv_nsec)) / 2e6);
+    return 0;
+}
+"""
+
+
+def syscalls(args: argparse.Namespace) -> int:
+    """ns per getppid call without and with an agent (every process), alternating."""
+    from gpuflame.agent.agent import Agent
+
+    folder = Path(tempfile.mkdtemp(prefix="gpuflame-syscalls-"))
+    try:
+        (folder / "loop.c").write_text(SYSCALL_LOOP)
+        subprocess.run(["gcc", "-O2", str(folder / "loop.c"), "-o", str(folder / "loop")], check=True)
+        for i in range(args.runs):
+            without = subprocess.run([str(folder / "loop")], capture_output=True, text=True, check=True).stdout
+            agent = Agent()
+            agent.start()
+            try:
+                with_agent = subprocess.run([str(folder / "loop")], capture_output=True, text=True, check=True).stdout
+            finally:
+                agent.stop()
+            print(f"round {i + 1}: {without.strip()} ns without, {with_agent.strip()} ns with the agent", flush=True)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
     return 0
 
 
@@ -118,6 +165,7 @@ def main() -> int:
     parser.add_argument("--busy", type=int, default=0, help="busy loops beside it")
     parser.add_argument("--before", default="", help="the agent from this source tree's src")
     parser.add_argument("--hold", action="store_true", help="the agent holds a process loading a new driver file")
+    parser.add_argument("--syscalls", action="store_true", help="the cost of the word of opens to system calls")
     args = parser.parse_args()
     src = Path(args.before).resolve() / "src" if args.before else ROOT / "src"
     sys.path.insert(0, str(src))
@@ -127,7 +175,14 @@ def main() -> int:
 
         where = Path(gpuflame.__file__).parents[1]
         print(f"agent from {where}; {args.busy} busy loops; load {os.getloadavg()[0]:.1f}", flush=True)
-        return run_all(args)
+        sys.path.insert(0, str(ROOT))  # the test suite's helpers, as the package tests.*
+        from tests.agent.agent_helpers import why_not
+
+        reason = why_not()
+        if reason:
+            print(f"skipped: {reason}")
+            return 0
+        return syscalls(args) if args.syscalls else run_all(args)
     finally:
         for p in busy:
             p.kill()

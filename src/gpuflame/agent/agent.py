@@ -167,6 +167,7 @@ class Agent(Probing, Registry, Booking, Holding):
             "unread_allocs": 0,
             "held": 0,  # processes held at a driver file's open until its probes were in
             "held_past_bound": 0,  # of those, let go by the resumer at the bound, before the probes
+            "held_ms_max": 0,  # the longest of the others' holds
             "unread_alloc_bytes": 0,
             "sites_unprobed": 0,
             "sites_unverified": 0,
@@ -444,6 +445,7 @@ class Agent(Probing, Registry, Booking, Holding):
         if self._obj is not None:
             at = time.monotonic() - began
             self._obj.detach()
+            self._let_all_go()  # none can be held from now on
             self.stop_steps["detach"] = (at, time.monotonic() - began)
         if self._ring is not None:
             self._stop_ring(began, drain_s)

@@ -20,6 +20,7 @@ import sys
 import time
 from pathlib import Path
 
+from gpuflame.agent import resume
 from gpuflame.agent.libbpf import Map
 from gpuflame.agent.state import AgentState
 
@@ -66,12 +67,16 @@ class Holding(AgentState):
         self._probed_files.update(FILE_KEY.pack(dev, 0, ino), b"\x01")
 
     def _let_go(self, pid: int) -> None:
-        """SIGCONT to a held process once its driver file is probed (or could not be); counted, and counted
-        apart when the resumer had let it go at the bound already."""
+        """SIGCONT to a held process once its driver file is probed (or could not be); counted, with the longest
+        hold, and counted apart when the resumer had let it go at the bound already."""
         self.counts["held"] += 1
-        if not self._held.delete(pid.to_bytes(4, "little")):
+        key = pid.to_bytes(4, "little")
+        since = self._held.lookup(key)
+        if since is None or not self._held.delete(key):
             self.counts["held_past_bound"] += 1
             return
+        held_ms = (time.monotonic_ns() - int.from_bytes(since, "little")) // 1_000_000
+        self.counts["held_ms_max"] = max(self.counts["held_ms_max"], held_ms)
         try:
             os.kill(pid, signal.SIGCONT)
         except ProcessLookupError:
@@ -108,7 +113,14 @@ class Holding(AgentState):
             self._resumer = None
 
     def _stop_hold(self) -> None:
-        """At the agent's stop: hold no more, let every held process go."""
+        """At the agent's stop: hold no more, let every held process go (the resumer does, then this process
+        once more: a program that read the hold as on just before it went off may have held one since)."""
         if self.hold and self._obj is not None:
             self._hold_map.update(b"\0\0\0\0", HOLD_STATE.pack(0, 0, os.getpid()))
         self._stop_resumer()
+        self._let_all_go()
+
+    def _let_all_go(self) -> None:
+        if self.hold and self._obj is not None:
+            for pid, _ in resume.held(self._held):
+                resume.resume(self._held, pid)

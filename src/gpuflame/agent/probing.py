@@ -53,9 +53,10 @@ UPROBE_PROGRAMS = (
     "vmm_exit",
     "code_freed",
 )
-# fexit on vm_mmap_pgoff: a driver file mapped later is probed at once; kernels that refuse fexit (lockdown,
-# no BPF trampolines) load without it and find such files at the next rescan
-OPTIONAL_PROGRAMS = ("driver_mapped",)
+# fexit on vm_mmap_pgoff: a driver file mapped later is probed at once; on do_sys_openat2: one opened, before
+# it is mapped (else a raw tracepoint on every system call's exit does, driver_opened). Kernels that refuse
+# fexit (lockdown, no BPF trampolines) load without them
+OPTIONAL_PROGRAMS = ("driver_mapped", "driver_opened_fx")
 CAPABILITIES = {"CAP_BPF": 39, "CAP_PERFMON": 38, "CAP_SYS_PTRACE": 19}
 CAP_SYS_ADMIN = 21
 SKIPPED_SAID = 5  # driver files that could not be probed, each named in the profile; the rest counted
@@ -198,11 +199,15 @@ class Probing(AgentState):
             self._obj.attach(program)
         self._hold_maps()
         self.watch_loads = self.watch_opens = False
-        try:
-            self._obj.attach("driver_opened")
-            self.watch_opens = True
-        except BpfError:  # no raw tracepoint on system call exits here: the mapping's word or a rescan
-            pass
+        for program in ("driver_opened_fx", "driver_opened"):  # the first this kernel takes
+            if program in self._skip:
+                continue
+            try:
+                self._obj.attach(program)
+                self.watch_opens = True
+                break
+            except BpfError:  # neither: the mapping's word (fexit) or a rescan
+                pass
         if "driver_mapped" not in self._skip:
             try:
                 self._obj.attach("driver_mapped")

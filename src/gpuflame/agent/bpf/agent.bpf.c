@@ -1090,18 +1090,13 @@ static __always_inline int hold_now(struct task_struct *task, __u32 tgid)
 #define NR_OPENAT 257
 #define NR_OPENAT2 437
 
-/* A process has just opened a file named libcuda.so*: the dynamic loader opens a library before it maps it,
- * so user space can put the probes on that file (a uprobe sits on the inode: it is in every mapping made
- * after, and in those before) ahead of its mapping, from the descriptor this sends (addr), rather than after
- * (driver_mapped, a kernel with BPF trampolines) or at a rescan. A raw tracepoint: no trampoline, no
- * tracefs; it runs at every system call's exit and leaves at once unless the call is a successful open. */
-SEC("tp_btf/sys_exit")
-int BPF_PROG(driver_opened, struct pt_regs *regs, long ret)
+/* A process has just opened a file named libcuda.so* as descriptor *ret*: the dynamic loader opens a library
+ * before it maps it, so user space can put the probes on that file (a uprobe sits on the inode: it is in every
+ * mapping made after, and in those before) ahead of its mapping, from the descriptor this sends (addr), rather
+ * than after (driver_mapped) or at a rescan. */
+static __always_inline int opened(long ret)
 {
     if (ret < 0 || ret > 0x7fffffff)
-        return 0;
-    long nr = BPF_CORE_READ(regs, orig_ax);
-    if (nr != NR_OPENAT && nr != NR_OPEN && nr != NR_OPENAT2)
         return 0;
     struct task_struct *task = bpf_get_current_task_btf();
     struct fdtable *fdt = BPF_CORE_READ(task, files, fdt);
@@ -1134,4 +1129,24 @@ int BPF_PROG(driver_opened, struct pt_regs *regs, long ret)
         e->flags = F_HELD;
     send(e, 1);
     return 0;
+}
+
+/* opened() where the kernel has BPF trampolines: only opens pay for it (do_sys_openat2 serves open, openat and
+ * openat2) */
+SEC("fexit/do_sys_openat2")
+int BPF_PROG(driver_opened_fx, int dfd, const char *filename, struct open_how *how, long ret)
+{
+    return opened(ret);
+}
+
+/* opened() elsewhere: a raw tracepoint (no trampoline, no tracefs). It runs at every system call's exit, and
+ * while attached every system call of the machine takes the kernel's traced path (BENCHMARKS.md: the cost);
+ * it leaves at once unless the call is an open. */
+SEC("tp_btf/sys_exit")
+int BPF_PROG(driver_opened, struct pt_regs *regs, long ret)
+{
+    long nr = BPF_CORE_READ(regs, orig_ax);
+    if (nr != NR_OPENAT && nr != NR_OPEN && nr != NR_OPENAT2)
+        return 0;
+    return opened(ret);
 }
