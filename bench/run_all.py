@@ -32,6 +32,7 @@ STEPS = [
     ["bench/bench_simulate.py"],
     ["bench/bench_profile.py"],
     ["bench/bench_capture_torch.py"],
+    ["bench/bench_dispatch_tiny.py"],
     ["bench/bench_gil_contention.py"],
     ["bench/bench_pyroscope.py"],
     ["bench/bench_viewer.py"],
@@ -91,6 +92,14 @@ CLAIMS = (
         ("bench/bench_capture_torch.py", "--model", "tiny", "--repeat", "3"),
         r"with --torch-hook dispatch ([0-9.]+)x",
         2.90,
+    ),
+    Claim(
+        "dispatch-memray",
+        "CPU over bare of gpuflame run --torch-hook dispatch / of memray run, 200k tiny ops (whole processes)",
+        "goal <= 1.00x",
+        ("bench/bench_dispatch_tiny.py", "--rounds", "3", "--no-hook"),
+        r"(?m)^dispatch/memray ([0-9.]+)x",
+        1.00,
     ),
     Claim(
         "run-demo",

@@ -30,6 +30,8 @@ CANNED = {
     "pytest-trivial": "ratio null: 1.010\nratio all: {}\n",
     "torch-hook": "gpuflame torch ratio {}x (goal < 1.3x); with --torch-hook dispatch 1.90x\n",
     "dispatch-tiny": "gpuflame torch ratio 1.10x (goal < 1.3x); with --torch-hook dispatch {}x\n",
+    "dispatch-memray": "dispatch/memray {}x (the recorders' cost over bare, medians)\n"
+    "dispatch:before/memray 9.99x (the recorders' cost over bare, medians)\n",
     "run-demo": "demo.py: 3 rounds\n  bare             CPU   4.10 s (1.00x bare)  wall   5.00 s (1.00x bare)\n"
     "  run:main         CPU   4.60 s ({}x bare)  wall   5.90 s (1.18x bare)\n",
     "convert-same-dict": "ratio (from the same dict):      {}x  (goal: >= 2x)\n",
