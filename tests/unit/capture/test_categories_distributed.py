@@ -155,29 +155,34 @@ def test_fsdp2_shards_are_parameters_and_gradients_its_gathers_comm_buffers(tmp_
 
 @pytest.mark.slow
 @pytest.mark.subprocess
-@pytest.mark.parametrize("hook", ["allocator", "dispatch"])
+@pytest.mark.parametrize(("hook", "view"), [("allocator", False), ("allocator", True), ("dispatch", False)])
 def test_ddp_any_moment_of_the_merged_run_gives_each_rank_s_categories(
-    tmp_path: Path, hook: str, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, hook: str, view: bool, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """``--at`` and ``--between`` on the merged file: each block is what the process holding it classed it."""
-    merged, ranks = torchrun(tmp_path, DDP_SCRIPT, "copy", hook=hook)
+    """``--at`` and ``--between`` on the merged file: each block is what the process holding it classed it.
+
+    With ``gradient_as_bucket_view`` the bucket is the gradients: made when DDP is built (a ``comm_buffer``
+    by its stack), classed ``gradient`` later, so ``gradient`` from its allocation on, and counted once."""
+    merged, ranks = torchrun(tmp_path, DDP_SCRIPT, "view" if view else "copy", hook=hook)
     # both ranks are past their optimizer step and short of the first barrier's end: both hold everything
     after_step = (max(want["stepped"] for want in ranks.values()) - moment.origin(merged)) / 1e9
     for when in (after_step, moment.PEAK):  # the strip's peak: the run's joint peak, the spike on both ranks
         at = moment.at(merged, when)
         for pid, want in ranks.items():
-            params, buckets = want["params"], want["buckets"]
+            params, buckets = want["params"], 0 if view else want["buckets"]
             got = by_category(at, "inuse_space", pid)
             barrier = by_category(at, "inuse_space", pid, leaf="barrier").get("comm_buffer", 0)
             assert got["parameter"] == params, (when, got)
             assert got["gradient"] == params, (when, got)
-            assert got["comm_buffer"] - barrier == buckets, (when, got)
+            assert got.get("comm_buffer", 0) - barrier == buckets, (when, got)
             assert got["optimizer_state"] == 2 * params + want["steps"], (when, got)
     window = moment.between(merged, 0.0, after_step)
     for pid, want in ranks.items():
         got = by_category(window, "alloc_space", pid)
         assert got["parameter"] == want["params"], got  # made once, after the recording started
-        assert got["gradient"] == want["params"], got  # one backward pass
+        # one backward pass; with views, autograd's own gradients too: each is the parameter's .grad until
+        # DDP copies it into the bucket and puts the bucket's view there
+        assert got["gradient"] == (2 if view else 1) * want["params"], got
         assert got["optimizer_state"] == 2 * want["params"] + want["steps"], got
     # the command a user runs: gpuflame top --at on the merged file, one rank
     pid = min(ranks)
