@@ -7,7 +7,11 @@
   empty programs on the same probes (this bench's, and bpftrace's where it is
   installed) / the agent (/ with --before OBJ, the agent loading another BPF
   object), interleaved in each round; medians over rounds of each round's
-  ratio; with --entry-only, also the entry-only probes (--probes entry);
+  ratio, and every round; each in two layouts: the caller's frames where its
+  process put them, and (``guarded``, CPython 3.11+) in a thread whose frames
+  sit right above a page that cannot be read (tests/agent/guarded.py), where a
+  walk that reads below its frames faults; with --entry-only, also the
+  entry-only probes (--probes entry);
 - the agent's CPU per event and its drops at 100k and 300k allocations/s
   (several paced processes), beside a null control;
 - time from starting the agent to its first correctly named sample.
@@ -15,11 +19,13 @@
 Needs root, BPF and clang/bpftool/libbpf (as tests/agent/); prints tables.
 
     sudo python bench/bench_agent.py [--pairs 5000] [--repeat 5] [--before OBJ] [--only pairs|rate]
+        [--python PATH] [--entries push,step]
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import shutil
 import signal
@@ -44,8 +50,9 @@ from gpuflame.agent.events import ALLOCS, FREES  # noqa: E402
 from gpuflame.agent.libbpf import BpfObject  # noqa: E402
 
 HERE = Path(__file__).resolve().parent / "agent"
-PYTHON = sys.executable
+PYTHON = sys.executable  # the caller's (--python)
 DEPTHS = (3, 30)
+LAYOUTS = ("time", "guarded")  # pairs.py's commands: the process's own frames, frames above an unreadable page
 
 
 def build_standins(tmp: Path) -> tuple[dict[str, str], str]:
@@ -106,9 +113,11 @@ class Pairs:
         self.pid = self.proc.pid
 
     def ask(self, line: str) -> float:
+        """ns per pair; NaN where the guarded layout could not be made."""
         self.proc.stdin.write(line + "\n")
         self.proc.stdin.flush()
-        return float(self.proc.stdout.readline())
+        answer = self.proc.stdout.readline().strip()
+        return float("nan") if answer == "unguarded" else float(answer)
 
     def close(self) -> None:
         self.proc.stdin.write("exit\n")
@@ -172,14 +181,25 @@ class Bpftrace:
             self.proc.wait()
 
 
+def agents_loaded() -> int:
+    """Programs named alloc_exit loaded now, this bench's included: another agent or bench on the machine
+    (watching every process, it probes this bench's stand-in too) makes a round worth nothing."""
+    shown = subprocess.run(["bpftool", "prog", "show"], capture_output=True, text=True).stdout
+    return shown.count(" name alloc_exit ")
+
+
 def median(values: list[float]) -> float:
     return statistics.median(values)
 
 
+Cell = tuple[int, str]  # (Python frames, layout)
+
+
 def pair_costs(
     lib: str, empty: str, n: int, rounds: int, before: str | None, depths: tuple[int, ...] = DEPTHS
-) -> tuple[dict[str, dict[int, list[float]]], int]:
-    """ns per pair of each set-up, per round (the set-ups interleaved in each round); and events the agents lost.
+) -> tuple[dict[str, dict[Cell, list[float]]], int, list[bool]]:
+    """ns per pair of each set-up, per round and layout (the set-ups interleaved in each round); events the
+    agents lost; per round, whether another agent's programs were loaded meanwhile (agents_loaded).
 
     *before*: another BPF object for the agent (GPUFLAME_AGENT_BPF), run as set-up ``before`` in the same rounds."""
     setups = ["none", "empty", "agent"]
@@ -187,9 +207,12 @@ def pair_costs(
         setups.insert(2, "bpftrace")
     if before:
         setups.append("before")
-    runs: dict[str, dict[int, list[float]]] = {k: {d: [] for d in depths} for k in setups}
+    cells = [(d, layout) for layout in LAYOUTS for d in depths]
+    runs: dict[str, dict[Cell, list[float]]] = {k: {c: [] for c in cells} for k in setups}
     lost = 0
+    spoiled: list[bool] = []
     for _ in range(rounds):
+        foreign = False
         for setup in setups:
             target = Pairs(lib)
             attached: object = None
@@ -198,20 +221,27 @@ def pair_costs(
             elif setup == "bpftrace":
                 attached = Bpftrace(lib)
             elif setup in ("agent", "before"):
+                given = os.environ.get(build.ENV_OBJECT)  # the agent's object where one was given
                 if setup == "before":
                     os.environ[build.ENV_OBJECT] = before
                 attached = Agent(pids=[target.pid], probes="return")
                 attached.start()
                 os.environ.pop(build.ENV_OBJECT, None)
-            for depth in depths:
-                runs[setup][depth].append(target.ask(f"time {depth} {n}"))
+                if given is not None:
+                    os.environ[build.ENV_OBJECT] = given
+            own = 1 if setup in ("empty", "agent", "before") else 0
+            foreign |= agents_loaded() > own
+            for depth, layout in cells:
+                runs[setup][(depth, layout)].append(target.ask(f"{layout} {depth} {n}"))
+            foreign |= agents_loaded() > own
             target.close()
             if isinstance(attached, Agent):
                 lost += attached.stats()["lost_events"]
                 attached.stop()
             elif attached is not None:
                 attached.close()
-    return runs, lost
+        spoiled.append(foreign)
+    return runs, lost, spoiled
 
 
 def entry_costs(lib: str, empty: str, n: int, repeat: int) -> dict[str, dict[int, float]]:
@@ -294,26 +324,46 @@ def first_named_sample(lib: str) -> float:
     return took
 
 
-def print_pairs(entry: str, runs: dict[str, dict[int, list[float]]]) -> None:
-    depths = sorted(runs["none"])
+def print_pairs(entry: str, runs: dict[str, dict[Cell, list[float]]], spoiled: list[bool]) -> None:
+    """The table (medians over the rounds no other agent spoiled, or over all where each was), then every round."""
+    cells = list(runs["none"])
+    every = list(runs["none"].values())[0]
+    kept = [i for i in range(len(every)) if not spoiled[i]] or list(range(len(every)))
+    runs_all, runs = runs, {k: {c: [v[i] for i in kept] for c, v in cells_of.items()} for k, cells_of in runs.items()}
     print(f"\nprobed functions start with {entry}: ns of the caller's CPU per pair, median over rounds")
-    print("  (ratios: median of each round's agent / empty, the set-ups interleaved in each round)")
+    print("  (ratios: median of each round's agent / empty, the set-ups interleaved in each round;")
+    print("   guarded: the caller's frames right above an unreadable page)")
+    if len(kept) < len(every):
+        print(f"  rounds {[i + 1 for i in range(len(every)) if i not in kept]} left out: another agent was loaded")
     print(
-        f"{'frames':>7} "
+        f"{'frames':>15} "
         + " ".join(f"{k:>9}" for k in runs)
         + "  agent/empty"
         + "  agent/bpftrace" * ("bpftrace" in runs)
     )
-    for d in depths:
-        line = f"{d:>7} " + " ".join(f"{median(runs[k][d]):>9.0f}" for k in runs)
+    for cell in cells:
+        if any(math.isnan(v) for k in runs for v in runs[k][cell]):
+            print(f"{cell[0]:>3} {cell[1]:>11}  (the guarded layout could not be made in every round: not measured)")
+            continue
+        line = f"{cell[0]:>3} {cell[1]:>11} " + " ".join(f"{median(runs[k][cell]):>9.0f}" for k in runs)
         for base in ("empty", "bpftrace"):
             if base in runs:
-                ratios = sorted(a / e for a, e in zip(runs["agent"][d], runs[base][d], strict=True))
+                ratios = sorted(a / e for a, e in zip(runs["agent"][cell], runs[base][cell], strict=True))
                 line += f"  {median(ratios):.2f}x ({ratios[0]:.2f}-{ratios[-1]:.2f})"
         if "before" in runs:
-            ratios = sorted(a / e for a, e in zip(runs["before"][d], runs["empty"][d], strict=True))
+            ratios = sorted(a / e for a, e in zip(runs["before"][cell], runs["empty"][cell], strict=True))
             line += f"  before/empty {median(ratios):.2f}x"
         print(line)
+    print("  every round, in order (ns per pair of each set-up, then agent/empty):")
+    for cell in cells:
+        for i in range(len(every)):
+            values = " ".join(f"{k} {runs_all[k][cell][i]:.0f}" for k in runs_all)
+            ratio = runs_all["agent"][cell][i] / runs_all["empty"][cell][i]
+            extra = ""
+            if "before" in runs_all:
+                extra = f" before/empty {runs_all['before'][cell][i] / runs_all['empty'][cell][i]:.2f}"
+            said = "  (another agent loaded)" if spoiled[i] else ""
+            print(f"  {cell[0]:>3} {cell[1]:>8} round {i + 1}: {values}  agent/empty {ratio:.2f}{extra}{said}")
 
 
 def main() -> int:
@@ -324,7 +374,11 @@ def main() -> int:
     parser.add_argument("--before", help="another agent BPF object, run as set-up 'before' in the same rounds")
     parser.add_argument("--only", choices=("pairs", "rate"), help="only the per-pair cost, or only the rate")
     parser.add_argument("--entry-only", action="store_true", help="also the entry-only probes (--probes entry)")
+    parser.add_argument("--python", default=sys.executable, help="the caller's interpreter (default: this one)")
+    parser.add_argument("--entries", default="push,step", help="which stand-ins: push (emulated), step, or both")
     args = parser.parse_args()
+    global PYTHON
+    PYTHON = args.python
     reason = why_not()
     if reason:
         print(f"bench_agent: skipped: {reason}")
@@ -335,9 +389,11 @@ def main() -> int:
         if args.only != "rate":
             lost = 0
             for entry, what in (("push", "push %rbp (emulated)"), ("step", "sub $8,%rsp (single-stepped)")):
-                runs, n_lost = pair_costs(libs[entry], empty, args.pairs, args.repeat, args.before)
+                if entry not in args.entries.split(","):
+                    continue
+                runs, n_lost, spoiled = pair_costs(libs[entry], empty, args.pairs, args.repeat, args.before)
                 lost += n_lost
-                print_pairs(what, runs)
+                print_pairs(what, runs, spoiled)
             print(f"events the agents lost meanwhile: {lost}")
         if args.entry_only:
             costs = entry_costs(libs["push"], empty, args.pairs, args.repeat)
