@@ -143,7 +143,8 @@ def _by_label(args: argparse.Namespace, opened: Opened) -> int:
         return 0
     console = make_console()
     print_comments(console, profile.comments)
-    console.print(type_title(sample_type.type, sample_type.unit, sum(c.total for c in rows)))
+    total = sum(c.total for c in rows)
+    console.print(type_title(sample_type.type, sample_type.unit, total, profile.peak_description(sample_type.type)))
     console.print()
     console.print(categories_table(rows, sample_type.unit, args.by))
     return 0

@@ -390,3 +390,16 @@ def test_a_moment_of_a_profile_without_a_reserve_says_nothing_of_it() -> None:
     moment = at(profile, parse_when("3s"))
     assert moment.totals()["inuse_space"] == 150
     assert ALLOCATIONS_ONLY not in moment.comments
+
+
+def test_top_by_category_of_a_moment_is_headed_by_the_moment(capsys, tmp_path: Path) -> None:
+    """``top --at T --by category`` says what the moment is, not 'live at the end of the window'."""
+    p = profile_of(EVENTS)
+    sites = [(frames, (*labels, ("category", "parameter"))) for frames, labels in SITES]
+    p.history = History(list(FRAMES), sites, p.history.tracks)
+    save(p, tmp_path / "c.pb.gz")
+    rc, out, err = run(capsys, "top", tmp_path / "c.pb.gz", "--by", "category", "--at", "3.5")
+    assert rc == 0, err
+    headline = next(line for line in out.splitlines() if line.startswith("inuse_space"))
+    assert "what was live at 3.500 s" in headline and "end of the window" not in out
+    assert "parameter" in out
