@@ -41,6 +41,7 @@ STEPS = [
     ["bench/bench_agent_stop.py", "--repeat", "1"],  # root and BPF only, as bench_agent.py
     ["bench/bench_agent_late.py", "--runs", "2", "--hold"],  # root and BPF only, as bench_agent.py
     ["bench/bench_pytest_plugin.py"],
+    ["bench/bench_pprof_read.py"],
 ]
 
 MAGMA27 = "tests/data/torch-snapshot-MAGMA27-memory_snapshot.pickle.gz"
@@ -134,6 +135,23 @@ CLAIMS = (
         ("bench/bench_convert_process.py", "--rounds", "3", "--viz", MAGMA27),
         r"convert/viz-command ([0-9.]+)x",
         0.2,
+    ),
+    Claim(
+        "pprof-load",
+        "CPU of reading a 2M-sample pprof into gpuflame's profile / protobuf's Profile.FromString plus a flat top "
+        "(fresh processes)",
+        "goal <= 1.50x",
+        ("bench/bench_pprof_read.py", "--rounds", "3"),
+        r"ratio load/parse\+top: ([0-9.]+)x",
+        1.50,
+    ),
+    Claim(
+        "pprof-report",
+        "CPU of gpuflame report on a 2M-sample pprof / protobuf's Profile.FromString plus a flat top (fresh processes)",
+        "goal <= 1.50x",
+        ("bench/bench_pprof_read.py", "--rounds", "3"),
+        r"ratio report/parse\+top: ([0-9.]+)x",
+        1.50,
     ),
 )
 

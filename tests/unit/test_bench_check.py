@@ -37,6 +37,10 @@ CANNED = {
     "convert-same-dict": "ratio (from the same dict):      {}x  (goal: >= 2x)\n",
     "convert-viz-in-process": "  null pickle/pickle 1.00x  convert/pickle 4.90x  convert/viz {}x  first/viz 9.00x\n",
     "convert-viz-command": "  null/pickle 1.01x  convert/pickle 4.92x  convert/viz-command {}x\n",
+    "pprof-load": "ratio null/parse+top: 0.99x (rounds 0.99)\nratio load/parse+top: {}x (rounds 1.1 1.2)\n"
+    "ratio load:base/parse+top: 9.10x (rounds 9.1)\n",
+    "pprof-report": "ratio null/parse+top: 0.99x (rounds 0.99)\nratio report/parse+top: {}x (rounds 5.1)\n"
+    "ratio report:base/parse+top: 9.20x (rounds 9.2)\n",
 }
 
 

@@ -10,8 +10,8 @@ Writing (:func:`encode`) maps the model onto pprof like this:
 - One Location per frame, ``Location.id = frame index + base``, with one Line
   ``{function_id, line = frame.line}``. ``base`` is 1 for up to 127 frames,
   else 128 (up to 16256 frames), 16384, ...: every id then has the same
-  varint width, which lets :func:`decode` read a stack in one C call
-  (:func:`location_id_base`).
+  varint width (:func:`location_id_base`): gpuflame's files have kept this
+  layout since an earlier reader used it, and stay byte for byte the same.
 - One Function per distinct ``(name, system_name, filename, start_line)``: ``name`` is the
   display name of the AKS guide's table (``LlamaMLP > forward``, which is what
   Grafana/Pyroscope show), ``system_name`` the dotted qualname
@@ -36,9 +36,12 @@ Writing (:func:`encode`) maps the model onto pprof like this:
   time for a few percent of size. The gzip mtime is 0 so output is
   reproducible.
 
-Reading (:func:`decode`) accepts gzip or raw protobuf, and files from Go's
-pprof, py-spy and Pyroscope; only the fields above are read (drop/keep
-frames, doc_url and the rest of Mapping are ignored).
+Reading (:func:`decode`, :mod:`gpuflame.formats.pprof_read`) goes through
+the ``protobuf`` runtime, on the launcher side; the profiled process reads
+JAX's pprof with the standard library (:func:`decode_in_process`). It
+accepts gzip or raw protobuf, and files from Go's pprof, py-spy and
+Pyroscope; only the fields above are read (drop/keep frames, doc_url and
+the rest of Mapping are ignored; unknown fields are skipped).
 
 - A Location with several Lines is inlined code: it becomes several frames,
   ``Line[0]`` the innermost (leaf-most).
@@ -244,7 +247,7 @@ def location_id_base(n_frames: int) -> int:
 
     Ids 1..127 take one byte, 128..16383 two, and so on; starting at 128 once
     a profile has more than 127 frames makes every id in a stack two bytes
-    long, which :func:`decode` reads in one C call instead of varint by varint.
+    long (the layout an earlier reader read in one C call; kept, so files stay the same).
     """
     base = 1
     while base + n_frames > base * 128:
