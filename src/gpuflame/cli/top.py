@@ -159,16 +159,34 @@ def _why_no_rows(args: argparse.Namespace, profile: Profile, type_name: str, key
             "(nothing of it was held; --type peak_space shows the peak)"
         )
     if getattr(args, "at", None) is not None or getattr(args, "between", None):
-        return (
-            f"--at and --between profiles are not split by {args.by} (the event history keeps stacks, not "
-            f"{key}); drop --at/--between to see the {key} of the whole recording"
-        )
+        return _why_no_rows_at_a_moment(args, profile, type_name, key)
     if args.by == "phase" and profile.phases:  # marked, but sampled (JAX): no buffer says its phase
         return (
             "this profile's samples carry no phase (the jax backend samples live buffers, and JAX does not "
             "say in which phase a buffer was made); gpuflame report shows each phase's sampled peak"
         )
     return missing
+
+
+def _why_no_rows_at_a_moment(args: argparse.Namespace, profile: Profile, type_name: str, key: str) -> str:
+    """A moment (--at/--between) with no label to sum by: nothing in it, no phases kept, or an older file.
+
+    The history keeps each block's category (so a moment with memory and no category is a file written
+    before it did, or a snapshot read without categories), and never phases.
+    """
+    moment = profile.peak_description(type_name) or "this moment"
+    if not profile.totals().get(type_name):
+        return f"no {key} to show: {moment}: 0 B (--at peak is the strip's highest moment)"
+    if args.by == "phase":
+        return (
+            "--at and --between profiles are not split by phase (the event history keeps stacks and "
+            "categories, not phases); drop --at/--between to see the phases of the whole recording"
+        )
+    return (
+        "this profile's event history carries no categories (it was written before gpuflame kept each "
+        "block's category with its events, or read from a PyTorch snapshot, which has none); drop "
+        "--at/--between to see the categories of the whole recording"
+    )
 
 
 def _row_json(row: dict[str, object], by: str) -> dict[str, object]:

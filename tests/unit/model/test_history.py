@@ -312,7 +312,21 @@ def test_top_by_label_at_a_moment_says_moments_are_not_split(capsys, tmp_path: P
     )
     save(p, tmp_path / "labelled.pb.gz")
     rc, _, err = run(capsys, "top", tmp_path / "labelled.pb.gz", "--by", by, "--at", "3.5")
-    assert rc == 2 and f"--at and --between profiles are not split by {by}" in err
+    if by == "phase":  # the history never keeps phases
+        assert rc == 2 and "--at and --between profiles are not split by phase" in err
+    else:  # it keeps categories: a history without them is an older file's, not every moment's
+        assert rc == 2 and "this profile's event history carries no categories" in err
+        assert "not split by category" not in err
+
+
+@pytest.mark.parametrize("when", [["--at", "+0.5s"], ["--between", "+0.2s", "+0.5s"]])
+def test_top_by_category_of_an_empty_moment_says_it_is_empty(capsys, tmp_path: Path, when: list[str]) -> None:
+    """Before the first allocation nothing was live: say so, not that moments carry no categories."""
+    p = profile_of(EVENTS)  # the recording starts at T0, its first allocation is 1 s later
+    save(p, tmp_path / "p.pb.gz")
+    rc, _, err = run(capsys, "top", tmp_path / "p.pb.gz", "--by", "category", *when)
+    assert rc == 2 and "no categories to show: what was" in err and ": 0 B" in err
+    assert "not split by" not in err and "carries no categories" not in err
     assert "only the torch backends" not in err and "mark them with" not in err
 
 
