@@ -14,7 +14,7 @@ from gpuflame.boundary.backends import AUTO, frameworks
 from gpuflame.errors import GpuflameError
 from gpuflame.launch.store import RunMeta
 from gpuflame.model import Profile
-from gpuflame.model.process_table import process_rows, uneven
+from gpuflame.model.process_table import process_rows, spread_word, uneven
 from gpuflame.printable import printable
 from gpuflame.units import format_bytes
 
@@ -84,8 +84,8 @@ def _process_lines(meta: RunMeta) -> list[str]:
         u = _fields(meta.uneven)
         big, small = _fields(u["largest"]), _fields(u["smallest"])
         lines.append(
-            f"{u['of']} uneven: {_who(big)} peaked at {format_bytes(big['peak'])}, {_who(small)} at "
-            f"{format_bytes(small['peak'])}: the largest peak is {u['ratio']:.2f}x the smallest"
+            f"{u['of']} {spread_word(float(u['ratio']))}: {_who(big)} peaked at {format_bytes(big['peak'])}, "
+            f"{_who(small)} at {format_bytes(small['peak'])}: the largest peak is {u['ratio']:.2f}x the smallest"
         )
     return lines
 

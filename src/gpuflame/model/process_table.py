@@ -74,6 +74,11 @@ class Uneven:
         }
 
 
+def spread_word(ratio: float) -> str:
+    """'uneven', or 'even' where the ratio reads 1.00x: two equal peaks were called 'uneven ... 1.00x'."""
+    return "even" if f"{ratio:.2f}" == "1.00" else "uneven"
+
+
 def _who(row: ProcessRow) -> dict[str, object]:
     return {"pid": _number(row.info.pid), "rank": int(row.info.rank) if row.info.rank else None, "peak": row.info.peak}
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.table import Table
 from rich.text import Text
 
-from gpuflame.model.process_table import ProcessRow, Uneven
+from gpuflame.model.process_table import ProcessRow, Uneven, spread_word
 from gpuflame.printable import printable
 from gpuflame.render.terminal import _table, pct, plain
 from gpuflame.units import format_bytes
@@ -37,6 +37,6 @@ def process_table(row: ProcessRow, joint: bool) -> Table:
 def uneven_line(u: Uneven) -> str:
     """How uneven the ranks were, in one line: the largest own peak over the smallest."""
     return (
-        f"{u.of.capitalize()} uneven: {u.largest.name} peaked at {format_bytes(u.largest.info.peak)}, "
+        f"{u.of.capitalize()} {spread_word(u.ratio)}: {u.largest.name} peaked at {format_bytes(u.largest.info.peak)}, "
         f"{u.smallest.name} at {format_bytes(u.smallest.info.peak)}: the largest peak is {u.ratio:.2f}x the smallest"
     )

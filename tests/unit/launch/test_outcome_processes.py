@@ -66,3 +66,16 @@ def test_a_counted_process_that_held_nothing_is_named(capsys, tmp_path: Path) ->
         lines
     )
     assert not [line for line in lines_of(ranked_run(2), capsys, tmp_path) if "held no memory" in line]
+
+
+def test_ranks_with_equal_peaks_are_said_even_not_uneven(capsys, tmp_path: Path) -> None:
+    """Two DDP ranks with the same 641.5 KiB peak were said 'ranks uneven: ... 1.00x the smallest'."""
+    p = Profile(sample_types=memory_sample_types(inuse=False, alloc=False))
+    for r, peak in enumerate([656_896, 656_900]):  # 4 B apart: 1.00x as printed
+        p.add([Frame("train", "t.py", 1)], [peak, 1], {"pid": str(100 + r), "rank": str(r), "device": "cpu"})
+        p.processes.append(ProcessInfo(str(100 + r), rank=str(r), argv=("python3", "t.py"), peak=peak))
+    spread = [line for line in lines_of(p, capsys, tmp_path) if "the largest peak is" in line]
+    assert spread == [
+        "gpuflame: ranks even: rank 1 (pid 101) peaked at 641.5 KiB, rank 0 (pid 100) at 641.5 KiB: "
+        "the largest peak is 1.00x the smallest"
+    ]

@@ -74,3 +74,14 @@ def test_equal_peaks_name_two_processes() -> None:
     spread = uneven(process_rows(p))
     assert spread is not None and spread.ratio == 1.0
     assert {spread.largest.info.pid, spread.smallest.info.pid} == {"1", "2"}
+
+
+def test_the_report_calls_equal_rank_peaks_even() -> None:
+    """report's line under the rank tables: 'Ranks even' at 1.00x, 'Ranks uneven' from 1.01x."""
+    from gpuflame.render.process_tables import uneven_line
+
+    for peaks, word in (((1000, 1000), "Ranks even: "), ((1000, 1010), "Ranks uneven: ")):
+        p = profile_of(("1", "x", peaks[0]), ("2", "x", peaks[1]))
+        p.processes = [ProcessInfo("1", rank="0", peak=peaks[0]), ProcessInfo("2", rank="1", peak=peaks[1])]
+        spread = uneven(process_rows(p))
+        assert spread is not None and uneven_line(spread).startswith(word)
