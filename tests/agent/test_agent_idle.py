@@ -361,6 +361,47 @@ def test_no_hold_for_a_process_with_a_terminal_nor_while_the_agent_shows_no_life
         agent.stop()
 
 
+OPENS_AS_TOLD = """
+import os, sys
+for line in sys.stdin:
+    path, flags = line.split()
+    os.open(path, int(flags))
+    print("opened", flush=True)
+"""
+
+
+def test_only_an_open_as_the_loader_makes_is_told(libcuda, bpf_object, tmp_path):
+    """The dynamic loader opens a library read-only and blocking: a file named libcuda.so* opened otherwise (a
+    linker or a copy writing it, an agent reading it non-blocking) is not told, so not probed; the loader's
+    open of another, after them, is (the ring keeps their order: theirs would have come first)."""
+    from gpuflame.agent.agent import Agent
+
+    written, nonblocking, loaded = (tmp_path / n / "libcuda.so.1" for n in ("w", "nb", "ld"))
+    for copy in (written, nonblocking, loaded):
+        copy.parent.mkdir()
+        shutil.copy(libcuda, copy)
+    child = subprocess.Popen(
+        [sys.executable, "-c", OPENS_AS_TOLD], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    agent = Agent(pids=(child.pid,))
+    try:
+        agent.start(thread=False)
+        if not agent.watch_opens:
+            pytest.skip("no word of opens here: driver files are found when mapped")
+        assert child.stdin is not None and child.stdout is not None
+        for path, flags in ((written, os.O_WRONLY), (nonblocking, os.O_RDONLY | os.O_NONBLOCK), (loaded, os.O_RDONLY)):
+            child.stdin.write(f"{path} {flags | os.O_CLOEXEC}\n")
+            child.stdin.flush()
+            assert child.stdout.readline() == "opened\n"
+        key = {p: (os.stat(p).st_dev, os.stat(p).st_ino) for p in (written, nonblocking, loaded)}
+        assert wait_for(lambda: polled(agent) and key[loaded] in agent.attached)
+        assert key[written] not in agent.attached and key[nonblocking] not in agent.attached
+    finally:
+        child.kill()
+        child.wait()
+        agent.stop()
+
+
 def _state(pid: int) -> str:
     with open(f"/proc/{pid}/stat") as f:
         return f.read().rsplit(")", 1)[1].split()[0]

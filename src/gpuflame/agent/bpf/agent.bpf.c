@@ -1089,6 +1089,10 @@ static __always_inline int hold_now(struct task_struct *task, __u32 tgid)
 #define NR_OPEN 2
 #define NR_OPENAT 257
 #define NR_OPENAT2 437
+/* open flags (octal, as in fcntl.h): the dynamic loader opens a library O_RDONLY | O_CLOEXEC */
+#define OPEN_ACCMODE 03
+#define OPEN_NONBLOCK 04000
+#define OPEN_PATH 010000000
 
 /* A process has just opened a file named libcuda.so* as descriptor *ret*: the dynamic loader opens a library
  * before it maps it, so user space can put the probes on that file (a uprobe sits on the inode: it is in every
@@ -1106,6 +1110,9 @@ static __always_inline int opened(long ret)
     struct file *file = 0;
     if (bpf_probe_read_kernel(&file, sizeof(file), &fds[ret]) || !file)
         return 0;
+    __u32 fflags = BPF_CORE_READ(file, f_flags);
+    if ((fflags & OPEN_ACCMODE) || (fflags & (OPEN_NONBLOCK | OPEN_PATH)))
+        return 0; /* not as a loader opens: a writer (a linker, a copy), or a reader such as an agent's */
     char name[sizeof(LIBCUDA_PREFIX)] = {};
     bpf_probe_read_kernel_str(name, sizeof(name), BPF_CORE_READ(file, f_path.dentry, d_name.name));
     const char want[] = LIBCUDA_PREFIX;
