@@ -30,6 +30,9 @@ class ProcessRow:
     at_joint_peak: int = 0  # what it held at the profile's peak (the run's joint peak when merged)
     by_category: list[tuple[str, int]] = field(default_factory=list)  # the same, per category, largest first
     peak_s: float | None = None  # its own peak, seconds into the strip (None: not known)
+    # "": the two fields above are at the peak; else a moment's (--at, --between) type, inuse_space or
+    # alloc_space, and they are what it held then or allocated in the window
+    moment: str = ""
 
     @property
     def name(self) -> str:
@@ -48,8 +51,11 @@ class ProcessRow:
             "peak": i.peak or None,
             "peak_ns": i.peak_ns or None,
             "peak_s": self.peak_s,
-            "at_joint_peak": self.at_joint_peak,
-            "at_joint_peak_by_category": dict(self.by_category),
+            **(
+                {"at_moment": self.at_joint_peak, "at_moment_by_category": dict(self.by_category)}
+                if self.moment
+                else {"at_joint_peak": self.at_joint_peak, "at_joint_peak_by_category": dict(self.by_category)}
+            ),
         }
 
 
@@ -96,7 +102,8 @@ def process_rows(profile: Profile) -> list[ProcessRow]:
     """
     described = {i.pid: i for i in profile.processes}
     held: dict[str, dict[str, int]] = {}
-    index = profile.type_index(PEAK) if PEAK in profile.type_names() else -1
+    shown = _shown_type(profile)
+    index = profile.type_index(shown) if shown else -1
     for row in profile.label_set_totals():
         labels = dict(row.labels)
         pid = labels.get("pid")
@@ -112,8 +119,18 @@ def process_rows(profile: Profile) -> list[ProcessRow]:
         info = described.get(pid) or ProcessInfo(pid)
         when = (info.peak_ns - zero) / 1e9 if info.peak_ns and zero and info.peak_ns >= zero else None
         by_category = sorted(((k or "(none)", v) for k, v in cats.items()), key=lambda kv: (-kv[1], kv[0]))
-        rows.append(ProcessRow(info, sum(cats.values()), by_category, when))
+        rows.append(ProcessRow(info, sum(cats.values()), by_category, when, "" if shown == PEAK else shown))
     return sorted(rows, key=lambda r: r.info.sort_key())
+
+
+def _shown_type(profile: Profile) -> str:
+    """peak_space; a moment's own bytes type where the profile is one (it has no peak: each row read 0 B)."""
+    names = profile.type_names()
+    if PEAK in names:
+        return PEAK
+    if profile.moment:
+        return next((t for t in ("inuse_space", "alloc_space") if t in names), "")
+    return ""
 
 
 def uneven(rows: list[ProcessRow]) -> Uneven | None:

@@ -16,6 +16,10 @@ def process_sections(rows: list[ProcessRow], joint: bool, spread: Uneven | None)
     return [*(process_table(r, joint) for r in rows), *([plain(uneven_line(spread), "bold")] if spread else [])]
 
 
+# a moment's column (--at, --between): what each process held then, or allocated in the window
+_MOMENT_COLUMN = {"inuse_space": "live at this moment", "alloc_space": "allocated in this window"}
+
+
 def process_table(row: ProcessRow, joint: bool) -> Table:
     """One process: who (rank, pid, command line), its own peak and when, what it held at the (joint) peak."""
     i = row.info
@@ -23,8 +27,8 @@ def process_table(row: ProcessRow, joint: bool) -> Table:
     parts += [f"world size {i.world_size}"] * bool(i.world_size)
     who = (f"rank {i.rank}" if i.rank else f"pid {i.pid}") + (f" ({', '.join(parts)})" if parts else "")
     title = printable(f"{who}: {i.command(short=True)}" if i.argv else who)
-    moment = "the joint peak" if joint else "the peak"
-    table = _table(title, "category", f"at {moment}", "%")
+    column = _MOMENT_COLUMN.get(row.moment) or ("at the joint peak" if joint else "at the peak")
+    table = _table(title, "category", column, "%")
     for name, value in row.by_category:
         table.add_row(printable(name), format_bytes(value), pct(100 * value / max(1, row.at_joint_peak)))
     table.add_row(Text("total", style="bold"), format_bytes(row.at_joint_peak), "")

@@ -417,3 +417,26 @@ def test_top_by_category_of_a_moment_is_headed_by_the_moment(capsys, tmp_path: P
     headline = next(line for line in out.splitlines() if line.startswith("inuse_space"))
     assert "what was live at 3.500 s" in headline and "end of the window" not in out
     assert "parameter" in out
+
+
+def test_a_moments_process_rows_are_what_each_process_held_then(capsys) -> None:
+    """report --at of a merged run: each rank's table read 'total 0 B' under 'at the peak' (a moment has no peak)."""
+    from gpuflame.model.process_table import process_rows
+    from gpuflame.model.processes import ProcessInfo
+    from gpuflame.render.console import make_console
+    from gpuflame.render.process_tables import process_table
+
+    a = profile_of([(1 * S, 0, 1000), (4 * S, 0, -1000)], pid="1", end=5 * S)
+    b = profile_of([(3 * S, 2, 30)], pid="2", start=2 * S, end=9 * S)
+    merged = merge([a, b], labels=[{"pid": 1}, {"pid": 2}])
+    merged.processes = [ProcessInfo("1", rank="0", peak=1000), ProcessInfo("2", rank="1", peak=30)]
+    for moment, held, column in (
+        (at(merged, 3.5), [1000, 30], "live at this moment"),
+        (between(merged, 2.5, 3), [0, 30], "allocated in this window"),
+    ):
+        rows = process_rows(moment)
+        assert [r.at_joint_peak for r in rows if r.at_joint_peak] == [h for h in held if h]
+        assert all(r.moment == moment.sample_types[0].type and "at_moment" in r.to_dict() for r in rows)
+        make_console().print(process_table(rows[-1], joint=True))
+        shown = capsys.readouterr().out
+        assert column in shown and "30 B" in shown and "at the joint peak" not in shown
