@@ -446,7 +446,8 @@ def _step_where(step: Step) -> PathCell:
 
 
 def render_comparison(console: Console, cmp: Comparison, base: str, new: str) -> None:
-    change = 100.0 * cmp.delta / cmp.base_total if cmp.base_total else None
+    # from nothing: 'new'; nothing to nothing (two moments before either's first allocation): +0.0%, not 'new'
+    change = 100.0 * cmp.delta / cmp.base_total if cmp.base_total else (0.0 if not cmp.delta else None)
     console.print(Text.assemble(("gpuflame diff ", "bold"), printable(f"{base} -> {new}")))
     console.print(
         Text.assemble(
