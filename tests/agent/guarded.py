@@ -7,6 +7,8 @@ makes the second case on purpose, for the agent's frame walk (tests/agent/target
 bench/agent/pairs.py ``guarded DEPTH N``), which must not read below the frames it needs.
 """
 
+from __future__ import annotations  # the targets run on 3.9 too
+
 import _thread
 import ctypes
 import sys
