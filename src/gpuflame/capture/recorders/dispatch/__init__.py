@@ -48,8 +48,10 @@ reserved-but-free memory is not tensors and is not shown (the
 ``torch-cuda`` backend shows it).
 
 Overhead: a dispatch mode costs a trip through Python for every operation,
-so tiny, fast operations slow down most (see bench/bench_capture_torch.py).
-Stacks cost O(1) per operation in the common case: see :class:`Stacks`.
+so tiny, fast operations slow down most (bench/bench_capture_torch.py;
+bench/bench_dispatch_tiny.py measures it against memray and against a mode
+that does nothing, torch's own share). Stacks cost O(1) per operation in the
+common case: see :class:`Stacks`.
 
 The package, one job a module: ``ledger.py`` (the books: live storages,
 peak, totals per site), ``stacks.py`` (the interned tree of Python stacks),
