@@ -94,8 +94,8 @@ def run(args: argparse.Namespace) -> int:
         )
         return 0
     console = make_console()
-    print_comments(console, opened.profile.comments)
     peak = opened.profile.peak_description(sample_type.type)
+    print_comments(console, opened.profile.comments, shown=peak)
     render_flame(console, tree, lines, type_title(sample_type.type, sample_type.unit, tree.total, peak))
     if args.svg:
         console.print(plain(f"wrote {args.svg} (svg)", style="dim"), soft_wrap=True)

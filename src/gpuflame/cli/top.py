@@ -93,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
         )
         return 0
     console = make_console()
-    print_comments(console, opened.profile.comments)
+    print_comments(console, opened.profile.comments, shown=opened.profile.peak_description(sample_type.type))
     render_top(
         console,
         entries,
@@ -142,9 +142,10 @@ def _by_label(args: argparse.Namespace, opened: Opened) -> int:
         )
         return 0
     console = make_console()
-    print_comments(console, profile.comments)
+    described = profile.peak_description(sample_type.type)
+    print_comments(console, profile.comments, shown=described)
     total = sum(c.total for c in rows)
-    console.print(type_title(sample_type.type, sample_type.unit, total, profile.peak_description(sample_type.type)))
+    console.print(type_title(sample_type.type, sample_type.unit, total, described))
     console.print()
     console.print(categories_table(rows, sample_type.unit, args.by))
     return 0

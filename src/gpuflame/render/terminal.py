@@ -150,9 +150,15 @@ def type_title(type_name: str, unit: str, total: int, description: str = "") -> 
     return text
 
 
-def print_comments(console: Console, comments: Iterable[str]) -> None:
-    """The profile's own caveats, where they cannot be missed."""
+def print_comments(console: Console, comments: Iterable[str], shown: str = "") -> None:
+    """The profile's own caveats, where they cannot be missed; *shown*: the one the title says already.
+
+    A moment's words (--at, --between: 'what was live at 1.289 s (...)', three lines on a terminal) are
+    both a comment and the title's description: printed twice, one under the other.
+    """
     for comment in comments:
+        if shown and comment == shown:
+            continue
         console.print(Text.assemble(("note: ", "bold yellow"), printable(comment)))
 
 
@@ -210,7 +216,7 @@ def render_report(
     per process and how uneven they were (``render/process_tables.py``), after the phases."""
     console.print(Text.assemble(("gpuflame report ", "bold"), printable(source)))
     console.print(type_title(report.type, report.unit, report.total, peak))
-    print_comments(console, report.comments)
+    print_comments(console, report.comments, shown=peak)
     if not report.total:
         console.print(plain(f"No {report.type} in this profile (after filters): nothing to report."))
         return

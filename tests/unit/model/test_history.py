@@ -440,3 +440,17 @@ def test_a_moments_process_rows_are_what_each_process_held_then(capsys) -> None:
         make_console().print(process_table(rows[-1], joint=True))
         shown = capsys.readouterr().out
         assert column in shown and "30 B" in shown and "at the joint peak" not in shown
+
+
+@pytest.mark.parametrize("command", [["top"], ["top", "--by", "category"], ["report"], ["flame"]])
+def test_a_moment_is_described_once_on_the_terminal(capsys, tmp_path: Path, command: list[str]) -> None:
+    """The title says which moment; the same words also came as a 'note:' right above or below it."""
+    p = profile_of(EVENTS)
+    assert p.history is not None
+    sites = [(stack, (("category", "parameter"), *labels)) for stack, labels in SITES]
+    p.history = History(list(FRAMES), sites, p.history.tracks)
+    p.comments.append("a caveat of the recorder")
+    save(p, tmp_path / "p.pb.gz")
+    rc, out, _ = run(capsys, command[0], tmp_path / "p.pb.gz", *command[1:], "--at", "3.5")
+    flat = " ".join(out.split())
+    assert rc == 0 and flat.count("what was live at 3.500 s") == 1 and "note: a caveat of the recorder" in flat
