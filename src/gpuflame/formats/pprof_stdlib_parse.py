@@ -34,14 +34,15 @@ class Parsed:
 
 
 # message -> field number -> (name, kind, repeated); kind: "int" (int64), "uint", "bytes", or a sub-message's
-_VALUE_TYPE = {1: ("type", "int", False), 2: ("unit", "int", False)}
-_MAPPING = {1: ("id", "uint", False), 5: ("filename", "int", False)}
-_LINE = {1: ("function_id", "uint", False), 2: ("line", "int", False)}
-_LOCATION = {1: ("id", "uint", False), 2: ("mapping_id", "uint", False), 3: ("address", "uint", False)}
+Fields = dict[int, tuple[str, Any, bool]]
+_VALUE_TYPE: Fields = {1: ("type", "int", False), 2: ("unit", "int", False)}
+_MAPPING: Fields = {1: ("id", "uint", False), 5: ("filename", "int", False)}
+_LINE: Fields = {1: ("function_id", "uint", False), 2: ("line", "int", False)}
+_LOCATION: Fields = {1: ("id", "uint", False), 2: ("mapping_id", "uint", False), 3: ("address", "uint", False)}
 _LOCATION[4] = ("line", _LINE, True)
-_FUNCTION = {1: ("id", "uint", False), 2: ("name", "int", False), 3: ("system_name", "int", False)}
+_FUNCTION: Fields = {1: ("id", "uint", False), 2: ("name", "int", False), 3: ("system_name", "int", False)}
 _FUNCTION |= {4: ("filename", "int", False), 5: ("start_line", "int", False)}
-_PROFILE = {
+_PROFILE: Fields = {
     1: ("sample_type", _VALUE_TYPE, True),
     2: ("sample", "bytes", True),
     3: ("mapping", _MAPPING, True),
@@ -53,8 +54,9 @@ _PROFILE = {
     13: ("comment", "int", True),
     14: ("default_sample_type", "int", False),
 }
-_LABEL = {1: ("key", "int", False), 2: ("str", "int", False), 3: ("num", "int", False), 4: ("num_unit", "int", False)}
-_SAMPLE = {1: ("location_id", "uint", True), 2: ("value", "int", True), 3: ("label", _LABEL, True)}
+_LABEL: Fields = {1: ("key", "int", False), 2: ("str", "int", False), 3: ("num", "int", False)}
+_LABEL[4] = ("num_unit", "int", False)
+_SAMPLE: Fields = {1: ("location_id", "uint", True), 2: ("value", "int", True), 3: ("label", _LABEL, True)}
 
 
 def parse_profile(data: bytes) -> Parsed:
@@ -67,7 +69,7 @@ def parse_sample(data: bytes) -> Parsed:
     return _message(data, _SAMPLE)
 
 
-def _message(data: bytes, fields: dict[int, tuple[str, Any, bool]]) -> Parsed:
+def _message(data: bytes, fields: Fields) -> Parsed:
     out = Parsed(**{name: [] if repeated else 0 for name, _, repeated in fields.values()})
     for number, wire, value in _fields(data):
         known = fields.get(number)

@@ -9,9 +9,10 @@ Functions and a million Locations.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from functools import partial
 from itertools import chain, islice
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 from typing import TYPE_CHECKING
 
 from gpuflame.errors import ProfileFormatError
@@ -133,20 +134,16 @@ def read_locations(split: SplitProfile, strings: Strings, profile: Profile) -> M
     rows = list(map(_LOCATION, split.location))
     if not rows:
         return {}
-    lids = [row[0] for row in rows]
+    lids, mids, addresses, line_lists = (list(c) for c in zip(*rows, strict=True))
+    del rows
     _check_ids(lids, "location")
-    counts = list(map(len, (row[3] for row in rows)))
-    lines = iter(list(map(_LINE, chain.from_iterable(row[3] for row in rows))))
-    frame = _FrameMaker(functions)
-    frames: list[Frame] = []
-    for (lid, mid, address, _), count in zip(rows, counts, strict=True):
-        if mid and mid not in mappings:
-            raise ProfileFormatError(f"malformed pprof: location {lid} refers to mapping {mid}, which does not exist")
-        if count:
-            frames += [frame(fid, line, lid, address, mid) for fid, line in islice(lines, count)]
-        else:
-            name, file = native_address_name(address), mappings.get(mid, "")
-            frames.append(Frame(name, file, 0, frame_kind(name, file, True)))
+    counts = list(map(len, line_lists))
+    lines = list(map(_LINE, chain.from_iterable(line_lists)))
+    del line_lists
+    frames = _one_line_frames(lines, mids, mappings, functions) if counts.count(1) == len(counts) else None
+    if frames is None:
+        frames = _frames(lids, mids, addresses, counts, iter(lines), mappings, functions)
+    del lines
     frame_ids = profile.frame_ids(frames)
     if len(frame_ids) == len(lids) and len(lids) >= BULK_MIN:
         from gpuflame.formats.pprof_bulk import OneFrameEach  # numpy: only for tables this large
@@ -158,6 +155,56 @@ def read_locations(split: SplitProfile, strings: Strings, profile: Profile) -> M
         out[lid] = tuple(frame_ids[at : at + (count or 1)])
         at += count or 1
     return out
+
+
+def _frames(
+    lids: list[int],
+    mids: list[int],
+    addresses: list[int],
+    counts: list[int],
+    lines: Iterator[tuple[int, int]],
+    mappings: dict[int, str],
+    functions: dict[int, tuple[str, str, int]],
+) -> list[Frame]:
+    """Every location's frames, location by location: inlined Lines, no Line, a function 0 or unknown."""
+    frame = _FrameMaker(functions)
+    frames: list[Frame] = []
+    for lid, mid, address, count in zip(lids, mids, addresses, counts, strict=True):
+        if mid and mid not in mappings:
+            raise ProfileFormatError(f"malformed pprof: location {lid} refers to mapping {mid}, which does not exist")
+        if count:
+            frames += [frame(fid, line, lid, address, mid) for fid, line in islice(lines, count)]
+        else:
+            name, file = native_address_name(address), mappings.get(mid, "")
+            frames.append(Frame(name, file, 0, frame_kind(name, file, True)))
+    return frames
+
+
+def _one_line_frames(
+    lines: list[tuple[int, int]], mids: list[int], mappings: dict[int, str], functions: dict[int, tuple[str, str, int]]
+) -> list[Frame] | None:
+    """The frames of locations of one Line each, of known, named functions (every writer's usual table), in C loops.
+
+    None for anything else (a mapping or function not in its table, a nameless function): :func:`_frames` then
+    reads each location, and names what is wrong.
+    """
+    if not set(mids) <= mappings.keys() | {0}:
+        return None
+    entries = list(map(functions.get, map(itemgetter(0), lines)))
+    if None in entries:
+        return None
+    names, files, starts = zip(*entries, strict=True)
+    if "" in names:
+        return None
+    python = {file: python_file(file) for file in set(files)}  # what frame_kind answers, asked once per file
+    kinds = [
+        PYTHON if python[file] and name != TRAMPOLINE_NAME else frame_kind(name, file, bool(mid))
+        for name, file, mid in zip(names, files, mids, strict=True)
+    ]
+    return list(map(_new_frame, zip(names, files, map(itemgetter(1), lines), kinds, starts, strict=True)))
+
+
+_new_frame = partial(tuple.__new__, Frame)  # a Frame from a tuple of its fields, in C (Frame(...) runs Python)
 
 
 class _FrameMaker:

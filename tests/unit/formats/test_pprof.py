@@ -665,3 +665,24 @@ def test_a_table_past_its_limit_stops_before_the_parse(monkeypatch, key: bytes, 
     assert parsed == []
     pprof.decode((b"\x12\x00") * 999)  # under the limit: parsed
     assert len(parsed) == 1
+
+
+def test_locations_of_one_line_each_read_in_bulk_as_one_by_one(monkeypatch, rich_profile: Profile) -> None:
+    """pprof_tables._one_line_frames (every writer's usual table, C loops) against the location-by-location reader."""
+    from gpuflame.formats import pprof_tables
+
+    files = [pprof.encode(rich_profile), (DATA / "jax-0.10.2-cpu-device-memory.prof").read_bytes()]
+    taken = []
+    real = pprof_tables._one_line_frames
+
+    def spy(*args):  # type: ignore[no-untyped-def]
+        taken.append(real(*args))
+        return taken[-1]
+
+    monkeypatch.setattr(pprof_tables, "_one_line_frames", spy)
+    bulk = [pprof.decode(data) for data in files]
+    assert all(t is not None for t in taken) and len(taken) == len(files)
+    monkeypatch.setattr(pprof_tables, "_one_line_frames", lambda *args: None)
+    for data, fast in zip(files, bulk, strict=True):
+        slow = pprof.decode(data)
+        assert slow.frames == fast.frames and slow.samples == fast.samples
