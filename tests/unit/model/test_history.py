@@ -454,3 +454,25 @@ def test_a_moment_is_described_once_on_the_terminal(capsys, tmp_path: Path, comm
     rc, out, _ = run(capsys, command[0], tmp_path / "p.pb.gz", *command[1:], "--at", "3.5")
     flat = " ".join(out.split())
     assert rc == 0 and flat.count("what was live at 3.500 s") == 1 and "note: a caveat of the recorder" in flat
+
+
+def test_a_merge_sums_the_folded_bytes_of_two_sites_that_are_one() -> None:
+    """Two recorder keys can name one site (one line, one category: a block classed at its allocation and
+    one classed later). Folded, each has its row in the base; a merge (every gpuflame run) kept only the
+    last row, and a 2-layer model built on one line lost its first layer from every moment after the fold."""
+    log = EventLog(T0, limit=4)  # full at 4 events: the oldest 2 are folded
+    for t, key, size in ((1, 10, 16384), (2, 11, 2048), (3, 12, 50), (4, 12, -50)):
+        log.add(T0 + t * S, key, size)
+    assert log.folded == 2 and set(log.base) == {10, 11}
+    assert log.track(T0 + 10 * S, sites={10: 0, 11: 0, 12: 1}).base == {0: (18432, 2)}  # renumbered onto one
+    layer = (("category", "parameter"),)
+    h = event_history.of_track(
+        log.track(T0 + 10 * S),
+        frames_of=lambda key: [FRAMES[0]] if key in (10, 11) else [FRAMES[2]],
+        labels_of=lambda key: layer if key in (10, 11) else (),
+    )
+    p = Profile(memory_sample_types())
+    p.time_nanos = T0
+    p.history = h
+    assert by_leaf(at(p, 5)) == {"load_model": 18432}  # one file, as the recorder wrote it
+    assert by_leaf(at(merge([p], labels=[{"pid": 1}]), 5)) == {"load_model": 18432}
