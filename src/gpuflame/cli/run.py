@@ -135,6 +135,7 @@ def command_line(args: argparse.Namespace) -> list[str]:
         return [sys.executable, *rest]
     if not script.endswith(".py") and shutil.which(script):  # `gpuflame run python train.py`, `... torchrun ...`
         return rest
+    _not_on_path(script)
     raise GpuflameError(f"{script}: no such script (to run a command, write: gpuflame run -- {script} ...)")
 
 
@@ -143,6 +144,23 @@ def _check_command(word: str) -> None:
     if os.sep not in word and os.path.isfile(word) and shutil.which(word) is None:
         how = f"python {word}" if word.endswith(".py") else f"./{word}"
         raise GpuflameError(f"{word}: not a command (after --, write: gpuflame run -- {how}; or leave out --)")
+    _not_on_path(word)
+
+
+def _not_on_path(word: str) -> None:
+    """A command of gpuflame's own environment that is not on PATH (not activated): name where it is.
+
+    `.venv/bin/gpuflame run torchrun ...` said 'no such script (write: gpuflame run -- torchrun)', and
+    that said 'command not found': torchrun was in .venv/bin beside gpuflame, which PATH did not hold.
+    """
+    if os.sep in word or shutil.which(word):
+        return
+    beside = os.path.join(os.path.dirname(sys.executable), word)
+    if os.path.isfile(beside) and os.access(beside, os.X_OK):
+        raise GpuflameError(
+            f"{word}: not on PATH; gpuflame's environment has {beside}: write gpuflame run -- {beside} ... "
+            "(or activate that environment)"
+        )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 
 import pytest
@@ -32,3 +33,20 @@ def test_a_script_named_m_after_the_script_stays_the_scripts(tmp_path, monkeypat
     args = parse(build_parser(["run"]), ["run", "-o", "r.pb.gz", "train.py", "-m", "mod", "--help"])
     assert args.module is None
     assert command_line(args) == [sys.executable, "train.py", "-m", "mod", "--help"]
+
+
+@pytest.mark.parametrize("dashes", [[], ["--"]])
+def test_a_command_of_gpuflames_environment_not_on_path_is_named(tmp_path, monkeypatch, dashes) -> None:  # type: ignore[no-untyped-def]
+    """`.venv/bin/gpuflame run torchrun ...` with the environment not activated: say where torchrun is."""
+    from pathlib import Path
+
+    from gpuflame.errors import GpuflameError
+
+    beside = Path(sys.executable).parent / "torchrun"  # torch's console script, in the test environment
+    assert beside.is_file()
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    args = parse(build_parser(["run"]), ["run", *dashes, "torchrun", "--nproc_per_node=2", "t.py"])
+    said = re.escape(f"torchrun: not on PATH; gpuflame's environment has {beside}: write gpuflame run -- {beside}")
+    with pytest.raises(GpuflameError, match=said):
+        command_line(args)
