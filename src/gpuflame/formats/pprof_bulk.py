@@ -14,7 +14,7 @@ error. Launcher side only (numpy).
 from __future__ import annotations
 
 from array import array
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -42,7 +42,7 @@ class OneFrameEach(Mapping[int, tuple[int, ...]]):
     one_frame_each = True  # what pprof_samples.one_frame_each asks, without importing numpy
 
     @classmethod
-    def of(cls, ids: list[int], frame_ids: list[int]) -> OneFrameEach:
+    def of(cls, ids: Sequence[int], frame_ids: Sequence[int]) -> OneFrameEach:
         return cls(np.array(ids, dtype=np.uint64), np.array(frame_ids, dtype=np.int64))
 
     def __init__(self, ids: np.ndarray, frame_ids: np.ndarray) -> None:

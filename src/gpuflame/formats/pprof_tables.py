@@ -96,7 +96,7 @@ def _read_mappings(split: SplitProfile, strings: Strings) -> dict[int, str]:
     return out
 
 
-def _check_ids(ids: list[int], what: str) -> None:
+def _check_ids(ids: Sequence[int], what: str) -> None:
     """A table's ids (field 1): never 0, never twice."""
     if 0 in ids:
         raise ProfileFormatError(f"malformed pprof: a {what} has id 0")
@@ -111,7 +111,8 @@ def _read_functions(split: SplitProfile, strings: Strings) -> dict[int, tuple[st
     rows = list(map(_FUNCTION, split.function))
     if not rows:
         return {}
-    fids, name_ix, system_ix, file_ix, starts = (list(c) for c in zip(*rows, strict=True))
+    fids, name_ix, system_ix, file_ix, starts = zip(*rows, strict=True)
+    del rows  # a million functions: the columns alone from here
     _check_ids(fids, "function")
     try:
         names = strings.many(name_ix, "a function's name")
@@ -134,8 +135,8 @@ def read_locations(split: SplitProfile, strings: Strings, profile: Profile) -> M
     rows = list(map(_LOCATION, split.location))
     if not rows:
         return {}
-    lids, mids, addresses, line_lists = (list(c) for c in zip(*rows, strict=True))
-    del rows
+    lids, mids, addresses, line_lists = zip(*rows, strict=True)
+    del rows  # a million locations: the columns alone from here
     _check_ids(lids, "location")
     counts = list(map(len, line_lists))
     lines = list(map(_LINE, chain.from_iterable(line_lists)))
@@ -158,9 +159,9 @@ def read_locations(split: SplitProfile, strings: Strings, profile: Profile) -> M
 
 
 def _frames(
-    lids: list[int],
-    mids: list[int],
-    addresses: list[int],
+    lids: Sequence[int],
+    mids: Sequence[int],
+    addresses: Sequence[int],
     counts: list[int],
     lines: Iterator[tuple[int, int]],
     mappings: dict[int, str],
@@ -181,7 +182,10 @@ def _frames(
 
 
 def _one_line_frames(
-    lines: list[tuple[int, int]], mids: list[int], mappings: dict[int, str], functions: dict[int, tuple[str, str, int]]
+    lines: list[tuple[int, int]],
+    mids: Sequence[int],
+    mappings: dict[int, str],
+    functions: dict[int, tuple[str, str, int]],
 ) -> list[Frame] | None:
     """The frames of locations of one Line each, of known, named functions (every writer's usual table), in C loops.
 
