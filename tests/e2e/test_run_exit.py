@@ -440,7 +440,7 @@ import os, signal, sys
 class TermOnImport:
     # SIGTERM to this process while gpuflame imports its profile writer (a pool's terminate() can land there)
     def find_spec(self, name, path=None, target=None):
-        if name == "gpuflame.formats.protobuf_wire":
+        if name == "gpuflame.formats.protobuf_encode":
             sys.meta_path.remove(self)
             os.kill(os.getpid(), signal.SIGTERM)
         return None

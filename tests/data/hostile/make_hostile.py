@@ -14,7 +14,8 @@ import zlib
 from pathlib import Path
 
 from gpuflame.formats import pprof
-from gpuflame.formats import protobuf_wire as wire
+from gpuflame.formats import protobuf_encode as wire
+from gpuflame.formats.pprof_proto.profile_pb2 import Profile as ProfileMessage
 from gpuflame.model import Frame, Profile, SampleType, timeline
 
 HERE = Path(__file__).parent
@@ -37,7 +38,7 @@ def packed(prefix: str, json_text: bytes) -> str:
 def with_repeated_comment(profile: Profile, times: int) -> bytes:
     """*profile*'s raw pprof with its first comment named *times* times (one string, many references)."""
     raw = pprof.encode_raw(profile)
-    index = next(v for f, _, v in wire.iter_fields(raw) if f == 13)
+    index = ProfileMessage.FromString(raw).comment[0]
     return raw + (wire.tag(13, wire.VARINT) + wire.encode_varint(index)) * (times - 1)
 
 
