@@ -199,6 +199,10 @@ import torch
 from gpuflame.capture.exit_hooks import HOOKS
 
 
+def test_a_bigger_peak_first():  # the table's one row (--gpuflame-top 1): the next test's profile is not built
+    torch.empty(2 << 20, dtype=torch.uint8)
+
+
 def test_breaks_its_recorder():
     x = torch.empty(1 << 20, dtype=torch.uint8)
     for session in HOOKS.sessions:  # an internal error of the recorder, as a failing hook would raise
@@ -206,17 +210,39 @@ def test_breaks_its_recorder():
             recorder.fail("an injected internal error", "recording stops here")
 """
 
+BROKEN_AT_STOP = """
+import torch
+from gpuflame.capture.exit_hooks import HOOKS
 
-def test_a_recording_that_degraded_is_no_baseline(pytester: pytest.Pytester) -> None:
+
+def test_a_bigger_peak_first():  # the table's one row (--gpuflame-top 1): the next test's profile is not built
+    torch.empty(2 << 20, dtype=torch.uint8)
+
+
+def test_breaks_its_recorder():
+    x = torch.empty(1 << 20, dtype=torch.uint8)
+    for session in HOOKS.sessions:  # the recorder fails at its stop, after the peak was read without a profile
+        for recorder in session.recorders:
+            def broken(stop=recorder._stop):
+                stop()
+                raise RuntimeError("an injected internal error")
+            recorder._stop = broken
+"""
+
+
+@pytest.mark.parametrize("suite", [BROKEN, BROKEN_AT_STOP], ids=["in the test", "at its stop"])
+def test_a_recording_that_degraded_is_no_baseline(pytester: pytest.Pytester, suite: str) -> None:
     """A recorder that stopped part way gives a short peak (0 B once, for every test of a broken run): it is
-    said as incomplete, and never stored, so the next run does not fail every test as grown from it."""
-    pytester.makepyfile(test_broken=BROKEN)
-    first = pytester.runpytest("--gpuflame-fail-on-increase", "-W", "ignore::RuntimeWarning")
-    first.assert_outcomes(passed=1)
+    said as incomplete, and never stored, so the next run does not fail every test as grown from it; a
+    failure at the stop of a phase whose profile is not built is said the same."""
+    pytester.makepyfile(test_broken=suite)
+    args = ("--gpuflame-fail-on-increase", "--gpuflame-top", "1", "-W", "ignore::RuntimeWarning")
+    first = pytester.runpytest(*args)
+    first.assert_outcomes(passed=2)
     out = first.stdout.str()
     assert "the profile of this test is incomplete" in out and "an injected internal error" in out
-    again = pytester.runpytest("--gpuflame-fail-on-increase", "-W", "ignore::RuntimeWarning")
-    again.assert_outcomes(passed=1)
+    again = pytester.runpytest(*args)
+    again.assert_outcomes(passed=2)
     assert "1 test had no peak from an earlier run to compare with" in again.stdout.str()
 
 
