@@ -116,7 +116,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         console = make_console()
         joint = any(u.kind in (JOINT, PARTIAL) for u in opened.profile.peak_units())
-        render_report(console, report, opened.source, peak, process_sections(processes, joint, spread))
+        sections = process_sections(processes, joint, spread)
+        render_report(console, report, opened.source, peak, sections, moment=bool(opened.profile.moment))
         for line in [*(reserved_line(opened.profile, u) for u in units), *([hint] if hint else [])]:
             console.print(printable(line), markup=False, highlight=False, soft_wrap=True)
     return 0

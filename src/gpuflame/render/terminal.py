@@ -211,9 +211,11 @@ def render_report(
     source: str,
     peak: str = "",
     processes: Iterable[Table | Text] = (),
+    moment: bool = False,
 ) -> None:
     """The report; *peak* says what a peak total is (``Profile.peak_description``); *processes*: a table
-    per process and how uneven they were (``render/process_tables.py``), after the phases."""
+    per process and how uneven they were (``render/process_tables.py``), after the phases; *moment*: the
+    profile is one moment or window (--at, --between), and the phases' table is still the whole recording's."""
     console.print(Text.assemble(("gpuflame report ", "bold"), printable(source)))
     console.print(type_title(report.type, report.unit, report.total, peak))
     print_comments(console, report.comments, shown=peak)
@@ -223,7 +225,7 @@ def render_report(
     sections = (
         _totals_table(report),
         *([categories_table(report.categories, report.unit)] if report.categories else []),
-        *([phases_table(report.phases)] if report.phases else []),
+        *([phases_table(report.phases, whole=moment)] if report.phases else []),
         *processes,
         _entries_table("What allocates the most: widest leaf bars (by self)", report.leaves, report.unit, "self"),
         _roots_table(report.roots, report.unit),
@@ -254,13 +256,15 @@ def categories_table(rows: list[CategoryTotal], unit: str, by: str = "category")
     return table
 
 
-def phases_table(rows: list[PhaseRow]) -> Table:
-    """Peak per phase, in order: each phase's own highest live total, in use at its end, who held most then."""
+def phases_table(rows: list[PhaseRow], whole: bool = False) -> Table:
+    """Peak per phase, in order: each phase's own highest live total, in use at its end, who held most then.
+
+    *whole*: shown under a moment (--at 0.1 listed a phase that began at 0.303 s): its title says so."""
     several = len({(r.stat.pid, r.stat.device) for r in rows}) > 1
     ranked = several and any(r.rank for r in rows)  # torchrun and the like: which rank each row is
     who = ("rank",) * ranked + (("pid", "device") if several else ())
     table = _table(
-        "By phase: each phase's own peak (bytes)",
+        "By phase: each phase's own peak (bytes)" + (", over the whole recording" if whole else ""),
         "phase",
         *who,
         "start",

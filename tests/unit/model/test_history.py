@@ -476,3 +476,17 @@ def test_a_merge_sums_the_folded_bytes_of_two_sites_that_are_one() -> None:
     p.history = h
     assert by_leaf(at(p, 5)) == {"load_model": 18432}  # one file, as the recorder wrote it
     assert by_leaf(at(merge([p], labels=[{"pid": 1}]), 5)) == {"load_model": 18432}
+
+
+def test_reports_phase_table_under_a_moment_says_it_is_the_whole_recordings(capsys, tmp_path: Path) -> None:
+    """report --at 0.1 listed a phase that began after it, under 'each phase's own peak' with no word."""
+    from gpuflame.model.phases import PhaseStat
+
+    p = profile_of(EVENTS)
+    p.add([FRAMES[0]], [1000, 1, 1000, 1, 1000, 1], {"device": "cpu", "pid": "1", "phase": "train"})
+    p.phases = [PhaseStat("train", device="cpu", pid="1", start=T0 + 5 * S, end=T0 + 6 * S, peak=1000)]
+    save(p, tmp_path / "p.pb.gz")
+    _, whole, _ = run(capsys, "report", tmp_path / "p.pb.gz")
+    _, moment, _ = run(capsys, "report", tmp_path / "p.pb.gz", "--at", "3.5")
+    assert "By phase: each phase's own peak (bytes)" in whole and "whole recording" not in whole
+    assert "By phase: each phase's own peak (bytes), over the whole recording" in moment
