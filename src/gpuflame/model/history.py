@@ -129,12 +129,17 @@ class EventLog:
         for t, site, size in zip(self.times[:n], self.sites[:n], self.sizes[:n], strict=True):
             key = key_of(site)
             total = totals[key] = totals.get(key, 0) + size
-            past.setdefault(key, [(self.start, 0)]).append((t, total))
+            past.setdefault(key, []).append((t, total))
         for key, points in past.items():
             past[key] = downsample(points)
 
     def lines(self) -> dict[str, list[Point]]:
-        """Per key, live bytes after each event from the start (the folded part downsampled)."""
+        """Per key, live bytes after each event from its first (the folded part downsampled).
+
+        No point at the log's start: a strip's 0 is its first point, said to be the first allocation (as
+        the allocator hook's strip has it); a (start, 0) point put the dispatch recorder's 0 at the
+        recording's start, 6 s before the first allocation of a script that imports transformers first.
+        """
         if self.key_of is None:
             return {}
         out = {key: list(points) for key, points in self.past.items()}
@@ -142,14 +147,14 @@ class EventLog:
         keys = {self.key_of(site) for site in set(self.sites)}
         if len(keys) == 1:  # one device (the common case): running sums at C speed, not a loop per event
             (key,) = keys
-            points = out.setdefault(key, [(self.start, 0)])
+            points = out.setdefault(key, [])
             running = islice(accumulate(self.sizes, initial=totals.get(key, 0)), 1, None)
             points += zip(self.times, running, strict=False)
             return out
         for t, site, size in zip(self.times, self.sites, self.sizes, strict=True):
             key = self.key_of(site)
             total = totals[key] = totals.get(key, 0) + size
-            out.setdefault(key, [(self.start, 0)]).append((t, total))
+            out.setdefault(key, []).append((t, total))
         return out
 
     def track(self, end: int, labels: Labels = (), sites: Mapping[int, int] | None = None) -> Track:

@@ -310,6 +310,20 @@ def _seconds(profile: Profile, epoch_ns: int) -> float:
     return (epoch_ns - moment.origin(profile)) / 1e9
 
 
+def test_the_strips_zero_is_the_first_allocation(make_recorder: Callable[[], Recorder]) -> None:
+    """Each moment says '0 s is the first allocation at ...'. The dispatch recorder's strip began with a point
+    at its log's start, so its 0 was the recording's start: 6 s before the first allocation of a script that
+    imported transformers first, and --at 1.5 meant another instant than on the allocator hook."""
+    rec = make_recorder()
+    rec.start()
+    keep = torch.empty(100)
+    rec.stop()
+    profile = rec.snapshot()
+    assert profile.history is not None and keep.numel() == 100
+    first = min(t.times[0] for t in profile.history.tracks if len(t.times))
+    assert moment.origin(profile) == first
+
+
 @pytest.mark.slow
 def test_any_moment_of_a_generate_loop_with_a_static_kv_cache_is_exact(
     make_recorder: Callable[[], Recorder],
