@@ -46,7 +46,7 @@ class Limit:
         """The error for *what* (``the decompressed data``) going past the bound."""
         bound = self.value() if limit is None else limit
         return ProfileFormatError(
-            f"{what} exceeds gpuflame's limit of {bound:,} {self.unit} "
+            f"{what}: past gpuflame's limit of {bound:,} {self.unit} "
             f"(a damaged or hostile file? if it is genuine, raise the limit with {self.env}=N)"
         )
 
