@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class SplitProfile(_message.Message):
-    __slots__ = ("sample_type", "sample", "mapping", "location", "function", "string_table", "time_nanos", "duration_nanos", "comment", "default_sample_type")
+    __slots__ = ("sample_type", "sample", "mapping", "location", "function", "string_table", "time_nanos", "duration_nanos", "comment", "default_sample_type", "gpuflame_data")
     SAMPLE_TYPE_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_FIELD_NUMBER: _ClassVar[int]
     MAPPING_FIELD_NUMBER: _ClassVar[int]
@@ -19,6 +19,7 @@ class SplitProfile(_message.Message):
     DURATION_NANOS_FIELD_NUMBER: _ClassVar[int]
     COMMENT_FIELD_NUMBER: _ClassVar[int]
     DEFAULT_SAMPLE_TYPE_FIELD_NUMBER: _ClassVar[int]
+    GPUFLAME_DATA_FIELD_NUMBER: _ClassVar[int]
     sample_type: _containers.RepeatedCompositeFieldContainer[_profile_pb2.ValueType]
     sample: _containers.RepeatedScalarFieldContainer[bytes]
     mapping: _containers.RepeatedCompositeFieldContainer[_profile_pb2.Mapping]
@@ -29,7 +30,8 @@ class SplitProfile(_message.Message):
     duration_nanos: int
     comment: _containers.RepeatedScalarFieldContainer[int]
     default_sample_type: int
-    def __init__(self, sample_type: _Optional[_Iterable[_Union[_profile_pb2.ValueType, _Mapping]]] = ..., sample: _Optional[_Iterable[bytes]] = ..., mapping: _Optional[_Iterable[_Union[_profile_pb2.Mapping, _Mapping]]] = ..., location: _Optional[_Iterable[_Union[_profile_pb2.Location, _Mapping]]] = ..., function: _Optional[_Iterable[_Union[_profile_pb2.Function, _Mapping]]] = ..., string_table: _Optional[_Iterable[bytes]] = ..., time_nanos: _Optional[int] = ..., duration_nanos: _Optional[int] = ..., comment: _Optional[_Iterable[int]] = ..., default_sample_type: _Optional[int] = ...) -> None: ...
+    gpuflame_data: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, sample_type: _Optional[_Iterable[_Union[_profile_pb2.ValueType, _Mapping]]] = ..., sample: _Optional[_Iterable[bytes]] = ..., mapping: _Optional[_Iterable[_Union[_profile_pb2.Mapping, _Mapping]]] = ..., location: _Optional[_Iterable[_Union[_profile_pb2.Location, _Mapping]]] = ..., function: _Optional[_Iterable[_Union[_profile_pb2.Function, _Mapping]]] = ..., string_table: _Optional[_Iterable[bytes]] = ..., time_nanos: _Optional[int] = ..., duration_nanos: _Optional[int] = ..., comment: _Optional[_Iterable[int]] = ..., default_sample_type: _Optional[int] = ..., gpuflame_data: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class Sample(_message.Message):
     __slots__ = ("location_id", "value", "label")
