@@ -138,6 +138,7 @@ class GpuflamePlugin:
         option = config.option
         self.config = config
         self.dir = Path(option.gpuflame_dir) if option.gpuflame_dir else None
+        self._fallback: Path | None = None  # where a failing check's profile goes without pytest's cache
         self.fail_on_increase = option.gpuflame_fail_on_increase
         self.everything = bool(option.gpuflame or self.dir or self.fail_on_increase)
         self.top = max(1, option.gpuflame_top)
@@ -286,7 +287,7 @@ class GpuflamePlugin:
         folder = self.dir
         if folder is None and keep and body.profile is not None:
             cache = getattr(self.config, "cache", None)
-            folder = cache.mkdir(PROFILES_CACHE_DIR) if cache else Path(tempfile.gettempdir()) / "gpuflame-pytest"
+            folder = cache.mkdir(PROFILES_CACHE_DIR) if cache else self._private_folder()
         if folder is None or body.profile is None:
             return ""
         folder.mkdir(parents=True, exist_ok=True)
@@ -296,6 +297,15 @@ class GpuflamePlugin:
         if fixtures is not None and fixtures.profile is not None and self.dir is not None:
             save(fixtures.profile, folder / f"{name}.fixtures.pb.gz")
         return str(path)
+
+    def _private_folder(self) -> Path:
+        """Without pytest's cache: a new 0700 folder of this session in the temporary folder.
+
+        A fixed name there (``/tmp/gpuflame-pytest``) could be made first by another user.
+        """
+        if self._fallback is None:
+            self._fallback = Path(tempfile.mkdtemp(prefix="gpuflame-pytest-profiles-"))
+        return self._fallback
 
     # -- the whole run (on the controller under xdist) ------------------------------
 

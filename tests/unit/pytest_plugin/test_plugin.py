@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import re
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -556,3 +558,32 @@ def test_a_jax_test_is_charged_with_its_own_buffers_not_an_earlier_tests(
     for test, kept in (("a_keeps_four", 4 * MiB), ("b_keeps_one", MiB), ("c_keeps_two", 2 * MiB)):
         profile = load(pytester.path / "profiles" / f"test_jax_kept.py_test_{test}.pb.gz")
         assert profile.totals()["inuse_space"] == profile.totals()["peak_space"] == kept
+
+
+def test_without_pytests_cache_a_failing_profile_goes_to_a_private_folder(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not a fixed /tmp/gpuflame-pytest that another user could have made first (or made a link)."""
+    tmp = pytester.path / "shared-tmp"
+    tmp.mkdir()
+    victim = pytester.path / "victim"
+    victim.mkdir()
+    (tmp / "gpuflame-pytest").symlink_to(victim)
+    pytester.makepyfile(
+        test_over="""
+import pytest, torch
+
+@pytest.mark.limit_gpu_memory("1 MiB")
+def test_over():
+    x = torch.empty(4 << 20, dtype=torch.uint8)
+"""
+    )
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))  # what TMPDIR would give a new process
+    result = pytester.runpytest_inprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(failed=1)
+    saved = re.search(r"profile: (\S+\.pb\.gz)", result.stdout.str())
+    assert saved is not None, result.stdout.str()
+    folder = (pytester.path / saved.group(1)).parent
+    assert folder.parent == tmp and folder.name.startswith("gpuflame-pytest-profiles-")
+    assert folder.stat().st_mode & 0o777 == 0o700 and load(pytester.path / saved.group(1)).totals()
+    assert list(victim.iterdir()) == []
