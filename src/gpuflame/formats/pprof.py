@@ -5,8 +5,9 @@ Writing (:func:`encode`) maps the model onto pprof like this:
 - ``string_table[0]`` is ``""``; every other string is stored once.
 - ``sample_type`` from ``profile.sample_types``; ``default_sample_type``,
   ``comment``, ``time_nanos`` and ``duration_nanos`` from the fields of the
-  same names. ``period_type`` is the first sample type and ``period`` is 1:
-  gpuflame records every allocation, it does not sample.
+  same names (gpuflame's own data aside, below). ``period_type`` is the first
+  sample type and ``period`` is 1: gpuflame records every allocation, it does
+  not sample.
 - One Location per frame, ``Location.id = frame index + base``, with one Line
   ``{function_id, line = frame.line}``. ``base`` is 1 for up to 127 frames,
   else 128 (up to 16256 frames), 16384, ...: every id then has the same
@@ -27,10 +28,14 @@ Writing (:func:`encode`) maps the model onto pprof like this:
   Function of that name: without one, pprof and Grafana would show the
   mapping's name instead of the AKS guide's raw address.
 - ``profile.timeline`` (memory over time) has no pprof field: it is written as
-  one extra ``comment`` (:mod:`gpuflame.model.timeline`), which the reader
-  takes back out of the comments; a damaged one becomes a plain note. So is
-  ``profile.peaks``, what the peak values are (:mod:`gpuflame.model.peak`), and
-  ``profile.phases``, the per-phase table (:mod:`gpuflame.model.phases`).
+  one prefixed text (:mod:`gpuflame.model.timeline`) in field 1000 of Profile,
+  ``gpuflame_data``, which pprof does not define (``pprof_proto/split_profile.proto``):
+  Go's pprof and Pyroscope skip it, where they would print a comment. So are
+  ``profile.peaks``, what the peak values are (:mod:`gpuflame.model.peak`),
+  ``profile.phases``, the per-phase table (:mod:`gpuflame.model.phases`), the
+  processes and the event history. The reader takes them back out of that
+  field and, for files written before it, of the comments; a damaged one
+  becomes a plain note. Comments hold only notes for people.
 - Labels are string labels. Values are int64 (diffs are negative).
 - gzip level 1, as Go's runtime/pprof writes it: level 6 costs several times the
   time for a few percent of size. The gzip mtime is 0 so output is
@@ -67,6 +72,7 @@ from gpuflame.formats.pprof_fields import (  # noqa: F401 - frame_kind: the rule
     P_DEFAULT_SAMPLE_TYPE,
     P_DURATION_NANOS,
     P_FUNCTION,
+    P_GPUFLAME_DATA,
     P_LOCATION,
     P_MAPPING,
     P_PERIOD,
@@ -144,12 +150,7 @@ def encode_raw(profile: Profile, period_type_override: SampleType | None = None)
     parts += mappings
     parts += locations
     parts += functions
-    stored = profile.comments + ([profile.timeline.to_comment()] if profile.timeline else [])
-    stored += [peak.to_comment(profile.peaks)] if profile.peaks else []
-    stored += [phases.to_comment(profile.phases)] if profile.phases else []
-    stored += [processes.to_comment(profile.processes)] if profile.processes else []
-    stored += [profile.history.to_comment()] if profile.history is not None and profile.history.tracks else []
-    comments = [strings[c] for c in stored]
+    comments = [strings[c] for c in profile.comments]
     default = strings[profile.default_type] if profile.default_type else 0
     period = period_type_override or (profile.sample_types[0] if profile.sample_types else None)
     period_type = _value_type(P_PERIOD_TYPE, period, strings) if period else b""
@@ -162,7 +163,19 @@ def encode_raw(profile: Profile, period_type_override: SampleType | None = None)
     # repeated: every entry is written, the empty string (index 0) too
     parts += [tag(P_COMMENT, VARINT) + varints[c] for c in comments]
     parts.append(field_varint(P_DEFAULT_SAMPLE_TYPE, default))
+    parts += [field_string(P_GPUFLAME_DATA, entry) for entry in data_entries(profile)]
     return b"".join(parts)
+
+
+def data_entries(profile: Profile) -> list[str]:
+    """gpuflame's own data, one prefixed text each (:mod:`gpuflame.model.comments`): field
+    :data:`P_GPUFLAME_DATA`, which pprof does not define, so `go tool pprof` neither prints nor keeps it."""
+    entries = [profile.timeline.to_comment()] if profile.timeline else []
+    entries += [peak.to_comment(profile.peaks)] if profile.peaks else []
+    entries += [phases.to_comment(profile.phases)] if profile.phases else []
+    entries += [processes.to_comment(profile.processes)] if profile.processes else []
+    entries += [profile.history.to_comment()] if profile.history is not None and profile.history.tracks else []
+    return entries
 
 
 def _value_type(field: int, st: SampleType, strings: _StringTable) -> bytes:

@@ -13,6 +13,9 @@ from gpuflame.symbols.kinds import guess_kind
 # Field numbers of profile.proto's Profile (only those gpuflame writes).
 P_SAMPLE_TYPE, P_SAMPLE, P_MAPPING, P_LOCATION, P_FUNCTION, P_STRING_TABLE = 1, 2, 3, 4, 5, 6
 P_TIME_NANOS, P_DURATION_NANOS, P_PERIOD_TYPE, P_PERIOD, P_COMMENT, P_DEFAULT_SAMPLE_TYPE = 9, 10, 11, 12, 13, 14
+# gpuflame's own field, not pprof's (pprof_proto/split_profile.proto): its data entries, which readers of pprof
+# skip, where comments would be printed by `go tool pprof -top`
+P_GPUFLAME_DATA = 1000
 
 
 def frame_kind(name: str, file: str, in_mapping: bool) -> str:

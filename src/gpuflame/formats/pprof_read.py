@@ -131,19 +131,32 @@ def _check_counts(split: Any) -> None:
     for name, table in tables:
         if len(table) > limits.FRAMES.value():
             raise limits.FRAMES.exceeded(f"pprof: the {name}")
-    if len(split.comment) > limits.COMMENTS.value():
-        raise limits.COMMENTS.exceeded("pprof: the comments")
+    if len(split.comment) + len(split.gpuflame_data) > limits.COMMENTS.value():
+        raise limits.COMMENTS.exceeded("pprof: the comments and gpuflame's data entries")
+
+
+UNREAD_DATA_NOTE = "gpuflame: this file holds data of a later gpuflame version that this one does not read"
 
 
 def _header(split: Any, strings: Strings) -> Profile:
-    """A profile of the file's sample types, comments (gpuflame's own taken out of them) and times."""
+    """A profile of the file's sample types, comments, gpuflame's data and times.
+
+    gpuflame's data is read from its own field and, as files written before that field held it,
+    from the comments; both go through the same split, under one budget.
+    """
     profile = Profile(sample_types=[read_value_type(vt, strings) for vt in split.sample_type])
     budget = InflateBudget()
-    profile.timeline, comments = split_comments([strings.get(i, "comment") for i in split.comment], budget)
+    data = [entry.decode("utf-8", "replace") for entry in split.gpuflame_data]
+    comments = [strings.get(i, "comment") for i in split.comment] + data
+    profile.timeline, comments = split_comments(comments, budget)
     profile.peaks, comments = peak.split_comments(comments)
     profile.phases, comments = phases.split_comments(comments)
     profile.processes, comments = processes.split_comments(comments)
-    profile.history, profile.comments = history.split_comments(comments, budget)
+    profile.history, comments = history.split_comments(comments, budget)
+    unread = set(data)  # data of a later gpuflame, which this one does not read: not shown as a comment
+    profile.comments = [c for c in comments if c not in unread]
+    if len(profile.comments) < len(comments):
+        profile.comments.append(UNREAD_DATA_NOTE)
     profile.default_type = strings.get(split.default_sample_type, "default_sample_type") or None
     profile.time_nanos = split.time_nanos
     profile.duration_nanos = split.duration_nanos

@@ -53,6 +53,7 @@ _PROFILE: Fields = {
     10: ("duration_nanos", "int", False),
     13: ("comment", "int", True),
     14: ("default_sample_type", "int", False),
+    1000: ("gpuflame_data", "bytes", True),
 }
 _LABEL: Fields = {1: ("key", "int", False), 2: ("str", "int", False), 3: ("num", "int", False)}
 _LABEL[4] = ("num_unit", "int", False)

@@ -14,7 +14,12 @@ from gpuflame.errors import ProfileFormatError
 from gpuflame.formats import pprof
 from tests.helpers.paths import DATA
 
-FILES = ["go-1.19-heap.pb.gz", "jax-0.10.2-cpu-device-memory.prof", "hostile/repeated-timeline.pb.gz"]
+FILES = [
+    "go-1.19-heap.pb.gz",
+    "jax-0.10.2-cpu-device-memory.prof",
+    "hostile/repeated-timeline.pb.gz",
+    "gpuflame-0.1.0-data-in-comments.pb.gz",
+]
 
 
 def answer(data: bytes, standard_library: bool) -> object:
