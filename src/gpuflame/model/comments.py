@@ -1,10 +1,12 @@
-"""Data that rides in pprof ``comment`` lines, and taking it back out.
+"""gpuflame's data entries in pprof, and taking them back out.
 
 pprof has no field for a timeline, a peak description or an event history,
-so each is stored as one comment that starts with its own prefix
-(``gpuflame-timeline-v1:``, ...). The reader takes them back out with
-:func:`split_comments`, so users never see them in ``report``; a damaged
-one is replaced by a plain note (a file must always load).
+so each is stored as one text that starts with its own prefix
+(``gpuflame-timeline-v1:``, ...): in gpuflame's own field of Profile
+(:data:`gpuflame.formats.pprof_fields.P_GPUFLAME_DATA`), and in files
+written before that field, as a comment. The reader takes them back out of
+both with :func:`split_comments`, so users never see them in ``report``; a
+damaged one is replaced by a plain note (a file must always load).
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ import re
 import shutil
 import subprocess
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -164,3 +165,18 @@ def test_go_tool_pprof_proto_reads_and_rewrites_the_file(tmp_path: Path, old: Pr
         index = [t.type for t in back.sample_types].index(st.type)
         mine = old.sample_types.index(st)
         assert sum(s.values[index] for s in back.samples) == sum(s.values[mine] for s in old.samples)
+
+
+def test_a_pyroscope_push_carries_the_notes_and_no_history_nor_timeline(push_pb2: ModuleType, old: Profile) -> None:
+    """ship/pyroscope.py drops the viewer's aids before pushing, as it did; what else is data rides in field 1000."""
+    from gpuflame.ship.pyroscope import push_request
+    from tests.helpers.pyroscope_server import decode_push
+
+    assert old.history is not None and old.timeline is not None
+    series = decode_push(push_request(old, {"service_name": "t"}), push_pb2, profile_pb2)
+    assert series
+    for _, message in series:  # Google's Profile (as Pyroscope's parser) reads it, field 1000 aside
+        assert [message.string_table[i] for i in message.comment] == old.comments
+        entries = split_profile_pb2.SplitProfile.FromString(message.SerializeToString()).gpuflame_data
+        assert any(e.startswith(peak.PREFIX.encode()) for e in entries)  # the field came through the parse
+        assert not any(e.startswith((history.PREFIX.encode(), timeline.PREFIX.encode())) for e in entries)
