@@ -66,7 +66,7 @@ def phase_rows(profile: Profile) -> list[PhaseRow]:
 
 def phase_totals(profile: Profile, type_index: int) -> list[CategoryTotal]:
     """Bytes by the phase they were allocated in (the ``phase`` label), in the order the phases began."""
-    if not any(s.label(LABEL) is not None for s in profile.samples):
+    if not profile.has_label(LABEL):
         return []
     began = {r.phase: i for i, r in enumerate(_none_last(ordered(profile.phases)))}
     return sums_by(profile, type_index, lambda s: s.label(LABEL) or NONE, lambda n: (began.get(n, len(began)), n))

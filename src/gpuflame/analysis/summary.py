@@ -13,8 +13,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from gpuflame.analysis.tree import NO_STACK, FlameTree, Node, frame_sort_key, function_frames
+from gpuflame.model.columns import exact_sum
 from gpuflame.model.peak import PeakUnit
-from gpuflame.model.profile import Frame, Profile
+from gpuflame.model.profile import Frame, Labels, Profile
 from gpuflame.symbols import names
 from gpuflame.units import percent
 
@@ -114,8 +115,16 @@ FRAGMENTED = 0.10  # reserved but unused above this share of the reserved peak: 
 def reserved_peaks(profile: Profile) -> list[PeakUnit]:
     """The peak units that know the allocator's true reserved peak (a PyTorch snapshot's trace), of the
     devices whose samples are shown."""
-    shown = {s.label("device", "") or "" for s in profile.samples if any(s.values)}
-    return [u for u in profile.peaks if u.reserved and u.device in shown]
+    units = [u for u in profile.peaks if u.reserved]
+    if not units:
+        return []
+    shown = {_device(row.labels) for row in profile.label_set_totals() if any(row.nonzero)}
+    return [u for u in units if u.device in shown]
+
+
+def _device(labels: Labels) -> str:
+    """A label set's device (the first ``device`` label, as ``Sample.label``), "" without one."""
+    return next((v for k, v in labels if k == "device"), "") or ""
 
 
 def fragmented(profile: Profile) -> tuple[int, int] | None:
@@ -150,6 +159,10 @@ def _cached_at_peak(profile: Profile) -> tuple[int, int] | None:
     cached_ids = {i for i, f in enumerate(profile.frames) if f.name == names.CACHED_FREE}
     if not cached_ids:
         return None
+    held = profile.held_columns()
+    if held is not None:
+        values = held.values[:, index]
+        return exact_sum(values), exact_sum(values[np.isin(held.leaf_ids(), list(cached_ids))])
     reserved = cached = 0
     for s in profile.samples:
         reserved += s.values[index]

@@ -25,15 +25,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from itertools import chain
 from typing import NamedTuple
 
 import numpy as np
 
 from gpuflame import limits
+from gpuflame.analysis.stacks import SampleStacks, nonzero_stacks
 from gpuflame.errors import GpuflameError
 from gpuflame.model.functions import function_frames
-from gpuflame.model.profile import PYTHON, SYNTHETIC, Frame, Profile, Sample, SampleType
+from gpuflame.model.profile import PYTHON, SYNTHETIC, Frame, Labels, Profile, SampleType
 from gpuflame.symbols.def_lines import def_line
 from gpuflame.symbols.names import UNKNOWN
 
@@ -116,7 +116,7 @@ class StackTable:
     lengths: np.ndarray
     values: np.ndarray
     # where each row came from, for what the bars merge (the line of each frame)
-    samples: list[Sample] = field(default_factory=list, repr=False)
+    samples: SampleStacks = field(default_factory=lambda: SampleStacks(np.zeros(0, dtype=np.int64)), repr=False)
     sample_of_row: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.intp), repr=False)
     source_frames: list[Frame] = field(default_factory=list, repr=False)
     offset: int = 0  # columns before a sample's root frame (1 with group_by)
@@ -151,9 +151,7 @@ class StackTable:
         step = chunk_rows(self.codes.shape[1] if self.codes.ndim == 2 else 0)
         for lo in range(start, end, step):
             hi = min(end, lo + step)
-            stacks = [self.samples[i].stack for i in self.sample_of_row[lo:hi].tolist()]
-            lens = np.fromiter(map(len, stacks), dtype=np.intp, count=len(stacks))
-            flat = np.fromiter(chain.from_iterable(stacks), dtype=np.intp, count=int(lens.sum()))
+            lens, flat = self.samples.of(self.sample_of_row[lo:hi])
             row = np.repeat(np.arange(len(lens)), lens)
             firsts = np.repeat(np.cumsum(lens) - lens, lens)
             col = self.offset + np.repeat(lens, lens) - 1 - (np.arange(len(flat)) - firsts)  # root first
@@ -173,11 +171,12 @@ class StackTable:
         leak names the line that allocated, as ``--lines`` would.
         """
         ends = start + np.flatnonzero(self.lengths[start:end] == depth + 1)
+        lens, flat = self.samples.of(self.sample_of_row[ends])
+        leaves = np.cumsum(lens) - lens
         sums: dict[int, int] = {}
-        for row in ends.tolist():
-            stack = self.samples[int(self.sample_of_row[row])].stack
-            line = self.source_frames[stack[0]].line if stack else 0
-            sums[line] = sums.get(line, 0) + int(self.values[row])
+        for n, leaf, value in zip(lens.tolist(), leaves.tolist(), self.values[ends].tolist(), strict=True):
+            line = self.source_frames[int(flat[leaf])].line if n else 0
+            sums[line] = sums.get(line, 0) + value
         return min(sums, key=lambda ln: (-sums[ln], ln)) if sums else 0
 
     def leaf_codes(self) -> np.ndarray:
@@ -199,10 +198,12 @@ def build_table(profile: Profile, type_index: int, group_by: str | None = None, 
     in Grafana and pprof's default. With *lines*, each source line is its
     own bar.
     """
-    samples, values = _nonzero_samples(profile.samples, type_index)
-    lengths = np.fromiter(map(len, (s.stack for s in samples)), dtype=np.intp, count=len(samples))
+    samples = nonzero_stacks(profile, type_index)
+    values = samples.values
+    lengths = samples.lengths()
     has_empty = bool(len(lengths)) and int(lengths.min()) == 0
-    frames, code_of_id, group_codes, unknown = _frame_codes(profile, samples, group_by, has_empty, lines)
+    label_ids, label_sets = samples.label_ids() if group_by else (np.zeros(0, dtype=np.intp), [])
+    frames, code_of_id, group_codes, unknown = _frame_codes(profile, label_sets, group_by, has_empty, lines)
     offset = 1 if group_by else 0
     lengths = np.maximum(lengths, 1) + offset  # an empty stack becomes <unknown>
     width = int(lengths.max()) if len(samples) else 0
@@ -211,10 +212,10 @@ def build_table(profile: Profile, type_index: int, group_by: str | None = None, 
     codes = np.zeros((len(samples), width), dtype=dtype)
     step = chunk_rows(width)
     for start in range(0, len(samples), step):
-        chunk = samples[start : start + step]
-        _fill_rows(codes[start : start + len(chunk)], chunk, code_of_id, offset, unknown)
+        stop = min(start + step, len(samples))
+        _fill_rows(codes[start:stop], *samples.band(start, stop), code_of_id, offset, unknown)
         if group_by:
-            codes[start : start + len(chunk), 0] = [group_codes[s.label(group_by)] for s in chunk]
+            codes[start:stop, 0] = group_codes[label_ids[start:stop]]
     order = row_order(codes)
     permute_rows(codes, order)
     table = StackTable(
@@ -259,19 +260,10 @@ def permute_rows(codes: np.ndarray, order: np.ndarray) -> None:
         codes[:, lo : lo + band] = codes[order, lo : lo + band]
 
 
-def _nonzero_samples(samples: list[Sample], type_index: int) -> tuple[list[Sample], np.ndarray]:
-    """Samples with a value for this type, and those values: zero rows only make empty bars."""
-    values = np.fromiter((s.values[type_index] for s in samples), dtype=np.int64, count=len(samples))
-    keep = np.flatnonzero(values)
-    if len(keep) == len(samples):
-        return samples, values
-    return [samples[i] for i in keep.tolist()], values[keep]
-
-
 def _frame_codes(
-    profile: Profile, samples: list[Sample], group_by: str | None, has_empty: bool, lines: bool = False
-) -> tuple[list[Frame], np.ndarray, dict[str | None, int], int]:
-    """Frames sorted by name, each profile frame id's code, the group roots' codes, <unknown>'s code.
+    profile: Profile, label_sets: list[Labels], group_by: str | None, has_empty: bool, lines: bool = False
+) -> tuple[list[Frame], np.ndarray, np.ndarray, int]:
+    """Frames sorted by name, each profile frame id's code, each label set's group root code, <unknown>'s code.
 
     A frame listed twice in the profile's table gets one code, so a function
     is one function even in a hand-built profile.
@@ -279,23 +271,28 @@ def _frame_codes(
     shown = profile.frames if lines else function_frames(profile.frames)
     distinct = set(shown)
     groups: dict[str | None, Frame] = {}
+    group_of_set = [_label(labels, group_by) for labels in label_sets] if group_by else []
     if group_by:
-        groups = {v: group_frame(group_by, v) for v in {s.label(group_by) for s in samples}}
+        groups = {v: group_frame(group_by, v) for v in set(group_of_set)}
     distinct.update(groups.values())
     if has_empty:
         distinct.add(NO_STACK)
     frames = sorted(distinct, key=frame_sort_key)
     position = {f: i + 1 for i, f in enumerate(frames)}
     code_of_id = np.array([position[f] for f in shown] or [0], dtype=np.intp)
-    group_codes = {key: position[f] for key, f in groups.items()}
+    group_codes = np.array([position[groups[v]] for v in group_of_set], dtype=np.intp)
     return frames, code_of_id, group_codes, position[NO_STACK] if has_empty else 0
 
 
-def _fill_rows(block: np.ndarray, chunk: list[Sample], code_of_id: np.ndarray, offset: int, unknown: int) -> None:
-    """Write the chunk's stacks into *block* root first, starting at column *offset*."""
-    stacks = [s.stack for s in chunk]
-    lens = np.fromiter(map(len, stacks), dtype=np.intp, count=len(stacks))
-    flat = np.fromiter(chain.from_iterable(stacks), dtype=np.intp, count=int(lens.sum()))
+def _label(labels: Labels, key: str) -> str | None:
+    """The value of *key* in *labels* (the first, as ``Sample.label``), None without one."""
+    return next((v for k, v in labels if k == key), None)
+
+
+def _fill_rows(
+    block: np.ndarray, lens: np.ndarray, flat: np.ndarray, code_of_id: np.ndarray, offset: int, unknown: int
+) -> None:
+    """Write stacks (*lens* frames each, *flat* their ids, leaf first) into *block* root first, from column *offset*."""
     codes = code_of_id[flat]
     if len(lens) and lens.min() == lens.max():
         n = int(lens[0])

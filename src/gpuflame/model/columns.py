@@ -34,6 +34,17 @@ class SampleColumns(NamedTuple):
         labels = map(self.label_sets.__getitem__, self.label_ids.tolist())
         return list(map(Sample, stacks, map(tuple, self.values.tolist()), labels))
 
+    def leaf_ids(self) -> np.ndarray:
+        """Each sample's leaf frame id (the frame that allocated), -1 for an empty stack."""
+        leaves = np.full(len(self.lengths), -1, dtype=np.int64)
+        has = self.lengths > 0
+        leaves[has] = self.frames[(np.cumsum(self.lengths) - self.lengths)[has]]
+        return leaves
+
+    def totals(self) -> list[int]:
+        """Each sample type's sum over every sample, exact past int64 (as Python ints)."""
+        return [exact_sum(self.values[:, k]) for k in range(self.values.shape[1])]
+
     def label_set_totals(self) -> list[LabelSetTotal]:
         """Per distinct label set: each type's sum and whether any sample's value is not 0 (arrays, no row each)."""
         count = len(self.label_sets)
@@ -50,6 +61,15 @@ class SampleColumns(NamedTuple):
             LabelSetTotal(labels, tuple(total), tuple(flags))
             for labels, total, flags in zip(self.label_sets, sums.tolist(), nonzero.tolist(), strict=True)
         ]
+
+
+def exact_sum(values: np.ndarray) -> int:
+    """The sum of int64 *values* as a Python int: numpy's where no partial sum can pass int64, else Python's."""
+    if not len(values):
+        return 0
+    if max(int(values.max()), -int(values.min())) < (1 << 62) // len(values):  # not np.abs: -2**63 stays negative
+        return int(values.sum())
+    return sum(values.tolist())
 
 
 def from_samples(samples: list[Sample], n_types: int) -> SampleColumns:

@@ -154,6 +154,11 @@ class Profile:
         held: SampleColumns | None = self.__dict__.get("_columns")
         return held if held is not None else from_samples(self.samples, len(self.sample_types))
 
+    def held_columns(self) -> SampleColumns | None:
+        """The columns a reader handed over, while no one has asked for ``samples``; else None (nothing is made)."""
+        held: SampleColumns | None = self.__dict__.get("_columns")
+        return held
+
     def label_set_totals(self) -> list[LabelSetTotal]:
         """Per distinct label set, in order of first use: each type's sum, and which types have a value not 0.
 
@@ -219,6 +224,9 @@ class Profile:
 
     def totals(self) -> dict[str, int]:
         """Sum of every sample type over all samples."""
+        held = self.held_columns()
+        if held is not None:
+            return dict(zip(self.type_names(), held.totals(), strict=True))
         sums = [0] * len(self.sample_types)
         for s in self.samples:
             for i, v in enumerate(s.values):
@@ -227,10 +235,19 @@ class Profile:
 
     def label_values(self, key: str) -> list[str]:
         """Distinct values of one label, sorted."""
-        return sorted({v for s in self.samples for k, v in s.labels if k == key})
+        return sorted({v for labels in self._label_sets() for k, v in labels if k == key})
 
     def label_keys(self) -> list[str]:
-        return sorted({k for s in self.samples for k, _ in s.labels})
+        return sorted({k for labels in self._label_sets() for k, _ in labels})
+
+    def has_label(self, key: str) -> bool:
+        """Whether any sample has the label *key*."""
+        return any(k == key for labels in self._label_sets() for k, _ in labels)
+
+    def _label_sets(self) -> Iterable[Labels]:
+        """Every sample's labels, or the distinct label sets of columns a reader handed over (no sample made)."""
+        held = self.held_columns()
+        return held.label_sets if held is not None else map(_LABELS, self.samples)
 
     def peak_units(self) -> list[PeakUnit]:
         """What the peak_* values are, per device: the stored units, else what can be told.
