@@ -165,9 +165,12 @@ class Profile:
         A few label sets among a million samples: what per-device and
         per-process answers read, without building stacks held as columns.
         """
-        held: SampleColumns | None = self.__dict__.get("_columns")
-        if held is not None:
-            return held.label_set_totals()
+        held = self.held_columns()
+        if held is not None:  # read by several answers of one report: summed once (columns do not change)
+            memo = self.__dict__.get("_label_set_memo")
+            if memo is None or memo[0] is not held:
+                memo = self.__dict__["_label_set_memo"] = (held, held.label_set_totals())
+            return list(memo[1])
         width = len(self.sample_types)
         rows: dict[Labels, tuple[list[int], list[bool]]] = {}
         for labels, values in zip(map(_LABELS, self.samples), map(_VALUES, self.samples), strict=True):

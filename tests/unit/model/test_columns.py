@@ -126,3 +126,34 @@ def test_samples_of_a_profile_without_sample_types_make_columns() -> None:
     made = columns.from_samples([Sample((0,), ()), Sample((), ())], 0)
     assert made.values.shape == (2, 0)
     assert made.to_samples() == [Sample((0,), ()), Sample((), ())]
+
+
+def test_totals_of_columns_past_int64_stay_exact() -> None:
+    big = [Sample((0,), ((1 << 62) + k, -(1 << 62))) for k in range(3)] + [Sample((), (-(1 << 63), 0))]
+    listed = Profile(sample_types=list(TYPES), frames=[Frame("f")], samples=big)
+    held = _held(listed)
+    assert held.totals() == listed.totals() == {"peak_space": 3 + 3 * (1 << 62) - (1 << 63), "alloc_space": -3 << 62}
+    assert "_columns" in held.__dict__
+
+
+def test_label_set_totals_of_columns_are_summed_once_and_follow_the_samples(monkeypatch: pytest.MonkeyPatch) -> None:
+    """report reads them five times (peak words, devices, processes...): one sum, and a copy each caller may change."""
+    listed, held = _listed(9), _held(_listed(9))
+    sums = columns.SampleColumns.label_set_totals
+    calls = []
+    monkeypatch.setattr(columns.SampleColumns, "label_set_totals", lambda self: calls.append(1) or sums(self))
+    first = held.label_set_totals()
+    first.clear()
+    assert held.label_set_totals() == listed.label_set_totals()
+    assert len(calls) == 1
+    held.samples = held.samples[:1]  # the list replaces the columns: the sums are of the list
+    assert held.label_set_totals() == Profile(sample_types=list(TYPES), samples=listed.samples[:1]).label_set_totals()
+
+
+def test_label_keys_and_values_of_columns_are_read_without_samples() -> None:
+    listed, held = _listed(10), _held(_listed(10))
+    assert held.label_keys() == listed.label_keys() == ["category", "device", "pid"]
+    assert held.label_values("device") == listed.label_values("device") == ["cuda:0", "cuda:1"]
+    assert held.has_label("category") and not held.has_label("rank") and listed.has_label("pid")
+    assert held.columns().leaf_ids().tolist() == [s.stack[0] if s.stack else -1 for s in listed.samples]
+    assert "_columns" in held.__dict__
