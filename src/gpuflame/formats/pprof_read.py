@@ -1,11 +1,12 @@
 """Reading pprof (:func:`decode`) through the ``protobuf`` runtime; the mapping is :mod:`gpuflame.formats.pprof`'s.
 
 The file is parsed by the runtime as a ``SplitProfile``
-(:mod:`gpuflame.formats.pprof_proto`): pprof's Profile with each Sample and
-each string kept as its bytes, the tables as pprof's own messages. Sizes are
-checked before parsing (the inflated bytes, :data:`gpuflame.limits.INFLATED_BYTES`),
-the tables' counts after, before any entry becomes an object; the samples are
-read by :mod:`gpuflame.formats.pprof_samples`.
+(:mod:`gpuflame.formats.pprof_proto`): pprof's Profile with each Sample,
+string, Function and Location kept as its bytes. Sizes are checked before
+parsing (the inflated bytes, :data:`gpuflame.limits.INFLATED_BYTES`), the
+tables' counts after, before any entry becomes an object; the Functions and
+Locations are parsed as columns by :mod:`gpuflame.formats.pprof_table_columns`,
+the samples read by :mod:`gpuflame.formats.pprof_samples`.
 
 The profiled process reads one kind of pprof, JAX's device-memory profile,
 and must not import the runtime: ``standard_library=True`` parses with
@@ -21,7 +22,7 @@ from gpuflame import limits
 from gpuflame.errors import ProfileFormatError
 from gpuflame.formats.gzip_io import GZIP_MAGIC, gunzip
 from gpuflame.formats.pprof_samples import SampleBytes, read_sample_columns, read_samples
-from gpuflame.formats.pprof_tables import Strings, read_locations, read_value_type
+from gpuflame.formats.pprof_tables import Strings, Tables, read_locations, read_value_type, tables_of
 from gpuflame.gcpause import gc_paused
 from gpuflame.model import history, peak, phases, processes
 from gpuflame.model.comments import InflateBudget
@@ -30,10 +31,11 @@ from gpuflame.model.timeline import split_comments
 
 
 class Parser(NamedTuple):
-    """Bytes -> the runtime's ``SplitProfile`` and ``Sample`` (or objects of the same shape)."""
+    """Bytes -> the runtime's ``SplitProfile`` and ``Sample`` (or objects of the same shape); the tables' columns."""
 
     profile: Callable[[bytes], Any]
     sample: Callable[[bytes], Any]
+    tables: Callable[[Any], Tables]  # the parsed profile's Functions and Locations
 
 
 def runtime_parser() -> Parser:
@@ -41,6 +43,7 @@ def runtime_parser() -> Parser:
     from google.protobuf.message import DecodeError
 
     from gpuflame.formats.pprof_proto.split_profile_pb2 import Sample, SplitProfile
+    from gpuflame.formats.pprof_table_columns import read_tables
 
     def parser(message: Any, what: str) -> Callable[[bytes], Any]:
         def parse(data: bytes) -> Any:
@@ -54,6 +57,7 @@ def runtime_parser() -> Parser:
     return Parser(
         parser(SplitProfile, "the data is not a protobuf Profile message"),
         parser(Sample, "a sample is not a protobuf Sample message"),
+        lambda split: read_tables(split.function, split.location),
     )
 
 
@@ -61,7 +65,11 @@ def standard_library_parser() -> Parser:
     """The profiled process's parse (:mod:`gpuflame.formats.pprof_stdlib_parse`): no runtime imported."""
     from gpuflame.formats import pprof_stdlib_parse
 
-    return Parser(pprof_stdlib_parse.parse_profile, pprof_stdlib_parse.parse_sample)
+    return Parser(
+        pprof_stdlib_parse.parse_profile,
+        pprof_stdlib_parse.parse_sample,
+        lambda split: tables_of(split.function, split.location),
+    )
 
 
 def decode(data: bytes, *, standard_library: bool = False) -> Profile:
@@ -78,7 +86,7 @@ def decode(data: bytes, *, standard_library: bool = False) -> Profile:
         del data  # the inflated bytes: parsed now
         strings = Strings(list(split.string_table))
         profile = _header(split, strings)
-        location_frames = read_locations(split, strings, profile)
+        location_frames = read_locations(split, parser.tables(split), strings, profile)
         samples = SampleBytes(split.sample)
         del split  # the parsed tables and the samples' first copy
         return _with_samples(profile, samples, location_frames, strings, parser.sample)

@@ -2,18 +2,21 @@
 
 The ``protobuf`` runtime has parsed them (:mod:`gpuflame.formats.pprof_read`);
 here they become frames, with the checks the runtime does not make (an id 0
-or twice, an index past a table). Each table is read in one pass of C loops
-(``attrgetter`` over the messages): a million-frame profile has a million
-Functions and a million Locations.
+or twice, an index past a table). The Functions and Locations come as
+columns (:class:`Tables`): the runtime's, parsed a chunk at a time
+(:mod:`gpuflame.formats.pprof_table_columns`; a million-frame profile has a
+million of each), or read from message objects in C loops
+(:func:`tables_of`: ``attrgetter`` over pprof_stdlib_parse's objects, or the
+runtime's where the columns cannot read a table).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from functools import partial
 from itertools import chain, islice
-from operator import attrgetter, itemgetter
-from typing import TYPE_CHECKING
+from operator import attrgetter
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from gpuflame.errors import ProfileFormatError
 from gpuflame.formats.pprof_fields import frame_kind
@@ -32,6 +35,46 @@ BULK_MIN = 4096
 _FUNCTION = attrgetter("id", "name", "system_name", "filename", "start_line")
 _LOCATION = attrgetter("id", "mapping_id", "address", "line")
 _LINE = attrgetter("function_id", "line")
+
+
+class Tables(NamedTuple):
+    """A file's Functions and Locations, column by column (the field names are pprof's)."""
+
+    function_ids: Sequence[int]
+    names: Sequence[int]
+    system_names: Sequence[int]
+    filenames: Sequence[int]
+    start_lines: Sequence[int]
+    location_ids: Sequence[int]
+    mapping_ids: Sequence[int]
+    addresses: Sequence[int]
+    line_counts: Sequence[int]  # each Location's count of Lines
+    line_functions: Sequence[int]  # function_id of every Line, Location by Location
+    line_numbers: Sequence[int]  # line of every Line
+
+
+def tables_of(functions: Iterable[Any], locations: Iterable[Any]) -> Tables:
+    """:class:`Tables` of Function and Location message objects (the runtime's or pprof_stdlib_parse's)."""
+    rows = list(map(_FUNCTION, functions))
+    fids, names, system_names, filenames, start_lines = zip(*rows, strict=True) if rows else [()] * 5
+    rows = list(map(_LOCATION, locations))
+    location_ids, mapping_ids, addresses, line_lists = zip(*rows, strict=True) if rows else [()] * 4
+    del rows  # a million locations: the columns alone from here
+    lines = list(map(_LINE, chain.from_iterable(line_lists)))
+    line_functions, line_numbers = zip(*lines, strict=True) if lines else [(), ()]
+    return Tables(
+        fids,
+        names,
+        system_names,
+        filenames,
+        start_lines,
+        location_ids,
+        mapping_ids,
+        addresses,
+        list(map(len, line_lists)),
+        line_functions,
+        line_numbers,
+    )
 
 
 class Strings:
@@ -106,21 +149,19 @@ def _check_ids(ids: Sequence[int], what: str) -> None:
         raise ProfileFormatError(f"malformed pprof: {what} id {twice} appears twice")
 
 
-def _read_functions(split: SplitProfile, strings: Strings) -> dict[int, tuple[str, str, int]]:
+def _read_functions(tables: Tables, strings: Strings) -> dict[int, tuple[str, str, int]]:
     """Function id -> (name, file, start_line); the name falls back to system_name."""
-    rows = list(map(_FUNCTION, split.function))
-    if not rows:
+    fids, name_ix, system_ix, file_ix, starts = tables[:5]
+    if not fids:
         return {}
-    fids, name_ix, system_ix, file_ix, starts = zip(*rows, strict=True)
-    del rows  # a million functions: the columns alone from here
     _check_ids(fids, "function")
     try:
         names = strings.many(name_ix, "a function's name")
         files = strings.many(file_ix, "a function's file name")
     except ProfileFormatError:
-        for fid, name, file in zip(fids, name_ix, file_ix, strict=True):  # the first bad one, by its function
-            strings.get(name, f"function {fid}'s name")
-            strings.get(file, f"function {fid}'s file name")
+        for fid, name_index, file_index in zip(fids, name_ix, file_ix, strict=True):  # the first bad one
+            strings.get(name_index, f"function {fid}'s name")
+            strings.get(file_index, f"function {fid}'s file name")
         raise
     for i, name in enumerate(names):
         if not name:
@@ -128,23 +169,24 @@ def _read_functions(split: SplitProfile, strings: Strings) -> dict[int, tuple[st
     return dict(zip(fids, zip(names, files, [max(0, s) for s in starts], strict=True), strict=True))
 
 
-def read_locations(split: SplitProfile, strings: Strings, profile: Profile) -> Mapping[int, tuple[int, ...]]:
-    """Location id -> frame ids (leaf first), adding the frames to *profile*."""
+def read_locations(
+    split: SplitProfile, tables: Tables, strings: Strings, profile: Profile
+) -> Mapping[int, tuple[int, ...]]:
+    """Location id -> frame ids (leaf first), adding the frames to *profile*; *tables* are *split*'s."""
     mappings = _read_mappings(split, strings)
-    functions = _read_functions(split, strings)
-    rows = list(map(_LOCATION, split.location))
-    if not rows:
+    functions = _read_functions(tables, strings)
+    lids, mids, addresses, counts, line_functions, line_numbers = tables[5:]
+    del tables  # the Lines' columns are let go once they are frames
+    if not lids:
         return {}
-    lids, mids, addresses, line_lists = zip(*rows, strict=True)
-    del rows  # a million locations: the columns alone from here
     _check_ids(lids, "location")
-    counts = list(map(len, line_lists))
-    lines = list(map(_LINE, chain.from_iterable(line_lists)))
-    del line_lists
-    frames = _one_line_frames(lines, mids, mappings, functions) if counts.count(1) == len(counts) else None
+    frames = None
+    if counts.count(1) == len(counts):
+        frames = _one_line_frames(line_functions, line_numbers, mids, mappings, functions)
     if frames is None:
-        frames = _frames(lids, mids, addresses, counts, iter(lines), mappings, functions)
-    del lines
+        lines = zip(line_functions, line_numbers, strict=True)
+        frames = _frames(lids, mids, addresses, counts, lines, mappings, functions)
+    del line_functions, line_numbers
     frame_ids = profile.frame_ids(frames)
     if len(frame_ids) == len(lids) and len(lids) >= BULK_MIN:
         from gpuflame.formats.pprof_bulk import OneFrameEach  # numpy: only for tables this large
@@ -162,7 +204,7 @@ def _frames(
     lids: Sequence[int],
     mids: Sequence[int],
     addresses: Sequence[int],
-    counts: list[int],
+    counts: Sequence[int],
     lines: Iterator[tuple[int, int]],
     mappings: dict[int, str],
     functions: dict[int, tuple[str, str, int]],
@@ -182,7 +224,8 @@ def _frames(
 
 
 def _one_line_frames(
-    lines: list[tuple[int, int]],
+    line_functions: Sequence[int],
+    line_numbers: Sequence[int],
     mids: Sequence[int],
     mappings: dict[int, str],
     functions: dict[int, tuple[str, str, int]],
@@ -194,7 +237,7 @@ def _one_line_frames(
     """
     if not set(mids) <= mappings.keys() | {0}:
         return None
-    entries = list(map(functions.get, map(itemgetter(0), lines)))
+    entries = list(map(functions.get, line_functions))
     if None in entries:
         return None
     names, files, starts = zip(*entries, strict=True)
@@ -205,7 +248,7 @@ def _one_line_frames(
         PYTHON if python[file] and name != TRAMPOLINE_NAME else frame_kind(name, file, bool(mid))
         for name, file, mid in zip(names, files, mids, strict=True)
     ]
-    return list(map(_new_frame, zip(names, files, map(itemgetter(1), lines), kinds, starts, strict=True)))
+    return list(map(_new_frame, zip(names, files, line_numbers, kinds, starts, strict=True)))
 
 
 _new_frame = partial(tuple.__new__, Frame)  # a Frame from a tuple of its fields, in C (Frame(...) runs Python)

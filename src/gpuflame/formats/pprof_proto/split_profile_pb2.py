@@ -25,17 +25,47 @@ _sym_db = _symbol_database.Default()
 from gpuflame.formats.pprof_proto import profile_pb2 as gpuflame_dot_formats_dot_pprof__proto_dot_profile__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n0gpuflame/formats/pprof_proto/split_profile.proto\x12\x0egpuflame.pprof\x1a*gpuflame/formats/pprof_proto/profile.proto\"\xe8\x02\n\x0cSplitProfile\x12\x32\n\x0bsample_type\x18\x01 \x03(\x0b\x32\x1d.perftools.profiles.ValueType\x12\x0e\n\x06sample\x18\x02 \x03(\x0c\x12,\n\x07mapping\x18\x03 \x03(\x0b\x32\x1b.perftools.profiles.Mapping\x12.\n\x08location\x18\x04 \x03(\x0b\x32\x1c.perftools.profiles.Location\x12.\n\x08\x66unction\x18\x05 \x03(\x0b\x32\x1c.perftools.profiles.Function\x12\x14\n\x0cstring_table\x18\x06 \x03(\x0c\x12\x12\n\ntime_nanos\x18\t \x01(\x03\x12\x16\n\x0e\x64uration_nanos\x18\n \x01(\x03\x12\x0f\n\x07\x63omment\x18\r \x03(\x03\x12\x1b\n\x13\x64\x65\x66\x61ult_sample_type\x18\x0e \x01(\x03\x12\x16\n\rgpuflame_data\x18\xe8\x07 \x03(\x0c\"R\n\x06Sample\x12\x13\n\x0blocation_id\x18\x01 \x03(\x04\x12\r\n\x05value\x18\x02 \x03(\x03\x12$\n\x05label\x18\x03 \x03(\x0b\x32\x15.gpuflame.pprof.Label\"_\n\x05Label\x12\x0b\n\x03key\x18\x01 \x01(\x03\x12\x0b\n\x03str\x18\x02 \x01(\x03\x12\x10\n\x03num\x18\x03 \x01(\x03H\x00\x88\x01\x01\x12\x15\n\x08num_unit\x18\x04 \x01(\x03H\x01\x88\x01\x01\x42\x06\n\x04_numB\x0b\n\t_num_unitb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n0gpuflame/formats/pprof_proto/split_profile.proto\x12\x0egpuflame.pprof\x1a*gpuflame/formats/pprof_proto/profile.proto\"\xac\x02\n\x0cSplitProfile\x12\x32\n\x0bsample_type\x18\x01 \x03(\x0b\x32\x1d.perftools.profiles.ValueType\x12\x0e\n\x06sample\x18\x02 \x03(\x0c\x12,\n\x07mapping\x18\x03 \x03(\x0b\x32\x1b.perftools.profiles.Mapping\x12\x10\n\x08location\x18\x04 \x03(\x0c\x12\x10\n\x08\x66unction\x18\x05 \x03(\x0c\x12\x14\n\x0cstring_table\x18\x06 \x03(\x0c\x12\x12\n\ntime_nanos\x18\t \x01(\x03\x12\x16\n\x0e\x64uration_nanos\x18\n \x01(\x03\x12\x0f\n\x07\x63omment\x18\r \x03(\x03\x12\x1b\n\x13\x64\x65\x66\x61ult_sample_type\x18\x0e \x01(\x03\x12\x16\n\rgpuflame_data\x18\xe8\x07 \x03(\x0c\"R\n\x06Sample\x12\x13\n\x0blocation_id\x18\x01 \x03(\x04\x12\r\n\x05value\x18\x02 \x03(\x03\x12$\n\x05label\x18\x03 \x03(\x0b\x32\x15.gpuflame.pprof.Label\"_\n\x05Label\x12\x0b\n\x03key\x18\x01 \x01(\x03\x12\x0b\n\x03str\x18\x02 \x01(\x03\x12\x10\n\x03num\x18\x03 \x01(\x03H\x00\x88\x01\x01\x12\x15\n\x08num_unit\x18\x04 \x01(\x03H\x01\x88\x01\x01\x42\x06\n\x04_numB\x0b\n\t_num_unit\"h\n\x06Tables\x12.\n\x08location\x18\x04 \x03(\x0b\x32\x1c.perftools.profiles.Location\x12.\n\x08\x66unction\x18\x05 \x03(\x0b\x32\x1c.perftools.profiles.Function\"z\n\x0f\x46unctionColumns\x12\x0e\n\x02id\x18\x01 \x03(\x04\x42\x02\x10\x00\x12\x10\n\x04name\x18\x02 \x03(\x03\x42\x02\x10\x00\x12\x17\n\x0bsystem_name\x18\x03 \x03(\x03\x42\x02\x10\x00\x12\x14\n\x08\x66ilename\x18\x04 \x03(\x03\x42\x02\x10\x00\x12\x16\n\nstart_line\x18\x05 \x03(\x03\x42\x02\x10\x00\"\\\n\x0fLocationColumns\x12\x0e\n\x02id\x18\x01 \x03(\x04\x42\x02\x10\x00\x12\x16\n\nmapping_id\x18\x02 \x03(\x04\x42\x02\x10\x00\x12\x13\n\x07\x61\x64\x64ress\x18\x03 \x03(\x04\x42\x02\x10\x00\x12\x0c\n\x04line\x18\x04 \x03(\x0c\"8\n\x0bLineColumns\x12\x17\n\x0b\x66unction_id\x18\x01 \x03(\x04\x42\x02\x10\x00\x12\x10\n\x04line\x18\x02 \x03(\x03\x42\x02\x10\x00\"a\n\x0fLengthDelimited\x12\x0e\n\x06\x66ield1\x18\x01 \x03(\x0c\x12\x0e\n\x06\x66ield2\x18\x02 \x03(\x0c\x12\x0e\n\x06\x66ield3\x18\x03 \x03(\x0c\x12\x0e\n\x06\x66ield4\x18\x04 \x03(\x0c\x12\x0e\n\x06\x66ield5\x18\x05 \x03(\x0c\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'gpuflame.formats.pprof_proto.split_profile_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_FUNCTIONCOLUMNS'].fields_by_name['id']._loaded_options = None
+  _globals['_FUNCTIONCOLUMNS'].fields_by_name['id']._serialized_options = b'\020\000'
+  _globals['_FUNCTIONCOLUMNS'].fields_by_name['name']._loaded_options = None
+  _globals['_FUNCTIONCOLUMNS'].fields_by_name['name']._serialized_options = b'\020\000'
+  _globals['_FUNCTIONCOLUMNS'].fields_by_name['system_name']._loaded_options = None
+  _globals['_FUNCTIONCOLUMNS'].fields_by_name['system_name']._serialized_options = b'\020\000'
+  _globals['_FUNCTIONCOLUMNS'].fields_by_name['filename']._loaded_options = None
+  _globals['_FUNCTIONCOLUMNS'].fields_by_name['filename']._serialized_options = b'\020\000'
+  _globals['_FUNCTIONCOLUMNS'].fields_by_name['start_line']._loaded_options = None
+  _globals['_FUNCTIONCOLUMNS'].fields_by_name['start_line']._serialized_options = b'\020\000'
+  _globals['_LOCATIONCOLUMNS'].fields_by_name['id']._loaded_options = None
+  _globals['_LOCATIONCOLUMNS'].fields_by_name['id']._serialized_options = b'\020\000'
+  _globals['_LOCATIONCOLUMNS'].fields_by_name['mapping_id']._loaded_options = None
+  _globals['_LOCATIONCOLUMNS'].fields_by_name['mapping_id']._serialized_options = b'\020\000'
+  _globals['_LOCATIONCOLUMNS'].fields_by_name['address']._loaded_options = None
+  _globals['_LOCATIONCOLUMNS'].fields_by_name['address']._serialized_options = b'\020\000'
+  _globals['_LINECOLUMNS'].fields_by_name['function_id']._loaded_options = None
+  _globals['_LINECOLUMNS'].fields_by_name['function_id']._serialized_options = b'\020\000'
+  _globals['_LINECOLUMNS'].fields_by_name['line']._loaded_options = None
+  _globals['_LINECOLUMNS'].fields_by_name['line']._serialized_options = b'\020\000'
   _globals['_SPLITPROFILE']._serialized_start=113
-  _globals['_SPLITPROFILE']._serialized_end=473
-  _globals['_SAMPLE']._serialized_start=475
-  _globals['_SAMPLE']._serialized_end=557
-  _globals['_LABEL']._serialized_start=559
-  _globals['_LABEL']._serialized_end=654
+  _globals['_SPLITPROFILE']._serialized_end=413
+  _globals['_SAMPLE']._serialized_start=415
+  _globals['_SAMPLE']._serialized_end=497
+  _globals['_LABEL']._serialized_start=499
+  _globals['_LABEL']._serialized_end=594
+  _globals['_TABLES']._serialized_start=596
+  _globals['_TABLES']._serialized_end=700
+  _globals['_FUNCTIONCOLUMNS']._serialized_start=702
+  _globals['_FUNCTIONCOLUMNS']._serialized_end=824
+  _globals['_LOCATIONCOLUMNS']._serialized_start=826
+  _globals['_LOCATIONCOLUMNS']._serialized_end=918
+  _globals['_LINECOLUMNS']._serialized_start=920
+  _globals['_LINECOLUMNS']._serialized_end=976
+  _globals['_LENGTHDELIMITED']._serialized_start=978
+  _globals['_LENGTHDELIMITED']._serialized_end=1075
 # @@protoc_insertion_point(module_scope)
