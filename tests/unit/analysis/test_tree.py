@@ -235,3 +235,21 @@ def test_prefix_tree_of_ids_read_through_a_code_table_is_the_tree_of_their_codes
     given = prefix_tree(lengths, code_of[ids], leaf_first=True)
     for a, b in zip(looked_up, given, strict=True):
         assert a.tolist() == b.tolist()
+
+
+@pytest.mark.parametrize("bound", [0, 1 << 30], ids=["bands of columns", "whole rows"])
+@pytest.mark.parametrize("dtype", [">u2", ">u4"])
+def test_permute_rows_puts_every_row_where_the_order_says(
+    bound: int, dtype: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gpuflame.analysis import tree
+
+    monkeypatch.setattr(tree, "PERMUTE_BYTES", bound)
+    monkeypatch.setattr(tree, "CHUNK_CELLS", 7)  # bands of one column
+    rng = np.random.default_rng(5)
+    codes = rng.integers(0, 60000, size=(50, 9)).astype(dtype)
+    order = rng.permutation(50)
+    expected = codes[order].copy()
+    tree.permute_rows(codes, order)
+    assert codes.dtype == np.dtype(dtype)
+    assert (codes == expected).all()
