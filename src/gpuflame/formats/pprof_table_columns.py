@@ -93,10 +93,10 @@ def _columns(view: Any, functions: Sequence[bytes], locations: Sequence[bytes]) 
     )
 
 
-def _joined(parts: list[np.ndarray]) -> list[int]:
+def _joined(parts: list[np.ndarray]) -> np.ndarray:
     import numpy as np
 
-    return np.concatenate(parts).tolist() if parts else []
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
 
 def _function_columns(view: Any, entries: list[bytes]) -> list[np.ndarray] | None:

@@ -37,20 +37,37 @@ _LOCATION = attrgetter("id", "mapping_id", "address", "line")
 _LINE = attrgetter("function_id", "line")
 
 
+# A column of ints: a tuple (read back from message objects) or a numpy array (pprof_table_columns), which
+# becomes Python ints only where a loop reads it, and only for as long (:func:`_ints`).
+Column = Any
+
+
 class Tables(NamedTuple):
     """A file's Functions and Locations, column by column (the field names are pprof's)."""
 
-    function_ids: Sequence[int]
-    names: Sequence[int]
-    system_names: Sequence[int]
-    filenames: Sequence[int]
-    start_lines: Sequence[int]
-    location_ids: Sequence[int]
-    mapping_ids: Sequence[int]
-    addresses: Sequence[int]
-    line_counts: Sequence[int]  # each Location's count of Lines
-    line_functions: Sequence[int]  # function_id of every Line, Location by Location
-    line_numbers: Sequence[int]  # line of every Line
+    function_ids: Column
+    names: Column
+    system_names: Column
+    filenames: Column
+    start_lines: Column
+    location_ids: Column
+    mapping_ids: Column
+    addresses: Column
+    line_counts: Column  # each Location's count of Lines
+    line_functions: Column  # function_id of every Line, Location by Location
+    line_numbers: Column  # line of every Line
+
+
+def _ints(column: Column) -> Sequence[int]:
+    """*column* as Python ints: a numpy array's converted (a million ints: 36 MB), a tuple as it is."""
+    return column.tolist() if hasattr(column, "tolist") else column
+
+
+def _all_one(counts: Column) -> bool:
+    """Every location has one Line."""
+    if hasattr(counts, "all"):
+        return bool((counts == 1).all())
+    return bool(counts.count(1) == len(counts))
 
 
 def tables_of(functions: Iterable[Any], locations: Iterable[Any]) -> Tables:
@@ -139,8 +156,14 @@ def _read_mappings(split: SplitProfile, strings: Strings) -> dict[int, str]:
     return out
 
 
-def _check_ids(ids: Sequence[int], what: str) -> None:
+def _check_ids(ids: Column, what: str) -> None:
     """A table's ids (field 1): never 0, never twice."""
+    if hasattr(ids, "dtype"):  # a numpy array: checked sorted, in array passes; the ints only to name a bad id
+        ordered = ids.copy()
+        ordered.sort()
+        if not len(ordered) or (ordered[0] != 0 and not (ordered[1:] == ordered[:-1]).any()):
+            return
+        ids = ids.tolist()
     if 0 in ids:
         raise ProfileFormatError(f"malformed pprof: a {what} has id 0")
     if len(set(ids)) != len(ids):
@@ -151,10 +174,10 @@ def _check_ids(ids: Sequence[int], what: str) -> None:
 
 def _read_functions(tables: Tables, strings: Strings) -> dict[int, tuple[str, str, int]]:
     """Function id -> (name, file, start_line); the name falls back to system_name."""
-    fids, name_ix, system_ix, file_ix, starts = tables[:5]
-    if not fids:
+    if not len(tables.function_ids):
         return {}
-    _check_ids(fids, "function")
+    _check_ids(tables.function_ids, "function")
+    fids, name_ix, file_ix = _ints(tables.function_ids), _ints(tables.names), _ints(tables.filenames)
     try:
         names = strings.many(name_ix, "a function's name")
         files = strings.many(file_ix, "a function's file name")
@@ -163,10 +186,13 @@ def _read_functions(tables: Tables, strings: Strings) -> dict[int, tuple[str, st
             strings.get(name_index, f"function {fid}'s name")
             strings.get(file_index, f"function {fid}'s file name")
         raise
+    del name_ix, file_ix
     for i, name in enumerate(names):
         if not name:
-            names[i] = strings.get(system_ix[i], f"function {fids[i]}'s system name")
-    return dict(zip(fids, zip(names, files, [max(0, s) for s in starts], strict=True), strict=True))
+            names[i] = strings.get(int(tables.system_names[i]), f"function {fids[i]}'s system name")
+    starts = tables.start_lines  # a negative start_line reads as 0
+    starts = starts.clip(0).tolist() if hasattr(starts, "clip") else [max(0, s) for s in starts]
+    return dict(zip(fids, zip(names, files, starts, strict=True), strict=True))
 
 
 def read_locations(
@@ -177,16 +203,16 @@ def read_locations(
     functions = _read_functions(tables, strings)
     lids, mids, addresses, counts, line_functions, line_numbers = tables[5:]
     del tables  # the Lines' columns are let go once they are frames
-    if not lids:
+    if not len(lids):
         return {}
     _check_ids(lids, "location")
     frames = None
-    if counts.count(1) == len(counts):
-        frames = _one_line_frames(line_functions, line_numbers, mids, mappings, functions)
+    if _all_one(counts):
+        frames = _one_line_frames(_ints(line_functions), _ints(line_numbers), _ints(mids), mappings, functions)
     if frames is None:
-        lines = zip(line_functions, line_numbers, strict=True)
-        frames = _frames(lids, mids, addresses, counts, lines, mappings, functions)
-    del line_functions, line_numbers
+        lines = zip(_ints(line_functions), _ints(line_numbers), strict=True)
+        frames = _frames(_ints(lids), _ints(mids), _ints(addresses), _ints(counts), lines, mappings, functions)
+    del line_functions, line_numbers, mids, addresses
     frame_ids = profile.frame_ids(frames)
     if len(frame_ids) == len(lids) and len(lids) >= BULK_MIN:
         from gpuflame.formats.pprof_bulk import OneFrameEach  # numpy: only for tables this large
@@ -194,7 +220,7 @@ def read_locations(
         return OneFrameEach.of(lids, frame_ids)
     out: dict[int, tuple[int, ...]] = {}
     at = 0
-    for lid, count in zip(lids, counts, strict=True):
+    for lid, count in zip(_ints(lids), _ints(counts), strict=True):
         out[lid] = tuple(frame_ids[at : at + (count or 1)])
         at += count or 1
     return out

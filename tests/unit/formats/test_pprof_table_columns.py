@@ -13,7 +13,7 @@ import gzip
 import pytest
 
 from gpuflame.errors import ProfileFormatError
-from gpuflame.formats import pprof_table_columns, pprof_tables
+from gpuflame.formats import pprof, pprof_table_columns, pprof_tables
 from gpuflame.formats.pprof_proto import profile_pb2, split_profile_pb2
 from gpuflame.formats.pprof_tables import Tables, tables_of
 from tests.helpers.paths import DATA
@@ -44,7 +44,8 @@ def columns_only(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def as_lists(tables: Tables) -> list[list[int]]:
-    return [list(column) for column in tables]
+    """Each column as Python ints (the columns are numpy arrays, pprof's messages give tuples)."""
+    return [column.tolist() if hasattr(column, "tolist") else list(column) for column in tables]
 
 
 def file_tables(name: str) -> tuple[list[bytes], list[bytes]]:
@@ -63,7 +64,7 @@ USUAL = (
         Location(id=1, line=[Line(function_id=1, line=12)]).SerializeToString(),
         Location(id=2, mapping_id=1, address=0x1234).SerializeToString(),  # no Line
         Location(id=3, line=[Line(function_id=2, line=7), Line(function_id=1, line=40)]).SerializeToString(),  # inlined
-        Location(id=4, is_folded=True, line=[Line(), Line(function_id=2, column=3)]).SerializeToString(),
+        Location(id=4, is_folded=True, line=[Line(), Line(function_id=U64_MAX - 1, column=3)]).SerializeToString(),
         b"",  # every field 0
     ],
 )
@@ -164,3 +165,23 @@ def test_small_tables_are_read_as_messages_without_numpy(monkeypatch: pytest.Mon
 
     monkeypatch.setattr(pprof_table_columns, "_columns", no_columns)
     assert as_lists(pprof_table_columns.read_tables(*USUAL)) == as_lists(by_messages(*USUAL))
+
+
+def test_a_file_reads_the_same_as_columns_and_in_the_profiled_process() -> None:
+    """The whole read (frames, start_line below 0 read as 0, inlined and address-only locations) against the
+    standard-library parse, which reads pprof's messages and never the columns."""
+    functions, locations = USUAL[0], USUAL[1][:-1]  # not the location of id 0
+    message = profile_pb2.Profile(
+        sample_type=[profile_pb2.ValueType(type=1, unit=2)],
+        sample=[profile_pb2.Sample(location_id=[i, 1], value=[i]) for i in range(1, 5)],
+        mapping=[profile_pb2.Mapping(id=1, filename=6)],
+        string_table=["", "f", "/a.py", "g", "g_sys", "h", "lib.so"],
+    )
+    data = message.SerializeToString()
+    data += b"".join(b"\x2a" + bytes([len(f)]) + f for f in functions)  # field 5, each shorter than 128 bytes
+    data += b"".join(b"\x22" + bytes([len(loc)]) + loc for loc in locations)  # field 4
+    read = pprof.decode(data)
+    named = [(f.name, f.line, f.start_line) for f in read.frames]
+    assert {("f", 12, 10), ("g", 7, 0), ("f", 40, 10), ("h", 0, 0)} <= set(named)  # h: start_line -2
+    in_process = pprof.decode_in_process(data)
+    assert (read.frames, [s.stack for s in read.samples]) == (in_process.frames, [s.stack for s in in_process.samples])
