@@ -77,7 +77,7 @@ def test_written_again_the_data_moves_to_its_field_and_reads_back_the_same(old: 
 
 
 def test_each_kind_of_data_survives_save_and_load(tmp_path: Path) -> None:
-    from tests.unit.model.test_history import EVENTS, T0, profile_of
+    from tests.helpers.history_events import EVENTS, T0, profile_of
 
     p = profile_of(EVENTS, limit=4)
     p.timeline = timeline.Timeline({(("pid", "1"),): [(T0, 0), (T0 + 5, 1000), (T0 + 9, 400)]})

@@ -18,34 +18,14 @@ from hypothesis import strategies as st
 from gpuflame.cli.main import main
 from gpuflame.errors import GpuflameError
 from gpuflame.formats import load, pprof, save
-from gpuflame.model import Frame, Profile, merge
+from gpuflame.model import Profile, merge
 from gpuflame.model import history as event_history
 from gpuflame.model.history import DAMAGED_NOTE, PREFIX, EventLog, History
 from gpuflame.model.moment import ALLOCATIONS_ONLY, NO_HISTORY, PEAK, at, between, origin, parse_when
 from gpuflame.model.sample_types import memory_sample_types
 from gpuflame.symbols.names import CACHED_FREE
+from tests.helpers.history_events import EVENTS, FRAMES, SITES, T0, S, profile_of
 from tests.helpers.paths import DATA
-
-T0 = 1_800_000_000_000_000_000
-S = 1_000_000_000
-FRAMES = [Frame("load_model", "m.py", 3), Frame("alloc_kv", "m.py", 9), Frame("step", "m.py", 20)]
-SITES = [((0,), (("device", "cpu"),)), ((1, 0), (("device", "cpu"),)), ((2,), (("device", "cpu"),))]
-
-
-def profile_of(
-    events: list[tuple[int, int, int]], limit: int = 1000, pid: str = "1", end: int = 10 * S, start: int = 0
-) -> Profile:
-    """A profile whose history holds *events* (seconds-from-T0 ns, site, +-bytes), as a recorder would log them."""
-    log = EventLog(T0 + start, limit)
-    for t, site, size in events:
-        log.add(T0 + t, site, size)
-    track = log.track(T0 + end, (("pid", pid),))
-    if not track.folded:
-        track.fold = track.start
-    p = Profile(memory_sample_types())
-    p.time_nanos = T0 + start
-    p.history = History(list(FRAMES), list(SITES), [track])
-    return p
 
 
 def naive_live(events: list[tuple[int, int, int]], t: int) -> dict[str, int]:
@@ -64,9 +44,6 @@ def by_leaf(p: Profile) -> dict[str, int]:
         name = p.frames[s.stack[0]].name
         out[name] = out.get(name, 0) + s.values[0]
     return {k: v for k, v in out.items() if v}
-
-
-EVENTS = [(1 * S, 0, 1000), (2 * S, 1, 400), (3 * S, 2, 50), (4 * S, 2, -50), (5 * S, 2, 70), (6 * S, 1, -400)]
 
 
 def test_a_recordings_end_read_back_to_the_microsecond_is_still_its_end() -> None:
