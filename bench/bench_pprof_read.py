@@ -13,8 +13,13 @@ CPU time (user + system, from ``wait4``) and peak RSS of each process; every
 round is printed with the load average before it, then the median of the
 per-round ratios to parse+top. The file is made once with
 ``bench/make_profile.py`` (``--samples``, ``--depth``) unless one is given.
+With ``--load-only`` each round runs only **load** of this checkout and of
+each ``--tree``, and the first tree's again as the null control; ratios are
+to the first tree's (a million-frame file, where ``report`` takes minutes).
+``--no-report`` leaves ``report`` out of the rounds (the reader alone).
 
     python bench/bench_pprof_read.py [--rounds 5] [--tree /tmp/base] [--samples 2000000 --depth 10] [FILE]
+    python bench/bench_pprof_read.py --load-only --tree /tmp/base FILE
 """
 
 from __future__ import annotations
@@ -72,17 +77,25 @@ def main() -> None:
     parser.add_argument("--tree", type=Path, action="append", default=[], help="another checkout's root to compare")
     parser.add_argument("--samples", type=int, default=2_000_000)
     parser.add_argument("--depth", type=int, default=10)
+    parser.add_argument("--load-only", action="store_true", help="load of each checkout only, against the first tree")
+    parser.add_argument("--no-report", action="store_true", help="leave gpuflame report out of the rounds")
     parser.add_argument("file", nargs="?", type=Path)
     args = parser.parse_args()
     path = profile_file(args)
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
     variants = {"parse+top": ([sys.executable, "-c", PARSE_TOP, str(path)], env)}
     variants["null"] = variants["parse+top"]
+    if args.load_only:
+        variants = {}
     for tree in [ROOT, *args.tree]:
         suffix = "" if tree == ROOT else f":{tree.name}"
         tree_env = dict(os.environ, PYTHONPATH=str(tree.resolve() / "src"))
-        variants[f"report{suffix}"] = ([sys.executable, "-m", "gpuflame", "report", str(path)], tree_env)
+        if not (args.load_only or args.no_report):
+            variants[f"report{suffix}"] = ([sys.executable, "-m", "gpuflame", "report", str(path)], tree_env)
         variants[f"load{suffix}"] = ([sys.executable, "-c", LOAD, str(path)], tree_env)
+    base_name = f"load:{args.tree[0].name}" if args.load_only else "parse+top"
+    if args.load_only:
+        variants["null"] = variants[base_name]
     cpu: dict[str, list[float]] = {k: [] for k in variants}
     rss: dict[str, list[float]] = {k: [] for k in variants}
     print(f"{path.name}: {path.stat().st_size / 1e6:.1f} MB; {args.rounds} rounds, order alternating")
@@ -94,14 +107,15 @@ def main() -> None:
             c, m = run(*variants[name])
             cpu[name].append(c)
             rss[name].append(m)
-        base = cpu["parse+top"][-1]
+        base = cpu[base_name][-1]
         each = "  ".join(f"{k} {cpu[k][-1]:.2f} s {cpu[k][-1] / base:.2f}x {rss[k][-1]:.0f} MB" for k in variants)
         print(f"round {r + 1} (load {load:.1f}, {time.perf_counter() - start:.0f} s wall): {each}")
     for name in variants:
-        ratio = statistics.median(a / b for a, b in zip(cpu[name], cpu["parse+top"], strict=True))
-        rounds = " ".join(f"{a / b:.2f}" for a, b in zip(cpu[name], cpu["parse+top"], strict=True))
+        ratio = statistics.median(a / b for a, b in zip(cpu[name], cpu[base_name], strict=True))
+        rounds = " ".join(f"{a / b:.2f}" for a, b in zip(cpu[name], cpu[base_name], strict=True))
         print(
-            f"ratio {name}/parse+top: {ratio:.2f}x (rounds {rounds}); CPU median {statistics.median(cpu[name]):.2f} s;"
+            f"ratio {name}/{base_name}: {ratio:.2f}x (rounds {rounds});"
+            f" CPU median {statistics.median(cpu[name]):.2f} s;"
             f" peak RSS median {statistics.median(rss[name]):.0f} MB"
         )
     print(f"load after {os.getloadavg()[0]:.1f}")
