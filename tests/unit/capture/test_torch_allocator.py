@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 import warnings
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -216,6 +217,23 @@ def test_stop_puts_the_allocator_back_and_old_blocks_still_free() -> None:
     del kept
     gc.collect()
     assert column(rec.snapshot(), ALLOC_N) == 10 and after.numel() == 10
+
+
+def test_a_stopped_recorder_is_freed_without_the_garbage_collector() -> None:
+    """No reference cycle through its categories adapter: a host that records a window per test frees each."""
+    rec = TorchAllocatorRecorder(HOOK)
+    rec.start()
+    kept = torch.nn.Linear(8, 8)  # a registered parameter goes through the adapter's torch hooks
+    rec.stop()
+    assert column(rec.snapshot(), ALLOC_N) >= 2
+    gone = weakref.ref(rec)
+    gc.disable()
+    try:
+        del rec
+        assert gone() is None
+    finally:
+        gc.enable()
+    assert kept.weight.numel() == 64
 
 
 # -----------------------------------------------------------------------------

@@ -10,6 +10,8 @@ it (:meth:`HookCategories.history_labels`).
 
 from __future__ import annotations
 
+import weakref
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from gpuflame.capture.books import categories
@@ -30,9 +32,12 @@ class HookCategories:
     """The hook's blocks split by category (capture/books/categories.py): tags at each optimizer step and snapshot."""
 
     def __init__(self, recorder: HookRecorder) -> None:
-        self.recorder = recorder
+        # weakly, both ways round: the recorder owns this adapter, and a cycle would keep each recorder
+        # (its stacks, its blocks' copies) until a full collection of the garbage collector; a host that
+        # records a window per test made one each, and the collections they caused cost more than the windows
+        self.recorder = weakref.proxy(recorder)
         self.defaults: list[str] = []  # site -> the category its stack implies
-        self.steps = categories.EventTagger(data_ptr_key, self.tag)
+        self.steps = categories.EventTagger(data_ptr_key, _tagger(self))
         # the hook's blocks when the window stopped (copied, as its rows are: the next window resets them):
         # live blocks, tagged ones gone since the peak, and since the run's joint peak
         self.frozen: (
@@ -89,6 +94,18 @@ class HookCategories:
         while len(self.defaults) < len(stacks):
             self.defaults.append(categories.stack_category(stacks[len(self.defaults)]))
         return self.defaults[site]
+
+
+def _tagger(kinds: HookCategories) -> Callable[[dict[int, str]], None]:
+    """*kinds*' ``tag`` for its global torch hooks, holding it weakly (no cycle through its EventTagger)."""
+    ref = weakref.ref(kinds)
+
+    def tag(roles: dict[int, str]) -> None:
+        alive = ref()
+        if alive is not None:
+            alive.tag(roles)
+
+    return tag
 
 
 def _walk() -> dict[int, str]:
