@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Literal, overload
 
 from gpuflame.boundary.backends import BACKENDS, TORCH_HOOKS
-from gpuflame.boundary.settings import Settings
+from gpuflame.boundary.settings import Settings, env_name
 from gpuflame.capture.autostart import watch
 from gpuflame.capture.session import Session
 from gpuflame.defaults import PUSH_INTERVAL_S
@@ -246,7 +246,38 @@ def _output_path(output: str | os.PathLike[str] | None) -> Path:
 
 
 def settings_for(options: dict[str, object]) -> Settings:
-    """The environment's settings with the options given over them; ValueError for one gpuflame cannot use."""
+    """The environment's settings with the options given over them; ValueError for one gpuflame cannot use.
+
+    The last answer is kept while the options and the environment's ``GPUFLAME_*`` values are the same
+    (a host starts a recording per test: read and checked each time, they were a quarter of a start);
+    never with Pyroscope, whose credentials files are read at each start.
+    """
+    try:
+        key = (tuple(options.items()), tuple(map(os.environ.get, _env_names())))
+        hash(key)
+    except TypeError:  # an option of a type gpuflame does not take: said by the checks below
+        return _settings_for(options)
+    found = _settings_memo.get(key)
+    if found is not None:
+        return found
+    settings = _settings_for(options)
+    if not settings.pyroscope_url:
+        _settings_memo.clear()  # the last answer only
+        _settings_memo[key] = settings
+    return settings
+
+
+_settings_memo: dict[tuple[object, ...], Settings] = {}  # settings_for's last answer, by options and environment
+
+
+@functools.cache
+def _env_names() -> tuple[str, ...]:
+    """The variables :meth:`Settings.from_env` reads."""
+    return tuple(env_name(f.name) for f in dataclasses.fields(Settings))
+
+
+def _settings_for(options: dict[str, object]) -> Settings:
+    """:func:`settings_for` read and checked anew."""
     given = {k: v for k, v in options.items() if v is not None}
     if "interval" in given:
         given["interval"] = _seconds(given["interval"])

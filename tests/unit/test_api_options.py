@@ -78,6 +78,24 @@ def test_options_not_given_come_from_the_environment(tmp_path: Path, clean_env) 
     assert not (tmp_path / "launcher").exists()
 
 
+def test_a_start_after_the_environment_changed_reads_it_again(tmp_path: Path, clean_env) -> None:
+    """The settings kept from the last start (a host starts one per test) follow GPUFLAME_* when it changes."""
+    clean_env.setenv("GPUFLAME_KEEP_FRAMEWORK", "1")
+    first = gpuflame.start(tmp_path / "a.pb.gz", backend="torch")
+    assert first.settings.keep_framework
+    gpuflame.stop(write=False)
+    again = gpuflame.start(tmp_path / "b.pb.gz", backend="torch")
+    assert again.settings == first.settings  # unchanged: the same answer
+    gpuflame.stop(write=False)
+    clean_env.setenv("GPUFLAME_KEEP_FRAMEWORK", "0")
+    later = gpuflame.start(tmp_path / "c.pb.gz", backend="torch")
+    assert not later.settings.keep_framework
+    gpuflame.stop(write=False)
+    clean_env.delenv("GPUFLAME_KEEP_FRAMEWORK")
+    other = gpuflame.start(tmp_path / "d.pb.gz", backend="torch", keep_framework=True)
+    assert other.settings.keep_framework
+
+
 @pytest.mark.parametrize(
     ("options", "error", "words"),
     [

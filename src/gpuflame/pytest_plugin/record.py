@@ -122,12 +122,11 @@ class PhaseRecorder:
 
 def measure(profile: Profile, backends: list[str]) -> Phase:
     """The numbers of a phase whose profile was built (its views imported here: most phases build none)."""
-    from gpuflame.analysis.selection import Selection
+    from gpuflame.analysis.selection import Selection  # the select stage alone: not the pipeline's readers
     from gpuflame.analysis.summary import widest_leaf
-    from gpuflame.pipeline import select
 
     totals = profile.totals()
     peak = totals.get("peak_space", totals.get("inuse_space", 0))
-    opened = select(profile, Selection(sample_type="peak_space" if "peak_space" in totals else None))
-    leaf = widest_leaf(opened.profile, opened.type_index)
+    view = Selection(sample_type="peak_space" if "peak_space" in totals else None).apply(profile)
+    leaf = widest_leaf(view.profile, view.type_index)
     return Phase(profile, peak, totals.get("inuse_space", 0), leaf.frame.name if leaf else "", backends)
