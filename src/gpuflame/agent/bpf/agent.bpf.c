@@ -978,15 +978,9 @@ int BPF_PROG(process_exit, struct task_struct *task)
 #define PROT_EXEC 4
 #define LIBCUDA_PREFIX "libcuda.so"
 
-/* A process has just mapped a libcuda file executable (the dynamic loader maps its code): user space
- * probes a file it has not probed yet at once, before the process's first driver call in most cases
- * (a real driver's cuInit alone takes far longer), rather than at its next rescan. */
-SEC("fexit/vm_mmap_pgoff")
-int BPF_PROG(driver_mapped, struct file *file, unsigned long addr, unsigned long len, unsigned long prot,
-             unsigned long flag, unsigned long pgoff, unsigned long ret)
+/* Whether *file*'s name starts with libcuda.so: a driver file (its mapping, or its open by the loader). */
+static __always_inline int driver_named(struct file *file)
 {
-    if (!file || !(prot & PROT_EXEC) || ret >= (unsigned long)-4095)
-        return 0;
     char name[sizeof(LIBCUDA_PREFIX)] = {};
     bpf_probe_read_kernel_str(name, sizeof(name), BPF_CORE_READ(file, f_path.dentry, d_name.name));
     const char want[] = LIBCUDA_PREFIX;
@@ -994,6 +988,18 @@ int BPF_PROG(driver_mapped, struct file *file, unsigned long addr, unsigned long
     for (int i = 0; i < (int)sizeof(LIBCUDA_PREFIX) - 1; i++)
         if (name[i] != want[i])
             return 0;
+    return 1;
+}
+
+/* A process has just mapped a libcuda file executable (the dynamic loader maps its code): user space
+ * probes a file it has not probed yet at once, before the process's first driver call in most cases
+ * (a real driver's cuInit alone takes far longer), rather than at its next rescan. */
+SEC("fexit/vm_mmap_pgoff")
+int BPF_PROG(driver_mapped, struct file *file, unsigned long addr, unsigned long len, unsigned long prot,
+             unsigned long flag, unsigned long pgoff, unsigned long ret)
+{
+    if (!file || !(prot & PROT_EXEC) || ret >= (unsigned long)-4095 || !driver_named(file))
+        return 0;
     __u32 tgid = bpf_get_current_pid_tgid() >> 32;
     if (setting(SET_ONLY_REGISTERED) && !bpf_map_lookup_elem(&procs, &tgid))
         return 0;
@@ -1113,13 +1119,8 @@ static __always_inline int opened(long ret)
     __u32 fflags = BPF_CORE_READ(file, f_flags);
     if ((fflags & OPEN_ACCMODE) || (fflags & (OPEN_NONBLOCK | OPEN_PATH)))
         return 0; /* not as a loader opens: a writer (a linker, a copy), or a reader such as an agent's */
-    char name[sizeof(LIBCUDA_PREFIX)] = {};
-    bpf_probe_read_kernel_str(name, sizeof(name), BPF_CORE_READ(file, f_path.dentry, d_name.name));
-    const char want[] = LIBCUDA_PREFIX;
-#pragma unroll
-    for (int i = 0; i < (int)sizeof(LIBCUDA_PREFIX) - 1; i++)
-        if (name[i] != want[i])
-            return 0;
+    if (!driver_named(file))
+        return 0;
     __u32 tgid = bpf_get_current_pid_tgid() >> 32;
     if (setting(SET_ONLY_REGISTERED) && !bpf_map_lookup_elem(&procs, &tgid))
         return 0;
