@@ -45,14 +45,14 @@ N_WEIGHTS = 208
 def run_all(args: argparse.Namespace) -> int:
     sys.path.insert(0, str(ROOT))  # the test suite's helpers, as the package tests.*
     from tests.agent.agent_expected import rows
-    from tests.agent.agent_helpers import Target, wait_for
+    from tests.agent.agent_helpers import Target, build_standin, wait_for
     from tests.helpers.pythons import python_for
 
     from gpuflame.agent.agent import Agent
 
     python = python_for("3.12") or sys.executable
     folder = Path(tempfile.mkdtemp(prefix="gpuflame-late-"))
-    lib = standin(folder)
+    lib = build_standin(folder / "libcuda.so.1")
     agent = None if args.hold else Agent()  # --hold: one agent per run, on its process (below)
     if agent is not None:
         agent.start()
@@ -144,19 +144,6 @@ def syscalls(args: argparse.Namespace) -> int:
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     return 0
-
-
-def standin(folder: Path) -> str:
-    from tests.agent.agent_helpers import cuda_include
-
-    out = folder / "libcuda.so.1"
-    flags = ["-shared", "-fPIC", "-O2", "-fno-omit-frame-pointer", "-fno-inline", "-fno-ipa-icf"]
-    source = ROOT / "tests" / "agent" / "standin_cuda.c"
-    subprocess.run(
-        ["gcc", *flags, f"-I{cuda_include()}", "-Wl,-soname,libcuda.so.1", str(source), "-o", str(out), "-lpthread"],
-        check=True,
-    )
-    return str(out)
 
 
 def main() -> int:

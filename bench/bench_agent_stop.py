@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT))  # the test suite's helpers, as the package tests.*
 
-from tests.agent.agent_helpers import FLOOD, NativeCaller, agent_cli, cuda_include, watching, why_not  # noqa: E402
+from tests.agent.agent_helpers import FLOOD, NativeCaller, agent_cli, build_standin, watching, why_not  # noqa: E402
 
 LIMIT_S = 90.0
 SETUPS = {
@@ -40,17 +40,6 @@ SETUPS = {
     "shares the flood's CPU": (("taskset", "-c", "0"), ("taskset", "-c", "0")),
     "shares it at nice 10": (("taskset", "-c", "0"), ("taskset", "-c", "0", "nice", "-n", "10")),
 }
-
-
-def standin(folder: Path) -> str:
-    out = folder / "libcuda.so.1"
-    flags = ["-shared", "-fPIC", "-O2", "-fno-omit-frame-pointer", "-fno-inline", "-fno-ipa-icf"]
-    source = ROOT / "tests" / "agent" / "standin_cuda.c"
-    subprocess.run(
-        ["gcc", *flags, f"-I{cuda_include()}", "-Wl,-soname,libcuda.so.1", str(source), "-o", str(out), "-lpthread"],
-        check=True,
-    )
-    return str(out)
 
 
 def once(lib: str, folder: Path, how: str, setup: str, before: str) -> str:
@@ -95,7 +84,7 @@ def main() -> int:
         return 0
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        lib = standin(folder)
+        lib = build_standin(folder / "libcuda.so.1")
         for setup in args.setup or SETUPS:
             for how in ("sigterm", "duration"):
                 for _ in range(args.repeat):

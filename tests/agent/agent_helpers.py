@@ -41,6 +41,18 @@ def why_not() -> str | None:
     return None
 
 
+STANDIN_FLAGS = ("-O2", "-fno-omit-frame-pointer", "-fno-inline", "-fno-ipa-icf")  # the benches' stand-in
+
+
+def build_standin(out: Path, flags: tuple[str, ...] = STANDIN_FLAGS) -> str:
+    """The stand-in libcuda.so.1 (tests/agent/standin_cuda.c) built at *out* with gcc *flags*, from cuda.h's
+    real signatures; stand-in only: the real driver cannot run without a GPU."""
+    source = HERE / "standin_cuda.c"
+    command = ["gcc", "-shared", "-fPIC", *flags, f"-I{cuda_include()}", "-Wl,-soname,libcuda.so.1"]
+    subprocess.run([*command, str(source), "-o", str(out), "-lpthread"], check=True, capture_output=True)
+    return str(out)
+
+
 def cuda_include() -> Path | None:
     candidates = [os.environ.get("CUDA_HOME", ""), "/usr/local/cuda"]
     nvcc = shutil.which("nvcc")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.agent.agent_helpers import HERE, Target, cuda_include, python_for, why_not
+from tests.agent.agent_helpers import HERE, Target, build_standin, python_for, why_not
 
 
 @pytest.fixture(scope="session")
@@ -31,26 +31,16 @@ def libcuda(bpf_object: Path, tmp_path_factory: pytest.TempPathFactory) -> str:
     """The stand-in libcuda.so.1 (tests/agent/standin_cuda.c), built from cuda.h's real signatures (each function
     its own code: identical bodies folded into one, as -O2 does, would make a _ptsz variant a jump to its twin)."""
     out = tmp_path_factory.mktemp("standin") / "libcuda.so.1"
-    subprocess.run(
-        [
-            "gcc",
-            "-shared",
-            "-fPIC",
+    build_standin(
+        out,
+        (
             "-O2",
             "-fno-omit-frame-pointer",
             "-fno-optimize-sibling-calls",
             "-fno-inline",
             "-fno-shrink-wrap",
             "-fno-ipa-icf",
-            f"-I{cuda_include()}",
-            "-Wl,-soname,libcuda.so.1",
-            str(HERE / "standin_cuda.c"),
-            "-o",
-            str(out),
-            "-lpthread",
-        ],
-        check=True,
-        capture_output=True,
+        ),
     )
     out.parent.chmod(0o755)
     return str(out)
