@@ -48,9 +48,11 @@ ddp = DDP(model)
 opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
 extra = rank_extra(rank)
 train(ddp, opt)
-print(json.dumps({"pid": os.getpid(), "rank": rank, "world": dist.get_world_size(),
-                  "params": sum(p.numel() * p.element_size() for p in model.parameters()),
-                  "extra": extra.numel() * extra.element_size()}), flush=True)
+said = {"pid": os.getpid(), "rank": rank, "world": dist.get_world_size(),
+        "params": sum(p.numel() * p.element_size() for p in model.parameters()),
+        "extra": extra.numel() * extra.element_size()}
+# one write of the whole line: print's text and newline can be two writes, and the two ranks share the pipe
+os.write(1, (json.dumps(said) + "\\n").encode())
 dist.destroy_process_group()
 """
 
