@@ -3,11 +3,19 @@
 Asked of glibc itself: ``mallinfo2().hblks`` counts the blocks malloc has
 mapped from the kernel. A 64 MiB block is mapped by default, and is not
 while the reuse is on. Skipped where the C library is not glibc.
+
+Each check runs in a fresh interpreter: a test run earlier in the same
+worker can leave a free chunk of 64 MiB or more inside the heap, and glibc
+serves the next 64 MiB from it without mapping anything, whatever the
+settings (a fresh-clone CI failed so).
 """
 
 from __future__ import annotations
 
 import ctypes
+import subprocess
+import sys
+import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -62,24 +70,47 @@ def defaults_after() -> Iterator[None]:
     malloc_reuse.release_freed_memory()
 
 
-@GLIBC_ONLY
-def test_reuse_keeps_blocks_in_the_heap_and_release_gives_the_defaults_back() -> None:
-    assert mapped_by_malloc()  # glibc's default
-    malloc_reuse.reuse_freed_memory()
-    assert not mapped_by_malloc()
-    malloc_reuse.release_freed_memory()
-    assert mapped_by_malloc()
+def in_fresh_interpreter(body: str, tmp_path: Path) -> None:
+    """Run ``body`` (which asserts with this module's helpers) in a new Python, whose heap no other test touched."""
+    script = tmp_path / "check.py"
+    script.write_text(
+        f"import sys\nsys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        "from test_malloc_reuse import *\n" + textwrap.dedent(body)
+    )
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
 
 
 @GLIBC_ONLY
+@pytest.mark.subprocess
+def test_reuse_keeps_blocks_in_the_heap_and_release_gives_the_defaults_back(tmp_path: Path) -> None:
+    in_fresh_interpreter(
+        """
+        assert mapped_by_malloc()  # glibc's default
+        malloc_reuse.reuse_freed_memory()
+        assert not mapped_by_malloc()
+        malloc_reuse.release_freed_memory()
+        assert mapped_by_malloc()
+        """,
+        tmp_path,
+    )
+
+
+@GLIBC_ONLY
+@pytest.mark.subprocess
 def test_a_command_reading_a_profile_turns_it_on_and_main_turns_it_off(tmp_path: Path) -> None:
     profile = Profile(sample_types=[SampleType("inuse_space", "bytes")])
     profile.add([Frame("leaf", "a.py", 3)], [4096])
     save(profile, tmp_path / "p.pb.gz")
-    load_profile([str(tmp_path / "p.pb.gz")])
-    assert not mapped_by_malloc()  # what one-shot commands read through
-    assert main(["report", str(tmp_path / "p.pb.gz")]) == 0
-    assert mapped_by_malloc()  # the command returned: the defaults again
+    in_fresh_interpreter(
+        f"""
+        load_profile([{str(tmp_path / "p.pb.gz")!r}])
+        assert not mapped_by_malloc()  # what one-shot commands read through
+        assert main(["report", {str(tmp_path / "p.pb.gz")!r}]) == 0
+        assert mapped_by_malloc()  # the command returned: the defaults again
+        """,
+        tmp_path,
+    )
 
 
 def test_a_c_library_other_than_glibc_is_left_alone(monkeypatch: pytest.MonkeyPatch) -> None:
