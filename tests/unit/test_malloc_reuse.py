@@ -22,8 +22,6 @@ from pathlib import Path
 import pytest
 
 from gpuflame import malloc_reuse
-from gpuflame.cli.common import load_profile
-from gpuflame.cli.main import main
 from gpuflame.formats import save
 from gpuflame.model import Frame, Profile
 from gpuflame.model.profile import SampleType
@@ -75,7 +73,8 @@ def in_fresh_interpreter(body: str, tmp_path: Path) -> None:
     script = tmp_path / "check.py"
     script.write_text(
         f"import sys\nsys.path.insert(0, {str(Path(__file__).parent)!r})\n"
-        "from test_malloc_reuse import *\n" + textwrap.dedent(body)
+        "from test_malloc_reuse import malloc_reuse, mapped_by_malloc\n"
+        "from gpuflame.cli.common import load_profile\nfrom gpuflame.cli.main import main\n" + textwrap.dedent(body)
     )
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
