@@ -335,12 +335,12 @@ class Probing(AgentState):
                 self._attach_items(self._new_files(default_libcuda()))
             for pid in list(self.processes) if self.pids else procs.all_pids():
                 files = procs.libcuda_files(pid)
-                self._probe_loaded(pid, files, None)
                 if files:
                     self.cuda_seen = True
                 if files and pid not in self.processes and not self.pids:
-                    with self._lock:
+                    with self._lock:  # known before its driver's probes are in: its first events have stacks
                         self._register(pid)
+                self._probe_loaded(pid, files, None)
         except Exception as exc:  # noqa: BLE001
             self.counts["handler_errors"] += 1
             sys.stderr.write(f"gpuflame agent: rescan failed ({type(exc).__name__}: {exc})\n")
@@ -353,9 +353,9 @@ class Probing(AgentState):
         if not files:
             return
         self.cuda_seen = True
-        self._probe_loaded(pid, files, mapped_ns)
-        if pid not in self.processes:
+        if pid not in self.processes:  # before the probes: its first events have stacks
             self._register(pid)
+        self._probe_loaded(pid, files, mapped_ns)
 
     def _probe_loaded(self, pid: int, files: dict[tuple[str, int], str], mapped_ns: int | None) -> None:
         """Probe the files *pid* maps that are new; it loaded them before their probes were in, so note the
@@ -400,6 +400,8 @@ class Probing(AgentState):
             if key in self.attached or key in self._unprobeable:
                 return True
             self.cuda_seen = True
+            if pid not in self.processes:  # before the probes: its first events have stacks
+                self._register(pid)
             path, shown = f"/proc/self/fd/{mine}", procs.in_root(pid, seen)
             self._attach_items([(key, path)])
             if key in self._unprobeable and self.skipped and path in self.skipped[-1]:
@@ -410,8 +412,6 @@ class Probing(AgentState):
             return key in self._unprobeable
         self.attached[key] = shown  # the path it was read through is closed now
         self.probed_on_open += 1
-        if pid not in self.processes:
-            self._register(pid)
         mapped = {self._file_key(p) for p in procs.libcuda_files(pid).values()}
         if key in mapped:  # the loader was quicker: calls made before the probes were in are counted
             self._mark_late(pid, opened_ns)
