@@ -51,7 +51,7 @@ class SampleColumns(NamedTuple):
         if not count:
             return []
         sums = np.zeros((count, self.values.shape[1]), dtype=np.int64)
-        if len(self.values) and int(np.abs(self.values).max()) >= (1 << 62) // len(self.values):
+        if len(self.values) and max(int(self.values.max()), -int(self.values.min())) >= (1 << 62) // len(self.values):
             sums = sums.astype(object)  # sums past int64 stay exact as Python ints
         np.add.at(sums, self.label_ids, self.values)
         nonzero = np.zeros(sums.shape, dtype=bool)

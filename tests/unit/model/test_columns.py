@@ -71,6 +71,13 @@ def test_label_set_totals_past_int64_stay_exact() -> None:
     assert held.label_set_totals()[0].totals == (3 * (1 << 62) + 3, -3)
 
 
+def test_label_set_totals_of_the_lowest_int64_stay_exact() -> None:
+    """-2**63 twice: numpy's abs of it is -2**63 itself, so a bound taken with abs would sum in int64 and wrap."""
+    low = [Sample((0,), (-(1 << 63), 1)) for _ in range(2)]
+    held = _held(Profile(sample_types=list(TYPES), frames=[Frame("f")], samples=low))
+    assert held.label_set_totals()[0].totals == (-(1 << 64), 2)
+
+
 def test_setting_samples_drops_the_columns() -> None:
     held = _held(_listed(5))
     held.samples = [Sample((0,), (1, 2))]
