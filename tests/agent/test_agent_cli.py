@@ -29,6 +29,7 @@ def test_pid_until_a_signal_writes_the_exact_profile(sig, start_target, bpf_obje
     summary = json.loads(stdout)
     assert summary["processes"] == [target.pid]
     assert summary["losses"] == {}  # every call booked: no loss to count
+    assert "holds" not in summary  # no --hold-late-drivers
     assert stat.S_IMODE(out.stat().st_mode) == 0o600  # every process's stacks: not for other users
     profile = load(out)
     assert rows(profile) == replay(target.records)

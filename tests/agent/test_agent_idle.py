@@ -244,6 +244,29 @@ def test_a_process_that_opens_a_new_driver_file_is_held_until_it_is_probed(libcu
     assert agent.counts["held"] >= 1 and target.pid not in agent.late_loads
 
 
+def test_json_counts_the_holds(libcuda, start_target, bpf_object, tmp_path):
+    """`gpuflame agent --hold-late-drivers --json`: the summary's `holds` counts the process held at the open."""
+    import json
+
+    copy, _ = _late_copy(libcuda, tmp_path)
+    target = start_target("3.12", "late", lib=copy, prefix=NO_TERMINAL)
+    target.ready()
+    out = tmp_path / "agent.pb.gz"
+    proc = agent_cli("--pid", str(target.pid), "--hold-late-drivers", "-o", str(out), "--json")
+    line = watching(proc)
+    if "is held until it is" not in line:
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=30)
+        pytest.skip("no raw tracepoint on system call exits here: nothing tells of an open to hold at")
+    target.run("model 40")
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 0, stderr
+    holds = json.loads(stdout)["holds"]
+    assert set(holds) == {"held", "let_go_at_bound", "longest_ms"}
+    assert holds["held"] == 1 and 0 <= holds["let_go_at_bound"] <= 1 and holds["longest_ms"] >= 0
+
+
 def _settled(thread, timeout: float = 120.0) -> bool:  # noqa: ANN001
     """A guard against a hang (a process left stopped), not a timing: the command's own end is waited for."""
     thread.join(timeout)

@@ -66,6 +66,18 @@ class Holding(AgentState):
         """The same by the key the kernel side read off an opened file (an overlay's may differ from stat's)."""
         self._probed_files.update(FILE_KEY.pack(dev, 0, ino), b"\x01")
 
+    def holds(self) -> dict[str, int]:
+        """With --hold-late-drivers, the holds as numbers for --json ({} without): processes held, of those let go
+        by the resumer at the bound before their probes were in, and the longest of the others' holds."""
+        if not self.hold:
+            return {}
+        counts = self.counts
+        return {
+            "held": counts["held"],
+            "let_go_at_bound": counts["held_past_bound"],
+            "longest_ms": counts["held_ms_max"],
+        }
+
     def _let_go(self, pid: int) -> None:
         """SIGCONT to a held process once its driver file is probed (or could not be); counted, with the longest
         hold, and counted apart when the resumer had let it go at the bound already."""

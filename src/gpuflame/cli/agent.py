@@ -208,7 +208,7 @@ def run(args: argparse.Namespace) -> int:
             totals=totals,
             lost=profile.comments[1:],
         ).write(output.parent)
-    _say(args, output, profile.comments, totals, pids, _stop_said(agent), agent.losses())
+    _say(args, output, profile.comments, totals, pids, _stop_said(agent), agent.losses(), agent.holds())
     return 0
 
 
@@ -315,6 +315,7 @@ def _say(
     pids: list[int],
     stop: dict[str, object],
     losses: dict[str, object],
+    holds: dict[str, int],
 ) -> None:
     from gpuflame.agent.agent import NO_CUDA_PROCESS
 
@@ -330,6 +331,7 @@ def _say(
                     "totals": totals,
                     "lost": lost,
                     "losses": losses,
+                    **({"holds": holds} if holds else {}),
                     "stop": stop,
                 }
             )
