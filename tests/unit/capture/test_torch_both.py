@@ -324,6 +324,31 @@ def test_the_strips_zero_is_the_first_allocation(make_recorder: Callable[[], Rec
     assert moment.origin(profile) == first
 
 
+def test_the_strips_last_point_is_the_end_of_the_history(make_recorder: Callable[[], Recorder]) -> None:
+    """At the strip's last point ``at`` shows what the profile holds at its end. The allocator hook's last
+    point was read after stop()'s walk of the object graph, past the history's end: in a GPT-2 training
+    script the strip ran on flat for 90 ms after the window where ``--at`` said 0 B."""
+
+    def train() -> Any:
+        model = Net()
+        optimizer = torch.optim.AdamW(model.parameters())
+        model.head(torch.ones(4, 32)).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return model, optimizer
+
+    raw, kept, rec = record(make_recorder, train)
+    profile = pprof.decode(pprof.encode(raw))  # as written to the file
+    assert profile.timeline is not None and profile.history is not None and rec.errors == []
+    last = profile.timeline.total()[-1][0]
+    assert last == moment.end_ns(profile, profile.history)
+    end = moment.at(profile, _seconds(profile, last)).totals()
+    assert end == {"inuse_space": column(profile, INUSE), "inuse_objects": column(profile, INUSE_N)}
+    state = [t for s in kept[1].state.values() for t in s.values()]
+    weights = [*kept[0].parameters(), *kept[0].buffers()]
+    assert end["inuse_space"] == sum(t.untyped_storage().nbytes() for t in weights + state)
+
+
 @pytest.mark.slow
 def test_any_moment_of_a_generate_loop_with_a_static_kv_cache_is_exact(
     make_recorder: Callable[[], Recorder],

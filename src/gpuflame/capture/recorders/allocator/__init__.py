@@ -58,6 +58,18 @@ _busy_lock = threading.Lock()
 _busy: TorchAllocatorRecorder | None = None  # the hook is one per process: one recorder at a time
 
 
+def _ending_at(points: list[tuple[int, int]], end: int) -> list[tuple[int, int]]:
+    """The hook's timeline with its last point (the present when read) at the window's *end*.
+
+    Read after stop() and the categories' walk, the present ran past the window: the strip went on
+    flat where the history, which ends at stop(), knew nothing (``--at`` there said 0 B).
+    """
+    if len(points) > 0 and points[-1][0] > end:
+        earliest = points[-2][0] + 1 if len(points) > 1 else end
+        points[-1] = (max(end, earliest), points[-1][1])
+    return points
+
+
 class HookBusy(RuntimeError):
     """Another recorder of this process holds the CPU allocator hook."""
 
@@ -131,7 +143,12 @@ class TorchAllocatorRecorder(Recorder):
                 self._stop_listening()
                 self._kinds.stop()
                 hook = self._hook
-                self._final = (hook.rows(), hook.totals(), hook.timeline(), hook.phase_rows())
+                self._final = (
+                    hook.rows(),
+                    hook.totals(),
+                    _ending_at(hook.timeline(), self.stopped_ns),
+                    hook.phase_rows(),
+                )
                 self._final_history = hook.history(True)  # handed over, not copied: the window is over
         finally:
             self._release()
