@@ -133,3 +133,20 @@ def test_the_strip_follows_the_label_selector(strip: Chrome) -> None:
     s = pick(strip, "all")
     assert s["timeline"]["points"] == relative(full.total()) and s["timeline"]["series"] == 2
     assert not strip.events_named("Runtime.exceptionThrown")
+
+
+def test_devices_sampled_at_one_time_are_one_moment_on_the_strip(chrome: Chrome, tmp_path: Path) -> None:
+    """JAX writes each device's total at its sample's time: cpu:0 fell 32 -> 0 MB as cpu:1 rose 4 -> 20 MB.
+
+    The strip summed them series by series and drew a 52 MB peak that never was (36 MB was).
+    """
+    p = Profile(sample_types=memory_sample_types()[:1])
+    p.add([Frame("put", "/app/a.py", 3)], [32 * MB], {"device": "cpu:0", "pid": "1"})
+    p.add([Frame("put", "/app/a.py", 3)], [20 * MB], {"device": "cpu:1", "pid": "1"})
+    cpu0, cpu1 = (("device", "cpu:0"), ("pid", "1")), (("device", "cpu:1"), ("pid", "1"))
+    p.timeline = Timeline({cpu1: [(T0, 4 * MB), (T0 + 50 * MS, 20 * MB)], cpu0: [(T0, 32 * MB), (T0 + 50 * MS, 0)]})
+    save(p, tmp_path / "sampled.pb.gz")
+    assert main(["view", str(tmp_path / "sampled.pb.gz")]) == 0
+    tl = open_viewer(chrome, tmp_path / "sampled.html")["timeline"]
+    assert tl["points"] == relative(p.timeline.total()) == [[0, 36 * MB], [50 * MS, 20 * MB]]
+    assert tl["peakBytes"] == 36 * MB and tl["peakTime"] == 0

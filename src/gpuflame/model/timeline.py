@@ -85,8 +85,12 @@ class Timeline:
         (a process that started late adds nothing before it started; one
         that ended adds nothing after). A series that ends before the others
         drops out with a second point at its end time; at the very end of
-        the line nothing is dropped. Points at equal times keep series order;
-        a point equal to the one before is left out.
+        the line nothing is dropped. Points of one series at equal times keep
+        their order; where several series have points at one time, that time
+        is one point, the total after all of them (a sampler such as JAX's
+        writes every device's total at the sample's time: one device updated
+        and the next not yet is no moment that happened); a point equal to
+        the one before is left out.
         """
         chosen = [points for labels, points in self.series.items() if points and set(match) <= set(labels)]
         if not chosen:
@@ -95,12 +99,15 @@ class Timeline:
         events = [(t, 0, k, b) for k, points in enumerate(chosen) for t, b in points]
         events += [(points[-1][0], 1, k, 0) for k, points in enumerate(chosen) if points[-1][0] < end]
         events.sort(key=lambda e: (e[0], e[1]))  # stable: an end comes after the updates of its moment
+        shared = _shared_times(events)
         current = [0] * len(chosen)
         total = 0
         out: list[tuple[int, int]] = []
-        for t, _, k, b in events:
+        for i, (t, _, k, b) in enumerate(events):
             total += b - current[k]
             current[k] = b
+            if t in shared and i + 1 < len(events) and events[i + 1][0] == t:
+                continue  # within a moment several series share: only its last total happened
             if not out or out[-1] != (t, total):
                 out.append((t, total))
         return out
@@ -149,6 +156,16 @@ def split_comments(
     if not found:
         return None, rest
     return Timeline({k: v for timeline in found for k, v in timeline.series.items()}), rest
+
+
+def _shared_times(events: Sequence[tuple[int, int, int, int]]) -> set[int]:
+    """The times at which events of more than one series fall (*events*: ``(t, end?, series, bytes)``)."""
+    first: dict[int, int] = {}
+    shared: set[int] = set()
+    for t, _, k, _ in events:
+        if first.setdefault(t, k) != k:
+            shared.add(t)
+    return shared
 
 
 def downsample(points: list[Point], max_points: int = MAX_POINTS) -> list[Point]:

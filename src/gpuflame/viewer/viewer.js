@@ -1212,7 +1212,9 @@
    * timeline's start), as model/timeline.py's Timeline.total sums them: a
    * series counts from its first point to its last (its process's start and
    * end) and 0 outside; one that ends before the line does drops out with a
-   * second point at its end. The peak is the first highest point, as the
+   * second point at its end; a time at which several series have points is
+   * one point, the total after all of them (a sampler writes every device's
+   * total at one time). The peak is the first highest point, as the
    * converter's peak is the first of equal moments.
    */
   function sumTimeline(timeline, match) {
@@ -1227,11 +1229,18 @@
       if (s.t[s.t.length - 1] < end) events.push([s.t[s.t.length - 1], 1, k, 0]);
     });
     events.sort((a, b) => a[0] - b[0] || a[1] - b[1]); // stable: an end comes after the updates of its moment
+    const firstSeries = new Map(), shared = new Set();
+    for (const [t, , k] of events) {
+      if (!firstSeries.has(t)) firstSeries.set(t, k);
+      else if (firstSeries.get(t) !== k) shared.add(t);
+    }
     const current = new Array(chosen.length).fill(0);
     let total = 0, peakBytes = -1;
-    for (const [t, , k, b] of events) {
+    for (let i = 0; i < events.length; i++) {
+      const [t, , k, b] = events[i];
       total += b - current[k];
       current[k] = b;
+      if (shared.has(t) && i + 1 < events.length && events[i + 1][0] === t) continue; // one moment: its last total
       const last = out.points[out.points.length - 1];
       if (!last || last[0] !== t || last[1] !== total) out.points.push([t, total]);
       if (total > peakBytes) { peakBytes = total; out.peakTime = t; }

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 import time
 from typing import Any
 
@@ -255,3 +258,47 @@ def test_a_netted_profile_says_it_is_netted_not_the_whole_process() -> None:
     assert any(c.startswith(NETTED) for c in netted.comments)
     assert at(netted, "Model > make", INUSE) == new.nbytes  # the kept array is netted out, per stack
     del kept
+
+
+TWO_DEVICES = """
+import json, os
+import jax, jax.numpy as jnp
+from gpuflame.capture.recorders.jax_memory import JaxMemoryRecorder
+MIB = 1 << 20
+d0, d1 = jax.devices()
+rec = JaxMemoryRecorder()
+rec.start()
+kept = jax.device_put(jnp.ones((MIB,), jnp.float32), d1)  # 4 MiB on cpu:1 throughout
+a = jax.device_put(jnp.ones((8 * MIB,), jnp.float32), d0).block_until_ready()  # 32 MiB on cpu:0
+rec.sample()
+a.delete()
+b = jax.device_put(jnp.ones((4 * MIB,), jnp.float32), d1).block_until_ready()  # 16 MiB on cpu:1
+rec.sample()
+b.delete()
+rec.stop()
+p = rec.snapshot()
+peak = p.type_index("peak_space")
+per = {}
+for s in p.samples:
+    per[s.label("device")] = per.get(s.label("device"), 0) + s.values[peak]
+print(json.dumps({"peak": per, "joint": p.joint_device_peak()[1], "text": p.peak_description("peak_space")}))
+"""
+
+
+@pytest.mark.subprocess
+def test_each_device_peak_is_its_own_highest_sample(tmp_path: Any) -> None:
+    """cpu:0 held 32 MiB, then cpu:1 20 MiB while cpu:0 held none: each device's peak is its own.
+
+    The peak columns were the sample with the highest total of all devices, so cpu:1 showed 4 MiB under
+    "each at its own peak"; and the devices' joint peak read 52 MiB, cpu:1 summed before cpu:0 fell.
+    """
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    env.pop("GPUFLAME_ENABLED", None)
+    out = subprocess.run(
+        [sys.executable, "-c", TWO_DEVICES], env=env, capture_output=True, text=True, timeout=120, check=True
+    )
+    got = json.loads(out.stdout.splitlines()[-1])
+    mib = 1 << 20
+    assert got["peak"] == {"cpu:0": 32 * mib, "cpu:1": 20 * mib}
+    assert got["joint"] == 36 * mib  # cpu:0's 32 MiB with cpu:1's 4: the most they held together
+    assert "cpu:0 32.0 MiB, cpu:1 20.0 MiB" in got["text"] and "together peaked at 36.0 MiB" in got["text"]

@@ -187,6 +187,22 @@ def test_the_total_of_overlapping_series_sums_what_was_live_together() -> None:
     assert ended_at_zero == [(T0, 5), (T0 + 2, 6), (T0 + 10, 1), (T0 + 20, 1)]  # its end changes nothing: no repeat
 
 
+def test_points_several_series_share_a_time_at_are_one_moment() -> None:
+    """JAX writes every device's total at its sample's time: device 0 fell 32 -> 0 while device 1 rose 4 -> 20.
+
+    Summed series by series, the line passed through 36 + 16 = 52 at that time, a moment that never was.
+    """
+    dev0 = [(T0, 32), (T0 + 10, 0)]
+    dev1 = [(T0, 4), (T0 + 10, 20)]
+    for series in ({DEV0: dev0, DEV1: dev1}, {DEV1: dev1, DEV0: dev0}):
+        line = Timeline(series).total()
+        assert line == [(T0, 36), (T0 + 10, 20)]
+        assert max(b for _, b in line) == 36
+    one = Timeline({DEV0: [(T0, 5), (T0 + 10, 9), (T0 + 10, 2)], DEV1: [(T0 + 3, 1), (T0 + 20, 1)]}).total()
+    # one series' points at one time are each real
+    assert one == [(T0, 5), (T0 + 3, 6), (T0 + 10, 10), (T0 + 10, 3), (T0 + 10, 1), (T0 + 20, 1)]
+
+
 def test_filters_and_compact_keep_the_timeline() -> None:
     p = profile_with_timeline()
     assert pfilter.ignore(p, "f").timeline == p.timeline

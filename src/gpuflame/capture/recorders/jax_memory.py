@@ -5,8 +5,10 @@ live ``jax.Array`` buffer (and executable) with the Python stack that made
 it. Each :meth:`JaxMemoryRecorder.sample` takes one; a profile holds
 
 - ``inuse_*`` from the latest sample;
-- ``peak_*`` from the sample with the highest total seen (so the peak is as
-  fine as the sampling: call ``sample()`` at an interval, or where it matters);
+- ``peak_*`` per device, from the sample where that device's total was the
+  highest seen (each device has its own memory, as torch-cuda's per-device
+  peaks; the peak is as fine as the sampling: call ``sample()`` at an
+  interval, or where it matters);
 - no ``alloc_*``: JAX's profile lists live buffers only, never freed ones, so
   the allocation totals cannot be known (a profile comment says so);
 - a timeline: each sample's total per device, at the sample's time.
@@ -85,8 +87,7 @@ class JaxMemoryRecorder(Recorder):
         self._source = source
         self._resolver = Resolver()
         self._latest: Rows = {}
-        self._peak: Rows = {}
-        self._peak_total = -1
+        self._peak: dict[str, tuple[int, Rows]] = {}  # device -> (its highest sampled total, its rows then)
         self.samples_taken = 0
         self._series: dict[Labels, list[Point]] = {}  # (device, pid) -> (epoch ns, sampled total)
         self._lock = threading.Lock()  # samples come from a timer thread and from snapshot()
@@ -150,7 +151,8 @@ class JaxMemoryRecorder(Recorder):
         if self.running:
             self.sample()
         with self._lock:
-            peak, latest = self._peak, self._latest
+            peak = {key: row for _, rows in self._peak.values() for key, row in rows.items()}
+            latest = self._latest
         profile = empty_profile(alloc=False)
         for (stack, labels), (nbytes, count) in peak.items():
             profile.add(list(stack), [nbytes, count, 0, 0], dict(labels))
@@ -202,9 +204,21 @@ class JaxMemoryRecorder(Recorder):
             self._book_phase(now, total, rows)
             self._note_totals(now, rows)
             self._latest = rows
-            if total > self._peak_total:
-                self._peak_total = total
-                self._peak = rows
+            self._note_peaks(rows)
+
+    def _note_peaks(self, rows: Rows) -> None:
+        """Each device's rows where its sampled total is its highest yet (under the lock).
+
+        The sample with the highest total of all devices is not each device's peak: a device
+        whose memory peaked while another's had fallen would show less than it held.
+        """
+        by_device: dict[str, Rows] = {}
+        for key, row in rows.items():
+            by_device.setdefault(dict(key[1]).get("device", ""), {})[key] = row
+        for device, own in by_device.items():
+            total = sum(v[0] for v in own.values())
+            if total > self._peak.get(device, (-1, {}))[0]:
+                self._peak[device] = (total, own)
 
     def _note_totals(self, now: int, rows: Rows) -> None:
         """One timeline point per device: its sampled total (0 for a device seen before, now empty)."""
