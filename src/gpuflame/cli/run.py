@@ -132,11 +132,31 @@ def command_line(args: argparse.Namespace) -> list[str]:
         raise GpuflameError("nothing to run: give a script, -m MODULE, or -- COMMAND")
     script = rest[0]
     if os.path.exists(script):
-        return [sys.executable, *rest]
+        return rest if _program_not_python(script) else [sys.executable, *rest]
     if not script.endswith(".py") and shutil.which(script):  # `gpuflame run python train.py`, `... torchrun ...`
         return rest
     _not_on_path(script)
     raise GpuflameError(f"{script}: no such script (to run a command, write: gpuflame run -- {script} ...)")
+
+
+def _program_not_python(path: str) -> bool:
+    """An executable file that is not Python source (an interpreter's binary, a shell script): run it itself.
+
+    ``gpuflame run /usr/bin/python3 train.py`` ran ``python /usr/bin/python3 train.py``, and Python
+    read the ELF binary as a script ("source code cannot contain null bytes"); ``./train.sh``
+    failed the same way. A Python script, with a ``python`` shebang or none, still runs with this
+    environment's Python, as before.
+    """
+    if path.endswith(".py") or not os.path.isfile(path) or not os.access(path, os.X_OK):
+        return False
+    try:
+        with open(path, "rb") as f:
+            head = f.read(256)
+    except OSError:
+        return False  # Python says why it cannot read it
+    if head.startswith(b"\x7fELF"):
+        return True
+    return head.startswith(b"#!") and b"python" not in head.split(b"\n", 1)[0]
 
 
 def _check_command(word: str) -> None:

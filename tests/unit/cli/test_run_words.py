@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 
@@ -50,3 +51,29 @@ def test_a_command_of_gpuflames_environment_not_on_path_is_named(tmp_path, monke
     said = re.escape(f"torchrun: not on PATH; gpuflame's environment has {beside}: write gpuflame run -- {beside}")
     with pytest.raises(GpuflameError, match=said):
         command_line(args)
+
+
+def test_an_executable_that_is_not_python_source_runs_itself(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """`gpuflame run /usr/bin/python3 train.py` ran `python /usr/bin/python3 train.py`: Python read the
+    interpreter's ELF binary as a script ("source code cannot contain null bytes"); a shell script too."""
+    monkeypatch.chdir(tmp_path)
+    shell = tmp_path / "train.sh"
+    shell.write_text("#!/bin/sh\nexec python3 train.py\n")
+    script = tmp_path / "train"
+    script.write_text("#!/usr/bin/env python3\nprint(1)\n")
+    plain = tmp_path / "plain.sh"
+    plain.write_text("#!/bin/sh\n")
+    for path in (shell, script):
+        path.chmod(0o755)
+    interpreter = os.path.realpath(sys.executable)  # the binary itself, not the environment's link to it
+    with open(interpreter, "rb") as f:
+        assert f.read(4) == b"\x7fELF"
+
+    def command(*words: str) -> list[str]:
+        return command_line(parse(build_parser(["run"]), ["run", *words]))
+
+    assert command(interpreter, "train.py", "--epochs", "1") == [interpreter, "train.py", "--epochs", "1"]
+    assert command(sys.executable, "train.py") == [sys.executable, "train.py"]
+    assert command("./train.sh", "a") == ["./train.sh", "a"]
+    assert command("./train", "a") == [sys.executable, "./train", "a"]  # Python source: this environment's Python
+    assert command("plain.sh") == [sys.executable, "plain.sh"]  # not executable: read as a script, as before
