@@ -12,7 +12,7 @@ from gpuflame.model.profile import Profile
 
 @dataclass(frozen=True)
 class PhaseRow:
-    """One phase of one process, its times as seconds from the recording's start (as on the viewer's strip)."""
+    """One phase of one process, its times as seconds on the viewer's strip (0: the first allocation)."""
 
     stat: PhaseStat
     start_s: float
