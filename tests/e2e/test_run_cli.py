@@ -279,6 +279,30 @@ def test_jax_runs_name_the_method_and_prune_jax_unless_asked(tmp_path: Path) -> 
     assert jax_frames_per_stack(load(tmp_path / "k.pb.gz")) > 1
 
 
+MADE_AND_FREED_BETWEEN_SAMPLES = """
+import jax.numpy as jnp
+
+def step():
+    a = jnp.ones((1 << 22,), dtype=jnp.float32).block_until_ready()  # 16 MiB, freed before exit
+    return float(a[0])
+
+print(step())
+"""
+
+
+def test_a_jax_run_whose_samples_saw_nothing_does_not_say_nothing_was_allocated(tmp_path: Path) -> None:
+    """JAX is sampled at the start and at exit: 16 MiB made and freed between them was said to be
+    'the profile is empty (nothing was allocated while recording)'. It says the samples saw no live buffers."""
+    script = write(tmp_path / "between.py", MADE_AND_FREED_BETWEEN_SAMPLES)
+    result = gpuflame_run("-o", "b.pb.gz", "--backend", "jax", script.name, cwd=tmp_path, env={"JAX_PLATFORMS": "cpu"})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "1.0\n"
+    (said,) = [line for line in result.stderr.splitlines() if "the profile is empty" in line]
+    assert "nothing was allocated" not in said
+    assert "no live buffers at any sample" in said and "--interval 100ms or gpuflame.phase" in said
+    assert not any(load(tmp_path / "b.pb.gz").totals().values())
+
+
 def test_a_second_run_to_the_same_output_does_not_merge_the_first(tmp_path: Path) -> None:
     script = write(tmp_path / "again.py", ALLOCATE, "\nkept = Holder().make(8)\n")
     for _ in range(2):

@@ -55,7 +55,7 @@ def say_where(output: Path, meta: RunMeta, idle: dict[int, str], peak_note: str,
         say(sys.stderr, f"gpuflame: no profile was written: {why}\n")
         return
     if not any(meta.totals.values()):
-        why = "see what was lost above" if meta.lost else "nothing was allocated while recording"
+        why = "see what was lost above" if meta.lost else _why_empty(meta)
         say(sys.stderr, f"gpuflame: the profile is empty ({why}): {output}\n")
         return
     shown = next((t for t in ("peak_space", "inuse_space", "alloc_space") if t in meta.totals), None)
@@ -103,7 +103,33 @@ def _held_nothing(meta: RunMeta) -> list[str]:
     if not idle:
         return []
     pids = ", ".join(f"pid {pid}" for pid in idle[:5]) + (f" and {len(idle) - 5} more" if len(idle) > 5 else "")
+    if _sampled_only(meta):
+        return [f"{pids}: recorded, but no live buffers at any sample ({SAMPLED_BLIND})"]
     return [f"{pids}: recorded, but held no memory at any moment (a launcher, a worker given no task)"]
+
+
+# what JAX's sampled recording cannot see (backend jax: live buffers only, at each sample)
+SAMPLED_BLIND = (
+    "JAX's live buffers are sampled at the start, at exit, at each gpuflame.phase change and every --interval: "
+    "arrays made and freed between samples are not seen; --interval 100ms or gpuflame.phase samples more often"
+)
+
+
+def _sampled_only(meta: RunMeta) -> bool:
+    """In-use totals and no allocation totals: only JAX's sampled live buffers were recorded (every torch
+    recorder counts allocations; JAX lists live buffers only)."""
+    return "inuse_space" in meta.totals and "alloc_space" not in meta.totals
+
+
+def _why_empty(meta: RunMeta) -> str:
+    """Why a profile holds nothing: nothing allocated, or (JAX) nothing live when it was sampled.
+
+    A JAX worker that made and freed 24 MiB between its samples at start and at exit was said to have
+    allocated nothing while recording.
+    """
+    if _sampled_only(meta):
+        return f"no live buffers at any sample: {SAMPLED_BLIND}"
+    return "nothing was allocated while recording"
 
 
 def _fields(entry: object) -> dict[str, Any]:

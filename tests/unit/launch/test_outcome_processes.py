@@ -79,3 +79,18 @@ def test_ranks_with_equal_peaks_are_said_even_not_uneven(capsys, tmp_path: Path)
         "gpuflame: ranks even: rank 1 (pid 101) peaked at 641.5 KiB, rank 0 (pid 100) at 641.5 KiB: "
         "the largest peak is 1.00x the smallest"
     ]
+
+
+def test_a_jax_process_whose_samples_saw_nothing_is_not_said_to_have_held_nothing(capsys, tmp_path: Path) -> None:
+    """JAX samples live buffers: a worker that made and freed its arrays between samples held memory."""
+    p = Profile(sample_types=memory_sample_types(alloc=False))  # the jax recorder's types
+    for pid in ("100", "101"):
+        p.add([Frame("step", "t.py", 1)], [1024, 1, 1024, 1], {"pid": pid, "device": "cpu:0"})
+    meta = RunMeta(command=["python3", "t.py"], started=0.0, processes=[99, 100, 101])
+    meta.totals = p.totals()
+    note_processes(meta, p)
+    say_where(tmp_path / "run.pb.gz", meta, {}, "")
+    lines = capsys.readouterr().err.splitlines()
+    assert not [line for line in lines if "held no memory" in line]
+    (said,) = [line for line in lines if line.startswith("gpuflame: pid 99:")]
+    assert "no live buffers at any sample" in said and "between samples are not seen" in said
