@@ -277,6 +277,9 @@ def test_jax_runs_name_the_method_and_prune_jax_unless_asked(tmp_path: Path) -> 
     kept = gpuflame_run("-o", "k.pb.gz", "--backend", "jax", "--keep-framework", script.name, cwd=tmp_path, env=env)
     assert kept.returncode == 0, kept.stderr
     assert jax_frames_per_stack(load(tmp_path / "k.pb.gz")) > 1
+    often = gpuflame_run("-o", "o.pb.gz", "--backend", "jax", "--interval", "100ms", script.name, cwd=tmp_path, env=env)
+    (note,) = [line for line in often.stderr.splitlines() if "the JAX peak is the largest of" in line]
+    assert "--interval" not in note and "gpuflame.phase" in note  # already the shortest interval
 
 
 MADE_AND_FREED_BETWEEN_SAMPLES = """

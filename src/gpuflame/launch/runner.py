@@ -103,7 +103,8 @@ def _launch(
         say(sys.stderr, f"gpuflame: each process's own profile is in {printable(str(folder.path))}/\n")
     if run_dir is not None:
         write_meta(meta, run_dir)
-    say_where(output, meta, idle, run_note(merged.peaks) if merged is not None else "", as_json=request.as_json)
+    note = run_note(merged.peaks, settings.interval) if merged is not None else ""
+    say_where(output, meta, idle, note, as_json=request.as_json)
     if status < 0:
         _end_by(-status)
     return exit_code

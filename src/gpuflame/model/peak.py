@@ -31,6 +31,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields, replace
 
+from gpuflame.defaults import MIN_INTERVAL_S
 from gpuflame.model import comments as comment_data
 from gpuflame.units import format_bytes
 
@@ -152,15 +153,21 @@ def is_exact(units: Sequence[PeakUnit]) -> bool:
     return all(u.kind in EXACT for u in units)
 
 
-def run_note(units: Sequence[PeakUnit]) -> str:
-    """One line for the end of ``gpuflame run`` when its peak is not a moment that happened; '' when it is."""
+def run_note(units: Sequence[PeakUnit], interval_s: float = 0.0) -> str:
+    """One line for the end of ``gpuflame run`` when its peak is not a moment that happened; '' when it is.
+
+    *interval_s*: the run's ``--interval`` (0: none); at the shortest there is, the way to sample more
+    often is a phase mark where the memory peaks, not that interval again.
+    """
     sampled = [u for u in units if u.kind == SAMPLED]
     if sampled:
         fewest = min(u.samples for u in sampled)
-        return (
-            f"the JAX peak is the largest of {fewest} samples of live buffers: the true peak may be higher; "
-            "--interval 100ms samples more often"
+        more = (
+            "gpuflame.phase(...) around the step that peaks samples at its start and end"
+            if 0 < interval_s <= MIN_INTERVAL_S
+            else f"--interval {MIN_INTERVAL_S * 1000:g}ms samples more often"
         )
+        return f"the JAX peak is the largest of {fewest} samples of live buffers: the true peak may be higher; {more}"
     if not is_exact(units):
         return "the peak is " + describe([u for u in units if u.kind not in EXACT])
     return ""

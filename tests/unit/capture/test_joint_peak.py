@@ -378,6 +378,16 @@ def test_a_note_for_the_end_of_a_run_when_the_peak_is_sampled_or_a_bound() -> No
     assert "an upper bound" in run_note([PeakUnit("cuda:0", BOUND, processes=2)])
 
 
+def test_a_run_at_the_shortest_interval_is_not_told_to_take_it() -> None:
+    """`gpuflame run --interval 100ms` of a JAX program ended '--interval 100ms samples more often'."""
+    from gpuflame.model.peak import run_note
+
+    sampled = [PeakUnit("cpu:0", SAMPLED, samples=17)]
+    assert run_note(sampled, 0.5).endswith("--interval 100ms samples more often")
+    at_shortest = run_note(sampled, 0.1)
+    assert "--interval" not in at_shortest and "gpuflame.phase" in at_shortest
+
+
 def test_jax_processes_at_once_are_not_called_an_upper_bound() -> None:
     now = time.time_ns()
     a, b = window(1, 3 * MB, now, now + 10, "a", "cpu:0"), window(2, 2 * MB, now + 5, now + 30, "b", "cpu:0")
