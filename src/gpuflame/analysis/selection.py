@@ -9,7 +9,8 @@ order they were given in: first the moment, then which samples count
 prune), and small bars are cut last, once the tree they are measured in is
 final. A filter that matches nothing is a note of the view (pprof does the
 same); a label or focus that leaves nothing of a non-empty profile is an
-error, since the view would be empty.
+error, since the view would be empty (of a moment: one the whole recording
+never had; one that held nothing then is a moment of 0 B).
 """
 
 from __future__ import annotations
@@ -21,7 +22,13 @@ from typing import TYPE_CHECKING
 
 from gpuflame.errors import GpuflameError
 from gpuflame.model import drop_small, moment, prune_framework
-from gpuflame.model.filter import focus_matched, hide_matched, ignore_matched, select_labels_matched
+from gpuflame.model.filter import (
+    focus_matched,
+    frame_matcher,
+    hide_matched,
+    ignore_matched,
+    select_labels_matched,
+)
 from gpuflame.model.moment import When, parse_when
 from gpuflame.model.profile import Frame, Profile
 from gpuflame.symbols.names import CACHED_FREE, TRAMPOLINE_NAME
@@ -70,12 +77,33 @@ class Selection:
         return self.filter(self.at_moment(profile))
 
     def at_moment(self, profile: Profile) -> Profile:
-        """The profile of the moment or window asked for, else *profile* itself."""
+        """The profile of the moment or window asked for, else *profile* itself.
+
+        A label or focus is checked against the whole recording here: one it never had is an error, one
+        that held nothing at the moment leaves the moment empty (0 B), as a process idle at the peak does.
+        """
         if self.at is not None:
-            return moment.at(profile, self.at)
-        if self.between is not None:
-            return moment.between(profile, *self.between)
-        return profile
+            shown = moment.at(profile, self.at)
+        elif self.between is not None:
+            shown = moment.between(profile, *self.between)
+        else:
+            return profile
+        self._known_in(profile)
+        return shown
+
+    def _known_in(self, recording: Profile) -> None:
+        """Raise for a label value or a focus the whole *recording* never had (a typo, as without a moment)."""
+        for key, values in self._wanted_labels().items():
+            have = recording.label_values(key)
+            if not values & set(have):
+                shown = ", ".join(have) or "none"
+                raise GpuflameError(
+                    f"no sample has label {key}={'|'.join(sorted(values))} ({key} values here: {shown})"
+                )
+        if self.focus:
+            hit = frame_matcher(recording, self.focus)
+            if not any(hit(i) for i in range(len(recording.frames))):
+                raise GpuflameError(f"--focus: {_no_match_message(recording.frames, self.focus)}")
 
     def filter(self, profile: Profile) -> View:
         """*profile* (already at its moment) with the sample type picked and the filters applied."""
@@ -88,7 +116,7 @@ class Selection:
             profile = _noted(ignore_matched(profile, pattern), profile, "--ignore", pattern, notes)
         if self.focus:
             focused = focus_matched(profile, self.focus)
-            if not focused.matched and profile.samples:
+            if not focused.matched and profile.samples and not profile.moment:  # a moment's: at_moment checked
                 raise GpuflameError(f"--focus: {_no_match_message(profile.frames, self.focus)}")
             profile = focused.profile
         for pattern in self.hide:
@@ -101,13 +129,16 @@ class Selection:
             profile = drop_small(profile, self.min_size, index)
         return View(profile, index, self, tuple(notes))
 
-    def _labels(self, profile: Profile) -> Profile:
+    def _wanted_labels(self) -> dict[str, set[str]]:
         wanted: dict[str, set[str]] = {}
         for key, value in self.labels:
             wanted.setdefault(key, set()).add(value)
-        for key, values in wanted.items():
+        return wanted
+
+    def _labels(self, profile: Profile) -> Profile:
+        for key, values in self._wanted_labels().items():
             selected = select_labels_matched(profile, key, values)
-            if not selected.matched and profile.samples:
+            if not selected.matched and profile.samples and not profile.moment:  # a moment's: at_moment checked
                 have = ", ".join(profile.label_values(key)) or "none"
                 raise GpuflameError(f"no sample has label {key}={'|'.join(sorted(values))} ({key} values here: {have})")
             profile = selected.profile

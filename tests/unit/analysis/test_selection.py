@@ -149,6 +149,37 @@ def test_at_and_between_read_the_history() -> None:
     assert window.profile.totals()["alloc_space"] == 300
 
 
+def two_processes() -> Profile:
+    """pid 1 holds 100 B from 0.1 s on; pid 2 (function ``late``) allocates 50 B at 0.9 s."""
+    hold, late = Frame("hold", "/app/a.py", 3), Frame("late", "/app/b.py", 7)
+    p = Profile(memory_sample_types())
+    p.add([hold], [100, 1, 100, 1, 100, 1], {"device": "cpu", "pid": "1"})
+    p.add([late], [50, 1, 50, 1, 50, 1], {"device": "cpu", "pid": "2"})
+    tracks = []
+    for pid, site, t, size in (("1", 0, 100, 100), ("2", 1, 900, 50)):
+        log = EventLog(T0, 1000)
+        log.add(T0 + t * MS, site, size)
+        tracks.append(log.track(T0 + 1000 * MS, (("pid", pid),)))
+    p.history = History([hold, late], [((0,), (("device", "cpu"),)), ((1,), (("device", "cpu"),))], tracks)
+    return p
+
+
+def test_a_moment_where_a_label_or_focus_held_nothing_is_0_bytes_and_a_typo_an_error() -> None:
+    """At 0.5 s pid 2 held nothing yet: --label pid=2 is a moment of 0 B, as at the peak a process holding
+    nothing is. It was 'no sample has label pid=2 (pid values here: 1)', exit 2, while pid 2 is in the file
+    (a DataLoader worker of a GPT-2 training run, asked about at its main process's peak)."""
+    assert Selection(at=0.5).apply(two_processes()).profile.totals()["inuse_space"] == 100
+    for sel in (Selection(at=0.5, labels=(("pid", "2"),)), Selection(at=0.5, focus="late")):
+        view = sel.apply(two_processes())
+        assert view.profile.totals()["inuse_space"] == 0 and view.profile.samples == []
+    assert Selection(at=0.95, labels=(("pid", "2"),)).apply(two_processes()).profile.totals()["inuse_space"] == 50
+    assert Selection(between=(0.0, 0.5), focus="late").apply(two_processes()).profile.totals()["alloc_space"] == 0
+    with pytest.raises(GpuflameError, match=r"no sample has label pid=9 \(pid values here: 1, 2\)"):
+        Selection(at=0.5, labels=(("pid", "9"),)).apply(two_processes())
+    with pytest.raises(GpuflameError, match="--focus: no function matches 'lat3'"):
+        Selection(at=0.5, focus="lat3").apply(two_processes())
+
+
 def test_group_by_and_lines_shape_the_tree() -> None:
     grouped = Selection(group_by="pid").apply(profile()).tree().table
     assert grouped.offset == 1 and {"pid=1", "pid=2"} <= {f.name for f in grouped.frames}
