@@ -94,3 +94,13 @@ def test_each_field_of_a_peak_unit_is_on_the_formats_page() -> None:
     from dataclasses import fields
 
     assert {f.name for f in fields(PeakUnit)} - documented() == set()
+
+
+def test_each_field_of_run_json_is_on_the_formats_page() -> None:
+    """``gpuflame run --json`` prints the run's RunMeta (the store's meta.json): every field is named."""
+    from dataclasses import fields
+
+    from gpuflame.launch.store import RunMeta
+
+    assert {f.name for f in fields(RunMeta)} - documented() == set()
+    assert {"pid", "why", "missing_s"} - documented() == set()
