@@ -306,6 +306,35 @@ def test_a_jax_run_whose_samples_saw_nothing_does_not_say_nothing_was_allocated(
     assert not any(load(tmp_path / "b.pb.gz").totals().values())
 
 
+TWO_JAX_CHILDREN = """
+import subprocess, sys
+child = '''
+import os, time, jax.numpy as jnp
+keep = jnp.ones((N << 18,), dtype=jnp.float32).block_until_ready()  # N MiB, kept to the end
+open(f"ready-N", "w").close()
+while not all(os.path.exists(f"ready-{n}") for n in (1, 2)):  # both hold their arrays at once
+    time.sleep(0.01)
+'''
+children = [subprocess.Popen([sys.executable, "-c", child.replace("N", str(n))]) for n in (1, 2)]
+assert [c.wait() for c in children] == [0, 0]
+"""
+
+
+def test_processes_of_a_run_without_a_joint_peak_are_not_said_at_the_joint_peak(tmp_path: Path) -> None:
+    """JAX processes have no joint peak (the run's peak is each one's own, summed), yet each line of the
+    run said '... at the joint peak', where report says 'at the peak'."""
+    script = write(tmp_path / "two.py", TWO_JAX_CHILDREN)
+    result = gpuflame_run("-o", "t.pb.gz", script.name, cwd=tmp_path, env={"JAX_PLATFORMS": "cpu"})
+    assert result.returncode == 0, result.stderr
+    lines = [line for line in result.stderr.splitlines() if ": own peak " in line]
+    assert len(lines) == 2 and "sum of each process's own peak" in result.stderr
+    assert not [line for line in lines if "joint" in line]
+    assert sorted(line.split(", ")[1].split(": ")[0] for line in lines) == [
+        "1.00 MiB at the peak",
+        "2.00 MiB at the peak",
+    ]
+
+
 def test_a_second_run_to_the_same_output_does_not_merge_the_first(tmp_path: Path) -> None:
     script = write(tmp_path / "again.py", ALLOCATE, "\nkept = Holder().make(8)\n")
     for _ in range(2):

@@ -15,7 +15,7 @@ from gpuflame.cli.common import (
     print_json,
 )
 from gpuflame.model.moment import origin
-from gpuflame.model.peak import JOINT, PARTIAL, PeakUnit
+from gpuflame.model.peak import PeakUnit, is_joint
 from gpuflame.model.process_table import ProcessRow, process_rows, uneven
 from gpuflame.model.profile import Profile
 from gpuflame.printable import printable
@@ -115,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
         )
     else:
         console = make_console()
-        joint = any(u.kind in (JOINT, PARTIAL) for u in opened.profile.peak_units())
+        joint = is_joint(opened.profile.peak_units())
         sections = process_sections(processes, joint, spread)
         render_report(console, report, opened.source, peak, sections, moment=bool(opened.profile.moment))
         for line in [*(reserved_line(opened.profile, u) for u in units), *([hint] if hint else [])]:

@@ -40,8 +40,14 @@ def note_processes(meta: RunMeta, merged: Profile) -> None:
     meta.uneven = spread.to_dict() if spread else None
 
 
-def say_where(output: Path, meta: RunMeta, idle: dict[int, str], peak_note: str, as_json: bool = False) -> None:
-    """Every loss on stderr, then the profile's place and size and the next command (or one JSON line on stdout)."""
+def say_where(
+    output: Path, meta: RunMeta, idle: dict[int, str], peak_note: str, as_json: bool = False, joint: bool = True
+) -> None:
+    """Every loss on stderr, then the profile's place and size and the next command (or one JSON line on stdout).
+
+    *joint*: the processes' shares are of one moment (``report``'s "at the joint peak"); else each one's
+    share is its own peak, as ``report`` says "at the peak".
+    """
     for message in meta.lost:
         say(sys.stderr, f"gpuflame: lost: {printable(message)}\n")  # written by the program's process: untrusted
     for partial in meta.partial_processes:
@@ -61,14 +67,14 @@ def say_where(output: Path, meta: RunMeta, idle: dict[int, str], peak_note: str,
     shown = next((t for t in ("peak_space", "inuse_space", "alloc_space") if t in meta.totals), None)
     size = f", {shown.split('_')[0]} {format_bytes(meta.totals[shown])}" if shown else ""
     say(sys.stderr, f"gpuflame: profile of {_processes_phrase(meta)}{size}: {printable(str(output))}\n")
-    for line in _process_lines(meta):
+    for line in _process_lines(meta, joint):
         say(sys.stderr, f"gpuflame: {line}\n")
     if peak_note:  # the peak is not one moment that happened (JAX samples, a bound): say what it is
         say(sys.stderr, f"gpuflame: {peak_note}\n")
     say(sys.stderr, f"gpuflame: next: gpuflame report {shlex.quote(str(output))}\n")
 
 
-def _process_lines(meta: RunMeta) -> list[str]:
+def _process_lines(meta: RunMeta, joint: bool = True) -> list[str]:
     """A line per process (rank, pid, own peak and when, share of the joint peak, command), then how uneven."""
     lines = []
     for p in map(_fields, meta.per_process[:MAX_PROCESS_LINES]):
@@ -76,7 +82,8 @@ def _process_lines(meta: RunMeta) -> list[str]:
         own = f"own peak {format_bytes(p['peak'])}{when}, " if p.get("peak") else ""
         words = [str(w) for w in p.get("command") or []]
         command = f": {' '.join([os.path.basename(words[0]), *words[1:]])}" if words else ""  # the program by name
-        lines.append(printable(f"{_who(p)}: {own}{format_bytes(p['at_joint_peak'])} at the joint peak{command}"))
+        at = "at the joint peak" if joint else "at the peak"
+        lines.append(printable(f"{_who(p)}: {own}{format_bytes(p['at_joint_peak'])} {at}{command}"))
     if len(meta.per_process) > MAX_PROCESS_LINES:
         lines.append(f"... {len(meta.per_process) - MAX_PROCESS_LINES} more processes: see gpuflame report")
     lines += _held_nothing(meta)

@@ -27,7 +27,7 @@ from gpuflame.launch.folder import Held, hold_existing
 from gpuflame.launch.outcome import say, say_where, write_meta
 from gpuflame.launch.store import PROCESSES_DIR, PROCESSES_SUFFIX, PROFILE_NAME, RunMeta, processes_folder
 from gpuflame.model import Profile
-from gpuflame.model.peak import run_note
+from gpuflame.model.peak import is_joint, run_note
 from gpuflame.printable import printable
 
 
@@ -106,7 +106,9 @@ def _recover(given: Path, run: RunFolder, held: Held, output: Path | None, force
             say(sys.stderr, f"gpuflame: each process's own profile is in {printable(str(held.path))}/\n")
     if run.run_dir is not None and output is None:
         write_meta(meta, run.run_dir)
-    say_where(target, meta, idle, run_note(merged.peaks) if merged is not None else "", as_json=as_json)
+    note = run_note(merged.peaks) if merged is not None else ""
+    joint = merged is None or is_joint(merged.peak_units())
+    say_where(target, meta, idle, note, as_json=as_json, joint=joint)
     return 0 if meta.processes else 1
 
 

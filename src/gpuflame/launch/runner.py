@@ -28,7 +28,7 @@ from gpuflame.launch.folder import Held, make_fresh, remove_if_empty
 from gpuflame.launch.outcome import say, say_where, write_meta
 from gpuflame.launch.store import PROCESSES_DIR, PROFILE_NAME, RunMeta, new_run_folder, processes_folder, store_root
 from gpuflame.model import Profile
-from gpuflame.model.peak import run_note
+from gpuflame.model.peak import is_joint, run_note
 from gpuflame.printable import printable
 
 SETTLE_S = 10.0  # how long the run waits for processes that outlive the program to write their profile
@@ -104,7 +104,8 @@ def _launch(
     if run_dir is not None:
         write_meta(meta, run_dir)
     note = run_note(merged.peaks, settings.interval) if merged is not None else ""
-    say_where(output, meta, idle, note, as_json=request.as_json)
+    joint = merged is None or is_joint(merged.peak_units())
+    say_where(output, meta, idle, note, as_json=request.as_json, joint=joint)
     if status < 0:
         _end_by(-status)
     return exit_code

@@ -149,6 +149,11 @@ def describe(units: Sequence[PeakUnit], only_pid: str = "") -> str:
     return "; ".join(u.describe(only_pid) for u in units)
 
 
+def is_joint(units: Sequence[PeakUnit]) -> bool:
+    """Whether the processes' shares are of one moment they held together (a joint peak, or part of one)."""
+    return any(u.kind in (JOINT, PARTIAL) for u in units)
+
+
 def is_exact(units: Sequence[PeakUnit]) -> bool:
     return all(u.kind in EXACT for u in units)
 
