@@ -220,6 +220,6 @@ def test_the_agents_notes_are_escaped(capsys, tmp_path):
 
     comments = ["recorded by gpuflame agent", "lost: /proc/7/root/opt/lib\x1b]0;x\x07cuda.so.1 unreadable"]
     totals = {"peak_space": 1, "inuse_space": 1}
-    _say(argparse.Namespace(json=False), tmp_path / "p.pb.gz", comments, totals, [7], stop={}, losses={})
+    _say(argparse.Namespace(json=False), tmp_path / "p.pb.gz", comments, totals, [7], stop={}, losses={}, holds={})
     err = capsys.readouterr().err
     assert RAW.findall(err) == [] and "lib\\x1b]0;x\\x07cuda" in err
