@@ -310,9 +310,13 @@ class Profile:
             else ""
         )
         plain = all(u.kind == PROCESS and not u.why for u in units)
-        return (
-            f"{len(units)} devices, each at its own peak (every GPU has its own memory): {each}; "
-            f"the sum is not one moment{together}" + ("" if plain else f"; per device: {text}")
+        why = (  # torch's "cpu" and JAX's "cpu:0" in one process are one memory: the sum is no device's
+            "CPU devices share the host's memory: the moment together is what it held"
+            if all(u.device.split(":", 1)[0] == "cpu" for u in units)
+            else "every GPU has its own memory"
+        )
+        return f"{len(units)} devices, each at its own peak ({why}): {each}; the sum is not one moment{together}" + (
+            "" if plain else f"; per device: {text}"
         )
 
     def device_totals(self, type_index: int) -> dict[str, int]:

@@ -321,6 +321,31 @@ def test_jax_peak_says_it_is_sampled_and_how_to_sharpen_it() -> None:
     assert "samples of live buffers" in words and "--interval" in words and SINGLE_MOMENT not in words
 
 
+def test_cpu_devices_are_not_said_to_have_memory_of_their_own() -> None:
+    """torch's "cpu" and JAX's "cpu:0" in one process: the header said "(every GPU has its own memory)"
+    over a 20 MiB sum of a process that never held more than 12 MiB."""
+    from gpuflame.model.timeline import Timeline
+
+    MIB = 1 << 20
+
+    def two(devices: tuple[str, str]) -> str:
+        p = Profile(sample_types=memory_sample_types(inuse=False, alloc=False))
+        for device, size in zip(devices, (8 * MIB, 12 * MIB), strict=True):
+            p.add([Frame("f", "a.py", 1)], [size, 1], {"device": device, "pid": "1"})
+        t0 = 1_767_225_600_000_000_000
+        p.timeline = Timeline(
+            {
+                (("device", devices[0]), ("pid", "1")): [(t0, 8 * MIB), (t0 + 10, 0)],
+                (("device", devices[1]), ("pid", "1")): [(t0, 4 * MIB), (t0 + 20, 12 * MIB)],
+            }
+        )
+        return p.peak_description("peak_space")
+
+    cpu = two(("cpu", "cpu:0"))
+    assert "GPU" not in cpu and "share the host's memory" in cpu and "together peaked at 12.0 MiB" in cpu
+    assert "every GPU has its own memory" in two(("cuda:0", "cuda:1"))
+
+
 def shares(pid: int, own: int, share: int, epoch: int, table_max: int, start: int, end: int) -> Profile:
     """A run's per-process file: its own peak, and its share at the table's epoch."""
     p = Profile(sample_types=[*memory_sample_types(), JOINT_PEAK_SPACE, JOINT_PEAK_OBJECTS])
