@@ -79,7 +79,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         action="store_true",
         help="class each test's memory by what it is (parameter, gradient, optimizer_state, ...) "
         "from the object graph: a walk of every object per test, tens of ms each; "
-        "without it the categories follow the allocating stacks",
+        "without it they come from the allocating stacks and each optimizer.step()",
     )
     group.addoption(
         "--gpuflame-top", type=int, default=10, metavar="N", help="tests listed in the summary table (default 10)"
