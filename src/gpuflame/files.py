@@ -173,15 +173,20 @@ def check_output(
     force: bool = False,
     make_folders: bool = False,
     force_hint: str = "--force replaces it",
+    writes: str | None = None,
 ) -> None:
     """Refuse an output path that would destroy something, before any work is done.
 
     An output may replace an empty file or a file gpuflame wrote (a profile,
     a page, a picture) — that is how a run is redone — but never one of the
     command's inputs (the profiled script, the profile being read), never a
-    directory, and never any other file unless *force*. A folder that cannot
-    be written is said now, in one line, rather than after a long run.
-    With *make_folders* (``gpuflame run -o``), missing folders are made now.
+    directory, and never any other file unless *force*. A recorded profile is
+    replaced only by a profile: *writes* names what a command writes when it
+    is something else (``an HTML page``), and such an output leaves a gzip
+    pprof alone unless *force* (``view a.pb.gz -o b.pb.gz`` meant as a diff
+    would lose the run in b). A folder that cannot be written is said now, in
+    one line, rather than after a long run. With *make_folders*
+    (``gpuflame run -o``), missing folders are made now.
     """
     p = Path(path)
     for given in inputs:
@@ -192,6 +197,8 @@ def check_output(
     _refuse_special(p)  # even with force, and before a pipe's read would block
     if p.exists() and not force and not _written_by_gpuflame(p):
         raise GpuflameError(f"{p}: exists and is not a file gpuflame wrote; refusing to overwrite it ({force_hint})")
+    if writes is not None and not force and _is_profile(p):
+        raise GpuflameError(f"{p}: is a profile; refusing to replace it with {writes} ({force_hint})")
     _check_folder(p.parent if str(p.parent) else Path("."), p, make_folders)
 
 
@@ -248,6 +255,16 @@ def _written_by_gpuflame(path: Path) -> bool:
     text = head.decode("utf-8", errors="replace")
     # folded stacks only with the header line gpuflame writes: a log of "word NUMBER" lines is no profile
     return text.startswith(_FOLDED_HEADER) or any(mark in text for mark in _OWN_TEXT_MARKS)
+
+
+def _is_profile(path: Path) -> bool:
+    """Whether an existing file is a gzip pprof profile (what gpuflame run records)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(_SNIFF_BYTES)
+    except OSError:
+        return False
+    return head[:2] == b"\x1f\x8b" and _is_gzip_pprof(head)
 
 
 def _is_gzip_pprof(head: bytes) -> bool:

@@ -134,6 +134,37 @@ def test_commands_refuse_to_write_over_their_input(capsys, profile_file, command
     assert profile_file.read_bytes() == before
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["view", "{p}", "-o", "{out}"],  # meant: view {p} {out}, the diff
+        ["view", "{p}", "--svg", "{out}"],
+        ["flame", "{p}", "--svg", "{out}"],
+        ["export", "{p}", "-o", "{out}", "--format", "folded"],
+        ["export", "{p}", "-o", "{out}", "--format", "svg"],
+    ],
+)
+def test_a_profile_is_replaced_only_by_a_profile_unless_forced(capsys, tmp_path, profile_file, argv):
+    other = tmp_path / "other-run.pb.gz"  # another run's profile: gpuflame wrote it, but it is no page
+    save(guide_profile(), other)
+    before = other.read_bytes()
+    args = [a.format(p=profile_file, out=other) for a in argv]
+    rc, _, err = run(capsys, *args)
+    one_error_line(rc, err, "other-run.pb.gz: is a profile; refusing to replace it with")
+    assert other.read_bytes() == before
+    rc, _, err = run(capsys, *args, "--force")
+    assert rc == 0, err
+    assert other.read_bytes() != before
+
+
+def test_a_profile_may_replace_an_earlier_profile(capsys, tmp_path, profile_file):
+    other = tmp_path / "other-run.pb.gz"
+    save(guide_profile(), other)
+    rc, _, err = run(capsys, "export", profile_file, "-o", other, "--format", "pprof")
+    assert rc == 0, err
+    assert load(other).totals() == guide_profile().totals()
+
+
 @pytest.mark.parametrize("fmt", ["pprof", "folded", "json", "svg"])
 def test_an_earlier_output_of_each_format_may_be_replaced(capsys, tmp_path, profile_file, fmt):
     out = tmp_path / "out"

@@ -77,7 +77,8 @@ def run(args: argparse.Namespace) -> int:
     fmt = output_format(args.output, args.format)
     to_stdout = args.output == STDIO
     if not to_stdout:
-        check_output(args.output, [args.file], force=args.force)
+        writes = None if fmt == "pprof" else f"{fmt} output"  # only a profile replaces a profile
+        check_output(args.output, [args.file], force=args.force, writes=writes)
     opened = open_args(args, [args.file])  # an unknown --type fails here, before anything is written
     profile = opened.profile
     type_name = profile.sample_types[opened.type_index].type

@@ -64,7 +64,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.svg:
-        check_output(args.svg, args.files, force=args.force)
+        check_output(args.svg, args.files, force=args.force, writes="an SVG picture")
     opened = open_args(args, args.files)
     tree = opened.view.tree()
     lines = flame_lines(tree, max(0.0, args.min_percent), args.depth, args.expand)

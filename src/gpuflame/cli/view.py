@@ -112,8 +112,9 @@ def run(args: argparse.Namespace) -> int:
     if path == STDIO and not args.output:
         raise GpuflameError("the profile comes from standard input: name the page to write with -o OUT.html")
     output = args.output or default_output(path)
-    for out in [output] + ([args.svg] if args.svg else []):
-        check_output(out, args.files, force=args.force)
+    check_output(output, args.files, force=args.force, writes="an HTML page")
+    if args.svg:
+        check_output(args.svg, args.files, force=args.force, writes="an SVG picture")
     opened = open_args(args, [path])
     base = open_args(args, [args.files[0]]).profile if len(args.files) == 2 else None
     type_index = opened.type_index if args.type else None
