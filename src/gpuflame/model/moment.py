@@ -255,10 +255,16 @@ def _empty(profile: Profile, types: list) -> Profile:
 
 
 def _add(out: Profile, history: History, track: Track, rows: dict[int, list[int]]) -> None:
+    """*track*'s rows as samples; a process that held nothing then is one empty sample with its labels, so that
+    it still has its row in a table per process (0 B) and a label filter still finds it."""
+    added = False
     for site, (nbytes, count) in sorted(rows.items()):
         if nbytes or count:
             labels = dict(history.sites[site][1]) | dict(track.labels)
             out.add(history.site_frames(site), (nbytes, count), labels)
+            added = True
+    if not added and any(key == "pid" for key, _ in track.labels):
+        out.add([], (0, 0), dict(track.labels))
 
 
 def _clock(profile: Profile, t: int) -> str:

@@ -22,6 +22,7 @@ from gpuflame.model import Profile, merge
 from gpuflame.model import history as event_history
 from gpuflame.model.history import DAMAGED_NOTE, PREFIX, EventLog, History
 from gpuflame.model.moment import ALLOCATIONS_ONLY, NO_HISTORY, PEAK, at, between, origin, parse_when
+from gpuflame.model.process_table import process_rows
 from gpuflame.model.sample_types import memory_sample_types
 from gpuflame.symbols.names import CACHED_FREE
 from tests.helpers.history_events import EVENTS, FRAMES, SITES, T0, S, profile_of
@@ -41,6 +42,8 @@ def naive_live(events: list[tuple[int, int, int]], t: int) -> dict[str, int]:
 def by_leaf(p: Profile) -> dict[str, int]:
     out: dict[str, int] = {}
     for s in p.samples:
+        if not s.stack:  # a process that held nothing then (0 B, its labels only)
+            continue
         name = p.frames[s.stack[0]].name
         out[name] = out.get(name, 0) + s.values[0]
     return {k: v for k, v in out.items() if v}
@@ -136,6 +139,20 @@ def test_a_merge_keeps_each_process_on_the_common_clock() -> None:
     assert by_leaf(at(merged, 6)) == {"step": 30}
     assert {s.label("pid") for s in at(merged, 3.5).samples} == {"1", "2"}
     assert by_leaf(between(merged, 0.5, 3)) == {"load_model": 1000, "step": 30}
+
+
+def test_a_process_that_held_nothing_at_a_moment_keeps_its_row_at_0_bytes() -> None:
+    """A moment of a merged run has every process whose window covers it: one that held nothing then is a row
+    of 0 B in the table per process (report --at of a 3-process DataLoader run showed none, and --json's
+    processes was [], as only one process had anything live); one whose window does not cover it has none."""
+    a = profile_of([(1 * S, 0, 1000), (4 * S, 0, -1000)], pid="1", end=5 * S)
+    b = profile_of([(3 * S, 2, 30)], pid="2", start=2 * S, end=9 * S)
+    merged = merge([a, b], labels=[{"pid": 1}, {"pid": 2}])
+    rows = {r.info.pid: r.at_joint_peak for r in process_rows(at(merged, 2.5))}
+    assert rows == {"1": 1000, "2": 0}
+    assert {r.info.pid: r.at_joint_peak for r in process_rows(at(merged, 6))} == {"2": 30}  # pid 1 had ended
+    assert {r.info.pid: r.at_joint_peak for r in process_rows(between(merged, 4.5, 5))} == {"1": 0, "2": 0}
+    assert at(merged, 2.5).totals()["inuse_space"] == 1000
 
 
 def test_parse_when() -> None:
