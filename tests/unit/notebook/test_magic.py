@@ -60,6 +60,13 @@ raise ValueError("boom in the cell")""",
     "%%gpuflame -o ./\nprint('must not run either')",
     # 15: the user's own start/stop inside the cell: nested, each gets its own answer
     "%%gpuflame\ngpuflame.start('mine.pb.gz', backend='torch')\nmine = Cache().grow(4 << 20)\nprint(gpuflame.stop())",
+    # 16: only the kernel's process is recorded: pool workers' tensors are not the cell's (docs/notebook.md)
+    """%%gpuflame --backend torch
+import multiprocessing as mp
+def made(n):
+    return Cache().grow(n).numel()
+with mp.get_context("fork").Pool(2) as pool:
+    print(pool.map(made, [1 << 20, 2 << 20]))""",
 ]
 
 
@@ -200,6 +207,15 @@ def test_a_users_own_stop_inside_the_cell_ends_only_the_users_recording(notebook
     [data] = displays(cell)
     assert "peak 4.00 MiB" in data["text/plain"], data["text/plain"]  # the cell's own answer, not "no allocation"
     assert gpuflame.load(folder / "mine.pb.gz").totals()["peak_space"] == 4 * MiB
+
+
+def test_child_processes_of_a_cell_are_not_recorded(notebook) -> None:
+    """As docs/notebook.md says: the workers made 3 MiB, the kernel none, and the cell says nothing was recorded."""
+    cells, _ = notebook
+    cell = cells[16]
+    assert streams(cell, "stdout") == "[1048576, 2097152]\n" and not displays(cell)
+    said = streams(cell, "stderr")
+    assert said == "gpuflame: nothing was recorded: the torch backend saw no allocation in this cell\n"
 
 
 def test_the_summary_says_whose_allocated_total_it_is_beside_jax() -> None:
