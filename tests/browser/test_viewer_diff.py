@@ -9,6 +9,7 @@ import pytest
 
 from gpuflame.cli.main import main
 from gpuflame.formats import save
+from gpuflame.model import Frame, Profile, memory_sample_types
 from tests.browser.chrome_pipe import Chrome, find_chromium
 from tests.browser.viewer_page import click_bar, open_viewer, search, settle, state
 from tests.helpers.viewer_profiles import (
@@ -130,3 +131,30 @@ def test_hostile_names_stay_text_in_diff_mode(page: Chrome) -> None:
     assert page.evaluate("document.scripts.length") == 2
     assert not page.events_named("Page.javascriptDialogOpening")
     assert not page.events_named("Runtime.exceptionThrown")
+
+
+def script_run(script: str, step_bytes: int) -> Profile:
+    """A run of *script*: its ``<module>`` calls ``step`` (defined in it), which holds *step_bytes*."""
+    p = Profile(memory_sample_types(inuse=False, alloc=False))
+    stack = [Frame("step", script, 4), Frame("<module>", script, 1)]
+    p.add(stack, {"peak_space": step_bytes, "peak_objects": 1}, {"device": "cpu"})
+    return p
+
+
+def test_a_renamed_script_is_one_file_as_gpuflame_diff_compares_it(chrome: Chrome, tmp_path: Path) -> None:
+    """train.py then train_v2.py: the page matched neither (all red, the base's whole graph 'vanished'),
+    while gpuflame diff said '<module> ... -4.00 MiB'; now both compare <module> and step by name."""
+    save(script_run("/w/train.py", 8 * MiB), tmp_path / "base.pb.gz")
+    save(script_run("/w/train_v2.py", 4 * MiB), tmp_path / "new.pb.gz")
+    files = [str(tmp_path / name) for name in ("base.pb.gz", "new.pb.gz")]
+    assert main(["view", *files, "-o", str(tmp_path / "d.html")]) == 0
+    chrome.events.clear()
+    s = open_viewer(chrome, tmp_path / "d.html")
+    assert s["error"] is None and s["vanished"] == []
+    for name in ("<module>", "step"):
+        bar = chrome.wait_for(f"window.gpuflameBar({name!r})")
+        assert (bar["base"], bar["total"]) == (8 * MiB, 4 * MiB)
+        assert HSL.fullmatch(bar["color"]).group(1) == "120"  # shrank: green
+    status = chrome.evaluate("document.getElementById('status').textContent")
+    assert "/w/train.py (base) and /w/train_v2.py (new): one script renamed" in status
+    assert not chrome.events_named("Runtime.exceptionThrown")

@@ -18,6 +18,11 @@ from gpuflame.model.profile import Frame, Profile
 GREW, SHRANK, NEW, VANISHED = "grew", "shrank", "new", "vanished"
 
 
+def renamed_note(old: str, new: str) -> str:
+    """What ``diff`` and the diff page say of a renamed script compared as one file."""
+    return f"{old} (base) and {new} (new): one script renamed, its <module> and functions matched by name"
+
+
 @dataclass(frozen=True)
 class Change:
     """One function's value in each profile; ``percent`` is relative to base (None when new)."""

@@ -37,8 +37,9 @@ from typing import NamedTuple
 
 import numpy as np
 
+from gpuflame.analysis.compare import renamed_note
 from gpuflame.analysis.prefix_tree import prefix_tree
-from gpuflame.model.diff import select_types, shared_types
+from gpuflame.model.diff import renamed, renamed_scripts, select_types, shared_types
 from gpuflame.model.function_table import FunctionTable, function_table
 from gpuflame.model.history import History
 from gpuflame.model.moment import NO_HISTORY
@@ -74,7 +75,11 @@ def viewer_data(
     table; ``samples`` are NEW's and ``base.samples`` BASE's, so the page
     aggregates both into one tree and colours each bar by its change.
     """
-    if base is not None:
+    notes: list[str] = []
+    if base is not None:  # a renamed script is one file, as gpuflame diff compares it
+        files = renamed_scripts(base, profile)
+        base = renamed(base, files)
+        notes = [renamed_note(old, new) for old, new in sorted(files.items())]
         common = shared_types(base, profile)
         chosen = profile.sample_types[type_index if type_index is not None else profile.pick_type()].type
         profile, base = select_types(profile, common).compact(), select_types(base, common).compact()
@@ -90,7 +95,7 @@ def viewer_data(
         "format": FORMAT,
         "version": VERSION,
         "title": title,
-        "comments": list(profile.comments),
+        "comments": list(profile.comments) + notes,
         "types": [[st.type, st.unit] for st in profile.sample_types],
         "defaultType": profile.pick_type() if type_index is None else type_index,
         "kinds": list(FRAME_KINDS),

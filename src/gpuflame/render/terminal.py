@@ -23,7 +23,7 @@ from rich.text import Text
 
 from gpuflame.analysis.categories import CategoryTotal
 from gpuflame.analysis.chains import Chain, Explanation, Step
-from gpuflame.analysis.compare import NEW, VANISHED, Change, Comparison
+from gpuflame.analysis.compare import NEW, VANISHED, Change, Comparison, renamed_note
 from gpuflame.analysis.hotspots import Entry, Report, Root
 from gpuflame.analysis.phases import PhaseRow
 from gpuflame.model.phases import NONE as PHASE_NONE
@@ -467,8 +467,7 @@ def render_comparison(console: Console, cmp: Comparison, base: str, new: str) ->
         )
     )
     for old, renamed_to in cmp.aligned:
-        note = f"{old} (base) and {renamed_to} (new): one script renamed, its <module> and functions matched by name"
-        console.print(plain(note + " (--no-align: compare them as two files)", "dim"))
+        console.print(plain(renamed_note(old, renamed_to) + " (--no-align: compare them as two files)", "dim"))
     console.print(_changes_table("Grew", cmp.grew, cmp.unit))
     console.print(_changes_table("Shrank", cmp.shrank, cmp.unit))
     if cmp.changed > len(cmp.grew) + len(cmp.shrank):
