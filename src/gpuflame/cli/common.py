@@ -12,11 +12,14 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from gpuflame.analysis.selection import Selection
 from gpuflame.boundary.backends import AUTO, frameworks
 from gpuflame.cli.options import add_force_option  # noqa: F401  (the analysis commands take it from here)
+from gpuflame.errors import GpuflameError
+from gpuflame.launch.store import PROFILE_NAME
 from gpuflame.model import DEFAULT_FRAMEWORKS
 from gpuflame.model.moment import When, parse_when
 from gpuflame.model.peak import is_exact
@@ -231,12 +234,21 @@ def command_prefix(args: argparse.Namespace) -> str:
 
 def request_from_args(args: argparse.Namespace, paths: Sequence[str]) -> Request:
     """What the command line asks to read: *paths*, the :class:`Selection`, how snapshots are read."""
+    for path in paths:
+        _not_a_run_folder(path)
     return Request(
         paths=tuple(paths),
         selection=selection_from_args(args),
         native=bool(getattr(args, "native", False)),
         source_roots=tuple(getattr(args, "source_root", None) or []),
     )
+
+
+def _not_a_run_folder(path: str) -> None:
+    """A run folder of the store (what ``gpuflame serve`` lists) given for its profile: name the file in it."""
+    folder = Path(path)
+    if path != "-" and folder.is_dir() and (folder / PROFILE_NAME).is_file():
+        raise GpuflameError(f"{path}: is a run folder, not a profile file; its profile is {folder / PROFILE_NAME}")
 
 
 def open_args(args: argparse.Namespace, paths: Sequence[str]) -> Opened:

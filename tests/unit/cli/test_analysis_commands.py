@@ -457,3 +457,19 @@ def test_top_by_phase_on_a_jax_profile_with_phases_does_not_ask_to_mark_them(cap
     assert "carry no phase" in err and "gpuflame report" in err and "mark them" not in err
     rc, out, _ = run(capsys, "report", tmp_path / "jax.pb.gz", "--json")
     assert rc == 0 and [r["phase"] for r in json.loads(out)["by_phase"]] == ["load", "<none>"]
+
+
+def test_a_run_folder_names_the_profile_in_it(capsys, tmp_path):
+    """`gpuflame report <run folder>` said only 'is a directory, not a profile file' (a trial gave a store's folder)."""
+    run_folder = tmp_path / "2026-12-07T10-00-00-train"
+    run_folder.mkdir()
+    profile = Profile(sample_types=[SampleType("inuse_space", "bytes")])
+    profile.add([Frame("leaf", "a.py", 3)], [4096])
+    save(profile, run_folder / "profile.pb.gz")
+    for command in ("report", "top", "flame"):
+        rc, out, err = run(capsys, command, run_folder)
+        assert rc == 2 and out == ""
+        said = f"is a run folder, not a profile file; its profile is {run_folder / 'profile.pb.gz'}"
+        assert err.strip().endswith(said)
+    rc, _, err = run(capsys, "report", tmp_path)  # any other folder: as before
+    assert rc == 2 and "is a directory, not a profile file" in err
