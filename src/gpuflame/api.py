@@ -66,6 +66,7 @@ class Recording:
         self._run_folder = run_folder  # the store's folder for this profile, or None
         self._started = started
         self._nested_into = nested_into  # a nested recording's own file (it shares the running session)
+        self._host = ""  # a host's recording (hosted.py: "a %%gpuflame cell"), which only the host stops
 
     @property
     def path(self) -> Path:
@@ -354,7 +355,9 @@ def stop(*, write: bool = True) -> Path | Profile | None:
 
     A recording started inside another (a ``start()`` in a ``%%gpuflame``
     cell or a test under ``pytest --gpuflame``) is stopped first and gets
-    what the running recording holds then; the outer one goes on.
+    what the running recording holds then; the outer one goes on. A
+    ``stop()`` there with no ``start()`` of its own stops nothing: the cell's
+    or the test's recording is its host's, and goes on (a RuntimeWarning).
 
     ``write=False`` writes no file and returns the :class:`~gpuflame.Profile`
     itself (what the file would hold, notes of what was lost included), or
@@ -364,8 +367,17 @@ def stop(*, write: bool = True) -> Path | Profile | None:
     """
     with _lock:
         innermost = _nested[-1] if _nested else None
+        host = _active._host if _active is not None else ""
     if innermost is not None:
         return _stop_nested(innermost, write)
+    if host:  # the user's code stopped what it did not start: the host's numbers would be lost
+        warnings.warn(
+            f"gpuflame.stop(): the recording running is {host}'s, not started by this code; it goes on "
+            "(start() your own recording inside it to stop one here)",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return None
     return _stop_outer(write)
 
 

@@ -57,15 +57,17 @@ class Hosted:
         return self.recording.backends
 
 
-def start(path: Path, backend: str) -> Hosted:
+def start(path: Path, backend: str, host: str) -> Hosted:
     """``gpuflame.start``: the recording (*path* is written only if the process exits while it runs).
 
     *path* is in a folder the host made, so it is not checked as a user's output is, at every start.
+    *host* names the host for a user's ``gpuflame.stop()`` that would stop it ("a %%gpuflame cell").
 
     With JAX recording, what it holds now is taken too: a cell or a test is charged with the
     buffers it made, not with those an earlier cell or test kept.
     """
     recording = gpuflame.api._start(path, False, gpuflame.api._options(backend=backend), check=False)[0]
+    recording._host = host  # a user's bare gpuflame.stop() leaves it running (api.stop)
     before = None
     if backends.JAX in recording.backends:
         from gpuflame.capture.recorders.jax_memory import take_profile

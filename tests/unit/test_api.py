@@ -181,3 +181,23 @@ def test_stop_without_writing_hands_back_the_profile_the_file_would_hold(tmp_pat
     assert "Buffers > allocate" in names
     assert any("a note of what was lost" in c for c in profile.comments)
     assert gpuflame.stop(write=False) is None  # nothing running
+
+
+def test_a_bare_stop_leaves_a_hosts_recording_running(tmp_path: Path) -> None:
+    """A ``gpuflame.stop()`` in a ``%%gpuflame`` cell (or a test under ``pytest --gpuflame``) that started
+    nothing of its own stopped the host's recording: the cell then said it saw no allocation, though 1 MiB
+    was made. It is a warning now, and the host's numbers are whole."""
+    from gpuflame import hosted
+
+    host = hosted.start(tmp_path / "cell.pb.gz", "torch", "a %%gpuflame cell")
+    try:
+        held = Buffers().allocate(3000)  # noqa: F841
+        with pytest.warns(RuntimeWarning, match="the recording running is a %%gpuflame cell's"):
+            assert gpuflame.stop() is None
+        assert host.recording.running
+        Buffers().allocate(5000)
+    finally:
+        profile = hosted.stop(host, ())
+    assert profile is not None
+    assert profile.totals()["inuse_space"] == 3000 and profile.totals()["alloc_space"] == 8000
+    assert gpuflame.stop() is None  # nothing running, no warning

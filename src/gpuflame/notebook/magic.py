@@ -126,7 +126,7 @@ class GpuflameMagics(Magics):
             return None
         try:
             self._folder = self._folder or tempfile.TemporaryDirectory(prefix="gpuflame-notebook-")
-            return hosted.start(Path(self._folder.name) / "cell.pb.gz", backend)
+            return hosted.start(Path(self._folder.name) / "cell.pb.gz", backend, "a %%gpuflame cell")
         except Exception as exc:
             say(f"could not start profiling ({exc}); the cell runs without it")
             return None

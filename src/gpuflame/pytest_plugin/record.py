@@ -75,7 +75,7 @@ class PhaseRecorder:
             self.error = f"{wanted} was not imported when the test started"
             return
         try:
-            self._session = hosted.start(self.scratch / "phase.pb.gz", backend)
+            self._session = hosted.start(self.scratch / "phase.pb.gz", backend, "pytest --gpuflame")
         except Exception as exc:  # already profiling (the test's own gpuflame.start), bad backend
             self.error = f"could not start profiling ({exc})"
 

@@ -478,7 +478,7 @@ def test_the_peak_said_without_a_profile_is_the_profiles(tmp_path) -> None:
     from gpuflame import hosted
     from gpuflame.pytest_plugin.record import HOST_DIRS
 
-    recording = hosted.start(tmp_path / "unused.pb.gz", "torch")
+    recording = hosted.start(tmp_path / "unused.pb.gz", "torch", "pytest --gpuflame")
     kept = torch.empty(1 << 20, dtype=torch.uint8)
     gone = torch.empty(3 << 20, dtype=torch.uint8)
     del gone
