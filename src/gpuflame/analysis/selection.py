@@ -95,7 +95,7 @@ class Selection:
         """Raise for a label value or a focus the whole *recording* never had (a typo, as without a moment)."""
         for key, values in self._wanted_labels().items():
             have = recording.label_values(key)
-            if not values & set(have):
+            if not values & set(have) and not _described(recording, key, values):
                 shown = ", ".join(have) or "none"
                 raise GpuflameError(
                     f"no sample has label {key}={'|'.join(sorted(values))} ({key} values here: {shown})"
@@ -138,7 +138,8 @@ class Selection:
     def _labels(self, profile: Profile) -> Profile:
         for key, values in self._wanted_labels().items():
             selected = select_labels_matched(profile, key, values)
-            if not selected.matched and profile.samples and not profile.moment:  # a moment's: at_moment checked
+            idle = _described(profile, key, values)  # a process of the run that held nothing: 0 B, as at a moment
+            if not selected.matched and profile.samples and not profile.moment and not idle:
                 have = ", ".join(profile.label_values(key)) or "none"
                 raise GpuflameError(f"no sample has label {key}={'|'.join(sorted(values))} ({key} values here: {have})")
             profile = selected.profile
@@ -257,3 +258,11 @@ def _no_match_message(frames: list[Frame], query: str) -> str:
     from gpuflame.analysis.chains import no_match_message  # numpy, with the chains
 
     return no_match_message(frames, query)
+
+
+PROCESS_KEYS = ("pid", "rank", "local_rank", "world_size")  # labels every process of a run is described by
+
+
+def _described(profile: Profile, key: str, values: set[str]) -> bool:
+    """Whether a process the run describes (model/processes.py) has *key* in *values*: it is in the file."""
+    return key in PROCESS_KEYS and any(str(getattr(info, key)) in values for info in profile.processes)

@@ -20,6 +20,7 @@ from gpuflame.formats import save
 from gpuflame.model import Frame, Profile, memory_sample_types
 from gpuflame.model.filter import focus_matched, hide_matched, ignore_matched, select_labels_matched
 from gpuflame.model.history import EventLog, History
+from gpuflame.model.processes import ProcessInfo
 from gpuflame.model.profile import TRAMPOLINE_KIND
 from gpuflame.model.timeline import Timeline
 from gpuflame.serve import make_server
@@ -305,3 +306,16 @@ def test_serve_shows_the_page_gpuflame_view_writes_for_the_same_selection(
         "--ignore changed nothing: no function matches 'nowhere' (see `gpuflame top` for the names in this profile)"
     ]  # serve has no stderr: the page says it
     assert bad_status == 400 and b"--focus: no function matches" in bad
+
+
+def test_a_process_of_the_run_that_held_nothing_is_0_bytes_and_an_unknown_one_an_error() -> None:
+    """A DataLoader worker that never allocated has no sample, only its description in the run: `top --label
+    pid=<it>` was 'no sample has label' (exit 2) though the run lists it (a trial); now 0 B, at the peak and at
+    a moment. A pid the run does not describe is still an error."""
+    p = two_processes()
+    p.processes = [ProcessInfo("1"), ProcessInfo("2"), ProcessInfo("3")]  # pid 3 allocated nothing
+    for sel in (Selection(labels=(("pid", "3"),)), Selection(at=0.5, labels=(("pid", "3"),))):
+        view = sel.apply(p)
+        assert not any(any(s.values) for s in view.profile.samples)
+    with pytest.raises(GpuflameError, match=r"no sample has label pid=9 \(pid values here: 1, 2\)"):
+        Selection(labels=(("pid", "9"),)).apply(p)
