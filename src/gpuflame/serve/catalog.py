@@ -21,8 +21,9 @@ from gpuflame.errors import GpuflameError
 from gpuflame.files import open_regular
 from gpuflame.launch.store import META_NAME, PROFILE_NAME
 
-# Names of files worth listing and serving: pprof, folded stacks, PyTorch snapshots.
-PROFILE_SUFFIXES = (".pb.gz", ".pb", ".pprof", ".folded", ".collapsed", ".pickle", ".pickle.gz")
+# Names of files worth listing and serving: pprof (JAX's save_device_memory_profile writes memory.prof), folded
+# stacks, PyTorch snapshots.
+PROFILE_SUFFIXES = (".pb.gz", ".pb", ".pprof", ".prof", ".folded", ".collapsed", ".pickle", ".pickle.gz")
 
 # The order in which a run's totals answer "how much did it hold" (as `gpuflame run` says it).
 PEAK_TYPES = ("peak_space", "inuse_space", "alloc_space")

@@ -26,7 +26,7 @@ from gpuflame.formats import load, save
 from gpuflame.render.html import render_html
 from gpuflame.serve import make_server
 from gpuflame.serve.app import Server, diff_supported
-from gpuflame.serve.catalog import BadId, NotServed, resolve_id
+from gpuflame.serve.catalog import BadId, NotServed, resolve_id, scan
 from gpuflame.units import format_bytes
 from tests.helpers.profiles import small_profile
 from tests.helpers.run_cli import gpuflame_run
@@ -362,3 +362,13 @@ def test_ctrl_c_exits_cleanly(served: Path) -> None:
             proc.wait()
     assert proc.returncode == 0, err
     assert "Traceback" not in err and "stopped" in out
+
+
+def test_a_jax_memory_profile_is_listed(tmp_path: Path) -> None:
+    """JAX's own device-memory profile is memory.prof (jax.profiler.save_device_memory_profile); report read it,
+    serve did not list it (a trial)."""
+    jax = pytest.importorskip("jax")
+    kept = jax.numpy.ones(1024).block_until_ready()  # noqa: F841
+    jax.profiler.save_device_memory_profile(str(tmp_path / "memory.prof"))
+    (tmp_path / "notes.txt").write_text("not a profile")
+    assert [entry.id for entry in scan(tmp_path)] == ["memory.prof"]
