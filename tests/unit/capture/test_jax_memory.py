@@ -302,3 +302,22 @@ def test_each_device_peak_is_its_own_highest_sample(tmp_path: Any) -> None:
     assert got["peak"] == {"cpu:0": 32 * mib, "cpu:1": 20 * mib}
     assert got["joint"] == 36 * mib  # cpu:0's 32 MiB with cpu:1's 4: the most they held together
     assert "cpu:0 32.0 MiB, cpu:1 20.0 MiB" in got["text"] and "together peaked at 36.0 MiB" in got["text"]
+
+
+def test_a_recording_with_no_live_buffer_at_any_sample_says_its_peak_is_sampled() -> None:
+    """JAX pool workers made and freed 8-16 MiB between samples: the report read 'peak_space 0 B live at the
+    moment of the highest total' (an exact claim); it is the largest of a few samples, said so."""
+    import gzip
+
+    from gpuflame.formats import pprof
+    from gpuflame.model.profile import SampleType
+
+    nothing = Profile(sample_types=[SampleType("allocations", "count"), SampleType("space", "bytes")])
+    rec = JaxMemoryRecorder(source=lambda: gzip.compress(pprof.encode(nothing)))
+    rec.start()
+    rec.sample()
+    rec.stop()
+    profile = rec.snapshot()
+    assert profile.totals()["peak_space"] == 0
+    said = profile.peak_description("peak_space")
+    assert f"the largest total of {rec.samples_taken} samples of live buffers" in said and "may be higher" in said
