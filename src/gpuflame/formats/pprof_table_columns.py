@@ -106,10 +106,9 @@ def _function_columns(view: Any, entries: list[bytes]) -> list[np.ndarray] | Non
     separator = view.FunctionColumns(
         id=[_U64_SENTINEL], name=[-1], system_name=[-1], filename=[-1], start_line=[-1]
     ).SerializeToString()
-    if _length_delimited(view, entries, 5):
+    parsed = _parse_joined(view, view.FunctionColumns, separator, entries, 5)
+    if parsed is None:
         return None
-    stream = separator.join(entries) + separator if entries else b""
-    parsed = view.FunctionColumns.FromString(stream)
     n = len(entries)
     columns = [_last_each(parsed.id, np.uint64, n)]
     columns += [_last_each(c, np.int64, n) for c in (parsed.name, parsed.system_name, parsed.filename)]
@@ -125,13 +124,11 @@ def _location_columns(view: Any, entries: list[bytes]) -> list[np.ndarray] | Non
     separator = view.LocationColumns(
         id=[_U64_SENTINEL], mapping_id=[_U64_SENTINEL], address=[_U64_SENTINEL], line=[line_separator]
     ).SerializeToString()
-    if _length_delimited(view, entries, 3):
+    parsed = _parse_joined(view, view.LocationColumns, separator, entries, 3)
+    if parsed is None:
         return None
-    stream = separator.join(entries) + separator if entries else b""
-    parsed = view.LocationColumns.FromString(stream)
     n = len(entries)
     columns = [_last_each(c, np.uint64, n) for c in (parsed.id, parsed.mapping_id, parsed.address)]
-    del stream
     lines = list(parsed.line)
     del parsed
     sizes = np.array(list(map(len, lines)), dtype=np.int64)
@@ -150,12 +147,20 @@ def _line_columns(view: Any, entries: list[bytes]) -> list[np.ndarray] | None:
     import numpy as np
 
     separator = view.LineColumns(function_id=[_U64_SENTINEL], line=[-1]).SerializeToString()
-    if _length_delimited(view, entries, 2):
+    parsed = _parse_joined(view, view.LineColumns, separator, entries, 2)
+    if parsed is None:
         return None
-    stream = separator.join(entries) + separator if entries else b""
-    parsed = view.LineColumns.FromString(stream)
     columns = [_last_each(parsed.function_id, np.uint64, len(entries)), _last_each(parsed.line, np.int64, len(entries))]
     return None if any(c is None for c in columns) else columns  # type: ignore[return-value]
+
+
+def _parse_joined(view: Any, message: Any, separator: bytes, entries: list[bytes], fields: int) -> Any:
+    """*entries* parsed as one *message* of repeated fields, each entry followed by *separator*; None where an
+    entry writes one of fields 1..*fields* length-delimited (:func:`_length_delimited`). The joined bytes go
+    when this returns."""
+    if _length_delimited(view, entries, fields):
+        return None
+    return message.FromString(separator.join(entries) + separator if entries else b"")
 
 
 def _length_delimited(view: Any, entries: list[bytes], fields: int) -> bool:
