@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from gpuflame.boundary import ranks
 from gpuflame.errors import GpuflameError
 from gpuflame.model import drop_small, moment, prune_framework
 from gpuflame.model.filter import (
@@ -260,7 +261,7 @@ def _no_match_message(frames: list[Frame], query: str) -> str:
     return no_match_message(frames, query)
 
 
-PROCESS_KEYS = ("pid", "rank", "local_rank", "world_size")  # labels every process of a run is described by
+PROCESS_KEYS = ("pid", *ranks.LABELS)  # labels every process of a run is described by
 
 
 def _described(profile: Profile, key: str, values: set[str]) -> bool:

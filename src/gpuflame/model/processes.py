@@ -19,6 +19,7 @@ import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
+from gpuflame.boundary import ranks
 from gpuflame.model import comments as comment_data
 
 PREFIX = "gpuflame-processes-v1:"
@@ -98,7 +99,7 @@ def from_comment(comment: str) -> list[ProcessInfo]:
 def _entry(entry: object) -> ProcessInfo:
     if not isinstance(entry, Mapping) or not _is_number(entry.get("pid")):
         raise ValueError("damaged process list: an entry has no pid")
-    texts = {k: v for k in ("rank", "local_rank", "world_size") if _is_number(v := entry.get(k))}
+    texts = {k: v for k in ranks.LABELS if _is_number(v := entry.get(k))}
     counts = {k: v for k in ("peak", "peak_ns") if type(v := entry.get(k)) is int and 0 <= v < 1 << 63}
     lists = {
         k: bounded_argv(v) if k == "argv" else tuple(v[:MAX_ARGS])
