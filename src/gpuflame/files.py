@@ -195,10 +195,13 @@ def check_output(
     if p.is_dir():
         raise GpuflameError(f"{p}: cannot write: it is a folder (give a file name)")
     _refuse_special(p)  # even with force, and before a pipe's read would block
-    if p.exists() and not force and not _written_by_gpuflame(p):
-        raise GpuflameError(f"{p}: exists and is not a file gpuflame wrote; refusing to overwrite it ({force_hint})")
-    if writes is not None and not force and _is_profile(p):
-        raise GpuflameError(f"{p}: is a profile; refusing to replace it with {writes} ({force_hint})")
+    if p.exists() and not force:
+        head = _head(p)
+        if head is None or not _written_by_gpuflame(head):
+            said = f"{p}: exists and is not a file gpuflame wrote; refusing to overwrite it ({force_hint})"
+            raise GpuflameError(said)
+        if writes is not None and _is_gzip_pprof(head):
+            raise GpuflameError(f"{p}: is a profile; refusing to replace it with {writes} ({force_hint})")
     _check_folder(p.parent if str(p.parent) else Path("."), p, make_folders)
 
 
@@ -241,13 +244,17 @@ def _probe(folder: Path, target: Path) -> None:
     _remove_quietly(tmp)
 
 
-def _written_by_gpuflame(path: Path) -> bool:
-    """Whether an existing file is empty or looks like something gpuflame writes."""
+def _head(path: Path) -> bytes | None:
+    """The first bytes of an existing file, to tell what it is; None where it cannot be read."""
     try:
         with open(path, "rb") as f:
-            head = f.read(_SNIFF_BYTES)
+            return f.read(_SNIFF_BYTES)
     except OSError:
-        return False
+        return None
+
+
+def _written_by_gpuflame(head: bytes) -> bool:
+    """Whether a file that starts with *head* is empty or looks like something gpuflame writes."""
     if not head:
         return True
     if head[:2] == b"\x1f\x8b":
@@ -255,16 +262,6 @@ def _written_by_gpuflame(path: Path) -> bool:
     text = head.decode("utf-8", errors="replace")
     # folded stacks only with the header line gpuflame writes: a log of "word NUMBER" lines is no profile
     return text.startswith(_FOLDED_HEADER) or any(mark in text for mark in _OWN_TEXT_MARKS)
-
-
-def _is_profile(path: Path) -> bool:
-    """Whether an existing file is a gzip pprof profile (what gpuflame run records)."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(_SNIFF_BYTES)
-    except OSError:
-        return False
-    return head[:2] == b"\x1f\x8b" and _is_gzip_pprof(head)
 
 
 def _is_gzip_pprof(head: bytes) -> bool:
