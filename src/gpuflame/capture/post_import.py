@@ -25,12 +25,32 @@ _finder: _PostImportFinder | None = None
 def when_imported(name: str, callback: Callback) -> None:
     """Call *callback(module)* once *name* is imported (now, if it already is)."""
     module = sys.modules.get(name)
-    if module is not None and getattr(getattr(module, "__spec__", None), "_initializing", False) is False:
+    if _imported(module):
         callback(module)
         return
     with _lock:
         _callbacks.setdefault(name, []).append(callback)
         _install()
+
+
+def rearm() -> None:
+    """Keep every watch waiting: the finder back on ``sys.meta_path``, the watches of modules imported without it run.
+
+    A module imported while something had taken the finder off (see
+    :func:`_install`) was never reported; a recording's start calls this so
+    its watches still fire, late but once.
+    """
+    with _lock:
+        ready = [name for name in _callbacks if _imported(sys.modules.get(name))]
+        if _callbacks:
+            _install()
+    for name in ready:
+        _fire(name, sys.modules[name])
+
+
+def _imported(module: ModuleType | None) -> bool:
+    """True for a module whose body has run (not one still being imported)."""
+    return module is not None and getattr(getattr(module, "__spec__", None), "_initializing", False) is False
 
 
 def _install() -> None:

@@ -377,6 +377,40 @@ class GPUModelRunner:
 def test_vllm_phases_by_function_name_on_a_stand_in(
     recorder: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    _stand_in_vllm(tmp_path, monkeypatch)
+
+    def run() -> Any:
+        from vllm.v1.worker.gpu_model_runner import GPUModelRunner  # imported while recording
+
+        return _load_and_capture(GPUModelRunner())
+
+    try:
+        profile, _runner = record(RECORDERS[recorder], run)
+    finally:
+        _forget_vllm()
+    _assert_vllm_phases(table(profile))
+
+
+def test_a_framework_imported_while_the_watch_was_off_sys_meta_path_is_marked_at_the_next_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pytester and sandboxes restore ``sys.meta_path``, taking the import watch off: a framework imported
+    then (vLLM here, Lightning in the suite) was never wrapped, and every later recording had no phases."""
+    _stand_in_vllm(tmp_path, monkeypatch)
+    auto_phases.install()  # an earlier recording set the watch
+    monkeypatch.setattr(sys, "meta_path", [f for f in sys.meta_path if type(f).__name__ != "_PostImportFinder"])
+    try:
+        from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+        assert not hasattr(GPUModelRunner.load_model, "__gpuflame_phase__")  # the watch missed it
+        profile, _runner = record(RECORDERS["dispatch"], lambda: _load_and_capture(GPUModelRunner()))
+    finally:
+        _forget_vllm()
+    _assert_vllm_phases(table(profile))
+
+
+def _stand_in_vllm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """VLLM_STAND_IN importable as vllm.v1.worker.gpu_model_runner, watched for afresh."""
     package = tmp_path / "vllm" / "v1" / "worker"
     package.mkdir(parents=True)
     for folder in (tmp_path / "vllm", tmp_path / "vllm" / "v1", package):
@@ -387,21 +421,20 @@ def test_vllm_phases_by_function_name_on_a_stand_in(
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.setattr(auto_phases, "_installed", False)  # watch for the (new) stand-in module again
 
-    def run() -> Any:
-        from vllm.v1.worker.gpu_model_runner import GPUModelRunner  # imported while recording
 
-        runner = GPUModelRunner()
-        runner.load_model()
-        runner.initialize_kv_cache()
-        runner.capture_model()
-        return runner
+def _forget_vllm() -> None:
+    for name in [m for m in sys.modules if m == "vllm" or m.startswith("vllm.")]:
+        del sys.modules[name]
 
-    try:
-        profile, _runner = record(RECORDERS[recorder], run)
-    finally:
-        for name in [m for m in sys.modules if m == "vllm" or m.startswith("vllm.")]:
-            del sys.modules[name]
-    rows = table(profile)
+
+def _load_and_capture(runner: Any) -> Any:
+    runner.load_model()
+    runner.initialize_kv_cache()
+    runner.capture_model()
+    return runner
+
+
+def _assert_vllm_phases(rows: dict[str, Any]) -> None:
     assert [r for r in rows if r != "<none>"] == ["load_model", "kv_cache_allocation", "cuda_graph_capture"]
     assert (rows["load_model"].peak, rows["load_model"].inuse_end) == (1000, 1000)
     assert (rows["kv_cache_allocation"].peak, rows["kv_cache_allocation"].inuse_end) == (6000, 6000)

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from gpuflame.boundary.settings import Settings
+from gpuflame.capture import post_import
 from gpuflame.capture.post_import import when_imported
 from gpuflame.capture.session import Session
 from gpuflame.formats import load
@@ -124,6 +125,22 @@ def test_a_watch_set_after_meta_path_was_restored_still_fires(tmp_path: Path, mo
     import gpuflame_probe_mod4  # noqa: F401
 
     assert seen == [3, 4]
+
+
+def test_a_module_imported_while_the_finder_was_off_is_reported_at_rearm(tmp_path: Path, monkeypatch) -> None:
+    """A watch set, then the finder taken off before the import: nothing fires until ``rearm``, then once."""
+    (tmp_path / "gpuflame_probe_mod5.py").write_text("VALUE = 5\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    seen = []
+    when_imported("gpuflame_probe_mod5", lambda m: seen.append(m.VALUE))
+    monkeypatch.setattr(sys, "meta_path", [f for f in sys.meta_path if type(f).__name__ != "_PostImportFinder"])
+    import gpuflame_probe_mod5  # noqa: F401
+
+    assert seen == []
+    post_import.rearm()
+    post_import.rearm()
+    assert seen == [5]
+    assert any(type(f).__name__ == "_PostImportFinder" for f in sys.meta_path)  # back for the watches still waiting
 
 
 def test_a_failing_callback_does_not_break_the_import(tmp_path: Path, monkeypatch, capsys) -> None:

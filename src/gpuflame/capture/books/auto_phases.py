@@ -23,8 +23,8 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any, NamedTuple
 
+from gpuflame.capture import post_import
 from gpuflame.capture.books import phases
-from gpuflame.capture.post_import import when_imported
 
 # Lightning under both of its package names (lightning.pytorch and the standalone pytorch_lightning)
 _LIGHTNING = ("lightning.pytorch", "pytorch_lightning")
@@ -74,9 +74,10 @@ class _Target(NamedTuple):
 
 
 def install() -> None:
-    """Wrap every target, now or at its module's import (once per process)."""
+    """Wrap every target, now or at its module's import (the watches set once per process, re-armed after)."""
     global _installed
     if _installed:
+        post_import.rearm()  # a framework imported while the finder was off sys.meta_path is wrapped now
         return
     _installed = True
     modules: dict[str, list[_Target]] = {}
@@ -87,7 +88,7 @@ def install() -> None:
     for module, cls, func, name in CONTEXTS:
         modules.setdefault(module, []).append(_Target(cls, func, name, context=True))
     for module, entries in modules.items():
-        when_imported(module, functools.partial(_wrap_module, entries=entries))
+        post_import.when_imported(module, functools.partial(_wrap_module, entries=entries))
 
 
 def _wrap_module(module: ModuleType, entries: list[_Target]) -> None:
