@@ -14,6 +14,7 @@ import sys
 import threading
 from collections.abc import Callable, Sequence
 from types import ModuleType
+from typing import TypeGuard
 
 Callback = Callable[[ModuleType], None]
 
@@ -48,7 +49,7 @@ def rearm() -> None:
         _fire(name, sys.modules[name])
 
 
-def _imported(module: ModuleType | None) -> bool:
+def _imported(module: ModuleType | None) -> TypeGuard[ModuleType]:
     """True for a module whose body has run (not one still being imported)."""
     return module is not None and getattr(getattr(module, "__spec__", None), "_initializing", False) is False
 
