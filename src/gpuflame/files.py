@@ -42,8 +42,8 @@ def read_bytes(path: str | os.PathLike[str]) -> bytes:
             raise GpuflameError(f"{path}: cannot read ({exc.strerror or exc})") from None
 
 
-def open_regular(path: str | os.PathLike[str]) -> BinaryIO:
-    """*path* opened for reading when it is a regular file; anything else is one line.
+def open_regular(path: str | os.PathLike[str], what: str = "profile file") -> BinaryIO:
+    """*path* opened for reading when it is a regular file; anything else is one line (naming *what* it should be).
 
     Opened without blocking (a FIFO with no writer would hang ``open``), then
     checked on the descriptor itself (``fstat``), so a name swapped after a
@@ -56,7 +56,7 @@ def open_regular(path: str | os.PathLike[str]) -> BinaryIO:
     except FileNotFoundError:
         raise GpuflameError(f"{p}: no such file") from None
     except IsADirectoryError:
-        raise GpuflameError(f"{p}: is a directory, not a profile file") from None
+        raise GpuflameError(f"{p}: is a directory, not a {what}") from None
     except PermissionError:
         raise GpuflameError(f"{p}: permission denied") from None
     except OSError as exc:
@@ -64,12 +64,10 @@ def open_regular(path: str | os.PathLike[str]) -> BinaryIO:
     try:
         mode = os.fstat(fd).st_mode
         if stat.S_ISDIR(mode):
-            raise GpuflameError(f"{p}: is a directory, not a profile file")
+            raise GpuflameError(f"{p}: is a directory, not a {what}")
         if not stat.S_ISREG(mode):
-            raise GpuflameError(
-                f"{p}: is a device, a pipe or a socket, not a file; only regular files are read "
-                "(for a pipe, give '-' and pipe the profile into standard input)"
-            )
+            hint = " (for a pipe, give '-' and pipe the profile into standard input)" if what == "profile file" else ""
+            raise GpuflameError(f"{p}: is a device, a pipe or a socket, not a file; only regular files are read{hint}")
         os.set_blocking(fd, True)
         return os.fdopen(fd, "rb")
     except BaseException:

@@ -40,6 +40,7 @@ from urllib.parse import urlsplit
 from gpuflame.boundary.settings import env_name
 from gpuflame.defaults import PUSH_TIMEOUT_S
 from gpuflame.errors import GpuflameError
+from gpuflame.files import open_regular
 from gpuflame.formats.pprof import encode
 from gpuflame.formats.protobuf_encode import field_bytes, field_string
 from gpuflame.model import Profile, Sample, SampleType
@@ -48,6 +49,9 @@ from gpuflame.printable import printable
 PUSH_PATH = "/push.v1.PusherService/Push"
 PROFILE_NAME = "gpu_memory"
 PERIOD_TYPE = SampleType("space", "bytes")
+# a token or password file (a Kubernetes secret is a few hundred bytes) and a CA bundle (the system's ~200 KB)
+MAX_SECRET_BYTES = 64 << 10
+MAX_CA_BYTES = 16 << 20
 MAX_LABEL_VALUES = 16  # above this a sample label is not made a series label
 # sample label -> series label; gpu is the device (cuda:0), gpu_model its name (NVIDIA H200)
 # category: the few values of model/categories.py (fewer than MAX_LABEL_VALUES), so Grafana can split a service
@@ -134,10 +138,25 @@ def _secret(env: Mapping[str, str], name: str, path: str) -> str:
     path = path or env.get(ENV + name + "_FILE", "")
     if not path:
         return ""
+    what = f"Pyroscope {name.lower()} file"
     try:
-        return Path(path).read_text().strip()
+        return _small_file(path, what, MAX_SECRET_BYTES).decode("utf-8").strip()
+    except UnicodeDecodeError:
+        raise GpuflameError(f"the {what} {path} is not UTF-8 text") from None
+
+
+def _small_file(path: str, what: str, limit: int) -> bytes:
+    """A secret's or a CA's file, at most *limit* bytes: a regular file only (a FIFO or /dev/zero never ends)."""
+    try:
+        with open_regular(path, what) as f:
+            data = f.read(limit + 1)
+    except GpuflameError as exc:
+        raise GpuflameError(f"cannot read the {what}: {exc}") from None
     except OSError as exc:
-        raise GpuflameError(f"cannot read the Pyroscope {name.lower()} file {path}: {exc.strerror}") from None
+        raise GpuflameError(f"cannot read the {what} {path}: {exc.strerror or exc}") from None
+    if len(data) > limit:
+        raise GpuflameError(f"the {what} {path} is larger than {limit:,} bytes; not read")
+    return data
 
 
 # -- labels -----------------------------------------------------------------------
@@ -381,9 +400,16 @@ def _seconds(retry_after: str | None) -> float | None:
 
 def _ssl_context(ca_file: str | None) -> ssl.SSLContext:
     """Verification always on; a CA file adds a private CA."""
+    if not ca_file:
+        return ssl.create_default_context()
+    pem = _small_file(ca_file, "CA file", MAX_CA_BYTES)
     try:
-        return ssl.create_default_context(cafile=ca_file or None)
-    except (OSError, ssl.SSLError) as exc:
+        if not pem.strip():
+            raise ValueError("the file is empty")
+        return ssl.create_default_context(cadata=pem.decode("ascii"))  # PEM text (as cafile= read it)
+    except UnicodeDecodeError:
+        raise GpuflameError(f"cannot use the CA file {ca_file}: not PEM text") from None
+    except (OSError, ssl.SSLError, ValueError) as exc:
         raise GpuflameError(f"cannot use the CA file {ca_file}: {getattr(exc, 'strerror', None) or exc}") from None
 
 

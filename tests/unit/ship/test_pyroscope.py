@@ -8,7 +8,9 @@ tests/proto/push.proto (Pyroscope's PushRequest) and pprof's own profile.proto
 from __future__ import annotations
 
 import os
+import re
 import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -19,6 +21,7 @@ from types import ModuleType
 
 import pytest
 
+from gpuflame.errors import GpuflameError
 from gpuflame.formats import load
 from gpuflame.model import Frame, Profile, memory_sample_types
 from gpuflame.ship.pusher import Pusher
@@ -215,6 +218,65 @@ def test_https_verifies_certificates_by_default() -> None:
     assert client._ssl is not None and client._ssl.verify_mode.name == "CERT_REQUIRED"
     with pytest.raises(Exception, match="CA file"):
         PyroscopeClient("https://127.0.0.1:1", ca_file="/nonexistent/ca.pem")
+
+
+def _in_a_thread(call):  # type: ignore[no-untyped-def]
+    """*call*'s exception, from a daemon thread: a reader that blocks on a FIFO fails the test instead of hanging it."""
+    outcome: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            call()
+        except BaseException as exc:  # noqa: BLE001 (the test looks at it)
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(60)  # a guard for the test run: the fixed reader never opens the FIFO for a blocking read
+    assert not thread.is_alive(), "still reading the FIFO"
+    assert len(outcome) == 1
+    return outcome[0]
+
+
+@pytest.mark.parametrize("which", ["token", "password", "ca"])
+@pytest.mark.parametrize(
+    "content, words",
+    [
+        ("fifo", "is a device, a pipe or a socket"),
+        ("folder", "is a directory"),
+        (b"\xff\xfe\x00 not text", "UTF-8|not PEM text"),
+        (b"x" * (17 << 20), "larger than"),
+    ],
+)
+def test_a_secret_or_ca_file_that_is_not_a_small_text_file_is_one_error(
+    tmp_path: Path, which: str, content: object, words: str
+) -> None:
+    path = tmp_path / which
+    if content == "fifo":
+        os.mkfifo(path)  # no writer: reading it would block forever
+    elif content == "folder":
+        path.mkdir()
+    else:
+        assert isinstance(content, bytes)
+        path.write_bytes(content)
+    if which == "ca":
+        exc = _in_a_thread(lambda: PyroscopeClient("https://127.0.0.1:1", ca_file=str(path)))
+    else:
+        exc = _in_a_thread(lambda: Credentials.from_env({}, user="me", **{f"{which}_file": str(path)}))
+    assert isinstance(exc, GpuflameError), repr(exc)
+    assert re.search(words, str(exc)) and str(path) in str(exc) and "\n" not in str(exc)
+
+
+def test_an_empty_ca_file_is_refused_and_a_pem_bundle_is_used(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.pem"
+    empty.write_bytes(b"")
+    with pytest.raises(GpuflameError, match="the file is empty"):
+        PyroscopeClient("https://127.0.0.1:1", ca_file=str(empty))
+    bundle = ssl.get_default_verify_paths().openssl_cafile
+    if not os.path.isfile(bundle):
+        pytest.skip(f"no CA bundle at {bundle}")
+    client = PyroscopeClient("https://127.0.0.1:1", ca_file=bundle)
+    assert client._ssl is not None and client._ssl.cert_store_stats()["x509_ca"] > 0
 
 
 def test_service_name_order_and_workload_names() -> None:
