@@ -11,6 +11,7 @@ the recorder. The hook is compiled here with the machine's C++ compiler
 
 from __future__ import annotations
 
+import copy
 import gc
 import os
 import subprocess
@@ -172,8 +173,8 @@ def test_resize_growth_frees_the_old_bytes_and_records_the_new() -> None:
     def work() -> Any:
         x, lx = torch.empty(10), here()
         _, lr = x.resize_(1000), here()
-        # a storage made before start() keeps the allocator it was made with: when it grows,
-        # the hook does not see it (a blind spot the README states)
+        # a storage made before start() keeps the allocator it was made with, PyTorch's
+        # default: while recording, the default's calls go through the hook, so its growth counts
         _, lp = before.resize_(50), here()
         o = torch.empty(0)
         _, la = torch.add(torch.ones(8), torch.ones(8), out=o), here()  # out= grows o
@@ -186,9 +187,38 @@ def test_resize_growth_frees_the_old_bytes_and_records_the_new() -> None:
     assert by_line(profile, lx, INUSE) == 0  # its bytes were replaced by the resize
     assert by_line(profile, lr, INUSE) == 4000 == x.untyped_storage().nbytes()
     assert by_line(profile, lr, ALLOC_N) == 1
-    assert by_line(profile, lp, ALLOC) == 0 and before.untyped_storage().nbytes() == 200
+    assert by_line(profile, lp, ALLOC) == by_line(profile, lp, INUSE) == 200 == before.untyped_storage().nbytes()
     assert by_line(profile, la, INUSE) == 32 == o.untyped_storage().nbytes()
     assert by_line(profile, lx, PEAK) == 0  # freed before the highest total
+
+
+def test_storages_made_with_the_default_allocator_count_deepcopy_included() -> None:
+    """``torch.UntypedStorage(n)`` takes PyTorch's default CPU allocator itself, past the installed one.
+
+    So do ``storage.clone()`` and ``copy.deepcopy`` of a plain tensor or a state
+    dict (a "best weights" copy): none of these 4 MB was seen before. While
+    recording they count; after stop() they no longer do.
+    """
+    source = torch.zeros(250_000)  # 1 MB, made before start()
+
+    def work() -> Any:
+        raw, lraw = torch.UntypedStorage(2_000_000), here()
+        copied = copy.deepcopy({"w": source})
+        freed = source.untyped_storage().clone()
+        del freed
+        return (raw, copied), lraw
+
+    profile, ((raw, copied), lraw), rec = record(work)
+    assert rec.errors == [] and not HOOK.installed()
+    assert by_line(profile, lraw, INUSE) == raw.nbytes() == 2_000_000
+    assert column(profile, INUSE) == 2_000_000 + copied["w"].untyped_storage().nbytes() == 3_000_000
+    assert column(profile, PEAK) == 4_000_000  # with the clone, freed since
+    small = column(profile, ALLOC) - 4_000_000  # deepcopy's own new_empty([]) scalar, 4 B
+    assert 0 <= small <= 8
+    assert by_frame(profile, "_StorageBase > clone", INUSE) == 1_000_000  # the deepcopy's, under torch/storage.py
+    after = torch.UntypedStorage(8_000)  # stopped: not booked
+    del after
+    assert column(rec.snapshot(), ALLOC) == 4_000_000 + small
 
 
 def test_many_allocations_keep_exact_totals() -> None:

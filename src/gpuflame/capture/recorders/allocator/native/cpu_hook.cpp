@@ -11,7 +11,9 @@
 // DefaultCPUAllocator). Its data pointers keep the wrapped allocator's
 // contract (context == data), so the "raw" allocate/deallocate interface
 // still works; only the deleter differs, and it hands the memory back to
-// the wrapped allocator's deleter after booking the free.
+// the wrapped allocator's deleter after booking the free. Storages that
+// PyTorch makes with its default allocator by name (torch.UntypedStorage(n),
+// so copy.deepcopy of a tensor) go through the hook too: see DefaultShim.
 //
 // Locking: one mutex guards the books. It is never held while Python runs
 // or while waiting for the GIL, so frees (any thread, no GIL) and the
@@ -954,6 +956,41 @@ struct HookAllocator final : public c10::Allocator {
 };
 
 HookAllocator* g_hook = nullptr;  // never destroyed
+c10::Allocator* g_installed = nullptr;  // the allocator the hook wraps: what stop() puts back
+
+// torch.UntypedStorage(n) on the CPU (so storage.clone(), and copy.deepcopy of
+// a tensor, a state dict or an optimizer's state) takes
+// c10::GetDefaultCPUAllocator() itself, not the allocator SetCPUAllocator
+// installed. Where the hook wraps that default allocator, the default's
+// vtable pointer is pointed at DefaultShim's while recording, so its calls go
+// through the hook too. PyTorch's DefaultCPUAllocator, like c10::Allocator and
+// DefaultShim, holds nothing but that pointer: the hook's base is then a
+// "twin", a copy of the original pointer, which still calls PyTorch's code.
+struct DefaultShim final : public c10::Allocator {
+  c10::DataPtr allocate(size_t n) override { return g_hook->allocate(n); }
+  c10::DeleterFnPtr raw_deleter() const override { return g_hook->raw_deleter(); }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    g_hook->copy_data(dest, src, count);
+  }
+};
+
+c10::Allocator* g_default = nullptr;  // PyTorch's default CPU allocator, when the hook wraps it
+void* g_twin[1] = {nullptr};  // the default's original vtable pointer, as an object of its own
+
+void point_default(bool at_hook) {
+  if (g_default == nullptr) return;
+  static DefaultShim shim;
+  void* vptr = at_hook ? *reinterpret_cast<void**>(&shim) : g_twin[0];
+  __atomic_store_n(reinterpret_cast<void**>(g_default), vptr, __ATOMIC_RELEASE);
+}
+
+// The allocator the hook calls: the installed one, or the default's twin.
+c10::Allocator* hook_base(c10::Allocator* current) {
+  if (current != c10::GetDefaultCPUAllocator()) return current;
+  g_default = current;
+  g_twin[0] = *reinterpret_cast<void**>(current);
+  return reinterpret_cast<c10::Allocator*>(g_twin);
+}
 
 void before_fork() { books()->lock.lock(); }
 void after_fork() { books()->lock.unlock(); }
@@ -993,10 +1030,12 @@ PyObject* py_start(PyObject*, PyObject* args) {
                       "the installed CPU allocator does not support raw deletion; cannot wrap it");
       return nullptr;
     }
-    g_base_deleter = current->raw_deleter();
-    g_hook = new HookAllocator(current);
+    g_installed = current;
+    c10::Allocator* base = hook_base(current);
+    g_base_deleter = base->raw_deleter();
+    g_hook = new HookAllocator(base);
     pthread_atfork(before_fork, after_fork, after_fork);
-  } else if (current != g_hook && current != g_hook->base) {
+  } else if (current != g_hook && current != g_installed) {
     PyErr_SetString(PyExc_RuntimeError, "another CPU allocator was installed since the hook was made");
     return nullptr;
   }
@@ -1009,12 +1048,14 @@ PyObject* py_start(PyObject*, PyObject* args) {
   }
   g_enabled.store(true);
   c10::SetCPUAllocator(g_hook, /*priority=*/UINT8_MAX);
+  point_default(true);
   Py_RETURN_NONE;
 }
 
 PyObject* py_stop(PyObject*, PyObject*) {
   g_enabled.store(false);
-  if (g_hook != nullptr && c10::GetCPUAllocator() == g_hook) c10::SetCPUAllocator(g_hook->base, UINT8_MAX);
+  point_default(false);
+  if (g_hook != nullptr && c10::GetCPUAllocator() == g_hook) c10::SetCPUAllocator(g_installed, UINT8_MAX);
   Books* b = books();
   std::lock_guard<std::mutex> guard(b->lock);
   b->recording = false;
