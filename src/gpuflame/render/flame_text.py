@@ -18,7 +18,7 @@ from rich.text import Text
 from gpuflame.analysis.tree import FlameTree, Node
 from gpuflame.model.profile import Frame
 from gpuflame.printable import printable
-from gpuflame.render.terminal import where
+from gpuflame.render.terminal import NAME_SHOWN, where
 from gpuflame.units import format_count, percent
 
 BAR_WIDTH = 24
@@ -108,13 +108,13 @@ def _line_text(line: FlameLine, whole: int, unit: str) -> Text:
         text.append(f"… {line.hidden} more under the threshold", style="dim")
         return text
     if len(line.frames) > GROUP_SHOWN:
-        text.append(printable(line.frames[0].name), style="bold")
+        text.append(printable(line.frames[0].name, NAME_SHOWN), style="bold")
         text.append(f" ⋯ {len(line.frames) - 2} frames ⋯ ", style="dim")
     elif len(line.frames) > 1:
         for frame in line.frames[:-1]:
-            text.append(printable(frame.name), style="bold")
+            text.append(printable(frame.name, NAME_SHOWN), style="bold")
             text.append(" → ", style="dim")
-    text.append(printable(line.frame.name), style="bold red" if line.self else "bold")
+    text.append(printable(line.frame.name, NAME_SHOWN), style="bold red" if line.self else "bold")
     if line.self:
         text.append(f"  self {format_count(line.self, unit)}", style="red")
     loc = where(line.frame)

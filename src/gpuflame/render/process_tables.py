@@ -7,7 +7,7 @@ from rich.text import Text
 
 from gpuflame.model.process_table import ProcessRow, Uneven, spread_word
 from gpuflame.printable import printable
-from gpuflame.render.terminal import _table, pct, plain
+from gpuflame.render.terminal import NAME_SHOWN, _table, pct, plain
 from gpuflame.units import format_bytes
 
 
@@ -26,7 +26,7 @@ def process_table(row: ProcessRow, joint: bool) -> Table:
     parts = [f"pid {i.pid}"] * bool(i.rank) + [f"local rank {i.local_rank}"] * bool(i.rank and i.local_rank)
     parts += [f"world size {i.world_size}"] * bool(i.world_size)
     who = (f"rank {i.rank}" if i.rank else f"pid {i.pid}") + (f" ({', '.join(parts)})" if parts else "")
-    title = printable(f"{who}: {i.command(short=True)}" if i.argv else who)
+    title = printable(f"{who}: {i.command(short=True)}" if i.argv else who, NAME_SHOWN)
     column = _MOMENT_COLUMN.get(row.moment) or ("at the joint peak" if joint else "at the peak")
     table = _table(title, "category", column, "%")
     for name, value in row.by_category:

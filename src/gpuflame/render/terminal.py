@@ -36,6 +36,11 @@ from gpuflame.units import format_bytes, format_count
 WHERE_WIDTH = 48
 # A file:line cell never gets narrower than this (it shows "…" and the path's end).
 PATH_MIN_WIDTH = 16
+# A name (a frame's, a label's) longer than this is shown cut, with "…": a table folds a long word over
+# as many lines as it needs, in time that grows with the square of its length (a 4 MB name: 110 s)
+NAME_SHOWN = 1000
+# ... and a note (a profile's comment) longer than this: rich wraps a 4 MB note in 7 s, an 8 MB one in 20 s
+NOTE_SHOWN = 10_000
 # Trunks longer than this show their first frame, a count, and the last frames.
 TRUNK_SHOWN = 4
 
@@ -51,8 +56,8 @@ PACKAGE_DIRS = ("site", "dist")
 
 
 def plain(text: str, style: str = "") -> Text:
-    """Untrusted *text* (a name from a profile, a file name) as rich Text: controls escaped, no markup."""
-    return Text(printable(text), style=style)
+    """Untrusted *text* (a name from a profile, a file name) as rich Text: controls escaped, no markup, cut short."""
+    return Text(printable(text, NAME_SHOWN), style=style)
 
 
 class SafeTable(Table):
@@ -159,7 +164,7 @@ def print_comments(console: Console, comments: Iterable[str], shown: str = "") -
     for comment in comments:
         if shown and comment == shown:
             continue
-        console.print(Text.assemble(("note: ", "bold yellow"), printable(comment)))
+        console.print(Text.assemble(("note: ", "bold yellow"), printable(comment, NOTE_SHOWN)))
 
 
 NUMERIC_COLUMNS = {
@@ -330,7 +335,7 @@ def _trunk_rows(root: Root) -> list[tuple[Entry | None, str | Text]]:
             rows.append((None, Text(f"  ... {skipped} frames of the same width ...", style="dim")))
             continue
         prefix = "" if i == 0 else "  ^ "
-        rows.append((e, prefix + printable(e.frame.name)))
+        rows.append((e, prefix + printable(e.frame.name, NAME_SHOWN)))
     if root.branches:
         last_entry, label = rows[-1]
         rows[-1] = (last_entry, Text.assemble(printable(str(label)), ("   <- splits here", "bold")))
@@ -401,7 +406,9 @@ def render_top(
 
 def render_explanation(console: Console, ex: Explanation, type_name: str, unit: str) -> None:
     names = ", ".join(sorted({f.name for f in ex.functions}))
-    header = Text.assemble(("explain ", "bold"), printable(repr(ex.query)), " matches ", (printable(names), "bold"))
+    header = Text.assemble(
+        ("explain ", "bold"), printable(repr(ex.query), NAME_SHOWN), " matches ", (printable(names, NAME_SHOWN), "bold")
+    )
     if len(ex.functions) == 1 and ex.functions[0].file:
         header.append("  ").append_text(where(ex.functions[0]))
     console.print(header)

@@ -223,3 +223,31 @@ def test_the_agents_notes_are_escaped(capsys, tmp_path):
     _say(argparse.Namespace(json=False), tmp_path / "p.pb.gz", comments, totals, [7], stop={}, losses={}, holds={})
     err = capsys.readouterr().err
     assert RAW.findall(err) == [] and "lib\\x1b]0;x\\x07cuda" in err
+
+
+# -- a name or a note as long as a file is shown cut ---------------------------------------------------------
+
+LONG = 200_000  # characters: a 4 MB name once took 110 s in report's tables (rich folds it over thousands of lines)
+
+
+@pytest.fixture
+def long_names(tmp_path: Path) -> Path:
+    profile = Profile(sample_types=[SampleType("inuse_space", "bytes")], comments=["c" * LONG + "NOTE_END"])
+    leaf = Frame("f" + "x" * LONG + "NAME_END", "/app/a.py", 2)
+    profile.add([leaf, Frame("<module>", "/app/a.py", 1)], [4096], {"pid": "7" * LONG + "LABEL_END"})
+    profile.add([Frame("g", "/app/a.py", 3), Frame("<module>", "/app/a.py", 1)], [1024], {"pid": "8"})
+    path = tmp_path / "long.pb.gz"
+    save(profile, path)
+    return path
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["report"], ["top"], ["top", "--by", "total"], ["flame"], ["explain", "f"], ["flame", "--group-by", "pid"]],
+)
+def test_a_long_name_note_or_label_is_cut_on_the_terminal(capsys, long_names, argv):
+    command, *rest = argv
+    rc, out, err = run(capsys, command, long_names, *rest)
+    assert rc == 0, err[-500:]
+    assert [end for end in ("NAME_END", "NOTE_END", "LABEL_END") if end in out] == []
+    assert "…" in out and len(out) < LONG // 4, len(out)
