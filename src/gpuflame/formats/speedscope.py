@@ -388,11 +388,16 @@ def _read_frame(raw: object) -> Frame:
 
 
 def _number(value: object, what: str) -> float:
-    if type(value) not in (int, float) or not math.isfinite(value):  # type: ignore[arg-type]
+    if type(value) is int:  # any size in JSON: 10**400 is past float (math.isfinite and :g would overflow)
+        if abs(value) > _INT64_MAX:
+            shown = f"{value:g}" if value.bit_length() < 1000 else f"about 2**{value.bit_length()}"
+            raise _bad(f"{what} ({shown}) does not fit in 64 bits")
+        return value
+    if type(value) is not float or not math.isfinite(value):
         raise _bad(f"{what} is not a finite number")
-    if abs(value) > _INT64_MAX:  # type: ignore[arg-type]
+    if abs(value) > _INT64_MAX:
         raise _bad(f"{what} ({value:g}) does not fit in 64 bits")
-    return value  # type: ignore[return-value]
+    return value
 
 
 def _shown(value: object) -> str:

@@ -297,6 +297,10 @@ def test_report_reads_a_speedscope_file(tmp_path: Path, rich_profile: Profile) -
             "still open",
         ),
         ({**SAMPLED, "profiles": [{**SAMPLED["profiles"][0], "weights": [1, 1e300, 1]}]}, "does not fit"),
+        # JSON integers have any size: past a float, math.isfinite raised OverflowError (exit 3)
+        ({**SAMPLED, "profiles": [{**SAMPLED["profiles"][0], "weights": [1, 10**400, 1]}]}, r"about 2\*\*1329"),
+        ({**SAMPLED, "shared": {"frames": [{"name": "a", "line": 10**400}, {"name": "b"}]}}, "line .* does not fit"),
+        ({**SAMPLED, "profiles": [{**SAMPLED["profiles"][0], "weights": [1, -(10**30), 1]}]}, r"\(-1e\+30\) does"),
     ],
 )
 def test_bad_documents_are_one_plain_line(doc: dict[str, object], message: str) -> None:
