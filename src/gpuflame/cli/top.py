@@ -17,10 +17,10 @@ from gpuflame.cli.common import (
     print_json,
 )
 from gpuflame.errors import GpuflameError
-from gpuflame.model import Profile
+from gpuflame.model import Profile, SampleType
 from gpuflame.pipeline import Opened
 from gpuflame.render.console import make_console
-from gpuflame.render.terminal import categories_table, print_comments, render_top, type_title
+from gpuflame.render.terminal import amount, categories_table, print_comments, render_top, type_title
 
 HELP = "the top functions by self or total, or memory by category or phase"
 
@@ -127,7 +127,7 @@ def _by_label(args: argparse.Namespace, opened: Opened) -> int:
     totals_of, key, missing = _BY_LABEL[args.by]
     rows = totals_of(profile, opened.type_index)
     if not rows:
-        raise GpuflameError(_why_no_rows(args, profile, sample_type.type, key, missing))
+        raise GpuflameError(_why_no_rows(args, profile, sample_type, key, missing))
     if args.json:
         total = sum(c.total for c in rows)
         print_json(
@@ -151,13 +151,16 @@ def _by_label(args: argparse.Namespace, opened: Opened) -> int:
     return 0
 
 
-def _why_no_rows(args: argparse.Namespace, profile: Profile, type_name: str, key: str, missing: str) -> str:
+def _why_no_rows(args: argparse.Namespace, profile: Profile, sample_type: SampleType, key: str, missing: str) -> str:
     """Why ``--by category|phase`` has nothing to show: a moment, nothing of this type held, or no such label."""
     label = "category" if args.by == "category" else "phase"
+    type_name = sample_type.type
     if any(s.label(label) is not None for s in profile.samples):
+        peak = "peak_objects" if type_name.endswith("_objects") else "peak_space"
+        hint = f"; --type {peak} shows the peak" if type_name != peak else ""
         return (
-            f"no {key} to show: {type_name} is 0 B in this profile "
-            "(nothing of it was held; --type peak_space shows the peak)"
+            f"no {key} to show: {type_name} is {amount(0, sample_type.unit)} in this profile "
+            f"(nothing of it was held{hint})"
         )
     if getattr(args, "at", None) is not None or getattr(args, "between", None):
         return _why_no_rows_at_a_moment(args, profile, type_name, key)

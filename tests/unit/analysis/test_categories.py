@@ -101,3 +101,15 @@ def test_top_by_category_with_nothing_in_use_says_the_type_is_empty(capsys, tmp_
     save(p, tmp_path / "freed.pb.gz")
     rc, _, err = run(capsys, "top", tmp_path / "freed.pb.gz", "--by", "category", "--type", "inuse")
     assert rc == 2 and "no categories to show: inuse_space is 0 B" in err and "only the torch" not in err
+
+
+def test_top_by_category_with_no_object_in_use_counts_objects_not_bytes(capsys, tmp_path: Path) -> None:
+    """inuse_objects is a count: 'is 0', not '0 B', and its peak is peak_objects (a trial read '0 B')."""
+    p = Profile([("peak_objects", "count"), ("inuse_objects", "count")], default_type="peak_objects")
+    p.add([Frame("MLP > forward", "/m/mlp.py", 5)], [3, 0], {"category": "activation"})
+    save(p, tmp_path / "freed.pb.gz")
+    rc, _, err = run(capsys, "top", tmp_path / "freed.pb.gz", "--by", "category", "--type", "inuse_objects")
+    assert rc == 2 and "inuse_objects is 0 in this profile" in err and "0 B" not in err
+    assert "--type peak_objects shows the peak" in err
+    rc, out, _ = run(capsys, "top", tmp_path / "freed.pb.gz", "--by", "category", "--type", "peak_objects")
+    assert rc == 0 and "activation" in out  # 3 objects at the peak: the table
