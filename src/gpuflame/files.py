@@ -14,32 +14,60 @@ import tempfile
 import zlib
 from collections.abc import Iterable
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Protocol
 
 from gpuflame.errors import GpuflameError
 
 # The path that means standard input (for a profile read) or output (for one written).
 STDIO = "-"
+# standard input is read in steps of this many bytes
+READ_STEP = 16 << 20
 
 
-def read_bytes(path: str | os.PathLike[str]) -> bytes:
+class Bound(Protocol):
+    """A bound on the bytes read (``gpuflame.limits.INFLATED_BYTES``: limits lies beside files, not below)."""
+
+    def value(self) -> int: ...
+
+    def exceeded(self, what: str, limit: int | None = None) -> GpuflameError: ...
+
+
+def read_bytes(path: str | os.PathLike[str], bound: Bound | None = None) -> bytes:
     """Read a whole input file (``-``: standard input), turning OS errors into one readable line.
 
     Only a regular file is read (:func:`open_regular`): a FIFO would block
-    forever and ``/dev/zero`` never ends. A file too large for this machine's
-    memory is a :class:`GpuflameError` too, not a crash.
+    forever and ``/dev/zero`` never ends. Standard input and a file stop at
+    *bound* (a profile: :data:`gpuflame.limits.INFLATED_BYTES`, the most any
+    profile inflates to; ``cat /dev/zero | gpuflame report -`` read until
+    memory ran out). A file too large for this machine's memory is a
+    :class:`GpuflameError` too, not a crash.
     """
+    cap = bound.value() if bound else sys.maxsize
     if os.fspath(path) == STDIO:
         if sys.stdin is None or sys.stdin.isatty():
             raise GpuflameError("-: standard input is a terminal; pipe a profile in (... | gpuflame report -)")
-        return sys.stdin.buffer.read()
+        return _read_at_most(sys.stdin.buffer, bound, cap)
     with open_regular(path) as f:
         try:
+            if bound and os.fstat(f.fileno()).st_size > cap:  # refused before reading, else read at once
+                raise bound.exceeded(str(path), cap)
             return f.read()
         except MemoryError:
             raise GpuflameError(f"{path}: too large to read into this machine's memory") from None
         except OSError as exc:
             raise GpuflameError(f"{path}: cannot read ({exc.strerror or exc})") from None
+
+
+def _read_at_most(stream: BinaryIO, bound: Bound | None, cap: int) -> bytes:
+    """A pipe to its end, in steps (``read(cap)`` would ask for all of *cap* at once), refused past *cap* bytes."""
+    chunks: list[bytes] = []
+    size = 0
+    while chunk := stream.read(min(READ_STEP, cap + 1 - size)):
+        chunks.append(chunk)
+        size += len(chunk)
+        if bound and size > cap:
+            raise bound.exceeded("standard input", cap)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 def open_regular(path: str | os.PathLike[str], what: str = "profile file") -> BinaryIO:

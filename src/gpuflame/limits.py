@@ -51,7 +51,7 @@ class Limit:
         )
 
 
-# gzip (and zlib) data is inflated in bounded steps and stops here
+# gzip (and zlib) data is inflated in bounded steps and stops here; a profile file or standard input is read up to it
 INFLATED_BYTES = Limit("GPUFLAME_MAX_INFLATED_BYTES", 1 << 30, "bytes")
 # lists, dicts, sets and marks in a pickle: each costs 56+ bytes for one byte of file
 PICKLE_CONTAINERS = Limit("GPUFLAME_MAX_PICKLE_CONTAINERS", 50_000_000, "containers")

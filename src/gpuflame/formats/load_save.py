@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from gpuflame import limits
 from gpuflame.errors import ProfileFormatError
 from gpuflame.files import STDIO, read_bytes, write_output
 from gpuflame.formats.gzip_io import GZIP_MAGIC, gunzip_head
@@ -123,7 +124,7 @@ _READ_AS = {"folded": "folded stacks", "json": "speedscope JSON", "pprof": "raw 
 def load(path: str | os.PathLike[str], **snapshot_options: Any) -> Profile:
     """Read a profile file of any supported format, ``-`` for stdin (*snapshot_options*: see :func:`loads`)."""
     source = "<stdin>" if os.fspath(path) == STDIO else str(path)
-    return loads(read_bytes(path), source=source, **snapshot_options)
+    return loads(read_bytes(path, limits.INFLATED_BYTES), source=source, **snapshot_options)
 
 
 def save(profile: Profile, path: str | os.PathLike[str], fmt: str = "pprof", type_name: str | None = None) -> None:

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
+from gpuflame import limits
 from gpuflame.analysis.selection import Selection
 from gpuflame.errors import GpuflameError
 from gpuflame.files import open_regular, read_bytes
@@ -443,7 +444,7 @@ def file_key(path: Path) -> tuple[object, ...]:
 
 def read_or_unreadable(path: Path, ident: str) -> bytes:
     try:
-        return read_bytes(path)
+        return read_bytes(path, limits.INFLATED_BYTES)
     except GpuflameError as exc:  # named by its id: the server's own path is not the client's business
         raise ProfileUnreadable(f"{ident}: cannot read ({str(exc).replace(str(path), ident)})") from None
 

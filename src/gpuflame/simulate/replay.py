@@ -7,6 +7,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuflame import limits
 from gpuflame.errors import GpuflameError, ProfileFormatError
 from gpuflame.files import read_bytes
 from gpuflame.formats import safe_pickle
@@ -59,7 +60,7 @@ class Input:
 
 def read_input(path: str) -> Input:
     """Read *path*; bad input (no history) raises GpuflameError."""
-    data = read_bytes(path)
+    data = read_bytes(path, limits.INFLATED_BYTES)
     if detect(data) == "torch-snapshot":
         snap = snapshots.read(data)
         with _untrusted(path):

@@ -22,7 +22,7 @@ import pytest
 
 from gpuflame import limits
 from gpuflame.errors import ProfileFormatError
-from gpuflame.formats import dumps, loads, pprof
+from gpuflame.formats import dumps, load, loads, pprof
 from gpuflame.model import Frame, Profile, SampleType
 from tests.helpers.paths import DATA, FIXTURES, REPO
 
@@ -178,6 +178,32 @@ def test_a_gzip_past_the_inflated_limit_stops_there(tmp_path):
     proc = report(bomb)
     assert_plain(proc, 2)
     assert "GPUFLAME_MAX_INFLATED_BYTES" in proc.stderr
+
+
+@pytest.mark.subprocess
+def test_endless_standard_input_stops_at_the_inflated_limit():
+    """``gpuflame report - < /dev/zero`` read until memory ran out: now it stops at the limit, within 2 GiB."""
+    with open("/dev/zero", "rb") as zeros:
+        proc = subprocess.run(
+            [sys.executable, "-c", CHILD.format(limit=ADDRESS_SPACE), "-"],
+            stdin=zeros,
+            capture_output=True,
+            text=True,
+            env={k: v for k, v in os.environ.items() if not k.startswith("GPUFLAME_")},
+            timeout=600,
+        )
+    assert_plain(proc, 2)
+    assert "standard input: past gpuflame's limit of 1,073,741,824 bytes" in proc.stderr
+    assert "GPUFLAME_MAX_INFLATED_BYTES" in proc.stderr
+
+
+def test_a_file_past_the_inflated_limit_is_refused_before_it_is_read(tmp_path, monkeypatch):
+    path = tmp_path / "big.folded"
+    path.write_bytes(b"a;b 1\n" * 200)  # 1,200 bytes
+    loads(path.read_bytes())  # a good profile
+    monkeypatch.setenv("GPUFLAME_MAX_INFLATED_BYTES", "1000")
+    with pytest.raises(ProfileFormatError, match=f"{path}: past gpuflame's limit of 1,000 bytes .*MAX_INFLATED"):
+        load(path)
 
 
 @pytest.mark.subprocess
