@@ -189,7 +189,7 @@ _OWN_TEXT_MARKS = (
     "<!-- gpuflame viewer:",  # view: the HTML page
     "<!-- gpuflame flame graph",  # export/flame/view --svg: the SVG picture
     '"format": "gpuflame-flame-tree"',  # export --format json
-    "https://www.speedscope.app/file-format-schema.json",  # export --format speedscope
+    '"exporter":"gpuflame ',  # export --format speedscope (every speedscope file names the schema: py-spy's too)
 )
 
 

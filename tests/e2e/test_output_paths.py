@@ -126,6 +126,20 @@ def test_commands_refuse_a_file_they_did_not_write_unless_forced(capsys, tmp_pat
     assert rc == 0, err
 
 
+def test_a_speedscope_file_of_another_tool_is_not_replaced_unless_forced(capsys, tmp_path, profile_file):
+    """Every speedscope file names the schema: py-spy's was replaced as if gpuflame had written it."""
+    theirs = tmp_path / "py-spy.speedscope.json"
+    doc = '{"$schema": "https://www.speedscope.app/file-format-schema.json", "exporter": "py-spy@0.3.14"}\n'
+    theirs.write_text(doc)
+    args = ["export", profile_file, "-o", theirs, "--format", "speedscope"]
+    rc, _, err = run(capsys, *args)
+    one_error_line(rc, err, "exists and is not a file gpuflame wrote")
+    assert theirs.read_text() == doc
+    assert run(capsys, *args, "--force")[0] == 0
+    rc, _, err = run(capsys, *args)  # gpuflame's own speedscope file: replaced without --force
+    assert rc == 0, err
+
+
 @pytest.mark.parametrize("command", ["export", "convert", "view"])
 def test_commands_refuse_to_write_over_their_input(capsys, profile_file, command):
     before = profile_file.read_bytes()
