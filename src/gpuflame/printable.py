@@ -23,6 +23,7 @@ import re
 # C0 and DEL, C1, the Arabic letter mark, LRM/RLM, the bidi embeddings and overrides, the bidi isolates,
 # the line and paragraph separators, and surrogates (never valid on their own)
 _UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\u2028\u2029\ud800-\udfff]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
 _SHORT = {"\t": "\\t", "\n": "\\n", "\r": "\\r"}
 ELLIPSIS = "…"
 
@@ -44,3 +45,13 @@ def printable(text: str, limit: int | None = None) -> str:
         text = text[:limit]
     shown = _UNSAFE.sub(_escape, text)
     return shown + ELLIPSIS if cut else shown
+
+
+def encodable(text: str) -> str:
+    """*text* as it can be written as UTF-8: each lone surrogate becomes U+FFFD (the rest is kept).
+
+    A reader of JSON (``"\\ud800"``) or of a pickle can hand over a lone
+    surrogate, which every writer's ``encode("utf-8")`` refuses; fixed where
+    the text enters, once per distinct string.
+    """
+    return text if text.isascii() else _SURROGATE.sub("\ufffd", text)

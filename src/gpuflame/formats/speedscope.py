@@ -44,6 +44,7 @@ from gpuflame.errors import GpuflameError, ProfileFormatError
 from gpuflame.formats.safe_pickle import one_line
 from gpuflame.model.functions import function_frames
 from gpuflame.model.profile import Frame, Profile, Sample, SampleType
+from gpuflame.printable import encodable
 from gpuflame.symbols.kinds import guess_kind
 from gpuflame.version import __version__
 
@@ -240,6 +241,7 @@ class _Reader:
         name = entry.get("name", "")
         if not isinstance(name, str):
             raise _bad("a profile's name is not a string")
+        name = encodable(name)
         if name.startswith("pid ") and name[4:].isdigit() and name[4:].isascii():
             return ((PID_LABEL, name[4:]),)
         return (("profile", name),) if count > 1 and name and name != "no pid" else ()
@@ -374,9 +376,10 @@ class _Reader:
 def _read_frame(raw: object) -> Frame:
     if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
         raise _bad("a frame in shared.frames has no name")
-    name, file, line = raw["name"], raw.get("file", ""), raw.get("line", 0)
+    name, file, line = encodable(raw["name"]), raw.get("file", ""), raw.get("line", 0)
     if not isinstance(file, str):
         raise _bad(f"frame {_shown(name)}'s file is not a string")
+    file = encodable(file)
     line = _number(line, "a frame's line")
     if isinstance(line, float) and not line.is_integer():
         raise _bad(f"frame {_shown(name)}'s line is not a whole number")

@@ -55,6 +55,7 @@ from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 from gpuflame.model.profile import NATIVE, PYTHON, SYNTHETIC, TRAMPOLINE_KIND, Frame
+from gpuflame.printable import encodable
 from gpuflame.symbols import names
 
 # Frame classes.
@@ -142,6 +143,7 @@ class Entry(NamedTuple):
 
 def make_entry(file: str, line: int, name: str, python_name: Callable[[str, int, str], tuple[str, int]]) -> Entry:
     """Classify and name one frame; *python_name* gives a Python frame's label and def line (0: unknown)."""
+    file, name = encodable(file), encodable(name)  # a pickle's string may hold a lone surrogate
     cls = frame_class(file, name)
     if cls == PY:
         label, start = python_name(file, line, name) if name else (names.UNKNOWN, 0)

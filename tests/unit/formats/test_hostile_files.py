@@ -355,3 +355,39 @@ def test_a_gz_name_over_bytes_that_are_not_gzip_says_so(tmp_path: Path, data: by
     with pytest.raises(ProfileFormatError) as named_plain:
         load(path.rename(tmp_path / "run.folded"))
     assert "its name" not in str(named_plain.value)
+
+
+def _with_lone_surrogates(snapshot: dict) -> dict:  # type: ignore[type-arg]
+    for segment in snapshot["segments"]:
+        for block in segment["blocks"]:
+            for frame in block.get("frames", []):
+                frame["name"], frame["filename"] = "f\ud800", "/src/\udcff.py"
+    return snapshot
+
+
+LONE_SURROGATES = {
+    # JSON escapes a lone surrogate as \ud800; a pickle carries one as the bytes UTF-8 would have for it
+    "speedscope": lambda: (
+        b'{"$schema":"https://www.speedscope.app/file-format-schema.json","shared":{"frames":'
+        b'[{"name":"f\\ud800","file":"/src/\\udcff.py"}]},"profiles":[{"type":"sampled","name":"x\\udc80",'
+        b'"unit":"bytes","startValue":0,"endValue":1,"samples":[[0]],"weights":[1]}]}'
+    ),
+    "snapshot": lambda: pickle.dumps(
+        _with_lone_surrogates(pickle.loads((FIXTURES / "handwritten_small_trace.pickle").read_bytes()))
+    ),
+}
+
+
+@pytest.mark.parametrize("source", sorted(LONE_SURROGATES))
+def test_lone_surrogates_read_as_replacement_characters_every_writer_can_write(source: str) -> None:
+    """Every writer encodes UTF-8: a lone surrogate from a file was 'internal error: UnicodeEncodeError' (exit 3)."""
+    from gpuflame.render import writers
+    from gpuflame.render.html import render_html
+
+    profile = loads(LONE_SURROGATES[source]())
+    names = {f.name for f in profile.frames} | {f.file for f in profile.frames}
+    assert "f\ufffd" in names and "/src/\ufffd.py" in names
+    assert not any("\ud800" <= c <= "\udfff" for name in names for c in name)
+    for fmt in writers.FORMATS:
+        assert writers.dumps(profile, fmt)
+    assert render_html(profile, "t").encode("utf-8")
