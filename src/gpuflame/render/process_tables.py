@@ -35,6 +35,8 @@ def process_table(row: ProcessRow, joint: bool) -> Table:
     if i.peak:
         when = f", {row.peak_s:.3f} s into the strip" if row.peak_s is not None else ""
         table.caption = f"its own peak: {format_bytes(i.peak)}{when}"
+        # one line, as the title: a worker's narrow table wrapped it as '1.108 \n s into the strip'
+        table.min_width = max(table.min_width or 0, len(table.caption))
     return table
 
 

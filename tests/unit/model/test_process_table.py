@@ -85,3 +85,17 @@ def test_the_report_calls_equal_rank_peaks_even() -> None:
         p.processes = [ProcessInfo("1", rank="0", peak=peaks[0]), ProcessInfo("2", rank="1", peak=peaks[1])]
         spread = uneven(process_rows(p))
         assert spread is not None and uneven_line(spread).startswith(word)
+
+
+def test_a_narrow_process_table_keeps_its_own_peak_on_one_line(capsys) -> None:
+    """A DataLoader worker's table (0 B at the joint peak) is narrow: its caption wrapped between 1.108 and 's'."""
+    from gpuflame.render.console import make_console
+    from gpuflame.render.process_tables import process_table
+
+    p = profile_of(("7", "other", 0))
+    p.processes = [ProcessInfo("7", peak=2056)]
+    row = process_rows(p)[0]
+    row.peak_s = 1.108
+    make_console().print(process_table(row, joint=True))
+    lines = capsys.readouterr().out.splitlines()
+    assert any("its own peak: 2.01 KiB, 1.108 s into the strip" in line for line in lines)
