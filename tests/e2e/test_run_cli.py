@@ -44,6 +44,18 @@ def test_exit_code_output_and_next_command(tmp_path: Path) -> None:
     assert "processes" not in result.stderr
 
 
+def test_a_script_whose_path_is_not_utf8_keeps_its_profile(tmp_path: Path) -> None:
+    """Python names such a file with surrogateescape: writing its frames as UTF-8 failed and the profile was lost."""
+    folder = tmp_path / os.fsdecode(b"job\xff")
+    folder.mkdir()
+    script = write(folder / "job.py", ALLOCATE, "kept = Holder().make(64)")
+    result = gpuflame_run("-o", "out.pb.gz", str(script.relative_to(tmp_path)), cwd=tmp_path)
+    assert result.returncode == 0 and "lost" not in result.stderr, result.stderr
+    profile = load(tmp_path / "out.pb.gz")
+    assert bytes_by_function(profile)["Holder > make"] == 64 * KIB
+    assert any(f.file.endswith("job\ufffd/job.py") for f in profile.frames)
+
+
 def test_module_and_command_forms(tmp_path: Path) -> None:
     write(tmp_path / "jobmod.py", ALLOCATE, "\nkept = Holder().make(8)\n")
     as_module = gpuflame_run("-o", "m.pb.gz", "-m", "jobmod", cwd=tmp_path, env={"PYTHONPATH": str(tmp_path)})

@@ -12,6 +12,8 @@ complement in 64 bits, so a negative value is a 10-byte varint.
 
 from __future__ import annotations
 
+from gpuflame.printable import encodable
+
 VARINT = 0
 LEN = 2
 
@@ -67,7 +69,11 @@ def field_bytes(field: int, payload: bytes) -> bytes:
 
 
 def field_string(field: int, text: str) -> bytes:
-    return field_bytes(field, text.encode("utf-8"))
+    try:
+        data = text.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate: a path Python decoded with surrogateescape (not UTF-8 on disk)
+        data = encodable(text).encode("utf-8")
+    return field_bytes(field, data)
 
 
 def field_packed(field: int, values: list[int] | tuple[int, ...], cache: VarintCache | None = None) -> bytes:

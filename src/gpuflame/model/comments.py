@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
 from gpuflame import limits
+from gpuflame.printable import encodable
 
 T = TypeVar("T")
 
@@ -78,9 +79,16 @@ def pack_json_text(prefix: str, pieces: Iterable[str | bytes], level: int = 9) -
     as they come, so a large payload (a full event history) never exists as one text, nor as
     Python lists."""
     packer = zlib.compressobj(level)
-    packed = [packer.compress(piece if isinstance(piece, bytes) else piece.encode("utf-8")) for piece in pieces]
+    packed = [packer.compress(piece if isinstance(piece, bytes) else _utf8(piece)) for piece in pieces]
     packed.append(packer.flush())
     return prefix + base64.b64encode(b"".join(packed)).decode("ascii")
+
+
+def _utf8(text: str) -> bytes:
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate: a path Python decoded with surrogateescape (not UTF-8 on disk)
+        return encodable(text).encode("utf-8")
 
 
 def unpack_json(comment: str, prefix: str, what: str, budget: InflateBudget | None = None) -> Any:
