@@ -180,6 +180,26 @@ def test_a_gzip_past_the_inflated_limit_stops_there(tmp_path):
     assert "GPUFLAME_MAX_INFLATED_BYTES" in proc.stderr
 
 
+def test_a_gzip_bomb_costs_the_inflated_limit_once(monkeypatch):
+    """Inflated in steps: one bounded call joined its output at the end, twice the limit (2.1 GB for 1 GiB)."""
+    import tracemalloc
+
+    from gpuflame.formats import gzip_io
+
+    cap = 64 << 20
+    monkeypatch.setenv("GPUFLAME_MAX_INFLATED_BYTES", str(cap))
+    monkeypatch.setattr(gzip_io, "INFLATE_STEP", 1 << 20)
+    bomb = _gzip_of_repeats(b"\x0a", b"\0" * 1024, 2 * cap >> 20)
+    tracemalloc.start()
+    try:
+        with pytest.raises(ProfileFormatError, match="GPUFLAME_MAX_INFLATED_BYTES"):
+            gzip_io.gunzip(bomb)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < cap * 1.25, f"{peak:,} bytes at once for a limit of {cap:,}"
+
+
 @pytest.mark.subprocess
 def test_endless_standard_input_stops_at_the_inflated_limit():
     """``gpuflame report - < /dev/zero`` read until memory ran out: now it stops at the limit, within 2 GiB."""
