@@ -9,7 +9,7 @@ from dataclasses import replace
 from typing import Any
 
 from gpuflame.cli.common import add_force_option, print_json
-from gpuflame.errors import GpuflameError
+from gpuflame.errors import GpuflameError, ProfileFormatError
 from gpuflame.files import check_output
 from gpuflame.formats.load_save import save
 from gpuflame.printable import printable
@@ -77,6 +77,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    try:
+        return _run(args)
+    except ProfileFormatError as exc:  # the snapshot's reader and the replay say what is wrong; this says where
+        if str(exc).startswith(args.input):
+            raise
+        raise ProfileFormatError(f"{args.input}: {exc}") from None
+
+
+def _run(args: argparse.Namespace) -> int:
     inp = read_input(args.input)
     settings = settings_for(inp, args.alloc_conf)
     capacity, how = parse_capacity(args.gpu_memory) if args.gpu_memory else (None, "")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import subprocess
@@ -210,6 +211,7 @@ def test_an_impossible_size_in_a_snapshot_is_one_line(tmp_path: Path, capsys, wh
     bad.write_bytes(pickle.dumps(snap))
     rc, out, err = run(capsys, str(bad), "--gpu-memory", "L4")
     assert rc == 2 and out == "" and message in err and err.count("\n") == 1, err
+    assert err.startswith(f"gpuflame simulate: error: {bad}: "), err  # which file, as the other commands say
 
 
 @pytest.mark.parametrize(
@@ -233,6 +235,16 @@ def test_a_damaged_snapshot_is_one_line(tmp_path: Path, capsys, damage):
     bad.write_bytes(pickle.dumps(snap))
     rc, out, err = run(capsys, str(bad))
     assert rc == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.startswith(f"gpuflame simulate: error: {bad}: "), err
+
+
+@pytest.mark.parametrize("content", [b"", b"\x80\x04\x95", gzip.compress(b"\x80\x04}")[:-9]])
+def test_an_empty_or_cut_input_names_the_file(tmp_path: Path, capsys, content: bytes) -> None:
+    bad = tmp_path / "cut.pickle.gz"
+    bad.write_bytes(content)
+    rc, out, err = run(capsys, str(bad))
+    assert rc == 2 and out == "" and err.count("\n") == 1, err
+    assert err.startswith(f"gpuflame simulate: error: {bad}: "), err
 
 
 def test_a_snapshot_without_allocator_settings_says_defaults_were_assumed(tmp_path: Path, capsys):
