@@ -14,6 +14,7 @@ from itertools import chain
 
 import numpy as np
 
+from gpuflame.errors import GpuflameError
 from gpuflame.model.columns import SampleColumns
 from gpuflame.model.parts import Labels, Sample
 from gpuflame.model.profile import Profile
@@ -94,7 +95,13 @@ def nonzero_stacks(profile: Profile, type_index: int) -> SampleStacks:
             return SampleStacks(values, held=held)
         return SampleStacks(values[keep], held=held, keep=keep)
     samples = profile.samples
-    values = np.fromiter((s.values[type_index] for s in samples), dtype=np.int64, count=len(samples))
+    try:
+        values = np.fromiter((s.values[type_index] for s in samples), dtype=np.int64, count=len(samples))
+    except OverflowError:  # a diff's new - base of two values near the ends of int64 (read as they were)
+        raise GpuflameError(
+            f"the {profile.sample_types[type_index].type} values of this profile do not fit in 64 bits; "
+            "gpuflame sums in 64-bit integers, as pprof stores them"
+        ) from None
     keep = np.flatnonzero(values)
     if len(keep) == len(samples):
         return SampleStacks(values, samples=samples)

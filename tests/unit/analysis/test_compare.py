@@ -100,3 +100,14 @@ def test_diff_matches_a_function_seen_at_different_lines_in_each_profile() -> No
     result = compare_(base, new)
     assert [(c.frame.name, c.base, c.new) for c in result.grew] == [("Cache > grow", 200, 500)]
     assert result.changed == 1
+
+
+@pytest.mark.parametrize("base_value, new_value", [(-(1 << 63), 5), (-(1 << 63), (1 << 63) - 1)])
+def test_a_difference_past_64_bits_is_one_error(base_value: int, new_value: int) -> None:
+    """new - base of values a pprof file can hold (int64) can leave int64: it was OverflowError (exit 3)."""
+    types = [SampleType("inuse_space", "bytes")]
+    base, new = Profile(sample_types=types), Profile(sample_types=types)
+    base.add([Frame("f", "a.py", 1)], [base_value])
+    new.add([Frame("f", "a.py", 1)], [new_value])
+    with pytest.raises(GpuflameError, match="inuse_space values of this profile do not fit in 64 bits"):
+        compare(base, new)
