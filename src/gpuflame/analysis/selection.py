@@ -33,7 +33,7 @@ from gpuflame.model.filter import (
 from gpuflame.model.moment import When, parse_when
 from gpuflame.model.profile import Frame, Profile
 from gpuflame.symbols.names import CACHED_FREE, TRAMPOLINE_NAME
-from gpuflame.units import parse_size
+from gpuflame.units import format_bytes, parse_size
 
 if TYPE_CHECKING:
     from gpuflame.analysis.tree import FlameTree
@@ -110,7 +110,8 @@ class Selection:
         """*profile* (already at its moment) with the sample type picked and the filters applied."""
         index = profile.pick_type(self.sample_type)
         notes: list[str] = []
-        profile = self._labels(profile)
+        recording, profile = profile, self._labels(profile)
+        notes += _own_peaks_elsewhere(recording, profile, index, self.labels)
         if self.no_cached:
             profile = ignore_matched(profile, CACHED_FREE).profile
         for pattern in self.ignore:
@@ -262,6 +263,29 @@ def _no_match_message(frames: list[Frame], query: str) -> str:
 
 
 PROCESS_KEYS = ("pid", *ranks.LABELS)  # labels every process of a run is described by
+
+
+def _own_peaks_elsewhere(
+    recording: Profile, shown: Profile, index: int, labels: Sequence[tuple[str, str]]
+) -> list[str]:
+    """A process picked by --label that held nothing at the peak, though it held memory at its own: say when.
+
+    ``top --label pid=N`` of a DataLoader worker showed 0 B at the run's joint peak and nothing more;
+    the run had said 'own peak 2.01 KiB at 1.209 s', and --at 1.209 missed it by half a millisecond.
+    """
+    if shown.moment or shown.sample_types[index].type != "peak_space" or shown.totals().get("peak_space"):
+        return []
+    picked = [i for i in recording.processes if any(k in PROCESS_KEYS and str(getattr(i, k)) == v for k, v in labels)]
+    zero = moment.origin(recording)
+    notes = []
+    for info in picked:
+        if info.peak and zero and info.peak_ns >= zero:
+            t = f"{(info.peak_ns - zero) / 1e9:.9f}".rstrip("0").rstrip(".")
+            notes.append(
+                f"pid {info.pid} held nothing at the run's joint peak; its own peak, {format_bytes(info.peak)}, "
+                f"was {t} s into the strip (--at {t} shows it)"
+            )
+    return notes
 
 
 def _described(profile: Profile, key: str, values: set[str]) -> bool:

@@ -319,3 +319,24 @@ def test_a_process_of_the_run_that_held_nothing_is_0_bytes_and_an_unknown_one_an
         assert not any(any(s.values) for s in view.profile.samples)
     with pytest.raises(GpuflameError, match=r"no sample has label pid=9 \(pid values here: 1, 2\)"):
         Selection(labels=(("pid", "9"),)).apply(p)
+
+
+def test_a_process_idle_at_the_joint_peak_is_told_when_its_own_peak_was() -> None:
+    """`top --label pid=<a DataLoader worker>` read 0 B at the joint peak and nothing more; the run had said
+    'own peak 2.01 KiB at 1.209 s', and --at 1.209 fell half a millisecond after it (a trial): 0 B again.
+    The view's note gives the moment to the nanosecond; a process that held memory at the peak gets none."""
+    p = Profile(memory_sample_types())
+    p.add([train, main_f], [600, 1, 0, 0, 600, 1], {"pid": "1"})
+    p.add([Frame("collate", "w.py", 9)], [0, 0, 0, 0, 2056, 9], {"pid": "2"})
+    p.timeline = Timeline({(("pid", "1"),): [(T0, 0), (T0 + 3000 * MS, 600)]})
+    p.processes = [
+        ProcessInfo("1", peak=600, peak_ns=T0 + 3000 * MS),
+        ProcessInfo("2", peak=2056, peak_ns=T0 + 1_115_379_333),
+    ]
+    notes = Selection(labels=(("pid", "2"),)).apply(p).notes
+    assert notes == (
+        "pid 2 held nothing at the run's joint peak; its own peak, 2.01 KiB, was 1.115379333 s into the strip "
+        "(--at 1.115379333 shows it)",
+    )
+    assert Selection(labels=(("pid", "1"),)).apply(p).notes == ()
+    assert Selection(labels=(("pid", "2"),), sample_type="inuse").apply(p).notes == ()
