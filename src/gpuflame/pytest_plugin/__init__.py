@@ -20,6 +20,7 @@ Only pytest is imported here until a test is to be profiled.
 from __future__ import annotations
 
 import bisect
+import hashlib
 import re
 import shutil
 import tempfile
@@ -37,6 +38,7 @@ MARKERS = {
 CACHE_KEY = "gpuflame/peaks"  # test id -> peak of the test body in the last run (pytest's cache)
 PROFILES_CACHE_DIR = "gpuflame"  # failing tests' profiles, in pytest's cache, without --gpuflame-dir
 DEFAULT_TOLERANCE = "5%"
+NAME_CHARS = 200  # a profile's file name before .fixtures.pb.gz: 255 bytes is the usual bound, the temporary adds 15
 BODY = pytest.StashKey[Any]()
 FIXTURES = pytest.StashKey[Any]()
 
@@ -129,6 +131,21 @@ def _fixtures(item: pytest.Item) -> set[str]:
     callspec = getattr(item, "callspec", None)
     params = set(callspec.params) if callspec is not None else set()
     return set(getattr(item, "fixturenames", ())) - {"request"} - params
+
+
+def profile_name(nodeid: str) -> str:
+    """A test's profile file name, one per test: ``tests_test_x.py_test_y_8`` for ``tests/test_x.py::test_y[8]``.
+
+    A parameter id that the name cannot keep as it is (``data/a.csv``, next to a
+    ``data_a.csv``), or a name too long for the file system, gets a hash of the
+    whole id: each test its own file, the same name in every run and xdist worker.
+    """
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", nodeid).strip("_")
+    _, bracket, param = nodeid.partition("[")
+    if (not bracket or re.fullmatch(r"[A-Za-z0-9_.-]*\]", param)) and len(name) <= NAME_CHARS:
+        return name
+    digest = hashlib.sha256(nodeid.encode("utf-8", "surrogateescape")).hexdigest()[:12]
+    return f"{name[: NAME_CHARS - len(digest) - 1]}-{digest}"
 
 
 class GpuflamePlugin:
@@ -291,7 +308,7 @@ class GpuflamePlugin:
         if folder is None or body.profile is None:
             return ""
         folder.mkdir(parents=True, exist_ok=True)
-        name = re.sub(r"[^A-Za-z0-9_.-]+", "_", nodeid).strip("_")
+        name = profile_name(nodeid)
         path = folder / f"{name}.pb.gz"
         save(body.profile, path)
         if fixtures is not None and fixtures.profile is not None and self.dir is not None:

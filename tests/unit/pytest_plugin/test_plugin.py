@@ -601,3 +601,31 @@ def test_over():
     assert folder.parent == tmp and folder.name.startswith("gpuflame-pytest-profiles-")
     assert folder.stat().st_mode & 0o777 == 0o700 and load(pytester.path / saved.group(1)).totals()
     assert list(victim.iterdir()) == []
+
+
+def test_each_test_keeps_its_own_profile_whatever_its_id(pytester: pytest.Pytester) -> None:
+    """Parameter ids that read alike once made a file name, or too long for one: each test its own file."""
+    pytester.makepyfile(
+        test_ids="""
+import pytest, torch
+
+SIZES = {"data/a.csv": 1 << 20, "data_a.csv": 2 << 20, "x" * 300: 3 << 20, "plain": 4 << 20}
+
+@pytest.fixture
+def weights():
+    return torch.empty(5 << 20, dtype=torch.uint8)
+
+@pytest.mark.parametrize("name", list(SIZES), ids=str)
+def test_named(name, weights):
+    x = torch.empty(SIZES[name], dtype=torch.uint8)
+"""
+    )
+    result = pytester.runpytest("--gpuflame-dir", "profiles")
+    result.assert_outcomes(passed=4)
+    assert "INTERNALERROR" not in result.stdout.str()
+    folder = pytester.path / "profiles"
+    bodies = sorted(load(p).totals()["peak_space"] for p in folder.glob("*.pb.gz") if ".fixtures." not in p.name)
+    assert bodies == [MiB, 2 * MiB, 3 * MiB, 4 * MiB]
+    assert [load(path).totals()["peak_space"] for path in folder.glob("*.fixtures.pb.gz")] == [5 * MiB] * 4
+    assert (folder / "test_ids.py_test_named_plain.pb.gz").exists()  # a plain id keeps its plain name
+    assert max(len(path.name) for path in folder.iterdir()) <= 255
