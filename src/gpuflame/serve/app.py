@@ -57,6 +57,9 @@ DATA_CSP = "default-src 'none'; sandbox; frame-ancestors 'none'"
 _META_CSP = re.compile(r'<meta http-equiv="Content-Security-Policy" content="([^"]*)"', re.IGNORECASE)
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")  # not in a header value (the terminal's escaping: printable)
 CACHED_PAGES = 4  # viewer pages can be megabytes each
+# pages made at once: each reads a whole profile (up to GPUFLAME_MAX_INFLATED_BYTES, 1 GiB, and its parse),
+# so six requests for a 4 MB gzip bomb held 6.25 GB at once; more requests wait their turn
+RENDERS_AT_ONCE = 2
 CHUNK_BYTES = 1 << 20  # a download is sent in pieces this size: memory does not follow the file's size
 TOKEN_PARAM = "token"  # the query parameter that carries the token (the URL printed at start)
 
@@ -97,13 +100,15 @@ class PageCache:
         self._pages: OrderedDict[tuple[object, ...], bytes] = OrderedDict()
         self._size = size
         self._lock = threading.Lock()
+        self._rendering = threading.BoundedSemaphore(RENDERS_AT_ONCE)
 
     def get(self, key: tuple[object, ...], make: Callable[[], bytes]) -> bytes:
         with self._lock:
             if key in self._pages:
                 self._pages.move_to_end(key)
                 return self._pages[key]
-        page = make()  # outside the lock: two pages render at once
+        with self._rendering:  # outside the lock: cached pages are answered meanwhile
+            page = make()
         with self._lock:
             self._pages[key] = page
             while len(self._pages) > self._size:

@@ -372,3 +372,54 @@ def test_a_jax_memory_profile_is_listed(tmp_path: Path) -> None:
     jax.profiler.save_device_memory_profile(str(tmp_path / "memory.prof"))
     (tmp_path / "notes.txt").write_text("not a profile")
     assert [entry.id for entry in scan(tmp_path)] == ["memory.prof"]
+
+
+def test_pages_are_made_two_at_a_time() -> None:
+    """Each page reads a whole profile (up to 1 GiB inflated): six requests for a gzip bomb held 6.25 GB at once.
+
+    Three requests for three pages: the third is made only once one of the first two is done.
+    """
+    import threading
+
+    from gpuflame.serve.app import RENDERS_AT_ONCE, PageCache
+
+    assert RENDERS_AT_ONCE == 2
+    cache = PageCache()
+    events: list[str] = []
+    changed = threading.Condition()
+    release = {n: threading.Event() for n in range(3)}
+    calling = threading.Event()
+
+    def make(n: int) -> bytes:
+        with changed:
+            events.append(f"enter {n}")
+            changed.notify_all()
+        assert release[n].wait(60)
+        with changed:
+            events.append(f"exit {n}")
+            changed.notify_all()
+        return b"page"
+
+    def request(n: int) -> None:
+        if n == 2:
+            calling.set()
+        cache.get(("page", n), lambda: make(n))
+
+    def wait_for(done) -> None:  # type: ignore[no-untyped-def]
+        with changed:
+            assert changed.wait_for(done, 60), events
+
+    first = [threading.Thread(target=request, args=(n,)) for n in (0, 1)]
+    for t in first:
+        t.start()
+    wait_for(lambda: len(events) == 2)
+    third = threading.Thread(target=request, args=(2,))
+    third.start()
+    assert calling.wait(60)
+    release[0].set()
+    wait_for(lambda: "enter 2" in events)
+    for n in (1, 2):
+        release[n].set()
+    for t in [*first, third]:
+        t.join(60)
+    assert events.index("enter 2") > events.index("exit 0"), events
