@@ -126,6 +126,16 @@ def _check_backend(name: str) -> None:
         raise pytest.UsageError(f"--gpuflame-backend must be one of {', '.join(BACKENDS)}, not {name!r}")
 
 
+def _profiles_folder(name: str) -> Path:
+    """``--gpuflame-dir``, made now: a folder that cannot be made is one line before any test runs."""
+    folder = Path(name)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise pytest.UsageError(f"--gpuflame-dir: cannot make {name} ({exc.strerror or exc})") from None
+    return folder
+
+
 def _fixtures(item: pytest.Item) -> set[str]:
     """The fixtures whose set-up runs for *item*: not ``request``, not the values of ``parametrize``."""
     callspec = getattr(item, "callspec", None)
@@ -154,7 +164,7 @@ class GpuflamePlugin:
     def __init__(self, config: pytest.Config) -> None:
         option = config.option
         self.config = config
-        self.dir = Path(option.gpuflame_dir) if option.gpuflame_dir else None
+        self.dir = _profiles_folder(option.gpuflame_dir) if option.gpuflame_dir else None
         self._fallback: Path | None = None  # where a failing check's profile goes without pytest's cache
         self.fail_on_increase = option.gpuflame_fail_on_increase
         self.everything = bool(option.gpuflame or self.dir or self.fail_on_increase)
@@ -294,11 +304,23 @@ class GpuflamePlugin:
             before, tolerance = self._grown_from(item.nodeid, peak), self.tolerance
             if before is not None and tolerance is not None:
                 failed["grew"] = lambda saved: budget.grew(profile, before, peak, tolerance, saved)
-        saved = self._save(item.nodeid, body, fixtures, keep=bool(failed))
+        saved = self._save(item, body, fixtures, keep=bool(failed))
         return {name: make(saved) for name, make in failed.items()}
 
-    def _save(self, nodeid: str, body: Any, fixtures: Any, keep: bool) -> str:
-        """Where the body's profile was written: --gpuflame-dir, else pytest's cache for a check that fails."""
+    def _save(self, item: pytest.Item, body: Any, fixtures: Any, keep: bool) -> str:
+        """Where the body's profile was written: --gpuflame-dir, else pytest's cache for a check that fails.
+
+        A profile that cannot be written (a full disk, a folder made read-only) is a warning, not the run's end.
+        """
+        from gpuflame.errors import GpuflameError
+
+        try:
+            return self._write(item.nodeid, body, fixtures, keep)
+        except (GpuflameError, OSError) as exc:
+            item.warn(pytest.PytestWarning(f"gpuflame: the profile of this test is not saved: {exc}"))
+            return ""
+
+    def _write(self, nodeid: str, body: Any, fixtures: Any, keep: bool) -> str:
         from gpuflame.formats import save
 
         folder = self.dir

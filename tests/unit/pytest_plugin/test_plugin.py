@@ -629,3 +629,32 @@ def test_named(name, weights):
     assert [load(path).totals()["peak_space"] for path in folder.glob("*.fixtures.pb.gz")] == [5 * MiB] * 4
     assert (folder / "test_ids.py_test_named_plain.pb.gz").exists()  # a plain id keeps its plain name
     assert max(len(path.name) for path in folder.iterdir()) <= 255
+
+
+def test_a_profile_that_cannot_be_written_is_a_warning_and_a_folder_that_cannot_be_made_one_line(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(
+        test_over="""
+import pytest, torch
+
+@pytest.mark.limit_gpu_memory("1 MiB")
+def test_over():
+    x = torch.empty(4 << 20, dtype=torch.uint8)
+
+def test_passes():
+    x = torch.empty(1024)
+"""
+    )
+    (pytester.path / "profiles" / "test_over.py_test_over.pb.gz").mkdir(parents=True)  # in the file's place
+    result = pytester.runpytest("--gpuflame-dir", "profiles")
+    result.assert_outcomes(failed=1, passed=1)  # the run goes on; the test's own outcome is kept
+    out = result.stdout.str()
+    assert "INTERNALERROR" not in out and "profile: not saved" in out
+    assert "gpuflame: the profile of this test is not saved: profiles/test_over.py_test_over.pb.gz: cannot" in out
+    assert load(pytester.path / "profiles" / "test_over.py_test_passes.pb.gz").totals()["peak_space"] == 4096
+    (pytester.path / "a-file").write_text("")
+    result = pytester.runpytest("--gpuflame-dir", "a-file/profiles")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "--gpuflame-dir: cannot make a-file/profiles (Not a directory)" in result.stderr.str()
+    assert "Traceback" not in result.stderr.str() + result.stdout.str()
