@@ -39,6 +39,8 @@ ALLOCATIONS_ONLY = (
     "a moment counts the live allocations only: the allocator's reserve beyond them (<cached free blocks>, "
     "<allocator rounding>) is known at the peak and the end, which count it"
 )
+# the longest time --at and --between take, in seconds (about 31,700 years; its nanoseconds fit a float)
+LONGEST_S = 1e12
 TIME_FORMS = (
     "1.5 or 250ms (on the strip, 0 = its first allocation), +2s (from the recording's start), "
     "14:03:07.5 (wall clock), or peak"
@@ -69,6 +71,8 @@ def _seconds(word: str, text: str) -> float:
         raise ValueError(f"expected a time: {TIME_FORMS}; got {text!r}") from None
     if not seconds >= 0 or seconds == float("inf"):
         raise ValueError(f"expected a time of 0 or more: {TIME_FORMS}; got {text!r}")
+    if seconds > LONGEST_S:  # 1e308 s is finite, but not in nanoseconds
+        raise ValueError(f"{text!r} is longer than any recording (at most {LONGEST_S:g} s)")
     return seconds
 
 

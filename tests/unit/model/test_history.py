@@ -163,6 +163,11 @@ def test_parse_when() -> None:
     for bad in ("-1", "x", "nan", "inf", "+x", "25:00", "12:61", "1:2:3:4"):
         with pytest.raises(ValueError):
             parse_when(bad)
+    # finite seconds whose nanoseconds are not: round(inf) was OverflowError, 'internal error' (exit 3)
+    for bad in ("1e308", "+1e308s", "+1e300ms", "1e13"):
+        with pytest.raises(ValueError, match="is longer than any recording"):
+            parse_when(bad)
+    assert parse_when("1e12") == 1e12
 
 
 def test_a_moment_from_the_recordings_start_or_on_the_wall_clock() -> None:
