@@ -292,7 +292,11 @@ class GpuflamePlugin:
 
         failed: dict[str, Any] = {}  # check -> message, given where the profile was saved
         try:
-            limits = {m: budget.limit_of(marker.args, m) for m in MARKERS if (marker := item.get_closest_marker(m))}
+            limits = {
+                m: budget.limit_of(marker.args, m, marker.kwargs)
+                for m in MARKERS
+                if (marker := item.get_closest_marker(m))
+            }
         except ValueError as exc:
             return {"marker": f"gpuflame: {exc}"}
         if body.profile is not None:

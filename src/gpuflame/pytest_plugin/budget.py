@@ -9,6 +9,7 @@ opening the profile.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from gpuflame.analysis.summary import Stack, top_stacks
@@ -48,13 +49,17 @@ class Tolerance:
         return f"{self.share * 100:g}%" if self.bytes == 0 else format_bytes(self.bytes)
 
 
-def limit_of(marker_args: tuple, name: str) -> int:
-    """The byte limit given to a ``limit_gpu_*`` marker: ``"2 GiB"`` or a number of bytes."""
-    if len(marker_args) != 1:
-        raise ValueError(f'@pytest.mark.{name} takes one limit, such as "2 GiB"')
-    value = marker_args[0]
+def limit_of(marker_args: tuple, name: str, marker_kwargs: Mapping[str, object] | None = None) -> int:
+    """The byte limit given to a ``limit_gpu_*`` marker: ``"2 GiB"`` or a number of bytes, or ``limit="2 GiB"``.
+
+    The keyword is the name the marker's help gives (``limit_gpu_memory(limit)``).
+    """
+    kwargs = dict(marker_kwargs or {})
+    if len(marker_args) + len(kwargs) != 1 or set(kwargs) - {"limit"}:
+        raise ValueError(f'@pytest.mark.{name} takes one limit, such as "2 GiB" or limit="2 GiB"')
+    value = marker_args[0] if marker_args else kwargs["limit"]
     try:
-        return int(value) if isinstance(value, int) else parse_size(str(value))
+        return parse_size(str(value))  # an int too: a negative one is refused as "-5" is
     except ValueError as exc:
         raise ValueError(f"@pytest.mark.{name}: {exc}") from None
 

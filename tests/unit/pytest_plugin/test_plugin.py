@@ -658,3 +658,29 @@ def test_passes():
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert "--gpuflame-dir: cannot make a-file/profiles (Not a directory)" in result.stderr.str()
     assert "Traceback" not in result.stderr.str() + result.stdout.str()
+
+
+def test_a_limit_given_by_its_keyword_counts_and_a_negative_one_is_refused(pytester: pytest.Pytester) -> None:
+    """The marker's help reads ``limit_gpu_memory(limit)``: ``limit="1 MiB"`` is that limit, not a usage error."""
+    pytester.makepyfile(
+        test_kw="""
+import pytest, torch
+
+@pytest.mark.limit_gpu_memory(limit="1 MiB")
+def test_over_by_keyword():
+    x = torch.empty(4 << 20, dtype=torch.uint8)
+
+@pytest.mark.limit_gpu_leaks(limit="8 MiB")
+def test_within_by_keyword():
+    x = torch.empty(4 << 20, dtype=torch.uint8)
+
+@pytest.mark.limit_gpu_memory(-5)
+def test_negative():
+    pass
+"""
+    )
+    result = pytester.runpytest()
+    result.assert_outcomes(failed=2, passed=1)
+    out = result.stdout.str()
+    assert "gpuflame: peak 4.00 MiB is over the limit of 1.00 MiB (limit_gpu_memory, 3,145,728 bytes over)" in out
+    assert "gpuflame: @pytest.mark.limit_gpu_memory: not a size: '-5'" in out
