@@ -28,8 +28,9 @@ registration hook saw it is classed by its stack alone (the gradient of a
 parameter made before the recording started, in a loop without a
 ``torch.optim`` optimizer, freed before the profile is taken, is an
 ``activation``: it was made in backward); a storage shared by two roles
-takes the first of parameter, gradient, optimizer state, KV cache (a DDP
-bucket whose views are the gradients is ``gradient``, once); tensors
+takes the first of parameter, gradient, optimizer state, KV cache, a
+module's buffer (a DDP bucket whose views are the gradients is ``gradient``,
+once; a compiled optimizer step's graph module keeps the state as buffers); tensors
 held only by C++ (autograd's saved tensors) are activations by their stack.
 
 This module runs inside the profiled process: standard library only, torch
@@ -164,15 +165,16 @@ def graph_roles(key: StorageKey) -> dict[int, str]:
         found[wanted[type(obj)]].append(obj)
     modules, optimizers, caches = found
     roles: dict[int, str] = {}
-    # lowest precedence first: a later role overwrites an earlier one
+    # lowest precedence first: a later role overwrites an earlier one. A buffer is the weakest: a
+    # compiled optimizer step's graph module keeps the optimizer's state as its buffers
+    _assign_parameters(roles, key, [b for m in modules for b in _values(m, "_buffers")])
     _assign(roles, key, KV_CACHE, (t for c in caches for t in _tensors_in(vars(c), 4)))
     for opt in optimizers:
         _assign(roles, key, OPTIMIZER_STATE, _state_tensors(opt))
     # a module still in its __init__ (a profile taken from another thread) may lack the dicts yet
     params = [p for m in modules for p in _values(m, "_parameters")]
     _assign(roles, key, GRADIENT, (p.grad for p in params))
-    buffers = (b for m in modules for b in _values(m, "_buffers"))
-    _assign_parameters(roles, key, [*params, *buffers])
+    _assign_parameters(roles, key, params)
     return roles
 
 
