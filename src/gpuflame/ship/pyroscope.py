@@ -51,6 +51,7 @@ PROFILE_NAME = "gpu_memory"
 PERIOD_TYPE = SampleType("space", "bytes")
 # a token or password file (a Kubernetes secret is a few hundred bytes) and a CA bundle (the system's ~200 KB)
 MAX_SECRET_BYTES = 64 << 10
+MAX_TIMEOUT_S = 86_400  # a push's timeout: a day
 MAX_CA_BYTES = 16 << 20
 MAX_LABEL_VALUES = 16  # above this a sample label is not made a series label
 # sample label -> series label; gpu is the device (cuda:0), gpu_model its name (NVIDIA H200)
@@ -263,15 +264,21 @@ class PyroscopeClient:
         ca_file: str | None = None,
         timeout: float = PUSH_TIMEOUT_S,
     ) -> None:
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise GpuflameError(f"not a Pyroscope URL: {redact_url(url)!r} (example: http://pyroscope:4040)")
+        try:
+            parts = urlsplit(url)
+            port = parts.port  # 'http://h:99999' and 'http://[::1' are ValueError
+        except ValueError:
+            parts, port = None, None
+        if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+            raise GpuflameError(f"not a Pyroscope URL: {_shown_url(url)!r} (example: http://pyroscope:4040)")
+        if not 0 < timeout <= MAX_TIMEOUT_S:  # NaN too; 1e999 s overflowed the socket's time_t
+            raise GpuflameError(f"the push timeout is more than 0 and at most {MAX_TIMEOUT_S:,} s, got {timeout:g}")
         self.credentials = credentials or Credentials()
         if parts.username and not self.credentials.user:
             self.credentials = Credentials(parts.username, parts.password or "", self.credentials.token)
         self.https = parts.scheme == "https"
         self.host = parts.hostname
-        self.port = parts.port or (443 if self.https else 80)
+        self.port = port or (443 if self.https else 80)
         self.path = parts.path.rstrip("/") + PUSH_PATH
         self.url = redact_url(url)
         self.tenant = tenant
@@ -411,6 +418,14 @@ def _ssl_context(ca_file: str | None) -> ssl.SSLContext:
         raise GpuflameError(f"cannot use the CA file {ca_file}: not PEM text") from None
     except (OSError, ssl.SSLError, ValueError) as exc:
         raise GpuflameError(f"cannot use the CA file {ca_file}: {getattr(exc, 'strerror', None) or exc}") from None
+
+
+def _shown_url(url: str) -> str:
+    """The URL for a message without its user:password, also where urlsplit cannot read it (then: what follows '@')."""
+    try:
+        return redact_url(url)
+    except ValueError:
+        return url.rsplit("@", 1)[-1]
 
 
 def redact_url(url: str) -> str:

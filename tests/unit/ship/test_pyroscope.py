@@ -279,6 +279,23 @@ def test_an_empty_ca_file_is_refused_and_a_pem_bundle_is_used(tmp_path: Path) ->
     assert client._ssl is not None and client._ssl.cert_store_stats()["x509_ca"] > 0
 
 
+@pytest.mark.parametrize(
+    "url, timeout, words",
+    [
+        ("http://[::1", 30.0, "not a Pyroscope URL: 'http://\\[::1'"),  # urlsplit: ValueError, was exit 3
+        ("http://me:secret@[::1", 30.0, "not a Pyroscope URL: '\\[::1'"),  # the password is not said
+        ("http://pyroscope:99999", 30.0, "not a Pyroscope URL"),  # .port: ValueError
+        ("http://pyroscope:4040", float("nan"), "more than 0 and at most 86,400 s, got nan"),
+        ("http://pyroscope:4040", -1.0, "got -1"),
+        ("http://pyroscope:4040", float("inf"), "got inf"),  # --timeout 1e999: OverflowError in the socket
+    ],
+)
+def test_a_bad_url_or_timeout_is_one_error(url: str, timeout: float, words: str) -> None:
+    with pytest.raises(GpuflameError, match=words) as caught:
+        PyroscopeClient(url, timeout=timeout)
+    assert "secret" not in str(caught.value)
+
+
 def test_service_name_order_and_workload_names() -> None:
     assert workload_name("trainer-7d9f8b6c4-x2k9q") == "trainer"
     assert workload_name("node-agent-x2k9q") == "node-agent"
