@@ -24,6 +24,7 @@ import hashlib
 import re
 import shutil
 import tempfile
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -94,20 +95,28 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(GpuflamePlugin(config), "gpuflame-plugin")
 
 
-def baseline_note(has_cache: bool, without_baseline: list[str]) -> str | None:
+def baseline_note(has_cache: bool, without_baseline: list[str], not_kept: Collection[str] = ()) -> str | None:
     """What ``--gpuflame-fail-on-increase`` could not compare: a check with no baseline must not read as passed."""
     if not has_cache:
         return (
             "gpuflame: --gpuflame-fail-on-increase compared nothing: pytest's cache is off "
             "(-p no:cacheprovider), so no earlier peak was read and none is kept"
         )
-    if without_baseline:
-        count = len(without_baseline)
-        return (
-            f"gpuflame: --gpuflame-fail-on-increase: {count} test{'s' if count != 1 else ''} had no peak "
-            "from an earlier run to compare with; this run's peaks are kept for the next"
+    if not without_baseline:
+        return None
+    count = len(without_baseline)
+    note = (
+        f"gpuflame: --gpuflame-fail-on-increase: {count} test{'s' if count != 1 else ''} had no peak "
+        "from an earlier run to compare with; this run's peaks are kept for the next"
+    )
+    unkept = [nodeid for nodeid in without_baseline if nodeid in not_kept]
+    if unkept:  # a failing test's peak is not stored: it would not be checked next time either
+        note += (
+            f", but not those of the {len(unkept)} that failed (a peak is kept once its test passes): "
+            + ", ".join(unkept[:3])
+            + (" ..." if len(unkept) > 3 else "")
         )
-    return None
+    return note
 
 
 def _tolerance(text: str) -> Any:
@@ -156,6 +165,12 @@ def profile_name(nodeid: str) -> str:
         return name
     digest = hashlib.sha256(nodeid.encode("utf-8", "surrogateescape")).hexdigest()[:12]
     return f"{name[: NAME_CHARS - len(digest) - 1]}-{digest}"
+
+
+def _kept(result: dict[str, Any]) -> bool:
+    """Whether a test's peak is stored for the next run: a test that failed (over budget, grown, broken)
+    keeps its previous one, so that a regression fails again until it is fixed or the cache is cleared."""
+    return bool(result["passed"]) and not result["error"]
 
 
 class GpuflamePlugin:
@@ -367,7 +382,8 @@ class GpuflamePlugin:
         for line in lines:
             terminalreporter.write_line(line)
         if self.fail_on_increase:
-            note = baseline_note(self.has_cache, [nodeid for nodeid in self.results if nodeid not in self.baseline])
+            without = [nodeid for nodeid in self.results if nodeid not in self.baseline]
+            note = baseline_note(self.has_cache, without, {n for n, r in self.results.items() if not _kept(r)})
             if note:
                 terminalreporter.write_line(note, yellow=True)
 
@@ -381,10 +397,6 @@ class GpuflamePlugin:
         cache = getattr(self.config, "cache", None)
         if self.worker or not self.everything or cache is None:
             return
-        # a test that failed (over budget, grown, broken) keeps its previous peak:
-        # a regression fails again next run until it is fixed or the cache is cleared
         peaks = dict(cache.get(CACHE_KEY, {}))
-        peaks.update(
-            {nodeid: r["body"]["peak"] for nodeid, r in self.results.items() if r["passed"] and not r["error"]}
-        )
+        peaks.update({nodeid: r["body"]["peak"] for nodeid, r in self.results.items() if _kept(r)})
         cache.set(CACHE_KEY, peaks)

@@ -195,6 +195,23 @@ def test_fail_on_increase_on_a_first_run_names_the_tests_without_a_baseline(pyte
     assert "had no peak from an earlier run" not in again.stdout.str()
 
 
+def test_fail_on_increase_names_the_tests_whose_peak_is_not_kept_because_they_failed(
+    pytester: pytest.Pytester,
+) -> None:
+    """'this run's peaks are kept for the next' must not be said of a failing test: its peak is never stored."""
+    pytester.makepyfile(
+        test_fails=GROWING.format(size="4 << 20") + "\n\ndef test_fails():\n    torch.ones(1024)\n    assert 0\n"
+    )
+    for _ in range(2):  # the failing test has no baseline in the second run either
+        result = pytester.runpytest("--gpuflame-fail-on-increase")
+        result.assert_outcomes(passed=2, failed=1)
+        assert (
+            "but not those of the 1 that failed (a peak is kept once its test passes): test_fails.py::test_fails"
+            in (result.stdout.str())
+        )
+    assert "test_fails.py::test_fails" not in json.loads((pytester.path / ".pytest_cache/v/gpuflame/peaks").read_text())
+
+
 BROKEN = """
 import torch
 from gpuflame.capture.exit_hooks import HOOKS
