@@ -7,6 +7,7 @@ from the wheel would make ``gpuflame run`` profile nothing for every user.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import zipfile
@@ -85,3 +86,12 @@ def test_make_lint_runs_ruff_the_format_check_and_mypy_and_ci_runs_it() -> None:
     assert "make lint" in root.joinpath(".ci", "run").read_text()
     pyproject = root.joinpath("pyproject.toml").read_text()
     assert "[tool.mypy]" in pyproject and '"mypy==' in pyproject and '"ruff==' in pyproject
+
+
+def test_the_readme_names_every_runtime_dependency() -> None:
+    """README's Install said gpuflame 'needs only rich and numpy of its own'; pip installs protobuf too (a trial)."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    names = {re.split(r"[<>=!~ \[;]", d, maxsplit=1)[0].lower() for d in deps}
+    sentence = next(line for line in (ROOT / "README.md").read_text().splitlines() if "needs only" in line)
+    assert names and {n for n in names if f"`{n}`" not in sentence} == set(), sentence
