@@ -7,6 +7,8 @@ from typing import Any
 
 from gpuflame.units import format_bytes
 
+HELD_SHOWN = 3  # tests named under the table for what they still held
+
 HEADER = ("peak", "in use at end", "fixtures peak", "top function at the peak", "test")
 
 
@@ -21,6 +23,9 @@ def summary_lines(results: dict[str, dict[str, Any]], top: int, folder: Path | N
     for row in rows:
         cells = [row[0].rjust(widths[0]), row[1].rjust(widths[1]), row[2].rjust(widths[2]), row[3].ljust(widths[3])]
         lines.append("  ".join(cells + [row[4]]).rstrip())
+    held = _held_elsewhere(ranked[top:])
+    if held:
+        lines.append(held)
     lost = [nodeid for nodeid, r in results.items() if r["error"]]
     if lost:
         lines.append(
@@ -32,6 +37,20 @@ def summary_lines(results: dict[str, dict[str, Any]], top: int, folder: Path | N
     if folder is not None:
         lines.append(f"profiles: {folder}/  (gpuflame view {folder}/TEST.pb.gz)")
     return title, lines
+
+
+def _held_elsewhere(unshown: list[tuple[str, dict[str, Any]]]) -> str | None:
+    """The tests below the table that still held memory when they returned: a leak with a small peak
+    ranks low, and the table alone would never show it."""
+    held = sorted(
+        ((nodeid, r["body"]["inuse"]) for nodeid, r in unshown if r["body"]["inuse"] > 0),
+        key=lambda item: (-item[1], item[0]),
+    )
+    if not held:
+        return None
+    named = ", ".join(f"{nodeid} ({format_bytes(inuse)})" for nodeid, inuse in held[:HELD_SHOWN])
+    more = f" and {len(held) - HELD_SHOWN} more" if len(held) > HELD_SHOWN else ""
+    return f"still held when the test returned, by tests not in the table: {named}{more}"
 
 
 def _row(nodeid: str, result: dict[str, Any]) -> tuple[str, str, str, str, str]:

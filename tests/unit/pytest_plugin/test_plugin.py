@@ -701,3 +701,35 @@ def test_negative():
     out = result.stdout.str()
     assert "gpuflame: peak 4.00 MiB is over the limit of 1.00 MiB (limit_gpu_memory, 3,145,728 bytes over)" in out
     assert "gpuflame: @pytest.mark.limit_gpu_memory: not a size: '-5'" in out
+
+
+def test_a_test_that_still_holds_memory_is_named_when_its_peak_is_too_small_for_the_table(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(
+        test_held="""
+import torch
+
+CACHE = []
+
+def test_big_and_freed():
+    x = torch.empty(8 << 20, dtype=torch.uint8)
+
+def test_leaks_into_a_cache():
+    CACHE.append(torch.empty(1 << 20, dtype=torch.uint8))
+
+def test_leaks_less():
+    CACHE.append(torch.empty(1 << 10, dtype=torch.uint8))
+
+def test_frees_everything():
+    x = torch.empty(2 << 20, dtype=torch.uint8)
+"""
+    )
+    result = pytester.runpytest("--gpuflame", "--gpuflame-top", "1")
+    result.assert_outcomes(passed=4)
+    out = result.stdout.str()
+    assert list(table_rows(out)) == ["test_held.py::test_big_and_freed"]
+    assert (
+        "still held when the test returned, by tests not in the table: "
+        "test_held.py::test_leaks_into_a_cache (1.00 MiB), test_held.py::test_leaks_less (1.00 KiB)\n"
+    ) in out
