@@ -42,6 +42,8 @@ DEFAULT_TOLERANCE = "5%"
 NAME_CHARS = 200  # a profile's file name before .fixtures.pb.gz: 255 bytes is the usual bound, the temporary adds 15
 BODY = pytest.StashKey[Any]()
 FIXTURES = pytest.StashKey[Any]()
+SHARED = pytest.StashKey[list[str]]()  # fixtures of a wider scope set up in a test's set-up: "block (module)"
+PYTEST_FIXTURES = ("_pytest.", "xdist.")  # the fixtures pytest and xdist define (tmp_path_factory, worker_id)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -198,6 +200,7 @@ class GpuflamePlugin:
         self.walk = bool(option.gpuflame_categories)  # the object graph walked, for a profile that is kept
         self._frozen = False  # the objects there were at the first walk, frozen (categories.freeze_for_walks)
         self._leaders: list[tuple[int, str]] = []  # (-peak, test id) of this process's highest peaks so far
+        self._setting_up: pytest.Item | None = None  # the test whose fixtures' set-up is being recorded
 
     # -- recording ----------------------------------------------------------------
 
@@ -256,9 +259,21 @@ class GpuflamePlugin:
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> Any:
         if self.wanted(item) and _fixtures(item):
-            yield from self._recording(item, FIXTURES)
+            self._setting_up = item
+            try:
+                yield from self._recording(item, FIXTURES)
+            finally:
+                self._setting_up = None
         else:
             yield
+
+    def pytest_fixture_setup(self, fixturedef: pytest.FixtureDef[Any]) -> None:
+        """A fixture of module, class, package or session scope set up now: counted in this test's set-up
+        alone, once for every test that shares it; the table says so. Called only when it is set up, not reused."""
+        item = self._setting_up
+        module = getattr(fixturedef.func, "__module__", "") or ""
+        if item is not None and fixturedef.scope != "function" and not module.startswith(PYTEST_FIXTURES):
+            item.stash.setdefault(SHARED, []).append(f"{fixturedef.argname} ({fixturedef.scope})")
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_call(self, item: pytest.Item) -> Any:
@@ -285,9 +300,11 @@ class GpuflamePlugin:
         report = outcome.get_result()
         body, error = item.stash[BODY]
         fixtures, _ = item.stash.get(FIXTURES, (None, ""))
+        shared = item.stash.get(SHARED, []) if fixtures and fixtures.peak else []
         del item.stash[BODY]  # the profiles are written now or never: an item lives as long as the run
-        if FIXTURES in item.stash:
-            del item.stash[FIXTURES]
+        for key in (FIXTURES, SHARED):
+            if key in item.stash:
+                del item.stash[key]
         if error:
             item.warn(pytest.PytestWarning(f"gpuflame: nothing recorded for this test: {error}"))
         failures = self._check(item, body, fixtures)
@@ -296,6 +313,7 @@ class GpuflamePlugin:
             "fixtures": fixtures.to_dict() if fixtures else None,
             "error": error,
             "grew": bool(failures.get("grew")),
+            "shared": shared,
         }
         if failures and report.passed:
             report.outcome = "failed"

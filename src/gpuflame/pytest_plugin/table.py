@@ -23,6 +23,13 @@ def summary_lines(results: dict[str, dict[str, Any]], top: int, folder: Path | N
     for row in rows:
         cells = [row[0].rjust(widths[0]), row[1].rjust(widths[1]), row[2].rjust(widths[2]), row[3].ljust(widths[3])]
         lines.append("  ".join(cells + [row[4]]).rstrip())
+    shared = sorted({name for _, r in shown for name in r.get("shared", ())})
+    if shared:
+        lines.append(
+            "* includes fixtures set up once for all the tests that use them, counted at the first: "
+            + ", ".join(shared[:HELD_SHOWN])
+            + (" ..." if len(shared) > HELD_SHOWN else "")
+        )
     held = _held_elsewhere(ranked[top:])
     if held:
         lines.append(held)
@@ -58,7 +65,7 @@ def _row(nodeid: str, result: dict[str, Any]) -> tuple[str, str, str, str, str]:
     return (
         format_bytes(body["peak"]),
         format_bytes(body["inuse"]),
-        format_bytes(fixtures["peak"]) if fixtures else "-",
+        (format_bytes(fixtures["peak"]) + ("*" if result.get("shared") else "")) if fixtures else "-",
         body["top"] or "-",
         nodeid,
     )

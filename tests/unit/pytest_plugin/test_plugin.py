@@ -733,3 +733,37 @@ def test_frees_everything():
         "still held when the test returned, by tests not in the table: "
         "test_held.py::test_leaks_into_a_cache (1.00 MiB), test_held.py::test_leaks_less (1.00 KiB)\n"
     ) in out
+
+
+def test_a_module_fixture_is_counted_at_the_first_test_that_uses_it_and_the_table_says_so(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(
+        test_shared="""
+import pytest, torch
+
+@pytest.fixture(scope="module")
+def model():
+    return torch.empty(2 << 20, dtype=torch.uint8)
+
+@pytest.fixture
+def batch():
+    return torch.empty(1 << 20, dtype=torch.uint8)
+
+def test_first(model, tmp_path):
+    x = torch.empty(3 << 20, dtype=torch.uint8)
+
+def test_second(model, batch, tmp_path):
+    x = torch.empty(4 << 20, dtype=torch.uint8)
+"""
+    )
+    result = pytester.runpytest("--gpuflame")
+    result.assert_outcomes(passed=2)
+    out = result.stdout.str()
+    rows = table_rows(out)
+    assert rows["test_shared.py::test_first"][2] == "2.00 MiB*"
+    assert rows["test_shared.py::test_second"][2] == "1.00 MiB"  # its own batch; the model was set up before
+    # pytest's own session fixture (tmp_path_factory, set up with the first tmp_path) is not named
+    assert (
+        "* includes fixtures set up once for all the tests that use them, counted at the first: model (module)\n" in out
+    )
