@@ -20,6 +20,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from gpuflame.errors import GpuflameError
+from gpuflame.files import open_regular
 from gpuflame.webhook.admission import BadRequest, Config, review
 
 MAX_BODY = 4 * 1024 * 1024  # an AdmissionReview of a large pod is well under this
@@ -42,10 +43,12 @@ class Certificates:
     def _load(self) -> ssl.SSLContext:
         try:
             stamp = self._mtimes()
+            for path in (self.cert, self.key):  # a FIFO would block ssl's read for ever, and every request with it
+                open_regular(path, "PEM file").close()
             context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
             context.minimum_version = ssl.TLSVersion.TLSv1_2
             context.load_cert_chain(self.cert, self.key)
-        except (OSError, ssl.SSLError) as exc:
+        except (OSError, ssl.SSLError, GpuflameError) as exc:
             raise GpuflameError(f"cannot load the TLS certificate {self.cert} / key {self.key}: {exc}") from None
         self._stamp = stamp
         return context

@@ -532,6 +532,45 @@ def test_cli_reports_a_missing_certificate(tmp_path: Path, capsys: pytest.Captur
     assert "no.crt" in err and err.count("\n") == 1
 
 
+def _within_a_minute(call):  # type: ignore[no-untyped-def]
+    """*call*'s result from a daemon thread: a read that blocks on a FIFO fails the test instead of hanging it."""
+    out: list[Any] = []
+    thread = threading.Thread(target=lambda: out.append(call()), daemon=True)
+    thread.start()
+    thread.join(60)  # a guard for the test run: the fixed loader never opens the FIFO for a blocking read
+    assert not thread.is_alive(), "still reading the FIFO"
+    return out[0]
+
+
+def test_a_certificate_that_is_a_fifo_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import os
+
+    fifo = tmp_path / "tls.crt"
+    os.mkfifo(fifo)  # no writer: ssl's read of it blocked for ever
+    argv = ["webhook", "--tls-cert", str(fifo), "--tls-key", str(fifo), "--port", "0"]
+    assert _within_a_minute(lambda: main(argv)) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is a device, a pipe or a socket" in err, err
+
+
+def test_a_rotation_to_a_fifo_keeps_the_previous_certificate(
+    tls: tuple[Path, Path], tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    import os
+
+    from gpuflame.webhook.server import Certificates
+
+    cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
+    shutil.copy(tls[0], cert)
+    shutil.copy(tls[1], key)
+    certificates = Certificates(str(cert), str(key))
+    before = certificates.context()
+    cert.unlink()
+    os.mkfifo(cert)  # every request asks for the context: one stuck load would hold them all
+    assert _within_a_minute(certificates.context) is before
+    assert "keeping the previous certificate" in capfd.readouterr().err
+
+
 def test_the_cli_knows_its_own_namespace_from_the_downward_api(monkeypatch: pytest.MonkeyPatch) -> None:
     from gpuflame.cli.main import build_parser
 
