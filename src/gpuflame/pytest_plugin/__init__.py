@@ -23,6 +23,7 @@ import bisect
 import hashlib
 import re
 import shutil
+import sys
 import tempfile
 from collections.abc import Collection
 from pathlib import Path
@@ -87,7 +88,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "without it they come from the allocating stacks and each optimizer.step()",
     )
     group.addoption(
-        "--gpuflame-top", type=int, default=10, metavar="N", help="tests listed in the summary table (default 10)"
+        "--gpuflame-top",
+        type=int,
+        default=10,
+        metavar="N",
+        help="tests listed in the summary table (default 10; 0 lists every test, as --durations=0)",
     )
 
 
@@ -128,6 +133,13 @@ def _tolerance(text: str) -> Any:
         return Tolerance.parse(text)
     except ValueError as exc:
         raise pytest.UsageError(f"--gpuflame-tolerance: {exc}") from None
+
+
+def _top(count: int) -> int:
+    """The table's rows: 0 is every test, as pytest's ``--durations=0``; a negative count is refused."""
+    if count < 0:
+        raise pytest.UsageError(f"--gpuflame-top must be 0 (every test) or more, not {count}")
+    return count or sys.maxsize
 
 
 def _check_backend(name: str) -> None:
@@ -185,7 +197,7 @@ class GpuflamePlugin:
         self._fallback: Path | None = None  # where a failing check's profile goes without pytest's cache
         self.fail_on_increase = option.gpuflame_fail_on_increase
         self.everything = bool(option.gpuflame or self.dir or self.fail_on_increase)
-        self.top = max(1, option.gpuflame_top)
+        self.top = _top(option.gpuflame_top)
         self.backend = option.gpuflame_backend
         given = option.gpuflame_tolerance != DEFAULT_TOLERANCE
         self.tolerance = _tolerance(option.gpuflame_tolerance) if given or self.fail_on_increase else None

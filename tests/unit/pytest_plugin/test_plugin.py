@@ -321,6 +321,7 @@ def test_xdist_workers_results_are_merged(pytester: pytest.Pytester) -> None:
         (["--gpuflame-tolerance", "lots"], "--gpuflame-tolerance: not a tolerance: 'lots' (examples: 5%, 0%, 1MiB)"),
         (["--gpuflame-tolerance=-5%"], "--gpuflame-tolerance: not a tolerance: '-5%' (examples: 5%, 0%, 1MiB)"),
         (["--gpuflame-backend", "cobol"], "--gpuflame-backend must be one of auto, torch-cuda, torch, jax"),
+        (["--gpuflame-top", "-1"], "--gpuflame-top must be 0 (every test) or more, not -1"),
     ],
 )
 def test_bad_options_are_one_line(pytester: pytest.Pytester, option: list[str], said: str) -> None:
@@ -767,3 +768,16 @@ def test_second(model, batch, tmp_path):
     assert (
         "* includes fixtures set up once for all the tests that use them, counted at the first: model (module)\n" in out
     )
+
+
+def test_top_zero_lists_every_test_as_durations_zero_does(pytester: pytest.Pytester) -> None:
+    """``--durations=0`` is every test in pytest: ``--gpuflame-top 0`` listed one."""
+    pytester.makepyfile(test_growth=GROWING.format(size="4 << 20"))
+    result = pytester.runpytest("--gpuflame", "--gpuflame-top", "0")
+    result.assert_outcomes(passed=2)
+    out = result.stdout.str()
+    assert "gpuflame: 2 of 2 profiled tests, highest peak first" in out
+    assert table_rows(out) == {
+        "test_growth.py::test_grows": ["4.00 MiB", "0 B", "-", "allocate"],
+        "test_growth.py::test_steady": ["1.00 MiB", "0 B", "-", "test_steady"],
+    }
