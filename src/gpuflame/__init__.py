@@ -5,6 +5,10 @@
 
 In a notebook: ``%load_ext gpuflame``, then ``%%gpuflame`` on a cell.
 Phases: ``with gpuflame.phase("train"): ...`` (or ``gpuflame.phase("serve")``).
+
+PYTEST_DONT_REWRITE: pytest's plugin loader marks this package for assertion
+rewriting; under ``gpuflame run -- pytest`` it is imported first, and pytest
+warned "Module already imported so cannot be rewritten; gpuflame" at every run.
 """
 
 import importlib

@@ -781,3 +781,16 @@ def test_top_zero_lists_every_test_as_durations_zero_does(pytester: pytest.Pytes
         "test_growth.py::test_grows": ["4.00 MiB", "0 B", "-", "allocate"],
         "test_growth.py::test_steady": ["1.00 MiB", "0 B", "-", "test_steady"],
     }
+
+
+@pytest.mark.subprocess
+def test_pytest_run_after_gpuflame_is_imported_gives_no_rewrite_warning(pytester: pytest.Pytester) -> None:
+    """``gpuflame run -- pytest`` imports gpuflame before pytest loads the plugin's entry point."""
+    import subprocess
+    import sys
+
+    pytester.makepyfile(test_plain="def test_nothing():\n    assert 1\n")
+    code = "import gpuflame, pytest, sys; sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider']))"
+    done = subprocess.run([sys.executable, "-c", code], cwd=pytester.path, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "1 passed" in done.stdout and "cannot be rewritten" not in done.stdout + done.stderr
