@@ -83,14 +83,31 @@ def stacks_at(profile: Profile, type_name: str, limit: int = STACKS_SHOWN) -> li
     return top_stacks(build_tree(profile, profile.type_index(type_name), lines=True), limit)
 
 
+def apart(first: int, second: int) -> tuple[str, str]:
+    """Two sizes as the message shows them, with their bytes where they read the same.
+
+    A peak of 4,000,000 B reads 3.81 MiB: a limit copied from it ("3.81 MiB",
+    3,995,075 B) is still below it, and "peak 3.81 MiB is over the limit of 3.81 MiB" explains nothing.
+    """
+    one, two = format_bytes(first), format_bytes(second)
+    if one != two:
+        return one, two
+    return f"{one} ({first:,} bytes)", f"{two} ({second:,} bytes)"
+
+
 def over_limit(profile: Profile, peak: int, limit: int, saved: str) -> str:
+    shown_peak, shown_limit = apart(peak, limit)
     lines = [
-        f"gpuflame: peak {format_bytes(peak)} is over the limit of {format_bytes(limit)} "
+        f"gpuflame: peak {shown_peak} is over the limit of {shown_limit} "
         f"(limit_gpu_memory, {peak - limit:,} bytes over); fixtures not counted",
         "top stacks at the peak (test first, allocating function last):",
     ]
     lines += [stack_line(s) for s in stacks_at(profile, "peak_space")]
-    return "\n".join(lines + [_saved(saved)])
+    lines += [
+        _saved(saved),
+        f"to pass: allocate less at the stacks above, or raise the limit to limit_gpu_memory({peak}) or more",
+    ]
+    return "\n".join(lines)
 
 
 def leaks(profile: Profile, limit: int) -> list[Stack]:
@@ -108,13 +125,20 @@ def leaking(stacks: list[Stack], limit: int, saved: str) -> str:
     lines += [stack_line(s) for s in stacks[:10]]
     if len(stacks) > 10:
         lines.append(f"  ... and {len(stacks) - 10} more")
-    return "\n".join(lines + [_saved(saved)])
+    widest = max(s.value for s in stacks)
+    lines += [
+        _saved(saved),
+        f"to pass: free what these stacks hold before the test returns, or raise the limit to "
+        f"limit_gpu_leaks({widest}) or more",
+    ]
+    return "\n".join(lines)
 
 
 def grew(profile: Profile, before: int, now: int, tolerance: Tolerance, saved: str) -> str:
     change = f"+{100 * (now - before) / before:.1f}%" if before else "from nothing"
+    shown_before, shown_now = apart(before, now)
     lines = [
-        f"gpuflame: peak grew from {format_bytes(before)} to {format_bytes(now)} ({change}, "
+        f"gpuflame: peak grew from {shown_before} to {shown_now} ({change}, "
         f"{now - before:+,} bytes) since the last run; tolerance {tolerance} (--gpuflame-fail-on-increase)",
         "top stacks at the peak now:",
     ]

@@ -794,3 +794,34 @@ def test_pytest_run_after_gpuflame_is_imported_gives_no_rewrite_warning(pytester
     done = subprocess.run([sys.executable, "-c", code], cwd=pytester.path, capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "1 passed" in done.stdout and "cannot be rewritten" not in done.stdout + done.stderr
+
+
+ROUNDED = """
+import pytest, torch
+
+KEPT = []
+
+@pytest.mark.limit_gpu_memory({memory})
+def test_peak():
+    x = torch.empty(4_000_000, dtype=torch.uint8)
+
+@pytest.mark.limit_gpu_leaks({leaks})
+def test_keeps():
+    KEPT.append(torch.empty(3_000_000, dtype=torch.uint8))
+    KEPT.append(torch.empty(1_000_000, dtype=torch.uint8))
+"""
+
+
+def test_a_failure_says_the_limit_that_passes_and_the_bytes_where_sizes_read_alike(pytester: pytest.Pytester) -> None:
+    """A limit copied from the printed peak (4,000,000 B reads 3.81 MiB) is below it: the message must say so."""
+    pytester.makepyfile(test_rounded=ROUNDED.format(memory='"3.81 MiB"', leaks='"1 MiB"'))
+    result = pytester.runpytest()
+    result.assert_outcomes(failed=2)
+    out = result.stdout.str()
+    limit = round(3.81 * MiB)
+    assert f"peak 3.81 MiB (4,000,000 bytes) is over the limit of 3.81 MiB ({limit:,} bytes)" in out
+    assert "to pass: allocate less at the stacks above, or raise the limit to limit_gpu_memory(4000000) or more" in out
+    assert "or raise the limit to limit_gpu_leaks(3000000) or more" in out
+    # the limits it gives pass
+    pytester.makepyfile(test_rounded=ROUNDED.format(memory="4000000", leaks="3000000"))
+    pytester.runpytest().assert_outcomes(passed=2)
