@@ -252,3 +252,29 @@ def test_a_previous_run_folder_of_the_same_user_is_made_anew(tmp_path):
     kept = gpuflame_run("-o", "out.pb.gz", str(write(tmp_path / "job.py", PROGRAM)), cwd=tmp_path)
     assert kept.returncode == 2 and "notes.txt" in kept.stderr and len(kept.stderr.splitlines()) == 1
     assert (folder / "notes.txt").read_text() == "mine"
+
+
+def test_the_notes_the_program_writes_are_read_within_bounds(tmp_path):
+    """A note is a few lines: a 40 MB one (the program's own) took 28.7 s, 3.04 GB and 160 MB of stderr."""
+    from gpuflame.launch.collect import NOTE_BYTES, NOTE_LINES
+
+    script = write(
+        tmp_path / "notes.py",
+        f"""
+    import os, torch
+    folder, pid = os.environ["GPUFLAME_SESSION_DIR"], os.getpid()
+    with open(os.path.join(folder, "lost-1.txt"), "wb") as big:
+        big.truncate({NOTE_BYTES + 1})  # sparse: no disk, all zeros
+    with open(os.path.join(folder, f"lost-{{pid}}.txt"), "w") as many:
+        many.write("".join(f"line {{n}}\\n" for n in range({NOTE_LINES + 400})))
+    with open(os.path.join(folder, f"idle-{{pid}}.txt"), "wb") as idle:
+        idle.truncate({NOTE_BYTES + 1})
+    held = torch.ones(1000)
+    """,
+    )
+    done = gpuflame_run("-o", "out.pb.gz", "--backend", "torch", str(script), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert f"lost-1.txt cannot be read (larger than {NOTE_BYTES:,} bytes)" in done.stderr, done.stderr
+    assert f"line {NOTE_LINES - 1}\n" in done.stderr and f"line {NOTE_LINES}\n" not in done.stderr
+    assert "... and 400 more lines of its note" in done.stderr
+    assert len(done.stderr) < 3 * NOTE_BYTES and "\\x00" not in done.stderr

@@ -25,6 +25,11 @@ from gpuflame.launch.store import RunMeta
 from gpuflame.limits import INFLATED_BYTES
 from gpuflame.model import Profile, merge
 
+# A process's note (lost-PID.txt, idle-PID.txt) is a few lines: the program can write anything there, so
+# the launcher reads at most this much of one (a 40 MB note took 28.7 s, 3.04 GB and 160 MB of stderr)
+NOTE_BYTES = 64 << 10
+NOTE_LINES = 100  # lines of one note said; the rest are counted
+
 
 class RunEnd:
     """How the run ended: the program's pid and exit code, and when each registered process was seen to end."""
@@ -88,10 +93,13 @@ def collect(folder: Held, output: Path, meta: RunMeta, ending: RunEnd) -> Profil
 def _lost_notes(pid: int, folder: Held, name: str) -> list[str]:
     """What pid lost, from its note; an empty note was made but could not be written (a full disk)."""
     try:
-        text = session_folder.read_file(folder.fd, name).decode("utf-8", errors="replace")
+        text = session_folder.read_file(folder.fd, name, NOTE_BYTES).decode("utf-8", errors="replace")
     except OSError as exc:
-        return [f"pid {pid}: lost something; its note {folder.path / name} cannot be read ({exc.strerror or exc})"]
+        why = f"larger than {NOTE_BYTES:,} bytes" if exc.errno == errno.EFBIG else exc.strerror or exc
+        return [f"pid {pid}: lost something; its note {folder.path / name} cannot be read ({why})"]
     lines = [line for line in text.splitlines() if line.strip()]
+    if len(lines) > NOTE_LINES:
+        lines[NOTE_LINES:] = [f"... and {len(lines) - NOTE_LINES:,} more lines of its note {folder.path / name}"]
     return [f"pid {pid}: {line}" for line in lines] or [
         f"pid {pid}: lost something but could not write down what (its note {name} is empty)"
     ]
@@ -184,7 +192,7 @@ def idle_notes(folder: Held) -> dict[int, str]:
     notes = {}
     for pid, name in process_files(folder.fd, IDLE_FILE).items():
         try:
-            notes[pid] = session_folder.read_file(folder.fd, name).decode("utf-8", errors="replace").strip()
+            notes[pid] = session_folder.read_file(folder.fd, name, NOTE_BYTES).decode("utf-8", errors="replace").strip()
         except OSError:
             continue
     return notes
