@@ -311,7 +311,7 @@ class GpuflamePlugin:
             return
         report = outcome.get_result()
         body, error = item.stash[BODY]
-        fixtures, _ = item.stash.get(FIXTURES, (None, ""))
+        fixtures, fixtures_error = item.stash.get(FIXTURES, (None, ""))
         shared = item.stash.get(SHARED, []) if fixtures and fixtures.peak else []
         del item.stash[BODY]  # the profiles are written now or never: an item lives as long as the run
         for key in (FIXTURES, SHARED):
@@ -319,11 +319,14 @@ class GpuflamePlugin:
                 del item.stash[key]
         if error:
             item.warn(pytest.PytestWarning(f"gpuflame: nothing recorded for this test: {error}"))
+        if fixtures_error and fixtures_error != error:  # one warning where both phases failed alike
+            item.warn(pytest.PytestWarning(f"gpuflame: nothing recorded for this test's fixtures: {fixtures_error}"))
         failures = self._check(item, body, fixtures)
         report.gpuflame = {
             "body": body.to_dict(),
             "fixtures": fixtures.to_dict() if fixtures else None,
             "error": error,
+            "fixtures_error": fixtures_error,
             "grew": bool(failures.get("grew")),
             "shared": shared,
         }

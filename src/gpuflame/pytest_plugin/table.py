@@ -14,7 +14,7 @@ HEADER = ("peak", "in use at end", "fixtures peak", "top function at the peak", 
 
 def summary_lines(results: dict[str, dict[str, Any]], top: int, folder: Path | None) -> tuple[str, list[str]]:
     """The separator's title and the lines under it, from every test's ``report.gpuflame``."""
-    ranked = sorted(results.items(), key=lambda item: (-item[1]["body"]["peak"], item[0]))
+    ranked = sorted(results.items(), key=lambda item: (bool(item[1]["error"]), -item[1]["body"]["peak"], item[0]))
     shown = ranked[:top]
     title = f"gpuflame: {len(shown)} of {len(results)} profiled tests, highest peak first"
     rows = [HEADER] + [_row(nodeid, r) for nodeid, r in shown]
@@ -33,10 +33,10 @@ def summary_lines(results: dict[str, dict[str, Any]], top: int, folder: Path | N
     held = _held_elsewhere(ranked[top:])
     if held:
         lines.append(held)
-    lost = [nodeid for nodeid, r in results.items() if r["error"]]
+    lost = [nodeid for nodeid, r in results.items() if r["error"] or r.get("fixtures_error")]
     if lost:
         lines.append(
-            f"nothing recorded for {len(lost)} test{'s' if len(lost) > 1 else ''} (see warnings): "
+            f"? not recorded for {len(lost)} test{'s' if len(lost) > 1 else ''} (see warnings): "
             + ", ".join(lost[:3])
             + (" ..." if len(lost) > 3 else "")
         )
@@ -61,11 +61,14 @@ def _held_elsewhere(unshown: list[tuple[str, dict[str, Any]]]) -> str | None:
 
 
 def _row(nodeid: str, result: dict[str, Any]) -> tuple[str, str, str, str, str]:
+    """A phase whose recording failed is '?', not the 0 B it holds: nothing was measured."""
     body, fixtures = result["body"], result["fixtures"]
-    return (
-        format_bytes(body["peak"]),
-        format_bytes(body["inuse"]),
-        (format_bytes(fixtures["peak"]) + ("*" if result.get("shared") else "")) if fixtures else "-",
-        body["top"] or "-",
-        nodeid,
-    )
+    if result.get("fixtures_error"):
+        shown_fixtures = "?"
+    elif fixtures:
+        shown_fixtures = format_bytes(fixtures["peak"]) + ("*" if result.get("shared") else "")
+    else:
+        shown_fixtures = "-"
+    if result["error"]:
+        return ("?", "?", shown_fixtures, "?", nodeid)
+    return (format_bytes(body["peak"]), format_bytes(body["inuse"]), shown_fixtures, body["top"] or "-", nodeid)

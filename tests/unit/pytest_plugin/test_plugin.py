@@ -78,7 +78,8 @@ def table_rows(text: str) -> dict[str, list[str]]:
     """The summary table: test id -> its cells (peak, in use, fixtures, top function)."""
     rows = {}
     for line in text.splitlines():
-        m = re.match(r"^\s*(\S+ \S+|-)\s+(\S+ \S+|-)\s+(\S+ \S+|-)\s+(.+?)\s+(\S+::\S+)$", line)
+        cell = r"(\d[\d.]* [KMGTP]?i?B\*?|-|\?)"  # a size (with '*' for a shared fixture), none, or not recorded
+        m = re.match(rf"^\s*{cell}\s+{cell}\s+{cell}\s+(.+?)\s+(\S+::\S+)$", line)
         if m:
             rows[m.group(5)] = [m.group(1), m.group(2), m.group(3), m.group(4)]
     return rows
@@ -825,3 +826,39 @@ def test_a_failure_says_the_limit_that_passes_and_the_bytes_where_sizes_read_ali
     # the limits it gives pass
     pytester.makepyfile(test_rounded=ROUNDED.format(memory="4000000", leaks="3000000"))
     pytester.runpytest().assert_outcomes(passed=2)
+
+
+@pytest.mark.subprocess
+def test_a_phase_not_recorded_reads_as_unknown_not_as_zero(pytester: pytest.Pytester) -> None:
+    """A test (or its fixtures) that imports torch only inside is not recorded: its row must not say 0 B."""
+    pytester.makeconftest(
+        """
+import pytest
+
+@pytest.fixture
+def model():
+    import torch  # the framework's first import: this set-up is not recorded
+    return torch.empty(1 << 20, dtype=torch.uint8)
+"""
+    )
+    pytester.makepyfile(
+        test_late="""
+def test_a_imports_late():
+    import torch
+    x = torch.empty(2 << 20, dtype=torch.uint8)
+
+def test_b_uses_model(model):
+    import torch
+    y = torch.empty(3 << 20, dtype=torch.uint8)
+"""
+    )
+    late = pytester.runpytest_subprocess("--gpuflame", "-k", "imports_late")  # a new process each: torch not imported
+    late.assert_outcomes(passed=1, warnings=1)
+    assert table_rows(late.stdout.str())["test_late.py::test_a_imports_late"] == ["?", "?", "-", "?"]
+    assert "? not recorded for 1 test (see warnings): test_late.py::test_a_imports_late" in late.stdout.str()
+    fixture = pytester.runpytest_subprocess("--gpuflame", "-k", "model")
+    fixture.assert_outcomes(passed=1, warnings=1)
+    out = fixture.stdout.str()
+    assert table_rows(out)["test_late.py::test_b_uses_model"] == ["3.00 MiB", "0 B", "?", "test_b_uses_model"]
+    assert "gpuflame: nothing recorded for this test's fixtures: torch or jax was not imported" in out
+    assert "? not recorded for 1 test (see warnings): test_late.py::test_b_uses_model" in out
