@@ -406,14 +406,17 @@ class GpuflamePlugin:
             self.results[report.nodeid] = {**data, "passed": report.passed}
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
-        if self.worker or not self.everything:
+        if self.worker or not self.everything or self.config.option.collectonly:
             return
         from gpuflame.pytest_plugin.table import summary_lines
 
-        title, lines = summary_lines(self.results, self.top, self.dir)
-        terminalreporter.write_sep("=", title)
-        for line in lines:
-            terminalreporter.write_line(line)
+        if self.results:
+            title, lines = summary_lines(self.results, self.top, self.dir)
+            terminalreporter.write_sep("=", title)
+            for line in lines:
+                terminalreporter.write_line(line)
+        else:  # every test deselected or skipped: no empty table
+            terminalreporter.write_sep("=", "gpuflame: no test was profiled")
         if self.fail_on_increase:
             without = [nodeid for nodeid in self.results if nodeid not in self.baseline]
             note = baseline_note(self.has_cache, without, {n for n, r in self.results.items() if not _kept(r)})

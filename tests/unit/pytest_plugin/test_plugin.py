@@ -862,3 +862,13 @@ def test_b_uses_model(model):
     assert table_rows(out)["test_late.py::test_b_uses_model"] == ["3.00 MiB", "0 B", "?", "test_b_uses_model"]
     assert "gpuflame: nothing recorded for this test's fixtures: torch or jax was not imported" in out
     assert "? not recorded for 1 test (see warnings): test_late.py::test_b_uses_model" in out
+
+
+def test_a_run_that_profiles_no_test_prints_no_empty_table(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_growth=GROWING.format(size="4 << 20"))
+    collected = pytester.runpytest("--gpuflame", "--collect-only")
+    assert collected.ret == pytest.ExitCode.OK and "gpuflame:" not in collected.stdout.str()
+    none = pytester.runpytest("--gpuflame", "-k", "no_such_test")
+    assert none.ret == pytest.ExitCode.NO_TESTS_COLLECTED  # pytest's own exit code, unchanged
+    out = none.stdout.str()
+    assert re.search(r"=+ gpuflame: no test was profiled =+", out) and "top function at the peak" not in out
