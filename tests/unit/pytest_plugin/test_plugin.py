@@ -725,10 +725,14 @@ def test_leaks_less():
 
 def test_frees_everything():
     x = torch.empty(2 << 20, dtype=torch.uint8)
+
+def test_fails_holding_its_locals():  # its traceback holds x when the recording stops: no leak
+    x = torch.empty(4 << 20, dtype=torch.uint8)
+    assert x.numel() == 0
 """
     )
     result = pytester.runpytest("--gpuflame", "--gpuflame-top", "1")
-    result.assert_outcomes(passed=4)
+    result.assert_outcomes(passed=4, failed=1)
     out = result.stdout.str()
     assert list(table_rows(out)) == ["test_held.py::test_big_and_freed"]
     assert (
