@@ -126,6 +126,14 @@ def baseline_note(has_cache: bool, without_baseline: list[str], not_kept: Collec
     return note
 
 
+def _baseline(stored: object) -> dict[str, int]:
+    """The cached peaks that are peaks: pytest's cache is a file, damaged or edited by hand ('["a"]' was an
+    INTERNALERROR, a peak of '"big"' or 1e999 failed the test with a TypeError); anything else has no baseline."""
+    if not isinstance(stored, dict):
+        return {}
+    return {k: v for k, v in stored.items() if isinstance(k, str) and type(v) is int and 0 <= v < 1 << 63}
+
+
 def _tolerance(text: str) -> Any:
     from gpuflame.pytest_plugin.budget import Tolerance  # only now: a run that never profiles imports nothing
 
@@ -160,10 +168,21 @@ def _profiles_folder(name: str) -> Path:
 
 
 def _fixtures(item: pytest.Item) -> set[str]:
-    """The fixtures whose set-up runs for *item*: not ``request``, not the values of ``parametrize``."""
+    """The fixtures whose set-up runs for *item*: not ``request``, not the values of a direct ``parametrize``.
+
+    An indirect one (``indirect=True``) names a fixture that runs with the value: its set-up is
+    recorded. pytest gives a direct value a stand-in fixture, which returns ``request.param``.
+    """
     callspec = getattr(item, "callspec", None)
     params = set(callspec.params) if callspec is not None else set()
-    return set(getattr(item, "fixturenames", ())) - {"request"} - params
+    defs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
+    direct = {name for name in params if all(_stand_in(d) for d in defs.get(name, ()))}
+    return set(getattr(item, "fixturenames", ())) - {"request"} - direct
+
+
+def _stand_in(fixturedef: Any) -> bool:
+    """Whether *fixturedef* is pytest's stand-in for a direct parameter's value, not a fixture of the suite."""
+    return getattr(fixturedef.func, "__name__", "") == "get_direct_param_fixture_func"
 
 
 def profile_name(nodeid: str) -> str:
@@ -205,7 +224,7 @@ class GpuflamePlugin:
             _check_backend(self.backend)
         self.worker = hasattr(config, "workerinput")  # a pytest-xdist worker: the controller reports
         cache = getattr(config, "cache", None)
-        self.baseline: dict[str, int] = dict(cache.get(CACHE_KEY, {})) if cache and self.everything else {}
+        self.baseline = _baseline(cache.get(CACHE_KEY, {})) if cache and self.everything else {}
         self.has_cache = cache is not None
         self.results: dict[str, dict[str, Any]] = {}
         self._scratch: Path | None = None
@@ -433,6 +452,6 @@ class GpuflamePlugin:
         cache = getattr(self.config, "cache", None)
         if self.worker or not self.everything or cache is None:
             return
-        peaks = dict(cache.get(CACHE_KEY, {}))
+        peaks = _baseline(cache.get(CACHE_KEY, {}))  # a damaged entry is dropped as it is rewritten
         peaks.update({nodeid: r["body"]["peak"] for nodeid, r in self.results.items() if _kept(r)})
         cache.set(CACHE_KEY, peaks)

@@ -196,6 +196,22 @@ def test_fail_on_increase_on_a_first_run_names_the_tests_without_a_baseline(pyte
     assert "had no peak from an earlier run" not in again.stdout.str()
 
 
+@pytest.mark.parametrize(
+    "stored", ['["a"]', "5", '{"test_growth.py::test_grows": "big"}', '{"test_growth.py::test_grows": 1e999}']
+)
+def test_fail_on_increase_with_a_damaged_cache_compares_what_is_a_peak(pytester: pytest.Pytester, stored) -> None:
+    """pytest's cache is a file: a list there was an INTERNALERROR, a peak of "big" or 1e999 a TypeError in the test."""
+    pytester.makepyfile(test_growth=GROWING.format(size="4 << 20"))
+    peaks = pytester.path / ".pytest_cache/v/gpuflame/peaks"
+    peaks.parent.mkdir(parents=True)
+    peaks.write_text(stored)
+    result = pytester.runpytest("--gpuflame-fail-on-increase")
+    result.assert_outcomes(passed=2)
+    assert "INTERNALERROR" not in result.stdout.str() and "had no peak from an earlier run" in result.stdout.str()
+    kept = json.loads(peaks.read_text())
+    assert isinstance(kept, dict) and kept["test_growth.py::test_grows"] == 4 << 20
+
+
 def test_fail_on_increase_names_the_tests_whose_peak_is_not_kept_because_they_failed(
     pytester: pytest.Pytester,
 ) -> None:
@@ -876,3 +892,30 @@ def test_a_run_that_profiles_no_test_prints_no_empty_table(pytester: pytest.Pyte
     assert none.ret == pytest.ExitCode.NO_TESTS_COLLECTED  # pytest's own exit code, unchanged
     out = none.stdout.str()
     assert re.search(r"=+ gpuflame: no test was profiled =+", out) and "top function at the peak" not in out
+
+
+def test_an_indirect_parameters_fixture_is_recorded_in_the_fixtures_column(pytester: pytest.Pytester) -> None:
+    """``parametrize(..., indirect=True)`` runs the fixture of that name: its bytes are the set-up's, not lost."""
+    pytester.makepyfile(
+        test_indirect="""
+import pytest, torch
+
+@pytest.fixture
+def weights(request):
+    return torch.empty(request.param, dtype=torch.uint8)
+
+@pytest.mark.parametrize("weights", [1 << 20, 2 << 20], indirect=True)
+def test_indirect(weights):
+    y = torch.empty(3 << 20, dtype=torch.uint8)
+
+@pytest.mark.parametrize("n", [1 << 20])
+def test_direct(n):
+    y = torch.empty(n, dtype=torch.uint8)
+"""
+    )
+    result = pytester.runpytest("--gpuflame")
+    result.assert_outcomes(passed=3)
+    rows = table_rows(result.stdout.str())
+    assert rows["test_indirect.py::test_indirect[1048576]"][:3] == ["3.00 MiB", "0 B", "1.00 MiB"]
+    assert rows["test_indirect.py::test_indirect[2097152]"][:3] == ["3.00 MiB", "0 B", "2.00 MiB"]
+    assert rows["test_indirect.py::test_direct[1048576]"][:3] == ["1.00 MiB", "0 B", "-"]  # no set-up to record
