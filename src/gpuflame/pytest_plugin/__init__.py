@@ -45,6 +45,8 @@ BODY = pytest.StashKey[Any]()
 FIXTURES = pytest.StashKey[Any]()
 SHARED = pytest.StashKey[list[str]]()  # fixtures of a wider scope set up in a test's set-up: "block (module)"
 PYTEST_FIXTURES = ("_pytest.", "xdist.")  # the fixtures pytest and xdist define (tmp_path_factory, worker_id)
+# pytest's fixtures that run the suite's own set-up: setup_module, setup_class, unittest's setUpClass
+XUNIT = re.compile(r"_(?:xunit|unittest)_(setup_module|setup_class|setUpClass)_fixture_(.+)")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -185,6 +187,17 @@ def _stand_in(fixturedef: Any) -> bool:
     return getattr(fixturedef.func, "__name__", "") == "get_direct_param_fixture_func"
 
 
+def _shared_name(fixturedef: pytest.FixtureDef[Any]) -> str | None:
+    """How the table names a fixture of wider scope: ``model (module)``, ``TestX.setUpClass (class)``;
+    None for pytest's and xdist's own (``tmp_path_factory``), which are no part of the suite."""
+    xunit = XUNIT.fullmatch(fixturedef.argname)
+    if xunit:
+        return f"{xunit.group(2)}.{xunit.group(1)} ({fixturedef.scope})"
+    if (getattr(fixturedef.func, "__module__", "") or "").startswith(PYTEST_FIXTURES):
+        return None
+    return f"{fixturedef.argname} ({fixturedef.scope})"
+
+
 def profile_name(nodeid: str) -> str:
     """A test's profile file name, one per test: ``tests_test_x.py_test_y_8`` for ``tests/test_x.py::test_y[8]``.
 
@@ -302,9 +315,9 @@ class GpuflamePlugin:
         """A fixture of module, class, package or session scope set up now: counted in this test's set-up
         alone, once for every test that shares it; the table says so. Called only when it is set up, not reused."""
         item = self._setting_up
-        module = getattr(fixturedef.func, "__module__", "") or ""
-        if item is not None and fixturedef.scope != "function" and not module.startswith(PYTEST_FIXTURES):
-            item.stash.setdefault(SHARED, []).append(f"{fixturedef.argname} ({fixturedef.scope})")
+        name = _shared_name(fixturedef) if item is not None and fixturedef.scope != "function" else None
+        if item is not None and name is not None:
+            item.stash.setdefault(SHARED, []).append(name)
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_call(self, item: pytest.Item) -> Any:

@@ -919,3 +919,36 @@ def test_direct(n):
     assert rows["test_indirect.py::test_indirect[1048576]"][:3] == ["3.00 MiB", "0 B", "1.00 MiB"]
     assert rows["test_indirect.py::test_indirect[2097152]"][:3] == ["3.00 MiB", "0 B", "2.00 MiB"]
     assert rows["test_indirect.py::test_direct[1048576]"][:3] == ["1.00 MiB", "0 B", "-"]  # no set-up to record
+
+
+def test_setup_module_and_set_up_class_are_named_where_they_are_counted(pytester: pytest.Pytester) -> None:
+    """pytest runs them through fixtures of its own; they are the suite's set-up, shared as a module fixture is."""
+    pytester.makepyfile(
+        test_xunit="""
+import unittest, torch
+
+HELD = {}
+
+def setup_module(module):
+    HELD["data"] = torch.empty(1 << 20, dtype=torch.uint8)
+
+class TestShared(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.model = torch.empty(2 << 20, dtype=torch.uint8)
+
+    def test_one(self):
+        y = torch.empty(3 << 20, dtype=torch.uint8)
+
+    def test_two(self):
+        y = torch.empty(3 << 20, dtype=torch.uint8)
+"""
+    )
+    result = pytester.runpytest("--gpuflame")
+    result.assert_outcomes(passed=2)
+    out = result.stdout.str()
+    rows = table_rows(out)
+    assert rows["test_xunit.py::TestShared::test_one"][2] == "3.00 MiB*"  # setup_module's 1 MiB and setUpClass's 2
+    assert rows["test_xunit.py::TestShared::test_two"][2] == "0 B"
+    said = "counted at the first: TestShared.setUpClass (class), test_xunit.setup_module (module)\n"
+    assert said in out
