@@ -365,6 +365,8 @@ class GpuflamePlugin:
         if failures and report.passed:
             report.outcome = "failed"
             report.longrepr = "\n\n".join(failures.values())
+        elif failures and report.failed:  # failed on its own too: the budget's message beside its traceback
+            report.sections.append(("gpuflame", "\n\n".join(failures.values())))
 
     def _check(self, item: pytest.Item, body: Any, fixtures: Any) -> dict[str, str]:
         """The failure messages of this test, by check; saves the profiles asked for or needed."""

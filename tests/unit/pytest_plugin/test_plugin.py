@@ -952,3 +952,21 @@ class TestShared(unittest.TestCase):
     assert rows["test_xunit.py::TestShared::test_two"][2] == "0 B"
     said = "counted at the first: TestShared.setUpClass (class), test_xunit.setup_module (module)\n"
     assert said in out
+
+
+def test_a_test_that_fails_on_its_own_still_says_it_is_over_its_budget(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_both="""
+import pytest, torch
+
+@pytest.mark.limit_gpu_memory("1 MiB")
+def test_fails_and_is_over():
+    x = torch.empty(4 << 20, dtype=torch.uint8)
+    assert x.numel() == 0
+"""
+    )
+    result = pytester.runpytest()
+    result.assert_outcomes(failed=1)
+    out = result.stdout.str()
+    assert "assert 4194304 == 0" in out  # its own failure first, as pytest shows it
+    assert re.search(r"-+ gpuflame -+\ngpuflame: peak 4\.00 MiB is over the limit of 1\.00 MiB", out), out
