@@ -46,6 +46,7 @@ from gpuflame.model.moment import NO_HISTORY
 from gpuflame.model.profile import FRAME_KINDS, Frame, Labels, Profile, SampleType
 from gpuflame.model.prune import DEFAULT_FRAMEWORKS, framework_files, framework_regex, names_the_memory
 from gpuflame.model.timeline import Timeline
+from gpuflame.printable import encodable
 
 FORMAT = "gpuflame-viewer"
 VERSION = 1
@@ -390,6 +391,6 @@ def render_html(profile: Profile, title: str, type_index: int | None = None, bas
         "CSS": viewer_asset("viewer.css"),
         "JS": script,
         "CSP_SCRIPT": script_hash(script),
-        "DATA": encode_payload(viewer_data(profile, title, type_index, base)),
+        "DATA": encode_payload(viewer_data(profile, encodable(title), type_index, base)),  # a file name: \udcff
     }
     return _PLACEHOLDER.sub(lambda m: parts[m.group(1)], viewer_asset("template.html"))

@@ -71,6 +71,19 @@ def test_output_option(profile_file: Path, tmp_path: Path, capsys) -> None:
     assert rc == 0 and out_path.exists() and str(out_path) in out
 
 
+def test_a_profile_whose_name_is_not_utf8_opens(profile_file: Path, tmp_path: Path, capsys) -> None:
+    """The page's title is the file's name: b'run\\xff' (read as 'run\\udcff') was an internal error."""
+    import os
+
+    odd = tmp_path / os.fsdecode(b"run\xff.pb.gz")
+    odd.write_bytes(profile_file.read_bytes())
+    for argv in ([odd], [odd, profile_file]):  # the profile, and a diff with it as the base
+        rc, out, err = run(capsys, "view", *argv, "-o", tmp_path / "page.html", "--force")
+        assert rc == 0, err
+        payload = DATA_ELEMENT.search((tmp_path / "page.html").read_text()).group(1)
+        assert "run\ufffd.pb.gz" in json.dumps(decode_payload(payload), ensure_ascii=False)
+
+
 @pytest.mark.parametrize(
     ("given", "expected"),
     [("run.pb.gz", "run.html"), ("a/b.folded", "a/b.html"), ("snap.pickle", "snap.html"), ("x", "x.html")],
