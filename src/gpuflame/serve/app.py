@@ -48,7 +48,7 @@ from gpuflame.files import open_regular, read_bytes
 from gpuflame.formats import loads
 from gpuflame.model import Profile
 from gpuflame.pipeline import select
-from gpuflame.printable import printable
+from gpuflame.printable import encodable, printable
 from gpuflame.render.html import render_html
 from gpuflame.serve import catalog, pages
 from gpuflame.serve.catalog import BadId, NotServed
@@ -464,11 +464,13 @@ def load(path: Path, ident: str) -> Profile:
 
 def error(status: int, message: str) -> Response:
     reason = HTTPStatus(status).phrase
-    return Response(status, pages.message_page(status, reason, message).encode(), "text/html; charset=utf-8")
+    page = encodable(pages.message_page(status, reason, message))
+    return Response(status, page.encode(), "text/html; charset=utf-8")
 
 
 def html_response(page: str | bytes) -> Response:
-    body = page.encode("utf-8") if isinstance(page, str) else page
+    # a name that is not UTF-8 (a folder, a file, a command in a run's meta.json) is a lone surrogate
+    body = encodable(page).encode("utf-8") if isinstance(page, str) else page
     return Response(200, body, "text/html; charset=utf-8")
 
 

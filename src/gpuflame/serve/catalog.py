@@ -20,6 +20,7 @@ from typing import Any
 from gpuflame.errors import GpuflameError
 from gpuflame.files import open_regular
 from gpuflame.launch.store import META_NAME, PROFILE_NAME
+from gpuflame.printable import encodable
 
 # Names of files worth listing and serving: pprof (JAX's save_device_memory_profile writes memory.prof), folded
 # stacks, PyTorch snapshots.
@@ -129,9 +130,9 @@ def scan(root: Path) -> list[Entry]:
             entries.append(_run_entry(root, here))
             dirs[:] = []
             continue
-        dirs[:] = sorted(d for d in dirs if _descend(d, len(rel.parts)))
+        dirs[:] = sorted(d for d in dirs if _descend(d, len(rel.parts)) and _addressable(d))
         for name in sorted(files):
-            if is_profile_name(name) and not name.startswith("."):
+            if is_profile_name(name) and not name.startswith(".") and _addressable(name):
                 entry = _file_entry(root, (rel / name).as_posix())
                 if entry is not None:
                     entries.append(entry)
@@ -151,6 +152,12 @@ def entry_for(root: Path, ident: str) -> Entry:
     if entry is None:
         raise NotServed(f"{ident}: no such profile")
     return entry
+
+
+def _addressable(name: str) -> bool:
+    """Whether a URL can name *name*: one that is not UTF-8 (read as lone surrogates) cannot, and made
+    the whole index page fail to encode (500)."""
+    return encodable(name) == name
 
 
 def _descend(name: str, depth: int) -> bool:

@@ -423,3 +423,23 @@ def test_pages_are_made_two_at_a_time() -> None:
     for t in [*first, third]:
         t.join(60)
     assert events.index("enter 2") > events.index("exit 0"), events
+
+
+def test_names_that_are_not_utf8_do_not_break_the_index(tmp_path: Path) -> None:
+    """A file, a folder or a run's command that is not UTF-8 (lone surrogates once read) made GET / a 500."""
+    root = tmp_path / os.fsdecode(b"served\xff")
+    odd = root / os.fsdecode(b"run\xff")
+    odd.mkdir(parents=True)
+    save(small_profile("Odd > allocate", 4096), root / os.fsdecode(b"odd\xff.pb.gz"))
+    save(small_profile("Odd > allocate", 4096), odd / "inside.pb.gz")
+    save(small_profile("Fine > allocate", 4096), root / "fine.pb.gz")
+    run = root / "run1"
+    run.mkdir()
+    save(small_profile("Run > allocate", 4096), run / "profile.pb.gz")
+    (run / "meta.json").write_text('{"command": ["python", "job\\udcff.py"], "started": 1700000000}')
+    with serving(make_server(root, "127.0.0.1", 0)) as srv:
+        status, _, body = fetch(srv, "/")
+        assert status == 200, body[-300:]
+        page = body.decode("utf-8")
+        assert "fine.pb.gz" in page and "job\ufffd.py" in page and "odd" not in page and "inside" not in page
+        assert fetch(srv, "/view/run1/profile.pb.gz")[0] == 200
