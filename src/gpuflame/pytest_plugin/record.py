@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import unittest.case
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,8 +25,9 @@ from gpuflame.capture.base import degraded
 from gpuflame.hosted import already_profiling, backend_for_now, package_dirs
 from gpuflame.model import Profile
 
-# pytest's frames (and below them what runs pytest: xdist's workers): cut below the test
-HOST_DIRS = package_dirs(_pytest, pluggy)
+# pytest's frames (and below them what runs pytest: xdist's workers): cut below the test; and unittest's
+# TestCase.run, through which pytest runs a unittest test (setUp and the test method become the roots)
+HOST_DIRS = package_dirs(_pytest, pluggy) + (os.path.abspath(unittest.case.__file__),)
 
 
 def scratch_folder() -> Path:

@@ -970,3 +970,26 @@ def test_fails_and_is_over():
     out = result.stdout.str()
     assert "assert 4194304 == 0" in out  # its own failure first, as pytest shows it
     assert re.search(r"-+ gpuflame -+\ngpuflame: peak 4\.00 MiB is over the limit of 1\.00 MiB", out), out
+
+
+def test_a_unittest_tests_stacks_start_at_its_own_methods(pytester: pytest.Pytester) -> None:
+    """pytest runs a TestCase through unittest's TestCase.run: those frames say nothing, as pytest's own do not."""
+    pytester.makepyfile(
+        test_unit="""
+import unittest, pytest, torch
+
+class TestBudget(unittest.TestCase):
+    def setUp(self):
+        self.weights = torch.empty(1 << 20, dtype=torch.uint8)
+
+    @pytest.mark.limit_gpu_memory("1 MiB")
+    def test_over(self):
+        y = torch.empty(3 << 20, dtype=torch.uint8)
+"""
+    )
+    result = pytester.runpytest()
+    result.assert_outcomes(failed=1)
+    out = result.stdout.str()
+    assert re.search(r"3\.00 MiB \( 75\.0%\)  TestBudget > test_over  \(test_unit\.py:9\)\n", out), out
+    assert re.search(r"1\.00 MiB \( 25\.0%\)  TestBudget > setUp  \(test_unit\.py:5\)\n", out), out
+    assert "TestCase > " not in out
