@@ -278,3 +278,29 @@ def test_the_notes_the_program_writes_are_read_within_bounds(tmp_path):
     assert f"line {NOTE_LINES - 1}\n" in done.stderr and f"line {NOTE_LINES}\n" not in done.stderr
     assert "... and 400 more lines of its note" in done.stderr
     assert len(done.stderr) < 3 * NOTE_BYTES and "\\x00" not in done.stderr
+
+
+def test_the_notes_of_many_processes_are_read_up_to_a_bound(tmp_path):
+    """Each note line is a line on stderr and a comment, compared with the others: 1,000 planted notes of 100
+    lines kept the launcher busy past 150 s, and would make a profile past GPUFLAME_MAX_COMMENTS."""
+    from gpuflame.formats import load
+    from gpuflame.launch.collect import NOTE_LINES, NOTES_SHOWN
+
+    read = NOTES_SHOWN // NOTE_LINES
+    script = write(
+        tmp_path / "notes.py",
+        f"""
+    import os, torch
+    folder = os.environ["GPUFLAME_SESSION_DIR"]
+    for pid in range(100_000, 100_000 + {read + 5}):
+        with open(os.path.join(folder, f"lost-{{pid}}.txt"), "w") as note:
+            note.write("".join(f"note {{pid}} line {{n}}\\n" for n in range({NOTE_LINES})))
+    held = torch.ones(1000)
+    """,
+    )
+    done = gpuflame_run("-o", "out.pb.gz", "--backend", "torch", str(script), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "... and the notes of 5 more processes, not read" in done.stderr
+    assert f"note {100_000 + read - 1} line {NOTE_LINES - 1}\n" in done.stderr
+    assert f"note {100_000 + read} " not in done.stderr
+    assert len(load(tmp_path / "out.pb.gz").comments) < NOTES_SHOWN + 50  # it reads back

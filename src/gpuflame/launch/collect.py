@@ -29,6 +29,9 @@ from gpuflame.model import Profile, merge
 # the launcher reads at most this much of one (a 40 MB note took 28.7 s, 3.04 GB and 160 MB of stderr)
 NOTE_BYTES = 64 << 10
 NOTE_LINES = 100  # lines of one note said; the rest are counted
+# lines of all the notes said: each is a line on stderr and a comment of the merged profile, compared with the
+# others (1,000 notes of 100 lines would take minutes and make a profile past GPUFLAME_MAX_COMMENTS)
+NOTES_SHOWN = 2_000
 
 
 class RunEnd:
@@ -74,8 +77,7 @@ def collect(folder: Held, output: Path, meta: RunMeta, ending: RunEnd) -> Profil
             meta.lost.append(f"unreadable process profile: {why or f'{folder.path / name}: {exc.strerror or exc}'}")
         except GpuflameError as exc:
             meta.lost.append(f"unreadable process profile: {exc}")
-    for pid, name in process_files(folder.fd, LOST_FILE).items():
-        meta.lost.extend(_lost_notes(pid, folder, name))
+    meta.lost += _all_lost_notes(folder)
     _account_unfinished(folder, set(profiles), meta, ending, problem)
     if not profiles:
         return None
@@ -88,6 +90,17 @@ def collect(folder: Held, output: Path, meta: RunMeta, ending: RunEnd) -> Profil
     meta.totals = merged.totals()
     note_processes(meta, merged)
     return merged
+
+
+def _all_lost_notes(folder: Held) -> list[str]:
+    """Every process's note, until NOTES_SHOWN lines: the program can make a note for any pid it likes."""
+    notes = process_files(folder.fd, LOST_FILE)
+    lines: list[str] = []
+    for n, (pid, name) in enumerate(notes.items()):
+        if len(lines) >= NOTES_SHOWN:
+            return lines + [f"... and the notes of {len(notes) - n:,} more processes, not read ({folder.path})"]
+        lines += _lost_notes(pid, folder, name)
+    return lines
 
 
 def _lost_notes(pid: int, folder: Held, name: str) -> list[str]:
