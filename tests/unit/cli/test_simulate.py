@@ -238,7 +238,9 @@ def test_a_damaged_snapshot_is_one_line(tmp_path: Path, capsys, damage):
     assert err.startswith(f"gpuflame simulate: error: {bad}: "), err
 
 
-@pytest.mark.parametrize("content", [b"", b"\x80\x04\x95", gzip.compress(b"\x80\x04}")[:-9]])
+@pytest.mark.parametrize(
+    "content", [b"", b"\x80\x04\x95", gzip.compress(b"\x80\x04}", mtime=0)[:-9]], ids=["empty", "cut", "cut-gzip"]
+)
 def test_an_empty_or_cut_input_names_the_file(tmp_path: Path, capsys, content: bytes) -> None:
     bad = tmp_path / "cut.pickle.gz"
     bad.write_bytes(content)
