@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from gpuflame.boundary.backends import AUTO, frameworks
+from gpuflame.defaults import MIN_INTERVAL_S
 from gpuflame.errors import GpuflameError
 from gpuflame.launch.store import RunMeta
 from gpuflame.model import Profile
@@ -118,7 +119,8 @@ def _held_nothing(meta: RunMeta) -> list[str]:
 # what JAX's sampled recording cannot see (backend jax: live buffers only, at each sample)
 SAMPLED_BLIND = (
     "JAX's live buffers are sampled at the start, at exit, at each gpuflame.phase change and every --interval: "
-    "arrays made and freed between samples are not seen; --interval 100ms or gpuflame.phase samples more often"
+    f"arrays made and freed between samples are not seen; --interval {MIN_INTERVAL_S * 1000:g}ms or gpuflame.phase "
+    "samples more often"
 )
 
 
