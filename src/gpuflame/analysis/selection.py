@@ -97,10 +97,7 @@ class Selection:
         for key, values in self._wanted_labels().items():
             have = recording.label_values(key)
             if not values & set(have) and not _described(recording, key, values):
-                shown = ", ".join(have) or "none"
-                raise GpuflameError(
-                    f"no sample has label {key}={'|'.join(sorted(values))} ({key} values here: {shown})"
-                )
+                raise _no_label(key, values, have)
         if self.focus:
             hit = frame_matcher(recording, self.focus)
             if not any(hit(i) for i in range(len(recording.frames))):
@@ -142,8 +139,7 @@ class Selection:
             selected = select_labels_matched(profile, key, values)
             idle = _described(profile, key, values)  # a process of the run that held nothing: 0 B, as at a moment
             if not selected.matched and profile.samples and not profile.moment and not idle:
-                have = ", ".join(profile.label_values(key)) or "none"
-                raise GpuflameError(f"no sample has label {key}={'|'.join(sorted(values))} ({key} values here: {have})")
+                raise _no_label(key, values, profile.label_values(key))
             profile = selected.profile
         return profile
 
@@ -286,6 +282,13 @@ def _own_peaks_elsewhere(
                 f"was {t} s into the strip (--at {t} shows it)"
             )
     return notes
+
+
+def _no_label(key: str, values: set[str], have: Sequence[str]) -> GpuflameError:
+    """A --label that no sample has (of a moment: that the whole recording never had), with the values there are."""
+    return GpuflameError(
+        f"no sample has label {key}={'|'.join(sorted(values))} ({key} values here: {', '.join(have) or 'none'})"
+    )
 
 
 def _described(profile: Profile, key: str, values: set[str]) -> bool:
