@@ -120,11 +120,10 @@ def baseline_note(has_cache: bool, without_baseline: list[str], not_kept: Collec
     )
     unkept = [nodeid for nodeid in without_baseline if nodeid in not_kept]
     if unkept:  # a failing test's peak is not stored: it would not be checked next time either
-        note += (
-            f", but not those of the {len(unkept)} that failed (a peak is kept once its test passes): "
-            + ", ".join(unkept[:3])
-            + (" ..." if len(unkept) > 3 else "")
-        )
+        from gpuflame.pytest_plugin.table import first_names
+
+        note += f", but not those of the {len(unkept)} that failed (a peak is kept once its test passes): "
+        note += first_names(unkept)
     return note
 
 

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from gpuflame.units import format_bytes
 
-HELD_SHOWN = 3  # tests named under the table for what they still held
+NAMES_SHOWN = 3  # tests or fixtures named in a line under the table; the rest are "..." or counted
 
 HEADER = ("peak", "in use at end", "fixtures peak", "top function at the peak", "test")
 
@@ -27,8 +28,7 @@ def summary_lines(results: dict[str, dict[str, Any]], top: int, folder: Path | N
     if shared:
         lines.append(
             "* includes fixtures set up once for all the tests that use them, counted at the first: "
-            + ", ".join(shared[:HELD_SHOWN])
-            + (" ..." if len(shared) > HELD_SHOWN else "")
+            + first_names(shared)
         )
     held = _held_elsewhere(ranked[top:])
     if held:
@@ -36,14 +36,17 @@ def summary_lines(results: dict[str, dict[str, Any]], top: int, folder: Path | N
     lost = [nodeid for nodeid, r in results.items() if r["error"] or r.get("fixtures_error")]
     if lost:
         lines.append(
-            f"? not recorded for {len(lost)} test{'s' if len(lost) > 1 else ''} (see warnings): "
-            + ", ".join(lost[:3])
-            + (" ..." if len(lost) > 3 else "")
+            f"? not recorded for {len(lost)} test{'s' if len(lost) > 1 else ''} (see warnings): " + first_names(lost)
         )
     lines.append("peaks are the test body's; fixtures are recorded apart (set-up only)")
     if folder is not None:
         lines.append(f"profiles: {folder}/  (gpuflame view {folder}/TEST.pb.gz)")
     return title, lines
+
+
+def first_names(names: Sequence[str]) -> str:
+    """The first :data:`NAMES_SHOWN` of *names*, then "..." where there are more."""
+    return ", ".join(names[:NAMES_SHOWN]) + (" ..." if len(names) > NAMES_SHOWN else "")
 
 
 def _held_elsewhere(unshown: list[tuple[str, dict[str, Any]]]) -> str | None:
@@ -56,8 +59,8 @@ def _held_elsewhere(unshown: list[tuple[str, dict[str, Any]]]) -> str | None:
     )
     if not held:
         return None
-    named = ", ".join(f"{nodeid} ({format_bytes(inuse)})" for nodeid, inuse in held[:HELD_SHOWN])
-    more = f" and {len(held) - HELD_SHOWN} more" if len(held) > HELD_SHOWN else ""
+    named = ", ".join(f"{nodeid} ({format_bytes(inuse)})" for nodeid, inuse in held[:NAMES_SHOWN])
+    more = f" and {len(held) - NAMES_SHOWN} more" if len(held) > NAMES_SHOWN else ""
     return f"still held when the test returned, by tests not in the table: {named}{more}"
 
 
