@@ -43,11 +43,12 @@ class Certificates:
     def _load(self) -> ssl.SSLContext:
         try:
             stamp = self._mtimes()
-            for path in (self.cert, self.key):  # a FIFO would block ssl's read for ever, and every request with it
-                open_regular(path, "PEM file").close()
             context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
             context.minimum_version = ssl.TLSVersion.TLSv1_2
-            context.load_cert_chain(self.cert, self.key)
+            # read through descriptors of files found regular: a FIFO would block ssl's read for ever, and every
+            # request with it, also one swapped in between a check and ssl's own open of the name
+            with open_regular(self.cert, "PEM file") as cert, open_regular(self.key, "PEM file") as key:
+                context.load_cert_chain(f"/proc/self/fd/{cert.fileno()}", f"/proc/self/fd/{key.fileno()}")
         except (OSError, ssl.SSLError, GpuflameError) as exc:
             raise GpuflameError(f"cannot load the TLS certificate {self.cert} / key {self.key}: {exc}") from None
         self._stamp = stamp
